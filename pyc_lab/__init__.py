@@ -1,0 +1,49 @@
+"""pyc_lab: a Jupyter-first GPU performance workbench.
+
+``%load_ext pyc_lab`` in a notebook registers the magics (``%pyc_hw``); from Python::
+
+    import pyc_lab as pl
+    hw = pl.detect_hardware()          # CPUs, NUMA, GPUs, links, with provenance
+    bw = pl.runtime.probe_bandwidth()  # measured copy bandwidths beside theoretical
+
+Importing pyc_lab needs no GPU, no CuPy and no NVML, and prints nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from . import runtime
+from .errors import DeviceUnavailableError, PycLabError, SnapshotError
+from .runtime import HardwareProfile, detect_hardware, probe_bandwidth
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeviceUnavailableError",
+    "HardwareProfile",
+    "PycLabError",
+    "SnapshotError",
+    "__version__",
+    "detect_hardware",
+    "load_ipython_extension",
+    "probe_bandwidth",
+    "runtime",
+    "unload_ipython_extension",
+]
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+
+def load_ipython_extension(ipython) -> None:
+    """Register pyc_lab's magics with IPython (``%load_ext pyc_lab``). Prints nothing."""
+    from .magics import register
+
+    register(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    """Remove pyc_lab's magics (``%unload_ext pyc_lab``)."""
+    from .magics import unregister
+
+    unregister(ipython)

@@ -1,0 +1,24 @@
+"""Runtime facts and machinery: topology, bandwidth probes (pinned pools, pipelines next).
+
+Nothing here imports a GPU library at import time; each function that needs one
+imports it when called and raises :class:`~pyc_lab.errors.DeviceUnavailableError` (or
+falls back to the CPU, where the docstring says so) when it is missing.
+"""
+
+from .bandwidth import probe_bandwidth
+from .profile import GPUInfo, HardwareProfile, HostInfo, LinkInfo, NumaNode, pcie_bandwidth_gbps
+from .topology import detect_hardware, list_snapshots, merge_reports, snapshot_path
+
+__all__ = [
+    "GPUInfo",
+    "HardwareProfile",
+    "HostInfo",
+    "LinkInfo",
+    "NumaNode",
+    "detect_hardware",
+    "list_snapshots",
+    "merge_reports",
+    "pcie_bandwidth_gbps",
+    "probe_bandwidth",
+    "snapshot_path",
+]

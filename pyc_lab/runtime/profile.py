@@ -1,0 +1,502 @@
+"""The hardware profile: what a machine is and how it is wired, with provenance.
+
+A :class:`HardwareProfile` holds the host (CPU, NUMA nodes, memory), each GPU and the
+GPU-to-GPU link matrix. Every value remembers which provider gave it (``sources``) and
+which providers were asked first and could not answer (``fallbacks``), so that a user
+can see *why* pyc_lab believes GPU 0 sits on NUMA node 0.
+
+Profiles are plain data: :meth:`HardwareProfile.to_json` and
+:meth:`HardwareProfile.from_json` round-trip them exactly; that is how snapshots of
+other machines are shipped and loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import SnapshotError
+from .cpulist import format_cpulist, parse_cpulist
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+__all__ = [
+    "LINK_KINDS",
+    "GPUInfo",
+    "HardwareProfile",
+    "HostInfo",
+    "LinkInfo",
+    "NumaNode",
+    "pcie_bandwidth_gbps",
+]
+
+SCHEMA_VERSION = 1
+
+#: Usable bandwidth of one PCIe lane in GB/s per direction, by generation
+#: (line rate after 8b/10b, 128b/130b or FLIT encoding).
+_PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.9846, 4: 1.9692, 5: 3.9385, 6: 7.5625}
+
+#: NVLink bandwidth per link and direction in GB/s, by NVLink version.
+NVLINK_LINK_GBPS = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+
+#: The connection kinds of ``nvidia-smi topo -m``, nearest first.
+LINK_KINDS = {
+    "X": "self",
+    "NV#": "bonded set of # NVLinks",
+    "PIX": "at most one PCIe bridge",
+    "PXB": "several PCIe bridges, no host bridge",
+    "PHB": "a PCIe host bridge (same root complex)",
+    "NODE": "PCIe host bridges within one NUMA node",
+    "SYS": "across the inter-socket link (SMP interconnect)",
+}
+
+
+def pcie_bandwidth_gbps(gen: int | None, width: int | None) -> float | None:
+    """Theoretical PCIe bandwidth per direction in GB/s for a link generation and width.
+
+    Returns ``None`` when either is unknown. PCIe 5.0 x16 gives 63.0 GB/s.
+    """
+    if not gen or not width or gen not in _PCIE_LANE_GBPS:
+        return None
+    return round(_PCIE_LANE_GBPS[gen] * width, 2)
+
+
+@dataclass
+class NumaNode:
+    """One NUMA node of the host: its id, CPUs and memory."""
+
+    id: int
+    cpus: list[int] = field(default_factory=list)
+    memory_total_bytes: int | None = None
+
+
+@dataclass
+class HostInfo:
+    """Facts about the host: CPU model, sockets, cores, NUMA nodes and memory."""
+
+    cpu_model: str | None = None
+    architecture: str | None = None
+    sockets: int | None = None
+    cores: int | None = None
+    threads: int | None = None
+    memory_total_bytes: int | None = None
+    numa_nodes: list[NumaNode] = field(default_factory=list)
+    process_affinity: list[int] | None = None
+    os: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    fallbacks: dict[str, list[str]] = field(default_factory=dict)
+
+    def numa_node_of_cpu(self, cpu: int) -> int | None:
+        """The NUMA node holding ``cpu``, or ``None`` if no node lists it."""
+        for node in self.numa_nodes:
+            if cpu in node.cpus:
+                return node.id
+        return None
+
+
+@dataclass
+class GPUInfo:
+    """One GPU: identity, compute resources, memory, clocks, PCIe link and placement.
+
+    ``index`` is the CUDA device ordinal (what ``cupy.cuda.Device(i)`` means) when CUDA
+    could be asked, else NVML's index. Values are ``None`` when no provider knew them.
+    """
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    compute_capability: str | None = None
+    sm_count: int | None = None
+    memory_total_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_bus_width_bits: int | None = None
+    clock_sm_mhz: int | None = None
+    clock_sm_max_mhz: int | None = None
+    clock_mem_mhz: int | None = None
+    clock_mem_max_mhz: int | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    numa_node: int | None = None
+    cpu_affinity: list[int] | None = None
+    mig_mode: str | None = None
+    nvlink_version: int | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    fallbacks: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def pcie_bandwidth_gbps(self) -> float | None:
+        """Theoretical PCIe bandwidth per direction at the link's maximum gen and width."""
+        return pcie_bandwidth_gbps(self.pcie_gen_max, self.pcie_width_max)
+
+    @property
+    def pcie_bandwidth_current_gbps(self) -> float | None:
+        """Theoretical PCIe bandwidth at the current gen and width (idle links downshift)."""
+        return pcie_bandwidth_gbps(self.pcie_gen, self.pcie_width)
+
+    @property
+    def memory_bandwidth_gbps(self) -> float | None:
+        """Theoretical device-memory bandwidth in GB/s: bus width x max memory clock x 2."""
+        if not self.memory_bus_width_bits or not self.clock_mem_max_mhz:
+            return None
+        return round(self.memory_bus_width_bits / 8 * self.clock_mem_max_mhz * 2 / 1e3, 1)
+
+    def source(self, name: str) -> str | None:
+        """Which provider gave field ``name`` (``None`` if nobody knew it)."""
+        return self.sources.get(name)
+
+
+@dataclass
+class LinkInfo:
+    """How two GPUs are connected, in the vocabulary of ``nvidia-smi topo -m``."""
+
+    a: int
+    b: int
+    kind: str | None = None
+    nvlinks: int = 0
+    p2p: bool | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_nvlink(self) -> bool:
+        """Whether the GPUs talk over NVLink."""
+        return self.nvlinks > 0
+
+
+_GPU_FIELDS = [
+    f.name for f in dataclasses.fields(GPUInfo) if f.name not in ("sources", "fallbacks")
+]
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _fmt(v: Any) -> str:
+    return "?" if v is None else str(v)
+
+
+@dataclass
+class HardwareProfile:
+    """A machine's hardware: host, GPUs and links, with where each value came from.
+
+    Build one with :func:`pyc_lab.detect_hardware`; load a saved one with
+    :meth:`from_json` or ``detect_hardware(snapshot=...)``.
+    """
+
+    host: HostInfo = field(default_factory=HostInfo)
+    gpus: list[GPUInfo] = field(default_factory=list)
+    links: list[LinkInfo] = field(default_factory=list)
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    cuda_status: str = "unknown"
+    providers: dict[str, str] = field(default_factory=dict)
+    origin: str = "live"
+    recorded_at: str | None = None
+    pyc_lab_version: str | None = None
+    description: str | None = None
+
+    # -- queries --------------------------------------------------------------
+    @property
+    def has_gpu(self) -> bool:
+        """Whether at least one usable CUDA device was found."""
+        return bool(self.gpus)
+
+    def gpu(self, index: int) -> GPUInfo:
+        """The GPU with CUDA ordinal ``index``."""
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        from ..errors import PycLabError
+
+        raise PycLabError(
+            f"no GPU {index} in this profile; it has {len(self.gpus)} GPU(s)"
+            + (f" ({', '.join(str(g.index) for g in self.gpus)})" if self.gpus else "")
+        )
+
+    def link(self, a: int, b: int) -> LinkInfo:
+        """The link between GPUs ``a`` and ``b`` (``kind == "X"`` when ``a == b``)."""
+        if a == b:
+            self.gpu(a)
+            return LinkInfo(a, a, kind="X", p2p=True)
+        for link in self.links:
+            if {link.a, link.b} == {a, b}:
+                return link
+        self.gpu(a), self.gpu(b)
+        return LinkInfo(min(a, b), max(a, b))
+
+    # -- tables ---------------------------------------------------------------
+    def to_frame(self) -> pd.DataFrame:
+        """One row per GPU: identity, resources, PCIe link (with theoretical GB/s), NUMA."""
+        import pandas as pd
+
+        rows = []
+        for g in self.gpus:
+            rows.append(
+                {
+                    "gpu": g.index,
+                    "name": g.name,
+                    "cc": g.compute_capability,
+                    "sms": g.sm_count,
+                    "memory_gib": None if g.memory_total_bytes is None
+                    else round(g.memory_total_bytes / 2**30, 1),
+                    "free_gib": None if g.memory_free_bytes is None
+                    else round(g.memory_free_bytes / 2**30, 1),
+                    "mem_bw_gbps": g.memory_bandwidth_gbps,
+                    "sm_clock_max_mhz": g.clock_sm_max_mhz,
+                    "pcie": _pcie_text(g.pcie_gen, g.pcie_width),
+                    "pcie_max": _pcie_text(g.pcie_gen_max, g.pcie_width_max),
+                    "pcie_gbps": g.pcie_bandwidth_gbps,
+                    "numa_node": g.numa_node,
+                    "numa_source": g.sources.get("numa_node"),
+                    "cpu_affinity": None if g.cpu_affinity is None
+                    else format_cpulist(g.cpu_affinity),
+                    "mig": g.mig_mode,
+                    "pci_bus_id": g.pci_bus_id,
+                    "uuid": g.uuid,
+                }
+            )
+        return pd.DataFrame(rows, columns=None if rows else ["gpu", "name"]).set_index("gpu")
+
+    def link_matrix(self) -> pd.DataFrame:
+        """The GPU link matrix as ``nvidia-smi topo -m`` shows it, with affinity columns."""
+        import pandas as pd
+
+        names = [f"GPU{g.index}" for g in self.gpus]
+        data = {}
+        for gb in self.gpus:
+            data[f"GPU{gb.index}"] = [self.link(ga.index, gb.index).kind or "?" for ga in self.gpus]
+        frame = pd.DataFrame(data, index=names)
+        frame["CPU Affinity"] = [
+            "?" if g.cpu_affinity is None else format_cpulist(g.cpu_affinity) for g in self.gpus
+        ]
+        frame["NUMA Affinity"] = ["?" if g.numa_node is None else g.numa_node for g in self.gpus]
+        return frame
+
+    def numa_frame(self) -> pd.DataFrame:
+        """One row per NUMA node: CPUs, memory and the GPUs placed on it."""
+        import pandas as pd
+
+        rows = []
+        for node in self.host.numa_nodes:
+            rows.append(
+                {
+                    "node": node.id,
+                    "cpus": format_cpulist(node.cpus),
+                    "n_cpus": len(node.cpus),
+                    "memory_gib": None if node.memory_total_bytes is None
+                    else round(node.memory_total_bytes / 2**30, 1),
+                    "gpus": ",".join(str(g.index) for g in self.gpus if g.numa_node == node.id),
+                }
+            )
+        return pd.DataFrame(rows, columns=None if rows else ["node"]).set_index("node")
+
+    def sources_frame(self) -> pd.DataFrame:
+        """Provenance of every value: (scope, field, value, source, what was tried first)."""
+        import pandas as pd
+
+        rows = []
+        for name in sorted(set(self.host.sources) | set(self.host.fallbacks)):
+            rows.append(
+                {
+                    "scope": "host",
+                    "field": name,
+                    "value": _short(getattr(self.host, name, None)),
+                    "source": self.host.sources.get(name),
+                    "fallbacks": "; ".join(self.host.fallbacks.get(name, [])),
+                }
+            )
+        for g in self.gpus:
+            for name in _GPU_FIELDS:
+                if name == "index":
+                    continue
+                if name not in g.sources and name not in g.fallbacks:
+                    continue
+                rows.append(
+                    {
+                        "scope": f"GPU{g.index}",
+                        "field": name,
+                        "value": _short(getattr(g, name)),
+                        "source": g.sources.get(name),
+                        "fallbacks": "; ".join(g.fallbacks.get(name, [])),
+                    }
+                )
+        return pd.DataFrame(rows, columns=["scope", "field", "value", "source", "fallbacks"])
+
+    # -- serialisation --------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The profile as JSON-ready plain data (CPU sets written as cpulists)."""
+        d = dataclasses.asdict(self)
+        d["schema"] = SCHEMA_VERSION
+        for node in d["host"]["numa_nodes"]:
+            node["cpus"] = format_cpulist(node["cpus"])
+        if d["host"]["process_affinity"] is not None:
+            d["host"]["process_affinity"] = format_cpulist(d["host"]["process_affinity"])
+        for g in d["gpus"]:
+            if g["cpu_affinity"] is not None:
+                g["cpu_affinity"] = format_cpulist(g["cpu_affinity"])
+        return d
+
+    def to_json(self, path: str | Path | None = None, *, indent: int = 2) -> str:
+        """Serialise to JSON; also write it to ``path`` when given. Returns the text."""
+        text = json.dumps(self.to_dict(), indent=indent, sort_keys=False) + "\n"
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
+        """Rebuild a profile from :meth:`to_dict` output.
+
+        Raises
+        ------
+        SnapshotError
+            If the data is not a pyc_lab hardware profile or has a newer schema.
+        """
+        if not isinstance(data, dict) or "host" not in data or "gpus" not in data:
+            raise SnapshotError(
+                "not a pyc_lab hardware profile: expected a JSON object with 'host' and "
+                "'gpus' (make one with pyc_lab.detect_hardware().to_json(path) or "
+                "`pyc-lab hw --save PATH`)"
+            )
+        schema = data.get("schema", 1)
+        if not isinstance(schema, int) or schema > SCHEMA_VERSION:
+            raise SnapshotError(
+                f"hardware profile schema {schema!r} is newer than this pyc_lab understands "
+                f"({SCHEMA_VERSION}); upgrade pyc_lab to read it"
+            )
+        try:
+            host_d = dict(data["host"])
+            host_d["numa_nodes"] = [
+                NumaNode(
+                    id=int(n["id"]),
+                    cpus=parse_cpulist(n.get("cpus") or ""),
+                    memory_total_bytes=n.get("memory_total_bytes"),
+                )
+                for n in host_d.get("numa_nodes", [])
+            ]
+            if host_d.get("process_affinity") is not None:
+                host_d["process_affinity"] = parse_cpulist(host_d["process_affinity"])
+            host = HostInfo(**host_d)
+            gpus = []
+            for g in data["gpus"]:
+                g = dict(g)
+                if g.get("cpu_affinity") is not None:
+                    g["cpu_affinity"] = parse_cpulist(g["cpu_affinity"])
+                gpus.append(GPUInfo(**g))
+            links = [LinkInfo(**dict(link)) for link in data.get("links", [])]
+            top = {k: v for k, v in data.items() if k not in ("host", "gpus", "links", "schema")}
+            return cls(host=host, gpus=gpus, links=links, **top)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise SnapshotError(
+                f"hardware profile is malformed ({type(exc).__name__}: {exc}); re-record it "
+                "with `pyc-lab hw --save PATH`"
+            ) from None
+
+    @classmethod
+    def from_json(cls, source: str | Path | dict[str, Any]) -> HardwareProfile:
+        """Load a profile from a JSON file path, a JSON string or an already parsed dict.
+
+        Raises
+        ------
+        SnapshotError
+            If the file is missing, is not JSON or is not a hardware profile.
+        """
+        if isinstance(source, dict):
+            return cls.from_dict(source)
+        text: str
+        if isinstance(source, Path) or (
+            isinstance(source, str) and not source.lstrip().startswith("{")
+        ):
+            path = Path(source)
+            if not path.is_file():
+                raise SnapshotError(
+                    f"hardware snapshot {str(path)!r} does not exist; pass a JSON file written "
+                    "by HardwareProfile.to_json() or a shipped name from "
+                    "pyc_lab.runtime.list_snapshots()"
+                )
+            text = path.read_text()
+            where = str(path)
+        else:
+            text = str(source)
+            where = "the given string"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SnapshotError(f"hardware snapshot {where} is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    # -- display --------------------------------------------------------------
+    def summary_lines(self) -> list[str]:
+        """Short human-readable lines: host, then each GPU, then the CUDA status."""
+        h = self.host
+        lines = [
+            f"Host: {_fmt(h.cpu_model)} | {_fmt(h.sockets)} socket(s), {_fmt(h.cores)} cores, "
+            f"{_fmt(h.threads)} threads | {_gib(h.memory_total_bytes)} RAM | "
+            f"{len(h.numa_nodes)} NUMA node(s)"
+        ]
+        for node in h.numa_nodes:
+            gpus = [str(g.index) for g in self.gpus if g.numa_node == node.id]
+            lines.append(
+                f"  NUMA {node.id}: CPUs {format_cpulist(node.cpus) or '-'}, "
+                f"{_gib(node.memory_total_bytes)}, GPUs {','.join(gpus) or '-'}"
+            )
+        if self.gpus:
+            lines.append(
+                f"Driver {_fmt(self.driver_version)}, CUDA {_fmt(self.cuda_driver_version)}"
+            )
+        for g in self.gpus:
+            lines.append(
+                f"GPU{g.index}: {_fmt(g.name)} (cc {_fmt(g.compute_capability)}, "
+                f"{_fmt(g.sm_count)} SMs, {_gib(g.memory_total_bytes)}) | PCIe "
+                f"{_pcie_text(g.pcie_gen_max, g.pcie_width_max)} = "
+                f"{_fmt(g.pcie_bandwidth_gbps)} GB/s | NUMA {_fmt(g.numa_node)}"
+                f" (from {_fmt(g.sources.get('numa_node'))})"
+            )
+        if not self.gpus:
+            lines.append(self.cuda_status)
+        return lines
+
+    def to_text(self) -> str:
+        """A deterministic multi-line text view: summary plus the link matrix."""
+        lines = [f"HardwareProfile ({self.origin})", *self.summary_lines()]
+        if len(self.gpus) > 1:
+            lines.append("")
+            lines.append(self.link_matrix().to_string())
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.to_text()
+
+    def _repr_html_(self) -> str:
+        parts = [f"<div class='pyc-lab-hw'><b>HardwareProfile</b> ({html.escape(self.origin)})"]
+        parts.append("<ul>" + "".join(
+            f"<li>{html.escape(line.strip())}</li>" for line in self.summary_lines()
+        ) + "</ul>")
+        if self.gpus:
+            parts.append(self.to_frame().to_html())
+        if len(self.gpus) > 1:
+            parts.append(self.link_matrix().to_html())
+        parts.append("</div>")
+        return "".join(parts)
+
+
+def _pcie_text(gen: int | None, width: int | None) -> str | None:
+    if gen is None and width is None:
+        return None
+    return f"Gen{_fmt(gen)} x{_fmt(width)}"
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, list):
+        if v and all(isinstance(x, int) for x in v):
+            return format_cpulist(v)
+        return f"[{len(v)} item(s)]"
+    return _fmt(v)

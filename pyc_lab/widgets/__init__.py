@@ -1,0 +1,9 @@
+"""Widgets: notebook views on top of the library (the library never imports these).
+
+Each widget is live (ipywidgets + plotly) in a Jupyter kernel and falls back to static
+HTML and text elsewhere; its ``text/plain`` and ``text/html`` reprs are deterministic.
+"""
+
+from .topology import TopologyWidget
+
+__all__ = ["TopologyWidget"]

@@ -1,0 +1,55 @@
+"""Display helpers shared by every pyc_lab widget."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+__all__ = ["escape", "frame_html", "has_live_frontend", "require_plotly"]
+
+
+def has_live_frontend() -> bool:
+    """Whether we run in a Jupyter kernel that can show ipywidgets and plotly FigureWidgets.
+
+    A plain terminal IPython, a script, or a kernel without ipywidgets/anywidget gets
+    the static HTML/text view instead.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    if ip is None or "IPKernelApp" not in getattr(ip, "config", {}):
+        return False
+    try:
+        import anywidget  # noqa: F401  (plotly's FigureWidget is an anywidget)
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require_plotly() -> Any:
+    """Import plotly.graph_objects or raise a PycLabError saying how to install it."""
+    try:
+        import plotly.graph_objects as go
+    except ImportError:
+        from ..errors import PycLabError
+
+        raise PycLabError(
+            "this view draws with plotly, which is not installed: pip install 'pyc-lab[lab]'"
+        ) from None
+    return go
+
+
+def escape(text: Any) -> str:
+    """HTML-escape ``str(text)``."""
+    return html.escape(str(text))
+
+
+def frame_html(frame: Any, caption: str | None = None) -> str:
+    """A pandas DataFrame as a compact deterministic HTML table with an optional caption."""
+    table = frame.to_html(border=0, na_rep="–", classes="pyc-lab-table")
+    if caption:
+        table = table.replace(">", f"><caption>{escape(caption)}</caption>", 1)
+    return table
