@@ -1,0 +1,67 @@
+"""What every benchmark result records: device, driver, versions, git sha, date."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def git_sha() -> str:
+    """The commit under test: $PYC_LAB_GIT_SHA (the GPU lane has no .git), else git."""
+    sha = os.environ.get("PYC_LAB_GIT_SHA")
+    if sha:
+        return sha
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def versions(*names: str) -> dict[str, str | None]:
+    """Installed versions of the named distributions (None when absent)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def environment() -> dict[str, Any]:
+    """Device, driver, CUDA and library versions, git sha and date of this run."""
+    import pyc_lab
+
+    hw = pyc_lab.detect_hardware()
+    gpu = hw.gpus[0] if hw.gpus else None
+    return {
+        "device": gpu.name if gpu else "CPU only",
+        "device_count": len(hw.gpus),
+        "driver": hw.driver_version,
+        "cuda_driver": hw.cuda_driver_version,
+        "cpu": hw.host.cpu_model,
+        "versions": versions("pyc-lab", "numpy", "pandas", "cupy-cuda13x", "torch",
+                             "cuda-core", "cuda-bindings", "nvidia-ml-py"),
+        "pyc_lab_version": pyc_lab.__version__,
+        "git_sha": git_sha(),
+        "date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+    }
+
+
+def write_result(out_dir: str | Path, name: str, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` plus the environment as ``<out_dir>/<name>.json``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "environment": environment(), **payload},
+                               indent=2, default=str) + "\n")
+    return path
