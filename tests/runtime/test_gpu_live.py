@@ -22,7 +22,9 @@ def test_detect_hardware_finds_every_cuda_device_with_sources():
         props = cp.cuda.runtime.getDeviceProperties(g.index)
         assert g.sm_count == props["multiProcessorCount"]
         assert g.compute_capability == f"{props['major']}.{props['minor']}"
-        assert g.memory_total_bytes == props["totalGlobalMem"]
+        # NVML (first in the chain) counts memory the driver reserves; CUDA's total does
+        # not: on the H200 they differ by 0.4 %.
+        assert abs(g.memory_total_bytes - props["totalGlobalMem"]) <= 0.01 * g.memory_total_bytes
         assert g.name and g.uuid and g.pci_bus_id
         # Every known value says where it came from.
         for field, source in g.sources.items():
