@@ -53,11 +53,16 @@ class TopologyWidget:
         The machine to show (``pyc_lab.detect_hardware()`` or a snapshot).
     bandwidth
         A frame from :func:`pyc_lab.runtime.probe_bandwidth`, shown beside the picture.
+    probe_kwargs
+        Keyword arguments for the probe that the live widget's button runs (e.g.
+        ``{"sizes": [1 << 20, 1 << 26]}`` for a quick measurement).
     """
 
-    def __init__(self, profile: HardwareProfile, bandwidth: pd.DataFrame | None = None):
+    def __init__(self, profile: HardwareProfile, bandwidth: pd.DataFrame | None = None,
+                 *, probe_kwargs: dict[str, Any] | None = None):
         self.profile = profile
         self.bandwidth = bandwidth
+        self.probe_kwargs = dict(probe_kwargs or {})
 
     # -- layout ---------------------------------------------------------------
     def _layout(self) -> tuple[dict[int, tuple[float, float, float, float]],
@@ -245,7 +250,8 @@ class TopologyWidget:
         picture = go.FigureWidget(self.figure())
         tables = w.HTML(self.to_html())
         bw_fig = go.FigureWidget(self.bandwidth_figure())
-        bw_fig.layout.visible = self.bandwidth is not None
+        bw_box = w.Box([bw_fig], layout=w.Layout(
+            display="flex" if self.bandwidth is not None else "none"))
         button = w.Button(description="Measure bandwidth", icon="tachometer",
                           tooltip="Run pyc_lab.runtime.probe_bandwidth() (a few seconds)")
         status = w.HTML()
@@ -256,14 +262,14 @@ class TopologyWidget:
             button.disabled = True
             status.value = "measuring…"
             try:
-                self.bandwidth = probe_bandwidth(profile=self.profile)
+                self.bandwidth = probe_bandwidth(profile=self.profile, **self.probe_kwargs)
                 fresh = self.bandwidth_figure()
                 with bw_fig.batch_update():
                     bw_fig.data = ()
                     for trace in fresh.data:
                         bw_fig.add_trace(trace)
                     bw_fig.layout = fresh.layout
-                bw_fig.layout.visible = True
+                bw_box.layout.display = "flex"
                 tables.value = self.to_html()
                 status.value = escape(self.bandwidth.attrs.get("note") or "done")
             except Exception as exc:  # show, never kill the widget
@@ -272,7 +278,7 @@ class TopologyWidget:
                 button.disabled = False
 
         button.on_click(measure)
-        return w.VBox([w.HBox([picture, tables]), w.HBox([button, status]), bw_fig])
+        return w.VBox([w.HBox([picture, tables]), w.HBox([button, status]), bw_box])
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         if has_live_frontend():

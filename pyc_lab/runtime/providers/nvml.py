@@ -88,9 +88,17 @@ def _collect(nvml: Any) -> ProviderReport:
     switch_links: list[int] = []
     n_words = max(1, math.ceil((os.cpu_count() or 1) / 64))
     for i in range(count):
-        h = nvml.nvmlDeviceGetHandleByIndex(i)
-        handles.append(h)
         g: dict[str, Fact | Missing] = {"index": Fact(i, NAME)}
+        try:
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+        except Exception as exc:  # e.g. NVML_ERROR_NO_PERMISSION for a GPU in no cgroup
+            g["pci_bus_id"] = Missing(f"cannot open GPU {i}: {exc}", NAME)
+            handles.append(None)
+            nvlink_peers.append(Counter())
+            switch_links.append(0)
+            report.gpus.append(g)
+            continue
+        handles.append(h)
         guarded(g, "pci_bus_id", NAME,
                 lambda h=h: normalize_bus_id(_text(nvml.nvmlDeviceGetPciInfo(h).busId)))
         guarded(g, "name", NAME, lambda h=h: _text(nvml.nvmlDeviceGetName(h)))
@@ -167,9 +175,10 @@ def _collect(nvml: Any) -> ProviderReport:
                 guarded(link, "kind", NAME, ancestor)
 
             def p2p(i=i, j=j) -> bool:
-                status = nvml.nvmlDeviceGetP2PStatus(
-                    handles[i], handles[j], nvml.NVML_P2P_CAPS_INDEX_READ
-                )
+                index = nvml.NVML_P2P_CAPS_INDEX_READ
+                if isinstance(index, tuple):  # pynvml defines it as `= 0,` (a tuple)
+                    index = index[0]
+                status = nvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], index)
                 return int(status) == int(getattr(nvml, "NVML_P2P_STATUS_OK", 0))
 
             guarded(link, "p2p", NAME, p2p)

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from ...errors import PycLabError
 from ..cpulist import parse_cpulist
 from .base import Fact, Missing, ProviderReport, guarded, normalize_bus_id
 
@@ -79,7 +80,7 @@ def _host(report: ProviderReport, root: Path, live: bool) -> None:
     try:
         online = parse_cpulist(_read(cpu_dir / "online"))
         host["threads"] = Fact(len(online), NAME)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, PycLabError) as exc:
         if live:
             guarded(host, "threads", "psutil", _psutil_count(logical=True))
         else:
@@ -118,7 +119,7 @@ def _host(report: ProviderReport, root: Path, live: bool) -> None:
     for d in sorted(node_dir.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
         try:
             cpus = parse_cpulist(_read(d / "cpulist"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, PycLabError):
             cpus = []
         kib = _meminfo_kib(d / "meminfo", "MemTotal")
         nodes.append({"id": int(d.name[4:]), "cpus": cpus,

@@ -1,0 +1,89 @@
+"""The IPython extension on a real InteractiveShell: load, unload, reload, %pyc_hw."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+
+@pytest.fixture
+def shell():
+    ip = InteractiveShell.instance()
+    yield ip
+    if "pyc_lab" in ip.extension_manager.loaded:
+        ip.run_line_magic("unload_ext", "pyc_lab")
+
+
+def test_import_prints_nothing_and_needs_no_gpu():
+    code = "import pyc_lab, sys; assert 'cupy' not in sys.modules; assert 'pynvml' not in sys.modules"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "" and run.stderr == ""
+
+
+def test_load_registers_magics_and_prints_nothing(shell):
+    with capture_output() as cap:
+        shell.run_line_magic("load_ext", "pyc_lab")
+    assert cap.stdout == "" and cap.stderr == "" and cap.outputs == []
+    assert "pyc_hw" in shell.magics_manager.magics["line"]
+
+
+def test_unload_removes_and_reload_restores(shell):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    shell.run_line_magic("unload_ext", "pyc_lab")
+    assert "pyc_hw" not in shell.magics_manager.magics["line"]
+    shell.run_line_magic("load_ext", "pyc_lab")
+    shell.run_line_magic("reload_ext", "pyc_lab")
+    assert "pyc_hw" in shell.magics_manager.magics["line"]
+
+
+def test_help_documents_the_arguments(shell):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    doc = shell.magics_manager.magics["line"]["pyc_hw"].__doc__
+    assert "--snapshot" in doc and "--bandwidth" in doc
+
+
+def test_pyc_hw_shows_the_widget_for_this_machine(shell):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with capture_output() as cap:
+        result = shell.run_cell("%pyc_hw")
+    assert result.success
+    (out,) = cap.outputs
+    text = out.data["text/plain"]
+    assert text.startswith("HardwareProfile (live)")
+    assert "NUMA 0" in text
+    assert "<div class='pyc-lab-topology'>" in out.data["text/html"]
+
+
+def test_pyc_hw_snapshot_shows_the_dgx(shell):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with capture_output() as cap:
+        assert shell.run_cell("%pyc_hw --snapshot dgx-h100").success
+    text = cap.outputs[0].data["text/plain"]
+    assert "GPU7: NVIDIA H100 80GB HBM3" in text
+    assert "NV18" in text
+
+
+def test_pyc_hw_bandwidth_on_cpu_measures_host_memcpy(shell):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with capture_output() as cap:
+        assert shell.run_cell("%pyc_hw --bandwidth").success
+    text = cap.outputs[0].data["text/plain"]
+    assert "Bandwidth (best per kind)" in text
+    assert "host_memcpy" in text
+
+
+def test_bad_arguments_give_a_clear_usage_error(shell):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with capture_output() as cap:
+        result = shell.run_cell("%pyc_hw --snapshot no-such-machine")
+    assert not result.success
+    assert "no hardware snapshot 'no-such-machine'" in cap.stderr + cap.stdout
+    with capture_output() as cap:
+        result = shell.run_cell("%pyc_hw --snapshot h200 --bandwidth")
+    assert not result.success
+    assert "cannot be combined" in cap.stderr + cap.stdout
