@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_result  # noqa: E402
+from common import write_result
 
-import pyc_lab  # noqa: E402
-from pyc_lab.runtime.bandwidth import bandwidth_summary  # noqa: E402
+import pyc_lab
+from pyc_lab.runtime.bandwidth import bandwidth_summary
 
 
 def torch_baseline(sizes: list[int], repeats: int = 10) -> list[dict]:
@@ -33,35 +33,40 @@ def torch_baseline(sizes: list[int], repeats: int = 10) -> list[dict]:
     if not torch.cuda.is_available():
         return []
     rows = []
-    stream = torch.cuda.Stream()
     for size in sizes:
-        pageable = torch.randint(0, 256, (size,), dtype=torch.uint8)
-        pinned = torch.randint(0, 256, (size,), dtype=torch.uint8).pin_memory()
-        dev = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
-        dev2 = torch.empty_like(dev)
-        out_pinned = torch.empty(size, dtype=torch.uint8).pin_memory()
-        cases = {
-            "h2d_pageable": (lambda: dev2.copy_(pageable, non_blocking=True), 1),
-            "h2d_pinned": (lambda: dev2.copy_(pinned, non_blocking=True), 1),
-            "d2h_pinned": (lambda: out_pinned.copy_(dev, non_blocking=True), 1),
-            "d2d": (lambda: dev2.copy_(dev), 2),
-        }
-        for kind, (fn, factor) in cases.items():
-            times = []
-            with torch.cuda.stream(stream):
+        rows += _torch_copies(torch, size, repeats)
+    return rows
+
+
+def _torch_copies(torch, size: int, repeats: int) -> list[dict]:
+    stream = torch.cuda.Stream()
+    pageable = torch.randint(0, 256, (size,), dtype=torch.uint8)
+    pinned = torch.randint(0, 256, (size,), dtype=torch.uint8).pin_memory()
+    dev = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
+    dev2 = torch.empty_like(dev)
+    out_pinned = torch.empty(size, dtype=torch.uint8).pin_memory()
+    cases = {
+        "h2d_pageable": (lambda: dev2.copy_(pageable, non_blocking=True), 1),
+        "h2d_pinned": (lambda: dev2.copy_(pinned, non_blocking=True), 1),
+        "d2h_pinned": (lambda: out_pinned.copy_(dev, non_blocking=True), 1),
+        "d2d": (lambda: dev2.copy_(dev), 2),
+    }
+    rows = []
+    for kind, (fn, factor) in cases.items():
+        times = []
+        with torch.cuda.stream(stream):
+            fn()
+            for _ in range(repeats):
+                a = torch.cuda.Event(enable_timing=True)
+                b = torch.cuda.Event(enable_timing=True)
+                a.record(stream)
                 fn()
-                for _ in range(repeats):
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                        enable_timing=True)
-                    a.record(stream)
-                    fn()
-                    b.record(stream)
-                    b.synchronize()
-                    times.append(a.elapsed_time(b) / 1e3)
-            med = statistics.median(times)
-            rows.append({"kind": kind, "size_bytes": size, "repeats": repeats,
-                         "median_ms": med * 1e3, "gbps": factor * size / med / 1e9})
-        del pageable, pinned, dev, dev2, out_pinned
+                b.record(stream)
+                b.synchronize()
+                times.append(a.elapsed_time(b) / 1e3)
+        med = statistics.median(times)
+        rows.append({"kind": kind, "size_bytes": size, "repeats": repeats,
+                     "median_ms": med * 1e3, "gbps": factor * size / med / 1e9})
     return rows
 
 

@@ -19,7 +19,8 @@ def shell():
 
 
 def test_import_prints_nothing_and_needs_no_gpu():
-    code = "import pyc_lab, sys; assert 'cupy' not in sys.modules; assert 'pynvml' not in sys.modules"
+    code = ("import pyc_lab, sys; "
+            "assert 'cupy' not in sys.modules and 'pynvml' not in sys.modules")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "" and run.stderr == ""

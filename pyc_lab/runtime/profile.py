@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SnapshotError
+from ..errors import PycLabError, SnapshotError
 from .cpulist import format_cpulist, parse_cpulist
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -214,8 +214,6 @@ class HardwareProfile:
         for g in self.gpus:
             if g.index == index:
                 return g
-        from ..errors import PycLabError
-
         raise PycLabError(
             f"no GPU {index} in this profile; it has {len(self.gpus)} GPU(s)"
             + (f" ({', '.join(str(g.index) for g in self.gpus)})" if self.gpus else "")
@@ -394,7 +392,7 @@ class HardwareProfile:
             links = [LinkInfo(**dict(link)) for link in data.get("links", [])]
             top = {k: v for k, v in data.items() if k not in ("host", "gpus", "links", "schema")}
             return cls(host=host, gpus=gpus, links=links, **top)
-        except (TypeError, ValueError, KeyError) as exc:
+        except (TypeError, ValueError, KeyError, PycLabError) as exc:
             raise SnapshotError(
                 f"hardware profile is malformed ({type(exc).__name__}: {exc}); re-record it "
                 "with `pyc-lab hw --save PATH`"

@@ -127,6 +127,11 @@ class TopologyWidget:
                 line=dict(color="#aaa", dash="dot", width=1.5), hoverinfo="text",
                 text=[f"GPU{g.index} ↔ CPUs: PCIe {_pcie(g)}"] * 2, showlegend=False,
             ))
+            if g.pcie_bandwidth_gbps:
+                notes.append(dict(x=gx, y=(gy + 0.35 + y1 - 2.0) / 2, showarrow=False,
+                                  text=f"Gen{g.pcie_gen_max} x{g.pcie_width_max}<br>"
+                                       f"{g.pcie_bandwidth_gbps:.0f} GB/s",
+                                  font=dict(size=9, color="#666"), bgcolor="white"))
 
         # GPU <-> GPU links, one trace per kind so that the legend explains colours.
         by_kind: dict[str, list] = {}
@@ -176,7 +181,7 @@ class TopologyWidget:
             title=dict(text=escape(_title(p)), font=dict(size=14)),
             xaxis=dict(visible=False, range=[-0.5, max(b[2] for b in boxes.values()) + 0.5]),
             yaxis=dict(visible=False, range=[-0.5, _BOX_H + 0.5], scaleanchor=None),
-            plot_bgcolor="white", margin=dict(l=10, r=10, t=50, b=10),
+            plot_bgcolor="white", margin=dict(l=10, r=10, t=70, b=10),
             legend=dict(title="links", orientation="h", y=-0.02),
         )
         return fig
