@@ -2,8 +2,8 @@
 
 A :class:`HardwareProfile` holds the host (CPU, NUMA nodes, memory), each GPU and the
 GPU-to-GPU link matrix. Every value remembers which provider gave it (``sources``) and
-which providers were asked first and could not answer (``fallbacks``), so that a user
-can see *why* pyc_lab believes GPU 0 sits on NUMA node 0.
+why the other providers could not answer (``fallbacks``), so that a user can see *why*
+pyc_lab believes GPU 0 sits on NUMA node 0.
 
 Profiles are plain data: :meth:`HardwareProfile.to_json` and
 :meth:`HardwareProfile.from_json` round-trip them exactly; that is how snapshots of
@@ -59,7 +59,7 @@ LINK_KINDS = {
 def pcie_bandwidth_gbps(gen: int | None, width: int | None) -> float | None:
     """Theoretical PCIe bandwidth per direction in GB/s for a link generation and width.
 
-    Returns ``None`` when either is unknown. PCIe 5.0 x16 gives 63.0 GB/s.
+    Returns ``None`` when either is unknown. PCIe 5.0 x16 gives 63.02 GB/s.
     """
     if not gen or not width or gen not in _PCIE_LANE_GBPS:
         return None
@@ -297,7 +297,7 @@ class HardwareProfile:
         return pd.DataFrame(rows, columns=None if rows else ["node"]).set_index("node")
 
     def sources_frame(self) -> pd.DataFrame:
-        """Provenance of every value: (scope, field, value, source, what was tried first)."""
+        """Provenance of every value: (scope, field, value, source, why others had none)."""
         import pandas as pd
 
         rows = []
@@ -392,7 +392,7 @@ class HardwareProfile:
             links = [LinkInfo(**dict(link)) for link in data.get("links", [])]
             top = {k: v for k, v in data.items() if k not in ("host", "gpus", "links", "schema")}
             return cls(host=host, gpus=gpus, links=links, **top)
-        except (TypeError, ValueError, KeyError, PycLabError) as exc:
+        except (TypeError, ValueError, KeyError, AttributeError, PycLabError) as exc:
             raise SnapshotError(
                 f"hardware profile is malformed ({type(exc).__name__}: {exc}); re-record it "
                 "with `pyc-lab hw --save PATH`"
@@ -411,7 +411,7 @@ class HardwareProfile:
             return cls.from_dict(source)
         text: str
         if isinstance(source, Path) or (
-            isinstance(source, str) and not source.lstrip().startswith("{")
+            isinstance(source, str) and not source.lstrip().startswith(("{", "["))
         ):
             path = Path(source)
             if not path.is_file():

@@ -2,10 +2,10 @@
 
 The providers run in a fallback chain — NVML, then the CUDA driver (cuda.core /
 cuda-bindings), then Linux sysfs with psutil and py-cpuinfo — and, for every value, the
-first provider that knows it wins. Each value records its source and the reasons the
-providers before it gave none, e.g. on the H200 VM::
+first provider that knows it wins. Each value records its source and, in ``fallbacks``,
+why every other provider had no answer, e.g. on the H200 VM::
 
-    numa_node = 0  from cuda.core   (nvml: NotSupported; ...)
+    numa_node = 0  from cuda.core   (nvml: NotSupported; sysfs: numa_node is -1)
 
 A JSON snapshot replaces the live chain: ``detect_hardware(snapshot="dgx-h100")``.
 """
@@ -152,11 +152,10 @@ def merge_reports(reports: Sequence[ProviderReport]) -> HardwareProfile:
             tried: list[str] = []
             for r in reports:
                 entry = _gpu_entry(r, key, pos if r is order_report else None).get(field)
-                if isinstance(entry, Fact):
+                if isinstance(entry, Fact) and field not in gpu.sources:
                     setattr(gpu, field, entry.value)
                     gpu.sources[field] = entry.source
-                    break
-                if isinstance(entry, Missing):
+                elif isinstance(entry, Missing):
                     tried.append(f"{entry.source}: {entry.reason}")
             if tried:
                 gpu.fallbacks[field] = tried
@@ -204,14 +203,13 @@ def _merge_host(reports: Sequence[ProviderReport]) -> HostInfo:
         tried: list[str] = []
         for r in reports:
             entry = r.host.get(field)
-            if isinstance(entry, Fact):
+            if isinstance(entry, Fact) and field not in host.sources:
                 value = entry.value
                 if field == "numa_nodes":
                     value = [NumaNode(**n) for n in value]
                 setattr(host, field, value)
                 host.sources[field] = entry.source
-                break
-            if isinstance(entry, Missing):
+            elif isinstance(entry, Missing):
                 tried.append(f"{entry.source}: {entry.reason}")
         if tried:
             host.fallbacks[field] = tried

@@ -54,10 +54,13 @@ def collect_sysfs(root: str | Path = "/", bus_ids: Iterable[str] = ()) -> Provid
     ids = [b for b in (normalize_bus_id(x) for x in bus_ids) if b]
     for bus in ids:
         report.gpus.append(_gpu(pci / bus, bus))
+    nodes = report.host.get("numa_nodes")
+    single_node = isinstance(nodes, Fact) and len(nodes.value) == 1
     for i, a in enumerate(ids):
         for b in ids[i + 1:]:
             link: dict[str, Fact | Missing] = {}
-            guarded(link, "kind", "sysfs (PCI path)", lambda a=a, b=b: _path_kind(pci, a, b))
+            guarded(link, "kind", "sysfs (PCI path)",
+                    lambda a=a, b=b: _path_kind(pci, a, b, single_node))
             report.links[(a, b)] = link
     return report
 
@@ -175,12 +178,21 @@ def _pci_path(pci: Path, bus: str) -> list[str]:
     raise FileNotFoundError(f"no PCI root complex in the sysfs path of {bus}")
 
 
-def _path_kind(pci: Path, a: str, b: str) -> str:
-    """Classify the PCIe path between two devices as nvidia-smi does (PIX ... SYS)."""
+def _path_kind(pci: Path, a: str, b: str, single_node: bool = False) -> str | Missing:
+    """Classify the PCIe path between two devices as nvidia-smi does (PIX ... SYS).
+
+    Across root complexes the NUMA nodes decide NODE or SYS; when the firmware gives no
+    node (-1) that is only knowable on a host with a single NUMA node.
+    """
     pa, pb = _pci_path(pci, a), _pci_path(pci, b)
     if pa[0] != pb[0]:
         na, nb = (_read_int(pci / x / "numa_node") for x in (a, b))
-        return "NODE" if na is not None and na == nb else "SYS"
+        if na is None or nb is None:
+            if single_node:
+                return "NODE"
+            return Missing(f"{a} and {b} sit under different PCI root complexes and sysfs "
+                           "gives no NUMA node to tell NODE from SYS", "sysfs (PCI path)")
+        return "NODE" if na == nb else "SYS"
     ba, bb = pa[1:-1], pb[1:-1]
     common = 0
     while common < min(len(ba), len(bb)) and ba[common] == bb[common]:
