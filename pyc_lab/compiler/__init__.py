@@ -1,4 +1,14 @@
-"""The compiler: tracer, IR, passes, memory planner, policy and code generation.
+"""The compiler: trace NumPy-style functions into an IR, optimise it, lower it to kernels.
 
-Not built yet: this package is reserved for the compiler issue.
+Pipeline: :mod:`.tracer` (proxies record the function) -> :mod:`.ir` (typed graph, op
+registry in :mod:`.ops`) -> :mod:`.passes` (canonicalize, fold, CSE, DCE, simplify,
+fusion, memory planning) -> :mod:`.policy` (an implementation per node, with a reason)
+-> execution by :mod:`.interpret` (NumPy) or the CuPy backend (generated CUDA kernels,
+cuBLAS, optional CUDA-graph replay).
 """
+
+from .ir import Graph, IRError, Node
+from .ops import REGISTRY, ShapeError
+from .tracer import TraceError, trace
+
+__all__ = ["REGISTRY", "Graph", "IRError", "Node", "ShapeError", "TraceError", "trace"]

@@ -1,0 +1,506 @@
+"""The op registry: every op's shape/dtype inference, checks and array reference.
+
+Each :class:`OpDef` declares
+
+- ``kind``: ``elementwise``, ``reduction``, ``matmul``, ``norm``, ``shape``, ``source``
+  (inputs and constants), ``fused`` or ``eager`` (a graph break);
+- ``shape(inputs, attrs)``: the result shape, raising :class:`ShapeError` with a readable
+  message when the inputs do not fit;
+- ``reference(xp, args, attrs)``: the result computed with an array module ``xp``
+  (NumPy on the CPU, CuPy on the GPU) — this is both the semantics of the op and the
+  NumPy backend's implementation;
+- for elementwise ops, ``cuda``: a C expression template over ``{0}``, ``{1}``, ... used by
+  the code generator.
+
+Result dtypes follow NumPy exactly: they are found by running the reference on
+one-element arrays of the input dtypes (NEP 50 promotion, integer division, bool
+comparisons included).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import PycLabError
+
+__all__ = ["ACTIVATIONS", "REGISTRY", "OpDef", "ShapeError", "evaluate", "infer",
+           "normalize_axis"]
+
+
+class ShapeError(PycLabError):
+    """Operands whose shapes or dtypes do not fit the op."""
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """What the compiler knows about one op."""
+
+    name: str
+    kind: str
+    arity: int | None
+    shape: Callable[[Sequence[Any], dict[str, Any]], tuple[int, ...]]
+    reference: Callable[[Any, Sequence[Any], dict[str, Any]], Any]
+    cuda: str | None = None
+    dtype: Callable[[Sequence[Any], dict[str, Any]], np.dtype] | None = None
+    doc: str = ""
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def _register(opdef: OpDef) -> OpDef:
+    REGISTRY[opdef.name] = opdef
+    return opdef
+
+
+# -- helpers -------------------------------------------------------------------------------
+def normalize_axis(axis: Any, ndim: int) -> tuple[int, ...]:
+    """``None`` -> all axes; ints -> sorted non-negative tuple; out of range -> ShapeError."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -ndim <= a < max(ndim, 1):
+            raise ShapeError(f"axis {a} is out of range for an array of rank {ndim}")
+        out.append(a % ndim if ndim else 0)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"repeated axis in {axis!r}")
+    return tuple(sorted(out))
+
+
+def _broadcast(inputs: Sequence[Any], _attrs: dict) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*[tuple(n.shape) for n in inputs]))
+    except ValueError:
+        shapes = " and ".join(str(tuple(n.shape)) for n in inputs)
+        raise ShapeError(f"shapes {shapes} do not broadcast together") from None
+
+
+def _same(inputs: Sequence[Any], _attrs: dict) -> tuple[int, ...]:
+    return tuple(inputs[0].shape)
+
+
+def _tiny(dtype: np.dtype, ndim: int = 1) -> np.ndarray:
+    return np.ones((1,) * ndim, dtype=dtype)
+
+
+def _reference_dtype(op: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
+    with np.errstate(all="ignore"):
+        out = REGISTRY[op].reference(np, [_tiny(n.dtype, len(n.shape)) for n in inputs], attrs)
+    return np.asarray(out).dtype
+
+
+# -- elementwise ------------------------------------------------------------------------------
+def _gelu(xp: Any, x: Any) -> Any:
+    c = np.asarray(math.sqrt(2.0 / math.pi), dtype=x.dtype)
+    return 0.5 * x * (1 + xp.tanh(c * (x + np.asarray(0.044715, dtype=x.dtype) * x * x * x)))
+
+
+def _sigmoid(xp: Any, x: Any) -> Any:
+    return 1 / (1 + xp.exp(-x))
+
+
+#: Activations usable as GEMM epilogues, with their references.
+ACTIVATIONS: dict[str, Callable[[Any, Any], Any]] = {
+    "relu": lambda xp, x: xp.maximum(x, np.asarray(0, dtype=x.dtype)),
+    "gelu": _gelu,
+    "sigmoid": _sigmoid,
+    "silu": lambda xp, x: x * _sigmoid(xp, x),
+    "tanh": lambda xp, x: xp.tanh(x),
+}
+
+_BINARY = {
+    # name: (reference, cuda template)
+    "add": (lambda xp, a, b: a + b, "({0} + {1})"),
+    "subtract": (lambda xp, a, b: a - b, "({0} - {1})"),
+    "multiply": (lambda xp, a, b: a * b, "({0} * {1})"),
+    "divide": (lambda xp, a, b: a / b, "({0} / {1})"),
+    "power": (lambda xp, a, b: xp.power(a, b), "pow({0}, {1})"),
+    "maximum": (lambda xp, a, b: xp.maximum(a, b),
+                "(({0}) != ({0}) ? ({0}) : (({1}) != ({1}) ? ({1}) : "
+                "(({0}) > ({1}) ? ({0}) : ({1}))))"),
+    "minimum": (lambda xp, a, b: xp.minimum(a, b),
+                "(({0}) != ({0}) ? ({0}) : (({1}) != ({1}) ? ({1}) : "
+                "(({0}) < ({1}) ? ({0}) : ({1}))))"),
+    "less": (lambda xp, a, b: a < b, "({0} < {1})"),
+    "less_equal": (lambda xp, a, b: a <= b, "({0} <= {1})"),
+    "greater": (lambda xp, a, b: a > b, "({0} > {1})"),
+    "greater_equal": (lambda xp, a, b: a >= b, "({0} >= {1})"),
+    "equal": (lambda xp, a, b: a == b, "({0} == {1})"),
+    "not_equal": (lambda xp, a, b: a != b, "({0} != {1})"),
+}
+_UNARY = {
+    "exp": (lambda xp, x: xp.exp(x), "exp({0})"),
+    "log": (lambda xp, x: xp.log(x), "log({0})"),
+    "tanh": (lambda xp, x: xp.tanh(x), "tanh({0})"),
+    "sqrt": (lambda xp, x: xp.sqrt(x), "sqrt({0})"),
+    "rsqrt": (lambda xp, x: 1 / xp.sqrt(x), "rsqrt({0})"),
+    "abs": (lambda xp, x: xp.abs(x), "abs({0})"),
+    "negative": (lambda xp, x: -x, "(-{0})"),
+    "relu": (lambda xp, x: ACTIVATIONS["relu"](xp, x), "(({0}) < 0 ? 0 : ({0}))"),
+    "gelu": (lambda xp, x: _gelu(xp, x),
+             "(0.5 * ({0}) * (1 + tanh(0.7978845608028654 * (({0}) + 0.044715 * ({0}) * "
+             "({0}) * ({0})))))"),
+    "sigmoid": (lambda xp, x: _sigmoid(xp, x), "(1 / (1 + exp(-({0}))))"),
+    "silu": (lambda xp, x: ACTIVATIONS["silu"](xp, x), "(({0}) / (1 + exp(-({0}))))"),
+}
+
+for _name, (_ref, _cuda) in _BINARY.items():
+    _register(OpDef(_name, "elementwise", 2, _broadcast,
+                    (lambda f: lambda xp, args, attrs: f(xp, *args))(_ref), _cuda))
+for _name, (_ref, _cuda) in _UNARY.items():
+    _register(OpDef(_name, "elementwise", 1, _same,
+                    (lambda f: lambda xp, args, attrs: f(xp, *args))(_ref), _cuda))
+
+_register(OpDef(
+    "where", "elementwise", 3, _broadcast,
+    lambda xp, args, attrs: xp.where(*args), "({0} ? {1} : {2})",
+))
+_register(OpDef(
+    "astype", "elementwise", 1, _same,
+    lambda xp, args, attrs: args[0].astype(attrs["dtype"]), "{0}",
+    dtype=lambda inputs, attrs: np.dtype(attrs["dtype"]),
+))
+
+
+# -- reductions --------------------------------------------------------------------------------
+def _reduce_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    shape = tuple(inputs[0].shape)
+    axes = normalize_axis(attrs.get("axis"), len(shape))
+    if attrs.get("keepdims"):
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def _reduction(name: str, fn: Callable[..., Any]) -> None:
+    def reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+        x = args[0]
+        axis = attrs.get("axis")
+        out = fn(xp, x, axis=None if axis is None else tuple(axis),
+                 keepdims=bool(attrs.get("keepdims")))
+        return xp.asarray(out)
+
+    _register(OpDef(name, "reduction", 1, _reduce_shape, reference))
+
+
+_reduction("sum", lambda xp, x, **kw: xp.sum(x, **kw))
+_reduction("mean", lambda xp, x, **kw: xp.mean(x, **kw))
+_reduction("max", lambda xp, x, **kw: xp.max(x, **kw))
+_reduction("min", lambda xp, x, **kw: xp.min(x, **kw))
+_reduction("var", lambda xp, x, **kw: xp.var(x, **kw))
+
+
+# -- matmul (with transposes and a bias + activation epilogue) ------------------------------------
+def _mm_operand_shape(shape: tuple[int, ...], transpose: bool) -> tuple[int, ...]:
+    if transpose and len(shape) >= 2:
+        return (*shape[:-2], shape[-1], shape[-2])
+    return shape
+
+
+def _matmul_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    a = _mm_operand_shape(tuple(inputs[0].shape), bool(attrs.get("transpose_a")))
+    b = _mm_operand_shape(tuple(inputs[1].shape), bool(attrs.get("transpose_b")))
+    if not a or not b:
+        raise ShapeError("matmul does not take 0-d operands (use multiply)")
+    a2 = (1, *a) if len(a) == 1 else a
+    b2 = (*b, 1) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise ShapeError(
+            f"matmul: inner dimensions differ: {a} @ {b} ({a2[-1]} != {b2[-2]})"
+        )
+    try:
+        batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    except ValueError:
+        raise ShapeError(f"matmul: batch dimensions {a2[:-2]} and {b2[:-2]} do not "
+                         "broadcast") from None
+    out = (*batch, a2[-2], b2[-1])
+    if len(a) == 1:
+        out = (*out[:-2], out[-1])
+    if len(b) == 1:
+        out = out[:-1]
+    if len(inputs) == 3:
+        try:
+            np.broadcast_shapes(out, tuple(inputs[2].shape))
+        except ValueError:
+            raise ShapeError(f"matmul bias of shape {tuple(inputs[2].shape)} does not "
+                             f"broadcast to the product's {out}") from None
+    return out
+
+
+def _matmul_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    a, b = args[0], args[1]
+    if attrs.get("transpose_a") and a.ndim >= 2:
+        a = xp.swapaxes(a, -1, -2)
+    if attrs.get("transpose_b") and b.ndim >= 2:
+        b = xp.swapaxes(b, -1, -2)
+    out = xp.matmul(a, b)
+    if len(args) == 3:
+        out = out + args[2]
+    act = attrs.get("activation")
+    if act:
+        out = ACTIVATIONS[act](xp, out)
+    return out
+
+
+def _matmul_dtype(inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
+    dt = np.result_type(inputs[0].dtype, inputs[1].dtype)
+    if len(inputs) == 3:
+        dt = np.result_type(dt, inputs[2].dtype)
+    if attrs.get("activation"):
+        with np.errstate(all="ignore"):
+            dt = ACTIVATIONS[attrs["activation"]](np, _tiny(dt)).dtype
+    return dt
+
+
+_register(OpDef("matmul", "matmul", None, _matmul_shape, _matmul_reference,
+                dtype=_matmul_dtype))
+
+
+# -- normalisations ----------------------------------------------------------------------------------
+def _float_of(dtype: np.dtype) -> np.dtype:
+    return dtype if dtype.kind == "f" else np.dtype(np.float64)
+
+
+def _softmax_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    x = args[0]
+    x = x.astype(_float_of(x.dtype)) if x.dtype.kind != "f" else x
+    axis = attrs["axis"]
+    e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
+    return e / xp.sum(e, axis=axis, keepdims=True)
+
+
+def _softmax_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    normalize_axis(attrs["axis"], len(inputs[0].shape))
+    return tuple(inputs[0].shape)
+
+
+_register(OpDef("softmax", "norm", 1, _softmax_shape, _softmax_reference,
+                dtype=lambda inputs, attrs: _float_of(inputs[0].dtype)))
+
+
+def _layer_norm_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    x = args[0]
+    x = x.astype(_float_of(x.dtype)) if x.dtype.kind != "f" else x
+    mean = xp.mean(x, axis=-1, keepdims=True)
+    var = xp.mean((x - mean) * (x - mean), axis=-1, keepdims=True)
+    y = (x - mean) / xp.sqrt(var + np.asarray(attrs.get("eps", 1e-5), dtype=x.dtype))
+    if len(args) >= 2:
+        y = y * args[1]
+    if len(args) == 3:
+        y = y + args[2]
+    return y
+
+
+def _layer_norm_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    shape = tuple(inputs[0].shape)
+    if not shape:
+        raise ShapeError("layer_norm needs at least one dimension")
+    for extra in inputs[1:]:
+        if tuple(extra.shape) not in ((shape[-1],), ()):
+            raise ShapeError(f"layer_norm scale/shift must have shape ({shape[-1]},), got "
+                             f"{tuple(extra.shape)}")
+    return shape
+
+
+def _layer_norm_dtype(inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
+    dt = _float_of(inputs[0].dtype)
+    for extra in inputs[1:]:
+        dt = np.result_type(dt, extra.dtype)
+    return dt
+
+
+_register(OpDef("layer_norm", "norm", None, _layer_norm_shape, _layer_norm_reference,
+                dtype=_layer_norm_dtype))
+
+
+# -- shape ops -------------------------------------------------------------------------------------------
+def _reshape_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    src = tuple(inputs[0].shape)
+    want = tuple(int(d) for d in attrs["shape"])
+    size = int(np.prod(src, dtype=np.int64))
+    if want.count(-1) > 1:
+        raise ShapeError(f"reshape {want}: at most one -1")
+    known = int(np.prod([d for d in want if d != -1], dtype=np.int64))
+    if -1 in want:
+        if known == 0 or size % known:
+            raise ShapeError(f"cannot reshape {src} into {want}")
+        want = tuple(size // known if d == -1 else d for d in want)
+    if int(np.prod(want, dtype=np.int64)) != size:
+        raise ShapeError(f"cannot reshape an array of shape {src} (size {size}) into {want}")
+    return want
+
+
+def _transpose_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    src = tuple(inputs[0].shape)
+    axes = tuple(attrs["axes"])
+    if sorted(axes) != list(range(len(src))):
+        raise ShapeError(f"transpose axes {axes} are not a permutation of {len(src)} axes")
+    return tuple(src[a] for a in axes)
+
+
+def _broadcast_to_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    src, want = tuple(inputs[0].shape), tuple(attrs["shape"])
+    try:
+        if np.broadcast_shapes(src, want) != want:
+            raise ValueError
+    except ValueError:
+        raise ShapeError(f"cannot broadcast {src} to {want}") from None
+    return want
+
+
+def _expand_dims_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    src = list(inputs[0].shape)
+    axes = normalize_axis(attrs["axis"], len(src) + len(tuple(np.atleast_1d(attrs["axis"]))))
+    for a in axes:
+        src.insert(a, 1)
+    return tuple(src)
+
+
+def _squeeze_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    src = tuple(inputs[0].shape)
+    axes = normalize_axis(attrs["axis"], len(src))
+    for a in axes:
+        if src[a] != 1:
+            raise ShapeError(f"cannot squeeze axis {a} of size {src[a]}")
+    return tuple(d for i, d in enumerate(src) if i not in axes)
+
+
+def _concat_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    shapes = [tuple(n.shape) for n in inputs]
+    if not shapes:
+        raise ShapeError("concatenate needs at least one array")
+    rank = len(shapes[0])
+    if rank == 0 or any(len(s) != rank for s in shapes):
+        raise ShapeError(f"concatenate needs arrays of one rank >= 1, got {shapes}")
+    (axis,) = normalize_axis(attrs["axis"], rank)
+    for s in shapes[1:]:
+        if any(s[i] != shapes[0][i] for i in range(rank) if i != axis):
+            raise ShapeError(f"concatenate along axis {axis}: shapes {shapes} differ "
+                             "elsewhere")
+    out = list(shapes[0])
+    out[axis] = sum(s[axis] for s in shapes)
+    return tuple(out)
+
+
+def _concat_dtype(inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
+    return np.result_type(*[n.dtype for n in inputs])
+
+
+def _slice_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(np.empty(tuple(inputs[0].shape), dtype=np.uint8)[_index(attrs)].shape) \
+        if int(np.prod(inputs[0].shape, dtype=np.int64)) < 2**20 else \
+        _slice_shape_big(tuple(inputs[0].shape), attrs)
+
+
+def _slice_shape_big(shape: tuple[int, ...], attrs: dict[str, Any]) -> tuple[int, ...]:
+    probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape, (0,) * len(shape))
+    return tuple(probe[_index(attrs)].shape)
+
+
+def _index(attrs: dict[str, Any]) -> tuple:
+    out: list[Any] = []
+    for part in attrs["index"]:
+        kind = part[0]
+        if kind == "s":
+            out.append(slice(part[1], part[2], part[3]))
+        elif kind == "i":
+            out.append(int(part[1]))
+        elif kind == "n":
+            out.append(None)
+        elif kind == "e":
+            out.append(Ellipsis)
+    return tuple(out)
+
+
+_register(OpDef("reshape", "shape", 1, _reshape_shape,
+                lambda xp, args, attrs: xp.reshape(args[0], tuple(attrs["shape"])),
+                dtype=lambda inputs, attrs: inputs[0].dtype))
+_register(OpDef("transpose", "shape", 1, _transpose_shape,
+                lambda xp, args, attrs: xp.transpose(args[0], tuple(attrs["axes"])),
+                dtype=lambda inputs, attrs: inputs[0].dtype))
+_register(OpDef("broadcast_to", "shape", 1, _broadcast_to_shape,
+                lambda xp, args, attrs: xp.broadcast_to(args[0], tuple(attrs["shape"])),
+                dtype=lambda inputs, attrs: inputs[0].dtype))
+_register(OpDef("expand_dims", "shape", 1, _expand_dims_shape,
+                lambda xp, args, attrs: xp.expand_dims(args[0], attrs["axis"]),
+                dtype=lambda inputs, attrs: inputs[0].dtype))
+_register(OpDef("squeeze", "shape", 1, _squeeze_shape,
+                lambda xp, args, attrs: xp.squeeze(args[0], tuple(attrs["axis"])),
+                dtype=lambda inputs, attrs: inputs[0].dtype))
+_register(OpDef("concatenate", "shape", None, _concat_shape,
+                lambda xp, args, attrs: xp.concatenate(list(args), axis=attrs["axis"]),
+                dtype=_concat_dtype))
+_register(OpDef("slice", "shape", 1, _slice_shape,
+                lambda xp, args, attrs: args[0][_index(attrs)],
+                dtype=lambda inputs, attrs: inputs[0].dtype))
+
+
+# -- sources, fused groups and graph breaks ------------------------------------------------------------------
+def _no_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    raise ShapeError("this op's shape is given when it is built")
+
+
+def _constant_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    return xp.asarray(attrs["value"])
+
+
+_register(OpDef("input", "source", 0, _no_shape,
+                lambda xp, args, attrs: (_ for _ in ()).throw(
+                    PycLabError("an input node has no reference"))))
+_register(OpDef("constant", "source", 0,
+                lambda inputs, attrs: tuple(np.shape(attrs["value"])), _constant_reference,
+                dtype=lambda inputs, attrs: np.asarray(attrs["value"]).dtype))
+
+
+def _fused_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    from .interpret import run_graph
+
+    (out,) = run_graph(attrs["body"], list(args), xp)
+    return out
+
+
+def _fused_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    body = attrs["body"]
+    return tuple(body.nodes[body.outputs[0]].shape)
+
+
+_register(OpDef("fused", "fused", None, _fused_shape, _fused_reference,
+                dtype=lambda inputs, attrs: attrs["body"].nodes[attrs["body"].outputs[0]].dtype))
+
+
+def _eager_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    fn = attrs["_fn"]
+    call_args, call_kwargs = attrs["_rebuild"](list(args))
+    return fn(*call_args, **call_kwargs)
+
+
+_register(OpDef("eager", "eager", None, _no_shape, _eager_reference))
+
+
+# -- entry points --------------------------------------------------------------------------------------------------
+def infer(op: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[tuple[int, ...],
+                                                                           np.dtype]:
+    """Shape and dtype of ``op`` applied to nodes (anything with .shape and .dtype)."""
+    opdef = REGISTRY.get(op)
+    if opdef is None:
+        raise ShapeError(f"unknown op {op!r}")
+    if opdef.arity is not None and len(inputs) != opdef.arity:
+        raise ShapeError(f"{op} takes {opdef.arity} input(s), got {len(inputs)}")
+    shape = opdef.shape(inputs, attrs)
+    if opdef.dtype is not None:
+        dtype = np.dtype(opdef.dtype(inputs, attrs))
+    else:
+        dtype = _reference_dtype(op, inputs, attrs)
+    return tuple(int(d) for d in shape), dtype
+
+
+def evaluate(op: str, xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    """Run ``op``'s reference with array module ``xp``."""
+    return REGISTRY[op].reference(xp, args, attrs)
