@@ -97,7 +97,7 @@ def _reference_dtype(op: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> n
     return np.asarray(out).dtype
 
 
-# -- elementwise ------------------------------------------------------------------------------
+# -- elementwise ---------------------------------------------------------------------------
 def _gelu(xp: Any, x: Any) -> Any:
     c = np.asarray(math.sqrt(2.0 / math.pi), dtype=x.dtype)
     return 0.5 * x * (1 + xp.tanh(c * (x + np.asarray(0.044715, dtype=x.dtype) * x * x * x)))
@@ -170,7 +170,7 @@ _register(OpDef(
 ))
 
 
-# -- reductions --------------------------------------------------------------------------------
+# -- reductions ----------------------------------------------------------------------------
 def _reduce_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
     shape = tuple(inputs[0].shape)
     axes = normalize_axis(attrs.get("axis"), len(shape))
@@ -197,7 +197,7 @@ _reduction("min", lambda xp, x, **kw: xp.min(x, **kw))
 _reduction("var", lambda xp, x, **kw: xp.var(x, **kw))
 
 
-# -- matmul (with transposes and a bias + activation epilogue) ------------------------------------
+# -- matmul (with transposes and a bias + activation epilogue) -----------------------------
 def _mm_operand_shape(shape: tuple[int, ...], transpose: bool) -> tuple[int, ...]:
     if transpose and len(shape) >= 2:
         return (*shape[:-2], shape[-1], shape[-2])
@@ -263,7 +263,7 @@ _register(OpDef("matmul", "matmul", None, _matmul_shape, _matmul_reference,
                 dtype=_matmul_dtype))
 
 
-# -- normalisations ----------------------------------------------------------------------------------
+# -- normalisations ------------------------------------------------------------------------
 def _float_of(dtype: np.dtype) -> np.dtype:
     return dtype if dtype.kind == "f" else np.dtype(np.float64)
 
@@ -320,7 +320,7 @@ _register(OpDef("layer_norm", "norm", None, _layer_norm_shape, _layer_norm_refer
                 dtype=_layer_norm_dtype))
 
 
-# -- shape ops -------------------------------------------------------------------------------------------
+# -- shape ops -----------------------------------------------------------------------------
 def _reshape_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
     src = tuple(inputs[0].shape)
     want = tuple(int(d) for d in attrs["shape"])
@@ -442,7 +442,7 @@ _register(OpDef("slice", "shape", 1, _slice_shape,
                 dtype=lambda inputs, attrs: inputs[0].dtype))
 
 
-# -- sources, fused groups and graph breaks ------------------------------------------------------------------
+# -- sources, fused groups and graph breaks ------------------------------------------------
 def _no_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
     raise ShapeError("this op's shape is given when it is built")
 
@@ -484,7 +484,7 @@ def _eager_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any
 _register(OpDef("eager", "eager", None, _no_shape, _eager_reference))
 
 
-# -- entry points --------------------------------------------------------------------------------------------------
+# -- entry points --------------------------------------------------------------------------
 def infer(op: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[tuple[int, ...],
                                                                            np.dtype]:
     """Shape and dtype of ``op`` applied to nodes (anything with .shape and .dtype)."""

@@ -209,7 +209,7 @@ class Traced:
     def __index__(self) -> int:
         raise self._concrete("using as an index")
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self):
         raise self._concrete("iterating over the values")
 
     # -- operators ----------------------------------------------------------------------
@@ -217,27 +217,27 @@ class Traced:
         args = (other, self) if reverse else (self, other)
         return self.tracer.op(op, args)
 
-    def __add__(self, o: Any) -> Traced: return self._bin("add", o)  # noqa: E704
-    def __radd__(self, o: Any) -> Traced: return self._bin("add", o, True)  # noqa: E704
-    def __sub__(self, o: Any) -> Traced: return self._bin("subtract", o)  # noqa: E704
-    def __rsub__(self, o: Any) -> Traced: return self._bin("subtract", o, True)  # noqa: E704
-    def __mul__(self, o: Any) -> Traced: return self._bin("multiply", o)  # noqa: E704
-    def __rmul__(self, o: Any) -> Traced: return self._bin("multiply", o, True)  # noqa: E704
-    def __truediv__(self, o: Any) -> Traced: return self._bin("divide", o)  # noqa: E704
-    def __rtruediv__(self, o: Any) -> Traced: return self._bin("divide", o, True)  # noqa: E704
-    def __pow__(self, o: Any) -> Traced: return self._bin("power", o)  # noqa: E704
-    def __rpow__(self, o: Any) -> Traced: return self._bin("power", o, True)  # noqa: E704
-    def __matmul__(self, o: Any) -> Traced: return self._bin("matmul", o)  # noqa: E704
-    def __rmatmul__(self, o: Any) -> Traced: return self._bin("matmul", o, True)  # noqa: E704
-    def __lt__(self, o: Any) -> Traced: return self._bin("less", o)  # noqa: E704
-    def __le__(self, o: Any) -> Traced: return self._bin("less_equal", o)  # noqa: E704
-    def __gt__(self, o: Any) -> Traced: return self._bin("greater", o)  # noqa: E704
-    def __ge__(self, o: Any) -> Traced: return self._bin("greater_equal", o)  # noqa: E704
-    def __eq__(self, o: Any) -> Traced: return self._bin("equal", o)  # type: ignore[override]  # noqa: E704
-    def __ne__(self, o: Any) -> Traced: return self._bin("not_equal", o)  # type: ignore[override]  # noqa: E704
-    def __neg__(self) -> Traced: return self.tracer.op("negative", (self,))  # noqa: E704
-    def __pos__(self) -> Traced: return self  # noqa: E704
-    def __abs__(self) -> Traced: return self.tracer.op("abs", (self,))  # noqa: E704
+    def __add__(self, o: Any) -> Traced: return self._bin("add", o)
+    def __radd__(self, o: Any) -> Traced: return self._bin("add", o, True)
+    def __sub__(self, o: Any) -> Traced: return self._bin("subtract", o)
+    def __rsub__(self, o: Any) -> Traced: return self._bin("subtract", o, True)
+    def __mul__(self, o: Any) -> Traced: return self._bin("multiply", o)
+    def __rmul__(self, o: Any) -> Traced: return self._bin("multiply", o, True)
+    def __truediv__(self, o: Any) -> Traced: return self._bin("divide", o)
+    def __rtruediv__(self, o: Any) -> Traced: return self._bin("divide", o, True)
+    def __pow__(self, o: Any) -> Traced: return self._bin("power", o)
+    def __rpow__(self, o: Any) -> Traced: return self._bin("power", o, True)
+    def __matmul__(self, o: Any) -> Traced: return self._bin("matmul", o)
+    def __rmatmul__(self, o: Any) -> Traced: return self._bin("matmul", o, True)
+    def __lt__(self, o: Any) -> Traced: return self._bin("less", o)
+    def __le__(self, o: Any) -> Traced: return self._bin("less_equal", o)
+    def __gt__(self, o: Any) -> Traced: return self._bin("greater", o)
+    def __ge__(self, o: Any) -> Traced: return self._bin("greater_equal", o)
+    def __eq__(self, o: Any) -> Traced: return self._bin("equal", o)  # type: ignore[override]
+    def __ne__(self, o: Any) -> Traced: return self._bin("not_equal", o)  # type: ignore[override]
+    def __neg__(self) -> Traced: return self.tracer.op("negative", (self,))
+    def __pos__(self) -> Traced: return self
+    def __abs__(self) -> Traced: return self.tracer.op("abs", (self,))
 
     __hash__ = object.__hash__
 
