@@ -4,6 +4,7 @@
 
     import pyc_lab as pl
     hw = pl.detect_hardware()          # CPUs, NUMA, GPUs, links, with provenance
+    f = pl.compile(fn)                 # trace, optimise, fuse; f.explain(*args)
     bw = pl.runtime.probe_bandwidth()  # measured copy bandwidths beside theoretical
 
 Importing pyc_lab needs no GPU, no CuPy and no NVML, and prints nothing.
@@ -13,18 +14,22 @@ from __future__ import annotations
 
 import logging
 
-from . import runtime
+from . import compiler, runtime
+from .compiler.api import CompiledFunction, compile
 from .errors import DeviceUnavailableError, PycLabError, SnapshotError
 from .runtime import HardwareProfile, detect_hardware, probe_bandwidth
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompiledFunction",
     "DeviceUnavailableError",
     "HardwareProfile",
     "PycLabError",
     "SnapshotError",
     "__version__",
+    "compile",
+    "compiler",
     "detect_hardware",
     "load_ipython_extension",
     "probe_bandwidth",

@@ -6,10 +6,11 @@ removes them again.
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
@@ -58,6 +59,101 @@ class PycLabMagics(Magics):
             raise UsageError(f"%pyc_hw: {exc}") from exc
         display(TopologyWidget(profile, bandwidth))
         return None
+
+    @magic_arguments()
+    @argument("--show", choices=["all", "ir", "kernels", "decisions", "memory"],
+              default="all", help="which part of the explanation to show (default: all)")
+    @argument("--backend", "-b", default="auto", choices=["auto", "cupy", "numpy"],
+              help="backend for the compiled functions (default: auto)")
+    @argument("--mode", "-m", default="balanced",
+              choices=["balanced", "memory_first", "utilization_first"],
+              help="compilation mode (default: balanced)")
+    @argument("--example", "-e", metavar="EXPR",
+              help="an expression giving example arguments, e.g. '(x, w, b)', to trace "
+                   "the functions with when the cell does not call them")
+    @cell_magic
+    def pyc_compile(self, line: str, cell: str) -> Any:
+        """Compile the functions defined in the cell and show what the compiler did.
+
+        The cell runs as usual; every function it defines (``def f(...)``) is replaced in
+        the namespace by ``pyc_lab.compile(f, backend=..., mode=...)``. If the cell calls
+        the function, its explanation for that call is shown; otherwise pass
+        ``--example "(x, w, b)"``.
+
+        Example::
+
+            %%pyc_compile --show decisions
+            def f(x, w, b):
+                return np.tanh(x @ w + b)
+            y = f(x, w, b)
+        """
+        from .compiler.api import compile as pl_compile
+
+        args = parse_argstring(self.pyc_compile, line)
+        try:
+            tree = ast.parse(cell)
+        except SyntaxError as exc:
+            raise UsageError(f"%%pyc_compile: the cell is not valid Python: {exc}") from exc
+        names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+        if not names:
+            raise UsageError("%%pyc_compile: the cell defines no function (def ...)")
+        ns = self.shell.user_ns
+        # Define the functions first, wrap them, then run the rest of the cell.
+        defs = ast.Module(body=[n for n in tree.body if isinstance(n, ast.FunctionDef)],
+                          type_ignores=[])
+        rest = ast.Module(body=[n for n in tree.body if not isinstance(n, ast.FunctionDef)],
+                          type_ignores=[])
+        exec(compile(defs, "<pyc_compile>", "exec"), ns)  # runs the user's own cell
+        try:
+            for name in names:
+                ns[name] = pl_compile(ns[name], backend=args.backend, mode=args.mode)
+        except PycLabError as exc:
+            raise UsageError(f"%%pyc_compile: {exc}") from exc
+        if rest.body:
+            result = self.shell.run_cell(ast.unparse(rest), store_history=False)
+            if not result.success:
+                return None
+        example = None
+        if args.example:
+            example = eval(args.example, ns)  # the user's own expression
+            example = example if isinstance(example, tuple) else (example,)
+        for name in names:
+            fn = ns[name]
+            try:
+                explanation = fn.explain(*example) if example else fn.explain()
+            except PycLabError as exc:
+                display({"text/plain": f"{name}: {exc}"}, raw=True)
+                continue
+            display(_part(explanation, args.show))
+        return None
+
+
+def _part(explanation: Any, show: str) -> Any:
+    """The piece of an Explanation that ``--show`` asks for."""
+    import pandas as pd
+
+    if show == "ir":
+        return _Text(f"# IR before\n{explanation.ir_before}\n\n# IR after\n"
+                     f"{explanation.ir_after}")
+    if show == "kernels":
+        return pd.DataFrame([{k: v for k, v in kern.items() if k != "source"}
+                             for kern in explanation.kernels])
+    if show == "decisions":
+        return explanation.decisions
+    if show == "memory":
+        return _Text(f"peak {explanation.peak_bytes} B vs naive {explanation.naive_bytes} B"
+                     f"\n{explanation.memory.to_string(index=False)}")
+    return explanation
+
+
+class _Text:
+    """Plain text shown as-is (IR dumps)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 def register(ipython: Any) -> None:

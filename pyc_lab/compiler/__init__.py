@@ -7,8 +7,10 @@ fusion, memory planning) -> :mod:`.policy` (an implementation per node, with a r
 cuBLAS, optional CUDA-graph replay).
 """
 
+from .functions import gelu, layer_norm, relu, sigmoid, silu, softmax
 from .ir import Graph, IRError, Node
 from .ops import REGISTRY, ShapeError
 from .tracer import TraceError, trace
 
-__all__ = ["REGISTRY", "Graph", "IRError", "Node", "ShapeError", "TraceError", "trace"]
+__all__ = ["REGISTRY", "Graph", "IRError", "Node", "ShapeError", "TraceError", "gelu",
+           "layer_norm", "relu", "sigmoid", "silu", "softmax", "trace"]

@@ -1,0 +1,167 @@
+"""What the compiler did, for one input signature: ``CompiledFunction.explain(...)``."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+from .ir import Graph
+from .ops import REGISTRY
+from .policy import REASONS
+
+__all__ = ["Explanation", "graph_svg"]
+
+_PALETTE = ["#8dd3c7", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
+            "#bc80bd", "#ccebc5", "#ffed6f"]
+_KIND_FILL = {"source": "#eeeeee", "matmul": "#f4a582", "norm": "#92c5de",
+              "reduction": "#92c5de", "shape": "#ffffff", "eager": "#ff6b6b"}
+
+
+@dataclass
+class Explanation:
+    """IR before and after, kernels, decisions, graph breaks, memory plan, pass log."""
+
+    name: str
+    backend: str
+    mode: str
+    ir_before: str
+    ir_after: str
+    kernels: list[dict[str, Any]]
+    decisions: Any
+    graph_breaks: list[dict[str, Any]]
+    peak_bytes: int
+    naive_bytes: int
+    pass_log: Any
+    memory: Any
+    notes: list[str] = field(default_factory=list)
+    compile_ms: float = 0.0
+    graph: Graph | None = None
+
+    @classmethod
+    def from_artifact(cls, name: str, art: Any, mode: str) -> Explanation:
+        """Build from a compiled :class:`~pyc_lab.compiler.api.Artifact`."""
+        import pandas as pd
+
+        decisions = pd.DataFrame(
+            [{"node": f"%{_num(art.graph)[d.node]}", "op": d.op, "choice": d.choice,
+              "reason": d.reason, "detail": d.detail or REASONS.get(d.reason, "")}
+             for d in art.decisions if d.choice != "source"],
+            columns=["node", "op", "choice", "reason", "detail"],
+        )
+        log = pd.DataFrame([{"pass": r.name, "changed": r.changed,
+                             "nodes_before": r.nodes_before, "nodes_after": r.nodes_after,
+                             "ms": round(r.ms, 3), "notes": "; ".join(r.notes)}
+                            for r in art.pass_log])
+        breaks = [{"node": f"%{_num(art.graph).get(b['node'], '?')}", "op": b["op"],
+                   "reason": b["reason"]} for b in art.breaks]
+        return cls(
+            name=name, backend=art.backend, mode=mode,
+            ir_before=art.graph_before.text(), ir_after=art.graph.text(),
+            kernels=list(art.kernels), decisions=decisions, graph_breaks=breaks,
+            peak_bytes=int(art.plan.peak_bytes), naive_bytes=int(art.plan.naive_bytes),
+            pass_log=log, memory=art.plan.to_frame(), notes=list(art.notes),
+            compile_ms=art.compile_ms, graph=art.graph,
+        )
+
+    # -- text -------------------------------------------------------------------------
+    def summary(self) -> str:
+        """A few deterministic lines: sizes, kernels, memory, breaks."""
+        n_before = self.ir_before.count("\n  %")
+        n_after = self.ir_after.count("\n  %")
+        lines = [
+            f"{self.name}: {self.backend} backend, mode {self.mode}",
+            f"IR: {n_before} nodes before the passes, {n_after} after",
+            f"kernels: {len(self.kernels)}"
+            + "".join(f"\n  {k['name']}: {', '.join(k['ops'])} [{k.get('implementation', '')}]"
+                      for k in self.kernels),
+            f"memory: peak {_fmt_bytes(self.peak_bytes)} vs naive "
+            f"{_fmt_bytes(self.naive_bytes)} of intermediates",
+            f"graph breaks: {len(self.graph_breaks)}"
+            + "".join(f"\n  {b['node']} {b['op']}: {b['reason']}" for b in self.graph_breaks),
+        ]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        parts = [f"<div class='pyc-lab-explain'><pre>{html.escape(self.summary())}</pre>"]
+        if self.graph is not None:
+            parts.append(graph_svg(self.graph))
+        parts.append("<details><summary>IR before / after</summary><table><tr>"
+                     f"<td style='vertical-align:top'><pre>{html.escape(self.ir_before)}</pre>"
+                     f"</td><td style='vertical-align:top'><pre>{html.escape(self.ir_after)}"
+                     "</pre></td></tr></table></details>")
+        parts.append("<details><summary>decisions</summary>"
+                     + self.decisions.to_html(index=False) + "</details>")
+        parts.append("<details><summary>pass log</summary>"
+                     + self.pass_log.drop(columns="ms").to_html(index=False) + "</details>")
+        parts.append("</div>")
+        return "".join(parts)
+
+
+def _num(graph: Graph) -> dict[int, int]:
+    return {nid: k for k, nid in enumerate(graph.nodes)}
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def graph_svg(graph: Graph, *, width: int = 760) -> str:
+    """The graph as an inline SVG, one row per depth, fused groups coloured.
+
+    Deterministic: the same graph gives the same SVG text.
+    """
+    num = _num(graph)
+    depth: dict[int, int] = {}
+    for n in graph:
+        depth[n.id] = 1 + max((depth[i] for i in n.inputs), default=-1)
+    rows: dict[int, list[int]] = {}
+    for nid, d in depth.items():
+        rows.setdefault(d, []).append(nid)
+    box_w, box_h, gap_y = 150, 34, 26
+    height = (max(rows) + 1) * (box_h + gap_y) + 10 if rows else 40
+    pos: dict[int, tuple[float, float]] = {}
+    for d, ids in rows.items():
+        step = width / (len(ids) + 1)
+        for k, nid in enumerate(ids):
+            pos[nid] = (step * (k + 1), 8 + d * (box_h + gap_y))
+    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+           "font-family='monospace' font-size='11'>"]
+    for n in graph:
+        x1, y1 = pos[n.id]
+        for i in n.inputs:
+            x0, y0 = pos[i]
+            out.append(f"<line x1='{x0:.1f}' y1='{y0 + box_h:.1f}' x2='{x1:.1f}' y2='{y1:.1f}' "
+                       "stroke='#999'/>")
+    fused_k = 0
+    for n in graph:
+        x, y = pos[n.id]
+        kind = REGISTRY[n.op].kind
+        if n.op == "fused":
+            fill = _PALETTE[fused_k % len(_PALETTE)]
+            fused_k += 1
+            label = n.attrs.get("name", "fused")
+            sub = "+".join(n.attrs.get("ops", ()))
+        else:
+            fill = _KIND_FILL.get(kind, "#d9d9d9")
+            label = n.name if n.op == "input" and n.name else n.op
+            sub = n.type_text
+        if len(sub) > 22:
+            sub = sub[:21] + "…"
+        out.append(
+            f"<g><title>%{num[n.id]} = {html.escape(n.op)} : {n.type_text}</title>"
+            f"<rect x='{x - box_w / 2:.1f}' y='{y:.1f}' width='{box_w}' height='{box_h}' "
+            f"rx='5' fill='{fill}' stroke='#555'/>"
+            f"<text x='{x:.1f}' y='{y + 14:.1f}' text-anchor='middle'>%{num[n.id]} "
+            f"{html.escape(str(label))}</text>"
+            f"<text x='{x:.1f}' y='{y + 27:.1f}' text-anchor='middle' fill='#444'>"
+            f"{html.escape(sub)}</text></g>"
+        )
+    out.append("</svg>")
+    return "".join(out)
