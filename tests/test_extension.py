@@ -91,3 +91,43 @@ def test_bad_arguments_give_a_clear_usage_error(shell):
         result = shell.run_cell("%pyc_hw --snapshot h200 --bandwidth")
     assert not result.success
     assert "cannot be combined" in cap.stderr + cap.stdout
+
+
+def test_pyc_compile_magic_compiles_and_explains(shell):
+    import numpy as np
+
+    shell.run_line_magic("load_ext", "pyc_lab")
+    shell.user_ns["np"] = np
+    shell.user_ns["x"] = np.random.default_rng().standard_normal((4, 6))
+    cell = "def f(x):\n    return np.tanh(x) * 2.0 + 1.0\n\ny = f(x)\n"
+    with capture_output() as cap:
+        result = shell.run_cell_magic("pyc_compile", "--show decisions --mode memory_first",
+                                      cell)
+    assert result is None
+    import pyc_lab as pl
+
+    assert isinstance(shell.user_ns["f"], pl.CompiledFunction)
+    assert shell.user_ns["f"].mode == "memory_first"
+    np.testing.assert_allclose(shell.user_ns["y"], np.tanh(shell.user_ns["x"]) * 2 + 1)
+    (out,) = cap.outputs
+    assert "NUMPY_REFERENCE" in out.data["text/html"]
+
+
+def test_pyc_compile_magic_with_example_and_ir(shell):
+    import numpy as np
+
+    shell.run_line_magic("load_ext", "pyc_lab")
+    shell.user_ns.update(np=np, v=np.ones(3))
+    with capture_output() as cap:
+        shell.run_cell_magic("pyc_compile", "--show ir --example v",
+                             "def g(a):\n    return a * 3.0\n")
+    text = cap.outputs[0].data["text/plain"]
+    assert text.startswith("# IR before\ngraph g(%0: f64[3] a)")
+
+
+def test_pyc_compile_magic_needs_a_function(shell):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with capture_output() as cap:
+        result = shell.run_cell("%%pyc_compile\nx = 1\n")
+    assert not result.success
+    assert "defines no function" in cap.stderr + cap.stdout

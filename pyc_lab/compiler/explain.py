@@ -55,12 +55,16 @@ class Explanation:
                             for r in art.pass_log])
         breaks = [{"node": f"%{_num(art.graph).get(b['node'], '?')}", "op": b["op"],
                    "reason": b["reason"]} for b in art.breaks]
+        num = _num(art.graph)
+        memory = art.plan.to_frame()
+        if "node" in memory:
+            memory["node"] = [f"%{num[i]}" if i in num else f"#{i}" for i in memory["node"]]
         return cls(
             name=name, backend=art.backend, mode=mode,
             ir_before=art.graph_before.text(), ir_after=art.graph.text(),
             kernels=list(art.kernels), decisions=decisions, graph_breaks=breaks,
             peak_bytes=int(art.plan.peak_bytes), naive_bytes=int(art.plan.naive_bytes),
-            pass_log=log, memory=art.plan.to_frame(), notes=list(art.notes),
+            pass_log=log, memory=memory, notes=list(art.notes),
             compile_ms=art.compile_ms, graph=art.graph,
         )
 

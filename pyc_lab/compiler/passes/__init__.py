@@ -1,0 +1,33 @@
+"""Optimisation passes over the IR and the pass manager that runs them.
+
+>>> from pyc_lab.compiler.passes import PassManager
+>>> result = PassManager().run(graph)          # doctest: +SKIP
+>>> result.graph.text(); result.to_frame()     # doctest: +SKIP
+
+Passes (each a module with ``NAME`` and ``run(graph, ctx) -> bool``):
+
+- ``canonicalize``: constants to the right of commutative ops, canonical reduction axes,
+  identity transposes/reshapes removed;
+- ``constant_folding``: nodes of constants only become constants;
+- ``simplify``: algebraic identities that keep NaN/Inf semantics (never ``x*0 -> 0``);
+- ``cse`` and ``dce``: merge duplicates, drop what the outputs do not need;
+- ``transpose_folding``: a matmul reads ``x`` instead of ``swapaxes(x, -1, -2)``;
+- ``epilogue_fusion``: matmul + bias + activation in one GEMM;
+- ``reduction_fusion``: hand-written softmax, layer norm and variance become one op;
+- ``elementwise_fusion``: maximal elementwise groups become ``fused`` kernels.
+"""
+
+from __future__ import annotations
+
+from .manager import (
+    DEFAULT_PIPELINE,
+    MODES,
+    PASSES,
+    PassContext,
+    PassManager,
+    PassRecord,
+    PassResult,
+)
+
+__all__ = ["DEFAULT_PIPELINE", "MODES", "PASSES", "PassContext", "PassManager", "PassRecord",
+           "PassResult"]

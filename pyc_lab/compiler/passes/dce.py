@@ -1,0 +1,43 @@
+"""Dead-code elimination: drop every node the graph's outputs do not depend on.
+
+Graph inputs are never removed (they are the function's signature), even when unused.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..ir import Graph
+
+if TYPE_CHECKING:
+    from .manager import PassContext
+
+NAME = "dce"
+
+
+def run(graph: Graph, ctx: PassContext) -> bool:
+    """Remove the nodes not reachable from ``graph.outputs``, in place.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph, rewritten in place.
+    ctx : PassContext
+        Receives one note listing the removed nodes.
+
+    Returns
+    -------
+    bool
+        Whether anything was removed.
+    """
+    live = set(graph.outputs)
+    for n in reversed(list(graph.nodes.values())):
+        if n.id in live:
+            live.update(n.inputs)
+    dead = [n for n in graph.nodes.values() if n.id not in live and n.op != "input"]
+    for n in dead:
+        graph.remove(n.id)
+    if dead:
+        ctx.note(f"{NAME}: removed {len(dead)} dead node(s): "
+                 + ", ".join(f"{n.op} %{n.id}" for n in dead))
+    return bool(dead)

@@ -1,0 +1,142 @@
+"""Elementwise fusion: every maximal group of elementwise ops becomes one ``fused`` node.
+
+Groups are grown from their output backwards (reverse topological order): a producer
+joins its consumer's group when it is elementwise, is not a graph output, every one of
+its readers is in that group (so the group has a single output and no value escapes
+it) and its shape broadcasts to the group's output shape. Such a group is convex, so it
+can be computed in one pass over the output's elements.
+
+The fused node's inputs are the group's external inputs (first-use order, no
+duplicates); ``attrs["body"]`` is a :class:`~pyc_lab.compiler.ir.Graph` with matching
+inputs ``in0, in1, ...``, the group's ops (0-d constants inlined) and one output;
+``attrs["ops"]`` the body's op names in order (constants excluded) and ``attrs["name"]``
+``fused_<k>``. A lone elementwise op becomes a one-op fused node as well: the GPU backend
+generates a kernel for every fused node.
+
+In ``memory_first`` mode the grouping is the same; recomputing cheap producers to shorten
+live ranges is a future refinement (the pass notes it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..ir import Graph, Node
+from .manager import broadcasts_to, kind_of, prune
+
+if TYPE_CHECKING:
+    from .manager import PassContext
+
+NAME = "elementwise_fusion"
+
+
+def _groups(graph: Graph) -> list[list[int]]:
+    """Maximal single-output groups, each listed in topological order."""
+    users = graph.users()
+    outputs = set(graph.outputs)
+    group_of: dict[int, int] = {}
+    roots: list[int] = []
+    members: dict[int, list[int]] = {}
+    for n in reversed(list(graph.nodes.values())):
+        if kind_of(n.op) != "elementwise":
+            continue
+        readers = set(users[n.id])
+        target = None
+        if readers and n.id not in outputs:
+            gids = {group_of.get(u) for u in readers}
+            if len(gids) == 1 and None not in gids:
+                gid = gids.pop()
+                root = graph.nodes[roots[gid]]
+                if broadcasts_to(n.shape, root.shape):
+                    target = gid
+        if target is None:
+            target = len(roots)
+            roots.append(n.id)
+            members[target] = []
+        group_of[n.id] = target
+        members[target].append(n.id)
+    order = {nid: k for k, nid in enumerate(graph.nodes)}
+    return [sorted(members[g], key=order.__getitem__) for g in sorted(
+        members, key=lambda g: order[roots[g]])]
+
+
+def _build(graph: Graph, group: list[int], name: str) \
+        -> tuple[list[int], list[int], Graph]:
+    """The external inputs, the inlined constants and the body graph of one group."""
+    nodes = graph.nodes
+    inside = set(group)
+    external: list[int] = []
+    inline: dict[int, None] = {}
+    for nid in group:
+        for i in nodes[nid].inputs:
+            if i in inside:
+                continue
+            src = nodes[i]
+            if src.op == "constant" and src.shape == ():
+                inline.setdefault(i)
+            elif i not in external:
+                external.append(i)
+    body = Graph(name=name)
+    env: dict[int, int] = {}
+    for k, i in enumerate(external):
+        src = nodes[i]
+        env[i] = body.add("input", (), {"index": k}, name=f"in{k}", shape=src.shape,
+                          dtype=src.dtype).id
+    for i in inline:
+        env[i] = body.add("constant", (), {"value": nodes[i].attrs["value"]}).id
+    for nid in group:
+        n = nodes[nid]
+        env[nid] = body.add(n.op, [env[i] for i in n.inputs], dict(n.attrs)).id
+    body.outputs = [env[group[-1]]]
+    return external, list(inline), body
+
+
+def run(graph: Graph, ctx: PassContext) -> bool:
+    """Replace every maximal elementwise group of ``graph`` by a fused node, in place.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph, rewritten in place.
+    ctx : PassContext
+        Receives one note per fused node (and one about ``memory_first``).
+
+    Returns
+    -------
+    bool
+        Whether anything changed.
+    """
+    groups = _groups(graph)
+    if not groups:
+        return False
+    if ctx.mode == "memory_first":
+        ctx.note(f"{NAME}: memory_first groups like balanced (recomputing producers to "
+                 "shorten live ranges is not implemented yet)")
+    k = sum(1 for n in graph.nodes.values() if n.op == "fused")
+    for group in groups:
+        root = graph.nodes[group[-1]]
+        name = f"fused_{k}"
+        external, inlined, body = _build(graph, group, name)
+        out = body.nodes[body.outputs[0]]
+        if out.shape != root.shape or out.dtype != root.dtype:  # pragma: no cover
+            continue  # cannot happen: the body repeats the group's own type inference
+        ops = tuple(n.op for n in body.nodes.values() if n.op not in ("input", "constant"))
+        fused = graph.add("fused", external, {"body": body, "ops": ops, "name": name})
+        _place(graph, fused, root, set(group))
+        prune(graph, inlined)
+        ctx.note(f"{NAME}: fused {len(ops)} op(s) {', '.join(ops)} "
+                 f"(%{', %'.join(map(str, group))}) into {name} %{fused.id}")
+        k += 1
+    return True
+
+
+def _place(graph: Graph, fused: Node, root: Node, group: set[int]) -> None:
+    """Put ``fused`` where the group's root was and drop the group's nodes."""
+    order: dict[int, Node] = {}
+    for nid, n in graph.nodes.items():
+        if nid == root.id:
+            order[fused.id] = fused
+        elif nid not in group and nid != fused.id:
+            order[nid] = n
+    graph.nodes = order
+    graph.replace_uses(root.id, fused.id)

@@ -1,0 +1,119 @@
+"""Epilogue fusion: ``matmul -> + bias -> activation`` becomes one matmul node.
+
+``add(matmul(a, b), bias)`` (bias on either side) becomes ``matmul(a, b, bias)``, and an
+activation (relu, gelu, sigmoid, silu, tanh — or ``maximum(h, 0)`` as relu) applied to
+the product or to product + bias becomes ``attrs["activation"]``. The GEMM library
+applies both in its epilogue instead of re-reading the product from memory.
+
+Conditions: the product is floating point; the bias broadcasts along rows only (shape
+``(N,)`` or ``(1, ..., 1, N)`` with ``N`` the product's last dimension) and the sum has the
+product's shape; every folded intermediate has exactly one reader and is not a graph
+output; the fused node's inferred type equals the replaced node's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..ir import Graph, Node
+from ..ops import ACTIVATIONS, REGISTRY
+from .manager import const_is, prune, sole_user, try_infer
+
+if TYPE_CHECKING:
+    from .manager import PassContext
+
+NAME = "epilogue_fusion"
+
+#: Activation ops that can become an epilogue.
+ACTIVATION_OPS = frozenset(a for a in ACTIVATIONS if a in REGISTRY)
+
+
+def _row_bias(product: Node, bias: Node) -> bool:
+    if not product.shape:
+        return False
+    n = product.shape[-1]
+    shape = tuple(bias.shape)
+    return (len(shape) >= 1 and len(shape) <= len(product.shape) and shape[-1] == n
+            and all(d == 1 for d in shape[:-1]))
+
+
+def _activation(graph: Graph, node: Node, user: Node) -> str | None:
+    if user.op in ACTIVATION_OPS and user.inputs == (node.id,):
+        return user.op
+    if user.op == "maximum" and len(user.inputs) == 2 and user.inputs[0] == node.id:
+        zero = user.inputs[1]
+        if zero != node.id and const_is(graph, zero, 0) \
+                and graph.nodes[zero].dtype == node.dtype \
+                and graph.nodes[zero].attrs["value"].ndim == 0 \
+                and user.shape == node.shape and user.dtype == node.dtype:
+            return "relu"
+    return None
+
+
+def run(graph: Graph, ctx: PassContext) -> bool:
+    """Fold bias adds and activations into the matmuls producing them, in place.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph, rewritten in place.
+    ctx : PassContext
+        Receives one note per fused matmul.
+
+    Returns
+    -------
+    bool
+        Whether anything changed.
+    """
+    changed = False
+    users = graph.users()
+    for mm in graph:
+        if mm.id not in graph.nodes or mm.op != "matmul" or mm.attrs.get("activation"):
+            continue
+        if mm.dtype.kind != "f" or len(mm.inputs) not in (2, 3):
+            continue
+        inputs = list(mm.inputs)
+        attrs = dict(mm.attrs)
+        chain: list[Node] = [mm]
+        last = mm
+        what: list[str] = []
+        if len(inputs) == 2:
+            add = sole_user(graph, mm.id, users)
+            if add is not None and add.op == "add":
+                bias_id = add.inputs[1] if add.inputs[0] == mm.id else add.inputs[0]
+                bias = graph.nodes[bias_id]
+                if bias_id != mm.id and _row_bias(mm, bias) and add.shape == mm.shape:
+                    inputs.append(bias_id)
+                    chain.append(add)
+                    last = add
+                    what.append(f"bias add %{add.id}")
+        user = sole_user(graph, last.id, users)
+        if user is not None and last.dtype.kind == "f":
+            act = _activation(graph, last, user)
+            if act is not None:
+                attrs["activation"] = act
+                chain.append(user)
+                what.append(f"{act} %{user.id}")
+                last = user
+        while len(chain) > 1:
+            got = try_infer("matmul", [graph.nodes[i] for i in inputs], attrs)
+            if got == (last.shape, last.dtype):
+                break
+            # the full chain does not type-check: drop its tail and try again
+            dropped = chain.pop()
+            what.pop()
+            if "activation" in attrs and dropped.op != "add":
+                attrs.pop("activation")
+            else:
+                inputs.pop()
+            last = chain[-1]
+        if len(chain) == 1:
+            continue
+        new = graph.insert_before(last.id, "matmul", inputs, attrs)
+        graph.replace_uses(last.id, new.id)
+        prune(graph, [c.id for c in reversed(chain)])
+        users = graph.users()
+        ctx.note(f"{NAME}: folded {' and '.join(what)} into matmul %{mm.id} "
+                 f"(now %{new.id})")
+        changed = True
+    return changed

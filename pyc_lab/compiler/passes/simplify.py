@@ -1,0 +1,161 @@
+"""Algebraic simplification that never changes a result, NaN and Inf included.
+
+Rewrites (``c`` a constant; each only when the new node has exactly the old node's shape
+and dtype, so a constant that broadcasts or promotes blocks it):
+
+- ``x * 1``, ``x / 1``, ``x ** 1`` -> ``x``;
+- ``x - 0`` -> ``x`` (+0 only: ``-0.0 - (-0.0)`` is ``+0.0``); ``x + (-0.0)`` -> ``x`` for
+  floats; ``x + 0`` -> ``x`` only for integer and bool ``x`` (``-0.0 + 0.0`` is ``+0.0``);
+- ``x ** 2`` -> ``x * x``; ``x ** 0.5`` -> ``sqrt(x)`` for floats (0-d exponents only:
+  that is where NumPy's ``power`` is exactly ``x * x`` / ``sqrt``, -0.0 and -inf included);
+- ``-(-x)`` -> ``x``; ``astype(x, x.dtype)`` -> ``x``;
+- ``transpose(transpose(x))`` -> one transpose (or ``x`` when the composition is the
+  identity); ``reshape(reshape(x))`` -> one reshape (or ``x``);
+- ``1 / sqrt(x)`` -> ``rsqrt(x)``.
+
+Never ``x * 0 -> 0``, ``x - x -> 0`` or ``x / x -> 1``: they are wrong for NaN and Inf.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..ir import Graph, Node
+from .manager import const_is, insert_like, is_const, prune, same_type
+
+if TYPE_CHECKING:
+    from .manager import PassContext
+
+NAME = "simplify"
+
+_MAX_SWEEPS = 8
+
+
+def _identity_operand(graph: Graph, n: Node) -> int | None:
+    """The operand ``x`` if ``n`` is ``x op c`` with ``c`` the op's identity element."""
+    if len(n.inputs) != 2:
+        return None
+    a, b = n.inputs
+    kind = n.dtype.kind
+    candidates: list[tuple[int, int, float]] = []  # (x, c, identity value)
+    if n.op == "multiply":
+        candidates = [(a, b, 1), (b, a, 1)]
+    elif n.op in ("divide", "power"):
+        candidates = [(a, b, 1)]
+    elif n.op == "subtract":
+        candidates = [(a, b, 0)]
+    elif n.op == "add" and kind in "biu":
+        candidates = [(a, b, 0), (b, a, 0)]
+    for x, c, value in candidates:
+        if x == c or not is_const(graph, c) or is_const(graph, x):
+            continue
+        scalar_only = n.op == "power"
+        if const_is(graph, c, value, scalar_only=scalar_only) \
+                and same_type(graph.nodes[x], n):
+            return x
+    if n.op == "add" and kind == "f":
+        for x, c in ((a, b), (b, a)):
+            if x != c and is_const(graph, c) and _is_neg_zero(graph, c) \
+                    and same_type(graph.nodes[x], n):
+                return x
+    return None
+
+
+def _is_neg_zero(graph: Graph, nid: int) -> bool:
+    arr = np.asarray(graph.nodes[nid].attrs["value"])
+    return arr.size > 0 and arr.dtype.kind == "f" and bool(np.all(arr == 0)) \
+        and bool(np.all(np.signbit(arr)))
+
+
+def _simplify(graph: Graph, n: Node, ctx: PassContext) -> bool:
+    nodes = graph.nodes
+    # x * 1, x / 1, x - 0, x + 0 (ints), x + -0.0 (floats), x ** 1
+    x = _identity_operand(graph, n)
+    if x is not None:
+        return _replace(graph, n, x, ctx, f"{n.op} by its identity")
+    if n.op == "power" and len(n.inputs) == 2 and not is_const(graph, n.inputs[0]):
+        base, exp = n.inputs
+        if const_is(graph, exp, 2, scalar_only=True):
+            new = insert_like(graph, n.id, "multiply", (base, base), {}, n)
+            if new is not None:
+                return _replace(graph, n, new.id, ctx, "x**2 as x*x")
+        if n.dtype.kind == "f" and const_is(graph, exp, 0.5, scalar_only=True):
+            new = insert_like(graph, n.id, "sqrt", (base,), {}, n)
+            if new is not None:
+                return _replace(graph, n, new.id, ctx, "x**0.5 as sqrt(x)")
+    if n.op == "negative":
+        src = nodes[n.inputs[0]]
+        if src.op == "negative" and same_type(nodes[src.inputs[0]], n):
+            return _replace(graph, n, src.inputs[0], ctx, "double negation")
+    if n.op == "astype" and same_type(nodes[n.inputs[0]], n):
+        return _replace(graph, n, n.inputs[0], ctx, "astype to the same dtype")
+    if n.op == "transpose":
+        src = nodes[n.inputs[0]]
+        if src.op == "transpose":
+            inner = tuple(int(a) for a in src.attrs["axes"])
+            outer = tuple(int(a) for a in n.attrs["axes"])
+            axes = tuple(inner[j] for j in outer)
+            base = src.inputs[0]
+            if axes == tuple(range(len(axes))):
+                if same_type(nodes[base], n):
+                    return _replace(graph, n, base, ctx, "transpose of a transpose "
+                                    "(identity)")
+            else:
+                new = insert_like(graph, n.id, "transpose", (base,), {"axes": axes}, n)
+                if new is not None:
+                    return _replace(graph, n, new.id, ctx, "transpose of a transpose as "
+                                    f"one transpose{axes}")
+    if n.op == "reshape":
+        src = nodes[n.inputs[0]]
+        if src.op == "reshape":
+            base = src.inputs[0]
+            if same_type(nodes[base], n):
+                return _replace(graph, n, base, ctx, "reshape of a reshape (identity)")
+            new = insert_like(graph, n.id, "reshape", (base,), {"shape": tuple(n.shape)}, n)
+            if new is not None:
+                return _replace(graph, n, new.id, ctx, "reshape of a reshape as one "
+                                "reshape")
+    if n.op == "divide" and len(n.inputs) == 2:
+        num, den = n.inputs
+        d = nodes[den]
+        if d.op == "sqrt" and const_is(graph, num, 1):
+            new = insert_like(graph, n.id, "rsqrt", (d.inputs[0],), {}, n)
+            if new is not None:
+                return _replace(graph, n, new.id, ctx, "1/sqrt(x) as rsqrt(x)")
+    return False
+
+
+def _replace(graph: Graph, n: Node, new: int, ctx: PassContext, what: str) -> bool:
+    graph.replace_uses(n.id, new)
+    prune(graph, [n.id])
+    ctx.note(f"{NAME}: {what}: {n.op} %{n.id} -> %{new}")
+    return True
+
+
+def run(graph: Graph, ctx: PassContext) -> bool:
+    """Apply the algebraic identities to ``graph`` in place, until none applies.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph, rewritten in place.
+    ctx : PassContext
+        Receives one note per rewrite.
+
+    Returns
+    -------
+    bool
+        Whether anything changed.
+    """
+    changed = False
+    for _ in range(_MAX_SWEEPS):
+        sweep = False
+        for n in graph:
+            if n.id in graph.nodes and n.op not in ("input", "constant", "eager"):
+                sweep |= _simplify(graph, n, ctx)
+        changed |= sweep
+        if not sweep:
+            break
+    return changed

@@ -1,0 +1,157 @@
+"""pyc_lab.compile on the numpy backend: results, caching, explain, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
+def mlp(x, w, b):
+    return np.tanh(x @ w + b)
+
+
+def test_decorator_and_function_forms_match_numpy(rng):
+    x, w, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 4)), rng.standard_normal(4)
+
+    @pl.compile
+    def f(x, w, b):
+        return np.tanh(x @ w + b)
+
+    g = pl.compile(mlp, backend="numpy", mode="memory_first")
+    h = pl.compile(backend="numpy")(mlp)
+    for fn in (f, g, h):
+        out = fn(x, w, b)
+        assert isinstance(out, np.ndarray)
+        np.testing.assert_allclose(out, mlp(x, w, b), rtol=1e-13)
+
+
+def test_tuple_outputs_and_static_arguments(rng):
+    def stats(x, axis, scale=2.0):
+        return x.mean(axis=axis) * scale, (x.max(axis=axis), x.min())
+
+    f = pl.compile(stats)
+    x = rng.standard_normal((5, 6))
+    got = f(x, 1)
+    want = stats(x, 1)
+    np.testing.assert_allclose(got[0], want[0])
+    np.testing.assert_allclose(got[1][0], want[1][0])
+    np.testing.assert_allclose(got[1][1], want[1][1])
+    np.testing.assert_allclose(f(x, 0, scale=3.0)[0], stats(x, 0, 3.0)[0])
+    assert f.cache_info()["signatures"] == 2
+
+
+def test_retraced_per_signature_and_cached(rng):
+    f = pl.compile(mlp)
+    x, w, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 4)), rng.standard_normal(4)
+    f(x, w, b)
+    f(x + 1, w, b)
+    assert f.cache_info() == {"hits": 1, "misses": 1, "signatures": 1}
+    f(x[:4], w, b)  # new shape
+    f(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32))  # new dtype
+    assert f.cache_info()["signatures"] == 3
+    f.clear_cache()
+    assert f.cache_info()["signatures"] == 0
+
+
+def test_results_keep_dtype(rng):
+    f = pl.compile(lambda x: np.tanh(x) * 0.5 + x)
+    for dt in (np.float32, np.float64, np.float16):
+        x = rng.standard_normal(100).astype(dt)
+        out = f(x)
+        assert out.dtype == dt
+        np.testing.assert_allclose(out, np.tanh(x) * 0.5 + x, rtol=1e-3 if dt == np.float16
+                                   else 1e-6)
+
+
+def test_nan_inf_and_integer_semantics_survive_optimisation():
+    f = pl.compile(lambda x, y: (np.maximum(x, y) * 1.0 + 0.0, x - x, x / x, np.negative(-x)))
+    x = np.array([np.nan, np.inf, -np.inf, -0.0, 2.0], dtype=np.float64)
+    y = np.array([1.0, np.nan, 0.0, 0.0, np.inf])
+    with np.errstate(all="ignore"):
+        want = (np.maximum(x, y) * 1.0 + 0.0, x - x, x / x, np.negative(-x))
+    for got, ref in zip(f(x, y), want, strict=True):
+        np.testing.assert_array_equal(got, ref)
+    g = pl.compile(lambda a, b: (a * 1 + 0, a / b, a * 3 - b))
+    a = np.array([7, -3, 2**31 - 1], dtype=np.int32)
+    b = np.array([2, 2, 1], dtype=np.int32)
+    for got, ref in zip(g(a, b), (a * 1 + 0, a / b, a * 3 - b), strict=True):
+        assert got.dtype == ref.dtype
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_graph_breaks_keep_results_correct_and_are_reported(rng):
+    f = pl.compile(lambda x: np.cumsum(np.exp(x), axis=0) * 2)
+    x = rng.standard_normal((6, 3))
+    np.testing.assert_allclose(f(x), np.cumsum(np.exp(x), axis=0) * 2)
+    ex = f.explain(x)
+    assert ex.graph_breaks == [{"node": ex.graph_breaks[0]["node"], "op": "np.cumsum",
+                                "reason": "np.cumsum has no op in pyc_lab's registry"}]
+    assert "GRAPH_BREAK" in set(ex.decisions["reason"])
+
+
+def test_explain_has_every_part(rng):
+    f = pl.compile(lambda x, w, b: np.tanh(x @ w + b) * 0.5 + 1.0)
+    x, w, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 4)), rng.standard_normal(4)
+    ex = f.explain(x, w, b)
+    assert ex.ir_before.startswith("graph <lambda>(") and ex.ir_after.startswith("graph")
+    assert ex.ir_before != ex.ir_after
+    assert {"node", "op", "choice", "reason"} <= set(ex.decisions.columns)
+    assert set(ex.decisions["choice"]) == {"numpy"}
+    assert ex.peak_bytes <= ex.naive_bytes
+    assert list(ex.pass_log["pass"])[:2] == ["canonicalize", "constant_folding"]
+    assert ex.backend == "numpy"
+    html = ex._repr_html_()
+    assert html.count("<svg") == 1 and html == f.explain(x, w, b)._repr_html_()
+    assert "kernels:" in repr(ex)
+    assert f.explain().ir_after == ex.ir_after  # no args: the last compiled signature
+
+
+def test_explain_before_any_call_says_what_to_do():
+    f = pl.compile(mlp)
+    with pytest.raises(pl.PycLabError, match="has not been compiled yet"):
+        f.explain()
+
+
+def test_bad_options_and_arguments_are_clear(rng):
+    with pytest.raises(pl.PycLabError, match="backend must be one of"):
+        pl.compile(mlp, backend="tpu")
+    with pytest.raises(pl.PycLabError, match="mode must be one of"):
+        pl.compile(mlp, mode="fast")
+    f = pl.compile(mlp)
+    with pytest.raises(pl.PycLabError, match="argument 'x' is a list of numbers"):
+        f([1.0, 2.0], rng.standard_normal((2, 2)), rng.standard_normal(2))
+    with pytest.raises(pl.PycLabError, match="missing a required argument"):
+        f(rng.standard_normal((2, 2)))
+    with pytest.raises(pl.PycLabError, match=r"mlp\(x: f64\[3,4\], w: f64\[5,2\], b: f64\[2\]\)"
+                       r": matmul: .*inner dimensions differ"):
+        f(rng.standard_normal((3, 4)), rng.standard_normal((5, 2)), rng.standard_normal(2))
+
+
+def test_signature_checks_name_the_argument(rng):
+    f = pl.compile(mlp, signature={"x": "f32[*,16]", "w": "f32[16,4]"})
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((3, 16), (16, 4), (4,)))
+    f(x, w, b)
+    with pytest.raises(pl.PycLabError, match=r"argument 'w': expected size 4 on axis 1 "
+                       r"\(f32\[16,4\]\), got 5 \(f32\[16,5\]\)"):
+        f(x, rng.standard_normal((16, 5)).astype(np.float32), b)
+    with pytest.raises(pl.PycLabError, match=r"argument 'x': expected rank 2"):
+        f(x[0], w, b)
+    with pytest.raises(pl.PycLabError, match=r"argument 'x': expected dtype float32"):
+        f(x.astype(np.float64), w, b)
+    with pytest.raises(pl.PycLabError, match="does not take"):
+        pl.compile(mlp, signature={"y": "f32[3]"})
+
+
+def test_cupy_backend_without_a_gpu_is_a_clear_error(rng):
+    if pl.runtime.gpu.cupy_status()[0] is not None:
+        pytest.skip("a GPU is usable here")
+    f = pl.compile(mlp, backend="cupy")
+    with pytest.raises(pl.DeviceUnavailableError, match="needs a CUDA device"):
+        f(rng.standard_normal((2, 2)), rng.standard_normal((2, 2)), rng.standard_normal(2))
