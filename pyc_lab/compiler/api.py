@@ -61,7 +61,8 @@ def compile(
         ``"balanced"``, ``"memory_first"`` (in-place buffer reuse) or
         ``"utilization_first"`` (see :mod:`pyc_lab.compiler.policy`).
     cuda_graph
-        Replay the whole function as one CUDA graph on the cupy backend.
+        On the cupy backend, capture the launch list into CUDA graphs and replay them
+        (CuPy cannot capture cuBLAS calls, so each matmul runs between graph segments).
     signature
         Optional expected inputs, e.g. ``{"x": "f32[*,512]", "w": "f32[512,256]"}``
         (``*`` matches any size); a call that does not match raises a

@@ -16,9 +16,11 @@ Candidates, by node kind:
 
 Modes: ``memory_first`` plans buffers with in-place reuse (an elementwise kernel may
 overwrite an input that dies with it); ``balanced`` and ``utilization_first`` reuse
-freed buffers but never write in place; ``utilization_first`` also prefers a generated
-kernel over a CuPy call wherever one exists and, with ``cuda_graph=True``, replays the
-whole function as one CUDA graph.
+freed buffers but never write in place. Every mode already takes a generated kernel
+wherever the code generator covers a node; ``utilization_first`` does not yet choose
+differently from ``balanced`` (it is where tuned CUTLASS kernels will be preferred once
+the autotuner fills :data:`TUNED_LOOKUP`). ``cuda_graph=True`` replays the launch list
+as CUDA graphs, split around each cuBLAS call, which CuPy cannot capture.
 """
 
 from __future__ import annotations

@@ -1,0 +1,271 @@
+"""NumPy dtypes as CUDA C types: storage, compute, conversions, literals and helpers.
+
+Every supported dtype has a *storage* type (how an element sits in memory) and a
+*compute* type (the C type its values are held in while a kernel works on them):
+
+======== ================ ============
+dtype    storage          compute
+======== ================ ============
+float16  ``pyc_f16``      ``float``
+float32  ``float``        ``float``
+float64  ``double``       ``double``
+int32    ``int``          ``int``
+int64    ``long long``    ``long long``
+bool     ``bool``         ``bool``
+======== ================ ============
+
+``pyc_f16`` is ``unsigned short`` holding the IEEE binary16 bits; conversions use the
+PTX ``cvt`` instructions directly, so generated sources need no header at all (NVRTC
+compiles them as they are). Every float16 *result* is rounded to float16 and back
+(:func:`convert`), so a chain of float16 ops rounds after each op exactly as NumPy does,
+overflow to ``inf`` included, while the arithmetic itself runs in float.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "F16_HELPERS",
+    "SUPPORTED_DTYPES",
+    "VEC_HELPERS",
+    "KernelSource",
+    "compute_type",
+    "convert",
+    "from_storage",
+    "highest",
+    "is_supported",
+    "literal",
+    "lowest",
+    "storage_type",
+    "to_storage",
+]
+
+SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
+    np.dtype(d) for d in ("float16", "float32", "float64", "int32", "int64", "bool")
+)
+
+
+
+@dataclass
+class KernelSource:
+    """One generated CUDA source and what the host needs to launch it.
+
+    Attributes
+    ----------
+    name
+        The kernel's base name; ``source`` always defines an ``extern "C"`` kernel of
+        this name, the one that is correct for any pointer alignment.
+    kind
+        ``"elementwise"``, ``"epilogue"`` or ``"rows"`` (softmax, layer norm, last-axis
+        reductions).
+    source
+        The CUDA C++ text (compiles with NVRTC or ``nvcc`` as it is; no headers).
+    ops
+        The ops it computes.
+    notes
+        One line for people: layout, vector width, threads per row.
+    entries
+        Every kernel defined in ``source`` (``name`` first; ``name + "_vec"`` is the
+        vectorised variant where there is one).
+    launch
+        Static launch facts for the host: element or row counts, block size, vector
+        width and the alignment each vector-accessed pointer needs.
+    """
+
+    name: str
+    kind: str
+    source: str
+    ops: tuple[str, ...]
+    notes: str
+    entries: tuple[str, ...] = ()
+    launch: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.entries:
+            self.entries = (self.name,)
+
+
+_STORAGE = {
+    "float16": "pyc_f16", "float32": "float", "float64": "double",
+    "int32": "int", "int64": "long long", "bool": "bool",
+}
+_COMPUTE = {
+    "float16": "float", "float32": "float", "float64": "double",
+    "int32": "int", "int64": "long long", "bool": "bool",
+}
+
+#: Helpers for float16 storage (emitted only when a kernel touches float16 data).
+F16_HELPERS = """\
+// float16 values are stored as their IEEE binary16 bits and computed in float.
+typedef unsigned short pyc_f16;
+
+__device__ __forceinline__ float pyc_f16_to_float(pyc_f16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ pyc_f16 pyc_float_to_f16(float f) {
+    pyc_f16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ pyc_f16 pyc_double_to_f16(double d) {
+    pyc_f16 h;
+    asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d));
+    return h;
+}
+
+// The result of an op on float16 arrays: rounded to the nearest float16 (as NumPy does
+// after every op), kept in a float for the next op.
+__device__ __forceinline__ float pyc_round_f16(float f) {
+    return pyc_f16_to_float(pyc_float_to_f16(f));
+}
+
+__device__ __forceinline__ float pyc_round_f16(double d) {
+    return pyc_f16_to_float(pyc_double_to_f16(d));
+}
+
+__device__ __forceinline__ float pyc_round_f16(int i) {
+    return pyc_round_f16(static_cast<double>(i));
+}
+
+__device__ __forceinline__ float pyc_round_f16(long long i) {
+    return pyc_round_f16(static_cast<double>(i));
+}
+
+__device__ __forceinline__ float pyc_round_f16(bool b) {
+    return b ? 1.0f : 0.0f;
+}
+"""
+
+#: An aligned vector of N elements: one 16-byte (or narrower) load or store.
+VEC_HELPERS = """\
+// N elements of T moved by one aligned load or store (16 bytes at most).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) pyc_vec {
+    T v[N];
+};
+"""
+
+
+def is_supported(dtype: Any) -> bool:
+    """Whether the code generator handles arrays of ``dtype``."""
+    try:
+        return np.dtype(dtype) in SUPPORTED_DTYPES
+    except TypeError:
+        return False
+
+
+def _name(dtype: Any) -> str:
+    dt = np.dtype(dtype)
+    if dt not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype {dt.name} has no CUDA type in pyc_lab's code generator")
+    return dt.name
+
+
+def storage_type(dtype: Any) -> str:
+    """The C type of one element of an array of ``dtype`` in memory."""
+    return _STORAGE[_name(dtype)]
+
+
+def compute_type(dtype: Any) -> str:
+    """The C type that values of ``dtype`` are computed in."""
+    return _COMPUTE[_name(dtype)]
+
+
+def from_storage(dtype: Any, expr: str) -> str:
+    """C expression: a stored element ``expr`` as its compute type."""
+    if _name(dtype) == "float16":
+        return f"pyc_f16_to_float({expr})"
+    return expr
+
+
+def to_storage(dtype: Any, expr: str) -> str:
+    """C expression: a compute-typed value ``expr`` (already of ``dtype``) as stored."""
+    if _name(dtype) == "float16":
+        return f"pyc_float_to_f16({expr})"
+    return expr
+
+
+def convert(expr: str, src: Any, dst: Any) -> str:
+    """C expression: a value of dtype ``src`` (in its compute type) as a ``dst`` value.
+
+    Casts follow NumPy's ``astype``: float to int truncates, anything to bool is
+    ``!= 0`` (NaN is true), and a float16 result is rounded to float16 (from a double
+    directly, so there is no double rounding).
+    """
+    s, d = _name(src), _name(dst)
+    if s == d:
+        return expr
+    if d == "float16":
+        if s in ("float64", "int32", "int64"):
+            return f"pyc_round_f16(static_cast<double>({expr}))"
+        return f"pyc_round_f16(static_cast<float>({expr}))"
+    if _COMPUTE[s] == _COMPUTE[d]:
+        return expr  # float16 -> float32: the float already holds the value exactly
+    return f"static_cast<{_COMPUTE[d]}>({expr})"
+
+
+def _float_literal(value: float, dtype_name: str) -> str:
+    if math.isnan(value):
+        return "__int_as_float(0x7fc00000)" if dtype_name != "float64" \
+            else "__longlong_as_double(0x7ff8000000000000LL)"
+    if math.isinf(value):
+        inf = "__longlong_as_double(0x7ff0000000000000LL)" if dtype_name == "float64" \
+            else "__int_as_float(0x7f800000)"
+        return inf if value > 0 else f"(-{inf})"
+    text = repr(float(value))  # shortest repr that round-trips the exact value
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return text if dtype_name == "float64" else f"{text}f"
+
+
+def literal(value: Any, dtype: Any | None = None) -> str:
+    """A C literal of the compute type of ``dtype`` holding ``value`` exactly.
+
+    ``value`` is usually a 0-d NumPy array (a ``constant`` node's value); its own dtype
+    is used unless ``dtype`` is given. A float16 or float32 value is written as the
+    float literal of its exact value, NaN and infinities through their bit patterns.
+    """
+    arr = np.asarray(value)
+    dt = np.dtype(dtype) if dtype is not None else arr.dtype
+    name = _name(dt)
+    v = arr.astype(dt).item() if arr.dtype != dt else arr.item()
+    if name == "bool":
+        return "true" if v else "false"
+    if name == "int32":
+        v = int(v)
+        return str(v) if v != -(2**31) else "(-2147483647 - 1)"
+    if name == "int64":
+        v = int(v)
+        return f"{v}LL" if v != -(2**63) else "(-9223372036854775807LL - 1)"
+    return _float_literal(float(v), name)
+
+
+def lowest(dtype: Any) -> str:
+    """C literal of the identity of ``max`` for ``dtype``: -inf, the smallest int, false."""
+    name = _name(dtype)
+    if name in ("float16", "float32", "float64"):
+        return literal(np.asarray(-np.inf, dtype=np.float64), "float64" if name == "float64"
+                       else "float32")
+    if name == "bool":
+        return "false"
+    return literal(np.iinfo(name).min, name)
+
+
+def highest(dtype: Any) -> str:
+    """C literal of the identity of ``min`` for ``dtype``: +inf, the largest int, true."""
+    name = _name(dtype)
+    if name in ("float16", "float32", "float64"):
+        return literal(np.asarray(np.inf, dtype=np.float64), "float64" if name == "float64"
+                       else "float32")
+    if name == "bool":
+        return "true"
+    return literal(np.iinfo(name).max, name)

@@ -1,0 +1,560 @@
+"""Elementwise kernels: a fused group (or one elementwise op) as one CUDA kernel.
+
+A fused node's body is a small graph of elementwise ops. It becomes one ``__device__``
+function, ``<name>_op``, that maps one element of every input (in compute types) to
+one output element, each body node a ``const`` line with its op named beside it. Two
+``__global__`` kernels call it:
+
+``<name>``
+    The general kernel: a grid-stride loop over the output's elements, each input read
+    at its broadcast offset. Shapes and per-input strides are baked into the source as
+    constants (a compiled signature has static shapes), after dropping size-1 output
+    dimensions and merging dimensions that every array walks contiguously, so the common
+    cases (same shapes, a row vector, a scalar) need one or no division per element. Any
+    alignment works.
+
+``<name>_vec``
+    The vectorised kernel, when the layout allows it: each thread moves ``VEC``
+    consecutive output elements, with one aligned load (16 bytes for the widest array:
+    ``float4`` for float32, eight halves for float16) from every input that runs along
+    the innermost dimension and one scalar load from every input broadcast along it; a
+    scalar tail loop finishes the last ``n % VEC`` elements. The host launches it only
+    when every vector-accessed pointer is aligned to its vector's size (see
+    :attr:`KernelSource.launch`), otherwise the general kernel.
+
+Semantics follow NumPy: operands are converted to the op's result dtype before the op
+(comparisons: to the operands' common dtype), every float16 result is rounded to
+float16, NaN propagates through ``maximum``/``minimum``/``relu`` as the op templates in
+:mod:`pyc_lab.compiler.ops` say.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..ir import Graph, Node, dtype_short
+from ..ops import ACTIVATIONS, REGISTRY
+from . import cuda_types as ct
+from .cuda_types import KernelSource
+
+__all__ = [
+    "BLOCK",
+    "body_of",
+    "check_elementwise",
+    "epilogue_body",
+    "generate_elementwise",
+    "kernel_name",
+]
+
+log = logging.getLogger(__name__)
+
+#: Threads per block of every elementwise kernel.
+BLOCK = 256
+
+_COMPARISONS = frozenset({"less", "less_equal", "greater", "greater_equal", "equal",
+                          "not_equal"})
+_INT = frozenset({"int32", "int64"})
+
+#: Ops whose registry template is replaced, and why.
+_OVERRIDES = {
+    # C's pow() has no integer overload: exponentiation by squaring, wrapping like NumPy.
+    ("power", "int"): "pyc_ipow({0}, {1})",
+    # abs() on a float may resolve to the int overload in some headers: be explicit.
+    ("abs", "any"): "pyc_abs({0})",
+    # NumPy computes 1 / sqrt(x), both correctly rounded; rsqrt() is 2 ulp off.
+    ("rsqrt", "any"): "(1 / sqrt({0}))",
+}
+
+_IPOW = """\
+// NumPy's integer power: exponentiation by squaring in unsigned arithmetic (so it wraps
+// like NumPy). NumPy refuses negative exponents; here they give 0, except for bases 1
+// and -1, whose powers stay 1 and +-1.
+__device__ __forceinline__ int pyc_ipow(int base, int e) {
+    if (e < 0) return base == 1 ? 1 : (base == -1 ? ((e & 1) ? -1 : 1) : 0);
+    unsigned int r = 1u, b = static_cast<unsigned int>(base);
+    while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
+    return static_cast<int>(r);
+}
+
+__device__ __forceinline__ long long pyc_ipow(long long base, long long e) {
+    if (e < 0) return base == 1 ? 1LL : (base == -1 ? ((e & 1) ? -1LL : 1LL) : 0LL);
+    unsigned long long r = 1ull, b = static_cast<unsigned long long>(base);
+    while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
+    return static_cast<long long>(r);
+}
+"""
+
+_ABS = """\
+// |x| for every compute type (NumPy's absolute).
+__device__ __forceinline__ float pyc_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ double pyc_abs(double x) { return fabs(x); }
+__device__ __forceinline__ int pyc_abs(int x) { return x < 0 ? -x : x; }
+__device__ __forceinline__ long long pyc_abs(long long x) { return x < 0 ? -x : x; }
+__device__ __forceinline__ bool pyc_abs(bool x) { return x; }
+"""
+
+
+# -- naming and bodies -------------------------------------------------------------------
+def kernel_name(node: Node, default: str | None = None) -> str:
+    """A C identifier for ``node``'s kernel: ``attrs["name"]`` or ``<op>_<id>``."""
+    raw = str(node.attrs.get("name") or default or f"{node.op}_{node.id}")
+    name = re.sub(r"[^0-9A-Za-z_]", "_", raw)
+    if not name or name[0].isdigit():
+        name = f"k_{name}"
+    return name
+
+
+def body_of(node: Node, graph: Graph) -> tuple[Graph, tuple[str, ...]]:
+    """The body graph and op names of a ``fused`` node or of one elementwise op.
+
+    A lone elementwise node gets a one-op body with an input per operand, so both go
+    through the same generator.
+    """
+    if node.op == "fused":
+        body = node.attrs["body"]
+        ops = tuple(node.attrs.get("ops") or tuple(
+            n.op for n in body if n.op not in ("input", "constant")))
+        return body, ops
+    body = Graph(name=kernel_name(node))
+    ids = []
+    for k, i in enumerate(node.inputs):
+        src = graph.node(i)
+        ids.append(body.add("input", (), {"index": k}, shape=src.shape, dtype=src.dtype).id)
+    out = body.add(node.op, ids, dict(node.attrs), shape=node.shape, dtype=node.dtype)
+    body.outputs = [out.id]
+    return body, (node.op,)
+
+
+def epilogue_body(out_shape: tuple[int, ...], product_dtype: Any,
+                  bias: tuple[tuple[int, ...], Any] | None, activation: str | None) -> Graph:
+    """The body of a GEMM epilogue: ``activation(product + bias)`` over the product."""
+    body = Graph(name="epilogue")
+    cur = body.add("input", (), {"index": 0}, shape=tuple(out_shape), dtype=product_dtype)
+    if bias is not None:
+        b = body.add("input", (), {"index": 1}, shape=tuple(bias[0]), dtype=bias[1])
+        cur = body.add("add", [cur.id, b.id])
+    if activation:
+        cur = body.add(activation, [cur.id])
+    body.outputs = [cur.id]
+    return body
+
+
+def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
+                      in_dtypes: Sequence[Any], out_shape: tuple[int, ...],
+                      out_dtype: Any) -> str:
+    """Why ``body`` cannot be generated, or ``""`` when it can."""
+    if len(body.outputs) != 1:
+        return f"a fused body with {len(body.outputs)} outputs is not generated"
+    if len(body.inputs) != len(in_shapes):
+        return (f"the body has {len(body.inputs)} inputs but the node has "
+                f"{len(in_shapes)}")
+    for k, (bid, shape, dtype) in enumerate(zip(body.inputs, in_shapes, in_dtypes,
+                                                strict=True)):
+        bnode = body.node(bid)
+        if tuple(bnode.shape) != tuple(shape) or bnode.dtype != np.dtype(dtype):
+            return (f"body input {k} is {bnode.type_text} but the node's input is "
+                    f"{dtype_short(dtype)}{list(shape)}")
+        try:
+            if tuple(np.broadcast_shapes(tuple(shape), tuple(out_shape))) != tuple(out_shape):
+                return f"input {k} of shape {tuple(shape)} is larger than the output"
+        except ValueError:
+            return f"input {k} of shape {tuple(shape)} does not broadcast to {out_shape}"
+    for n in body:
+        if not ct.is_supported(n.dtype):
+            return f"dtype {n.dtype.name} ({n.op}) is not generated; runs through CuPy"
+        if n.op == "input":
+            continue
+        if n.op == "constant":
+            if np.ndim(n.attrs.get("value")) != 0:
+                return "a non-scalar constant inside a fused body is not generated"
+            continue
+        opdef = REGISTRY.get(n.op)
+        if opdef is None or opdef.kind != "elementwise" or opdef.cuda is None:
+            return f"op {n.op!r} inside a fused body has no CUDA template"
+        for i in n.inputs:
+            if not ct.is_supported(body.node(i).dtype):
+                return f"dtype {body.node(i).dtype.name} is not generated"
+    out = body.node(body.outputs[0])
+    if tuple(out.shape) != tuple(out_shape):
+        return f"the body's output is {out.type_text} but the node's is {list(out_shape)}"
+    if out.dtype != np.dtype(out_dtype):
+        return f"the body's output is {out.type_text} but the node's dtype is " \
+               f"{np.dtype(out_dtype).name}"
+    if not ct.is_supported(out_dtype):
+        return f"dtype {np.dtype(out_dtype).name} is not generated; runs through CuPy"
+    return ""
+
+
+# -- the body as a device function -------------------------------------------------------
+def _template(n: Node) -> str:
+    kind = "int" if n.dtype.name in _INT else "other"
+    for key in ((n.op, kind), (n.op, "any")):
+        if key in _OVERRIDES:
+            return _OVERRIDES[key]
+    template = REGISTRY[n.op].cuda
+    assert template is not None
+    return template
+
+
+def _operand_dtypes(n: Node, body: Graph) -> list[np.dtype | None]:
+    """The dtype each operand is converted to before the op (None: as it is)."""
+    ins = [body.node(i).dtype for i in n.inputs]
+    if n.op in _COMPARISONS:
+        common = np.result_type(*ins)
+        return [common] * len(ins)
+    if n.op == "where":
+        return [None, n.dtype, n.dtype]
+    if n.op == "astype":
+        return [None]
+    return [n.dtype] * len(ins)
+
+
+def _result(expr: str, dtype: np.dtype) -> str:
+    """The value of an op's C expression as a ``dtype`` result (float16: rounded)."""
+    if dtype.name == "float16":
+        return f"pyc_round_f16({expr})"
+    return expr
+
+
+def _device_function(fname: str, body: Graph, out_dtype: np.dtype) -> tuple[str, set[str]]:
+    """``__device__`` function computing the body; also the helper sections it needs."""
+    needs: set[str] = set()
+    pos = {nid: k for k, nid in enumerate(body.nodes)}
+    var: dict[int, str] = {}
+    params = []
+    for k, bid in enumerate(body.inputs):
+        n = body.node(bid)
+        var[bid] = f"a{k}"
+        params.append(f"{ct.compute_type(n.dtype)} a{k}")
+    lines = []
+    for n in body:
+        if n.op == "input":
+            continue
+        name = f"v{pos[n.id]}"
+        ctype = ct.compute_type(n.dtype)
+        if n.op == "constant":
+            lines.append(f"    const {ctype} {name} = {ct.literal(n.attrs['value'], n.dtype)};"
+                         f"  // constant {n.type_text}")
+        else:
+            targets = _operand_dtypes(n, body)
+            operands = []
+            for i, target in zip(n.inputs, targets, strict=True):
+                src = body.node(i)
+                operands.append(var[i] if target is None
+                                else ct.convert(var[i], src.dtype, target))
+            template = _template(n)
+            if "pyc_ipow" in template:
+                needs.add("ipow")
+            if "pyc_abs" in template:
+                needs.add("abs")
+            expr = _result(template.format(*operands), n.dtype)
+            lines.append(f"    const {ctype} {name} = {expr};  // {n.op} -> {n.type_text}")
+        var[n.id] = name
+    out = body.node(body.outputs[0])
+    ret = ct.convert(var[out.id], out.dtype, out_dtype)
+    sig = ", ".join(params) if params else "void"
+    text = (f"__device__ __forceinline__ {ct.compute_type(out_dtype)} {fname}({sig})\n{{\n"
+            + "\n".join([*lines, f"    return {ret};"]) + "\n}\n")
+    return text, needs
+
+
+# -- layout: collapsed dims and per-array strides ------------------------------------------
+def _contiguous_strides(shape: Sequence[int]) -> list[int]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return list(reversed(strides))
+
+
+def _layout(out_shape: tuple[int, ...], in_shapes: Sequence[tuple[int, ...]]) \
+        -> tuple[list[int], list[int], list[list[int]]]:
+    """Collapsed output dims, the output's strides and every input's (elements, 0 =
+    broadcast), for C-contiguous arrays."""
+    rank = len(out_shape)
+    out_str = _contiguous_strides(out_shape)
+    in_str = []
+    for shape in in_shapes:
+        own = _contiguous_strides(shape)
+        pad = rank - len(shape)
+        row = []
+        for j in range(rank):
+            if j < pad:
+                row.append(0)
+            else:
+                d = shape[j - pad]
+                row.append(0 if d == 1 and out_shape[j] != 1 else own[j - pad])
+        in_str.append(row)
+    keep = [j for j in range(rank) if out_shape[j] != 1]
+    dims = [out_shape[j] for j in keep]
+    strides = [[out_str[j] for j in keep]] + [[s[j] for j in keep] for s in in_str]
+    if not dims:  # a single element
+        return [1], [1], [[0] for _ in in_shapes]
+    # merge dim j into j+1 when every array walks both as one contiguous run
+    k = len(dims) - 2
+    while k >= 0:
+        if all(s[k] == s[k + 1] * dims[k + 1] for s in strides):
+            dims[k] = dims[k] * dims[k + 1]
+            del dims[k + 1]
+            for s in strides:
+                s[k] = s[k + 1]
+                del s[k + 1]
+        k -= 1
+    return dims, strides[0], strides[1:]
+
+
+# -- kernel source -------------------------------------------------------------------------
+def _idx_type(n: int) -> tuple[str, str]:
+    """Index C type and literal suffix: 32-bit when the size allows."""
+    return ("unsigned int", "u") if n < 2**31 else ("unsigned long long", "ull")
+
+
+def _coords(dims: list[int], needed: set[int], idx: str, itype: str, sfx: str,
+            indent: str) -> list[str]:
+    """Lines computing the needed output coordinates ``c<j>`` of flat index ``idx``."""
+    if not needed or len(dims) == 1:
+        return []
+    lines = []
+    outer = min(needed)
+    rest = idx
+    for j in range(len(dims) - 1, outer, -1):
+        if j in needed:
+            lines.append(f"{indent}const {itype} c{j} = {rest} % {dims[j]}{sfx};")
+        if rest == idx:
+            lines.append(f"{indent}{itype} r = {idx} / {dims[j]}{sfx};")
+            rest = "r"
+        else:
+            lines.append(f"{indent}r /= {dims[j]}{sfx};")
+    last = rest if outer == 0 else f"{rest} % {dims[outer]}{sfx}"
+    lines.append(f"{indent}const {itype} c{outer} = {last};")
+    return lines
+
+
+def _offset(strides: list[int], out_strides: list[int], idx: str, sfx: str,
+            names: dict[int, str] | None = None) -> str:
+    """C expression of an input's element offset for output element ``idx``.
+
+    ``names`` overrides the coordinate expression of some dims (default ``c<j>``).
+    """
+    if strides == out_strides:
+        return idx
+    names = names or {}
+    terms = []
+    for j, s in enumerate(strides):
+        if s == 0:
+            continue
+        coord = idx if len(strides) == 1 else names.get(j, f"c{j}")
+        terms.append(coord if s == 1 else f"{coord} * {s}{sfx}")
+    return " + ".join(terms) if terms else "0"
+
+
+def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, ...]],
+                         in_dtypes: Sequence[Any], out_shape: tuple[int, ...],
+                         out_dtype: Any, ops: tuple[str, ...], *, kind: str = "elementwise",
+                         inplace: bool = False, title: str = "") -> KernelSource:
+    """The CUDA source of an elementwise body over static shapes.
+
+    Parameters
+    ----------
+    name
+        Kernel base name (a C identifier): the general kernel is ``name``, the vectorised
+        one ``name + "_vec"``.
+    body
+        Graph of elementwise ops and 0-d constants, one input per operand, one output.
+    in_shapes, in_dtypes
+        The operands (C-contiguous at run time; each broadcasts to ``out_shape``).
+    out_shape, out_dtype
+        The result.
+    ops
+        Op names, for the header and :class:`KernelSource`.
+    kind
+        ``KernelSource.kind`` (``"elementwise"`` or ``"epilogue"``).
+    inplace
+        The output may be the same memory as an operand of the output's shape: no
+        ``__restrict__`` anywhere (element ``i`` is read before it is written, by the
+        same thread).
+    title
+        Extra header line.
+    """
+    out_dtype = np.dtype(out_dtype)
+    in_dtypes = [np.dtype(d) for d in in_dtypes]
+    out_shape = tuple(int(d) for d in out_shape)
+    in_shapes = [tuple(int(d) for d in s) for s in in_shapes]
+    why = check_elementwise(body, in_shapes, in_dtypes, out_shape, out_dtype)
+    if why:
+        raise ValueError(f"{name}: {why}")
+    n = int(np.prod(out_shape, dtype=np.int64))
+    itype, sfx = _idx_type(n)
+    if n == 0:
+        dims, out_str, in_str = [0], [1], [[1] for _ in in_shapes]
+    else:
+        dims, out_str, in_str = _layout(out_shape, in_shapes)
+    inner = dims[-1]
+    flat = [s == out_str for s in in_str]
+    along = [bool(s[-1] == 1) for s in in_str]  # runs along the innermost dim
+
+    itemsizes = [out_dtype.itemsize] + [d.itemsize for d, a in zip(in_dtypes, along,
+                                                                  strict=True) if a]
+    vec = 16 // max(itemsizes)
+    vec_ok = n > 0 and n >= vec and (len(dims) == 1 or inner % vec == 0)
+    n_vec = n // vec if vec_ok else 0
+
+    op_name = f"{name}_op"
+    func, needs = _device_function(op_name, body, out_dtype)
+    all_dtypes = {out_dtype.name, *(d.name for d in in_dtypes),
+                  *(nd.dtype.name for nd in body)}
+    restrict = "" if inplace else " __restrict__"
+    params = [f"const {ct.storage_type(d)}*{restrict} in{k}" for k, d in enumerate(in_dtypes)]
+    params.append(f"{ct.storage_type(out_dtype)}*{restrict} out")
+    signature = ", ".join(params)
+
+    def element_lines(idx: str, indent: str) -> list[str]:
+        needed = {j for s, f in zip(in_str, flat, strict=True) if not f
+                  for j, v in enumerate(s) if v}
+        lines = _coords(dims, needed, idx, itype, sfx, indent)
+        args = []
+        for k, d in enumerate(in_dtypes):
+            off = _offset(in_str[k], out_str, idx, sfx)
+            lines.append(f"{indent}const {ct.compute_type(d)} x{k} = "
+                         f"{ct.from_storage(d, f'in{k}[{off}]')};")
+            args.append(f"x{k}")
+        call = f"{op_name}({', '.join(args)})"
+        lines.append(f"{indent}out[{idx}] = {ct.to_storage(out_dtype, call)};")
+        return lines
+
+    def grid_loop(var: str, start: str, limit: str, body_lines: list[str]) -> list[str]:
+        head = f"    for ({itype} {var} = {start}; {var} < {limit}; {var} += stride) {{"
+        return [head, *body_lines, "    }"]
+
+    tid = f"static_cast<{itype}>(blockIdx.x) * blockDim.x + threadIdx.x"
+    stride_line = f"    const {itype} stride = static_cast<{itype}>(blockDim.x) * gridDim.x;"
+    general = [
+        f'extern "C" __global__ void __launch_bounds__({BLOCK})',
+        f"{name}({signature})",
+        "{",
+        f"    const {itype} n = {n}{sfx};",
+        stride_line,
+        *grid_loop("i", tid, "n", element_lines("i", "        ")),
+        "}",
+    ]
+
+    vec_lines: list[str] = []
+    aligned_inputs: list[int] = []
+    align_bytes: dict[str, int] = {}
+    if vec_ok:
+        aligned_inputs = [k for k, a in enumerate(along) if a]
+        align_bytes = {"out": vec * out_dtype.itemsize,
+                       **{f"in{k}": vec * in_dtypes[k].itemsize for k in aligned_inputs}}
+        needed = {j for k, s in enumerate(in_str) if not flat[k]
+                  for j, v in enumerate(s[:-1] if len(dims) > 1 else []) if v}
+        inner_lines = _coords(dims, needed, "i", itype, sfx, "        ")
+        args = []
+        for k, d in enumerate(in_dtypes):
+            st = ct.storage_type(d)
+            if along[k]:
+                # the innermost coordinate of a vector's first element is i % inner
+                off = _offset(in_str[k], out_str, "i", sfx,
+                              {len(dims) - 1: f"(i % {inner}{sfx})"})
+                inner_lines.append(
+                    f"        const pyc_vec<{st}, {vec}> x{k} = "
+                    f"*reinterpret_cast<const pyc_vec<{st}, {vec}>*>(in{k} + {off});")
+                args.append(ct.from_storage(d, f"x{k}.v[e]"))
+            else:
+                outer = [*in_str[k][:-1], 0] if len(dims) > 1 else [0]
+                off = _offset(outer, out_str, "i", sfx) if any(outer) else "0"
+                inner_lines.append(f"        const {ct.compute_type(d)} x{k} = "
+                                   f"{ct.from_storage(d, f'in{k}[{off}]')};  "
+                                   "// the same for the whole vector")
+                args.append(f"x{k}")
+        so = ct.storage_type(out_dtype)
+        call = f"{op_name}({', '.join(args)})"
+        inner_lines += [
+            f"        pyc_vec<{so}, {vec}> y;",
+            "#pragma unroll",
+            f"        for (int e = 0; e < {vec}; ++e) {{",
+            f"            y.v[e] = {ct.to_storage(out_dtype, call)};",
+            "        }",
+            f"        *reinterpret_cast<pyc_vec<{so}, {vec}>*>(out + i) = y;",
+        ]
+        vec_lines = [
+            f'extern "C" __global__ void __launch_bounds__({BLOCK})',
+            f"{name}_vec({signature})",
+            "{",
+            f"    const {itype} n_vec = {n_vec}{sfx};  // vectors of {vec} elements",
+            stride_line,
+            f"    for ({itype} iv = {tid}; iv < n_vec; iv += stride) {{",
+            f"        const {itype} i = iv * {vec}{sfx};",
+            *inner_lines,
+            "    }",
+        ]
+        if n % vec:
+            vec_lines += [
+                f"    // the last {n % vec} element(s), one per thread",
+                f"    const {itype} n = {n}{sfx};",
+                *grid_loop("i", f"n_vec * {vec}{sfx} + {tid}", "n",
+                           element_lines("i", "        ")),
+            ]
+        vec_lines.append("}")
+
+    # -- header and assembly --
+    ins_text = ", ".join(f"in{k} {dtype_short(d)}{list(s)}"
+                         for k, (d, s) in enumerate(zip(in_dtypes, in_shapes, strict=True)))
+    header = [
+        f"// pyc_lab generated kernel {name} ({kind})",
+        f"// ops: {', '.join(ops)}",
+    ]
+    if title:
+        header.append(f"// {title}")
+    header += [
+        f"// out {dtype_short(out_dtype)}{list(out_shape)} <- {ins_text or 'no inputs'}",
+        f"// layout: {n} elements as {dims}; strides (elements, 0 = broadcast): out "
+        f"{out_str}" + "".join(f", in{k} {s}" for k, s in enumerate(in_str)),
+        f"// {name}: grid-stride loop, any alignment"
+        + (f"; {name}_vec: {vec} elements per aligned access "
+           f"({vec * max(itemsizes)} bytes)" if vec_ok else "; no vectorised variant"),
+    ]
+    if inplace:
+        header.append("// in place: out may be an input's memory, so no pointer is "
+                      "restrict-qualified")
+    sections = ["\n".join(header)]
+    if "float16" in all_dtypes:
+        sections += [ct.F16_HELPERS]
+    if vec_ok:
+        sections += [ct.VEC_HELPERS]
+    if "ipow" in needs:
+        sections += [_IPOW]
+    if "abs" in needs:
+        sections += [_ABS]
+    sections += [func, "\n".join(general) + "\n"]
+    if vec_ok:
+        sections += ["\n" + "\n".join(vec_lines) + "\n"]
+    source = "\n".join(s.rstrip("\n") + "\n" if s else "" for s in sections)
+    launch = {
+        "n": n, "block": BLOCK, "vec": vec if vec_ok else 0,
+        "vec_kernel": f"{name}_vec" if vec_ok else None, "n_vec": n_vec,
+        "align_bytes": align_bytes, "aligned_inputs": aligned_inputs,
+        "dims": list(dims), "inplace": inplace,
+    }
+    notes = (f"{n} elements, layout {dims}; "
+             + (f"vectorised by {vec} when aligned" if vec_ok else "scalar only"))
+    return KernelSource(name=name, kind=kind, source=source, ops=tuple(ops), notes=notes,
+                        entries=(name, f"{name}_vec") if vec_ok else (name,), launch=launch)
+
+
+def activation_ok(activation: str | None) -> str:
+    """Why ``activation`` cannot be an epilogue, or ``""``."""
+    if activation and activation not in ACTIVATIONS:
+        return f"activation {activation!r} is not one of {sorted(ACTIVATIONS)}"
+    if activation and REGISTRY.get(activation) is None:
+        return f"activation {activation!r} has no elementwise op"
+    return ""
+
+
+def log_source(src: KernelSource) -> None:
+    """Log a generated source at DEBUG level."""
+    log.debug("generated %s (%s):\n%s", src.name, src.kind, src.source)

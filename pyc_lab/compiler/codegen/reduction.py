@@ -1,0 +1,388 @@
+"""Row kernels: softmax, layer norm and reductions over the last axis.
+
+The input is viewed as ``rows x cols`` (C-contiguous; ``cols`` = the last axis). Each row
+is handled by one warp (``cols <= 1024``: eight rows per 256-thread block) or by one
+block (256 to 1024 threads, more for longer rows); rows are walked by a grid-stride
+loop. Partial results combine with ``__shfl_xor_sync`` butterflies inside a warp and
+through shared memory across warps, in a fixed order, so results are deterministic
+from run to run.
+
+When a row fits in registers (at most 32 values a thread for a warp, 16 for a block;
+half that in double) every thread keeps its share of the row in a fully unrolled local
+array and the row is read from memory once; otherwise each pass re-reads the row
+(it is usually still in L1/L2).
+
+Arithmetic runs in the compute type of the result (float for float16 and float32,
+double for float64 and for integer inputs of a float result, 64-bit integers for
+integer sums); softmax subtracts the row maximum before ``exp``; layer norm and ``var``
+use two passes (mean, then the mean of squared deviations). ``max``/``min`` propagate
+NaN like NumPy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..ir import Graph, Node, dtype_short
+from ..ops import normalize_axis
+from . import cuda_types as ct
+from .cuda_types import KernelSource
+from .elementwise import kernel_name
+
+__all__ = ["ROW_OPS", "check_rows", "generate_rows", "row_config"]
+
+#: Ops this module generates.
+ROW_OPS = ("softmax", "layer_norm", "sum", "mean", "max", "min", "var")
+
+_REDUCTIONS = ("sum", "mean", "max", "min", "var")
+
+_HELPERS = """\
+// Combining operators. max/min propagate NaN like NumPy (x != x only for NaN).
+struct pyc_sum_op {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+
+struct pyc_max_op {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T a, T b) const {
+        return a != a ? a : (b != b ? b : (a > b ? a : b));
+    }
+};
+
+struct pyc_min_op {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T a, T b) const {
+        return a != a ? a : (b != b ? b : (a < b ? a : b));
+    }
+};
+
+// Butterfly over the 32 lanes of a warp: every lane ends with the same total.
+template <typename T, typename Op>
+__device__ __forceinline__ T pyc_warp_reduce(T v, Op op) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    }
+    return v;
+}
+
+// Across the warps of a block (blockDim.x a multiple of 32, at most 1024): each warp
+// reduces, lane 0 of each writes its total to shared memory, then every warp reduces
+// those totals, so every thread gets the result without a broadcast step. The leading
+// barrier lets a previous call's readers finish before smem is overwritten.
+template <typename T, typename Op>
+__device__ __forceinline__ T pyc_block_reduce(T v, Op op, T identity, T* smem) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    v = pyc_warp_reduce(v, op);
+    __syncthreads();
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    const int nwarps = blockDim.x >> 5;
+    v = lane < nwarps ? smem[lane] : identity;
+    return pyc_warp_reduce(v, op);
+}
+"""
+
+
+def row_config(cols: int, acc_itemsize: int = 4) -> dict[str, Any]:
+    """Threads per row, block size and register caching for rows of ``cols`` values."""
+    if cols <= 1024:
+        threads, block, mode = 32, 256, "warp"
+    elif cols <= 4096:
+        threads, block, mode = 256, 256, "block"
+    elif cols <= 8192:
+        threads, block, mode = 512, 512, "block"
+    else:
+        threads, block, mode = 1024, 1024, "block"
+    per = -(-cols // threads)
+    limit = (32 if mode == "warp" else 16) * 4 // max(acc_itemsize, 4)
+    return {"threads": threads, "block": block, "mode": mode, "per_thread": per,
+            "cached": per <= limit, "rows_per_block": block // threads}
+
+
+def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
+    cols = int(shape[-1])
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    return rows, cols
+
+
+def _float_of(dtype: np.dtype) -> np.dtype:
+    return dtype if dtype.kind == "f" else np.dtype(np.float64)
+
+
+def check_rows(node: Node, graph: Graph) -> str:
+    """Why ``node`` (a softmax, layer norm or reduction) cannot be generated, or ``""``."""
+    if node.op not in ROW_OPS:
+        return f"{node.op} is not a row op"
+    x = graph.node(node.inputs[0])
+    shape = tuple(x.shape)
+    for n in [x, node, *(graph.node(i) for i in node.inputs[1:])]:
+        if not ct.is_supported(n.dtype):
+            return f"dtype {n.dtype.name} is not generated; runs through CuPy"
+    if not shape:
+        return f"{node.op} of a 0-d array is not generated; runs through CuPy"
+    last = (len(shape) - 1,)
+    if node.op == "softmax":
+        if normalize_axis(node.attrs.get("axis", -1), len(shape)) != last:
+            return "softmax over a non-last axis is not generated; runs through CuPy"
+    elif node.op in _REDUCTIONS:
+        axes = normalize_axis(node.attrs.get("axis"), len(shape))
+        if axes != last:
+            return (f"{node.op} over axes {axes} of a rank-{len(shape)} array is not "
+                    "generated (only the last axis); runs through CuPy")
+        if node.attrs.get("ddof") or node.attrs.get("dtype") is not None:
+            return f"{node.op} with ddof/dtype is not generated"
+    else:  # layer_norm
+        for extra in node.inputs[1:]:
+            es = tuple(graph.node(extra).shape)
+            if es not in ((shape[-1],), ()):
+                return f"layer_norm scale/shift of shape {es} is not generated"
+        if len(node.inputs) > 3:
+            return "layer_norm takes at most 3 inputs"
+    _rows, cols = _rows_cols(shape)
+    if cols == 0:
+        return f"{node.op} over an empty last axis runs through CuPy"
+    if cols >= 2**31:
+        return f"rows of {cols} elements are too long for the row kernels"
+    return ""
+
+
+# -- dtype plans ---------------------------------------------------------------------------
+def _acc_dtype(node: Node, x: np.dtype) -> np.dtype:
+    """The dtype partial results are kept in."""
+    out = node.dtype
+    if node.op in ("max", "min"):
+        if x.name == "float16":
+            return np.dtype(np.float32)
+        if x.name == "bool":
+            return np.dtype(np.int32)  # shuffles have no bool overload
+        return x
+    if node.op in ("softmax", "layer_norm"):
+        f = _float_of(x)
+        return np.dtype(np.float32) if f.name == "float16" else f
+    # sum, mean, var: the result dtype, float16 accumulated in float
+    return np.dtype(np.float32) if out.name == "float16" else out
+
+
+def _store(expr: str, acc_dt: np.dtype, odt: np.dtype) -> str:
+    """An accumulator-typed value as the stored element of the result (rounded once)."""
+    if odt.name == "float16":
+        wide = "float" if acc_dt.name != "float64" else "double"
+        fn = "pyc_float_to_f16" if wide == "float" else "pyc_double_to_f16"
+        return f"{fn}({expr})"
+    return ct.to_storage(odt, ct.convert(expr, acc_dt, odt))
+
+
+class _Emitter:
+    """Builds a row kernel's body for one thread-per-row configuration."""
+
+    def __init__(self, cols: int, cfg: dict[str, Any], acc: str) -> None:
+        self.cols = cols
+        self.cfg = cfg
+        self.acc = acc
+
+    def reduce(self, var: str, op: str, identity: str) -> str:
+        if self.cfg["mode"] == "warp":
+            return f"{var} = pyc_warp_reduce({var}, pyc_{op}_op());"
+        return f"{var} = pyc_block_reduce({var}, pyc_{op}_op(), {identity}, smem);"
+
+    def loop(self, body: list[str], indent: str = "        ") -> list[str]:
+        """Lines running ``body`` for every column ``col`` this thread owns
+        (``k`` indexes the cached values when cached)."""
+        t = self.cfg["threads"]
+        if self.cfg["cached"]:
+            per = self.cfg["per_thread"]
+            guard = per * t != self.cols
+            lines = [f"{indent}#pragma unroll",
+                     f"{indent}for (int k = 0; k < {per}; ++k) {{"]
+            if guard or any("col" in b for b in body):
+                lines.append(f"{indent}    const int col = t + k * {t};")
+            if guard:
+                lines.append(f"{indent}    if (col < {self.cols}) {{")
+                lines += [f"{indent}        {b}" for b in body]
+                lines.append(f"{indent}    }}")
+            else:
+                lines += [f"{indent}    {b}" for b in body]
+            lines.append(f"{indent}}}")
+            return lines
+        return ([f"{indent}for (int col = t; col < {self.cols}; col += {t}) {{"]
+                + [f"{indent}    {b}" for b in body] + [f"{indent}}}"])
+
+
+def generate_rows(node: Node, graph: Graph) -> KernelSource:
+    """The CUDA source of a softmax, layer norm or last-axis reduction node."""
+    why = check_rows(node, graph)
+    if why:
+        raise ValueError(f"node %{node.id} ({node.op}): {why}")
+    name = kernel_name(node)
+    x = graph.node(node.inputs[0])
+    xdt, odt = x.dtype, node.dtype
+    rows, cols = _rows_cols(tuple(x.shape))
+    acc_dt = _acc_dtype(node, xdt)
+    acc = ct.compute_type(acc_dt)
+    cfg = row_config(cols, acc_dt.itemsize)
+    em = _Emitter(cols, cfg, acc)
+    xs, os_ = ct.storage_type(xdt), ct.storage_type(odt)
+    load = ct.convert(ct.from_storage(xdt, "xr[col]"), xdt if xdt.name != "float16"
+                      else np.dtype(np.float32), acc_dt)
+
+    params = [f"const {xs}* __restrict__ x"]
+    extras: list[tuple[str, Node]] = []
+    if node.op == "layer_norm":
+        for label, i in zip(("gamma", "beta"), node.inputs[1:], strict=False):
+            en = graph.node(i)
+            extras.append((label, en))
+            params.append(f"const {ct.storage_type(en.dtype)}* __restrict__ {label}")
+    params.append(f"{os_}* __restrict__ y")
+
+    cached = cfg["cached"]
+    per = cfg["per_thread"]
+    body: list[str] = []
+    value = "v[k]" if cached else "xv"
+    read = [] if cached else [f"const {acc} xv = {load};"]
+    if cached:
+        body.append(f"        {acc} v[{per}];")
+        body += em.loop([f"v[k] = {load};"])
+
+    def total(var: str, op: str, identity: str, contribution: str) -> list[str]:
+        lines = [f"        {acc} {var} = {identity};"]
+        lines += em.loop([*read, f"{var} = pyc_{op}_op()({var}, {contribution});"]
+                         if op != "sum" else [*read, f"{var} += {contribution};"])
+        lines.append(f"        {em.reduce(var, op, identity)}")
+        return lines
+
+    zero = ct.literal(0, acc_dt)
+    ops_text = node.op
+    if node.op in ("sum", "mean", "max", "min", "var"):
+        if node.op in ("max", "min"):
+            ident = ct.lowest(acc_dt) if node.op == "max" else ct.highest(acc_dt)
+            body += total("m", node.op, ident, value)
+            result = "m"
+        elif node.op == "sum":
+            body += total("s", "sum", zero, value)
+            result = "s"
+        elif node.op == "mean":
+            body += total("s", "sum", zero, value)
+            result = f"s / static_cast<{acc}>({cols})"
+        else:  # var: two passes
+            body += total("s", "sum", zero, value)
+            body.append(f"        const {acc} mean = s / static_cast<{acc}>({cols});")
+            body += total("q", "sum", zero, f"({value} - mean) * ({value} - mean)")
+            result = f"q / static_cast<{acc}>({cols})"
+        out = _store(result, acc_dt, odt)
+        body += ["        if (t == 0) {",
+                 f"            y[row] = {out};",
+                 "        }"]
+        ops_text = f"{node.op} over the last axis"
+    elif node.op == "softmax":
+        ninf = ct.lowest(acc_dt)
+        body += total("m", "max", ninf, value)
+        body.append(f"        {acc} s = {zero};")
+        if cached:
+            body += em.loop(["v[k] = exp(v[k] - m);", "s += v[k];"])
+        else:
+            body += em.loop([*read, "s += exp(xv - m);"])
+        body.append(f"        {em.reduce('s', 'sum', zero)}")
+        res = "v[k] / s" if cached else "exp(xv - m) / s"
+        store = _store(res, acc_dt, odt)
+        body += em.loop([*read, f"yr[col] = {store};"])
+    else:  # layer_norm
+        xf = _float_of(xdt)
+        eps = ct.literal(np.asarray(node.attrs.get("eps", 1e-5), dtype=xf), acc_dt)
+        body += total("s", "sum", zero, value)
+        body.append(f"        const {acc} mean = s / static_cast<{acc}>({cols});")
+        body += total("q", "sum", zero, f"({value} - mean) * ({value} - mean)")
+        body.append(f"        const {acc} denom = sqrt(q / static_cast<{acc}>({cols}) + {eps});")
+        # y = (x - mean) / denom in x's float dtype, then * gamma, + beta, each in
+        # NumPy's promoted dtype
+        cur_dt = xf
+        steps = [f"{acc} r = ({value} - mean) / denom;"]
+        if xf.name == "float16":
+            steps.append("r = pyc_round_f16(r);")
+        cur = "r"
+        for label, en in extras:
+            nxt = np.result_type(cur_dt, en.dtype)
+            g_index = "col" if tuple(en.shape) else "0"
+            gval = ct.convert(ct.from_storage(en.dtype, f"{label}[{g_index}]"),
+                              en.dtype if en.dtype.name != "float16"
+                              else np.dtype(np.float32), nxt if nxt.name != "float16"
+                              else np.dtype(np.float32))
+            lhs = ct.convert(cur, cur_dt if cur_dt.name != "float16" else np.float32,
+                             nxt if nxt.name != "float16" else np.float32)
+            opsym = "*" if label == "gamma" else "+"
+            expr = f"{lhs} {opsym} {gval}"
+            if nxt.name == "float16":
+                expr = f"pyc_round_f16({expr})"
+            var = f"r_{label}"
+            steps.append(f"const {ct.compute_type(nxt)} {var} = {expr};")
+            cur, cur_dt = var, nxt
+        assert cur_dt == odt, (cur_dt, odt)
+        steps.append(f"yr[col] = {ct.to_storage(odt, cur)};")
+        body += em.loop(read + steps)
+        ops_text = "layer_norm over the last axis" + (
+            " with " + " and ".join(label for label, _ in extras) if extras else "")
+
+    # -- assemble --
+    t, block, mode = cfg["threads"], cfg["block"], cfg["mode"]
+    lines = [f'extern "C" __global__ void __launch_bounds__({block})',
+             f"{name}({', '.join(params)})",
+             "{",
+             f"    const long long rows = {rows}LL;"]
+    if mode == "warp":
+        rpb = cfg["rows_per_block"]
+        lines += [
+            "    const int t = threadIdx.x & 31;  // lane: this thread's first column",
+            f"    const long long first = static_cast<long long>(blockIdx.x) * {rpb} "
+            "+ (threadIdx.x >> 5);",
+            f"    for (long long row = first; row < rows; row += "
+            f"static_cast<long long>(gridDim.x) * {rpb}) {{",
+        ]
+    else:
+        lines += [
+            f"    __shared__ {acc} smem[32];",
+            "    const int t = threadIdx.x;",
+            "    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {",
+        ]
+    lines.append(f"        const {xs}* xr = x + row * {cols}LL;")
+    if node.op in ("softmax", "layer_norm"):
+        lines.append(f"        {os_}* yr = y + row * {cols}LL;")
+    lines += body
+    lines += ["    }", "}"]
+
+    extras_text = "".join(f", {label} {en.type_text}" for label, en in extras)
+    header = [
+        f"// pyc_lab generated kernel {name} (rows)",
+        f"// ops: {ops_text}",
+        f"// x {x.type_text}{extras_text} -> y {node.type_text}: {rows} rows of {cols}",
+        f"// one {'warp' if mode == 'warp' else f'block of {block} threads'} per row"
+        + (f" ({cfg['rows_per_block']} rows per block of {block})" if mode == "warp" else "")
+        + f", {per} value(s) per thread"
+        + (", kept in registers" if cached else ", re-read on each pass")
+        + f"; arithmetic in {acc}",
+    ]
+    sections = ["\n".join(header) + "\n"]
+    if "float16" in {xdt.name, odt.name, *(en.dtype.name for _, en in extras)}:
+        sections.append(ct.F16_HELPERS)
+    sections.append(_HELPERS)
+    sections.append("\n".join(lines) + "\n")
+    source = "\n".join(sections)
+    launch = {"rows": rows, "cols": cols, "block": block, "threads_per_row": t,
+              "rows_per_block": cfg["rows_per_block"], "mode": mode, "cached": cached}
+    notes = (f"{rows} rows x {cols}: one {'warp' if mode == 'warp' else 'block'} per row, "
+             f"{block} threads per block, "
+             + ("row cached in registers" if cached else "row re-read per pass"))
+    ops = (node.op,) if node.op != "layer_norm" else tuple(
+        ["layer_norm"] + [label for label, _ in extras])
+    return KernelSource(name=name, kind="rows", source=source, ops=ops, notes=notes,
+                        entries=(name,), launch=launch)
+
+
+def describe(node: Node, graph: Graph) -> str:
+    """One line: the op, its input and the row split."""
+    x = graph.node(node.inputs[0])
+    rows, cols = _rows_cols(tuple(x.shape)) if x.shape else (1, 1)
+    return f"{node.op} {dtype_short(x.dtype)}{list(x.shape)}: {rows} rows of {cols}"

@@ -1,0 +1,546 @@
+"""The CUDA code generator on the CPU: supports() reasons, deterministic sources, layouts,
+literals, and every representative source compiled by ``nvcc -ptx -arch=sm_90``.
+
+No GPU is needed; the nvcc checks skip (with the reason) where nvcc is missing. The same
+kernels are run against NumPy on a GPU by ``test_cupy_backend_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyc_lab.compiler import Graph
+from pyc_lab.compiler.codegen import KernelSource, generate, generate_epilogue, supports
+from pyc_lab.compiler.codegen import cuda_types as ct
+from pyc_lab.compiler.codegen.elementwise import _layout
+from pyc_lab.compiler.codegen.reduction import row_config
+from pyc_lab.compiler.cupy_backend import CupyExecutable
+from pyc_lab.compiler.tracer import trace
+
+
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for cand in (os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""),
+                 "/usr/local/cuda"):
+        path = Path(cand) / "bin" / "nvcc"
+        if cand and path.exists():
+            return str(path)
+    return None
+
+
+NVCC = _nvcc()
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (PATH, CUDA_HOME, "
+                                                     "/usr/local/cuda)")
+
+
+# -- graph builders ------------------------------------------------------------------------
+def fused_graph(fn, specs, name="fused_0"):
+    """A graph: inputs of ``specs`` [(shape, dtype)], one fused node (body traced from
+    ``fn``), returning it."""
+    arrays = [np.zeros(s, d) for s, d in specs]
+    body, breaks = trace(fn, arrays)
+    assert not breaks
+    g = Graph(name="g")
+    ins = [g.add("input", (), {"index": k}, shape=tuple(s), dtype=d).id
+           for k, (s, d) in enumerate(specs)]
+    ops = tuple(n.op for n in body if n.op not in ("input", "constant"))
+    node = g.add("fused", ins, {"body": body, "ops": ops, "name": name})
+    g.outputs = [node.id]
+    g.verify()
+    return g, node
+
+
+def op_graph(op, specs, attrs=None):
+    """A graph with one ``op`` node over inputs ``specs`` [(shape, dtype)]."""
+    g = Graph(name="g")
+    ins = [g.add("input", (), {"index": k}, shape=tuple(s), dtype=d).id
+           for k, (s, d) in enumerate(specs)]
+    node = g.add(op, ins, attrs or {})
+    g.outputs = [node.id]
+    g.verify()
+    return g, node
+
+
+def compile_ptx(tmp_path: Path, src: KernelSource, cubin: bool = False) -> str:
+    """Compile ``src`` with nvcc for sm_90; the PTX text (or "" for a cubin)."""
+    cu = tmp_path / f"{src.name}.cu"
+    cu.write_text(src.source)
+    out = tmp_path / (f"{src.name}.cubin" if cubin else f"{src.name}.ptx")
+    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-cubin" if cubin else "-ptx", str(cu),
+           "-o", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, f"nvcc failed on {src.name}:\n{res.stderr}\n{src.source}"
+    return "" if cubin else out.read_text()
+
+
+F32, F16, F64 = np.float32, np.float16, np.float64
+I32, I64, BOOL = np.int32, np.int64, np.bool_
+
+
+def _mix(x, y):
+    return np.tanh(x * 2.0 + y) - np.maximum(x, y) / (1 + np.exp(-y))
+
+
+# Representative elementwise nodes: (id, fn, specs)
+ELEMENTWISE = [
+    ("f32_same", _mix, [((64, 1000), F32), ((64, 1000), F32)]),
+    ("f16_same_tail", _mix, [((1003,), F16), ((1003,), F16)]),
+    ("f64_same", _mix, [((37, 129), F64), ((37, 129), F64)]),
+    ("f32_row_bias", lambda x, b: np.maximum(x + b, 0.0), [((64, 1000), F32), ((1000,), F32)]),
+    ("f16_row_bias_f32", lambda x, b: x * b, [((8, 24), F16), ((24,), F32)]),
+    ("f32_col", lambda x, c: x - c, [((33, 17), F32), ((33, 1), F32)]),
+    ("f32_3d", lambda x, y: x * y, [((4, 1, 33), F32), ((1, 17, 33), F32)]),
+    ("f32_scalar", lambda x, s: x / s, [((1001,), F32), ((), F32)]),
+    ("where_cmp", lambda x, y: np.where(x > y, x, -y), [((50, 7), F32), ((50, 7), F32)]),
+    ("astype_i32", lambda x: (x * 100.0).astype(np.int32), [((77,), F32)]),
+    ("int_ops", lambda a, b: (a + b) * a - np.abs(b) + a ** 2, [((9, 5), I32), ((5,), I32)]),
+    ("int64_div", lambda a, b: a / b, [((300,), I64), ((300,), I64)]),
+    ("bool_logic", lambda a, b: np.where(a, b, 0.5) > 0.2, [((40,), BOOL), ((40,), F64)]),
+    ("f16_to_f64", lambda x, y: x.astype(np.float64) * y, [((31,), F16), ((31,), F64)]),
+    ("int_to_f16", lambda a, b, c: a.astype(np.float16) + b.astype(np.float16)
+     + c.astype(np.float16), [((19,), I32), ((19,), I64), ((19,), BOOL)]),
+    ("unary_zoo", lambda x: np.sqrt(np.abs(x)) + np.log(np.abs(x) + 1.0) + 1 / np.sqrt(
+        np.abs(x) + 1.0), [((257,), F32)]),
+    ("nan_consts", lambda x: np.minimum(np.maximum(x, -np.inf), np.inf) + np.float32(np.nan),
+     [((12,), F32)]),
+    ("single_element", lambda x, y: x + y, [((1, 1), F32), ((), F32)]),
+]
+
+
+@pytest.mark.parametrize("case", ELEMENTWISE, ids=[c[0] for c in ELEMENTWISE])
+def test_elementwise_sources_are_supported_and_deterministic(case):
+    _, fn, specs = case
+    g1, n1 = fused_graph(fn, specs)
+    g2, n2 = fused_graph(fn, specs)
+    assert supports(n1, g1) == (True, "")
+    s1, s2 = generate(n1, g1), generate(n2, g2)
+    assert s1.source == s2.source  # same node, same text
+    assert generate(n1, g1).source == s1.source
+    assert s1.name == "fused_0" and s1.kind == "elementwise"
+    assert 'extern "C" __global__' in s1.source
+    assert "i += stride" in s1.source  # grid-stride loop
+    assert s1.entries[0] == "fused_0"
+    assert s1.ops == n1.attrs["ops"]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("case", ELEMENTWISE, ids=[c[0] for c in ELEMENTWISE])
+def test_elementwise_sources_compile(tmp_path, case):
+    _, fn, specs = case
+    g, node = fused_graph(fn, specs)
+    ptx = compile_ptx(tmp_path, generate(node, g))
+    assert ".entry fused_0(" in ptx
+
+
+def test_vectorised_variant_of_same_shape_float32():
+    g, node = fused_graph(_mix, [((64, 1000), F32), ((64, 1000), F32)])
+    src = generate(node, g)
+    assert src.entries == ("fused_0", "fused_0_vec")
+    assert "pyc_vec<float, 4>" in src.source
+    assert "iv += stride" in src.source
+    assert src.launch["vec"] == 4 and src.launch["n_vec"] == 16000
+    assert src.launch["align_bytes"] == {"out": 16, "in0": 16, "in1": 16}
+    assert "the last" not in src.source  # 64000 % 4 == 0: no tail loop
+
+
+def test_vectorised_float16_moves_eight_halves_and_has_a_tail():
+    g, node = fused_graph(_mix, [((1003,), F16), ((1003,), F16)])
+    src = generate(node, g)
+    assert "pyc_vec<pyc_f16, 8>" in src.source
+    assert src.launch["vec"] == 8 and src.launch["n_vec"] == 125
+    assert "the last 3 element(s)" in src.source  # scalar tail
+    assert "pyc_round_f16" in src.source  # every float16 op rounds like NumPy
+
+
+def test_row_broadcast_is_vectorised_with_scalar_loads_for_broadcast_inputs():
+    g, node = fused_graph(lambda x, b, s: x * b + s,
+                          [((64, 1000), F32), ((1000,), F32), ((64, 1), F32)])
+    src = generate(node, g)
+    assert src.launch["vec"] == 4
+    assert src.launch["aligned_inputs"] == [0, 1]  # the column input is read as scalars
+    assert "(i % 1000u)" in src.source
+    assert "the same for the whole vector" in src.source
+
+
+def test_no_vector_path_when_rows_do_not_split_into_vectors():
+    g, node = fused_graph(lambda x, b: x + b, [((5, 7), F32), ((7,), F32)])
+    src = generate(node, g)
+    assert src.entries == ("fused_0",) and src.launch["vec"] == 0
+    assert "_vec" not in src.source
+
+
+@needs_nvcc
+def test_vector_loads_are_16_byte_ptx_loads(tmp_path):
+    g, node = fused_graph(_mix, [((4096,), F32), ((4096,), F32)])
+    ptx = compile_ptx(tmp_path, generate(node, g))
+    vec_part = ptx[ptx.index(".entry fused_0_vec("):]
+    assert re.search(r"ld\.global(\.nc)?\.v4\.f32", vec_part)
+    assert re.search(r"st\.global\.v4\.f32", vec_part)
+    g, node = fused_graph(_mix, [((4096,), F16), ((4096,), F16)])
+    ptx = compile_ptx(tmp_path, generate(node, g))
+    vec_part = ptx[ptx.index(".entry fused_0_vec("):]
+    assert re.search(r"ld\.global(\.nc)?\.v4\.(u32|b32)", vec_part)
+
+
+@needs_nvcc
+def test_float16_inline_asm_assembles_for_sm90(tmp_path):
+    # -cubin runs ptxas too: the cvt.*.f16 instructions of the helpers must assemble.
+    g, node = fused_graph(lambda x, y: x.astype(np.float16) * y,
+                          [((100,), F64), ((100,), F16)])
+    compile_ptx(tmp_path, generate(node, g), cubin=True)
+    g, node = op_graph("softmax", [((10, 2000), F16)], {"axis": -1})
+    compile_ptx(tmp_path, generate(node, g), cubin=True)
+
+
+def test_single_elementwise_op_is_generated_like_a_fused_one():
+    g, node = op_graph("add", [((10, 4), F32), ((4,), F32)])
+    assert supports(node, g) == (True, "")
+    src = generate(node, g)
+    assert src.name == f"add_{node.id}" and src.ops == ("add",)
+
+
+def test_kernel_names_are_c_identifiers():
+    g, node = fused_graph(lambda x: x + 1.0, [((4,), F32)], name="fused-3.x")
+    assert generate(node, g).name == "fused_3_x"
+
+
+# -- layouts -------------------------------------------------------------------------------
+@pytest.mark.parametrize("out_shape, in_shapes, dims, strides", [
+    ((64, 1000), [(64, 1000)], [64000], [[1]]),
+    ((64, 1000), [(1000,)], [64, 1000], [[0, 1]]),
+    ((64, 1000), [(64, 1)], [64, 1000], [[1, 0]]),
+    ((4, 17, 33), [(4, 1, 33), (1, 17, 33)], [4, 17, 33], [[33, 0, 1], [0, 33, 1]]),
+    ((2, 3, 4), [(2, 3, 4), ()], [24], [[1], [0]]),
+    ((1, 1), [(1, 1)], [1], [[0]]),
+    ((8, 1, 5), [(8, 1, 5)], [40], [[1]]),
+    ((6, 5, 4), [(5, 4)], [6, 20], [[0, 1]]),
+])
+def test_layout_collapses_dims(out_shape, in_shapes, dims, strides):
+    got_dims, out_str, in_str = _layout(out_shape, in_shapes)
+    assert got_dims == dims
+    assert in_str == strides
+    n = math.prod(dims)
+    assert n == math.prod(out_shape)
+    # the output walks its collapsed dims contiguously
+    assert out_str[-1] == 1 or n == 1
+
+
+# -- row kernels ---------------------------------------------------------------------------
+ROWS = [
+    ("softmax_warp_f32", "softmax", [((33, 1000), F32)], {"axis": -1}),
+    ("softmax_block_f16", "softmax", [((16, 3000), F16)], {"axis": 1}),
+    ("softmax_long_f64", "softmax", [((3, 20000), F64)], {"axis": -1}),
+    ("softmax_int", "softmax", [((5, 7), I32)], {"axis": -1}),
+    ("layer_norm_plain", "layer_norm", [((64, 768), F32)], {"eps": 1e-5}),
+    ("layer_norm_affine_f16", "layer_norm", [((8, 4096), F16), ((4096,), F16),
+                                             ((4096,), F16)], {"eps": 1e-5}),
+    ("layer_norm_gamma_f32", "layer_norm", [((8, 5000), F16), ((5000,), F32)], {"eps": 1e-3}),
+    ("layer_norm_scalar_gamma", "layer_norm", [((2, 3, 9), F64), ((), F64), ((9,), F64)],
+     {"eps": 1e-6}),
+    ("sum_f32", "sum", [((128, 513), F32)], {"axis": (1,), "keepdims": False}),
+    ("sum_int32", "sum", [((10, 70000), I32)], {"axis": (1,), "keepdims": True}),
+    ("sum_bool", "sum", [((10, 33), BOOL)], {"axis": (1,), "keepdims": False}),
+    ("mean_f16", "mean", [((7, 2048), F16)], {"axis": (1,), "keepdims": False}),
+    ("mean_int", "mean", [((7, 20), I64)], {"axis": (1,), "keepdims": False}),
+    ("max_f32", "max", [((9, 100), F32)], {"axis": (1,), "keepdims": True}),
+    ("min_f64_long", "min", [((2, 40000), F64)], {"axis": (1,), "keepdims": False}),
+    ("max_bool", "max", [((6, 10), BOOL)], {"axis": (1,), "keepdims": False}),
+    ("min_int64", "min", [((6, 10), I64)], {"axis": (1,), "keepdims": False}),
+    ("var_f32", "var", [((12, 3000), F32)], {"axis": (1,), "keepdims": False}),
+    ("var_1d_axis_none", "var", [((1000,), F16)], {"axis": None, "keepdims": False}),
+]
+
+
+@pytest.mark.parametrize("case", ROWS, ids=[c[0] for c in ROWS])
+def test_row_sources_are_supported_and_deterministic(case):
+    _, op, specs, attrs = case
+    g1, n1 = op_graph(op, specs, attrs)
+    g2, n2 = op_graph(op, specs, attrs)
+    assert supports(n1, g1) == (True, "")
+    s1, s2 = generate(n1, g1), generate(n2, g2)
+    assert s1.source == s2.source
+    assert s1.kind == "rows"
+    assert "__shfl_xor_sync" in s1.source
+    assert "row += " in s1.source  # grid-stride over rows
+
+
+@needs_nvcc
+@pytest.mark.parametrize("case", ROWS, ids=[c[0] for c in ROWS])
+def test_row_sources_compile(tmp_path, case):
+    _, op, specs, attrs = case
+    g, node = op_graph(op, specs, attrs)
+    src = generate(node, g)
+    ptx = compile_ptx(tmp_path, src)
+    assert f".entry {src.name}(" in ptx
+    assert "shfl.sync.bfly" in ptx
+
+
+def test_row_configs():
+    assert row_config(1000)["mode"] == "warp"
+    assert row_config(1000)["cached"] and row_config(1000)["per_thread"] == 32
+    cfg = row_config(3000)
+    assert cfg["mode"] == "block" and cfg["block"] == 256 and cfg["cached"]
+    assert row_config(6000)["block"] == 512
+    long = row_config(20000)
+    assert long["block"] == 1024 and not long["cached"]
+    assert not row_config(16000, 8)["cached"]  # doubles: fewer values in registers
+
+
+def test_softmax_is_stable_and_layer_norm_two_pass():
+    g, node = op_graph("softmax", [((16, 3000), F32)], {"axis": -1})
+    src = generate(node, g).source
+    assert "pyc_max_op" in src and "exp(v[k] - m)" in src
+    assert "smem" in src and "kept in registers" in src
+    g, node = op_graph("softmax", [((3, 20000), F32)], {"axis": -1})
+    assert "re-read on each pass" in generate(node, g).source
+    g, node = op_graph("layer_norm", [((8, 512), F32)], {"eps": 1e-5})
+    src = generate(node, g).source
+    assert "mean" in src and "denom = sqrt(" in src
+    assert "9.999999747378752e-06f" in src  # eps as the float32 NumPy would add
+
+
+# -- epilogues -----------------------------------------------------------------------------
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "sigmoid", "silu", "tanh"])
+@pytest.mark.parametrize("bias_shape", [None, (48,), (1, 48)])
+def test_epilogue_sources(tmp_path, act, bias_shape):
+    if act is None and bias_shape is None:
+        pytest.skip("no epilogue")
+    specs = [((32, 64), F32), ((64, 48), F32)] + ([(bias_shape, F32)] if bias_shape else [])
+    g, node = op_graph("matmul", specs, {"activation": act} if act else {})
+    assert supports(node, g) == (True, "")
+    src = generate_epilogue(node, g)
+    assert src.kind == "epilogue" and src.launch["inplace"]
+    assert "__restrict__" not in src.source  # out is in0's memory
+    assert src.source == generate_epilogue(node, g).source
+    if NVCC:
+        compile_ptx(tmp_path, src)
+
+
+def test_epilogue_without_graph_and_non_inplace_product():
+    g, node = op_graph("matmul", [((4, 8), I32), ((8, 16), I32), ((16,), F32)],
+                       {"activation": "gelu"})
+    src = generate_epilogue(node, g)
+    assert node.dtype == np.float64
+    assert not src.launch["inplace"] and "__restrict__" in src.source
+    alone = generate_epilogue(node, product_dtype=np.int32, bias_shape=(16,),
+                              bias_dtype=np.float32)
+    assert alone.source == src.source
+    with pytest.raises(ValueError, match="pass the graph"):
+        generate_epilogue(node)
+
+
+def test_epilogue_refuses_a_plain_matmul():
+    g, node = op_graph("matmul", [((4, 8), F32), ((8, 16), F32)])
+    assert supports(node, g) == (True, "")
+    with pytest.raises(ValueError, match="no epilogue"):
+        generate_epilogue(node, g)
+
+
+# -- supports() reasons ----------------------------------------------------------------------
+def test_softmax_over_a_non_last_axis_is_not_generated():
+    g, node = op_graph("softmax", [((8, 16), F32)], {"axis": 0})
+    ok, why = supports(node, g)
+    assert not ok
+    assert why == "softmax over a non-last axis is not generated; runs through CuPy"
+    with pytest.raises(ValueError, match="non-last axis"):
+        generate(node, g)
+
+
+@pytest.mark.parametrize("axis", [(0,), None, (0, 1)])
+def test_reductions_over_other_axes_are_not_generated(axis):
+    g, node = op_graph("sum", [((8, 16), F32)], {"axis": axis, "keepdims": False})
+    ok, why = supports(node, g)
+    assert not ok and "only the last axis" in why and "CuPy" in why
+
+
+def test_unsupported_dtypes_are_named():
+    g, node = fused_graph(lambda x: x + x, [((8,), np.uint8)])
+    ok, why = supports(node, g)
+    assert not ok and "uint8" in why
+    g, node = op_graph("max", [((4, 4), np.int16)], {"axis": (1,), "keepdims": False})
+    ok, why = supports(node, g)
+    assert not ok and "int16" in why
+
+
+def test_empty_reduction_axis_is_not_generated():
+    g, node = op_graph("sum", [((4, 0), F32)], {"axis": (1,), "keepdims": False})
+    ok, why = supports(node, g)
+    assert not ok and "empty last axis" in why
+
+
+def test_non_scalar_constant_in_a_body_is_not_generated():
+    g, node = fused_graph(lambda x: x + np.arange(4, dtype=np.float32), [((3, 4), F32)])
+    ok, why = supports(node, g)
+    assert not ok and "non-scalar constant" in why
+
+
+def test_other_ops_are_not_generated():
+    g, node = op_graph("transpose", [((3, 4), F32)], {"axes": (1, 0)})
+    ok, why = supports(node, g)
+    assert not ok and "transpose (shape) has no generated kernel" in why
+
+
+def test_bad_layer_norm_scale_is_not_generated():
+    g = Graph()
+    x = g.add("input", shape=(4, 8), dtype=F32)
+    gamma = g.add("input", shape=(1, 8), dtype=F32)
+    node = g.add("layer_norm", [x.id, gamma.id], {"eps": 1e-5}, shape=(4, 8), dtype=F32)
+    ok, why = supports(node, g)
+    assert not ok and "scale/shift" in why
+
+
+def test_fused_body_mismatch_is_reported():
+    _, node = fused_graph(lambda x: x * 2.0, [((4, 4), F32)])
+    g2 = Graph()
+    other = g2.add("input", shape=(4, 4), dtype=F64)
+    bad = g2.add("fused", [other.id], dict(node.attrs), shape=(4, 4), dtype=F32)
+    ok, why = supports(bad, g2)
+    assert not ok and "body input 0" in why
+
+
+# -- literals and types ----------------------------------------------------------------------
+@pytest.mark.parametrize("value, dtype, text", [
+    (0.1, F32, "0.10000000149011612f"),
+    (0.1, F64, "0.1"),
+    (2, F32, "2.0f"),
+    (np.inf, F32, "__int_as_float(0x7f800000)"),
+    (-np.inf, F64, "(-__longlong_as_double(0x7ff0000000000000LL))"),
+    (np.nan, F16, "__int_as_float(0x7fc00000)"),
+    (1e-5, F16, "1.0013580322265625e-05f"),
+    (-(2**31), I32, "(-2147483647 - 1)"),
+    (-(2**63), I64, "(-9223372036854775807LL - 1)"),
+    (7, I64, "7LL"),
+    (True, BOOL, "true"),
+])
+def test_literals_are_exact(value, dtype, text):
+    assert ct.literal(np.asarray(value, dtype=dtype)) == text
+
+
+def test_float_literals_round_trip_through_the_c_parser_value():
+    rng = np.random.default_rng()
+    for v in rng.standard_normal(200).astype(np.float32) * 1e3:
+        lit = ct.literal(np.asarray(v))
+        assert np.float32(float(lit.rstrip("f"))) == v
+
+
+def test_conversions_follow_numpy_casts():
+    assert ct.convert("a", F16, F32) == "a"
+    assert ct.convert("a", F32, F16) == "pyc_round_f16(static_cast<float>(a))"
+    assert ct.convert("a", F64, F16) == "pyc_round_f16(static_cast<double>(a))"
+    assert ct.convert("a", F32, I32) == "static_cast<int>(a)"
+    assert ct.convert("a", I32, F64) == "static_cast<double>(a)"
+    assert ct.storage_type(F16) == "pyc_f16" and ct.compute_type(F16) == "float"
+    with pytest.raises(TypeError, match="uint8"):
+        ct.storage_type(np.uint8)
+
+
+# -- the executable builds on the CPU ------------------------------------------------------
+def test_executable_lists_its_kernels_without_a_device():
+    g = Graph(name="block")
+    x = g.add("input", shape=(8, 64), dtype=F32)
+    w = g.add("input", shape=(64, 32), dtype=F32)
+    b = g.add("input", shape=(32,), dtype=F32)
+    mm = g.add("matmul", [x.id, w.id, b.id], {"activation": "relu"})
+    body, _ = trace(lambda h: h * 2.0 + 1.0, [np.zeros((8, 32), F32)])
+    fz = g.add("fused", [mm.id], {"body": body, "ops": ("multiply", "add"),
+                                  "name": "fused_0"})
+    sm = g.add("softmax", [fz.id], {"axis": -1})
+    s0 = g.add("sum", [sm.id], {"axis": (0,), "keepdims": False})
+    g.outputs = [sm.id, s0.id]
+    impl = {mm.id: "cublas", fz.id: "fused_kernel", sm.id: "reduction_kernel",
+            s0.id: "reduction_kernel"}
+    exe = CupyExecutable(g, impl)
+    ks = exe.kernels
+    assert [k["impl"] for k in ks] == ["cublas", "fused_kernel", "reduction_kernel",
+                                       "reduction_kernel"]
+    assert ks[0]["kind"] == "cublas" and "relu" in ks[0]["source"]
+    assert ks[1]["name"] == "fused_0" and "fused_0_vec" in ks[1]["source"]
+    assert ks[2]["kind"] == "rows"
+    # sum over axis 0 is not generated: it falls back to CuPy with the reason
+    assert ks[3]["kind"] == "cupy" and "only the last axis" in ks[3]["notes"]
+    for k in ks:
+        assert set(k) >= {"name", "kind", "ops", "impl", "source"}
+
+
+def _chain_graph():
+    """x -> fa (x + 1) -> fb (a * 2) -> softmax -> fc (s - x): fb may overwrite a."""
+    m = 16
+    g = Graph(name="chain")
+    x = g.add("input", shape=(m, 64), dtype=F32)
+    body_a, _ = trace(lambda v: v + 1.0, [np.zeros((m, 64), F32)])
+    a = g.add("fused", [x.id], {"body": body_a, "ops": ("add",), "name": "fa"})
+    body_b, _ = trace(lambda v: v * 2.0, [np.zeros((m, 64), F32)])
+    b = g.add("fused", [a.id], {"body": body_b, "ops": ("multiply",), "name": "fb"})
+    s = g.add("softmax", [b.id], {"axis": -1})
+    body_c, _ = trace(lambda u, v: u - v, [np.zeros((m, 64), F32)] * 2)
+    c = g.add("fused", [s.id, x.id], {"body": body_c, "ops": ("subtract",), "name": "fc"})
+    g.outputs = [c.id]
+    g.verify()
+    impl = {a.id: "fused_kernel", b.id: "fused_kernel", s.id: "reduction_kernel",
+            c.id: "fused_kernel"}
+    return g, impl, (a, b, s, c)
+
+
+class _Plan:
+    def __init__(self, buffer_of, nbytes, inplace=()):
+        self.buffer_of = buffer_of
+        self.buffer_bytes = [nbytes] * (max(buffer_of.values()) + 1)
+        self.aliases = {}
+        self.inplace = list(inplace)
+
+
+def test_recorded_inplace_write_gets_a_non_restrict_kernel():
+    g, impl, (a, b, s, c) = _chain_graph()
+    plan = _Plan({a.id: 0, b.id: 0, s.id: 1, c.id: 2}, a.nbytes, [(b.id, a.id)])
+    exe = CupyExecutable(g, impl, plan)
+    by_name = {k["name"]: k for k in exe.kernels}
+    assert "in place" in by_name["fb"]["implementation"]
+    assert "__restrict__" not in by_name["fb"]["source"]
+    assert "__restrict__" in by_name["fa"]["source"]
+    steps = {st.node.id: st for st in exe._steps}
+    assert steps[b.id].out_buffer == 0 and steps[a.id].out_buffer == 0
+    # the output is written to a fresh array every call (returned without a copy)
+    assert steps[c.id].out_buffer is None and exe._copy_outputs == [False]
+
+
+def test_unrecorded_write_into_an_input_buffer_gets_a_fresh_array(caplog):
+    g, impl, (a, b, s, c) = _chain_graph()
+    plan = _Plan({a.id: 0, b.id: 0, s.id: 1, c.id: 2}, a.nbytes)  # no in-place record
+    with caplog.at_level("WARNING"):
+        exe = CupyExecutable(g, impl, plan)
+    assert "writing a fresh array" in caplog.text
+    fb = next(st for st in exe._steps if st.node.id == b.id)
+    assert fb.out_buffer is None
+    # softmax may not write the buffer it reads either: rows kernels are never in place
+    plan = _Plan({a.id: 0, b.id: 1, s.id: 1, c.id: 2}, a.nbytes, [(s.id, b.id)])
+    exe = CupyExecutable(g, impl, plan)
+    sm = next(st for st in exe._steps if st.node.id == s.id)
+    assert sm.out_buffer is None
+
+
+def test_views_of_planned_buffers_are_materialised():
+    g = Graph(name="views")
+    x = g.add("input", shape=(8, 8), dtype=F32)
+    body, _ = trace(lambda v: v + 1.0, [np.zeros((8, 8), F32)])
+    a = g.add("fused", [x.id], {"body": body, "ops": ("add",), "name": "fa"})
+    t = g.add("transpose", [a.id], {"axes": (1, 0)})
+    xt = g.add("transpose", [x.id], {"axes": (1, 0)})
+    body_c, _ = trace(lambda u, v: u - v, [np.zeros((8, 8), F32)] * 2)
+    c = g.add("fused", [t.id, xt.id], {"body": body_c, "ops": ("subtract",), "name": "fc"})
+    g.outputs = [c.id]
+    plan = _Plan({a.id: 0, t.id: 1, xt.id: 0, c.id: 2}, a.nbytes)
+    exe = CupyExecutable(g, {a.id: "fused_kernel", t.id: "cupy", xt.id: "cupy",
+                             c.id: "fused_kernel"}, plan)
+    steps = {st.node.id: st for st in exe._steps}
+    assert steps[t.id].materialize == "buffer"  # a view of buffer 0 -> copied to buffer 1
+    assert steps[xt.id].materialize is None  # a view of the input: nothing to protect
