@@ -99,8 +99,9 @@ def _reference_dtype(op: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> n
 
 # -- elementwise ---------------------------------------------------------------------------
 def _gelu(xp: Any, x: Any) -> Any:
-    c = np.asarray(math.sqrt(2.0 / math.pi), dtype=x.dtype)
-    return 0.5 * x * (1 + xp.tanh(c * (x + np.asarray(0.044715, dtype=x.dtype) * x * x * x)))
+    # Constants as NumPy scalars of x's dtype: CuPy takes those, not 0-d NumPy arrays.
+    c, k = x.dtype.type(math.sqrt(2.0 / math.pi)), x.dtype.type(0.044715)
+    return 0.5 * x * (1 + xp.tanh(c * (x + k * x * x * x)))
 
 
 def _sigmoid(xp: Any, x: Any) -> Any:
@@ -109,7 +110,7 @@ def _sigmoid(xp: Any, x: Any) -> Any:
 
 #: Activations usable as GEMM epilogues, with their references.
 ACTIVATIONS: dict[str, Callable[[Any, Any], Any]] = {
-    "relu": lambda xp, x: xp.maximum(x, np.asarray(0, dtype=x.dtype)),
+    "relu": lambda xp, x: xp.maximum(x, x.dtype.type(0)),
     "gelu": _gelu,
     "sigmoid": _sigmoid,
     "silu": lambda xp, x: x * _sigmoid(xp, x),
@@ -290,7 +291,7 @@ def _layer_norm_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -
     x = x.astype(_float_of(x.dtype)) if x.dtype.kind != "f" else x
     mean = xp.mean(x, axis=-1, keepdims=True)
     var = xp.mean((x - mean) * (x - mean), axis=-1, keepdims=True)
-    y = (x - mean) / xp.sqrt(var + np.asarray(attrs.get("eps", 1e-5), dtype=x.dtype))
+    y = (x - mean) / xp.sqrt(var + x.dtype.type(attrs.get("eps", 1e-5)))
     if len(args) >= 2:
         y = y * args[1]
     if len(args) == 3:
