@@ -214,6 +214,9 @@ def _operand_dtypes(n: Node, body: Graph) -> list[np.dtype | None]:
     return [n.dtype] * len(ins)
 
 
+_FLOAT_LITERAL = re.compile(r"(?<![\w.{])(\d+\.\d+(?:[eE][+-]?\d+)?)(?![\w.])")
+
+
 def _result(expr: str, dtype: np.dtype) -> str:
     """The value of an op's C expression as a ``dtype`` result (float16: rounded)."""
     if dtype.name == "float16":
@@ -248,6 +251,11 @@ def _device_function(fname: str, body: Graph, out_dtype: np.dtype) -> tuple[str,
                 operands.append(var[i] if target is None
                                 else ct.convert(var[i], src.dtype, target))
             template = _template(n)
+            if ctype == "float":
+                # The registry's templates write constants as C doubles (0.5); in float
+                # arithmetic they must be float literals (0.5f), or the whole expression —
+                # tanh included — is evaluated in slow double precision.
+                template = _FLOAT_LITERAL.sub(r"\1f", template)
             if "pyc_ipow" in template:
                 needs.add("ipow")
             if "pyc_abs" in template:
