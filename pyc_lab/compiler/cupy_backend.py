@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,10 @@ if TYPE_CHECKING:
 __all__ = ["IMPLS", "CupyExecutable"]
 
 log = logging.getLogger(__name__)
+
+#: Whether a matmul writes its product straight into its planned buffer (``out=``) or
+#: lets cuBLAS allocate it; PYC_LAB_MATMUL_OUT=0 turns the first off (an experiment knob).
+_MATMUL_INTO_PLAN = os.environ.get("PYC_LAB_MATMUL_OUT", "1") != "0"
 
 #: Implementations the executable understands (``source`` for inputs and constants;
 #: ``cutlass`` runs as ``cublas`` here; ``numpy``/``view`` as ``cupy``).
@@ -189,7 +194,8 @@ class _MatmulStep(_Step):
             a = a.swapaxes(-1, -2)
         if node.attrs.get("transpose_b") and b.ndim >= 2:
             b = b.swapaxes(-1, -2)
-        planned = self.out_buffer is not None and self.product_dtype == node.dtype
+        planned = self.out_buffer is not None and self.product_dtype == node.dtype \
+            and _MATMUL_INTO_PLAN
         if planned:
             product = cp.matmul(a, b, out=exe._buffer_view(self.out_buffer, node))
         else:
