@@ -1,5 +1,45 @@
-"""GPU kernels and their autotuner (CUTLASS GEMM/conv, attention, tuning database).
+"""GPU kernels and their autotuner.
 
-Not built yet: this package is reserved for the autotuner issue. It is laid out now so
-that the data flow runtime -> kernels -> compiler is fixed from the start.
+Built so far (the autotuner issue's CPU-side foundations):
+
+- :mod:`.cache` — a content-addressed on-disk cache of built kernels, verified by SHA-256
+  before use, exportable to one file;
+- :mod:`.strategies` — search strategies (exhaustive, random, successive halving,
+  evolutionary) with budgets, restrictions, observers and failure isolation;
+- :mod:`.tuning_db` — the SQLite (WAL) tuning database: every measured candidate and the
+  winner per device and problem, exact and nearest-bucket lookup, JSON/CSV export.
+
+Not built yet: the CUTLASS kernels themselves, the candidate space, measurement,
+``pyc_lab.matmul`` and the tuning widgets.
 """
+
+from .cache import CacheEntry, KernelCache, KernelCacheWarning, cache_key
+from .strategies import STRATEGIES, Budget, Outcome, SearchSpace, get_strategy
+from .tuning_db import (
+    DeviceKey,
+    LookupResult,
+    Measurement,
+    ProblemKey,
+    TuningDB,
+    TuningDBError,
+    TuningDBWarning,
+)
+
+__all__ = [
+    "STRATEGIES",
+    "Budget",
+    "CacheEntry",
+    "DeviceKey",
+    "KernelCache",
+    "KernelCacheWarning",
+    "LookupResult",
+    "Measurement",
+    "Outcome",
+    "ProblemKey",
+    "SearchSpace",
+    "TuningDB",
+    "TuningDBError",
+    "TuningDBWarning",
+    "cache_key",
+    "get_strategy",
+]
