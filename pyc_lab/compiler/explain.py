@@ -6,6 +6,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime.bandwidth import format_bytes
 from .ir import Graph
 from .ops import REGISTRY
 from .policy import REASONS
@@ -79,8 +80,8 @@ class Explanation:
             f"kernels: {len(self.kernels)}"
             + "".join(f"\n  {k['name']}: {', '.join(k['ops'])} [{k.get('implementation', '')}]"
                       for k in self.kernels),
-            f"memory: peak {_fmt_bytes(self.peak_bytes)} vs naive "
-            f"{_fmt_bytes(self.naive_bytes)} of intermediates",
+            f"memory: peak {format_bytes(self.peak_bytes)} vs naive "
+            f"{format_bytes(self.naive_bytes)} of intermediates",
             f"graph breaks: {len(self.graph_breaks)}"
             + "".join(f"\n  {b['node']} {b['op']}: {b['reason']}" for b in self.graph_breaks),
         ]
@@ -107,13 +108,6 @@ class Explanation:
 
 def _num(graph: Graph) -> dict[int, int]:
     return {nid: k for k, nid in enumerate(graph.nodes)}
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def graph_svg(graph: Graph, *, width: int = 760) -> str:
