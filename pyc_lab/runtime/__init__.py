@@ -8,17 +8,23 @@ falls back to the CPU, where the docstring says so) when it is missing.
 from .bandwidth import probe_bandwidth
 from .profile import GPUInfo, HardwareProfile, HostInfo, LinkInfo, NumaNode, pcie_bandwidth_gbps
 from .topology import detect_hardware, list_snapshots, merge_reports, snapshot_path
+from .trace import CudaEventClock, OverlapReport, Span, Trace, nvtx_range
 
 __all__ = [
+    "CudaEventClock",
     "GPUInfo",
     "HardwareProfile",
     "HostInfo",
     "LinkInfo",
     "NumaNode",
+    "OverlapReport",
+    "Span",
+    "Trace",
     "detect_hardware",
     "list_snapshots",
     "merge_reports",
     "pcie_bandwidth_gbps",
     "probe_bandwidth",
+    "nvtx_range",
     "snapshot_path",
 ]

@@ -4,6 +4,7 @@ Each widget is live (ipywidgets + plotly) in a Jupyter kernel and falls back to 
 HTML and text elsewhere; its ``text/plain`` and ``text/html`` reprs are deterministic.
 """
 
+from .timeline import TimelineWidget, compare
 from .topology import TopologyWidget
 
-__all__ = ["TopologyWidget"]
+__all__ = ["TimelineWidget", "TopologyWidget", "compare"]
