@@ -23,8 +23,8 @@ __all__ = [
     "detect_hardware",
     "list_snapshots",
     "merge_reports",
+    "nvtx_range",
     "pcie_bandwidth_gbps",
     "probe_bandwidth",
-    "nvtx_range",
     "snapshot_path",
 ]
