@@ -17,7 +17,7 @@ import logging
 from . import compiler, runtime
 from .compiler.api import CompiledFunction, compile
 from .errors import DeviceUnavailableError, PycLabError, SnapshotError
-from .runtime import HardwareProfile, detect_hardware, probe_bandwidth
+from .runtime import HardwareProfile, PinnedPool, Pipeline, detect_hardware, probe_bandwidth
 
 __version__ = "0.1.0"
 
@@ -25,6 +25,8 @@ __all__ = [
     "CompiledFunction",
     "DeviceUnavailableError",
     "HardwareProfile",
+    "PinnedPool",
+    "Pipeline",
     "PycLabError",
     "SnapshotError",
     "__version__",

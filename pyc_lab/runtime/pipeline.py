@@ -1,0 +1,668 @@
+"""The conveyor belt: prepare on CPU workers, copy in, compute, copy out, in order.
+
+:class:`Pipeline` keeps ``depth`` items in flight. Each item owns a *slot* (host input
+buffers from a :class:`~pyc_lab.runtime.pinned.PinnedPool`, device input buffers and a
+host output buffer) from the moment its ``prepare`` starts until its result has been
+handed to the caller, so memory stays bounded however slowly the caller consumes.
+
+Stages and their lanes (what a :class:`~pyc_lab.runtime.trace.Trace` shows):
+
+========  ====================  ==================================================
+stage     lane                  GPU mode (CuPy)            / CPU mode (NumPy)
+========  ====================  ==================================================
+prepare   ``cpu-worker-<k>``    ``prepare(item)`` on a :class:`Dispatcher` thread,
+                                copied into the slot's host (pinned) buffers
+h2d       ``stream h2d``        async copy on a copy stream / copy host -> host
+compute   ``stream compute``    ``compute(arrays, stream)`` on a compute stream
+d2h       ``stream d2h``        async copy into pinned memory on a second copy
+                                stream / copy host -> host
+========  ====================  ==================================================
+
+Each stream lane is one thread that issues its stage and waits for it (CUDA events order
+the streams), so stage times are host ``perf_counter`` seconds in both modes and a stage
+that runs past ``timeout_s`` can be reported.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import inspect
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import PycLabError
+from .dispatcher import Dispatcher
+from .gpu import cupy_status
+from .pinned import PinnedBuffer, PinnedPool
+
+__all__ = ["Pipeline", "PipelineError", "last_pipeline"]
+
+log = logging.getLogger(__name__)
+
+_LAST: Pipeline | None = None
+_STOP = object()
+
+#: How long shutdown waits for a running stage (when no ``timeout_s`` is set) before the
+#: slot it holds is discarded instead of reused.
+CLOSE_GRACE_S = 5.0
+
+
+class PipelineError(PycLabError):
+    """A stage of a :class:`Pipeline` failed, timed out or got inconsistent data.
+
+    Attributes
+    ----------
+    index
+        The item's position in the input (``None`` when no single item is to blame).
+    stage
+        ``"prepare"``, ``"h2d"``, ``"compute"`` or ``"d2h"`` (or ``None``).
+    """
+
+    def __init__(self, message: str, index: int | None = None, stage: str | None = None):
+        super().__init__(message)
+        self.index = index
+        self.stage = stage
+
+
+def last_pipeline() -> Pipeline | None:
+    """The pipeline whose :meth:`Pipeline.run` started most recently (or ``None``)."""
+    return _LAST
+
+
+def _fmt_spec(spec: Sequence[tuple[tuple[int, ...], np.dtype]]) -> str:
+    return ", ".join(f"{dt}{list(shape)}" for shape, dt in spec)
+
+
+class _Lane:
+    """One daemon thread running queued callables in order (a CPU stand-in for a stream)."""
+
+    def __init__(self, name: str, init: Callable[[], None] | None = None) -> None:
+        self.name = name
+        self._q: queue.Queue[Any] = queue.Queue()
+        self._init = init
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        if self._init is not None:
+            try:
+                self._init()
+            except Exception as exc:  # pragma: no cover - GPU setup failure
+                log.error("lane %s: setup failed: %s", self.name, exc)
+        while True:
+            fn = self._q.get()
+            if fn is _STOP:
+                return
+            fn()
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        self._q.put(fn)
+
+    def stop(self) -> None:
+        self._q.put(_STOP)
+
+
+class _Slot:
+    """Buffers one in-flight item owns: host inputs, device inputs, host outputs."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.host: list[PinnedBuffer] = []
+        self.host_views: list[np.ndarray] = []
+        self.dev: list[Any] = []
+        self.out: list[PinnedBuffer] = []
+
+    def buffers(self) -> list[PinnedBuffer]:
+        return [*self.host, *self.out]
+
+
+class _Run:
+    """State of one :meth:`Pipeline.run`: a stale stage of an earlier run never sees a
+    later run's cancel flag, spec, lanes or streams."""
+
+    def __init__(self) -> None:
+        self.cancel = threading.Event()
+        self.spec: list[tuple[tuple[int, ...], np.dtype]] | None = None
+        self.spec_ready = threading.Event()
+        self.lanes: dict[str, _Lane] = {}
+        self.streams: dict[str, Any] = {}
+        self.dispatcher: Dispatcher | None = None
+
+
+class _Job:
+    """State of one item on the belt."""
+
+    def __init__(self, index: int, item: Any, slot: _Slot, run: _Run) -> None:
+        self.run = run
+        self.index = index
+        self.item = item
+        self.slot = slot
+        self.stage = "prepare"
+        self.started: float | None = None  # when the current stage began running
+        self.running = False
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.error_stage: str | None = None
+        self.value: Any = None  # what flows between stages
+        self.result: Any = None
+
+
+class Pipeline:
+    """A bounded conveyor belt: ``prepare`` -> H2D -> ``compute`` -> D2H, results in order.
+
+    Parameters
+    ----------
+    prepare
+        ``prepare(item)`` returns a NumPy array or a tuple of arrays. The first item fixes
+        their shapes and dtypes; each is copied into the item's (pinned) slot buffers.
+    compute
+        ``compute(arrays, stream)`` (or ``compute(arrays)``) gets the device arrays (a
+        single array when ``prepare`` returned one) and returns an array or a tuple of
+        arrays. In CPU mode ``stream`` is ``None``.
+    depth
+        Items in flight at most; also the number of slots.
+    device
+        CUDA device ordinal (GPU mode).
+    workers
+        Prepare threads; default ``min(depth, os.cpu_count())``.
+    h2d
+        Copy prepared data to the device; with ``False`` compute gets the host arrays.
+    d2h
+        Copy results back into pinned memory and yield NumPy arrays; with ``False`` the
+        compute results are yielded as they are (device arrays in GPU mode).
+    mode
+        ``"gpu"``, ``"cpu"`` (threads and NumPy, same semantics and trace stages) or
+        ``"auto"`` (GPU when :func:`~pyc_lab.runtime.gpu.cupy_status` is ok).
+    timeout_s
+        A stage running longer than this stops the belt with a :class:`PipelineError`.
+    trace
+        A :class:`~pyc_lab.runtime.trace.Trace` to record into (a new one by default).
+    pool
+        The :class:`PinnedPool` for slot buffers (a new one by default, closed by
+        :meth:`close`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> with Pipeline(lambda i: np.full(4, i, "f4"), lambda x: x * 2, mode="cpu") as pipe:
+    ...     [float(r[0]) for r in pipe.run(range(3))]
+    [0.0, 2.0, 4.0]
+    """
+
+    def __init__(
+        self,
+        prepare: Callable[[Any], Any],
+        compute: Callable[..., Any],
+        *,
+        depth: int = 3,
+        device: int = 0,
+        workers: int | None = None,
+        h2d: bool = True,
+        d2h: bool = True,
+        mode: str = "auto",
+        timeout_s: float | None = None,
+        trace: Any = None,
+        pool: PinnedPool | None = None,
+    ) -> None:
+        if int(depth) < 1:
+            raise PipelineError(f"depth must be >= 1, got {depth!r}")
+        if mode not in ("auto", "cpu", "gpu"):
+            raise PipelineError(f"mode must be 'auto', 'cpu' or 'gpu', not {mode!r}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise PipelineError(f"timeout_s must be positive or None, got {timeout_s!r}")
+        self.prepare = prepare
+        self.compute = compute
+        self.depth = int(depth)
+        self.device = int(device)
+        self.workers = int(workers) if workers else max(1, min(self.depth, os.cpu_count() or 1))
+        self.h2d = bool(h2d)
+        self.d2h = bool(d2h)
+        self.timeout_s = timeout_s
+        cp, reason = (None, "CPU mode requested") if mode == "cpu" else cupy_status()
+        if mode == "gpu" and cp is None:
+            from .gpu import require_cupy
+
+            require_cupy("Pipeline(mode='gpu')")
+        self._cp = cp
+        self.mode = "gpu" if cp is not None else "cpu"
+        self.mode_reason = (
+            "ok" if cp is not None else reason if mode == "cpu" else f"no GPU: {reason}"
+        )
+        self._own_pool = pool is None
+        self.pool = pool if pool is not None else PinnedPool(
+            device=self.device, mode="auto" if self.mode == "gpu" else "cpu"
+        )
+        if trace is None:
+            try:
+                from .trace import Trace
+
+                trace = Trace()
+            except ImportError:  # pragma: no cover - trace module absent
+                log.debug("pyc_lab.runtime.trace not available; the pipeline is not traced")
+        self._trace = trace
+        self._compute_takes_stream = self._takes_stream(compute)
+        self._lock = threading.Lock()
+        self._signal = threading.Event()
+        self._live: set[int] = set()
+        self.max_live_slots = 0
+        self.dispatcher_metrics: dict[str, Any] | None = None
+        # weak, so that a generator the caller drops (``break``) is closed and cleans up
+        self._gen: weakref.ref[Generator[Any, None, None]] | None = None
+        self._closed = False
+
+    # -- helpers ---------------------------------------------------------------------
+    @staticmethod
+    def _takes_stream(fn: Callable[..., Any]) -> bool:
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            return True
+        positional = [
+            p for p in params
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+        ]
+        return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)
+
+    @staticmethod
+    def _copy_h2d(dst: np.ndarray, src: np.ndarray) -> None:
+        """CPU mode's "host to device" copy (a seam for fault-injection tests)."""
+        np.copyto(dst, src)
+
+    @staticmethod
+    def _copy_d2h(dst: np.ndarray, src: np.ndarray) -> None:
+        """CPU mode's "device to host" copy (a seam for fault-injection tests)."""
+        np.copyto(dst, src)
+
+    @property
+    def trace(self) -> Any:
+        """The :class:`~pyc_lab.runtime.trace.Trace` every stage of every item goes to."""
+        return self._trace
+
+    @property
+    def live_slots(self) -> int:
+        """Slots currently holding an item (never more than ``depth``)."""
+        with self._lock:
+            return len(self._live)
+
+    def _record(self, job: _Job, stage: str, lane: str, start: float, end: float,
+                nbytes: int = 0) -> None:
+        if self._trace is None:
+            return
+        try:
+            self._trace.record(job.index, stage, lane, start, end, nbytes=nbytes,
+                               mode=self.mode)
+        except Exception as exc:  # a tracing bug must not break the belt
+            log.warning("trace.record failed: %s", exc)
+
+    def _begin(self, job: _Job, stage: str) -> float | None:
+        """Mark ``stage`` running; ``None`` when the belt is stopping."""
+        with self._lock:  # _shutdown sets run.cancel under the same lock
+            if job.run.cancel.is_set():
+                job.done.set()
+                self._signal.set()
+                return None
+            job.stage = stage
+            job.started = time.perf_counter()
+            job.running = True
+            return job.started
+
+    def _fail(self, job: _Job, stage: str, exc: BaseException) -> None:
+        job.running = False
+        job.error, job.error_stage = exc, stage
+        job.done.set()
+        self._signal.set()
+
+    def _finish(self, job: _Job) -> None:
+        job.running = False
+        job.done.set()
+        self._signal.set()
+
+    # -- stages (run on worker and lane threads) ------------------------------------------
+    def _stage_prepare(self, job: _Job) -> None:
+        start = self._begin(job, "prepare")
+        if start is None:
+            return
+        try:
+            out = self.prepare(job.item)
+            arrays = [np.asarray(a) for a in (out if isinstance(out, tuple) else (out,))]
+            got = [(a.shape, a.dtype) for a in arrays]
+            if job.index == 0 and job.run.spec is None:
+                job.run.spec = got
+                job.run.spec_ready.set()
+            else:
+                while not job.run.spec_ready.wait(0.05):
+                    if job.run.cancel.is_set():
+                        self._finish(job)
+                        return
+                if job.run.spec is None:  # item 0 failed; the belt is stopping
+                    self._finish(job)
+                    return
+                job.started = time.perf_counter()  # the timeout covers this item's own work
+                if got != job.run.spec:
+                    raise PipelineError(
+                        f"item {job.index}: prepare returned {_fmt_spec(got)}, expected "
+                        f"{_fmt_spec(job.run.spec)} (fixed by item 0); every item must "
+                        "have the same shapes and dtypes",
+                        job.index, "prepare",
+                    )
+            slot = job.slot
+            if not slot.host:
+                for a in arrays:
+                    buf = self.pool.acquire(a.nbytes)
+                    slot.host.append(buf)
+                    slot.host_views.append(buf.array(a.dtype, a.shape))
+            for view, a in zip(slot.host_views, arrays, strict=True):
+                np.copyto(view, a)
+            nbytes = sum(a.nbytes for a in arrays)
+        except BaseException as exc:
+            if job.index == 0 and not job.run.spec_ready.is_set():
+                job.run.spec_ready.set()
+            self._fail(job, "prepare", exc)
+            return
+        name = threading.current_thread().name
+        lane = "cpu-worker-" + name.rsplit("-", 1)[-1]
+        self._record(job, "prepare", lane, start, time.perf_counter(), nbytes)
+        job.running = False
+        if self.h2d:
+            job.run.lanes["h2d"].submit(lambda: self._stage_h2d(job))
+        else:
+            job.value = tuple(job.slot.host_views)
+            job.run.lanes["compute"].submit(lambda: self._stage_compute(job))
+
+    def _stage_h2d(self, job: _Job) -> None:
+        start = self._begin(job, "h2d")
+        if start is None:
+            return
+        slot = job.slot
+        try:
+            cp = self._cp
+            if cp is None:
+                if not slot.dev:
+                    slot.dev = [np.empty_like(v) for v in slot.host_views]
+                for d, h in zip(slot.dev, slot.host_views, strict=True):
+                    self._copy_h2d(d, h)
+            else:  # pragma: no cover - needs a GPU
+                stream = job.run.streams["h2d"]
+                with stream:
+                    if not slot.dev:
+                        slot.dev = [cp.empty(v.shape, v.dtype) for v in slot.host_views]
+                    for d, h in zip(slot.dev, slot.host_views, strict=True):
+                        d.set(h, stream=stream)
+                    stream.record().synchronize()
+            nbytes = sum(v.nbytes for v in slot.host_views)
+        except BaseException as exc:
+            self._fail(job, "h2d", exc)
+            return
+        self._record(job, "h2d", "stream h2d", start, time.perf_counter(), nbytes)
+        job.running = False
+        job.value = tuple(slot.dev)
+        job.run.lanes["compute"].submit(lambda: self._stage_compute(job))
+
+    def _stage_compute(self, job: _Job) -> None:
+        start = self._begin(job, "compute")
+        if start is None:
+            return
+        try:
+            arrays = job.value
+            arg = arrays[0] if len(arrays) == 1 else arrays
+            cp = self._cp
+            if cp is None:
+                out = self.compute(arg, None) if self._compute_takes_stream else self.compute(arg)
+            else:  # pragma: no cover - needs a GPU
+                stream = job.run.streams["compute"]
+                with stream:
+                    out = (
+                        self.compute(arg, stream) if self._compute_takes_stream
+                        else self.compute(arg)
+                    )
+                    stream.record().synchronize()
+        except BaseException as exc:
+            self._fail(job, "compute", exc)
+            return
+        self._record(job, "compute", "stream compute", start, time.perf_counter())
+        job.running = False
+        job.value = out
+        if self.d2h:
+            job.run.lanes["d2h"].submit(lambda: self._stage_d2h(job))
+        else:
+            job.result = out
+            self._finish(job)
+
+    def _stage_d2h(self, job: _Job) -> None:
+        start = self._begin(job, "d2h")
+        if start is None:
+            return
+        slot = job.slot
+        try:
+            out = job.value
+            many = isinstance(out, tuple)
+            outs = list(out) if many else [out]
+            cp = self._cp
+            if cp is None:
+                outs = [np.ascontiguousarray(o) for o in outs]
+            else:  # pragma: no cover - needs a GPU
+                outs = [cp.ascontiguousarray(cp.asarray(o)) for o in outs]
+            views = []
+            for k, o in enumerate(outs):
+                if k < len(slot.out) and slot.out[k].capacity < o.nbytes:
+                    slot.out[k].release()
+                    slot.out[k] = self.pool.acquire(o.nbytes)
+                elif k >= len(slot.out):
+                    slot.out.append(self.pool.acquire(o.nbytes))
+                views.append(slot.out[k].array(o.dtype, o.shape))
+            if cp is None:
+                for v, o in zip(views, outs, strict=True):
+                    self._copy_d2h(v, o)
+            else:  # pragma: no cover - needs a GPU
+                stream = job.run.streams["d2h"]
+                with stream:
+                    for v, o in zip(views, outs, strict=True):
+                        o.get(stream=stream, out=v)
+                    stream.record().synchronize()
+            results = [v.copy() for v in views]
+            nbytes = sum(v.nbytes for v in views)
+        except BaseException as exc:
+            self._fail(job, "d2h", exc)
+            return
+        self._record(job, "d2h", "stream d2h", start, time.perf_counter(), nbytes)
+        job.value = None
+        job.result = tuple(results) if many else results[0]
+        self._finish(job)
+
+    # -- the belt ----------------------------------------------------------------------
+    def _start(self) -> _Run:
+        run = _Run()
+        init = None
+        if self._cp is not None:  # pragma: no cover - needs a GPU
+            cp, dev = self._cp, self.device
+
+            def init() -> None:
+                cp.cuda.Device(dev).use()
+
+            with cp.cuda.Device(dev):
+                run.streams = {
+                    k: cp.cuda.Stream(non_blocking=True) for k in ("h2d", "compute", "d2h")
+                }
+        run.lanes = {k: _Lane(f"pyc-stream-{k}", init) for k in ("h2d", "compute", "d2h")}
+        cpus = self.pool.node_cpus if self.mode == "gpu" else None
+        run.dispatcher = Dispatcher(
+            self.workers, queue_size=self.depth, name="prepare", cpus=cpus
+        )
+        return run
+
+    def run(self, items: Iterable[Any]) -> Generator[Any, None, None]:
+        """Push ``items`` through the belt; yield the compute results in item order.
+
+        Raises
+        ------
+        PipelineError
+            ``"item <i>: <stage> failed: ..."`` (chained from the original exception),
+            ``"item <i>: <stage> timed out ..."``, or a shape/dtype mismatch naming the
+            item. The belt stops first and every slot goes back to the pool.
+        KeyboardInterrupt
+            Re-raised as is, after the same cleanup.
+        """
+        global _LAST
+        if self._closed:
+            raise PipelineError("this Pipeline is closed; create a new one")
+        if self._gen is not None and self._gen() is not None:
+            raise PipelineError("this Pipeline is already running; finish or close that run")
+        _LAST = self
+        gen = self._run(iter(items))
+        self._gen = weakref.ref(gen)
+        return gen
+
+    def _run(self, items: Any) -> Generator[Any, None, None]:
+        self._signal.clear()
+        run = self._start()
+        assert run.dispatcher is not None
+        inflight: collections.deque[_Job] = collections.deque()
+        free = [_Slot(k) for k in range(self.depth)]
+        index = 0
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(inflight) < self.depth:
+                    try:
+                        item = next(items)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    slot = free.pop()
+                    job = _Job(index, item, slot, run)
+                    with self._lock:
+                        self._live.add(slot.index)
+                        self.max_live_slots = max(self.max_live_slots, len(self._live))
+                    inflight.append(job)
+                    run.dispatcher.submit(self._stage_prepare, job)
+                    index += 1
+                if not inflight:
+                    return
+                head = inflight[0]
+                self._wait(head, inflight)
+                inflight.popleft()
+                result, head.result = head.result, None
+                free.append(head.slot)
+                with self._lock:
+                    self._live.discard(head.slot.index)
+                yield result
+        finally:
+            self._shutdown(run, inflight, free)
+            self._gen = None
+
+    def _wait(self, head: _Job, inflight: Sequence[_Job]) -> None:
+        """Block until ``head`` is done; raise on any failure or stage timeout."""
+        while True:
+            failed = [j for j in inflight if j.done.is_set() and j.error is not None]
+            if failed:
+                job = min(failed, key=lambda j: j.index)
+                exc, stage = job.error, job.error_stage
+                assert exc is not None
+                if not isinstance(exc, Exception):
+                    raise exc  # KeyboardInterrupt, SystemExit: as they are
+                if isinstance(exc, PipelineError):
+                    raise exc
+                raise PipelineError(
+                    f"item {job.index}: {stage} failed: {type(exc).__name__}: {exc}",
+                    job.index, stage,
+                ) from exc
+            if head.done.is_set():
+                return
+            wait = 0.25
+            if self.timeout_s is not None:
+                now = time.perf_counter()
+                for j in inflight:
+                    started = j.started
+                    if j.running and started is not None:
+                        left = started + self.timeout_s - now
+                        if left <= 0 and j.running:
+                            raise PipelineError(
+                                f"item {j.index}: {j.stage} timed out after {self.timeout_s} s "
+                                "(timeout_s); the belt was stopped",
+                                j.index, j.stage,
+                            )
+                        wait = min(wait, max(left, 0.001))
+            self._signal.wait(wait)
+            self._signal.clear()
+
+    def _shutdown(self, run: _Run, inflight: Sequence[_Job], free: list[_Slot]) -> None:
+        """Stop the belt: cancel what has not started, wait (bounded) for what runs,
+        give every slot buffer back to the pool (or discard those a hung stage holds)."""
+        with self._lock:  # after this no stage starts; running ones are waited for
+            run.cancel.set()
+        run.spec_ready.set()
+        disp = run.dispatcher
+        if disp is not None:
+            self.dispatcher_metrics = disp.metrics()
+            disp.close(wait=False, cancel_pending=True)
+        for j in inflight:  # jobs whose prepare was cancelled before it started
+            fut_cancelled = not j.running and j.started is None
+            if fut_cancelled:
+                j.done.set()
+        grace = self.timeout_s if self.timeout_s is not None else CLOSE_GRACE_S
+        deadline = time.perf_counter() + grace
+        hung: list[_Job] = []
+        for j in inflight:
+            while j.running and not j.done.is_set():
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                j.done.wait(min(left, 0.05))
+            if j.running and not j.done.is_set():
+                hung.append(j)
+        for lane in run.lanes.values():
+            lane.stop()
+        if disp is not None and not hung:
+            disp.close(wait=True)
+        for j in inflight:
+            if j in hung:
+                log.warning(
+                    "Pipeline: item %s is stuck in %s; its slot buffers are discarded",
+                    j.index, j.stage,
+                )
+                for b in j.slot.buffers():
+                    self.pool.discard(b)
+                j.slot.host, j.slot.host_views, j.slot.out, j.slot.dev = [], [], [], []
+            else:
+                free.append(j.slot)
+            j.result = j.value = j.item = None
+        for s in free:
+            for b in s.buffers():
+                b.release()
+            s.host, s.host_views, s.out, s.dev = [], [], [], []
+        with self._lock:
+            self._live.clear()
+        run.streams = {}
+
+    # -- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop a run in progress (its slots go back to the pool) and free the pool."""
+        gen = self._gen() if self._gen is not None else None
+        if gen is not None:
+            with contextlib.suppress(ValueError):  # "generator already executing"
+                gen.close()
+        self._gen = None
+        if self._own_pool:
+            self.pool.close()
+        self._closed = True
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Pipeline(mode={self.mode!r}, depth={self.depth}, workers={self.workers}, "
+            f"h2d={self.h2d}, d2h={self.d2h})"
+        )

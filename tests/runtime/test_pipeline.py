@@ -1,0 +1,424 @@
+"""Pipeline (CPU mode): order, backpressure, failures in every stage, timeouts, cleanup."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pyc_lab.errors import DeviceUnavailableError, PycLabError
+from pyc_lab.runtime import pipeline as pipeline_mod
+from pyc_lab.runtime.gpu import cupy_status
+from pyc_lab.runtime.pipeline import Pipeline, PipelineError, last_pipeline
+
+HAS_GPU = cupy_status()[0] is not None
+LIMIT_S = 10.0
+
+
+class Recorder:
+    """A stand-in Trace: keeps what ``record`` was given."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, ...]] = []
+        self._lock = threading.Lock()
+
+    def record(self, item: int, stage: str, lane: str, start_s: float, end_s: float,
+               nbytes: int = 0, **meta: Any) -> None:
+        with self._lock:
+            self.rows.append((item, stage, lane, start_s, end_s, nbytes, meta))
+
+
+def drain(pipe: Pipeline, items: Iterable[Any]) -> tuple[list[Any], BaseException | None]:
+    """Consume ``pipe.run(items)`` on a thread; fail the test (not hang) if it sticks."""
+    box: dict[str, Any] = {"out": []}
+
+    def target() -> None:
+        try:
+            for r in pipe.run(items):
+                box["out"].append(r)
+        except BaseException as exc:
+            box["exc"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(LIMIT_S)
+    assert not t.is_alive(), "the pipeline hung"
+    return box["out"], box.get("exc")
+
+
+def prep(i: int) -> np.ndarray:
+    time.sleep(((i * 7919) % 5) * 0.002)  # finish out of order
+    return np.full((8, 4), i, dtype=np.float32)
+
+
+def double(x: np.ndarray, stream: Any) -> np.ndarray:
+    assert stream is None
+    return x * 2
+
+
+def assert_clean(pipe: Pipeline) -> None:
+    s = pipe.pool.stats()
+    assert s["bytes_in_use"] == 0, s
+    assert s["in_use"] == 0, s
+    assert pipe.live_slots == 0
+
+
+def make(prepare: Callable[[Any], Any] = prep, compute: Callable[..., Any] = double,
+         **kw: Any) -> Pipeline:
+    kw.setdefault("depth", 3)
+    kw.setdefault("trace", Recorder())
+    return Pipeline(prepare, compute, mode="cpu", **kw)
+
+
+def test_results_in_order_despite_out_of_order_prepare() -> None:
+    with make(workers=4, depth=4) as pipe:
+        out, exc = drain(pipe, range(30))
+        assert exc is None
+        assert len(out) == 30
+        for i, r in enumerate(out):
+            assert isinstance(r, np.ndarray) and r.dtype == np.float32
+            np.testing.assert_array_equal(r, double(prep(i), None))
+        assert_clean(pipe)
+        assert pipe.mode == "cpu" and pipe.mode_reason == "CPU mode requested"
+        assert last_pipeline() is pipe
+        m = pipe.dispatcher_metrics
+        assert m is not None and m["count"] == 30
+
+
+def test_results_do_not_alias_slot_memory() -> None:
+    with make() as pipe:
+        out = list(pipe.run(range(10)))
+    assert [float(r[0, 0]) for r in out] == [2.0 * i for i in range(10)]
+
+
+def test_tuples_and_one_argument_compute() -> None:
+    def prep2(i: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.full(3, i, np.int64), np.full((2, 2), i, np.float64)
+
+    def comp(arrays: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        a, b = arrays
+        return a + 1, b.sum(keepdims=True)
+
+    with make(prep2, comp) as pipe:
+        out, exc = drain(pipe, range(5))
+    assert exc is None
+    for i, (a, b) in enumerate(out):
+        np.testing.assert_array_equal(a, np.full(3, i + 1))
+        assert b.shape == (1, 1) and b[0, 0] == 4 * i
+
+
+def test_no_h2d_no_d2h() -> None:
+    seen: list[bool] = []
+
+    def comp(x: np.ndarray, stream: Any) -> float:
+        seen.append(isinstance(x, np.ndarray))
+        return float(x.sum())
+
+    rec = Recorder()
+    with make(compute=comp, h2d=False, d2h=False, trace=rec) as pipe:
+        out, exc = drain(pipe, range(4))
+        assert exc is None
+        assert out == [32.0 * i for i in range(4)]
+        assert all(seen)
+        assert {r[1] for r in rec.rows} == {"prepare", "compute"}
+        assert_clean(pipe)
+
+
+def test_trace_has_every_stage_of_every_item() -> None:
+    rec = Recorder()
+    with make(trace=rec, workers=2) as pipe:
+        _out, exc = drain(pipe, range(6))
+        assert exc is None and pipe.trace is rec
+    stages = {(r[0], r[1]) for r in rec.rows}
+    assert stages == {(i, s) for i in range(6) for s in ("prepare", "h2d", "compute", "d2h")}
+    lanes = {r[2] for r in rec.rows}
+    assert {"stream h2d", "stream compute", "stream d2h"} <= lanes
+    assert {lane for lane in lanes if lane.startswith("cpu-worker-")} <= {
+        "cpu-worker-0", "cpu-worker-1"
+    }
+    for item, _stage, _lane, start, end, nbytes, _meta in rec.rows:
+        assert end >= start and nbytes >= 0 and item in range(6)
+    for i in range(6):  # stages of one item run in order
+        t = {r[1]: (r[3], r[4]) for r in rec.rows if r[0] == i}
+        assert t["prepare"][1] <= t["h2d"][0] <= t["h2d"][1] <= t["compute"][0]
+        assert t["compute"][1] <= t["d2h"][0]
+
+
+def test_default_trace_is_a_trace() -> None:
+    pipe = Pipeline(prep, double, mode="cpu")
+    if pipe.trace is None:  # pragma: no cover - trace module not there yet
+        pytest.skip("pyc_lab.runtime.trace not available")
+    assert hasattr(pipe.trace, "record")
+    pipe.close()
+
+
+def test_backpressure_slow_consumer_holds_slots() -> None:
+    depth = 3
+    lock = threading.Lock()
+    state = {"prepared": 0, "consumed": 0, "max_ahead": 0, "max_live": 0}
+    pipe: Pipeline
+
+    def counting_prep(i: int) -> np.ndarray:
+        with lock:
+            state["prepared"] += 1
+            ahead = state["prepared"] - state["consumed"]
+            state["max_ahead"] = max(state["max_ahead"], ahead)
+            state["max_live"] = max(state["max_live"], pipe.live_slots)
+        return np.full(16, i, np.float32)
+
+    pipe = make(counting_prep, depth=depth, workers=3)
+    with pipe:
+        for i, r in enumerate(pipe.run(range(20))):
+            assert r[0] == 2 * i
+            assert pipe.live_slots <= depth
+            time.sleep(0.01)  # slow consumer
+            with lock:
+                state["consumed"] += 1
+        assert state["prepared"] == 20
+        assert state["max_ahead"] <= depth
+        assert state["max_live"] <= depth
+        assert pipe.max_live_slots <= depth
+        assert pipe.pool.stats()["buffers"] <= 2 * depth  # memory stays bounded
+        assert_clean(pipe)
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _failing(stage: str, at: int) -> Pipeline:
+    def p(i: int) -> np.ndarray:
+        if stage == "prepare" and i == at:
+            raise Boom(f"prepare {i}")
+        return np.full(4, i, np.float32)
+
+    def c(x: np.ndarray, stream: Any) -> np.ndarray:
+        if stage == "compute" and int(x[0]) == at:
+            raise Boom(f"compute {int(x[0])}")
+        return x + 1
+
+    pipe = make(p, c, workers=1)
+    calls = {"h2d": 0, "d2h": 0}
+
+    def copy(kind: str) -> Callable[[np.ndarray, np.ndarray], None]:
+        def f(dst: np.ndarray, src: np.ndarray) -> None:
+            if stage == kind and calls[kind] == at:  # workers=1: calls come in item order
+                raise Boom(f"{kind} copy")
+            calls[kind] += 1
+            np.copyto(dst, src)
+        return f
+
+    pipe._copy_h2d = copy("h2d")  # type: ignore[method-assign]
+    pipe._copy_d2h = copy("d2h")  # type: ignore[method-assign]
+    return pipe
+
+
+@pytest.mark.parametrize("stage", ["prepare", "h2d", "compute", "d2h"])
+@pytest.mark.parametrize("at", [0, 2])
+def test_failure_in_each_stage_names_item_and_cleans_up(stage: str, at: int) -> None:
+    with _failing(stage, at) as pipe:
+        out, exc = drain(pipe, range(10))
+        assert isinstance(exc, PipelineError), exc
+        assert isinstance(exc, PycLabError)
+        assert str(exc).startswith(f"item {at}: {stage} failed: Boom")
+        assert exc.index == at and exc.stage == stage
+        assert isinstance(exc.__cause__, Boom)
+        assert len(out) <= at
+        for i, r in enumerate(out):
+            assert r[0] == i + 1
+        assert_clean(pipe)
+        # the pipeline can run again after a failure
+        pipe.compute = lambda x, s: x  # type: ignore[method-assign]
+        pipe._copy_h2d = pipe._copy_d2h = np.copyto  # type: ignore[method-assign]
+        pipe.prepare = lambda i: np.full(4, i, np.float32)
+        out, exc = drain(pipe, range(5))
+        assert exc is None and [r[0] for r in out] == [0, 1, 2, 3, 4]
+        assert_clean(pipe)
+
+
+def test_items_iterator_failure_propagates() -> None:
+    def items() -> Iterable[int]:
+        yield 0
+        yield 1
+        raise ValueError("source broke")
+
+    with make() as pipe:
+        _out, exc = drain(pipe, items())
+        assert isinstance(exc, ValueError)
+        assert_clean(pipe)
+
+
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [
+        (np.zeros((8, 5), np.float32), "float32[8, 5]"),
+        (np.zeros((8, 4), np.float64), "float64[8, 4]"),
+    ],
+)
+def test_wrong_shape_or_dtype_names_the_item(bad: np.ndarray, needle: str) -> None:
+    def p(i: int) -> np.ndarray:
+        return bad if i == 3 else np.zeros((8, 4), np.float32)
+
+    with make(p, workers=2) as pipe:
+        _out, exc = drain(pipe, range(8))
+        assert isinstance(exc, PipelineError)
+        msg = str(exc)
+        assert msg.startswith("item 3: prepare returned")
+        assert needle in msg and "expected float32[8, 4]" in msg
+        assert exc.index == 3 and exc.stage == "prepare"
+        assert_clean(pipe)
+
+
+def test_wrong_shape_is_judged_against_item_0_even_if_later_items_finish_first() -> None:
+    def p(i: int) -> np.ndarray:
+        if i == 0:
+            time.sleep(0.05)
+            return np.zeros(4, np.float32)
+        return np.zeros(5 if i == 1 else 4, np.float32)
+
+    with make(p, workers=3) as pipe:
+        _out, exc = drain(pipe, range(3))
+        assert isinstance(exc, PipelineError) and exc.index == 1
+        assert_clean(pipe)
+
+
+def test_stage_timeout_names_item_and_stage() -> None:
+    release = threading.Event()
+
+    def c(x: np.ndarray, stream: Any) -> np.ndarray:
+        if int(x[0, 0]) == 1:
+            release.wait(5)
+        return x
+
+    try:
+        with make(compute=c, timeout_s=0.5) as pipe:
+            t0 = time.perf_counter()
+            _out, exc = drain(pipe, range(6))
+            assert time.perf_counter() - t0 < 3.0
+            assert isinstance(exc, PipelineError)
+            assert str(exc).startswith("item 1: compute timed out after 0.5 s")
+            assert exc.index == 1 and exc.stage == "compute"
+            s = pipe.pool.stats()
+            assert s["bytes_in_use"] == 0 and s["discarded"] >= 1  # the hung slot is dropped
+            assert pipe.live_slots == 0
+    finally:
+        release.set()
+
+
+def test_break_releases_everything() -> None:
+    prepared: list[int] = []
+
+    def p(i: int) -> np.ndarray:
+        prepared.append(i)
+        return np.full(4, i, np.float32)
+
+    with make(p, depth=3) as pipe:
+        for i, _r in enumerate(pipe.run(range(1000))):
+            if i == 2:
+                break
+        assert_clean(pipe)
+        assert len(prepared) <= 2 + 3 + 1
+
+
+def test_close_during_iteration() -> None:
+    pipe = make()
+    gen = pipe.run(range(100))
+    assert next(gen)[0, 0] == 0
+    pipe.close()
+    assert pipe.pool.stats()["bytes_pinned"] == 0
+    assert pipe.live_slots == 0
+    with pytest.raises(StopIteration):
+        next(gen)
+    with pytest.raises(PipelineError, match="closed"):
+        pipe.run(range(3))
+
+
+def test_second_concurrent_run_refused() -> None:
+    with make() as pipe:
+        gen = pipe.run(range(5))
+        next(gen)
+        with pytest.raises(PipelineError, match="already running"):
+            pipe.run(range(5))
+        gen.close()
+        assert list(r[0, 0] for r in pipe.run(range(2))) == [0, 2]
+
+
+def test_keyboard_interrupt_from_compute_cleans_up_and_reraises() -> None:
+    def c(x: np.ndarray, stream: Any) -> np.ndarray:
+        if int(x[0, 0]) == 2:
+            raise KeyboardInterrupt
+        return x
+
+    with make(compute=c) as pipe:
+        out, exc = drain(pipe, range(10))
+        assert isinstance(exc, KeyboardInterrupt)
+        assert len(out) <= 2
+        assert_clean(pipe)
+
+
+def test_keyboard_interrupt_in_consumer_cleans_up() -> None:
+    with make() as pipe:
+        with pytest.raises(KeyboardInterrupt):
+            for i, _r in enumerate(pipe.run(range(50))):
+                if i == 1:
+                    raise KeyboardInterrupt
+        assert_clean(pipe)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(PipelineError, match="depth"):
+        Pipeline(prep, double, depth=0, mode="cpu")
+    with pytest.raises(PipelineError, match="mode"):
+        Pipeline(prep, double, mode="tpu")
+    with pytest.raises(PipelineError, match="timeout_s"):
+        Pipeline(prep, double, mode="cpu", timeout_s=0)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU behaviour")
+def test_no_gpu_auto_is_cpu_and_gpu_mode_refused() -> None:
+    pipe = Pipeline(prep, double)
+    assert pipe.mode == "cpu" and pipe.mode_reason.startswith("no GPU: ")
+    assert pipe.pool.mode.startswith("numpy")
+    pipe.close()
+    with pytest.raises(DeviceUnavailableError):
+        Pipeline(prep, double, mode="gpu")
+
+
+def test_module_state() -> None:
+    pipe = make()
+    list(pipe.run(range(1)))
+    assert pipeline_mod.last_pipeline() is pipe
+    pipe.close()
+
+
+@pytest.mark.gpu
+def test_gpu_pipeline_matches_numpy() -> None:  # pragma: no cover - needs a GPU
+    def comp(x: Any, stream: Any) -> Any:
+        return x * 2 + 1
+
+    rec = Recorder()
+    with Pipeline(prep, comp, mode="gpu", depth=3, trace=rec) as pipe:
+        out = list(pipe.run(range(12)))
+        assert pipe.pool.pinned
+        assert pipe.pool.stats()["bytes_in_use"] == 0
+    for i, r in enumerate(out):
+        assert isinstance(r, np.ndarray)
+        np.testing.assert_array_equal(r, prep(i) * 2 + 1)
+    assert {r[1] for r in rec.rows} == {"prepare", "h2d", "compute", "d2h"}
+
+
+@pytest.mark.gpu
+def test_gpu_pipeline_compute_failure() -> None:  # pragma: no cover - needs a GPU
+    def comp(x: Any, stream: Any) -> Any:
+        if int(x[0, 0]) == 1:
+            raise Boom("gpu")
+        return x
+
+    with Pipeline(prep, comp, mode="gpu", trace=Recorder()) as pipe:
+        _out, exc = drain(pipe, range(5))
+        assert isinstance(exc, PipelineError) and exc.index == 1
+        assert pipe.pool.stats()["bytes_in_use"] == 0
