@@ -127,6 +127,31 @@ class PycLabMagics(Magics):
             display(_part(explanation, args.show))
         return None
 
+    @magic_arguments()
+    @argument("--chrome", metavar="PATH",
+              help="also write the trace as Chrome trace-event JSON (opens in Perfetto)")
+    @line_magic
+    def pyc_timeline(self, line: str) -> Any:
+        """Show the timeline of the last pyc_lab.Pipeline run: lanes, stages, overlap.
+
+        Example::
+
+            for out in pipe.run(items): ...
+            %pyc_timeline --chrome belt.json
+        """
+        from .runtime.pipeline import last_pipeline
+        from .widgets import TimelineWidget
+
+        args = parse_argstring(self.pyc_timeline, line)
+        pipe = last_pipeline()
+        if pipe is None or not len(pipe.trace):
+            raise UsageError("%pyc_timeline: no pipeline has run yet in this kernel; run "
+                             "pyc_lab.Pipeline(...).run(items) first")
+        if args.chrome:
+            pipe.trace.to_chrome(args.chrome)
+        display(TimelineWidget(pipe.trace))
+        return None
+
 
 def _part(explanation: Any, show: str) -> Any:
     """The piece of an Explanation that ``--show`` asks for."""

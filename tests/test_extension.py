@@ -131,3 +131,23 @@ def test_pyc_compile_magic_needs_a_function(shell):
         result = shell.run_cell("%%pyc_compile\nx = 1\n")
     assert not result.success
     assert "defines no function" in cap.stderr + cap.stdout
+
+
+def test_pyc_timeline_shows_the_last_pipeline(shell, tmp_path):
+    import json
+
+    import numpy as np
+
+    import pyc_lab as pl
+
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with pl.Pipeline(lambda i: np.full((4, 4), float(i)), lambda arrays: arrays[0] * 2, depth=2,
+                     mode="cpu") as pipe:
+        outs = list(pipe.run(range(5)))
+    np.testing.assert_array_equal(outs[3], np.full((4, 4), 6.0))
+    path = tmp_path / "belt.json"
+    with capture_output() as cap:
+        assert shell.run_cell(f"%pyc_timeline --chrome {path}").success
+    assert "compute" in cap.outputs[0].data["text/plain"]
+    events = json.loads(path.read_text())["traceEvents"]
+    assert {e["name"] for e in events if e["ph"] == "X"} >= {"prepare", "compute"}
