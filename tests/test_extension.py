@@ -141,7 +141,7 @@ def test_pyc_timeline_shows_the_last_pipeline(shell, tmp_path):
     import pyc_lab as pl
 
     shell.run_line_magic("load_ext", "pyc_lab")
-    with pl.Pipeline(lambda i: np.full((4, 4), float(i)), lambda arrays: arrays[0] * 2, depth=2,
+    with pl.Pipeline(lambda i: np.full((4, 4), float(i)), lambda a: a * 2, depth=2,
                      mode="cpu") as pipe:
         outs = list(pipe.run(range(5)))
     np.testing.assert_array_equal(outs[3], np.full((4, 4), 6.0))
