@@ -6,6 +6,7 @@ falls back to the CPU, where the docstring says so) when it is missing.
 """
 
 from .bandwidth import probe_bandwidth
+from .belt_tuning import BeltSweep, tune_pipeline
 from .dispatcher import Dispatcher
 from .pinned import PinnedBuffer, PinnedPool, parse_numa_maps, size_class
 from .pipeline import Pipeline, PipelineError, last_pipeline
@@ -14,6 +15,7 @@ from .topology import detect_hardware, list_snapshots, merge_reports, snapshot_p
 from .trace import CudaEventClock, OverlapReport, Span, Trace, nvtx_range
 
 __all__ = [
+    "BeltSweep",
     "CudaEventClock",
     "Dispatcher",
     "GPUInfo",
@@ -38,4 +40,5 @@ __all__ = [
     "probe_bandwidth",
     "size_class",
     "snapshot_path",
+    "tune_pipeline",
 ]
