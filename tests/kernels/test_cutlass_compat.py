@@ -21,8 +21,9 @@ def private_cache(monkeypatch, tmp_path):
     return tmp_path / "cache" / "pyc_lab" / "cutlass"
 
 
-def test_contained_restores_cwd_and_tempdir_even_on_error(private_cache, tmp_path):
-    os.chdir(tmp_path)
+def test_contained_restores_cwd_and_tempdir_even_on_error(private_cache, tmp_path,
+                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
     before = tempfile.tempdir
     with pytest.raises(RuntimeError), cutlass_compat.contained() as where:
         assert os.getcwd() == str(where) == str(private_cache)
