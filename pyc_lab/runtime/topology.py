@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import SnapshotError
+from .profile import _GPU_FIELDS as PROFILE_GPU_FIELDS
 from .profile import GPUInfo, HardwareProfile, HostInfo, LinkInfo, NumaNode
 from .providers.base import Fact, Missing, ProviderReport, normalize_bus_id
 
@@ -27,9 +28,7 @@ __all__ = ["detect_hardware", "list_snapshots", "merge_reports", "snapshot_path"
 
 log = logging.getLogger(__name__)
 
-_GPU_FIELDS = [
-    f.name for f in dataclasses.fields(GPUInfo) if f.name not in ("index", "sources", "fallbacks")
-]
+_GPU_FIELDS = [f for f in PROFILE_GPU_FIELDS if f != "index"]
 _HOST_FIELDS = [
     f.name for f in dataclasses.fields(HostInfo) if f.name not in ("sources", "fallbacks")
 ]

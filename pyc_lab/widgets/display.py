@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-__all__ = ["escape", "frame_html", "has_live_frontend", "require_plotly"]
+__all__ = ["escape", "frame_html", "has_live_frontend", "require_plotly", "view_bundle"]
 
 
 def has_live_frontend() -> bool:
@@ -53,3 +53,17 @@ def frame_html(frame: Any, caption: str | None = None) -> str:
     if caption:
         table = table.replace(">", f"><caption>{escape(caption)}</caption>", 1)
     return table
+
+
+def view_bundle(view: Any, live: bool, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    """The mime bundle of a pyc_lab view (anything with to_text, to_html and widget).
+
+    Live: the ipywidgets view's bundle with the view's own deterministic ``text/plain``;
+    otherwise static ``text/plain`` and ``text/html``.
+    """
+    if live:
+        bundle = view.widget()._repr_mimebundle_(include=include, exclude=exclude)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        data["text/plain"] = view.to_text()
+        return data
+    return {"text/plain": view.to_text(), "text/html": view.to_html()}

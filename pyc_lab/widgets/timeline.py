@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime.trace import OverlapReport, Trace, lane_order, stage_order
-from .display import escape, frame_html, has_live_frontend, require_plotly
+from .display import escape, frame_html, has_live_frontend, require_plotly, view_bundle
 
 __all__ = ["TimelineWidget", "compare", "stage_color"]
 
@@ -124,12 +124,7 @@ class TimelineWidget:
         return w.VBox([go.FigureWidget(self.figure()), w.HTML(self.to_html())])
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        if has_live_frontend():
-            bundle = self.widget()._repr_mimebundle_(include=include, exclude=exclude)
-            data = bundle[0] if isinstance(bundle, tuple) else bundle
-            data["text/plain"] = self.to_text()
-            return data
-        return {"text/plain": self.to_text(), "text/html": self.to_html()}
+        return view_bundle(self, has_live_frontend(), include, exclude)
 
     def __repr__(self) -> str:
         return self.to_text()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..runtime.bandwidth import bandwidth_summary
 from ..runtime.cpulist import format_cpulist
 from ..runtime.profile import LINK_KINDS, HardwareProfile
-from .display import escape, frame_html, has_live_frontend, require_plotly
+from .display import escape, frame_html, has_live_frontend, require_plotly, view_bundle
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -286,12 +286,7 @@ class TopologyWidget:
         return w.VBox([w.HBox([picture, tables]), w.HBox([button, status]), bw_box])
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        if has_live_frontend():
-            bundle = self.widget()._repr_mimebundle_(include=include, exclude=exclude)
-            data = bundle[0] if isinstance(bundle, tuple) else bundle
-            data["text/plain"] = self.to_text()
-            return data
-        return {"text/plain": self.to_text(), "text/html": self.to_html()}
+        return view_bundle(self, has_live_frontend(), include, exclude)
 
     def __repr__(self) -> str:
         return self.to_text()
