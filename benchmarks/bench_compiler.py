@@ -77,16 +77,33 @@ def bench_elementwise(cp) -> dict:
     assert err < 1e-6, f"pyc_lab elementwise chain wrong: rel err {err}"
     src = cp.empty(2 * n, dtype=cp.float32)
     dst = cp.empty_like(src)
-    t_copy = gpu_time(cp, lambda: dst.__setitem__(slice(None), src))
-    copy_tbps = 2 * src.nbytes / t_copy / 1e12
     bytes_moved = 4 * n * 4
+
+    def copy() -> None:  # cudaMemcpyAsync device to device, 2 GiB read + 2 GiB written
+        dst.data.copy_from_device_async(src.data, src.nbytes)
+
+    candidates = {"copy": copy, "pyc_lab": lambda: compiled(a, b, c),
+                  "cupy_eager": lambda: chain(a, b, c), "cupy_fuse": lambda: fused(a, b, c)}
+    # Interleaved rounds: the copy and every candidate are timed side by side in each
+    # round, so clock drift between them does not bias the ratio.
+    per_round: dict[str, list[float]] = {k: [] for k in candidates}
+    for _ in range(7):
+        for name, fn in candidates.items():
+            per_round[name].append(gpu_time(cp, fn, repeats=5, warmup=1))
+    t_copy = statistics.median(per_round["copy"])
+    copy_tbps = 2 * src.nbytes / t_copy / 1e12
     rows = {}
-    for name, fn in (("pyc_lab", lambda: compiled(a, b, c)), ("cupy_eager", lambda: chain(a, b, c)),
-                     ("cupy_fuse", lambda: fused(a, b, c))):
-        t = gpu_time(cp, fn)
+    for name in ("pyc_lab", "cupy_eager", "cupy_fuse"):
+        t = statistics.median(per_round[name])
+        ratios = [bytes_moved / ti / (2 * src.nbytes / tc)
+                  for ti, tc in zip(per_round[name], per_round["copy"], strict=True)]
         rows[name] = {"ms": t * 1e3, "tbps": bytes_moved / t / 1e12,
-                      "pct_of_copy": 100 * bytes_moved / t / 1e12 / copy_tbps}
+                      "pct_of_copy": 100 * statistics.median(ratios),
+                      "pct_of_copy_per_round": [round(100 * r, 1) for r in ratios]}
     return {"n": n, "dtype": "float32", "bytes_moved": bytes_moved, "copy_tbps": copy_tbps,
+            "copy": "cudaMemcpyAsync device to device of 2**29 float32, read + write bytes",
+            "method": "7 interleaved rounds (copy, pyc_lab, eager, fuse), each the median "
+                      "of 5 CUDA-event timings; pct_of_copy is the median per-round ratio",
             "rel_err_vs_f64": err, "results": rows,
             "kernels": [k["name"] for k in compiled.explain().kernels]}
 
@@ -114,11 +131,17 @@ def bench_mlp(cp) -> dict:
     cold_s = time.perf_counter() - t0
     graphed = pl.compile(mlp_np, cuda_graph=True)
     out_g = graphed(*args)
+    tuned = pl.compile(mlp_np, mode="utilization_first")
+    t0 = time.perf_counter()
+    out_u = tuned(*args)
+    cp.cuda.Device().synchronize()
+    tuned_first_s = time.perf_counter() - t0
     ref = mlp_np(*(cp.asnumpy(v).astype(np.float32) for v in args))
     err = rel_err(cp.asnumpy(out), ref)
     err_g = rel_err(cp.asnumpy(graphed(*args)), ref)
-    assert err < 1e-2 and err_g < 1e-2, (err, err_g)
-    del out_g
+    err_u = rel_err(cp.asnumpy(out_u), ref)
+    assert err < 1e-2 and err_g < 1e-2 and err_u < 1e-2, (err, err_g, err_u)
+    del out_g, out_u
 
     tx = [torch.as_tensor(v, device="cuda") for v in args]
 
@@ -149,13 +172,16 @@ def bench_mlp(cp) -> dict:
     rows = {}
     for name, fn in (("pyc_lab", lambda: plain(*args)),
                      ("pyc_lab_cuda_graph", lambda: graphed(*args)),
+                     ("pyc_lab_utilization_first", lambda: tuned(*args)),
                      ("torch_eager", lambda: torch_mlp(*tx)),
                      ("torch_compile", lambda: compiled_torch(*tx))):
         t = gpu_time(cp, fn, repeats=30, warmup=5)
         rows[name] = {"ms": t * 1e3, "tflops": flops / t / 1e12}
     return {"shape": [m, d, h], "dtype": "float16", "activation": "gelu (tanh)",
-            "rel_err_vs_f32": {"pyc_lab": err, "pyc_lab_cuda_graph": err_g, "torch": err_t},
+            "rel_err_vs_f32": {"pyc_lab": err, "pyc_lab_cuda_graph": err_g,
+                               "pyc_lab_utilization_first": err_u, "torch": err_t},
             "results": rows, "gemm_only": gemm_rows, "pyc_lab_cold_first_call_s": cold_s,
+            "pyc_lab_utilization_first_first_call_s": tuned_first_s,
             "torch_compile_first_call_s": torch_compile_first_s,
             "kernels": [{k: v for k, v in kern.items() if k != "source"}
                         for kern in plain.explain().kernels]}
@@ -199,36 +225,58 @@ def bench_norms(cp) -> dict:
             "results": out}
 
 
-def bench_dispatch(cp) -> dict:
-    x = cp.random.default_rng().standard_normal(1024, dtype=cp.float32)
-    small = pl.compile(lambda x: np.tanh(x) * 2.0 + 1.0)
-    small_g = pl.compile(lambda x: np.tanh(x) * 2.0 + 1.0, cuda_graph=True)
-    rows = {}
-    for name, fn in (("pyc_lab", small), ("pyc_lab_cuda_graph", small_g)):
-        for _ in range(20):
-            fn(x)
-        cp.cuda.Device().synchronize()
-        times = []
-        for _ in range(7):
-            t0 = time.perf_counter()
-            for _ in range(200):
-                fn(x)
-            times.append((time.perf_counter() - t0) / 200)
-            cp.cuda.Device().synchronize()
-        rows[name] = {"host_us_per_call": statistics.median(times) * 1e6}
-    raw = cp.ElementwiseKernel("float32 x", "float32 y", "y = tanh(x) * 2.0f + 1.0f", "raw_k")
-    raw(x)
+def _host_us(cp, fn: Callable[[], object], calls: int = 200, rounds: int = 7) -> float:
+    """Median host microseconds per call of ``fn`` (not synchronised inside a round)."""
+    for _ in range(20):
+        fn()
+    cp.cuda.Device().synchronize()
     times = []
-    for _ in range(7):
+    for _ in range(rounds):
         t0 = time.perf_counter()
-        for _ in range(200):
-            raw(x)
-        times.append((time.perf_counter() - t0) / 200)
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
         cp.cuda.Device().synchronize()
-    rows["cupy_elementwise_kernel_baseline"] = {"host_us_per_call": statistics.median(times)
-                                                * 1e6}
+    return statistics.median(times) * 1e6
+
+
+def small_block(x, g, b):
+    """Five kernels on a (64, 256) float32 block: softmax, fused, layer norm, fused, sum."""
+    h = pl.compiler.softmax(x * 2.0, axis=-1) + x
+    h = pl.compiler.layer_norm(h, g, b)
+    return np.sum(np.tanh(h) * h, axis=-1)
+
+
+def bench_dispatch(cp) -> dict:
+    rng = cp.random.default_rng()
+    x = rng.standard_normal(1024, dtype=cp.float32)
+    rows: dict[str, dict] = {}
+    for name, cuda_graph in (("pyc_lab", False), ("pyc_lab_cuda_graph", True)):
+        fn = pl.compile(lambda x: np.tanh(x) * 2.0 + 1.0, cuda_graph=cuda_graph)
+        rows[name] = {"host_us_per_call": _host_us(cp, lambda fn=fn: fn(x))}
+    raw = cp.ElementwiseKernel("float32 x", "float32 y", "y = tanh(x) * 2.0f + 1.0f", "raw_k")
+    rows["cupy_elementwise_kernel_baseline"] = {"host_us_per_call": _host_us(cp,
+                                                                            lambda: raw(x))}
+    xb = rng.standard_normal((64, 256), dtype=cp.float32)
+    gb, bb = (rng.standard_normal(256, dtype=cp.float32) for _ in range(2))
+    block = {}
+    for name, cuda_graph in (("pyc_lab", False), ("pyc_lab_cuda_graph", True)):
+        fn = pl.compile(small_block, cuda_graph=cuda_graph)
+        ref = small_block(*(cp.asnumpy(v).astype(np.float64) for v in (xb, gb, bb)))
+        err = rel_err(cp.asnumpy(fn(xb, gb, bb)), ref)
+        assert err < 1e-4, (name, err)
+        block[name] = {"host_us_per_call": _host_us(cp, lambda fn=fn: fn(xb, gb, bb)),
+                       "gpu_us_per_call": gpu_time(cp, lambda fn=fn: fn(xb, gb, bb),
+                                                   repeats=50) * 1e6,
+                       "kernels": len(fn.explain().kernels)}
+    block["cupy_eager"] = {
+        "host_us_per_call": _host_us(cp, lambda: small_block(xb, gb, bb), calls=50),
+        "gpu_us_per_call": gpu_time(cp, lambda: small_block(xb, gb, bb), repeats=50) * 1e6}
     return {"what": "host time per call of a 1024-element tanh*2+1, median of 7 x 200 calls",
-            "results": rows}
+            "results": rows,
+            "block": {"what": "softmax, layer norm, elementwise and a sum on (64, 256) "
+                              "float32: host and GPU time per call",
+                      "results": block}}
 
 
 def main() -> None:

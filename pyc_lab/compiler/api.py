@@ -135,13 +135,19 @@ class CompiledFunction:
         self.mode = mode
         self.cuda_graph = cuda_graph
         self.passes = passes
-        self._params = list(inspect.signature(fn).parameters)
+        self._sig = inspect.signature(fn)
+        self._params = list(self._sig.parameters)
+        # plain positional parameters: a call with exactly that many positional arguments
+        # needs no Signature.bind (the per-call fast path)
+        self._plain = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                          for p in self._sig.parameters.values())
         self.signature = {k: _parse_spec(k, v) for k, v in (signature or {}).items()}
         unknown = set(self.signature) - set(self._params)
         if unknown:
             raise PycLabError(f"signature names {sorted(unknown)}, which {fn.__name__} does "
                               f"not take; its parameters are {self._params}")
         self._cache: dict[tuple, Artifact] = {}
+        self._seen: dict[tuple, Artifact] = {}  # call key (array modules + spec) -> artifact
         self._last: Artifact | None = None
         self.stats = {"hits": 0, "misses": 0}
         functools.update_wrapper(self, fn)
@@ -178,22 +184,28 @@ class CompiledFunction:
     def clear_cache(self) -> None:
         """Forget every compiled signature."""
         self._cache.clear()
+        self._seen.clear()
 
     # -- internals -----------------------------------------------------------------------
     def _bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:
         try:
-            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+            bound = self._sig.bind(*args, **kwargs)
         except TypeError as exc:
             raise PycLabError(f"{self.fn.__name__}: {exc}") from None
         bound.apply_defaults()
         return bound
 
     def _artifact(self, args: tuple, kwargs: dict) -> tuple[Artifact, list[Any]]:
-        bound = self._bind(args, kwargs)
+        bound: inspect.BoundArguments | None = None
+        if not kwargs and self._plain and len(args) == len(self._params):
+            named: Any = zip(self._params, args, strict=True)
+        else:
+            bound = self._bind(args, kwargs)
+            named = bound.arguments.items()
         arrays: list[Any] = []
         key_parts: list[Any] = []
         modules = set()
-        for name, value in bound.arguments.items():
+        for name, value in named:
             if is_array(value):
                 self._check_spec(name, value)
                 module = "cupy" if type(value).__module__.startswith("cupy") else "numpy"
@@ -213,8 +225,15 @@ class CompiledFunction:
                 )
             else:
                 key_parts.append((name, "static", _static_key(value)))
+        call_key = tuple(key_parts)
+        art = self._seen.get(call_key)  # modules are in the key: the backend was resolved
+        if art is not None:
+            self.stats["hits"] += 1
+            return art, arrays
+        if bound is None:
+            bound = self._bind(args, kwargs)
         backend = self._resolve_backend(modules, bound)
-        key = (backend, tuple(key_parts))
+        key = (backend, call_key)
         art = self._cache.get(key)
         if art is None:
             self.stats["misses"] += 1
@@ -223,6 +242,7 @@ class CompiledFunction:
             self._last = art
         else:
             self.stats["hits"] += 1
+        self._seen[call_key] = art
         return art, arrays
 
     def _check_spec(self, name: str, value: Any) -> None:
@@ -300,7 +320,8 @@ class CompiledFunction:
 
             decisions = choose(graph, "cupy", self.mode, supports)
             impl = {d.node: d.choice for d in decisions}
-            exe = CupyExecutable(graph, impl, plan, cuda_graph=self.cuda_graph)
+            exe = CupyExecutable(graph, impl, plan, cuda_graph=self.cuda_graph,
+                                 tune_gemms=self.mode == "utilization_first")
             runner = exe
             kernels = exe.kernels
         ms = (time.perf_counter() - t0) * 1e3

@@ -12,6 +12,10 @@ impl                      what runs
                           mean, max, min, var)
 ``cublas`` (``cutlass``)  ``cupy.matmul`` on (transposed) views, then the generated
                           bias/activation epilogue in place on the product
+``cublaslt``              one cuBLASLt GEMM with the bias/activation in its epilogue
+                          (:class:`pyc_lab.kernels.cublaslt.FusedGemm`, nvmath-python),
+                          written into the planned buffer; algorithms measured at the
+                          first call when ``tune_gemms`` (``utilization_first``)
 ``cupy``, ``eager``       the op's reference, ``ops.evaluate(op, cupy, args, attrs)``;
                           shape ops are views
 ========================= ==============================================================
@@ -81,7 +85,8 @@ _MATMUL_INTO_PLAN = os.environ.get("PYC_LAB_MATMUL_OUT", "0") == "1"
 
 #: Implementations the executable understands (``source`` for inputs and constants;
 #: ``cutlass`` runs as ``cublas`` here; ``numpy``/``view`` as ``cupy``).
-IMPLS = ("fused_kernel", "reduction_kernel", "cublas", "cutlass", "cupy", "eager", "source",
+IMPLS = ("fused_kernel", "reduction_kernel", "cublas", "cublaslt", "cutlass", "cupy", "eager",
+         "source",
          "numpy", "view")
 
 #: Ops whose CuPy result is always a new array (never a view of an input).
@@ -158,8 +163,7 @@ class _KernelStep(_Step):
                                                              strict=True)]
         out = self._output(exe, cp)
         if self.src.kind == "rows":
-            _launch_rows(exe, self.kernels[self.src.name], self.src, ins, out)
-            self.last_entry = self.src.name
+            self.last_entry = _launch_rows(exe, self.kernels, self.src, ins, out)
         else:
             self.last_entry = _launch_elementwise(exe, self.kernels, self.src, ins, out)
         values[self.node.id] = out
@@ -248,6 +252,62 @@ class _MatmulStep(_Step):
         return call
 
 
+class _LtStep(_Step):
+    """One cuBLASLt GEMM with the bias/activation inside (nvmath-python)."""
+
+    capturable = False  # a library call between CUDA graphs, like cuBLAS
+
+    def __init__(self, node: Node, impl: str, out_buffer: int | None,
+                 describe: dict[str, Any], autotune: bool) -> None:
+        super().__init__(node, impl, describe)
+        self.out_buffer = out_buffer
+        self.autotune = autotune
+        self.gemm: Any = None
+        self.bias_node: Node | None = None
+
+    def prepare(self, exe: CupyExecutable) -> None:
+        from ..kernels.cublaslt import FusedGemm
+
+        if len(self.node.inputs) == 3:
+            self.bias_node = exe.graph.node(self.node.inputs[2])
+        self.gemm = FusedGemm(self.node.attrs.get("activation"),
+                              has_bias=self.bias_node is not None, autotune=self.autotune)
+
+    def _operands(self, exe: CupyExecutable, values: dict[int, Any]) -> tuple[Any, ...]:
+        node = self.node
+        a, b = values[node.inputs[0]], values[node.inputs[1]]
+        if node.attrs.get("transpose_a"):
+            a = a.swapaxes(-1, -2)
+        if node.attrs.get("transpose_b"):
+            b = b.swapaxes(-1, -2)
+        bias = None
+        if self.bias_node is not None:
+            bias = exe._operand(values[node.inputs[2]], self.bias_node, exe._cp)
+            bias = bias.reshape(bias.shape[-1])
+        out = exe._buffer_view(self.out_buffer, node) if self.out_buffer is not None \
+            else exe._cp.empty(node.shape, dtype=node.dtype)
+        return a, b, out, bias
+
+    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+        a, b, out, bias = self._operands(exe, values)
+        self.gemm(a, b, out, bias)
+        values[self.node.id] = out
+
+    def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
+        a, b, out, bias = self._operands(exe, values)  # views of static arrays
+        values[self.node.id] = out
+        bias_src = values[self.node.inputs[2]] if self.bias_node is not None else None
+
+        def call() -> None:
+            b_now = bias
+            if bias_src is not None and bias_src.data.ptr != bias.data.ptr:
+                # the bias was made contiguous (a copy): refresh it on every call
+                b_now = exe._operand(bias_src, self.bias_node, exe._cp).reshape(-1)
+            self.gemm(a, b, out, b_now)
+
+        return call
+
+
 class _CupyStep(_Step):
     """The op's reference run with CuPy arrays (``cupy`` and ``eager``)."""
 
@@ -303,16 +363,26 @@ def _launch_elementwise(exe: CupyExecutable, kernels: dict[str, Any], src: Kerne
     return src.name
 
 
-def _launch_rows(exe: CupyExecutable, kernel: Any, src: KernelSource, ins: list[Any],
-                 out: Any) -> None:
+def _launch_rows(exe: CupyExecutable, kernels: dict[str, Any], src: KernelSource,
+                 ins: list[Any], out: Any) -> str | None:
+    """Launch a row kernel: the vectorised entry when every vector pointer is aligned;
+    the name of the kernel launched (None: no rows)."""
     launch = src.launch
     rows = launch["rows"]
     if rows == 0:
-        return
+        return None
     block = launch["block"]
     cap = exe._sm_count * max(1, 2048 // block)
     grid = max(1, min(_cdiv(rows, launch["rows_per_block"]), cap))
-    kernel((grid,), (block,), (*ins, out))
+    entry = src.name
+    vec_kernel = launch.get("vec_kernel")
+    if vec_kernel:
+        arrays = {"out": out, **{f"in{k}": a for k, a in enumerate(ins)}}
+        if all(_pointer_ok(arrays[key], nbytes)
+               for key, nbytes in launch["align_bytes"].items()):
+            entry = vec_kernel
+    kernels[entry]((grid,), (block,), (*ins, out))
+    return entry
 
 
 class CupyExecutable:
@@ -332,6 +402,9 @@ class CupyExecutable:
     cuda_graph
         Capture the launch list at the second call and replay it from then on (CUDA
         graphs, with cuBLAS calls between them; see the module docstring).
+    tune_gemms
+        cuBLASLt GEMMs measure their candidate algorithms at the first call and keep
+        the fastest (the ``utilization_first`` mode).
 
     Notes
     -----
@@ -339,8 +412,9 @@ class CupyExecutable:
     """
 
     def __init__(self, graph: Graph, impl: dict[int, str], plan: MemoryPlan | None = None,
-                 cuda_graph: bool = False) -> None:
+                 cuda_graph: bool = False, tune_gemms: bool = False) -> None:
         self.graph = graph
+        self.tune_gemms = bool(tune_gemms)
         self.impl = dict(impl)
         self.plan = plan
         self.cuda_graph = bool(cuda_graph)
@@ -350,6 +424,7 @@ class CupyExecutable:
         self._cp: Any = None
         self._sm_count = 0
         self._buffers: list[Any] = []
+        self._views: dict[tuple[int, int], Any] = {}
         self._consts: dict[int, Any] = {}
         self._prepared = False
         self._graph_exec: list[tuple[str, Any]] | None = None
@@ -401,6 +476,10 @@ class CupyExecutable:
             step = None
             if choice in ("fused_kernel", "reduction_kernel"):
                 step = self._kernel_step(node, choice, in_storage, storage)
+            elif choice == "cublaslt":
+                step = self._lt_step(node, in_storage, storage)
+                if step is None:  # the generated-epilogue path instead
+                    step = self._matmul_step(node, "cublas", in_storage, storage)
             elif choice in ("cublas", "cutlass"):
                 step = self._matmul_step(node, choice, in_storage, storage)
             if step is None:
@@ -502,6 +581,40 @@ class CupyExecutable:
                     "notes": epilogue.notes if epilogue else ""}
         return _MatmulStep(node, choice, epilogue, out_buffer, describe)
 
+    def _lt_step(self, node: Node, in_storage: frozenset[Any],
+                 storage: dict[int, frozenset[Any]]) -> _Step | None:
+        from .policy import lt_problem
+
+        why = lt_problem(node, self.graph) if node.op == "matmul" else \
+            f"{node.op} is not a matmul"
+        if why:
+            log.warning("node %%%d (%s): cublaslt not used: %s; cuBLAS and a generated "
+                        "epilogue instead", node.id, node.op, why)
+            self._fallbacks[node.id] = f"cublaslt not used: {why}"
+            return None
+        out_buffer = self._own_buffer(node)
+        if out_buffer is not None and ("buffer", out_buffer) in in_storage:
+            log.warning("node %%%d (matmul): its planned buffer %d holds an operand; writing "
+                        "a fresh array instead", node.id, out_buffer)
+            out_buffer = None
+        storage[node.id] = frozenset({("buffer", out_buffer)}) if out_buffer is not None \
+            else frozenset()
+        act = node.attrs.get("activation")
+        ops = ["matmul"] + (["bias_add"] if len(node.inputs) == 3 else []) + \
+            ([act] if act else [])
+        from ..kernels.cublaslt import EPILOGUES
+
+        epilogue = EPILOGUES[(len(node.inputs) == 3, act)]
+        describe = {"node": node.id, "name": f"matmul_{node.id}_lt", "kind": "cublaslt",
+                    "ops": ops, "impl": "cublaslt",
+                    "implementation": f"cuBLASLt (nvmath-python), epilogue {epilogue}",
+                    "source": "",
+                    "notes": ("out.T = epilogue(b.T @ a.T + bias): the row-major problem "
+                              "as cuBLASLt's column-major one, no copies; algorithm "
+                              + ("measured at the first call" if self.tune_gemms
+                                 else "from the heuristic"))}
+        return _LtStep(node, "cublaslt", out_buffer, describe, self.tune_gemms)
+
     def _cupy_step(self, node: Node, choice: str, in_storage: frozenset[Any],
                    storage: dict[int, frozenset[Any]]) -> _Step:
         kind = REGISTRY[node.op].kind
@@ -566,11 +679,18 @@ class CupyExecutable:
         self._prepared = True
 
     def _buffer_view(self, buf: int, node: Node) -> Any:
+        """``node``'s typed view of planned buffer ``buf`` (made once, then reused: the
+        buffers live as long as the executable)."""
+        view = self._views.get((buf, node.id))
+        if view is not None:
+            return view
         nbytes = node.nbytes
         if nbytes > self._buffers[buf].size:
             raise PycLabError(f"memory plan: buffer {buf} has {self._buffers[buf].size} bytes, "
                               f"node %{node.id} needs {nbytes}")
-        return self._buffers[buf][:nbytes].view(node.dtype).reshape(node.shape)
+        view = self._buffers[buf][:nbytes].view(node.dtype).reshape(node.shape)
+        self._views[(buf, node.id)] = view
+        return view
 
     @staticmethod
     def _operand(value: Any, node: Node, cp: Any) -> Any:
@@ -696,16 +816,28 @@ class CupyExecutable:
     def _replay(self, args: Sequence[Any]) -> list[Any]:
         cp = self._cp
         static_in = self._graph_keep["inputs"]
-        for dst, src in zip(static_in, args, strict=True):
-            cp.copyto(dst, src)
         stream = cp.cuda.get_current_stream()
+        for dst, src in zip(static_in, args, strict=True):
+            if src.flags.c_contiguous:  # one cudaMemcpyAsync, no kernel
+                dst.data.copy_from_device_async(src.data, src.nbytes, stream)
+            else:
+                cp.copyto(dst, src)
         for kind, item in self._graph_exec:
             if kind == "graph":
                 item.launch(stream=stream)
             else:
                 item()
         values = self._graph_keep["values"]
-        return [values[o].copy() for o in self.graph.outputs]
+        outs = []
+        for o in self.graph.outputs:
+            v = values[o]
+            if v.flags.c_contiguous:
+                out = cp.empty(v.shape, dtype=v.dtype)
+                out.data.copy_from_device_async(v.data, v.nbytes, stream)
+            else:
+                out = v.copy()
+            outs.append(out)
+        return outs
 
     @property
     def graph_segments(self) -> int:

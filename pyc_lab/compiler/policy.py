@@ -8,31 +8,34 @@ Candidates, by node kind:
 - softmax, layer norm and last-axis reductions: ``reduction_kernel`` (generated, warp
   shuffles) when the code generator supports the node, else ``cupy``;
 - matmul: a tuned CUTLASS kernel when the tuning database has one for the shape
-  (``cutlass``; the hook is :data:`TUNED_LOOKUP`, filled by the autotuner), else
-  ``cublas`` through ``cupy.matmul``, with any bias/activation epilogue as a generated
-  kernel applied in place;
+  (``cutlass``; the hook is :data:`TUNED_LOOKUP`, filled by the autotuner); else, when
+  the matmul carries a bias and/or relu/gelu epilogue that cuBLASLt can apply inside
+  the GEMM (2-D, float16/float32, nvmath-python installed), ``cublaslt``; else
+  ``cublas`` through ``cupy.matmul``, with any epilogue as a generated kernel applied
+  in place;
 - graph breaks: ``eager`` — the original NumPy function, run as-is;
 - on the numpy backend everything runs its NumPy reference (``numpy``).
 
 Modes: ``memory_first`` plans buffers with in-place reuse (an elementwise kernel may
 overwrite an input that dies with it); ``balanced`` and ``utilization_first`` reuse
-freed buffers but never write in place. Every mode already takes a generated kernel
-wherever the code generator covers a node; ``utilization_first`` does not yet choose
-differently from ``balanced`` (it is where tuned CUTLASS kernels will be preferred once
-the autotuner fills :data:`TUNED_LOOKUP`). ``cuda_graph=True`` replays the launch list
-as CUDA graphs, split around each cuBLAS call, which CuPy cannot capture.
+freed buffers but never write in place. Every mode takes a generated kernel wherever
+the code generator covers a node. ``utilization_first`` spends time at the first call
+to be fastest afterwards: its cuBLASLt GEMMs *measure* cuBLASLt's candidate algorithms
+and keep the fastest (``balanced`` takes the heuristic's first choice). A tuned CUTLASS
+kernel from :data:`TUNED_LOOKUP` wins in every mode. ``cuda_graph=True`` replays the
+launch list as CUDA graphs, split around each cuBLAS/cuBLASLt call, which CuPy cannot
+capture.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from .ir import Graph, Node
 from .ops import REGISTRY
 
-__all__ = ["MODES", "REASONS", "TUNED_LOOKUP", "Decision", "choose"]
+__all__ = ["MODES", "REASONS", "TUNED_LOOKUP", "Decision", "choose", "lt_problem"]
 
 MODES = ("balanced", "memory_first", "utilization_first")
 
@@ -46,6 +49,8 @@ REASONS = {
     "NO_CODEGEN": "the code generator does not cover this case; CuPy runs it",
     "CUTLASS_TUNED": "the tuning database has a tuned CUTLASS kernel for this shape",
     "CUBLAS_DEFAULT": "cuBLAS through cupy.matmul: no tuned kernel for this shape",
+    "CUBLASLT_EPILOGUE": "cuBLASLt applies the bias/activation inside the GEMM "
+                         "(nvmath-python): the product is written once",
     "EPILOGUE_KERNEL": "bias/activation epilogue applied in place by a generated kernel",
     "GRAPH_BREAK": "op not in pyc_lab's registry: runs eagerly as the original call",
 }
@@ -102,7 +107,7 @@ def choose(graph: Graph, backend: str, mode: str = "balanced",
         elif kind == "shape":
             decisions.append(Decision(node.id, label, "cupy", "VIEW"))
         elif kind == "matmul":
-            decisions.append(_matmul(node, graph, supports))
+            decisions.append(_matmul(node, graph, mode))
         else:
             ok, why = supports(node, graph) if supports else (False, "no code generator")
             if ok:
@@ -115,17 +120,42 @@ def choose(graph: Graph, backend: str, mode: str = "balanced",
     return decisions
 
 
-def _matmul(node: Node, graph: Graph, supports: Any) -> Decision:
+def lt_problem(node: Node, graph: Graph) -> str:
+    """Why ``node`` (a matmul) cannot run as one cuBLASLt GEMM with its epilogue, or ``""``."""
+    from ..kernels.cublaslt import why_not
+
+    a, b = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    a_shape, b_shape = tuple(a.shape), tuple(b.shape)
+    if node.attrs.get("transpose_a") and len(a_shape) >= 2:
+        a_shape = a_shape[:-2] + a_shape[-2:][::-1]
+    if node.attrs.get("transpose_b") and len(b_shape) >= 2:
+        b_shape = b_shape[:-2] + b_shape[-2:][::-1]
+    bias = graph.node(node.inputs[2]) if len(node.inputs) == 3 else None
+    return why_not(a_shape, b_shape, a.dtype, b.dtype, node.dtype,
+                   tuple(bias.shape) if bias is not None else None,
+                   bias.dtype if bias is not None else None, node.attrs.get("activation"))
+
+
+def _matmul(node: Node, graph: Graph, mode: str) -> Decision:
     epilogue = []
     if len(node.inputs) == 3:
         epilogue.append("bias")
     if node.attrs.get("activation"):
         epilogue.append(node.attrs["activation"])
+    shape = "x".join(str(d) for d in node.shape)
+    tuned = TUNED_LOOKUP(node) if TUNED_LOOKUP is not None else None
+    why_lt = lt_problem(node, graph) if epilogue and not tuned else ""
+    if epilogue and not tuned and not why_lt:
+        how = ("algorithm measured at the first call (utilization_first)"
+               if mode == "utilization_first" else "the heuristic's first algorithm")
+        return Decision(node.id, node.op, "cublaslt", "CUBLASLT_EPILOGUE",
+                        f"{shape} {node.dtype.name}; {'+'.join(epilogue)} inside the GEMM; "
+                        f"{how}")
     suffix = f"; epilogue {'+'.join(epilogue)} by a generated kernel in place" \
         if epilogue else ""
-    tuned = TUNED_LOOKUP(node) if TUNED_LOOKUP is not None else None
+    if why_lt and why_lt != "no epilogue to fuse":
+        suffix += f" (not cuBLASLt: {why_lt})"
     if tuned:
         return Decision(node.id, node.op, "cutlass", "CUTLASS_TUNED", f"kernel {tuned}{suffix}")
-    shape = "x".join(str(d) for d in node.shape)
     return Decision(node.id, node.op, "cublas", "CUBLAS_DEFAULT",
                     f"{shape} {node.dtype.name}; no tuning database yet{suffix}")

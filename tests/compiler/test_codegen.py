@@ -258,6 +258,13 @@ ROWS = [
     ("min_int64", "min", [((6, 10), I64)], {"axis": (1,), "keepdims": False}),
     ("var_f32", "var", [((12, 3000), F32)], {"axis": (1,), "keepdims": False}),
     ("var_1d_axis_none", "var", [((1000,), F16)], {"axis": None, "keepdims": False}),
+    # vectorised entries (rows a multiple of the vector width, cached in registers)
+    ("softmax_vec_f16_8192", "softmax", [((4, 8192), F16)], {"axis": -1}),
+    ("layer_norm_vec_f16_8192", "layer_norm", [((4, 8192), F16), ((8192,), F16),
+                                               ((8192,), F16)], {"eps": 1e-5}),
+    ("layer_norm_vec_guarded", "layer_norm", [((4, 1000), F32), ((), F32), ((1000,), F32)],
+     {"eps": 1e-5}),
+    ("sum_vec_f32_768", "sum", [((5, 768), F32)], {"axis": (1,), "keepdims": False}),
 ]
 
 
@@ -283,6 +290,42 @@ def test_row_sources_compile(tmp_path, case):
     ptx = compile_ptx(tmp_path, src)
     assert f".entry {src.name}(" in ptx
     assert "shfl.sync.bfly" in ptx
+
+
+@pytest.mark.parametrize(("specs", "op", "vec"), [
+    ([((4, 8192), F16)], "softmax", 8),
+    ([((4, 1024), F32)], "softmax", 4),
+    ([((4, 8192), F16), ((8192,), F32)], "layer_norm", 4),  # the widest array sets it
+    ([((4, 8190), F16)], "softmax", 0),  # 8190 is no multiple of 8
+    ([((4, 20000), F32)], "softmax", 0),  # not cached in registers
+    ([((4, 1000), F64)], "softmax", 0),  # doubles: 32 a thread is too many to cache
+    ([((4, 256), F64)], "softmax", 2),
+])
+def test_row_vector_width(specs, op, vec):
+    attrs = {"axis": -1} if op == "softmax" else {"eps": 1e-5}
+    g, node = op_graph(op, specs, attrs)
+    src = generate(node, g)
+    assert src.launch["vec"] == vec
+    if vec:
+        assert src.entries == (src.name, f"{src.name}_vec")
+        assert src.launch["vec_kernel"] == f"{src.name}_vec"
+        assert src.launch["align_bytes"]["in0"] == vec * np.dtype(specs[0][1]).itemsize
+        assert "out" in src.launch["align_bytes"]
+        assert "pyc_vec<" in src.source
+    else:
+        assert src.entries == (src.name,) and src.launch["vec_kernel"] is None
+
+
+@needs_nvcc
+def test_vectorised_row_kernel_uses_16_byte_loads_and_stores(tmp_path):
+    g, node = op_graph("layer_norm", [((4, 8192), F16), ((8192,), F16), ((8192,), F16)],
+                       {"eps": 1e-5})
+    src = generate(node, g)
+    ptx = compile_ptx(tmp_path, src)
+    vec_part = ptx[ptx.index(f".entry {src.name}_vec("):]
+    assert "ld.global.nc.v4.u32" in vec_part or "ld.global.v4.u32" in vec_part \
+        or "ld.global.nc.v4.b32" in vec_part or "ld.global.v4.b32" in vec_part
+    assert "st.global.v4" in vec_part
 
 
 def test_row_configs():

@@ -368,17 +368,42 @@ def softmax64(x, axis=-1):
 @pytest.mark.parametrize("shape, dtype", [
     ((4, 7), F32), ((33, 1000), F32), ((16, 3000), F16), ((16, 3000), F32),
     ((2, 5000), F32), ((3, 20000), F32), ((3, 20000), F16), ((2, 3, 50), F64), ((5, 1), F32),
-    ((1000,), F64), ((257, 96), F16),
+    ((1000,), F64), ((257, 96), F16), ((6, 8192), F16), ((9, 1000), F32), ((7, 256), F64),
 ])
 def test_softmax(rng, shape, dtype):
     g, node = op_graph("softmax", [(shape, dtype)], {"axis": -1})
     exe = CupyExecutable(g, {node.id: "reduction_kernel"})
     x = rand(rng, shape, dtype, high=8.0)
     (got,) = run(exe, [x])
-    assert exe.launched[node.id] == node.attrs.get("name", f"softmax_{node.id}")
+    src = generate(node, g)  # fresh arrays are aligned: the vectorised entry when there is one
+    assert exe.launched[node.id] == (src.launch["vec_kernel"] or src.name)
     assert_close(got, softmax64(x), dtype)
     np.testing.assert_allclose(got.astype(F64).sum(-1), 1.0,
                                rtol=5e-3 if dtype == F16 else 1e-4)
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm", "sum"])
+def test_misaligned_rows_take_the_scalar_row_kernel(rng, op):
+    rows, cols = 5, 1024
+    specs = [((rows, cols), F16)] + ([((cols,), F16), ((cols,), F16)]
+                                     if op == "layer_norm" else [])
+    attrs = {"softmax": {"axis": -1}, "layer_norm": {"eps": 1e-5},
+             "sum": {"axis": (1,), "keepdims": False}}[op]
+    g, node = op_graph(op, specs, attrs)
+    src = generate(node, g)
+    assert src.launch["vec"] == 8
+    exe = CupyExecutable(g, {node.id: "reduction_kernel"})
+    base = cp.asarray(rand(rng, (rows * cols + 1,), F16))
+    x = base[1:].reshape(rows, cols)  # contiguous, 2 bytes past a 16-byte boundary
+    extras = [cp.asarray(rand(rng, s, d)) for s, d in specs[1:]]
+    poison_pool()
+    (got,) = exe([x, *extras])
+    assert exe.launched[node.id] == src.name
+    (want,) = numpy_ref(g, [cp.asnumpy(x), *(cp.asnumpy(e) for e in extras)])
+    assert_close(cp.asnumpy(got), want, F16)
+    (got2,) = exe([x.copy(), *extras])  # aligned: the vectorised kernel, same answer
+    assert exe.launched[node.id] == src.launch["vec_kernel"]
+    np.testing.assert_array_equal(cp.asnumpy(got2), cp.asnumpy(got))
 
 
 def test_softmax_of_integers_is_float64(rng):

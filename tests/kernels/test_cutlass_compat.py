@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -64,8 +65,11 @@ def test_import_keeps_cutlass_files_out_of_the_working_directory(tmp_path):
         c = sys.modules["cutlass_cppgen.backend.compiler"]  # the package shadows the name
         print(m.__name__, c.CACHE_FILE)
     """)
+    repo = str(Path(__file__).resolve().parents[2])  # importable however pyc_lab is installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)}
     run = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr
     name, cache_file = run.stdout.split()
     assert name == "cutlass_cppgen"

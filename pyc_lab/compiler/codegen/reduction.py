@@ -31,7 +31,7 @@ from . import cuda_types as ct
 from .cuda_types import KernelSource
 from .elementwise import kernel_name
 
-__all__ = ["ROW_OPS", "check_rows", "generate_rows", "row_config"]
+__all__ = ["ROW_OPS", "check_rows", "generate_rows", "row_config", "vector_width"]
 
 #: Ops this module generates.
 ROW_OPS = ("softmax", "layer_norm", "sum", "mean", "max", "min", "var")
@@ -178,22 +178,40 @@ def _store(expr: str, acc_dt: np.dtype, odt: np.dtype) -> str:
 
 
 class _Emitter:
-    """Builds a row kernel's body for one thread-per-row configuration."""
+    """Builds a row kernel's body for one thread-per-row configuration.
 
-    def __init__(self, cols: int, cfg: dict[str, Any], acc: str) -> None:
+    With ``vec`` > 1 (the vectorised entry, cached rows only) each thread owns whole
+    vectors of ``vec`` consecutive columns: vector ``cv = t + j * threads`` of the row,
+    its elements ``k = j * vec + e`` of the cached values, moved by one aligned load or
+    store per vector.
+    """
+
+    def __init__(self, cols: int, cfg: dict[str, Any], acc: str, vec: int = 1) -> None:
         self.cols = cols
         self.cfg = cfg
         self.acc = acc
+        self.vec = vec
+        self.n_vectors = cols // vec if vec > 1 else 0
+        self.per_thread = (-(-self.n_vectors // cfg["threads"]) * vec if vec > 1
+                           else cfg["per_thread"])
 
     def reduce(self, var: str, op: str, identity: str) -> str:
         if self.cfg["mode"] == "warp":
             return f"{var} = pyc_warp_reduce({var}, pyc_{op}_op());"
         return f"{var} = pyc_block_reduce({var}, pyc_{op}_op(), {identity}, smem);"
 
-    def loop(self, body: list[str], indent: str = "        ") -> list[str]:
+    def loop(self, body: list[str], indent: str = "        ",
+             loads: tuple[tuple[str, str, str], ...] = (),
+             store: tuple[str, str, str] | None = None) -> list[str]:
         """Lines running ``body`` for every column ``col`` this thread owns
-        (``k`` indexes the cached values when cached)."""
+        (``k`` indexes the cached values when cached).
+
+        In the vectorised form, ``loads`` are ``(var, pointer, storage type)`` vectors
+        read before the elements (``var.v[e]``) and ``store`` a vector written after them.
+        """
         t = self.cfg["threads"]
+        if self.vec > 1:
+            return self._vector_loop(body, indent, loads, store)
         if self.cfg["cached"]:
             per = self.cfg["per_thread"]
             guard = per * t != self.cols
@@ -212,9 +230,65 @@ class _Emitter:
         return ([f"{indent}for (int col = t; col < {self.cols}; col += {t}) {{"]
                 + [f"{indent}    {b}" for b in body] + [f"{indent}}}"])
 
+    def _vector_loop(self, body: list[str], indent: str,
+                     loads: tuple[tuple[str, str, str], ...],
+                     store: tuple[str, str, str] | None) -> list[str]:
+        t, v = self.cfg["threads"], self.vec
+        nv = self.per_thread // v
+        guard = nv * t != self.n_vectors
+        lines = [f"{indent}#pragma unroll",
+                 f"{indent}for (int j = 0; j < {nv}; ++j) {{",
+                 f"{indent}    const int cv = t + j * {t};  // this vector's index in the row"]
+        inner = indent + "    "
+        if guard:
+            lines.append(f"{inner}if (cv < {self.n_vectors}) {{")
+            inner += "    "
+        for var, ptr, st in loads:
+            lines.append(f"{inner}const pyc_vec<{st}, {v}> {var} = "
+                         f"reinterpret_cast<const pyc_vec<{st}, {v}>*>({ptr})[cv];")
+        if store is not None:
+            lines.append(f"{inner}pyc_vec<{store[2]}, {v}> {store[0]};")
+        lines += [f"{inner}#pragma unroll",
+                  f"{inner}for (int e = 0; e < {v}; ++e) {{",
+                  f"{inner}    const int k = j * {v} + e;"]
+        lines += [f"{inner}    {b}" for b in body]
+        lines.append(f"{inner}}}")
+        if store is not None:
+            var, ptr, st = store
+            lines.append(f"{inner}reinterpret_cast<pyc_vec<{st}, {v}>*>({ptr})[cv] = {var};")
+        if guard:
+            lines.append(f"{indent}    }}")
+        lines.append(f"{indent}}}")
+        return lines
+
+
+def vector_width(node: Node, graph: Graph) -> int:
+    """Elements per aligned vector access of the vectorised row kernel, or 0 if none.
+
+    Vectors move 16 bytes of the widest array; the row length must be a multiple of the
+    width, the row must be cached in registers, and layer norm's scale/shift must be
+    per-column vectors or scalars.
+    """
+    x = graph.node(node.inputs[0])
+    _rows, cols = _rows_cols(tuple(x.shape))
+    acc_dt = _acc_dtype(node, x.dtype)
+    cfg = row_config(cols, acc_dt.itemsize)
+    arrays = [x, node] if node.op in ("softmax", "layer_norm") else [x]
+    arrays += [graph.node(i) for i in node.inputs[1:] if tuple(graph.node(i).shape)]
+    vec = 16 // max(a.dtype.itemsize for a in arrays)
+    if vec < 2 or cols % vec or not cfg["cached"]:
+        return 0
+    per = -(-(cols // vec) // cfg["threads"]) * vec
+    limit = (32 if cfg["mode"] == "warp" else 16) * 4 // max(acc_dt.itemsize, 4)
+    return vec if per <= limit else 0
+
 
 def generate_rows(node: Node, graph: Graph) -> KernelSource:
-    """The CUDA source of a softmax, layer norm or last-axis reduction node."""
+    """The CUDA source of a softmax, layer norm or last-axis reduction node.
+
+    Entries: ``name`` (any alignment) and, when :func:`vector_width` allows it,
+    ``name_vec`` (aligned vector loads and stores; the launcher checks the pointers).
+    """
     why = check_rows(node, graph)
     if why:
         raise ValueError(f"node %{node.id} ({node.op}): {why}")
@@ -225,28 +299,92 @@ def generate_rows(node: Node, graph: Graph) -> KernelSource:
     acc_dt = _acc_dtype(node, xdt)
     acc = ct.compute_type(acc_dt)
     cfg = row_config(cols, acc_dt.itemsize)
-    em = _Emitter(cols, cfg, acc)
     xs, os_ = ct.storage_type(xdt), ct.storage_type(odt)
-    load = ct.convert(ct.from_storage(xdt, "xr[col]"), xdt if xdt.name != "float16"
-                      else np.dtype(np.float32), acc_dt)
-
-    params = [f"const {xs}* __restrict__ x"]
     extras: list[tuple[str, Node]] = []
     if node.op == "layer_norm":
-        for label, i in zip(("gamma", "beta"), node.inputs[1:], strict=False):
-            en = graph.node(i)
-            extras.append((label, en))
-            params.append(f"const {ct.storage_type(en.dtype)}* __restrict__ {label}")
+        extras = [(label, graph.node(i))
+                  for label, i in zip(("gamma", "beta"), node.inputs[1:], strict=False)]
+    params = [f"const {xs}* __restrict__ x"]
+    params += [f"const {ct.storage_type(en.dtype)}* __restrict__ {label}"
+               for label, en in extras]
     params.append(f"{os_}* __restrict__ y")
+    vec = vector_width(node, graph)
+    entries = [(name, 1)] + ([(f"{name}_vec", vec)] if vec else [])
+    kernels = [_row_kernel(entry, v, node, x, extras, cfg, acc_dt, params)
+               for entry, v in entries]
+    ops_text = node.op
+    if node.op in _REDUCTIONS:
+        ops_text = f"{node.op} over the last axis"
+    elif node.op == "layer_norm":
+        ops_text = "layer_norm over the last axis" + (
+            " with " + " and ".join(label for label, _ in extras) if extras else "")
 
-    cached = cfg["cached"]
-    per = cfg["per_thread"]
+    t, block, mode = cfg["threads"], cfg["block"], cfg["mode"]
+    per, cached = cfg["per_thread"], cfg["cached"]
+    extras_text = "".join(f", {label} {en.type_text}" for label, en in extras)
+    header = [
+        f"// pyc_lab generated kernel {name} (rows)",
+        f"// ops: {ops_text}",
+        f"// x {x.type_text}{extras_text} -> y {node.type_text}: {rows} rows of {cols}",
+        f"// one {'warp' if mode == 'warp' else f'block of {block} threads'} per row"
+        + (f" ({cfg['rows_per_block']} rows per block of {block})" if mode == "warp" else "")
+        + f", {per} value(s) per thread"
+        + (", kept in registers" if cached else ", re-read on each pass")
+        + f"; arithmetic in {acc}",
+        f"// {name}: any alignment" + (
+            f"; {name}_vec: {vec} columns per aligned load/store" if vec
+            else "; no vectorised variant"),
+    ]
+    sections = ["\n".join(header) + "\n"]
+    if "float16" in {xdt.name, odt.name, *(en.dtype.name for _, en in extras)}:
+        sections.append(ct.F16_HELPERS)
+    if vec:
+        sections.append(ct.VEC_HELPERS)
+    sections.append(_HELPERS)
+    sections += kernels
+    source = "\n".join(sections)
+    vec_arrays = [("in0", xdt)] + [(f"in{k + 1}", en.dtype) for k, (_, en) in enumerate(extras)
+                                   if tuple(en.shape)]
+    if node.op in ("softmax", "layer_norm"):
+        vec_arrays.append(("out", odt))
+    launch = {"rows": rows, "cols": cols, "block": block, "threads_per_row": t,
+              "rows_per_block": cfg["rows_per_block"], "mode": mode, "cached": cached,
+              "vec": vec, "vec_kernel": f"{name}_vec" if vec else None,
+              "align_bytes": {k: vec * dt.itemsize for k, dt in vec_arrays} if vec else {}}
+    notes = (f"{rows} rows x {cols}: one {'warp' if mode == 'warp' else 'block'} per row, "
+             f"{block} threads per block, "
+             + ("row cached in registers" if cached else "row re-read per pass")
+             + (f"; vectorised by {vec} when aligned" if vec else ""))
+    ops = (node.op,) if node.op != "layer_norm" else tuple(
+        ["layer_norm"] + [label for label, _ in extras])
+    return KernelSource(name=name, kind="rows", source=source, ops=ops, notes=notes,
+                        entries=tuple(e for e, _ in entries), launch=launch)
+
+
+def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[str, Node]],
+                cfg: dict[str, Any], acc_dt: np.dtype, params: list[str]) -> str:
+    """One entry point of a row kernel: scalar (``vec`` 1) or vectorised."""
+    xdt, odt = x.dtype, node.dtype
+    rows, cols = _rows_cols(tuple(x.shape))
+    acc = ct.compute_type(acc_dt)
+    em = _Emitter(cols, cfg, acc, vec)
+    xs, os_ = ct.storage_type(xdt), ct.storage_type(odt)
+    vector = vec > 1
+    x_elem = "xin.v[e]" if vector else "xr[col]"
+    load = ct.convert(ct.from_storage(xdt, x_elem), xdt if xdt.name != "float16"
+                      else np.dtype(np.float32), acc_dt)
+    x_load = (("xin", "xr", xs),)
+    y_store = ("yout", "yr", os_) if vector else None
+    y_elem = "yout.v[e]" if vector else "yr[col]"
+
+    cached = cfg["cached"] or vector
+    per = em.per_thread
     body: list[str] = []
     value = "v[k]" if cached else "xv"
     read = [] if cached else [f"const {acc} xv = {load};"]
     if cached:
         body.append(f"        {acc} v[{per}];")
-        body += em.loop([f"v[k] = {load};"])
+        body += em.loop([f"v[k] = {load};"], loads=x_load if vector else ())
 
     def total(var: str, op: str, identity: str, contribution: str) -> list[str]:
         lines = [f"        {acc} {var} = {identity};"]
@@ -256,8 +394,7 @@ def generate_rows(node: Node, graph: Graph) -> KernelSource:
         return lines
 
     zero = ct.literal(0, acc_dt)
-    ops_text = node.op
-    if node.op in ("sum", "mean", "max", "min", "var"):
+    if node.op in _REDUCTIONS:
         if node.op in ("max", "min"):
             ident = ct.lowest(acc_dt) if node.op == "max" else ct.highest(acc_dt)
             body += total("m", node.op, ident, value)
@@ -277,7 +414,6 @@ def generate_rows(node: Node, graph: Graph) -> KernelSource:
         body += ["        if (t == 0) {",
                  f"            y[row] = {out};",
                  "        }"]
-        ops_text = f"{node.op} over the last axis"
     elif node.op == "softmax":
         ninf = ct.lowest(acc_dt)
         body += total("m", "max", ninf, value)
@@ -289,7 +425,7 @@ def generate_rows(node: Node, graph: Graph) -> KernelSource:
         body.append(f"        {em.reduce('s', 'sum', zero)}")
         res = "v[k] / s" if cached else "exp(xv - m) / s"
         store = _store(res, acc_dt, odt)
-        body += em.loop([*read, f"yr[col] = {store};"])
+        body += em.loop([*read, f"{y_elem} = {store};"], store=y_store)
     else:  # layer_norm
         xf = _float_of(xdt)
         eps = ct.literal(np.asarray(node.attrs.get("eps", 1e-5), dtype=xf), acc_dt)
@@ -304,10 +440,17 @@ def generate_rows(node: Node, graph: Graph) -> KernelSource:
         if xf.name == "float16":
             steps.append("r = pyc_round_f16(r);")
         cur = "r"
+        extra_loads = []
         for label, en in extras:
             nxt = np.result_type(cur_dt, en.dtype)
-            g_index = "col" if tuple(en.shape) else "0"
-            gval = ct.convert(ct.from_storage(en.dtype, f"{label}[{g_index}]"),
+            if not tuple(en.shape):
+                g_elem = f"{label}[0]"
+            elif vector:
+                g_elem = f"{label}_in.v[e]"
+                extra_loads.append((f"{label}_in", label, ct.storage_type(en.dtype)))
+            else:
+                g_elem = f"{label}[col]"
+            gval = ct.convert(ct.from_storage(en.dtype, g_elem),
                               en.dtype if en.dtype.name != "float16"
                               else np.dtype(np.float32), nxt if nxt.name != "float16"
                               else np.dtype(np.float32))
@@ -321,15 +464,12 @@ def generate_rows(node: Node, graph: Graph) -> KernelSource:
             steps.append(f"const {ct.compute_type(nxt)} {var} = {expr};")
             cur, cur_dt = var, nxt
         assert cur_dt == odt, (cur_dt, odt)
-        steps.append(f"yr[col] = {ct.to_storage(odt, cur)};")
-        body += em.loop(read + steps)
-        ops_text = "layer_norm over the last axis" + (
-            " with " + " and ".join(label for label, _ in extras) if extras else "")
+        steps.append(f"{y_elem} = {ct.to_storage(odt, cur)};")
+        body += em.loop(read + steps, loads=tuple(extra_loads), store=y_store)
 
-    # -- assemble --
-    t, block, mode = cfg["threads"], cfg["block"], cfg["mode"]
+    block, mode = cfg["block"], cfg["mode"]
     lines = [f'extern "C" __global__ void __launch_bounds__({block})',
-             f"{name}({', '.join(params)})",
+             f"{entry}({', '.join(params)})",
              "{",
              f"    const long long rows = {rows}LL;"]
     if mode == "warp":
@@ -352,33 +492,7 @@ def generate_rows(node: Node, graph: Graph) -> KernelSource:
         lines.append(f"        {os_}* yr = y + row * {cols}LL;")
     lines += body
     lines += ["    }", "}"]
-
-    extras_text = "".join(f", {label} {en.type_text}" for label, en in extras)
-    header = [
-        f"// pyc_lab generated kernel {name} (rows)",
-        f"// ops: {ops_text}",
-        f"// x {x.type_text}{extras_text} -> y {node.type_text}: {rows} rows of {cols}",
-        f"// one {'warp' if mode == 'warp' else f'block of {block} threads'} per row"
-        + (f" ({cfg['rows_per_block']} rows per block of {block})" if mode == "warp" else "")
-        + f", {per} value(s) per thread"
-        + (", kept in registers" if cached else ", re-read on each pass")
-        + f"; arithmetic in {acc}",
-    ]
-    sections = ["\n".join(header) + "\n"]
-    if "float16" in {xdt.name, odt.name, *(en.dtype.name for _, en in extras)}:
-        sections.append(ct.F16_HELPERS)
-    sections.append(_HELPERS)
-    sections.append("\n".join(lines) + "\n")
-    source = "\n".join(sections)
-    launch = {"rows": rows, "cols": cols, "block": block, "threads_per_row": t,
-              "rows_per_block": cfg["rows_per_block"], "mode": mode, "cached": cached}
-    notes = (f"{rows} rows x {cols}: one {'warp' if mode == 'warp' else 'block'} per row, "
-             f"{block} threads per block, "
-             + ("row cached in registers" if cached else "row re-read per pass"))
-    ops = (node.op,) if node.op != "layer_norm" else tuple(
-        ["layer_norm"] + [label for label, _ in extras])
-    return KernelSource(name=name, kind="rows", source=source, ops=ops, notes=notes,
-                        entries=(name,), launch=launch)
+    return "\n".join(lines) + "\n"
 
 
 def describe(node: Node, graph: Graph) -> str:

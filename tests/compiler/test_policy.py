@@ -1,0 +1,120 @@
+"""The policy's matmul choices (no GPU needed): cuBLASLt epilogues, cuBLAS plus a
+generated epilogue, tuned CUTLASS, and the reasons recorded for each."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyc_lab.compiler import Graph, policy
+from pyc_lab.compiler.codegen import supports
+from pyc_lab.compiler.cupy_backend import CupyExecutable
+from pyc_lab.kernels import cublaslt
+
+F16, F32 = np.float16, np.float32
+
+
+@pytest.fixture
+def nvmath_present(monkeypatch):
+    monkeypatch.setattr(cublaslt, "status", lambda: (True, "nvmath-python (test)"))
+
+
+def matmul_graph(a_shape, b_shape, dtype=F16, bias=None, bias_dtype=None, act=None, **attrs):
+    g = Graph(name="g")
+    ins = [g.add("input", shape=a_shape, dtype=dtype).id,
+           g.add("input", shape=b_shape, dtype=dtype).id]
+    if bias is not None:
+        ins.append(g.add("input", shape=bias, dtype=bias_dtype or dtype).id)
+    if act:
+        attrs["activation"] = act
+    node = g.add("matmul", ins, attrs)
+    g.outputs = [node.id]
+    g.verify()
+    return g, node
+
+
+def decision(g, node, mode="balanced"):
+    (d,) = [d for d in policy.choose(g, "cupy", mode, supports) if d.node == node.id]
+    return d
+
+
+@pytest.mark.parametrize("bias, act, epilogue", [((64,), "gelu", "GELU_BIAS"),
+                                                 ((1, 64), "relu", "RELU_BIAS"),
+                                                 ((64,), None, "BIAS"),
+                                                 (None, "gelu", "GELU")])
+def test_epilogues_cublaslt_can_fuse_choose_it(nvmath_present, bias, act, epilogue):
+    g, node = matmul_graph((32, 16), (16, 64), bias=bias, act=act)
+    d = decision(g, node)
+    assert (d.choice, d.reason) == ("cublaslt", "CUBLASLT_EPILOGUE")
+    assert "inside the GEMM" in d.detail and "heuristic" in d.detail
+    exe = CupyExecutable(g, {node.id: d.choice})  # building needs no GPU
+    (k,) = exe.kernels
+    assert k["implementation"] == f"cuBLASLt (nvmath-python), epilogue {epilogue}"
+    assert k["ops"][0] == "matmul" and (act is None or k["ops"][-1] == act)
+
+
+def test_utilization_first_measures_the_algorithms(nvmath_present):
+    g, node = matmul_graph((32, 16), (16, 64), bias=(64,), act="gelu")
+    assert "measured at the first call" in decision(g, node, "utilization_first").detail
+    exe = CupyExecutable(g, {node.id: "cublaslt"}, tune_gemms=True)
+    assert exe._steps[0].autotune and "measured" in exe.kernels[0]["notes"]
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    ({"act": "silu", "bias": (64,)}, "cuBLASLt has no silu epilogue"),
+    ({"act": "gelu", "a_shape": (3, 32, 16)}, "batched matmul"),
+    ({"bias": (64,), "bias_dtype": F32}, "the cuBLASLt path takes one dtype"),
+    ({"act": "relu", "dtype": np.float64}, "the cuBLASLt path takes one dtype"),
+])
+def test_other_epilogues_keep_the_generated_kernel_and_say_why(nvmath_present, kwargs, why):
+    a_shape = kwargs.pop("a_shape", (32, 16))
+    g, node = matmul_graph(a_shape, (16, 64), **kwargs)
+    d = decision(g, node)
+    assert (d.choice, d.reason) == ("cublas", "CUBLAS_DEFAULT")
+    assert "by a generated kernel" in d.detail and "(not cuBLASLt: " in d.detail
+    assert why in d.detail
+
+
+def test_a_plain_matmul_is_cublas_without_excuses(nvmath_present):
+    g, node = matmul_graph((32, 16), (16, 64))
+    d = decision(g, node)
+    assert d.choice == "cublas" and "cuBLASLt" not in d.detail
+
+
+def test_without_nvmath_the_reason_says_how_to_get_it(monkeypatch):
+    monkeypatch.setattr(cublaslt, "status",
+                        lambda: (False, "nvmath-python is not installed (pip install x)"))
+    g, node = matmul_graph((32, 16), (16, 64), bias=(64,), act="gelu")
+    d = decision(g, node)
+    assert d.choice == "cublas" and "nvmath-python is not installed" in d.detail
+    # an executable asked for cublaslt anyway falls back to cuBLAS + generated epilogue
+    exe = CupyExecutable(g, {node.id: "cublaslt"})
+    assert "cublaslt not used: nvmath-python is not installed" in exe._fallbacks[node.id]
+    assert exe.kernels[0]["implementation"] == "cuBLAS (cupy.matmul) + generated epilogue"
+
+
+def test_a_tuned_kernel_wins_over_cublaslt(nvmath_present, monkeypatch):
+    monkeypatch.setattr(policy, "TUNED_LOOKUP", lambda node: "cutlass_sm90_x")
+    g, node = matmul_graph((32, 16), (16, 64), bias=(64,), act="gelu")
+    d = decision(g, node)
+    assert (d.choice, d.reason) == ("cutlass", "CUTLASS_TUNED") and "cutlass_sm90_x" in d.detail
+
+
+@pytest.mark.parametrize("args, why", [
+    (((4, 8), (8, 6), F16, F16, F16, (6,), F16, "tanh"), "no tanh epilogue"),
+    (((4, 8), (8, 6), F16, F16, F16, None, None, None), "no epilogue to fuse"),
+    (((4, 8), (7, 6), F32, F32, F32, (6,), F32, None), "inner dimensions differ"),
+    (((4, 8), (8, 6), F32, F32, F32, (4, 1), F32, None), "not a row vector of length 6"),
+    (((0, 8), (8, 6), F32, F32, F32, (6,), F32, None), "an empty matrix"),
+    (((4, 8), (8, 6), F32, F32, F32, (1, 6), F32, "relu"), ""),
+])
+def test_why_not(nvmath_present, args, why):
+    got = cublaslt.why_not(*args)
+    assert (why in got) if why else got == ""
+
+
+def test_fused_gemm_refuses_an_epilogue_cublaslt_lacks():
+    from pyc_lab.errors import PycLabError
+
+    with pytest.raises(PycLabError, match="no cuBLASLt epilogue"):
+        cublaslt.FusedGemm(None, has_bias=False)
