@@ -9,7 +9,9 @@ Built so far (the autotuner issue's CPU-side foundations):
 - :mod:`.tuning_db` — the SQLite (WAL) tuning database: every measured candidate and the
   winner per device and problem, exact and nearest-bucket lookup, JSON/CSV export;
 - :mod:`.cutlass_compat` — ``cutlass_cppgen`` under cuda-bindings 13, with its cache,
-  temporary and error files kept in pyc_lab's cache directory.
+  temporary and error files kept in pyc_lab's cache directory;
+- :mod:`.cublaslt` — cuBLASLt GEMMs with bias/relu/gelu epilogues through nvmath-python
+  (the compiler's ``cublaslt`` implementation).
 
 Not built yet: the CUTLASS kernels themselves, the candidate space, measurement,
 ``pyc_lab.matmul`` and the tuning widgets.
