@@ -6,6 +6,8 @@
     hw = pl.detect_hardware()          # CPUs, NUMA, GPUs, links, with provenance
     f = pl.compile(fn)                 # trace, optimise, fuse; f.explain(*args)
     bw = pl.runtime.probe_bandwidth()  # measured copy bandwidths beside theoretical
+    res = pl.autotune_gemm(4096, 4096, 4096, dtype="bf16")   # CUTLASS vs cuBLAS, recorded
+    y = pl.matmul(a, b)                # the tuned kernel for the shape, else cuBLAS
 
 Importing pyc_lab needs no GPU, no CuPy and no NVML, and prints nothing.
 """
@@ -29,17 +31,36 @@ __all__ = [
     "Pipeline",
     "PycLabError",
     "SnapshotError",
+    "TuneResult",
     "__version__",
+    "autotune_gemm",
     "compile",
     "compiler",
     "detect_hardware",
     "load_ipython_extension",
+    "matmul",
     "probe_bandwidth",
     "runtime",
     "unload_ipython_extension",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+_LAZY = {"matmul": ("kernels.matmul", "matmul"),
+         "autotune_gemm": ("kernels.autotune", "autotune_gemm"),
+         "TuneResult": ("kernels.autotune", "TuneResult")}
+
+
+def __getattr__(name: str):
+    """The kernel-layer entry points, imported on first use (they pull in more)."""
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython) -> None:

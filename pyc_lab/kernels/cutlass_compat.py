@@ -33,7 +33,7 @@ from types import ModuleType
 from ..errors import DeviceUnavailableError
 
 __all__ = ["compile_errors", "contained", "import_cutlass", "install_cuda_aliases",
-           "workdir"]
+           "prepare_offline", "workdir"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,38 @@ def import_cutlass() -> ModuleType:
         cache_file = str(where / "compiled_cache.db")
         module.CACHE_FILE = cache_file
         compiler.CACHE_FILE = cache_file
+    return module
+
+
+def prepare_offline(cc: int) -> ModuleType:
+    """Import ``cutlass_cppgen`` set up for compute capability ``cc`` without a GPU.
+
+    A plan normally asks the device for its compute capability (and fails without a
+    driver); here its option registry is built for ``cc`` and its nvcc version read from
+    the ``nvcc`` on the PATH, so that kernel configurations can be enumerated and their
+    sources emitted on a machine with the CUDA toolkit and no GPU (the build machine).
+
+    Raises
+    ------
+    DeviceUnavailableError
+        If nvidia-cutlass is not installed or no ``nvcc`` is found.
+    """
+    module = import_cutlass()
+    with _LOCK:
+        if getattr(module, "_nvcc_version", None) is None:
+            try:
+                module._nvcc_version = module.nvcc_version()
+            except Exception as exc:
+                raise DeviceUnavailableError(
+                    f"CUTLASS kernel sources need the CUDA toolkit's nvcc ({exc})") from None
+        registry = getattr(module, "_option_registry", None)
+        if registry is None or getattr(registry, "_pyc_cc", cc) != cc:
+            from cutlass_cppgen.library_defaults import OptionRegistry
+
+            with contained():
+                registry = OptionRegistry(cc)
+            registry._pyc_cc = cc
+            module._option_registry = registry
     return module
 
 

@@ -1,0 +1,414 @@
+"""``autotune_gemm``: build, check and time CUTLASS candidates for one problem on this GPU.
+
+Steps, for ``M x N x K`` in a dtype and layout:
+
+1. the candidate space — :func:`~.cutlass_gemm.configurations`, pruned for the problem
+   and ranked by the cheap model; user restrictions (``restrict``) and
+   ``max_candidates`` cut it to the configurations worth building;
+2. those are built in parallel (``workers`` nvcc processes) into the kernel cache,
+   best-ranked first, while the search strategy measures the ones already built;
+3. each candidate runs on inputs uniform in [-1, 1]; its output is compared with
+   cuBLAS's (``cupy.matmul``) and a NaN/Inf or an error above the dtype's tolerance
+   rejects it, with the reason; correct ones are timed with CUDA events after a warm-up,
+   with the L2 cache flushed before every timed launch (median of ``fidelity`` runs);
+4. every candidate — built, failed or rejected — is recorded in the tuning database,
+   the fastest correct one as the winner; cuBLAS is timed the same way in the same run.
+
+The result is a :class:`TuneResult`: ``.best``, ``.table`` (a DataFrame) and
+``.compare()`` (tuned CUTLASS vs cuBLAS vs torch.matmul when torch is installed).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import PycLabError
+from . import cutlass_gemm as cg
+from .strategies import Budget, Outcome, SearchSpace, StopSearch, Trial, get_strategy
+from .tuning_db import DeviceKey, Measurement, ProblemKey, TuningDB
+
+__all__ = ["DENSE_PEAK_TFLOPS", "TOLERANCE", "TuneResult", "as_float32", "autotune_gemm",
+           "device_key", "gemm_inputs", "reference", "time_gpu"]
+
+log = logging.getLogger(__name__)
+
+#: Max |cutlass - cublas| / max |cublas| accepted, per dtype (both accumulate in float32;
+#: they differ by the rounding of the output and the summation order).
+TOLERANCE = {"f16": 5e-3, "bf16": 3e-2}
+#: Dense (no sparsity) fp16/bf16 tensor-core peaks by GPU name, TFLOP/s.
+DENSE_PEAK_TFLOPS = {"H200": 989.4, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4,
+                     "H100 PCIe": 756.5, "H100 NVL": 835.0}
+
+
+def peak_tflops(gpu_name: str) -> float | None:
+    """The dense fp16/bf16 peak of a GPU by (part of) its name, or None if unknown."""
+    for key, value in DENSE_PEAK_TFLOPS.items():
+        if key in gpu_name:
+            return value
+    return None
+
+
+def device_key(index: int = 0) -> tuple[DeviceKey, int, int]:
+    """This machine's GPU ``index``: its tuning-database key, compute capability as an
+    int (90) and SM count."""
+    from ..runtime import detect_hardware
+
+    hw = detect_hardware()
+    gpu = next((g for g in hw.gpus if g.index == index), None)
+    if gpu is None:
+        raise PycLabError(f"no GPU {index} on this machine: autotuning needs a CUDA device")
+    cc = int(str(gpu.compute_capability).replace(".", "") or 0)
+    return DeviceKey.from_profile(hw, index), cc, int(gpu.sm_count or 132)
+
+
+def gemm_inputs(m: int, n: int, k: int, dtype: str, layout: str, seed: int = 0) -> tuple:
+    """CuPy ``a`` (M x K), ``b`` (K x N) in ``layout``'s memory order, uniform in
+    [-1, 1], and a C-contiguous ``out`` poisoned with NaN.
+
+    CuPy has no bfloat16 arrays: bf16 operands are ``int16`` arrays holding the bf16 bit
+    patterns (rounded to nearest even from float32); :func:`as_float32` reads them back.
+    """
+    import cupy as cp
+
+    rng = cp.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, order: str) -> Any:
+        shape = (rows, cols) if order == "t" else (cols, rows)
+        x = rng.uniform(-1, 1, shape, dtype=cp.float32)
+        x = x.astype(cp.float16) if dtype == "f16" else _to_bf16_bits(cp, x)
+        return x if order == "t" else x.T
+
+    a = mat(m, k, layout[0])
+    b = mat(k, n, layout[1])
+    nan = cp.full((m, n), cp.nan, dtype=cp.float32)
+    out = nan.astype(cp.float16) if dtype == "f16" else _to_bf16_bits(cp, nan)
+    return a, b, out
+
+
+def _to_bf16_bits(cp: Any, x: Any) -> Any:
+    u = cp.ascontiguousarray(x).view(cp.uint32)
+    rounded = (u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) >> 16
+    rounded = cp.where(cp.isnan(x), cp.uint32(0x7FC0), rounded)  # keep NaN a NaN
+    return rounded.astype(cp.uint16).view(cp.int16)
+
+
+def as_float32(x: Any, dtype: str) -> Any:
+    """A CuPy float32 copy of an f16 array or of bf16 bits (see :func:`gemm_inputs`)."""
+    import cupy as cp
+
+    if dtype == "f16":
+        return x.astype(cp.float32)
+    return (cp.ascontiguousarray(x).view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32)
+
+
+def reference(a: Any, b: Any, dtype: str) -> tuple[Any, Callable[[], Any], str]:
+    """cuBLAS's ``a @ b`` as float32, a zero-argument call that runs cuBLAS again (for
+    timing) and its name: ``cupy.matmul`` for f16, ``torch.matmul`` for bf16 (CuPy has
+    no bfloat16; torch's matmul is cuBLAS too)."""
+    import cupy as cp
+
+    if dtype == "f16":
+        out = cp.matmul(a, b)
+        return out.astype(cp.float32), lambda: cp.matmul(a, b, out=out), "cublas"
+    try:
+        import torch
+    except ImportError:
+        raise PycLabError("bf16 tuning checks against cuBLAS through torch.matmul (CuPy has "
+                          "no bfloat16); install torch or tune f16") from None
+    ta = torch.as_tensor(a, device="cuda").view(torch.bfloat16)
+    tb = torch.as_tensor(b, device="cuda").view(torch.bfloat16)
+    ref = ta @ tb
+    return cp.asarray(ref.float()), lambda: torch.matmul(ta, tb, out=ref), "cublas"
+
+
+def time_gpu(fn: Callable[[], Any], repeats: int, flush: Any = None, warmup: int = 2) -> float:
+    """Median milliseconds of ``fn`` over ``repeats`` CUDA-event-timed runs, the L2 cache
+    flushed (``flush.fill(0)``, outside the timed interval) before each."""
+    import cupy as cp
+
+    for _ in range(warmup):
+        fn()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(max(1, repeats)):
+        if flush is not None:
+            flush.fill(0)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return statistics.median(times)
+
+
+@dataclass
+class TuneResult:
+    """What :func:`autotune_gemm` found.
+
+    Attributes
+    ----------
+    problem, device
+        The tuning-database keys.
+    best
+        The winning :class:`Measurement` (None when no candidate was correct).
+    table
+        One row per candidate: config id, status, ms, TFLOP/s, error, build seconds,
+        message (pandas DataFrame).
+    baselines
+        ``name -> ms`` measured in the same run (``cublas``; ``torch`` when installed).
+    seconds
+        Wall time of the whole tuning (builds included).
+    stopped_by, strategy
+        Why the search ended, and how it searched.
+    """
+
+    problem: ProblemKey
+    device: DeviceKey
+    best: Measurement | None
+    table: Any
+    baselines: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    stopped_by: str = ""
+    strategy: str = ""
+    recorded: bool = False
+
+    @property
+    def flops(self) -> float:
+        """Floating-point operations of one GEMM (2 M N K)."""
+        m, n, k = self.problem.shape
+        return 2.0 * m * n * k
+
+    def compare(self) -> Any:
+        """Tuned CUTLASS against the baselines: ms, TFLOP/s, fraction of dense peak and
+        speed relative to cuBLAS (pandas DataFrame)."""
+        import pandas as pd
+
+        peak = peak_tflops(self.device.gpu_name)
+        rows = []
+        entries = [("tuned CUTLASS", self.best.time_ms if self.best else None)]
+        entries += [(name, ms) for name, ms in self.baselines.items()]
+        ref = self.baselines.get("cublas")
+        for name, ms in entries:
+            tflops = self.flops / (ms * 1e-3) / 1e12 if ms else None
+            rows.append({"kernel": name, "ms": ms, "tflops": tflops,
+                         "pct_of_peak": 100 * tflops / peak if tflops and peak else None,
+                         "vs_cublas": ref / ms if ms and ref else None})
+        return pd.DataFrame(rows)
+
+    def __repr__(self) -> str:
+        best = f"{self.best.config_id} {self.best.time_ms:.4g} ms" if self.best else "none"
+        return (f"TuneResult({self.problem.dtype_a} {self.problem.layout} "
+                f"{'x'.join(map(str, self.problem.shape))}: best {best}, "
+                f"{len(self.table)} candidates, cublas {self.baselines.get('cublas')} ms)")
+
+
+def _space(configs: Sequence[cg.GemmConfig]) -> tuple[SearchSpace, dict[str, cg.GemmConfig]]:
+    by_id = {c.id: c for c in configs}
+    params = {
+        "tile": sorted({"x".join(map(str, c.tile)) for c in configs}),
+        "cluster": sorted({"x".join(map(str, c.cluster)) for c in configs}),
+        "kernel_schedule": sorted({c.kernel_schedule for c in configs}),
+        "epilogue_schedule": sorted({c.epilogue_schedule for c in configs}),
+        "tile_scheduler": sorted({c.tile_scheduler for c in configs}),
+    }
+    allowed = {(("x".join(map(str, c.tile))), "x".join(map(str, c.cluster)), c.kernel_schedule,
+                c.epilogue_schedule, c.tile_scheduler): c for c in configs}
+
+    def exists(cand: Mapping[str, Any]) -> bool:
+        return (cand["tile"], cand["cluster"], cand["kernel_schedule"],
+                cand["epilogue_schedule"], cand["tile_scheduler"]) in allowed
+
+    space = SearchSpace(params, restrictions=[exists])
+    lookup = {cg.GemmConfig(tuple(int(x) for x in key[0].split("x")),
+                            tuple(int(x) for x in key[1].split("x")), *key[2:]).id: cfg
+              for key, cfg in allowed.items()}
+    assert set(lookup) == set(by_id)
+    return space, lookup
+
+
+def _config_of(cand: Mapping[str, Any]) -> cg.GemmConfig:
+    return cg.GemmConfig(tuple(int(x) for x in cand["tile"].split("x")),
+                         tuple(int(x) for x in cand["cluster"].split("x")),
+                         cand["kernel_schedule"], cand["epilogue_schedule"],
+                         cand["tile_scheduler"])
+
+
+def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = "tn",
+                  strategy: str = "successive_halving", budget_s: float | None = 180.0,
+                  max_candidates: int | None = 16, workers: int | None = None,
+                  restrict: Callable[[cg.GemmConfig], bool] | None = None,
+                  db: TuningDB | None = None, cache: Any = None, repeats: int = 20,
+                  observer: Callable[[dict[str, Any]], None] | None = None,
+                  stop: threading.Event | None = None, seed: int = 0) -> TuneResult:
+    """Tune a CUTLASS GEMM for ``m x n x k`` on this GPU and record the result.
+
+    Parameters
+    ----------
+    m, n, k
+        The problem: ``a`` is M x K, ``b`` K x N.
+    dtype
+        ``"f16"`` or ``"bf16"`` (float32 accumulation, output in the same dtype).
+    layout
+        ``"tn"`` (default: ``a`` row-major, ``b`` column-major, as a linear layer's
+        weight), ``"tt"``, ``"nt"`` or ``"nn"``.
+    strategy
+        ``"exhaustive"``, ``"random"``, ``"successive_halving"`` or ``"evolutionary"``.
+    budget_s, max_candidates
+        Stop starting new candidates after this many seconds; consider at most this
+        many configurations (the best-ranked ones). ``None``: no limit.
+    workers
+        Parallel nvcc builds (default: the CPU count).
+    restrict
+        ``restrict(config) -> bool``: only configurations it accepts are considered.
+    db, cache
+        Tuning database and kernel cache (the user-cache-directory ones by default).
+    repeats
+        Timed runs at full fidelity (successive halving screens with fewer).
+    observer
+        Called with a dict per finished candidate (config, status, ms, tflops, error,
+        message, built / total) — for progress bars and live charts.
+    stop
+        Set it to stop after the candidate being measured (a Stop button).
+
+    Raises
+    ------
+    PycLabError
+        No GPU, no nvcc or nvidia-cutlass, a problem no kernel here can take, or every
+        candidate excluded.
+    """
+    import cupy as cp
+    import pandas as pd
+
+    from ..runtime.gpu import require_cupy
+
+    require_cupy("autotune_gemm")
+    cg._check(dtype, layout)
+    issue = cg.problem_issue(m, n, k, layout)
+    if issue:
+        raise PycLabError(f"autotune_gemm {m}x{n}x{k} {layout}: {issue}; pyc_lab.matmul "
+                          "uses cuBLAS for such shapes")
+    t_start = time.perf_counter()
+    device, cc, sm_count = device_key()
+    if cc < 90:
+        raise PycLabError(f"the CUTLASS kernels here are built for Hopper (sm_90a); this "
+                          f"GPU is sm_{cc}")
+    problem = ProblemKey("gemm", dtype, dtype, dtype, layout, m, n, k)
+    db = db if db is not None else TuningDB()
+    configs = cg.configurations(dtype, layout, cc)
+    kept, dropped = cg.prune(configs, m, n, k, layout)
+    if restrict is not None:
+        kept = [c for c in kept if restrict(c)]
+    ranked = cg.rank(kept, m, n, k, sm_count)
+    if max_candidates is not None:
+        ranked = ranked[:max_candidates]
+    if not ranked:
+        raise PycLabError(f"no CUTLASS configuration left for {m}x{n}x{k} {dtype} {layout} "
+                          f"after pruning ({len(dropped)} dropped) and restrictions")
+
+    a, b, out = gemm_inputs(m, n, k, dtype, layout, seed)
+    ref, run_cublas, _ = reference(a, b, dtype)
+    ref_max = float(cp.abs(ref).max()) or 1.0
+    flush = cp.empty(256 << 20, dtype=cp.uint8)  # 256 MiB > the H200's 50 MiB L2
+    flops = 2.0 * m * n * k
+    baselines = {"cublas": time_gpu(run_cublas, repeats, flush)}
+    if dtype == "f16":
+        try:
+            import torch
+
+            ta = torch.as_tensor(a, device="cuda")
+            tb = torch.as_tensor(b, device="cuda")
+            baselines["torch"] = time_gpu(lambda: ta @ tb, repeats, flush)
+        except Exception as exc:
+            log.debug("torch baseline skipped: %s", exc)
+
+    builds: dict[cg.GemmConfig, cg.BuildResult] = {}
+    futures = cg.build_many(ranked, dtype, layout, cc, workers, cache,
+                            on_done=lambda r: builds.__setitem__(r.config, r))
+    loaded: dict[cg.GemmConfig, cg.CutlassGemm] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    measurements: dict[str, Measurement] = {}
+
+    def finish(cfg: cg.GemmConfig, status: str, ms: float | None = None,
+               error: float | None = None, message: str = "") -> Outcome:
+        tflops = flops / (ms * 1e-3) / 1e12 if ms else None
+        res = builds.get(cfg)
+        row = {"config": cfg.id, "status": status, "ms": ms, "tflops": tflops,
+               "error": error, "build_s": round(res.seconds, 1) if res else None,
+               "build": res.status if res else None, "message": message[:500],
+               **cfg.to_dict()}
+        rows[cfg.id] = row
+        measurements[cfg.id] = Measurement(cfg.to_dict(), status, ms, tflops, error, message)
+        if observer is not None:
+            try:
+                observer({**row, "built": len(builds), "total": len(ranked)})
+            except Exception:
+                log.exception("autotune observer failed")
+        return Outcome(status, ms, message)
+
+    def evaluate(cand: Mapping[str, Any], fidelity: int) -> Outcome:
+        if stop is not None and stop.is_set():
+            raise StopSearch("stopped")
+        cfg = _config_of(cand)
+        res = futures[cfg].result()
+        if not res.ok:
+            return finish(cfg, "compile_error", message=res.message)
+        try:
+            gemm = loaded.get(cfg) or cg.CutlassGemm(res.library, cfg, dtype, layout, sm_count)
+            loaded[cfg] = gemm
+            if not gemm.can_implement(m, n, k):
+                return finish(cfg, "skipped", message="can_implement refused the problem")
+            out.view(cp.uint16).fill(0x7FFF)  # NaN in both f16 and bf16
+            gemm(a, b, out)
+            cp.cuda.get_current_stream().synchronize()
+        except Exception as exc:
+            return finish(cfg, "wrong_result", message=f"{type(exc).__name__}: {exc}")
+        got = as_float32(out, dtype)
+        if not bool(cp.isfinite(got).all()):
+            return finish(cfg, "nan", message="NaN or Inf in the output")
+        err = float(cp.abs(got - ref).max()) / ref_max
+        if err > TOLERANCE[dtype]:
+            return finish(cfg, "wrong_result", error=err,
+                          message=f"max error {err:.3g} > {TOLERANCE[dtype]} vs cuBLAS")
+        stream = cp.cuda.get_current_stream().ptr
+        ms = time_gpu(lambda: gemm.launch(stream), max(2, fidelity), flush)
+        return finish(cfg, "ok", ms, err)
+
+    space, _ = _space(ranked)
+    key = str(strategy).strip().lower().replace("-", "_")
+    if key == "successive_halving":
+        strat_kwargs: dict[str, Any] = {"eta": 3, "min_fidelity": max(2, repeats // 9),
+                                        "max_fidelity": repeats}
+    elif key == "evolutionary":
+        strat_kwargs = {"fidelity": repeats, "population": min(8, len(ranked)),
+                        "generations": 4}
+    else:
+        strat_kwargs = {"fidelity": repeats}
+    search = get_strategy(strategy, **strat_kwargs)
+    result = search.run(space, evaluate, Budget(max_seconds=budget_s), rng=seed)
+
+    # record everything measured (and every build that failed without being measured)
+    for cfg, fut in futures.items():
+        if cfg.id not in rows and fut.done() and not fut.result().ok:
+            finish(cfg, "compile_error", message=fut.result().message)
+    best_trial: Trial | None = result.best
+    best = measurements.get(_config_of(best_trial.candidate).id) if best_trial else None
+    recorded = False
+    try:
+        db.record_many(device, problem, list(measurements.values()))
+        if best is not None:
+            db.set_winner(device, problem, best.config_id)
+        recorded = True
+    except Exception as exc:
+        log.warning("could not record the tuning in %s: %s", getattr(db, "path", db), exc)
+    table = pd.DataFrame(list(rows.values()))
+    if not table.empty:
+        table = table.sort_values(["status", "ms"], key=lambda s: s.map(
+            lambda v: (v != "ok") if isinstance(v, str) else v), na_position="last")
+    return TuneResult(problem, device, best, table.reset_index(drop=True), baselines,
+                      time.perf_counter() - t_start, result.stopped_by, strategy, recorded)
