@@ -55,6 +55,7 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=12, help="configurations per dtype")
     parser.add_argument("--dtypes", default="f16,bf16")
     parser.add_argument("--strategy", default="exhaustive")
+    parser.add_argument("--shapes", default="", help="MxNxK,... (default: the issue's seven)")
     args = parser.parse_args()
 
     from pyc_lab.runtime.gpu import cupy_status
@@ -69,6 +70,13 @@ def main() -> None:
     from pyc_lab.kernels.tuning_db import TuningDB
 
     _, cc, sm_count = device_key()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] \
+        or SHAPES
+
+    def progress(row: dict) -> None:
+        print(f"  {row['config']}: {row['status']} {row['ms']} ms {row['message'][:120]}",
+              flush=True)
+
     db_path = Path(args.out) / "tuning.sqlite"
     db_path.parent.mkdir(parents=True, exist_ok=True)
     db = TuningDB(db_path)
@@ -77,19 +85,19 @@ def main() -> None:
     for dtype in args.dtypes.split(","):
         configs = cg.configurations(dtype, "tn", cc)
         kept = set(configs)
-        for m, n, k in SHAPES:
+        for m, n, k in shapes:
             kept &= set(cg.prune(configs, m, n, k)[0])
-        total = {c: sum(cg.score(c, m, n, k, sm_count) for m, n, k in SHAPES) for c in kept}
+        total = {c: sum(cg.score(c, m, n, k, sm_count) for m, n, k in shapes) for c in kept}
         pool = set(cg.rank(sorted(kept, key=lambda c: -total[c]), 4096, 4096, 4096,
                            sm_count)[: args.pool])
         rows = {}
-        for i, (m, n, k) in enumerate(SHAPES):
+        for i, (m, n, k) in enumerate(shapes):
             t0 = time.perf_counter()
             try:
                 res = pl.autotune_gemm(m, n, k, dtype=dtype, layout="tn",
                                        strategy=args.strategy, budget_s=400,
                                        max_candidates=None, restrict=pool.__contains__,
-                                       db=db, repeats=15)
+                                       db=db, repeats=15, observer=progress)
             except Exception as exc:  # one failing shape must not lose the others
                 rows[f"{m}x{n}x{k}"] = {"error": f"{type(exc).__name__}: {exc}"}
                 print(dtype, m, n, k, "FAILED", exc)

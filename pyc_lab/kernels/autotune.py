@@ -245,7 +245,8 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
                   restrict: Callable[[cg.GemmConfig], bool] | None = None,
                   db: TuningDB | None = None, cache: Any = None, repeats: int = 20,
                   observer: Callable[[dict[str, Any]], None] | None = None,
-                  stop: threading.Event | None = None, seed: int = 0) -> TuneResult:
+                  stop: threading.Event | None = None, seed: int = 0,
+                  hang_s: float = 20.0) -> TuneResult:
     """Tune a CUTLASS GEMM for ``m x n x k`` on this GPU and record the result.
 
     Parameters
@@ -275,6 +276,9 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
         message, built / total) — for progress bars and live charts.
     stop
         Set it to stop after the candidate being measured (a Stop button).
+    hang_s
+        A candidate whose first run has not finished after this many seconds is
+        recorded as ``"timeout"`` and the search stops (a hung kernel holds the GPU).
 
     Raises
     ------
@@ -365,7 +369,17 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
                 return finish(cfg, "skipped", message="can_implement refused the problem")
             out.view(cp.uint16).fill(0x7FFF)  # NaN in both f16 and bf16
             gemm(a, b, out)
-            cp.cuda.get_current_stream().synchronize()
+            done = cp.cuda.Event()
+            done.record()
+            t0 = time.perf_counter()
+            while not done.done:  # a kernel that never finishes must not hang the tuner
+                if time.perf_counter() - t0 > hang_s:
+                    finish(cfg, "timeout", message=f"still running after {hang_s:.0f} s; the "
+                                                   "GPU context is unusable, tuning stopped")
+                    raise StopSearch(f"{cfg.id} hung")
+                time.sleep(0.001)
+        except StopSearch:
+            raise
         except Exception as exc:
             return finish(cfg, "wrong_result", message=f"{type(exc).__name__}: {exc}")
         got = as_float32(out, dtype)

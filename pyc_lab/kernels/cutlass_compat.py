@@ -155,6 +155,9 @@ def prepare_offline(cc: int) -> ModuleType:
                     f"CUTLASS kernel sources need the CUDA toolkit's nvcc ({exc})") from None
         registry = getattr(module, "_option_registry", None)
         if registry is None or getattr(registry, "_pyc_cc", cc) != cc:
+            # the registry calls cutlass_library.generator, which `import cutlass_library`
+            # alone does not load
+            importlib.import_module("cutlass_library.generator")
             from cutlass_cppgen.library_defaults import OptionRegistry
 
             with contained():
