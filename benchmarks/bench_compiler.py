@@ -225,7 +225,7 @@ def bench_norms(cp) -> dict:
             "results": out}
 
 
-def _host_us(cp, fn: Callable[[], object], calls: int = 200, rounds: int = 7) -> float:
+def host_us(cp, fn: Callable[[], object], calls: int = 200, rounds: int = 7) -> float:
     """Median host microseconds per call of ``fn`` (not synchronised inside a round)."""
     for _ in range(20):
         fn()
@@ -253,9 +253,9 @@ def bench_dispatch(cp) -> dict:
     rows: dict[str, dict] = {}
     for name, cuda_graph in (("pyc_lab", False), ("pyc_lab_cuda_graph", True)):
         fn = pl.compile(lambda x: np.tanh(x) * 2.0 + 1.0, cuda_graph=cuda_graph)
-        rows[name] = {"host_us_per_call": _host_us(cp, lambda fn=fn: fn(x))}
+        rows[name] = {"host_us_per_call": host_us(cp, lambda fn=fn: fn(x))}
     raw = cp.ElementwiseKernel("float32 x", "float32 y", "y = tanh(x) * 2.0f + 1.0f", "raw_k")
-    rows["cupy_elementwise_kernel_baseline"] = {"host_us_per_call": _host_us(cp,
+    rows["cupy_elementwise_kernel_baseline"] = {"host_us_per_call": host_us(cp,
                                                                             lambda: raw(x))}
     xb = rng.standard_normal((64, 256), dtype=cp.float32)
     gb, bb = (rng.standard_normal(256, dtype=cp.float32) for _ in range(2))
@@ -265,12 +265,12 @@ def bench_dispatch(cp) -> dict:
         ref = small_block(*(cp.asnumpy(v).astype(np.float64) for v in (xb, gb, bb)))
         err = rel_err(cp.asnumpy(fn(xb, gb, bb)), ref)
         assert err < 1e-4, (name, err)
-        block[name] = {"host_us_per_call": _host_us(cp, lambda fn=fn: fn(xb, gb, bb)),
+        block[name] = {"host_us_per_call": host_us(cp, lambda fn=fn: fn(xb, gb, bb)),
                        "gpu_us_per_call": gpu_time(cp, lambda fn=fn: fn(xb, gb, bb),
                                                    repeats=50) * 1e6,
                        "kernels": len(fn.explain().kernels)}
     block["cupy_eager"] = {
-        "host_us_per_call": _host_us(cp, lambda: small_block(xb, gb, bb), calls=50),
+        "host_us_per_call": host_us(cp, lambda: small_block(xb, gb, bb), calls=50),
         "gpu_us_per_call": gpu_time(cp, lambda: small_block(xb, gb, bb), repeats=50) * 1e6}
     return {"what": "host time per call of a 1024-element tanh*2+1, median of 7 x 200 calls",
             "results": rows,

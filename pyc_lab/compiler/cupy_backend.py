@@ -564,13 +564,7 @@ class CupyExecutable:
                 self._fallback(node, choice, f"epilogue: {why}")
                 return None
             epilogue = generate_epilogue(node, self.graph)
-        out_buffer = self._own_buffer(node)
-        if out_buffer is not None and ("buffer", out_buffer) in in_storage:
-            log.warning("node %%%d (matmul): its planned buffer %d holds an operand; writing "
-                        "a fresh array instead", node.id, out_buffer)
-            out_buffer = None
-        storage[node.id] = frozenset({("buffer", out_buffer)}) if out_buffer is not None \
-            else frozenset()
+        out_buffer = self._gemm_output(node, in_storage, storage)
         backend = "cuBLAS (cupy.matmul)" + (" in place of a tuned CUTLASS kernel"
                                              if choice == "cutlass" else "")
         describe = {"node": node.id, "name": epilogue.name if epilogue else f"matmul_{node.id}",
@@ -580,6 +574,18 @@ class CupyExecutable:
                     "source": epilogue.source if epilogue else "",
                     "notes": epilogue.notes if epilogue else ""}
         return _MatmulStep(node, choice, epilogue, out_buffer, describe)
+
+    def _gemm_output(self, node: Node, in_storage: frozenset[Any],
+                     storage: dict[int, frozenset[Any]]) -> int | None:
+        """The planned buffer a GEMM writes (None: a fresh array), and its storage noted."""
+        out_buffer = self._own_buffer(node)
+        if out_buffer is not None and ("buffer", out_buffer) in in_storage:
+            log.warning("node %%%d (matmul): its planned buffer %d holds an operand; writing "
+                        "a fresh array instead", node.id, out_buffer)
+            out_buffer = None
+        storage[node.id] = frozenset({("buffer", out_buffer)}) if out_buffer is not None \
+            else frozenset()
+        return out_buffer
 
     def _lt_step(self, node: Node, in_storage: frozenset[Any],
                  storage: dict[int, frozenset[Any]]) -> _Step | None:
@@ -592,13 +598,7 @@ class CupyExecutable:
                         "epilogue instead", node.id, node.op, why)
             self._fallbacks[node.id] = f"cublaslt not used: {why}"
             return None
-        out_buffer = self._own_buffer(node)
-        if out_buffer is not None and ("buffer", out_buffer) in in_storage:
-            log.warning("node %%%d (matmul): its planned buffer %d holds an operand; writing "
-                        "a fresh array instead", node.id, out_buffer)
-            out_buffer = None
-        storage[node.id] = frozenset({("buffer", out_buffer)}) if out_buffer is not None \
-            else frozenset()
+        out_buffer = self._gemm_output(node, in_storage, storage)
         act = node.attrs.get("activation")
         ops = ["matmul"] + (["bias_add"] if len(node.inputs) == 3 else []) + \
             ([act] if act else [])
