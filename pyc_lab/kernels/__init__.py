@@ -13,8 +13,13 @@ Built so far (the autotuner issue's CPU-side foundations):
 - :mod:`.cublaslt` — cuBLASLt GEMMs with bias/relu/gelu epilogues through nvmath-python
   (the compiler's ``cublaslt`` implementation).
 
-Not built yet: the CUTLASS kernels themselves, the candidate space, measurement,
-``pyc_lab.matmul`` and the tuning widgets.
+- :mod:`.cutlass_gemm` — CUTLASS 3 GEMM configurations (from ``cutlass_cppgen``),
+  pruning and ranking, emitted sources, parallel nvcc builds, ctypes launches;
+- :mod:`.autotune` — ``autotune_gemm``: build, check against cuBLAS, time, record;
+- :mod:`.matmul` — ``pyc_lab.matmul``: the tuned kernel, else cuBLASLt/cuBLAS.
+
+Not built yet: CUTLASS bias/activation epilogues, the tuning CLI and magic, the
+autotune widgets and the replay database.
 """
 
 from .cache import CacheEntry, KernelCache, KernelCacheWarning, cache_key
