@@ -169,6 +169,16 @@ class _KernelStep(_Step):
         values[self.node.id] = out
 
 
+def _gemm_operands(node: Node, values: dict[int, Any]) -> tuple[Any, Any]:
+    """A matmul node's two operands as multiplied: views with its transposes applied."""
+    a, b = values[node.inputs[0]], values[node.inputs[1]]
+    if node.attrs.get("transpose_a") and a.ndim >= 2:
+        a = a.swapaxes(-1, -2)
+    if node.attrs.get("transpose_b") and b.ndim >= 2:
+        b = b.swapaxes(-1, -2)
+    return a, b
+
+
 class _MatmulStep(_Step):
     """``cupy.matmul`` (cuBLAS) and the generated epilogue in place on the product."""
 
@@ -196,11 +206,7 @@ class _MatmulStep(_Step):
     def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
         cp = exe._cp
         node = self.node
-        a, b = values[node.inputs[0]], values[node.inputs[1]]
-        if node.attrs.get("transpose_a") and a.ndim >= 2:
-            a = a.swapaxes(-1, -2)
-        if node.attrs.get("transpose_b") and b.ndim >= 2:
-            b = b.swapaxes(-1, -2)
+        a, b = _gemm_operands(node, values)
         planned = self.out_buffer is not None and self.product_dtype == node.dtype \
             and _MATMUL_INTO_PLAN
         if planned:
@@ -225,11 +231,7 @@ class _MatmulStep(_Step):
     def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
         cp = exe._cp
         node = self.node
-        a, b = values[node.inputs[0]], values[node.inputs[1]]
-        if node.attrs.get("transpose_a") and a.ndim >= 2:
-            a = a.swapaxes(-1, -2)  # views of the static arrays: they see new data
-        if node.attrs.get("transpose_b") and b.ndim >= 2:
-            b = b.swapaxes(-1, -2)
+        a, b = _gemm_operands(node, values)  # views of the static arrays: they see new data
         planned = self.out_buffer is not None and self.product_dtype == node.dtype
         product = exe._buffer_view(self.out_buffer, node) if planned else \
             cp.empty(node.shape, dtype=self.product_dtype)
@@ -275,11 +277,7 @@ class _LtStep(_Step):
 
     def _operands(self, exe: CupyExecutable, values: dict[int, Any]) -> tuple[Any, ...]:
         node = self.node
-        a, b = values[node.inputs[0]], values[node.inputs[1]]
-        if node.attrs.get("transpose_a"):
-            a = a.swapaxes(-1, -2)
-        if node.attrs.get("transpose_b"):
-            b = b.swapaxes(-1, -2)
+        a, b = _gemm_operands(node, values)
         bias = None
         if self.bias_node is not None:
             bias = exe._operand(values[node.inputs[2]], self.bias_node, exe._cp)

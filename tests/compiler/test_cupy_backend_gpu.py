@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 import pytest
+from graphs import fused_graph, op_graph
 
 from pyc_lab.compiler import Graph
 from pyc_lab.compiler.codegen import cache, generate, supports
@@ -71,30 +72,6 @@ def poison_buffers(exe):
     exe._prepare()
     for b in exe._buffers:
         b.fill(255)
-
-
-def fused_graph(fn, specs, name="fused_0"):
-    arrays = [np.zeros(s, d) for s, d in specs]
-    body, breaks = trace(fn, arrays)
-    assert not breaks
-    g = Graph(name="g")
-    ins = [g.add("input", (), {"index": k}, shape=tuple(s), dtype=d).id
-           for k, (s, d) in enumerate(specs)]
-    ops = tuple(n.op for n in body if n.op not in ("input", "constant"))
-    node = g.add("fused", ins, {"body": body, "ops": ops, "name": name})
-    g.outputs = [node.id]
-    g.verify()
-    return g, node
-
-
-def op_graph(op, specs, attrs=None):
-    g = Graph(name="g")
-    ins = [g.add("input", (), {"index": k}, shape=tuple(s), dtype=d).id
-           for k, (s, d) in enumerate(specs)]
-    node = g.add(op, ins, attrs or {})
-    g.outputs = [node.id]
-    g.verify()
-    return g, node
 
 
 def auto_impl(graph):
