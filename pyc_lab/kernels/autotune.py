@@ -414,7 +414,9 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
     best = measurements.get(_config_of(best_trial.candidate).id) if best_trial else None
     recorded = False
     try:
-        db.record_many(device, problem, list(measurements.values()))
+        db.record_many(device, problem, [*measurements.values(), *(
+            Measurement({"baseline": name}, "baseline", ms, flops / (ms * 1e-3) / 1e12)
+            for name, ms in baselines.items())])
         if best is not None:
             db.set_winner(device, problem, best.config_id)
         recorded = True

@@ -81,7 +81,9 @@ _T = TypeVar("_T")
 SCHEMA_VERSION = 2
 
 #: The statuses a measurement may have; only ``"ok"`` can win.
-STATUSES = ("ok", "compile_error", "wrong_result", "nan", "timeout", "skipped")
+#: ``"baseline"`` rows hold a library's time for the same problem in the same run (config
+#: ``{"baseline": "cublas"}``); like every status but ``"ok"``, they never win.
+STATUSES = ("ok", "compile_error", "wrong_result", "nan", "timeout", "skipped", "baseline")
 
 _DEVICE_COLS = ("gpu_name", "compute_capability", "driver", "cuda")
 _PROBLEM_COLS = ("op", "dtype_a", "dtype_b", "dtype_c", "layout", "m", "n", "k")
