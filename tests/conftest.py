@@ -17,3 +17,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _private_tuning_database(tmp_path_factory, monkeypatch):
+    """Tests never read or write the user's tuning database: ``pyc_lab.matmul`` and the
+    compiler's tuned-kernel lookup would otherwise depend on what was tuned before."""
+    from pyc_lab.kernels import tuning_db
+
+    path = tmp_path_factory.getbasetemp() / "tuning-db" / "tuning.sqlite"
+    monkeypatch.setattr(tuning_db, "default_path", lambda: path)

@@ -10,8 +10,11 @@ impl                      what runs
                           node; its vectorised variant when the pointers are aligned
 ``reduction_kernel``      the generated row kernel (softmax, layer norm, last-axis sum,
                           mean, max, min, var)
-``cublas`` (``cutlass``)  ``cupy.matmul`` on (transposed) views, then the generated
+``cublas``                ``cupy.matmul`` on (transposed) views, then the generated
                           bias/activation epilogue in place on the product
+``cutlass``               the tuned CUTLASS kernel from the tuning database (bias and
+                          activation in its epilogue), into the planned buffer; the
+                          ``cublaslt``/``cublas`` step when it cannot run
 ``cublaslt``              one cuBLASLt GEMM with the bias/activation in its epilogue
                           (:class:`pyc_lab.kernels.cublaslt.FusedGemm`, nvmath-python),
                           written into the planned buffer; algorithms measured at the
@@ -84,7 +87,7 @@ log = logging.getLogger(__name__)
 _MATMUL_INTO_PLAN = os.environ.get("PYC_LAB_MATMUL_OUT", "0") == "1"
 
 #: Implementations the executable understands (``source`` for inputs and constants;
-#: ``cutlass`` runs as ``cublas`` here; ``numpy``/``view`` as ``cupy``).
+#: ``numpy``/``view`` run as ``cupy``).
 IMPLS = ("fused_kernel", "reduction_kernel", "cublas", "cublaslt", "cutlass", "cupy", "eager",
          "source",
          "numpy", "view")
@@ -306,6 +309,83 @@ class _LtStep(_Step):
         return call
 
 
+class _CutlassStep(_Step):
+    """A tuned CUTLASS kernel from the tuning database, bias/activation in its epilogue.
+
+    Holds the step the node would otherwise run (cuBLASLt or cuBLAS + generated
+    epilogue): it runs instead when the kernel cannot be loaded, or when the operands at
+    a call are not in the memory order the kernel was tuned for.
+    """
+
+    capturable = False  # launched by the kernel's host adapter, between CUDA graphs
+
+    def __init__(self, node: Node, problem: tuple[Any, ...], fallback: _Step,
+                 describe: dict[str, Any]) -> None:
+        super().__init__(node, "cutlass", describe)
+        self.problem = problem  # (m, n, k, dtype, layout, epilogue)
+        self.fallback = fallback
+        self.out_buffer: int | None = getattr(fallback, "out_buffer", None)
+        self.kernel: Any = None
+        self.why = ""
+        self.bias_node: Node | None = None
+
+    def prepare(self, exe: CupyExecutable) -> None:
+        from ..kernels.matmul import tuned_kernel
+
+        self.fallback.prepare(exe)
+        if len(self.node.inputs) == 3:
+            self.bias_node = exe.graph.node(self.node.inputs[2])
+        self.kernel, self.why = tuned_kernel(*self.problem)
+        if self.kernel is None:
+            log.warning("node %%%d (matmul): tuned CUTLASS kernel not used: %s; %s instead",
+                        self.node.id, self.why, self.fallback.describe.get("implementation"))
+            exe._fallbacks[self.node.id] = f"cutlass not used: {self.why}"
+
+    def _operands(self, exe: CupyExecutable, values: dict[int, Any]) -> tuple[Any, ...] | None:
+        from ..kernels.matmul import operand_layout
+
+        if self.kernel is None:
+            return None
+        node = self.node
+        a, b = _gemm_operands(node, values)
+        if operand_layout(a, b) != self.problem[4]:
+            exe._fallbacks[node.id] = (f"cutlass not used at a call: operands not in layout "
+                                       f"{self.problem[4]!r}")
+            return None
+        bias = None
+        if self.bias_node is not None:
+            bias = exe._operand(values[node.inputs[2]], self.bias_node, exe._cp).reshape(-1)
+        out = exe._buffer_view(self.out_buffer, node) if self.out_buffer is not None \
+            else exe._cp.empty(node.shape, dtype=node.dtype)
+        return a, b, out, bias
+
+    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+        ops = self._operands(exe, values)
+        if ops is None:
+            self.fallback.run(exe, values)
+            return
+        a, b, out, bias = ops
+        self.kernel(a, b, out, bias=bias)
+        values[self.node.id] = out
+
+    def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
+        ops = self._operands(exe, values)  # views of the static arrays
+        if ops is None:
+            return self.fallback.static_call(exe, values)
+        a, b, out, bias = ops
+        values[self.node.id] = out
+        bias_src = values[self.node.inputs[2]] if self.bias_node is not None else None
+
+        def call() -> None:
+            b_now = bias
+            if bias_src is not None and bias_src.data.ptr != bias.data.ptr:
+                # the bias was made contiguous (a copy): refresh it on every call
+                b_now = exe._operand(bias_src, self.bias_node, exe._cp).reshape(-1)
+            self.kernel(a, b, out, bias=b_now)
+
+        return call
+
+
 class _CupyStep(_Step):
     """The op's reference run with CuPy arrays (``cupy`` and ``eager``)."""
 
@@ -478,7 +558,9 @@ class CupyExecutable:
                 step = self._lt_step(node, in_storage, storage)
                 if step is None:  # the generated-epilogue path instead
                     step = self._matmul_step(node, "cublas", in_storage, storage)
-            elif choice in ("cublas", "cutlass"):
+            elif choice == "cutlass":
+                step = self._cutlass_step(node, in_storage, storage)
+            elif choice == "cublas":
                 step = self._matmul_step(node, choice, in_storage, storage)
             if step is None:
                 step = self._cupy_step(node, choice, in_storage, storage)
@@ -584,6 +666,30 @@ class CupyExecutable:
         storage[node.id] = frozenset({("buffer", out_buffer)}) if out_buffer is not None \
             else frozenset()
         return out_buffer
+
+    def _cutlass_step(self, node: Node, in_storage: frozenset[Any],
+                      storage: dict[int, frozenset[Any]]) -> _Step | None:
+        from .policy import lt_problem, tuned_problem
+
+        epilogue = len(node.inputs) == 3 or bool(node.attrs.get("activation"))
+        fallback = None
+        if node.op == "matmul" and epilogue and not lt_problem(node, self.graph):
+            fallback = self._lt_step(node, in_storage, storage)
+        if fallback is None:
+            fallback = self._matmul_step(node, "cublas", in_storage, storage)
+        if fallback is None:
+            return None
+        problem, why = tuned_problem(node, self.graph)
+        if problem is None:
+            self._fallback(node, "cutlass", why)
+            return fallback
+        m, n, k, dtype, layout, epi = problem
+        describe = {**fallback.describe, "kind": "cutlass", "impl": "cutlass",
+                    "implementation": (f"tuned CUTLASS GEMM {m}x{n}x{k} {dtype} {layout}"
+                                       + (f", epilogue {epi.name} fused" if epi.fused else "")
+                                       + f" (else {fallback.describe.get('implementation')})"),
+                    "notes": "kernel from the tuning database (pyc_lab.autotune_gemm)"}
+        return _CutlassStep(node, problem, fallback, describe)
 
     def _lt_step(self, node: Node, in_storage: frozenset[Any],
                  storage: dict[int, frozenset[Any]]) -> _Step | None:

@@ -7,8 +7,10 @@ Candidates, by node kind:
 - fused elementwise groups: ``fused_kernel`` — a generated CUDA kernel — on the GPU;
 - softmax, layer norm and last-axis reductions: ``reduction_kernel`` (generated, warp
   shuffles) when the code generator supports the node, else ``cupy``;
-- matmul: a tuned CUTLASS kernel when the tuning database has one for the shape
-  (``cutlass``; the hook is :data:`TUNED_LOOKUP`, filled by the autotuner); else, when
+- matmul: a tuned CUTLASS kernel when the tuning database has one for this GPU, dtype,
+  layout, epilogue and shape or its bucket (``cutlass``, bias/activation inside the
+  kernel when it was tuned with them; the hook is :data:`TUNED_LOOKUP`, by default
+  :func:`tuned_lookup`, which asks the same database as :func:`pyc_lab.matmul`); else, when
   the matmul carries a bias and/or relu/gelu epilogue that cuBLASLt can apply inside
   the GEMM (2-D, float16/float32, nvmath-python installed), ``cublaslt``; else
   ``cublas`` through ``cupy.matmul``, with any epilogue as a generated kernel applied
@@ -31,11 +33,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from .ir import Graph, Node
 from .ops import REGISTRY
 
-__all__ = ["MODES", "REASONS", "TUNED_LOOKUP", "Decision", "choose", "lt_problem"]
+__all__ = ["MODES", "REASONS", "TUNED_LOOKUP", "Decision", "choose", "lt_problem",
+           "tuned_lookup", "tuned_problem"]
 
 MODES = ("balanced", "memory_first", "utilization_first")
 
@@ -55,8 +61,65 @@ REASONS = {
     "GRAPH_BREAK": "op not in pyc_lab's registry: runs eagerly as the original call",
 }
 
-#: Hook for the autotuner: ``lookup(node) -> kernel id or None``.
-TUNED_LOOKUP: Callable[[Node], str | None] | None = None
+_TUNED_DTYPES = {"float16": "f16", "float32": "f32"}
+
+
+def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str]:
+    """The tuning-database problem of a matmul node, or ``None`` and why it has none.
+
+    Returns ``((m, n, k, dtype, layout, epilogue), "")``: 2-D operands of one dtype
+    (float16, or float32 in exact float32), the layout from the node's transposes
+    (graph arrays are C-contiguous: ``t``, a transposed view ``n``), and the bias
+    (a length-N row of the same dtype) and activation as a CUTLASS epilogue.
+    """
+    from ..kernels.cutlass_gemm import ACTIVATIONS, Epilogue
+
+    if node.op != "matmul":
+        return None, f"{node.op} is not a matmul"
+    a, b = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        return None, "batched or 1-D operands (tuned kernels are 2-D)"
+    dt = np.dtype(node.dtype).name
+    if dt not in _TUNED_DTYPES or {np.dtype(a.dtype).name, np.dtype(b.dtype).name} != {dt}:
+        return None, f"dtypes {a.dtype} @ {b.dtype} -> {node.dtype} (tuned: float16/float32)"
+    ta, tb = bool(node.attrs.get("transpose_a")), bool(node.attrs.get("transpose_b"))
+    m, k = (a.shape[1], a.shape[0]) if ta else tuple(a.shape)
+    n = b.shape[0] if tb else b.shape[1]
+    act = node.attrs.get("activation")
+    if act is not None and act not in ACTIVATIONS:
+        return None, f"activation {act!r} has no CUTLASS epilogue"
+    has_bias = len(node.inputs) == 3
+    if has_bias:
+        bias = graph.node(node.inputs[2])
+        if int(np.prod(bias.shape)) != n or bias.shape[-1] != n or \
+                np.dtype(bias.dtype).name != dt:
+            return None, f"bias {bias.shape} {bias.dtype} is not one {dt} value per column"
+    layout = ("n" if ta else "t") + ("n" if tb else "t")
+    return (int(m), int(n), int(k), _TUNED_DTYPES[dt], layout, Epilogue(has_bias, act)), ""
+
+
+def tuned_lookup(node: Node, graph: Graph) -> str | None:
+    """The default :data:`TUNED_LOOKUP`: the tuned CUTLASS config for a matmul node on
+    this GPU (``"<config id> (exact match (MxNxK))"``), or None (no GPU, no entry)."""
+    from ..runtime.gpu import cupy_status
+
+    problem, _ = tuned_problem(node, graph)
+    if problem is None or cupy_status()[0] is None:
+        return None
+    from ..kernels.cutlass_gemm import GemmConfig
+    from ..kernels.matmul import find_tuned
+
+    found, why = find_tuned(*problem)
+    if found is None:
+        return None
+    try:
+        return f"{GemmConfig.from_dict(found.measurement.config).id} ({why})"
+    except Exception:  # an entry of another kind: not ours to run
+        return None
+
+
+#: Hook for the autotuner: ``lookup(node, graph) -> tuned kernel id or None``.
+TUNED_LOOKUP: Callable[[Node, Graph], str | None] | None = tuned_lookup
 
 
 @dataclass(frozen=True)
@@ -143,7 +206,7 @@ def _matmul(node: Node, graph: Graph, mode: str) -> Decision:
     if node.attrs.get("activation"):
         epilogue.append(node.attrs["activation"])
     shape = "x".join(str(d) for d in node.shape)
-    tuned = TUNED_LOOKUP(node) if TUNED_LOOKUP is not None else None
+    tuned = TUNED_LOOKUP(node, graph) if TUNED_LOOKUP is not None else None
     why_lt = lt_problem(node, graph) if epilogue and not tuned else ""
     if epilogue and not tuned and not why_lt:
         how = ("algorithm measured at the first call (utilization_first)"
@@ -156,6 +219,8 @@ def _matmul(node: Node, graph: Graph, mode: str) -> Decision:
     if why_lt and why_lt != "no epilogue to fuse":
         suffix += f" (not cuBLASLt: {why_lt})"
     if tuned:
-        return Decision(node.id, node.op, "cutlass", "CUTLASS_TUNED", f"kernel {tuned}{suffix}")
+        inside = f"; {'+'.join(epilogue)} inside its epilogue" if epilogue else ""
+        return Decision(node.id, node.op, "cutlass", "CUTLASS_TUNED",
+                        f"{shape} {node.dtype.name}; kernel {tuned}{inside}")
     return Decision(node.id, node.op, "cublas", "CUBLAS_DEFAULT",
                     f"{shape} {node.dtype.name}; no tuning database yet{suffix}")

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ..errors import PycLabError
@@ -33,30 +34,36 @@ from . import cutlass_gemm as cg
 from .strategies import Budget, Outcome, SearchSpace, StopSearch, Trial, get_strategy
 from .tuning_db import DeviceKey, Measurement, ProblemKey, TuningDB
 
-__all__ = ["DENSE_PEAK_TFLOPS", "TOLERANCE", "TuneResult", "as_float32", "autotune_gemm",
-           "device_key", "gemm_inputs", "reference", "time_gpu"]
+__all__ = ["DENSE_PEAK_TFLOPS", "PEAK_FRACTION", "TOLERANCE", "TuneResult", "apply_epilogue",
+           "as_float32", "autotune_gemm", "bias_input", "device_key", "gemm_inputs",
+           "peak_tflops", "reference", "time_gpu"]
 
 log = logging.getLogger(__name__)
 
-#: Max |cutlass - cublas| / max |cublas| accepted, per dtype (both accumulate in float32;
-#: they differ by the rounding of the output and the summation order).
-TOLERANCE = {"f16": 5e-3, "bf16": 3e-2}
+#: Max |cutlass - reference| / max |reference| accepted, per dtype (all accumulate in
+#: float32; they differ by the rounding of the output and operands and the summation
+#: order; the reference is cuBLAS in float32 for tf32 and f32).
+TOLERANCE = {"f16": 5e-3, "bf16": 3e-2, "tf32": 5e-3, "f32": 1e-4}
 #: Dense (no sparsity) fp16/bf16 tensor-core peaks by GPU name, TFLOP/s.
 DENSE_PEAK_TFLOPS = {"H200": 989.4, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4,
                      "H100 PCIe": 756.5, "H100 NVL": 835.0}
+#: Other dtypes' dense peaks relative to fp16 on Hopper: TF32 tensor cores run at half
+#: the fp16 rate; float32 on the CUDA cores at 67 of 989 TFLOP/s (H100/H200 SXM).
+PEAK_FRACTION = {"f16": 1.0, "bf16": 1.0, "tf32": 0.5, "f32": 66.9 / 989.4}
 
 
-def peak_tflops(gpu_name: str) -> float | None:
-    """The dense fp16/bf16 peak of a GPU by (part of) its name, or None if unknown."""
+def peak_tflops(gpu_name: str, dtype: str = "f16") -> float | None:
+    """The dense peak of a GPU (by part of its name) for ``dtype``, or None if unknown."""
     for key, value in DENSE_PEAK_TFLOPS.items():
         if key in gpu_name:
-            return value
+            return value * PEAK_FRACTION.get(dtype, 1.0)
     return None
 
 
+@lru_cache(maxsize=8)
 def device_key(index: int = 0) -> tuple[DeviceKey, int, int]:
     """This machine's GPU ``index``: its tuning-database key, compute capability as an
-    int (90) and SM count."""
+    int (90) and SM count (detected once per process)."""
     from ..runtime import detect_hardware
 
     hw = detect_hardware()
@@ -67,12 +74,19 @@ def device_key(index: int = 0) -> tuple[DeviceKey, int, int]:
     return DeviceKey.from_profile(hw, index), cc, int(gpu.sm_count or 132)
 
 
+def _cast(cp: Any, x: Any, dtype: str) -> Any:
+    if dtype == "bf16":
+        return _to_bf16_bits(cp, x)
+    return x.astype(cp.float16) if dtype == "f16" else x
+
+
 def gemm_inputs(m: int, n: int, k: int, dtype: str, layout: str, seed: int = 0) -> tuple:
     """CuPy ``a`` (M x K), ``b`` (K x N) in ``layout``'s memory order, uniform in
     [-1, 1], and a C-contiguous ``out`` poisoned with NaN.
 
     CuPy has no bfloat16 arrays: bf16 operands are ``int16`` arrays holding the bf16 bit
     patterns (rounded to nearest even from float32); :func:`as_float32` reads them back.
+    ``tf32`` and ``f32`` operands are float32.
     """
     import cupy as cp
 
@@ -80,15 +94,35 @@ def gemm_inputs(m: int, n: int, k: int, dtype: str, layout: str, seed: int = 0) 
 
     def mat(rows: int, cols: int, order: str) -> Any:
         shape = (rows, cols) if order == "t" else (cols, rows)
-        x = rng.uniform(-1, 1, shape, dtype=cp.float32)
-        x = x.astype(cp.float16) if dtype == "f16" else _to_bf16_bits(cp, x)
+        x = _cast(cp, rng.uniform(-1, 1, shape, dtype=cp.float32), dtype)
         return x if order == "t" else x.T
 
     a = mat(m, k, layout[0])
     b = mat(k, n, layout[1])
-    nan = cp.full((m, n), cp.nan, dtype=cp.float32)
-    out = nan.astype(cp.float16) if dtype == "f16" else _to_bf16_bits(cp, nan)
+    out = _cast(cp, cp.full((m, n), cp.nan, dtype=cp.float32), dtype)
     return a, b, out
+
+
+def bias_input(n: int, dtype: str, seed: int = 1) -> Any:
+    """A bias row of length ``n`` uniform in [-1, 1] in ``dtype`` (bf16 as bits)."""
+    import cupy as cp
+
+    return _cast(cp, cp.random.default_rng(seed).uniform(-1, 1, n, dtype=cp.float32), dtype)
+
+
+def apply_epilogue(y: Any, bias: Any, activation: str | None) -> Any:
+    """``act(y + bias)`` in float32 on CuPy arrays: the fused epilogue's reference."""
+    import cupy as cp
+
+    if bias is not None:
+        y = y + bias
+    if activation == "relu":
+        y = cp.maximum(y, 0)
+    elif activation == "gelu":
+        y = 0.5 * y * (1 + cp.tanh(0.7978845608028654 * (y + 0.044715 * y ** 3)))
+    elif activation == "silu":
+        y = y / (1 + cp.exp(-y))
+    return y
 
 
 def _to_bf16_bits(cp: Any, x: Any) -> Any:
@@ -102,20 +136,41 @@ def as_float32(x: Any, dtype: str) -> Any:
     """A CuPy float32 copy of an f16 array or of bf16 bits (see :func:`gemm_inputs`)."""
     import cupy as cp
 
-    if dtype == "f16":
+    if dtype != "bf16":
         return x.astype(cp.float32)
     return (cp.ascontiguousarray(x).view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32)
 
 
 def reference(a: Any, b: Any, dtype: str) -> tuple[Any, Callable[[], Any], str]:
     """cuBLAS's ``a @ b`` as float32, a zero-argument call that runs cuBLAS again (for
-    timing) and its name: ``cupy.matmul`` for f16, ``torch.matmul`` for bf16 (CuPy has
-    no bfloat16; torch's matmul is cuBLAS too)."""
+    timing) and its name: ``cupy.matmul`` for f16 and f32; ``torch.matmul`` for bf16
+    (CuPy has no bfloat16; torch's matmul is cuBLAS too) and for tf32 (cuBLAS's TF32
+    mode, ``allow_tf32``; the reference values are still float32 ones from CuPy)."""
     import cupy as cp
 
-    if dtype == "f16":
+    if dtype in ("f16", "f32"):
         out = cp.matmul(a, b)
         return out.astype(cp.float32), lambda: cp.matmul(a, b, out=out), "cublas"
+    if dtype == "tf32":
+        ref = cp.matmul(a, b)
+        try:
+            import torch
+        except ImportError:
+            log.info("torch is not installed: the tf32 baseline is cuBLAS in float32")
+            out = ref.copy()
+            return ref, lambda: cp.matmul(a, b, out=out), "cublas"
+        ta, tb = torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda")
+        tout = torch.empty((a.shape[0], b.shape[1]), device="cuda", dtype=torch.float32)
+
+        def run_tf32() -> Any:
+            flag = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                return torch.matmul(ta, tb, out=tout)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = flag
+
+        return ref, run_tf32, "cublas"
     try:
         import torch
     except ImportError:
@@ -125,6 +180,26 @@ def reference(a: Any, b: Any, dtype: str) -> tuple[Any, Callable[[], Any], str]:
     tb = torch.as_tensor(b, device="cuda").view(torch.bfloat16)
     ref = ta @ tb
     return cp.asarray(ref.float()), lambda: torch.matmul(ta, tb, out=ref), "cublas"
+
+
+def _cublaslt_baseline(a: Any, b: Any, bias: Any, epi: cg.Epilogue,
+                       dtype: str) -> Callable[[], Any] | None:
+    """cuBLASLt running the same fused epilogue (f16/f32 relu/gelu), or None."""
+    try:
+        from .cublaslt import FusedGemm, why_not
+
+        if dtype == "bf16" or why_not(tuple(a.shape), tuple(b.shape), a.dtype, b.dtype,
+                                      a.dtype, None if bias is None else tuple(bias.shape),
+                                      None if bias is None else bias.dtype, epi.activation):
+            return None
+        import cupy as cp
+
+        gemm = FusedGemm(epi.activation, has_bias=epi.bias)
+        out = cp.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+        return lambda: gemm(a, b, out, bias)
+    except Exception as exc:  # nvmath missing or refusing: no such baseline
+        log.info("no cuBLASLt baseline: %s", exc)
+        return None
 
 
 def time_gpu(fn: Callable[[], Any], repeats: int, flush: Any = None, warmup: int = 2) -> float:
@@ -189,7 +264,7 @@ class TuneResult:
         speed relative to cuBLAS (pandas DataFrame)."""
         import pandas as pd
 
-        peak = peak_tflops(self.device.gpu_name)
+        peak = peak_tflops(self.device.gpu_name, self.problem.dtype_a)
         rows = []
         entries = [("tuned CUTLASS", self.best.time_ms if self.best else None)]
         entries += [(name, ms) for name, ms in self.baselines.items()]
@@ -246,7 +321,8 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
                   db: TuningDB | None = None, cache: Any = None, repeats: int = 20,
                   observer: Callable[[dict[str, Any]], None] | None = None,
                   stop: threading.Event | None = None, seed: int = 0,
-                  hang_s: float = 20.0) -> TuneResult:
+                  hang_s: float = 20.0, bias: bool = False,
+                  activation: str | None = None) -> TuneResult:
     """Tune a CUTLASS GEMM for ``m x n x k`` on this GPU and record the result.
 
     Parameters
@@ -254,7 +330,9 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
     m, n, k
         The problem: ``a`` is M x K, ``b`` K x N.
     dtype
-        ``"f16"`` or ``"bf16"`` (float32 accumulation, output in the same dtype).
+        ``"f16"`` or ``"bf16"`` (tensor cores, float32 accumulation, output in the same
+        dtype), ``"tf32"`` (float32 arrays, TF32 tensor cores) or ``"f32"`` (float32 on
+        the CUDA cores).
     layout
         ``"tn"`` (default: ``a`` row-major, ``b`` column-major, as a linear layer's
         weight), ``"tt"``, ``"nt"`` or ``"nn"``.
@@ -279,6 +357,10 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
     hang_s
         A candidate whose first run has not finished after this many seconds is
         recorded as ``"timeout"`` and the search stops (a hung kernel holds the GPU).
+    bias, activation
+        Tune kernels with this fused epilogue, ``act(a @ b + bias)`` (bias: a length-N
+        row; activation ``"relu"``, ``"gelu"`` or ``"silu"``), recorded under the op
+        ``gemm_<epilogue>`` (what :func:`pyc_lab.matmul` and the compiler look up).
 
     Raises
     ------
@@ -293,7 +375,8 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
 
     require_cupy("autotune_gemm")
     cg._check(dtype, layout)
-    issue = cg.problem_issue(m, n, k, layout)
+    epi = cg.Epilogue(bool(bias), activation)
+    issue = cg.problem_issue(m, n, k, layout, dtype)
     if issue:
         raise PycLabError(f"autotune_gemm {m}x{n}x{k} {layout}: {issue}; pyc_lab.matmul "
                           "uses cuBLAS for such shapes")
@@ -302,10 +385,10 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
     if cc < 90:
         raise PycLabError(f"the CUTLASS kernels here are built for Hopper (sm_90a); this "
                           f"GPU is sm_{cc}")
-    problem = ProblemKey("gemm", dtype, dtype, dtype, layout, m, n, k)
+    problem = ProblemKey(epi.op, dtype, dtype, dtype, layout, m, n, k)
     db = db if db is not None else TuningDB()
     configs = cg.configurations(dtype, layout, cc)
-    kept, dropped = cg.prune(configs, m, n, k, layout)
+    kept, dropped = cg.prune(configs, m, n, k, layout, dtype, epi)
     if restrict is not None:
         kept = [c for c in kept if restrict(c)]
     ranked = cg.rank(kept, m, n, k, sm_count)
@@ -317,10 +400,18 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
 
     a, b, out = gemm_inputs(m, n, k, dtype, layout, seed)
     ref, run_cublas, _ = reference(a, b, dtype)
+    bias_arr = bias_input(n, dtype, seed + 1) if epi.bias else None
+    if epi.fused:
+        ref = apply_epilogue(ref, None if bias_arr is None else as_float32(bias_arr, dtype),
+                             epi.activation)
     ref_max = float(cp.abs(ref).max()) or 1.0
     flush = cp.empty(256 << 20, dtype=cp.uint8)  # 256 MiB > the H200's 50 MiB L2
     flops = 2.0 * m * n * k
     baselines = {"cublas": time_gpu(run_cublas, repeats, flush)}
+    if epi.fused:
+        lt = _cublaslt_baseline(a, b, bias_arr, epi, dtype)
+        if lt is not None:
+            baselines["cublaslt"] = time_gpu(lt, repeats, flush)
     if dtype == "f16":
         try:
             import torch
@@ -333,7 +424,7 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
 
     builds: dict[cg.GemmConfig, cg.BuildResult] = {}
     futures = cg.build_many(ranked, dtype, layout, cc, workers, cache,
-                            on_done=lambda r: builds.__setitem__(r.config, r))
+                            on_done=lambda r: builds.__setitem__(r.config, r), epilogue=epi)
     loaded: dict[cg.GemmConfig, cg.CutlassGemm] = {}
     rows: dict[str, dict[str, Any]] = {}
     measurements: dict[str, Measurement] = {}
@@ -363,12 +454,13 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
         if not res.ok:
             return finish(cfg, "compile_error", message=res.message)
         try:
-            gemm = loaded.get(cfg) or cg.CutlassGemm(res.library, cfg, dtype, layout, sm_count)
+            gemm = loaded.get(cfg) or cg.CutlassGemm(res.library, cfg, dtype, layout, sm_count,
+                                                     epi)
             loaded[cfg] = gemm
             if not gemm.can_implement(m, n, k):
                 return finish(cfg, "skipped", message="can_implement refused the problem")
             out.view(cp.uint16).fill(0x7FFF)  # NaN in both f16 and bf16
-            gemm(a, b, out)
+            gemm(a, b, out, bias=bias_arr)
             done = cp.cuda.Event()
             done.record()
             t0 = time.perf_counter()

@@ -1,34 +1,44 @@
 """``pyc_lab.matmul``: the tuned CUTLASS kernel for the shape when there is one, else cuBLAS.
 
-For CuPy arrays: the tuning database is asked for this GPU and problem (exact shape,
-then the nearest tuned bucket); a winner whose kernel is in the kernel cache (or builds)
-and accepts the problem runs; otherwise cuBLAS (``cupy.matmul``). A bias and/or a
-relu/gelu activation go through cuBLASLt's fused epilogue
-(:class:`~pyc_lab.kernels.cublaslt.FusedGemm`) — the tuned CUTLASS kernels here have a
-plain ``alpha * a @ b + beta * out`` epilogue. NumPy arrays use NumPy. Every call's
-choice and reason is kept in :data:`last_choice`.
+For CuPy arrays the tuning database is asked for this GPU, dtype, layout, epilogue and
+shape (exact shape, then the nearest tuned bucket); a winner whose kernel is in the kernel
+cache (or builds) and accepts the problem runs, bias and activation inside its epilogue
+when it was tuned with them (``autotune_gemm(..., bias=True, activation="gelu")``).
+Otherwise a bias and/or relu/gelu go through cuBLASLt's fused epilogue
+(:class:`~pyc_lab.kernels.cublaslt.FusedGemm`), anything else through cuBLAS
+(``cupy.matmul``) and a CuPy epilogue. NumPy arrays use NumPy. Every call's choice and
+reason is kept in :data:`last_choice`.
+
+The lookup is memoised per process and problem; a change of the database file (another
+tuning, here or in another notebook) is noticed by its modification time.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
 import numpy as np
 
 from ..errors import PycLabError
+from . import cutlass_gemm as cg
 
-__all__ = ["last_choice", "matmul"]
+__all__ = ["ACTIVATIONS", "find_tuned", "last_choice", "matmul", "operand_layout",
+           "tuned_kernel"]
 
 log = logging.getLogger(__name__)
+
+#: Activations ``matmul`` applies (gelu: the tanh approximation).
+ACTIVATIONS = tuple(cg.ACTIVATIONS)
 
 #: The most recent call's choice: ``{"impl", "reason", "config", "match"}``.
 last_choice: dict[str, Any] = {}
 
 _KERNELS: dict[tuple, Any] = {}
+_MEMO: dict[tuple, tuple[Any, str]] = {}
 _LOCK = threading.Lock()
-_DTYPE_NAMES = {"float16": "f16", "bfloat16": "bf16"}
 
 
 def _record(impl: str, reason: str, **extra: Any) -> None:
@@ -37,50 +47,126 @@ def _record(impl: str, reason: str, **extra: Any) -> None:
     log.debug("matmul: %s (%s)", impl, reason)
 
 
-def _tuned(a: Any, b: Any) -> tuple[Any, str]:
-    """The loaded tuned kernel for ``a @ b`` and why, or ``(None, why not)``."""
-    from . import cutlass_gemm as cg
+def _db_stamp() -> tuple:
+    """The default tuning database's identity and modification times (file and WAL)."""
+    from . import tuning_db
+
+    path = tuning_db.default_path()
+    stamp: list[Any] = [str(path)]
+    for p in (str(path), f"{path}-wal"):
+        try:
+            stamp.append(os.stat(p).st_mtime_ns)
+        except OSError:
+            stamp.append(None)
+    return tuple(stamp)
+
+
+def find_tuned(m: int, n: int, k: int, dtype: str, layout: str,
+               epilogue: cg.Epilogue | None = None) -> tuple[Any, str]:
+    """The tuning database's best kernel for a problem on this GPU.
+
+    Returns
+    -------
+    found, why
+        A :class:`~pyc_lab.kernels.tuning_db.LookupResult` (exact shape or nearest
+        bucket) and ``"exact match (MxNxK)"``-style text, or ``None`` and why not.
+    """
     from .autotune import device_key
     from .tuning_db import ProblemKey, TuningDB
 
-    dtype = _DTYPE_NAMES.get(a.dtype.name)
-    if dtype is None or b.dtype != a.dtype:
-        return None, f"dtypes {a.dtype.name} @ {b.dtype.name}: tuned kernels are f16/bf16"
-    if a.ndim != 2 or b.ndim != 2:
-        return None, "batched: tuned kernels are 2-D"
-    la = "t" if a.flags.c_contiguous else "n" if a.flags.f_contiguous else ""
-    lb = "t" if b.flags.c_contiguous else "n" if b.flags.f_contiguous else ""
-    if not la or not lb:
-        return None, "a strided operand (neither C- nor F-contiguous)"
-    layout = la + lb
-    (m, k), n = a.shape, b.shape[1]
-    issue = cg.problem_issue(m, n, k, layout)
+    epilogue = epilogue or cg.Epilogue()
+    issue = cg.problem_issue(m, n, k, layout, dtype)
     if issue:
         return None, issue
     try:
-        device, cc, sm_count = device_key()
-        found = TuningDB().lookup(device, ProblemKey("gemm", dtype, dtype, dtype, layout,
-                                                     m, n, k))
+        device, _cc, _sm = device_key()
+        with TuningDB() as db:
+            found = db.lookup(device, ProblemKey(epilogue.op, dtype, dtype, dtype, layout,
+                                                 m, n, k))
     except Exception as exc:
         return None, f"tuning database: {exc}"
+    what = f"{m}x{n}x{k} {dtype} {layout}" + (f" +{epilogue.name}" if epilogue.fused else "")
     if found is None:
-        return None, f"no tuned kernel for {m}x{n}x{k} {dtype} {layout} on this GPU"
-    cfg = cg.GemmConfig.from_dict(found.measurement.config)
-    key = (cfg, dtype, layout, cc)
+        return None, f"no tuned kernel for {what} on this GPU"
+    return found, f"{found.match} match ({'x'.join(map(str, found.problem_matched.shape))})"
+
+
+def tuned_kernel(m: int, n: int, k: int, dtype: str, layout: str,
+                 epilogue: cg.Epilogue | None = None) -> tuple[Any, str]:
+    """The loaded tuned :class:`~.cutlass_gemm.CutlassGemm` for a problem, or ``None``.
+
+    Memoised per problem until the database file changes. Loading takes the kernel
+    from the kernel cache where it was tuned on this machine (else it is built, which
+    takes a minute).
+
+    Returns
+    -------
+    kernel, why
+        The kernel and where it comes from, or ``None`` and why there is none.
+    """
+    epilogue = epilogue or cg.Epilogue()
+    key = (m, n, k, dtype, layout, epilogue, _db_stamp())
+    hit = _MEMO.get(key)
+    if hit is not None:
+        return hit
+    found, why = find_tuned(m, n, k, dtype, layout, epilogue)
+    kernel = None
+    if found is not None:
+        kernel, why = _load(found, dtype, layout, epilogue, why, (m, n, k))
+    with _LOCK:
+        if len(_MEMO) > 4096:
+            _MEMO.clear()
+        _MEMO[key] = (kernel, why)
+    return kernel, why
+
+
+def _load(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
+          shape: tuple[int, int, int]) -> tuple[Any, str]:
+    from .autotune import device_key
+
+    try:
+        cfg = cg.GemmConfig.from_dict(found.measurement.config)
+        _device, cc, sm_count = device_key()
+    except Exception as exc:
+        return None, f"tuned entry unusable: {exc}"
+    key = (cfg, dtype, layout, epilogue, cc)
     with _LOCK:
         kernel = _KERNELS.get(key)
         if kernel is None:
-            res = cg.build(cfg, dtype, layout, cc)  # from the cache when it was tuned here
+            res = cg.build(cfg, dtype, layout, cc, epilogue=epilogue)  # cached when tuned here
             if not res.ok:
                 return None, f"tuned kernel {cfg.id} did not build: {res.message[:200]}"
-            kernel = _KERNELS[key] = cg.CutlassGemm(res.library, cfg, dtype, layout, sm_count)
-    if not kernel.can_implement(m, n, k):
-        return None, f"tuned kernel {cfg.id} cannot take {m}x{n}x{k}"
-    return kernel, f"{found.match} match ({'x'.join(map(str, found.problem_matched.shape))})"
+            kernel = _KERNELS[key] = cg.CutlassGemm(res.library, cfg, dtype, layout, sm_count,
+                                                    epilogue)
+    if not kernel.can_implement(*shape):
+        return None, f"tuned kernel {cfg.id} cannot take {'x'.join(map(str, shape))}"
+    return kernel, why
+
+
+def operand_layout(a: Any, b: Any) -> str:
+    """``a``/``b``'s memory order in BLAS letters (``"tn"``...), or ``""`` if strided."""
+    la = "t" if a.flags.c_contiguous else "n" if a.flags.f_contiguous else ""
+    lb = "t" if b.flags.c_contiguous else "n" if b.flags.f_contiguous else ""
+    return la + lb if la and lb else ""
+
+
+def _tuned(a: Any, b: Any, epilogue: cg.Epilogue, tf32: bool) -> tuple[Any, str]:
+    """The tuned kernel for ``a @ b`` with ``epilogue``, or ``(None, why not)``."""
+    names = {"float16": "f16", "float32": "tf32" if tf32 else "f32"}
+    dtype = names.get(a.dtype.name)
+    if dtype is None or b.dtype != a.dtype:
+        return None, (f"dtypes {a.dtype.name} @ {b.dtype.name}: tuned kernels take float16 "
+                      "or float32 pairs")
+    if a.ndim != 2 or b.ndim != 2:
+        return None, "batched: tuned kernels are 2-D"
+    layout = operand_layout(a, b)
+    if not layout:
+        return None, "a strided operand (neither C- nor F-contiguous)"
+    return tuned_kernel(a.shape[0], b.shape[1], a.shape[1], dtype, layout, epilogue)
 
 
 def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0,
-           bias: Any = None, activation: str | None = None) -> Any:
+           bias: Any = None, activation: str | None = None, tf32: bool = False) -> Any:
     """``activation(alpha * a @ b + beta * out + bias)``, with the fastest kernel known.
 
     Parameters
@@ -94,15 +180,18 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     bias
         Optional row vector of length N added after the product.
     activation
-        ``None``, ``"relu"`` or ``"gelu"`` (tanh approximation).
+        ``None``, ``"relu"``, ``"gelu"`` (tanh approximation) or ``"silu"``.
+    tf32
+        For float32 CuPy arrays: allow a kernel tuned for TF32 tensor cores (10-bit
+        mantissa products) instead of exact float32 ones (like torch's ``allow_tf32``).
 
     Returns
     -------
     array
         ``out`` (or a new array). :data:`last_choice` says which implementation ran and why.
     """
-    if activation not in (None, "relu", "gelu"):
-        raise PycLabError(f"matmul activation must be None, 'relu' or 'gelu', got "
+    if activation is not None and activation not in ACTIVATIONS:
+        raise PycLabError(f"matmul activation must be None or one of {ACTIVATIONS}, got "
                           f"{activation!r}")
     if getattr(a, "ndim", 0) < 1 or getattr(b, "ndim", 0) < 1:
         raise PycLabError("matmul takes arrays with at least one dimension")
@@ -122,16 +211,33 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
         return y.astype(np.result_type(a, b), copy=False)
     import cupy as cp
 
-    if bias is not None or activation is not None:
-        return _fused(cp, a, b, out, alpha, beta, bias, activation)
-    kernel, why = _tuned(a, b)
+    epilogue = cg.Epilogue(bias is not None, activation)
+    kernel, why = _tuned(a, b, epilogue, tf32)
     if kernel is not None:
-        if out is None:
-            out = cp.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
-            beta = 0.0
-        kernel(a, b, out, alpha=alpha, beta=beta)
-        _record("cutlass", why, config=kernel.config.id if kernel.config else None)
-        return out
+        bias_c = None
+        if bias is not None:
+            bias_c = bias.reshape(-1)
+            if bias_c.dtype != a.dtype or not bias_c.flags.c_contiguous:
+                bias_c = cp.ascontiguousarray(bias_c, dtype=a.dtype)
+            if bias_c.shape != (b.shape[1],):
+                raise PycLabError(f"matmul: bias of shape {tuple(bias.shape)} for an output "
+                                  f"of {b.shape[1]} columns (give one value per column)")
+        target = out
+        if out is None or not out.flags.c_contiguous or out.dtype != a.dtype:
+            target = cp.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+            if beta and out is not None:
+                target[...] = out
+            elif out is None:
+                beta = 0.0
+        kernel(a, b, target, alpha=alpha, beta=beta, bias=bias_c)
+        _record("cutlass", why, config=kernel.config.id if kernel.config else None,
+                epilogue=epilogue.name)
+        if out is not None and target is not out:
+            out[...] = target
+            return out
+        return target
+    if epilogue.fused:
+        return _fused(cp, a, b, out, alpha, beta, bias, activation, why)
     y = cp.matmul(a, b)
     if alpha != 1.0:
         y *= alpha
@@ -152,11 +258,13 @@ def _epilogue(xp: Any, y: Any, bias: Any, activation: str | None) -> Any:
         y = xp.maximum(y, 0)
     elif activation == "gelu":
         y = 0.5 * y * (1 + xp.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+    elif activation == "silu":
+        y = y / (1 + xp.exp(-y))
     return y
 
 
 def _fused(cp: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
-           activation: str | None) -> Any:
+           activation: str | None, why_cutlass: str) -> Any:
     from . import cublaslt
 
     why = cublaslt.why_not(tuple(a.shape), tuple(b.shape), a.dtype, b.dtype, a.dtype,
@@ -172,7 +280,8 @@ def _fused(cp: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: A
                 gemm = _KERNELS[key] = cublaslt.FusedGemm(activation, bias is not None)
         gemm(a, b, target, None if bias is None else cp.ascontiguousarray(bias).reshape(-1))
         _record("cublaslt", f"bias/activation in cuBLASLt's epilogue "
-                            f"({cublaslt.EPILOGUES[(bias is not None, activation)]})")
+                            f"({cublaslt.EPILOGUES[(bias is not None, activation)]}); "
+                            f"not CUTLASS: {why_cutlass}")
         if out is not None and target is not out:
             out[...] = target
             return out
@@ -181,7 +290,8 @@ def _fused(cp: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: A
     if beta and out is not None:
         y = y + beta * out
     y = _epilogue(cp, y, bias, activation)
-    _record("cublas", f"cuBLAS and CuPy for the epilogue ({why or 'alpha/beta given'})")
+    _record("cublas", f"cuBLAS and CuPy for the epilogue ({why or 'alpha/beta given'}); "
+                      f"not CUTLASS: {why_cutlass}")
     if out is not None:
         out[...] = y
         return out

@@ -94,10 +94,69 @@ def test_without_nvmath_the_reason_says_how_to_get_it(monkeypatch):
 
 
 def test_a_tuned_kernel_wins_over_cublaslt(nvmath_present, monkeypatch):
-    monkeypatch.setattr(policy, "TUNED_LOOKUP", lambda node: "cutlass_sm90_x")
+    monkeypatch.setattr(policy, "TUNED_LOOKUP", lambda node, graph: "cutlass_sm90_x")
     g, node = matmul_graph((32, 16), (16, 64), bias=(64,), act="gelu")
     d = decision(g, node)
     assert (d.choice, d.reason) == ("cutlass", "CUTLASS_TUNED") and "cutlass_sm90_x" in d.detail
+    assert "bias+gelu inside its epilogue" in d.detail
+    exe = CupyExecutable(g, {node.id: d.choice})  # the step holds its cuBLASLt fallback
+    (k,) = exe.kernels
+    assert k["kind"] == "cutlass" and "epilogue bias_gelu fused" in k["implementation"]
+    assert "cuBLASLt" in k["implementation"]
+    assert type(exe._steps[0].fallback).__name__ == "_LtStep"
+
+
+@pytest.mark.parametrize("a, b, attrs, bias, act, want", [
+    ((32, 16), (16, 64), {}, None, None, (32, 64, 16, "f16", "tt", "")),
+    ((32, 16), (64, 16), {"transpose_b": True}, (64,), "gelu", (32, 64, 16, "f16", "tn",
+                                                                 "bias_gelu")),
+    ((16, 32), (16, 64), {"transpose_a": True}, (1, 64), "silu", (32, 64, 16, "f16", "nt",
+                                                                  "bias_silu")),
+])
+def test_tuned_problem_reads_shape_layout_and_epilogue(a, b, attrs, bias, act, want):
+    g, node = matmul_graph(a, b, bias=bias, act=act, **attrs)
+    problem, why = policy.tuned_problem(node, g)
+    assert why == "" and (*problem[:5], problem[5].name) == want
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    ({"a_shape": (2, 32, 16), "b_shape": (16, 64)}, "batched"),
+    ({"a_shape": (32, 16), "b_shape": (16, 64), "dtype": np.float64}, "float64"),
+    ({"a_shape": (32, 16), "b_shape": (16, 64), "bias": (64,), "bias_dtype": F32},
+     "float16 @ float16 -> float32"),
+])
+def test_tuned_problem_says_why_not(kwargs, why):
+    g, node = matmul_graph(**kwargs)
+    problem, got = policy.tuned_problem(node, g)
+    assert problem is None and why in got
+
+
+def test_the_default_lookup_asks_the_tuning_database(tmp_path, monkeypatch):
+    from pyc_lab.kernels import autotune, tuning_db
+    from pyc_lab.kernels.cutlass_gemm import GemmConfig
+    from pyc_lab.runtime import gpu
+
+    device = tuning_db.DeviceKey("NVIDIA H200", "9.0", "580.00", "13.0")
+    monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
+    monkeypatch.setattr(autotune, "device_key", lambda index=0: (device, 90, 132))
+    cfg = GemmConfig((256, 128, 64), (2, 1, 1), "TmaWarpSpecializedCooperative",
+                     "TmaWarpSpecializedCooperative", "Default")
+    with tuning_db.TuningDB() as db:
+        db.record(device, tuning_db.ProblemKey("gemm_bias_gelu", "f16", "f16", "f16", "tn",
+                                               4096, 4096, 1024),
+                  tuning_db.Measurement(cfg.to_dict(), "ok", 0.1))
+    g, node = matmul_graph((4096, 1024), (4096, 1024), bias=(4096,), act="gelu",
+                           transpose_b=True)
+    assert policy.tuned_lookup(node, g) is None  # no GPU here: never asks
+    monkeypatch.setattr(gpu, "cupy_status", lambda: (object(), "ok"))
+    assert policy.tuned_lookup(node, g) == f"{cfg.id} (exact match (4096x4096x1024))"
+    g2, near = matmul_graph((3000, 1024), (4096, 1024), bias=(4096,), act="gelu",
+                            transpose_b=True)
+    assert "bucket match (4096x4096x1024)" in policy.tuned_lookup(near, g2)
+    g3, plain = matmul_graph((4096, 1024), (4096, 1024), transpose_b=True)
+    assert policy.tuned_lookup(plain, g3) is None  # tuned with the epilogue only
+    d = decision(g, node)
+    assert (d.choice, d.reason) == ("cutlass", "CUTLASS_TUNED")
 
 
 @pytest.mark.parametrize("args, why", [

@@ -35,8 +35,8 @@ def test_configurations_come_from_cutlass_cppgen(f16_tn):
 
 
 def test_bad_dtype_layout_and_config_are_clear_errors(f16_tn):
-    with pytest.raises(PycLabError, match="dtype 'f32'"):
-        cg.configurations("f32", "tn")
+    with pytest.raises(PycLabError, match="dtype 'f64'"):
+        cg.configurations("f64", "tn")
     with pytest.raises(PycLabError, match="layout 'xx'"):
         cg.configurations("f16", "xx")
     with pytest.raises(PycLabError, match="not a CUTLASS GEMM config"):
@@ -84,6 +84,47 @@ def test_emitted_source_is_deterministic_and_complete(f16_tn):
     assert "cutlass::bfloat16_t" in bf and "cutlass::half_t" not in bf
 
 
+def test_float32_kernels_tf32_tensor_cores_and_simt():
+    tf32 = cg.configurations("tf32", "tn")
+    assert len(tf32) > 40 and all(c.tile[2] == 32 for c in tf32)
+    src = cg.emit_source(cg.rank(cg.prune(tf32, 1024, 1024, 1024, "tn", "tf32")[0],
+                                 1024, 1024, 1024)[0], "tf32", "tn")
+    assert "CollectiveBuilder" in src and "tf32gemm" in src and "hw_info" in src
+    (simt,) = cg.configurations("f32", "tn")
+    src = cg.emit_source(simt, "f32", "tn")
+    assert "OpClassSimt" in src and "GemmCoord(M, N, K)" in src and "hw_info" not in src
+    # alignment: 4 float32 for TF32 tensor cores, none for SIMT
+    assert "multiple of 4" in cg.problem_issue(64, 64, 66, "tn", "tf32")
+    assert cg.problem_issue(64, 64, 66, "tn", "f32") == ""
+    with pytest.raises(PycLabError, match="TMA epilogue schedule"):
+        cg.emit_source(simt, "f32", "tn", epilogue=cg.Epilogue(bias=True))
+
+
+def test_epilogues_name_their_op_and_fusion():
+    e = cg.Epilogue(bias=True, activation="gelu")
+    assert (e.name, e.op, e.fused) == ("bias_gelu", "gemm_bias_gelu", True)
+    assert cg.Epilogue.from_op(e.op) == e and cg.Epilogue.from_op("gemm") == cg.Epilogue()
+    assert cg.Epilogue(activation="silu").op == "gemm_silu"
+    assert cg.Epilogue(bias=True).fusion_op("bf16") == \
+        "cutlass::epilogue::fusion::LinCombPerColBias<cutlass::bfloat16_t, float>"
+    with pytest.raises(PycLabError, match="not one of"):
+        cg.Epilogue(activation="tanh")
+
+
+def test_fused_epilogue_sources_and_pruning(f16_tn):
+    epi = cg.Epilogue(bias=True, activation="gelu")
+    kept, dropped = cg.prune(f16_tn, 4096, 4096, 4096, "tn", "f16", epi)
+    assert kept and all(c.epilogue_schedule.startswith("TmaWarpSpecialized") for c in kept)
+    assert any("needs a TMA epilogue schedule" in why for why in dropped.values())
+    src = cg.emit_source(kept[0], "f16", "tn", epilogue=epi)
+    assert ("LinCombPerColBiasEltAct<cutlass::epilogue::thread::GELU_taylor, "
+            "cutlass::half_t, float>") in src
+    assert "#define PYC_BIAS 1" in src and src != cg.emit_source(kept[0], "f16", "tn")
+    nosmem = next(c for c in f16_tn if c.epilogue_schedule == "NoSmemWarpSpecialized")
+    with pytest.raises(PycLabError, match="TMA epilogue schedule"):
+        cg.emit_source(nosmem, "f16", "tn", epilogue=epi)
+
+
 def test_build_caches_and_records_failures(tmp_path, f16_tn):
     cache = KernelCache(tmp_path / "kernels")
     cfg = cg.rank(cg.prune(f16_tn, 256, 256, 256)[0], 256, 256, 256)[0]
@@ -104,6 +145,20 @@ def test_build_caches_and_records_failures(tmp_path, f16_tn):
     assert "not one of cutlass_cppgen's configurations" in res_bad.message
 
 
+def test_fused_epilogue_and_simt_kernels_compile(tmp_path, f16_tn):
+    """nvcc accepts the spliced fusion operation and the CUTLASS 2 wrapper (~45 s)."""
+    cache = KernelCache(tmp_path / "kernels")
+    epi = cg.Epilogue(bias=True, activation="silu")
+    fused = cg.rank(cg.prune(f16_tn, 1024, 1024, 1024, "tn", "f16", epi)[0],
+                    1024, 1024, 1024)[0]
+    (simt,) = cg.configurations("f32", "tn")
+    with_epi = cg.build_many([fused], "f16", "tn", cache=cache, workers=1, epilogue=epi)
+    plain = cg.build_many([simt], "f32", "tn", cache=cache, workers=1)
+    for res in (with_epi[fused].result(), plain[simt].result()):
+        assert res.status == "built", res.message
+    assert cache.get(with_epi[fused].result().key).meta["epilogue"] == "bias_silu"
+
+
 def test_matmul_on_numpy_and_bad_input():
     rng = np.random.default_rng()
     a, b = rng.uniform(-1, 1, (5, 7)), rng.uniform(-1, 1, (7, 3))
@@ -116,8 +171,11 @@ def test_matmul_on_numpy_and_bad_input():
     np.testing.assert_allclose(pl.matmul(a, b, out=out, alpha=2.0, beta=0.5), want)
     with pytest.raises(PycLabError, match="inner dimensions differ"):
         pl.matmul(a, a)
+    y = a @ b + bias
+    np.testing.assert_allclose(pl.matmul(a, b, bias=bias, activation="silu"),
+                               y / (1 + np.exp(-y)))
     with pytest.raises(PycLabError, match="activation must be"):
-        pl.matmul(a, b, activation="silu")
+        pl.matmul(a, b, activation="tanh")
 
 
 def test_autotune_without_a_gpu_says_why():

@@ -17,7 +17,10 @@ pytest.importorskip("cutlass_library")
 
 pytestmark = pytest.mark.gpu
 
-CASES = [("f16", "tn"), ("bf16", "tn"), ("f16", "nt")]
+CASES = [("f16", "tn"), ("bf16", "tn"), ("f16", "nt"), ("tf32", "tn"), ("f32", "tn")]
+#: Fused epilogues (dtype, bias, activation) built and checked against float64.
+EPILOGUES = [("f16", True, "gelu"), ("bf16", False, "relu"), ("f16", True, "silu"),
+             ("f16", True, None)]
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +29,8 @@ def kernels(tmp_path_factory):
     cache = KernelCache(tmp_path_factory.mktemp("kernels"))
     futures = {}
     for dtype, layout in CASES:
-        cfg = cg.rank(cg.prune(cg.configurations(dtype, layout), 384, 256, 512, layout)[0],
-                      384, 256, 512)[0]
+        cfg = cg.rank(cg.prune(cg.configurations(dtype, layout), 384, 256, 512, layout,
+                               dtype)[0], 384, 256, 512)[0]
         futures[(dtype, layout)] = cg.build_many([cfg], dtype, layout, cache=cache,
                                                  workers=1)[cfg]
     out = {}
@@ -35,6 +38,25 @@ def kernels(tmp_path_factory):
         res = fut.result()
         assert res.ok, res.message
         out[case] = cg.CutlassGemm(res.library, res.config, *case)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fused_kernels(tmp_path_factory):
+    """One top-ranked 'tn' kernel per fused epilogue, built in parallel."""
+    cache = KernelCache(tmp_path_factory.mktemp("fused"))
+    futures = {}
+    for dtype, bias, act in EPILOGUES:
+        epi = cg.Epilogue(bias, act)
+        cfg = cg.rank(cg.prune(cg.configurations(dtype, "tn"), 384, 256, 512, "tn", dtype,
+                               epi)[0], 384, 256, 512)[0]
+        futures[(dtype, bias, act)] = (epi, cg.build_many([cfg], dtype, "tn", cache=cache,
+                                                          workers=1, epilogue=epi)[cfg])
+    out = {}
+    for case, (epi, fut) in futures.items():
+        res = fut.result()
+        assert res.ok, res.message
+        out[case] = cg.CutlassGemm(res.library, res.config, case[0], "tn", epilogue=epi)
     return out
 
 
@@ -59,6 +81,42 @@ def test_kernel_matches_float32_and_cublas(kernels, case):
     assert max_rel_err(got, want) < TOLERANCE[dtype]
     ref, _, _ = reference(a, b, dtype)  # cuBLAS (through torch for bf16)
     assert max_rel_err(got, cp.asnumpy(ref)) < TOLERANCE[dtype]
+
+
+def act64(h, act):
+    if act == "relu":
+        return np.maximum(h, 0)
+    if act == "gelu":
+        return 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+    if act == "silu":
+        return h / (1 + np.exp(-h))
+    return h
+
+
+@pytest.mark.parametrize("case", EPILOGUES)
+def test_fused_epilogue_matches_float64(fused_kernels, case):
+    from pyc_lab.kernels.autotune import bias_input
+
+    dtype, has_bias, act = case
+    gemm = fused_kernels[case]
+    m, n, k = 384, 256, 512
+    seed = int(np.random.default_rng().integers(1_000_000))
+    a, b, out = gemm_inputs(m, n, k, dtype, "tn", seed=seed)
+    bias = bias_input(n, dtype, seed + 1) if has_bias else None
+    gemm(a, b, out, bias=bias)
+    h = cp.asnumpy(as_float32(a, dtype)).astype(np.float64) @ \
+        cp.asnumpy(as_float32(b, dtype)).astype(np.float64)
+    if has_bias:
+        h = h + cp.asnumpy(as_float32(bias, dtype)).astype(np.float64)
+    got = as_float32(out, dtype)
+    assert bool(cp.isfinite(got).all())
+    assert max_rel_err(got, act64(h, act)) < TOLERANCE[dtype]
+    if has_bias:
+        with pytest.raises(pl.PycLabError, match="needs a contiguous bias"):
+            gemm(a, b, out)  # the bias is required
+    else:
+        with pytest.raises(pl.PycLabError, match="no bias epilogue"):
+            gemm(a, b, out, bias=out[0])
 
 
 def test_rebinding_alpha_beta_and_wrong_layouts(kernels):
@@ -114,6 +172,48 @@ def test_autotune_records_and_matmul_uses_the_winner(tmp_path, monkeypatch):
         cp.asnumpy(bias)
     want = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
     assert max_rel_err(y3, want) < 2e-2
+
+
+def test_tuned_epilogue_serves_matmul_and_the_compiler(tmp_path, monkeypatch):
+    from pyc_lab.compiler.functions import gelu
+
+    monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "tuning.sqlite")
+    monkeypatch.setattr(cg, "KernelCache", lambda *a, **k: KernelCache(tmp_path / "kernels"))
+    res = pl.autotune_gemm(256, 384, 512, dtype="f16", layout="tn", max_candidates=2,
+                           budget_s=300, repeats=5, bias=True, activation="gelu")
+    assert res.best is not None and res.problem.op == "gemm_bias_gelu", res.table
+    assert "cublaslt" in res.baselines  # the library's fused epilogue, same run
+    rng = np.random.default_rng()
+    x = cp.asarray(rng.uniform(-1, 1, (256, 512)).astype(np.float16))
+    w = cp.asarray(rng.uniform(-1, 1, (384, 512)).astype(np.float16))  # (N, K): 'tn'
+    bias = cp.asarray(rng.uniform(-1, 1, 384).astype(np.float16))
+    want = act64(cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(w).astype(np.float64).T
+                 + cp.asnumpy(bias), "gelu")
+    y = pl.matmul(x, w.T, bias=bias, activation="gelu")
+    choice = pl.kernels.matmul.last_choice
+    assert (choice["impl"], choice["epilogue"]) == ("cutlass", "bias_gelu"), choice
+    assert max_rel_err(y, want) < TOLERANCE["f16"]
+    # the same problem without the epilogue was not tuned: cuBLAS
+    pl.matmul(x, w.T)
+    assert pl.kernels.matmul.last_choice["impl"] == "cublas"
+
+    def layer(x, w, b):
+        return gelu(x @ w.T + b)
+
+    f = pl.compile(layer, backend="cupy")
+    ex = f.explain(x, w, bias)
+    row = ex.decisions[ex.decisions.choice == "cutlass"]
+    assert len(row) == 1 and row.iloc[0].reason == "CUTLASS_TUNED", ex.decisions
+    for _ in range(2):
+        x2 = cp.asarray(rng.uniform(-1, 1, (256, 512)).astype(np.float16))
+        out = f(x2, w, bias)
+        want2 = act64(cp.asnumpy(x2).astype(np.float64) @ cp.asnumpy(w).astype(np.float64).T
+                      + cp.asnumpy(bias), "gelu")
+        assert max_rel_err(out, want2) < TOLERANCE["f16"]
+    exe = f._last.runner  # the CupyExecutable: its CUTLASS step ran the tuned kernel
+    (step,) = [s for s in exe._steps if type(s).__name__ == "_CutlassStep"]
+    assert step.kernel is not None and step.kernel.epilogue.name == "bias_gelu"
+    assert not exe._fallbacks, exe._fallbacks
 
 
 def test_autotune_refuses_a_misaligned_problem():
