@@ -26,4 +26,5 @@ def _private_tuning_database(tmp_path_factory, monkeypatch):
     from pyc_lab.kernels import tuning_db
 
     path = tmp_path_factory.getbasetemp() / "tuning-db" / "tuning.sqlite"
+    monkeypatch.setattr(tuning_db, "user_default_path", tuning_db.default_path, raising=False)
     monkeypatch.setattr(tuning_db, "default_path", lambda: path)

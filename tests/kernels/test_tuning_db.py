@@ -275,7 +275,11 @@ def test_empty_frame_still_has_columns(db: TuningDB):
 def test_default_path_is_in_the_user_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import platformdirs
 
+    from pyc_lab.kernels import tuning_db
+
     monkeypatch.setattr(platformdirs, "user_cache_path", lambda app: tmp_path / "cache" / app)
+    # conftest points default_path at a private file; this test checks the real one
+    monkeypatch.setattr(tuning_db, "default_path", tuning_db.user_default_path)
     with TuningDB() as d:
         assert d.path == tmp_path / "cache" / "pyc_lab" / "tuning.sqlite"
         d.record(H200, gemm(64, 64, 64), ok(16, 0.01))
