@@ -202,9 +202,32 @@ def _cublaslt_baseline(a: Any, b: Any, bias: Any, epi: cg.Epilogue,
         return None
 
 
+_SPIN_SOURCE = r"""
+extern "C" __global__ void pyc_spin(long long cycles) {
+  long long t0 = clock64();
+  while (clock64() - t0 < cycles) { }
+}
+"""
+_SPIN: list[Any] = []
+
+
+def _spin(cp: Any, microseconds: float = 100.0) -> None:
+    """Keep the GPU busy for ``microseconds`` (one thread spinning on ``clock64``)."""
+    if not _SPIN:
+        _SPIN.append(cp.RawKernel(_SPIN_SOURCE, "pyc_spin"))
+    clock_khz = cp.cuda.Device().attributes.get("ClockRate", 1_980_000)
+    _SPIN[0]((1,), (1,), (cp.int64(int(microseconds * clock_khz / 1000)),))
+
+
 def time_gpu(fn: Callable[[], Any], repeats: int, flush: Any = None, warmup: int = 2) -> float:
     """Median milliseconds of ``fn`` over ``repeats`` CUDA-event-timed runs, the L2 cache
-    flushed (``flush.fill(0)``, outside the timed interval) before each."""
+    flushed (``flush.fill(0)``, outside the timed interval) before each.
+
+    A 100 us spin kernel is queued before the start event, so that the host has
+    enqueued ``fn``'s launches by the time the GPU reaches the event: the interval holds
+    GPU time only, not the host's launch overhead (which would otherwise dominate small
+    problems, and differs between cuBLAS through CuPy, torch and a CUTLASS launch).
+    """
     import cupy as cp
 
     for _ in range(warmup):
@@ -214,6 +237,7 @@ def time_gpu(fn: Callable[[], Any], repeats: int, flush: Any = None, warmup: int
     for _ in range(max(1, repeats)):
         if flush is not None:
             flush.fill(0)
+        _spin(cp)
         start.record()
         fn()
         end.record()

@@ -133,6 +133,14 @@ def test_rebinding_alpha_beta_and_wrong_layouts(kernels):
     gemm.bind(a, b, out2)
     gemm.launch(cp.cuda.get_current_stream().ptr)  # the bound problem, nothing checked
     assert bool(cp.isfinite(out2).all())
+    out3 = cp.full_like(out, cp.nan)
+    gemm(a, b, out3)
+    graph = gemm.capture()  # one launch of the bound problem, replayed
+    out3.fill(cp.nan)
+    graph.launch()
+    cp.cuda.get_current_stream().synchronize()
+    assert max_rel_err(out3, cp.asnumpy(a).astype(np.float64) @
+                       cp.asnumpy(b).astype(np.float64)) < TOLERANCE["f16"]
     with pytest.raises(pl.PycLabError, match="built for layout 'tn'"):
         gemm(a.T.copy().T, b, out)  # a column-major a does not fit a 'tn' kernel
     with pytest.raises(pl.PycLabError, match="do not fit together"):
