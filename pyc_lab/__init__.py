@@ -1,12 +1,14 @@
 """pyc_lab: a Jupyter-first GPU performance workbench.
 
-``%load_ext pyc_lab`` in a notebook registers the magics (``%pyc_hw``); from Python::
+``%load_ext pyc_lab`` in a notebook registers the magics (``%pyc_hw``, ``%%pyc_compile``,
+``%pyc_tune``, ``%pyc_timeline``); from Python::
 
     import pyc_lab as pl
     hw = pl.detect_hardware()          # CPUs, NUMA, GPUs, links, with provenance
     f = pl.compile(fn)                 # trace, optimise, fuse; f.explain(*args)
     bw = pl.runtime.probe_bandwidth()  # measured copy bandwidths beside theoretical
     res = pl.autotune_gemm(4096, 4096, 4096, dtype="bf16")   # CUTLASS vs cuBLAS, recorded
+    res = pl.replay_autotune(4096, 4096, 4096, dtype="f16")  # the same search, replayed
     y = pl.matmul(a, b)                # the tuned kernel for the shape, else cuBLAS
 
 Importing pyc_lab needs no GPU, no CuPy and no NVML, and prints nothing.
@@ -40,6 +42,7 @@ __all__ = [
     "load_ipython_extension",
     "matmul",
     "probe_bandwidth",
+    "replay_autotune",
     "runtime",
     "unload_ipython_extension",
 ]
@@ -48,7 +51,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _LAZY = {"matmul": ("kernels.matmul", "matmul"),
          "autotune_gemm": ("kernels.autotune", "autotune_gemm"),
-         "TuneResult": ("kernels.autotune", "TuneResult")}
+         "TuneResult": ("kernels.autotune", "TuneResult"),
+         "replay_autotune": ("kernels.replay", "replay_autotune")}
 
 
 def __getattr__(name: str):

@@ -5,6 +5,11 @@
     pyc-lab hw --snapshot dgx-h100  a shipped or saved profile instead
     pyc-lab hw --save hw.json       record this machine's profile as a snapshot
     pyc-lab hw --json               the profile as JSON on stdout
+    pyc-lab tune gemm M N K         tune a CUTLASS GEMM on this GPU, compare with cuBLAS
+    pyc-lab tune gemm M N K --replay [PATH]
+                                    replay a tuning recorded on a GPU (the shipped H200
+                                    recording, or a tuning-database export): no GPU needed
+    pyc-lab tune gemm ... --json    the result as JSON on stdout
 """
 
 from __future__ import annotations
@@ -14,8 +19,13 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .errors import PycLabError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kernels.autotune import TuneResult
+    from .kernels.tuning_db import Measurement
 
 __all__ = ["main"]
 
@@ -34,6 +44,28 @@ def _parser() -> argparse.ArgumentParser:
     hw.add_argument("--save", metavar="PATH", help="write the profile as a JSON snapshot")
     hw.add_argument("--bandwidth-csv", metavar="PATH", help="write the bandwidth table as CSV")
     hw.add_argument("--json", action="store_true", help="print the profile as JSON")
+
+    tune = sub.add_parser("tune", help="autotune a kernel on this GPU (or replay a recording)")
+    ops = tune.add_subparsers(dest="op", required=True)
+    gemm = ops.add_parser("gemm", help="tune a CUTLASS GEMM (a is M x K, b is K x N)",
+                          description="Tune a CUTLASS GEMM live on this GPU, or replay the "
+                                      "tuning recorded on a GPU with --replay.")
+    for dim in ("M", "N", "K"):
+        gemm.add_argument(dim.lower(), metavar=dim, type=int, help=f"the problem's {dim}")
+    gemm.add_argument("--dtype", default="bf16", help="f16 or bf16 (default: bf16)")
+    gemm.add_argument("--layout", default="tn", help="tn, tt, nt or nn (default: tn)")
+    gemm.add_argument("--strategy", default="successive_halving",
+                      help="exhaustive, random, successive_halving (default) or evolutionary")
+    gemm.add_argument("--budget", metavar="S", type=float, default=180.0,
+                      help="stop starting candidates after S seconds (0: no limit; "
+                           "default 180)")
+    gemm.add_argument("--max-candidates", metavar="N", type=int, default=16,
+                      help="consider at most N configurations (0: all; default 16)")
+    gemm.add_argument("--replay", metavar="PATH", nargs="?", const="", default=None,
+                      help="replay a recorded tuning instead of tuning live: the H200 "
+                           "recording shipped with pyc_lab, or a tuning-database export")
+    gemm.add_argument("--seed", type=int, default=0, help="the search's random seed")
+    gemm.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
 
 
@@ -43,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        if args.command == "tune":
+            return _tune_gemm(args)
         return _hw(args)
     except PycLabError as exc:
         print(f"pyc-lab: error: {exc}", file=sys.stderr)
@@ -76,6 +110,111 @@ def _hw(args: argparse.Namespace) -> int:
         print()
         print(bandwidth_summary(frame).to_string(index=False))
     return 0
+
+
+def _tune_gemm(args: argparse.Namespace) -> int:
+    budget = None if args.budget == 0 else args.budget
+    max_candidates = None if args.max_candidates == 0 else args.max_candidates
+    if budget is not None and budget < 0:
+        raise PycLabError(f"--budget {args.budget:g}: give seconds >= 0 (0: no limit)")
+    if max_candidates is not None and max_candidates < 0:
+        raise PycLabError(f"--max-candidates {args.max_candidates}: give a number >= 0 "
+                          "(0: all)")
+    shape = f"{args.m}x{args.n}x{args.k}"
+    problem = f"GEMM {shape} {args.dtype} {args.layout}"
+    replay = args.replay is not None
+    quiet = args.json
+    count = [0]
+
+    def progress(row: dict) -> None:
+        count[0] += 1
+        ms = f"{row['ms']:.4f} ms, {row['tflops']:.1f} TFLOP/s" if row.get("ms") else \
+            (row.get("message") or "").splitlines()[0][:100] if row.get("message") else ""
+        where = "recorded" if replay else f"{row.get('built')}/{row.get('total')} built"
+        print(f"  [{count[0]}] {row['config']}: {row['status']} {ms} ({where})", flush=True)
+
+    common = dict(dtype=args.dtype, layout=args.layout, strategy=args.strategy,
+                  budget_s=budget, max_candidates=max_candidates, seed=args.seed,
+                  observer=None if quiet else progress)
+    if replay:
+        from .kernels.replay import recorded_result, replay_autotune
+
+        source = args.replay or None
+        info = recorded_result(args.m, args.n, args.k, dtype=args.dtype, layout=args.layout,
+                               source=source).replay
+        if not quiet:
+            print(f"Replaying the tuning of {problem} {info.label}: no kernel is built or "
+                  f"run here ({info.source_label}; driver {info.driver}, CUDA {info.cuda})")
+            print(f"strategy {args.strategy}, budget {_limit(budget, ' s')}, at most "
+                  f"{_limit(max_candidates, ' candidates')}")
+        result = replay_autotune(args.m, args.n, args.k, source=source, **common)
+    else:
+        from .runtime.gpu import cupy_status
+
+        cp, why = cupy_status()
+        if cp is None:
+            raise PycLabError(
+                f"no CUDA device here ({why}): live tuning builds and times kernels on a "
+                f"GPU. Add --replay to replay the tuning recorded on an H200 instead: "
+                f"pyc-lab tune gemm {args.m} {args.n} {args.k} --dtype {args.dtype} --replay")
+        from .kernels.autotune import autotune_gemm
+
+        if not quiet:
+            print(f"Tuning {problem} on this GPU: strategy {args.strategy}, budget "
+                  f"{_limit(budget, ' s')}, at most {_limit(max_candidates, ' candidates')}",
+                  flush=True)
+        result = autotune_gemm(args.m, args.n, args.k, **common)
+    if quiet:
+        print(json.dumps(_result_json(result), indent=2))
+        return 0
+    label = "recorded " if replay else ""
+    if result.best is not None:
+        ms = result.best.time_ms
+        tflops = 2.0 * args.m * args.n * args.k / (ms * 1e-3) / 1e12
+        print(f"best: {_config_name(result.best)}, {label}{ms:.4f} ms = {tflops:.1f} TFLOP/s")
+    else:
+        print("no candidate ran correctly")
+    print(f"{result.table.shape[0]} candidate(s) evaluated; stopped by {result.stopped_by}")
+    print()
+    print(result.compare().round({"ms": 4, "tflops": 1, "pct_of_peak": 1, "vs_cublas": 3})
+          .to_string(index=False))
+    return 0
+
+
+def _limit(value: float | None, unit: str) -> str:
+    return "none" if value is None else f"{value:g}{unit}"
+
+
+def _config_name(m: Measurement) -> str:
+    from .kernels.cutlass_gemm import GemmConfig
+
+    try:
+        return GemmConfig.from_dict(m.config).id
+    except PycLabError:
+        return m.config_id
+
+
+def _result_json(res: TuneResult) -> dict:
+    """A TuneResult (live or replayed) as JSON-able data."""
+    import dataclasses
+
+    info = getattr(res, "replay", None)
+    best = res.best
+    return {
+        "problem": dataclasses.asdict(res.problem),
+        "device": dataclasses.asdict(res.device),
+        "mode": "replay" if info is not None else "live",
+        "replay": None if info is None else {**dataclasses.asdict(info), "label": info.label,
+                                             "run_ids": list(info.run_ids)},
+        "strategy": res.strategy,
+        "stopped_by": res.stopped_by,
+        "best": None if best is None else {"config": _config_name(best),
+                                           "config_dict": best.config, "ms": best.time_ms,
+                                           "tflops": best.tflops},
+        "baselines": dict(res.baselines),
+        "compare": json.loads(res.compare().to_json(orient="records")),
+        "candidates": json.loads(res.table.to_json(orient="records")),
+    }
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,7 +1,9 @@
 """IPython magics: thin wrappers that parse arguments, call the library and display.
 
 ``%load_ext pyc_lab`` registers them (and prints nothing); ``%unload_ext pyc_lab``
-removes them again.
+removes them again: ``%pyc_hw`` (topology), ``%%pyc_compile`` (the compiler),
+``%pyc_tune`` (the GEMM autotuner, live or replayed) and ``%pyc_timeline`` (the last
+pipeline's timeline).
 """
 
 from __future__ import annotations
@@ -125,6 +127,63 @@ class PycLabMagics(Magics):
                 display({"text/plain": f"{name}: {exc}"}, raw=True)
                 continue
             display(_part(explanation, args.show))
+        return None
+
+    @magic_arguments()
+    @argument("op", choices=["gemm"], help="what to tune (gemm)")
+    @argument("m", type=int, help="M (a is M x K)")
+    @argument("n", type=int, help="N (b is K x N)")
+    @argument("k", type=int, help="K")
+    @argument("--dtype", default="f16", help="f16 (default) or bf16")
+    @argument("--layout", default="tn", help="tn (default), tt, nt or nn")
+    @argument("--strategy", default="successive_halving",
+              help="exhaustive, random, successive_halving (default) or evolutionary")
+    @argument("--budget", type=float, default=180.0,
+              help="stop starting candidates after this many seconds (0: no limit)")
+    @argument("--max-candidates", type=int, default=16,
+              help="consider at most this many configurations (0: all; default 16)")
+    @argument("--replay", metavar="PATH", nargs="?", const="", default=None,
+              help="replay a recorded tuning (the H200 recording shipped with pyc_lab, or "
+                   "a tuning-database export) instead of tuning on this GPU")
+    @argument("--wait", action="store_true",
+              help="tune to the end before showing the widget (deterministic output); "
+                   "by default a live notebook shows it at once and tunes in the background")
+    @line_magic
+    def pyc_tune(self, line: str) -> Any:
+        """Tune a CUTLASS GEMM and show it in an AutotuneWidget (chart, Stop, tables).
+
+        On a GPU it tunes live; without one (or with ``--replay``) it replays the tuning
+        recorded on an H200, and says so.
+
+        Examples::
+
+            %pyc_tune gemm 4096 4096 4096 --dtype f16
+            %pyc_tune gemm 4096 4096 4096 --dtype f16 --replay --strategy evolutionary
+            %pyc_tune gemm 2048 2048 2048 --max-candidates 4 --budget 120
+        """
+        from .widgets.autotune import AutotuneWidget
+        from .widgets.display import has_live_frontend
+
+        args = parse_argstring(self.pyc_tune, line)
+        live_view = has_live_frontend()
+        try:
+            if args.budget < 0 or args.max_candidates < 0:
+                raise PycLabError("--budget and --max-candidates take numbers >= 0 "
+                                  "(0: no limit)")
+            replay = args.replay is not None
+            widget = AutotuneWidget(
+                args.m, args.n, args.k, dtype=args.dtype, layout=args.layout,
+                strategy=args.strategy, budget_s=args.budget or None,
+                max_candidates=args.max_candidates or None,
+                mode="replay" if replay else "auto", source=args.replay or None,
+                pace_s=0.1 if live_view and not args.wait else 0.0)
+            if args.wait or not live_view:
+                widget.run(wait=True)
+        except PycLabError as exc:
+            raise UsageError(f"%pyc_tune: {exc}") from exc
+        display(widget)
+        if live_view and not args.wait:
+            widget.run(wait=False)
         return None
 
     @magic_arguments()

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import pyc_lab as pl
 from pyc_lab.cli import main
 
@@ -56,3 +58,61 @@ def test_console_script_module_runs():
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "GPU0: NVIDIA H200" in run.stdout
+
+
+# -- pyc-lab tune gemm ----------------------------------------------------------------------
+
+
+def test_tune_replay_says_it_replays_and_prints_the_comparison(capsys):
+    assert main(["tune", "gemm", "4096", "4096", "4096", "--dtype", "f16", "--replay",
+                 "--strategy", "exhaustive"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("Replaying the tuning of GEMM 4096x4096x4096 f16 tn recorded "
+                               "on NVIDIA H200, ")
+    assert "no kernel is built or run here (h200-gemm.json (shipped with pyc_lab)" in lines[0]
+    assert lines[1] == "strategy exhaustive, budget 180 s, at most 16 candidates"
+    progress = [line for line in lines if line.startswith("  [")]
+    assert progress and all(line.endswith("(recorded)") for line in progress)
+    res = pl.replay_autotune(4096, 4096, 4096, dtype="f16", strategy="exhaustive")
+    assert len(progress) == len(res.table)
+    assert f"recorded {res.best.time_ms:.4f} ms" in out
+    assert "tuned CUTLASS" in out and "recorded on NVIDIA H200" in lines[-1]
+
+
+def test_tune_replay_of_an_export_as_json(tmp_path, capsys):
+    from tests.fakes.tuning_recording import CUBLAS_MS, write_recording
+
+    rec = write_recording(tmp_path / "run.json")
+    assert main(["tune", "gemm", "2048", "2048", "2048", "--dtype", "f16", "--replay",
+                 str(rec.path), "--max-candidates", "0", "--budget", "0", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mode"] == "replay"
+    assert data["replay"]["source"] == str(rec.path)
+    assert data["replay"]["label"] == "recorded on NVIDIA H200, 2026-11-30"
+    assert data["best"]["ms"] == rec.fastest_ms
+    assert data["baselines"]["cublas"] == CUBLAS_MS
+    assert len(data["candidates"]) == 24
+    assert {c["status"] for c in data["candidates"]} == {"ok", "compile_error",
+                                                         "wrong_result", "nan"}
+
+
+def test_tune_without_a_gpu_and_without_replay_exits_2(capsys):
+    from pyc_lab.runtime.gpu import cupy_status
+
+    if cupy_status()[0] is not None:
+        pytest.skip("a GPU is present: tune would tune live")
+    assert main(["tune", "gemm", "512", "512", "512"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pyc-lab: error: no CUDA device here (")
+    assert "pyc-lab tune gemm 512 512 512 --dtype bf16 --replay" in err
+    assert "Traceback" not in err
+
+
+def test_tune_replay_of_an_unrecorded_problem_exits_2(capsys):
+    assert main(["tune", "gemm", "100", "100", "100", "--replay"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pyc-lab: error: no recorded tuning of GEMM 100x100x100 bf16 tn")
+    assert "; recorded: " in err and "4096x4096x4096 f16 tn" in err
+    assert main(["tune", "gemm", "8", "8", "8", "--budget", "-1", "--replay"]) == 2
+    assert "--budget -1" in capsys.readouterr().err

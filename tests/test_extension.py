@@ -151,3 +151,44 @@ def test_pyc_timeline_shows_the_last_pipeline(shell, tmp_path):
     assert "compute" in cap.outputs[0].data["text/plain"]
     events = json.loads(path.read_text())["traceEvents"]
     assert {e["name"] for e in events if e["ph"] == "X"} >= {"prepare", "compute"}
+
+
+def test_pyc_tune_replays_without_a_gpu(shell):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    doc = shell.magics_manager.magics["line"]["pyc_tune"].__doc__
+    assert "--replay" in doc and "--max-candidates" in doc
+    with capture_output() as cap:
+        result = shell.run_cell("%pyc_tune gemm 4096 4096 4096 --dtype f16 --replay "
+                                "--strategy exhaustive --max-candidates 4")
+    assert result.success
+    (out,) = cap.outputs
+    lines = out.data["text/plain"].splitlines()
+    assert lines[0] == ("AutotuneWidget: GEMM 4096x4096x4096 f16 tn; strategy exhaustive, "
+                        "budget 180 s, at most 4 candidates")
+    assert lines[1].startswith("Replayed from a recording made on NVIDIA H200, ")
+    assert lines[2] == "state: done: 4 of 4 candidates (4 ok, 0 failed); stopped by exhausted"
+    assert "class='pyc-lab-autotune'" in out.data["text/html"]
+
+
+def test_pyc_tune_without_replay_falls_back_to_the_recording_on_a_cpu(shell):
+    from pyc_lab.runtime.gpu import cupy_status
+
+    if cupy_status()[0] is not None:
+        pytest.skip("a GPU is present: %pyc_tune would tune live")
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with capture_output() as cap:
+        assert shell.run_cell("%pyc_tune gemm 4096 4096 4096 --dtype f16").success
+    text = cap.outputs[0].data["text/plain"]
+    assert "(no usable CUDA device on this machine)" in text
+    assert "state: done" in text
+
+
+def test_pyc_tune_bad_input_is_a_usage_error(shell):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with capture_output() as cap:
+        result = shell.run_cell("%pyc_tune gemm 100 100 100 --replay")
+    assert not result.success
+    assert "no recorded tuning of GEMM 100x100x100 f16 tn" in cap.stderr + cap.stdout
+    with capture_output() as cap:
+        result = shell.run_cell("%pyc_tune conv 1 2 3")
+    assert not result.success

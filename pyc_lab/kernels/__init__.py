@@ -16,10 +16,14 @@ Built so far (the autotuner issue's CPU-side foundations):
 - :mod:`.cutlass_gemm` — CUTLASS 3 GEMM configurations (from ``cutlass_cppgen``),
   pruning and ranking, emitted sources, parallel nvcc builds, ctypes launches;
 - :mod:`.autotune` — ``autotune_gemm``: build, check against cuBLAS, time, record;
-- :mod:`.matmul` — ``pyc_lab.matmul``: the tuned kernel, else cuBLASLt/cuBLAS.
+- :mod:`.matmul` — ``pyc_lab.matmul``: the tuned kernel, else cuBLASLt/cuBLAS;
+- :mod:`.replay` — ``replay_autotune``: the same search strategies run against a tuning
+  recorded on a GPU (the shipped H200 recording), for machines without one.
 
-Not built yet: CUTLASS bias/activation epilogues, the tuning CLI and magic, the
-autotune widgets and the replay database.
+The notebook-facing parts live outside the library: ``pyc_lab.widgets.AutotuneWidget``
+and ``KernelComparison``, ``pyc-lab tune gemm`` and ``%pyc_tune``.
+
+Not built yet: CUTLASS bias/activation epilogues.
 """
 
 from .cache import CacheEntry, KernelCache, KernelCacheWarning, cache_key

@@ -4,7 +4,9 @@ Each widget is live (ipywidgets + plotly) in a Jupyter kernel and falls back to 
 HTML and text elsewhere; its ``text/plain`` and ``text/html`` reprs are deterministic.
 """
 
+from .autotune import AutotuneWidget, KernelComparison
 from .timeline import TimelineWidget, compare
 from .topology import TopologyWidget
 
-__all__ = ["TimelineWidget", "TopologyWidget", "compare"]
+__all__ = ["AutotuneWidget", "KernelComparison", "TimelineWidget", "TopologyWidget",
+           "compare"]
