@@ -740,11 +740,9 @@ class KernelComparison:
         sources = sorted({r["source"] for r in self.rows if r["source"]})
         shapes = len({(r["m"], r["n"], r["k"], r["dtype"], r["layout"]) for r in self.rows})
         text = f"{shapes} problem(s)"
-        if gpus:
-            text += " on " + ", ".join(gpus)
-        if sources:
-            text += " — " + "; ".join(sources)
-        return text
+        if sources:  # "recorded on <GPU>, <date>" / "tuned live on <GPU>"
+            return f"{text} — " + "; ".join(sources)
+        return f"{text} on " + ", ".join(gpus) if gpus else text
 
     def problems(self) -> list[tuple[int, int, int, str, str]]:
         """The problems ``(m, n, k, dtype, layout)``, in first-seen order."""

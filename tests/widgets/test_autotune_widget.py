@@ -215,8 +215,7 @@ def test_kernel_comparison_numbers_equal_the_recorded_ones():
             name = aw.kernel_label(base["config"]["baseline"])
             got = frame[(frame.problem == label) & (frame.kernel == name)]
             assert got.ms.item() == pytest.approx(base["time_ms"])
-    assert kc.title.startswith(f"{len(winners)} problem(s) on NVIDIA H200 — recorded on "
-                               "NVIDIA H200, ")
+    assert kc.title.startswith(f"{len(winners)} problem(s) — recorded on NVIDIA H200, ")
     assert kc.to_text() == KernelComparison.from_recording().to_text()
 
 
@@ -249,6 +248,7 @@ def test_kernel_comparison_from_results_and_rows(synthetic):
                           ("torch", TORCH_MS)]]
     from_rows = KernelComparison(rows)
     assert from_rows.ratios().equals(from_results.ratios())
+    assert from_rows.title == "1 problem(s) on NVIDIA H200"
     import pandas as pd
 
     assert KernelComparison(pd.DataFrame(rows)).ratios().equals(from_rows.ratios())
