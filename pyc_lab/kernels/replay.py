@@ -334,6 +334,9 @@ class _Recording:
 def recorded_problems(source: str | Path | None = None) -> pd.DataFrame:
     """What a recording holds: one row per GEMM problem, with its device and date.
 
+    Only plain GEMMs (op ``"gemm"``) are listed and replayed; tunings of fused-epilogue
+    GEMMs (``"gemm_bias_gelu"``, ...) in the same file are left out.
+
     Parameters
     ----------
     source

@@ -53,7 +53,8 @@ def configs() -> list[GemmConfig]:
 
 def write_recording(path: Path, *, hung: bool = False, baselines: bool = True,
                     date: str = "2026-11-30") -> Recording:
-    """Write a tuning-database export of f16 tn 2048^3 (and a bf16 problem) to ``path``."""
+    """Write a tuning-database export of f16 tn 2048^3 to ``path``, with a bf16 problem and
+    a fused-epilogue (``gemm_bias_gelu``) one beside it."""
     cfgs = configs()
     rec = Recording(path, cfgs)
     measurements = []
@@ -83,6 +84,11 @@ def write_recording(path: Path, *, hung: bool = False, baselines: bool = True,
         bf16 = ProblemKey("gemm", "bf16", "bf16", "bf16", "tn", 1024, 1024, 1024)
         db.record_many(DEVICE, bf16, [Measurement(cfgs[0].to_dict(), "ok", 0.01, 214.7)],
                        run_id="synthetic-run")
+        fused = ProblemKey("gemm_bias_gelu", "f16", "f16", "f16", "tn", *SHAPE)
+        db.record_many(DEVICE, fused, [
+            Measurement(cfgs[1].to_dict(), "ok", 0.05, FLOPS / 0.05 / 1e9),
+            Measurement({"baseline": "cublaslt"}, "baseline", 0.04, FLOPS / 0.04 / 1e9)],
+            run_id="synthetic-run")
         db.export(path)
     # the export stamps rows with today's date; give them a fixed one
     text = path.read_text()

@@ -252,6 +252,14 @@ def test_the_result_says_it_is_a_replay_and_where_from(synthetic):
     assert other.replay.source_label == str(synthetic.path)
 
 
+def test_only_plain_gemms_are_listed_and_replayed(synthetic):
+    problems = replay.recorded_problems(synthetic.path)
+    assert [(r.dtype, r.m) for r in problems.itertuples()] == [("bf16", 1024), ("f16", 2048)]
+    res = replay.replay_autotune(*SHAPE, dtype="f16", source=synthetic.path)
+    assert res.problem.op == "gemm" and "cublaslt" not in res.baselines
+    assert len(replay.recorded_db(synthetic.path).measurements()) == 24 + 2 + 1 + 2
+
+
 def test_recorded_results_hold_the_recorded_winners(synthetic):
     results = replay.recorded_results(synthetic.path)
     assert [r.problem.dtype_a for r in results] == ["bf16", "f16"]
