@@ -72,6 +72,19 @@ def main() -> None:
     results: dict[str, dict] = {}
     summary: dict[str, dict] = {}
     pool_of: dict[str, set] = {}
+    fused: dict = {}
+    overhead: dict = {}
+
+    def save() -> Path:
+        n = db.export(Path(args.out) / "tuning-replay.json")
+        return write_result(args.out, "gemm", {
+            "method": "autotune_gemm per shape (exhaustive over the pool), CUDA events, "
+                      "median of 15 with the L2 flushed before each and a 100 us spin "
+                      "kernel queued ahead of the start event (GPU time only, no host "
+                      "launch gaps); cuBLAS timed the same way",
+            "layout": "tn", "summary": summary, "results": results,
+            "fused_epilogue": fused, "host_overhead": overhead, "replay_rows": n})
+
     for dtype in args.dtypes.split(","):
         configs = cg.configurations(dtype, "tn", cc)
         pool: set = set()
@@ -84,7 +97,7 @@ def main() -> None:
             t0 = time.perf_counter()
             try:
                 res = pl.autotune_gemm(m, n, k, dtype=dtype, layout="tn",
-                                       strategy=args.strategy, budget_s=400,
+                                       strategy=args.strategy, budget_s=120,
                                        max_candidates=None, restrict=pool.__contains__,
                                        db=db, repeats=15, observer=progress)
             except Exception as exc:  # one failing shape must not lose the others
@@ -109,6 +122,8 @@ def main() -> None:
                                  repeats=15)
                 row["warm_tune_s"] = time.perf_counter() - t1
             rows[f"{m}x{n}x{k}"] = row
+            results[dtype] = rows
+            save()  # a lane cut short still returns every shape measured so far
             print(dtype, m, n, k, {k2: row[k2] for k2 in ("tuned_ms", "cublas_ms",
                                                           "ratio_vs_cublas", "tune_s")})
         ratios = [r["ratio_vs_cublas"] for r in rows.values() if r.get("ratio_vs_cublas")]
@@ -119,7 +134,6 @@ def main() -> None:
         pool_of[dtype] = pool
 
     # a fused epilogue: the MLP's first layer, bias + GELU inside the kernel
-    fused = {}
     if not args.no_fused and "f16" in args.dtypes.split(","):
         m, n, k = 4096, 8192, 2048
         tma = {c for c in pool_of.get("f16", ()) if c.epilogue_schedule.startswith("Tma")}
@@ -130,7 +144,7 @@ def main() -> None:
                                    restrict=tma.__contains__, db=db, repeats=15,
                                    observer=progress, bias=True, activation="gelu")
             cmp = res.compare().set_index("kernel")
-            fused = {"shape": f"{m}x{n}x{k}", "epilogue": "bias_gelu",
+            fused |= {"shape": f"{m}x{n}x{k}", "epilogue": "bias_gelu",
                      "tuned_ms": res.best.time_ms if res.best else None,
                      "baselines_ms": res.baselines,
                      "ratio_vs_cublaslt": (res.baselines["cublaslt"] / res.best.time_ms
@@ -141,11 +155,10 @@ def main() -> None:
                      "statuses": res.table.status.value_counts().to_dict(),
                      "tune_s": time.perf_counter() - t0}
         except Exception as exc:
-            fused = {"error": f"{type(exc).__name__}: {exc}"}
+            fused |= {"error": f"{type(exc).__name__}: {exc}"}
         print("fused", fused, flush=True)
 
     # host cost per call, f16 4096^3 with the winner, repeated arguments
-    overhead = {}
     from pyc_lab.kernels import tuning_db
 
     tuning_db.default_path = lambda: db_path  # pl.matmul reads this run's database
@@ -165,14 +178,7 @@ def main() -> None:
     except Exception as exc:
         overhead["error"] = f"{type(exc).__name__}: {exc}"
     print("overhead", overhead)
-    n = db.export(Path(args.out) / "tuning-replay.json")
-    path = write_result(args.out, "gemm", {
-        "method": "autotune_gemm per shape (exhaustive over the pool), CUDA events, median "
-                  "of 15 with the L2 flushed before each and a 100 us spin kernel queued "
-                  "ahead of the start event (GPU time only, no host launch gaps); cuBLAS "
-                  "timed the same way",
-        "layout": "tn", "summary": summary, "results": results, "fused_epilogue": fused,
-        "host_overhead": overhead, "replay_rows": n})
+    path = save()
     print(f"wrote {path}")
 
 

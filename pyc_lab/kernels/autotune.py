@@ -346,7 +346,7 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
                   observer: Callable[[dict[str, Any]], None] | None = None,
                   stop: threading.Event | None = None, seed: int = 0,
                   hang_s: float = 20.0, bias: bool = False,
-                  activation: str | None = None) -> TuneResult:
+                  activation: str | None = None, stream_k: bool = False) -> TuneResult:
     """Tune a CUTLASS GEMM for ``m x n x k`` on this GPU and record the result.
 
     Parameters
@@ -385,6 +385,9 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
         Tune kernels with this fused epilogue, ``act(a @ b + bias)`` (bias: a length-N
         row; activation ``"relu"``, ``"gelu"`` or ``"silu"``), recorded under the op
         ``gemm_<epilogue>`` (what :func:`pyc_lab.matmul` and the compiler look up).
+    stream_k
+        Include Stream-K tile-scheduler candidates (off by default: one hung the H200;
+        see :func:`~.cutlass_gemm.prune`).
 
     Raises
     ------
@@ -412,7 +415,7 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
     problem = ProblemKey(epi.op, dtype, dtype, dtype, layout, m, n, k)
     db = db if db is not None else TuningDB()
     configs = cg.configurations(dtype, layout, cc)
-    kept, dropped = cg.prune(configs, m, n, k, layout, dtype, epi)
+    kept, dropped = cg.prune(configs, m, n, k, layout, dtype, epi, stream_k)
     if restrict is not None:
         kept = [c for c in kept if restrict(c)]
     ranked = cg.rank(kept, m, n, k, sm_count)

@@ -359,9 +359,13 @@ def problem_issue(m: int, n: int, k: int, layout: str, dtype: str = "f16") -> st
 
 
 def prune(configs: Iterable[GemmConfig], m: int, n: int, k: int, layout: str = "tn",
-          dtype: str = "f16", epilogue: Epilogue | None = None
+          dtype: str = "f16", epilogue: Epilogue | None = None, stream_k: bool = False
           ) -> tuple[list[GemmConfig], dict[str, str]]:
     """Keep the configurations that can work for an ``m x n x k`` problem.
+
+    Stream-K tile-scheduler candidates are dropped unless ``stream_k``: in the GPU lane
+    on the H200 (2026-11-29) one never finished at 1024^3 after running at 512^3, and
+    a hung kernel holds the GPU until the process ends.
 
     A fused ``epilogue`` (bias and/or activation) keeps only the TMA epilogue schedules,
     the ones CUTLASS's epilogue fusion runs on.
@@ -378,6 +382,8 @@ def prune(configs: Iterable[GemmConfig], m: int, n: int, k: int, layout: str = "
     for cfg in configs:
         cm, cn, _ck = cfg.cta_tile
         why = issue
+        if not why and not stream_k and cfg.tile_scheduler == "StreamK":
+            why = "Stream-K candidates are off (stream_k=False): one hung the H200 at 1024^3"
         if not why and fused and cfg.epilogue_schedule not in _TMA_EPILOGUES:
             why = (f"a fused {epilogue.name} epilogue needs a TMA epilogue schedule "
                    f"({cfg.epilogue_schedule} has none)")

@@ -51,6 +51,10 @@ def test_prune_drops_what_cannot_work(f16_tn):
     assert kept and len(kept) + len(dropped) == len(f16_tn)
     assert all(not ("Cooperative" in c.kernel_schedule and c.cta_tile[0] < 128) for c in kept)
     assert any("Cooperative kernel needs" in why for why in dropped.values())
+    assert all(c.tile_scheduler != "StreamK" for c in kept)  # off by default (hung once)
+    assert any("Stream-K candidates are off" in why for why in dropped.values())
+    with_sk = cg.prune(f16_tn, 4096, 4096, 4096, stream_k=True)[0]
+    assert any(c.tile_scheduler == "StreamK" for c in with_sk)
     # misaligned: K = 4099 is not a multiple of 8 for row-major A
     kept, dropped = cg.prune(f16_tn, 4096, 4096, 4099)
     assert not kept and all("multiple of 8" in why for why in dropped.values())
