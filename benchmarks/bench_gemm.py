@@ -128,7 +128,7 @@ def main() -> None:
                                                           "ratio_vs_cublas", "tune_s")})
         ratios = [r["ratio_vs_cublas"] for r in rows.values() if r.get("ratio_vs_cublas")]
         summary[dtype] = {"median_ratio_vs_cublas": statistics.median(ratios) if ratios else None,
-                          "faster_than_cublas": sum(r > 1.0 for r in ratios),
+                          "faster_than_cublas": int(sum(r > 1.0 for r in ratios)),
                           "shapes": len(rows), "pool": sorted(c.id for c in pool)}
         results[dtype] = rows
         pool_of[dtype] = pool
