@@ -1,7 +1,17 @@
 """CUTLASS GEMMs on a GPU: built kernels against cuBLAS and float32, poisoned outputs,
-re-bound pointers, autotuning end to end and ``pyc_lab.matmul`` using the winner."""
+re-bound pointers, autotuning end to end and ``pyc_lab.matmul`` using the winner.
+
+The kernels these tests build go to one kernel cache per session, in
+``$PYC_LAB_TEST_KERNEL_CACHE`` when set: ``python tests/kernels/test_cutlass_gemm_gpu.py
+DIR`` builds them all there without a GPU (nvcc only), so that the GPU lane can bring
+them along instead of spending device minutes in nvcc. The cache verifies every entry
+by hash; a toolchain that differs simply misses and rebuilds.
+"""
 
 from __future__ import annotations
+
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -14,7 +24,6 @@ from pyc_lab.kernels.cache import KernelCache
 
 cp = pytest.importorskip("cupy")
 pytest.importorskip("cutlass_library")
-
 pytestmark = pytest.mark.gpu
 
 CASES = [("f16", "tn"), ("bf16", "tn"), ("f16", "nt"), ("tf32", "tn"), ("f32", "tn")]
@@ -23,10 +32,46 @@ EPILOGUES = [("f16", True, "gelu"), ("bf16", False, "relu"), ("f16", True, "silu
              ("f16", True, None)]
 
 
+def planned_builds() -> list[tuple]:
+    """Every (config, dtype, layout, epilogue) these tests build, as they choose them."""
+    plain = [(cg.rank(cg.prune(cg.configurations(dt, lay), 384, 256, 512, lay, dt)[0],
+                      384, 256, 512)[0], dt, lay, cg.Epilogue()) for dt, lay in CASES]
+    fused = []
+    for dt, bias, act in EPILOGUES:
+        epi = cg.Epilogue(bias, act)
+        fused.append((cg.rank(cg.prune(cg.configurations(dt, "tn"), 384, 256, 512, "tn", dt,
+                                       epi)[0], 384, 256, 512)[0], dt, "tn", epi))
+    tuned = []  # what autotune_gemm(256, 384, 512, ...) below builds (132 SMs)
+    for epi, count in ((cg.Epilogue(), 3), (cg.Epilogue(True, "gelu"), 2)):
+        kept = cg.prune(cg.configurations("f16", "tn"), 256, 384, 512, "tn", "f16", epi)[0]
+        tuned += [(c, "f16", "tn", epi) for c in cg.rank(kept, 256, 384, 512, 132)[:count]]
+    return plain + fused + tuned
+
+
+def prebuild(directory: str) -> None:
+    """Build :func:`planned_builds` into ``directory`` (no GPU needed)."""
+    import concurrent.futures as cf
+
+    cache = KernelCache(directory)
+    jobs = list(dict.fromkeys(planned_builds()))
+    with cf.ThreadPoolExecutor(max(1, min(4, (os.cpu_count() or 2)))) as pool:
+        results = pool.map(lambda j: cg.build(j[0], j[1], j[2], cache=cache, epilogue=j[3]),
+                           jobs)
+        for (c, dt, lay, e), res in zip(jobs, results, strict=True):
+            print(res.status, dt, lay, e.name or "plain", c.id, res.message[:200], flush=True)
+
+
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory):
+    """The session's kernel cache (``$PYC_LAB_TEST_KERNEL_CACHE`` or a temporary one)."""
+    return KernelCache(os.environ.get("PYC_LAB_TEST_KERNEL_CACHE")
+                       or tmp_path_factory.mktemp("kernels"))
+
+
 @pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
+def kernels(kernel_cache):
     """One top-ranked kernel per case, built in parallel."""
-    cache = KernelCache(tmp_path_factory.mktemp("kernels"))
+    cache = kernel_cache
     futures = {}
     for dtype, layout in CASES:
         cfg = cg.rank(cg.prune(cg.configurations(dtype, layout), 384, 256, 512, layout,
@@ -42,9 +87,9 @@ def kernels(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fused_kernels(tmp_path_factory):
+def fused_kernels(kernel_cache):
     """One top-ranked 'tn' kernel per fused epilogue, built in parallel."""
-    cache = KernelCache(tmp_path_factory.mktemp("fused"))
+    cache = kernel_cache
     futures = {}
     for dtype, bias, act in EPILOGUES:
         epi = cg.Epilogue(bias, act)
@@ -147,12 +192,12 @@ def test_rebinding_alpha_beta_and_wrong_layouts(kernels):
         gemm(a, b, cp.empty((m, n + 8), dtype=cp.float16))
 
 
-def test_autotune_records_and_matmul_uses_the_winner(tmp_path, monkeypatch):
+def test_autotune_records_and_matmul_uses_the_winner(tmp_path, monkeypatch, kernel_cache):
     monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "tuning.sqlite")
     seen = []
     res = pl.autotune_gemm(256, 384, 512, dtype="f16", layout="tn", max_candidates=3,
                            budget_s=300, repeats=5, observer=seen.append,
-                           cache=KernelCache(tmp_path / "kernels"))
+                           cache=kernel_cache)
     assert res.best is not None and res.best.ok, res.table
     assert len(res.table) == 3 and len(seen) >= 3
     assert set(res.table.status) <= {"ok", "compile_error", "wrong_result", "nan", "skipped"}
@@ -162,7 +207,7 @@ def test_autotune_records_and_matmul_uses_the_winner(tmp_path, monkeypatch):
     db = tuning_db.TuningDB(tmp_path / "tuning.sqlite")
     assert db.best(res.device, res.problem).config_id == res.best.config_id
     # pl.matmul finds the winner for this shape (the kernel is rebuilt from its cache)
-    monkeypatch.setattr(cg, "KernelCache", lambda *a, **k: KernelCache(tmp_path / "kernels"))
+    monkeypatch.setattr(cg, "KernelCache", lambda *a, **k: kernel_cache)
     a, b, _ = gemm_inputs(256, 384, 512, "f16", "tn", 7)
     y = pl.matmul(a, b)
     assert pl.kernels.matmul.last_choice["impl"] == "cutlass", pl.kernels.matmul.last_choice
@@ -182,11 +227,11 @@ def test_autotune_records_and_matmul_uses_the_winner(tmp_path, monkeypatch):
     assert max_rel_err(y3, want) < 2e-2
 
 
-def test_tuned_epilogue_serves_matmul_and_the_compiler(tmp_path, monkeypatch):
+def test_tuned_epilogue_serves_matmul_and_the_compiler(tmp_path, monkeypatch, kernel_cache):
     from pyc_lab.compiler.functions import gelu
 
     monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "tuning.sqlite")
-    monkeypatch.setattr(cg, "KernelCache", lambda *a, **k: KernelCache(tmp_path / "kernels"))
+    monkeypatch.setattr(cg, "KernelCache", lambda *a, **k: kernel_cache)
     res = pl.autotune_gemm(256, 384, 512, dtype="f16", layout="tn", max_candidates=2,
                            budget_s=300, repeats=5, bias=True, activation="gelu")
     assert res.best is not None and res.problem.op == "gemm_bias_gelu", res.table
@@ -227,3 +272,7 @@ def test_tuned_epilogue_serves_matmul_and_the_compiler(tmp_path, monkeypatch):
 def test_autotune_refuses_a_misaligned_problem():
     with pytest.raises(pl.PycLabError, match="multiple of 8"):
         pl.autotune_gemm(256, 256, 250, dtype="f16")
+
+
+if __name__ == "__main__":
+    prebuild(sys.argv[1])
