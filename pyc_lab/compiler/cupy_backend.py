@@ -60,7 +60,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -257,6 +257,18 @@ class _MatmulStep(_Step):
         return call
 
 
+def _bias_at_replay(exe: CupyExecutable, step: Any, values: dict[int, Any],
+                    bias: Any) -> Callable[[], Any]:
+    """For a GEMM step's CUDA-graph replays: the bias to pass at each call — the bound
+    one, or, when that was made contiguous (a copy), a fresh copy of its source."""
+    if step.bias_node is None:
+        return lambda: None
+    src = values[step.node.inputs[2]]
+    if src.data.ptr == bias.data.ptr:
+        return lambda: bias
+    return lambda: exe._operand(src, step.bias_node, exe._cp).reshape(-1)
+
+
 class _LtStep(_Step):
     """One cuBLASLt GEMM with the bias/activation inside (nvmath-python)."""
 
@@ -297,14 +309,10 @@ class _LtStep(_Step):
     def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
         a, b, out, bias = self._operands(exe, values)  # views of static arrays
         values[self.node.id] = out
-        bias_src = values[self.node.inputs[2]] if self.bias_node is not None else None
+        bias_now = _bias_at_replay(exe, self, values, bias)
 
         def call() -> None:
-            b_now = bias
-            if bias_src is not None and bias_src.data.ptr != bias.data.ptr:
-                # the bias was made contiguous (a copy): refresh it on every call
-                b_now = exe._operand(bias_src, self.bias_node, exe._cp).reshape(-1)
-            self.gemm(a, b, out, b_now)
+            self.gemm(a, b, out, bias_now())
 
         return call
 
@@ -374,14 +382,10 @@ class _CutlassStep(_Step):
             return self.fallback.static_call(exe, values)
         a, b, out, bias = ops
         values[self.node.id] = out
-        bias_src = values[self.node.inputs[2]] if self.bias_node is not None else None
+        bias_now = _bias_at_replay(exe, self, values, bias)
 
         def call() -> None:
-            b_now = bias
-            if bias_src is not None and bias_src.data.ptr != bias.data.ptr:
-                # the bias was made contiguous (a copy): refresh it on every call
-                b_now = exe._operand(bias_src, self.bias_node, exe._cp).reshape(-1)
-            self.kernel(a, b, out, bias=b_now)
+            self.kernel(a, b, out, bias=bias_now())
 
         return call
 
