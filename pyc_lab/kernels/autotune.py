@@ -24,7 +24,7 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -301,10 +301,42 @@ class TuneResult:
         return pd.DataFrame(rows)
 
     def __repr__(self) -> str:
-        best = f"{self.best.config_id} {self.best.time_ms:.4g} ms" if self.best else "none"
-        return (f"TuneResult({self.problem.dtype_a} {self.problem.layout} "
+        best = "none"
+        if self.best is not None:
+            try:
+                name = cg.GemmConfig.from_dict(self.best.config).id
+            except PycLabError:
+                name = self.best.config_id
+            best = f"{name} {self.best.time_ms:.4g} ms"
+        cublas = self.baselines.get("cublas")
+        base = f"cublas {cublas:.4g} ms" if cublas else "no cuBLAS baseline"
+        op = "" if self.problem.op == "gemm" else f" {self.problem.op}"
+        return (f"TuneResult({self.problem.dtype_a} {self.problem.layout}{op} "
                 f"{'x'.join(map(str, self.problem.shape))}: best {best}, "
-                f"{len(self.table)} candidates, cublas {self.baselines.get('cublas')} ms)")
+                f"{len(self.table)} candidates, {base})")
+
+
+def strategy_options(strategy: str, repeats: int, n_candidates: int) -> dict[str, Any]:
+    """The options each search strategy gets from the tuner (live and replayed):
+    successive halving screens at ``repeats // 9`` timed runs and refines at ``repeats``
+    (eta 3); evolutionary breeds populations of up to 8 for 4 generations."""
+    key = str(strategy).strip().lower().replace("-", "_")
+    if key == "successive_halving":
+        return {"eta": 3, "min_fidelity": max(2, repeats // 9), "max_fidelity": repeats}
+    if key == "evolutionary":
+        return {"fidelity": repeats, "population": min(8, n_candidates), "generations": 4}
+    return {"fidelity": repeats}
+
+
+def candidate_table(rows: Iterable[Mapping[str, Any]]) -> Any:
+    """The candidate table as a DataFrame: correct ones by time, then the failures."""
+    import pandas as pd
+
+    table = pd.DataFrame(list(rows))
+    if not table.empty:
+        table = table.sort_values(["status", "ms"], key=lambda s: s.map(
+            lambda v: (v != "ok") if isinstance(v, str) else v), na_position="last")
+    return table.reset_index(drop=True)
 
 
 def _space(configs: Sequence[cg.GemmConfig]) -> tuple[SearchSpace, dict[str, cg.GemmConfig]]:
@@ -396,7 +428,6 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
         candidate excluded.
     """
     import cupy as cp
-    import pandas as pd
 
     from ..runtime.gpu import require_cupy
 
@@ -513,16 +544,7 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
         return finish(cfg, "ok", ms, err)
 
     space, _ = _space(ranked)
-    key = str(strategy).strip().lower().replace("-", "_")
-    if key == "successive_halving":
-        strat_kwargs: dict[str, Any] = {"eta": 3, "min_fidelity": max(2, repeats // 9),
-                                        "max_fidelity": repeats}
-    elif key == "evolutionary":
-        strat_kwargs = {"fidelity": repeats, "population": min(8, len(ranked)),
-                        "generations": 4}
-    else:
-        strat_kwargs = {"fidelity": repeats}
-    search = get_strategy(strategy, **strat_kwargs)
+    search = get_strategy(strategy, **strategy_options(strategy, repeats, len(ranked)))
     result = search.run(space, evaluate, Budget(max_seconds=budget_s), rng=seed)
 
     # record everything measured (and every build that failed without being measured)
@@ -541,9 +563,5 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
         recorded = True
     except Exception as exc:
         log.warning("could not record the tuning in %s: %s", getattr(db, "path", db), exc)
-    table = pd.DataFrame(list(rows.values()))
-    if not table.empty:
-        table = table.sort_values(["status", "ms"], key=lambda s: s.map(
-            lambda v: (v != "ok") if isinstance(v, str) else v), na_position="last")
-    return TuneResult(problem, device, best, table.reset_index(drop=True), baselines,
+    return TuneResult(problem, device, best, candidate_table(rows.values()), baselines,
                       time.perf_counter() - t_start, result.stopped_by, strategy, recorded)

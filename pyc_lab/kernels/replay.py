@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PycLabError
 from . import cutlass_gemm as cg
-from .autotune import TuneResult, _config_of, _space, peak_tflops
+from .autotune import TuneResult, _config_of, _space, candidate_table, peak_tflops, strategy_options
 from .strategies import STRATEGIES, Budget, Outcome, StopSearch, get_strategy
 from .tuning_db import DeviceKey, Measurement, ProblemKey, TuningDB, TuningRecord
 
@@ -245,15 +245,9 @@ def _config_id(m: Measurement) -> str:
 
 
 def dense_peak(gpu_name: str, dtype: str = "f16") -> float | None:
-    """The dense tensor-core peak (TFLOP/s) of a GPU for ``dtype``, or None if unknown.
-
-    :func:`~pyc_lab.kernels.autotune.peak_tflops`, whichever form it has (with or
-    without its ``dtype`` argument).
-    """
-    try:
-        return peak_tflops(gpu_name, dtype)  # type: ignore[call-arg]
-    except TypeError:
-        return peak_tflops(gpu_name)
+    """The dense peak (TFLOP/s) of a GPU for ``dtype``, or None if unknown
+    (:func:`~pyc_lab.kernels.autotune.peak_tflops`)."""
+    return peak_tflops(gpu_name, dtype)
 
 
 @dataclass
@@ -388,17 +382,6 @@ def _row(problem: ProblemKey, cfg: cg.GemmConfig, meas: Measurement) -> dict[str
             "build": "recorded", "message": (meas.message or "")[:500], **cfg.to_dict()}
 
 
-def _table(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """The candidate table, sorted as autotune_gemm sorts it (ok by time, then failures)."""
-    import pandas as pd
-
-    table = pd.DataFrame(list(rows))
-    if not table.empty:
-        table = table.sort_values(["status", "ms"], key=lambda s: s.map(
-            lambda v: (v != "ok") if isinstance(v, str) else v), na_position="last")
-    return table.reset_index(drop=True)
-
-
 def _baselines(p: _Problem) -> dict[str, float]:
     order = {"cublas": 0, "torch": 1}
     names = sorted(p.baselines, key=lambda name: (order.get(name, 2), name))
@@ -422,8 +405,9 @@ def recorded_result(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str 
 
 def _as_result(p: _Problem, rec: _Recording) -> ReplayResult:
     rows = [_row(p.problem, cfg, m) for cfg, m in p.candidates.items()]
-    return ReplayResult(p.problem, p.device, p.winner, _table(rows), _baselines(p), 0.0,
-                        "recorded", "recorded", False, replay=p.info(rec.path, rec.label))
+    return ReplayResult(p.problem, p.device, p.winner, candidate_table(rows), _baselines(p),
+                        0.0, "recorded", "recorded", False,
+                        replay=p.info(rec.path, rec.label))
 
 
 def recorded_results(source: str | Path | None = None, *, dtype: str | None = None,
@@ -453,15 +437,6 @@ def recorded_results(source: str | Path | None = None, *, dtype: str | None = No
 
 
 # --------------------------------------------------------------------------- the replay
-
-
-def _strategy_options(key: str, n_candidates: int) -> dict[str, Any]:
-    """The options autotune_gemm gives each strategy (at its default ``repeats``)."""
-    if key == "successive_halving":
-        return {"eta": 3, "min_fidelity": max(2, _REPEATS // 9), "max_fidelity": _REPEATS}
-    if key == "evolutionary":
-        return {"fidelity": _REPEATS, "population": min(8, n_candidates), "generations": 4}
-    return {"fidelity": _REPEATS}
 
 
 def _check_problem(m: Any, n: Any, k: Any) -> tuple[int, int, int]:
@@ -578,9 +553,9 @@ def replay_autotune(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str 
         return Outcome(meas.status, row["ms"], meas.message)
 
     space, _ = _space(ranked)
-    search = get_strategy(key, **_strategy_options(key, len(ranked)))
+    search = get_strategy(key, **strategy_options(key, _REPEATS, len(ranked)))
     result = search.run(space, evaluate, budget, rng=seed)
     best = measured.get(_config_of(result.best.candidate).id) if result.best else None
-    return ReplayResult(problem, p.device, best, _table(list(rows.values())), _baselines(p),
+    return ReplayResult(problem, p.device, best, candidate_table(rows.values()), _baselines(p),
                         time.perf_counter() - t_start, result.stopped_by, key, False,
                         replay=info)

@@ -45,7 +45,11 @@ def planned_builds() -> list[tuple]:
     for epi, count in ((cg.Epilogue(), 3), (cg.Epilogue(True, "gelu"), 2)):
         kept = cg.prune(cg.configurations("f16", "tn"), 256, 384, 512, "tn", "f16", epi)[0]
         tuned += [(c, "f16", "tn", epi) for c in cg.rank(kept, 256, 384, 512, 132)[:count]]
-    return plain + fused + tuned
+    # and notebook 03's live cell: AutotuneWidget(2048, 2048, 2048, "f16", max_candidates=4)
+    kept = cg.prune(cg.configurations("f16", "tn"), 2048, 2048, 2048, "tn", "f16")[0]
+    notebook = [(c, "f16", "tn", cg.Epilogue()) for c in cg.rank(kept, 2048, 2048, 2048,
+                                                                  132)[:4]]
+    return plain + fused + tuned + notebook
 
 
 def prebuild(directory: str) -> None:
