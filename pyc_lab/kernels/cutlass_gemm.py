@@ -139,7 +139,7 @@ NVCC_FLAGS = ("-std=c++17", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG",
 _WRAPPER_HEAD = r"""
 // ---- pyc_lab host wrapper ------------------------------------------------------------
 using PycKernel = __NAME___base;
-using PycGemm = cutlass::gemm::device::GemmUniversalAdapter<PycKernel>;
+using PycGemm = __DEVICE__<PycKernel>;
 
 struct PycHandle {
   PycGemm op;
@@ -180,19 +180,23 @@ static typename PycGemm::Arguments pyc_arguments(int M, int N, int K, const void
 }
 """
 
-# CUTLASS 2 (the SIMT float32 kernel): leading dimensions from the layouts.
+# CUTLASS 2 (the SIMT float32 kernel), driven through GemmUniversalBase with the kernel's
+# own layouts (GemmUniversalAdapter would transpose a row-major-output problem first):
+# leading dimensions from the layouts.
 _ARGUMENTS_2X = r"""
 static typename PycGemm::Arguments pyc_arguments(int M, int N, int K, const void* A,
                                                  const void* B, const void* C, void* D,
                                                  float alpha, float beta, const void* bias,
                                                  int sm_count) {
   (void)bias; (void)sm_count;
-  constexpr bool a_row = std::is_same_v<typename PycGemm::LayoutA, cutlass::layout::RowMajor>;
-  constexpr bool b_row = std::is_same_v<typename PycGemm::LayoutB, cutlass::layout::RowMajor>;
+  constexpr bool a_row = std::is_same_v<typename PycKernel::LayoutA, cutlass::layout::RowMajor>;
+  constexpr bool b_row = std::is_same_v<typename PycKernel::LayoutB, cutlass::layout::RowMajor>;
+  static_assert(std::is_same_v<typename PycKernel::LayoutC, cutlass::layout::RowMajor>,
+                "pyc_lab writes row-major outputs");
   int64_t lda = a_row ? K : M, ldb = b_row ? N : K, ldc = N;
   return typename PycGemm::Arguments(
       cutlass::gemm::GemmUniversalMode::kGemm, cutlass::gemm::GemmCoord(M, N, K), 1,
-      typename PycGemm::EpilogueOutputOp::Params(alpha, beta), A, B, C, D,
+      typename PycKernel::EpilogueOutputOp::Params(alpha, beta), A, B, C, D,
       int64_t(0), int64_t(0), int64_t(0), int64_t(0), lda, ldb, ldc, ldc);
 }
 """
@@ -239,6 +243,7 @@ _INCLUDES = (
     "cutlass/epilogue/collective/default_epilogue.hpp",
     "cutlass/epilogue/thread/linear_combination.h", "cutlass/epilogue/thread/activation.h",
     "cutlass/epilogue/fusion/operations.hpp", "cutlass/gemm/device/gemm_universal.h",
+    "cutlass/gemm/device/gemm_universal_base.h",
     "cutlass/gemm/kernel/default_gemm_universal.h",
     "cutlass/gemm/device/gemm_universal_adapter.h", "cutlass/util/packed_stride.hpp",
 )
@@ -485,8 +490,11 @@ def emit_source(config: GemmConfig, dtype: str = "f16", layout: str = "tn",
               f"{' epilogue ' + epilogue.name if epilogue.fused else ''}\n"
               f"#define PYC_BIAS {int(epilogue.bias)}\n#include <type_traits>\n"
               + "".join(f'#include "{inc}"\n' for inc in _INCLUDES))
+    device = "cutlass::gemm::device::" + ("GemmUniversalAdapter" if cutlass3
+                                          else "GemmUniversalBase")
     wrapper = _WRAPPER_HEAD + (_ARGUMENTS_3X if cutlass3 else _ARGUMENTS_2X) + _WRAPPER_TAIL
-    return header + body + wrapper.replace("__NAME__", name.group(1))
+    return header + body + wrapper.replace("__NAME__", name.group(1)).replace("__DEVICE__",
+                                                                              device)
 
 
 def nvcc_path() -> str:

@@ -26,7 +26,8 @@ cp = pytest.importorskip("cupy")
 pytest.importorskip("cutlass_library")
 pytestmark = pytest.mark.gpu
 
-CASES = [("f16", "tn"), ("bf16", "tn"), ("f16", "nt"), ("tf32", "tn"), ("f32", "tn")]
+CASES = [("f16", "tn"), ("bf16", "tn"), ("f16", "nt"), ("tf32", "tn"), ("f32", "tn"),
+         ("f32", "nt")]
 #: Fused epilogues (dtype, bias, activation) built and checked against float64.
 EPILOGUES = [("f16", True, "gelu"), ("bf16", False, "relu"), ("f16", True, "silu"),
              ("f16", True, None)]
