@@ -10,6 +10,13 @@
                                     replay a tuning recorded on a GPU (the shipped H200
                                     recording, or a tuning-database export): no GPU needed
     pyc-lab tune gemm ... --json    the result as JSON on stdout
+    pyc-lab tune gemm M N K --bias --activation gelu
+                                    tune kernels with a fused bias + GELU epilogue
+    pyc-lab cache export FILE       the kernel cache as one .tar.gz (cache import FILE:
+                                    add one, each entry verified by hash)
+    pyc-lab db export FILE          the tuning database as JSON or CSV (db import FILE:
+                                    merge one) — with the cache, a tuned set moves
+                                    between machines
 """
 
 from __future__ import annotations
@@ -52,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
                                       "tuning recorded on a GPU with --replay.")
     for dim in ("M", "N", "K"):
         gemm.add_argument(dim.lower(), metavar=dim, type=int, help=f"the problem's {dim}")
-    gemm.add_argument("--dtype", default="bf16", help="f16 or bf16 (default: bf16)")
+    gemm.add_argument("--dtype", default="bf16",
+                      help="f16, bf16 (default), tf32 or f32 (SIMT)")
     gemm.add_argument("--layout", default="tn", help="tn, tt, nt or nn (default: tn)")
     gemm.add_argument("--strategy", default="successive_halving",
                       help="exhaustive, random, successive_halving (default) or evolutionary")
@@ -66,6 +74,15 @@ def _parser() -> argparse.ArgumentParser:
                            "recording shipped with pyc_lab, or a tuning-database export")
     gemm.add_argument("--seed", type=int, default=0, help="the search's random seed")
     gemm.add_argument("--json", action="store_true", help="print the result as JSON")
+    gemm.add_argument("--bias", action="store_true",
+                      help="tune kernels that add a bias row inside the epilogue (live only)")
+    gemm.add_argument("--activation", choices=["relu", "gelu", "silu"],
+                      help="tune kernels with this activation in the epilogue (live only)")
+    for name, what, suffix in (("cache", "the CUTLASS kernel cache", ".tar.gz"),
+                               ("db", "the tuning database", ".json or .csv")):
+        cmd = sub.add_parser(name, help=f"export or import {what}")
+        cmd.add_argument("action", choices=["export", "import"])
+        cmd.add_argument("path", metavar="FILE", help=f"the file ({suffix})")
     return parser
 
 
@@ -77,10 +94,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "tune":
             return _tune_gemm(args)
+        if args.command in ("cache", "db"):
+            return _move(args)
         return _hw(args)
     except PycLabError as exc:
         print(f"pyc-lab: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _move(args: argparse.Namespace) -> int:
+    """``pyc-lab cache|db export|import FILE``."""
+    if args.command == "cache":
+        from .kernels.cache import KernelCache
+
+        store: object = KernelCache()
+        what = "kernel-cache entries"
+    else:
+        from .kernels.tuning_db import TuningDB
+
+        store = TuningDB()
+        what = "tuning-database rows"
+    n = store.export(args.path) if args.action == "export" else store.import_(args.path)
+    where = getattr(store, "root", None) or getattr(store, "path", "")
+    verb = "exported from" if args.action == "export" else "imported into"
+    print(f"{n} {what} {verb} {where} ({args.path})")
+    return 0
 
 
 def _hw(args: argparse.Namespace) -> int:
@@ -136,6 +174,9 @@ def _tune_gemm(args: argparse.Namespace) -> int:
     common = dict(dtype=args.dtype, layout=args.layout, strategy=args.strategy,
                   budget_s=budget, max_candidates=max_candidates, seed=args.seed,
                   observer=None if quiet else progress)
+    if replay and (args.bias or args.activation):
+        raise PycLabError("--replay replays plain GEMMs only; --bias/--activation tune "
+                          "fused epilogues live on a GPU")
     if replay:
         from .kernels.replay import recorded_result, replay_autotune
 
@@ -163,7 +204,8 @@ def _tune_gemm(args: argparse.Namespace) -> int:
             print(f"Tuning {problem} on this GPU: strategy {args.strategy}, budget "
                   f"{_limit(budget, ' s')}, at most {_limit(max_candidates, ' candidates')}",
                   flush=True)
-        result = autotune_gemm(args.m, args.n, args.k, **common)
+        result = autotune_gemm(args.m, args.n, args.k, bias=args.bias,
+                               activation=args.activation, **common)
     if quiet:
         print(json.dumps(_result_json(result), indent=2))
         return 0

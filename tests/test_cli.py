@@ -116,3 +116,35 @@ def test_tune_replay_of_an_unrecorded_problem_exits_2(capsys):
     assert "; recorded: " in err and "4096x4096x4096 f16 tn" in err
     assert main(["tune", "gemm", "8", "8", "8", "--budget", "-1", "--replay"]) == 2
     assert "--budget -1" in capsys.readouterr().err
+
+
+def test_cache_and_db_move_a_tuned_set_between_machines(tmp_path, monkeypatch, capsys):
+    import platformdirs
+
+    from pyc_lab.kernels import tuning_db
+    from pyc_lab.kernels.cache import KernelCache
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    monkeypatch.setattr(platformdirs, "user_cache_path", lambda app: here / app)
+    src = tmp_path / "kernel.cu"
+    src.write_text("// a kernel\n")
+    KernelCache().put("ab" * 32, {"kernel.cu": src}, meta={"note": "x"})
+    device = tuning_db.DeviceKey("NVIDIA H200", "9.0", "580.00", "13.0")
+    problem = tuning_db.ProblemKey("gemm", "f16", "f16", "f16", "tn", 64, 64, 64)
+    with tuning_db.TuningDB() as db:
+        db.record(device, problem, tuning_db.Measurement({"tile": [1]}, "ok", 0.5))
+    assert main(["cache", "export", str(tmp_path / "k.tar.gz")]) == 0
+    assert main(["db", "export", str(tmp_path / "t.json")]) == 0
+    assert "1 kernel-cache entries exported" in capsys.readouterr().out
+    # the other machine: an empty cache and database
+    monkeypatch.setattr(platformdirs, "user_cache_path", lambda app: there / app)
+    monkeypatch.setattr(tuning_db, "default_path", lambda: there / "t.sqlite")
+    assert main(["cache", "import", str(tmp_path / "k.tar.gz")]) == 0
+    assert main(["db", "import", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert "1 kernel-cache entries imported" in out and "1 tuning-database rows" in out
+    assert KernelCache().get("ab" * 32).meta["note"] == "x"
+    with tuning_db.TuningDB() as db:
+        assert db.best(device, problem).time_ms == 0.5
+    assert main(["cache", "import", str(tmp_path / "t.json")]) == 2  # not an export
+    assert "not a kernel-cache export" in capsys.readouterr().err

@@ -274,6 +274,37 @@ def test_tuned_epilogue_serves_matmul_and_the_compiler(tmp_path, monkeypatch, ke
     assert not exe._fallbacks, exe._fallbacks
 
 
+def test_a_failing_candidate_never_stops_the_run(tmp_path, monkeypatch, kernel_cache):
+    """One candidate fails to compile, one returns wrong numbers: both are recorded with
+    their reasons and the third, correct one wins."""
+    real_build, real_call = cg.build, cg.CutlassGemm.__call__
+    kept = cg.prune(cg.configurations("f16", "tn"), 256, 384, 512, "tn", "f16")[0]
+    broken, wrong, good = cg.rank(kept, 256, 384, 512, 132)[:3]
+
+    def build(cfg, *args, **kwargs):
+        if cfg == broken:
+            return cg.BuildResult(cfg, "", None, "compile_error", 0.1, "error: injected")
+        return real_build(cfg, *args, **kwargs)
+
+    def call(self, a, b, out, *args, **kwargs):
+        real_call(self, a, b, out, *args, **kwargs)
+        if self.config == wrong:
+            out[0, 0] = out[0, 0] + 100  # a wrong answer, finite
+        return out
+
+    monkeypatch.setattr(cg, "build", build)
+    monkeypatch.setattr(cg.CutlassGemm, "__call__", call)
+    res = pl.autotune_gemm(256, 384, 512, dtype="f16", max_candidates=3, budget_s=300,
+                           repeats=3, strategy="exhaustive", cache=kernel_cache,
+                           db=tuning_db.TuningDB(tmp_path / "t.sqlite"))
+    status = res.table.set_index("config").status
+    assert status[broken.id] == "compile_error" and status[wrong.id] == "wrong_result"
+    assert status[good.id] == "ok" and res.best is not None
+    assert cg.GemmConfig.from_dict(res.best.config) == good
+    msg = res.table.set_index("config").message
+    assert "injected" in msg[broken.id] and "vs cuBLAS" in msg[wrong.id]
+
+
 def test_autotune_refuses_a_misaligned_problem():
     with pytest.raises(pl.PycLabError, match="multiple of 8"):
         pl.autotune_gemm(256, 256, 250, dtype="f16")
