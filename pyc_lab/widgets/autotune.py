@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PycLabError
-from .display import escape, frame_html, has_live_frontend, require_plotly, view_bundle
+from .display import (
+    ChartView,
+    View,
+    escape,
+    frame_html,
+    require_plotly,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -88,7 +94,7 @@ def _fmt(value: Any, spec: str, missing: str = "–") -> str:
 # --------------------------------------------------------------------------- the tuner
 
 
-class AutotuneWidget:
+class AutotuneWidget(View):
     """Tune one GEMM and watch it: controls, Start/Stop, progress, live chart, tables.
 
     Parameters
@@ -636,17 +642,11 @@ class AutotuneWidget:
         except Exception:  # a view update must never break the tuning
             log.exception("autotune widget: view update failed")
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return view_bundle(self, has_live_frontend(), include, exclude)
-
-    def __repr__(self) -> str:
-        return self.to_text()
-
 
 # --------------------------------------------------------------------------- comparison
 
 
-class KernelComparison:
+class KernelComparison(ChartView):
     """TFLOP/s per shape for tuned CUTLASS, cuBLAS and torch, against the dense peak.
 
     Parameters
@@ -872,15 +872,3 @@ class KernelComparison:
         fig.update_yaxes(showgrid=True, gridcolor="#eee")
         return fig
 
-    def widget(self) -> Any:
-        """A live ipywidgets view: the bar chart above the ratio table."""
-        import ipywidgets as w
-
-        go = require_plotly()
-        return w.VBox([go.FigureWidget(self.figure()), w.HTML(self.to_html())])
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return view_bundle(self, has_live_frontend(), include, exclude)
-
-    def __repr__(self) -> str:
-        return self.to_text()

@@ -67,3 +67,40 @@ def view_bundle(view: Any, live: bool, include: Any = None, exclude: Any = None)
         data["text/plain"] = view.to_text()
         return data
     return {"text/plain": view.to_text(), "text/html": view.to_html()}
+
+
+class View:
+    """Base of pyc_lab's views: ``to_text``, ``to_html`` and ``widget`` give the reprs.
+
+    In a live Jupyter front end the view shows as its ipywidgets form (with the
+    deterministic ``text/plain``); elsewhere as static text and HTML.
+    """
+
+    def to_text(self) -> str:  # pragma: no cover - every view defines it
+        raise NotImplementedError
+
+    def to_html(self) -> str:  # pragma: no cover - every view defines it
+        raise NotImplementedError
+
+    def widget(self) -> Any:  # pragma: no cover - every view defines it
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return view_bundle(self, has_live_frontend(), include, exclude)
+
+    def __repr__(self) -> str:
+        return self.to_text()
+
+
+class ChartView(View):
+    """A view whose live form is its plotly figure above its HTML tables."""
+
+    def figure(self) -> Any:  # pragma: no cover - every chart view defines it
+        raise NotImplementedError
+
+    def widget(self) -> Any:
+        """A live ipywidgets view: the interactive chart above the tables."""
+        import ipywidgets as w
+
+        go = require_plotly()
+        return w.VBox([go.FigureWidget(self.figure()), w.HTML(self.to_html())])

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime.trace import OverlapReport, Trace, lane_order, stage_order
-from .display import escape, frame_html, has_live_frontend, require_plotly, view_bundle
+from .display import ChartView, escape, frame_html, require_plotly
 
 __all__ = ["TimelineWidget", "compare", "stage_color"]
 
@@ -36,7 +36,7 @@ def stage_color(stage: str) -> str:
     return _OTHER_COLORS[sum(map(ord, stage)) % len(_OTHER_COLORS)]
 
 
-class TimelineWidget:
+class TimelineWidget(ChartView):
     """Show a trace as a Gantt chart with its overlap metrics.
 
     Parameters
@@ -115,19 +115,6 @@ class TimelineWidget:
             parts.append(frame_html(self._counts(), "Spans per lane and stage"))
         parts.append("</div>")
         return "".join(parts)
-
-    def widget(self) -> Any:
-        """A live ipywidgets view: the interactive chart above the tables."""
-        import ipywidgets as w
-
-        go = require_plotly()
-        return w.VBox([go.FigureWidget(self.figure()), w.HTML(self.to_html())])
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return view_bundle(self, has_live_frontend(), include, exclude)
-
-    def __repr__(self) -> str:
-        return self.to_text()
 
 
 def compare(before: Trace, after: Trace, *, labels: tuple[str, str] = ("before", "after"),

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..runtime.bandwidth import bandwidth_summary
 from ..runtime.cpulist import format_cpulist
 from ..runtime.profile import LINK_KINDS, HardwareProfile
-from .display import escape, frame_html, has_live_frontend, require_plotly, view_bundle
+from .display import View, escape, frame_html, require_plotly
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -44,7 +44,7 @@ def link_color(kind: str | None) -> str:
     return _KIND_COLORS.get(kind or "", _UNKNOWN_COLOR)
 
 
-class TopologyWidget:
+class TopologyWidget(View):
     """Show a :class:`~pyc_lab.runtime.HardwareProfile`, and optionally bandwidths.
 
     Parameters
@@ -284,12 +284,6 @@ class TopologyWidget:
 
         button.on_click(measure)
         return w.VBox([w.HBox([picture, tables]), w.HBox([button, status]), bw_box])
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return view_bundle(self, has_live_frontend(), include, exclude)
-
-    def __repr__(self) -> str:
-        return self.to_text()
 
 
 def _title(p: HardwareProfile) -> str:

@@ -13,7 +13,7 @@ import pytest
 from pyc_lab.errors import PycLabError
 from pyc_lab.kernels import replay
 from pyc_lab.runtime.gpu import cupy_status
-from pyc_lab.widgets import AutotuneWidget, KernelComparison
+from pyc_lab.widgets import AutotuneWidget, KernelComparison, display
 from pyc_lab.widgets import autotune as aw
 from tests.fakes.tuning_recording import CUBLAS_MS, FLOPS, SHAPE, TORCH_MS, write_recording
 
@@ -174,7 +174,7 @@ def test_bundles_static_and_live(synthetic, monkeypatch):
     w = widget(synthetic)
     w.run()
     assert set(w._repr_mimebundle_()) == {"text/plain", "text/html"}
-    monkeypatch.setattr(aw, "has_live_frontend", lambda: True)
+    monkeypatch.setattr(display, "has_live_frontend", lambda: True)
     bundle = w._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"] == w.to_text()
@@ -266,5 +266,5 @@ def test_kernel_comparison_bundles(synthetic, monkeypatch):
     assert set(kc._repr_mimebundle_()) == {"text/plain", "text/html"}
     assert repr(kc) == kc.to_text()
     assert "class='pyc-lab-kernel-comparison'" in kc.to_html()
-    monkeypatch.setattr(aw, "has_live_frontend", lambda: True)
+    monkeypatch.setattr(display, "has_live_frontend", lambda: True)
     assert "application/vnd.jupyter.widget-view+json" in kc._repr_mimebundle_()

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from pyc_lab.runtime.trace import Trace
+from pyc_lab.widgets import display
 from pyc_lab.widgets import timeline as tl
 from pyc_lab.widgets.timeline import TimelineWidget, compare, stage_color
 
@@ -111,7 +112,7 @@ def test_static_bundle_without_a_frontend():
 
 
 def test_live_bundle_is_a_widget_with_deterministic_text(monkeypatch):
-    monkeypatch.setattr(tl, "has_live_frontend", lambda: True)
+    monkeypatch.setattr(display, "has_live_frontend", lambda: True)
     bundle = TimelineWidget(pipeline_trace())._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"] == TimelineWidget(pipeline_trace()).to_text()

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import pyc_lab as pl
-from pyc_lab.widgets import TopologyWidget
+from pyc_lab.widgets import TopologyWidget, display
 from pyc_lab.widgets import topology as topo
 
 
@@ -63,7 +63,7 @@ def test_static_bundle_without_a_frontend(dgx):
 
 
 def test_live_bundle_is_a_widget_with_deterministic_text(dgx, monkeypatch):
-    monkeypatch.setattr(topo, "has_live_frontend", lambda: True)
+    monkeypatch.setattr(display, "has_live_frontend", lambda: True)
     bundle = TopologyWidget(dgx)._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"] == TopologyWidget(dgx).to_text()
