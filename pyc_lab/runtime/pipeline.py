@@ -78,6 +78,27 @@ def last_pipeline() -> Pipeline | None:
     return _LAST
 
 
+def _norm_spec(spec: Any) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """``(shape, dtype)`` or a list of them, as a list of (tuple shape, NumPy dtype)."""
+
+    def pair(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype]:
+        dims = (shape,) if isinstance(shape, int) else shape
+        return tuple(int(d) for d in dims), np.dtype(dtype)
+
+    try:
+        return [pair(*spec)]
+    except (TypeError, ValueError):
+        pass
+    try:
+        out = [pair(*p) for p in spec]
+    except (TypeError, ValueError) as exc:
+        raise PipelineError(f"spec must be (shape, dtype) or a list of them, got {spec!r} "
+                            f"({exc})") from None
+    if not out:
+        raise PipelineError("spec lists no arrays")
+    return out
+
+
 def _fmt_spec(spec: Sequence[tuple[tuple[int, ...], np.dtype]]) -> str:
     return ", ".join(f"{dt}{list(shape)}" for shape, dt in spec)
 
@@ -164,6 +185,8 @@ class Pipeline:
     prepare
         ``prepare(item)`` returns a NumPy array or a tuple of arrays. The first item fixes
         their shapes and dtypes; each is copied into the item's (pinned) slot buffers.
+        Or ``prepare(item, out)`` (two parameters; needs ``spec``) writes the item
+        straight into ``out``, the slot's pinned array(s), with no extra copy.
     compute
         ``compute(arrays, stream)`` (or ``compute(arrays)``) gets the device arrays (a
         single array when ``prepare`` returned one) and returns an array or a tuple of
@@ -189,6 +212,14 @@ class Pipeline:
     pool
         The :class:`PinnedPool` for slot buffers (a new one by default, closed by
         :meth:`close`).
+    spec
+        The prepared arrays' ``(shape, dtype)`` (or a list of them) when known up front:
+        required by ``prepare(item, out)``, otherwise every item is checked against it.
+    copy_results
+        ``True`` (default): each result is a fresh NumPy array. ``False``: results are
+        views of the slot's pinned output buffers, valid until the next result is asked
+        for (as in pinned-memory data loaders); the copy, and the page faults of a fresh
+        array, are saved.
 
     Examples
     --------
@@ -212,6 +243,8 @@ class Pipeline:
         timeout_s: float | None = None,
         trace: Any = None,
         pool: PinnedPool | None = None,
+        spec: Any = None,
+        copy_results: bool = True,
     ) -> None:
         if int(depth) < 1:
             raise PipelineError(f"depth must be >= 1, got {depth!r}")
@@ -250,6 +283,13 @@ class Pipeline:
                 log.debug("pyc_lab.runtime.trace not available; the pipeline is not traced")
         self._trace = trace
         self._compute_takes_stream = self._takes_stream(compute)
+        self.copy_results = bool(copy_results)
+        self.spec = _norm_spec(spec) if spec is not None else None
+        self._prepare_into = self._required_positional(prepare) >= 2  # prepare(item, out)
+        if self._prepare_into and self.spec is None:
+            raise PipelineError("prepare(item, out) writes into the slot's buffers, so their "
+                                "shapes must be known up front: pass spec=(shape, dtype) "
+                                "(or a list of them)")
         self._lock = threading.Lock()
         self._signal = threading.Event()
         self._live: set[int] = set()
@@ -271,6 +311,16 @@ class Pipeline:
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
         ]
         return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)
+
+    @staticmethod
+    def _required_positional(fn: Callable[..., Any]) -> int:
+        """How many positional parameters ``fn`` requires (no default)."""
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            return 1
+        return sum(1 for p in params if p.default is p.empty
+                   and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
     @staticmethod
     def _copy_h2d(dst: np.ndarray, src: np.ndarray) -> None:
@@ -332,6 +382,16 @@ class Pipeline:
         if start is None:
             return
         try:
+            slot = job.slot
+            if self._prepare_into:
+                assert self.spec is not None
+                if not slot.host:
+                    self._alloc_host(slot, self.spec)
+                views = slot.host_views
+                self.prepare(job.item, views[0] if len(views) == 1 else tuple(views))
+                nbytes = sum(v.nbytes for v in views)
+                self._after_prepare(job, start, nbytes)
+                return
             out = self.prepare(job.item)
             arrays = [np.asarray(a) for a in (out if isinstance(out, tuple) else (out,))]
             got = [(a.shape, a.dtype) for a in arrays]
@@ -350,16 +410,13 @@ class Pipeline:
                 if got != job.run.spec:
                     raise PipelineError(
                         f"item {job.index}: prepare returned {_fmt_spec(got)}, expected "
-                        f"{_fmt_spec(job.run.spec)} (fixed by item 0); every item must "
-                        "have the same shapes and dtypes",
+                        f"{_fmt_spec(job.run.spec)} "
+                        f"({'spec=' if self.spec is not None else 'fixed by item 0'}); "
+                        "every item must have the same shapes and dtypes",
                         job.index, "prepare",
                     )
-            slot = job.slot
             if not slot.host:
-                for a in arrays:
-                    buf = self.pool.acquire(a.nbytes)
-                    slot.host.append(buf)
-                    slot.host_views.append(buf.array(a.dtype, a.shape))
+                self._alloc_host(slot, got)
             for view, a in zip(slot.host_views, arrays, strict=True):
                 np.copyto(view, a)
             nbytes = sum(a.nbytes for a in arrays)
@@ -368,6 +425,17 @@ class Pipeline:
                 job.run.spec_ready.set()
             self._fail(job, "prepare", exc)
             return
+        self._after_prepare(job, start, nbytes)
+
+    def _alloc_host(self, slot: _Slot, spec: Sequence[tuple[tuple[int, ...], np.dtype]]
+                    ) -> None:
+        for shape, dtype in spec:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            buf = self.pool.acquire(max(nbytes, 1))
+            slot.host.append(buf)
+            slot.host_views.append(buf.array(dtype, shape))
+
+    def _after_prepare(self, job: _Job, start: float, nbytes: int) -> None:
         name = threading.current_thread().name
         lane = "cpu-worker-" + name.rsplit("-", 1)[-1]
         self._record(job, "prepare", lane, start, time.perf_counter(), nbytes)
@@ -468,7 +536,7 @@ class Pipeline:
                     for v, o in zip(views, outs, strict=True):
                         o.get(stream=stream, out=v)
                     stream.record().synchronize()
-            results = [v.copy() for v in views]
+            results = [v.copy() for v in views] if self.copy_results else views
             nbytes = sum(v.nbytes for v in views)
         except BaseException as exc:
             self._fail(job, "d2h", exc)
@@ -481,6 +549,9 @@ class Pipeline:
     # -- the belt ----------------------------------------------------------------------
     def _start(self) -> _Run:
         run = _Run()
+        if self.spec is not None:  # known up front: every item is checked against it
+            run.spec = self.spec
+            run.spec_ready.set()
         init = None
         if self._cp is not None:  # pragma: no cover - needs a GPU
             cp, dev = self._cp, self.device
@@ -551,6 +622,15 @@ class Pipeline:
                 self._wait(head, inflight)
                 inflight.popleft()
                 result, head.result = head.result, None
+                if not self.copy_results:  # the result is a view of the slot: keep it
+                    held = head.slot       # until the consumer asks for the next one
+                    try:
+                        yield result
+                    finally:
+                        free.append(held)
+                        with self._lock:
+                            self._live.discard(held.index)
+                    continue
                 free.append(head.slot)
                 with self._lock:
                     self._live.discard(head.slot.index)

@@ -422,3 +422,76 @@ def test_gpu_pipeline_compute_failure() -> None:  # pragma: no cover - needs a G
         _out, exc = drain(pipe, range(5))
         assert isinstance(exc, PipelineError) and exc.index == 1
         assert pipe.pool.stats()["bytes_in_use"] == 0
+
+
+def test_prepare_into_the_slot_with_a_spec() -> None:
+    seen = []
+
+    def fill(i: int, out: np.ndarray) -> None:
+        seen.append((out.shape, out.dtype))
+        out[...] = i  # written straight into the slot's (pinned) buffer
+
+    with make(fill, spec=((8, 4), np.float32), workers=2) as pipe:
+        out, exc = drain(pipe, range(9))
+        assert exc is None
+        assert [float(r[0, 0]) for r in out] == [2.0 * i for i in range(9)]
+        assert set(seen) == {((8, 4), np.dtype(np.float32))}
+        assert_clean(pipe)
+
+    def fill2(i: int, out: tuple) -> None:
+        out[0][...] = i
+        out[1][...] = -i
+
+    with make(fill2, lambda xs, s: xs[0] + xs[1], spec=[((3,), "f4"), (3, "f4")]) as pipe:
+        assert [r.tolist() for r in pipe.run(range(3))] == [[0.0] * 3] * 3
+
+
+def test_spec_errors_are_clear() -> None:
+    with pytest.raises(PipelineError, match="pass spec="):
+        make(lambda i, out: None)
+    with pytest.raises(PipelineError, match="spec must be"):
+        make(spec="nonsense")
+    with make(spec=((4, 4), np.float32)) as pipe:  # item 0 is checked against it too
+        _out, exc = drain(pipe, range(3))
+        assert isinstance(exc, PipelineError) and exc.index == 0 and "spec=" in str(exc)
+        assert_clean(pipe)
+
+    def prep_with_default(i: int, scale: int = 2) -> np.ndarray:
+        return np.full(4, i * scale, np.float32)
+
+    with make(prep_with_default) as pipe:  # a defaulted second parameter is not `out`
+        assert [float(r[0]) for r in pipe.run(range(3))] == [0.0, 4.0, 8.0]
+
+
+def test_results_as_views_stay_valid_until_the_next_one() -> None:
+    with make(workers=3, depth=3, copy_results=False) as pipe:
+        n = 0
+        for i, r in enumerate(pipe.run(range(12))):
+            time.sleep(0.005)  # the belt runs ahead meanwhile; this slot is held
+            np.testing.assert_array_equal(r, double(prep(i), None))
+            assert pipe.live_slots <= 3
+            n += 1
+        assert n == 12
+        assert_clean(pipe)
+    with make(copy_results=False) as pipe:  # views share the slots' pinned buffers
+        out = list(pipe.run(range(6)))
+    assert len({r.__array_interface__["data"][0] for r in out}) <= 3
+
+
+@pytest.mark.gpu
+def test_gpu_prepare_into_pinned_slots_and_view_results() -> None:  # pragma: no cover
+    def fill(i: int, out: np.ndarray) -> None:
+        out[...] = prep(i)
+
+    def comp(x: Any, stream: Any) -> Any:
+        return x * 3 - 1
+
+    rec = Recorder()
+    with Pipeline(fill, comp, mode="gpu", depth=3, workers=2, trace=rec,
+                  spec=((8, 4), np.float32), copy_results=False) as pipe:
+        for i, r in enumerate(pipe.run(range(10))):
+            time.sleep(0.002)  # the belt runs ahead; this result's slot is held
+            np.testing.assert_array_equal(r, prep(i) * 3 - 1)
+        assert pipe.pool.pinned
+        assert pipe.pool.stats()["bytes_in_use"] == 0
+    assert {r[1] for r in rec.rows} == {"prepare", "h2d", "compute", "d2h"}
