@@ -43,6 +43,7 @@ from ..errors import PycLabError
 from .dispatcher import Dispatcher
 from .gpu import cupy_status
 from .pinned import PinnedBuffer, PinnedPool
+from .trace import nvtx_range
 
 __all__ = ["Pipeline", "PipelineError", "last_pipeline"]
 
@@ -377,6 +378,13 @@ class Pipeline:
         self._signal.set()
 
     # -- stages (run on worker and lane threads) ------------------------------------------
+    @staticmethod
+    def _ranged(stage: str, fn: Callable[[_Job], None], job: _Job) -> None:
+        """Run one stage of one item inside an NVTX range (Nsight Systems shows it as
+        ``pyc_lab <stage> item <i>`` on the thread that ran it)."""
+        with nvtx_range(f"pyc_lab {stage} item {job.index}"):
+            fn(job)
+
     def _stage_prepare(self, job: _Job) -> None:
         start = self._begin(job, "prepare")
         if start is None:
@@ -441,10 +449,11 @@ class Pipeline:
         self._record(job, "prepare", lane, start, time.perf_counter(), nbytes)
         job.running = False
         if self.h2d:
-            job.run.lanes["h2d"].submit(lambda: self._stage_h2d(job))
+            job.run.lanes["h2d"].submit(lambda: self._ranged("h2d", self._stage_h2d, job))
         else:
             job.value = tuple(job.slot.host_views)
-            job.run.lanes["compute"].submit(lambda: self._stage_compute(job))
+            job.run.lanes["compute"].submit(
+                lambda: self._ranged("compute", self._stage_compute, job))
 
     def _stage_h2d(self, job: _Job) -> None:
         start = self._begin(job, "h2d")
@@ -473,7 +482,8 @@ class Pipeline:
         self._record(job, "h2d", "stream h2d", start, time.perf_counter(), nbytes)
         job.running = False
         job.value = tuple(slot.dev)
-        job.run.lanes["compute"].submit(lambda: self._stage_compute(job))
+        job.run.lanes["compute"].submit(
+            lambda: self._ranged("compute", self._stage_compute, job))
 
     def _stage_compute(self, job: _Job) -> None:
         start = self._begin(job, "compute")
@@ -500,7 +510,7 @@ class Pipeline:
         job.running = False
         job.value = out
         if self.d2h:
-            job.run.lanes["d2h"].submit(lambda: self._stage_d2h(job))
+            job.run.lanes["d2h"].submit(lambda: self._ranged("d2h", self._stage_d2h, job))
         else:
             job.result = out
             self._finish(job)
@@ -614,7 +624,7 @@ class Pipeline:
                         self._live.add(slot.index)
                         self.max_live_slots = max(self.max_live_slots, len(self._live))
                     inflight.append(job)
-                    run.dispatcher.submit(self._stage_prepare, job)
+                    run.dispatcher.submit(self._ranged, "prepare", self._stage_prepare, job)
                     index += 1
                 if not inflight:
                     return

@@ -495,3 +495,24 @@ def test_gpu_prepare_into_pinned_slots_and_view_results() -> None:  # pragma: no
         assert pipe.pool.pinned
         assert pipe.pool.stats()["bytes_in_use"] == 0
     assert {r[1] for r in rec.rows} == {"prepare", "h2d", "compute", "d2h"}
+
+
+def test_every_stage_of_every_item_is_an_nvtx_range(monkeypatch) -> None:
+    import types
+
+    from pyc_lab.runtime import trace as tr
+
+    pushed: list[str] = []
+    lock = threading.Lock()
+
+    def push_range(message: str, domain: str) -> None:
+        with lock:
+            pushed.append(message)
+
+    fake = types.SimpleNamespace(push_range=push_range, pop_range=lambda domain: None)
+    monkeypatch.setattr(tr, "_nvtx_backend", lambda: ("nvtx", fake))
+    with make() as pipe:
+        assert len(list(pipe.run(range(4)))) == 4
+    want = {f"pyc_lab {s} item {i}" for s in ("prepare", "h2d", "compute", "d2h")
+            for i in range(4)}
+    assert set(pushed) == want and len(pushed) == len(want)
