@@ -561,6 +561,9 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
         if best is not None:
             db.set_winner(device, problem, best.config_id)
         recorded = True
+        from .matmul import forget
+
+        forget()  # pl.matmul and the compiler look again
     except Exception as exc:
         log.warning("could not record the tuning in %s: %s", getattr(db, "path", db), exc)
     return TuneResult(problem, device, best, candidate_table(rows.values()), baselines,

@@ -10,7 +10,9 @@ Otherwise a bias and/or relu/gelu go through cuBLASLt's fused epilogue
 reason is kept in :data:`last_choice`.
 
 The lookup is memoised per process and problem; a change of the database file (another
-tuning, here or in another notebook) is noticed by its modification time.
+tuning, here or in another notebook) is noticed by its modification time, looked at no
+more than every :data:`RECHECK_S` seconds (resolving and stating the file costs more than
+a GEMM launch); a tuning in this process forgets the memo at once (:func:`forget`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -25,8 +28,8 @@ import numpy as np
 from ..errors import PycLabError
 from . import cutlass_gemm as cg
 
-__all__ = ["ACTIVATIONS", "find_tuned", "last_choice", "matmul", "operand_layout",
-           "tuned_kernel"]
+__all__ = ["ACTIVATIONS", "RECHECK_S", "find_tuned", "forget", "last_choice", "matmul",
+           "operand_layout", "tuned_kernel"]
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +39,13 @@ ACTIVATIONS = tuple(cg.ACTIVATIONS)
 #: The most recent call's choice: ``{"impl", "reason", "config", "match"}``.
 last_choice: dict[str, Any] = {}
 
+#: How often (seconds) the database file is looked at for changes made elsewhere.
+RECHECK_S = 0.5
+
 _KERNELS: dict[tuple, Any] = {}
 _MEMO: dict[tuple, tuple[Any, str]] = {}
 _LOCK = threading.Lock()
+_STAMP: dict[str, Any] = {"of": None, "at": -1e9, "stamp": None}
 
 
 def _record(impl: str, reason: str, **extra: Any) -> None:
@@ -47,18 +54,31 @@ def _record(impl: str, reason: str, **extra: Any) -> None:
     log.debug("matmul: %s (%s)", impl, reason)
 
 
+def forget() -> None:
+    """Drop the memoised lookups (``autotune_gemm`` calls it after recording)."""
+    with _LOCK:
+        _MEMO.clear()
+        _STAMP.update(of=None, stamp=None)
+
+
 def _db_stamp() -> tuple:
-    """The default tuning database's identity and modification times (file and WAL)."""
+    """The default tuning database's identity and modification times (file and WAL),
+    recomputed at most every :data:`RECHECK_S` seconds."""
     from . import tuning_db
 
-    path = tuning_db.default_path()
+    now = time.monotonic()
+    of = tuning_db.default_path  # a different function (tests re-point it): look again
+    if _STAMP["of"] is of and now - _STAMP["at"] < RECHECK_S:
+        return _STAMP["stamp"]
+    path = of()
     stamp: list[Any] = [str(path)]
     for p in (str(path), f"{path}-wal"):
         try:
             stamp.append(os.stat(p).st_mtime_ns)
         except OSError:
             stamp.append(None)
-    return tuple(stamp)
+    _STAMP.update(of=of, at=now, stamp=tuple(stamp))
+    return _STAMP["stamp"]
 
 
 def find_tuned(m: int, n: int, k: int, dtype: str, layout: str,

@@ -189,3 +189,39 @@ def test_autotune_without_a_gpu_says_why():
         pytest.skip("a GPU is present: tests/kernels/test_cutlass_gemm_gpu.py tunes for real")
     with pytest.raises(PycLabError, match="needs a CUDA device"):
         pl.autotune_gemm(256, 256, 256)
+
+
+def test_matmul_lookup_is_memoised_until_the_database_changes(tmp_path, monkeypatch):
+    from pyc_lab.kernels import autotune, tuning_db
+    from pyc_lab.kernels import matmul as mm
+
+    device = tuning_db.DeviceKey("NVIDIA H200", "9.0", "580.00", "13.0")
+    monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
+    monkeypatch.setattr(autotune, "device_key", lambda index=0: (device, 90, 132))
+    loads = []
+
+    def fake_load(found, dtype, layout, epilogue, why, shape):
+        loads.append(shape)
+        return f"kernel {found.measurement.config['tile']}", why
+
+    monkeypatch.setattr(mm, "_load", fake_load)
+    monkeypatch.setattr(mm, "RECHECK_S", 3600.0)
+    mm.forget()
+    assert mm.tuned_kernel(256, 256, 256, "f16", "tn")[0] is None
+    cfg = cg.GemmConfig((128, 128, 64), (1, 2, 1), "TmaWarpSpecializedCooperative",
+                        "TmaWarpSpecializedCooperative", "Default")
+    with tuning_db.TuningDB() as db:  # as another notebook would
+        db.record(device, tuning_db.ProblemKey("gemm", "f16", "f16", "f16", "tn",
+                                               256, 256, 256),
+                  tuning_db.Measurement(cfg.to_dict(), "ok", 0.01))
+    assert mm.tuned_kernel(256, 256, 256, "f16", "tn")[0] is None  # not looked at yet
+    monkeypatch.setattr(mm, "RECHECK_S", 0.0)
+    kernel, why = mm.tuned_kernel(256, 256, 256, "f16", "tn")
+    assert kernel == "kernel [128, 128, 64]" and why.startswith("exact match")
+    monkeypatch.setattr(mm, "RECHECK_S", 3600.0)
+    for _ in range(3):  # memoised: no new lookup or load
+        assert mm.tuned_kernel(256, 256, 256, "f16", "tn")[0] == kernel
+    assert loads == [(256, 256, 256)]
+    mm.forget()
+    mm.tuned_kernel(256, 256, 256, "f16", "tn")
+    assert len(loads) == 2
