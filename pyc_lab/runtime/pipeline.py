@@ -18,9 +18,12 @@ d2h       ``stream d2h``        async copy into pinned memory on a second copy
                                 stream / copy host -> host
 ========  ====================  ==================================================
 
-Each stream lane is one thread that issues its stage and waits for it (CUDA events order
-the streams), so stage times are host ``perf_counter`` seconds in both modes and a stage
-that runs past ``timeout_s`` can be reported.
+Each stream lane is one thread that issues its stage and waits for it (so the streams
+are ordered, and a stage that runs past ``timeout_s`` can be reported). Stage spans are
+``perf_counter`` seconds in both modes: in GPU mode, the times of CUDA events recorded
+around each stream's work, mapped onto the host clock
+(:class:`~pyc_lab.runtime.trace.CudaEventClock`); every stage also runs inside an NVTX
+range for Nsight Systems.
 """
 
 from __future__ import annotations
@@ -157,6 +160,7 @@ class _Run:
         self.spec_ready = threading.Event()
         self.lanes: dict[str, _Lane] = {}
         self.streams: dict[str, Any] = {}
+        self.clock: Any = None  # CudaEventClock in GPU mode
         self.dispatcher: Dispatcher | None = None
 
 
@@ -435,6 +439,25 @@ class Pipeline:
             return
         self._after_prepare(job, start, nbytes)
 
+    @staticmethod
+    def _on_stream(run: _Run, stream: Any, work: Callable[[], Any],
+                   host_start: float) -> tuple[Any, float, float]:  # pragma: no cover - GPU
+        """Run ``work`` with ``stream`` current between two CUDA events and wait for it.
+
+        Returns its result and the span's start and end on the host clock: the events'
+        times mapped by the run's :class:`~pyc_lab.runtime.trace.CudaEventClock` (what
+        the GPU did, not when the host asked), or host times without a clock.
+        """
+        clock = run.clock
+        with stream:
+            first = clock.event(stream) if clock is not None else None
+            result = work()
+            last = clock.event(stream) if clock is not None else stream.record()
+            last.synchronize()
+        if clock is None:
+            return result, host_start, time.perf_counter()
+        return result, clock.to_host(first), clock.to_host(last)
+
     def _alloc_host(self, slot: _Slot, spec: Sequence[tuple[tuple[int, ...], np.dtype]]
                     ) -> None:
         for shape, dtype in spec:
@@ -467,19 +490,23 @@ class Pipeline:
                     slot.dev = [np.empty_like(v) for v in slot.host_views]
                 for d, h in zip(slot.dev, slot.host_views, strict=True):
                     self._copy_h2d(d, h)
+                end = time.perf_counter()
             else:  # pragma: no cover - needs a GPU
                 stream = job.run.streams["h2d"]
                 with stream:
                     if not slot.dev:
                         slot.dev = [cp.empty(v.shape, v.dtype) for v in slot.host_views]
+
+                def copy_in() -> None:
                     for d, h in zip(slot.dev, slot.host_views, strict=True):
                         d.set(h, stream=stream)
-                    stream.record().synchronize()
+
+                _, start, end = self._on_stream(job.run, stream, copy_in, start)
             nbytes = sum(v.nbytes for v in slot.host_views)
         except BaseException as exc:
             self._fail(job, "h2d", exc)
             return
-        self._record(job, "h2d", "stream h2d", start, time.perf_counter(), nbytes)
+        self._record(job, "h2d", "stream h2d", start, end, nbytes)
         job.running = False
         job.value = tuple(slot.dev)
         job.run.lanes["compute"].submit(
@@ -495,18 +522,17 @@ class Pipeline:
             cp = self._cp
             if cp is None:
                 out = self.compute(arg, None) if self._compute_takes_stream else self.compute(arg)
+                end = time.perf_counter()
             else:  # pragma: no cover - needs a GPU
                 stream = job.run.streams["compute"]
-                with stream:
-                    out = (
-                        self.compute(arg, stream) if self._compute_takes_stream
-                        else self.compute(arg)
-                    )
-                    stream.record().synchronize()
+                out, start, end = self._on_stream(
+                    job.run, stream,
+                    lambda: self.compute(arg, stream) if self._compute_takes_stream
+                    else self.compute(arg), start)
         except BaseException as exc:
             self._fail(job, "compute", exc)
             return
-        self._record(job, "compute", "stream compute", start, time.perf_counter())
+        self._record(job, "compute", "stream compute", start, end)
         job.running = False
         job.value = out
         if self.d2h:
@@ -540,18 +566,21 @@ class Pipeline:
             if cp is None:
                 for v, o in zip(views, outs, strict=True):
                     self._copy_d2h(v, o)
+                end = time.perf_counter()
             else:  # pragma: no cover - needs a GPU
                 stream = job.run.streams["d2h"]
-                with stream:
+
+                def copy_out() -> None:
                     for v, o in zip(views, outs, strict=True):
-                        o.get(stream=stream, out=v)
-                    stream.record().synchronize()
+                        o.get(stream=stream, out=v, blocking=False)
+
+                _, start, end = self._on_stream(job.run, stream, copy_out, start)
             results = [v.copy() for v in views] if self.copy_results else views
             nbytes = sum(v.nbytes for v in views)
         except BaseException as exc:
             self._fail(job, "d2h", exc)
             return
-        self._record(job, "d2h", "stream d2h", start, time.perf_counter(), nbytes)
+        self._record(job, "d2h", "stream d2h", start, end, nbytes)
         job.value = None
         job.result = tuple(results) if many else results[0]
         self._finish(job)
@@ -573,6 +602,13 @@ class Pipeline:
                 run.streams = {
                     k: cp.cuda.Stream(non_blocking=True) for k in ("h2d", "compute", "d2h")
                 }
+                try:  # stage spans from CUDA events, mapped onto the host clock
+                    from .trace import CudaEventClock
+
+                    run.clock = CudaEventClock(cp)
+                except Exception as exc:
+                    log.warning("Pipeline: no CUDA event clock (%s); stage times are host "
+                                "times around each stream's work", exc)
         run.lanes = {k: _Lane(f"pyc-stream-{k}", init) for k in ("h2d", "compute", "d2h")}
         cpus = self.pool.node_cpus if self.mode == "gpu" else None
         run.dispatcher = Dispatcher(
