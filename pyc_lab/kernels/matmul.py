@@ -132,7 +132,12 @@ def tuned_kernel(m: int, n: int, k: int, dtype: str, layout: str,
     found, why = find_tuned(m, n, k, dtype, layout, epilogue)
     kernel = None
     if found is not None:
-        kernel, why = _load(found, dtype, layout, epilogue, why, (m, n, k))
+        try:
+            kernel, why = _load(found, dtype, layout, epilogue, why, (m, n, k))
+        except Exception as exc:  # a tuned entry must never break a matmul
+            log.warning("tuned kernel for %dx%dx%d %s %s unusable: %s", m, n, k, dtype,
+                        layout, exc)
+            kernel, why = None, f"tuned kernel unusable ({type(exc).__name__}: {exc})"
     with _LOCK:
         if len(_MEMO) > 4096:
             _MEMO.clear()

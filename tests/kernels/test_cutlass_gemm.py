@@ -225,3 +225,27 @@ def test_matmul_lookup_is_memoised_until_the_database_changes(tmp_path, monkeypa
     mm.forget()
     mm.tuned_kernel(256, 256, 256, "f16", "tn")
     assert len(loads) == 2
+
+
+def test_an_unusable_tuned_entry_falls_back_with_the_reason(tmp_path, monkeypatch):
+    from pyc_lab.kernels import autotune, tuning_db
+    from pyc_lab.kernels import matmul as mm
+
+    device = tuning_db.DeviceKey("NVIDIA H200", "9.0", "580.00", "13.0")
+    monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
+    monkeypatch.setattr(autotune, "device_key", lambda index=0: (device, 90, 132))
+    with tuning_db.TuningDB() as db:  # an entry this pyc_lab cannot build
+        db.record(device, tuning_db.ProblemKey("gemm", "f16", "f16", "f16", "tn",
+                                               256, 256, 256),
+                  tuning_db.Measurement({"tile": [1, 2, 3]}, "ok", 0.01))
+    mm.forget()
+    kernel, why = mm.tuned_kernel(256, 256, 256, "f16", "tn")
+    assert kernel is None and "unusable" in why and "not a CUTLASS GEMM config" in why
+
+    def broken_load(*args):
+        raise OSError("kernel.so: invalid ELF header")
+
+    monkeypatch.setattr(mm, "_load", broken_load)
+    mm.forget()
+    kernel, why = mm.tuned_kernel(256, 256, 256, "f16", "tn")
+    assert kernel is None and "OSError: kernel.so: invalid ELF header" in why
