@@ -180,6 +180,7 @@ class _Job:
         self.error_stage: str | None = None
         self.value: Any = None  # what flows between stages
         self.result: Any = None
+        self.result_in_slot = False  # result is a view of the slot's output buffers
 
 
 class Pipeline:
@@ -206,7 +207,9 @@ class Pipeline:
         Copy prepared data to the device; with ``False`` compute gets the host arrays.
     d2h
         Copy results back into pinned memory and yield NumPy arrays; with ``False`` the
-        compute results are yielded as they are (device arrays in GPU mode).
+        compute results are yielded as they are (device arrays in GPU mode; if
+        ``compute`` worked in place they are the slot's buffers, which the belt holds
+        until the next result is asked for).
     mode
         ``"gpu"``, ``"cpu"`` (threads and NumPy, same semantics and trace stages) or
         ``"auto"`` (GPU when :func:`~pyc_lab.runtime.gpu.cupy_status` is ok).
@@ -221,10 +224,11 @@ class Pipeline:
         The prepared arrays' ``(shape, dtype)`` (or a list of them) when known up front:
         required by ``prepare(item, out)``, otherwise every item is checked against it.
     copy_results
-        ``True`` (default): each result is a fresh NumPy array. ``False``: results are
-        views of the slot's pinned output buffers, valid until the next result is asked
-        for (as in pinned-memory data loaders); the copy, and the page faults of a fresh
-        array, are saved.
+        ``True`` (default): each result is a fresh NumPy array (copied out of the slot's
+        pinned output on the consumer's thread, so the D2H lane goes on meanwhile).
+        ``False``: results are views of the slot's pinned output buffers, valid until the
+        next result is asked for (as in pinned-memory data loaders); the copy, and the
+        page faults of a fresh array, are saved.
 
     Examples
     --------
@@ -575,14 +579,16 @@ class Pipeline:
                         o.get(stream=stream, out=v, blocking=False)
 
                 _, start, end = self._on_stream(job.run, stream, copy_out, start)
-            results = [v.copy() for v in views] if self.copy_results else views
             nbytes = sum(v.nbytes for v in views)
         except BaseException as exc:
             self._fail(job, "d2h", exc)
             return
         self._record(job, "d2h", "stream d2h", start, end, nbytes)
         job.value = None
-        job.result = tuple(results) if many else results[0]
+        # views of the slot's pinned output; with copy_results the consumer's thread
+        # copies them out, so that this lane is free for the next item's copy meanwhile
+        job.result = tuple(views) if many else views[0]
+        job.result_in_slot = True
         self._finish(job)
 
     # -- the belt ----------------------------------------------------------------------
@@ -668,7 +674,10 @@ class Pipeline:
                 self._wait(head, inflight)
                 inflight.popleft()
                 result, head.result = head.result, None
-                if not self.copy_results:  # the result is a view of the slot: keep it
+                if head.result_in_slot and self.copy_results:
+                    result = (tuple(np.array(r) for r in result) if isinstance(result, tuple)
+                              else np.array(result))
+                else:  # the result may be a view of the slot's buffers: keep the slot
                     held = head.slot       # until the consumer asks for the next one
                     try:
                         yield result
