@@ -61,9 +61,6 @@ REASONS = {
     "GRAPH_BREAK": "op not in pyc_lab's registry: runs eagerly as the original call",
 }
 
-_TUNED_DTYPES = {"float16": "f16", "float32": "f32"}
-
-
 def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str]:
     """The tuning-database problem of a matmul node, or ``None`` and why it has none.
 
@@ -73,6 +70,7 @@ def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str
     (a length-N row of the same dtype) and activation as a CUTLASS epilogue.
     """
     from ..kernels.cutlass_gemm import ACTIVATIONS, Epilogue
+    from ..kernels.matmul import TUNED_DTYPES
 
     if node.op != "matmul":
         return None, f"{node.op} is not a matmul"
@@ -80,7 +78,7 @@ def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str
     if len(a.shape) != 2 or len(b.shape) != 2:
         return None, "batched or 1-D operands (tuned kernels are 2-D)"
     dt = np.dtype(node.dtype).name
-    if dt not in _TUNED_DTYPES or {np.dtype(a.dtype).name, np.dtype(b.dtype).name} != {dt}:
+    if dt not in TUNED_DTYPES or {np.dtype(a.dtype).name, np.dtype(b.dtype).name} != {dt}:
         return None, f"dtypes {a.dtype} @ {b.dtype} -> {node.dtype} (tuned: float16/float32)"
     ta, tb = bool(node.attrs.get("transpose_a")), bool(node.attrs.get("transpose_b"))
     m, k = (a.shape[1], a.shape[0]) if ta else tuple(a.shape)
@@ -95,7 +93,7 @@ def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str
                 np.dtype(bias.dtype).name != dt:
             return None, f"bias {bias.shape} {bias.dtype} is not one {dt} value per column"
     layout = ("n" if ta else "t") + ("n" if tb else "t")
-    return (int(m), int(n), int(k), _TUNED_DTYPES[dt], layout, Epilogue(has_bias, act)), ""
+    return (int(m), int(n), int(k), TUNED_DTYPES[dt], layout, Epilogue(has_bias, act)), ""
 
 
 def tuned_lookup(node: Node, graph: Graph) -> str | None:

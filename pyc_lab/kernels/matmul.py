@@ -28,8 +28,8 @@ import numpy as np
 from ..errors import PycLabError
 from . import cutlass_gemm as cg
 
-__all__ = ["ACTIVATIONS", "RECHECK_S", "find_tuned", "forget", "last_choice", "matmul",
-           "operand_layout", "tuned_kernel"]
+__all__ = ["ACTIVATIONS", "RECHECK_S", "TUNED_DTYPES", "find_tuned", "forget", "last_choice",
+           "matmul", "operand_layout", "tuned_kernel"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,8 @@ _KERNELS: dict[tuple, Any] = {}
 _MEMO: dict[tuple, tuple[Any, str]] = {}
 _LOCK = threading.Lock()
 _STAMP: dict[str, Any] = {"of": None, "at": -1e9, "stamp": None}
+#: Array dtypes with tuned kernels, and their kernel dtype (float32 -> "tf32" with tf32=True).
+TUNED_DTYPES = {"float16": "f16", "float32": "f32"}
 
 
 def _record(impl: str, reason: str, **extra: Any) -> None:
@@ -177,8 +179,9 @@ def operand_layout(a: Any, b: Any) -> str:
 
 def _tuned(a: Any, b: Any, epilogue: cg.Epilogue, tf32: bool) -> tuple[Any, str]:
     """The tuned kernel for ``a @ b`` with ``epilogue``, or ``(None, why not)``."""
-    names = {"float16": "f16", "float32": "tf32" if tf32 else "f32"}
-    dtype = names.get(a.dtype.name)
+    dtype = TUNED_DTYPES.get(a.dtype.name)
+    if dtype == "f32" and tf32:
+        dtype = "tf32"
     if dtype is None or b.dtype != a.dtype:
         return None, (f"dtypes {a.dtype.name} @ {b.dtype.name}: tuned kernels take float16 "
                       "or float32 pairs")

@@ -42,14 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PycLabError
 from . import cutlass_gemm as cg
-from .autotune import TuneResult, _config_of, _space, candidate_table, peak_tflops, strategy_options
+from .autotune import TuneResult, _config_of, _space, candidate_table, strategy_options
 from .strategies import STRATEGIES, Budget, Outcome, StopSearch, get_strategy
 from .tuning_db import DeviceKey, Measurement, ProblemKey, TuningDB, TuningRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["RECORDING", "ReplayInfo", "ReplayResult", "dense_peak", "recorded_db",
+__all__ = ["RECORDING", "ReplayInfo", "ReplayResult", "recorded_db",
            "recorded_problems", "recorded_result", "recorded_results", "recording_path",
            "refresh_recording", "replay_autotune"]
 
@@ -242,12 +242,6 @@ def _config_id(m: Measurement) -> str:
         return cg.GemmConfig.from_dict(m.config).id
     except PycLabError:
         return m.config_id
-
-
-def dense_peak(gpu_name: str, dtype: str = "f16") -> float | None:
-    """The dense peak (TFLOP/s) of a GPU for ``dtype``, or None if unknown
-    (:func:`~pyc_lab.kernels.autotune.peak_tflops`)."""
-    return peak_tflops(gpu_name, dtype)
 
 
 @dataclass

@@ -380,7 +380,7 @@ class AutotuneWidget(View):
 
     def best_label(self) -> str:
         """The winner (so far) in words, with TFLOP/s and fraction of the dense peak."""
-        from ..kernels.replay import dense_peak
+        from ..kernels.autotune import peak_tflops
 
         if self.result is not None:
             best = self.result.best
@@ -394,7 +394,7 @@ class AutotuneWidget(View):
             fastest = min(done, key=lambda r: r["ms"])
             name, ms = fastest["config"], fastest["ms"]
         tflops = self._tflops(ms)
-        peak = dense_peak(self.device_name, self.dtype)
+        peak = peak_tflops(self.device_name, self.dtype)
         pct = f" ({100 * tflops / peak:.1f} % of the {peak:g} TFLOP/s dense peak)" \
             if tflops and peak else ""
         word = "recorded " if self.mode == "replay" else ""
@@ -767,7 +767,7 @@ class KernelComparison(ChartView):
         cuBLAS (``cublas_ms / ms``: above 1 is faster than cuBLAS), device, source."""
         import pandas as pd
 
-        from ..kernels.replay import dense_peak
+        from ..kernels.autotune import peak_tflops
 
         cublas = {(r["m"], r["n"], r["k"], r["dtype"], r["layout"]): r["ms"]
                   for r in self.rows if r["kernel"] == "cublas" and r["ms"]}
@@ -776,7 +776,7 @@ class KernelComparison(ChartView):
             key = (r["m"], r["n"], r["k"], r["dtype"], r["layout"])
             ms = r["ms"] if r["ms"] and r["ms"] == r["ms"] else None
             tflops = 2.0 * r["m"] * r["n"] * r["k"] / (ms * 1e-3) / 1e12 if ms else None
-            peak = dense_peak(r["gpu_name"], r["dtype"]) if r["gpu_name"] else None
+            peak = peak_tflops(r["gpu_name"], r["dtype"]) if r["gpu_name"] else None
             ref = cublas.get(key)
             out.append({"problem": self._label(key), "kernel": kernel_label(r["kernel"]),
                         "ms": ms, "tflops": tflops,
@@ -837,7 +837,7 @@ class KernelComparison(ChartView):
     def figure(self) -> Any:
         """Grouped bars: TFLOP/s per problem for each kernel, % of dense peak on the bars,
         the dense peak dotted."""
-        from ..kernels.replay import dense_peak
+        from ..kernels.autotune import peak_tflops
 
         go = require_plotly()
         frame = self.to_frame()
@@ -858,7 +858,7 @@ class KernelComparison(ChartView):
                 hovertemplate=(f"<b>{escape(label)}</b> %{{x}}<br>%{{y:.1f}} TFLOP/s, "
                                "%{customdata[0]} ms<br>%{customdata[1]} % of dense peak<br>"
                                "%{customdata[2]}x cuBLAS<extra></extra>")))
-        peaks = sorted({dense_peak(r["gpu_name"], r["dtype"]) for r in self.rows
+        peaks = sorted({peak_tflops(r["gpu_name"], r["dtype"]) for r in self.rows
                         if r["gpu_name"]} - {None})
         for peak in peaks:
             fig.add_hline(y=peak, line=dict(color="#888", dash="dot"),
