@@ -208,18 +208,15 @@ extern "C" __global__ void pyc_spin(long long cycles) {
   while (clock64() - t0 < cycles) { }
 }
 """
-_SPIN: dict[int, tuple[Any, int]] = {}  # device -> (kernel, clock kHz)
+_SPIN: list[Any] = []
 
 
 def _spin(cp: Any, microseconds: float = 100.0) -> None:
     """Keep the GPU busy for ``microseconds`` (one thread spinning on ``clock64``)."""
-    dev = cp.cuda.Device()
-    entry = _SPIN.get(dev.id)
-    if entry is None:  # compiled and the clock read once per device
-        khz = int(dev.attributes.get("ClockRate", 1_980_000))
-        entry = _SPIN[dev.id] = (cp.RawKernel(_SPIN_SOURCE, "pyc_spin"), khz)
-    kernel, khz = entry
-    kernel((1,), (1,), (cp.int64(int(microseconds * khz / 1000)),))
+    if not _SPIN:
+        _SPIN.append(cp.RawKernel(_SPIN_SOURCE, "pyc_spin"))
+    clock_khz = cp.cuda.Device().attributes.get("ClockRate", 1_980_000)
+    _SPIN[0]((1,), (1,), (cp.int64(int(microseconds * clock_khz / 1000)),))
 
 
 def time_gpu(fn: Callable[[], Any], repeats: int, flush: Any = None, warmup: int = 2) -> float:
