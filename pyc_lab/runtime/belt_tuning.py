@@ -1,8 +1,8 @@
 """Tuning the conveyor belt: sweep depth, workers and chunk size, keep the fastest.
 
-Each configuration runs the whole pipeline over the items once per repeat and is timed
-on the host clock (the median of repeats); its trace's overlap report is kept beside
-the time. The search itself is one of the autotuner's strategies
+Each configuration gets one belt, run over the items once untimed (a warm-up: pinned
+slots allocated, kernels compiled) and then once per repeat, timed on the host clock
+(the median of repeats); its trace's overlap report is kept beside the time. The search itself is one of the autotuner's strategies
 (:mod:`pyc_lab.kernels.strategies`), so a large sweep can use successive halving or the
 evolutionary search instead of trying everything.
 """
@@ -56,6 +56,7 @@ def tune_pipeline(
     workers: Sequence[int] = (1, 2, 4),
     chunks: Sequence[int] | None = None,
     repeats: int = 3,
+    warmup: int = 1,
     strategy: str = "exhaustive",
     budget_s: float | None = None,
     mode: str = "auto",
@@ -74,7 +75,10 @@ def tune_pipeline(
     depths, workers, chunks
         The values to try (``chunks`` only with ``make_items``).
     repeats
-        Runs per configuration; the median wall time counts.
+        Timed runs per configuration, all through one belt; the median wall time counts.
+    warmup
+        Untimed runs first, through the same belt (its pinned slots get allocated,
+        kernels compiled, caches warmed), as a loader reused epoch after epoch would be.
     strategy
         A strategy name from :data:`pyc_lab.kernels.strategies.STRATEGIES`.
     budget_s
@@ -97,6 +101,8 @@ def tune_pipeline(
     """
     if repeats < 1:
         raise PycLabError(f"repeats must be at least 1, got {repeats}")
+    if warmup < 0:
+        raise PycLabError(f"warmup must be 0 or more, got {warmup}")
     make_items = items if callable(items) else None
     if chunks is not None and make_items is None:
         raise PycLabError("chunks needs items to be a function make_items(chunk) -> items")
@@ -117,24 +123,28 @@ def tune_pipeline(
         times = []
         report = None
         try:
-            for _ in range(repeats):
-                with Pipeline(prepare, compute, depth=candidate["depth"],
-                              workers=candidate["workers"], mode=mode,
-                              **pipeline_options) as pipe:
+            with Pipeline(prepare, compute, depth=candidate["depth"],
+                          workers=candidate["workers"], mode=mode,
+                          **pipeline_options) as pipe:
+                for k in range(warmup + repeats):
                     t0 = time.perf_counter()
                     for _out in pipe.run(run_items):
                         pass
-                    times.append(time.perf_counter() - t0)
-                    report = pipe.trace.overlap()
+                    if k >= warmup:
+                        times.append(time.perf_counter() - t0)
+                        report = pipe.trace.overlap()
         except PycLabError as exc:
             sweep.rows.append({**candidate, "status": "error", "median_s": None,
                                "copy_hidden_pct": None, "efficiency": None,
+                               "pipeline_efficiency": None,
                                "message": str(exc)})
             return Outcome("error", message=str(exc))
         median = statistics.median(times)
         sweep.rows.append({**candidate, "status": "ok", "median_s": median,
                            "copy_hidden_pct": None if report is None else report.copy_hidden_pct,
                            "efficiency": None if report is None else report.efficiency,
+                           "pipeline_efficiency": None if report is None
+                           else report.pipeline_efficiency,
                            "message": ""})
         return Outcome("ok", time=median)
 

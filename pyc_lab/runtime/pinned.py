@@ -32,7 +32,7 @@ from .gpu import cupy_status
 if TYPE_CHECKING:  # pragma: no cover
     from .profile import HardwareProfile
 
-__all__ = ["PinnedBuffer", "PinnedPool", "parse_numa_maps", "size_class"]
+__all__ = ["PinnedBuffer", "PinnedPool", "is_page_locked", "parse_numa_maps", "size_class"]
 
 log = logging.getLogger(__name__)
 
@@ -568,3 +568,31 @@ class PinnedPool:
             f"PinnedPool({s['mode']}, {s['buffers']} buffer(s), {s['bytes_pinned']} bytes, "
             f"{s['bytes_in_use']} in use, node {self.wanted_node})"
         )
+
+
+def is_page_locked(array: np.ndarray, cupy: Any = None) -> bool:
+    """Whether ``array``'s memory is page-locked host memory CUDA knows of.
+
+    ``cudaHostAlloc`` / ``cudaHostRegister`` memory (a :class:`PinnedPool` buffer, CuPy's
+    ``alloc_pinned_memory``, a pinned torch tensor's NumPy view) answers ``True``; pageable
+    memory, or any array when no GPU is usable, ``False``.
+
+    Parameters
+    ----------
+    array
+        A NumPy array (only its data pointer is looked at).
+    cupy
+        The CuPy module, when the caller already has it.
+    """
+    cp = cupy
+    if cp is None:
+        cp, _reason = cupy_status()
+        if cp is None:
+            return False
+    if not isinstance(array, np.ndarray) or array.nbytes == 0:
+        return False
+    try:  # pragma: no cover - needs a GPU
+        attrs = cp.cuda.runtime.pointerGetAttributes(array.ctypes.data)
+    except Exception:  # pageable memory on older runtimes raises instead of answering
+        return False
+    return int(getattr(attrs, "type", 0)) == 1  # pragma: no cover - cudaMemoryTypeHost

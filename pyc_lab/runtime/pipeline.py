@@ -18,10 +18,15 @@ d2h       ``stream d2h``        async copy into pinned memory on a second copy
                                 stream / copy host -> host
 ========  ====================  ==================================================
 
-Each stream lane is one thread that issues its stage and waits for it (so the streams
-are ordered, and a stage that runs past ``timeout_s`` can be reported). Stage spans are
-``perf_counter`` seconds in both modes: in GPU mode, the times of CUDA events recorded
-around each stream's work, mapped onto the host clock
+Each stream lane is one thread. In GPU mode it only *queues* its stage: the stream first
+waits (``cudaStreamWaitEvent``) for the item's previous stage's last event, so the order
+holds on the GPU while the host runs ahead and every stream keeps work queued; one more
+thread waits for each item's last event, in order, before its result is handed over (a
+stage that runs past ``timeout_s`` is reported from there). If ``prepare`` returns arrays
+that are already page-locked (a pool buffer, CuPy's pinned memory), H2D copies straight
+from them instead of staging them through the slot. In CPU mode each lane does its stage
+and moves on. Stage spans are ``perf_counter`` seconds in both modes: in GPU mode, the
+times of CUDA events recorded around each stage, mapped onto the host clock
 (:class:`~pyc_lab.runtime.trace.CudaEventClock`); every stage also runs inside an NVTX
 range for Nsight Systems.
 """
@@ -45,7 +50,7 @@ import numpy as np
 from ..errors import PycLabError
 from .dispatcher import Dispatcher
 from .gpu import cupy_status
-from .pinned import PinnedBuffer, PinnedPool
+from .pinned import PinnedBuffer, PinnedPool, is_page_locked
 from .trace import nvtx_range
 
 __all__ = ["Pipeline", "PipelineError", "last_pipeline"]
@@ -181,6 +186,13 @@ class _Job:
         self.value: Any = None  # what flows between stages
         self.result: Any = None
         self.result_in_slot = False  # result is a view of the slot's output buffers
+        # GPU mode: host arrays the H2D copy reads (the slot's, or prepare's own pinned
+        # ones), (first, last, bytes) CUDA events per enqueued stage, the event the next
+        # stage waits for, and device arrays kept alive until the item's work is done
+        self.host_src: list[np.ndarray] | None = None
+        self.events: dict[str, tuple[Any, Any, int]] = {}
+        self.ready: Any = None
+        self.keep: list[Any] = []
 
 
 class Pipeline:
@@ -192,7 +204,10 @@ class Pipeline:
         ``prepare(item)`` returns a NumPy array or a tuple of arrays. The first item fixes
         their shapes and dtypes; each is copied into the item's (pinned) slot buffers.
         Or ``prepare(item, out)`` (two parameters; needs ``spec``) writes the item
-        straight into ``out``, the slot's pinned array(s), with no extra copy.
+        straight into ``out``, the slot's pinned array(s), with no extra copy. In GPU
+        mode, arrays ``prepare`` returns that are already page-locked (and C-contiguous)
+        are copied to the device as they are, without staging (they must stay unchanged
+        until the item's result arrives).
     compute
         ``compute(arrays, stream)`` (or ``compute(arrays)``) gets the device arrays (a
         single array when ``prepare`` returned one) and returns an array or a tuple of
@@ -216,7 +231,8 @@ class Pipeline:
     timeout_s
         A stage running longer than this stops the belt with a :class:`PipelineError`.
     trace
-        A :class:`~pyc_lab.runtime.trace.Trace` to record into (a new one by default).
+        A :class:`~pyc_lab.runtime.trace.Trace` every run records into; by default each
+        run gets a new one, so :attr:`trace` shows the latest run.
     pool
         The :class:`PinnedPool` for slot buffers (a new one by default, closed by
         :meth:`close`).
@@ -283,6 +299,7 @@ class Pipeline:
         self.pool = pool if pool is not None else PinnedPool(
             device=self.device, mode="auto" if self.mode == "gpu" else "cpu"
         )
+        self._own_trace = trace is None
         if trace is None:
             try:
                 from .trace import Trace
@@ -431,36 +448,21 @@ class Pipeline:
                         "every item must have the same shapes and dtypes",
                         job.index, "prepare",
                     )
-            if not slot.host:
-                self._alloc_host(slot, got)
-            for view, a in zip(slot.host_views, arrays, strict=True):
-                np.copyto(view, a)
             nbytes = sum(a.nbytes for a in arrays)
+            if self._cp is not None and self.h2d and all(
+                    a.flags.c_contiguous and is_page_locked(a, self._cp) for a in arrays):
+                job.host_src = arrays  # already pinned: the H2D copy reads it as it is
+            else:
+                if not slot.host:
+                    self._alloc_host(slot, got)
+                for view, a in zip(slot.host_views, arrays, strict=True):
+                    np.copyto(view, a)
         except BaseException as exc:
             if job.index == 0 and not job.run.spec_ready.is_set():
                 job.run.spec_ready.set()
             self._fail(job, "prepare", exc)
             return
         self._after_prepare(job, start, nbytes)
-
-    @staticmethod
-    def _on_stream(run: _Run, stream: Any, work: Callable[[], Any],
-                   host_start: float) -> tuple[Any, float, float]:  # pragma: no cover - GPU
-        """Run ``work`` with ``stream`` current between two CUDA events and wait for it.
-
-        Returns its result and the span's start and end on the host clock: the events'
-        times mapped by the run's :class:`~pyc_lab.runtime.trace.CudaEventClock` (what
-        the GPU did, not when the host asked), or host times without a clock.
-        """
-        clock = run.clock
-        with stream:
-            first = clock.event(stream) if clock is not None else None
-            result = work()
-            last = clock.event(stream) if clock is not None else stream.record()
-            last.synchronize()
-        if clock is None:
-            return result, host_start, time.perf_counter()
-        return result, clock.to_host(first), clock.to_host(last)
 
     def _alloc_host(self, slot: _Slot, spec: Sequence[tuple[tuple[int, ...], np.dtype]]
                     ) -> None:
@@ -489,28 +491,29 @@ class Pipeline:
         slot = job.slot
         try:
             cp = self._cp
+            src = job.host_src if job.host_src is not None else slot.host_views
+            nbytes = sum(v.nbytes for v in src)
             if cp is None:
                 if not slot.dev:
-                    slot.dev = [np.empty_like(v) for v in slot.host_views]
-                for d, h in zip(slot.dev, slot.host_views, strict=True):
+                    slot.dev = [np.empty_like(v) for v in src]
+                for d, h in zip(slot.dev, src, strict=True):
                     self._copy_h2d(d, h)
-                end = time.perf_counter()
+                self._record(job, "h2d", "stream h2d", start, time.perf_counter(), nbytes)
             else:  # pragma: no cover - needs a GPU
                 stream = job.run.streams["h2d"]
                 with stream:
-                    if not slot.dev:
-                        slot.dev = [cp.empty(v.shape, v.dtype) for v in slot.host_views]
+                    if not slot.dev or [(d.shape, d.dtype) for d in slot.dev] != [
+                            (v.shape, v.dtype) for v in src]:
+                        slot.dev = [cp.empty(v.shape, v.dtype) for v in src]
 
                 def copy_in() -> None:
-                    for d, h in zip(slot.dev, slot.host_views, strict=True):
+                    for d, h in zip(slot.dev, src, strict=True):
                         d.set(h, stream=stream)
 
-                _, start, end = self._on_stream(job.run, stream, copy_in, start)
-            nbytes = sum(v.nbytes for v in slot.host_views)
+                self._enqueue(job, "h2d", stream, copy_in, nbytes)
         except BaseException as exc:
             self._fail(job, "h2d", exc)
             return
-        self._record(job, "h2d", "stream h2d", start, end, nbytes)
         job.running = False
         job.value = tuple(slot.dev)
         job.run.lanes["compute"].submit(
@@ -526,21 +529,24 @@ class Pipeline:
             cp = self._cp
             if cp is None:
                 out = self.compute(arg, None) if self._compute_takes_stream else self.compute(arg)
-                end = time.perf_counter()
+                self._record(job, "compute", "stream compute", start, time.perf_counter())
             else:  # pragma: no cover - needs a GPU
                 stream = job.run.streams["compute"]
-                out, start, end = self._on_stream(
-                    job.run, stream,
+                out = self._enqueue(
+                    job, "compute", stream,
                     lambda: self.compute(arg, stream) if self._compute_takes_stream
-                    else self.compute(arg), start)
+                    else self.compute(arg))
+                job.keep.append(out)
         except BaseException as exc:
             self._fail(job, "compute", exc)
             return
-        self._record(job, "compute", "stream compute", start, end)
         job.running = False
         job.value = out
         if self.d2h:
             job.run.lanes["d2h"].submit(lambda: self._ranged("d2h", self._stage_d2h, job))
+        elif cp is not None:  # pragma: no cover - needs a GPU
+            job.result = out
+            job.run.lanes["done"].submit(lambda: self._stage_done(job))
         else:
             job.result = out
             self._finish(job)
@@ -558,7 +564,11 @@ class Pipeline:
             if cp is None:
                 outs = [np.ascontiguousarray(o) for o in outs]
             else:  # pragma: no cover - needs a GPU
-                outs = [cp.ascontiguousarray(cp.asarray(o)) for o in outs]
+                stream = job.run.streams["d2h"]
+                with stream:  # after compute: asarray/ascontiguousarray may launch copies
+                    stream.wait_event(job.ready)
+                    outs = [cp.ascontiguousarray(cp.asarray(o)) for o in outs]
+                job.keep.extend(outs)
             views = []
             for k, o in enumerate(outs):
                 if k < len(slot.out) and slot.out[k].capacity < o.nbytes:
@@ -567,33 +577,77 @@ class Pipeline:
                 elif k >= len(slot.out):
                     slot.out.append(self.pool.acquire(o.nbytes))
                 views.append(slot.out[k].array(o.dtype, o.shape))
+            nbytes = sum(v.nbytes for v in views)
             if cp is None:
                 for v, o in zip(views, outs, strict=True):
                     self._copy_d2h(v, o)
-                end = time.perf_counter()
+                self._record(job, "d2h", "stream d2h", start, time.perf_counter(), nbytes)
             else:  # pragma: no cover - needs a GPU
-                stream = job.run.streams["d2h"]
 
                 def copy_out() -> None:
                     for v, o in zip(views, outs, strict=True):
                         o.get(stream=stream, out=v, blocking=False)
 
-                _, start, end = self._on_stream(job.run, stream, copy_out, start)
-            nbytes = sum(v.nbytes for v in views)
+                self._enqueue(job, "d2h", stream, copy_out, nbytes)
         except BaseException as exc:
             self._fail(job, "d2h", exc)
             return
-        self._record(job, "d2h", "stream d2h", start, end, nbytes)
         job.value = None
         # views of the slot's pinned output; with copy_results the consumer's thread
         # copies them out, so that this lane is free for the next item's copy meanwhile
         job.result = tuple(views) if many else views[0]
         job.result_in_slot = True
+        if cp is None:
+            self._finish(job)
+        else:  # pragma: no cover - needs a GPU
+            job.running = False
+            job.run.lanes["done"].submit(lambda: self._stage_done(job))
+
+    def _enqueue(self, job: _Job, stage: str, stream: Any, work: Callable[[], Any],
+                 nbytes: int = 0) -> Any:  # pragma: no cover - needs a GPU
+        """Queue ``work`` on ``stream`` after the item's previous stage, between two CUDA
+        events, without waiting for it; return what ``work`` returned.
+
+        The stream waits for the previous stage's last event on the GPU, so the host
+        lanes run ahead and every stream keeps work queued: no host round trip between
+        one item's copy and the next item's kernels.
+        """
+        clock = job.run.clock
+        with stream:
+            if job.ready is not None:
+                stream.wait_event(job.ready)
+            first = clock.event(stream) if clock is not None else stream.record()
+            result = work()
+            last = clock.event(stream) if clock is not None else stream.record()
+        job.events[stage] = (first, last, nbytes)
+        job.ready = last
+        return result
+
+    def _stage_done(self, job: _Job) -> None:  # pragma: no cover - needs a GPU
+        """Wait (off the stream lanes) for the item's last GPU event; record its spans
+        from the CUDA events, mapped onto the host clock, and hand the result over."""
+        last_stage = next(reversed(job.events)) if job.events else "compute"
+        if self._begin(job, last_stage) is None:
+            return
+        try:
+            job.ready.synchronize()
+            clock = job.run.clock
+            for stage, (first, last, nbytes) in job.events.items():
+                if clock is not None:
+                    self._record(job, stage, f"stream {stage}", clock.to_host(first),
+                                 clock.to_host(last), nbytes)
+        except BaseException as exc:
+            self._fail(job, last_stage, exc)
+            return
+        job.keep = []
+        job.host_src = None
         self._finish(job)
 
     # -- the belt ----------------------------------------------------------------------
     def _start(self) -> _Run:
         run = _Run()
+        if self._own_trace and self._trace is not None and len(self._trace):
+            self._trace = type(self._trace)()  # pipe.trace: the latest run's spans
         if self.spec is not None:  # known up front: every item is checked against it
             run.spec = self.spec
             run.spec_ready.set()
@@ -615,7 +669,8 @@ class Pipeline:
                 except Exception as exc:
                     log.warning("Pipeline: no CUDA event clock (%s); stage times are host "
                                 "times around each stream's work", exc)
-        run.lanes = {k: _Lane(f"pyc-stream-{k}", init) for k in ("h2d", "compute", "d2h")}
+        lanes = ("h2d", "compute", "d2h") + (("done",) if self._cp is not None else ())
+        run.lanes = {k: _Lane(f"pyc-stream-{k}", init) for k in lanes}
         cpus = self.pool.node_cpus if self.mode == "gpu" else None
         run.dispatcher = Dispatcher(
             self.workers, queue_size=self.depth, name="prepare", cpus=cpus
@@ -756,6 +811,10 @@ class Pipeline:
                 hung.append(j)
         for lane in run.lanes.values():
             lane.stop()
+        if not hung and not self._streams_idle(run, deadline):  # pragma: no cover - GPU
+            log.warning("Pipeline: GPU work is still queued after %.1f s; the in-flight "
+                        "slot buffers are discarded, not reused", grace)
+            hung = list(inflight)
         if disp is not None and not hung:
             disp.close(wait=True)
         for j in inflight:
@@ -769,7 +828,8 @@ class Pipeline:
                 j.slot.host, j.slot.host_views, j.slot.out, j.slot.dev = [], [], [], []
             else:
                 free.append(j.slot)
-            j.result = j.value = j.item = None
+            j.result = j.value = j.item = j.host_src = None
+            j.keep = []
         for s in free:
             for b in s.buffers():
                 b.release()
@@ -777,6 +837,24 @@ class Pipeline:
         with self._lock:
             self._live.clear()
         run.streams = {}
+
+    @staticmethod
+    def _streams_idle(run: _Run, deadline: float) -> bool:
+        """Wait until the run's streams have finished what was queued (by ``deadline``):
+        stages run ahead of the GPU, so a stopped belt may still have copies in flight
+        into buffers that are about to go back to the pool."""
+        if not run.streams:
+            return True
+        try:  # pragma: no cover - needs a GPU
+            marks = [s.record() for s in run.streams.values()]
+            while not all(m.done for m in marks):
+                if time.perf_counter() > deadline:
+                    return False
+                time.sleep(0.001)
+        except Exception as exc:  # pragma: no cover - a failed device
+            log.warning("Pipeline: could not wait for the streams: %s", exc)
+            return False
+        return True  # pragma: no cover - needs a GPU
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:

@@ -67,3 +67,18 @@ def test_a_failing_configuration_does_not_stop_the_sweep():
 def test_bad_arguments(kwargs, message):
     with pytest.raises(pl.PycLabError, match=message):
         tune_pipeline(slow_prepare, compute, range(3), mode="cpu", **kwargs)
+
+
+def test_each_configuration_warms_up_one_belt_before_timing_it():
+    calls = []
+
+    def prepare(i):
+        calls.append(i)
+        return np.full(4, float(i))
+
+    sweep = tune_pipeline(prepare, compute, range(5), depths=(2,), workers=(1,), repeats=2,
+                          warmup=1, mode="cpu")
+    assert len(calls) == 3 * 5  # one untimed run, then two timed ones
+    assert sweep.to_frame()["pipeline_efficiency"].notna().all()
+    with pytest.raises(pl.PycLabError, match="warmup"):
+        tune_pipeline(prepare, compute, range(2), warmup=-1, mode="cpu")

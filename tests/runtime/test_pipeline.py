@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -516,3 +517,75 @@ def test_every_stage_of_every_item_is_an_nvtx_range(monkeypatch) -> None:
     want = {f"pyc_lab {s} item {i}" for s in ("prepare", "h2d", "compute", "d2h")
             for i in range(4)}
     assert set(pushed) == want and len(pushed) == len(want)
+
+
+def test_each_run_gets_a_fresh_trace_unless_one_was_given() -> None:
+    with make(trace=None) as pipe:
+        list(pipe.run(range(5)))
+        first = pipe.trace
+        list(pipe.run(range(3)))
+        assert pipe.trace is not first
+        assert sorted({s.item for s in pipe.trace.spans}) == [0, 1, 2]
+        assert len(first.spans) == 5 * 4  # the earlier run's trace is left as it was
+    rec = Recorder()
+    with make(trace=rec) as pipe:  # a trace the caller passed collects every run
+        list(pipe.run(range(2)))
+        list(pipe.run(range(2)))
+        assert pipe.trace is rec and len(rec.rows) == 2 * 2 * 4
+
+
+@pytest.mark.gpu
+def test_gpu_stages_run_ahead_and_stay_ordered_on_the_gpu() -> None:  # pragma: no cover
+    """Stages only queue work (each stream waits for the item's previous stage on the
+    GPU): results must still be right when compute is slow and copies are large, over
+    several runs of one belt, and the spans of every item must come in stage order."""
+    import cupy as cp
+
+    n = 1 << 22
+    rng = np.random.default_rng(7)
+    data = [rng.standard_normal(n).astype(np.float32) for _ in range(12)]
+
+    def comp(x: Any, stream: Any) -> Any:
+        for _ in range(20):
+            cp.sin(x, out=x)
+        return x
+
+    want = []
+    for d in data:
+        x = cp.asarray(d)
+        want.append(cp.asnumpy(comp(x, None)))
+    with Pipeline(lambda i: data[i], comp, mode="gpu", depth=4, workers=2,
+                  copy_results=False) as pipe:
+        for _run in range(2):
+            for i, r in enumerate(pipe.run(range(12))):
+                np.testing.assert_allclose(r, want[i], rtol=0, atol=1e-6)
+            assert pipe.pool.stats()["bytes_in_use"] == 0
+        spans = {(s.item, s.stage): s for s in pipe.trace.spans}
+        for i in range(12):
+            order = [spans[i, st] for st in ("prepare", "h2d", "compute", "d2h")]
+            for a, b in itertools.pairwise(order):  # 50 us: the host/GPU clock mapping
+                assert a.end_s <= b.start_s + 5e-5, (i, a, b)
+        assert pipe.trace.overlap().copy_hidden_pct > 0
+
+
+@pytest.mark.gpu
+def test_gpu_already_pinned_arrays_are_copied_without_staging() -> None:  # pragma: no cover
+    from pyc_lab.runtime.pinned import PinnedPool, is_page_locked
+
+    src_pool = PinnedPool(device=0)
+    bufs = [src_pool.acquire(4 * 1024 * 4) for _ in range(6)]
+    arrays = [b.array(np.float32, (1024, 4)) for b in bufs]
+    for i, a in enumerate(arrays):
+        a[...] = i + np.arange(4096, dtype=np.float32).reshape(1024, 4)
+    assert all(is_page_locked(a) for a in arrays)
+    assert not is_page_locked(np.ones(4096, np.float32))
+    with Pipeline(lambda i: arrays[i], lambda x, s: x * 2, mode="gpu", depth=2) as pipe:
+        out = list(pipe.run(range(6)))
+        # only the slots' output buffers came from the belt's pool: no input staging
+        assert pipe.pool.stats()["bytes_pinned"] <= 2 * 4096 * 4 + 2 * (2 << 20)
+        assert pipe.pool.stats()["buffers"] == 2
+    for a, r in zip(arrays, out, strict=True):
+        np.testing.assert_array_equal(r, a * 2)
+    for b in bufs:
+        b.release()
+    src_pool.close()

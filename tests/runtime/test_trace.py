@@ -65,6 +65,9 @@ def test_overlap_of_the_synthetic_pipeline_matches_the_hand_computation():
     assert r.bound_stage == "compute"
     assert r.max_stage_bound_s == pytest.approx(4.0 * MS, abs=1e-9)
     assert r.efficiency == pytest.approx(0.64, abs=1e-9)
+    # compute 4.0 + fill (prepare 0.75 + h2d 0.5, the median item) + drain (d2h 0.25)
+    assert r.pipeline_bound_s == pytest.approx(5.5 * MS, abs=1e-9)
+    assert r.pipeline_efficiency == pytest.approx(5.5 / 6.25, abs=1e-9)
 
 
 def test_a_fully_serial_trace_hides_no_copy_time():
@@ -81,6 +84,8 @@ def test_a_fully_serial_trace_hides_no_copy_time():
     assert [(round(s / MS, 6), round(n / MS, 6)) for s, n in r.starvation_gaps] == [
         (3.0, 1.5), (6.5, 1.5)]
     assert r.efficiency == pytest.approx(6.0 / 10.5, abs=1e-9)
+    # 3 computes of 2 ms, plus the first item's h2d (1 ms) and the last one's d2h
+    assert r.pipeline_bound_s == pytest.approx(7.5 * MS, abs=1e-9)
 
 
 def test_serial_gaps_between_computes_count_as_starvation_with_a_small_threshold():
@@ -134,6 +139,7 @@ def test_overlap_report_frame_and_summary_are_stable():
         "starvation gaps (>= 0.050 ms): 1, 0.500 ms in all",
         "achieved: H2D 2.00 GB/s, D2H 1.00 GB/s",
         "max-stage bound 4.000 ms (compute) vs actual 6.250 ms: efficiency 64.0%",
+        "with fill and drain 5.500 ms: efficiency 88.0%",
     ]
 
 

@@ -73,7 +73,7 @@ def test_stage_colours_are_fixed_and_distinct():
 def test_text_is_deterministic_and_exact():
     text = TimelineWidget(pipeline_trace()).to_text()
     assert text == TimelineWidget(pipeline_trace()).to_text()
-    assert text.splitlines()[:8] == [
+    assert text.splitlines()[:9] == [
         "Timeline synthetic",
         "4 items, 16 spans, wall 6.250 ms",
         "busy ms: prepare 3.000, h2d 2.000, compute 4.000, d2h 1.000",
@@ -82,6 +82,7 @@ def test_text_is_deterministic_and_exact():
         "starvation gaps (>= 0.050 ms): 1, 0.500 ms in all",
         "achieved: H2D 2.00 GB/s, D2H 1.00 GB/s",
         "max-stage bound 4.000 ms (compute) vs actual 6.250 ms: efficiency 64.0%",
+        "with fill and drain 5.500 ms: efficiency 88.0%",
     ]
     assert "Spans per lane and stage:" in text
     counts = text.split("Spans per lane and stage:\n")[1].splitlines()
