@@ -11,12 +11,13 @@
    as the baselines get it, and the belt copies it to the device as it is — and
    (d) ``belt_pageable`` — ``prepare(i, out)`` copies chunk i from ordinary NumPy memory
    into the slot's pinned buffer, a loader's real work. Results are views of the slot's
-   pinned output (``copy_results=False``). Each belt's depth and workers come from
-   ``pl.tune_pipeline`` in the same run; one belt per variant is reused for every run
-   (its first, untimed run checks every element of every result). Host wall time per
-   run, median of 5, interleaved with the baselines; the trace of the median run gives
-   the share of copy time hidden behind compute and the max-stage bound (targets:
-   >= 90 % hidden, wall <= 1.10x the bound) and is written as Chrome JSON.
+   pinned output (``copy_results=False``). Each belt's depth, workers and compute
+   streams come from ``pl.tune_pipeline`` in the same run; one belt per variant is
+   reused for every run (its first, untimed run checks every element of every result).
+   Host wall time per run, median of 5, interleaved with the baselines; the trace of the
+   median run gives the share of copy time hidden behind compute and the max-stage
+   bound (targets: >= 90 % hidden, wall <= 1.10x the bound) and is written as Chrome
+   JSON.
 
     python benchmarks/bench_pipeline.py --out benchmarks/results/h200
 
@@ -119,7 +120,8 @@ def compute_sin(x, stream):
     return sin30(cp, x, stream)
 
 
-def open_belt(variant: str, chunks, pinned_in, depth: int, workers: int, mode: str = "gpu"):
+def open_belt(variant: str, chunks, pinned_in, depth: int, workers: int, mode: str = "gpu",
+              compute_streams: int = 1):
     """A belt for one way of feeding it: ``"pinned"`` — ``prepare(i)`` returns chunk i
     already in pinned memory, as the baselines get it (copied to the device as it is) —
     or ``"pageable"`` — ``prepare(i, out)`` copies chunk i from ordinary NumPy memory into
@@ -136,7 +138,7 @@ def open_belt(variant: str, chunks, pinned_in, depth: int, workers: int, mode: s
         spec = (chunks[0].shape, chunks[0].dtype)
     compute = compute_sin if mode == "gpu" else (lambda x: np.sin(x))
     return pl.Pipeline(prepare, compute, depth=depth, workers=workers, mode=mode,
-                       copy_results=False, spec=spec)
+                       copy_results=False, spec=spec, compute_streams=compute_streams)
 
 
 def belt_run(pipe, n: int, want, full: bool = False) -> tuple[float, bool]:
@@ -154,8 +156,9 @@ def belt_run(pipe, n: int, want, full: bool = False) -> tuple[float, bool]:
     return wall, all(ok) and len(ok) == n
 
 
-def sweep(variant: str, chunks, pinned_in, depths, workers) -> dict:
-    """pl.tune_pipeline over depth x workers for one variant (warm-up + 3 timed runs)."""
+def sweep(variant: str, chunks, pinned_in, depths, workers, streams) -> dict:
+    """pl.tune_pipeline over depth x workers x compute streams for one variant (each:
+    warm-up + 3 timed runs)."""
     from pyc_lab.runtime.belt_tuning import tune_pipeline
 
     if variant == "pinned":
@@ -167,14 +170,16 @@ def sweep(variant: str, chunks, pinned_in, depths, workers) -> dict:
             np.copyto(out, chunks[i])
         opts = {"spec": (chunks[0].shape, chunks[0].dtype)}
     result = tune_pipeline(prepare, compute_sin, range(len(chunks)), depths=depths,
-                           workers=workers, repeats=3, warmup=1, mode="gpu",
+                           workers=workers, compute_streams=streams, repeats=3,
+                           warmup=1, mode="gpu",
                            copy_results=False, **opts)
     rows = [{k: (v * 1e3 if k == "median_s" and v is not None else v)
              for k, v in r.items()} for r in result.rows]
     for r in rows:
         r["median_ms"] = r.pop("median_s")
     best = result.best or {}
-    return {"rows": rows, "best": {"depth": best.get("depth"), "workers": best.get("workers")}}
+    return {"rows": rows, "best": {k: best.get(k, 1) for k in
+                                   ("depth", "workers", "compute_streams")}}
 
 
 def report_of(trace, host_wall: float) -> dict:
@@ -234,11 +239,13 @@ def main() -> None:
         pinned_in.append(a)
         m2 = cp.cuda.alloc_pinned_memory(c.nbytes)
         pinned_out.append(np.frombuffer(m2, dtype=np.float32, count=c.size))
-    depths, workers = ((2, 4), (2,)) if args.small else ((3, 4, 6, 8), (2, 4, 8))
-    sweeps = {v: sweep(v, chunks, pinned_in, depths, workers) for v in ("pinned", "pageable")}
+    depths = (2, 4) if args.small else (3, 4, 6, 8)
+    grid = {"pinned": ((1, 2), (1, 2)), "pageable": ((2, 4, 8), (1, 2))}  # workers, streams
+    sweeps = {v: sweep(v, chunks, pinned_in, depths, *grid[v]) for v in grid}
     print("sweeps", {v: s["best"] for v, s in sweeps.items()}, flush=True)
 
-    belts = {v: open_belt(v, chunks, pinned_in, s["best"]["depth"], s["best"]["workers"])
+    belts = {v: open_belt(v, chunks, pinned_in, s["best"]["depth"], s["best"]["workers"],
+                          compute_streams=s["best"]["compute_streams"])
              for v, s in sweeps.items()}
     for v, pipe in belts.items():  # warm-up run: every element of every result checked
         _wall, ok = belt_run(pipe, n_chunks, want, full=True)
@@ -265,7 +272,7 @@ def main() -> None:
         name = "pipeline-trace.json" if v == "pinned" else f"pipeline-trace-{v}.json"
         trace.to_chrome(Path(args.out) / name)
         belt_results[v] = {
-            "depth": sweeps[v]["best"]["depth"], "workers": sweeps[v]["best"]["workers"],
+            **sweeps[v]["best"],
             "prepare": "prepare(i) returns chunk i, already pinned (no staging copy)"
             if v == "pinned" else "prepare(i, out): np.copyto of chunk i (pageable) into "
                                   "the slot's pinned buffer",
@@ -284,12 +291,12 @@ def main() -> None:
     path = write_result(args.out, "pipeline", {
         "method": "H2D: one memcpyAsync per buffer, CUDA events, median of 7, interleaved; "
                   "belt: host wall time of the whole run (pipe.run start to last result), "
-                  f"median of {REPEATS}, interleaved with the two baselines; depth and "
-                  "workers per belt picked by pl.tune_pipeline (exhaustive, warm-up + 3 "
-                  "runs each) in the same run; each belt's warm-up run checks every element "
-                  "of every result against the same computation done chunk by chunk on "
-                  f"the GPU, timed runs every {SAMPLE}th element; baselines are checked in "
-                  "full after each run",
+                  f"median of {REPEATS}, interleaved with the two baselines; depth, workers "
+                  "and compute streams per belt picked by pl.tune_pipeline (exhaustive, "
+                  "warm-up + 3 runs each) in the same run; each belt's warm-up run checks "
+                  "every element of every result against the same computation done chunk "
+                  f"by chunk on the GPU, timed runs every {SAMPLE}th element; baselines are "
+                  "checked in full after each run",
         "bandwidth": bw, "belt": result})
     print(f"wrote {path}")
 

@@ -2,9 +2,10 @@
 
 Each configuration gets one belt, run over the items once untimed (a warm-up: pinned
 slots allocated, kernels compiled) and then once per repeat, timed on the host clock
-(the median of repeats); its trace's overlap report is kept beside the time. The search itself is one of the autotuner's strategies
-(:mod:`pyc_lab.kernels.strategies`), so a large sweep can use successive halving or the
-evolutionary search instead of trying everything.
+(the median of repeats); its trace's overlap report is kept beside the time. The search
+itself is one of the autotuner's strategies (:mod:`pyc_lab.kernels.strategies`), so a
+large sweep can use successive halving or the evolutionary search instead of trying
+everything.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class BeltSweep:
 
     def __repr__(self) -> str:
         best = "none" if self.best is None else ", ".join(
-            f"{k}={v}" for k, v in self.best.items() if k in ("depth", "workers", "chunk"))
+            f"{k}={v}" for k, v in self.best.items()
+            if k in ("depth", "workers", "compute_streams", "chunk"))
         return (f"BeltSweep({len(self.rows)} configuration(s), best: {best}, "
                 f"strategy {self.strategy}, stopped by {self.stopped_by})")
 
@@ -55,6 +57,7 @@ def tune_pipeline(
     depths: Sequence[int] = (1, 2, 3, 4),
     workers: Sequence[int] = (1, 2, 4),
     chunks: Sequence[int] | None = None,
+    compute_streams: Sequence[int] = (1,),
     repeats: int = 3,
     warmup: int = 1,
     strategy: str = "exhaustive",
@@ -72,8 +75,9 @@ def tune_pipeline(
     items
         The items to push through, or — to sweep the chunk size — a function
         ``make_items(chunk) -> items`` called with each value of ``chunks``.
-    depths, workers, chunks
-        The values to try (``chunks`` only with ``make_items``).
+    depths, workers, chunks, compute_streams
+        The values to try (``chunks`` only with ``make_items``; ``compute_streams``
+        matters in GPU mode only).
     repeats
         Timed runs per configuration, all through one belt; the median wall time counts.
     warmup
@@ -109,13 +113,16 @@ def tune_pipeline(
     fixed = None if make_items is not None else list(items)  # type: ignore[arg-type]
     params: dict[str, list] = {"depth": [int(d) for d in depths],
                                "workers": [int(w) for w in workers]}
+    if tuple(compute_streams) != (1,):
+        params["compute_streams"] = [int(c) for c in compute_streams]
     if chunks is not None:
         params["chunk"] = [int(c) for c in chunks]
     elif make_items is not None:
         raise PycLabError("items is a function: give the chunk sizes to try in chunks=")
     if any(not values for values in params.values()):
         raise PycLabError(f"every swept parameter needs at least one value, got {params}")
-    space = SearchSpace(params, restrictions=[lambda c: c["depth"] >= 1 and c["workers"] >= 1])
+    space = SearchSpace(params, restrictions=[
+        lambda c: c["depth"] >= 1 and c["workers"] >= 1 and c.get("compute_streams", 1) >= 1])
     sweep = BeltSweep(strategy=strategy)
 
     def evaluate(candidate: dict[str, Any], fidelity: int) -> Outcome:
@@ -125,6 +132,7 @@ def tune_pipeline(
         try:
             with Pipeline(prepare, compute, depth=candidate["depth"],
                           workers=candidate["workers"], mode=mode,
+                          compute_streams=candidate.get("compute_streams", 1),
                           **pipeline_options) as pipe:
                 for k in range(warmup + repeats):
                     t0 = time.perf_counter()

@@ -167,6 +167,7 @@ class _Run:
         self.streams: dict[str, Any] = {}
         self.clock: Any = None  # CudaEventClock in GPU mode
         self.dispatcher: Dispatcher | None = None
+        self.records_mark = 0  # the dispatcher's task records before this run
 
 
 class _Job:
@@ -190,7 +191,7 @@ class _Job:
         # ones), (first, last, bytes) CUDA events per enqueued stage, the event the next
         # stage waits for, and device arrays kept alive until the item's work is done
         self.host_src: list[np.ndarray] | None = None
-        self.events: dict[str, tuple[Any, Any, int]] = {}
+        self.events: dict[str, tuple[Any, Any, int, Any]] = {}
         self.ready: Any = None
         self.keep: list[Any] = []
 
@@ -245,6 +246,11 @@ class Pipeline:
         ``False``: results are views of the slot's pinned output buffers, valid until the
         next result is asked for (as in pinned-memory data loaders); the copy, and the
         page faults of a fresh array, are saved.
+    compute_streams
+        GPU mode: item ``i`` computes on stream ``i % compute_streams`` (lanes
+        ``stream compute``, ``stream compute 1``, ...), so one item's last kernels can
+        overlap the next one's first. Items must then not depend on each other's compute
+        order (they never share buffers here). CPU mode has one compute lane.
 
     Examples
     --------
@@ -270,16 +276,20 @@ class Pipeline:
         pool: PinnedPool | None = None,
         spec: Any = None,
         copy_results: bool = True,
+        compute_streams: int = 1,
     ) -> None:
         if int(depth) < 1:
             raise PipelineError(f"depth must be >= 1, got {depth!r}")
         if mode not in ("auto", "cpu", "gpu"):
             raise PipelineError(f"mode must be 'auto', 'cpu' or 'gpu', not {mode!r}")
+        if int(compute_streams) < 1:
+            raise PipelineError(f"compute_streams must be >= 1, got {compute_streams!r}")
         if timeout_s is not None and timeout_s <= 0:
             raise PipelineError(f"timeout_s must be positive or None, got {timeout_s!r}")
         self.prepare = prepare
         self.compute = compute
         self.depth = int(depth)
+        self.compute_streams = int(compute_streams)
         self.device = int(device)
         self.workers = int(workers) if workers else max(1, min(self.depth, os.cpu_count() or 1))
         self.h2d = bool(h2d)
@@ -324,6 +334,9 @@ class Pipeline:
         # weak, so that a generator the caller drops (``break``) is closed and cleans up
         self._gen: weakref.ref[Generator[Any, None, None]] | None = None
         self._closed = False
+        # lanes, streams, clock and dispatcher, kept from one run to the next while runs
+        # end cleanly (a loader reused epoch after epoch pays for threads once)
+        self._crew: tuple[dict[str, _Lane], dict[str, Any], Any, Dispatcher] | None = None
 
     # -- helpers ---------------------------------------------------------------------
     @staticmethod
@@ -531,7 +544,8 @@ class Pipeline:
                 out = self.compute(arg, None) if self._compute_takes_stream else self.compute(arg)
                 self._record(job, "compute", "stream compute", start, time.perf_counter())
             else:  # pragma: no cover - needs a GPU
-                stream = job.run.streams["compute"]
+                k = job.index % self.compute_streams
+                stream = job.run.streams["compute" if k == 0 else f"compute {k}"]
                 out = self._enqueue(
                     job, "compute", stream,
                     lambda: self.compute(arg, stream) if self._compute_takes_stream
@@ -619,7 +633,7 @@ class Pipeline:
             first = clock.event(stream) if clock is not None else stream.record()
             result = work()
             last = clock.event(stream) if clock is not None else stream.record()
-        job.events[stage] = (first, last, nbytes)
+        job.events[stage] = (first, last, nbytes, stream)
         job.ready = last
         return result
 
@@ -632,10 +646,11 @@ class Pipeline:
         try:
             job.ready.synchronize()
             clock = job.run.clock
-            for stage, (first, last, nbytes) in job.events.items():
+            names = {id(st): name for name, st in job.run.streams.items()}
+            for stage, (first, last, nbytes, stream) in job.events.items():
                 if clock is not None:
-                    self._record(job, stage, f"stream {stage}", clock.to_host(first),
-                                 clock.to_host(last), nbytes)
+                    self._record(job, stage, f"stream {names.get(id(stream), stage)}",
+                                 clock.to_host(first), clock.to_host(last), nbytes)
         except BaseException as exc:
             self._fail(job, last_stage, exc)
             return
@@ -651,6 +666,13 @@ class Pipeline:
         if self.spec is not None:  # known up front: every item is checked against it
             run.spec = self.spec
             run.spec_ready.set()
+        crew = self._crew
+        if crew is not None:  # the last run ended cleanly: its threads and streams go on
+            run.lanes, run.streams, run.clock, run.dispatcher = crew
+            run.records_mark = len(run.dispatcher.records())
+            if run.clock is not None and time.perf_counter() - run.clock.ref_host_s > 10:
+                run.clock.resync()  # pragma: no cover - GPU; the clocks drift apart slowly
+            return run
         init = None
         if self._cp is not None:  # pragma: no cover - needs a GPU
             cp, dev = self._cp, self.device
@@ -659,9 +681,9 @@ class Pipeline:
                 cp.cuda.Device(dev).use()
 
             with cp.cuda.Device(dev):
-                run.streams = {
-                    k: cp.cuda.Stream(non_blocking=True) for k in ("h2d", "compute", "d2h")
-                }
+                names = ["h2d", "compute", *(f"compute {k}" for k in
+                                             range(1, self.compute_streams)), "d2h"]
+                run.streams = {k: cp.cuda.Stream(non_blocking=True) for k in names}
                 try:  # stage spans from CUDA events, mapped onto the host clock
                     from .trace import CudaEventClock
 
@@ -675,6 +697,7 @@ class Pipeline:
         run.dispatcher = Dispatcher(
             self.workers, queue_size=self.depth, name="prepare", cpus=cpus
         )
+        self._crew = (run.lanes, run.streams, run.clock, run.dispatcher)
         return run
 
     def run(self, items: Iterable[Any]) -> Generator[Any, None, None]:
@@ -792,7 +815,17 @@ class Pipeline:
         run.spec_ready.set()
         disp = run.dispatcher
         if disp is not None:
-            self.dispatcher_metrics = disp.metrics()
+            self.dispatcher_metrics = disp.metrics(since=run.records_mark)
+        if not inflight and self._crew is not None and self._crew[3] is disp:
+            for s in free:  # every item was handed over: nothing runs, nothing is queued
+                for b in s.buffers():
+                    b.release()
+                s.host, s.host_views, s.out, s.dev = [], [], [], []
+            with self._lock:
+                self._live.clear()
+            return
+        self._crew = None  # stopped early: this run's threads and streams are let go
+        if disp is not None:
             disp.close(wait=False, cancel_pending=True)
         for j in inflight:  # jobs whose prepare was cancelled before it started
             fut_cancelled = not j.running and j.started is None
@@ -864,6 +897,12 @@ class Pipeline:
             with contextlib.suppress(ValueError):  # "generator already executing"
                 gen.close()
         self._gen = None
+        if self._crew is not None:
+            lanes, _streams, _clock, disp = self._crew
+            self._crew = None
+            for lane in lanes.values():
+                lane.stop()
+            disp.close(wait=True)
         if self._own_pool:
             self.pool.close()
         self._closed = True

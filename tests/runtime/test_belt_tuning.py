@@ -82,3 +82,18 @@ def test_each_configuration_warms_up_one_belt_before_timing_it():
     assert sweep.to_frame()["pipeline_efficiency"].notna().all()
     with pytest.raises(pl.PycLabError, match="warmup"):
         tune_pipeline(prepare, compute, range(2), warmup=-1, mode="cpu")
+
+
+def test_compute_streams_is_swept_when_asked():
+    sweep = tune_pipeline(lambda i: np.ones(4) * i, compute, range(4), depths=(2,),
+                          workers=(1,), compute_streams=(1, 2), repeats=1, mode="cpu")
+    frame = sweep.to_frame()
+    assert sorted(frame["compute_streams"]) == [1, 2] and set(frame["status"]) == {"ok"}
+    plain = tune_pipeline(lambda i: np.ones(4) * i, compute, range(4), depths=(2,),
+                          workers=(1,), repeats=1, mode="cpu").to_frame()
+    assert "compute_streams" not in plain.columns  # not swept: not a column
+
+
+def test_compute_streams_must_be_positive():
+    with pytest.raises(pl.PycLabError, match="compute_streams"):
+        pl.Pipeline(lambda i: np.ones(2), compute, mode="cpu", compute_streams=0)

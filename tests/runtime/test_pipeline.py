@@ -535,7 +535,9 @@ def test_each_run_gets_a_fresh_trace_unless_one_was_given() -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_stages_run_ahead_and_stay_ordered_on_the_gpu() -> None:  # pragma: no cover
+@pytest.mark.parametrize("compute_streams", [1, 2])
+def test_gpu_stages_run_ahead_and_stay_ordered_on_the_gpu(
+        compute_streams: int) -> None:  # pragma: no cover
     """Stages only queue work (each stream waits for the item's previous stage on the
     GPU): results must still be right when compute is slow and copies are large, over
     several runs of one belt, and the spans of every item must come in stage order."""
@@ -555,7 +557,7 @@ def test_gpu_stages_run_ahead_and_stay_ordered_on_the_gpu() -> None:  # pragma: 
         x = cp.asarray(d)
         want.append(cp.asnumpy(comp(x, None)))
     with Pipeline(lambda i: data[i], comp, mode="gpu", depth=4, workers=2,
-                  copy_results=False) as pipe:
+                  copy_results=False, compute_streams=compute_streams) as pipe:
         for _run in range(2):
             for i, r in enumerate(pipe.run(range(12))):
                 np.testing.assert_allclose(r, want[i], rtol=0, atol=1e-6)
@@ -566,6 +568,9 @@ def test_gpu_stages_run_ahead_and_stay_ordered_on_the_gpu() -> None:  # pragma: 
             for a, b in itertools.pairwise(order):  # 50 us: the host/GPU clock mapping
                 assert a.end_s <= b.start_s + 5e-5, (i, a, b)
         assert pipe.trace.overlap().copy_hidden_pct > 0
+        lanes = {s.lane for s in pipe.trace.spans if s.stage == "compute"}
+        assert lanes == {"stream compute", *(f"stream compute {k}"
+                                             for k in range(1, compute_streams))}
 
 
 @pytest.mark.gpu
@@ -589,3 +594,32 @@ def test_gpu_already_pinned_arrays_are_copied_without_staging() -> None:  # prag
     for b in bufs:
         b.release()
     src_pool.close()
+
+
+def _belt_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("pyc-") and t.is_alive()}
+
+
+def test_clean_runs_reuse_the_belts_threads_and_close_ends_them() -> None:
+    before = _belt_threads()
+    pipe = make(workers=2)
+    list(pipe.run(range(6)))
+    crew = _belt_threads() - before
+    assert len(crew) == 2 + 3  # two prepare workers, three lanes
+    assert pipe.dispatcher_metrics["count"] == 6
+    list(pipe.run(range(4)))
+    assert _belt_threads() - before == crew  # the same threads ran the second run
+    assert pipe.dispatcher_metrics["count"] == 4  # metrics are per run
+    _out, exc = drain(pipe, [0, 1, "x", 3])  # a failed run lets its threads go ...
+    assert isinstance(exc, PipelineError) and exc.index == 2
+    deadline = time.perf_counter() + 5
+    while (_belt_threads() - before) & crew and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    assert not (_belt_threads() - before) & crew
+    assert [float(r[0, 0]) for r in pipe.run(range(3))] == [0.0, 2.0, 4.0]  # ... a new crew
+    pipe.close()
+    deadline = time.perf_counter() + 5
+    while _belt_threads() - before and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    assert _belt_threads() - before == set()
+    assert_clean(pipe)
