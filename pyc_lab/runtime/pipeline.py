@@ -337,6 +337,7 @@ class Pipeline:
         # lanes, streams, clock and dispatcher, kept from one run to the next while runs
         # end cleanly (a loader reused epoch after epoch pays for threads once)
         self._crew: tuple[dict[str, _Lane], dict[str, Any], Any, Dispatcher] | None = None
+        self._spare: list[_Slot] | None = None
 
     # -- helpers ---------------------------------------------------------------------
     @staticmethod
@@ -492,6 +493,8 @@ class Pipeline:
         job.running = False
         if self.h2d:
             job.run.lanes["h2d"].submit(lambda: self._ranged("h2d", self._stage_h2d, job))
+            if self._cp is not None:  # pragma: no cover - needs a GPU
+                time.sleep(0)  # let the copy lane take the GIL now, not after more prepares
         else:
             job.value = tuple(job.slot.host_views)
             job.run.lanes["compute"].submit(
@@ -506,17 +509,18 @@ class Pipeline:
             cp = self._cp
             src = job.host_src if job.host_src is not None else slot.host_views
             nbytes = sum(v.nbytes for v in src)
+            fits = bool(slot.dev) and [(d.shape, d.dtype) for d in slot.dev] == [
+                (v.shape, v.dtype) for v in src]
             if cp is None:
-                if not slot.dev:
+                if not fits:
                     slot.dev = [np.empty_like(v) for v in src]
                 for d, h in zip(slot.dev, src, strict=True):
                     self._copy_h2d(d, h)
                 self._record(job, "h2d", "stream h2d", start, time.perf_counter(), nbytes)
             else:  # pragma: no cover - needs a GPU
                 stream = job.run.streams["h2d"]
-                with stream:
-                    if not slot.dev or [(d.shape, d.dtype) for d in slot.dev] != [
-                            (v.shape, v.dtype) for v in src]:
+                if not fits:
+                    with stream:
                         slot.dev = [cp.empty(v.shape, v.dtype) for v in src]
 
                 def copy_in() -> None:
@@ -727,7 +731,7 @@ class Pipeline:
         run = self._start()
         assert run.dispatcher is not None
         inflight: collections.deque[_Job] = collections.deque()
-        free = [_Slot(k) for k in range(self.depth)]
+        free, self._spare = self._spare or [_Slot(k) for k in range(self.depth)], None
         index = 0
         exhausted = False
         try:
@@ -820,7 +824,8 @@ class Pipeline:
             for s in free:  # every item was handed over: nothing runs, nothing is queued
                 for b in s.buffers():
                     b.release()
-                s.host, s.host_views, s.out, s.dev = [], [], [], []
+                s.host, s.host_views, s.out = [], [], []
+            self._spare = free  # their device buffers serve the next run
             with self._lock:
                 self._live.clear()
             return
@@ -897,6 +902,7 @@ class Pipeline:
             with contextlib.suppress(ValueError):  # "generator already executing"
                 gen.close()
         self._gen = None
+        self._spare = None
         if self._crew is not None:
             lanes, _streams, _clock, disp = self._crew
             self._crew = None

@@ -623,3 +623,12 @@ def test_clean_runs_reuse_the_belts_threads_and_close_ends_them() -> None:
         time.sleep(0.01)
     assert _belt_threads() - before == set()
     assert_clean(pipe)
+
+
+def test_a_reused_belt_takes_new_shapes_in_a_later_run() -> None:
+    with make(lambda i: np.full((2, 3), i, np.float32), workers=1) as pipe:
+        assert [r.shape for r in pipe.run(range(4))] == [(2, 3)] * 4
+        pipe.prepare = lambda i: np.full((5,), i, np.float64)
+        out = list(pipe.run(range(4)))
+        assert [r.shape for r in out] == [(5,)] * 4 and out[3][0] == 6.0
+        assert_clean(pipe)
