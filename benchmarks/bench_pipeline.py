@@ -141,10 +141,11 @@ def open_belt(variant: str, chunks, pinned_in, depth: int, workers: int, mode: s
                        copy_results=False, spec=spec, compute_streams=compute_streams)
 
 
-def belt_run(pipe, n: int, want, full: bool = False) -> tuple[float, bool]:
-    """One timed run: host wall seconds and whether every result checked out (every
+def belt_run(pipe, n: int, want, full: bool = False) -> tuple[float, bool, float]:
+    """One timed run: host wall seconds, whether every result checked out (every
     element with ``full``, else every ``SAMPLE``-th — the full check costs ~100 ms per
-    chunk on the consumer's thread, which would be the bound instead of the belt)."""
+    chunk on the consumer's thread, which would be the bound instead of the belt), and
+    the host time it started at."""
     ok = []
     t0 = time.perf_counter()
     for i, r in enumerate(pipe.run(range(n))):
@@ -153,7 +154,7 @@ def belt_run(pipe, n: int, want, full: bool = False) -> tuple[float, bool]:
         else:
             ok.append(bool(np.allclose(r[::SAMPLE], want[i][::SAMPLE], atol=1e-6)))
     wall = time.perf_counter() - t0
-    return wall, all(ok) and len(ok) == n
+    return wall, all(ok) and len(ok) == n, t0
 
 
 def sweep(variant: str, chunks, pinned_in, depths, workers, streams) -> dict:
@@ -182,10 +183,14 @@ def sweep(variant: str, chunks, pinned_in, depths, workers, streams) -> dict:
                                    ("depth", "workers", "compute_streams")}}
 
 
-def report_of(trace, host_wall: float) -> dict:
+def report_of(trace, host_wall: float, host_start: float) -> dict:
     rep = trace.overlap()
+    first = min(s.start_s for s in trace.spans)
+    last = max(s.end_s for s in trace.spans)
     return {
         "host_wall_ms": host_wall * 1e3,
+        "host_before_first_span_ms": (first - host_start) * 1e3,
+        "host_after_last_span_ms": (host_start + host_wall - last) * 1e3,
         "trace_wall_ms": rep.wall_s * 1e3, "copy_hidden_pct": rep.copy_hidden_pct,
         "gpu_idle_fraction": rep.gpu_idle_fraction,
         "stage_busy_ms": {k: v * 1e3 for k, v in rep.stage_busy_s.items()},
@@ -214,7 +219,7 @@ def main() -> None:
     if args.cpu:
         want = [np.sin(c) for c in chunks]
         with open_belt("pageable", chunks, chunks, 4, 4, mode="cpu") as pipe:
-            wall, ok = belt_run(pipe, n_chunks, want, full=True)
+            wall, ok, _t0 = belt_run(pipe, n_chunks, want, full=True)
             print(f"cpu belt: {wall * 1e3:.1f} ms, correct={ok}; "
                   f"{pipe.trace.overlap().headline()}")
         return
@@ -248,7 +253,7 @@ def main() -> None:
                           compute_streams=s["best"]["compute_streams"])
              for v, s in sweeps.items()}
     for v, pipe in belts.items():  # warm-up run: every element of every result checked
-        _wall, ok = belt_run(pipe, n_chunks, want, full=True)
+        _wall, ok, _t0 = belt_run(pipe, n_chunks, want, full=True)
         assert ok, f"the {v} belt's results differ from the chunk-by-chunk computation"
     names = ("serial", "four_streams", "belt_pinned", "belt_pageable")
     runs: dict[str, list[float]] = {k: [] for k in names}
@@ -259,16 +264,16 @@ def main() -> None:
         runs["four_streams"].append(four_streams(cp, pinned_in, pinned_out))
         assert all(np.allclose(o, w, atol=1e-6) for o, w in zip(pinned_out, want, strict=True))
         for v, pipe in belts.items():
-            wall, ok = belt_run(pipe, n_chunks, want)
+            wall, ok, t0 = belt_run(pipe, n_chunks, want)
             assert ok, f"the {v} belt's results differ from the chunk-by-chunk computation"
             runs[f"belt_{v}"].append(wall)
-            traces[v].append((wall, pipe.trace))
+            traces[v].append((wall, pipe.trace, t0))
         print({k: round(v[-1] * 1e3, 2) for k, v in runs.items()}, flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     ms = {k: statistics.median(v) * 1e3 for k, v in runs.items()}
     belt_results = {}
     for v, pipe in belts.items():
-        wall, trace = sorted(traces[v], key=lambda t: t[0])[len(traces[v]) // 2]  # median
+        wall, trace, t0 = sorted(traces[v], key=lambda t: t[0])[len(traces[v]) // 2]
         name = "pipeline-trace.json" if v == "pinned" else f"pipeline-trace-{v}.json"
         trace.to_chrome(Path(args.out) / name)
         belt_results[v] = {
@@ -279,7 +284,7 @@ def main() -> None:
             "copy_results": False, "wall_ms": ms[f"belt_{v}"],
             "speedup_vs_serial": ms["serial"] / ms[f"belt_{v}"],
             "vs_four_streams": ms["four_streams"] / ms[f"belt_{v}"],
-            "trace_of_median_run": report_of(trace, wall), "chrome_trace": name,
+            "trace_of_median_run": report_of(trace, wall, t0), "chrome_trace": name,
             "pool_stats": pipe.pool.stats(), "sweep": sweeps[v]["rows"]}
         pipe.close()
     result = {

@@ -317,6 +317,30 @@ def test_cuda_event_clock_maps_events_onto_the_host_clock():
     assert len(t) == 1 and span.meta == {"k": 1}
 
 
+def test_cuda_event_clock_keeps_the_tightest_reference_bracket():
+    import time
+
+    waits = iter([0.004, 0.0, 0.003, 0.002, 0.004])  # host wake-up delays per try
+    made: list[_FakeEvent] = []
+
+    class SlowEvent(_FakeEvent):
+        def __init__(self, gpu_clock):
+            super().__init__(gpu_clock)
+            self.wait = next(waits)
+            made.append(self)
+
+        def synchronize(self):
+            time.sleep(self.wait)
+
+    fake = _fake_cupy([0.0])
+    fake.cuda.Event = lambda: SlowEvent([0.0])
+    t0 = time.perf_counter()
+    clock = CudaEventClock(fake)
+    assert len(made) == 5 and clock.ref_event is made[1]
+    assert clock.uncertainty_s < 0.002
+    assert t0 <= clock.ref_host_s <= time.perf_counter()
+
+
 def test_cuda_event_clock_needs_a_device_here(monkeypatch):
     from pyc_lab.runtime import gpu
 
