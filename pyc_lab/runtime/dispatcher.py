@@ -219,14 +219,13 @@ class Dispatcher:
         with self._lock:
             return list(self._records)
 
-    def metrics(self, since: int = 0) -> dict[str, Any]:
-        """Summary of finished tasks.
+    def reset_metrics(self) -> None:
+        """Forget the records of finished tasks (start a new batch's metrics)."""
+        with self._lock:
+            self._records.clear()
 
-        Parameters
-        ----------
-        since
-            Leave out the first ``since`` records (those of an earlier batch: pass
-            ``len(records())`` taken before it).
+    def metrics(self) -> dict[str, Any]:
+        """Summary of finished tasks.
 
         Returns
         -------
@@ -234,7 +233,7 @@ class Dispatcher:
             ``count``, ``failed``, ``workers``, ``queue_wait_p50_ms``, ``queue_wait_p99_ms``,
             ``run_p50_ms``, ``run_p99_ms`` (``None`` when no task has finished).
         """
-        recs = self.records()[since:]
+        recs = self.records()
         qw50, qw99 = _percentiles_ms([r.queue_wait_s for r in recs])
         run50, run99 = _percentiles_ms([r.run_s for r in recs])
         return {

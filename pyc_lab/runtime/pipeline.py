@@ -167,7 +167,6 @@ class _Run:
         self.streams: dict[str, Any] = {}
         self.clock: Any = None  # CudaEventClock in GPU mode
         self.dispatcher: Dispatcher | None = None
-        self.records_mark = 0  # the dispatcher's task records before this run
 
 
 class _Job:
@@ -330,7 +329,7 @@ class Pipeline:
         self._signal = threading.Event()
         self._live: set[int] = set()
         self.max_live_slots = 0
-        self.dispatcher_metrics: dict[str, Any] | None = None
+        self._last_dispatch: Dispatcher | None = None  # for dispatcher_metrics
         # weak, so that a generator the caller drops (``break``) is closed and cleans up
         self._gen: weakref.ref[Generator[Any, None, None]] | None = None
         self._closed = False
@@ -376,6 +375,13 @@ class Pipeline:
     def trace(self) -> Any:
         """The :class:`~pyc_lab.runtime.trace.Trace` every stage of every item goes to."""
         return self._trace
+
+    @property
+    def dispatcher_metrics(self) -> dict[str, Any] | None:
+        """The prepare workers' queue-wait and run-time metrics (p50/p99) of the latest
+        run (see :meth:`~pyc_lab.runtime.dispatcher.Dispatcher.metrics`); ``None``
+        before the first run."""
+        return None if self._last_dispatch is None else self._last_dispatch.metrics()
 
     @property
     def live_slots(self) -> int:
@@ -673,7 +679,7 @@ class Pipeline:
         crew = self._crew
         if crew is not None:  # the last run ended cleanly: its threads and streams go on
             run.lanes, run.streams, run.clock, run.dispatcher = crew
-            run.records_mark = len(run.dispatcher.records())
+            run.dispatcher.reset_metrics()  # its records: this run's tasks only
             if run.clock is not None and time.perf_counter() - run.clock.ref_host_s > 10:
                 run.clock.resync()  # pragma: no cover - GPU; the clocks drift apart slowly
             return run
@@ -749,6 +755,8 @@ class Pipeline:
                         self.max_live_slots = max(self.max_live_slots, len(self._live))
                     inflight.append(job)
                     run.dispatcher.submit(self._ranged, "prepare", self._stage_prepare, job)
+                    if index == 0 and self._cp is not None:  # pragma: no cover - GPU
+                        time.sleep(0)  # let a worker start item 0 before queueing more
                     index += 1
                 if not inflight:
                     return
@@ -819,7 +827,7 @@ class Pipeline:
         run.spec_ready.set()
         disp = run.dispatcher
         if disp is not None:
-            self.dispatcher_metrics = disp.metrics(since=run.records_mark)
+            self._last_dispatch = disp
         if not inflight and self._crew is not None and self._crew[3] is disp:
             for s in free:  # every item was handed over: nothing runs, nothing is queued
                 for b in s.buffers():

@@ -75,6 +75,13 @@ def test_metrics_empty() -> None:
     with Dispatcher(workers=1) as d:
         m = d.metrics()
     assert m["count"] == 0 and m["run_p50_ms"] is None and m["queue_wait_p99_ms"] is None
+    with Dispatcher(workers=1) as d:  # a new batch after reset_metrics
+        d.submit(time.sleep, 0.001).result(timeout=5)
+        assert d.metrics()["count"] == 1
+        d.reset_metrics()
+        assert d.metrics()["count"] == 0 and d.records() == []
+        d.submit(time.sleep, 0.001).result(timeout=5)
+        assert d.metrics()["count"] == 1
 
 
 def test_exception_goes_to_future_and_is_counted() -> None:
