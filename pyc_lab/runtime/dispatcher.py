@@ -160,18 +160,20 @@ class Dispatcher:
             if not fut.set_running_or_notify_cancel():
                 continue
             started = time.perf_counter()
-            ok = True
+            error: BaseException | None = None
             try:
                 result = fn(*args, **kwargs)
             except BaseException as exc:  # a task's KeyboardInterrupt goes to its future
-                ok = False
-                ended = time.perf_counter()
-                fut.set_exception(exc)
-            else:
-                ended = time.perf_counter()
+                error = exc
+            ended = time.perf_counter()
+            with self._lock:  # recorded before the future resolves: a caller who waited
+                self._records.append(  # for it sees the task in the metrics
+                    TaskRecord(task, k, submitted, started, ended, error is None))
+            if error is None:
                 fut.set_result(result)
-            with self._lock:
-                self._records.append(TaskRecord(task, k, submitted, started, ended, ok))
+            else:
+                fut.set_exception(error)
+                del error
 
     # -- public API -----------------------------------------------------------------
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
