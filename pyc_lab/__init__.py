@@ -21,13 +21,22 @@ import logging
 from . import compiler, runtime
 from .compiler.api import CompiledFunction, compile
 from .errors import DeviceUnavailableError, PycLabError, SnapshotError
-from .runtime import HardwareProfile, PinnedPool, Pipeline, detect_hardware, probe_bandwidth
+from .runtime import (
+    GpuActivity,
+    HardwareProfile,
+    PinnedPool,
+    Pipeline,
+    detect_hardware,
+    probe_bandwidth,
+    tune_pipeline,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CompiledFunction",
     "DeviceUnavailableError",
+    "GpuActivity",
     "HardwareProfile",
     "PinnedPool",
     "Pipeline",
@@ -44,6 +53,7 @@ __all__ = [
     "probe_bandwidth",
     "replay_autotune",
     "runtime",
+    "tune_pipeline",
     "unload_ipython_extension",
 ]
 

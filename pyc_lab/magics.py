@@ -2,8 +2,8 @@
 
 ``%load_ext pyc_lab`` registers them (and prints nothing); ``%unload_ext pyc_lab``
 removes them again: ``%pyc_hw`` (topology), ``%%pyc_compile`` (the compiler),
-``%pyc_tune`` (the GEMM autotuner, live or replayed) and ``%pyc_timeline`` (the last
-pipeline's timeline).
+``%pyc_tune`` (the GEMM autotuner, live or replayed), ``%pyc_timeline`` (the last
+pipeline's timeline) and ``%%pyc_trace`` (the GPU activity of a cell, per stream).
 """
 
 from __future__ import annotations
@@ -209,6 +209,46 @@ class PycLabMagics(Magics):
         if args.chrome:
             pipe.trace.to_chrome(args.chrome)
         display(TimelineWidget(pipe.trace))
+        return None
+
+
+    @magic_arguments()
+    @argument("--backend", default="auto", choices=["auto", "cupti", "torch"],
+              help="how CUPTI is reached: cupti-python, PyTorch's profiler, or the first "
+                   "of them that is installed (default)")
+    @argument("--chrome", metavar="PATH",
+              help="also write the trace as Chrome trace-event JSON (opens in Perfetto)")
+    @cell_magic
+    def pyc_trace(self, line: str, cell: str) -> Any:
+        """Run the cell and show the GPU work it did: kernels and copies per stream.
+
+        Whatever launched the work (CuPy, CUTLASS, cuBLAS, PyTorch, a pyc_lab belt), the
+        timeline shows one lane per CUDA stream with the overlap summary. Without a GPU
+        (or a CUPTI backend) the cell still runs and the reason it was not traced is
+        shown.
+
+        Example::
+
+            %%pyc_trace --chrome cell.json
+            y = cp.sin(cp.asarray(x)).get()
+        """
+        from .runtime.activity import GpuActivity
+        from .widgets import TimelineWidget
+
+        args = parse_argstring(self.pyc_trace, line)
+        try:
+            tracer = GpuActivity(args.backend, name="%%pyc_trace")
+        except PycLabError as exc:
+            self.shell.run_cell(cell, store_history=False)
+            display({"text/plain": f"%%pyc_trace: the cell ran untraced: {exc}"}, raw=True)
+            return None
+        with tracer:  # pragma: no cover - needs a GPU
+            result = self.shell.run_cell(cell, store_history=False)
+        if not result.success:  # pragma: no cover - needs a GPU
+            return None
+        if args.chrome:  # pragma: no cover - needs a GPU
+            tracer.trace.to_chrome(args.chrome)
+        display(TimelineWidget(tracer.trace))  # pragma: no cover - needs a GPU
         return None
 
 

@@ -5,6 +5,7 @@ imports it when called and raises :class:`~pyc_lab.errors.DeviceUnavailableError
 falls back to the CPU, where the docstring says so) when it is missing.
 """
 
+from .activity import GpuActivity
 from .bandwidth import probe_bandwidth
 from .belt_tuning import BeltSweep, tune_pipeline
 from .dispatcher import Dispatcher
@@ -19,6 +20,7 @@ __all__ = [
     "CudaEventClock",
     "Dispatcher",
     "GPUInfo",
+    "GpuActivity",
     "HardwareProfile",
     "HostInfo",
     "LinkInfo",

@@ -209,8 +209,9 @@ class Trace:
         Returns
         -------
         pandas.DataFrame
-            Columns ``item, stage, lane, start_ms, end_ms, duration_ms, nbytes``, sorted
-            by start.
+            Columns ``item, stage, lane, start_ms, end_ms, duration_ms, nbytes, label``
+            (``label``: the span's ``name`` meta, e.g. a kernel's name; empty if none),
+            sorted by start.
         """
         import pandas as pd
 
@@ -219,8 +220,10 @@ class Trace:
             "item": s.item, "stage": s.stage, "lane": s.lane,
             "start_ms": (s.start_s - origin) * 1e3, "end_ms": (s.end_s - origin) * 1e3,
             "duration_ms": s.duration_s * 1e3, "nbytes": s.nbytes,
+            "label": str(s.meta.get("name", "")),
         } for s in spans]
-        columns = ["item", "stage", "lane", "start_ms", "end_ms", "duration_ms", "nbytes"]
+        columns = ["item", "stage", "lane", "start_ms", "end_ms", "duration_ms", "nbytes",
+                   "label"]
         frame = pd.DataFrame(rows, columns=columns)
         return frame.astype({"item": "int64", "nbytes": "int64", "start_ms": "float64",
                              "end_ms": "float64", "duration_ms": "float64"})

@@ -171,15 +171,17 @@ def _bar_traces(go: Any, trace: Trace, report: OverlapReport) -> list[Any]:
         rows = frame[frame["stage"] == stage]
         custom = list(zip(rows["item"].tolist(), rows["stage"].tolist(),
                           rows["start_ms"].tolist(), rows["duration_ms"].tolist(),
-                          rows["nbytes"].tolist(), rows["lane"].tolist(), strict=True))
+                          rows["nbytes"].tolist(), rows["lane"].tolist(),
+                          rows["label"].tolist(), strict=True))
         bars.append(go.Bar(
             name=stage, orientation="h", y=rows["lane"].tolist(),
             base=rows["start_ms"].tolist(), x=rows["duration_ms"].tolist(),
             marker=dict(color=stage_color(stage), line=dict(color="white", width=0.5)),
             customdata=custom,
             hovertemplate=("item %{customdata[0]} · <b>%{customdata[1]}</b> on "
-                           "%{customdata[5]}<br>start %{customdata[2]:.3f} ms, duration "
-                           "%{customdata[3]:.3f} ms<br>%{customdata[4]:,} bytes<extra></extra>"),
+                           "%{customdata[5]}<br>%{customdata[6]}<br>start %{customdata[2]:.3f}"
+                           " ms, duration %{customdata[3]:.3f} ms<br>%{customdata[4]:,} bytes"
+                           "<extra></extra>"),
         ))
     if report.starvation_gaps and len(frame):
         compute = frame[frame["stage"] == "compute"]

@@ -167,7 +167,7 @@ def test_spans_are_sorted_and_the_frame_counts_from_the_first_start():
     assert [s.start_s for s in spans] == sorted(s.start_s for s in spans)
     frame = t.to_frame()
     assert list(frame.columns) == ["item", "stage", "lane", "start_ms", "end_ms",
-                                   "duration_ms", "nbytes"]
+                                   "duration_ms", "nbytes", "label"]
     assert len(frame) == len(t) == 16
     assert frame["start_ms"].iloc[0] == 0.0
     assert frame["end_ms"].max() == pytest.approx(6.25, abs=1e-9)
