@@ -139,7 +139,6 @@ class _CuptiBackend:  # pragma: no cover - needs a GPU and cupti-python
     """The CUPTI Activity API through ``cupti-python``."""
 
     name = "cupti"
-    _registered = False
     _sink: list[dict[str, Any]] | None = None
 
     def __init__(self) -> None:
@@ -182,9 +181,9 @@ class _CuptiBackend:  # pragma: no cover - needs a GPU and cupti-python
 
     def start(self, sink: list[dict[str, Any]]) -> None:
         c = self._c
-        if not _CuptiBackend._registered:
-            c.activity_register_callbacks(_CuptiBackend._requested, _CuptiBackend._completed)
-            _CuptiBackend._registered = True
+        # every time: another CUPTI client in this process (PyTorch's profiler, say) may
+        # have registered its own buffer callbacks since, and would get our records
+        c.activity_register_callbacks(_CuptiBackend._requested, _CuptiBackend._completed)
         _CuptiBackend._sink = sink
         for kind in self._kinds:
             c.activity_enable(kind)
