@@ -380,7 +380,11 @@ def test_misaligned_rows_take_the_scalar_row_kernel(rng, op):
     assert_close(cp.asnumpy(got), want, F16)
     (got2,) = exe([x.copy(), *extras])  # aligned: the vectorised kernel, same answer
     assert exe.launched[node.id] == src.launch["vec_kernel"]
-    np.testing.assert_array_equal(cp.asnumpy(got2), cp.asnumpy(got))
+    assert_close(cp.asnumpy(got2), want, F16)
+    # the two kernels sum in different orders: equal up to float16 rounding (2 ulps),
+    # not bit for bit (the H200 lane saw 1-ulp differences on fresh random inputs)
+    np.testing.assert_allclose(cp.asnumpy(got2).astype(np.float64),
+                               cp.asnumpy(got).astype(np.float64), rtol=2**-9, atol=2**-24)
 
 
 def test_softmax_of_integers_is_float64(rng):
