@@ -518,16 +518,22 @@ def autotune_gemm(m: int, n: int, k: int, *, dtype: str = "bf16", layout: str = 
             if not gemm.can_implement(m, n, k):
                 return finish(cfg, "skipped", message="can_implement refused the problem")
             out.view(cp.uint16).fill(0x7FFF)  # NaN in both f16 and bf16
-            gemm(a, b, out, bias=bias_arr)
-            done = cp.cuda.Event()
-            done.record()
-            t0 = time.perf_counter()
-            while not done.done:  # a kernel that never finishes must not hang the tuner
-                if time.perf_counter() - t0 > hang_s:
-                    finish(cfg, "timeout", message=f"still running after {hang_s:.0f} s; the "
-                                                   "GPU context is unusable, tuning stopped")
-                    raise StopSearch(f"{cfg.id} hung")
-                time.sleep(0.001)
+            # two launches, each watched: a kernel that never finishes (the first launch,
+            # or a later one, as Stream-K did when its workspace was not reset) must not
+            # hang the tuner
+            for launch in (lambda: gemm(a, b, out, bias=bias_arr),
+                           lambda: gemm.launch(cp.cuda.get_current_stream().ptr)):
+                launch()
+                done = cp.cuda.Event()
+                done.record()
+                t0 = time.perf_counter()
+                while not done.done:
+                    if time.perf_counter() - t0 > hang_s:
+                        finish(cfg, "timeout", message=f"still running after {hang_s:.0f} "
+                                                       "s; the GPU context is unusable, "
+                                                       "tuning stopped")
+                        raise StopSearch(f"{cfg.id} hung")
+                    time.sleep(0.001)
         except StopSearch:
             raise
         except Exception as exc:

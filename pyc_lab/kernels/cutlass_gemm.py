@@ -144,6 +144,8 @@ using PycGemm = __DEVICE__<PycKernel>;
 struct PycHandle {
   PycGemm op;
   typename PycGemm::Arguments args;
+  void* workspace = nullptr;
+  unsigned long long workspace_bytes = 0;
 };
 """
 
@@ -178,6 +180,14 @@ static typename PycGemm::Arguments pyc_arguments(int M, int N, int K, const void
   args.hw_info.sm_count = sm_count;
   return args;
 }
+
+// Stream-K's fix-up barriers in the workspace only count up (arrive_inc / wait_eq): they
+// must be zero again before every launch, as GemmUniversalAdapter's initialize leaves
+// them. Without this the second launch of a Stream-K kernel waits forever.
+static int pyc_reset_workspace(PycHandle* p, cudaStream_t stream) {
+  return static_cast<int>(PycKernel::initialize_workspace(p->args, p->workspace, stream,
+                                                          nullptr));
+}
 """
 
 # CUTLASS 2 (the SIMT float32 kernel), driven through GemmUniversalBase with the kernel's
@@ -199,6 +209,8 @@ static typename PycGemm::Arguments pyc_arguments(int M, int N, int K, const void
       typename PycKernel::EpilogueOutputOp::Params(alpha, beta), A, B, C, D,
       int64_t(0), int64_t(0), int64_t(0), int64_t(0), lda, ldb, ldc, ldc);
 }
+
+static int pyc_reset_workspace(PycHandle*, cudaStream_t) { return 0; }  // none to reset
 """
 
 _WRAPPER_TAIL = r"""
@@ -223,12 +235,21 @@ int pyc_initialize(void* h, int M, int N, int K, const void* A, const void* B, c
   p->args = pyc_arguments(M, N, K, A, B, C, D, alpha, beta, bias, sm_count);
   auto st = p->op.can_implement(p->args);
   if (st != cutlass::Status::kSuccess) return static_cast<int>(st);
+  p->workspace = workspace;
+  p->workspace_bytes = static_cast<unsigned long long>(PycGemm::get_workspace_size(p->args));
   return static_cast<int>(p->op.initialize(p->args, workspace,
                                             static_cast<cudaStream_t>(stream)));
 }
-// Launch the bound problem on a stream; 0 on success.
+// Launch the bound problem on a stream (its workspace reset first, if it has one).
 int pyc_run(void* h, void* stream) {
-  return static_cast<int>(static_cast<PycHandle*>(h)->op.run(static_cast<cudaStream_t>(stream)));
+  auto* p = static_cast<PycHandle*>(h);
+  auto s = static_cast<cudaStream_t>(stream);
+  // (a CUDA graph captured from here replays the reset too)
+  if (p->workspace_bytes) {
+    int st = pyc_reset_workspace(p, s);
+    if (st != 0) return st;
+  }
+  return static_cast<int>(p->op.run(s));
 }
 const char* pyc_kernel_name() { return "__NAME__"; }
 int pyc_has_bias() { return PYC_BIAS; }
@@ -369,8 +390,11 @@ def prune(configs: Iterable[GemmConfig], m: int, n: int, k: int, layout: str = "
     """Keep the configurations that can work for an ``m x n x k`` problem.
 
     Stream-K tile-scheduler candidates are dropped unless ``stream_k``: in the GPU lane
-    on the H200 (2026-11-29) one never finished at 1024^3 after running at 512^3, and
-    a hung kernel holds the GPU until the process ends.
+    on the H200 (2026-11-29) one never finished at 1024^3. The cause: its fix-up
+    barriers in the workspace only count up, and the launcher reused the workspace
+    without resetting it, so every launch after the first waited forever. The launcher
+    now resets the workspace before each launch; Stream-K stays off by default until the
+    GPU lane has measured it.
 
     A fused ``epilogue`` (bias and/or activation) keeps only the TMA epilogue schedules,
     the ones CUTLASS's epilogue fusion runs on.
@@ -388,7 +412,8 @@ def prune(configs: Iterable[GemmConfig], m: int, n: int, k: int, layout: str = "
         cm, cn, _ck = cfg.cta_tile
         why = issue
         if not why and not stream_k and cfg.tile_scheduler == "StreamK":
-            why = "Stream-K candidates are off (stream_k=False): one hung the H200 at 1024^3"
+            why = ("Stream-K candidates are off (stream_k=False) until the GPU lane has "
+                   "measured them again")
         if not why and fused and cfg.epilogue_schedule not in _TMA_EPILOGUES:
             why = (f"a fused {epilogue.name} epilogue needs a TMA epilogue schedule "
                    f"({cfg.epilogue_schedule} has none)")

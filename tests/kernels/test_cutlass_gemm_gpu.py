@@ -50,7 +50,12 @@ def planned_builds() -> list[tuple]:
     kept = cg.prune(cg.configurations("f16", "tn"), 2048, 2048, 2048, "tn", "f16")[0]
     notebook = [(c, "f16", "tn", cg.Epilogue()) for c in cg.rank(kept, 2048, 2048, 2048,
                                                                   132)[:4]]
-    return plain + fused + tuned + notebook
+    # Stream-K at 1024^3 (its workspace reset before every launch)
+    kept = cg.prune(cg.configurations("f16", "tn"), 1024, 1024, 1024, "tn", "f16",
+                    stream_k=True)[0]
+    stream_k = [(c, "f16", "tn", cg.Epilogue()) for c in cg.rank(kept, 1024, 1024, 1024, 132)
+                if c.tile_scheduler == "StreamK"][:2]
+    return plain + fused + tuned + notebook + stream_k
 
 
 def prebuild(directory: str) -> None:
@@ -303,6 +308,29 @@ def test_a_failing_candidate_never_stops_the_run(tmp_path, monkeypatch, kernel_c
     assert cg.GemmConfig.from_dict(res.best.config) == good
     msg = res.table.set_index("config").message
     assert "injected" in msg[broken.id] and "vs cuBLAS" in msg[wrong.id]
+
+
+def test_stream_k_kernels_launch_again_and_again(tmp_path, kernel_cache):
+    """Stream-K hung the H200 at 1024^3 when its workspace was reused unreset."""
+    res = pl.autotune_gemm(1024, 1024, 1024, dtype="f16", stream_k=True, max_candidates=2,
+                           restrict=lambda c: c.tile_scheduler == "StreamK", repeats=5,
+                           budget_s=300, hang_s=20, cache=kernel_cache,
+                           db=tuning_db.TuningDB(tmp_path / "t.sqlite"))
+    assert len(res.table) == 2 and set(res.table.status) == {"ok"}, res.table
+    cfg = cg.GemmConfig.from_dict(res.best.config)
+    gemm = cg.CutlassGemm(cg.build(cfg, "f16", "tn", cache=kernel_cache).library, cfg)
+    a, b, out = gemm_inputs(1024, 1024, 1024, "f16", "tn", 5)
+    want = cp.asnumpy(a).astype(np.float64) @ cp.asnumpy(b).astype(np.float64)
+    for _ in range(4):  # every launch reduces its splits from a fresh workspace
+        out.fill(cp.nan)
+        gemm(a, b, out)
+        assert max_rel_err(out, want) < TOLERANCE["f16"]
+    graph = gemm.capture()
+    for _ in range(3):
+        out.fill(cp.nan)
+        graph.launch()
+        cp.cuda.get_current_stream().synchronize()
+        assert max_rel_err(out, want) < TOLERANCE["f16"]
 
 
 def test_autotune_refuses_a_misaligned_problem():
