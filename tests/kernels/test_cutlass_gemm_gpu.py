@@ -283,6 +283,7 @@ def test_a_failing_candidate_never_stops_the_run(tmp_path, monkeypatch, kernel_c
     """One candidate fails to compile, one returns wrong numbers: both are recorded with
     their reasons and the third, correct one wins."""
     real_build, real_call = cg.build, cg.CutlassGemm.__call__
+    real_launch = cg.CutlassGemm.launch
     kept = cg.prune(cg.configurations("f16", "tn"), 256, 384, 512, "tn", "f16")[0]
     broken, wrong, good = cg.rank(kept, 256, 384, 512, 132)[:3]
 
@@ -293,12 +294,19 @@ def test_a_failing_candidate_never_stops_the_run(tmp_path, monkeypatch, kernel_c
 
     def call(self, a, b, out, *args, **kwargs):
         real_call(self, a, b, out, *args, **kwargs)
+        self.test_out = out
         if self.config == wrong:
             out[0, 0] = out[0, 0] + 100  # a wrong answer, finite
         return out
 
+    def launch(self, stream_ptr=0):  # the tuner's second, watched launch of the bound call
+        real_launch(self, stream_ptr)
+        if self.config == wrong:
+            self.test_out[0, 0] = self.test_out[0, 0] + 100
+
     monkeypatch.setattr(cg, "build", build)
     monkeypatch.setattr(cg.CutlassGemm, "__call__", call)
+    monkeypatch.setattr(cg.CutlassGemm, "launch", launch)
     res = pl.autotune_gemm(256, 384, 512, dtype="f16", max_candidates=3, budget_s=300,
                            repeats=3, strategy="exhaustive", cache=kernel_cache,
                            db=tuning_db.TuningDB(tmp_path / "t.sqlite"))
