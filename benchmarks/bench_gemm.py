@@ -45,7 +45,11 @@ def main() -> None:
     parser.add_argument("--dtypes", default="f16,bf16")
     parser.add_argument("--strategy", default="exhaustive")
     parser.add_argument("--shapes", default="", help="MxNxK,... (default: the issue's seven)")
+    parser.add_argument("--stream-k", action="store_true",
+                        help="let Stream-K configurations into the pools (off by default in "
+                             "autotune_gemm); writes gemm-streamk.json")
     args = parser.parse_args()
+    suffix = "-streamk" if args.stream_k else ""
 
     from pyc_lab.runtime.gpu import cupy_status
 
@@ -76,21 +80,24 @@ def main() -> None:
     overhead: dict = {}
 
     def save() -> Path:
-        n = db.export(Path(args.out) / "tuning-replay.json")
-        return write_result(args.out, "gemm", {
+        n = db.export(Path(args.out) / f"tuning-replay{suffix}.json")
+        return write_result(args.out, f"gemm{suffix}", {
             "method": "autotune_gemm per shape (exhaustive over the pool), CUDA events, "
                       "median of 15 with the L2 flushed before each and a 100 us spin "
                       "kernel queued ahead of the start event (GPU time only, no host "
                       "launch gaps); cuBLAS timed the same way",
-            "layout": "tn", "summary": summary, "results": results,
+            "layout": "tn", "stream_k": args.stream_k, "summary": summary, "results": results,
             "fused_epilogue": fused, "host_overhead": overhead, "replay_rows": n})
 
     for dtype in args.dtypes.split(","):
         configs = cg.configurations(dtype, "tn", cc)
         pool: set = set()
         for m, n, k in shapes:
-            kept = cg.prune(configs, m, n, k, "tn", dtype)[0]
+            kept = cg.prune(configs, m, n, k, "tn", dtype, stream_k=args.stream_k)[0]
             pool.update(cg.rank(kept, m, n, k, sm_count)[: args.per_shape])
+            if args.stream_k:  # the model ranks them low: bring in those with a TMA store
+                pool.update(c for c in kept if c.tile_scheduler == "StreamK"
+                            and c.epilogue_schedule == "TmaWarpSpecializedCooperative")
         print(dtype, "pool:", sorted(c.id for c in pool), flush=True)
         rows = {}
         for i, (m, n, k) in enumerate(shapes):
@@ -99,7 +106,8 @@ def main() -> None:
                 res = pl.autotune_gemm(m, n, k, dtype=dtype, layout="tn",
                                        strategy=args.strategy, budget_s=120,
                                        max_candidates=None, restrict=pool.__contains__,
-                                       db=db, repeats=15, observer=progress)
+                                       db=db, repeats=15, observer=progress,
+                                       stream_k=args.stream_k)
             except Exception as exc:  # one failing shape must not lose the others
                 rows[f"{m}x{n}x{k}"] = {"error": f"{type(exc).__name__}: {exc}"}
                 print(dtype, m, n, k, "FAILED", exc)
@@ -119,7 +127,7 @@ def main() -> None:
                 t1 = time.perf_counter()
                 pl.autotune_gemm(m, n, k, dtype=dtype, layout="tn", strategy=args.strategy,
                                  max_candidates=None, restrict=pool.__contains__, db=db,
-                                 repeats=15)
+                                 repeats=15, stream_k=args.stream_k)
                 row["warm_tune_s"] = time.perf_counter() - t1
             rows[f"{m}x{n}x{k}"] = row
             results[dtype] = rows
