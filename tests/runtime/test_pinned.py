@@ -235,3 +235,20 @@ def test_gpu_pool_pins_and_reuses() -> None:  # pragma: no cover - needs a GPU
         buf.release()
         assert pool.acquire(3 * MIB) is buf
         assert pool.placement()[0]["wanted_node"] == pool.wanted_node
+
+
+@pytest.mark.gpu
+def test_gpu_pools_place_buffers_on_each_gpus_numa_node() -> None:  # pragma: no cover
+    """For every visible GPU: the pool's buffers land on that GPU's NUMA node (when the
+    machine says which node that is and where pages are)."""
+    import cupy
+
+    for g in range(cupy.cuda.runtime.getDeviceCount()):
+        with PinnedPool(device=g) as pool:
+            buf = pool.acquire(8 * MIB)
+            buf.raw[:] = 1  # every page touched (and pinned) already; write anyway
+            (row,) = pool.placement()
+            assert row["wanted_node"] == pool.wanted_node
+            if pool.wanted_node is not None and row["actual_node"] is not None:
+                assert row["actual_node"] == pool.wanted_node, (g, row)
+            buf.release()
