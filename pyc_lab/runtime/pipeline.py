@@ -713,6 +713,12 @@ class Pipeline:
     def run(self, items: Iterable[Any]) -> Generator[Any, None, None]:
         """Push ``items`` through the belt; yield the compute results in item order.
 
+        A belt can be run again and again (epoch after epoch): a run whose results were
+        all taken hands its worker threads, streams, event clock and slot device buffers
+        to the next run; a run that stopped early (an error, ``break``, ``close()``)
+        lets them go, and the next run starts fresh ones. Each run gets a new
+        :attr:`trace` unless one was passed in.
+
         Raises
         ------
         PipelineError
