@@ -11,27 +11,10 @@ import pytest
 from pyc_lab.errors import DeviceUnavailableError, PycLabError
 from pyc_lab.runtime import trace as tr
 from pyc_lab.runtime.trace import CudaEventClock, Span, Trace, lane_order, nvtx_range
+from tests.fakes.traces import SUMMARY_LINES, pipeline_trace
 
 MS = 1e-3
 T0 = 100.0  # an arbitrary perf_counter origin: everything is reported relative to it
-
-
-def pipeline_trace() -> Trace:
-    """Four items through prepare -> h2d -> compute -> d2h; item 3's compute starts late.
-
-    In ms from T0, item i: prepare [i, i+0.75] on cpu-worker-0; h2d [i+1, i+1.5] (1 MB);
-    compute [i+1.5, i+2.5] except item 3 at [5, 6]; d2h right after compute, 0.25 ms
-    (250 kB).
-    """
-    t = Trace(name="synthetic")
-    compute = {0: (1.5, 2.5), 1: (2.5, 3.5), 2: (3.5, 4.5), 3: (5.0, 6.0)}
-    for i in range(4):
-        t.record(i, "prepare", "cpu-worker-0", T0 + i * MS, T0 + (i + 0.75) * MS)
-        t.record(i, "h2d", "stream h2d", T0 + (i + 1) * MS, T0 + (i + 1.5) * MS, 1_000_000)
-        c0, c1 = compute[i]
-        t.record(i, "compute", "stream compute", T0 + c0 * MS, T0 + c1 * MS)
-        t.record(i, "d2h", "stream d2h", T0 + c1 * MS, T0 + (c1 + 0.25) * MS, 250_000)
-    return t
 
 
 # -- the overlap metrics, against answers worked out by hand ---------------------------
@@ -131,16 +114,7 @@ def test_overlap_report_frame_and_summary_are_stable():
     assert list(frame.columns) == ["metric", "value"]
     assert "copy_hidden_pct" in set(frame["metric"])
     assert r.summary() == pipeline_trace().overlap().summary()
-    assert r.summary().splitlines() == [
-        "4 items, 16 spans, wall 6.250 ms",
-        "busy ms: prepare 3.000, h2d 2.000, compute 4.000, d2h 1.000",
-        "copy hidden behind compute: 66.7% (2.000 of 3.000 ms)",
-        "GPU idle: 20.0% of wall",
-        "starvation gaps (>= 0.050 ms): 1, 0.500 ms in all",
-        "achieved: H2D 2.00 GB/s, D2H 1.00 GB/s",
-        "max-stage bound 4.000 ms (compute) vs actual 6.250 ms: efficiency 64.0%",
-        "with fill and drain 5.500 ms: efficiency 88.0%",
-    ]
+    assert r.summary().splitlines() == SUMMARY_LINES
 
 
 def test_interval_helpers():

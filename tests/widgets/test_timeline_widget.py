@@ -10,23 +10,14 @@ from pyc_lab.runtime.trace import Trace
 from pyc_lab.widgets import display
 from pyc_lab.widgets import timeline as tl
 from pyc_lab.widgets.timeline import TimelineWidget, compare, stage_color
+from tests.fakes import traces as fakes
 
-MS = 1e-3
 T0 = 50.0
 
 
 def pipeline_trace(name: str = "synthetic", late: float = 5.0) -> Trace:
     """Four items, two CPU workers, three streams; item 3's compute starts at ``late`` ms."""
-    t = Trace(name=name)
-    compute = {0: (1.5, 2.5), 1: (2.5, 3.5), 2: (3.5, 4.5), 3: (late, late + 1.0)}
-    for i in range(4):
-        worker = f"cpu-worker-{i % 2}"
-        t.record(i, "prepare", worker, T0 + i * MS, T0 + (i + 0.75) * MS)
-        t.record(i, "h2d", "stream h2d", T0 + (i + 1) * MS, T0 + (i + 1.5) * MS, 1_000_000)
-        c0, c1 = compute[i]
-        t.record(i, "compute", "stream compute", T0 + c0 * MS, T0 + c1 * MS)
-        t.record(i, "d2h", "stream d2h", T0 + c1 * MS, T0 + (c1 + 0.25) * MS, 250_000)
-    return t
+    return fakes.pipeline_trace(name, late, workers=2, t0=T0)
 
 
 def _stage_bars(fig):
@@ -73,17 +64,7 @@ def test_stage_colours_are_fixed_and_distinct():
 def test_text_is_deterministic_and_exact():
     text = TimelineWidget(pipeline_trace()).to_text()
     assert text == TimelineWidget(pipeline_trace()).to_text()
-    assert text.splitlines()[:9] == [
-        "Timeline synthetic",
-        "4 items, 16 spans, wall 6.250 ms",
-        "busy ms: prepare 3.000, h2d 2.000, compute 4.000, d2h 1.000",
-        "copy hidden behind compute: 66.7% (2.000 of 3.000 ms)",
-        "GPU idle: 20.0% of wall",
-        "starvation gaps (>= 0.050 ms): 1, 0.500 ms in all",
-        "achieved: H2D 2.00 GB/s, D2H 1.00 GB/s",
-        "max-stage bound 4.000 ms (compute) vs actual 6.250 ms: efficiency 64.0%",
-        "with fill and drain 5.500 ms: efficiency 88.0%",
-    ]
+    assert text.splitlines()[:9] == ["Timeline synthetic", *fakes.SUMMARY_LINES]
     assert "Spans per lane and stage:" in text
     counts = text.split("Spans per lane and stage:\n")[1].splitlines()
     assert counts[-1].split() == ["stream", "d2h", "0", "0", "0", "4"]
