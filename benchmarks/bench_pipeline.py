@@ -120,25 +120,31 @@ def compute_sin(x, stream):
     return sin30(cp, x, stream)
 
 
-def open_belt(variant: str, chunks, pinned_in, depth: int, workers: int, mode: str = "gpu",
-              compute_streams: int = 1):
-    """A belt for one way of feeding it: ``"pinned"`` — ``prepare(i)`` returns chunk i
-    already in pinned memory, as the baselines get it (copied to the device as it is) —
-    or ``"pageable"`` — ``prepare(i, out)`` copies chunk i from ordinary NumPy memory into
-    the slot's pinned buffer (a loader's real work)."""
-    import pyc_lab as pl
-
+def feed(variant: str, chunks, pinned_in) -> tuple:
+    """``prepare`` and the Pipeline options for one way of feeding the belt:
+    ``"pinned"`` — ``prepare(i)`` returns chunk i already in pinned memory, as the
+    baselines get it (copied to the device as it is) — or ``"pageable"`` —
+    ``prepare(i, out)`` copies chunk i from ordinary NumPy memory into the slot's pinned
+    buffer (a loader's real work)."""
     if variant == "pinned":
         def prepare(i):
             return pinned_in[i]
-        spec = None
-    else:
-        def prepare(i, out):
-            np.copyto(out, chunks[i])
-        spec = (chunks[0].shape, chunks[0].dtype)
+        return prepare, {"copy_results": False}
+
+    def prepare_into(i, out):
+        np.copyto(out, chunks[i])
+    return prepare_into, {"copy_results": False, "spec": (chunks[0].shape, chunks[0].dtype)}
+
+
+def open_belt(variant: str, chunks, pinned_in, depth: int, workers: int, mode: str = "gpu",
+              compute_streams: int = 1):
+    """A belt fed as :func:`feed` says."""
+    import pyc_lab as pl
+
+    prepare, opts = feed(variant, chunks, pinned_in)
     compute = compute_sin if mode == "gpu" else (lambda x: np.sin(x))
     return pl.Pipeline(prepare, compute, depth=depth, workers=workers, mode=mode,
-                       copy_results=False, spec=spec, compute_streams=compute_streams)
+                       compute_streams=compute_streams, **opts)
 
 
 def belt_run(pipe, n: int, want, full: bool = False) -> tuple[float, bool, float]:
@@ -160,20 +166,12 @@ def belt_run(pipe, n: int, want, full: bool = False) -> tuple[float, bool, float
 def sweep(variant: str, chunks, pinned_in, depths, workers, streams) -> dict:
     """pl.tune_pipeline over depth x workers x compute streams for one variant (each:
     warm-up + 3 timed runs)."""
-    from pyc_lab.runtime.belt_tuning import tune_pipeline
+    import pyc_lab as pl
 
-    if variant == "pinned":
-        def prepare(i):
-            return pinned_in[i]
-        opts = {}
-    else:
-        def prepare(i, out):
-            np.copyto(out, chunks[i])
-        opts = {"spec": (chunks[0].shape, chunks[0].dtype)}
-    result = tune_pipeline(prepare, compute_sin, range(len(chunks)), depths=depths,
-                           workers=workers, compute_streams=streams, repeats=3,
-                           warmup=1, mode="gpu",
-                           copy_results=False, **opts)
+    prepare, opts = feed(variant, chunks, pinned_in)
+    result = pl.tune_pipeline(prepare, compute_sin, range(len(chunks)), depths=depths,
+                              workers=workers, compute_streams=streams, repeats=3,
+                              warmup=1, mode="gpu", **opts)
     rows = [{k: (v * 1e3 if k == "median_s" and v is not None else v)
              for k, v in r.items()} for r in result.rows]
     for r in rows:

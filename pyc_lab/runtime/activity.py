@@ -138,7 +138,6 @@ def spans_from_chrome(events: Iterable[Mapping[str, Any]]) -> list[Span]:
 class _CuptiBackend:  # pragma: no cover - needs a GPU and cupti-python
     """The CUPTI Activity API through ``cupti-python``."""
 
-    name = "cupti"
     _sink: list[dict[str, Any]] | None = None
 
     def __init__(self) -> None:
@@ -205,14 +204,10 @@ class _CuptiBackend:  # pragma: no cover - needs a GPU and cupti-python
 class _TorchBackend:  # pragma: no cover - needs a GPU and PyTorch
     """PyTorch's profiler (Kineto, on CUPTI), GPU activities only."""
 
-    name = "torch"
-
     def __init__(self) -> None:
-        import torch  # noqa: F401  (fails here, not in start, when missing)
         from torch.profiler import ProfilerActivity, profile
 
         self._prof = profile(activities=[ProfilerActivity.CUDA])
-        self.events: list[dict[str, Any]] = []
 
     def start(self, sink: list[dict[str, Any]]) -> None:
         self._sink = sink
@@ -228,17 +223,30 @@ class _TorchBackend:  # pragma: no cover - needs a GPU and PyTorch
         self._sink.extend(e for e in events if isinstance(e, dict))
 
 
-def _backend_errors() -> dict[str, str]:
-    """Why each backend cannot be imported here ({} entries for those that can)."""
+#: backend -> (module to import, how to name it in a message)
+_MODULES = {"cupti": ("cupti.cupti", "cupti-python"), "torch": ("torch.profiler",
+                                                              "torch.profiler")}
+
+
+def _backend_errors(wanted: tuple[str, ...] = BACKENDS, *, first: bool = False
+                    ) -> dict[str, str]:
+    """Why each of ``wanted`` cannot be imported here (no entry for those that can).
+
+    With ``first`` the check stops at the first importable backend, so that PyTorch
+    (seconds to import) is not imported when cupti-python will do.
+    """
+    import importlib
+
     errors = {}
-    try:
-        import cupti.cupti  # noqa: F401
-    except Exception as exc:
-        errors["cupti"] = f"cupti-python: {type(exc).__name__}: {exc}"
-    try:
-        import torch.profiler  # noqa: F401
-    except Exception as exc:
-        errors["torch"] = f"torch.profiler: {type(exc).__name__}: {exc}"
+    for name in wanted:
+        module, label = _MODULES[name]
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            errors[name] = f"{label}: {type(exc).__name__}: {exc}"
+        else:
+            if first:
+                break
     return errors
 
 
@@ -278,8 +286,8 @@ class GpuActivity:
             raise DeviceUnavailableError(
                 f"GpuActivity traces CUDA work and needs a CUDA device: {reason}")
         self._cp = cp
-        errors = _backend_errors()
         wanted = BACKENDS if backend == "auto" else (backend,)
+        errors = _backend_errors(wanted, first=True)
         usable = [b for b in wanted if b not in errors]
         if not usable:
             why = "; ".join(errors[b] for b in wanted)

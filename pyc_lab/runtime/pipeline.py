@@ -154,6 +154,14 @@ class _Slot:
     def buffers(self) -> list[PinnedBuffer]:
         return [*self.host, *self.out]
 
+    def release(self, keep_device: bool = False) -> None:
+        """Give the host buffers back to the pool; keep the device ones if asked."""
+        for b in self.buffers():
+            b.release()
+        self.host, self.host_views, self.out = [], [], []
+        if not keep_device:
+            self.dev = []
+
 
 class _Run:
     """State of one :meth:`Pipeline.run`: a stale stage of an earlier run never sees a
@@ -187,10 +195,10 @@ class _Job:
         self.result: Any = None
         self.result_in_slot = False  # result is a view of the slot's output buffers
         # GPU mode: host arrays the H2D copy reads (the slot's, or prepare's own pinned
-        # ones), (first, last, bytes) CUDA events per enqueued stage, the event the next
+        # ones), (first event, last event, bytes, lane) per enqueued stage, the event the next
         # stage waits for, and device arrays kept alive until the item's work is done
         self.host_src: list[np.ndarray] | None = None
-        self.events: dict[str, tuple[Any, Any, int, Any]] = {}
+        self.events: dict[str, tuple[Any, Any, int, str]] = {}  # first, last, bytes, lane
         self.ready: Any = None
         self.keep: list[Any] = []
 
@@ -533,7 +541,7 @@ class Pipeline:
                     for d, h in zip(slot.dev, src, strict=True):
                         d.set(h, stream=stream)
 
-                self._enqueue(job, "h2d", stream, copy_in, nbytes)
+                self._enqueue(job, "h2d", "h2d", copy_in, nbytes)
         except BaseException as exc:
             self._fail(job, "h2d", exc)
             return
@@ -555,9 +563,10 @@ class Pipeline:
                 self._record(job, "compute", "stream compute", start, time.perf_counter())
             else:  # pragma: no cover - needs a GPU
                 k = job.index % self.compute_streams
-                stream = job.run.streams["compute" if k == 0 else f"compute {k}"]
+                key = "compute" if k == 0 else f"compute {k}"
+                stream = job.run.streams[key]
                 out = self._enqueue(
-                    job, "compute", stream,
+                    job, "compute", key,
                     lambda: self.compute(arg, stream) if self._compute_takes_stream
                     else self.compute(arg))
                 job.keep.append(out)
@@ -587,12 +596,6 @@ class Pipeline:
             cp = self._cp
             if cp is None:
                 outs = [np.ascontiguousarray(o) for o in outs]
-            else:  # pragma: no cover - needs a GPU
-                stream = job.run.streams["d2h"]
-                with stream:  # after compute: asarray/ascontiguousarray may launch copies
-                    stream.wait_event(job.ready)
-                    outs = [cp.ascontiguousarray(cp.asarray(o)) for o in outs]
-                job.keep.extend(outs)
             views = []
             for k, o in enumerate(outs):
                 if k < len(slot.out) and slot.out[k].capacity < o.nbytes:
@@ -607,12 +610,15 @@ class Pipeline:
                     self._copy_d2h(v, o)
                 self._record(job, "d2h", "stream d2h", start, time.perf_counter(), nbytes)
             else:  # pragma: no cover - needs a GPU
+                stream = job.run.streams["d2h"]
 
-                def copy_out() -> None:
+                def copy_out() -> None:  # after compute, on the D2H stream
                     for v, o in zip(views, outs, strict=True):
+                        o = cp.ascontiguousarray(cp.asarray(o))
+                        job.keep.append(o)
                         o.get(stream=stream, out=v, blocking=False)
 
-                self._enqueue(job, "d2h", stream, copy_out, nbytes)
+                self._enqueue(job, "d2h", "d2h", copy_out, nbytes)
         except BaseException as exc:
             self._fail(job, "d2h", exc)
             return
@@ -627,23 +633,24 @@ class Pipeline:
             job.running = False
             job.run.lanes["done"].submit(lambda: self._stage_done(job))
 
-    def _enqueue(self, job: _Job, stage: str, stream: Any, work: Callable[[], Any],
+    def _enqueue(self, job: _Job, stage: str, key: str, work: Callable[[], Any],
                  nbytes: int = 0) -> Any:  # pragma: no cover - needs a GPU
-        """Queue ``work`` on ``stream`` after the item's previous stage, between two CUDA
-        events, without waiting for it; return what ``work`` returned.
+        """Queue ``work`` on the run's stream ``key`` after the item's previous stage,
+        between two CUDA events, without waiting for it; return what ``work`` returned.
 
         The stream waits for the previous stage's last event on the GPU, so the host
         lanes run ahead and every stream keeps work queued: no host round trip between
         one item's copy and the next item's kernels.
         """
         clock = job.run.clock
+        stream = job.run.streams[key]
         with stream:
             if job.ready is not None:
                 stream.wait_event(job.ready)
             first = clock.event(stream) if clock is not None else stream.record()
             result = work()
             last = clock.event(stream) if clock is not None else stream.record()
-        job.events[stage] = (first, last, nbytes, stream)
+        job.events[stage] = (first, last, nbytes, f"stream {key}")
         job.ready = last
         return result
 
@@ -656,11 +663,10 @@ class Pipeline:
         try:
             job.ready.synchronize()
             clock = job.run.clock
-            names = {id(st): name for name, st in job.run.streams.items()}
-            for stage, (first, last, nbytes, stream) in job.events.items():
+            for stage, (first, last, nbytes, lane) in job.events.items():
                 if clock is not None:
-                    self._record(job, stage, f"stream {names.get(id(stream), stage)}",
-                                 clock.to_host(first), clock.to_host(last), nbytes)
+                    self._record(job, stage, lane, clock.to_host(first),
+                                 clock.to_host(last), nbytes)
         except BaseException as exc:
             self._fail(job, last_stage, exc)
             return
@@ -836,9 +842,7 @@ class Pipeline:
             self._last_dispatch = disp
         if not inflight and self._crew is not None and self._crew[3] is disp:
             for s in free:  # every item was handed over: nothing runs, nothing is queued
-                for b in s.buffers():
-                    b.release()
-                s.host, s.host_views, s.out = [], [], []
+                s.release(keep_device=True)
             self._spare = free  # their device buffers serve the next run
             with self._lock:
                 self._live.clear()
@@ -883,9 +887,7 @@ class Pipeline:
             j.result = j.value = j.item = j.host_src = None
             j.keep = []
         for s in free:
-            for b in s.buffers():
-                b.release()
-            s.host, s.host_views, s.out, s.dev = [], [], [], []
+            s.release()
         with self._lock:
             self._live.clear()
         run.streams = {}

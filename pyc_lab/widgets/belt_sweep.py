@@ -61,9 +61,6 @@ class SweepChart(ChartView):
         bad = frame[~ok].sort_values(keys)
         return pd.concat([good, bad])[cols].reset_index(drop=True)
 
-    def _swept_others(self) -> list[str]:
-        frame = self.to_frame()
-        return [c for c in _SWEPT if c in frame.columns and frame[c].nunique() > 0]
 
     def _best_text(self) -> str:
         best = self.sweep.best
@@ -79,7 +76,7 @@ class SweepChart(ChartView):
         go = require_plotly()
         frame = self.to_frame()
         ok = frame[frame["status"] == "ok"]
-        others = self._swept_others()
+        others = [c for c in _SWEPT if c in frame.columns]  # swept besides depth
         fig = go.Figure()
         groups = ok.groupby(others, sort=True) if others else [((), ok)]
         for key, rows in groups:

@@ -93,7 +93,7 @@ def test_no_gpu_says_so():
 
 def test_no_backend_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(activity, "cupy_status", lambda: (types.SimpleNamespace(), "ok"))
-    monkeypatch.setattr(activity, "_backend_errors", lambda: {
+    monkeypatch.setattr(activity, "_backend_errors", lambda *_a, **_k: {
         "cupti": "cupti-python: ModuleNotFoundError: no cupti",
         "torch": "torch.profiler: ModuleNotFoundError: no torch"})
     with pytest.raises(DeviceUnavailableError, match=r"no cupti.*no torch.*pip install"):
@@ -101,7 +101,7 @@ def test_no_backend_names_what_is_missing(monkeypatch):
     with pytest.raises(DeviceUnavailableError, match="no torch") as err:
         GpuActivity("torch")
     assert "no cupti" not in str(err.value)
-    monkeypatch.setattr(activity, "_backend_errors", lambda: {
+    monkeypatch.setattr(activity, "_backend_errors", lambda *_a, **_k: {
         "cupti": "cupti-python: ModuleNotFoundError: no cupti"})
     assert GpuActivity().backend == "torch"  # auto takes the first one that is there
 
