@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result
 
 import pyc_lab
-from pyc_lab.runtime.bandwidth import bandwidth_summary
+from pyc_lab.profiling.bandwidth import bandwidth_summary
 
 
 def torch_baseline(sizes: list[int], repeats: int = 10) -> list[dict]:

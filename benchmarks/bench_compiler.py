@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result
 
 import pyc_lab as pl
-from pyc_lab.runtime.gpu import cupy_status
+from pyc_lab.hardware.device import cupy_status
 
 
 def gpu_time(cp, fn: Callable[[], object], repeats: int = 20, warmup: int = 3) -> float:

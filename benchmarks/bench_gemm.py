@@ -51,16 +51,16 @@ def main() -> None:
     args = parser.parse_args()
     suffix = "-streamk" if args.stream_k else ""
 
-    from pyc_lab.runtime.gpu import cupy_status
+    from pyc_lab.hardware.device import cupy_status
 
     cp, reason = cupy_status()
     if cp is None:
         print(f"skipped: the GEMM benchmark needs a CUDA device ({reason})")
         return
     import pyc_lab as pl
-    from pyc_lab.kernels import cutlass_gemm as cg
-    from pyc_lab.kernels.autotune import device_key, gemm_inputs
-    from pyc_lab.kernels.tuning_db import TuningDB
+    from pyc_lab.kernels.cutlass import gemm as cg
+    from pyc_lab.kernels.tuning.autotune import device_key, gemm_inputs
+    from pyc_lab.kernels.tuning.database import TuningDB
 
     _, cc, sm_count = device_key()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] \
@@ -167,7 +167,7 @@ def main() -> None:
         print("fused", fused, flush=True)
 
     # host cost per call, f16 4096^3 with the winner, repeated arguments
-    from pyc_lab.kernels import tuning_db
+    from pyc_lab.kernels.tuning import database as tuning_db
 
     tuning_db.default_path = lambda: db_path  # pl.matmul reads this run's database
     try:

@@ -222,7 +222,7 @@ def main() -> None:
                   f"{pipe.trace.overlap().headline()}")
         return
 
-    from pyc_lab.runtime.gpu import cupy_status
+    from pyc_lab.hardware.device import cupy_status
 
     cp, reason = cupy_status()
     if cp is None:

@@ -1,37 +1,47 @@
 """pyc_lab: a Jupyter-first GPU performance workbench.
 
 ``%load_ext pyc_lab`` in a notebook registers the magics (``%pyc_hw``, ``%%pyc_compile``,
-``%pyc_tune``, ``%pyc_timeline``); from Python::
+``%pyc_tune``, ``%pyc_timeline``, ``%%pyc_trace``, ``%pyc_timeit``); from Python::
 
     import pyc_lab as pl
     hw = pl.detect_hardware()          # CPUs, NUMA, GPUs, links, with provenance
+    bw = pl.probe_bandwidth()          # measured copy bandwidths beside theoretical
     f = pl.compile(fn)                 # trace, optimise, fuse; f.explain(*args)
-    bw = pl.runtime.probe_bandwidth()  # measured copy bandwidths beside theoretical
-    res = pl.autotune_gemm(4096, 4096, 4096, dtype="bf16")   # CUTLASS vs cuBLAS, recorded
+    res = pl.autotune_gemm(4096, 4096, 4096, dtype="f16")    # CUTLASS vs cuBLAS, recorded
     res = pl.replay_autotune(4096, 4096, 4096, dtype="f16")  # the same search, replayed
     y = pl.matmul(a, b)                # the tuned kernel for the shape, else cuBLAS
+    pipe = pl.Pipeline(prepare, compute, depth=3)            # the conveyor belt
 
-Importing pyc_lab needs no GPU, no CuPy and no NVML, and prints nothing.
+The layers, each a sub-package that imports only those below it: ``hardware``
+(facts), ``profiling`` (timing, traces), ``search`` (tuning strategies), ``kernels``
+(CUTLASS, cuBLASLt, tuning), ``compiler``, ``runtime`` (pinned pools, the belt), then
+``widgets``, ``magics`` and ``cli``. Importing pyc_lab loads none of them (each name
+below is imported on first use), needs no GPU, no CuPy and no NVML, and prints nothing.
 """
 
 from __future__ import annotations
 
 import logging
 
-from . import compiler, runtime
-from .compiler.api import CompiledFunction, compile
+from ._lazy import lazy_face
+from ._version import __version__
 from .errors import DeviceUnavailableError, PycLabError, SnapshotError
-from .runtime import (
-    GpuActivity,
-    HardwareProfile,
-    PinnedPool,
-    Pipeline,
-    detect_hardware,
-    probe_bandwidth,
-    tune_pipeline,
-)
 
-__version__ = "0.1.0"
+_EXPORTS = {
+    "CompiledFunction": "compiler.api",
+    "compile": "compiler.api",
+    "GpuActivity": "profiling.activity",
+    "probe_bandwidth": "profiling.bandwidth",
+    "HardwareProfile": "hardware.profile",
+    "detect_hardware": "hardware.detect",
+    "PinnedPool": "runtime.pinned",
+    "Pipeline": "runtime.pipeline",
+    "tune_pipeline": "runtime.belt_tuning",
+    "matmul": "kernels.matmul",
+    "autotune_gemm": "kernels.tuning.autotune",
+    "TuneResult": "kernels.tuning.autotune",
+    "replay_autotune": "kernels.tuning.replay",
+}
 
 __all__ = [
     "CompiledFunction",
@@ -46,35 +56,18 @@ __all__ = [
     "__version__",
     "autotune_gemm",
     "compile",
-    "compiler",
     "detect_hardware",
     "load_ipython_extension",
     "matmul",
     "probe_bandwidth",
     "replay_autotune",
-    "runtime",
     "tune_pipeline",
     "unload_ipython_extension",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
-_LAZY = {"matmul": ("kernels.matmul", "matmul"),
-         "autotune_gemm": ("kernels.autotune", "autotune_gemm"),
-         "TuneResult": ("kernels.autotune", "TuneResult"),
-         "replay_autotune": ("kernels.replay", "replay_autotune")}
-
-
-def __getattr__(name: str):
-    """The kernel-layer entry points, imported on first use (they pull in more)."""
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(f".{module}", __name__), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS, globals())
 
 
 def load_ipython_extension(ipython) -> None:

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 from .errors import PycLabError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .kernels.autotune import TuneResult
-    from .kernels.tuning_db import Measurement
+    from .kernels.tuning.autotune import TuneResult
+    from .kernels.tuning.database import Measurement
 
 __all__ = ["main"]
 
@@ -110,7 +110,7 @@ def _move(args: argparse.Namespace) -> int:
         store: object = KernelCache()
         what = "kernel-cache entries"
     else:
-        from .kernels.tuning_db import TuningDB
+        from .kernels.tuning.database import TuningDB
 
         store = TuningDB()
         what = "tuning-database rows"
@@ -122,8 +122,9 @@ def _move(args: argparse.Namespace) -> int:
 
 
 def _hw(args: argparse.Namespace) -> int:
-    from .runtime import detect_hardware, probe_bandwidth
-    from .runtime.bandwidth import bandwidth_summary
+    from .hardware import detect_hardware
+    from .profiling import probe_bandwidth
+    from .profiling.bandwidth import bandwidth_summary
 
     profile = detect_hardware(snapshot=args.snapshot)
     if args.save:
@@ -178,7 +179,7 @@ def _tune_gemm(args: argparse.Namespace) -> int:
         raise PycLabError("--replay replays plain GEMMs only; --bias/--activation tune "
                           "fused epilogues live on a GPU")
     if replay:
-        from .kernels.replay import recorded_result, replay_autotune
+        from .kernels.tuning.replay import recorded_result, replay_autotune
 
         source = args.replay or None
         info = recorded_result(args.m, args.n, args.k, dtype=args.dtype, layout=args.layout,
@@ -190,7 +191,7 @@ def _tune_gemm(args: argparse.Namespace) -> int:
                   f"{_limit(max_candidates, ' candidates')}")
         result = replay_autotune(args.m, args.n, args.k, source=source, **common)
     else:
-        from .runtime.gpu import cupy_status
+        from .hardware.device import cupy_status
 
         cp, why = cupy_status()
         if cp is None:
@@ -198,7 +199,7 @@ def _tune_gemm(args: argparse.Namespace) -> int:
                 f"no CUDA device here ({why}): live tuning builds and times kernels on a "
                 f"GPU. Add --replay to replay the tuning recorded on an H200 instead: "
                 f"pyc-lab tune gemm {args.m} {args.n} {args.k} --dtype {args.dtype} --replay")
-        from .kernels.autotune import autotune_gemm
+        from .kernels.tuning.autotune import autotune_gemm
 
         if not quiet:
             print(f"Tuning {problem} on this GPU: strategy {args.strategy}, budget "
@@ -228,7 +229,7 @@ def _limit(value: float | None, unit: str) -> str:
 
 
 def _config_name(m: Measurement) -> str:
-    from .kernels.cutlass_gemm import GemmConfig
+    from .kernels.cutlass.gemm import GemmConfig
 
     try:
         return GemmConfig.from_dict(m.config).id

@@ -42,7 +42,8 @@ class PycLabMagics(Magics):
             %pyc_hw --bandwidth
             %pyc_hw --snapshot dgx-h100
         """
-        from .runtime import detect_hardware, probe_bandwidth
+        from .hardware import detect_hardware
+        from .profiling import probe_bandwidth
         from .widgets import TopologyWidget
 
         args = parse_argstring(self.pyc_hw, line)
@@ -232,7 +233,7 @@ class PycLabMagics(Magics):
             %%pyc_trace --chrome cell.json
             y = cp.sin(cp.asarray(x)).get()
         """
-        from .runtime.activity import GpuActivity
+        from .profiling.activity import GpuActivity
         from .widgets import TimelineWidget
 
         args = parse_argstring(self.pyc_trace, line)

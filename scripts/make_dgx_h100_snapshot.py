@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pyc_lab import __version__
-from pyc_lab.runtime.profile import GPUInfo, HardwareProfile, HostInfo, LinkInfo, NumaNode
+from pyc_lab.hardware.profile import GPUInfo, HardwareProfile, HostInfo, LinkInfo, NumaNode
 
 SRC_SYSTEM = "public: NVIDIA DGX H100 User Guide"
 SRC_GPU = "public: NVIDIA H100 SXM5 datasheet"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyc_lab.runtime.gpu import cupy_status
+from pyc_lab.hardware.device import cupy_status
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _private_tuning_database(tmp_path_factory, monkeypatch):
     """Tests never read or write the user's tuning database: ``pyc_lab.matmul`` and the
     compiler's tuned-kernel lookup would otherwise depend on what was tuned before."""
-    from pyc_lab.kernels import tuning_db
+    from pyc_lab.kernels.tuning import database as tuning_db
 
     path = tmp_path_factory.getbasetemp() / "tuning-db" / "tuning.sqlite"
     monkeypatch.setattr(tuning_db, "user_default_path", tuning_db.default_path, raising=False)

@@ -98,7 +98,7 @@ def test_tune_replay_of_an_export_as_json(tmp_path, capsys):
 
 
 def test_tune_without_a_gpu_and_without_replay_exits_2(capsys):
-    from pyc_lab.runtime.gpu import cupy_status
+    from pyc_lab.hardware.device import cupy_status
 
     if cupy_status()[0] is not None:
         pytest.skip("a GPU is present: tune would tune live")
@@ -121,8 +121,8 @@ def test_tune_replay_of_an_unrecorded_problem_exits_2(capsys):
 def test_cache_and_db_move_a_tuned_set_between_machines(tmp_path, monkeypatch, capsys):
     import platformdirs
 
-    from pyc_lab.kernels import tuning_db
     from pyc_lab.kernels.cache import KernelCache
+    from pyc_lab.kernels.tuning import database as tuning_db
 
     here, there = tmp_path / "here", tmp_path / "there"
     monkeypatch.setattr(platformdirs, "user_cache_path", lambda app: here / app)

@@ -171,7 +171,7 @@ def test_pyc_tune_replays_without_a_gpu(shell):
 
 
 def test_pyc_tune_without_replay_falls_back_to_the_recording_on_a_cpu(shell):
-    from pyc_lab.runtime.gpu import cupy_status
+    from pyc_lab.hardware.device import cupy_status
 
     if cupy_status()[0] is not None:
         pytest.skip("a GPU is present: %pyc_tune would tune live")

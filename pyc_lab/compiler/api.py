@@ -279,7 +279,7 @@ class CompiledFunction:
                                   "got CuPy arrays; pass NumPy arrays or use backend='auto'")
             return "numpy"
         if self.backend == "cupy":
-            from ..runtime.gpu import require_cupy
+            from ..hardware.device import require_cupy
 
             require_cupy(f"{self.fn.__name__} (backend='cupy')")
             if module == "numpy" and modules:
@@ -288,7 +288,7 @@ class CompiledFunction:
                                   "backend='auto'")
             return "cupy"
         if module == "cupy":
-            from ..runtime.gpu import require_cupy
+            from ..hardware.device import require_cupy
 
             require_cupy(f"{self.fn.__name__} on CuPy arrays")
         return module
@@ -315,8 +315,8 @@ class CompiledFunction:
             runner = functools.partial(_run_numpy, graph)
             kernels = _numpy_kernels(graph)
         else:
+            from .backend.executable import CupyExecutable
             from .codegen import supports
-            from .cupy_backend import CupyExecutable
 
             decisions = choose(graph, "cupy", self.mode, supports)
             impl = {d.node: d.choice for d in decisions}

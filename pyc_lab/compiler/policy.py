@@ -69,7 +69,7 @@ def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str
     (graph arrays are C-contiguous: ``t``, a transposed view ``n``), and the bias
     (a length-N row of the same dtype) and activation as a CUTLASS epilogue.
     """
-    from ..kernels.cutlass_gemm import ACTIVATIONS, Epilogue
+    from ..kernels.cutlass.gemm import ACTIVATIONS, Epilogue
     from ..kernels.matmul import TUNED_DTYPES
 
     if node.op != "matmul":
@@ -99,12 +99,12 @@ def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str
 def tuned_lookup(node: Node, graph: Graph) -> str | None:
     """The default :data:`TUNED_LOOKUP`: the tuned CUTLASS config for a matmul node on
     this GPU (``"<config id> (exact match (MxNxK))"``), or None (no GPU, no entry)."""
-    from ..runtime.gpu import cupy_status
+    from ..hardware.device import cupy_status
 
     problem, _ = tuned_problem(node, graph)
     if problem is None or cupy_status()[0] is None:
         return None
-    from ..kernels.cutlass_gemm import GemmConfig
+    from ..kernels.cutlass.gemm import GemmConfig
     from ..kernels.matmul import find_tuned
 
     found, why = find_tuned(*problem)

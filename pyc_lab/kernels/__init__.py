@@ -1,56 +1,23 @@
-"""GPU kernels and their autotuner.
+"""GPU kernels, the libraries beside them, and their tuning.
 
-- :mod:`.cache` — a content-addressed on-disk cache of built kernels, verified by SHA-256
-  before use, exportable to one file;
-- :mod:`.strategies` — search strategies (exhaustive, random, successive halving,
-  evolutionary) with budgets, restrictions, observers and failure isolation;
-- :mod:`.tuning_db` — the SQLite (WAL) tuning database: every measured candidate, the
-  baselines of the same run and the winner per device and problem, exact and
-  nearest-bucket lookup, JSON/CSV export;
-- :mod:`.cutlass_compat` — ``cutlass_cppgen`` under cuda-bindings 13, with its cache,
-  temporary and error files kept in pyc_lab's cache directory;
-- :mod:`.cublaslt` — cuBLASLt GEMMs with bias/relu/gelu epilogues through nvmath-python
-  (the compiler's ``cublaslt`` implementation);
-- :mod:`.cutlass_gemm` — CUTLASS GEMMs for Hopper (f16, bf16, tf32 and SIMT f32; fused
-  bias/relu/gelu/silu epilogues): configurations from ``cutlass_cppgen``, pruning and
-  ranking, emitted sources, parallel nvcc builds, ctypes launches and CUDA-graph capture;
-- :mod:`.autotune` — ``autotune_gemm``: build, check against cuBLAS, time, record;
-- :mod:`.matmul` — ``pyc_lab.matmul``: the tuned kernel (also what the compiler's policy
-  asks for), else cuBLASLt/cuBLAS;
-- :mod:`.replay` — ``replay_autotune``: the same search strategies run against a tuning
-  recorded on a GPU (the shipped H200 recording), for machines without one.
+- :mod:`.matmul` — ``pyc_lab.matmul``: looks up the fastest known kernel for the
+  problem (a tuned CUTLASS kernel, cuBLASLt or cuBLAS) and launches it;
+- :mod:`.cublaslt` — cuBLASLt GEMMs with bias/relu/gelu epilogues (nvmath-python);
+- :mod:`.cache` — the content-addressed, hash-verified on-disk cache of built kernels;
+- :mod:`.cutlass` — CUTLASS 3 GEMMs for Hopper: configurations, emitted sources, nvcc
+  builds, ctypes launches;
+- :mod:`.tuning` — the tuning database, the GEMM runners (live and replayed) and
+  ``autotune_gemm`` / ``replay_autotune`` on the shared tuning session.
 
 The notebook-facing parts live outside the library: ``pyc_lab.widgets.AutotuneWidget``
 and ``KernelComparison``, ``pyc-lab tune gemm`` and ``%pyc_tune``.
 """
 
-from .cache import CacheEntry, KernelCache, KernelCacheWarning, cache_key
-from .strategies import STRATEGIES, Budget, Outcome, SearchSpace, get_strategy
-from .tuning_db import (
-    DeviceKey,
-    LookupResult,
-    Measurement,
-    ProblemKey,
-    TuningDB,
-    TuningDBError,
-    TuningDBWarning,
-)
+from .._lazy import lazy_face
 
-__all__ = [
-    "STRATEGIES",
-    "Budget",
-    "CacheEntry",
-    "DeviceKey",
-    "KernelCache",
-    "KernelCacheWarning",
-    "LookupResult",
-    "Measurement",
-    "Outcome",
-    "ProblemKey",
-    "SearchSpace",
-    "TuningDB",
-    "TuningDBError",
-    "TuningDBWarning",
-    "cache_key",
-    "get_strategy",
-]
+_EXPORTS = {
+    "CacheEntry": "cache", "KernelCache": "cache", "KernelCacheWarning": "cache",
+    "cache_key": "cache",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS, globals())

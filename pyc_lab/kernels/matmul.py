@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PycLabError
-from . import cutlass_gemm as cg
+from .cutlass import gemm as cg
 
 __all__ = ["ACTIVATIONS", "RECHECK_S", "TUNED_DTYPES", "find_tuned", "forget", "last_choice",
            "matmul", "operand_layout", "tuned_kernel"]
@@ -66,7 +66,7 @@ def forget() -> None:
 def _db_stamp() -> tuple:
     """The default tuning database's identity and modification times (file and WAL),
     recomputed at most every :data:`RECHECK_S` seconds."""
-    from . import tuning_db
+    from .tuning import database as tuning_db
 
     now = time.monotonic()
     of = tuning_db.default_path  # a different function (tests re-point it): look again
@@ -90,11 +90,11 @@ def find_tuned(m: int, n: int, k: int, dtype: str, layout: str,
     Returns
     -------
     found, why
-        A :class:`~pyc_lab.kernels.tuning_db.LookupResult` (exact shape or nearest
+        A :class:`~pyc_lab.kernels.tuning.database.LookupResult` (exact shape or nearest
         bucket) and ``"exact match (MxNxK)"``-style text, or ``None`` and why not.
     """
-    from .autotune import device_key
-    from .tuning_db import ProblemKey, TuningDB
+    from .tuning.autotune import device_key
+    from .tuning.database import ProblemKey, TuningDB
 
     epilogue = epilogue or cg.Epilogue()
     issue = cg.problem_issue(m, n, k, layout, dtype)
@@ -149,7 +149,7 @@ def tuned_kernel(m: int, n: int, k: int, dtype: str, layout: str,
 
 def _load(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
           shape: tuple[int, int, int]) -> tuple[Any, str]:
-    from .autotune import device_key
+    from .tuning.autotune import device_key
 
     try:
         cfg = cg.GemmConfig.from_dict(found.measurement.config)

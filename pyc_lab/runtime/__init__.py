@@ -1,46 +1,27 @@
-"""Runtime facts and machinery: topology, bandwidth probes, pinned pools, the pipeline, traces.
+"""The runtime: keep the GPU fed — pinned host memory, bounded worker pools, the belt.
 
-Nothing here imports a GPU library at import time; each function that needs one
-imports it when called and raises :class:`~pyc_lab.errors.DeviceUnavailableError` (or
-falls back to the CPU, where the docstring says so) when it is missing.
+- :mod:`.pinned` — :class:`PinnedPool`: page-locked host buffers in size classes, placed
+  on the GPU's NUMA node;
+- :mod:`.dispatcher` — :class:`Dispatcher`: a bounded pool of CPU workers with metrics;
+- :mod:`.pipeline` — :class:`Pipeline`: the conveyor belt (prepare -> H2D -> compute ->
+  D2H in flight at once), on host lanes (:mod:`.host_lanes`) or CUDA lanes
+  (:mod:`.cuda_lanes`);
+- :mod:`.belt_tuning` — :func:`tune_pipeline`: the belt's settings searched by the
+  shared tuning session.
+
+Nothing here imports a GPU library at import time; what needs one imports it when
+called and raises :class:`~pyc_lab.errors.DeviceUnavailableError` (or falls back to the
+CPU, where the docstring says so) when it is missing.
 """
 
-from .activity import GpuActivity
-from .bandwidth import probe_bandwidth
-from .belt_tuning import BeltSweep, tune_pipeline
-from .dispatcher import Dispatcher
-from .pinned import PinnedBuffer, PinnedPool, parse_numa_maps, size_class
-from .pipeline import Pipeline, PipelineError, last_pipeline
-from .profile import GPUInfo, HardwareProfile, HostInfo, LinkInfo, NumaNode, pcie_bandwidth_gbps
-from .topology import detect_hardware, list_snapshots, merge_reports, snapshot_path
-from .trace import CudaEventClock, OverlapReport, Span, Trace, nvtx_range
+from .._lazy import lazy_face
 
-__all__ = [
-    "BeltSweep",
-    "CudaEventClock",
-    "Dispatcher",
-    "GPUInfo",
-    "GpuActivity",
-    "HardwareProfile",
-    "HostInfo",
-    "LinkInfo",
-    "NumaNode",
-    "OverlapReport",
-    "PinnedBuffer",
-    "PinnedPool",
-    "Pipeline",
-    "PipelineError",
-    "Span",
-    "Trace",
-    "detect_hardware",
-    "last_pipeline",
-    "list_snapshots",
-    "merge_reports",
-    "nvtx_range",
-    "parse_numa_maps",
-    "pcie_bandwidth_gbps",
-    "probe_bandwidth",
-    "size_class",
-    "snapshot_path",
-    "tune_pipeline",
-]
+_EXPORTS = {
+    "BeltSweep": "belt_tuning", "tune_pipeline": "belt_tuning",
+    "Dispatcher": "dispatcher",
+    "PinnedBuffer": "pinned", "PinnedPool": "pinned", "parse_numa_maps": "pinned",
+    "size_class": "pinned",
+    "Pipeline": "pipeline", "PipelineError": "pipeline", "last_pipeline": "pipeline",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS, globals())

@@ -3,7 +3,7 @@
 Each configuration gets one belt, run over the items once untimed (a warm-up: pinned
 slots allocated, kernels compiled) and then once per repeat, timed on the host clock
 (the median of repeats); its trace's overlap report is kept beside the time. The search
-itself is one of the autotuner's strategies (:mod:`pyc_lab.kernels.strategies`), so a
+itself is one of the autotuner's strategies (:mod:`pyc_lab.search`), so a
 large sweep can use successive halving or the evolutionary search instead of trying
 everything.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PycLabError
-from ..kernels.strategies import Budget, Outcome, SearchSpace, get_strategy
+from ..search import Budget, Outcome, SearchSpace, get_strategy
 from .pipeline import Pipeline
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,7 +84,7 @@ def tune_pipeline(
         Untimed runs first, through the same belt (its pinned slots get allocated,
         kernels compiled, caches warmed), as a loader reused epoch after epoch would be.
     strategy
-        A strategy name from :data:`pyc_lab.kernels.strategies.STRATEGIES`.
+        A strategy name from :data:`pyc_lab.search.STRATEGIES`.
     budget_s
         Stop starting new configurations after this many seconds.
     mode

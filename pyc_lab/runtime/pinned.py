@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import PycLabError
-from .cpulist import parse_cpulist
-from .gpu import cupy_status
+from ..hardware.cpulist import parse_cpulist
+from ..hardware.device import cupy_status
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .profile import HardwareProfile
+    from ..hardware.profile import HardwareProfile
 
 __all__ = ["PinnedBuffer", "PinnedPool", "is_page_locked", "parse_numa_maps", "size_class"]
 
@@ -296,7 +296,7 @@ class PinnedPool:
             cp, reason = cupy_status()
             if cp is None:
                 if mode == "gpu":
-                    from .gpu import require_cupy
+                    from ..hardware.device import require_cupy
 
                     require_cupy("PinnedPool(mode='gpu')")
                 self.mode = f"numpy (no GPU: {reason})"

@@ -5,7 +5,7 @@ buffers from a :class:`~pyc_lab.runtime.pinned.PinnedPool`, device input buffers
 host output buffer) from the moment its ``prepare`` starts until its result has been
 handed to the caller, so memory stays bounded however slowly the caller consumes.
 
-Stages and their lanes (what a :class:`~pyc_lab.runtime.trace.Trace` shows):
+Stages and their lanes (what a :class:`~pyc_lab.profiling.trace.Trace` shows):
 
 ========  ====================  ==================================================
 stage     lane                  GPU mode (CuPy)            / CPU mode (NumPy)
@@ -27,7 +27,7 @@ that are already page-locked (a pool buffer, CuPy's pinned memory), H2D copies s
 from them instead of staging them through the slot. In CPU mode each lane does its stage
 and moves on. Stage spans are ``perf_counter`` seconds in both modes: in GPU mode, the
 times of CUDA events recorded around each stage, mapped onto the host clock
-(:class:`~pyc_lab.runtime.trace.CudaEventClock`); every stage also runs inside an NVTX
+(:class:`~pyc_lab.profiling.trace.CudaEventClock`); every stage also runs inside an NVTX
 range for Nsight Systems.
 """
 
@@ -48,10 +48,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import PycLabError
+from ..hardware.device import cupy_status
+from ..profiling.trace import nvtx_range
 from .dispatcher import Dispatcher
-from .gpu import cupy_status
 from .pinned import PinnedBuffer, PinnedPool, is_page_locked
-from .trace import nvtx_range
 
 __all__ = ["Pipeline", "PipelineError", "last_pipeline"]
 
@@ -235,11 +235,11 @@ class Pipeline:
         until the next result is asked for).
     mode
         ``"gpu"``, ``"cpu"`` (threads and NumPy, same semantics and trace stages) or
-        ``"auto"`` (GPU when :func:`~pyc_lab.runtime.gpu.cupy_status` is ok).
+        ``"auto"`` (GPU when :func:`~pyc_lab.hardware.device.cupy_status` is ok).
     timeout_s
         A stage running longer than this stops the belt with a :class:`PipelineError`.
     trace
-        A :class:`~pyc_lab.runtime.trace.Trace` every run records into; by default each
+        A :class:`~pyc_lab.profiling.trace.Trace` every run records into; by default each
         run gets a new one, so :attr:`trace` shows the latest run.
     pool
         The :class:`PinnedPool` for slot buffers (a new one by default, closed by
@@ -304,7 +304,7 @@ class Pipeline:
         self.timeout_s = timeout_s
         cp, reason = (None, "CPU mode requested") if mode == "cpu" else cupy_status()
         if mode == "gpu" and cp is None:
-            from .gpu import require_cupy
+            from ..hardware.device import require_cupy
 
             require_cupy("Pipeline(mode='gpu')")
         self._cp = cp
@@ -319,11 +319,11 @@ class Pipeline:
         self._own_trace = trace is None
         if trace is None:
             try:
-                from .trace import Trace
+                from ..profiling.trace import Trace
 
                 trace = Trace()
             except ImportError:  # pragma: no cover - trace module absent
-                log.debug("pyc_lab.runtime.trace not available; the pipeline is not traced")
+                log.debug("pyc_lab.profiling.trace not available; the pipeline is not traced")
         self._trace = trace
         self._compute_takes_stream = self._takes_stream(compute)
         self.copy_results = bool(copy_results)
@@ -381,7 +381,7 @@ class Pipeline:
 
     @property
     def trace(self) -> Any:
-        """The :class:`~pyc_lab.runtime.trace.Trace` every stage of every item goes to."""
+        """The :class:`~pyc_lab.profiling.trace.Trace` every stage of every item goes to."""
         return self._trace
 
     @property
@@ -701,7 +701,7 @@ class Pipeline:
                                              range(1, self.compute_streams)), "d2h"]
                 run.streams = {k: cp.cuda.Stream(non_blocking=True) for k in names}
                 try:  # stage spans from CUDA events, mapped onto the host clock
-                    from .trace import CudaEventClock
+                    from ..profiling.trace import CudaEventClock
 
                     run.clock = CudaEventClock(cp)
                 except Exception as exc:

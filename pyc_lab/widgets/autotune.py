@@ -2,7 +2,7 @@
 
 :class:`AutotuneWidget` tunes one GEMM — live on this machine's GPU with
 :func:`pyc_lab.autotune_gemm`, or, where no CUDA device is usable, by replaying a
-recording made on a GPU with :func:`pyc_lab.kernels.replay.replay_autotune` (the same
+recording made on a GPU with :func:`pyc_lab.kernels.tuning.replay.replay_autotune` (the same
 search strategies over the recorded measurements, always labelled as recorded). The
 tuning runs in a background thread: a chart fills in as candidates finish, a progress
 bar counts them, Stop ends the search after the current candidate, and the final tables
@@ -36,8 +36,8 @@ from .display import (
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from ..kernels.autotune import TuneResult
-    from ..kernels.replay import ReplayInfo
+    from ..kernels.tuning.autotune import TuneResult
+    from ..kernels.tuning.replay import ReplayInfo
 
 __all__ = ["MODES", "AutotuneWidget", "KernelComparison", "kernel_label", "status_color"]
 
@@ -70,7 +70,7 @@ def status_color(status: str) -> str:
 
 def _config_name(config: dict[str, Any], fallback: str) -> str:
     """A GEMM config's readable name (``256x128x64_c2x1x1_...``), else ``fallback``."""
-    from ..kernels.cutlass_gemm import GemmConfig
+    from ..kernels.cutlass.gemm import GemmConfig
 
     try:
         return GemmConfig.from_dict(config).id
@@ -126,7 +126,7 @@ class AutotuneWidget(View):
     mode : str
         ``"live"`` or ``"replay"`` (``"auto"`` resolved).
     result : TuneResult or None
-        The last finished run's result (a :class:`~pyc_lab.kernels.replay.ReplayResult`
+        The last finished run's result (a :class:`~pyc_lab.kernels.tuning.replay.ReplayResult`
         in replay mode).
     rows : list of dict
         What the tuner's observer reported, one dict per evaluated candidate, in order.
@@ -145,7 +145,7 @@ class AutotuneWidget(View):
                  budget_s: float | None = 180, max_candidates: int | None = 16,
                  mode: str = "auto", source: str | Path | None = None,
                  pace_s: float = 0.1, seed: int = 0) -> None:
-        from ..kernels.strategies import STRATEGIES
+        from ..search import STRATEGIES
 
         if mode not in MODES:
             raise PycLabError(f"AutotuneWidget(mode={mode!r}): use one of {MODES}")
@@ -165,7 +165,7 @@ class AutotuneWidget(View):
         if self.mode == "replay":
             self._load_recording()
         else:
-            from ..runtime import detect_hardware
+            from ..hardware import detect_hardware
 
             gpus = detect_hardware().gpus
             self.device_name = gpus[0].name if gpus and gpus[0].name else "this GPU"
@@ -190,7 +190,7 @@ class AutotuneWidget(View):
                 raise PycLabError("source= names a recording to replay; use mode='replay' "
                                   "(or 'auto'), or drop source= to tune live")
             return "replay", False
-        from ..runtime.gpu import cupy_status
+        from ..hardware.device import cupy_status
 
         cp, why = cupy_status()
         if cp is not None:
@@ -201,7 +201,7 @@ class AutotuneWidget(View):
         return "replay", True
 
     def _load_recording(self) -> None:
-        from ..kernels.replay import recorded_result
+        from ..kernels.tuning.replay import recorded_result
 
         recorded = recorded_result(self.m, self.n, self.k, dtype=self.dtype,
                                    layout=self.layout, source=self.source)
@@ -276,11 +276,11 @@ class AutotuneWidget(View):
                       budget_s=self.budget_s, max_candidates=self.max_candidates,
                       observer=self._observe, stop=self._stop, seed=self.seed)
         if self.mode == "replay":
-            from ..kernels.replay import replay_autotune
+            from ..kernels.tuning.replay import replay_autotune
 
             return replay_autotune(self.m, self.n, self.k, source=self.source,
                                    pace_s=self.pace_s, **common)
-        from ..kernels.autotune import autotune_gemm
+        from ..kernels.tuning.autotune import autotune_gemm
 
         return autotune_gemm(self.m, self.n, self.k, **common)
 
@@ -380,7 +380,7 @@ class AutotuneWidget(View):
 
     def best_label(self) -> str:
         """The winner (so far) in words, with TFLOP/s and fraction of the dense peak."""
-        from ..kernels.autotune import peak_tflops
+        from ..kernels.tuning.autotune import peak_tflops
 
         if self.result is not None:
             best = self.result.best
@@ -523,8 +523,8 @@ class AutotuneWidget(View):
             return self._view
         import ipywidgets as w
 
-        from ..kernels.cutlass_gemm import DTYPES, LAYOUTS
-        from ..kernels.strategies import STRATEGIES
+        from ..kernels.cutlass.gemm import DTYPES, LAYOUTS
+        from ..search import STRATEGIES
 
         go = require_plotly()
         p: dict[str, Any] = {}
@@ -550,7 +550,7 @@ class AutotuneWidget(View):
         controls = [w.HBox([p["m"], p["n"], p["k"], p["dtype"], p["layout"]]),
                     w.HBox([p["strategy"], p["budget"], p["max"]])]
         if self.mode == "replay":
-            from ..kernels.replay import recorded_problems
+            from ..kernels.tuning.replay import recorded_problems
 
             recorded = recorded_problems(self.source)
             options = [(f"{r.m}x{r.n}x{r.k} {r.dtype} {r.layout}",
@@ -652,7 +652,7 @@ class KernelComparison(ChartView):
     Parameters
     ----------
     results_or_rows
-        Tuning results (:class:`~pyc_lab.kernels.autotune.TuneResult`, live or
+        Tuning results (:class:`~pyc_lab.kernels.tuning.autotune.TuneResult`, live or
         replayed), or rows — a DataFrame or dicts — with columns ``m``, ``n``, ``k``,
         ``dtype``, ``kernel`` (``"tuned CUTLASS"``, ``"cublas"``, ``"torch"``) and ``ms``;
         optional ``layout``, ``gpu_name`` and ``source``.
@@ -683,19 +683,19 @@ class KernelComparison(ChartView):
         dtype, layout
             Keep only problems of this dtype / layout.
         """
-        from ..kernels.replay import recorded_results
+        from ..kernels.tuning.replay import recorded_results
 
         results = recorded_results(source, dtype=dtype, layout=layout)
         if not results:
             raise PycLabError(f"the recording holds no GEMM problem with dtype={dtype!r}, "
-                              f"layout={layout!r}; see pyc_lab.kernels.replay."
+                              f"layout={layout!r}; see pyc_lab.kernels.tuning.replay."
                               "recorded_problems()")
         return cls(results)
 
     # -- rows ---------------------------------------------------------------------------
     @staticmethod
     def _rows(data: Any) -> list[dict[str, Any]]:
-        from ..kernels.autotune import TuneResult
+        from ..kernels.tuning.autotune import TuneResult
 
         if isinstance(data, TuneResult):
             data = [data]
@@ -767,7 +767,7 @@ class KernelComparison(ChartView):
         cuBLAS (``cublas_ms / ms``: above 1 is faster than cuBLAS), device, source."""
         import pandas as pd
 
-        from ..kernels.autotune import peak_tflops
+        from ..kernels.tuning.autotune import peak_tflops
 
         cublas = {(r["m"], r["n"], r["k"], r["dtype"], r["layout"]): r["ms"]
                   for r in self.rows if r["kernel"] == "cublas" and r["ms"]}
@@ -837,7 +837,7 @@ class KernelComparison(ChartView):
     def figure(self) -> Any:
         """Grouped bars: TFLOP/s per problem for each kernel, % of dense peak on the bars,
         the dense peak dotted."""
-        from ..kernels.autotune import peak_tflops
+        from ..kernels.tuning.autotune import peak_tflops
 
         go = require_plotly()
         frame = self.to_frame()

@@ -1,4 +1,4 @@
-"""The timeline widget: a Gantt chart of a :class:`~pyc_lab.runtime.trace.Trace`.
+"""The timeline widget: a Gantt chart of a :class:`~pyc_lab.profiling.trace.Trace`.
 
 One horizontal lane per CPU worker or CUDA stream (workers first, then streams), one
 colour per stage, bars placed at their start on a millisecond axis, hover details per
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.trace import OverlapReport, Trace, lane_order, stage_order
+from ..profiling.trace import OverlapReport, Trace, lane_order, stage_order
 from .display import ChartView, escape, frame_html, require_plotly
 
 __all__ = ["TimelineWidget", "compare", "stage_color"]

@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..runtime.bandwidth import bandwidth_summary
-from ..runtime.cpulist import format_cpulist
-from ..runtime.profile import LINK_KINDS, HardwareProfile
+from ..hardware.cpulist import format_cpulist
+from ..hardware.profile import LINK_KINDS, HardwareProfile
+from ..profiling.bandwidth import bandwidth_summary
 from .display import View, escape, frame_html, require_plotly
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -262,7 +262,7 @@ class TopologyWidget(View):
         status = w.HTML()
 
         def measure(_btn: Any) -> None:
-            from ..runtime.bandwidth import probe_bandwidth
+            from ..profiling.bandwidth import probe_bandwidth
 
             button.disabled = True
             status.value = "measuring…"

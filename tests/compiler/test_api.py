@@ -150,7 +150,7 @@ def test_signature_checks_name_the_argument(rng):
 
 
 def test_cupy_backend_without_a_gpu_is_a_clear_error(rng):
-    if pl.runtime.gpu.cupy_status()[0] is not None:
+    if pl.hardware.cupy_status()[0] is not None:
         pytest.skip("a GPU is usable here")
     f = pl.compile(mlp, backend="cupy")
     with pytest.raises(pl.DeviceUnavailableError, match="needs a CUDA device"):

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from graphs import fused_graph, op_graph
 
 from pyc_lab.compiler import Graph
+from pyc_lab.compiler.backend.executable import CupyExecutable
 from pyc_lab.compiler.codegen import KernelSource, generate, generate_epilogue, supports
 from pyc_lab.compiler.codegen import cuda_types as ct
 from pyc_lab.compiler.codegen.elementwise import _layout
 from pyc_lab.compiler.codegen.reduction import row_config
-from pyc_lab.compiler.cupy_backend import CupyExecutable
 from pyc_lab.compiler.tracer import trace
+from tests.compiler.graphs import fused_graph, op_graph
 
 
 def _nvcc() -> str | None:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from pyc_lab.compiler import Graph, policy
+from pyc_lab.compiler.backend.executable import CupyExecutable
 from pyc_lab.compiler.codegen import supports
-from pyc_lab.compiler.cupy_backend import CupyExecutable
 from pyc_lab.kernels import cublaslt
 
 F16, F32 = np.float16, np.float32
@@ -132,9 +132,10 @@ def test_tuned_problem_says_why_not(kwargs, why):
 
 
 def test_the_default_lookup_asks_the_tuning_database(tmp_path, monkeypatch):
-    from pyc_lab.kernels import autotune, tuning_db
-    from pyc_lab.kernels.cutlass_gemm import GemmConfig
-    from pyc_lab.runtime import gpu
+    from pyc_lab.hardware import device as gpu
+    from pyc_lab.kernels.cutlass.gemm import GemmConfig
+    from pyc_lab.kernels.tuning import autotune
+    from pyc_lab.kernels.tuning import database as tuning_db
 
     device = tuning_db.DeviceKey("NVIDIA H200", "9.0", "580.00", "13.0")
     monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")

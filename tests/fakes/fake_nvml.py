@@ -1,7 +1,7 @@
 """Stand-ins for ``pynvml``, ``cuda.core`` and ``cuda.bindings.driver``, built on dicts.
 
 :class:`FakeNVML` exposes exactly the NVML functions and constants that
-``pyc_lab.runtime.providers.nvml`` calls. A GPU is a dict (see :func:`nvml_gpu`); its
+``pyc_lab.hardware.providers.nvml`` calls. A GPU is a dict (see :func:`nvml_gpu`); its
 handle *is* that dict. Any value in it may be an exception instance (or class), which
 the matching query raises, so a test can make one query of one GPU fail
 (``numa=NVMLError_NotSupported()``) the way a real driver does.

@@ -1,6 +1,6 @@
 """Build a fake Linux ``/sys`` and ``/proc`` under a temporary directory.
 
-:class:`SysfsTree` writes the files ``pyc_lab.runtime.providers.sysfs`` reads: CPU
+:class:`SysfsTree` writes the files ``pyc_lab.hardware.providers.sysfs`` reads: CPU
 topology, NUMA nodes, ``proc/cpuinfo`` and ``proc/meminfo``, and PCI devices under
 ``sys/devices/pci<domain>:<bus>/...`` with the ``sys/bus/pci/devices/<bdf>`` symlinks
 that point into that tree, as the kernel lays them out.
@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from pyc_lab.runtime.cpulist import format_cpulist
+from pyc_lab.hardware.cpulist import format_cpulist
 
 __all__ = [
     "CPU_MODEL",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyc_lab.runtime.trace import Trace
+from pyc_lab.profiling.trace import Trace
 
 MS = 1e-3
 

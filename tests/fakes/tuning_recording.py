@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyc_lab.kernels.cutlass_gemm import GemmConfig
-from pyc_lab.kernels.tuning_db import DeviceKey, Measurement, ProblemKey, TuningDB
+from pyc_lab.kernels.cutlass.gemm import GemmConfig
+from pyc_lab.kernels.tuning.database import DeviceKey, Measurement, ProblemKey, TuningDB
 
 DEVICE = DeviceKey("NVIDIA H200", "9.0", "580.159.04", "13.0")
 SHAPE = (2048, 2048, 2048)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from pyc_lab.errors import PycLabError
+from pyc_lab.hardware.device import cupy_status
+from pyc_lab.hardware.profile import GPUInfo, HardwareProfile, HostInfo, NumaNode
 from pyc_lab.runtime import pinned
-from pyc_lab.runtime.gpu import cupy_status
 from pyc_lab.runtime.pinned import PinnedPool, parse_numa_maps, size_class
-from pyc_lab.runtime.profile import GPUInfo, HardwareProfile, HostInfo, NumaNode
 
 MIB = 2**20
 HAS_GPU = cupy_status()[0] is not None

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from pyc_lab.errors import DeviceUnavailableError, PycLabError
+from pyc_lab.hardware.device import cupy_status
 from pyc_lab.runtime import pipeline as pipeline_mod
-from pyc_lab.runtime.gpu import cupy_status
 from pyc_lab.runtime.pipeline import Pipeline, PipelineError, last_pipeline
 
 HAS_GPU = cupy_status()[0] is not None
@@ -152,7 +152,7 @@ def test_trace_has_every_stage_of_every_item() -> None:
 def test_default_trace_is_a_trace() -> None:
     pipe = Pipeline(prep, double, mode="cpu")
     if pipe.trace is None:  # pragma: no cover - trace module not there yet
-        pytest.skip("pyc_lab.runtime.trace not available")
+        pytest.skip("pyc_lab.profiling.trace not available")
     assert hasattr(pipe.trace, "record")
     pipe.close()
 
@@ -501,7 +501,7 @@ def test_gpu_prepare_into_pinned_slots_and_view_results() -> None:  # pragma: no
 def test_every_stage_of_every_item_is_an_nvtx_range(monkeypatch) -> None:
     import types
 
-    from pyc_lab.runtime import trace as tr
+    from pyc_lab.profiling import trace as tr
 
     pushed: list[str] = []
     lock = threading.Lock()

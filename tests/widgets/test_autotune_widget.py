@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pyc_lab.errors import PycLabError
-from pyc_lab.kernels import replay
-from pyc_lab.runtime.gpu import cupy_status
+from pyc_lab.hardware.device import cupy_status
+from pyc_lab.kernels.tuning import replay
 from pyc_lab.widgets import AutotuneWidget, KernelComparison, display
 from pyc_lab.widgets import autotune as aw
 from tests.fakes.tuning_recording import CUBLAS_MS, FLOPS, SHAPE, TORCH_MS, write_recording

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pyc_lab.runtime.trace import Trace
+from pyc_lab.profiling.trace import Trace
 from pyc_lab.widgets import display
 from pyc_lab.widgets import timeline as tl
 from pyc_lab.widgets.timeline import TimelineWidget, compare, stage_color

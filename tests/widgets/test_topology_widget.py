@@ -107,7 +107,7 @@ def test_bandwidth_figure_and_summary(cpu_bandwidth):
 
 
 def test_unknown_numa_gpus_get_their_own_box():
-    hw = pl.HardwareProfile.from_json(pl.runtime.snapshot_path("h200"))
+    hw = pl.HardwareProfile.from_json(pl.hardware.snapshot_path("h200"))
     hw.gpus[0].numa_node = None
     fig = TopologyWidget(hw).figure()
     assert any("NUMA ?" in (a.text or "") for a in fig.layout.annotations)

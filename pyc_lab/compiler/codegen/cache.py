@@ -49,7 +49,7 @@ def compile_module(source: str, label: str = "kernel") -> Any:
     """
     import cupy
 
-    from ...runtime.gpu import require_cupy
+    from ...hardware.device import require_cupy
 
     require_cupy("compiling generated kernels")
     key = (int(cupy.cuda.runtime.getDevice()), source_digest(source))

@@ -1,0 +1,1179 @@
+"""The tuning database: every measured kernel candidate, and the winner, per GPU and problem.
+
+The autotuner measures many candidate kernels (tile shapes, clusters, schedules) for one
+problem (op, dtypes, layout, M, N, K) on one GPU, and keeps them all here, failures
+included, so that a notebook can show why a candidate lost and a later session can skip
+the search. Entries are keyed by the device (GPU name, compute capability, driver and CUDA
+versions) and the problem; a result tuned on one device never answers for another.
+
+Storage is one SQLite file in the user cache directory (``platformdirs``), in WAL mode, so
+that two notebooks tuning at once can both write without losing rows; every write is one
+short ``BEGIN IMMEDIATE`` transaction and waits (``busy_timeout``) for the other writer.
+A file that is not a SQLite database, fails ``PRAGMA integrity_check`` or holds a schema
+this module does not know is renamed ``<name>.corrupt-<UTC timestamp>`` beside it, with a
+:class:`TuningDBWarning`, and a fresh database takes its place: opening never crashes.
+
+Examples
+--------
+>>> db = TuningDB(":memory:")
+>>> dev = DeviceKey("NVIDIA H200", "9.0", "580.159.04", "13.0")
+>>> prob = ProblemKey("gemm", "f16", "f16", "f32", "tn", 4096, 4096, 4096)
+>>> db.record(dev, prob, Measurement({"tile": [128, 256, 64]}, "ok", time_ms=0.9))
+>>> db.record(dev, prob, Measurement({"tile": [64, 64, 32]}, "compile_error",
+...                                  message="smem overflow"))
+>>> db.best(dev, prob).config
+{'tile': [128, 256, 64]}
+>>> db.lookup(dev, ProblemKey("gemm", "f16", "f16", "f32", "tn", 4000, 4096, 4096)).match
+'bucket'
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import hashlib
+import json
+import logging
+import math
+import operator
+import os
+import random
+import sqlite3
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import platformdirs
+
+from ...errors import PycLabError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from ...hardware.profile import HardwareProfile
+
+__all__ = [
+    "COLUMNS",
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "DeviceKey",
+    "LookupResult",
+    "Measurement",
+    "ProblemKey",
+    "TuningDB",
+    "TuningDBError",
+    "TuningDBWarning",
+    "TuningRecord",
+    "default_path",
+]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+#: The schema version this module writes (``PRAGMA user_version``).
+SCHEMA_VERSION = 2
+
+#: The statuses a measurement may have; only ``"ok"`` can win.
+#: ``"baseline"`` rows hold a library's time for the same problem in the same run (config
+#: ``{"baseline": "cublas"}``); like every status but ``"ok"``, they never win.
+STATUSES = ("ok", "compile_error", "wrong_result", "nan", "timeout", "skipped", "baseline")
+
+_DEVICE_COLS = ("gpu_name", "compute_capability", "driver", "cuda")
+_PROBLEM_COLS = ("op", "dtype_a", "dtype_b", "dtype_c", "layout", "m", "n", "k")
+_KEY_COLS = _DEVICE_COLS + _PROBLEM_COLS
+_FAMILY_COLS = _DEVICE_COLS + _PROBLEM_COLS[:5]  # the key without (m, n, k)
+_VALUE_COLS = ("config_id", "config", "status", "time_ms", "tflops", "error", "message",
+               "run_id", "recorded_at")
+
+#: Columns of :meth:`TuningDB.to_frame` and of exported files, in order.
+COLUMNS = (*_KEY_COLS, *_VALUE_COLS, "is_winner", "winner_source")
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_BUSY_TIMEOUT_S = 30.0
+
+_KEY_DDL = """
+    gpu_name TEXT NOT NULL,
+    compute_capability TEXT NOT NULL,
+    driver TEXT NOT NULL,
+    cuda TEXT NOT NULL,
+    op TEXT NOT NULL,
+    dtype_a TEXT NOT NULL,
+    dtype_b TEXT NOT NULL,
+    dtype_c TEXT NOT NULL,
+    layout TEXT NOT NULL,
+    m INTEGER NOT NULL,
+    n INTEGER NOT NULL,
+    k INTEGER NOT NULL"""
+
+_KEY_LIST = ", ".join(_KEY_COLS)
+
+_SCHEMA = [
+    f"""CREATE TABLE measurements (
+    id INTEGER PRIMARY KEY,{_KEY_DDL},
+    config_id TEXT NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL,
+    time_ms REAL,
+    tflops REAL,
+    error REAL,
+    message TEXT NOT NULL DEFAULT '',
+    run_id TEXT NOT NULL DEFAULT '',
+    recorded_at TEXT NOT NULL,
+    UNIQUE ({_KEY_LIST}, config_id, run_id)
+)""",
+    f"""CREATE TABLE winners ({_KEY_DDL},
+    config_id TEXT NOT NULL,
+    measurement_id INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY ({_KEY_LIST})
+)""",
+]
+
+#: One step per old version: the statements that bring version ``v`` to ``v + 1``.
+#: Version 1 (the first release) had no ``message`` column on ``measurements``.
+_MIGRATIONS: dict[int, list[str]] = {
+    1: ["ALTER TABLE measurements ADD COLUMN message TEXT NOT NULL DEFAULT ''"],
+}
+
+_REQUIRED_COLUMNS = {
+    "measurements": {"id", *_KEY_COLS, *_VALUE_COLS},
+    "winners": {*_KEY_COLS, "config_id", "measurement_id", "source", "updated_at"},
+}
+
+# SQLite primary result codes that mean the file itself is damaged.
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
+_CORRUPTION_HINTS = ("malformed", "not a database", "database corrupt")
+
+
+class TuningDBError(PycLabError):
+    """The tuning database was used wrongly: a bad key, measurement, file or a closed DB."""
+
+
+class TuningDBWarning(UserWarning):
+    """The tuning database file was damaged or unknown, was set aside and rebuilt."""
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def default_path() -> Path:
+    """The default database file: ``<user cache dir>/pyc_lab/tuning.sqlite``."""
+    return Path(platformdirs.user_cache_path("pyc_lab")) / "tuning.sqlite"
+
+
+def _name_of(value: Any, what: str) -> str:
+    """A dtype/op/layout given as a string, a NumPy dtype or a type, as its name."""
+    if isinstance(value, str):
+        name = value
+    elif isinstance(getattr(value, "name", None), str):
+        name = value.name
+    elif isinstance(getattr(value, "__name__", None), str):
+        name = value.__name__
+    else:
+        raise TuningDBError(f"{what} must be a string (or a dtype), got {value!r}")
+    if not name:
+        raise TuningDBError(f"{what} must not be empty")
+    return name
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item") and callable(value.item):  # NumPy scalars
+        return value.item()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _canonical_json(config: Any) -> str:
+    return json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False,
+                      default=_json_default)
+
+
+def _opt_float(value: Any, what: str) -> float | None:
+    """``None`` for missing or non-finite values (SQLite cannot store NaN), else a float."""
+    if value is None or value == "":
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise TuningDBError(f"{what} must be a number or None, got {value!r}") from None
+    return f if math.isfinite(f) else None
+
+
+@dataclass(frozen=True)
+class DeviceKey:
+    """The device part of a key: a result tuned on one device never answers for another.
+
+    Parameters
+    ----------
+    gpu_name
+        The GPU's marketing name, e.g. ``"NVIDIA H200"``.
+    compute_capability
+        ``"major.minor"``, e.g. ``"9.0"``.
+    driver
+        The NVIDIA driver version, e.g. ``"580.159.04"``.
+    cuda
+        The CUDA version the driver supports, e.g. ``"13.0"``.
+    """
+
+    gpu_name: str
+    compute_capability: str
+    driver: str
+    cuda: str
+
+    def __post_init__(self) -> None:
+        for name in _DEVICE_COLS:
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise TuningDBError(f"DeviceKey.{name} must be a non-empty string, "
+                                    f"got {value!r}")
+
+    @classmethod
+    def from_profile(cls, profile: HardwareProfile, index: int = 0) -> DeviceKey:
+        """The key of GPU ``index`` of a :class:`~pyc_lab.runtime.HardwareProfile`.
+
+        Values the profile does not know become ``"unknown"``.
+
+        Parameters
+        ----------
+        profile
+            From :func:`pyc_lab.detect_hardware` (live or a snapshot).
+        index
+            The GPU's CUDA ordinal (``GPUInfo.index``).
+
+        Raises
+        ------
+        TuningDBError
+            If the profile has no GPU with that index.
+        """
+        gpu = next((g for g in profile.gpus if g.index == index), None)
+        if gpu is None:
+            have = [g.index for g in profile.gpus]
+            raise TuningDBError(f"the hardware profile has no GPU {index} (it has {have}); "
+                                "pass the index of one of its GPUs")
+        return cls(
+            gpu_name=gpu.name or "unknown",
+            compute_capability=gpu.compute_capability or "unknown",
+            driver=profile.driver_version or "unknown",
+            cuda=profile.cuda_driver_version or "unknown",
+        )
+
+
+@dataclass(frozen=True)
+class ProblemKey:
+    """The problem part of a key: what is computed, in which types and layout, at what size.
+
+    Parameters
+    ----------
+    op
+        The operation, e.g. ``"gemm"``.
+    dtype_a, dtype_b, dtype_c
+        Element types of the operands and the output, e.g. ``"f16"``, ``"f16"``, ``"f32"``
+        (NumPy dtypes are accepted and stored by name).
+    layout
+        Operand layouts, e.g. ``"tn"`` (A transposed, B not).
+    m, n, k
+        The problem size; positive integers.
+    """
+
+    op: str
+    dtype_a: str
+    dtype_b: str
+    dtype_c: str
+    layout: str
+    m: int
+    n: int
+    k: int
+
+    def __post_init__(self) -> None:
+        for name in _PROBLEM_COLS[:5]:
+            object.__setattr__(self, name, _name_of(getattr(self, name), f"ProblemKey.{name}"))
+        for name in ("m", "n", "k"):
+            value = getattr(self, name)
+            try:
+                size = operator.index(value)
+            except TypeError:
+                raise TuningDBError(f"ProblemKey.{name} must be an integer, got {value!r}") \
+                    from None
+            if size <= 0:
+                raise TuningDBError(f"ProblemKey.{name} must be positive, got {size}")
+            object.__setattr__(self, name, size)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(m, n, k)``."""
+        return (self.m, self.n, self.k)
+
+
+@dataclass
+class Measurement:
+    """One measured (or failed) candidate kernel for one problem on one device.
+
+    Parameters
+    ----------
+    config
+        JSON-able dict identifying the kernel (tile shape, cluster, schedule, ...). It is
+        normalised through JSON (tuples become lists), so what comes back from the
+        database equals what is stored.
+    status
+        One of :data:`STATUSES`; only ``"ok"`` measurements can win.
+    time_ms
+        Median time per call in milliseconds; required for ``"ok"``.
+    tflops
+        Achieved TFLOP/s.
+    error
+        Maximum error against the reference.
+    message
+        Why it failed (compiler output, mismatch summary), or a note.
+    run_id, recorded_at
+        Filled in by the database: the tuning run that recorded it and when (ISO UTC).
+        They take no part in equality.
+
+    Notes
+    -----
+    Non-finite numbers (NaN, inf) are stored as ``None``: SQLite has no NaN.
+    """
+
+    config: dict
+    status: str
+    time_ms: float | None = None
+    tflops: float | None = None
+    error: float | None = None
+    message: str = ""
+    run_id: str | None = field(default=None, compare=False)
+    recorded_at: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, dict):
+            raise TuningDBError(f"Measurement.config must be a dict, got "
+                                f"{type(self.config).__name__}")
+        try:
+            self.config = json.loads(_canonical_json(self.config))
+        except (TypeError, ValueError) as exc:
+            raise TuningDBError(f"Measurement.config must be JSON-able: {exc}") from None
+        if self.status not in STATUSES:
+            raise TuningDBError(f"Measurement.status must be one of {STATUSES}, "
+                                f"got {self.status!r}")
+        self.time_ms = _opt_float(self.time_ms, "time_ms")
+        self.tflops = _opt_float(self.tflops, "tflops")
+        self.error = _opt_float(self.error, "error")
+        if self.status == "ok" and (self.time_ms is None or self.time_ms <= 0):
+            raise TuningDBError("a measurement with status 'ok' needs a positive, finite "
+                                f"time_ms, got {self.time_ms!r}")
+        self.message = "" if self.message is None else str(self.message)
+
+    @property
+    def config_id(self) -> str:
+        """A stable id of the config: SHA-256 of its sorted-keys JSON, first 16 hex digits."""
+        return hashlib.sha256(_canonical_json(self.config).encode()).hexdigest()[:16]
+
+    @property
+    def ok(self) -> bool:
+        """Whether the candidate ran and was correct."""
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """What :meth:`TuningDB.lookup` found.
+
+    Attributes
+    ----------
+    measurement
+        The winning measurement of ``problem_matched``.
+    problem_matched
+        The tuned problem it comes from: the one asked for, or the nearest in its bucket.
+    match
+        ``"exact"`` or ``"bucket"``.
+    distance
+        Euclidean distance of ``log2(m, n, k)`` between the asked and the matched problem
+        (0.0 for an exact match; at most ``sqrt(3)`` within a bucket).
+    """
+
+    measurement: Measurement
+    problem_matched: ProblemKey
+    match: Literal["exact", "bucket"]
+    distance: float
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    """One stored row: device, problem, measurement and whether it is the winner."""
+
+    device: DeviceKey
+    problem: ProblemKey
+    measurement: Measurement
+    is_winner: bool = False
+
+
+def _log_distance(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+    return math.sqrt(sum(math.log2(x / y) ** 2 for x, y in zip(a, b, strict=True)))
+
+
+def _in_bucket(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+    """Each dimension within a factor of 2 (inclusive)."""
+    return all(abs(math.log2(x / y)) <= 1.0 + 1e-12 for x, y in zip(a, b, strict=True))
+
+
+def _key_values(device: DeviceKey, problem: ProblemKey) -> tuple:
+    if not isinstance(device, DeviceKey):
+        raise TuningDBError(f"expected a DeviceKey, got {type(device).__name__}")
+    if not isinstance(problem, ProblemKey):
+        raise TuningDBError(f"expected a ProblemKey, got {type(problem).__name__}")
+    return (device.gpu_name, device.compute_capability, device.driver, device.cuda,
+            problem.op, problem.dtype_a, problem.dtype_b, problem.dtype_c, problem.layout,
+            problem.m, problem.n, problem.k)
+
+
+def _where(cols: Iterable[str], prefix: str = "") -> str:
+    return " AND ".join(f"{prefix}{c} = ?" for c in cols)
+
+
+_INSERT = (f"INSERT INTO measurements ({_KEY_LIST}, {', '.join(_VALUE_COLS)}) "
+           f"VALUES ({', '.join('?' * (len(_KEY_COLS) + len(_VALUE_COLS)))}) "
+           f"ON CONFLICT ({_KEY_LIST}, config_id, run_id) ")
+_UPSERT = _INSERT + ("DO UPDATE SET config = excluded.config, status = excluded.status, "
+                     "time_ms = excluded.time_ms, tflops = excluded.tflops, "
+                     "error = excluded.error, message = excluded.message, "
+                     "recorded_at = excluded.recorded_at")
+_INSERT_IGNORE = _INSERT + "DO NOTHING"
+
+_SELECT_ROWS = (
+    "SELECT m.*, (w.measurement_id IS NOT NULL) AS is_winner, "
+    "COALESCE(w.source, '') AS winner_source "
+    "FROM measurements AS m LEFT JOIN winners AS w ON w.measurement_id = m.id"
+)
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return True
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _is_corruption(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return True
+    text = str(exc).lower()
+    return any(h in text for h in _CORRUPTION_HINTS)
+
+
+class TuningDB:
+    """The tuning database: every candidate measured per device and problem, and the winner.
+
+    Parameters
+    ----------
+    path
+        The SQLite file; default :func:`default_path` (the user cache directory). Parent
+        folders are created. ``":memory:"`` gives a private, non-persistent database.
+
+    Attributes
+    ----------
+    path : Path or None
+        The file in use (``None`` when in memory).
+    session_id : str
+        The ``run_id`` given to measurements recorded without one.
+    quarantined : list of Path
+        Damaged files this instance set aside.
+
+    Notes
+    -----
+    Every write is one ``BEGIN IMMEDIATE`` transaction; concurrent writers (threads,
+    notebooks, processes) wait for each other up to 30 s. The winner of each problem is
+    kept up to date in the same transaction: the ``"ok"`` measurement with the lowest
+    ``time_ms`` (ties: the earlier), unless :meth:`set_winner` pinned a config.
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.in_memory = str(path) == ":memory:"
+        self.path: Path | None = None if self.in_memory else Path(
+            default_path() if path is None else path).expanduser()
+        self.session_id = uuid.uuid4().hex
+        self.quarantined: list[Path] = []
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+        self._open()
+
+    # -- opening, schema, corruption ------------------------------------------------------
+
+    def _connect(self, target: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(target, timeout=_BUSY_TIMEOUT_S, isolation_level=None,
+                               check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def _open(self) -> None:
+        if self.in_memory:
+            self._conn = self._open_memory()
+            return
+        assert self.path is not None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._fall_back_to_memory(f"cannot create {self.path.parent}: {exc}")
+            return
+        reason = ""
+        for attempt in range(2):
+            reason, inode = self._check_header()
+            conn = None
+            if reason is None:
+                try:
+                    conn, reason = self._connect_and_prepare()
+                except sqlite3.Error as exc:
+                    if _is_busy(exc):
+                        raise TuningDBError(
+                            f"tuning database {self.path} stayed locked by another process "
+                            f"for {_BUSY_TIMEOUT_S:.0f} s while opening; try again") from exc
+                    if not _is_corruption(exc):
+                        self._fall_back_to_memory(f"cannot open {self.path}: {exc}")
+                        return
+                    reason = f"{type(exc).__name__}: {exc}"
+                if reason is None:
+                    self._conn = conn
+                    return
+                if conn is not None:
+                    conn.close()
+            if attempt == 0:
+                self._quarantine(reason, inode)
+        self._fall_back_to_memory(f"{self.path} is still unusable after quarantine: {reason}")
+
+    def _connect_and_prepare(self) -> tuple[sqlite3.Connection, str | None]:
+        """Connect and :meth:`_prepare`, retrying while another process holds a lock.
+
+        SQLite answers ``SQLITE_BUSY`` at once, without waiting in the busy handler, when
+        waiting could deadlock, e.g. two processes switching a new file to WAL or creating
+        the schema at the same moment; those attempts are retried until the busy timeout.
+        """
+        deadline = time.monotonic() + _BUSY_TIMEOUT_S
+        delay = 0.005
+        while True:
+            conn = self._connect(str(self.path))
+            try:
+                return conn, self._prepare(conn)
+            except sqlite3.Error as exc:
+                conn.close()
+                if not _is_busy(exc) or time.monotonic() + delay > deadline:
+                    raise
+                log.debug("tuning database %s busy while opening (%s); retrying", self.path,
+                          exc)
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 0.25)
+
+    def _open_memory(self) -> sqlite3.Connection:
+        conn = self._connect(":memory:")
+        reason = self._prepare(conn)
+        if reason is not None:  # pragma: no cover - a fresh in-memory DB is always fine
+            raise TuningDBError(f"cannot initialise an in-memory tuning database: {reason}")
+        return conn
+
+    def _fall_back_to_memory(self, why: str) -> None:
+        message = (f"tuning database: {why}; using a temporary in-memory database "
+                   "instead, so results of this session will not be kept")
+        log.warning(message)
+        warnings.warn(message, TuningDBWarning, stacklevel=4)
+        self.in_memory = True
+        self._conn = self._open_memory()
+
+    def _check_header(self) -> tuple[str | None, int | None]:
+        """Whether the file (if any, and not empty) starts like a SQLite database."""
+        assert self.path is not None
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None, None
+        try:
+            with self.path.open("rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            return f"cannot read the file: {exc}", st.st_ino
+        if head and head != _SQLITE_MAGIC:  # an empty file is a valid, empty database
+            return "not a SQLite database (bad header)", st.st_ino
+        return None, st.st_ino
+
+    def _prepare(self, conn: sqlite3.Connection) -> str | None:
+        """Set pragmas, check integrity, create or migrate the schema.
+
+        Returns ``None`` when the database is ready, else why it is unusable.
+        """
+        conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() not in ("wal", "memory"):
+            log.warning("tuning database %s: journal_mode is %s, not WAL (file system "
+                        "without shared memory?); concurrent writers will wait longer",
+                        self.path, mode)
+        conn.execute("PRAGMA synchronous = NORMAL")
+        problems = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
+        if problems != ["ok"]:
+            return "integrity_check failed: " + "; ".join(map(str, problems[:5]))
+        reason = self._plan(conn)
+        if reason in ("create", "migrate"):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                reason = self._plan(conn)  # re-check: another process may have done it
+                if reason == "create":
+                    for stmt in _SCHEMA:
+                        conn.execute(stmt)
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    log.info("tuning database %s: created (schema %d)", self.path,
+                             SCHEMA_VERSION)
+                elif reason == "migrate":
+                    self._migrate(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            reason = self._plan(conn)
+        if reason is not None:
+            return reason
+        return self._check_columns(conn)
+
+    @staticmethod
+    def _plan(conn: sqlite3.Connection) -> str | None:
+        """``None`` (ready), ``"create"``, ``"migrate"`` or why the schema is unknown."""
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' "
+            "AND name NOT LIKE 'sqlite_%'")}
+        if version == 0:
+            if not tables:
+                return "create"
+            return f"unrecognised schema: version 0 with tables {sorted(tables)}"
+        if version == SCHEMA_VERSION:
+            return None
+        if version in _MIGRATIONS:
+            return "migrate"
+        if version > SCHEMA_VERSION:
+            return (f"schema version {version} is newer than this pyc_lab understands "
+                    f"({SCHEMA_VERSION}); upgrade pyc_lab to use it")
+        return f"unrecognised schema version {version}"
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        while version < SCHEMA_VERSION:
+            for stmt in _MIGRATIONS[version]:
+                conn.execute(stmt)
+            log.info("tuning database %s: migrated schema %d -> %d", self.path, version,
+                     version + 1)
+            version += 1
+            conn.execute(f"PRAGMA user_version = {version}")
+
+    @staticmethod
+    def _check_columns(conn: sqlite3.Connection) -> str | None:
+        for table, required in _REQUIRED_COLUMNS.items():
+            have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+            missing = required - have
+            if missing:
+                return f"unrecognised schema: table {table} lacks {sorted(missing)}"
+        return None
+
+    def _quarantine(self, reason: str, inode: int | None, stacklevel: int = 4) -> None:
+        """Rename the damaged file (and its WAL) aside, with a log record and a warning."""
+        assert self.path is not None
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            log.info("tuning database %s vanished before quarantine (another process "
+                     "set it aside?)", self.path)
+            return
+        if inode is not None and st.st_ino != inode:
+            log.info("tuning database %s was replaced meanwhile; not quarantined", self.path)
+            return
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while target.exists():
+            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
+            n += 1
+        try:
+            os.rename(self.path, target)
+        except FileNotFoundError:
+            return
+        for suffix in ("-wal", "-shm"):
+            side = self.path.with_name(self.path.name + suffix)
+            try:
+                if suffix == "-wal":
+                    os.rename(side, target.with_name(target.name + suffix))
+                else:
+                    side.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # pragma: no cover - best effort
+                log.debug("could not move %s aside: %s", side, exc)
+        self.quarantined.append(target)
+        message = (f"tuning database {self.path} is unusable ({reason}); it was moved to "
+                   f"{target} and a fresh database was started")
+        log.warning(message)
+        warnings.warn(message, TuningDBWarning, stacklevel=stacklevel)
+
+    def _recover(self, exc: sqlite3.Error) -> None:
+        """Corruption found while working: close, quarantine, reopen fresh."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self.in_memory:  # pragma: no cover - an in-memory DB cannot be corrupted on disk
+            self._conn = self._open_memory()
+            return
+        _, inode = self._check_header()
+        self._quarantine(f"{type(exc).__name__}: {exc}", inode, stacklevel=6)
+        self._open()
+
+    def _call(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``fn(conn)``; on corruption quarantine, reopen and retry once."""
+        with self._lock:
+            for attempt in range(2):
+                conn = self._require_open()
+                try:
+                    return fn(conn)
+                except sqlite3.Error as exc:
+                    if attempt == 0 and _is_corruption(exc):
+                        self._recover(exc)
+                        continue
+                    if _is_busy(exc):
+                        raise TuningDBError(
+                            f"tuning database {self.path} stayed locked by another writer "
+                            f"for {_BUSY_TIMEOUT_S:.0f} s; try again") from exc
+                    raise TuningDBError(f"tuning database {self.path}: {exc}") from exc
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    def _require_open(self) -> sqlite3.Connection:
+        if self._closed or self._conn is None:
+            raise TuningDBError("the tuning database is closed; open a new TuningDB")
+        return self._conn
+
+    @staticmethod
+    @contextmanager
+    def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # -- writing --------------------------------------------------------------------------
+
+    def record(self, device: DeviceKey, problem: ProblemKey, m: Measurement, *,
+               run_id: str | None = None) -> None:
+        """Store one measurement and update the problem's winner.
+
+        A measurement of the same config in the same run replaces the earlier one.
+
+        Parameters
+        ----------
+        device, problem
+            The key.
+        m
+            The measurement; failures are stored too, with their message.
+        run_id
+            The tuning run; default :attr:`session_id`.
+        """
+        self.record_many(device, problem, [m], run_id=run_id)
+
+    def record_many(self, device: DeviceKey, problem: ProblemKey,
+                    measurements: Iterable[Measurement], *, run_id: str | None = None) -> int:
+        """Store several measurements of one problem in one transaction.
+
+        Returns
+        -------
+        int
+            How many measurements were stored.
+        """
+        key = _key_values(device, problem)
+        items = list(measurements)
+        for m in items:
+            if not isinstance(m, Measurement):
+                raise TuningDBError(f"expected a Measurement, got {type(m).__name__}")
+        run = self.session_id if run_id is None else str(run_id)
+        stamp = _now()
+        rows = [(*key, m.config_id, _canonical_json(m.config), m.status, m.time_ms, m.tflops,
+                 m.error, m.message, run, stamp) for m in items]
+
+        def write(conn: sqlite3.Connection) -> int:
+            with self._transaction(conn):
+                conn.executemany(_UPSERT, rows)
+                if rows:
+                    self._refresh_winner(conn, key)
+            return len(rows)
+
+        return self._call(write)
+
+    def set_winner(self, device: DeviceKey, problem: ProblemKey, config_id: str) -> None:
+        """Pin ``config_id`` as the winner of a problem, over the fastest candidate.
+
+        Its fastest ``"ok"`` measurement is what :meth:`best` and :meth:`lookup` return.
+
+        Raises
+        ------
+        TuningDBError
+            If that config has no ``"ok"`` measurement for this device and problem.
+        """
+        key = _key_values(device, problem)
+
+        def write(conn: sqlite3.Connection) -> None:
+            with self._transaction(conn):
+                row = conn.execute(
+                    f"SELECT id FROM measurements WHERE {_where(_KEY_COLS)} AND config_id = ? "
+                    "AND status = 'ok' ORDER BY time_ms, id LIMIT 1",
+                    (*key, config_id)).fetchone()
+                if row is None:
+                    raise TuningDBError(
+                        f"config {config_id} has no 'ok' measurement for {problem} on "
+                        f"{device.gpu_name}; only a candidate that ran correctly can win")
+                self._put_winner(conn, key, config_id, row["id"], "manual")
+
+        self._call(write)
+
+    def clear_winner(self, device: DeviceKey, problem: ProblemKey) -> None:
+        """Undo :meth:`set_winner`: the fastest ``"ok"`` candidate wins again."""
+        key = _key_values(device, problem)
+
+        def write(conn: sqlite3.Connection) -> None:
+            with self._transaction(conn):
+                conn.execute(f"DELETE FROM winners WHERE {_where(_KEY_COLS)}", key)
+                self._refresh_winner(conn, key)
+
+        self._call(write)
+
+    @staticmethod
+    def _put_winner(conn: sqlite3.Connection, key: tuple, config_id: str, mid: int,
+                    source: str) -> None:
+        conn.execute(
+            f"INSERT INTO winners ({_KEY_LIST}, config_id, measurement_id, source, updated_at) "
+            f"VALUES ({', '.join('?' * (len(_KEY_COLS) + 4))}) "
+            f"ON CONFLICT ({_KEY_LIST}) DO UPDATE SET config_id = excluded.config_id, "
+            "measurement_id = excluded.measurement_id, source = excluded.source, "
+            "updated_at = excluded.updated_at",
+            (*key, config_id, mid, source, _now()))
+
+    def _refresh_winner(self, conn: sqlite3.Connection, key: tuple) -> None:
+        """Recompute one problem's winner (inside the caller's transaction)."""
+        where = _where(_KEY_COLS)
+        current = conn.execute(
+            f"SELECT config_id, measurement_id, source FROM winners WHERE {where}",
+            key).fetchone()
+        if current is not None and current["source"] == "manual":
+            row = conn.execute(
+                f"SELECT id FROM measurements WHERE {where} AND config_id = ? "
+                "AND status = 'ok' AND time_ms IS NOT NULL ORDER BY time_ms, id LIMIT 1",
+                (*key, current["config_id"])).fetchone()
+            if row is not None:
+                if row["id"] != current["measurement_id"]:
+                    self._put_winner(conn, key, current["config_id"], row["id"], "manual")
+                return
+            log.warning("pinned winner %s of %s has no 'ok' measurement any more; the "
+                        "fastest candidate wins again", current["config_id"], key)
+        row = conn.execute(
+            f"SELECT id, config_id FROM measurements WHERE {where} AND status = 'ok' "
+            "AND time_ms IS NOT NULL ORDER BY time_ms, id LIMIT 1", key).fetchone()
+        if row is None:
+            conn.execute(f"DELETE FROM winners WHERE {where}", key)
+        elif current is None or current["source"] != "auto" or \
+                current["measurement_id"] != row["id"]:
+            self._put_winner(conn, key, row["config_id"], row["id"], "auto")
+
+    # -- reading --------------------------------------------------------------------------
+
+    @staticmethod
+    def _measurement(row: sqlite3.Row) -> Measurement:
+        return Measurement(
+            config=json.loads(row["config"]), status=row["status"], time_ms=row["time_ms"],
+            tflops=row["tflops"], error=row["error"], message=row["message"],
+            run_id=row["run_id"], recorded_at=row["recorded_at"])
+
+    @staticmethod
+    def _device(row: sqlite3.Row) -> DeviceKey:
+        return DeviceKey(*(row[c] for c in _DEVICE_COLS))
+
+    @staticmethod
+    def _problem(row: sqlite3.Row) -> ProblemKey:
+        return ProblemKey(*(row[c] for c in _PROBLEM_COLS))
+
+    def best(self, device: DeviceKey, problem: ProblemKey) -> Measurement | None:
+        """The winner of exactly this problem on this device, or ``None`` if none ran ok.
+
+        The winner is the pinned config (:meth:`set_winner`) if any, else the ``"ok"``
+        measurement with the lowest ``time_ms``; failed candidates never win.
+        """
+        key = _key_values(device, problem)
+
+        def read(conn: sqlite3.Connection) -> Measurement | None:
+            row = conn.execute(
+                "SELECT m.* FROM winners AS w JOIN measurements AS m "
+                f"ON m.id = w.measurement_id WHERE {_where(_KEY_COLS, 'w.')}", key).fetchone()
+            return None if row is None else self._measurement(row)
+
+        return self._call(read)
+
+    def lookup(self, device: DeviceKey, problem: ProblemKey) -> LookupResult | None:
+        """The best known kernel for a problem: exact shape first, then the nearest bucket.
+
+        Parameters
+        ----------
+        device, problem
+            What to look up.
+
+        Returns
+        -------
+        LookupResult or None
+            ``match="exact"`` when this very problem has a winner; else the winner of the
+            tuned problem with the same device, op, dtypes and layout whose ``(m, n, k)``
+            is nearest in log space among those with every dimension within a factor of 2
+            (``match="bucket"``, ``distance`` = Euclidean distance of ``log2`` sizes; ties
+            go to the smaller problem); else ``None``.
+        """
+        best = self.best(device, problem)
+        if best is not None:
+            return LookupResult(best, problem, "exact", 0.0)
+        key = _key_values(device, problem)
+        family = key[:len(_FAMILY_COLS)]
+        shape = problem.shape
+
+        def read(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+            return conn.execute(
+                f"SELECT m, n, k FROM winners WHERE {_where(_FAMILY_COLS)} "
+                "AND m BETWEEN ? AND ? AND n BETWEEN ? AND ? AND k BETWEEN ? AND ?",
+                (*family, *(b for d in shape for b in (d / 2, d * 2)))).fetchall()
+
+        candidates = [(r["m"], r["n"], r["k"]) for r in self._call(read)]
+        candidates = [c for c in candidates if _in_bucket(shape, c)]
+        if not candidates:
+            return None
+        nearest = min(candidates, key=lambda c: (_log_distance(shape, c), c))
+        matched = ProblemKey(problem.op, problem.dtype_a, problem.dtype_b, problem.dtype_c,
+                             problem.layout, *nearest)
+        measurement = self.best(device, matched)
+        if measurement is None:  # pragma: no cover - removed by another process meanwhile
+            return None
+        return LookupResult(measurement, matched, "bucket", _log_distance(shape, nearest))
+
+    def measurements(self, device: DeviceKey | None = None,
+                     problem: ProblemKey | None = None) -> list[TuningRecord]:
+        """Stored rows, oldest first, optionally for one device and/or one problem."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        if device is not None:
+            if not isinstance(device, DeviceKey):
+                raise TuningDBError(f"expected a DeviceKey, got {type(device).__name__}")
+            clauses.append(_where(_DEVICE_COLS, "m."))
+            params += [getattr(device, c) for c in _DEVICE_COLS]
+        if problem is not None:
+            if not isinstance(problem, ProblemKey):
+                raise TuningDBError(f"expected a ProblemKey, got {type(problem).__name__}")
+            clauses.append(_where(_PROBLEM_COLS, "m."))
+            params += [getattr(problem, c) for c in _PROBLEM_COLS]
+        sql = _SELECT_ROWS + (" WHERE " + " AND ".join(clauses) if clauses else "")
+        sql += " ORDER BY m.id"
+
+        def read(conn: sqlite3.Connection) -> list[TuningRecord]:
+            return [TuningRecord(self._device(r), self._problem(r), self._measurement(r),
+                                 bool(r["is_winner"]))
+                    for r in conn.execute(sql, params)]
+
+        return self._call(read)
+
+    def __len__(self) -> int:
+        return self._call(lambda c: c.execute("SELECT COUNT(*) FROM measurements")
+                          .fetchone()[0])
+
+    def _rows(self) -> list[dict[str, Any]]:
+        def read(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            out = []
+            for r in conn.execute(_SELECT_ROWS + " ORDER BY m.id"):
+                row = {c: r[c] for c in COLUMNS}
+                row["is_winner"] = bool(row["is_winner"])
+                out.append(row)
+            return out
+
+        return self._call(read)
+
+    def to_frame(self) -> pd.DataFrame:
+        """All rows as a pandas DataFrame, one per measurement, columns :data:`COLUMNS`.
+
+        ``config`` is the config's JSON text; ``is_winner`` marks each problem's winner.
+        """
+        import pandas as pd
+
+        return pd.DataFrame(self._rows(), columns=list(COLUMNS))
+
+    # -- export / import ------------------------------------------------------------------
+
+    def export(self, path: str | Path) -> int:
+        """Write every row to ``path``: JSON for ``.json``, CSV for ``.csv``.
+
+        Returns
+        -------
+        int
+            The number of rows written.
+
+        Raises
+        ------
+        TuningDBError
+            For another suffix.
+        """
+        path = Path(path)
+        fmt = _format_of(path)
+        rows = self._rows()
+        if fmt == "json":
+            doc = {"format": "pyc_lab.tuning_db", "schema_version": SCHEMA_VERSION,
+                   "exported_at": _now(),
+                   "rows": [{**r, "config": json.loads(r["config"])} for r in rows]}
+            path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n",
+                            encoding="utf-8")
+        else:
+            with path.open("w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+                writer.writeheader()
+                for r in rows:
+                    writer.writerow({k: "" if v is None else v for k, v in r.items()})
+        log.info("tuning database: exported %d rows to %s", len(rows), path)
+        return len(rows)
+
+    def import_(self, path: str | Path) -> int:
+        """Add the rows of a file written by :meth:`export` (``.json`` or ``.csv``).
+
+        Rows already present (same device, problem, config and run) are skipped, so
+        importing a file twice adds nothing. A config pinned as winner in the file is
+        pinned here too unless this database already pins one for that problem. The
+        whole file is checked before anything is written.
+
+        Returns
+        -------
+        int
+            The number of rows added.
+
+        Raises
+        ------
+        TuningDBError
+            If the file cannot be read or a row is malformed (nothing is added then).
+        """
+        path = Path(path)
+        fmt = _format_of(path)
+        try:
+            raw_rows = _read_json(path) if fmt == "json" else _read_csv(path)
+        except (OSError, UnicodeDecodeError, ValueError, csv.Error) as exc:
+            raise TuningDBError(f"cannot read tuning data from {path}: {exc}") from exc
+        parsed = [_parse_row(r, i, path) for i, r in enumerate(raw_rows, start=1)]
+
+        def write(conn: sqlite3.Connection) -> int:
+            added = 0
+            with self._transaction(conn):
+                keys: dict[tuple, str | None] = {}
+                for key, m, run_id, recorded_at, pinned in parsed:
+                    cur = conn.execute(_INSERT_IGNORE, (
+                        *key, m.config_id, _canonical_json(m.config), m.status, m.time_ms,
+                        m.tflops, m.error, m.message, run_id, recorded_at))
+                    added += cur.rowcount
+                    if pinned or key not in keys:
+                        keys[key] = m.config_id if pinned else None
+                for key, pin in keys.items():
+                    if pin is not None:
+                        current = conn.execute(
+                            f"SELECT source FROM winners WHERE {_where(_KEY_COLS)}",
+                            key).fetchone()
+                        if current is None or current["source"] != "manual":
+                            row = conn.execute(
+                                f"SELECT id FROM measurements WHERE {_where(_KEY_COLS)} "
+                                "AND config_id = ? AND status = 'ok' "
+                                "ORDER BY time_ms, id LIMIT 1", (*key, pin)).fetchone()
+                            if row is not None:
+                                self._put_winner(conn, key, pin, row["id"], "manual")
+                    self._refresh_winner(conn, key)
+            return added
+
+        added = self._call(write)
+        log.info("tuning database: imported %d new rows of %d from %s", added, len(parsed),
+                 path)
+        return added
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection; further use raises :class:`TuningDBError`."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            self._closed = True
+
+    def __enter__(self) -> TuningDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = ":memory:" if self.in_memory else str(self.path)
+        state = "closed" if self._closed else "open"
+        return f"TuningDB({where!r}, {state})"
+
+
+def _format_of(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".csv"):
+        raise TuningDBError(f"{path}: export/import needs a .json or .csv file, "
+                            f"not {suffix or 'no suffix'!r}")
+    return suffix[1:]
+
+
+def _read_json(path: Path) -> list[dict[str, Any]]:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(doc, dict) or doc.get("format") != "pyc_lab.tuning_db" or \
+            not isinstance(doc.get("rows"), list):
+        raise ValueError("not a pyc_lab tuning database export (no format/rows)")
+    return doc["rows"]
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = set(_KEY_COLS) | {"config", "status"}
+        missing -= set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"missing columns {sorted(missing)}")
+        return list(reader)
+
+
+def _parse_row(row: Any, number: int, path: Path) -> tuple[tuple, Measurement, str, str, bool]:
+    """One exported row as (key, measurement, run_id, recorded_at, pinned)."""
+    try:
+        if not isinstance(row, dict):
+            raise TuningDBError("not an object")
+        device = DeviceKey(*(str(row[c]) for c in _DEVICE_COLS))
+        problem = ProblemKey(*(row[c] for c in _PROBLEM_COLS[:5]),
+                             *(int(row[c]) for c in ("m", "n", "k")))
+        config = row["config"]
+        if isinstance(config, str):
+            config = json.loads(config)
+        m = Measurement(config=config, status=row["status"], time_ms=row.get("time_ms"),
+                        tflops=row.get("tflops"), error=row.get("error"),
+                        message=row.get("message") or "")
+        given = row.get("config_id")
+        if given and given != m.config_id:
+            raise TuningDBError(f"config_id {given} does not match its config "
+                                f"(hash {m.config_id})")
+        run_id = str(row.get("run_id") or "")
+        recorded_at = str(row.get("recorded_at") or _now())
+        winner = row.get("is_winner")
+        is_winner = winner is True or str(winner).strip().lower() in ("true", "1")
+        pinned = is_winner and str(row.get("winner_source") or "") == "manual"
+    except (KeyError, TypeError, ValueError, TuningDBError) as exc:
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise TuningDBError(f"{path}: row {number} is malformed: {what}") from None
+    return _key_values(device, problem), m, run_id, recorded_at, pinned

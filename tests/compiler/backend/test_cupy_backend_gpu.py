@@ -1,0 +1,774 @@
+"""The CuPy backend on a GPU: generated kernels, cuBLAS epilogues, memory plans and CUDA
+graphs against NumPy references (float64 where that is the meaningful reference).
+
+Every test is marked ``gpu`` (skipped, with the reason, where no CUDA device is usable).
+Inputs are fresh random values on every run (never zeros); output memory is poisoned with
+NaN (0xFF bytes) before calls wherever the test controls allocation, so a kernel that
+skips an element cannot pass by accident.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pyc_lab.compiler import Graph
+from pyc_lab.compiler.backend.executable import CupyExecutable
+from pyc_lab.compiler.codegen import cache, generate, supports
+from pyc_lab.compiler.interpret import run_graph
+from pyc_lab.compiler.ops import evaluate
+from pyc_lab.compiler.tracer import trace
+from tests.compiler.graphs import fused_graph, op_graph
+
+cp = pytest.importorskip("cupy")
+
+pytestmark = pytest.mark.gpu
+
+F16, F32, F64 = np.float16, np.float32, np.float64
+I32, I64, BOOL = np.int32, np.int64, np.bool_
+
+TOL = {  # (rtol, atol) against a float64 reference, by result dtype
+    "float16": (1e-2, 1e-2),
+    "float32": (5e-5, 5e-6),
+    "float64": (1e-11, 1e-12),
+}
+TIGHT = {  # against NumPy in the same dtype (same roundings, different libm)
+    "float16": (2e-3, 5e-3),
+    "float32": (1e-5, 3e-6),
+    "float64": (1e-12, 1e-13),
+}
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
+# -- helpers -------------------------------------------------------------------------------
+def rand(rng, shape, dtype, low=0.1, high=3.0, signed=True):
+    """Random values of ``dtype``, never zero (bool: random True/False)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        mag = rng.integers(1, 50, size=shape)
+        sign = rng.choice([-1, 1], size=shape) if signed else 1
+        return np.asarray(mag * sign, dtype=dtype)
+    mag = rng.uniform(low, high, size=shape)
+    sign = rng.choice([-1.0, 1.0], size=shape) if signed else 1.0
+    return np.asarray(mag * sign, dtype=dtype)
+
+
+def poison_pool(nbytes=256 << 20):
+    """Fill a large pool block with 0xFF (NaN) and free it: fresh allocations reuse it."""
+    block = cp.empty(nbytes, dtype=cp.uint8)
+    block.fill(255)
+    del block
+
+
+def poison_buffers(exe):
+    exe._prepare()
+    for b in exe._buffers:
+        b.fill(255)
+
+
+def auto_impl(graph):
+    """The policy's choice, here by hand: generated where supported, else CuPy."""
+    impl = {}
+    for n in graph:
+        if n.op in ("input", "constant"):
+            impl[n.id] = "source"
+        elif n.op == "matmul":
+            impl[n.id] = "cublas"
+        elif n.op == "eager":
+            impl[n.id] = "eager"
+        elif supports(n, graph)[0] and n.op not in ("reshape", "transpose", "slice"):
+            impl[n.id] = "fused_kernel" if n.op == "fused" else "reduction_kernel"
+        else:
+            impl[n.id] = "cupy"
+    return impl
+
+
+def run(exe, arrays):
+    poison_pool()
+    outs = exe([cp.asarray(a) for a in arrays])
+    return [cp.asnumpy(o) for o in outs]
+
+
+def numpy_ref(graph, arrays):
+    with np.errstate(all="ignore"):
+        return run_graph(graph, [np.asarray(a) for a in arrays], np)
+
+
+def f64(arrays):
+    return [a.astype(np.float64) if a.dtype.kind == "f" else a for a in arrays]
+
+
+def assert_close(got, want, dtype, table=TOL):
+    dtype = np.dtype(dtype)
+    assert got.dtype == dtype, (got.dtype, dtype)
+    assert got.shape == np.shape(want)
+    if dtype.kind == "f":
+        rtol, atol = table[dtype.name]
+        np.testing.assert_allclose(got.astype(np.float64), np.asarray(want, np.float64),
+                                   rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(got, np.asarray(want).astype(dtype))
+
+
+def _mix(x, y):
+    return np.tanh(x * 2.0 + y) - np.maximum(x, y) / (1 + np.exp(-y))
+
+
+# -- fused elementwise ---------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, F16, F64])
+@pytest.mark.parametrize("shape", [(1000,), (1003,), (37, 129), (2, 3, 5, 7), (3 * 4096 + 5,),
+                                   ()])
+def test_fused_same_shape_against_float64(rng, dtype, shape):
+    g, node = fused_graph(_mix, [(shape, dtype), (shape, dtype)])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    x, y = rand(rng, shape, dtype), rand(rng, shape, dtype)
+    (got,) = run(exe, [x, y])
+    with np.errstate(all="ignore"):
+        assert_close(got, _mix(*f64([x, y])), dtype)
+        assert_close(got, _mix(x, y), dtype, TIGHT)
+    n = math.prod(shape)
+    vec = 16 // np.dtype(dtype).itemsize
+    assert exe.launched[node.id] == ("fused_0_vec" if n >= vec else "fused_0")
+
+
+BROADCAST = [
+    ("row_bias", lambda x, b: np.maximum(x + b, 0.0), [(64, 1000), (1000,)]),
+    ("row_bias_odd", lambda x, b: x * b - 1.0, [(9, 13), (13,)]),
+    ("column", lambda x, c: x - c, [(33, 17), (33, 1)]),
+    ("outer", lambda x, y: x * y, [(4, 1, 32), (1, 17, 32)]),
+    ("scalar", lambda x, s: x / s + s, [(1001,), ()]),
+    ("leading", lambda x, y: x + y, [(6, 5, 4), (5, 4)]),
+    ("three", lambda x, b, s: x * b + s, [(64, 1000), (1000,), (64, 1)]),
+    ("keepdims_like", lambda x, m: np.exp(x - m), [(16, 40), (16, 1)]),
+]
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("case", BROADCAST, ids=[c[0] for c in BROADCAST])
+def test_fused_broadcasting(rng, case, dtype):
+    _, fn, shapes = case
+    g, node = fused_graph(fn, [(s, dtype) for s in shapes])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    arrays = [rand(rng, s, dtype) for s in shapes]
+    (got,) = run(exe, arrays)
+    with np.errstate(all="ignore"):
+        assert_close(got, fn(*f64(arrays)), node.dtype)
+        assert_close(got, fn(*arrays), node.dtype, TIGHT)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, F64])
+def test_misaligned_views_take_the_scalar_kernel(rng, dtype):
+    n = 4099
+    g, node = fused_graph(_mix, [((n,), dtype), ((n,), dtype)])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    base = cp.asarray(rand(rng, (n + 1,), dtype))
+    y = cp.asarray(rand(rng, (n,), dtype))
+    x = base[1:]  # contiguous, one element past a 16-byte boundary
+    assert x.flags.c_contiguous and x.data.ptr % 16 != 0
+    poison_pool()
+    (got,) = exe([x, y])
+    assert exe.launched[node.id] == "fused_0"
+    want = _mix(*f64([cp.asnumpy(x), cp.asnumpy(y)]))
+    assert_close(cp.asnumpy(got), want, dtype)
+    # the same executable with aligned arrays takes the vectorised kernel
+    x2 = x.copy()  # a fresh, aligned allocation
+    (got2,) = exe([x2, y])
+    assert exe.launched[node.id] == "fused_0_vec"
+    np.testing.assert_array_equal(cp.asnumpy(got2), cp.asnumpy(got))
+
+
+def test_non_contiguous_inputs_are_made_contiguous(rng):
+    g, node = fused_graph(lambda x, y: x * y + 1.0, [((32, 50), F32), ((32, 50), F32)])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    big = cp.asarray(rand(rng, (32, 100), F32))
+    x = big[:, ::2]
+    yt = cp.asarray(rand(rng, (50, 32), F32)).T
+    (got,) = exe([x, yt])
+    want = cp.asnumpy(x).astype(F64) * cp.asnumpy(yt) + 1.0
+    assert_close(cp.asnumpy(got), want, F32)
+
+
+def test_large_arrays_use_64_bit_indices(rng):
+    n = 2**31 + 5
+    g, node = fused_graph(lambda x: x * 2.0 + 1.0, [((n,), F16)])
+    src = generate(node, g)
+    assert "unsigned long long" in src.source
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    x = cp.empty(n, dtype=cp.float16)
+    x[:] = 0.5
+    x[-7:] = cp.asarray(np.arange(1, 8, dtype=F16))
+    (got,) = exe([x])
+    assert exe.launched[node.id] == "fused_0_vec"
+    tail = cp.asnumpy(got[-7:])
+    np.testing.assert_array_equal(tail, np.arange(1, 8, dtype=F16) * 2 + 1)
+    assert float(got[0]) == 2.0 and float(got[n // 2]) == 2.0
+    assert int(cp.count_nonzero(got != 2.0)) == 7
+    del x, got
+
+
+def test_zero_size_output_launches_nothing():
+    g, node = fused_graph(lambda x: x + 1.0, [((0, 5), F32)])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    (got,) = exe([cp.empty((0, 5), cp.float32)])
+    assert got.shape == (0, 5) and exe.launched[node.id] is None
+
+
+# -- single ops: values, NaN/Inf, integers, bools --------------------------------------------
+UNARY = ["exp", "log", "tanh", "sqrt", "rsqrt", "abs", "negative", "relu", "gelu", "sigmoid",
+         "silu"]
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, F64])
+@pytest.mark.parametrize("op", UNARY)
+def test_unary_ops(rng, op, dtype):
+    positive = op in ("log", "sqrt", "rsqrt")
+    g, node = op_graph(op, [((2053,), dtype)])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    x = rand(rng, (2053,), dtype, signed=not positive)
+    (got,) = run(exe, [x])
+    if dtype != F16:  # NumPy rounds float16 gelu/silu/sigmoid to float16 at every step
+        (same,) = numpy_ref(g, [x])
+        assert_close(got, same, node.dtype, TIGHT)
+    with np.errstate(all="ignore"):
+        want = evaluate(op, np, [x.astype(F64)], {})
+    assert_close(got, want, node.dtype)
+
+
+BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "less",
+          "less_equal", "greater", "greater_equal", "equal", "not_equal"]
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, F64])
+@pytest.mark.parametrize("op", BINARY)
+def test_binary_ops(rng, op, dtype):
+    g, node = op_graph(op, [((300, 7), dtype), ((7,), dtype)])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    a = rand(rng, (300, 7), dtype, signed=op != "power")
+    b = rand(rng, (7,), dtype, signed=op != "power")
+    if op in ("equal", "not_equal", "less_equal", "greater_equal"):
+        a[::3] = b  # some ties
+    (got,) = run(exe, [a, b])
+    (same,) = numpy_ref(g, [a, b])
+    assert_close(got, same, node.dtype, TIGHT)
+
+
+@pytest.mark.parametrize("op", ["maximum", "minimum"])
+@pytest.mark.parametrize("dtype", [F32, F16, F64])
+def test_maximum_minimum_propagate_nan_like_numpy(rng, op, dtype):
+    specials = np.array([np.nan, np.inf, -np.inf, 1.0, -2.0, np.nan, 0.5, np.inf], dtype)
+    a = np.repeat(specials, 8)
+    b = np.tile(specials, 8)
+    a = np.concatenate([a, rand(rng, (37,), dtype)])
+    b = np.concatenate([b, rand(rng, (37,), dtype)])
+    g, node = op_graph(op, [(a.shape, dtype), (b.shape, dtype)])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    (got,) = run(exe, [a, b])
+    np.testing.assert_array_equal(got, getattr(np, op)(a, b))
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, F64])
+def test_relu_and_where_with_nan_and_inf(rng, dtype):
+    x = np.concatenate([np.array([np.nan, np.inf, -np.inf, -0.0, 0.0], dtype),
+                        rand(rng, (100,), dtype)])
+    g, node = op_graph("relu", [(x.shape, dtype)])
+    (got,) = run(CupyExecutable(g, {node.id: "fused_kernel"}), [x])
+    np.testing.assert_array_equal(got, np.maximum(x, np.asarray(0, dtype)))
+    fn = lambda x, y: np.where(x > y, x, y * 2.0)  # noqa: E731
+    y = np.flip(x).copy()
+    g, node = fused_graph(fn, [(x.shape, dtype), (x.shape, dtype)])
+    (got,) = run(CupyExecutable(g, {node.id: "fused_kernel"}), [x, y])
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(got, fn(x, y))
+
+
+INTS = [
+    ("int_arith", lambda a, b: (a + b) * a - np.abs(b), [((9, 50), I32), ((50,), I32)]),
+    ("int_pow", lambda a, b: a ** b, [((200,), I64), ((200,), I64)]),
+    ("int_div", lambda a, b: a / b, [((300,), I32), ((300,), I32)]),
+    ("int_max", lambda a, b: np.maximum(a, b) - np.minimum(a, -b), [((64,), I64), ((64,), I64)]),
+    ("mixed", lambda a, x: a * x + 1, [((40,), I32), ((40,), F32)]),
+    ("cmp_where", lambda a, b: np.where(a > b, a, b), [((33, 3), I32), ((33, 3), I32)]),
+    ("bool_where", lambda c, x: np.where(c, x, -x), [((100,), BOOL), ((100,), F32)]),
+    ("bool_logic", lambda c, d: (c * d) + c, [((77,), BOOL), ((77,), BOOL)]),
+    ("to_int", lambda x: (x * 10.0).astype(np.int32), [((129,), F32)]),
+    ("to_half", lambda a: a.astype(np.float16) * 3.0, [((129,), I32)]),
+    ("f64_to_half", lambda x: x.astype(np.float16), [((513,), F64)]),
+    ("to_bool", lambda x: x.astype(np.bool_), [((50,), F32)]),
+    ("neg_int", lambda a: -a, [((20,), I64)]),
+]
+
+
+@pytest.mark.parametrize("case", INTS, ids=[c[0] for c in INTS])
+def test_integer_bool_and_cast_ops_match_numpy_exactly(rng, case):
+    _, fn, specs = case
+    g, node = fused_graph(fn, specs)
+    arrays = [rand(rng, s, d) for s, d in specs]
+    if case[0] == "int_pow":
+        arrays = [rng.integers(-5, 6, size=s[0]).astype(d) for s, d in specs]
+        arrays[1] = np.abs(arrays[1])  # NumPy refuses negative integer exponents
+    if case[0] == "to_bool":
+        arrays[0][::4] = 0.0
+    if case[0] == "f64_to_half":
+        arrays[0] = rng.standard_normal(513) * 1e-3  # exercises double->half rounding
+    (got,) = run(CupyExecutable(g, {node.id: "fused_kernel"}), arrays)
+    with np.errstate(all="ignore"):
+        want = fn(*arrays)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == want.dtype
+
+
+def test_float16_overflow_rounds_after_every_op_like_numpy(rng):
+    fn = lambda x: (x * x) / x  # noqa: E731  # 300*300 overflows float16 to inf
+    x = np.array([300.0, 2.0, -500.0, 1e-4], F16)
+    g, node = fused_graph(fn, [(x.shape, F16)])
+    (got,) = run(CupyExecutable(g, {node.id: "fused_kernel"}), [x])
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(got, fn(x))
+    assert np.isinf(got[0])
+
+
+# -- softmax -------------------------------------------------------------------------------------
+def softmax64(x, axis=-1):
+    x = x.astype(F64)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@pytest.mark.parametrize("shape, dtype", [
+    ((4, 7), F32), ((33, 1000), F32), ((16, 3000), F16), ((16, 3000), F32),
+    ((2, 5000), F32), ((3, 20000), F32), ((3, 20000), F16), ((2, 3, 50), F64), ((5, 1), F32),
+    ((1000,), F64), ((257, 96), F16), ((6, 8192), F16), ((9, 1000), F32), ((7, 256), F64),
+])
+def test_softmax(rng, shape, dtype):
+    g, node = op_graph("softmax", [(shape, dtype)], {"axis": -1})
+    exe = CupyExecutable(g, {node.id: "reduction_kernel"})
+    x = rand(rng, shape, dtype, high=8.0)
+    (got,) = run(exe, [x])
+    src = generate(node, g)  # fresh arrays are aligned: the vectorised entry when there is one
+    assert exe.launched[node.id] == (src.launch["vec_kernel"] or src.name)
+    assert_close(got, softmax64(x), dtype)
+    np.testing.assert_allclose(got.astype(F64).sum(-1), 1.0,
+                               rtol=5e-3 if dtype == F16 else 1e-4)
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm", "sum"])
+def test_misaligned_rows_take_the_scalar_row_kernel(rng, op):
+    rows, cols = 5, 1024
+    specs = [((rows, cols), F16)] + ([((cols,), F16), ((cols,), F16)]
+                                     if op == "layer_norm" else [])
+    attrs = {"softmax": {"axis": -1}, "layer_norm": {"eps": 1e-5},
+             "sum": {"axis": (1,), "keepdims": False}}[op]
+    g, node = op_graph(op, specs, attrs)
+    src = generate(node, g)
+    assert src.launch["vec"] == 8
+    exe = CupyExecutable(g, {node.id: "reduction_kernel"})
+    base = cp.asarray(rand(rng, (rows * cols + 1,), F16))
+    x = base[1:].reshape(rows, cols)  # contiguous, 2 bytes past a 16-byte boundary
+    extras = [cp.asarray(rand(rng, s, d)) for s, d in specs[1:]]
+    poison_pool()
+    (got,) = exe([x, *extras])
+    assert exe.launched[node.id] == src.name
+    (want,) = numpy_ref(g, [cp.asnumpy(x), *(cp.asnumpy(e) for e in extras)])
+    assert_close(cp.asnumpy(got), want, F16)
+    (got2,) = exe([x.copy(), *extras])  # aligned: the vectorised kernel, same answer
+    assert exe.launched[node.id] == src.launch["vec_kernel"]
+    assert_close(cp.asnumpy(got2), want, F16)
+    # the two kernels sum in different orders: equal up to float16 rounding (2 ulps),
+    # not bit for bit (the H200 lane saw 1-ulp differences on fresh random inputs)
+    np.testing.assert_allclose(cp.asnumpy(got2).astype(np.float64),
+                               cp.asnumpy(got).astype(np.float64), rtol=2**-9, atol=2**-24)
+
+
+def test_softmax_of_integers_is_float64(rng):
+    g, node = op_graph("softmax", [((5, 7), I32)], {"axis": -1})
+    x = rand(rng, (5, 7), I32)
+    (got,) = run(CupyExecutable(g, {node.id: "reduction_kernel"}), [x])
+    assert_close(got, softmax64(x), F64)
+
+
+@pytest.mark.parametrize("cols", [50, 3000, 20000])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_softmax_nan_and_inf_rows_match_numpy(rng, cols, dtype):
+    x = rand(rng, (5, cols), dtype)
+    x[0, 3] = np.nan  # NaN anywhere: the row is NaN
+    x[1, cols - 1] = np.inf  # +inf: NaN where inf - inf, 0 elsewhere... as NumPy
+    x[2, :] = -np.inf  # all -inf: NaN
+    x[3, 7] = -np.inf  # one -inf: exp gives 0 there
+    g, node = op_graph("softmax", [(x.shape, dtype)], {"axis": -1})
+    (got,) = run(CupyExecutable(g, {node.id: "reduction_kernel"}), [x])
+    with np.errstate(all="ignore"):
+        (want,) = numpy_ref(g, [x])
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert_close(got, want, dtype, TOL)
+    assert got[3, 7] == 0
+
+
+def test_softmax_over_axis_0_falls_back_to_cupy(rng):
+    g, node = op_graph("softmax", [((40, 30), F32)], {"axis": 0})
+    exe = CupyExecutable(g, {node.id: "reduction_kernel"})
+    assert "non-last axis" in exe.kernels[0]["notes"]
+    x = rand(rng, (40, 30), F32)
+    (got,) = run(exe, [x])
+    assert_close(got, softmax64(x, axis=0), F32)
+
+
+# -- layer norm --------------------------------------------------------------------------------
+def layer_norm64(x, gamma=None, beta=None, eps=1e-5):
+    x = x.astype(F64)
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    y = (x - mean) / np.sqrt(var + eps)
+    if gamma is not None:
+        y = y * gamma.astype(F64)
+    if beta is not None:
+        y = y + beta.astype(F64)
+    return y
+
+
+@pytest.mark.parametrize("shape, dtype, extras", [
+    ((64, 768), F32, None),
+    ((64, 768), F32, (F32, F32)),
+    ((8, 4096), F16, (F16, F16)),
+    ((8, 5000), F16, (F32,)),
+    ((4, 20000), F32, (F32, F32)),
+    ((2, 3, 9), F64, (((), F64), F64)),
+    ((300, 64), F64, None),
+    ((16, 2048), F16, None),
+])
+def test_layer_norm(rng, shape, dtype, extras):
+    cols = shape[-1]
+    specs = [(shape, dtype)]
+    arrays = [rand(rng, shape, dtype, high=4.0)]
+    for e in extras or ():
+        eshape, edtype = ((), e[1]) if isinstance(e, tuple) else ((cols,), e)
+        specs.append((eshape, edtype))
+        arrays.append(rand(rng, eshape, edtype, low=0.5, high=1.5))
+    g, node = op_graph("layer_norm", specs, {"eps": 1e-5})
+    exe = CupyExecutable(g, {node.id: "reduction_kernel"})
+    (got,) = run(exe, arrays)
+    want = layer_norm64(arrays[0], *(arrays[1:] + [None] * (3 - len(arrays))))
+    # float16 x: NumPy normalises in float16 before any float32 gamma, so the float16
+    # tolerance applies whatever the result dtype
+    tol = {name: (2e-2, 2e-2) if dtype == F16 else TOL[name] for name in TOL}
+    assert_close(got, want, node.dtype, tol)
+
+
+# -- reductions -------------------------------------------------------------------------------
+RED = [
+    ((128, 513), F32), ((10, 70000), F32), ((7, 2048), F16), ((3, 4, 5), F64), ((1000,), F32),
+    ((4096, 3), F32), ((2, 9000), F16),
+]
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "var"])
+@pytest.mark.parametrize("shape, dtype", RED)
+def test_last_axis_reductions(rng, op, shape, dtype, keepdims):
+    axis = (len(shape) - 1,) if len(shape) > 1 or op in ("max", "min") else None
+    g, node = op_graph(op, [(shape, dtype)], {"axis": axis, "keepdims": keepdims})
+    exe = CupyExecutable(g, {node.id: "reduction_kernel"})
+    assert exe.kernels[0]["impl"] == "reduction_kernel"
+    x = rand(rng, shape, dtype, signed=op in ("max", "min", "var"))
+    (got,) = run(exe, [x])
+    want = getattr(np, op)(x.astype(F64), axis=-1, keepdims=keepdims)
+    tol = dict(TOL)
+    tol["float32"] = (2e-5, 1e-6)
+    if op in ("max", "min"):
+        np.testing.assert_array_equal(got, getattr(np, op)(x, axis=-1, keepdims=keepdims))
+    else:
+        assert_close(got, want, node.dtype, tol)
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("dtype", [I32, I64, BOOL])
+def test_integer_and_bool_reductions_are_exact(rng, op, dtype):
+    x = rand(rng, (37, 1500), dtype)
+    g, node = op_graph(op, [(x.shape, dtype)], {"axis": (1,), "keepdims": False})
+    (got,) = run(CupyExecutable(g, {node.id: "reduction_kernel"}), [x])
+    want = getattr(np, op)(x, axis=1)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == want.dtype
+
+
+@pytest.mark.parametrize("op", ["max", "min", "sum", "mean", "var"])
+@pytest.mark.parametrize("cols", [20, 5000])
+def test_reductions_propagate_nan_and_inf(rng, op, cols):
+    x = rand(rng, (4, cols), F32)
+    x[0, cols // 2] = np.nan
+    x[1, 0] = np.inf
+    x[2, -1] = -np.inf
+    g, node = op_graph(op, [(x.shape, F32)], {"axis": (1,), "keepdims": False})
+    (got,) = run(CupyExecutable(g, {node.id: "reduction_kernel"}), [x])
+    with np.errstate(all="ignore"):
+        want = getattr(np, op)(x, axis=1)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5)
+
+
+def test_row_kernels_are_deterministic(rng):
+    x = cp.asarray(rand(rng, (64, 30000), F32))
+    for op, attrs in [("sum", {"axis": (1,), "keepdims": False}), ("softmax", {"axis": -1}),
+                      ("layer_norm", {"eps": 1e-5})]:
+        g, node = op_graph(op, [((64, 30000), F32)], attrs)
+        exe = CupyExecutable(g, {node.id: "reduction_kernel"})
+        (a,) = exe([x])
+        (b,) = exe([x])
+        assert bool(cp.all(a == b)), op
+
+
+# -- matmul + epilogue --------------------------------------------------------------------------
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "sigmoid", "silu", "tanh"])
+@pytest.mark.parametrize("bias", [None, (48,), (1, 48)])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_matmul_epilogue(rng, act, bias, dtype):
+    specs = [((32, 64), dtype), ((64, 48), dtype)] + ([(bias, dtype)] if bias else [])
+    attrs = {"activation": act} if act else {}
+    g, node = op_graph("matmul", specs, attrs)
+    exe = CupyExecutable(g, {node.id: "cublas"})
+    arrays = [rand(rng, s, d, high=1.0) for s, d in specs]
+    (got,) = run(exe, arrays)
+    with np.errstate(all="ignore"):
+        want = evaluate("matmul", np, f64(arrays), attrs)
+    tol = {"float32": (1e-4, 1e-5), "float16": (2e-2, 2e-2)}
+    assert_close(got, want, node.dtype, tol)
+    if bias or act:
+        assert exe.launched[node.id] in (f"matmul_{node.id}_epilogue",
+                                         f"matmul_{node.id}_epilogue_vec")
+
+
+@pytest.mark.parametrize("ta, tb", [(False, True), (True, False), (True, True)])
+def test_matmul_transposes_and_batches(rng, ta, tb):
+    a_shape = (3, 40, 24) if ta else (3, 24, 40)
+    b_shape = (56, 40) if tb else (40, 56)
+    attrs = {"transpose_a": ta, "transpose_b": tb, "activation": "gelu"}
+    specs = [(a_shape, F32), (b_shape, F32), ((56,), F32)]
+    g, node = op_graph("matmul", specs, attrs)
+    arrays = [rand(rng, s, d, high=1.0) for s, d in specs]
+    (got,) = run(CupyExecutable(g, {node.id: "cublas"}), arrays)
+    want = evaluate("matmul", np, f64(arrays), attrs)
+    assert_close(got, want, F32, {"float32": (1e-4, 1e-5)})
+
+
+def test_integer_matmul_with_float_activation_is_not_in_place(rng):
+    specs = [((8, 16), I32), ((16, 12), I32), ((12,), F32)]
+    attrs = {"activation": "tanh"}
+    g, node = op_graph("matmul", specs, attrs)
+    assert node.dtype == F64
+    exe = CupyExecutable(g, {node.id: "cublas"})
+    arrays = [rand(rng, s, d) for s, d in specs]
+    arrays = [a if a.dtype.kind == "f" else np.sign(a) * (np.abs(a) % 3) for a in arrays]
+    arrays = [a.astype(d) for a, (_, d) in zip(arrays, specs, strict=True)]
+    (got,) = run(exe, arrays)
+    want = evaluate("matmul", np, arrays, attrs)
+    assert_close(got, want, F64)
+
+
+# -- whole graphs, memory plans, CUDA graphs ----------------------------------------------------
+def block_graph(m=64, k=96, n=128):
+    """gelu(x @ w + b) * 2 + x2, tanh - 0.5 (fused), softmax, layer_norm(gamma),
+    transpose, square (fused), reshape, sum."""
+    g = Graph(name="block")
+    x = g.add("input", shape=(m, k), dtype=F32, name="x")
+    w = g.add("input", shape=(k, n), dtype=F32, name="w")
+    b = g.add("input", shape=(n,), dtype=F32, name="b")
+    x2 = g.add("input", shape=(m, n), dtype=F32, name="x2")
+    gamma = g.add("input", shape=(n,), dtype=F32, name="gamma")
+    mm = g.add("matmul", [x.id, w.id, b.id], {"activation": "gelu"})
+    body, _ = trace(lambda h, y: h * 2.0 + y, [np.zeros((m, n), F32)] * 2)
+    f1 = g.add("fused", [mm.id, x2.id], {"body": body, "ops": ("multiply", "add"),
+                                         "name": "fused_1"})
+    body2, _ = trace(lambda h: np.tanh(h) - 0.5, [np.zeros((m, n), F32)])
+    f2 = g.add("fused", [f1.id], {"body": body2, "ops": ("tanh", "subtract"),
+                                  "name": "fused_2"})
+    sm = g.add("softmax", [f2.id], {"axis": -1})
+    ln = g.add("layer_norm", [sm.id, gamma.id], {"eps": 1e-5})
+    tr = g.add("transpose", [ln.id], {"axes": (1, 0)})
+    body3, _ = trace(lambda t: t * t, [np.zeros((n, m), F32)])
+    f3 = g.add("fused", [tr.id], {"body": body3, "ops": ("multiply",), "name": "fused_3"})
+    rs = g.add("reshape", [f3.id], {"shape": (n * m // 8, 8)})
+    s = g.add("sum", [rs.id], {"axis": (1,), "keepdims": False})
+    g.outputs = [s.id, ln.id, f2.id]
+    g.verify()
+    return g
+
+
+def block_inputs(rng, g):
+    return [rand(rng, g.node(i).shape, g.node(i).dtype, high=1.0) for i in g.inputs]
+
+
+def check_block(g, got, arrays):
+    """Against NumPy (float64 inputs; run_graph keeps every node's float32 dtype)."""
+    want = run_graph(g, f64(arrays), np)
+    for out, ref, oid in zip(got, want, g.outputs, strict=True):
+        assert_close(out, ref, g.node(oid).dtype, {"float32": (2e-4, 2e-5)})
+
+
+@pytest.mark.parametrize("mode", [None, "balanced", "memory_first"])
+def test_block_graph_with_memory_plans(rng, mode):
+    from pyc_lab.compiler.memory import plan_memory
+
+    g = block_graph()
+    plan = plan_memory(g, mode) if mode else None
+    exe = CupyExecutable(g, auto_impl(g), plan)
+    impls = {k["name"]: k["impl"] for k in exe.kernels}
+    assert impls["fused_1"] == "fused_kernel" and impls["fused_3"] == "fused_kernel"
+    if mode == "memory_first" and plan.inplace:
+        assert any("in place" in k["implementation"] for k in exe.kernels)
+    first_in = block_inputs(rng, g)
+    poison_buffers(exe)
+    first = [cp.asnumpy(o) for o in exe([cp.asarray(a) for a in first_in])]
+    check_block(g, first, first_in)
+    kept = exe([cp.asarray(a) for a in first_in])
+    for _ in range(2):
+        arrays = block_inputs(rng, g)
+        poison_buffers(exe)
+        poison_pool()
+        got = exe([cp.asarray(a) for a in arrays])
+        check_block(g, [cp.asnumpy(o) for o in got], arrays)
+    # outputs of an earlier call are the caller's: later calls did not overwrite them
+    for o, ref in zip(kept, first, strict=True):
+        np.testing.assert_array_equal(cp.asnumpy(o), ref)
+
+
+def test_views_of_planned_buffers_are_not_clobbered(rng):
+    """transpose(a) is a view in CuPy but its own buffer in the plan: a later kernel may
+    reuse a's buffer while the transpose is still read."""
+    from pyc_lab.compiler.memory import plan_memory
+
+    m = 48
+    g = Graph(name="views")
+    x = g.add("input", shape=(m, m), dtype=F32)
+    body, _ = trace(lambda v: v + 1.0, [np.zeros((m, m), F32)])
+    a = g.add("fused", [x.id], {"body": body, "ops": ("add",), "name": "fa"})
+    t = g.add("transpose", [a.id], {"axes": (1, 0)})
+    body_b, _ = trace(lambda v: v * 3.0, [np.zeros((m, m), F32)])
+    b = g.add("fused", [x.id], {"body": body_b, "ops": ("multiply",), "name": "fb"})
+    body_c, _ = trace(lambda u, v: u - v, [np.zeros((m, m), F32)] * 2)
+    c = g.add("fused", [t.id, b.id], {"body": body_c, "ops": ("subtract",), "name": "fc"})
+    g.outputs = [c.id]
+    g.verify()
+    for mode in ("balanced", "memory_first"):
+        exe = CupyExecutable(g, auto_impl(g), plan_memory(g, mode))
+        arr = rand(rng, (m, m), F32)
+        poison_buffers(exe)
+        (got,) = run(exe, [arr])
+        want = (arr.astype(F64) + 1.0).T - arr.astype(F64) * 3.0
+        assert_close(got, want, F32)
+
+
+def test_identity_outputs_are_fresh_copies(rng):
+    g = Graph(name="ident")
+    x = g.add("input", shape=(10,), dtype=F32)
+    c = g.add("constant", (), {"value": np.asarray(2.5, F32)})
+    g.outputs = [x.id, c.id]
+    exe = CupyExecutable(g, {})
+    arg = cp.asarray(rand(rng, (10,), F32))
+    out, const = exe([arg])
+    assert out.data.ptr != arg.data.ptr
+    np.testing.assert_array_equal(cp.asnumpy(out), cp.asnumpy(arg))
+    const[...] = 0
+    (_, const2) = exe([arg])
+    assert float(const2) == 2.5
+
+
+@pytest.mark.parametrize("mode", [None, "memory_first"])
+def test_cuda_graph_replays_give_the_same_results_as_eager_runs(rng, mode):
+    from pyc_lab.compiler.memory import plan_memory
+
+    g = block_graph()
+    plan = plan_memory(g, mode) if mode else None
+    exe = CupyExecutable(g, auto_impl(g), plan, cuda_graph=True)
+    plain = CupyExecutable(g, auto_impl(g), plan)
+    kept = []
+    for call in range(5):
+        arrays = block_inputs(rng, g)
+        poison_pool()
+        got = exe([cp.asarray(a) for a in arrays])
+        ref = plain([cp.asarray(a) for a in arrays])
+        if call >= 1:
+            assert exe.graph_captured, exe.graph_capture_error
+        for o, r in zip(got, ref, strict=True):  # cuBLAS may differ by stream: allclose
+            np.testing.assert_allclose(cp.asnumpy(o), cp.asnumpy(r), rtol=1e-5, atol=1e-6)
+        check_block(g, [cp.asnumpy(o) for o in got], arrays)
+        kept.append(([cp.asnumpy(o) for o in got], got))
+    assert exe.graph_capture_error is None
+    assert exe.graph_segments >= 1  # kernels after the (uncapturable) cuBLAS call
+    # every call returned fresh arrays: later replays did not overwrite earlier results
+    for host, dev in kept:
+        for h, d in zip(host, dev, strict=True):
+            np.testing.assert_array_equal(cp.asnumpy(d), h)
+
+
+def test_cuda_graph_replay_on_another_stream(rng):
+    g, node = fused_graph(_mix, [((4096,), F32), ((4096,), F32)])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"}, cuda_graph=True)
+    stream = cp.cuda.Stream(non_blocking=True)
+    for _ in range(3):
+        x, y = rand(rng, (4096,), F32), rand(rng, (4096,), F32)
+        with stream:
+            (got,) = exe([cp.asarray(x), cp.asarray(y)])
+            host = cp.asnumpy(got)
+        stream.synchronize()
+        assert_close(host, _mix(*f64([x, y])), F32)
+    assert exe.graph_captured
+
+
+def test_cuda_graph_capture_failure_falls_back(rng):
+    """An eager node that reads a value back to the host cannot be captured."""
+
+    def scale_by_max(v):
+        return v * float(v.max())  # device -> host copy: synchronises
+
+    g = Graph(name="eager")
+    x = g.add("input", shape=(100,), dtype=F32)
+    e = g.add("eager", [x.id], {"fn": "scale_by_max", "reason": "test",
+                                "_fn": scale_by_max,
+                                "_rebuild": lambda vals: ((vals[0],), {})},
+              shape=(100,), dtype=F32)
+    body, _ = trace(lambda v: v + 1.0, [np.zeros((100,), F32)])
+    f = g.add("fused", [e.id], {"body": body, "ops": ("add",), "name": "fused_e"})
+    g.outputs = [f.id]
+    exe = CupyExecutable(g, {e.id: "eager", f.id: "fused_kernel"}, cuda_graph=True)
+    for _ in range(3):
+        arr = rand(rng, (100,), F32)
+        (got,) = run(exe, [arr])
+        assert_close(got, arr.astype(F64) * float(arr.max()) + 1.0, F32)
+    assert not exe.graph_captured
+    assert exe.graph_capture_error
+
+
+def test_kernel_cache_hits_for_identical_sources(rng):
+    g1, n1 = fused_graph(lambda x: x * 3.0 - 1.0, [((999,), F32)], name="cached_k")
+    g2, n2 = fused_graph(lambda x: x * 3.0 - 1.0, [((999,), F32)], name="cached_k")
+    before = cache.cache_stats()
+    e1 = CupyExecutable(g1, {n1.id: "fused_kernel"})
+    e2 = CupyExecutable(g2, {n2.id: "fused_kernel"})
+    x = rand(rng, (999,), F32)
+    (a,) = run(e1, [x])
+    (b,) = run(e2, [x])
+    np.testing.assert_array_equal(a, b)
+    after = cache.cache_stats()
+    assert after["misses"] - before["misses"] <= 1
+    assert after["hits"] - before["hits"] >= 2  # the vec and scalar entries of e2, at least
+    assert cache.compile_kernel(generate(n1, g1)) is not None
+
+
+def test_argument_checks(rng):
+    g, node = fused_graph(lambda x: x + 1.0, [((8,), F32)])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    from pyc_lab.errors import PycLabError
+
+    with pytest.raises(PycLabError, match="built for f32"):
+        exe([cp.zeros(9, cp.float32)])
+    with pytest.raises(PycLabError, match="takes 1"):
+        exe([])
