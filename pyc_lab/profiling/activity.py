@@ -36,7 +36,8 @@ from typing import Any
 
 from ..errors import DeviceUnavailableError, PycLabError
 from ..hardware.device import cupy_status
-from .trace import Span, Trace
+from .spans import Span
+from .trace import Trace
 
 __all__ = ["BACKENDS", "GpuActivity", "spans_from_chrome", "spans_from_cupti"]
 

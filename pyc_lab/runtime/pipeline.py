@@ -49,7 +49,7 @@ import numpy as np
 
 from ..errors import PycLabError
 from ..hardware.device import cupy_status
-from ..profiling.trace import nvtx_range
+from ..profiling.nvtx import nvtx_range
 from .dispatcher import Dispatcher
 from .pinned import PinnedBuffer, PinnedPool, is_page_locked
 
@@ -701,7 +701,7 @@ class Pipeline:
                                              range(1, self.compute_streams)), "d2h"]
                 run.streams = {k: cp.cuda.Stream(non_blocking=True) for k in names}
                 try:  # stage spans from CUDA events, mapped onto the host clock
-                    from ..profiling.trace import CudaEventClock
+                    from ..profiling.clock import CudaEventClock
 
                     run.clock = CudaEventClock(cp)
                 except Exception as exc:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..profiling.trace import OverlapReport, Trace, lane_order, stage_order
+from ..profiling.overlap import OverlapReport
+from ..profiling.spans import lane_order, stage_order
+from ..profiling.trace import Trace
 from .display import ChartView, escape, frame_html, require_plotly
 
 __all__ = ["TimelineWidget", "compare", "stage_color"]

@@ -9,8 +9,11 @@ import types
 import pytest
 
 from pyc_lab.errors import DeviceUnavailableError, PycLabError
-from pyc_lab.profiling import trace as tr
-from pyc_lab.profiling.trace import CudaEventClock, Span, Trace, lane_order, nvtx_range
+from pyc_lab.profiling import nvtx, overlap
+from pyc_lab.profiling.clock import CudaEventClock
+from pyc_lab.profiling.nvtx import nvtx_range
+from pyc_lab.profiling.spans import Span, lane_order
+from pyc_lab.profiling.trace import Trace
 from tests.fakes.traces import SUMMARY_LINES, pipeline_trace
 
 MS = 1e-3
@@ -118,9 +121,9 @@ def test_overlap_report_frame_and_summary_are_stable():
 
 
 def test_interval_helpers():
-    assert tr.union([(3, 4), (0, 1), (1, 2), (0.5, 1.5)]) == [(0, 2), (3, 4)]
-    assert tr.intersect([(0, 2), (3, 4)], [(1, 3.5)]) == [(1, 2), (3, 3.5)]
-    assert tr.total([(0, 2), (3, 4)]) == 3
+    assert overlap.union([(3, 4), (0, 1), (1, 2), (0.5, 1.5)]) == [(0, 2), (3, 4)]
+    assert overlap.intersect([(0, 2), (3, 4)], [(1, 3.5)]) == [(1, 2), (3, 3.5)]
+    assert overlap.total([(0, 2), (3, 4)]) == 3
 
 
 # -- spans, traces, frames ---------------------------------------------------------------
@@ -324,7 +327,7 @@ def test_cuda_event_clock_needs_a_device_here(monkeypatch):
 
 
 def test_nvtx_range_is_a_no_op_without_a_library_and_never_hides_errors(monkeypatch):
-    monkeypatch.setattr(tr, "_nvtx_backend", lambda: ("none", None))
+    monkeypatch.setattr(nvtx, "_nvtx_backend", lambda: ("none", None))
     with nvtx_range("prepare 0"):
         pass
     with pytest.raises(KeyError), nvtx_range("x"):
@@ -337,7 +340,7 @@ def test_nvtx_range_uses_the_nvtx_package_and_swallows_its_errors(monkeypatch):
         push_range=lambda message, domain: calls.append(("push", message, domain)),
         pop_range=lambda domain: calls.append(("pop", domain)),
     )
-    monkeypatch.setattr(tr, "_nvtx_backend", lambda: ("nvtx", fake))
+    monkeypatch.setattr(nvtx, "_nvtx_backend", lambda: ("nvtx", fake))
     with nvtx_range("h2d 3"):
         calls.append("body")
     assert calls == [("push", "h2d 3", "pyc_lab"), "body", ("pop", "pyc_lab")]
@@ -345,7 +348,7 @@ def test_nvtx_range_uses_the_nvtx_package_and_swallows_its_errors(monkeypatch):
     def broken(**_kw):
         raise RuntimeError("NVTX library unavailable")
 
-    monkeypatch.setattr(tr, "_nvtx_backend", lambda: (
+    monkeypatch.setattr(nvtx, "_nvtx_backend", lambda: (
         "nvtx", types.SimpleNamespace(push_range=broken, pop_range=broken)))
     with nvtx_range("still fine"):
         pass
@@ -355,15 +358,15 @@ def test_nvtx_range_through_cupy(monkeypatch):
     calls = []
     fake = types.SimpleNamespace(RangePush=lambda name: calls.append(name),
                                  RangePop=lambda: calls.append("pop"))
-    monkeypatch.setattr(tr, "_nvtx_backend", lambda: ("cupy", fake))
+    monkeypatch.setattr(nvtx, "_nvtx_backend", lambda: ("cupy", fake))
     with nvtx_range("compute 1"):
         pass
     assert calls == ["compute 1", "pop"]
 
 
 def test_the_real_nvtx_backend_resolves_without_raising():
-    tr._nvtx_backend.cache_clear()
-    kind, _mod = tr._nvtx_backend()
+    nvtx._nvtx_backend.cache_clear()
+    kind, _mod = nvtx._nvtx_backend()
     assert kind in ("nvtx", "cupy", "none")
     with nvtx_range("real"):
         pass

@@ -501,7 +501,7 @@ def test_gpu_prepare_into_pinned_slots_and_view_results() -> None:  # pragma: no
 def test_every_stage_of_every_item_is_an_nvtx_range(monkeypatch) -> None:
     import types
 
-    from pyc_lab.profiling import trace as tr
+    from pyc_lab.profiling import nvtx as tr
 
     pushed: list[str] = []
     lock = threading.Lock()
