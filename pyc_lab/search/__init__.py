@@ -1,20 +1,26 @@
-"""Search strategies of the kernel autotuner, one module per idea (after kernel_tuner).
+"""Search: tune any objective — strategies, spaces, budgets, observers, the tuning session.
 
 .. code-block:: python
 
-    from pyc_lab.search import Budget, Outcome, SearchSpace, get_strategy
+    from pyc_lab.search import Budget, Outcome, SearchSpace, TuningSession
 
     space = SearchSpace(
         {"tile_m": [64, 128, 256], "tile_n": [64, 128, 256], "stages": [2, 3, 4, 5]},
         restrictions=[lambda c: c["tile_m"] * c["tile_n"] <= 128 * 256],
     )
 
-    def evaluate(candidate, fidelity):          # compile, check, time `fidelity` runs
-        ...
-        return Outcome("ok", time=0.42)         # or Outcome("compile_error", message=...)
+    class Tiles:                                # a runner: the candidates and one measurement
+        def space(self):
+            return space
 
-    strategy = get_strategy("successive_halving", eta=3, max_fidelity=27)
-    result = strategy.run(space, evaluate, Budget(max_seconds=600), rng=0)
+        def evaluate(self, candidate, fidelity):  # compile, check, time `fidelity` runs
+            ...
+            return Outcome("ok", time=0.42)       # or Outcome("compile_error", message=...)
+
+    session = TuningSession(Tiles(), "successive_halving",
+                            strategy_options={"eta": 3, "max_fidelity": 27},
+                            budget=Budget(max_seconds=600), observers=[print])
+    result = session.run()
     result.best.candidate, result.to_frame()
 
 Strategies
@@ -28,99 +34,29 @@ Strategies
 ``evolutionary``
     A genetic algorithm (tournament selection, neighbour mutation, elitism): the
     model-guided one, for spaces too large to screen.
+
+Modules, one idea each (after Kernel Tuner): :mod:`.space` (candidates),
+:mod:`.trials` (outcomes, trials, results), :mod:`.budget`, :mod:`.context` (what a
+strategy evaluates through: budget, failures, observers, stop), :mod:`.strategy` (the
+base class), one module per strategy, :mod:`.registry` (strategies by name) and
+:mod:`.session` (:class:`TuningSession`: a runner, a strategy, a budget, observers).
 """
 
-from __future__ import annotations
+from .._lazy import lazy_face
 
-import inspect
-from typing import Any
-
-from ..errors import PycLabError
-from .base import (
-    DEFAULT_FIDELITY,
-    STOP_REASONS,
-    Budget,
-    Candidate,
-    Evaluate,
-    Observer,
-    Outcome,
-    SearchContext,
-    SearchResult,
-    SearchSpace,
-    StopSearch,
-    Strategy,
-    Trial,
-    candidate_key,
-    select_best,
-)
-from .evolutionary import Evolutionary
-from .exhaustive import Exhaustive
-from .random_search import RandomSearch
-from .successive_halving import SuccessiveHalving
-
-__all__ = [
-    "DEFAULT_FIDELITY",
-    "STOP_REASONS",
-    "STRATEGIES",
-    "Budget",
-    "Candidate",
-    "Evaluate",
-    "Evolutionary",
-    "Exhaustive",
-    "Observer",
-    "Outcome",
-    "RandomSearch",
-    "SearchContext",
-    "SearchResult",
-    "SearchSpace",
-    "StopSearch",
-    "Strategy",
-    "SuccessiveHalving",
-    "Trial",
-    "candidate_key",
-    "get_strategy",
-    "select_best",
-]
-
-#: Strategy name -> class.
-STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (Exhaustive, RandomSearch, SuccessiveHalving, Evolutionary)
+_EXPORTS = {
+    "Budget": "budget",
+    "STOP_REASONS": "context", "Evaluate": "context", "Observer": "context",
+    "SearchContext": "context", "StopSearch": "context",
+    "Evolutionary": "evolutionary", "Exhaustive": "exhaustive",
+    "RandomSearch": "random_search", "SuccessiveHalving": "successive_halving",
+    "STRATEGIES": "registry", "get_strategy": "registry", "normalise_name": "registry",
+    "Runner": "session", "TuningSession": "session",
+    "Candidate": "space", "RngLike": "space", "SearchSpace": "space",
+    "candidate_key": "space",
+    "DEFAULT_FIDELITY": "strategy", "Strategy": "strategy",
+    "Outcome": "trials", "SearchResult": "trials", "Trial": "trials",
+    "select_best": "trials",
 }
-
-
-def get_strategy(name: str, **options: Any) -> Strategy:
-    """A strategy by its registry name, configured with ``options``.
-
-    Parameters
-    ----------
-    name
-        A key of :data:`STRATEGIES` (case and ``-``/``_`` do not matter).
-    **options
-        Passed to the strategy's constructor, e.g. ``eta=3`` for successive halving.
-
-    Returns
-    -------
-    Strategy
-
-    Raises
-    ------
-    PycLabError
-        For an unknown name (the message lists the known ones), an option the strategy
-        does not take (the message lists those it does) or a bad option value.
-    """
-    key = str(name).strip().lower().replace("-", "_")
-    try:
-        cls = STRATEGIES[key]
-    except KeyError:
-        raise PycLabError(
-            f"unknown search strategy {name!r}; known: {', '.join(sorted(STRATEGIES))}."
-        ) from None
-    params = inspect.signature(cls.__init__).parameters
-    accepted = [p for p in params if p != "self"]
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise PycLabError(
-            f"search strategy {key!r} takes no option(s) {', '.join(unknown)}; "
-            f"it takes: {', '.join(accepted) or 'none'}."
-        )
-    return cls(**options)
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS, globals())

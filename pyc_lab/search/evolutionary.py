@@ -19,14 +19,9 @@ import math
 from typing import Any
 
 from ..errors import PycLabError
-from .base import (
-    DEFAULT_FIDELITY,
-    Candidate,
-    SearchContext,
-    Strategy,
-    _check_int,
-    _check_rate,
-)
+from .context import SearchContext
+from .space import Candidate
+from .strategy import DEFAULT_FIDELITY, Strategy, _check_int, _check_rate
 
 __all__ = ["Evolutionary"]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .base import DEFAULT_FIDELITY, SearchContext, Strategy, _check_int
+from .context import SearchContext
+from .strategy import DEFAULT_FIDELITY, Strategy, _check_int
 
 __all__ = ["RandomSearch"]
 

@@ -18,7 +18,8 @@ import math
 from typing import Any
 
 from ..errors import PycLabError
-from .base import DEFAULT_FIDELITY, SearchContext, Strategy, _check_int
+from .context import SearchContext
+from .strategy import DEFAULT_FIDELITY, Strategy, _check_int
 
 __all__ = ["SuccessiveHalving"]
 
