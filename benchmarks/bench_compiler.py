@@ -31,22 +31,13 @@ from common import write_result
 
 import pyc_lab as pl
 from pyc_lab.hardware.device import cupy_status
+from pyc_lab.profiling import benchmark
 
 
-def gpu_time(cp, fn: Callable[[], object], repeats: int = 20, warmup: int = 3) -> float:
-    """Median seconds of ``fn`` on the current stream, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(repeats):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
-    return statistics.median(times)
+def gpu_time(fn: Callable[[], object], repeats: int = 20, warmup: int = 3) -> float:
+    """Median GPU seconds of ``fn`` on the current stream (pyc_lab's ``benchmark``: CUDA
+    events, the host's launch gaps kept out by a spin kernel)."""
+    return benchmark(fn, repeats=repeats, warmup=warmup, gpu=True).median_s
 
 
 def rel_err(out, ref) -> float:
@@ -89,7 +80,7 @@ def bench_elementwise(cp) -> dict:
     per_round: dict[str, list[float]] = {k: [] for k in candidates}
     for _ in range(7):
         for name, fn in candidates.items():
-            per_round[name].append(gpu_time(cp, fn, repeats=5, warmup=1))
+            per_round[name].append(gpu_time(fn, repeats=5, warmup=1))
     t_copy = statistics.median(per_round["copy"])
     copy_tbps = 2 * src.nbytes / t_copy / 1e12
     rows = {}
@@ -164,7 +155,7 @@ def bench_mlp(cp) -> dict:
             "torch_matmul_h_w2": lambda: torch.as_tensor(hx, device="cuda") @ tx[3]}
     th = torch.as_tensor(hx, device="cuda")
     gemm["torch_matmul_h_w2"] = lambda: th @ tx[3]
-    gemm_rows = {name: {"ms": gpu_time(cp, fn, repeats=30, warmup=5) * 1e3}
+    gemm_rows = {name: {"ms": gpu_time(fn, repeats=30, warmup=5) * 1e3}
                  for name, fn in gemm.items()}
     for row in gemm_rows.values():
         row["tflops"] = flops / 2 / (row["ms"] / 1e3) / 1e12
@@ -175,7 +166,7 @@ def bench_mlp(cp) -> dict:
                      ("pyc_lab_utilization_first", lambda: tuned(*args)),
                      ("torch_eager", lambda: torch_mlp(*tx)),
                      ("torch_compile", lambda: compiled_torch(*tx))):
-        t = gpu_time(cp, fn, repeats=30, warmup=5)
+        t = gpu_time(fn, repeats=30, warmup=5)
         rows[name] = {"ms": t * 1e3, "tflops": flops / t / 1e12}
     return {"shape": [m, d, h], "dtype": "float16", "activation": "gelu (tanh)",
             "rel_err_vs_f32": {"pyc_lab": err, "pyc_lab_cuda_graph": err_g,
@@ -218,7 +209,7 @@ def bench_norms(cp) -> dict:
                                                                    1e-5)),
         ("layer_norm/cupy_eager", lambda: pl.compiler.layer_norm(x, g, b)),
     ):
-        t = gpu_time(cp, fn)
+        t = gpu_time(fn)
         out[name] = {"ms": t * 1e3, "tbps": nbytes / t / 1e12}
     return {"shape": list(shape), "dtype": "float16", "rel_err": {"softmax": err_sm,
                                                                   "layer_norm": err_ln},
@@ -266,12 +257,12 @@ def bench_dispatch(cp) -> dict:
         err = rel_err(cp.asnumpy(fn(xb, gb, bb)), ref)
         assert err < 1e-4, (name, err)
         block[name] = {"host_us_per_call": host_us(cp, lambda fn=fn: fn(xb, gb, bb)),
-                       "gpu_us_per_call": gpu_time(cp, lambda fn=fn: fn(xb, gb, bb),
+                       "gpu_us_per_call": gpu_time(lambda fn=fn: fn(xb, gb, bb),
                                                    repeats=50) * 1e6,
                        "kernels": len(fn.explain().kernels)}
     block["cupy_eager"] = {
         "host_us_per_call": host_us(cp, lambda: small_block(xb, gb, bb), calls=50),
-        "gpu_us_per_call": gpu_time(cp, lambda: small_block(xb, gb, bb), repeats=50) * 1e6}
+        "gpu_us_per_call": gpu_time(lambda: small_block(xb, gb, bb), repeats=50) * 1e6}
     return {"what": "host time per call of a 1024-element tanh*2+1, median of 7 x 200 calls",
             "results": rows,
             "block": {"what": "softmax, layer norm, elementwise and a sum on (64, 256) "
@@ -297,9 +288,9 @@ def main() -> None:
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             print(name, "FAILED", results[name]["error"])
         cp.get_default_memory_pool().free_all_blocks()
-    path = write_result(args.out, "compiler", {"method": "CUDA events, median of repeats "
-                                                         "after warm-up",
-                                               **results})
+    method = ("CUDA events (pyc_lab.profiling.benchmark: a spin kernel ahead of the start "
+              "event keeps host launch gaps out), median of repeats after warm-up")
+    path = write_result(args.out, "compiler", {"method": method, **results})
     print(f"wrote {path}")
 
 

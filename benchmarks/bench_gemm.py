@@ -58,7 +58,7 @@ def main() -> None:
         print(f"skipped: the GEMM benchmark needs a CUDA device ({reason})")
         return
     import pyc_lab as pl
-    from pyc_lab.kernels.cutlass import gemm as cg
+    from pyc_lab.kernels import cutlass as cg
     from pyc_lab.kernels.tuning.autotune import device_key, gemm_inputs
     from pyc_lab.kernels.tuning.database import TuningDB
 

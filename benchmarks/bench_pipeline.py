@@ -46,6 +46,7 @@ REPEATS = 5
 def bandwidth(cp, nbytes: int, repeats: int = 7) -> dict:
     """GB/s of one H2D copy from pool, raw pinned and pageable buffers (interleaved)."""
     import pyc_lab as pl
+    from pyc_lab.profiling import benchmark
 
     dev = cp.empty(nbytes, dtype=cp.uint8)
     raw_mem = cp.cuda.alloc_pinned_memory(nbytes)
@@ -57,16 +58,17 @@ def bandwidth(cp, nbytes: int, repeats: int = 7) -> dict:
     for a in (raw, pageable, pooled):
         a[:] = 1  # touch every page before timing
     stream = cp.cuda.Stream(non_blocking=True)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
     times: dict[str, list[float]] = {"pool": [], "raw_pinned": [], "pageable": []}
     for _ in range(repeats):
         for name, host in (("pool", pooled), ("raw_pinned", raw), ("pageable", pageable)):
-            start.record(stream)
-            cp.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, nbytes,
-                                        cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
-            end.record(stream)
-            end.synchronize()
-            times[name].append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
+            # one copy per round (interleaved); no spin, as in probe_bandwidth: a pageable
+            # copy's host-side staging belongs in its time
+            t = benchmark(
+                cp.cuda.runtime.memcpyAsync,
+                (dev.data.ptr, host.ctypes.data, nbytes, cp.cuda.runtime.memcpyHostToDevice,
+                 stream.ptr),
+                repeats=1, warmup=0, spin=False, gpu=True, stream=stream, name=name)
+            times[name].append(t.gpu_s[0])
     gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
     out = {"bytes": nbytes, "repeats": repeats, "gbps": gbps,
            "pool_vs_raw_pinned": gbps["pool"] / gbps["raw_pinned"],

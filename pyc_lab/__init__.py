@@ -40,7 +40,7 @@ _EXPORTS = {
     "matmul": "kernels.matmul",
     "autotune_gemm": "kernels.tuning.autotune",
     "TuneResult": "kernels.tuning.autotune",
-    "replay_autotune": "kernels.tuning.replay",
+    "replay_autotune": "kernels.tuning.autotune",
 }
 
 __all__ = [

@@ -29,15 +29,19 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .errors import PycLabError
+from .units import gemm_flops, tflops
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kernels.tuning.autotune import TuneResult
-    from .kernels.tuning.database import Measurement
+    from .kernels.tuning.keys import Measurement
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .kernels.tuning.options import GemmTuneOptions
+
+    defaults = GemmTuneOptions()
     parser = argparse.ArgumentParser(prog="pyc-lab", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -59,20 +63,25 @@ def _parser() -> argparse.ArgumentParser:
                                       "tuning recorded on a GPU with --replay.")
     for dim in ("M", "N", "K"):
         gemm.add_argument(dim.lower(), metavar=dim, type=int, help=f"the problem's {dim}")
-    gemm.add_argument("--dtype", default="bf16",
-                      help="f16, bf16 (default), tf32 or f32 (SIMT)")
-    gemm.add_argument("--layout", default="tn", help="tn, tt, nt or nn (default: tn)")
-    gemm.add_argument("--strategy", default="successive_halving",
-                      help="exhaustive, random, successive_halving (default) or evolutionary")
-    gemm.add_argument("--budget", metavar="S", type=float, default=180.0,
+    gemm.add_argument("--dtype", default=defaults.dtype,
+                      help=f"f16, bf16, tf32 or f32 (SIMT); default {defaults.dtype}")
+    gemm.add_argument("--layout", default=defaults.layout,
+                      help=f"tn, tt, nt or nn (default: {defaults.layout})")
+    gemm.add_argument("--strategy", default=defaults.strategy,
+                      help="exhaustive, random, successive_halving or evolutionary "
+                           f"(default: {defaults.strategy})")
+    gemm.add_argument("--budget", metavar="S", type=float, default=defaults.budget_s or 0.0,
                       help="stop starting candidates after S seconds (0: no limit; "
-                           "default 180)")
-    gemm.add_argument("--max-candidates", metavar="N", type=int, default=16,
-                      help="consider at most N configurations (0: all; default 16)")
+                           f"default {defaults.budget_s or 0:g})")
+    gemm.add_argument("--max-candidates", metavar="N", type=int,
+                      default=defaults.max_candidates or 0,
+                      help="consider at most N configurations (0: all; default "
+                           f"{defaults.max_candidates or 0})")
     gemm.add_argument("--replay", metavar="PATH", nargs="?", const="", default=None,
                       help="replay a recorded tuning instead of tuning live: the H200 "
                            "recording shipped with pyc_lab, or a tuning-database export")
-    gemm.add_argument("--seed", type=int, default=0, help="the search's random seed")
+    gemm.add_argument("--seed", type=int, default=defaults.seed,
+                      help="the search's random seed")
     gemm.add_argument("--json", action="store_true", help="print the result as JSON")
     gemm.add_argument("--bias", action="store_true",
                       help="tune kernels that add a bias row inside the epilogue (live only)")
@@ -172,14 +181,18 @@ def _tune_gemm(args: argparse.Namespace) -> int:
         where = "recorded" if replay else f"{row.get('built')}/{row.get('total')} built"
         print(f"  [{count[0]}] {row['config']}: {row['status']} {ms} ({where})", flush=True)
 
-    common = dict(dtype=args.dtype, layout=args.layout, strategy=args.strategy,
-                  budget_s=budget, max_candidates=max_candidates, seed=args.seed,
-                  observer=None if quiet else progress)
-    if replay and (args.bias or args.activation):
+    from .kernels.tuning.options import GemmTuneOptions
+
+    options = GemmTuneOptions(dtype=args.dtype, layout=args.layout, strategy=args.strategy,
+                              budget_s=budget, max_candidates=max_candidates, seed=args.seed,
+                              bias=args.bias, activation=args.activation)
+    observer = None if quiet else progress
+    if replay and options.epilogue.fused:
         raise PycLabError("--replay replays plain GEMMs only; --bias/--activation tune "
                           "fused epilogues live on a GPU")
     if replay:
-        from .kernels.tuning.replay import recorded_result, replay_autotune
+        from .kernels.tuning.autotune import replay_autotune
+        from .kernels.tuning.recording import recorded_result
 
         source = args.replay or None
         info = recorded_result(args.m, args.n, args.k, dtype=args.dtype, layout=args.layout,
@@ -189,7 +202,8 @@ def _tune_gemm(args: argparse.Namespace) -> int:
                   f"run here ({info.source_label}; driver {info.driver}, CUDA {info.cuda})")
             print(f"strategy {args.strategy}, budget {_limit(budget, ' s')}, at most "
                   f"{_limit(max_candidates, ' candidates')}")
-        result = replay_autotune(args.m, args.n, args.k, source=source, **common)
+        result = replay_autotune(args.m, args.n, args.k, options=options, source=source,
+                                 observer=observer)
     else:
         from .hardware.device import cupy_status
 
@@ -205,16 +219,15 @@ def _tune_gemm(args: argparse.Namespace) -> int:
             print(f"Tuning {problem} on this GPU: strategy {args.strategy}, budget "
                   f"{_limit(budget, ' s')}, at most {_limit(max_candidates, ' candidates')}",
                   flush=True)
-        result = autotune_gemm(args.m, args.n, args.k, bias=args.bias,
-                               activation=args.activation, **common)
+        result = autotune_gemm(args.m, args.n, args.k, options=options, observer=observer)
     if quiet:
         print(json.dumps(_result_json(result), indent=2))
         return 0
     label = "recorded " if replay else ""
     if result.best is not None:
         ms = result.best.time_ms
-        tflops = 2.0 * args.m * args.n * args.k / (ms * 1e-3) / 1e12
-        print(f"best: {_config_name(result.best)}, {label}{ms:.4f} ms = {tflops:.1f} TFLOP/s")
+        rate = tflops(gemm_flops(args.m, args.n, args.k), ms)
+        print(f"best: {_config_name(result.best)}, {label}{ms:.4f} ms = {rate:.1f} TFLOP/s")
     else:
         print("no candidate ran correctly")
     print(f"{result.table.shape[0]} candidate(s) evaluated; stopped by {result.stopped_by}")
@@ -229,12 +242,9 @@ def _limit(value: float | None, unit: str) -> str:
 
 
 def _config_name(m: Measurement) -> str:
-    from .kernels.cutlass.gemm import GemmConfig
+    from .kernels.tuning.result import config_name
 
-    try:
-        return GemmConfig.from_dict(m.config).id
-    except PycLabError:
-        return m.config_id
+    return config_name(m.config, m.config_id)
 
 
 def _result_json(res: TuneResult) -> dict:

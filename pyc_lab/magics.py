@@ -12,7 +12,7 @@ import ast
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
@@ -135,13 +135,15 @@ class PycLabMagics(Magics):
     @argument("m", type=int, help="M (a is M x K)")
     @argument("n", type=int, help="N (b is K x N)")
     @argument("k", type=int, help="K")
-    @argument("--dtype", default="f16", help="f16 (default) or bf16")
-    @argument("--layout", default="tn", help="tn (default), tt, nt or nn")
-    @argument("--strategy", default="successive_halving",
+    @argument("--dtype", default=None,
+              help="f16, bf16, tf32 or f32 (default: pyc_lab.autotune_gemm's, f16)")
+    @argument("--layout", default=None, help="tn, tt, nt or nn (default: tn)")
+    @argument("--strategy", default=None,
               help="exhaustive, random, successive_halving (default) or evolutionary")
-    @argument("--budget", type=float, default=180.0,
-              help="stop starting candidates after this many seconds (0: no limit)")
-    @argument("--max-candidates", type=int, default=16,
+    @argument("--budget", type=float, default=None,
+              help="stop starting candidates after this many seconds (0: no limit; "
+                   "default 180)")
+    @argument("--max-candidates", type=int, default=None,
               help="consider at most this many configurations (0: all; default 16)")
     @argument("--replay", metavar="PATH", nargs="?", const="", default=None,
               help="replay a recorded tuning (the H200 recording shipped with pyc_lab, or "
@@ -168,16 +170,22 @@ class PycLabMagics(Magics):
         args = parse_argstring(self.pyc_tune, line)
         live_view = has_live_frontend()
         try:
-            if args.budget < 0 or args.max_candidates < 0:
+            if (args.budget or 0) < 0 or (args.max_candidates or 0) < 0:
                 raise PycLabError("--budget and --max-candidates take numbers >= 0 "
                                   "(0: no limit)")
+            # what is not given comes from GemmTuneOptions, as for autotune_gemm; 0 = no limit
+            settings = {name: value for name, value in (
+                ("dtype", args.dtype), ("layout", args.layout), ("strategy", args.strategy))
+                if value is not None}
+            if args.budget is not None:
+                settings["budget_s"] = args.budget or None
+            if args.max_candidates is not None:
+                settings["max_candidates"] = args.max_candidates or None
             replay = args.replay is not None
             widget = AutotuneWidget(
-                args.m, args.n, args.k, dtype=args.dtype, layout=args.layout,
-                strategy=args.strategy, budget_s=args.budget or None,
-                max_candidates=args.max_candidates or None,
-                mode="replay" if replay else "auto", source=args.replay or None,
-                pace_s=0.1 if live_view and not args.wait else 0.0)
+                args.m, args.n, args.k, mode="replay" if replay else "auto",
+                source=args.replay or None,
+                pace_s=0.1 if live_view and not args.wait else 0.0, **settings)
             if args.wait or not live_view:
                 widget.run(wait=True)
         except PycLabError as exc:
@@ -251,6 +259,102 @@ class PycLabMagics(Magics):
             tracer.trace.to_chrome(args.chrome)
         display(TimelineWidget(tracer.trace))  # pragma: no cover - needs a GPU
         return None
+
+    @magic_arguments()
+    @argument("-n", "--repeats", type=int, default=20, metavar="REPEATS",
+              help="timed calls (default 20)")
+    @argument("-w", "--warmup", type=int, default=2, metavar="WARMUP",
+              help="untimed calls made first (default 2)")
+    @argument("--flush-l2", action="store_true",
+              help="flush the GPU's L2 cache before every timed call (outside the interval)")
+    @argument("--no-spin", action="store_true",
+              help="no spin kernel ahead of the start event: the GPU time then includes the "
+                   "host's launch gaps (use it for a statement that waits for the GPU)")
+    @argument("--cpu", action="store_true", help="time on the host only, even with a GPU")
+    @argument("-o", "--output", action="store_true",
+              help="also return the Timing (as %%timeit -o does): t = %%pyc_timeit -o f(x)")
+    @argument("statement", nargs="*",
+              help="the statement to time (line form; kept verbatim); the cell form times "
+                   "the cell body")
+    @line_cell_magic
+    def pyc_timeit(self, line: str, cell: str | None = None) -> Any:
+        """Time a statement (or the cell): GPU and CPU time per call, median of repeats.
+
+        Runs the statement in the notebook's namespace through
+        ``pyc_lab.profiling.benchmark``: warm-up calls, then timed ones, each between two
+        CUDA events (GPU time) and two host clock reads (CPU time), with a spin kernel
+        ahead of the start event so the host's launch gaps stay out of the GPU time.
+        Without a GPU (or with ``--cpu``) it times on the host and says why there is no
+        GPU time. The :class:`~pyc_lab.profiling.Timing` is displayed; with ``-o`` it is
+        also returned, as ``%timeit -o`` does: ``t = %pyc_timeit -o f(x)`` (then
+        ``t.to_dict()``, ``t.gpu_median_s``). Options come before the statement; ``--``
+        ends them.
+
+        Examples::
+
+            %pyc_timeit cp.matmul(a, b)
+            t = %pyc_timeit -o -n 50 --flush-l2 f(x)
+
+            %%pyc_timeit -n 10 --cpu
+            y = np.sort(x)
+            z = y[::2].sum()
+        """
+        import re
+
+        from .profiling.timing import benchmark
+
+        magic = "%pyc_timeit" if cell is None else "%%pyc_timeit"
+        # Leading options go to argparse; the statement after them is kept verbatim
+        # (argparse would split it on spaces and strip its quotes). A token is an option
+        # only if it starts with "--" or is -n/-w (with or without a number), so that a
+        # statement such as "-x + 1" stays a statement.
+        def head(text: str) -> tuple[str, str]:
+            first, *others = text.split(None, 1)
+            return first, (others[0] if others else "")
+
+        rest, options = line.strip(), []
+        while rest.startswith("-"):
+            token, after = head(rest)
+            if token == "--":
+                rest = after
+                break
+            if not (token.startswith("--") or re.fullmatch(r"-[nw]\d*|-o", token)):
+                break
+            options.append(token)
+            rest = after
+            if token in ("-n", "-w", "--repeats", "--warmup") and rest:
+                value, rest = head(rest)
+                options.append(value)
+        args = parse_argstring(self.pyc_timeit, " ".join(options))
+        if cell is None:
+            statement = rest
+            if not statement:
+                raise UsageError("%pyc_timeit: nothing to time; e.g. %pyc_timeit -n 50 f(x)")
+        else:
+            if rest:
+                raise UsageError("%%pyc_timeit: only options go on the magic's line "
+                                 f"(got {rest!r}); the cell body is what is timed")
+            statement = cell
+        try:
+            code = compile(self.shell.transform_cell(statement), "<pyc_timeit>", "exec")
+        except SyntaxError as exc:
+            raise UsageError(f"{magic}: the statement is not valid Python: {exc}") from exc
+        ns = self.shell.user_ns
+        lines = [ln.strip() for ln in statement.strip().splitlines()]
+        label = lines[0] if len(lines) == 1 else f"{lines[0]} ... ({len(lines)} lines)"
+        label = label if len(label) <= 60 else label[:57] + "..."
+        try:
+            timing = benchmark(lambda: exec(code, ns),  # the user's own statement
+                               repeats=args.repeats, warmup=args.warmup,
+                               flush_l2=args.flush_l2, spin=not args.no_spin,
+                               gpu=False if args.cpu else None, name=label)
+        except PycLabError as exc:
+            raise UsageError(f"{magic}: {exc}") from exc
+        except Exception as exc:
+            raise UsageError(f"{magic}: the statement raised {type(exc).__name__}: "
+                             f"{exc}") from exc
+        display(timing)
+        return timing if args.output else None
 
 
 def _part(explanation: Any, show: str) -> Any:

@@ -105,14 +105,14 @@ def test_tune_without_a_gpu_and_without_replay_exits_2(capsys):
     assert main(["tune", "gemm", "512", "512", "512"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pyc-lab: error: no CUDA device here (")
-    assert "pyc-lab tune gemm 512 512 512 --dtype bf16 --replay" in err
+    assert "pyc-lab tune gemm 512 512 512 --dtype f16 --replay" in err
     assert "Traceback" not in err
 
 
 def test_tune_replay_of_an_unrecorded_problem_exits_2(capsys):
     assert main(["tune", "gemm", "100", "100", "100", "--replay"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("pyc-lab: error: no recorded tuning of GEMM 100x100x100 bf16 tn")
+    assert err.startswith("pyc-lab: error: no recorded tuning of GEMM 100x100x100 f16 tn")
     assert "; recorded: " in err and "4096x4096x4096 f16 tn" in err
     assert main(["tune", "gemm", "8", "8", "8", "--budget", "-1", "--replay"]) == 2
     assert "--budget -1" in capsys.readouterr().err

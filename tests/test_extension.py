@@ -192,3 +192,101 @@ def test_pyc_tune_bad_input_is_a_usage_error(shell):
     with capture_output() as cap:
         result = shell.run_cell("%pyc_tune conv 1 2 3")
     assert not result.success
+
+
+# -- %pyc_timeit ------------------------------------------------------------------------------
+def test_pyc_timeit_line_form_times_the_statement_and_returns_the_timing(shell):
+    from pyc_lab.profiling import Timing
+
+    shell.run_line_magic("load_ext", "pyc_lab")
+    shell.user_ns["calls"] = []
+    with capture_output() as cap:
+        result = shell.run_cell('t = %pyc_timeit -o -n 5 -w 1 calls.append("a  b")')
+    assert result.success
+    t = shell.user_ns["t"]
+    assert isinstance(t, Timing) and t.n == 5 and t.warmup == 1
+    assert shell.user_ns["calls"] == ["a  b"] * 6  # the statement kept verbatim
+    (out,) = cap.outputs  # displayed once (the assignment shows nothing more)
+    with capture_output() as cap:
+        shell.run_cell("%pyc_timeit -n 2 -w 0 1 + 1")
+    assert len(cap.outputs) == 1  # without -o nothing is returned: shown once, not twice
+    assert out.data["text/plain"] == t.summary()
+    assert out.data["text/plain"].startswith('calls.append("a  b"): ')
+    assert "<table class='pyc-lab-timing'>" in out.data["text/html"]
+
+
+def test_pyc_timeit_cell_form_times_the_body(shell):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    shell.user_ns["ys"] = []
+    with capture_output():
+        t = shell.run_cell_magic("pyc_timeit", "-o -n3 -w0 --cpu", "x = 2\nys.append(x)\n")
+    assert shell.user_ns["ys"] == [2, 2, 2] and t.n == 3 and t.warmup == 0
+    assert t.name == "x = 2 ... (2 lines)"
+
+
+def test_pyc_timeit_on_the_host_says_why_there_is_no_gpu_time(shell):
+    from pyc_lab.hardware.device import cupy_status
+
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with capture_output():
+        forced = shell.run_line_magic("pyc_timeit", "--cpu -o -n 2 sum(range(10))")
+    assert forced.gpu_s is None
+    assert forced.summary().endswith("(2 calls, 2 warm-up; CPU (no GPU: gpu=False asks for "
+                                     "host timing))")
+    if cupy_status()[0] is not None:
+        return  # with a GPU, the default times on it
+    with capture_output():
+        auto = shell.run_line_magic("pyc_timeit", "-o -n 2 sum(range(10))")
+    assert auto.gpu_s is None and "CPU (no GPU: " in auto.summary()
+    assert auto.summary().startswith("sum(range(10)): CPU ")
+
+
+def test_pyc_timeit_passes_its_options_to_benchmark(shell, monkeypatch):
+    from pyc_lab.profiling import timing
+
+    seen = []
+    real = timing.benchmark
+
+    def spy(fn, **kwargs):
+        seen.append(kwargs)
+        return real(fn, **{**kwargs, "gpu": False})
+
+    monkeypatch.setattr(timing, "benchmark", spy)
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with capture_output():
+        shell.run_line_magic("pyc_timeit", "--flush-l2 --no-spin -n 4 -w 0 -- -1")
+        shell.run_line_magic("pyc_timeit", "--repeats 2 --warmup=1 --cpu 1 + 1")
+    assert seen[0] == {"repeats": 4, "warmup": 0, "flush_l2": True, "spin": False,
+                       "gpu": None, "name": "-1"}
+    assert seen[1] == {"repeats": 2, "warmup": 1, "flush_l2": False, "spin": True,
+                       "gpu": False, "name": "1 + 1"}
+
+
+def test_pyc_timeit_documents_its_options(shell):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    assert "pyc_timeit" in shell.magics_manager.magics["cell"]
+    doc = shell.magics_manager.magics["line"]["pyc_timeit"].__doc__
+    for option in ("-n REPEATS", "-w WARMUP", "--flush-l2", "--no-spin", "--cpu"):
+        assert option in doc
+
+
+@pytest.mark.parametrize("cell, message", [
+    ("%pyc_timeit", "%pyc_timeit: nothing to time"),
+    ("%pyc_timeit -n 0 1 + 1", "%pyc_timeit: repeats must be an integer >= 1"),
+    ("%pyc_timeit -w -1 1 + 1", "%pyc_timeit: warmup must be an integer >= 0"),
+    ("%pyc_timeit 1 / 0", "%pyc_timeit: the statement raised ZeroDivisionError: division by "
+                          "zero"),
+    ("%pyc_timeit f(", "%pyc_timeit: the statement is not valid Python"),
+    ("%pyc_timeit -n x 1 + 1", "argument -n/--repeats: invalid int value: 'x'"),
+    ("%pyc_timeit --bogus 1 + 1", "unrecognized arguments: --bogus"),
+    ("%%pyc_timeit -n 2 x = 1\ny = 2\n", "%%pyc_timeit: only options go on the magic's line"),
+    ("%%pyc_timeit\nraise KeyError('k')\n", "%%pyc_timeit: the statement raised KeyError"),
+])
+def test_pyc_timeit_bad_input_is_a_one_line_usage_error(shell, cell, message):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with capture_output() as cap:
+        result = shell.run_cell(cell)
+    assert not result.success
+    text = cap.stderr + cap.stdout
+    assert message in text
+    assert "Traceback" not in text

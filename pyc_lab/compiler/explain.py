@@ -6,7 +6,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..profiling.bandwidth import format_bytes
+from ..units import format_bytes
 from .ir import Graph
 from .ops import REGISTRY
 from .policy import REASONS

@@ -69,7 +69,7 @@ def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str
     (graph arrays are C-contiguous: ``t``, a transposed view ``n``), and the bias
     (a length-N row of the same dtype) and activation as a CUTLASS epilogue.
     """
-    from ..kernels.cutlass.gemm import ACTIVATIONS, Epilogue
+    from ..kernels.cutlass import ACTIVATIONS, Epilogue
     from ..kernels.matmul import TUNED_DTYPES
 
     if node.op != "matmul":
@@ -104,7 +104,7 @@ def tuned_lookup(node: Node, graph: Graph) -> str | None:
     problem, _ = tuned_problem(node, graph)
     if problem is None or cupy_status()[0] is None:
         return None
-    from ..kernels.cutlass.gemm import GemmConfig
+    from ..kernels.cutlass import GemmConfig
     from ..kernels.matmul import find_tuned
 
     found, why = find_tuned(*problem)

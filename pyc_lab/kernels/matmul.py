@@ -2,17 +2,20 @@
 
 For CuPy arrays the tuning database is asked for this GPU, dtype, layout, epilogue and
 shape (exact shape, then the nearest tuned bucket); a winner whose kernel is in the kernel
-cache (or builds) and accepts the problem runs, bias and activation inside its epilogue
-when it was tuned with them (``autotune_gemm(..., bias=True, activation="gelu")``).
+cache and accepts the problem runs, bias and activation inside its epilogue when it was
+tuned with them (``autotune_gemm(..., bias=True, activation="gelu")``). A call never
+builds a kernel: the tuner builds the candidates it measures, and :func:`prepare` builds
+the winners of a database tuned on another machine (a minute of ``nvcc`` each).
 Otherwise a bias and/or relu/gelu go through cuBLASLt's fused epilogue
 (:class:`~pyc_lab.kernels.cublaslt.FusedGemm`), anything else through cuBLAS
 (``cupy.matmul``) and a CuPy epilogue. NumPy arrays use NumPy. Every call's choice and
 reason is kept in :data:`last_choice`.
 
-The lookup is memoised per process and problem; a change of the database file (another
-tuning, here or in another notebook) is noticed by its modification time, looked at no
-more than every :data:`RECHECK_S` seconds (resolving and stating the file costs more than
-a GEMM launch); a tuning in this process forgets the memo at once (:func:`forget`).
+The lookup is memoised per process and problem; a tuning in this process is seen at
+once (the database's write :func:`~pyc_lab.kernels.tuning.database.generation`), a
+change of the database file by another process (a notebook tuning beside this one) by
+the file's modification time, looked at no more than every :data:`RECHECK_S` seconds
+(stating the file costs more than a GEMM launch).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import PycLabError
-from .cutlass import gemm as cg
+from . import cutlass as cg
+from .tuning import database
+from .tuning.keys import ProblemKey, device_key
 
 __all__ = ["ACTIVATIONS", "RECHECK_S", "TUNED_DTYPES", "find_tuned", "forget", "last_choice",
-           "matmul", "operand_layout", "tuned_kernel"]
+           "matmul", "operand_layout", "prepare", "tuned_kernel"]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +50,7 @@ RECHECK_S = 0.5
 _KERNELS: dict[tuple, Any] = {}
 _MEMO: dict[tuple, tuple[Any, str]] = {}
 _LOCK = threading.Lock()
-_STAMP: dict[str, Any] = {"of": None, "at": -1e9, "stamp": None}
+_STAMP: dict[str, Any] = {"at": -1e9, "stamp": None}
 #: Array dtypes with tuned kernels, and their kernel dtype (float32 -> "tf32" with tf32=True).
 TUNED_DTYPES = {"float16": "f16", "float32": "f32"}
 
@@ -57,30 +62,28 @@ def _record(impl: str, reason: str, **extra: Any) -> None:
 
 
 def forget() -> None:
-    """Drop the memoised lookups (``autotune_gemm`` calls it after recording)."""
+    """Drop the memoised lookups and loaded kernels (the next call looks again)."""
     with _LOCK:
         _MEMO.clear()
-        _STAMP.update(of=None, stamp=None)
+        _KERNELS.clear()
+        _STAMP.update(at=-1e9, stamp=None)
 
 
 def _db_stamp() -> tuple:
-    """The default tuning database's identity and modification times (file and WAL),
-    recomputed at most every :data:`RECHECK_S` seconds."""
-    from .tuning import database as tuning_db
-
+    """What the memo is valid for: this process's database writes, and the default
+    database file's path and modification times (file and WAL), the latter looked at
+    no more than every :data:`RECHECK_S` seconds."""
     now = time.monotonic()
-    of = tuning_db.default_path  # a different function (tests re-point it): look again
-    if _STAMP["of"] is of and now - _STAMP["at"] < RECHECK_S:
-        return _STAMP["stamp"]
-    path = of()
-    stamp: list[Any] = [str(path)]
-    for p in (str(path), f"{path}-wal"):
-        try:
-            stamp.append(os.stat(p).st_mtime_ns)
-        except OSError:
-            stamp.append(None)
-    _STAMP.update(of=of, at=now, stamp=tuple(stamp))
-    return _STAMP["stamp"]
+    if _STAMP["stamp"] is None or now - _STAMP["at"] >= RECHECK_S:
+        path = database.default_path()
+        stamp: list[Any] = [str(path)]
+        for p in (str(path), f"{path}-wal"):
+            try:
+                stamp.append(os.stat(p).st_mtime_ns)
+            except OSError:
+                stamp.append(None)
+        _STAMP.update(at=now, stamp=tuple(stamp))
+    return (database.generation(), *_STAMP["stamp"])
 
 
 def find_tuned(m: int, n: int, k: int, dtype: str, layout: str,
@@ -90,19 +93,16 @@ def find_tuned(m: int, n: int, k: int, dtype: str, layout: str,
     Returns
     -------
     found, why
-        A :class:`~pyc_lab.kernels.tuning.database.LookupResult` (exact shape or nearest
+        A :class:`~pyc_lab.kernels.tuning.keys.LookupResult` (exact shape or nearest
         bucket) and ``"exact match (MxNxK)"``-style text, or ``None`` and why not.
     """
-    from .tuning.autotune import device_key
-    from .tuning.database import ProblemKey, TuningDB
-
     epilogue = epilogue or cg.Epilogue()
     issue = cg.problem_issue(m, n, k, layout, dtype)
     if issue:
         return None, issue
     try:
         device, _cc, _sm = device_key()
-        with TuningDB() as db:
+        with database.TuningDB() as db:
             found = db.lookup(device, ProblemKey(epilogue.op, dtype, dtype, dtype, layout,
                                                  m, n, k))
     except Exception as exc:
@@ -115,11 +115,12 @@ def find_tuned(m: int, n: int, k: int, dtype: str, layout: str,
 
 def tuned_kernel(m: int, n: int, k: int, dtype: str, layout: str,
                  epilogue: cg.Epilogue | None = None) -> tuple[Any, str]:
-    """The loaded tuned :class:`~.cutlass_gemm.CutlassGemm` for a problem, or ``None``.
+    """The loaded tuned :class:`~pyc_lab.kernels.cutlass.CutlassGemm` for a problem, or
+    ``None``.
 
-    Memoised per problem until the database file changes. Loading takes the kernel
-    from the kernel cache where it was tuned on this machine (else it is built, which
-    takes a minute).
+    Memoised per problem until the tuning database changes. The kernel comes from the
+    kernel cache (where the tuner put it); one that is not there is not built here —
+    the reason says to run :func:`prepare`.
 
     Returns
     -------
@@ -149,8 +150,6 @@ def tuned_kernel(m: int, n: int, k: int, dtype: str, layout: str,
 
 def _load(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
           shape: tuple[int, int, int]) -> tuple[Any, str]:
-    from .tuning.autotune import device_key
-
     try:
         cfg = cg.GemmConfig.from_dict(found.measurement.config)
         _device, cc, sm_count = device_key()
@@ -160,14 +159,79 @@ def _load(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
     with _LOCK:
         kernel = _KERNELS.get(key)
         if kernel is None:
-            res = cg.build(cfg, dtype, layout, cc, epilogue=epilogue)  # cached when tuned here
-            if not res.ok:
-                return None, f"tuned kernel {cfg.id} did not build: {res.message[:200]}"
+            res = cg.cached(cfg, dtype, layout, cc, epilogue=epilogue)
+            if res is None:
+                return None, (f"tuned kernel {cfg.id} is not built on this machine; "
+                              "pyc_lab.kernels.matmul.prepare() builds it")
             kernel = _KERNELS[key] = cg.CutlassGemm(res.library, cfg, dtype, layout, sm_count,
                                                     epilogue)
     if not kernel.can_implement(*shape):
         return None, f"tuned kernel {cfg.id} cannot take {'x'.join(map(str, shape))}"
     return kernel, why
+
+
+def prepare(*, dtype: str | None = None, workers: int | None = None,
+            cache: Any = None) -> Any:
+    """Build every tuned winner for this GPU that the kernel cache lacks.
+
+    A tuning database made on another machine (``pyc-lab db import``) names kernels
+    this machine has never built; :func:`matmul` does not build on a call (a build takes
+    about a minute), so run this once after importing.
+
+    Parameters
+    ----------
+    dtype
+        Only winners of this kernel dtype (``"f16"``, ...); all by default.
+    workers
+        Parallel ``nvcc`` builds (default: the CPU count).
+    cache
+        The kernel cache (the user's by default).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per winner: op, dtype, layout, shape, config, status (``"cached"``,
+        ``"built"`` or ``"compile_error"``) and message.
+
+    Raises
+    ------
+    PycLabError
+        Without a GPU (the winners are looked up for this GPU's key).
+    """
+    import pandas as pd
+
+    device, cc, _sm = device_key()
+    wanted: dict[tuple, dict[str, Any]] = {}
+    with database.TuningDB() as db:
+        for rec in db.measurements(device=device):
+            p = rec.problem
+            if not rec.is_winner or not p.op.startswith("gemm"):
+                continue
+            if dtype is not None and p.dtype_a != dtype:
+                continue
+            try:
+                cfg = cg.GemmConfig.from_dict(rec.measurement.config)
+                epi = cg.Epilogue.from_op(p.op)
+            except PycLabError as exc:
+                log.info("prepare: %s is not a CUTLASS winner (%s)", rec.measurement.config, exc)
+                continue
+            wanted[(cfg, p.dtype_a, p.layout, epi)] = {
+                "op": p.op, "dtype": p.dtype_a, "layout": p.layout,
+                "shape": "x".join(map(str, p.shape)), "config": cfg.id}
+    rows = []
+    by_build: dict[tuple, list[tuple]] = {}
+    for key in wanted:
+        cfg, kdtype, layout, epi = key
+        by_build.setdefault((kdtype, layout, epi), []).append(key)
+    for (kdtype, layout, epi), keys in by_build.items():
+        futures = cg.build_many([k[0] for k in keys], kdtype, layout, cc, workers, cache,
+                                epilogue=epi)
+        for key in keys:
+            res = futures[key[0]].result()
+            rows.append({**wanted[key], "status": res.status, "message": res.message[:200]})
+    forget()
+    return pd.DataFrame(rows, columns=["op", "dtype", "layout", "shape", "config", "status",
+                                       "message"])
 
 
 def operand_layout(a: Any, b: Any) -> str:

@@ -1,9 +1,10 @@
 """Measuring: the one GPU timing primitive, traces and timelines, CUPTI activity, copy
 bandwidths.
 
-- :mod:`.timing` — :func:`~.timing.benchmark`: CUDA-event (or host) timing with warm-up,
-  an L2 flush sized from the device, launch gaps kept out of the interval, median and
-  spread; what the tuner, the probes, the benchmarks and ``%pyc_timeit`` use;
+- :mod:`.timing` — :func:`~.timing.benchmark` -> :class:`~.timing.Timing`: CUDA-event
+  (or host) timing with warm-up, an L2 flush sized from the device, launch gaps kept out
+  of the interval, host and GPU time per call, median and spread; what the tuner, the
+  probes, the benchmarks and ``%pyc_timeit`` use;
 - :mod:`.spans` — :class:`Span`, one stage of one item on one lane;
 - :mod:`.trace` — :class:`Trace`: spans per lane, frames, Chrome export;
 - :mod:`.overlap` — :class:`OverlapReport`: copy hidden behind compute, GPU idle,
@@ -18,6 +19,7 @@ bandwidths.
 from .._lazy import lazy_face
 
 _EXPORTS = {
+    "benchmark": "timing", "Timing": "timing",
     "GpuActivity": "activity",
     "probe_bandwidth": "bandwidth", "bandwidth_summary": "bandwidth",
     "CudaEventClock": "clock", "OverlapReport": "overlap", "Span": "spans", "Trace": "trace",

@@ -3,9 +3,9 @@
 :func:`probe_bandwidth` times host-to-device and device-to-host copies from pageable and
 from pinned (page-locked) host memory, device-to-device copies and, with several GPUs,
 peer copies, over sizes from 4 KiB to 1 GiB. Copies are timed with CUDA events on a
-non-blocking stream; each figure is the median of repeats after a warm-up, over random
-bytes. Without a CUDA device it measures host ``memcpy`` and marks the rest as needing
-a GPU.
+non-blocking stream by :func:`~.timing.benchmark`, the one timing primitive; each figure
+is the median of repeats after a warm-up, over random bytes. Without a CUDA device it
+measures host ``memcpy`` and marks the rest as needing a GPU.
 
 GB/s counts each byte once for a copy across a link (H2D, D2H, peer) and twice — read
 plus write — for a copy within one memory (D2D, host memcpy), so that both compare with
@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +24,13 @@ import numpy as np
 from ..errors import PycLabError
 from ..hardware.device import cupy_status
 from ..hardware.profile import NVLINK_LINK_GBPS, HardwareProfile
+from ..units import format_bytes
+from .timing import Timing, benchmark
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["DEFAULT_SIZES", "KINDS", "bandwidth_summary", "format_bytes", "probe_bandwidth"]
+__all__ = ["DEFAULT_SIZES", "KINDS", "bandwidth_summary", "probe_bandwidth"]
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +45,12 @@ _COLUMNS = [
 ]
 
 
-def format_bytes(n: int) -> str:
-    """``4096 -> '4 KiB'``, ``2**30 -> '1 GiB'`` (binary units)."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:g} {unit}" if v == int(v) else f"{v:.1f} {unit}"
-    return f"{n} B"
-
-
-def _check_args(kinds: Sequence[str] | None, sizes: Sequence[int] | None) -> tuple[list, list]:
+def _check_args(kinds: Sequence[str] | None, sizes: Sequence[int] | None, min_time_s: float,
+                max_repeats: int) -> tuple[list, list]:
+    if not (isinstance(min_time_s, (int, float)) and min_time_s > 0):
+        raise PycLabError(f"min_time_s must be a number of seconds > 0, got {min_time_s!r}")
+    if isinstance(max_repeats, bool) or not isinstance(max_repeats, int) or max_repeats < 1:
+        raise PycLabError(f"max_repeats must be an integer >= 1, got {max_repeats!r}")
     kinds = list(KINDS if kinds is None else kinds)
     bad = [k for k in kinds if k not in KINDS]
     if bad:
@@ -104,11 +99,12 @@ def probe_bandwidth(
     Raises
     ------
     PycLabError
-        For an unknown kind, a non-positive size or a GPU index that does not exist.
+        For an unknown kind, a non-positive size, ``min_time_s <= 0``,
+        ``max_repeats < 1`` or a GPU index that does not exist.
     """
     import pandas as pd
 
-    kinds, sizes = _check_args(kinds, sizes)
+    kinds, sizes = _check_args(kinds, sizes, min_time_s, max_repeats)
     cp, reason = cupy_status()
     rows: list[dict[str, Any]]
     if cp is None:
@@ -143,11 +139,11 @@ def _row(kind: str, device: int | None, peer: int | None, size: int | None, **kw
     return row
 
 
-def _finish(row: dict, times_s: list[float], bytes_moved: int, theoretical: float | None) -> dict:
-    med = statistics.median(times_s)
+def _finish(row: dict, timing: Timing, bytes_moved: int, theoretical: float | None) -> dict:
+    med = timing.median_s
     gbps = bytes_moved / med / 1e9
     row.update(
-        repeats=len(times_s),
+        repeats=timing.n,
         median_ms=round(med * 1e3, 6),
         gbps=round(gbps, 3),
         theoretical_gbps=theoretical,
@@ -155,10 +151,6 @@ def _finish(row: dict, times_s: list[float], bytes_moved: int, theoretical: floa
         status="ok",
     )
     return row
-
-
-def _repeats(first_s: float, min_time_s: float, max_repeats: int) -> int:
-    return int(min(max_repeats, max(3, math.ceil(min_time_s / max(first_s, 1e-7)))))
 
 
 # -- CPU ----------------------------------------------------------------------------------
@@ -171,25 +163,13 @@ def _probe_host(sizes: list[int], min_time_s: float, max_repeats: int) -> list[d
         def copy(size: int = size) -> None:
             np.copyto(dst[:size], src[:size])
 
-        times = _host_times(copy, min_time_s, max_repeats)
+        timing = benchmark(copy, repeats=max_repeats, warmup=1, min_time_s=min_time_s,
+                           gpu=False, name=f"host_memcpy {format_bytes(size)}")
         if not np.array_equal(dst[:size], src[:size]):  # pragma: no cover - sanity
             raise PycLabError("host memcpy produced wrong bytes; the probe is broken")
         rows.append(_finish(_row("host_memcpy", None, None, size, timer="perf_counter"),
-                            times, 2 * size, None))
+                            timing, 2 * size, None))
     return rows
-
-
-def _host_times(fn: Callable[[], None], min_time_s: float, max_repeats: int) -> list[float]:
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(_repeats(first, min_time_s, max_repeats)):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
 
 
 # -- GPU ----------------------------------------------------------------------------------
@@ -204,19 +184,16 @@ def _probe_gpu(cp: Any, device: int, kinds: list[str], sizes: list[int], min_tim
     rows: list[dict] = []
     with cp.cuda.Device(device):
         stream = cp.cuda.Stream(non_blocking=True)
-        start, end = cp.cuda.Event(), cp.cuda.Event()
 
-        def gpu_times(fn: Callable[[], None]) -> list[float]:
-            def once() -> float:
-                start.record(stream)
-                fn()
-                end.record(stream)
-                end.synchronize()
-                return cp.cuda.get_elapsed_time(start, end) / 1e3
-
-            once()
-            first = once()
-            return [once() for _ in range(_repeats(first, min_time_s, max_repeats))]
+        def gpu_times(fn: Callable[[], None]) -> Timing:
+            # spin=False: a copy's figure includes what issuing it costs. A pageable
+            # copy is staged through a pinned buffer by the host, which is part of its
+            # real cost; a spin kernel ahead of the start event would let the first part
+            # of that staging (and a small copy's launch) happen outside the interval.
+            # flush_l2=False: back-to-back copies are what a copy loop sees. Both keep
+            # the figures comparable with those the probe recorded before.
+            return benchmark(fn, repeats=max_repeats, warmup=1, min_time_s=min_time_s,
+                             flush_l2=False, spin=False, gpu=True, stream=stream)
 
         dev_src = cp.random.randint(0, 256, biggest, dtype=cp.uint8)
         dev_dst = cp.empty(biggest, dtype=cp.uint8)
@@ -244,10 +221,10 @@ def _probe_gpu(cp: Any, device: int, kinds: list[str], sizes: list[int], min_tim
                 plan.append((kind, dev_dst.data.ptr, dev_src.data.ptr, d2d, hbm, 2))
         for kind, dst, src, direction, theo, factor in plan:
             for size in sizes:
-                times = gpu_times(lambda dst=dst, src=src, size=size, direction=direction:
-                                  rt.memcpyAsync(dst, src, size, direction, stream.ptr))
+                timing = gpu_times(lambda dst=dst, src=src, size=size, direction=direction:
+                                   rt.memcpyAsync(dst, src, size, direction, stream.ptr))
                 rows.append(_finish(_row(kind, device, None, size, timer="cuda events"),
-                                    times, factor * size, theo))
+                                    timing, factor * size, theo))
         _verify_copies(cp, dev_src, dev_dst, pinned, host_dst, kinds, sizes)
 
         if "peer" in kinds:
@@ -305,10 +282,10 @@ def _probe_one_peer(cp: Any, device: int, peer: int, sizes: list[int], gpu_times
     src = cp.random.randint(0, 256, max(sizes), dtype=cp.uint8)
     rows = []
     for size in sizes:
-        times = gpu_times(lambda size=size: rt.memcpyPeerAsync(
+        timing = gpu_times(lambda size=size: rt.memcpyPeerAsync(
             peer_dst.data.ptr, peer, src.data.ptr, device, size, stream.ptr))
         rows.append(_finish(_row("peer", device, peer, size, timer="cuda events"),
-                            times, size, theoretical))
+                            timing, size, theoretical))
     stream.synchronize()
     if not np.array_equal(cp.asnumpy(peer_dst), cp.asnumpy(src)):
         raise PycLabError(f"peer copy GPU{device}->GPU{peer} produced wrong bytes")

@@ -4,8 +4,9 @@
   on the GPU's NUMA node;
 - :mod:`.dispatcher` — :class:`Dispatcher`: a bounded pool of CPU workers with metrics;
 - :mod:`.pipeline` — :class:`Pipeline`: the conveyor belt (prepare -> H2D -> compute ->
-  D2H in flight at once), on host lanes (:mod:`.host_lanes`) or CUDA lanes
-  (:mod:`.cuda_lanes`);
+  D2H in flight at once); its stages run on host lanes (:mod:`.host_lanes`, CPU mode)
+  or CUDA lanes (:mod:`.cuda_lanes`, GPU mode), both behind the interface in
+  :mod:`.lanes`, over the slots, jobs and runs of :mod:`.belt_state`;
 - :mod:`.belt_tuning` — :func:`tune_pipeline`: the belt's settings searched by the
   shared tuning session.
 

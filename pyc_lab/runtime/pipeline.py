@@ -18,17 +18,14 @@ d2h       ``stream d2h``        async copy into pinned memory on a second copy
                                 stream / copy host -> host
 ========  ====================  ==================================================
 
-Each stream lane is one thread. In GPU mode it only *queues* its stage: the stream first
-waits (``cudaStreamWaitEvent``) for the item's previous stage's last event, so the order
-holds on the GPU while the host runs ahead and every stream keeps work queued; one more
-thread waits for each item's last event, in order, before its result is handed over (a
-stage that runs past ``timeout_s`` is reported from there). If ``prepare`` returns arrays
-that are already page-locked (a pool buffer, CuPy's pinned memory), H2D copies straight
-from them instead of staging them through the slot. In CPU mode each lane does its stage
-and moves on. Stage spans are ``perf_counter`` seconds in both modes: in GPU mode, the
-times of CUDA events recorded around each stage, mapped onto the host clock
-(:class:`~pyc_lab.profiling.trace.CudaEventClock`); every stage also runs inside an NVTX
-range for Nsight Systems.
+The belt does what both modes share: slots, item order, the prepare workers, spec
+checks, failures and timeouts, shutdown, and reusing its threads from run to run. The
+h2d, compute and d2h stages run on lanes it picks once, by mode:
+:class:`~pyc_lab.runtime.cuda_lanes.CudaLanes` only *queue* each stage on a CUDA stream
+behind the item's previous stage, and a ``done`` lane hands each item over once its GPU
+work is finished; :class:`~pyc_lab.runtime.host_lanes.HostLanes` do each stage on a
+thread and move on. Stage spans are ``perf_counter`` seconds in both modes, and every
+stage runs inside an NVTX range for Nsight Systems.
 """
 
 from __future__ import annotations
@@ -38,7 +35,6 @@ import contextlib
 import inspect
 import logging
 import os
-import queue
 import threading
 import time
 import weakref
@@ -50,15 +46,18 @@ import numpy as np
 from ..errors import PycLabError
 from ..hardware.device import cupy_status
 from ..profiling.nvtx import nvtx_range
+from .belt_state import Crew, Job, Run, Slot, Spec
+from .cuda_lanes import CudaLanes
 from .dispatcher import Dispatcher
-from .pinned import PinnedBuffer, PinnedPool, is_page_locked
+from .host_lanes import HostLanes
+from .lanes import Lanes, StageHooks
+from .pinned import PinnedPool
 
 __all__ = ["Pipeline", "PipelineError", "last_pipeline"]
 
 log = logging.getLogger(__name__)
 
 _LAST: Pipeline | None = None
-_STOP = object()
 
 #: How long shutdown waits for a running stage (when no ``timeout_s`` is set) before the
 #: slot it holds is discarded instead of reused.
@@ -87,7 +86,7 @@ def last_pipeline() -> Pipeline | None:
     return _LAST
 
 
-def _norm_spec(spec: Any) -> list[tuple[tuple[int, ...], np.dtype]]:
+def _norm_spec(spec: Any) -> Spec:
     """``(shape, dtype)`` or a list of them, as a list of (tuple shape, NumPy dtype)."""
 
     def pair(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype]:
@@ -110,97 +109,6 @@ def _norm_spec(spec: Any) -> list[tuple[tuple[int, ...], np.dtype]]:
 
 def _fmt_spec(spec: Sequence[tuple[tuple[int, ...], np.dtype]]) -> str:
     return ", ".join(f"{dt}{list(shape)}" for shape, dt in spec)
-
-
-class _Lane:
-    """One daemon thread running queued callables in order (a CPU stand-in for a stream)."""
-
-    def __init__(self, name: str, init: Callable[[], None] | None = None) -> None:
-        self.name = name
-        self._q: queue.Queue[Any] = queue.Queue()
-        self._init = init
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        if self._init is not None:
-            try:
-                self._init()
-            except Exception as exc:  # pragma: no cover - GPU setup failure
-                log.error("lane %s: setup failed: %s", self.name, exc)
-        while True:
-            fn = self._q.get()
-            if fn is _STOP:
-                return
-            fn()
-
-    def submit(self, fn: Callable[[], None]) -> None:
-        self._q.put(fn)
-
-    def stop(self) -> None:
-        self._q.put(_STOP)
-
-
-class _Slot:
-    """Buffers one in-flight item owns: host inputs, device inputs, host outputs."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.host: list[PinnedBuffer] = []
-        self.host_views: list[np.ndarray] = []
-        self.dev: list[Any] = []
-        self.out: list[PinnedBuffer] = []
-
-    def buffers(self) -> list[PinnedBuffer]:
-        return [*self.host, *self.out]
-
-    def release(self, keep_device: bool = False) -> None:
-        """Give the host buffers back to the pool; keep the device ones if asked."""
-        for b in self.buffers():
-            b.release()
-        self.host, self.host_views, self.out = [], [], []
-        if not keep_device:
-            self.dev = []
-
-
-class _Run:
-    """State of one :meth:`Pipeline.run`: a stale stage of an earlier run never sees a
-    later run's cancel flag, spec, lanes or streams."""
-
-    def __init__(self) -> None:
-        self.cancel = threading.Event()
-        self.spec: list[tuple[tuple[int, ...], np.dtype]] | None = None
-        self.spec_ready = threading.Event()
-        self.lanes: dict[str, _Lane] = {}
-        self.streams: dict[str, Any] = {}
-        self.clock: Any = None  # CudaEventClock in GPU mode
-        self.dispatcher: Dispatcher | None = None
-
-
-class _Job:
-    """State of one item on the belt."""
-
-    def __init__(self, index: int, item: Any, slot: _Slot, run: _Run) -> None:
-        self.run = run
-        self.index = index
-        self.item = item
-        self.slot = slot
-        self.stage = "prepare"
-        self.started: float | None = None  # when the current stage began running
-        self.running = False
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.error_stage: str | None = None
-        self.value: Any = None  # what flows between stages
-        self.result: Any = None
-        self.result_in_slot = False  # result is a view of the slot's output buffers
-        # GPU mode: host arrays the H2D copy reads (the slot's, or prepare's own pinned
-        # ones), (first event, last event, bytes, lane) per enqueued stage, the event the next
-        # stage waits for, and device arrays kept alive until the item's work is done
-        self.host_src: list[np.ndarray] | None = None
-        self.events: dict[str, tuple[Any, Any, int, str]] = {}  # first, last, bytes, lane
-        self.ready: Any = None
-        self.keep: list[Any] = []
 
 
 class Pipeline:
@@ -307,7 +215,6 @@ class Pipeline:
             from ..hardware.device import require_cupy
 
             require_cupy("Pipeline(mode='gpu')")
-        self._cp = cp
         self.mode = "gpu" if cp is not None else "cpu"
         self.mode_reason = (
             "ok" if cp is not None else reason if mode == "cpu" else f"no GPU: {reason}"
@@ -341,10 +248,14 @@ class Pipeline:
         # weak, so that a generator the caller drops (``break``) is closed and cleans up
         self._gen: weakref.ref[Generator[Any, None, None]] | None = None
         self._closed = False
-        # lanes, streams, clock and dispatcher, kept from one run to the next while runs
-        # end cleanly (a loader reused epoch after epoch pays for threads once)
-        self._crew: tuple[dict[str, _Lane], dict[str, Any], Any, Dispatcher] | None = None
-        self._spare: list[_Slot] | None = None
+        # where h2d, compute and d2h run: chosen once, by mode
+        hooks = StageHooks(self._record, self._begin, self._fail, self._finish)
+        self._lanes: Lanes = HostLanes(self.pool, hooks) if cp is None else CudaLanes(
+            cp, self.pool, hooks, device=self.device, compute_streams=self.compute_streams)
+        # the lanes' crew and the prepare dispatcher, kept from one run to the next while
+        # runs end cleanly (a loader reused epoch after epoch pays for threads once)
+        self._crew: tuple[Crew, Dispatcher] | None = None
+        self._spare: list[Slot] | None = None
 
     # -- helpers ---------------------------------------------------------------------
     @staticmethod
@@ -369,16 +280,6 @@ class Pipeline:
         return sum(1 for p in params if p.default is p.empty
                    and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
-    @staticmethod
-    def _copy_h2d(dst: np.ndarray, src: np.ndarray) -> None:
-        """CPU mode's "host to device" copy (a seam for fault-injection tests)."""
-        np.copyto(dst, src)
-
-    @staticmethod
-    def _copy_d2h(dst: np.ndarray, src: np.ndarray) -> None:
-        """CPU mode's "device to host" copy (a seam for fault-injection tests)."""
-        np.copyto(dst, src)
-
     @property
     def trace(self) -> Any:
         """The :class:`~pyc_lab.profiling.trace.Trace` every stage of every item goes to."""
@@ -397,7 +298,7 @@ class Pipeline:
         with self._lock:
             return len(self._live)
 
-    def _record(self, job: _Job, stage: str, lane: str, start: float, end: float,
+    def _record(self, job: Job, stage: str, lane: str, start: float, end: float,
                 nbytes: int = 0) -> None:
         if self._trace is None:
             return
@@ -407,7 +308,7 @@ class Pipeline:
         except Exception as exc:  # a tracing bug must not break the belt
             log.warning("trace.record failed: %s", exc)
 
-    def _begin(self, job: _Job, stage: str) -> float | None:
+    def _begin(self, job: Job, stage: str) -> float | None:
         """Mark ``stage`` running; ``None`` when the belt is stopping."""
         with self._lock:  # _shutdown sets run.cancel under the same lock
             if job.run.cancel.is_set():
@@ -419,26 +320,26 @@ class Pipeline:
             job.running = True
             return job.started
 
-    def _fail(self, job: _Job, stage: str, exc: BaseException) -> None:
+    def _fail(self, job: Job, stage: str, exc: BaseException) -> None:
         job.running = False
         job.error, job.error_stage = exc, stage
         job.done.set()
         self._signal.set()
 
-    def _finish(self, job: _Job) -> None:
+    def _finish(self, job: Job) -> None:
         job.running = False
         job.done.set()
         self._signal.set()
 
     # -- stages (run on worker and lane threads) ------------------------------------------
     @staticmethod
-    def _ranged(stage: str, fn: Callable[[_Job], None], job: _Job) -> None:
+    def _ranged(stage: str, fn: Callable[[Job], None], job: Job) -> None:
         """Run one stage of one item inside an NVTX range (Nsight Systems shows it as
         ``pyc_lab <stage> item <i>`` on the thread that ran it)."""
         with nvtx_range(f"pyc_lab {stage} item {job.index}"):
             fn(job)
 
-    def _stage_prepare(self, job: _Job) -> None:
+    def _stage_prepare(self, job: Job) -> None:
         start = self._begin(job, "prepare")
         if start is None:
             return
@@ -447,7 +348,7 @@ class Pipeline:
             if self._prepare_into:
                 assert self.spec is not None
                 if not slot.host:
-                    self._alloc_host(slot, self.spec)
+                    slot.alloc_host(self.pool, self.spec)
                 views = slot.host_views
                 self.prepare(job.item, views[0] if len(views) == 1 else tuple(views))
                 nbytes = sum(v.nbytes for v in views)
@@ -477,12 +378,11 @@ class Pipeline:
                         job.index, "prepare",
                     )
             nbytes = sum(a.nbytes for a in arrays)
-            if self._cp is not None and self.h2d and all(
-                    a.flags.c_contiguous and is_page_locked(a, self._cp) for a in arrays):
+            if self.h2d and self._lanes.pinned_as_is(arrays):
                 job.host_src = arrays  # already pinned: the H2D copy reads it as it is
             else:
                 if not slot.host:
-                    self._alloc_host(slot, got)
+                    slot.alloc_host(self.pool, got)
                 for view, a in zip(slot.host_views, arrays, strict=True):
                     np.copyto(view, a)
         except BaseException as exc:
@@ -492,133 +392,67 @@ class Pipeline:
             return
         self._after_prepare(job, start, nbytes)
 
-    def _alloc_host(self, slot: _Slot, spec: Sequence[tuple[tuple[int, ...], np.dtype]]
-                    ) -> None:
-        for shape, dtype in spec:
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            buf = self.pool.acquire(max(nbytes, 1))
-            slot.host.append(buf)
-            slot.host_views.append(buf.array(dtype, shape))
-
-    def _after_prepare(self, job: _Job, start: float, nbytes: int) -> None:
+    def _after_prepare(self, job: Job, start: float, nbytes: int) -> None:
         name = threading.current_thread().name
         lane = "cpu-worker-" + name.rsplit("-", 1)[-1]
         self._record(job, "prepare", lane, start, time.perf_counter(), nbytes)
         job.running = False
         if self.h2d:
-            job.run.lanes["h2d"].submit(lambda: self._ranged("h2d", self._stage_h2d, job))
-            if self._cp is not None:  # pragma: no cover - needs a GPU
-                time.sleep(0)  # let the copy lane take the GIL now, not after more prepares
+            job.run.crew.lanes["h2d"].submit(
+                lambda: self._ranged("h2d", self._stage_h2d, job))
+            self._lanes.yield_gil()  # let the copy lane take the GIL now, not after more prepares
         else:
             job.value = tuple(job.slot.host_views)
-            job.run.lanes["compute"].submit(
+            job.run.crew.lanes["compute"].submit(
                 lambda: self._ranged("compute", self._stage_compute, job))
 
-    def _stage_h2d(self, job: _Job) -> None:
+    def _stage_h2d(self, job: Job) -> None:
         start = self._begin(job, "h2d")
         if start is None:
             return
-        slot = job.slot
         try:
-            cp = self._cp
-            src = job.host_src if job.host_src is not None else slot.host_views
-            nbytes = sum(v.nbytes for v in src)
-            fits = bool(slot.dev) and [(d.shape, d.dtype) for d in slot.dev] == [
-                (v.shape, v.dtype) for v in src]
-            if cp is None:
-                if not fits:
-                    slot.dev = [np.empty_like(v) for v in src]
-                for d, h in zip(slot.dev, src, strict=True):
-                    self._copy_h2d(d, h)
-                self._record(job, "h2d", "stream h2d", start, time.perf_counter(), nbytes)
-            else:  # pragma: no cover - needs a GPU
-                stream = job.run.streams["h2d"]
-                if not fits:
-                    with stream:
-                        slot.dev = [cp.empty(v.shape, v.dtype) for v in src]
-
-                def copy_in() -> None:
-                    for d, h in zip(slot.dev, src, strict=True):
-                        d.set(h, stream=stream)
-
-                self._enqueue(job, "h2d", "h2d", copy_in, nbytes)
+            self._lanes.h2d(job, start)
         except BaseException as exc:
             self._fail(job, "h2d", exc)
             return
         job.running = False
-        job.value = tuple(slot.dev)
-        job.run.lanes["compute"].submit(
+        job.value = tuple(job.slot.dev)
+        job.run.crew.lanes["compute"].submit(
             lambda: self._ranged("compute", self._stage_compute, job))
 
-    def _stage_compute(self, job: _Job) -> None:
+    def _stage_compute(self, job: Job) -> None:
         start = self._begin(job, "compute")
         if start is None:
             return
         try:
             arrays = job.value
             arg = arrays[0] if len(arrays) == 1 else arrays
-            cp = self._cp
-            if cp is None:
-                out = self.compute(arg, None) if self._compute_takes_stream else self.compute(arg)
-                self._record(job, "compute", "stream compute", start, time.perf_counter())
-            else:  # pragma: no cover - needs a GPU
-                k = job.index % self.compute_streams
-                key = "compute" if k == 0 else f"compute {k}"
-                stream = job.run.streams[key]
-                out = self._enqueue(
-                    job, "compute", key,
-                    lambda: self.compute(arg, stream) if self._compute_takes_stream
-                    else self.compute(arg))
-                job.keep.append(out)
+
+            def call(stream: Any) -> Any:
+                return (self.compute(arg, stream) if self._compute_takes_stream
+                        else self.compute(arg))
+
+            out = self._lanes.compute(job, start, call)
         except BaseException as exc:
             self._fail(job, "compute", exc)
             return
         job.running = False
         job.value = out
         if self.d2h:
-            job.run.lanes["d2h"].submit(lambda: self._ranged("d2h", self._stage_d2h, job))
-        elif cp is not None:  # pragma: no cover - needs a GPU
-            job.result = out
-            job.run.lanes["done"].submit(lambda: self._stage_done(job))
+            job.run.crew.lanes["d2h"].submit(
+                lambda: self._ranged("d2h", self._stage_d2h, job))
         else:
             job.result = out
-            self._finish(job)
+            self._lanes.hand_over(job)
 
-    def _stage_d2h(self, job: _Job) -> None:
+    def _stage_d2h(self, job: Job) -> None:
         start = self._begin(job, "d2h")
         if start is None:
             return
-        slot = job.slot
         try:
             out = job.value
             many = isinstance(out, tuple)
-            outs = list(out) if many else [out]
-            cp = self._cp
-            if cp is None:
-                outs = [np.ascontiguousarray(o) for o in outs]
-            views = []
-            for k, o in enumerate(outs):
-                if k < len(slot.out) and slot.out[k].capacity < o.nbytes:
-                    slot.out[k].release()
-                    slot.out[k] = self.pool.acquire(o.nbytes)
-                elif k >= len(slot.out):
-                    slot.out.append(self.pool.acquire(o.nbytes))
-                views.append(slot.out[k].array(o.dtype, o.shape))
-            nbytes = sum(v.nbytes for v in views)
-            if cp is None:
-                for v, o in zip(views, outs, strict=True):
-                    self._copy_d2h(v, o)
-                self._record(job, "d2h", "stream d2h", start, time.perf_counter(), nbytes)
-            else:  # pragma: no cover - needs a GPU
-                stream = job.run.streams["d2h"]
-
-                def copy_out() -> None:  # after compute, on the D2H stream
-                    for v, o in zip(views, outs, strict=True):
-                        o = cp.ascontiguousarray(cp.asarray(o))
-                        job.keep.append(o)
-                        o.get(stream=stream, out=v, blocking=False)
-
-                self._enqueue(job, "d2h", "d2h", copy_out, nbytes)
+            views = self._lanes.d2h(job, start, list(out) if many else [out])
         except BaseException as exc:
             self._fail(job, "d2h", exc)
             return
@@ -627,93 +461,27 @@ class Pipeline:
         # copies them out, so that this lane is free for the next item's copy meanwhile
         job.result = tuple(views) if many else views[0]
         job.result_in_slot = True
-        if cp is None:
-            self._finish(job)
-        else:  # pragma: no cover - needs a GPU
-            job.running = False
-            job.run.lanes["done"].submit(lambda: self._stage_done(job))
-
-    def _enqueue(self, job: _Job, stage: str, key: str, work: Callable[[], Any],
-                 nbytes: int = 0) -> Any:  # pragma: no cover - needs a GPU
-        """Queue ``work`` on the run's stream ``key`` after the item's previous stage,
-        between two CUDA events, without waiting for it; return what ``work`` returned.
-
-        The stream waits for the previous stage's last event on the GPU, so the host
-        lanes run ahead and every stream keeps work queued: no host round trip between
-        one item's copy and the next item's kernels.
-        """
-        clock = job.run.clock
-        stream = job.run.streams[key]
-        with stream:
-            if job.ready is not None:
-                stream.wait_event(job.ready)
-            first = clock.event(stream) if clock is not None else stream.record()
-            result = work()
-            last = clock.event(stream) if clock is not None else stream.record()
-        job.events[stage] = (first, last, nbytes, f"stream {key}")
-        job.ready = last
-        return result
-
-    def _stage_done(self, job: _Job) -> None:  # pragma: no cover - needs a GPU
-        """Wait (off the stream lanes) for the item's last GPU event; record its spans
-        from the CUDA events, mapped onto the host clock, and hand the result over."""
-        last_stage = next(reversed(job.events)) if job.events else "compute"
-        if self._begin(job, last_stage) is None:
-            return
-        try:
-            job.ready.synchronize()
-            clock = job.run.clock
-            for stage, (first, last, nbytes, lane) in job.events.items():
-                if clock is not None:
-                    self._record(job, stage, lane, clock.to_host(first),
-                                 clock.to_host(last), nbytes)
-        except BaseException as exc:
-            self._fail(job, last_stage, exc)
-            return
-        job.keep = []
-        job.host_src = None
-        self._finish(job)
+        self._lanes.hand_over(job)
 
     # -- the belt ----------------------------------------------------------------------
-    def _start(self) -> _Run:
-        run = _Run()
+    def _start(self) -> Run:
         if self._own_trace and self._trace is not None and len(self._trace):
             self._trace = type(self._trace)()  # pipe.trace: the latest run's spans
+        if self._crew is not None:  # the last run ended cleanly: its threads and streams go on
+            crew, dispatcher = self._crew
+            dispatcher.reset_metrics()  # its records: this run's tasks only
+            self._lanes.resume(crew)
+        else:
+            crew = self._lanes.start()
+            cpus = self.pool.node_cpus if self.mode == "gpu" else None
+            dispatcher = Dispatcher(
+                self.workers, queue_size=self.depth, name="prepare", cpus=cpus
+            )
+            self._crew = (crew, dispatcher)
+        run = Run(crew, dispatcher)
         if self.spec is not None:  # known up front: every item is checked against it
             run.spec = self.spec
             run.spec_ready.set()
-        crew = self._crew
-        if crew is not None:  # the last run ended cleanly: its threads and streams go on
-            run.lanes, run.streams, run.clock, run.dispatcher = crew
-            run.dispatcher.reset_metrics()  # its records: this run's tasks only
-            if run.clock is not None and time.perf_counter() - run.clock.ref_host_s > 10:
-                run.clock.resync()  # pragma: no cover - GPU; the clocks drift apart slowly
-            return run
-        init = None
-        if self._cp is not None:  # pragma: no cover - needs a GPU
-            cp, dev = self._cp, self.device
-
-            def init() -> None:
-                cp.cuda.Device(dev).use()
-
-            with cp.cuda.Device(dev):
-                names = ["h2d", "compute", *(f"compute {k}" for k in
-                                             range(1, self.compute_streams)), "d2h"]
-                run.streams = {k: cp.cuda.Stream(non_blocking=True) for k in names}
-                try:  # stage spans from CUDA events, mapped onto the host clock
-                    from ..profiling.clock import CudaEventClock
-
-                    run.clock = CudaEventClock(cp)
-                except Exception as exc:
-                    log.warning("Pipeline: no CUDA event clock (%s); stage times are host "
-                                "times around each stream's work", exc)
-        lanes = ("h2d", "compute", "d2h") + (("done",) if self._cp is not None else ())
-        run.lanes = {k: _Lane(f"pyc-stream-{k}", init) for k in lanes}
-        cpus = self.pool.node_cpus if self.mode == "gpu" else None
-        run.dispatcher = Dispatcher(
-            self.workers, queue_size=self.depth, name="prepare", cpus=cpus
-        )
-        self._crew = (run.lanes, run.streams, run.clock, run.dispatcher)
         return run
 
     def run(self, items: Iterable[Any]) -> Generator[Any, None, None]:
@@ -747,9 +515,8 @@ class Pipeline:
     def _run(self, items: Any) -> Generator[Any, None, None]:
         self._signal.clear()
         run = self._start()
-        assert run.dispatcher is not None
-        inflight: collections.deque[_Job] = collections.deque()
-        free, self._spare = self._spare or [_Slot(k) for k in range(self.depth)], None
+        inflight: collections.deque[Job] = collections.deque()
+        free, self._spare = self._spare or [Slot(k) for k in range(self.depth)], None
         index = 0
         exhausted = False
         try:
@@ -761,14 +528,14 @@ class Pipeline:
                         exhausted = True
                         break
                     slot = free.pop()
-                    job = _Job(index, item, slot, run)
+                    job = Job(index, item, slot, run)
                     with self._lock:
                         self._live.add(slot.index)
                         self.max_live_slots = max(self.max_live_slots, len(self._live))
                     inflight.append(job)
                     run.dispatcher.submit(self._ranged, "prepare", self._stage_prepare, job)
-                    if index == 0 and self._cp is not None:  # pragma: no cover - GPU
-                        time.sleep(0)  # let a worker start item 0 before queueing more
+                    if index == 0:
+                        self._lanes.yield_gil()  # let a worker start item 0 before queueing more
                     index += 1
                 if not inflight:
                     return
@@ -796,7 +563,7 @@ class Pipeline:
             self._shutdown(run, inflight, free)
             self._gen = None
 
-    def _wait(self, head: _Job, inflight: Sequence[_Job]) -> None:
+    def _wait(self, head: Job, inflight: Sequence[Job]) -> None:
         """Block until ``head`` is done; raise on any failure or stage timeout."""
         while True:
             failed = [j for j in inflight if j.done.is_set() and j.error is not None]
@@ -831,16 +598,15 @@ class Pipeline:
             self._signal.wait(wait)
             self._signal.clear()
 
-    def _shutdown(self, run: _Run, inflight: Sequence[_Job], free: list[_Slot]) -> None:
+    def _shutdown(self, run: Run, inflight: Sequence[Job], free: list[Slot]) -> None:
         """Stop the belt: cancel what has not started, wait (bounded) for what runs,
         give every slot buffer back to the pool (or discard those a hung stage holds)."""
         with self._lock:  # after this no stage starts; running ones are waited for
             run.cancel.set()
         run.spec_ready.set()
         disp = run.dispatcher
-        if disp is not None:
-            self._last_dispatch = disp
-        if not inflight and self._crew is not None and self._crew[3] is disp:
+        self._last_dispatch = disp
+        if not inflight and self._crew is not None and self._crew[1] is disp:
             for s in free:  # every item was handed over: nothing runs, nothing is queued
                 s.release(keep_device=True)
             self._spare = free  # their device buffers serve the next run
@@ -848,15 +614,14 @@ class Pipeline:
                 self._live.clear()
             return
         self._crew = None  # stopped early: this run's threads and streams are let go
-        if disp is not None:
-            disp.close(wait=False, cancel_pending=True)
+        disp.close(wait=False, cancel_pending=True)
         for j in inflight:  # jobs whose prepare was cancelled before it started
             fut_cancelled = not j.running and j.started is None
             if fut_cancelled:
                 j.done.set()
         grace = self.timeout_s if self.timeout_s is not None else CLOSE_GRACE_S
         deadline = time.perf_counter() + grace
-        hung: list[_Job] = []
+        hung: list[Job] = []
         for j in inflight:
             while j.running and not j.done.is_set():
                 left = deadline - time.perf_counter()
@@ -865,13 +630,12 @@ class Pipeline:
                 j.done.wait(min(left, 0.05))
             if j.running and not j.done.is_set():
                 hung.append(j)
-        for lane in run.lanes.values():
-            lane.stop()
-        if not hung and not self._streams_idle(run, deadline):  # pragma: no cover - GPU
+        run.crew.stop()
+        if not hung and not self._lanes.wait_idle(run.crew, deadline):  # pragma: no cover - GPU
             log.warning("Pipeline: GPU work is still queued after %.1f s; the in-flight "
                         "slot buffers are discarded, not reused", grace)
             hung = list(inflight)
-        if disp is not None and not hung:
+        if not hung:
             disp.close(wait=True)
         for j in inflight:
             if j in hung:
@@ -879,9 +643,7 @@ class Pipeline:
                     "Pipeline: item %s is stuck in %s; its slot buffers are discarded",
                     j.index, j.stage,
                 )
-                for b in j.slot.buffers():
-                    self.pool.discard(b)
-                j.slot.host, j.slot.host_views, j.slot.out, j.slot.dev = [], [], [], []
+                j.slot.discard(self.pool)
             else:
                 free.append(j.slot)
             j.result = j.value = j.item = j.host_src = None
@@ -890,25 +652,7 @@ class Pipeline:
             s.release()
         with self._lock:
             self._live.clear()
-        run.streams = {}
-
-    @staticmethod
-    def _streams_idle(run: _Run, deadline: float) -> bool:
-        """Wait until the run's streams have finished what was queued (by ``deadline``):
-        stages run ahead of the GPU, so a stopped belt may still have copies in flight
-        into buffers that are about to go back to the pool."""
-        if not run.streams:
-            return True
-        try:  # pragma: no cover - needs a GPU
-            marks = [s.record() for s in run.streams.values()]
-            while not all(m.done for m in marks):
-                if time.perf_counter() > deadline:
-                    return False
-                time.sleep(0.001)
-        except Exception as exc:  # pragma: no cover - a failed device
-            log.warning("Pipeline: could not wait for the streams: %s", exc)
-            return False
-        return True  # pragma: no cover - needs a GPU
+        run.crew.streams = {}
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
@@ -920,10 +664,9 @@ class Pipeline:
         self._gen = None
         self._spare = None
         if self._crew is not None:
-            lanes, _streams, _clock, disp = self._crew
+            crew, disp = self._crew
             self._crew = None
-            for lane in lanes.values():
-                lane.stop()
+            crew.stop()
             disp.close(wait=True)
         if self._own_pool:
             self.pool.close()

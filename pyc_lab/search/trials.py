@@ -9,8 +9,8 @@ a :class:`SearchResult` holds every trial, the best one and why the search stopp
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,11 +38,15 @@ class Outcome:
         the objective uses throughout one search (milliseconds, typically).
     message
         A human-readable detail: the compiler's error, the mismatch found, ...
+    details
+        What else the runner measured for observers and tables (throughput, error
+        against the reference, build time, ...); not part of equality.
     """
 
     status: str
     time: float | None = None
     message: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def ok(self) -> bool:
@@ -57,14 +61,16 @@ def _normalise_outcome(result: Any) -> Outcome:
     if not result.ok:
         return result
     t = result.time
+    details = result.details
     if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)):
-        return Outcome("error", None, f"status 'ok' without a numeric time (time={t!r})")
+        return Outcome("error", None, f"status 'ok' without a numeric time (time={t!r})",
+                       details)
     t = float(t)
     if math.isnan(t) or math.isinf(t):
-        return Outcome("nan", t, f"status 'ok' with a non-finite time ({t})")
+        return Outcome("nan", t, f"status 'ok' with a non-finite time ({t})", details)
     if t < 0:
-        return Outcome("error", t, f"status 'ok' with a negative time ({t})")
-    return Outcome("ok", t, result.message)
+        return Outcome("error", t, f"status 'ok' with a negative time ({t})", details)
+    return Outcome("ok", t, result.message, details)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,10 @@ import numpy as np
 import pytest
 
 from pyc_lab.compiler import Graph
-from pyc_lab.compiler.backend.executable import CupyExecutable
 from pyc_lab.compiler.codegen import KernelSource, generate, generate_epilogue, supports
 from pyc_lab.compiler.codegen import cuda_types as ct
 from pyc_lab.compiler.codegen.elementwise import _layout
 from pyc_lab.compiler.codegen.reduction import row_config
-from pyc_lab.compiler.tracer import trace
 from tests.compiler.graphs import fused_graph, op_graph
 
 
@@ -462,103 +460,29 @@ def test_conversions_follow_numpy_casts():
         ct.storage_type(np.uint8)
 
 
-# -- the executable builds on the CPU ------------------------------------------------------
-def test_executable_lists_its_kernels_without_a_device():
-    g = Graph(name="block")
-    x = g.add("input", shape=(8, 64), dtype=F32)
-    w = g.add("input", shape=(64, 32), dtype=F32)
-    b = g.add("input", shape=(32,), dtype=F32)
-    mm = g.add("matmul", [x.id, w.id, b.id], {"activation": "relu"})
-    body, _ = trace(lambda h: h * 2.0 + 1.0, [np.zeros((8, 32), F32)])
-    fz = g.add("fused", [mm.id], {"body": body, "ops": ("multiply", "add"),
-                                  "name": "fused_0"})
-    sm = g.add("softmax", [fz.id], {"axis": -1})
-    s0 = g.add("sum", [sm.id], {"axis": (0,), "keepdims": False})
-    g.outputs = [sm.id, s0.id]
-    impl = {mm.id: "cublas", fz.id: "fused_kernel", sm.id: "reduction_kernel",
-            s0.id: "reduction_kernel"}
-    exe = CupyExecutable(g, impl)
-    ks = exe.kernels
-    assert [k["impl"] for k in ks] == ["cublas", "fused_kernel", "reduction_kernel",
-                                       "reduction_kernel"]
-    assert ks[0]["kind"] == "cublas" and "relu" in ks[0]["source"]
-    assert ks[1]["name"] == "fused_0" and "fused_0_vec" in ks[1]["source"]
-    assert ks[2]["kind"] == "rows"
-    # sum over axis 0 is not generated: it falls back to CuPy with the reason
-    assert ks[3]["kind"] == "cupy" and "only the last axis" in ks[3]["notes"]
-    for k in ks:
-        assert set(k) >= {"name", "kind", "ops", "impl", "source"}
+# -- fixed helper text from native/ ----------------------------------------------------------
+@pytest.mark.parametrize("section", sorted(ct.HELPER_FILES))
+def test_helper_files_ship_in_native_and_are_listed(section):
+    from pyc_lab.paths import native_dir
+
+    name = ct.HELPER_FILES[section]
+    assert (native_dir() / name).is_file()
+    text = ct.helper(section)
+    assert text.endswith("\n") and not text.endswith("\n\n")  # spliced as sections
+    assert f"| `{name}` |" in (native_dir() / "README.md").read_text(encoding="utf-8")
 
 
-def _chain_graph():
-    """x -> fa (x + 1) -> fb (a * 2) -> softmax -> fc (s - x): fb may overwrite a."""
-    m = 16
-    g = Graph(name="chain")
-    x = g.add("input", shape=(m, 64), dtype=F32)
-    body_a, _ = trace(lambda v: v + 1.0, [np.zeros((m, 64), F32)])
-    a = g.add("fused", [x.id], {"body": body_a, "ops": ("add",), "name": "fa"})
-    body_b, _ = trace(lambda v: v * 2.0, [np.zeros((m, 64), F32)])
-    b = g.add("fused", [a.id], {"body": body_b, "ops": ("multiply",), "name": "fb"})
-    s = g.add("softmax", [b.id], {"axis": -1})
-    body_c, _ = trace(lambda u, v: u - v, [np.zeros((m, 64), F32)] * 2)
-    c = g.add("fused", [s.id, x.id], {"body": body_c, "ops": ("subtract",), "name": "fc"})
-    g.outputs = [c.id]
-    g.verify()
-    impl = {a.id: "fused_kernel", b.id: "fused_kernel", s.id: "reduction_kernel",
-            c.id: "fused_kernel"}
-    return g, impl, (a, b, s, c)
-
-
-class _Plan:
-    def __init__(self, buffer_of, nbytes, inplace=()):
-        self.buffer_of = buffer_of
-        self.buffer_bytes = [nbytes] * (max(buffer_of.values()) + 1)
-        self.aliases = {}
-        self.inplace = list(inplace)
-
-
-def test_recorded_inplace_write_gets_a_non_restrict_kernel():
-    g, impl, (a, b, s, c) = _chain_graph()
-    plan = _Plan({a.id: 0, b.id: 0, s.id: 1, c.id: 2}, a.nbytes, [(b.id, a.id)])
-    exe = CupyExecutable(g, impl, plan)
-    by_name = {k["name"]: k for k in exe.kernels}
-    assert "in place" in by_name["fb"]["implementation"]
-    assert "__restrict__" not in by_name["fb"]["source"]
-    assert "__restrict__" in by_name["fa"]["source"]
-    steps = {st.node.id: st for st in exe._steps}
-    assert steps[b.id].out_buffer == 0 and steps[a.id].out_buffer == 0
-    # the output is written to a fresh array every call (returned without a copy)
-    assert steps[c.id].out_buffer is None and exe._copy_outputs == [False]
-
-
-def test_unrecorded_write_into_an_input_buffer_gets_a_fresh_array(caplog):
-    g, impl, (a, b, s, c) = _chain_graph()
-    plan = _Plan({a.id: 0, b.id: 0, s.id: 1, c.id: 2}, a.nbytes)  # no in-place record
-    with caplog.at_level("WARNING"):
-        exe = CupyExecutable(g, impl, plan)
-    assert "writing a fresh array" in caplog.text
-    fb = next(st for st in exe._steps if st.node.id == b.id)
-    assert fb.out_buffer is None
-    # softmax may not write the buffer it reads either: rows kernels are never in place
-    plan = _Plan({a.id: 0, b.id: 1, s.id: 1, c.id: 2}, a.nbytes, [(s.id, b.id)])
-    exe = CupyExecutable(g, impl, plan)
-    sm = next(st for st in exe._steps if st.node.id == s.id)
-    assert sm.out_buffer is None
-
-
-def test_views_of_planned_buffers_are_materialised():
-    g = Graph(name="views")
-    x = g.add("input", shape=(8, 8), dtype=F32)
-    body, _ = trace(lambda v: v + 1.0, [np.zeros((8, 8), F32)])
-    a = g.add("fused", [x.id], {"body": body, "ops": ("add",), "name": "fa"})
-    t = g.add("transpose", [a.id], {"axes": (1, 0)})
-    xt = g.add("transpose", [x.id], {"axes": (1, 0)})
-    body_c, _ = trace(lambda u, v: u - v, [np.zeros((8, 8), F32)] * 2)
-    c = g.add("fused", [t.id, xt.id], {"body": body_c, "ops": ("subtract",), "name": "fc"})
-    g.outputs = [c.id]
-    plan = _Plan({a.id: 0, t.id: 1, xt.id: 0, c.id: 2}, a.nbytes)
-    exe = CupyExecutable(g, {a.id: "fused_kernel", t.id: "cupy", xt.id: "cupy",
-                             c.id: "fused_kernel"}, plan)
-    steps = {st.node.id: st for st in exe._steps}
-    assert steps[t.id].materialize == "buffer"  # a view of buffer 0 -> copied to buffer 1
-    assert steps[xt.id].materialize is None  # a view of the input: nothing to protect
+@pytest.mark.parametrize("graph, sections", [
+    (lambda: fused_graph(_mix, [((1003,), F16), ((1003,), F16)]), {"f16", "vec"}),
+    (lambda: fused_graph(lambda a, b: np.abs(a) + a ** b, [((5, 7), I32), ((7,), I32)]),
+     {"ipow", "abs"}),
+    (lambda: fused_graph(lambda x: np.abs(x), [((7,), F64)]), {"abs", "vec"}),
+    (lambda: op_graph("softmax", [((4, 8192), F16)], {"axis": -1}), {"f16", "vec", "reduce"}),
+    (lambda: op_graph("sum", [((5, 7), F32)], {"axis": (1,), "keepdims": False}),
+     {"reduce"}),
+])
+def test_sources_splice_exactly_the_helpers_they_need(graph, sections):
+    g, node = graph()
+    source = generate(node, g).source
+    for section in ct.HELPER_FILES:
+        assert (ct.helper(section) in source) == (section in sections), section

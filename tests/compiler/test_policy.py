@@ -133,13 +133,13 @@ def test_tuned_problem_says_why_not(kwargs, why):
 
 def test_the_default_lookup_asks_the_tuning_database(tmp_path, monkeypatch):
     from pyc_lab.hardware import device as gpu
-    from pyc_lab.kernels.cutlass.gemm import GemmConfig
-    from pyc_lab.kernels.tuning import autotune
+    from pyc_lab.kernels import matmul
+    from pyc_lab.kernels.cutlass import GemmConfig
     from pyc_lab.kernels.tuning import database as tuning_db
 
     device = tuning_db.DeviceKey("NVIDIA H200", "9.0", "580.00", "13.0")
     monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
-    monkeypatch.setattr(autotune, "device_key", lambda index=0: (device, 90, 132))
+    monkeypatch.setattr(matmul, "device_key", lambda index=0: (device, 90, 132))
     cfg = GemmConfig((256, 128, 64), (2, 1, 1), "TmaWarpSpecializedCooperative",
                      "TmaWarpSpecializedCooperative", "Default")
     with tuning_db.TuningDB() as db:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyc_lab.kernels.cutlass.gemm import GemmConfig
+from pyc_lab.kernels.cutlass import GemmConfig
 from pyc_lab.kernels.tuning.database import DeviceKey, Measurement, ProblemKey, TuningDB
 
 DEVICE = DeviceKey("NVIDIA H200", "9.0", "580.159.04", "13.0")

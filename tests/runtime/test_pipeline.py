@@ -14,6 +14,7 @@ import pytest
 from pyc_lab.errors import DeviceUnavailableError, PycLabError
 from pyc_lab.hardware.device import cupy_status
 from pyc_lab.runtime import pipeline as pipeline_mod
+from pyc_lab.runtime.host_lanes import HostLanes
 from pyc_lab.runtime.pipeline import Pipeline, PipelineError, last_pipeline
 
 HAS_GPU = cupy_status()[0] is not None
@@ -191,7 +192,10 @@ class Boom(RuntimeError):
     pass
 
 
-def _failing(stage: str, at: int) -> Pipeline:
+def _failing(stage: str, at: int, monkeypatch: pytest.MonkeyPatch,
+             armed: dict[str, bool]) -> Pipeline:
+    """A belt whose item ``at`` fails in ``stage`` while ``armed["on"]``; the host lanes'
+    copies fail after they took their buffers and copied, so those must go back too."""
     def p(i: int) -> np.ndarray:
         if stage == "prepare" and i == at:
             raise Boom(f"prepare {i}")
@@ -202,26 +206,27 @@ def _failing(stage: str, at: int) -> Pipeline:
             raise Boom(f"compute {int(x[0])}")
         return x + 1
 
-    pipe = make(p, c, workers=1)
-    calls = {"h2d": 0, "d2h": 0}
+    def copy(kind: str) -> Callable[..., Any]:
+        real = getattr(HostLanes, kind)
 
-    def copy(kind: str) -> Callable[[np.ndarray, np.ndarray], None]:
-        def f(dst: np.ndarray, src: np.ndarray) -> None:
-            if stage == kind and calls[kind] == at:  # workers=1: calls come in item order
+        def f(self: HostLanes, job: Any, *args: Any) -> Any:
+            out = real(self, job, *args)
+            if armed["on"] and stage == kind and job.index == at:
                 raise Boom(f"{kind} copy")
-            calls[kind] += 1
-            np.copyto(dst, src)
+            return out
         return f
 
-    pipe._copy_h2d = copy("h2d")  # type: ignore[method-assign]
-    pipe._copy_d2h = copy("d2h")  # type: ignore[method-assign]
-    return pipe
+    monkeypatch.setattr(HostLanes, "h2d", copy("h2d"))
+    monkeypatch.setattr(HostLanes, "d2h", copy("d2h"))
+    return make(p, c, workers=1)
 
 
 @pytest.mark.parametrize("stage", ["prepare", "h2d", "compute", "d2h"])
 @pytest.mark.parametrize("at", [0, 2])
-def test_failure_in_each_stage_names_item_and_cleans_up(stage: str, at: int) -> None:
-    with _failing(stage, at) as pipe:
+def test_failure_in_each_stage_names_item_and_cleans_up(
+        stage: str, at: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    armed = {"on": True}
+    with _failing(stage, at, monkeypatch, armed) as pipe:
         out, exc = drain(pipe, range(10))
         assert isinstance(exc, PipelineError), exc
         assert isinstance(exc, PycLabError)
@@ -234,7 +239,7 @@ def test_failure_in_each_stage_names_item_and_cleans_up(stage: str, at: int) -> 
         assert_clean(pipe)
         # the pipeline can run again after a failure
         pipe.compute = lambda x, s: x  # type: ignore[method-assign]
-        pipe._copy_h2d = pipe._copy_d2h = np.copyto  # type: ignore[method-assign]
+        armed["on"] = False
         pipe.prepare = lambda i: np.full(4, i, np.float32)
         out, exc = drain(pipe, range(5))
         assert exc is None and [r[0] for r in out] == [0, 1, 2, 3, 4]

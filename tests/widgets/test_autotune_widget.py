@@ -12,7 +12,8 @@ import pytest
 
 from pyc_lab.errors import PycLabError
 from pyc_lab.hardware.device import cupy_status
-from pyc_lab.kernels.tuning import replay
+from pyc_lab.kernels.tuning import autotune as tuner
+from pyc_lab.kernels.tuning import recording as replay
 from pyc_lab.widgets import AutotuneWidget, KernelComparison, display
 from pyc_lab.widgets import autotune as aw
 from tests.fakes.tuning_recording import CUBLAS_MS, FLOPS, SHAPE, TORCH_MS, write_recording
@@ -150,7 +151,7 @@ def test_a_failed_run_is_shown_and_raised(synthetic, monkeypatch):
     def broken(*args, **kwargs):
         raise PycLabError("the recording went away")
 
-    monkeypatch.setattr(replay, "replay_autotune", broken)
+    monkeypatch.setattr(tuner, "replay_autotune", broken)
     with pytest.raises(PycLabError, match="went away"):
         w.run()
     assert w.state == "failed" and "failed: the recording went away" in w.to_text()
@@ -240,7 +241,7 @@ def test_kernel_comparison_with_baselines(synthetic):
 
 
 def test_kernel_comparison_from_results_and_rows(synthetic):
-    results = [replay.replay_autotune(*SHAPE, dtype="f16", source=synthetic.path)]
+    results = [tuner.replay_autotune(*SHAPE, dtype="f16", source=synthetic.path)]
     from_results = KernelComparison(results)
     rows = [{"m": 2048, "n": 2048, "k": 2048, "dtype": "f16", "kernel": k, "ms": ms,
              "gpu_name": "NVIDIA H200"}

@@ -13,6 +13,10 @@ compiles without headers:
 :func:`supports` says whether a node is covered, and if not why (the reason is shown
 to users in ``explain()``); :func:`generate` returns a :class:`KernelSource`; kernels
 are compiled and cached by :mod:`.cache`. Nothing here needs a GPU.
+
+Only what varies (expressions, indexing, launch shapes) is written here; the fixed C++
+the kernels share (float16 conversions, aligned vectors, reductions) is read from
+``native/`` (:func:`.cuda_types.helper`) and spliced into each source as it is.
 """
 
 from __future__ import annotations

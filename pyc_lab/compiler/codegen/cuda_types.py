@@ -19,6 +19,10 @@ PTX ``cvt`` instructions directly, so generated sources need no header at all (N
 compiles them as they are). Every float16 *result* is rounded to float16 and back
 (:func:`convert`), so a chain of float16 ops rounds after each op exactly as NumPy does,
 overflow to ``inf`` included, while the arithmetic itself runs in float.
+
+The fixed C++ that kernels need (the float16 conversions, aligned vectors, integer
+power, absolute value, warp/block reductions) lives in files under ``native/``;
+:func:`helper` returns one, to be spliced into a generated source as it is.
 """
 
 from __future__ import annotations
@@ -29,14 +33,16 @@ from typing import Any
 
 import numpy as np
 
+from ...paths import native_source
+
 __all__ = [
-    "F16_HELPERS",
+    "HELPER_FILES",
     "SUPPORTED_DTYPES",
-    "VEC_HELPERS",
     "KernelSource",
     "compute_type",
     "convert",
     "from_storage",
+    "helper",
     "highest",
     "is_supported",
     "literal",
@@ -48,7 +54,6 @@ __all__ = [
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(d) for d in ("float16", "float32", "float64", "int32", "int64", "bool")
 )
-
 
 
 @dataclass
@@ -99,60 +104,28 @@ _COMPUTE = {
     "int32": "int", "int64": "long long", "bool": "bool",
 }
 
-#: Helpers for float16 storage (emitted only when a kernel touches float16 data).
-F16_HELPERS = """\
-// float16 values are stored as their IEEE binary16 bits and computed in float.
-typedef unsigned short pyc_f16;
-
-__device__ __forceinline__ float pyc_f16_to_float(pyc_f16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
+#: The fixed CUDA C++ spliced into generated kernels, by section: files under ``native/``
+#: (text that never changes lives there; the generators write only what varies).
+#: ``f16``: float16 storage and rounding, emitted only when a kernel touches float16
+#: data; ``vec``: an aligned vector of N elements (one 16-byte or narrower load/store);
+#: ``ipow``/``abs``: NumPy's integer power and absolute value; ``reduce``: the combining
+#: operators and the warp/block reductions of the row kernels.
+HELPER_FILES: dict[str, str] = {
+    "f16": "f16.cuh",
+    "vec": "vector.cuh",
+    "ipow": "ipow.cuh",
+    "abs": "abs.cuh",
+    "reduce": "reduce.cuh",
 }
 
-__device__ __forceinline__ pyc_f16 pyc_float_to_f16(float f) {
-    pyc_f16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
 
-__device__ __forceinline__ pyc_f16 pyc_double_to_f16(double d) {
-    pyc_f16 h;
-    asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d));
-    return h;
-}
+def helper(section: str) -> str:
+    """The text of the fixed helper ``section`` (a key of :data:`HELPER_FILES`).
 
-// The result of an op on float16 arrays: rounded to the nearest float16 (as NumPy does
-// after every op), kept in a float for the next op.
-__device__ __forceinline__ float pyc_round_f16(float f) {
-    return pyc_f16_to_float(pyc_float_to_f16(f));
-}
-
-__device__ __forceinline__ float pyc_round_f16(double d) {
-    return pyc_f16_to_float(pyc_double_to_f16(d));
-}
-
-__device__ __forceinline__ float pyc_round_f16(int i) {
-    return pyc_round_f16(static_cast<double>(i));
-}
-
-__device__ __forceinline__ float pyc_round_f16(long long i) {
-    return pyc_round_f16(static_cast<double>(i));
-}
-
-__device__ __forceinline__ float pyc_round_f16(bool b) {
-    return b ? 1.0f : 0.0f;
-}
-"""
-
-#: An aligned vector of N elements: one 16-byte (or narrower) load or store.
-VEC_HELPERS = """\
-// N elements of T moved by one aligned load or store (16 bytes at most).
-template <typename T, int N>
-struct alignas(sizeof(T) * N) pyc_vec {
-    T v[N];
-};
-"""
+    It is spliced into a kernel's source as it is, so sources still compile without
+    headers and the helper's text is part of every cache key of what uses it.
+    """
+    return native_source(HELPER_FILES[section])
 
 
 def is_supported(dtype: Any) -> bool:

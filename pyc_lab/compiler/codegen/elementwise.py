@@ -62,41 +62,15 @@ _INT = frozenset({"int32", "int64"})
 
 #: Ops whose registry template is replaced, and why.
 _OVERRIDES = {
-    # C's pow() has no integer overload: exponentiation by squaring, wrapping like NumPy.
+    # C's pow() has no integer overload: exponentiation by squaring, wrapping like NumPy
+    # (native/ipow.cuh).
     ("power", "int"): "pyc_ipow({0}, {1})",
-    # abs() on a float may resolve to the int overload in some headers: be explicit.
+    # abs() on a float may resolve to the int overload in some headers: be explicit
+    # (native/abs.cuh).
     ("abs", "any"): "pyc_abs({0})",
     # NumPy computes 1 / sqrt(x), both correctly rounded; rsqrt() is 2 ulp off.
     ("rsqrt", "any"): "(1 / sqrt({0}))",
 }
-
-_IPOW = """\
-// NumPy's integer power: exponentiation by squaring in unsigned arithmetic (so it wraps
-// like NumPy). NumPy refuses negative exponents; here they give 0, except for bases 1
-// and -1, whose powers stay 1 and +-1.
-__device__ __forceinline__ int pyc_ipow(int base, int e) {
-    if (e < 0) return base == 1 ? 1 : (base == -1 ? ((e & 1) ? -1 : 1) : 0);
-    unsigned int r = 1u, b = static_cast<unsigned int>(base);
-    while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
-    return static_cast<int>(r);
-}
-
-__device__ __forceinline__ long long pyc_ipow(long long base, long long e) {
-    if (e < 0) return base == 1 ? 1LL : (base == -1 ? ((e & 1) ? -1LL : 1LL) : 0LL);
-    unsigned long long r = 1ull, b = static_cast<unsigned long long>(base);
-    while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
-    return static_cast<long long>(r);
-}
-"""
-
-_ABS = """\
-// |x| for every compute type (NumPy's absolute).
-__device__ __forceinline__ float pyc_abs(float x) { return fabsf(x); }
-__device__ __forceinline__ double pyc_abs(double x) { return fabs(x); }
-__device__ __forceinline__ int pyc_abs(int x) { return x < 0 ? -x : x; }
-__device__ __forceinline__ long long pyc_abs(long long x) { return x < 0 ? -x : x; }
-__device__ __forceinline__ bool pyc_abs(bool x) { return x; }
-"""
 
 
 # -- naming and bodies -------------------------------------------------------------------
@@ -531,13 +505,10 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
                       "restrict-qualified")
     sections = ["\n".join(header)]
     if "float16" in all_dtypes:
-        sections += [ct.F16_HELPERS]
+        sections += [ct.helper("f16")]
     if vec_ok:
-        sections += [ct.VEC_HELPERS]
-    if "ipow" in needs:
-        sections += [_IPOW]
-    if "abs" in needs:
-        sections += [_ABS]
+        sections += [ct.helper("vec")]
+    sections += [ct.helper(section) for section in ("ipow", "abs") if section in needs]
     sections += [func, "\n".join(general) + "\n"]
     if vec_ok:
         sections += ["\n" + "\n".join(vec_lines) + "\n"]

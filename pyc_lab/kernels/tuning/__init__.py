@@ -1,19 +1,34 @@
 """Kernel tuning: the tuning database and the GEMM tuner on the shared tuning session.
 
+- :mod:`.keys` — device and problem keys, measurements, lookup results;
 - :mod:`.database` — :class:`TuningDB`: every candidate measured per device and problem
-  (SQLite, WAL), the winner, exact and bucketed lookup, JSON/CSV export and import;
-- :mod:`.autotune` — ``autotune_gemm``: the live GEMM runner (build, check, time);
-- :mod:`.replay` — ``replay_autotune``: the same search over a recorded tuning.
+  (SQLite, WAL), the winner, exact and bucketed lookup;
+- :mod:`.io` — export and import files (JSON, CSV), checked row by row;
+- :mod:`.options` — :class:`GemmTuneOptions`: the one source of every tuning default;
+- :mod:`.gemm_space`, :mod:`.gemm_reference` — candidates as a search space; inputs,
+  references, tolerances and library baselines;
+- :mod:`.gemm_runner` — the live runner (build, check, time on this GPU);
+- :mod:`.recording`, :mod:`.replay` — tunings recorded elsewhere, and the runner that
+  replays them;
+- :mod:`.autotune` — ``autotune_gemm`` and ``replay_autotune``: one session each;
+- :mod:`.result` — :class:`TuneResult`, :class:`ReplayResult`;
+- :mod:`.background` — a tuning in a background thread (what the widget shows);
+- :mod:`.compare` — tuned kernels against the libraries, across problems.
 """
 
 from ..._lazy import lazy_face
 
 _EXPORTS = {
-    "DeviceKey": "database", "LookupResult": "database", "Measurement": "database",
-    "ProblemKey": "database", "TuningDB": "database", "TuningDBError": "database",
-    "TuningDBWarning": "database",
-    "TuneResult": "autotune", "autotune_gemm": "autotune",
-    "ReplayResult": "replay", "replay_autotune": "replay",
+    **dict.fromkeys(("DeviceKey", "LookupResult", "Measurement", "ProblemKey",
+                     "TuningDBError", "TuningDBWarning", "TuningRecord", "device_key"), "keys"),
+    "TuningDB": "database",
+    "GemmTuneOptions": "options",
+    "TuneResult": "result", "ReplayResult": "result", "ReplayInfo": "result",
+    "autotune_gemm": "autotune", "replay_autotune": "autotune",
+    **dict.fromkeys(("recorded_db", "recorded_problems", "recorded_result",
+                     "recorded_results", "recording_path"), "recording"),
+    "TuningRun": "background",
+    "Comparison": "compare",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS, globals())

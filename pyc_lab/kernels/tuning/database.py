@@ -6,7 +6,9 @@ included, so that a notebook can show why a candidate lost and a later session c
 the search. Entries are keyed by the device (GPU name, compute capability, driver and CUDA
 versions) and the problem; a result tuned on one device never answers for another.
 
-Storage is one SQLite file in the user cache directory (``platformdirs``), in WAL mode, so
+The keys and rows are :mod:`~pyc_lab.kernels.tuning.keys`; export and import files are
+:mod:`~pyc_lab.kernels.tuning.io`. This module is the store: one SQLite file in the user
+cache directory (:func:`pyc_lab.paths.cache_dir`), in WAL mode, so
 that two notebooks tuning at once can both write without losing rows; every write is one
 short ``BEGIN IMMEDIATE`` transaction and waits (``busy_timeout``) for the other writer.
 A file that is not a SQLite database, fails ``PRAGMA integrity_check`` or holds a schema
@@ -27,15 +29,12 @@ Examples
 'bucket'
 """
 
+
 from __future__ import annotations
 
-import csv
 import datetime as _dt
-import hashlib
 import json
 import logging
-import math
-import operator
 import os
 import random
 import sqlite3
@@ -45,55 +44,60 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import platformdirs
-
-from ...errors import PycLabError
+from ...paths import cache_dir
+from . import io
+from .keys import (
+    _DEVICE_COLS,
+    _FAMILY_COLS,
+    _KEY_COLS,
+    _PROBLEM_COLS,
+    _VALUE_COLS,
+    COLUMNS,
+    DeviceKey,
+    LookupResult,
+    Measurement,
+    ProblemKey,
+    TuningDBError,
+    TuningDBWarning,
+    TuningRecord,
+    _canonical_json,
+    _in_bucket,
+    _key_values,
+    _log_distance,
+    _now,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from ...hardware.profile import HardwareProfile
-
-__all__ = [
-    "COLUMNS",
-    "SCHEMA_VERSION",
-    "STATUSES",
-    "DeviceKey",
-    "LookupResult",
-    "Measurement",
-    "ProblemKey",
-    "TuningDB",
-    "TuningDBError",
-    "TuningDBWarning",
-    "TuningRecord",
-    "default_path",
-]
+__all__ = ["SCHEMA_VERSION", "TuningDB", "default_path", "generation"]
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+_GENERATION = [0]
+_GENERATION_LOCK = threading.Lock()
+
+
+def generation() -> int:
+    """How many writes this process has made to any tuning database.
+
+    A lookup memoised under this number is never stale after a tuning in this process
+    (writes by other processes show in the database file's modification time).
+    """
+    return _GENERATION[0]
+
+
+def _wrote() -> None:
+    with _GENERATION_LOCK:
+        _GENERATION[0] += 1
+
 #: The schema version this module writes (``PRAGMA user_version``).
 SCHEMA_VERSION = 2
-
-#: The statuses a measurement may have; only ``"ok"`` can win.
-#: ``"baseline"`` rows hold a library's time for the same problem in the same run (config
-#: ``{"baseline": "cublas"}``); like every status but ``"ok"``, they never win.
-STATUSES = ("ok", "compile_error", "wrong_result", "nan", "timeout", "skipped", "baseline")
-
-_DEVICE_COLS = ("gpu_name", "compute_capability", "driver", "cuda")
-_PROBLEM_COLS = ("op", "dtype_a", "dtype_b", "dtype_c", "layout", "m", "n", "k")
-_KEY_COLS = _DEVICE_COLS + _PROBLEM_COLS
-_FAMILY_COLS = _DEVICE_COLS + _PROBLEM_COLS[:5]  # the key without (m, n, k)
-_VALUE_COLS = ("config_id", "config", "status", "time_ms", "tflops", "error", "message",
-               "run_id", "recorded_at")
-
-#: Columns of :meth:`TuningDB.to_frame` and of exported files, in order.
-COLUMNS = (*_KEY_COLS, *_VALUE_COLS, "is_winner", "winner_source")
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _BUSY_TIMEOUT_S = 30.0
@@ -156,285 +160,11 @@ _SQLITE_NOTADB = 26
 _CORRUPTION_HINTS = ("malformed", "not a database", "database corrupt")
 
 
-class TuningDBError(PycLabError):
-    """The tuning database was used wrongly: a bad key, measurement, file or a closed DB."""
-
-
-class TuningDBWarning(UserWarning):
-    """The tuning database file was damaged or unknown, was set aside and rebuilt."""
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
-
-
 def default_path() -> Path:
-    """The default database file: ``<user cache dir>/pyc_lab/tuning.sqlite``."""
-    return Path(platformdirs.user_cache_path("pyc_lab")) / "tuning.sqlite"
+    """The default database file: ``<user cache dir>/pyc_lab/tuning.sqlite``
+    (:func:`pyc_lab.paths.cache_dir`)."""
+    return cache_dir(create=False) / "tuning.sqlite"
 
-
-def _name_of(value: Any, what: str) -> str:
-    """A dtype/op/layout given as a string, a NumPy dtype or a type, as its name."""
-    if isinstance(value, str):
-        name = value
-    elif isinstance(getattr(value, "name", None), str):
-        name = value.name
-    elif isinstance(getattr(value, "__name__", None), str):
-        name = value.__name__
-    else:
-        raise TuningDBError(f"{what} must be a string (or a dtype), got {value!r}")
-    if not name:
-        raise TuningDBError(f"{what} must not be empty")
-    return name
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item") and callable(value.item):  # NumPy scalars
-        return value.item()
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
-def _canonical_json(config: Any) -> str:
-    return json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False,
-                      default=_json_default)
-
-
-def _opt_float(value: Any, what: str) -> float | None:
-    """``None`` for missing or non-finite values (SQLite cannot store NaN), else a float."""
-    if value is None or value == "":
-        return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise TuningDBError(f"{what} must be a number or None, got {value!r}") from None
-    return f if math.isfinite(f) else None
-
-
-@dataclass(frozen=True)
-class DeviceKey:
-    """The device part of a key: a result tuned on one device never answers for another.
-
-    Parameters
-    ----------
-    gpu_name
-        The GPU's marketing name, e.g. ``"NVIDIA H200"``.
-    compute_capability
-        ``"major.minor"``, e.g. ``"9.0"``.
-    driver
-        The NVIDIA driver version, e.g. ``"580.159.04"``.
-    cuda
-        The CUDA version the driver supports, e.g. ``"13.0"``.
-    """
-
-    gpu_name: str
-    compute_capability: str
-    driver: str
-    cuda: str
-
-    def __post_init__(self) -> None:
-        for name in _DEVICE_COLS:
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise TuningDBError(f"DeviceKey.{name} must be a non-empty string, "
-                                    f"got {value!r}")
-
-    @classmethod
-    def from_profile(cls, profile: HardwareProfile, index: int = 0) -> DeviceKey:
-        """The key of GPU ``index`` of a :class:`~pyc_lab.runtime.HardwareProfile`.
-
-        Values the profile does not know become ``"unknown"``.
-
-        Parameters
-        ----------
-        profile
-            From :func:`pyc_lab.detect_hardware` (live or a snapshot).
-        index
-            The GPU's CUDA ordinal (``GPUInfo.index``).
-
-        Raises
-        ------
-        TuningDBError
-            If the profile has no GPU with that index.
-        """
-        gpu = next((g for g in profile.gpus if g.index == index), None)
-        if gpu is None:
-            have = [g.index for g in profile.gpus]
-            raise TuningDBError(f"the hardware profile has no GPU {index} (it has {have}); "
-                                "pass the index of one of its GPUs")
-        return cls(
-            gpu_name=gpu.name or "unknown",
-            compute_capability=gpu.compute_capability or "unknown",
-            driver=profile.driver_version or "unknown",
-            cuda=profile.cuda_driver_version or "unknown",
-        )
-
-
-@dataclass(frozen=True)
-class ProblemKey:
-    """The problem part of a key: what is computed, in which types and layout, at what size.
-
-    Parameters
-    ----------
-    op
-        The operation, e.g. ``"gemm"``.
-    dtype_a, dtype_b, dtype_c
-        Element types of the operands and the output, e.g. ``"f16"``, ``"f16"``, ``"f32"``
-        (NumPy dtypes are accepted and stored by name).
-    layout
-        Operand layouts, e.g. ``"tn"`` (A transposed, B not).
-    m, n, k
-        The problem size; positive integers.
-    """
-
-    op: str
-    dtype_a: str
-    dtype_b: str
-    dtype_c: str
-    layout: str
-    m: int
-    n: int
-    k: int
-
-    def __post_init__(self) -> None:
-        for name in _PROBLEM_COLS[:5]:
-            object.__setattr__(self, name, _name_of(getattr(self, name), f"ProblemKey.{name}"))
-        for name in ("m", "n", "k"):
-            value = getattr(self, name)
-            try:
-                size = operator.index(value)
-            except TypeError:
-                raise TuningDBError(f"ProblemKey.{name} must be an integer, got {value!r}") \
-                    from None
-            if size <= 0:
-                raise TuningDBError(f"ProblemKey.{name} must be positive, got {size}")
-            object.__setattr__(self, name, size)
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """``(m, n, k)``."""
-        return (self.m, self.n, self.k)
-
-
-@dataclass
-class Measurement:
-    """One measured (or failed) candidate kernel for one problem on one device.
-
-    Parameters
-    ----------
-    config
-        JSON-able dict identifying the kernel (tile shape, cluster, schedule, ...). It is
-        normalised through JSON (tuples become lists), so what comes back from the
-        database equals what is stored.
-    status
-        One of :data:`STATUSES`; only ``"ok"`` measurements can win.
-    time_ms
-        Median time per call in milliseconds; required for ``"ok"``.
-    tflops
-        Achieved TFLOP/s.
-    error
-        Maximum error against the reference.
-    message
-        Why it failed (compiler output, mismatch summary), or a note.
-    run_id, recorded_at
-        Filled in by the database: the tuning run that recorded it and when (ISO UTC).
-        They take no part in equality.
-
-    Notes
-    -----
-    Non-finite numbers (NaN, inf) are stored as ``None``: SQLite has no NaN.
-    """
-
-    config: dict
-    status: str
-    time_ms: float | None = None
-    tflops: float | None = None
-    error: float | None = None
-    message: str = ""
-    run_id: str | None = field(default=None, compare=False)
-    recorded_at: str | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.config, dict):
-            raise TuningDBError(f"Measurement.config must be a dict, got "
-                                f"{type(self.config).__name__}")
-        try:
-            self.config = json.loads(_canonical_json(self.config))
-        except (TypeError, ValueError) as exc:
-            raise TuningDBError(f"Measurement.config must be JSON-able: {exc}") from None
-        if self.status not in STATUSES:
-            raise TuningDBError(f"Measurement.status must be one of {STATUSES}, "
-                                f"got {self.status!r}")
-        self.time_ms = _opt_float(self.time_ms, "time_ms")
-        self.tflops = _opt_float(self.tflops, "tflops")
-        self.error = _opt_float(self.error, "error")
-        if self.status == "ok" and (self.time_ms is None or self.time_ms <= 0):
-            raise TuningDBError("a measurement with status 'ok' needs a positive, finite "
-                                f"time_ms, got {self.time_ms!r}")
-        self.message = "" if self.message is None else str(self.message)
-
-    @property
-    def config_id(self) -> str:
-        """A stable id of the config: SHA-256 of its sorted-keys JSON, first 16 hex digits."""
-        return hashlib.sha256(_canonical_json(self.config).encode()).hexdigest()[:16]
-
-    @property
-    def ok(self) -> bool:
-        """Whether the candidate ran and was correct."""
-        return self.status == "ok"
-
-
-@dataclass(frozen=True)
-class LookupResult:
-    """What :meth:`TuningDB.lookup` found.
-
-    Attributes
-    ----------
-    measurement
-        The winning measurement of ``problem_matched``.
-    problem_matched
-        The tuned problem it comes from: the one asked for, or the nearest in its bucket.
-    match
-        ``"exact"`` or ``"bucket"``.
-    distance
-        Euclidean distance of ``log2(m, n, k)`` between the asked and the matched problem
-        (0.0 for an exact match; at most ``sqrt(3)`` within a bucket).
-    """
-
-    measurement: Measurement
-    problem_matched: ProblemKey
-    match: Literal["exact", "bucket"]
-    distance: float
-
-
-@dataclass(frozen=True)
-class TuningRecord:
-    """One stored row: device, problem, measurement and whether it is the winner."""
-
-    device: DeviceKey
-    problem: ProblemKey
-    measurement: Measurement
-    is_winner: bool = False
-
-
-def _log_distance(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
-    return math.sqrt(sum(math.log2(x / y) ** 2 for x, y in zip(a, b, strict=True)))
-
-
-def _in_bucket(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
-    """Each dimension within a factor of 2 (inclusive)."""
-    return all(abs(math.log2(x / y)) <= 1.0 + 1e-12 for x, y in zip(a, b, strict=True))
-
-
-def _key_values(device: DeviceKey, problem: ProblemKey) -> tuple:
-    if not isinstance(device, DeviceKey):
-        raise TuningDBError(f"expected a DeviceKey, got {type(device).__name__}")
-    if not isinstance(problem, ProblemKey):
-        raise TuningDBError(f"expected a ProblemKey, got {type(problem).__name__}")
-    return (device.gpu_name, device.compute_capability, device.driver, device.cuda,
-            problem.op, problem.dtype_a, problem.dtype_b, problem.dtype_c, problem.layout,
-            problem.m, problem.n, problem.k)
 
 
 def _where(cols: Iterable[str], prefix: str = "") -> str:
@@ -812,7 +542,10 @@ class TuningDB:
                     self._refresh_winner(conn, key)
             return len(rows)
 
-        return self._call(write)
+        try:
+            return self._call(write)
+        finally:
+            _wrote()
 
     def set_winner(self, device: DeviceKey, problem: ProblemKey, config_id: str) -> None:
         """Pin ``config_id`` as the winner of a problem, over the fastest candidate.
@@ -838,7 +571,10 @@ class TuningDB:
                         f"{device.gpu_name}; only a candidate that ran correctly can win")
                 self._put_winner(conn, key, config_id, row["id"], "manual")
 
-        self._call(write)
+        try:
+            self._call(write)
+        finally:
+            _wrote()
 
     def clear_winner(self, device: DeviceKey, problem: ProblemKey) -> None:
         """Undo :meth:`set_winner`: the fastest ``"ok"`` candidate wins again."""
@@ -849,7 +585,10 @@ class TuningDB:
                 conn.execute(f"DELETE FROM winners WHERE {_where(_KEY_COLS)}", key)
                 self._refresh_winner(conn, key)
 
-        self._call(write)
+        try:
+            self._call(write)
+        finally:
+            _wrote()
 
     @staticmethod
     def _put_winner(conn: sqlite3.Connection, key: tuple, config_id: str, mid: int,
@@ -1028,20 +767,8 @@ class TuningDB:
             For another suffix.
         """
         path = Path(path)
-        fmt = _format_of(path)
         rows = self._rows()
-        if fmt == "json":
-            doc = {"format": "pyc_lab.tuning_db", "schema_version": SCHEMA_VERSION,
-                   "exported_at": _now(),
-                   "rows": [{**r, "config": json.loads(r["config"])} for r in rows]}
-            path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n",
-                            encoding="utf-8")
-        else:
-            with path.open("w", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
-                writer.writeheader()
-                for r in rows:
-                    writer.writerow({k: "" if v is None else v for k, v in r.items()})
+        io.write_rows(path, rows, SCHEMA_VERSION)
         log.info("tuning database: exported %d rows to %s", len(rows), path)
         return len(rows)
 
@@ -1064,12 +791,7 @@ class TuningDB:
             If the file cannot be read or a row is malformed (nothing is added then).
         """
         path = Path(path)
-        fmt = _format_of(path)
-        try:
-            raw_rows = _read_json(path) if fmt == "json" else _read_csv(path)
-        except (OSError, UnicodeDecodeError, ValueError, csv.Error) as exc:
-            raise TuningDBError(f"cannot read tuning data from {path}: {exc}") from exc
-        parsed = [_parse_row(r, i, path) for i, r in enumerate(raw_rows, start=1)]
+        parsed = io.read_rows(path)
 
         def write(conn: sqlite3.Connection) -> int:
             added = 0
@@ -1097,7 +819,10 @@ class TuningDB:
                     self._refresh_winner(conn, key)
             return added
 
-        added = self._call(write)
+        try:
+            added = self._call(write)
+        finally:
+            _wrote()
         log.info("tuning database: imported %d new rows of %d from %s", added, len(parsed),
                  path)
         return added
@@ -1122,58 +847,3 @@ class TuningDB:
         where = ":memory:" if self.in_memory else str(self.path)
         state = "closed" if self._closed else "open"
         return f"TuningDB({where!r}, {state})"
-
-
-def _format_of(path: Path) -> str:
-    suffix = path.suffix.lower()
-    if suffix not in (".json", ".csv"):
-        raise TuningDBError(f"{path}: export/import needs a .json or .csv file, "
-                            f"not {suffix or 'no suffix'!r}")
-    return suffix[1:]
-
-
-def _read_json(path: Path) -> list[dict[str, Any]]:
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(doc, dict) or doc.get("format") != "pyc_lab.tuning_db" or \
-            not isinstance(doc.get("rows"), list):
-        raise ValueError("not a pyc_lab tuning database export (no format/rows)")
-    return doc["rows"]
-
-
-def _read_csv(path: Path) -> list[dict[str, Any]]:
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = set(_KEY_COLS) | {"config", "status"}
-        missing -= set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"missing columns {sorted(missing)}")
-        return list(reader)
-
-
-def _parse_row(row: Any, number: int, path: Path) -> tuple[tuple, Measurement, str, str, bool]:
-    """One exported row as (key, measurement, run_id, recorded_at, pinned)."""
-    try:
-        if not isinstance(row, dict):
-            raise TuningDBError("not an object")
-        device = DeviceKey(*(str(row[c]) for c in _DEVICE_COLS))
-        problem = ProblemKey(*(row[c] for c in _PROBLEM_COLS[:5]),
-                             *(int(row[c]) for c in ("m", "n", "k")))
-        config = row["config"]
-        if isinstance(config, str):
-            config = json.loads(config)
-        m = Measurement(config=config, status=row["status"], time_ms=row.get("time_ms"),
-                        tflops=row.get("tflops"), error=row.get("error"),
-                        message=row.get("message") or "")
-        given = row.get("config_id")
-        if given and given != m.config_id:
-            raise TuningDBError(f"config_id {given} does not match its config "
-                                f"(hash {m.config_id})")
-        run_id = str(row.get("run_id") or "")
-        recorded_at = str(row.get("recorded_at") or _now())
-        winner = row.get("is_winner")
-        is_winner = winner is True or str(winner).strip().lower() in ("true", "1")
-        pinned = is_winner and str(row.get("winner_source") or "") == "manual"
-    except (KeyError, TypeError, ValueError, TuningDBError) as exc:
-        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-        raise TuningDBError(f"{path}: row {number} is malformed: {what}") from None
-    return _key_values(device, problem), m, run_id, recorded_at, pinned

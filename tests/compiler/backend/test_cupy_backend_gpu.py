@@ -1,10 +1,11 @@
-"""The CuPy backend on a GPU: generated kernels, cuBLAS epilogues, memory plans and CUDA
-graphs against NumPy references (float64 where that is the meaningful reference).
+"""The CuPy backend on a GPU: generated kernels, cuBLAS epilogues and memory plans
+against NumPy references (float64 where that is the meaningful reference).
 
 Every test is marked ``gpu`` (skipped, with the reason, where no CUDA device is usable).
 Inputs are fresh random values on every run (never zeros); output memory is poisoned with
-NaN (0xFF bytes) before calls wherever the test controls allocation, so a kernel that
-skips an element cannot pass by accident.
+NaN (0xFF bytes) before calls wherever the test controls allocation (see
+:mod:`tests.compiler.backend.support`), so a kernel that skips an element cannot pass by
+accident. CUDA-graph replays are tested in ``test_graphs_gpu.py``.
 """
 
 from __future__ import annotations
@@ -16,110 +17,35 @@ import pytest
 
 from pyc_lab.compiler import Graph
 from pyc_lab.compiler.backend.executable import CupyExecutable
-from pyc_lab.compiler.codegen import cache, generate, supports
-from pyc_lab.compiler.interpret import run_graph
+from pyc_lab.compiler.codegen import cache, generate
 from pyc_lab.compiler.ops import evaluate
 from pyc_lab.compiler.tracer import trace
+from tests.compiler.backend.support import (
+    BOOL,
+    F16,
+    F32,
+    F64,
+    I32,
+    I64,
+    TIGHT,
+    TOL,
+    assert_close,
+    auto_impl,
+    block_graph,
+    block_inputs,
+    check_block,
+    cp,
+    f64,
+    mix,
+    numpy_ref,
+    poison_buffers,
+    poison_pool,
+    rand,
+    run,
+)
 from tests.compiler.graphs import fused_graph, op_graph
 
-cp = pytest.importorskip("cupy")
-
 pytestmark = pytest.mark.gpu
-
-F16, F32, F64 = np.float16, np.float32, np.float64
-I32, I64, BOOL = np.int32, np.int64, np.bool_
-
-TOL = {  # (rtol, atol) against a float64 reference, by result dtype
-    "float16": (1e-2, 1e-2),
-    "float32": (5e-5, 5e-6),
-    "float64": (1e-11, 1e-12),
-}
-TIGHT = {  # against NumPy in the same dtype (same roundings, different libm)
-    "float16": (2e-3, 5e-3),
-    "float32": (1e-5, 3e-6),
-    "float64": (1e-12, 1e-13),
-}
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng()
-
-
-# -- helpers -------------------------------------------------------------------------------
-def rand(rng, shape, dtype, low=0.1, high=3.0, signed=True):
-    """Random values of ``dtype``, never zero (bool: random True/False)."""
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.random(shape) < 0.5
-    if dtype.kind in "iu":
-        mag = rng.integers(1, 50, size=shape)
-        sign = rng.choice([-1, 1], size=shape) if signed else 1
-        return np.asarray(mag * sign, dtype=dtype)
-    mag = rng.uniform(low, high, size=shape)
-    sign = rng.choice([-1.0, 1.0], size=shape) if signed else 1.0
-    return np.asarray(mag * sign, dtype=dtype)
-
-
-def poison_pool(nbytes=256 << 20):
-    """Fill a large pool block with 0xFF (NaN) and free it: fresh allocations reuse it."""
-    block = cp.empty(nbytes, dtype=cp.uint8)
-    block.fill(255)
-    del block
-
-
-def poison_buffers(exe):
-    exe._prepare()
-    for b in exe._buffers:
-        b.fill(255)
-
-
-def auto_impl(graph):
-    """The policy's choice, here by hand: generated where supported, else CuPy."""
-    impl = {}
-    for n in graph:
-        if n.op in ("input", "constant"):
-            impl[n.id] = "source"
-        elif n.op == "matmul":
-            impl[n.id] = "cublas"
-        elif n.op == "eager":
-            impl[n.id] = "eager"
-        elif supports(n, graph)[0] and n.op not in ("reshape", "transpose", "slice"):
-            impl[n.id] = "fused_kernel" if n.op == "fused" else "reduction_kernel"
-        else:
-            impl[n.id] = "cupy"
-    return impl
-
-
-def run(exe, arrays):
-    poison_pool()
-    outs = exe([cp.asarray(a) for a in arrays])
-    return [cp.asnumpy(o) for o in outs]
-
-
-def numpy_ref(graph, arrays):
-    with np.errstate(all="ignore"):
-        return run_graph(graph, [np.asarray(a) for a in arrays], np)
-
-
-def f64(arrays):
-    return [a.astype(np.float64) if a.dtype.kind == "f" else a for a in arrays]
-
-
-def assert_close(got, want, dtype, table=TOL):
-    dtype = np.dtype(dtype)
-    assert got.dtype == dtype, (got.dtype, dtype)
-    assert got.shape == np.shape(want)
-    if dtype.kind == "f":
-        rtol, atol = table[dtype.name]
-        np.testing.assert_allclose(got.astype(np.float64), np.asarray(want, np.float64),
-                                   rtol=rtol, atol=atol, equal_nan=True)
-    else:
-        np.testing.assert_array_equal(got, np.asarray(want).astype(dtype))
-
-
-def _mix(x, y):
-    return np.tanh(x * 2.0 + y) - np.maximum(x, y) / (1 + np.exp(-y))
 
 
 # -- fused elementwise ---------------------------------------------------------------------
@@ -127,13 +53,13 @@ def _mix(x, y):
 @pytest.mark.parametrize("shape", [(1000,), (1003,), (37, 129), (2, 3, 5, 7), (3 * 4096 + 5,),
                                    ()])
 def test_fused_same_shape_against_float64(rng, dtype, shape):
-    g, node = fused_graph(_mix, [(shape, dtype), (shape, dtype)])
+    g, node = fused_graph(mix, [(shape, dtype), (shape, dtype)])
     exe = CupyExecutable(g, {node.id: "fused_kernel"})
     x, y = rand(rng, shape, dtype), rand(rng, shape, dtype)
     (got,) = run(exe, [x, y])
     with np.errstate(all="ignore"):
-        assert_close(got, _mix(*f64([x, y])), dtype)
-        assert_close(got, _mix(x, y), dtype, TIGHT)
+        assert_close(got, mix(*f64([x, y])), dtype)
+        assert_close(got, mix(x, y), dtype, TIGHT)
     n = math.prod(shape)
     vec = 16 // np.dtype(dtype).itemsize
     assert exe.launched[node.id] == ("fused_0_vec" if n >= vec else "fused_0")
@@ -167,7 +93,7 @@ def test_fused_broadcasting(rng, case, dtype):
 @pytest.mark.parametrize("dtype", [F32, F16, F64])
 def test_misaligned_views_take_the_scalar_kernel(rng, dtype):
     n = 4099
-    g, node = fused_graph(_mix, [((n,), dtype), ((n,), dtype)])
+    g, node = fused_graph(mix, [((n,), dtype), ((n,), dtype)])
     exe = CupyExecutable(g, {node.id: "fused_kernel"})
     base = cp.asarray(rand(rng, (n + 1,), dtype))
     y = cp.asarray(rand(rng, (n,), dtype))
@@ -176,7 +102,7 @@ def test_misaligned_views_take_the_scalar_kernel(rng, dtype):
     poison_pool()
     (got,) = exe([x, y])
     assert exe.launched[node.id] == "fused_0"
-    want = _mix(*f64([cp.asnumpy(x), cp.asnumpy(y)]))
+    want = mix(*f64([cp.asnumpy(x), cp.asnumpy(y)]))
     assert_close(cp.asnumpy(got), want, dtype)
     # the same executable with aligned arrays takes the vectorised kernel
     x2 = x.copy()  # a fresh, aligned allocation
@@ -573,46 +499,7 @@ def test_integer_matmul_with_float_activation_is_not_in_place(rng):
     assert_close(got, want, F64)
 
 
-# -- whole graphs, memory plans, CUDA graphs ----------------------------------------------------
-def block_graph(m=64, k=96, n=128):
-    """gelu(x @ w + b) * 2 + x2, tanh - 0.5 (fused), softmax, layer_norm(gamma),
-    transpose, square (fused), reshape, sum."""
-    g = Graph(name="block")
-    x = g.add("input", shape=(m, k), dtype=F32, name="x")
-    w = g.add("input", shape=(k, n), dtype=F32, name="w")
-    b = g.add("input", shape=(n,), dtype=F32, name="b")
-    x2 = g.add("input", shape=(m, n), dtype=F32, name="x2")
-    gamma = g.add("input", shape=(n,), dtype=F32, name="gamma")
-    mm = g.add("matmul", [x.id, w.id, b.id], {"activation": "gelu"})
-    body, _ = trace(lambda h, y: h * 2.0 + y, [np.zeros((m, n), F32)] * 2)
-    f1 = g.add("fused", [mm.id, x2.id], {"body": body, "ops": ("multiply", "add"),
-                                         "name": "fused_1"})
-    body2, _ = trace(lambda h: np.tanh(h) - 0.5, [np.zeros((m, n), F32)])
-    f2 = g.add("fused", [f1.id], {"body": body2, "ops": ("tanh", "subtract"),
-                                  "name": "fused_2"})
-    sm = g.add("softmax", [f2.id], {"axis": -1})
-    ln = g.add("layer_norm", [sm.id, gamma.id], {"eps": 1e-5})
-    tr = g.add("transpose", [ln.id], {"axes": (1, 0)})
-    body3, _ = trace(lambda t: t * t, [np.zeros((n, m), F32)])
-    f3 = g.add("fused", [tr.id], {"body": body3, "ops": ("multiply",), "name": "fused_3"})
-    rs = g.add("reshape", [f3.id], {"shape": (n * m // 8, 8)})
-    s = g.add("sum", [rs.id], {"axis": (1,), "keepdims": False})
-    g.outputs = [s.id, ln.id, f2.id]
-    g.verify()
-    return g
-
-
-def block_inputs(rng, g):
-    return [rand(rng, g.node(i).shape, g.node(i).dtype, high=1.0) for i in g.inputs]
-
-
-def check_block(g, got, arrays):
-    """Against NumPy (float64 inputs; run_graph keeps every node's float32 dtype)."""
-    want = run_graph(g, f64(arrays), np)
-    for out, ref, oid in zip(got, want, g.outputs, strict=True):
-        assert_close(out, ref, g.node(oid).dtype, {"float32": (2e-4, 2e-5)})
-
-
+# -- whole graphs and memory plans ------------------------------------------------------------
 @pytest.mark.parametrize("mode", [None, "balanced", "memory_first"])
 def test_block_graph_with_memory_plans(rng, mode):
     from pyc_lab.compiler.memory import plan_memory
@@ -679,72 +566,6 @@ def test_identity_outputs_are_fresh_copies(rng):
     const[...] = 0
     (_, const2) = exe([arg])
     assert float(const2) == 2.5
-
-
-@pytest.mark.parametrize("mode", [None, "memory_first"])
-def test_cuda_graph_replays_give_the_same_results_as_eager_runs(rng, mode):
-    from pyc_lab.compiler.memory import plan_memory
-
-    g = block_graph()
-    plan = plan_memory(g, mode) if mode else None
-    exe = CupyExecutable(g, auto_impl(g), plan, cuda_graph=True)
-    plain = CupyExecutable(g, auto_impl(g), plan)
-    kept = []
-    for call in range(5):
-        arrays = block_inputs(rng, g)
-        poison_pool()
-        got = exe([cp.asarray(a) for a in arrays])
-        ref = plain([cp.asarray(a) for a in arrays])
-        if call >= 1:
-            assert exe.graph_captured, exe.graph_capture_error
-        for o, r in zip(got, ref, strict=True):  # cuBLAS may differ by stream: allclose
-            np.testing.assert_allclose(cp.asnumpy(o), cp.asnumpy(r), rtol=1e-5, atol=1e-6)
-        check_block(g, [cp.asnumpy(o) for o in got], arrays)
-        kept.append(([cp.asnumpy(o) for o in got], got))
-    assert exe.graph_capture_error is None
-    assert exe.graph_segments >= 1  # kernels after the (uncapturable) cuBLAS call
-    # every call returned fresh arrays: later replays did not overwrite earlier results
-    for host, dev in kept:
-        for h, d in zip(host, dev, strict=True):
-            np.testing.assert_array_equal(cp.asnumpy(d), h)
-
-
-def test_cuda_graph_replay_on_another_stream(rng):
-    g, node = fused_graph(_mix, [((4096,), F32), ((4096,), F32)])
-    exe = CupyExecutable(g, {node.id: "fused_kernel"}, cuda_graph=True)
-    stream = cp.cuda.Stream(non_blocking=True)
-    for _ in range(3):
-        x, y = rand(rng, (4096,), F32), rand(rng, (4096,), F32)
-        with stream:
-            (got,) = exe([cp.asarray(x), cp.asarray(y)])
-            host = cp.asnumpy(got)
-        stream.synchronize()
-        assert_close(host, _mix(*f64([x, y])), F32)
-    assert exe.graph_captured
-
-
-def test_cuda_graph_capture_failure_falls_back(rng):
-    """An eager node that reads a value back to the host cannot be captured."""
-
-    def scale_by_max(v):
-        return v * float(v.max())  # device -> host copy: synchronises
-
-    g = Graph(name="eager")
-    x = g.add("input", shape=(100,), dtype=F32)
-    e = g.add("eager", [x.id], {"fn": "scale_by_max", "reason": "test",
-                                "_fn": scale_by_max,
-                                "_rebuild": lambda vals: ((vals[0],), {})},
-              shape=(100,), dtype=F32)
-    body, _ = trace(lambda v: v + 1.0, [np.zeros((100,), F32)])
-    f = g.add("fused", [e.id], {"body": body, "ops": ("add",), "name": "fused_e"})
-    g.outputs = [f.id]
-    exe = CupyExecutable(g, {e.id: "eager", f.id: "fused_kernel"}, cuda_graph=True)
-    for _ in range(3):
-        arr = rand(rng, (100,), F32)
-        (got,) = run(exe, [arr])
-        assert_close(got, arr.astype(F64) * float(arr.max()) + 1.0, F32)
-    assert not exe.graph_captured
-    assert exe.graph_capture_error
 
 
 def test_kernel_cache_hits_for_identical_sources(rng):

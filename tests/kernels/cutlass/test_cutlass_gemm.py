@@ -4,14 +4,16 @@ the build test needs nvcc and nvidia-cutlass)."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import pyc_lab as pl
 from pyc_lab.errors import PycLabError
+from pyc_lab.kernels import cutlass as cg
 from pyc_lab.kernels.cache import KernelCache
-from pyc_lab.kernels.cutlass import gemm as cg
 
 pytest.importorskip("cutlass_library", reason="nvidia-cutlass is not installed")
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -51,8 +53,8 @@ def test_prune_drops_what_cannot_work(f16_tn):
     assert kept and len(kept) + len(dropped) == len(f16_tn)
     assert all(not ("Cooperative" in c.kernel_schedule and c.cta_tile[0] < 128) for c in kept)
     assert any("Cooperative kernel needs" in why for why in dropped.values())
-    assert all(c.tile_scheduler != "StreamK" for c in kept)  # off by default (hung once)
-    assert any("Stream-K candidates are off" in why for why in dropped.values())
+    assert all(c.tile_scheduler != "StreamK" for c in kept)  # opt-in
+    assert any("Stream-K candidates are opt-in" in why for why in dropped.values())
     with_sk = cg.prune(f16_tn, 4096, 4096, 4096, stream_k=True)[0]
     assert any(c.tile_scheduler == "StreamK" for c in with_sk)
     # misaligned: K = 4099 is not a multiple of 8 for row-major A
@@ -66,19 +68,19 @@ def test_prune_drops_what_cannot_work(f16_tn):
 
 def test_rank_prefers_fitting_tiles_and_spreads_kinds(f16_tn):
     kept, _ = cg.prune(f16_tn, 4096, 4096, 4096)
-    ranked = cg.rank(kept, 4096, 4096, 4096)
+    ranked = cg.rank(kept, 4096, 4096, 4096, 132)
     assert sorted(c.id for c in ranked) == sorted(c.id for c in kept)
-    assert ranked == cg.rank(list(reversed(kept)), 4096, 4096, 4096)  # deterministic
+    assert ranked == cg.rank(list(reversed(kept)), 4096, 4096, 4096, 132)  # deterministic
     top = ranked[:6]
     assert len({(c.cta_tile, c.kernel_schedule) for c in top}) >= 3
     # for 512^3, 132 SMs: small tiles (more CTAs) score above 256-wide ones
-    small = cg.rank(cg.prune(f16_tn, 512, 512, 512)[0], 512, 512, 512)
+    small = cg.rank(cg.prune(f16_tn, 512, 512, 512)[0], 512, 512, 512, 132)
     assert small[0].cta_tile[0] * small[0].cta_tile[1] <= 128 * 128
-    assert cg.score(small[0], 512, 512, 512) > cg.score(ranked[0], 512, 512, 512)
+    assert cg.score(small[0], 512, 512, 512, 132) > cg.score(ranked[0], 512, 512, 512, 132)
 
 
 def test_emitted_source_is_deterministic_and_complete(f16_tn):
-    cfg = cg.rank(cg.prune(f16_tn, 1024, 1024, 1024)[0], 1024, 1024, 1024)[0]
+    cfg = cg.rank(cg.prune(f16_tn, 1024, 1024, 1024)[0], 1024, 1024, 1024, 132)[0]
     src = cg.emit_source(cfg)
     assert src == cg.emit_source(cfg)
     for needle in ("CollectiveBuilder", "GemmUniversalAdapter", "pyc_run", "pyc_initialize",
@@ -92,7 +94,7 @@ def test_float32_kernels_tf32_tensor_cores_and_simt():
     tf32 = cg.configurations("tf32", "tn")
     assert len(tf32) > 40 and all(c.tile[2] == 32 for c in tf32)
     src = cg.emit_source(cg.rank(cg.prune(tf32, 1024, 1024, 1024, "tn", "tf32")[0],
-                                 1024, 1024, 1024)[0], "tf32", "tn")
+                                 1024, 1024, 1024, 132)[0], "tf32", "tn")
     assert "CollectiveBuilder" in src and "tf32gemm" in src and "hw_info" in src
     (simt,) = cg.configurations("f32", "tn")
     src = cg.emit_source(simt, "f32", "tn")
@@ -131,7 +133,7 @@ def test_fused_epilogue_sources_and_pruning(f16_tn):
 
 def test_build_caches_and_records_failures(tmp_path, f16_tn):
     cache = KernelCache(tmp_path / "kernels")
-    cfg = cg.rank(cg.prune(f16_tn, 256, 256, 256)[0], 256, 256, 256)[0]
+    cfg = cg.rank(cg.prune(f16_tn, 256, 256, 256)[0], 256, 256, 256, 132)[0]
     done = []
     futures = cg.build_many([cfg], cache=cache, workers=1, on_done=done.append)
     res = futures[cfg].result()
@@ -154,7 +156,7 @@ def test_fused_epilogue_and_simt_kernels_compile(tmp_path, f16_tn):
     cache = KernelCache(tmp_path / "kernels")
     epi = cg.Epilogue(bias=True, activation="silu")
     fused = cg.rank(cg.prune(f16_tn, 1024, 1024, 1024, "tn", "f16", epi)[0],
-                    1024, 1024, 1024)[0]
+                    1024, 1024, 1024, 132)[0]
     (simt,) = cg.configurations("f32", "tn")
     with_epi = cg.build_many([fused], "f16", "tn", cache=cache, workers=1, epilogue=epi)
     plain = cg.build_many([simt], "f32", "tn", cache=cache, workers=1)
@@ -191,14 +193,28 @@ def test_autotune_without_a_gpu_says_why():
         pl.autotune_gemm(256, 256, 256)
 
 
+RECORD_ELSEWHERE = """
+import sys
+from pyc_lab.kernels.tuning.database import TuningDB
+from pyc_lab.kernels.tuning.keys import DeviceKey, Measurement, ProblemKey
+with TuningDB(sys.argv[1]) as db:
+    db.record(DeviceKey("NVIDIA H200", "9.0", "580.00", "13.0"),
+              ProblemKey("gemm", "f16", "f16", "f16", "tn", 2048, 2048, 2048),
+              Measurement({"tile": [128, 128, 64], "cluster": [1, 2, 1],
+                           "kernel_schedule": "TmaWarpSpecializedCooperative",
+                           "epilogue_schedule": "TmaWarpSpecializedCooperative",
+                           "tile_scheduler": "Default"}, "ok", 0.02))
+"""
+
+
 def test_matmul_lookup_is_memoised_until_the_database_changes(tmp_path, monkeypatch):
     from pyc_lab.kernels import matmul as mm
-    from pyc_lab.kernels.tuning import autotune
     from pyc_lab.kernels.tuning import database as tuning_db
 
     device = tuning_db.DeviceKey("NVIDIA H200", "9.0", "580.00", "13.0")
-    monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
-    monkeypatch.setattr(autotune, "device_key", lambda index=0: (device, 90, 132))
+    path = tmp_path / "t.sqlite"
+    monkeypatch.setattr(tuning_db, "default_path", lambda: path)
+    monkeypatch.setattr(mm, "device_key", lambda index=0: (device, 90, 132))
     loads = []
 
     def fake_load(found, dtype, layout, epilogue, why, shape):
@@ -209,33 +225,39 @@ def test_matmul_lookup_is_memoised_until_the_database_changes(tmp_path, monkeypa
     monkeypatch.setattr(mm, "RECHECK_S", 3600.0)
     mm.forget()
     assert mm.tuned_kernel(256, 256, 256, "f16", "tn")[0] is None
+    assert mm.tuned_kernel(2048, 2048, 2048, "f16", "tn")[0] is None
     cfg = cg.GemmConfig((128, 128, 64), (1, 2, 1), "TmaWarpSpecializedCooperative",
                         "TmaWarpSpecializedCooperative", "Default")
-    with tuning_db.TuningDB() as db:  # as another notebook would
+    with tuning_db.TuningDB() as db:  # a tuning in this process is seen at once
         db.record(device, tuning_db.ProblemKey("gemm", "f16", "f16", "f16", "tn",
                                                256, 256, 256),
                   tuning_db.Measurement(cfg.to_dict(), "ok", 0.01))
-    assert mm.tuned_kernel(256, 256, 256, "f16", "tn")[0] is None  # not looked at yet
-    monkeypatch.setattr(mm, "RECHECK_S", 0.0)
     kernel, why = mm.tuned_kernel(256, 256, 256, "f16", "tn")
     assert kernel == "kernel [128, 128, 64]" and why.startswith("exact match")
-    monkeypatch.setattr(mm, "RECHECK_S", 3600.0)
     for _ in range(3):  # memoised: no new lookup or load
         assert mm.tuned_kernel(256, 256, 256, "f16", "tn")[0] == kernel
     assert loads == [(256, 256, 256)]
+    assert mm.tuned_kernel(2048, 2048, 2048, "f16", "tn")[0] is None  # looked up again: none
+    # another process (a notebook beside this one) records 2048^3: seen once the file
+    # is looked at again, after RECHECK_S
+    subprocess.run([sys.executable, "-c", RECORD_ELSEWHERE, str(path)], check=True,
+                   capture_output=True)
+    assert mm.tuned_kernel(2048, 2048, 2048, "f16", "tn")[0] is None  # not looked at yet
+    monkeypatch.setattr(mm, "RECHECK_S", 0.0)
+    assert mm.tuned_kernel(2048, 2048, 2048, "f16", "tn")[0] == "kernel [128, 128, 64]"
+    monkeypatch.setattr(mm, "RECHECK_S", 3600.0)
     mm.forget()
     mm.tuned_kernel(256, 256, 256, "f16", "tn")
-    assert len(loads) == 2
+    assert loads == [(256, 256, 256), (2048, 2048, 2048), (256, 256, 256)]
 
 
 def test_an_unusable_tuned_entry_falls_back_with_the_reason(tmp_path, monkeypatch):
     from pyc_lab.kernels import matmul as mm
-    from pyc_lab.kernels.tuning import autotune
     from pyc_lab.kernels.tuning import database as tuning_db
 
     device = tuning_db.DeviceKey("NVIDIA H200", "9.0", "580.00", "13.0")
     monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
-    monkeypatch.setattr(autotune, "device_key", lambda index=0: (device, 90, 132))
+    monkeypatch.setattr(mm, "device_key", lambda index=0: (device, 90, 132))
     with tuning_db.TuningDB() as db:  # an entry this pyc_lab cannot build
         db.record(device, tuning_db.ProblemKey("gemm", "f16", "f16", "f16", "tn",
                                                256, 256, 256),

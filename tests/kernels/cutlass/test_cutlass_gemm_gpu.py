@@ -17,15 +17,25 @@ import numpy as np
 import pytest
 
 import pyc_lab as pl
+from pyc_lab.kernels import cutlass as cg
 from pyc_lab.kernels.cache import KernelCache
-from pyc_lab.kernels.cutlass import gemm as cg
+from pyc_lab.kernels.cutlass import build as cutlass_build
 from pyc_lab.kernels.tuning import database as tuning_db
-from pyc_lab.kernels.tuning.autotune import TOLERANCE, as_float32, gemm_inputs, reference
+from pyc_lab.kernels.tuning.gemm_reference import (
+    TOLERANCE,
+    as_float32,
+    bias_input,
+    gemm_inputs,
+    reference,
+)
 
 cp = pytest.importorskip("cupy")
 pytest.importorskip("cutlass_library")
 pytestmark = pytest.mark.gpu
 
+#: The SM count the kernels are ranked for: the H200's, where the GPU lane runs (the
+#: prebuilt cache must hold what the tuner picks there).
+SMS = 132
 CASES = [("f16", "tn"), ("bf16", "tn"), ("f16", "nt"), ("tf32", "tn"), ("f32", "tn"),
          ("f32", "nt")]
 #: Fused epilogues (dtype, bias, activation) built and checked against float64.
@@ -36,24 +46,24 @@ EPILOGUES = [("f16", True, "gelu"), ("bf16", False, "relu"), ("f16", True, "silu
 def planned_builds() -> list[tuple]:
     """Every (config, dtype, layout, epilogue) these tests build, as they choose them."""
     plain = [(cg.rank(cg.prune(cg.configurations(dt, lay), 384, 256, 512, lay, dt)[0],
-                      384, 256, 512)[0], dt, lay, cg.Epilogue()) for dt, lay in CASES]
+                      384, 256, 512, SMS)[0], dt, lay, cg.Epilogue()) for dt, lay in CASES]
     fused = []
     for dt, bias, act in EPILOGUES:
         epi = cg.Epilogue(bias, act)
         fused.append((cg.rank(cg.prune(cg.configurations(dt, "tn"), 384, 256, 512, "tn", dt,
-                                       epi)[0], 384, 256, 512)[0], dt, "tn", epi))
-    tuned = []  # what autotune_gemm(256, 384, 512, ...) below builds (132 SMs)
+                                       epi)[0], 384, 256, 512, SMS)[0], dt, "tn", epi))
+    tuned = []  # what autotune_gemm(256, 384, 512, ...) below builds (SMS)
     for epi, count in ((cg.Epilogue(), 3), (cg.Epilogue(True, "gelu"), 2)):
         kept = cg.prune(cg.configurations("f16", "tn"), 256, 384, 512, "tn", "f16", epi)[0]
-        tuned += [(c, "f16", "tn", epi) for c in cg.rank(kept, 256, 384, 512, 132)[:count]]
+        tuned += [(c, "f16", "tn", epi) for c in cg.rank(kept, 256, 384, 512, SMS)[:count]]
     # and notebook 03's live cell: AutotuneWidget(2048, 2048, 2048, "f16", max_candidates=4)
     kept = cg.prune(cg.configurations("f16", "tn"), 2048, 2048, 2048, "tn", "f16")[0]
     notebook = [(c, "f16", "tn", cg.Epilogue()) for c in cg.rank(kept, 2048, 2048, 2048,
-                                                                  132)[:4]]
+                                                                  SMS)[:4]]
     # Stream-K at 1024^3 (its workspace reset before every launch)
     kept = cg.prune(cg.configurations("f16", "tn"), 1024, 1024, 1024, "tn", "f16",
                     stream_k=True)[0]
-    stream_k = [(c, "f16", "tn", cg.Epilogue()) for c in cg.rank(kept, 1024, 1024, 1024, 132)
+    stream_k = [(c, "f16", "tn", cg.Epilogue()) for c in cg.rank(kept, 1024, 1024, 1024, SMS)
                 if c.tile_scheduler == "StreamK"][:2]
     return plain + fused + tuned + notebook + stream_k
 
@@ -85,7 +95,7 @@ def kernels(kernel_cache):
     futures = {}
     for dtype, layout in CASES:
         cfg = cg.rank(cg.prune(cg.configurations(dtype, layout), 384, 256, 512, layout,
-                               dtype)[0], 384, 256, 512)[0]
+                               dtype)[0], 384, 256, 512, SMS)[0]
         futures[(dtype, layout)] = cg.build_many([cfg], dtype, layout, cache=cache,
                                                  workers=1)[cfg]
     out = {}
@@ -104,7 +114,7 @@ def fused_kernels(kernel_cache):
     for dtype, bias, act in EPILOGUES:
         epi = cg.Epilogue(bias, act)
         cfg = cg.rank(cg.prune(cg.configurations(dtype, "tn"), 384, 256, 512, "tn", dtype,
-                               epi)[0], 384, 256, 512)[0]
+                               epi)[0], 384, 256, 512, SMS)[0]
         futures[(dtype, bias, act)] = (epi, cg.build_many([cfg], dtype, "tn", cache=cache,
                                                           workers=1, epilogue=epi)[cfg])
     out = {}
@@ -150,8 +160,6 @@ def act64(h, act):
 
 @pytest.mark.parametrize("case", EPILOGUES)
 def test_fused_epilogue_matches_float64(fused_kernels, case):
-    from pyc_lab.kernels.tuning.autotune import bias_input
-
     dtype, has_bias, act = case
     gemm = fused_kernels[case]
     m, n, k = 384, 256, 512
@@ -216,8 +224,8 @@ def test_autotune_records_and_matmul_uses_the_winner(tmp_path, monkeypatch, kern
     assert (cmp.ms[:2] > 0).all()
     db = tuning_db.TuningDB(tmp_path / "tuning.sqlite")
     assert db.best(res.device, res.problem).config_id == res.best.config_id
-    # pl.matmul finds the winner for this shape (the kernel is rebuilt from its cache)
-    monkeypatch.setattr(cg, "KernelCache", lambda *a, **k: kernel_cache)
+    # pl.matmul finds the winner for this shape (its kernel is in the cache the tuner used)
+    monkeypatch.setattr(cutlass_build, "KernelCache", lambda *a, **k: kernel_cache)
     a, b, _ = gemm_inputs(256, 384, 512, "f16", "tn", 7)
     y = pl.matmul(a, b)
     assert pl.kernels.matmul.last_choice["impl"] == "cutlass", pl.kernels.matmul.last_choice
@@ -241,7 +249,7 @@ def test_tuned_epilogue_serves_matmul_and_the_compiler(tmp_path, monkeypatch, ke
     from pyc_lab.compiler.functions import gelu
 
     monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "tuning.sqlite")
-    monkeypatch.setattr(cg, "KernelCache", lambda *a, **k: kernel_cache)
+    monkeypatch.setattr(cutlass_build, "KernelCache", lambda *a, **k: kernel_cache)
     res = pl.autotune_gemm(256, 384, 512, dtype="f16", layout="tn", max_candidates=2,
                            budget_s=300, repeats=5, bias=True, activation="gelu")
     assert res.best is not None and res.problem.op == "gemm_bias_gelu", res.table
@@ -282,10 +290,10 @@ def test_tuned_epilogue_serves_matmul_and_the_compiler(tmp_path, monkeypatch, ke
 def test_a_failing_candidate_never_stops_the_run(tmp_path, monkeypatch, kernel_cache):
     """One candidate fails to compile, one returns wrong numbers: both are recorded with
     their reasons and the third, correct one wins."""
-    real_build, real_call = cg.build, cg.CutlassGemm.__call__
+    real_build, real_call = cutlass_build.build, cg.CutlassGemm.__call__
     real_launch = cg.CutlassGemm.launch
     kept = cg.prune(cg.configurations("f16", "tn"), 256, 384, 512, "tn", "f16")[0]
-    broken, wrong, good = cg.rank(kept, 256, 384, 512, 132)[:3]
+    broken, wrong, good = cg.rank(kept, 256, 384, 512, SMS)[:3]
 
     def build(cfg, *args, **kwargs):
         if cfg == broken:
@@ -304,7 +312,7 @@ def test_a_failing_candidate_never_stops_the_run(tmp_path, monkeypatch, kernel_c
         if self.config == wrong:
             self.test_out[0, 0] = self.test_out[0, 0] + 100
 
-    monkeypatch.setattr(cg, "build", build)
+    monkeypatch.setattr(cutlass_build, "build", build)
     monkeypatch.setattr(cg.CutlassGemm, "__call__", call)
     monkeypatch.setattr(cg.CutlassGemm, "launch", launch)
     res = pl.autotune_gemm(256, 384, 512, dtype="f16", max_candidates=3, budget_s=300,
@@ -319,7 +327,8 @@ def test_a_failing_candidate_never_stops_the_run(tmp_path, monkeypatch, kernel_c
 
 
 def test_stream_k_kernels_launch_again_and_again(tmp_path, kernel_cache):
-    """Stream-K hung the H200 at 1024^3 when its workspace was reused unreset."""
+    """A Stream-K kernel's fix-up barriers only count up: every launch (and every graph
+    replay) must start from a freshly reset workspace."""
     res = pl.autotune_gemm(1024, 1024, 1024, dtype="f16", stream_k=True, max_candidates=2,
                            restrict=lambda c: c.tile_scheduler == "StreamK", repeats=5,
                            budget_s=300, hang_s=20, cache=kernel_cache,

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import threading
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
 import pyc_lab as pl
 from pyc_lab.errors import PycLabError
-from pyc_lab.kernels.cutlass import gemm as cg
-from pyc_lab.kernels.tuning import replay
-from pyc_lab.kernels.tuning.autotune import TuneResult
+from pyc_lab.kernels import cutlass as cg
+from pyc_lab.kernels.tuning import recording as replay
+from pyc_lab.kernels.tuning.autotune import TuneResult, replay_autotune
 from pyc_lab.paths import data_path
 from pyc_lab.search import STRATEGIES
 from tests.fakes.tuning_recording import CUBLAS_MS, SHAPE, TORCH_MS, write_recording
@@ -90,7 +93,7 @@ def test_each_strategy_finds_the_recorded_winner_or_a_near_one(problem, strategy
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_strategies_on_a_larger_recording_with_failures(synthetic, strategy):
-    res = replay.replay_autotune(*SHAPE, dtype="f16", strategy=strategy, max_candidates=None,
+    res = replay_autotune(*SHAPE, dtype="f16", strategy=strategy, max_candidates=None,
                                  source=synthetic.path, seed=3)
     ranked_ok = sorted(synthetic.times.values())
     assert res.best.time_ms in ranked_ok[:3]  # the winner, or one of the next two
@@ -104,7 +107,7 @@ def test_strategies_on_a_larger_recording_with_failures(synthetic, strategy):
 
 
 def test_max_candidates_keeps_the_best_ranked_like_the_live_tuner(synthetic):
-    res = replay.replay_autotune(*SHAPE, dtype="f16", strategy="exhaustive",
+    res = replay_autotune(*SHAPE, dtype="f16", strategy="exhaustive",
                                  max_candidates=5, source=synthetic.path)
     expected = {c.id for c in cg.rank(synthetic.configs, *SHAPE, 132)[:5]}
     assert set(res.table.config) == expected
@@ -113,7 +116,7 @@ def test_max_candidates_keeps_the_best_ranked_like_the_live_tuner(synthetic):
 
 def test_the_observer_gets_autotune_gemms_rows_failures_included(synthetic):
     seen = []
-    replay.replay_autotune(*SHAPE, dtype="f16", strategy="exhaustive", max_candidates=None,
+    replay_autotune(*SHAPE, dtype="f16", strategy="exhaustive", max_candidates=None,
                            source=synthetic.path, observer=seen.append)
     assert len(seen) == len(synthetic.configs)
     for row in seen:
@@ -131,7 +134,7 @@ def test_the_observer_gets_autotune_gemms_rows_failures_included(synthetic):
 
 
 def test_baselines_come_from_the_recorded_baseline_rows(synthetic):
-    res = replay.replay_autotune(*SHAPE, dtype="f16", source=synthetic.path)
+    res = replay_autotune(*SHAPE, dtype="f16", source=synthetic.path)
     assert res.baselines == {"cublas": pytest.approx(CUBLAS_MS),
                              "torch": pytest.approx(TORCH_MS)}
     cmp = res.compare().set_index("kernel")
@@ -142,21 +145,21 @@ def test_baselines_come_from_the_recorded_baseline_rows(synthetic):
 
 def test_no_baseline_rows_give_no_baselines(tmp_path):
     rec = write_recording(tmp_path / "bare.json", baselines=False)
-    res = replay.replay_autotune(*SHAPE, dtype="f16", source=rec.path)
+    res = replay_autotune(*SHAPE, dtype="f16", source=rec.path)
     assert res.baselines == {}
     assert list(res.compare()["kernel"]) == ["tuned CUTLASS"]
     for key in SHIPPED_PROBLEMS:  # the shipped recording: whatever its baseline rows say
         want = {r["config"]["baseline"]: r["time_ms"] for r in ROWS
                 if r["status"] == "baseline" and (r["m"], r["n"], r["k"], r["dtype_a"],
                                                   r["layout"]) == key}
-        got = replay.replay_autotune(*key[:3], dtype=key[3], layout=key[4]).baselines
+        got = replay_autotune(*key[:3], dtype=key[3], layout=key[4]).baselines
         assert got == pytest.approx(want)
 
 
 def test_a_stop_event_ends_the_search_after_the_current_candidate(synthetic):
     stop = threading.Event()
     stop.set()
-    res = replay.replay_autotune(*SHAPE, dtype="f16", source=synthetic.path, stop=stop)
+    res = replay_autotune(*SHAPE, dtype="f16", source=synthetic.path, stop=stop)
     assert res.stopped_by == "observer" and res.table.empty and res.best is None
 
     stop = threading.Event()
@@ -167,14 +170,14 @@ def test_a_stop_event_ends_the_search_after_the_current_candidate(synthetic):
         if len(seen) == 3:
             stop.set()
 
-    res = replay.replay_autotune(*SHAPE, dtype="f16", strategy="random", source=synthetic.path,
+    res = replay_autotune(*SHAPE, dtype="f16", strategy="random", source=synthetic.path,
                                  stop=stop, observer=press_stop_after_three, pace_s=0.01)
     assert len(seen) == 3 and len(res.table) == 3 and res.stopped_by == "observer"
 
 
 def test_a_candidate_recorded_as_hung_stops_the_search_as_it_did_live(tmp_path):
     rec = write_recording(tmp_path / "hung.json", hung=True)
-    res = replay.replay_autotune(*SHAPE, dtype="f16", strategy="exhaustive",
+    res = replay_autotune(*SHAPE, dtype="f16", strategy="exhaustive",
                                  max_candidates=None, source=rec.path)
     assert res.stopped_by == "observer"
     assert res.table.status.iloc[-1] == "timeout"
@@ -182,19 +185,19 @@ def test_a_candidate_recorded_as_hung_stops_the_search_as_it_did_live(tmp_path):
 
 
 def test_the_time_budget_counts_the_replays_own_seconds(synthetic):
-    res = replay.replay_autotune(*SHAPE, dtype="f16", strategy="exhaustive",
+    res = replay_autotune(*SHAPE, dtype="f16", strategy="exhaustive",
                                  max_candidates=None, source=synthetic.path, budget_s=0.12,
                                  pace_s=0.04)
     assert res.stopped_by == "max_seconds"
     assert 1 <= len(res.table) < len(synthetic.configs)
-    assert replay.replay_autotune(*SHAPE, dtype="f16", source=synthetic.path,
+    assert replay_autotune(*SHAPE, dtype="f16", source=synthetic.path,
                                   budget_s=0).table.empty
 
 
 def test_the_same_seed_replays_the_same_search(synthetic):
     def order(seed):
         rows = []
-        replay.replay_autotune(*SHAPE, dtype="f16", strategy="random", max_candidates=None,
+        replay_autotune(*SHAPE, dtype="f16", strategy="random", max_candidates=None,
                                source=synthetic.path, seed=seed, observer=rows.append)
         return [r["config"] for r in rows]
 
@@ -214,17 +217,17 @@ def test_a_problem_not_in_the_recording_lists_what_is():
 
 def test_bad_input_is_a_clear_error(tmp_path, synthetic):
     with pytest.raises(PycLabError, match="m=0"):
-        replay.replay_autotune(0, 8, 8, dtype="f16")
+        replay_autotune(0, 8, 8, dtype="f16")
     with pytest.raises(PycLabError, match="unknown search strategy 'greedy'"):
-        replay.replay_autotune(*SHAPE, dtype="f16", strategy="greedy", source=synthetic.path)
+        replay_autotune(*SHAPE, dtype="f16", strategy="greedy", source=synthetic.path)
     with pytest.raises(PycLabError, match="max_candidates=0"):
-        replay.replay_autotune(*SHAPE, dtype="f16", max_candidates=0, source=synthetic.path)
+        replay_autotune(*SHAPE, dtype="f16", max_candidates=0, source=synthetic.path)
     with pytest.raises(PycLabError, match="pace_s"):
-        replay.replay_autotune(*SHAPE, dtype="f16", pace_s=-1, source=synthetic.path)
+        replay_autotune(*SHAPE, dtype="f16", pace_s=-1, source=synthetic.path)
     with pytest.raises(PycLabError, match="dtype 'f8'"):
-        replay.replay_autotune(*SHAPE, dtype="f8", source=synthetic.path)
+        replay_autotune(*SHAPE, dtype="f8", source=synthetic.path)
     with pytest.raises(PycLabError, match="no tuning recording at"):
-        replay.replay_autotune(*SHAPE, dtype="f16", source=tmp_path / "nowhere.json")
+        replay_autotune(*SHAPE, dtype="f16", source=tmp_path / "nowhere.json")
     junk = tmp_path / "junk.json"
     junk.write_text('{"rows": 3}')
     with pytest.raises(PycLabError, match="not a pyc_lab tuning database export"):
@@ -247,7 +250,7 @@ def test_the_result_says_it_is_a_replay_and_where_from(synthetic):
     assert res.compare().attrs["replay"] == info.banner
     assert res.recorded is False  # nothing was written to any tuning database
 
-    other = replay.replay_autotune(*SHAPE, dtype="f16", source=synthetic.path)
+    other = replay_autotune(*SHAPE, dtype="f16", source=synthetic.path)
     assert other.replay.label == "recorded on NVIDIA H200, 2026-11-30"
     assert other.replay.source_label == str(synthetic.path)
 
@@ -255,7 +258,7 @@ def test_the_result_says_it_is_a_replay_and_where_from(synthetic):
 def test_only_plain_gemms_are_listed_and_replayed(synthetic):
     problems = replay.recorded_problems(synthetic.path)
     assert [(r.dtype, r.m) for r in problems.itertuples()] == [("bf16", 1024), ("f16", 2048)]
-    res = replay.replay_autotune(*SHAPE, dtype="f16", source=synthetic.path)
+    res = replay_autotune(*SHAPE, dtype="f16", source=synthetic.path)
     assert res.problem.op == "gemm" and "cublaslt" not in res.baselines
     assert len(replay.recorded_db(synthetic.path).measurements()) == 24 + 2 + 1 + 2
 
@@ -273,13 +276,18 @@ def test_recorded_results_hold_the_recorded_winners(synthetic):
     assert one.best == f16.best and one.baselines == f16.baselines
 
 
-def test_refresh_recording_checks_then_copies(tmp_path, synthetic):
+def test_refresh_recording_script_checks_then_copies(tmp_path, synthetic):
+    script = Path(__file__).resolve().parents[3] / "scripts" / "refresh_recording.py"
     dest = tmp_path / "pkg" / "h200-gemm.json"
-    problems = replay.refresh_recording(synthetic.path, dest)
+    done = subprocess.run([sys.executable, str(script), str(synthetic.path), str(dest)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
     assert dest.read_text() == synthetic.path.read_text()
-    assert len(problems) == 2
+    assert "(2 problems)" in done.stdout
     junk = tmp_path / "junk.json"
     junk.write_text("not json")
-    with pytest.raises(PycLabError):
-        replay.refresh_recording(junk, tmp_path / "never.json")
+    failed = subprocess.run([sys.executable, str(script), str(junk),
+                             str(tmp_path / "never.json")], capture_output=True, text=True,
+                            check=False)
+    assert failed.returncode == 1 and "refresh_recording:" in failed.stderr
     assert not (tmp_path / "never.json").exists()

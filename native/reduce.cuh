@@ -1,0 +1,46 @@
+// Combining operators. max/min propagate NaN like NumPy (x != x only for NaN).
+struct pyc_sum_op {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+
+struct pyc_max_op {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T a, T b) const {
+        return a != a ? a : (b != b ? b : (a > b ? a : b));
+    }
+};
+
+struct pyc_min_op {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T a, T b) const {
+        return a != a ? a : (b != b ? b : (a < b ? a : b));
+    }
+};
+
+// Butterfly over the 32 lanes of a warp: every lane ends with the same total.
+template <typename T, typename Op>
+__device__ __forceinline__ T pyc_warp_reduce(T v, Op op) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    }
+    return v;
+}
+
+// Across the warps of a block (blockDim.x a multiple of 32, at most 1024): each warp
+// reduces, lane 0 of each writes its total to shared memory, then every warp reduces
+// those totals, so every thread gets the result without a broadcast step. The leading
+// barrier lets a previous call's readers finish before smem is overwritten.
+template <typename T, typename Op>
+__device__ __forceinline__ T pyc_block_reduce(T v, Op op, T identity, T* smem) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    v = pyc_warp_reduce(v, op);
+    __syncthreads();
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    const int nwarps = blockDim.x >> 5;
+    v = lane < nwarps ? smem[lane] : identity;
+    return pyc_warp_reduce(v, op);
+}

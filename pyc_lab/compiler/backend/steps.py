@@ -1,0 +1,437 @@
+"""Launch steps: what runs for one node of the launch list, and how it is launched.
+
+A step computes one node's value into the ``values`` dict of a call. It is built with
+no device (the code generators' sources, the buffer it writes); :meth:`_Step.prepare`
+compiles and loads at the first call; :meth:`_Step.run` launches; a step that cannot
+be captured into a CUDA graph (a library call) also has :meth:`_Step.static_call`, the
+call replayed between graphs on static arrays (see :mod:`.graphs`).
+
+========================= ==============================================================
+step                      what runs
+========================= ==============================================================
+:class:`_KernelStep`      a generated elementwise or row kernel (its vectorised entry
+                          when the pointers are aligned)
+:class:`_MatmulStep`      ``cupy.matmul`` (cuBLAS), then the generated bias/activation
+                          epilogue in place on the product
+:class:`_LtStep`          one cuBLASLt GEMM with the epilogue inside (nvmath-python)
+:class:`_CutlassStep`     the tuned CUTLASS kernel from the tuning database, with the
+                          cuBLASLt or cuBLAS step to run when it cannot
+:class:`_CupyStep`        the op's reference with CuPy arrays (``cupy`` and ``eager``)
+========================= ==============================================================
+
+Steps reach the executable for what it owns: the CuPy module (``_cp``), the SM count
+(``_sm_count``), typed views of planned buffers (``_buffer_view``) and the record of
+fallbacks (``_fallbacks``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...errors import PycLabError
+from ..codegen.cache import compile_kernel
+from ..codegen.cuda_types import KernelSource
+from ..ir import Node
+from ..ops import evaluate
+
+if TYPE_CHECKING:
+    from .executable import CupyExecutable
+
+__all__ = ["contiguous_operand", "launch_elementwise", "launch_rows"]
+
+log = logging.getLogger(__name__)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def contiguous_operand(value: Any, node: Node, cp: Any) -> Any:
+    """An input of a generated kernel: ``node``'s shape and dtype, C-contiguous."""
+    if value.dtype != node.dtype:
+        value = value.astype(node.dtype)
+    if tuple(value.shape) != tuple(node.shape):
+        raise PycLabError(f"value of %{node.id} has shape {tuple(value.shape)}, the graph "
+                          f"says {node.shape}")
+    if not value.flags.c_contiguous:
+        value = cp.ascontiguousarray(value)
+    return value
+
+
+class _Step:
+    """One entry of the launch list: computes ``node``'s value into ``values``."""
+
+    #: Whether the step can be captured into a CUDA graph.
+    capturable = True
+
+    def __init__(self, node: Node, impl: str, describe: dict[str, Any]) -> None:
+        self.node = node
+        self.impl = impl
+        self.describe = describe
+        self.release: list[int] = []  # values nobody reads after this step
+
+    def prepare(self, exe: CupyExecutable) -> None:
+        """Compile kernels and take buffer views (first call, on the device)."""
+
+    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+        raise NotImplementedError
+
+    def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
+        """For a step that cannot be captured: allocate its result once (stored in
+        ``values``) and return a function that recomputes it in place from the same
+        arrays, for CUDA-graph replays."""
+        raise NotImplementedError
+
+
+class _KernelStep(_Step):
+    """A generated elementwise or row kernel writing one output."""
+
+    def __init__(self, node: Node, impl: str, src: KernelSource, out_buffer: int | None,
+                 inplace_input: int | None, describe: dict[str, Any]) -> None:
+        super().__init__(node, impl, describe)
+        self.src = src
+        self.out_buffer = out_buffer
+        self.inplace_input = inplace_input
+        self.kernels: dict[str, Any] = {}
+        self.in_nodes: list[Node] = []
+        self.last_entry: str | None = None  # the kernel the last call launched
+
+    def prepare(self, exe: CupyExecutable) -> None:
+        self.kernels = {e: compile_kernel(self.src, e) for e in self.src.entries}
+        self.in_nodes = [exe.graph.node(i) for i in self.node.inputs]
+
+    def _output(self, exe: CupyExecutable, cp: Any) -> Any:
+        if self.out_buffer is not None:
+            return exe._buffer_view(self.out_buffer, self.node)
+        return cp.empty(self.node.shape, dtype=self.node.dtype)
+
+    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+        cp = exe._cp
+        ins = [contiguous_operand(values[i], n, cp)
+               for i, n in zip(self.node.inputs, self.in_nodes, strict=True)]
+        out = self._output(exe, cp)
+        if self.src.kind == "rows":
+            self.last_entry = launch_rows(exe._sm_count, self.kernels, self.src, ins, out)
+        else:
+            self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.src, ins,
+                                                 out)
+        values[self.node.id] = out
+
+
+def _gemm_operands(node: Node, values: dict[int, Any]) -> tuple[Any, Any]:
+    """A matmul node's two operands as multiplied: views with its transposes applied."""
+    a, b = values[node.inputs[0]], values[node.inputs[1]]
+    if node.attrs.get("transpose_a") and a.ndim >= 2:
+        a = a.swapaxes(-1, -2)
+    if node.attrs.get("transpose_b") and b.ndim >= 2:
+        b = b.swapaxes(-1, -2)
+    return a, b
+
+
+class _MatmulStep(_Step):
+    """``cupy.matmul`` (cuBLAS) and the generated epilogue in place on the product."""
+
+    capturable = False  # CuPy refuses cuBLAS calls while a stream is capturing
+
+    def __init__(self, node: Node, impl: str, epilogue: KernelSource | None,
+                 out_buffer: int | None, describe: dict[str, Any]) -> None:
+        super().__init__(node, impl, describe)
+        self.epilogue = epilogue
+        self.out_buffer = out_buffer
+        self.kernels: dict[str, Any] = {}
+        self.product_dtype: np.dtype = node.dtype
+        self.bias_node: Node | None = None
+        self.last_entry: str | None = None
+
+    def prepare(self, exe: CupyExecutable) -> None:
+        g = exe.graph
+        a, b = g.node(self.node.inputs[0]), g.node(self.node.inputs[1])
+        self.product_dtype = np.result_type(a.dtype, b.dtype)
+        if len(self.node.inputs) == 3:
+            self.bias_node = g.node(self.node.inputs[2])
+        if self.epilogue is not None:
+            self.kernels = {e: compile_kernel(self.epilogue, e) for e in self.epilogue.entries}
+
+    def _planned_product(self, exe: CupyExecutable) -> Any | None:
+        """The planned buffer's view the product can be written into, or None (no
+        planned buffer, or the product's dtype is not the node's)."""
+        if self.out_buffer is None or self.product_dtype != self.node.dtype:
+            return None
+        return exe._buffer_view(self.out_buffer, self.node)
+
+    def _product(self, exe: CupyExecutable, a: Any, b: Any) -> Any:
+        """The GEMM's product, a fresh array from CuPy's allocator.
+
+        Not written into the planned buffer with ``out=``: the compiled fp16 MLP with
+        cuBLAS through CuPy writing ``out=`` was measured slower
+        (benchmarks/results/h200/compiler-matmul-into-plan.json against compiler.json),
+        although a lone ``cupy.matmul`` costs the same either way (matmul_out.json).
+        ``benchmarks/exp_matmul_out.py`` measures both forms, replacing this method for
+        the second.
+        """
+        return exe._cp.matmul(a, b)
+
+    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+        cp = exe._cp
+        node = self.node
+        a, b = _gemm_operands(node, values)
+        product = self._product(exe, a, b)
+        if self.epilogue is None:
+            values[node.id] = product
+            return
+        ins = [product]
+        if self.bias_node is not None:
+            ins.append(contiguous_operand(values[node.inputs[2]], self.bias_node, cp))
+        if self.epilogue.launch.get("inplace"):
+            out = product
+        elif self.out_buffer is not None:
+            out = exe._buffer_view(self.out_buffer, node)
+        else:
+            out = cp.empty(node.shape, dtype=node.dtype)
+        self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.epilogue, ins,
+                                             out)
+        values[node.id] = out
+
+    def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
+        cp = exe._cp
+        node = self.node
+        a, b = _gemm_operands(node, values)  # views of the static arrays: they see new data
+        product = self._planned_product(exe)
+        if product is None:
+            product = cp.empty(node.shape, dtype=self.product_dtype)
+        out = product
+        if self.epilogue is not None and not self.epilogue.launch.get("inplace"):
+            out = exe._buffer_view(self.out_buffer, node) if self.out_buffer is not None \
+                else cp.empty(node.shape, dtype=node.dtype)
+        bias = values[node.inputs[2]] if self.bias_node is not None else None
+        values[node.id] = out
+
+        def call() -> None:
+            cp.matmul(a, b, out=product)
+            if self.epilogue is None:
+                return
+            ins = [product]
+            if bias is not None:  # made contiguous on every call: a copy would go stale
+                ins.append(contiguous_operand(bias, self.bias_node, cp))
+            self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.epilogue,
+                                                 ins, out)
+
+        return call
+
+
+def _bias_at_replay(exe: CupyExecutable, step: Any, values: dict[int, Any],
+                    bias: Any) -> Callable[[], Any]:
+    """For a GEMM step's CUDA-graph replays: the bias to pass at each call — the bound
+    one, or, when that was made contiguous (a copy), a fresh copy of its source."""
+    if step.bias_node is None:
+        return lambda: None
+    src = values[step.node.inputs[2]]
+    if src.data.ptr == bias.data.ptr:
+        return lambda: bias
+    return lambda: contiguous_operand(src, step.bias_node, exe._cp).reshape(-1)
+
+
+class _LtStep(_Step):
+    """One cuBLASLt GEMM with the bias/activation inside (nvmath-python)."""
+
+    capturable = False  # a library call between CUDA graphs, like cuBLAS
+
+    def __init__(self, node: Node, impl: str, out_buffer: int | None,
+                 describe: dict[str, Any], autotune: bool) -> None:
+        super().__init__(node, impl, describe)
+        self.out_buffer = out_buffer
+        self.autotune = autotune
+        self.gemm: Any = None
+        self.bias_node: Node | None = None
+
+    def prepare(self, exe: CupyExecutable) -> None:
+        from ...kernels.cublaslt import FusedGemm
+
+        if len(self.node.inputs) == 3:
+            self.bias_node = exe.graph.node(self.node.inputs[2])
+        self.gemm = FusedGemm(self.node.attrs.get("activation"),
+                              has_bias=self.bias_node is not None, autotune=self.autotune)
+
+    def _operands(self, exe: CupyExecutable, values: dict[int, Any]) -> tuple[Any, ...]:
+        node = self.node
+        a, b = _gemm_operands(node, values)
+        bias = None
+        if self.bias_node is not None:
+            bias = contiguous_operand(values[node.inputs[2]], self.bias_node, exe._cp)
+            bias = bias.reshape(bias.shape[-1])
+        out = exe._buffer_view(self.out_buffer, node) if self.out_buffer is not None \
+            else exe._cp.empty(node.shape, dtype=node.dtype)
+        return a, b, out, bias
+
+    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+        a, b, out, bias = self._operands(exe, values)
+        self.gemm(a, b, out, bias)
+        values[self.node.id] = out
+
+    def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
+        a, b, out, bias = self._operands(exe, values)  # views of static arrays
+        values[self.node.id] = out
+        bias_now = _bias_at_replay(exe, self, values, bias)
+
+        def call() -> None:
+            self.gemm(a, b, out, bias_now())
+
+        return call
+
+
+class _CutlassStep(_Step):
+    """A tuned CUTLASS kernel from the tuning database, bias/activation in its epilogue.
+
+    Holds the step the node would otherwise run (cuBLASLt or cuBLAS + generated
+    epilogue): it runs instead when the kernel cannot be loaded, or when the operands at
+    a call are not in the memory order the kernel was tuned for.
+    """
+
+    capturable = False  # launched by the kernel's host adapter, between CUDA graphs
+
+    def __init__(self, node: Node, problem: tuple[Any, ...], fallback: _Step,
+                 describe: dict[str, Any]) -> None:
+        super().__init__(node, "cutlass", describe)
+        self.problem = problem  # (m, n, k, dtype, layout, epilogue)
+        self.fallback = fallback
+        self.out_buffer: int | None = getattr(fallback, "out_buffer", None)
+        self.kernel: Any = None
+        self.why = ""
+        self.bias_node: Node | None = None
+
+    def prepare(self, exe: CupyExecutable) -> None:
+        from ...kernels.matmul import tuned_kernel
+
+        self.fallback.prepare(exe)
+        if len(self.node.inputs) == 3:
+            self.bias_node = exe.graph.node(self.node.inputs[2])
+        self.kernel, self.why = tuned_kernel(*self.problem)
+        if self.kernel is None:
+            log.warning("node %%%d (matmul): tuned CUTLASS kernel not used: %s; %s instead",
+                        self.node.id, self.why, self.fallback.describe.get("implementation"))
+            exe._fallbacks[self.node.id] = f"cutlass not used: {self.why}"
+
+    def _operands(self, exe: CupyExecutable, values: dict[int, Any]) -> tuple[Any, ...] | None:
+        from ...kernels.matmul import operand_layout
+
+        if self.kernel is None:
+            return None
+        node = self.node
+        a, b = _gemm_operands(node, values)
+        if operand_layout(a, b) != self.problem[4]:
+            exe._fallbacks[node.id] = (f"cutlass not used at a call: operands not in layout "
+                                       f"{self.problem[4]!r}")
+            return None
+        bias = None
+        if self.bias_node is not None:
+            bias = contiguous_operand(values[node.inputs[2]], self.bias_node,
+                                      exe._cp).reshape(-1)
+        out = exe._buffer_view(self.out_buffer, node) if self.out_buffer is not None \
+            else exe._cp.empty(node.shape, dtype=node.dtype)
+        return a, b, out, bias
+
+    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+        ops = self._operands(exe, values)
+        if ops is None:
+            self.fallback.run(exe, values)
+            return
+        a, b, out, bias = ops
+        self.kernel(a, b, out, bias=bias)
+        values[self.node.id] = out
+
+    def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
+        ops = self._operands(exe, values)  # views of the static arrays
+        if ops is None:
+            return self.fallback.static_call(exe, values)
+        a, b, out, bias = ops
+        values[self.node.id] = out
+        bias_now = _bias_at_replay(exe, self, values, bias)
+
+        def call() -> None:
+            self.kernel(a, b, out, bias=bias_now())
+
+        return call
+
+
+class _CupyStep(_Step):
+    """The op's reference run with CuPy arrays (``cupy`` and ``eager``)."""
+
+    def __init__(self, node: Node, impl: str, materialize: str | None,
+                 out_buffer: int | None, describe: dict[str, Any]) -> None:
+        super().__init__(node, impl, describe)
+        self.materialize = materialize  # None, "buffer" or "copy"
+        self.out_buffer = out_buffer
+
+    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+        cp = exe._cp
+        node = self.node
+        out = cp.asarray(evaluate(node.op, cp, [values[i] for i in node.inputs], node.attrs))
+        if out.dtype != node.dtype:
+            out = out.astype(node.dtype)
+        if tuple(out.shape) != tuple(node.shape):
+            raise PycLabError(f"node %{node.id} ({node.op}) gave shape {tuple(out.shape)}, "
+                              f"the graph says {node.shape}")
+        if self.materialize == "buffer":
+            view = exe._buffer_view(self.out_buffer, node)
+            cp.copyto(view, out)
+            out = view
+        elif self.materialize == "copy":
+            out = out.copy()
+        values[node.id] = out
+
+
+# -- launching generated kernels -------------------------------------------------------------
+def _pointer_ok(arr: Any, nbytes: int) -> bool:
+    return arr.data.ptr % nbytes == 0
+
+
+def launch_elementwise(sm_count: int, kernels: dict[str, Any], src: KernelSource,
+                       ins: list[Any], out: Any) -> str | None:
+    """Launch an elementwise (or epilogue) kernel: the vectorised entry when every vector
+    pointer is aligned, else the general one; the name of the kernel launched (None:
+    nothing to do). The grid is capped at a full device of ``sm_count`` SMs (the kernels
+    are grid-stride loops)."""
+    launch = src.launch
+    n = launch["n"]
+    if n == 0:
+        return None
+    block = launch["block"]
+    cap = sm_count * (2048 // block)
+    vec_kernel = launch.get("vec_kernel")
+    if vec_kernel:
+        need = launch["align_bytes"]
+        aligned = _pointer_ok(out, need["out"]) and all(
+            _pointer_ok(ins[k], need[f"in{k}"]) for k in launch["aligned_inputs"])
+        if aligned:
+            grid = max(1, min(_cdiv(launch["n_vec"], block), cap))
+            kernels[vec_kernel]((grid,), (block,), (*ins, out))
+            return vec_kernel
+    grid = max(1, min(_cdiv(n, block), cap))
+    kernels[src.name]((grid,), (block,), (*ins, out))
+    return src.name
+
+
+def launch_rows(sm_count: int, kernels: dict[str, Any], src: KernelSource,
+                ins: list[Any], out: Any) -> str | None:
+    """Launch a row kernel: the vectorised entry when every vector pointer is aligned;
+    the name of the kernel launched (None: no rows)."""
+    launch = src.launch
+    rows = launch["rows"]
+    if rows == 0:
+        return None
+    block = launch["block"]
+    cap = sm_count * max(1, 2048 // block)
+    grid = max(1, min(_cdiv(rows, launch["rows_per_block"]), cap))
+    entry = src.name
+    vec_kernel = launch.get("vec_kernel")
+    if vec_kernel:
+        arrays = {"out": out, **{f"in{k}": a for k, a in enumerate(ins)}}
+        if all(_pointer_ok(arrays[key], nbytes)
+               for key, nbytes in launch["align_bytes"].items()):
+            entry = vec_kernel
+    kernels[entry]((grid,), (block,), (*ins, out))
+    return entry

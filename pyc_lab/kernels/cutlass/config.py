@@ -1,0 +1,310 @@
+"""CUTLASS GEMM configurations: what ``cutlass_cppgen`` offers, pruned and ranked for a problem.
+
+:func:`configurations` enumerates every kernel configuration ``cutlass_cppgen`` offers
+for a dtype and layout on a compute capability (its ``tile_descriptions()``: CTA tile,
+cluster shape, kernel schedule, epilogue schedule, tile scheduler), without a GPU
+(:func:`~pyc_lab.kernels.cutlass.compat.prepare_offline`). :func:`prune` drops what
+cannot work for a problem (alignment, CTA tiles far larger than the output, the
+Cooperative-schedule/small-tile combination that trips a static assert);
+:func:`rank` orders the rest by a cheap model (wave quantisation on the GPU's SMs, tile
+arithmetic intensity, schedule). :class:`Epilogue` says what a kernel does after the
+product (bias, activation).
+
+Layouts use BLAS letters: ``t`` is row-major (the operand as stored is the matrix), ``n``
+column-major; ``"tn"`` is ``A`` (M x K) row-major times ``B`` stored as an N x K
+row-major array (a linear layer's weight). The output is row-major M x N; accumulation
+is float32.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from ...errors import PycLabError
+
+__all__ = ["ACTIVATIONS", "ALIGNMENTS", "DTYPES", "LAYOUTS", "Epilogue", "GemmConfig",
+           "check_dtype_layout", "configurations", "problem_issue", "prune", "rank", "score"]
+
+log = logging.getLogger(__name__)
+
+#: pyc_lab dtype names -> the operands' NumPy dtype. ``f16``/``bf16``: tensor cores with
+#: float32 accumulation; ``tf32``: float32 operands on tensor cores in TF32 (10-bit
+#: mantissa); ``f32``: float32 on the CUDA cores (SIMT, exact float32 arithmetic).
+DTYPES = {"f16": "float16", "bf16": "bfloat16", "tf32": "float32", "f32": "float32"}
+#: Layout letters (A then B).
+LAYOUTS = ("tn", "tt", "nt", "nn")
+#: Elements per access each dtype's kernels assume (16 bytes; the SIMT kernel: 1).
+ALIGNMENTS = {"f16": 8, "bf16": 8, "tf32": 4, "f32": 1}
+#: Activations a fused epilogue can apply, and CUTLASS's functor for each (gelu is the
+#: tanh approximation, as in :func:`pyc_lab.compiler.functions.gelu` and cuBLASLt).
+ACTIVATIONS = {"relu": "cutlass::epilogue::thread::ReLu",
+               "gelu": "cutlass::epilogue::thread::GELU_taylor",
+               "silu": "cutlass::epilogue::thread::SiLu"}
+_CXX_TYPES = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "tf32": "float",
+              "f32": "float"}
+_TMA_EPILOGUES = ("TmaWarpSpecialized", "TmaWarpSpecializedCooperative")
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What a kernel does after the product: ``act(alpha * a @ b + beta * c + bias)``.
+
+    ``bias`` is a row vector of length N (one value per output column, as a linear
+    layer's); ``activation`` one of :data:`ACTIVATIONS` or None. The plain epilogue
+    (no bias, no activation) is ``Epilogue()``. Fused ones use CUTLASS's epilogue fusion
+    (``LinCombPerColBiasEltAct`` and relatives) and need a TMA epilogue schedule.
+    """
+
+    bias: bool = False
+    activation: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.activation is not None and self.activation not in ACTIVATIONS:
+            raise PycLabError(f"CUTLASS epilogue activation {self.activation!r} is not one "
+                              f"of {sorted(ACTIVATIONS)}")
+
+    @property
+    def fused(self) -> bool:
+        """Whether there is anything beyond ``alpha * a @ b + beta * c``."""
+        return self.bias or self.activation is not None
+
+    @property
+    def name(self) -> str:
+        """``""``, ``"bias"``, ``"relu"``, ``"bias_gelu"``, ..."""
+        return "_".join(p for p in ("bias" if self.bias else "", self.activation or "") if p)
+
+    @property
+    def op(self) -> str:
+        """The tuning database's op for GEMMs with this epilogue: ``gemm[_<name>]``."""
+        return f"gemm_{self.name}" if self.fused else "gemm"
+
+    @classmethod
+    def from_op(cls, op: str) -> Epilogue:
+        """Inverse of :attr:`op`."""
+        parts = op.split("_")
+        if parts[0] != "gemm":
+            raise PycLabError(f"{op!r} is not a GEMM op")
+        act = next((p for p in parts[1:] if p != "bias"), None)
+        return cls("bias" in parts[1:], act)
+
+    def fusion_op(self, dtype: str) -> str:
+        """The C++ fusion operation for the epilogue CollectiveBuilder (``""`` if plain)."""
+        if not self.fused:
+            return ""
+        t = _CXX_TYPES[dtype]
+        ns = "cutlass::epilogue::fusion::"
+        if self.bias and self.activation:
+            return f"{ns}LinCombPerColBiasEltAct<{ACTIVATIONS[self.activation]}, {t}, float>"
+        if self.bias:
+            return f"{ns}LinCombPerColBias<{t}, float>"
+        return f"{ns}LinCombEltAct<{ACTIVATIONS[self.activation]}, {t}, float>"
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One CUTLASS kernel configuration (what ``tile_descriptions()`` lists).
+
+    ``tile`` is the threadblock shape as ``cutlass_cppgen`` states it (M x N x K of the
+    whole cluster's work); ``cta_tile`` is what one CTA computes.
+    """
+
+    tile: tuple[int, int, int]
+    cluster: tuple[int, int, int]
+    kernel_schedule: str
+    epilogue_schedule: str
+    tile_scheduler: str
+
+    @property
+    def cta_tile(self) -> tuple[int, int, int]:
+        """The per-CTA tile: the threadblock shape divided by the cluster."""
+        return (self.tile[0] // self.cluster[0], self.tile[1] // self.cluster[1], self.tile[2])
+
+    @property
+    def id(self) -> str:
+        """A short readable name, e.g. ``128x256x64_c2x1x1_Cooperative_TmaCoop_Default``."""
+        def short(s: str) -> str:
+            return (s.replace("TmaWarpSpecialized", "Tma").replace("WarpSpecialized", "WS")
+                    .replace("Cooperative", "Coop").replace("Schedule", ""))
+        return (f"{'x'.join(map(str, self.tile))}_c{'x'.join(map(str, self.cluster))}_"
+                f"{short(self.kernel_schedule)}_{short(self.epilogue_schedule)}_"
+                f"{self.tile_scheduler}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (the tuning database's config)."""
+        return {"tile": list(self.tile), "cluster": list(self.cluster),
+                "kernel_schedule": self.kernel_schedule,
+                "epilogue_schedule": self.epilogue_schedule,
+                "tile_scheduler": self.tile_scheduler}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GemmConfig:
+        """Inverse of :meth:`to_dict`."""
+        try:
+            return cls(tuple(d["tile"]), tuple(d["cluster"]), str(d["kernel_schedule"]),
+                       str(d["epilogue_schedule"]), str(d["tile_scheduler"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PycLabError(f"not a CUTLASS GEMM config: {d!r} ({exc})") from None
+
+
+def _enum_name(value: Any) -> str:
+    return getattr(value, "name", str(value)).split(".")[-1]
+
+
+def check_dtype_layout(dtype: str, layout: str) -> None:
+    """Raise a clear error for a dtype or layout no kernel here is built for."""
+    if dtype not in DTYPES:
+        raise PycLabError(f"CUTLASS GEMM dtype {dtype!r} is not built here; use one of "
+                          f"{sorted(DTYPES)}")
+    if layout not in LAYOUTS:
+        raise PycLabError(f"layout {layout!r} is not one of {LAYOUTS} (A then B: t = "
+                          "row-major, n = column-major)")
+
+
+_PLAN_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=16)
+def _plan(dtype: str, layout: str, cc: int) -> tuple[Any, dict[GemmConfig, Any]]:
+    import numpy as np
+
+    from .compat import prepare_offline
+
+    c = prepare_offline(cc)
+    element = {"f16": np.float16, "bf16": c.DataType.bf16}.get(dtype, np.float32)
+    lay = {"t": c.LayoutType.RowMajor, "n": c.LayoutType.ColumnMajor}
+    with _PLAN_LOCK:
+        plan = c.op.Gemm(element=element, element_accumulator=np.float32,
+                         layout_A=lay[layout[0]], layout_B=lay[layout[1]],
+                         layout_C=c.LayoutType.RowMajor, cc=cc)
+        if dtype == "f32":  # float32 on the CUDA cores (the default is TF32 tensor cores)
+            plan.opclass = c.OpcodeClass.Simt
+        tds = plan.tile_descriptions()
+    configs: dict[GemmConfig, Any] = {}
+    for td in tds:
+        cfg = GemmConfig(tuple(int(x) for x in td.threadblock_shape),
+                         tuple(int(x) for x in td.cluster_shape),
+                         _enum_name(td.kernel_schedule), _enum_name(td.epilogue_schedule),
+                         _enum_name(td.tile_scheduler))
+        configs.setdefault(cfg, td)
+    return plan, configs
+
+
+def configurations(dtype: str = "f16", layout: str = "tn", cc: int = 90) -> list[GemmConfig]:
+    """Every configuration ``cutlass_cppgen`` offers for ``dtype``/``layout`` on ``cc``.
+
+    Needs nvidia-cutlass and ``nvcc`` (for its version), not a GPU.
+    """
+    check_dtype_layout(dtype, layout)
+    return list(_plan(dtype, layout, cc)[1])
+
+
+def problem_issue(m: int, n: int, k: int, layout: str, dtype: str = "f16") -> str:
+    """Why no ``dtype`` kernel here can take this problem (alignment, size), or ``""``."""
+    if min(m, n, k) <= 0:
+        return f"empty problem {m}x{n}x{k}"
+    contiguous = {"A": k if layout[0] == "t" else m, "B": n if layout[1] == "t" else k,
+                  "C": n}
+    align = ALIGNMENTS[dtype]
+    bad = [f"{op} ({d})" for op, d in contiguous.items() if d % align]
+    if bad:
+        return (f"the contiguous extent of {', '.join(bad)} is not a multiple of "
+                f"{align} (the {dtype} kernels need 16-byte aligned rows)")
+    if max(m, n, k) >= 2**31:
+        return "a dimension of 2**31 or more"
+    return ""
+
+
+def prune(configs: Iterable[GemmConfig], m: int, n: int, k: int, layout: str = "tn",
+          dtype: str = "f16", epilogue: Epilogue | None = None, stream_k: bool = False
+          ) -> tuple[list[GemmConfig], dict[str, str]]:
+    """Keep the configurations that can work for an ``m x n x k`` problem.
+
+    Stream-K tile-scheduler candidates are opt-in (``stream_k=True``): on the shapes
+    benchmarked (``benchmarks/results/h200/gemm-streamk.json``) every one ran correctly
+    but slower than the best data-parallel tile, so by default they only cost tuning
+    time.
+
+    A fused ``epilogue`` (bias and/or activation) keeps only the TMA epilogue schedules,
+    the ones CUTLASS's epilogue fusion runs on.
+
+    Returns
+    -------
+    kept, dropped
+        The kept configurations (input order) and ``config id -> reason`` for the rest.
+    """
+    kept: list[GemmConfig] = []
+    dropped: dict[str, str] = {}
+    issue = problem_issue(m, n, k, layout, dtype)
+    fused = epilogue is not None and epilogue.fused
+    for cfg in configs:
+        cm, cn, _ck = cfg.cta_tile
+        why = issue
+        if not why and not stream_k and cfg.tile_scheduler == "StreamK":
+            why = "Stream-K candidates are opt-in (stream_k=True)"
+        if not why and fused and cfg.epilogue_schedule not in _TMA_EPILOGUES:
+            why = (f"a fused {epilogue.name} epilogue needs a TMA epilogue schedule "
+                   f"({cfg.epilogue_schedule} has none)")
+        if not why and "Cooperative" in cfg.kernel_schedule and cm < 128:
+            why = "a Cooperative kernel needs a CTA tile of at least 128 along M"
+        if not why and (cm > 2 * max(m, 64) or cn > 2 * max(n, 64)):
+            why = f"CTA tile {cm}x{cn} is far larger than the {m}x{n} output"
+        if not why and ((cfg.cluster[0] > 1 and m <= cm) or (cfg.cluster[1] > 1 and n <= cn)):
+            why = "a cluster larger than the problem's tiles along that dimension"
+        if why:
+            dropped[cfg.id] = why
+        else:
+            kept.append(cfg)
+    return kept, dropped
+
+
+def score(cfg: GemmConfig, m: int, n: int, k: int, sm_count: int) -> float:
+    """A cheap guess of a configuration's speed for a problem (higher is better).
+
+    The product of: wave efficiency (the last wave's idle SMs; Stream-K removes most of
+    it), tile arithmetic intensity (``cm*cn/(cm+cn)``, normalised to a 128x256 tile), a
+    schedule prior (TMA warp-specialised kernels first, cp.async ones last) and an
+    epilogue prior (TMA epilogues before the no-shared-memory one).
+    """
+    cm, cn, _ = cfg.cta_tile
+    tiles = math.ceil(m / cm) * math.ceil(n / cn)
+    waves = tiles / sm_count
+    eff = tiles / (math.ceil(waves) * sm_count) if tiles else 0.0
+    if cfg.tile_scheduler == "StreamK":
+        eff = max(eff, 0.9 if waves >= 1 else eff)
+    intensity = (cm * cn / (cm + cn)) / (128 * 256 / (128 + 256))
+    waste = (m * n) / (math.ceil(m / cm) * cm * math.ceil(n / cn) * cn)
+    prior = {"TmaWarpSpecializedCooperative": 1.0, "TmaWarpSpecializedPingpong": 1.0,
+             "TmaWarpSpecialized": 0.9, "ScheduleAuto": 0.95}.get(cfg.kernel_schedule, 0.6)
+    # the epilogue: TMA stores are coalesced; the no-smem epilogue stores from registers,
+    # which costs most when K is short and the store is a large share of the work
+    epi = {"TmaWarpSpecialized": 1.0, "TmaWarpSpecializedCooperative": 1.0,
+           "ScheduleAuto": 0.95}.get(cfg.epilogue_schedule, 0.85)
+    return eff * min(intensity, 1.2) * waste * prior * epi
+
+
+def rank(configs: Iterable[GemmConfig], m: int, n: int, k: int,
+         sm_count: int) -> list[GemmConfig]:
+    """``configs`` ordered by :func:`score`, best first, spread over kinds.
+
+    Greedy: each pick is the best score after a 10 % discount per configuration already
+    picked with the same CTA tile and kernel schedule, so that a short budget still
+    sees different tiles and schedules rather than one kind's epilogue variants.
+    """
+    left = sorted(configs, key=lambda c: (-score(c, m, n, k, sm_count), c.id))
+    base = {c: score(c, m, n, k, sm_count) for c in left}
+    seen: dict[tuple, int] = {}
+    out: list[GemmConfig] = []
+    while left:
+        best = max(left, key=lambda c: base[c] * 0.9 ** seen.get(
+            (c.cta_tile, c.kernel_schedule), 0))
+        left.remove(best)
+        group = (best.cta_tile, best.kernel_schedule)
+        seen[group] = seen.get(group, 0) + 1
+        out.append(best)
+    return out

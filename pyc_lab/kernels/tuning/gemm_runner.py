@@ -1,0 +1,236 @@
+"""The live GEMM runner: CUTLASS candidates built, checked against cuBLAS and timed here.
+
+For ``M x N x K`` in a dtype and layout, on this machine's GPU:
+
+1. the candidates — :func:`~pyc_lab.kernels.cutlass.config.configurations` pruned for
+   the problem and ranked by the cheap model; user restrictions and ``max_candidates``
+   cut them to the configurations worth building;
+2. those are built in parallel (``workers`` nvcc processes) into the kernel cache,
+   best-ranked first, while the search measures the ones already built;
+3. each candidate runs on inputs uniform in [-1, 1] into a NaN-poisoned output, twice,
+   each launch watched for a hang; its output is compared with cuBLAS's
+   (:mod:`~pyc_lab.kernels.tuning.gemm_reference`) and a NaN/Inf or an error above the
+   dtype's tolerance rejects it, with the reason; correct ones are timed with
+   :func:`pyc_lab.profiling.timing.benchmark` (CUDA events, L2 flushed, launch gaps
+   kept out of the interval, median of ``fidelity`` runs);
+4. the libraries a user would call instead are timed the same way in the same run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ...errors import PycLabError
+from ...hardware.device import require_cupy
+from ...profiling.timing import benchmark
+from ...search import Outcome, SearchSpace, StopSearch
+from ...units import gemm_flops, tflops
+from ..cutlass.build import BuildResult, build_many
+from ..cutlass.config import GemmConfig, configurations, problem_issue, prune, rank
+from ..cutlass.launch import CutlassGemm
+from .gemm_reference import (
+    TOLERANCE,
+    apply_epilogue,
+    as_float32,
+    bias_input,
+    cublaslt_baseline,
+    gemm_inputs,
+    reference,
+    torch_baseline,
+)
+from .gemm_space import config_of, gemm_space
+from .keys import DeviceKey, Measurement, ProblemKey, device_key
+from .options import GemmTuneOptions
+
+__all__ = ["GemmRunner"]
+
+log = logging.getLogger(__name__)
+
+
+def gpu_ms(fn: Callable[[], Any], repeats: int) -> float:
+    """Median GPU milliseconds of ``fn``: the tuner's one way of timing."""
+    timing = benchmark(fn, repeats=max(2, repeats), warmup=2, flush_l2=True, spin=True,
+                       gpu=True)
+    return float(timing.gpu_median_s) * 1e3
+
+
+class GemmRunner:
+    """Measures CUTLASS GEMM candidates for one problem on this GPU.
+
+    Parameters
+    ----------
+    m, n, k
+        The problem: ``a`` is M x K, ``b`` K x N.
+    options
+        dtype, layout, epilogue, candidate cut, repeats, workers, hang limit.
+    restrict
+        ``restrict(config) -> bool``: only configurations it accepts are considered.
+    cache
+        The kernel cache builds go to (the user's by default).
+
+    Attributes
+    ----------
+    problem, device
+        The tuning-database keys.
+    configs
+        The ranked configurations the search may evaluate.
+    baselines
+        ``name -> ms`` of the libraries, timed in the same run.
+    rows
+        ``config id -> the table row`` of every candidate evaluated (the latest).
+
+    Raises
+    ------
+    PycLabError
+        No GPU, a GPU that is not Hopper, a problem no kernel here can take, or every
+        candidate excluded.
+    """
+
+    def __init__(self, m: int, n: int, k: int, options: GemmTuneOptions, *,
+                 restrict: Callable[[GemmConfig], bool] | None = None,
+                 cache: Any = None) -> None:
+        cp = require_cupy("autotune_gemm")
+        opts = options
+        epi = opts.epilogue
+        issue = problem_issue(m, n, k, opts.layout, opts.dtype)
+        if issue:
+            raise PycLabError(f"autotune_gemm {m}x{n}x{k} {opts.layout}: {issue}; "
+                              "pyc_lab.matmul uses cuBLAS for such shapes")
+        device, cc, sm_count = device_key()
+        if cc < 90:
+            raise PycLabError(f"the CUTLASS kernels here are built for Hopper (sm_90a); this "
+                              f"GPU is sm_{cc}")
+        self.m, self.n, self.k = m, n, k
+        self.options = opts
+        self.epilogue = epi
+        self.device: DeviceKey = device
+        self.sm_count = sm_count
+        self.problem = ProblemKey(epi.op, opts.dtype, opts.dtype, opts.dtype, opts.layout,
+                                  m, n, k)
+        kept, dropped = prune(configurations(opts.dtype, opts.layout, cc), m, n, k,
+                              opts.layout, opts.dtype, epi, opts.stream_k)
+        if restrict is not None:
+            kept = [c for c in kept if restrict(c)]
+        ranked = rank(kept, m, n, k, sm_count)
+        if opts.max_candidates is not None:
+            ranked = ranked[:opts.max_candidates]
+        if not ranked:
+            raise PycLabError(f"no CUTLASS configuration left for {m}x{n}x{k} {opts.dtype} "
+                              f"{opts.layout} after pruning ({len(dropped)} dropped) and "
+                              "restrictions")
+        self.configs = ranked
+        self.flops = gemm_flops(m, n, k)
+        self._cp = cp
+        self._a, self._b, self._out = gemm_inputs(m, n, k, opts.dtype, opts.layout, opts.seed)
+        ref, run_cublas, _ = reference(self._a, self._b, opts.dtype)
+        self._bias = bias_input(n, opts.dtype, opts.seed + 1) if epi.bias else None
+        if epi.fused:
+            ref = apply_epilogue(ref, None if self._bias is None
+                                 else as_float32(self._bias, opts.dtype), epi.activation)
+        self._ref = ref
+        self._ref_max = float(cp.abs(ref).max()) or 1.0
+        self.baselines = {"cublas": gpu_ms(run_cublas, opts.repeats)}
+        if epi.fused:
+            lt = cublaslt_baseline(self._a, self._b, self._bias, epi, opts.dtype)
+            if lt is not None:
+                self.baselines["cublaslt"] = gpu_ms(lt, opts.repeats)
+        torch_mm = torch_baseline(self._a, self._b, opts.dtype)
+        if torch_mm is not None:
+            self.baselines["torch"] = gpu_ms(torch_mm, opts.repeats)
+        self._builds: dict[GemmConfig, BuildResult] = {}
+        self._futures = build_many(ranked, opts.dtype, opts.layout, cc, opts.workers, cache,
+                                   on_done=lambda r: self._builds.__setitem__(r.config, r),
+                                   epilogue=epi)
+        self._loaded: dict[GemmConfig, CutlassGemm] = {}
+        self.rows: dict[str, dict[str, Any]] = {}
+        self._measurements: dict[str, Measurement] = {}
+        self._hung: str | None = None
+
+    # -- the runner protocol ----------------------------------------------------------
+    def space(self) -> SearchSpace:
+        """The ranked configurations as a search space."""
+        return gemm_space(self.configs)
+
+    def evaluate(self, candidate: Mapping[str, Any], fidelity: int) -> Outcome:
+        """Build (wait for), run twice, check and time one configuration."""
+        if self._hung is not None:
+            raise StopSearch(f"{self._hung} hung; the GPU context is unusable")
+        cp = self._cp
+        cfg = config_of(candidate)
+        res = self._futures[cfg].result()
+        if not res.ok:
+            return self._finish(cfg, "compile_error", message=res.message)
+        try:
+            gemm = self._loaded.get(cfg) or CutlassGemm(res.library, cfg, self.options.dtype,
+                                                        self.options.layout, self.sm_count,
+                                                        self.epilogue)
+            self._loaded[cfg] = gemm
+            if not gemm.can_implement(self.m, self.n, self.k):
+                return self._finish(cfg, "skipped", message="can_implement refused the problem")
+            self._out.view(cp.uint16).fill(0x7FFF)  # NaN in both f16 and bf16
+            # two launches, each watched: a kernel that never finishes (the first launch,
+            # or a later one, as a Stream-K kernel whose workspace is not reset would)
+            # must not hang the tuner
+            for launch in (lambda: gemm(self._a, self._b, self._out, bias=self._bias),
+                           lambda: gemm.launch(cp.cuda.get_current_stream().ptr)):
+                launch()
+                if not self._finished_within(self.options.hang_s):
+                    self._hung = cfg.id
+                    return self._finish(cfg, "timeout", message=(
+                        f"still running after {self.options.hang_s:.0f} s; the GPU context "
+                        "is unusable, tuning stopped"))
+        except Exception as exc:
+            return self._finish(cfg, "wrong_result", message=f"{type(exc).__name__}: {exc}")
+        got = as_float32(self._out, self.options.dtype)
+        if not bool(cp.isfinite(got).all()):
+            return self._finish(cfg, "nan", message="NaN or Inf in the output")
+        err = float(cp.abs(got - self._ref).max()) / self._ref_max
+        tol = TOLERANCE[self.options.dtype]
+        if err > tol:
+            return self._finish(cfg, "wrong_result", error=err,
+                                message=f"max error {err:.3g} > {tol} vs cuBLAS")
+        stream = cp.cuda.get_current_stream().ptr
+        ms = gpu_ms(lambda: gemm.launch(stream), fidelity)
+        return self._finish(cfg, "ok", ms, err)
+
+    # -- what was measured ------------------------------------------------------------
+    def _finished_within(self, seconds: float) -> bool:
+        done = self._cp.cuda.Event()
+        done.record()
+        t0 = time.perf_counter()
+        while not done.done:
+            if time.perf_counter() - t0 > seconds:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def _finish(self, cfg: GemmConfig, status: str, ms: float | None = None,
+                error: float | None = None, message: str = "") -> Outcome:
+        rate = tflops(self.flops, ms)
+        res = self._builds.get(cfg)
+        row = {"config": cfg.id, "status": status, "ms": ms, "tflops": rate,
+               "error": error, "build_s": round(res.seconds, 1) if res else None,
+               "build": res.status if res else None, "message": message[:500],
+               **cfg.to_dict()}
+        self.rows[cfg.id] = row
+        self._measurements[cfg.id] = Measurement(cfg.to_dict(), status, ms, rate, error,
+                                                 message)
+        details = {**row, "built": len(self._builds), "total": len(self.configs)}
+        return Outcome(status, ms, message, details)
+
+    def measurement(self, candidate: Mapping[str, Any]) -> Measurement | None:
+        """The recorded measurement of a candidate (its latest evaluation)."""
+        return self._measurements.get(config_of(candidate).id)
+
+    def measurements(self) -> list[Measurement]:
+        """Every candidate measured, plus builds that failed without being measured, and
+        the baselines as ``"baseline"`` rows: what goes to the tuning database."""
+        for cfg, fut in self._futures.items():
+            if cfg.id not in self.rows and fut.done() and not fut.result().ok:
+                self._finish(cfg, "compile_error", message=fut.result().message)
+        return [*self._measurements.values(), *(
+            Measurement({"baseline": name}, "baseline", ms, tflops(self.flops, ms))
+            for name, ms in self.baselines.items())]

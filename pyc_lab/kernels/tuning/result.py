@@ -1,0 +1,190 @@
+"""What a GEMM tuning found: the winner, every candidate, the libraries beside it.
+
+:class:`TuneResult` is returned by a live tuning; :class:`ReplayResult` by a replay of a
+recorded one, with :class:`ReplayInfo` saying which device recorded it, when, and from
+which file. Both compare the winner with the baselines measured in the same run
+(:meth:`TuneResult.compare`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...errors import PycLabError
+from ...hardware.peaks import peak_tflops
+from ...units import gemm_flops, tflops
+from ..cutlass.config import GemmConfig
+from .keys import DeviceKey, Measurement, ProblemKey
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+__all__ = ["ReplayInfo", "ReplayResult", "TuneResult", "candidate_table", "config_name",
+           "kernel_rates"]
+
+
+def config_name(config: Mapping[str, Any], fallback: str = "") -> str:
+    """A GEMM config's readable name (``256x128x64_c2x1x1_...``), else ``fallback``
+    (or the measurement's config id)."""
+    try:
+        return GemmConfig.from_dict(dict(config)).id
+    except PycLabError:
+        return fallback or Measurement(dict(config), "skipped").config_id
+
+
+def candidate_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """The candidate table as a DataFrame: correct ones by time, then the failures."""
+    import pandas as pd
+
+    table = pd.DataFrame(list(rows))
+    if not table.empty:
+        table = table.sort_values(["status", "ms"], key=lambda s: s.map(
+            lambda v: (v != "ok") if isinstance(v, str) else v), na_position="last")
+    return table.reset_index(drop=True)
+
+
+def kernel_rates(flops: float, ms: float | None, peak: float | None,
+                 cublas_ms: float | None) -> dict[str, float | None]:
+    """TFLOP/s of one kernel's time, its % of the dense ``peak`` and its speed relative
+    to cuBLAS (``cublas_ms / ms``: above 1 is faster than cuBLAS)."""
+    rate = tflops(flops, ms)
+    return {"tflops": rate, "pct_of_peak": 100 * rate / peak if rate and peak else None,
+            "vs_cublas": cublas_ms / ms if ms and cublas_ms else None}
+
+
+@dataclass
+class TuneResult:
+    """What a GEMM tuning found.
+
+    Attributes
+    ----------
+    problem, device
+        The tuning-database keys.
+    best
+        The winning :class:`~pyc_lab.kernels.tuning.keys.Measurement` (``None`` when no
+        candidate was correct).
+    table
+        One row per candidate: config id, status, ms, TFLOP/s, error, build seconds,
+        message (pandas DataFrame).
+    baselines
+        ``name -> ms`` measured in the same run (``cublas``; ``cublaslt`` and ``torch``
+        where they apply).
+    seconds
+        Wall time of the whole tuning (builds included).
+    stopped_by, strategy
+        Why the search ended, and how it searched.
+    recorded
+        Whether the result was written to the tuning database.
+    """
+
+    problem: ProblemKey
+    device: DeviceKey
+    best: Measurement | None
+    table: Any
+    baselines: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    stopped_by: str = ""
+    strategy: str = ""
+    recorded: bool = False
+
+    @property
+    def flops(self) -> float:
+        """Floating-point operations of one GEMM (2 M N K)."""
+        return gemm_flops(*self.problem.shape)
+
+    def compare(self) -> pd.DataFrame:
+        """Tuned CUTLASS against the baselines: ms, TFLOP/s, fraction of dense peak and
+        speed relative to cuBLAS (pandas DataFrame)."""
+        import pandas as pd
+
+        peak = peak_tflops(self.device.gpu_name, self.problem.dtype_a)
+        entries = [("tuned CUTLASS", self.best.time_ms if self.best else None),
+                   *self.baselines.items()]
+        cublas = self.baselines.get("cublas")
+        return pd.DataFrame([{"kernel": name, "ms": ms,
+                              **kernel_rates(self.flops, ms, peak, cublas)}
+                             for name, ms in entries])
+
+    def _best_text(self) -> str:
+        if self.best is None:
+            return "none"
+        return f"{config_name(self.best.config, self.best.config_id)} {self.best.time_ms:.4g} ms"
+
+    def __repr__(self) -> str:
+        cublas = self.baselines.get("cublas")
+        base = f"cublas {cublas:.4g} ms" if cublas else "no cuBLAS baseline"
+        op = "" if self.problem.op == "gemm" else f" {self.problem.op}"
+        return (f"TuneResult({self.problem.dtype_a} {self.problem.layout}{op} "
+                f"{'x'.join(map(str, self.problem.shape))}: best {self._best_text()}, "
+                f"{len(self.table)} candidates, {base})")
+
+
+@dataclass(frozen=True)
+class ReplayInfo:
+    """Where a replayed result comes from.
+
+    Attributes
+    ----------
+    gpu_name, compute_capability, driver, cuda
+        The device that recorded it (the tuning database's device key).
+    recorded_on
+        The date (UTC, ``YYYY-MM-DD``) of the latest recorded row of the problem.
+    source
+        The file read.
+    source_label
+        ``"h200-gemm.json (shipped with pyc_lab)"`` or the path given.
+    run_ids
+        The tuning runs the rows come from.
+    """
+
+    gpu_name: str
+    compute_capability: str
+    driver: str
+    cuda: str
+    recorded_on: str
+    source: str
+    source_label: str
+    run_ids: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``"recorded on NVIDIA H200, 2026-11-29"``."""
+        return f"recorded on {self.gpu_name}, {self.recorded_on}"
+
+    @property
+    def banner(self) -> str:
+        """One sentence for a widget or a command's output."""
+        return (f"replayed from a recording made on {self.gpu_name}, {self.recorded_on} "
+                f"(driver {self.driver}, CUDA {self.cuda}; {self.source_label}); no kernel "
+                "runs here")
+
+
+@dataclass(repr=False)
+class ReplayResult(TuneResult):
+    """A :class:`TuneResult` replayed from a recording.
+
+    Everything a live result has — ``best``, ``table``, ``baselines``, ``compare()`` —
+    with recorded values, and :attr:`replay` saying where they were recorded.
+    ``table`` has no build times (``build`` is ``"recorded"``): nothing was built.
+    """
+
+    replay: ReplayInfo | None = field(default=None)
+
+    def compare(self) -> pd.DataFrame:
+        """:meth:`TuneResult.compare` plus a ``source`` column ("recorded on ...")."""
+        frame = super().compare()
+        if self.replay is not None:
+            frame["source"] = self.replay.label
+            frame.attrs["replay"] = self.replay.banner
+        return frame
+
+    def __repr__(self) -> str:
+        p = self.problem
+        cublas = self.baselines.get("cublas")
+        cublas_text = f"cublas {cublas:.4g} ms" if cublas else "no cublas time recorded"
+        where = self.replay.label if self.replay else "recorded"
+        return (f"ReplayResult({p.dtype_a} {p.layout} {'x'.join(map(str, p.shape))}: "
+                f"best {self._best_text()}, {len(self.table)} candidates, {cublas_text}; "
+                f"{self.strategy}, stopped by {self.stopped_by}; {where})")

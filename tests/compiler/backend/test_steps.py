@@ -1,0 +1,138 @@
+"""Launch steps on the CPU, with NumPy standing in for CuPy: which kernel entry a launch
+takes and on what grid, and where a cuBLAS step's product goes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pyc_lab.compiler import Graph
+from pyc_lab.compiler.backend.lowering import lower
+from pyc_lab.compiler.backend.steps import launch_elementwise, launch_rows
+from pyc_lab.compiler.codegen import generate
+from pyc_lab.compiler.tracer import trace
+from tests.compiler.graphs import fused_graph, op_graph
+
+F16, F32 = np.float16, np.float32
+
+
+class _Kernel:
+    """Records its launches: (grid, block, args)."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple] = []
+
+    def __call__(self, grid, block, args) -> None:
+        self.launches.append((grid, block, args))
+
+
+def _at(ptr: int) -> SimpleNamespace:
+    """An array stand-in at device address ``ptr`` (all a launch looks at)."""
+    return SimpleNamespace(data=SimpleNamespace(ptr=ptr))
+
+
+def _kernels(src):
+    return {e: _Kernel() for e in src.entries}
+
+
+def test_elementwise_launch_takes_the_vector_entry_only_when_aligned():
+    g, node = fused_graph(lambda x, y: x * y + 1.0, [((4096,), F32), ((4096,), F32)])
+    src = generate(node, g)
+    kernels = _kernels(src)
+    assert launch_elementwise(2, kernels, src, [_at(0), _at(16)], _at(32)) == "fused_0_vec"
+    (grid, block, _), = kernels["fused_0_vec"].launches
+    assert block == (256,) and grid == (4,)  # 1024 vectors of 4, 256 threads a block
+    assert launch_elementwise(2, kernels, src, [_at(0), _at(4)], _at(32)) == "fused_0"
+    assert kernels["fused_0"].launches[-1][0] == (16,)
+    # the grid is capped at a full device (2048 threads an SM): the loop strides the rest
+    assert launch_elementwise(1, kernels, src, [_at(0), _at(4)], _at(32)) == "fused_0"
+    assert kernels["fused_0"].launches[-1][0] == (8,)
+
+
+def test_empty_elementwise_launches_nothing():
+    g, node = fused_graph(lambda x: x + 1.0, [((0, 5), F32)])
+    src = generate(node, g)
+    kernels = _kernels(src)
+    assert launch_elementwise(4, kernels, src, [_at(0)], _at(0)) is None
+    assert not any(k.launches for k in kernels.values())
+
+
+def test_row_launch_takes_the_vector_entry_only_when_aligned():
+    g, node = op_graph("softmax", [((4, 8192), F16)], {"axis": -1})
+    src = generate(node, g)
+    vec = src.launch["vec_kernel"]
+    assert vec is not None
+    kernels = _kernels(src)
+    assert launch_rows(132, kernels, src, [_at(0)], _at(4096)) == vec
+    assert kernels[vec].launches[0][0] == (4,)  # a block per row
+    assert launch_rows(132, kernels, src, [_at(2)], _at(4096)) == src.name
+
+
+class _RecordingNumpy:
+    """NumPy as the executable's ``cp``, noting the keyword arguments of matmul calls."""
+
+    def __init__(self) -> None:
+        self.matmul_kwargs: list[dict] = []
+
+    def matmul(self, a, b, **kwargs):
+        self.matmul_kwargs.append(kwargs)
+        return np.matmul(a, b, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+class _FakeExecutable:
+    """What a step reaches on the executable: the graph, ``cp`` and planned buffers."""
+
+    def __init__(self, graph, buffer_bytes) -> None:
+        self.graph = graph
+        self._cp = _RecordingNumpy()
+        self._sm_count = 1
+        self._fallbacks: dict[int, str] = {}
+        self._buffers = [np.zeros(n, np.uint8) for n in buffer_bytes]
+
+    def _buffer_view(self, buf, node):
+        return self._buffers[buf][:node.nbytes].view(node.dtype).reshape(node.shape)
+
+
+@pytest.fixture
+def planned_matmul():
+    """x @ w into planned buffer 0, then a fused kernel reading it (the output)."""
+    g = Graph(name="mm")
+    x = g.add("input", shape=(8, 16), dtype=F32)
+    w = g.add("input", shape=(16, 32), dtype=F32)
+    mm = g.add("matmul", [x.id, w.id], {})
+    body, _ = trace(lambda v: v * 2.0, [np.zeros((8, 32), F32)])
+    f = g.add("fused", [mm.id], {"body": body, "ops": ("multiply",), "name": "f"})
+    g.outputs = [f.id]
+    plan = SimpleNamespace(buffer_of={mm.id: 0}, buffer_bytes=[mm.nbytes], aliases={},
+                           inplace=[])
+    (step, _) = lower(g, {mm.id: "cublas", f.id: "fused_kernel"}, plan).steps
+    assert type(step).__name__ == "_MatmulStep" and step.out_buffer == 0
+    exe = _FakeExecutable(g, plan.buffer_bytes)
+    step.prepare(exe)
+    rng = np.random.default_rng()
+    values = {x.id: rng.standard_normal((8, 16)).astype(F32),
+              w.id: rng.standard_normal((16, 32)).astype(F32)}
+    return step, exe, values, (x, w, mm)
+
+
+def test_cublas_step_writes_a_fresh_product_not_the_planned_buffer(planned_matmul):
+    step, exe, values, (x, w, mm) = planned_matmul
+    step.run(exe, values)
+    assert exe._cp.matmul_kwargs == [{}]  # no out=: cuBLAS allocates the product
+    assert not np.shares_memory(values[mm.id], exe._buffers[0])
+    np.testing.assert_allclose(values[mm.id], values[x.id] @ values[w.id], rtol=1e-6)
+
+
+def test_cublas_static_call_recomputes_into_the_planned_buffer(planned_matmul):
+    step, exe, values, (x, w, mm) = planned_matmul
+    call = step.static_call(exe, values)  # for CUDA-graph replays: static memory
+    assert np.shares_memory(values[mm.id], exe._buffers[0])
+    assert np.shares_memory(step._planned_product(exe), exe._buffers[0])
+    values[x.id][...] += 1.0  # replays see the static arrays' new data
+    call()
+    np.testing.assert_allclose(values[mm.id], values[x.id] @ values[w.id], rtol=1e-6)
