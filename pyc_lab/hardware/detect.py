@@ -123,7 +123,7 @@ def _probe() -> list[ProviderReport]:
 
 def merge_reports(reports: Sequence[ProviderReport]) -> HardwareProfile:
     """Merge provider reports, first provider first, into a :class:`HardwareProfile`."""
-    from .. import __version__
+    from .._version import __version__
 
     profile = HardwareProfile(
         origin="live",

@@ -239,7 +239,7 @@ def test_spin_kernel_source_ships_in_native():
     assert 'extern "C" __global__ void pyc_spin(long long cycles)' in src
     assert "clock64()" in src
     readme = (native_dir() / "README.md").read_text(encoding="utf-8")
-    assert "| `spin.cu` |" in readme and "pyc_lab.profiling.timing" in readme
+    assert "| `spin.cu` |" in readme and "profiling/timing.py" in readme
 
 
 def test_spin_length_covers_the_host_time_within_bounds():
