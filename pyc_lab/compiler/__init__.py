@@ -3,7 +3,7 @@
 Pipeline: :mod:`.tracer` (proxies record the function) -> :mod:`.ir` (typed graph, op
 registry in :mod:`.ops`) -> :mod:`.passes` (canonicalize, fold, CSE, DCE, simplify,
 fusion, memory planning) -> :mod:`.policy` (an implementation per node, with a reason)
--> execution by :mod:`.interpret` (NumPy) or the CuPy backend (generated CUDA kernels,
+-> execution by :func:`.ops.run_graph` (NumPy) or the CuPy backend (generated CUDA kernels,
 cuBLAS, optional CUDA-graph replay).
 """
 

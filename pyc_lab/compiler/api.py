@@ -25,9 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import PycLabError
-from .interpret import run_graph
 from .ir import Graph, dtype_short
-from .ops import ShapeError
+from .ops import ShapeError, run_graph
 from .policy import MODES, Decision, choose
 from .tracer import TraceError, is_array, trace
 

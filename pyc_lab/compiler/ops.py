@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import PycLabError
 
 __all__ = ["ACTIVATIONS", "REGISTRY", "OpDef", "ShapeError", "evaluate", "infer",
-           "normalize_axis"]
+           "normalize_axis", "run_graph"]
 
 
 class ShapeError(PycLabError):
@@ -461,8 +461,6 @@ _register(OpDef("constant", "source", 0,
 
 
 def _fused_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
-    from .interpret import run_graph
-
     (out,) = run_graph(attrs["body"], list(args), xp)
     return out
 
@@ -505,3 +503,30 @@ def infer(op: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[tuple[
 def evaluate(op: str, xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
     """Run ``op``'s reference with array module ``xp``."""
     return REGISTRY[op].reference(xp, args, attrs)
+
+
+def run_graph(graph: Any, args: Sequence[Any], xp: Any) -> list[Any]:
+    """Evaluate a :class:`~pyc_lab.compiler.ir.Graph` on ``args`` (one per graph input)
+    with array module ``xp``, node by node through the references: the NumPy backend,
+    eager segments and the meaning of a fused node's body.
+
+    Values are dropped as soon as their last reader has run, so peak memory follows the
+    graph's liveness rather than its size.
+    """
+    values: dict[int, Any] = dict(zip(graph.inputs, args, strict=True))
+    last_use: dict[int, int] = {}
+    for pos, n in enumerate(graph.nodes.values()):
+        for i in n.inputs:
+            last_use[i] = pos
+    keep = set(graph.outputs)
+    for pos, n in enumerate(graph.nodes.values()):
+        if n.op == "input":
+            continue
+        out = xp.asarray(evaluate(n.op, xp, [values[i] for i in n.inputs], n.attrs))
+        if out.dtype != n.dtype:
+            out = out.astype(n.dtype)
+        values[n.id] = out
+        for i in set(n.inputs):
+            if last_use.get(i) == pos and i not in keep:
+                values.pop(i, None)
+    return [values[o] for o in graph.outputs]

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from pyc_lab.compiler import trace
-from pyc_lab.compiler.interpret import run_graph
 from pyc_lab.compiler.ir import Graph
-from pyc_lab.compiler.ops import ACTIVATIONS, REGISTRY
+from pyc_lab.compiler.ops import ACTIVATIONS, REGISTRY, run_graph
 from pyc_lab.compiler.passes import PASSES, PassContext, PassManager
 
 RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from pyc_lab.compiler import REGISTRY, Graph, ShapeError
-from pyc_lab.compiler.interpret import run_graph
-from pyc_lab.compiler.ops import infer, normalize_axis
+from pyc_lab.compiler.ops import infer, normalize_axis, run_graph
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pyc_lab.compiler import trace
-from pyc_lab.compiler.interpret import run_graph
 from pyc_lab.compiler.ir import Graph, IRError
+from pyc_lab.compiler.ops import run_graph
 from pyc_lab.compiler.passes import DEFAULT_PIPELINE, PASSES, PassContext, PassManager
 from pyc_lab.errors import PycLabError
 

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyc_lab.compiler import trace
-from pyc_lab.compiler.interpret import run_graph
 from pyc_lab.compiler.memory import plan_memory
+from pyc_lab.compiler.ops import run_graph
 from pyc_lab.compiler.passes import PassManager
 
 TOL = {np.dtype(np.float32): (1e-5, 1e-5), np.dtype(np.float64): (1e-12, 1e-12)}

@@ -7,7 +7,7 @@ import pytest
 
 import pyc_lab.compiler as plc
 from pyc_lab.compiler import ShapeError, TraceError, trace
-from pyc_lab.compiler.interpret import run_graph
+from pyc_lab.compiler.ops import run_graph
 
 
 @pytest.fixture

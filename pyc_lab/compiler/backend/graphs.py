@@ -19,15 +19,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...errors import PycLabError
-
-if TYPE_CHECKING:
-    from .executable import CupyExecutable
-    from .steps import _Step
+from .steps import Executor, _Step
 
 __all__ = ["CaptureError", "GraphProgram", "capture", "segments"]
+
+
+class GraphHost(Executor, Protocol):
+    """What capture reads from the executable: its steps and constants besides what a
+    step reads."""
+
+    _steps: list[_Step]
+    _consts: dict[int, Any]
 
 
 class CaptureError(PycLabError):
@@ -115,7 +120,7 @@ class GraphProgram:
         return outs
 
 
-def capture(exe: CupyExecutable) -> GraphProgram:
+def capture(exe: GraphHost) -> GraphProgram:
     """Record ``exe``'s launch list once as a replay program on static memory.
 
     The executable must be prepared (kernels compiled, constants uploaded).
@@ -146,7 +151,7 @@ def capture(exe: CupyExecutable) -> GraphProgram:
                         outputs=list(graph.outputs), pool=pool, stream=stream)
 
 
-def _record(exe: CupyExecutable, values: dict[int, Any], program: list[tuple[str, Any]],
+def _record(exe: GraphHost, values: dict[int, Any], program: list[tuple[str, Any]],
             pool: Any, stream: Any) -> None:
     """Run the launch list once on ``stream``, capturing each segment of capturable steps
     into a CUDA graph and keeping each library call as a call on the static arrays."""

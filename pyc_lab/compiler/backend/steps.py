@@ -28,22 +28,33 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ...errors import PycLabError
 from ..codegen.cache import compile_kernel
 from ..codegen.cuda_types import KernelSource
-from ..ir import Node
+from ..ir import Graph, Node
 from ..ops import evaluate
-
-if TYPE_CHECKING:
-    from .executable import CupyExecutable
 
 __all__ = ["contiguous_operand", "launch_elementwise", "launch_rows"]
 
 log = logging.getLogger(__name__)
+
+
+class Executor(Protocol):
+    """What a step reads from the executable that runs it
+    (:class:`~pyc_lab.compiler.backend.executable.CupyExecutable`)."""
+
+    graph: Graph
+    _cp: Any
+    _sm_count: int
+    _fallbacks: dict[int, str]
+
+    def _buffer_view(self, buf: int, node: Node) -> Any:
+        """The memory plan's buffer ``buf`` as ``node``'s array."""
+        ...
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -74,13 +85,13 @@ class _Step:
         self.describe = describe
         self.release: list[int] = []  # values nobody reads after this step
 
-    def prepare(self, exe: CupyExecutable) -> None:
+    def prepare(self, exe: Executor) -> None:
         """Compile kernels and take buffer views (first call, on the device)."""
 
-    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+    def run(self, exe: Executor, values: dict[int, Any]) -> None:
         raise NotImplementedError
 
-    def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
+    def static_call(self, exe: Executor, values: dict[int, Any]) -> Any:
         """For a step that cannot be captured: allocate its result once (stored in
         ``values``) and return a function that recomputes it in place from the same
         arrays, for CUDA-graph replays."""
@@ -100,16 +111,16 @@ class _KernelStep(_Step):
         self.in_nodes: list[Node] = []
         self.last_entry: str | None = None  # the kernel the last call launched
 
-    def prepare(self, exe: CupyExecutable) -> None:
+    def prepare(self, exe: Executor) -> None:
         self.kernels = {e: compile_kernel(self.src, e) for e in self.src.entries}
         self.in_nodes = [exe.graph.node(i) for i in self.node.inputs]
 
-    def _output(self, exe: CupyExecutable, cp: Any) -> Any:
+    def _output(self, exe: Executor, cp: Any) -> Any:
         if self.out_buffer is not None:
             return exe._buffer_view(self.out_buffer, self.node)
         return cp.empty(self.node.shape, dtype=self.node.dtype)
 
-    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+    def run(self, exe: Executor, values: dict[int, Any]) -> None:
         cp = exe._cp
         ins = [contiguous_operand(values[i], n, cp)
                for i, n in zip(self.node.inputs, self.in_nodes, strict=True)]
@@ -147,7 +158,7 @@ class _MatmulStep(_Step):
         self.bias_node: Node | None = None
         self.last_entry: str | None = None
 
-    def prepare(self, exe: CupyExecutable) -> None:
+    def prepare(self, exe: Executor) -> None:
         g = exe.graph
         a, b = g.node(self.node.inputs[0]), g.node(self.node.inputs[1])
         self.product_dtype = np.result_type(a.dtype, b.dtype)
@@ -156,14 +167,14 @@ class _MatmulStep(_Step):
         if self.epilogue is not None:
             self.kernels = {e: compile_kernel(self.epilogue, e) for e in self.epilogue.entries}
 
-    def _planned_product(self, exe: CupyExecutable) -> Any | None:
+    def _planned_product(self, exe: Executor) -> Any | None:
         """The planned buffer's view the product can be written into, or None (no
         planned buffer, or the product's dtype is not the node's)."""
         if self.out_buffer is None or self.product_dtype != self.node.dtype:
             return None
         return exe._buffer_view(self.out_buffer, self.node)
 
-    def _product(self, exe: CupyExecutable, a: Any, b: Any) -> Any:
+    def _product(self, exe: Executor, a: Any, b: Any) -> Any:
         """The GEMM's product, a fresh array from CuPy's allocator.
 
         Not written into the planned buffer with ``out=``: the compiled fp16 MLP with
@@ -175,7 +186,7 @@ class _MatmulStep(_Step):
         """
         return exe._cp.matmul(a, b)
 
-    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+    def run(self, exe: Executor, values: dict[int, Any]) -> None:
         cp = exe._cp
         node = self.node
         a, b = _gemm_operands(node, values)
@@ -196,7 +207,7 @@ class _MatmulStep(_Step):
                                              out)
         values[node.id] = out
 
-    def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
+    def static_call(self, exe: Executor, values: dict[int, Any]) -> Any:
         cp = exe._cp
         node = self.node
         a, b = _gemm_operands(node, values)  # views of the static arrays: they see new data
@@ -223,7 +234,7 @@ class _MatmulStep(_Step):
         return call
 
 
-def _bias_at_replay(exe: CupyExecutable, step: Any, values: dict[int, Any],
+def _bias_at_replay(exe: Executor, step: Any, values: dict[int, Any],
                     bias: Any) -> Callable[[], Any]:
     """For a GEMM step's CUDA-graph replays: the bias to pass at each call — the bound
     one, or, when that was made contiguous (a copy), a fresh copy of its source."""
@@ -248,7 +259,7 @@ class _LtStep(_Step):
         self.gemm: Any = None
         self.bias_node: Node | None = None
 
-    def prepare(self, exe: CupyExecutable) -> None:
+    def prepare(self, exe: Executor) -> None:
         from ...kernels.cublaslt import FusedGemm
 
         if len(self.node.inputs) == 3:
@@ -256,7 +267,7 @@ class _LtStep(_Step):
         self.gemm = FusedGemm(self.node.attrs.get("activation"),
                               has_bias=self.bias_node is not None, autotune=self.autotune)
 
-    def _operands(self, exe: CupyExecutable, values: dict[int, Any]) -> tuple[Any, ...]:
+    def _operands(self, exe: Executor, values: dict[int, Any]) -> tuple[Any, ...]:
         node = self.node
         a, b = _gemm_operands(node, values)
         bias = None
@@ -267,12 +278,12 @@ class _LtStep(_Step):
             else exe._cp.empty(node.shape, dtype=node.dtype)
         return a, b, out, bias
 
-    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+    def run(self, exe: Executor, values: dict[int, Any]) -> None:
         a, b, out, bias = self._operands(exe, values)
         self.gemm(a, b, out, bias)
         values[self.node.id] = out
 
-    def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
+    def static_call(self, exe: Executor, values: dict[int, Any]) -> Any:
         a, b, out, bias = self._operands(exe, values)  # views of static arrays
         values[self.node.id] = out
         bias_now = _bias_at_replay(exe, self, values, bias)
@@ -303,7 +314,7 @@ class _CutlassStep(_Step):
         self.why = ""
         self.bias_node: Node | None = None
 
-    def prepare(self, exe: CupyExecutable) -> None:
+    def prepare(self, exe: Executor) -> None:
         from ...kernels.matmul import tuned_kernel
 
         self.fallback.prepare(exe)
@@ -315,7 +326,7 @@ class _CutlassStep(_Step):
                         self.node.id, self.why, self.fallback.describe.get("implementation"))
             exe._fallbacks[self.node.id] = f"cutlass not used: {self.why}"
 
-    def _operands(self, exe: CupyExecutable, values: dict[int, Any]) -> tuple[Any, ...] | None:
+    def _operands(self, exe: Executor, values: dict[int, Any]) -> tuple[Any, ...] | None:
         from ...kernels.matmul import operand_layout
 
         if self.kernel is None:
@@ -334,7 +345,7 @@ class _CutlassStep(_Step):
             else exe._cp.empty(node.shape, dtype=node.dtype)
         return a, b, out, bias
 
-    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+    def run(self, exe: Executor, values: dict[int, Any]) -> None:
         ops = self._operands(exe, values)
         if ops is None:
             self.fallback.run(exe, values)
@@ -343,7 +354,7 @@ class _CutlassStep(_Step):
         self.kernel(a, b, out, bias=bias)
         values[self.node.id] = out
 
-    def static_call(self, exe: CupyExecutable, values: dict[int, Any]) -> Any:
+    def static_call(self, exe: Executor, values: dict[int, Any]) -> Any:
         ops = self._operands(exe, values)  # views of the static arrays
         if ops is None:
             return self.fallback.static_call(exe, values)
@@ -366,7 +377,7 @@ class _CupyStep(_Step):
         self.materialize = materialize  # None, "buffer" or "copy"
         self.out_buffer = out_buffer
 
-    def run(self, exe: CupyExecutable, values: dict[int, Any]) -> None:
+    def run(self, exe: Executor, values: dict[int, Any]) -> None:
         cp = exe._cp
         node = self.node
         out = cp.asarray(evaluate(node.op, cp, [values[i] for i in node.inputs], node.attrs))

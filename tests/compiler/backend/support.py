@@ -12,7 +12,7 @@ import pytest
 
 from pyc_lab.compiler import Graph
 from pyc_lab.compiler.codegen import supports
-from pyc_lab.compiler.interpret import run_graph
+from pyc_lab.compiler.ops import run_graph
 from pyc_lab.compiler.tracer import trace
 
 cp = pytest.importorskip("cupy")
