@@ -1,7 +1,8 @@
 """GPU kernels, the libraries beside them, and their tuning.
 
 - :mod:`.matmul` — ``pyc_lab.matmul``: looks up the fastest known kernel for the
-  problem (a tuned CUTLASS kernel, cuBLASLt or cuBLAS) and launches it;
+  problem (a tuned CUTLASS kernel, cuBLASLt or cuBLAS) and launches it, never building
+  one; :func:`prepare` builds the tuned winners the kernel cache lacks;
 - :mod:`.cublaslt` — cuBLASLt GEMMs with bias/relu/gelu epilogues (nvmath-python);
 - :mod:`.cache` — the content-addressed, hash-verified on-disk cache of built kernels;
 - :mod:`.cutlass` — CUTLASS 3 GEMMs for Hopper: configurations, emitted sources, nvcc
@@ -16,6 +17,7 @@ and ``KernelComparison``, ``pyc-lab tune gemm`` and ``%pyc_tune``.
 from .._lazy import lazy_face
 
 _EXPORTS = {
+    "prepare": "matmul",
     "CacheEntry": "cache", "KernelCache": "cache", "KernelCacheWarning": "cache",
     "cache_key": "cache",
 }

@@ -8,8 +8,8 @@ and a file that does not match is refused: the entry is quarantined and the call
 rebuilds. The whole cache exports to one ``.tar.gz`` and imports on another machine,
 with the same checks.
 
-The cache lives in the user cache directory (``platformdirs``), never in the working
-directory.
+The cache lives in the user cache directory (:func:`pyc_lab.paths.cache_dir`), never in
+the working directory.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import PycLabError
+from ..paths import cache_dir
 
 __all__ = ["CacheEntry", "KernelCache", "KernelCacheWarning", "cache_key"]
 
@@ -94,11 +95,7 @@ class KernelCache:
     """
 
     def __init__(self, root: str | Path | None = None) -> None:
-        if root is None:
-            import platformdirs
-
-            root = platformdirs.user_cache_path("pyc_lab") / "kernels"
-        self.root = Path(root)
+        self.root = Path(root) if root is not None else cache_dir("kernels")
         self.root.mkdir(parents=True, exist_ok=True)
         self.stats = {"hits": 0, "misses": 0, "refused": 0}
 

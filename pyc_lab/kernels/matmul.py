@@ -162,7 +162,7 @@ def _load(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
             res = cg.cached(cfg, dtype, layout, cc, epilogue=epilogue)
             if res is None:
                 return None, (f"tuned kernel {cfg.id} is not built on this machine; "
-                              "pyc_lab.kernels.matmul.prepare() builds it")
+                              "pyc_lab.kernels.prepare() builds it")
             kernel = _KERNELS[key] = cg.CutlassGemm(res.library, cfg, dtype, layout, sm_count,
                                                     epilogue)
     if not kernel.can_implement(*shape):

@@ -8,7 +8,7 @@ One module per step:
   problem; epilogues;
 - :mod:`.emit` — a configuration's CUDA C++: the kernel plus the host wrapper from
   ``native/``;
-- :mod:`.build` — parallel ``nvcc`` builds into the hash-verified kernel cache;
+- :mod:`.nvcc` — parallel ``nvcc`` builds into the hash-verified kernel cache;
 - :mod:`.launch` — :class:`CutlassGemm`: a built kernel bound once and launched cheaply.
 
 ``from pyc_lab.kernels import cutlass`` gives all of their public names.
@@ -22,7 +22,7 @@ _EXPORTS = {
                      "prune", "rank", "score"), "config"),
     "emit_source": "emit",
     **dict.fromkeys(("NVCC_FLAGS", "BuildResult", "build", "build_many", "cached",
-                     "nvcc_path", "toolchain"), "build"),
+                     "nvcc_path", "toolchain"), "nvcc"),
     "CutlassGemm": "launch",
 }
 __all__ = sorted(_EXPORTS)

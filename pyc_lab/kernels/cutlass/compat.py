@@ -31,6 +31,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ...errors import DeviceUnavailableError
+from ...paths import cache_dir
 
 __all__ = ["compile_errors", "contained", "import_cutlass", "install_cuda_aliases",
            "prepare_offline", "workdir"]
@@ -44,11 +45,7 @@ _ERROR_FILES = ("cutlass_python_compilation_device_error.txt",
 
 def workdir() -> Path:
     """pyc_lab's private directory for cutlass_cppgen's files (created on demand)."""
-    import platformdirs
-
-    path = platformdirs.user_cache_path("pyc_lab") / "cutlass"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return cache_dir("cutlass")
 
 
 def install_cuda_aliases() -> list[str]:

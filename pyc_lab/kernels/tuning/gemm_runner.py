@@ -28,9 +28,9 @@ from ...hardware.device import require_cupy
 from ...profiling.timing import benchmark
 from ...search import Outcome, SearchSpace, StopSearch
 from ...units import gemm_flops, tflops
-from ..cutlass.build import BuildResult, build_many
 from ..cutlass.config import GemmConfig, configurations, problem_issue, prune, rank
 from ..cutlass.launch import CutlassGemm
+from ..cutlass.nvcc import BuildResult, build_many
 from .gemm_reference import (
     TOLERANCE,
     apply_epilogue,

@@ -19,7 +19,7 @@ import pytest
 import pyc_lab as pl
 from pyc_lab.kernels import cutlass as cg
 from pyc_lab.kernels.cache import KernelCache
-from pyc_lab.kernels.cutlass import build as cutlass_build
+from pyc_lab.kernels.cutlass import nvcc as cutlass_build
 from pyc_lab.kernels.tuning import database as tuning_db
 from pyc_lab.kernels.tuning.gemm_reference import (
     TOLERANCE,
