@@ -1,8 +1,9 @@
 """Kernel tuning: the tuning database and the GEMM tuner on the shared tuning session.
 
 - :mod:`.keys` — device and problem keys, measurements, lookup results;
-- :mod:`.database` — :class:`TuningDB`: every candidate measured per device and problem
-  (SQLite, WAL), the winner, exact and bucketed lookup;
+- :mod:`.database` — :class:`TuningDB`: every candidate measured per device and problem,
+  the winner, exact and bucketed lookup;
+- :mod:`.sqlite_file` — its SQLite file: WAL, integrity, schema, damaged files set aside;
 - :mod:`.io` — export and import files (JSON, CSV), checked row by row;
 - :mod:`.options` — :class:`GemmTuneOptions`: the one source of every tuning default;
 - :mod:`.gemm_space`, :mod:`.gemm_reference` — candidates as a search space; inputs,
@@ -21,7 +22,7 @@ from ..._lazy import lazy_face
 _EXPORTS = {
     **dict.fromkeys(("DeviceKey", "LookupResult", "Measurement", "ProblemKey",
                      "TuningDBError", "TuningDBWarning", "TuningRecord", "device_key"), "keys"),
-    "TuningDB": "database",
+    "TuningDB": "database", "SQLiteFile": "sqlite_file",
     "GemmTuneOptions": "options",
     "TuneResult": "result", "ReplayResult": "result", "ReplayInfo": "result",
     "autotune_gemm": "autotune", "replay_autotune": "autotune",

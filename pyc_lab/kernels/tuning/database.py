@@ -7,13 +7,11 @@ the search. Entries are keyed by the device (GPU name, compute capability, drive
 versions) and the problem; a result tuned on one device never answers for another.
 
 The keys and rows are :mod:`~pyc_lab.kernels.tuning.keys`; export and import files are
-:mod:`~pyc_lab.kernels.tuning.io`. This module is the store: one SQLite file in the user
-cache directory (:func:`pyc_lab.paths.cache_dir`), in WAL mode, so
-that two notebooks tuning at once can both write without losing rows; every write is one
-short ``BEGIN IMMEDIATE`` transaction and waits (``busy_timeout``) for the other writer.
-A file that is not a SQLite database, fails ``PRAGMA integrity_check`` or holds a schema
-this module does not know is renamed ``<name>.corrupt-<UTC timestamp>`` beside it, with a
-:class:`TuningDBWarning`, and a fresh database takes its place: opening never crashes.
+:mod:`~pyc_lab.kernels.tuning.io`; the file itself — one SQLite file in the user cache
+directory (:func:`pyc_lab.paths.cache_dir`), in WAL mode, so that two notebooks tuning
+at once can both write without losing rows, set aside and rebuilt when damaged — is
+:mod:`~pyc_lab.kernels.tuning.sqlite_file`. This module is what the rows mean: recording,
+the winner policy, exact and bucketed lookup, export and import.
 
 Examples
 --------
@@ -29,21 +27,14 @@ Examples
 'bucket'
 """
 
-
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import logging
-import os
-import random
 import sqlite3
 import threading
-import time
 import uuid
-import warnings
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -61,7 +52,6 @@ from .keys import (
     Measurement,
     ProblemKey,
     TuningDBError,
-    TuningDBWarning,
     TuningRecord,
     _canonical_json,
     _in_bucket,
@@ -69,6 +59,7 @@ from .keys import (
     _log_distance,
     _now,
 )
+from .sqlite_file import _KEY_LIST, SCHEMA_VERSION, SQLiteFile
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -96,70 +87,6 @@ def _wrote() -> None:
     with _GENERATION_LOCK:
         _GENERATION[0] += 1
 
-#: The schema version this module writes (``PRAGMA user_version``).
-SCHEMA_VERSION = 2
-
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_BUSY_TIMEOUT_S = 30.0
-
-_KEY_DDL = """
-    gpu_name TEXT NOT NULL,
-    compute_capability TEXT NOT NULL,
-    driver TEXT NOT NULL,
-    cuda TEXT NOT NULL,
-    op TEXT NOT NULL,
-    dtype_a TEXT NOT NULL,
-    dtype_b TEXT NOT NULL,
-    dtype_c TEXT NOT NULL,
-    layout TEXT NOT NULL,
-    m INTEGER NOT NULL,
-    n INTEGER NOT NULL,
-    k INTEGER NOT NULL"""
-
-_KEY_LIST = ", ".join(_KEY_COLS)
-
-_SCHEMA = [
-    f"""CREATE TABLE measurements (
-    id INTEGER PRIMARY KEY,{_KEY_DDL},
-    config_id TEXT NOT NULL,
-    config TEXT NOT NULL,
-    status TEXT NOT NULL,
-    time_ms REAL,
-    tflops REAL,
-    error REAL,
-    message TEXT NOT NULL DEFAULT '',
-    run_id TEXT NOT NULL DEFAULT '',
-    recorded_at TEXT NOT NULL,
-    UNIQUE ({_KEY_LIST}, config_id, run_id)
-)""",
-    f"""CREATE TABLE winners ({_KEY_DDL},
-    config_id TEXT NOT NULL,
-    measurement_id INTEGER NOT NULL,
-    source TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    PRIMARY KEY ({_KEY_LIST})
-)""",
-]
-
-#: One step per old version: the statements that bring version ``v`` to ``v + 1``.
-#: Version 1 (the first release) had no ``message`` column on ``measurements``.
-_MIGRATIONS: dict[int, list[str]] = {
-    1: ["ALTER TABLE measurements ADD COLUMN message TEXT NOT NULL DEFAULT ''"],
-}
-
-_REQUIRED_COLUMNS = {
-    "measurements": {"id", *_KEY_COLS, *_VALUE_COLS},
-    "winners": {*_KEY_COLS, "config_id", "measurement_id", "source", "updated_at"},
-}
-
-# SQLite primary result codes that mean the file itself is damaged.
-_SQLITE_BUSY = 5
-_SQLITE_LOCKED = 6
-_SQLITE_CORRUPT = 11
-_SQLITE_NOTADB = 26
-_CORRUPTION_HINTS = ("malformed", "not a database", "database corrupt")
-
-
 def default_path() -> Path:
     """The default database file: ``<user cache dir>/pyc_lab/tuning.sqlite``
     (:func:`pyc_lab.paths.cache_dir`)."""
@@ -185,22 +112,6 @@ _SELECT_ROWS = (
     "COALESCE(w.source, '') AS winner_source "
     "FROM measurements AS m LEFT JOIN winners AS w ON w.measurement_id = m.id"
 )
-
-
-def _is_busy(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
-        return True
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
-
-
-def _is_corruption(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
-        return True
-    text = str(exc).lower()
-    return any(h in text for h in _CORRUPTION_HINTS)
 
 
 class TuningDB:
@@ -230,272 +141,25 @@ class TuningDB:
     """
 
     def __init__(self, path: str | Path | None = None) -> None:
-        self.in_memory = str(path) == ":memory:"
-        self.path: Path | None = None if self.in_memory else Path(
-            default_path() if path is None else path).expanduser()
+        memory = str(path) == ":memory:"
+        self._file = SQLiteFile(None if memory else Path(
+            default_path() if path is None else path).expanduser())
         self.session_id = uuid.uuid4().hex
-        self.quarantined: list[Path] = []
-        self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = None
-        self._closed = False
-        self._open()
 
-    # -- opening, schema, corruption ------------------------------------------------------
+    @property
+    def path(self) -> Path | None:
+        """The file in use (``None`` when in memory)."""
+        return self._file.path
 
-    def _connect(self, target: str) -> sqlite3.Connection:
-        conn = sqlite3.connect(target, timeout=_BUSY_TIMEOUT_S, isolation_level=None,
-                               check_same_thread=False)
-        conn.row_factory = sqlite3.Row
-        return conn
+    @property
+    def in_memory(self) -> bool:
+        """Whether the data lives in memory only (asked for, or a fallback)."""
+        return self._file.in_memory
 
-    def _open(self) -> None:
-        if self.in_memory:
-            self._conn = self._open_memory()
-            return
-        assert self.path is not None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            self._fall_back_to_memory(f"cannot create {self.path.parent}: {exc}")
-            return
-        reason = ""
-        for attempt in range(2):
-            reason, inode = self._check_header()
-            conn = None
-            if reason is None:
-                try:
-                    conn, reason = self._connect_and_prepare()
-                except sqlite3.Error as exc:
-                    if _is_busy(exc):
-                        raise TuningDBError(
-                            f"tuning database {self.path} stayed locked by another process "
-                            f"for {_BUSY_TIMEOUT_S:.0f} s while opening; try again") from exc
-                    if not _is_corruption(exc):
-                        self._fall_back_to_memory(f"cannot open {self.path}: {exc}")
-                        return
-                    reason = f"{type(exc).__name__}: {exc}"
-                if reason is None:
-                    self._conn = conn
-                    return
-                if conn is not None:
-                    conn.close()
-            if attempt == 0:
-                self._quarantine(reason, inode)
-        self._fall_back_to_memory(f"{self.path} is still unusable after quarantine: {reason}")
-
-    def _connect_and_prepare(self) -> tuple[sqlite3.Connection, str | None]:
-        """Connect and :meth:`_prepare`, retrying while another process holds a lock.
-
-        SQLite answers ``SQLITE_BUSY`` at once, without waiting in the busy handler, when
-        waiting could deadlock, e.g. two processes switching a new file to WAL or creating
-        the schema at the same moment; those attempts are retried until the busy timeout.
-        """
-        deadline = time.monotonic() + _BUSY_TIMEOUT_S
-        delay = 0.005
-        while True:
-            conn = self._connect(str(self.path))
-            try:
-                return conn, self._prepare(conn)
-            except sqlite3.Error as exc:
-                conn.close()
-                if not _is_busy(exc) or time.monotonic() + delay > deadline:
-                    raise
-                log.debug("tuning database %s busy while opening (%s); retrying", self.path,
-                          exc)
-            time.sleep(delay * (1 + random.random()))
-            delay = min(delay * 2, 0.25)
-
-    def _open_memory(self) -> sqlite3.Connection:
-        conn = self._connect(":memory:")
-        reason = self._prepare(conn)
-        if reason is not None:  # pragma: no cover - a fresh in-memory DB is always fine
-            raise TuningDBError(f"cannot initialise an in-memory tuning database: {reason}")
-        return conn
-
-    def _fall_back_to_memory(self, why: str) -> None:
-        message = (f"tuning database: {why}; using a temporary in-memory database "
-                   "instead, so results of this session will not be kept")
-        log.warning(message)
-        warnings.warn(message, TuningDBWarning, stacklevel=4)
-        self.in_memory = True
-        self._conn = self._open_memory()
-
-    def _check_header(self) -> tuple[str | None, int | None]:
-        """Whether the file (if any, and not empty) starts like a SQLite database."""
-        assert self.path is not None
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return None, None
-        try:
-            with self.path.open("rb") as f:
-                head = f.read(len(_SQLITE_MAGIC))
-        except OSError as exc:
-            return f"cannot read the file: {exc}", st.st_ino
-        if head and head != _SQLITE_MAGIC:  # an empty file is a valid, empty database
-            return "not a SQLite database (bad header)", st.st_ino
-        return None, st.st_ino
-
-    def _prepare(self, conn: sqlite3.Connection) -> str | None:
-        """Set pragmas, check integrity, create or migrate the schema.
-
-        Returns ``None`` when the database is ready, else why it is unusable.
-        """
-        conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() not in ("wal", "memory"):
-            log.warning("tuning database %s: journal_mode is %s, not WAL (file system "
-                        "without shared memory?); concurrent writers will wait longer",
-                        self.path, mode)
-        conn.execute("PRAGMA synchronous = NORMAL")
-        problems = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
-        if problems != ["ok"]:
-            return "integrity_check failed: " + "; ".join(map(str, problems[:5]))
-        reason = self._plan(conn)
-        if reason in ("create", "migrate"):
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                reason = self._plan(conn)  # re-check: another process may have done it
-                if reason == "create":
-                    for stmt in _SCHEMA:
-                        conn.execute(stmt)
-                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                    log.info("tuning database %s: created (schema %d)", self.path,
-                             SCHEMA_VERSION)
-                elif reason == "migrate":
-                    self._migrate(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            reason = self._plan(conn)
-        if reason is not None:
-            return reason
-        return self._check_columns(conn)
-
-    @staticmethod
-    def _plan(conn: sqlite3.Connection) -> str | None:
-        """``None`` (ready), ``"create"``, ``"migrate"`` or why the schema is unknown."""
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = {r[0] for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' "
-            "AND name NOT LIKE 'sqlite_%'")}
-        if version == 0:
-            if not tables:
-                return "create"
-            return f"unrecognised schema: version 0 with tables {sorted(tables)}"
-        if version == SCHEMA_VERSION:
-            return None
-        if version in _MIGRATIONS:
-            return "migrate"
-        if version > SCHEMA_VERSION:
-            return (f"schema version {version} is newer than this pyc_lab understands "
-                    f"({SCHEMA_VERSION}); upgrade pyc_lab to use it")
-        return f"unrecognised schema version {version}"
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        while version < SCHEMA_VERSION:
-            for stmt in _MIGRATIONS[version]:
-                conn.execute(stmt)
-            log.info("tuning database %s: migrated schema %d -> %d", self.path, version,
-                     version + 1)
-            version += 1
-            conn.execute(f"PRAGMA user_version = {version}")
-
-    @staticmethod
-    def _check_columns(conn: sqlite3.Connection) -> str | None:
-        for table, required in _REQUIRED_COLUMNS.items():
-            have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
-            missing = required - have
-            if missing:
-                return f"unrecognised schema: table {table} lacks {sorted(missing)}"
-        return None
-
-    def _quarantine(self, reason: str, inode: int | None, stacklevel: int = 4) -> None:
-        """Rename the damaged file (and its WAL) aside, with a log record and a warning."""
-        assert self.path is not None
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            log.info("tuning database %s vanished before quarantine (another process "
-                     "set it aside?)", self.path)
-            return
-        if inode is not None and st.st_ino != inode:
-            log.info("tuning database %s was replaced meanwhile; not quarantined", self.path)
-            return
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-        n = 1
-        while target.exists():
-            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
-            n += 1
-        try:
-            os.rename(self.path, target)
-        except FileNotFoundError:
-            return
-        for suffix in ("-wal", "-shm"):
-            side = self.path.with_name(self.path.name + suffix)
-            try:
-                if suffix == "-wal":
-                    os.rename(side, target.with_name(target.name + suffix))
-                else:
-                    side.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:  # pragma: no cover - best effort
-                log.debug("could not move %s aside: %s", side, exc)
-        self.quarantined.append(target)
-        message = (f"tuning database {self.path} is unusable ({reason}); it was moved to "
-                   f"{target} and a fresh database was started")
-        log.warning(message)
-        warnings.warn(message, TuningDBWarning, stacklevel=stacklevel)
-
-    def _recover(self, exc: sqlite3.Error) -> None:
-        """Corruption found while working: close, quarantine, reopen fresh."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if self.in_memory:  # pragma: no cover - an in-memory DB cannot be corrupted on disk
-            self._conn = self._open_memory()
-            return
-        _, inode = self._check_header()
-        self._quarantine(f"{type(exc).__name__}: {exc}", inode, stacklevel=6)
-        self._open()
-
-    def _call(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``fn(conn)``; on corruption quarantine, reopen and retry once."""
-        with self._lock:
-            for attempt in range(2):
-                conn = self._require_open()
-                try:
-                    return fn(conn)
-                except sqlite3.Error as exc:
-                    if attempt == 0 and _is_corruption(exc):
-                        self._recover(exc)
-                        continue
-                    if _is_busy(exc):
-                        raise TuningDBError(
-                            f"tuning database {self.path} stayed locked by another writer "
-                            f"for {_BUSY_TIMEOUT_S:.0f} s; try again") from exc
-                    raise TuningDBError(f"tuning database {self.path}: {exc}") from exc
-            raise AssertionError("unreachable")  # pragma: no cover
-
-    def _require_open(self) -> sqlite3.Connection:
-        if self._closed or self._conn is None:
-            raise TuningDBError("the tuning database is closed; open a new TuningDB")
-        return self._conn
-
-    @staticmethod
-    @contextmanager
-    def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+    @property
+    def quarantined(self) -> list[Path]:
+        """Damaged files this instance set aside."""
+        return self._file.quarantined
 
     # -- writing --------------------------------------------------------------------------
 
@@ -536,14 +200,14 @@ class TuningDB:
                  m.error, m.message, run, stamp) for m in items]
 
         def write(conn: sqlite3.Connection) -> int:
-            with self._transaction(conn):
+            with self._file.transaction(conn):
                 conn.executemany(_UPSERT, rows)
                 if rows:
                     self._refresh_winner(conn, key)
             return len(rows)
 
         try:
-            return self._call(write)
+            return self._file.call(write)
         finally:
             _wrote()
 
@@ -560,7 +224,7 @@ class TuningDB:
         key = _key_values(device, problem)
 
         def write(conn: sqlite3.Connection) -> None:
-            with self._transaction(conn):
+            with self._file.transaction(conn):
                 row = conn.execute(
                     f"SELECT id FROM measurements WHERE {_where(_KEY_COLS)} AND config_id = ? "
                     "AND status = 'ok' ORDER BY time_ms, id LIMIT 1",
@@ -572,7 +236,7 @@ class TuningDB:
                 self._put_winner(conn, key, config_id, row["id"], "manual")
 
         try:
-            self._call(write)
+            self._file.call(write)
         finally:
             _wrote()
 
@@ -581,12 +245,12 @@ class TuningDB:
         key = _key_values(device, problem)
 
         def write(conn: sqlite3.Connection) -> None:
-            with self._transaction(conn):
+            with self._file.transaction(conn):
                 conn.execute(f"DELETE FROM winners WHERE {_where(_KEY_COLS)}", key)
                 self._refresh_winner(conn, key)
 
         try:
-            self._call(write)
+            self._file.call(write)
         finally:
             _wrote()
 
@@ -658,7 +322,7 @@ class TuningDB:
                 f"ON m.id = w.measurement_id WHERE {_where(_KEY_COLS, 'w.')}", key).fetchone()
             return None if row is None else self._measurement(row)
 
-        return self._call(read)
+        return self._file.call(read)
 
     def lookup(self, device: DeviceKey, problem: ProblemKey) -> LookupResult | None:
         """The best known kernel for a problem: exact shape first, then the nearest bucket.
@@ -690,7 +354,7 @@ class TuningDB:
                 "AND m BETWEEN ? AND ? AND n BETWEEN ? AND ? AND k BETWEEN ? AND ?",
                 (*family, *(b for d in shape for b in (d / 2, d * 2)))).fetchall()
 
-        candidates = [(r["m"], r["n"], r["k"]) for r in self._call(read)]
+        candidates = [(r["m"], r["n"], r["k"]) for r in self._file.call(read)]
         candidates = [c for c in candidates if _in_bucket(shape, c)]
         if not candidates:
             return None
@@ -725,10 +389,10 @@ class TuningDB:
                                  bool(r["is_winner"]))
                     for r in conn.execute(sql, params)]
 
-        return self._call(read)
+        return self._file.call(read)
 
     def __len__(self) -> int:
-        return self._call(lambda c: c.execute("SELECT COUNT(*) FROM measurements")
+        return self._file.call(lambda c: c.execute("SELECT COUNT(*) FROM measurements")
                           .fetchone()[0])
 
     def _rows(self) -> list[dict[str, Any]]:
@@ -740,7 +404,7 @@ class TuningDB:
                 out.append(row)
             return out
 
-        return self._call(read)
+        return self._file.call(read)
 
     def to_frame(self) -> pd.DataFrame:
         """All rows as a pandas DataFrame, one per measurement, columns :data:`COLUMNS`.
@@ -795,7 +459,7 @@ class TuningDB:
 
         def write(conn: sqlite3.Connection) -> int:
             added = 0
-            with self._transaction(conn):
+            with self._file.transaction(conn):
                 keys: dict[tuple, str | None] = {}
                 for key, m, run_id, recorded_at, pinned in parsed:
                     cur = conn.execute(_INSERT_IGNORE, (
@@ -820,7 +484,7 @@ class TuningDB:
             return added
 
         try:
-            added = self._call(write)
+            added = self._file.call(write)
         finally:
             _wrote()
         log.info("tuning database: imported %d new rows of %d from %s", added, len(parsed),
@@ -831,11 +495,7 @@ class TuningDB:
 
     def close(self) -> None:
         """Close the connection; further use raises :class:`TuningDBError`."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-            self._closed = True
+        self._file.close()
 
     def __enter__(self) -> TuningDB:
         return self
@@ -845,5 +505,5 @@ class TuningDB:
 
     def __repr__(self) -> str:
         where = ":memory:" if self.in_memory else str(self.path)
-        state = "closed" if self._closed else "open"
+        state = "closed" if self._file.closed else "open"
         return f"TuningDB({where!r}, {state})"

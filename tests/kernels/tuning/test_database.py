@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 
 import pyc_lab
-from pyc_lab.kernels.tuning.database import (
+from pyc_lab.kernels.tuning.database import TuningDB
+from pyc_lab.kernels.tuning.keys import (
     COLUMNS,
-    SCHEMA_VERSION,
     DeviceKey,
     Measurement,
     ProblemKey,
-    TuningDB,
     TuningDBError,
     TuningDBWarning,
 )
+from pyc_lab.kernels.tuning.sqlite_file import SCHEMA_VERSION
 
 H200 = DeviceKey("NVIDIA H200", "9.0", "580.159.04", "13.0")
 H100 = DeviceKey("NVIDIA H100 80GB HBM3", "9.0", "580.159.04", "13.0")
