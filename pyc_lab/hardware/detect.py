@@ -3,7 +3,7 @@
 The providers run in a fallback chain — NVML, then the CUDA driver (cuda.core /
 cuda-bindings), then Linux sysfs with psutil and py-cpuinfo — and, for every value, the
 first provider that knows it wins. Each value records its source and, in ``fallbacks``,
-why every other provider had no answer, e.g. on the H200 VM::
+why every other provider had no answer, e.g. on a virtual machine::
 
     numa_node = 0  from cuda.core   (nvml: NotSupported; sysfs: numa_node is -1)
 

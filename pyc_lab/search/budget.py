@@ -28,7 +28,7 @@ class Budget:
         started (an evaluation already running is not interrupted: per-candidate
         timeouts are the objective's business). ``None``: no limit.
     clock
-        A monotonic clock in seconds; injectable for tests.
+        A monotonic clock in seconds (another one replays a search on a simulated clock).
 
     Raises
     ------

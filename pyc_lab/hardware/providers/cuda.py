@@ -1,8 +1,8 @@
 """Topology facts from the CUDA driver, through ``cuda.core`` and ``cuda-bindings``.
 
 CUDA gives the device ordinals users index with, SM counts, the host NUMA node closest
-to each GPU (``host_numa_id``; on the H200 VM it says 0 where sysfs says -1 and NVML
-says NotSupported) and peer-to-peer capability. It creates no CUDA context: every
+to each GPU (``host_numa_id``; on a virtual machine it can say 0 where sysfs says -1
+and NVML says NotSupported) and peer-to-peer capability. It creates no CUDA context: every
 value here is a device attribute.
 """
 

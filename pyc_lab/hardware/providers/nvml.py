@@ -42,8 +42,8 @@ def collect_nvml(nvml: ModuleType | Any | None = None) -> ProviderReport:
     Parameters
     ----------
     nvml
-        The ``pynvml`` module, or a stand-in with the same functions (tests use one
-        built on dict handles). Imported when ``None``.
+        The ``pynvml`` module, or anything with the same functions. Imported when
+        ``None``.
 
     Returns
     -------

@@ -2,8 +2,8 @@
 
 This provider needs no GPU library: it gives the CPU model, sockets, cores, NUMA nodes
 with their CPUs and memory, and, for each GPU's PCI address, its NUMA node, local CPUs,
-PCIe link speed and width, and the PCIe path between two GPUs. ``root`` lets tests point
-it at a fake tree in a temporary directory.
+PCIe link speed and width, and the PCIe path between two GPUs. ``root`` reads another
+tree than ``/`` (a saved copy of a machine's ``/sys`` and ``/proc``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Make NVIDIA's ``cutlass_cppgen`` (nvidia-cutlass 4.x) usable, and keep it contained.
 
-Two problems, both seen on the H200 machine (../shared/GPU_NOTES.md):
+Two problems:
 
 1. ``cutlass_cppgen`` imports ``cuda.cuda``, ``cuda.cudart`` and ``cuda.nvrtc`` and reads
    ``cuda.__version__``, all removed in cuda-bindings 13. :func:`install_cuda_aliases`

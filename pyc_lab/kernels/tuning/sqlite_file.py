@@ -79,7 +79,7 @@ _SCHEMA = [
 ]
 
 #: One step per old version: the statements that bring version ``v`` to ``v + 1``.
-#: Version 1 (the first release) had no ``message`` column on ``measurements``.
+#: Version 1 had no ``message`` column on ``measurements``.
 _MIGRATIONS: dict[int, list[str]] = {
     1: ["ALTER TABLE measurements ADD COLUMN message TEXT NOT NULL DEFAULT ''"],
 }
