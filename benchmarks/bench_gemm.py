@@ -59,7 +59,8 @@ def main() -> None:
         return
     import pyc_lab as pl
     from pyc_lab.kernels import cutlass as cg
-    from pyc_lab.kernels.tuning.autotune import device_key, gemm_inputs
+    from pyc_lab.kernels.tuning.gemm_reference import gemm_inputs
+    from pyc_lab.kernels.tuning.keys import device_key
     from pyc_lab.kernels.tuning.database import TuningDB
 
     _, cc, sm_count = device_key()
@@ -82,10 +83,11 @@ def main() -> None:
     def save() -> Path:
         n = db.export(Path(args.out) / f"tuning-replay{suffix}.json")
         return write_result(args.out, f"gemm{suffix}", {
-            "method": "autotune_gemm per shape (exhaustive over the pool), CUDA events, "
-                      "median of 15 with the L2 flushed before each and a 100 us spin "
-                      "kernel queued ahead of the start event (GPU time only, no host "
-                      "launch gaps); cuBLAS timed the same way",
+            "method": "autotune_gemm per shape (exhaustive over the pool), timed with "
+                      "pyc_lab.profiling.benchmark: CUDA events, median of 15 with the L2 "
+                      "flushed before each and a spin kernel queued ahead of the start "
+                      "event (GPU time only, no host launch gaps); cuBLAS timed the same "
+                      "way",
             "layout": "tn", "stream_k": args.stream_k, "summary": summary, "results": results,
             "fused_epilogue": fused, "host_overhead": overhead, "replay_rows": n})
 
