@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ...errors import PycLabError
+from ...errors import DeviceUnavailableError, PycLabError
 
 __all__ = ["ACTIVATIONS", "ALIGNMENTS", "DTYPES", "LAYOUTS", "Epilogue", "GemmConfig",
-           "check_dtype_layout", "configurations", "problem_issue", "prune", "rank", "score"]
+           "check_dtype_layout", "configurations", "live_configurations", "problem_issue",
+           "prune", "rank", "score"]
 
 log = logging.getLogger(__name__)
 
@@ -195,13 +196,57 @@ def _plan(dtype: str, layout: str, cc: int) -> tuple[Any, dict[GemmConfig, Any]]
     return plan, configs
 
 
-def configurations(dtype: str = "f16", layout: str = "tn", cc: int = 90) -> list[GemmConfig]:
-    """Every configuration ``cutlass_cppgen`` offers for ``dtype``/``layout`` on ``cc``.
-
-    Needs nvidia-cutlass and ``nvcc`` (for its version), not a GPU.
-    """
+def live_configurations(dtype: str = "f16", layout: str = "tn",
+                        cc: int = 90) -> list[GemmConfig]:
+    """Every configuration ``cutlass_cppgen`` offers for ``dtype``/``layout`` on ``cc``,
+    in its order. Needs nvidia-cutlass and ``nvcc`` (for its version), not a GPU."""
     check_dtype_layout(dtype, layout)
     return list(_plan(dtype, layout, cc)[1])
+
+
+@lru_cache(maxsize=1)
+def _shipped() -> dict[str, Any]:
+    import json
+
+    from ...paths import data_path
+
+    path = data_path("cutlass", "configurations.json")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PycLabError(f"pyc_lab's shipped CUTLASS configurations are unreadable ({path}: "
+                          f"{exc}); reinstall pyc_lab") from exc
+    return doc
+
+
+def configurations(dtype: str = "f16", layout: str = "tn", cc: int = 90) -> list[GemmConfig]:
+    """Every configuration CUTLASS offers for ``dtype``/``layout`` on ``cc``, sorted by id.
+
+    From ``cutlass_cppgen`` itself where it can be imported (nvidia-cutlass and ``nvcc``
+    installed; no GPU needed); elsewhere from the table pyc_lab ships
+    (``pyc_lab/data/cutlass/configurations.json``, written from ``cutlass_cppgen`` by
+    ``scripts/make_cutlass_configurations.py``), so that the configuration space, the
+    ranking model and replays work on a machine without the CUDA toolkit.
+
+    Raises
+    ------
+    PycLabError
+        For an unknown dtype or layout, or a compute capability the table lacks when
+        ``cutlass_cppgen`` is not there to ask.
+    """
+    check_dtype_layout(dtype, layout)
+    try:
+        configs = live_configurations(dtype, layout, cc)
+    except DeviceUnavailableError as exc:
+        doc = _shipped()
+        rows = doc["configurations"].get(f"{dtype}/{layout}/sm_{cc}")
+        if rows is None:
+            raise PycLabError(f"no CUTLASS configurations for {dtype} {layout} on sm_{cc} here: "
+                              f"{exc}; pyc_lab ships the table for sm_90 only") from None
+        log.info("CUTLASS configurations for %s %s sm_%d from the shipped table "
+                 "(nvidia-cutlass %s): %s", dtype, layout, cc, doc.get("nvidia_cutlass"), exc)
+        configs = [GemmConfig.from_dict(r) for r in rows]
+    return sorted(configs, key=lambda c: c.id)
 
 
 def problem_issue(m: int, n: int, k: int, layout: str, dtype: str = "f16") -> str:

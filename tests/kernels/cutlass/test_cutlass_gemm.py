@@ -273,3 +273,4 @@ def test_an_unusable_tuned_entry_falls_back_with_the_reason(tmp_path, monkeypatc
     mm.forget()
     kernel, why = mm.tuned_kernel(256, 256, 256, "f16", "tn")
     assert kernel is None and "OSError: kernel.so: invalid ELF header" in why
+
