@@ -59,9 +59,9 @@ def main() -> None:
         return
     import pyc_lab as pl
     from pyc_lab.kernels import cutlass as cg
+    from pyc_lab.kernels.tuning.database import TuningDB
     from pyc_lab.kernels.tuning.gemm_reference import gemm_inputs
     from pyc_lab.kernels.tuning.keys import device_key
-    from pyc_lab.kernels.tuning.database import TuningDB
 
     _, cc, sm_count = device_key()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] \
