@@ -26,6 +26,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import PycLabError
@@ -107,8 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _move(args)
         return _hw(args)
     except PycLabError as exc:
-        print(f"pyc-lab: error: {exc}", file=sys.stderr)
+        print(f"pyc-lab: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error's message on one line (a compiler's or a file's text may hold several)."""
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 def _move(args: argparse.Namespace) -> int:
@@ -135,6 +141,11 @@ def _hw(args: argparse.Namespace) -> int:
     from .profiling import probe_bandwidth
     from .profiling.bandwidth import bandwidth_summary
 
+    if args.bandwidth and args.bandwidth_csv:
+        folder = Path(args.bandwidth_csv).parent
+        if not folder.is_dir():  # before measuring for seconds, not after
+            raise PycLabError(f"--bandwidth-csv {args.bandwidth_csv}: folder {folder} does "
+                              "not exist; create it first")
     profile = detect_hardware(snapshot=args.snapshot)
     if args.save:
         profile.to_json(args.save)
@@ -145,9 +156,17 @@ def _hw(args: argparse.Namespace) -> int:
     if args.bandwidth:
         if args.snapshot:
             raise PycLabError("--bandwidth measures this machine; drop --snapshot to use it")
-        frame = probe_bandwidth(profile=profile, sizes=args.sizes)
+        try:
+            frame = probe_bandwidth(profile=profile, sizes=args.sizes)
+        except MemoryError:
+            raise PycLabError(f"--sizes {max(args.sizes or [0])}: not enough memory for copies "
+                              "that large; give smaller sizes") from None
         if args.bandwidth_csv:
-            frame.to_csv(args.bandwidth_csv, index=False)
+            try:
+                frame.to_csv(args.bandwidth_csv, index=False)
+            except OSError as exc:
+                raise PycLabError(f"--bandwidth-csv {args.bandwidth_csv}: cannot write it "
+                                  f"({exc})") from None
         print()
         print(f"Copy bandwidth — {frame.attrs.get('device', '')}")
         cols = ["kind", "peer", "size", "repeats", "median_ms", "gbps", "theoretical_gbps",

@@ -212,6 +212,9 @@ class PycLabMagics(Magics):
 
         args = parse_argstring(self.pyc_timeline, line)
         pipe = last_pipeline()
+        if pipe is not None and not pipe.traced:
+            raise UsageError("%pyc_timeline: the last pipeline was built with trace=False and "
+                             "recorded no spans; build it with trace=True (the default)")
         if pipe is None or not len(pipe.trace):
             raise UsageError("%pyc_timeline: no pipeline has run yet in this kernel; run "
                              "pyc_lab.Pipeline(...).run(items) first")

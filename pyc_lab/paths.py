@@ -13,12 +13,14 @@ files under ``pyc_lab/data``.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
 from .errors import PycLabError
 
-__all__ = ["cache_dir", "data_path", "native_dir", "native_source"]
+__all__ = ["cache_dir", "data_path", "native_dir", "native_source", "replacing"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -81,3 +83,45 @@ def native_source(name: str) -> str:
 def data_path(*parts: str) -> Path:
     """A file shipped under ``pyc_lab/data`` (snapshots, tuning recordings)."""
     return _PACKAGE.joinpath("data", *parts)
+
+
+@contextmanager
+def replacing(path: str | Path, action: str,
+              error: type[PycLabError] = PycLabError) -> Iterator[Path]:
+    """A file to write ``path``'s new content into, renamed over ``path`` at the end.
+
+    A write that fails never leaves a truncated file nor destroys the earlier one. A link
+    is followed (the file it names is replaced); a target that is not a regular file (a
+    pipe, ``/dev/stdout``) is written directly.
+
+    Parameters
+    ----------
+    path
+        The file to replace or create.
+    action
+        What is being done, for messages (``"export the kernel cache"``).
+    error
+        The :class:`~pyc_lab.errors.PycLabError` subclass to raise.
+
+    Raises
+    ------
+    PycLabError
+        (``error``) If the folder of ``path`` does not exist, or the file cannot be
+        written.
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise error(f"cannot {action} to {path}: folder {path.parent} does not exist; "
+                    "create it first")
+    target = Path(os.path.realpath(path))
+    special = target.exists() and not target.is_file()
+    partial = target if special else target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        yield partial
+        if not special:
+            os.replace(partial, target)
+    except OSError as exc:
+        raise error(f"cannot {action} to {path} ({exc.strerror or exc})") from None
+    finally:
+        if not special:
+            partial.unlink(missing_ok=True)

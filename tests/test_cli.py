@@ -148,3 +148,71 @@ def test_cache_and_db_move_a_tuned_set_between_machines(tmp_path, monkeypatch, c
         assert db.best(device, problem).time_ms == 0.5
     assert main(["cache", "import", str(tmp_path / "t.json")]) == 2  # not an export
     assert "not a kernel-cache export" in capsys.readouterr().err
+
+
+# -- every error of hw, cache and db is one line and exit code 2 ----------------------------
+
+
+def test_an_error_message_of_several_lines_is_printed_on_one(monkeypatch, capsys):
+    import pyc_lab.hardware
+
+    def fails(*args, **kwargs):
+        raise pl.PycLabError("first line\n  second line\n")
+
+    monkeypatch.setattr(pyc_lab.hardware, "detect_hardware", fails)
+    assert main(["hw"]) == 2
+    assert capsys.readouterr().err == "pyc-lab: error: first line; second line\n"
+
+
+def test_bandwidth_csv_into_a_missing_folder_fails_before_measuring(tmp_path, monkeypatch,
+                                                                   capsys):
+    import pyc_lab.profiling
+
+    def never(*args, **kwargs):
+        raise AssertionError("measured although the CSV cannot be written")
+
+    monkeypatch.setattr(pyc_lab.profiling, "probe_bandwidth", never)
+    target = tmp_path / "missing" / "bw.csv"
+    assert main(["hw", "--bandwidth", "--bandwidth-csv", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"pyc-lab: error: --bandwidth-csv {target}: folder {target.parent} does "
+                   "not exist; create it first\n")
+
+
+def test_copy_sizes_too_large_for_memory_are_one_line(monkeypatch, capsys):
+    import pyc_lab.profiling
+
+    def too_big(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(pyc_lab.profiling, "probe_bandwidth", too_big)
+    assert main(["hw", "--bandwidth", "--sizes", "4096,99999999999999"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pyc-lab: error: --sizes 99999999999999: not enough memory")
+
+
+@pytest.mark.parametrize("command", [["cache", "import"], ["db", "import"]])
+def test_importing_a_missing_file_is_one_line(tmp_path, monkeypatch, capsys, command):
+    from pyc_lab.kernels.tuning import database as tuning_db
+
+    monkeypatch.setenv("PYC_LAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
+    suffix = ".tar.gz" if command[0] == "cache" else ".json"
+    assert main([*command, str(tmp_path / f"nowhere{suffix}")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pyc-lab: error: ") and err.count("\n") == 1
+    assert "nowhere" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [["cache", "export"], ["db", "export"]])
+def test_exporting_into_a_missing_folder_is_one_line(tmp_path, monkeypatch, capsys, command):
+    from pyc_lab.kernels.tuning import database as tuning_db
+
+    monkeypatch.setenv("PYC_LAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
+    suffix = ".tar.gz" if command[0] == "cache" else ".json"
+    target = tmp_path / "missing" / f"x{suffix}"
+    assert main([*command, str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pyc-lab: error: cannot export") and err.count("\n") == 1
+    assert f"folder {target.parent} does not exist; create it first" in err

@@ -151,6 +151,11 @@ def test_pyc_timeline_shows_the_last_pipeline(shell, tmp_path):
     assert "compute" in cap.outputs[0].data["text/plain"]
     events = json.loads(path.read_text())["traceEvents"]
     assert {e["name"] for e in events if e["ph"] == "X"} >= {"prepare", "compute"}
+    with pl.Pipeline(lambda i: np.ones(4), lambda a: a, mode="cpu", trace=False) as quiet:
+        list(quiet.run(range(3)))
+    with capture_output() as cap:
+        assert not shell.run_cell("%pyc_timeline").success
+    assert "trace=False" in cap.stderr + cap.stdout
 
 
 def test_pyc_tune_replays_without_a_gpu(shell):

@@ -7,10 +7,20 @@ fusion, memory planning) -> :mod:`.policy` (an implementation per node, with a r
 cuBLAS, optional CUDA-graph replay).
 """
 
+from .errors import (
+    CastingError,
+    DynamicShapeError,
+    ReadOnlyError,
+    ScalarOverflowError,
+    TraceError,
+    UnsupportedOperationError,
+)
 from .functions import gelu, layer_norm, relu, sigmoid, silu, softmax
 from .ir import Graph, IRError, Node
 from .ops import REGISTRY, ShapeError
-from .tracer import TraceError, trace
+from .tracer import trace
 
-__all__ = ["REGISTRY", "Graph", "IRError", "Node", "ShapeError", "TraceError", "gelu",
-           "layer_norm", "relu", "sigmoid", "silu", "softmax", "trace"]
+__all__ = ["REGISTRY", "CastingError", "DynamicShapeError", "Graph", "IRError", "Node",
+           "ReadOnlyError", "ScalarOverflowError", "ShapeError", "TraceError",
+           "UnsupportedOperationError", "gelu", "layer_norm", "relu", "sigmoid", "silu",
+           "softmax", "trace"]

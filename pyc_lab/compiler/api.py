@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,16 +24,24 @@ from typing import Any
 import numpy as np
 
 from ..errors import PycLabError
+from . import guards as guards_
+from .cache_keys import static_key
+from .errors import DynamicShapeError, TraceError
 from .ir import Graph, dtype_short
-from .ops import ShapeError, run_graph
+from .ops import ShapeError, evaluate, run_graph
 from .policy import MODES, Decision, choose
-from .tracer import TraceError, is_array, trace
+from .signature import check_argument, check_signature_type, parse_spec
+from .tracer import is_array, trace
 
 __all__ = ["BACKENDS", "CompiledFunction", "compile"]
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "cupy", "numpy")
+
+#: Ops whose NumPy result is a view of their operand.
+_VIEW_OPS = frozenset({"slice", "transpose", "reshape", "expand_dims", "squeeze",
+                       "broadcast_to"})
 
 
 def compile(
@@ -72,15 +79,26 @@ def compile(
     Returns
     -------
     CompiledFunction
+
+    Notes
+    -----
+    Semantics are NumPy's. Globals and closure variables the function reads are guarded
+    (:mod:`pyc_lab.compiler.guards`): rebinding one re-traces at the next call, and
+    arrays read that way are inputs read afresh at every call. Writes into arguments
+    (``x += 1``, ``x[0] = 0``, ``out=x``) reach the caller's arrays as in NumPy. Results
+    share memory with the arguments exactly where NumPy's would (a returned argument or
+    a view of one; on the cupy backend results are fresh arrays, except an argument the
+    function wrote into and views of it). A graph break whose result shape depends on
+    the data is checked at every call; when the shape changes the function runs as
+    written from then on (``explain()`` says so).
     """
     if backend not in BACKENDS:
         raise PycLabError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if mode not in MODES:
         raise PycLabError(f"mode must be one of {MODES}, got {mode!r}")
+    check_signature_type(signature)
 
     def wrap(f: Callable) -> CompiledFunction:
-        if not callable(f):
-            raise PycLabError(f"pyc_lab.compile needs a function, got {type(f).__name__}")
         return CompiledFunction(f, backend=backend, mode=mode, cuda_graph=cuda_graph,
                                 signature=signature, passes=passes)
 
@@ -104,23 +122,46 @@ class Artifact:
     kernels: list[dict[str, Any]] = field(default_factory=list)
     compile_ms: float = 0.0
     calls: int = 0
+    guards: guards_.Guards = field(default_factory=guards_.Guards)
+    #: names of the captured arrays that are graph inputs after the arguments
+    captured: list[str] = field(default_factory=list)
+    #: output position -> (input position, view ops): results that are a written
+    #: argument or a view of one
+    returns_input: dict[int, tuple[int, tuple]] = field(default_factory=dict)
+    #: why the function now runs as written (a graph break's shape changed), or None
+    dynamic: str | None = None
 
 
-_SPEC = re.compile(r"^\s*([a-z0-9]+)\s*\[([^\]]*)\]\s*$")
+def _as_function(fn: Any) -> Callable:
+    """``fn`` as a Python function with a readable signature (a ufunc is wrapped)."""
+    if isinstance(fn, np.ufunc):
+        return _ufunc_function(fn)
+    if not callable(fn):
+        raise PycLabError(f"pyc_lab.compile needs a function, got {type(fn).__name__}")
+    try:
+        inspect.signature(fn)
+    except (TypeError, ValueError):
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise PycLabError(
+            f"pyc_lab.compile needs a function whose signature Python can read; {name!r} "
+            f"is a builtin without one. Wrap it: pl.compile(lambda *a: {name}(*a)) with "
+            "the arguments it takes") from None
+    return fn
 
 
-def _parse_spec(name: str, text: str) -> tuple[np.dtype | None, tuple[int | None, ...]]:
-    m = _SPEC.match(text)
-    if not m:
-        raise PycLabError(f"signature for {name!r}: {text!r} is not like 'f32[*,128]'")
-    long = {v: k for k, v in {
-        "float64": "f64", "float32": "f32", "float16": "f16", "int64": "i64", "int32": "i32",
-        "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "bool"}.items()}
-    dt = m.group(1)
-    dtype = None if dt in ("any", "*") else np.dtype(long.get(dt, dt))
-    dims = tuple(None if d.strip() in ("*", "?") else int(d) for d in m.group(2).split(",")
-                 if d.strip()) if m.group(2).strip() else ()
-    return dtype, dims
+def _ufunc_function(ufunc: np.ufunc) -> Callable:
+    if ufunc.nin == 1:
+        def fn(x: Any) -> Any:
+            return ufunc(x)
+    elif ufunc.nin == 2:
+        def fn(x1: Any, x2: Any) -> Any:  # type: ignore[misc]
+            return ufunc(x1, x2)
+    else:
+        raise PycLabError(f"pyc_lab.compile(np.{ufunc.__name__}): a ufunc of {ufunc.nin} "
+                          "inputs; wrap it in a function")
+    fn.__name__ = fn.__qualname__ = ufunc.__name__
+    fn.__doc__ = ufunc.__doc__
+    return fn
 
 
 class CompiledFunction:
@@ -129,6 +170,8 @@ class CompiledFunction:
     def __init__(self, fn: Callable, *, backend: str = "auto", mode: str = "balanced",
                  cuda_graph: bool = False, signature: dict[str, str] | None = None,
                  passes: list[str] | None = None) -> None:
+        check_signature_type(signature)
+        fn = _as_function(fn)
         self.fn = fn
         self.backend = backend
         self.mode = mode
@@ -140,13 +183,14 @@ class CompiledFunction:
         # needs no Signature.bind (the per-call fast path)
         self._plain = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                           for p in self._sig.parameters.values())
-        self.signature = {k: _parse_spec(k, v) for k, v in (signature or {}).items()}
+        self.signature = {k: parse_spec(k, v) for k, v in (signature or {}).items()}
         unknown = set(self.signature) - set(self._params)
         if unknown:
             raise PycLabError(f"signature names {sorted(unknown)}, which {fn.__name__} does "
                               f"not take; its parameters are {self._params}")
-        self._cache: dict[tuple, Artifact] = {}
-        self._seen: dict[tuple, Artifact] = {}  # call key (array modules + spec) -> artifact
+        # per key, the artifacts traced under different guarded globals, newest first
+        self._cache: dict[tuple, list[Artifact]] = {}
+        self._seen: dict[tuple, list[Artifact]] = {}  # call key -> the same lists
         self._last: Artifact | None = None
         self.stats = {"hits": 0, "misses": 0}
         functools.update_wrapper(self, fn)
@@ -155,7 +199,24 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         art, arrays = self._artifact(args, kwargs)
         art.calls += 1
-        outs = art.runner(arrays)
+        if art.dynamic is not None:
+            return self.fn(*args, **kwargs)
+        inputs = arrays + [art.guards.readers[name]() for name in art.captured]
+        try:
+            outs = art.runner(inputs)
+        except DynamicShapeError as exc:
+            art.dynamic = f"runs as written since call {art.calls}: {exc}"
+            log.warning("%s: %s", self.fn.__name__, art.dynamic)
+            return self.fn(*args, **kwargs)
+        for position, out in art.graph.writeback:
+            dst, src = inputs[position], outs[out]
+            if dst is not src:
+                dst[...] = src
+        for out, (position, steps) in art.returns_input.items():
+            outs[out] = _view_of(inputs[position], steps)
+        for out in art.graph.scalar_outputs:
+            if isinstance(outs[out], np.ndarray):
+                outs[out] = outs[out][()]  # NumPy's scalar, as the function returns
         return _pack(outs, art.graph.output_tree)
 
     def explain(self, *args: Any, **kwargs: Any) -> Any:
@@ -178,7 +239,7 @@ class CompiledFunction:
 
     def cache_info(self) -> dict[str, int]:
         """Hits, misses and the number of cached signatures."""
-        return {**self.stats, "signatures": len(self._cache)}
+        return {**self.stats, "signatures": sum(len(v) for v in self._cache.values())}
 
     def clear_cache(self) -> None:
         """Forget every compiled signature."""
@@ -210,7 +271,8 @@ class CompiledFunction:
                 module = "cupy" if type(value).__module__.startswith("cupy") else "numpy"
                 modules.add(module)
                 arrays.append(value)
-                key_parts.append((name, module, tuple(value.shape), value.dtype.str))
+                key_parts.append((name, module, tuple(value.shape), value.dtype.str,
+                                  bool(value.flags.c_contiguous)))
             elif isinstance(value, (list, tuple)) and any(is_array(v) for v in value):
                 raise PycLabError(
                     f"argument {name!r} is a {type(value).__name__} of arrays; pass each "
@@ -223,45 +285,39 @@ class CompiledFunction:
                     f"array (np.asarray({name})) — lists are static values, not inputs"
                 )
             else:
-                key_parts.append((name, "static", _static_key(value)))
+                key_parts.append((name, "static", static_key(value)))
         call_key = tuple(key_parts)
-        art = self._seen.get(call_key)  # modules are in the key: the backend was resolved
-        if art is not None:
-            self.stats["hits"] += 1
-            return art, arrays
+        entries = self._seen.get(call_key)  # modules are in the key: backend resolved
+        if entries:
+            art = _valid(entries)
+            if art is not None:
+                self.stats["hits"] += 1
+                return art, arrays
         if bound is None:
             bound = self._bind(args, kwargs)
         backend = self._resolve_backend(modules, bound)
         key = (backend, call_key)
-        art = self._cache.get(key)
-        if art is None:
-            self.stats["misses"] += 1
-            art = self._build(key, backend, bound)
-            self._cache[key] = art
-            self._last = art
-        else:
+        entries = self._cache.setdefault(key, [])
+        self._seen[call_key] = entries
+        art = _valid(entries)
+        if art is not None:
             self.stats["hits"] += 1
-        self._seen[call_key] = art
+            return art, arrays
+        if entries:
+            changed = [g.source for a in entries for g in a.guards.guards if not g.holds()]
+            log.info("%s: re-tracing: %s changed since the last trace", self.fn.__name__,
+                     ", ".join(sorted(set(changed))) or "a guarded value")
+        self.stats["misses"] += 1
+        art = self._build(key, backend, bound)
+        entries.insert(0, art)
+        del entries[_MAX_ENTRIES:]
+        self._last = art
         return art, arrays
 
     def _check_spec(self, name: str, value: Any) -> None:
         spec = self.signature.get(name)
-        if spec is None:
-            return
-        dtype, dims = spec
-        got = f"{dtype_short(value.dtype)}[{','.join(map(str, value.shape))}]"
-        want = f"{dtype_short(dtype) if dtype is not None else 'any'}[" + ",".join(
-            "*" if d is None else str(d) for d in dims) + "]"
-        if len(value.shape) != len(dims):
-            raise PycLabError(f"argument {name!r}: expected rank {len(dims)} ({want}), got "
-                              f"rank {len(value.shape)} ({got})")
-        for axis, (d, v) in enumerate(zip(dims, value.shape, strict=True)):
-            if d is not None and d != v:
-                raise PycLabError(f"argument {name!r}: expected size {d} on axis {axis} "
-                                  f"({want}), got {v} ({got})")
-        if dtype is not None and value.dtype != dtype:
-            raise PycLabError(f"argument {name!r}: expected dtype {dtype.name} ({want}), got "
-                              f"{value.dtype.name} ({got})")
+        if spec is not None:
+            check_argument(name, value, spec)
 
     def _resolve_backend(self, modules: set[str], bound: inspect.BoundArguments) -> str:
         if len(modules) > 1:
@@ -300,10 +356,17 @@ class CompiledFunction:
         signature = ", ".join(
             f"{n}: {dtype_short(v.dtype)}[{','.join(map(str, v.shape))}]"
             for n, v in bound.arguments.items() if is_array(v))
+        module = "cupy" if backend == "cupy" else "numpy"
+        guards = guards_.collect(
+            self.fn, lambda a: type(a).__module__.split(".")[0] == module)
         try:
-            graph, breaks = trace(self.fn, bound.args, bound.kwargs)
+            graph, breaks = trace(self.fn, bound.args, bound.kwargs,
+                                  captured=guards.captured)
         except (ShapeError, TraceError) as exc:
-            raise type(exc)(f"{self.fn.__name__}({signature}): {exc}") from None
+            raise _with_context(exc, f"{self.fn.__name__}({signature}): {exc}") from None
+        n_args = sum(1 for v in bound.arguments.values() if is_array(v))
+        captured = [graph.nodes[i].name or "" for i in graph.inputs[n_args:]]
+        returns_input = _returned_inputs(graph)
         before = graph.copy()
         result = PassManager(self.passes, mode=self.mode).run(graph)
         graph = result.graph
@@ -327,7 +390,8 @@ class CompiledFunction:
         log.debug("compiled %s for %s on %s in %.1f ms", self.fn.__name__, signature, backend,
                   ms)
         return Artifact(key, backend, before, graph, result.log, notes, decisions, plan, breaks,
-                        runner, kernels, ms)
+                        runner, kernels, ms, guards=guards, captured=captured,
+                        returns_input=returns_input)
 
 
 def _run_numpy(graph: Graph, arrays: list[Any]) -> list[Any]:
@@ -344,12 +408,57 @@ def _numpy_kernels(graph: Graph) -> list[dict[str, Any]]:
     return out
 
 
-def _static_key(value: Any) -> Any:
+#: Artifacts kept per signature for different values of guarded globals.
+_MAX_ENTRIES = 8
+
+
+def _valid(entries: list[Artifact]) -> Artifact | None:
+    """The newest artifact whose guards all hold."""
+    for art in entries:
+        if art.guards.failing() is None:
+            return art
+    return None
+
+
+def _with_context(exc: Exception, message: str) -> Exception:
+    """``exc`` with ``message`` (its class kept; those that cannot be rebuilt as they are)."""
     try:
-        hash(value)
-        return value
+        return type(exc)(message)
     except TypeError:
-        return repr(value)
+        return exc
+
+
+def _returned_inputs(graph: Graph) -> dict[int, tuple[int, tuple]]:
+    """Results that are an argument the function wrote into, or a view of one: NumPy
+    returns that argument (or that view of it) there, so the compiled function returns
+    the caller's array, after the write, through the same view ops.
+
+    Returns output position -> (input position, view ops ``(op, attrs)`` in order).
+    """
+    written = {graph.outputs[pos]: inp for inp, pos in graph.writeback}
+    skip = {pos for _, pos in graph.writeback}
+    out: dict[int, tuple[int, tuple]] = {}
+    for k, nid in enumerate(graph.outputs):
+        if k in skip:
+            continue
+        steps: list[tuple[str, dict[str, Any]]] = []
+        node = graph.nodes[nid]
+        while node.id not in written and node.op in _VIEW_OPS:
+            steps.append((node.op, node.attrs))
+            node = graph.nodes[node.inputs[0]]
+        if node.id in written:
+            out[k] = (written[node.id], tuple(reversed(steps)))
+    return out
+
+
+def _view_of(value: Any, steps: tuple) -> Any:
+    """``value`` through the view ops ``steps`` (the references of views are views)."""
+    xp = np
+    if type(value).__module__.startswith("cupy"):
+        import cupy as xp
+    for op, attrs in steps:
+        value = evaluate(op, xp, [value], attrs)
+    return value
 
 
 def _pack(outs: list[Any], tree: Any) -> Any:

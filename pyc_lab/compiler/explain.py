@@ -38,6 +38,10 @@ class Explanation:
     notes: list[str] = field(default_factory=list)
     compile_ms: float = 0.0
     graph: Graph | None = None
+    #: what the trace assumed about globals and closure variables (re-checked per call)
+    guards: list[str] = field(default_factory=list)
+    #: why the function runs as written instead of compiled, or None
+    dynamic: str | None = None
 
     @classmethod
     def from_artifact(cls, name: str, art: Any, mode: str) -> Explanation:
@@ -55,7 +59,8 @@ class Explanation:
                              "ms": round(r.ms, 3), "notes": "; ".join(r.notes)}
                             for r in art.pass_log])
         breaks = [{"node": f"%{_num(art.graph).get(b['node'], '?')}", "op": b["op"],
-                   "reason": b["reason"]} for b in art.breaks]
+                   "reason": b["reason"], **({"dynamic": b["dynamic"]} if "dynamic" in b
+                                              else {})} for b in art.breaks]
         num = _num(art.graph)
         memory = art.plan.to_frame()
         if "node" in memory:
@@ -67,6 +72,7 @@ class Explanation:
             peak_bytes=int(art.plan.peak_bytes), naive_bytes=int(art.plan.naive_bytes),
             pass_log=log, memory=memory, notes=list(art.notes),
             compile_ms=art.compile_ms, graph=art.graph,
+            guards=art.guards.describe(), dynamic=art.dynamic,
         )
 
     # -- text -------------------------------------------------------------------------
@@ -83,8 +89,15 @@ class Explanation:
             f"memory: peak {format_bytes(self.peak_bytes)} vs naive "
             f"{format_bytes(self.naive_bytes)} of intermediates",
             f"graph breaks: {len(self.graph_breaks)}"
-            + "".join(f"\n  {b['node']} {b['op']}: {b['reason']}" for b in self.graph_breaks),
+            + "".join(f"\n  {b['node']} {b['op']}: {b['reason']}"
+                      + (f" ({b['dynamic']})" if "dynamic" in b else "")
+                      for b in self.graph_breaks),
         ]
+        shown = [g for g in self.guards if " is the module " not in g]
+        if shown:  # what the trace assumed about globals (modules left out)
+            lines.append(f"guards: {len(shown)}" + "".join(f"\n  {g}" for g in shown))
+        if self.dynamic:
+            lines.append(f"not compiled: {self.dynamic}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

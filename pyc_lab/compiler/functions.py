@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .ops import evaluate
-from .tracer import Traced
+from .proxy import Traced
 
 __all__ = ["gelu", "layer_norm", "relu", "sigmoid", "silu", "softmax"]
 

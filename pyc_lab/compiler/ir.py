@@ -95,7 +95,11 @@ class Graph:
     """A function as a DAG of nodes in topological order.
 
     ``outputs`` lists the node ids returned; ``output_tree`` records how they are packed
-    (``None`` for a single array, else a nested tuple of output positions).
+    (an output position, or a nested tuple of them). ``writeback`` lists
+    ``(input position, output position)`` pairs: outputs that are not returned but
+    copied into the caller's input array after each call (the function wrote into
+    that argument, as NumPy code may). ``scalar_outputs`` lists the output positions
+    NumPy returns as scalars (``np.float64``) rather than 0-d arrays.
     """
 
     name: str = "f"
@@ -104,6 +108,8 @@ class Graph:
     outputs: list[int] = field(default_factory=list)
     output_tree: Any = None
     _next: int = 0
+    writeback: list[tuple[int, int]] = field(default_factory=list)
+    scalar_outputs: tuple[int, ...] = ()
 
     # -- building -----------------------------------------------------------------------
     def add(self, op: str, inputs: Iterable[int] = (), attrs: dict[str, Any] | None = None,
@@ -180,7 +186,7 @@ class Graph:
     def copy(self) -> Graph:
         """A deep-enough copy: new Node objects, shared attribute values."""
         g = Graph(self.name, {}, list(self.inputs), list(self.outputs), self.output_tree,
-                  self._next)
+                  self._next, list(self.writeback), self.scalar_outputs)
         for n in self.nodes.values():
             g.nodes[n.id] = Node(n.id, n.op, n.inputs, dict(n.attrs), n.shape, n.dtype, n.name)
         return g
@@ -206,8 +212,11 @@ class Graph:
             body = n.attrs.get("body")
             if isinstance(body, Graph):
                 lines.extend("    | " + line for line in body.text().splitlines())
-        outs = ", ".join(f"%{num[o]}" for o in self.outputs)
+        written = {pos for _, pos in self.writeback}
+        outs = ", ".join(f"%{num[o]}" for k, o in enumerate(self.outputs) if k not in written)
         lines.append(f"  return {outs}")
+        for inp, pos in self.writeback:
+            lines.append(f"  write %{num[self.outputs[pos]]} into %{num[self.inputs[inp]]}")
         lines.append("}")
         return "\n".join(lines)
 

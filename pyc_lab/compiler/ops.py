@@ -10,7 +10,10 @@ Each :class:`OpDef` declares
   (NumPy on the CPU, CuPy on the GPU) — this is both the semantics of the op and the
   NumPy backend's implementation;
 - for elementwise ops, ``cuda``: a C expression template over ``{0}``, ``{1}``, ... used by
-  the code generator.
+  the code generator (``None``: no generated kernel; CuPy runs the reference);
+- ``ufunc``: the name of the NumPy ufunc whose semantics the op has, if any. The tracer
+  maps ``np.<ufunc>`` calls to the op through it and asks the ufunc how Python scalars
+  and ``dtype=`` are resolved (NEP 50).
 
 Result dtypes follow NumPy exactly: they are found by running the reference on
 one-element arrays of the input dtypes (NEP 50 promotion, integer division, bool
@@ -20,20 +23,27 @@ comparisons included).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..errors import PycLabError
+from .errors import DynamicShapeError
 
-__all__ = ["ACTIVATIONS", "REGISTRY", "OpDef", "ShapeError", "evaluate", "infer",
-           "normalize_axis", "run_graph"]
+__all__ = ["ACTIVATIONS", "REDUCTIONS", "REGISTRY", "UFUNC_OPS", "DTypeError", "OpDef",
+           "ShapeError", "basic_index", "check_eager_result", "evaluate", "infer",
+           "is_plain_reduction", "normalize_axis", "reduction_kwargs", "run_graph"]
 
 
 class ShapeError(PycLabError):
     """Operands whose shapes or dtypes do not fit the op."""
+
+
+class DTypeError(ShapeError, TypeError):
+    """Operand dtypes the op (NumPy itself) does not take, e.g. ``-x`` on a bool array."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,7 @@ class OpDef:
     cuda: str | None = None
     dtype: Callable[[Sequence[Any], dict[str, Any]], np.dtype] | None = None
     doc: str = ""
+    ufunc: str | None = None
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -92,8 +103,14 @@ def _tiny(dtype: np.dtype, ndim: int = 1) -> np.ndarray:
 
 
 def _reference_dtype(op: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
-    with np.errstate(all="ignore"):
-        out = REGISTRY[op].reference(np, [_tiny(n.dtype, len(n.shape)) for n in inputs], attrs)
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. var(ddof=1) of one element
+            out = REGISTRY[op].reference(np, [_tiny(n.dtype, len(n.shape)) for n in inputs],
+                                         attrs)
+    except (TypeError, ValueError) as exc:
+        dtypes = ", ".join(np.dtype(n.dtype).name for n in inputs)
+        raise DTypeError(f"{op} does not take ({dtypes}): NumPy says: {exc}") from None
     return np.asarray(out).dtype
 
 
@@ -118,48 +135,80 @@ ACTIVATIONS: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 _BINARY = {
-    # name: (reference, cuda template)
-    "add": (lambda xp, a, b: a + b, "({0} + {1})"),
-    "subtract": (lambda xp, a, b: a - b, "({0} - {1})"),
-    "multiply": (lambda xp, a, b: a * b, "({0} * {1})"),
-    "divide": (lambda xp, a, b: a / b, "({0} / {1})"),
-    "power": (lambda xp, a, b: xp.power(a, b), "pow({0}, {1})"),
+    # name: (reference, cuda template, NumPy ufunc)
+    "add": (lambda xp, a, b: a + b, "({0} + {1})", "add"),
+    "subtract": (lambda xp, a, b: a - b, "({0} - {1})", "subtract"),
+    "multiply": (lambda xp, a, b: a * b, "({0} * {1})", "multiply"),
+    "divide": (lambda xp, a, b: a / b, "({0} / {1})", "divide"),
+    "power": (lambda xp, a, b: xp.power(a, b), "pow({0}, {1})", "power"),
     "maximum": (lambda xp, a, b: xp.maximum(a, b),
                 "(({0}) != ({0}) ? ({0}) : (({1}) != ({1}) ? ({1}) : "
-                "(({0}) > ({1}) ? ({0}) : ({1}))))"),
+                "(({0}) > ({1}) ? ({0}) : ({1}))))", "maximum"),
     "minimum": (lambda xp, a, b: xp.minimum(a, b),
                 "(({0}) != ({0}) ? ({0}) : (({1}) != ({1}) ? ({1}) : "
-                "(({0}) < ({1}) ? ({0}) : ({1}))))"),
-    "less": (lambda xp, a, b: a < b, "({0} < {1})"),
-    "less_equal": (lambda xp, a, b: a <= b, "({0} <= {1})"),
-    "greater": (lambda xp, a, b: a > b, "({0} > {1})"),
-    "greater_equal": (lambda xp, a, b: a >= b, "({0} >= {1})"),
-    "equal": (lambda xp, a, b: a == b, "({0} == {1})"),
-    "not_equal": (lambda xp, a, b: a != b, "({0} != {1})"),
+                "(({0}) < ({1}) ? ({0}) : ({1}))))", "minimum"),
+    "less": (lambda xp, a, b: a < b, "({0} < {1})", "less"),
+    "less_equal": (lambda xp, a, b: a <= b, "({0} <= {1})", "less_equal"),
+    "greater": (lambda xp, a, b: a > b, "({0} > {1})", "greater"),
+    "greater_equal": (lambda xp, a, b: a >= b, "({0} >= {1})", "greater_equal"),
+    "equal": (lambda xp, a, b: a == b, "({0} == {1})", "equal"),
+    "not_equal": (lambda xp, a, b: a != b, "({0} != {1})", "not_equal"),
+    # NumPy's floor division and remainder (Python semantics, float special cases) and
+    # its shifts (defined past the bit width) have no C operator: CuPy runs them.
+    "floor_divide": (lambda xp, a, b: xp.floor_divide(a, b), None, "floor_divide"),
+    "remainder": (lambda xp, a, b: xp.remainder(a, b), None, "remainder"),
+    "left_shift": (lambda xp, a, b: xp.left_shift(a, b), None, "left_shift"),
+    "right_shift": (lambda xp, a, b: xp.right_shift(a, b), None, "right_shift"),
+    "bitwise_and": (lambda xp, a, b: xp.bitwise_and(a, b), "({0} & {1})", "bitwise_and"),
+    "bitwise_or": (lambda xp, a, b: xp.bitwise_or(a, b), "({0} | {1})", "bitwise_or"),
+    "bitwise_xor": (lambda xp, a, b: xp.bitwise_xor(a, b), "({0} ^ {1})", "bitwise_xor"),
+    "logical_and": (lambda xp, a, b: xp.logical_and(a, b), "({0} && {1})", "logical_and"),
+    "logical_or": (lambda xp, a, b: xp.logical_or(a, b), "({0} || {1})", "logical_or"),
+    "logical_xor": (lambda xp, a, b: xp.logical_xor(a, b), "({0} != {1})", "logical_xor"),
 }
 _UNARY = {
-    "exp": (lambda xp, x: xp.exp(x), "exp({0})"),
-    "log": (lambda xp, x: xp.log(x), "log({0})"),
-    "tanh": (lambda xp, x: xp.tanh(x), "tanh({0})"),
-    "sqrt": (lambda xp, x: xp.sqrt(x), "sqrt({0})"),
-    "rsqrt": (lambda xp, x: 1 / xp.sqrt(x), "rsqrt({0})"),
-    "abs": (lambda xp, x: xp.abs(x), "abs({0})"),
-    "negative": (lambda xp, x: -x, "(-{0})"),
-    "relu": (lambda xp, x: ACTIVATIONS["relu"](xp, x), "(({0}) < 0 ? 0 : ({0}))"),
+    "exp": (lambda xp, x: xp.exp(x), "exp({0})", "exp"),
+    "log": (lambda xp, x: xp.log(x), "log({0})", "log"),
+    "tanh": (lambda xp, x: xp.tanh(x), "tanh({0})", "tanh"),
+    "sqrt": (lambda xp, x: xp.sqrt(x), "sqrt({0})", "sqrt"),
+    "rsqrt": (lambda xp, x: 1 / xp.sqrt(x), "rsqrt({0})", None),
+    "abs": (lambda xp, x: xp.abs(x), "abs({0})", "absolute"),
+    "negative": (lambda xp, x: -x, "(-{0})", "negative"),
+    "positive": (lambda xp, x: xp.positive(x), "{0}", "positive"),
+    "square": (lambda xp, x: xp.square(x), "({0} * {0})", "square"),
+    "reciprocal": (lambda xp, x: xp.reciprocal(x), "(1 / {0})", "reciprocal"),
+    "invert": (lambda xp, x: xp.invert(x), "(~{0})", "invert"),
+    "logical_not": (lambda xp, x: xp.logical_not(x), "(!{0})", "logical_not"),
+    # a new array with x's values: what keeps a result from sharing memory with an input
+    # where NumPy's would not (see passes/aliasing.py), and np.copy / x.copy()
+    "copy": (lambda xp, x: xp.array(x, copy=True), "{0}", None),
+    "relu": (lambda xp, x: ACTIVATIONS["relu"](xp, x), "(({0}) < 0 ? 0 : ({0}))", None),
     "gelu": (lambda xp, x: _gelu(xp, x),
              "(0.5 * ({0}) * (1 + tanh(0.7978845608028654 * (({0}) + 0.044715 * ({0}) * "
-             "({0}) * ({0})))))"),
-    "sigmoid": (lambda xp, x: _sigmoid(xp, x), "(1 / (1 + exp(-({0}))))"),
-    "silu": (lambda xp, x: ACTIVATIONS["silu"](xp, x), "(({0}) / (1 + exp(-({0}))))"),
+             "({0}) * ({0})))))", None),
+    "sigmoid": (lambda xp, x: _sigmoid(xp, x), "(1 / (1 + exp(-({0}))))", None),
+    "silu": (lambda xp, x: ACTIVATIONS["silu"](xp, x), "(({0}) / (1 + exp(-({0}))))", None),
 }
 
-for _name, (_ref, _cuda) in _BINARY.items():
+for _name, (_ref, _cuda, _ufunc) in _BINARY.items():
     _register(OpDef(_name, "elementwise", 2, _broadcast,
-                    (lambda f: lambda xp, args, attrs: f(xp, *args))(_ref), _cuda))
-for _name, (_ref, _cuda) in _UNARY.items():
+                    (lambda f: lambda xp, args, attrs: f(xp, *args))(_ref), _cuda,
+                    ufunc=_ufunc))
+for _name, (_ref, _cuda, _ufunc) in _UNARY.items():
     _register(OpDef(_name, "elementwise", 1, _same,
-                    (lambda f: lambda xp, args, attrs: f(xp, *args))(_ref), _cuda))
+                    (lambda f: lambda xp, args, attrs: f(xp, *args))(_ref), _cuda,
+                    ufunc=_ufunc))
 
+_register(OpDef(
+    # np.clip: NaN in any operand gives NaN; otherwise max(x, lo) then min(., hi), the
+    # first operand kept on ties (so clip(-0.0, 0.0, 1.0) is -0.0, as in NumPy)
+    "clip", "elementwise", 3, _broadcast,
+    lambda xp, args, attrs: xp.clip(*args),
+    "(({1}) != ({1}) ? ({1}) : (({2}) != ({2}) ? ({2}) : "
+    "(((({0}) < ({1})) ? ({1}) : ({0})) > ({2}) ? ({2}) : "
+    "((({0}) < ({1})) ? ({1}) : ({0})))))",
+    ufunc="clip",
+))
 _register(OpDef(
     "where", "elementwise", 3, _broadcast,
     lambda xp, args, attrs: xp.where(*args), "({0} ? {1} : {2})",
@@ -172,30 +221,79 @@ _register(OpDef(
 
 
 # -- reductions ----------------------------------------------------------------------------
+#: Reductions: ``op(x[, where]; axis, keepdims[, dtype][, initial][, ddof][, form])``.
+#: ``axis`` is a sorted tuple or None (every axis); ``where`` (NumPy's ``where=``) is an
+#: optional second input; ``dtype``, ``initial`` and ``ddof`` are NumPy's arguments,
+#: present only when given. The reference is the NumPy function itself, so every
+#: accumulation rule is NumPy's (float16 ``mean`` through float32, integer ``sum`` in
+#: int64...). ``var`` also has ``form``: ``"np.var"`` (default, ``np.var``'s own
+#: computation) or ``"mean_square"``, the hand-written ``mean((x - mean(x))**2)`` that
+#: reduction fusion recognises — for float16 the two differ (``np.var`` sums the squares
+#: in float16, ``np.mean`` through float32), so the fused node keeps what was written.
+REDUCTIONS = ("sum", "mean", "max", "min", "var", "std", "prod", "argmax", "argmin", "any",
+              "all")
+_ARG_REDUCTIONS = ("argmax", "argmin")
+
+
 def _reduce_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
     shape = tuple(inputs[0].shape)
     axes = normalize_axis(attrs.get("axis"), len(shape))
+    if len(inputs) == 2:
+        where = tuple(inputs[1].shape)
+        try:
+            if tuple(np.broadcast_shapes(where, shape)) != shape:
+                raise ValueError
+        except ValueError:
+            raise ShapeError(f"where= of shape {where} does not broadcast to the reduced "
+                             f"array's {shape}") from None
     if attrs.get("keepdims"):
         return tuple(1 if i in axes else d for i, d in enumerate(shape))
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
-def _reduction(name: str, fn: Callable[..., Any]) -> None:
+def reduction_kwargs(attrs: dict[str, Any], where: Any = None) -> dict[str, Any]:
+    """NumPy keyword arguments of a reduction node (``axis`` as NumPy takes it)."""
+    axis = attrs.get("axis")
+    kw: dict[str, Any] = {"axis": None if axis is None else tuple(axis),
+                          "keepdims": bool(attrs.get("keepdims"))}
+    for key in ("dtype", "initial", "ddof"):
+        if attrs.get(key) is not None:
+            kw[key] = attrs[key]
+    if where is not None:
+        kw["where"] = where
+    return kw
+
+
+def is_plain_reduction(node: Any) -> bool:
+    """Whether a reduction node has none of ``where``/``dtype``/``initial``/``ddof``
+    (the only reductions pattern matchers and generated row kernels take)."""
+    return len(node.inputs) == 1 and all(node.attrs.get(k) is None
+                                         for k in ("dtype", "initial", "ddof"))
+
+
+def _reduction(name: str) -> None:
     def reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
         x = args[0]
-        axis = attrs.get("axis")
-        out = fn(xp, x, axis=None if axis is None else tuple(axis),
-                 keepdims=bool(attrs.get("keepdims")))
-        return xp.asarray(out)
+        kw = reduction_kwargs(attrs, args[1] if len(args) == 2 else None)
+        if name == "var" and attrs.get("form") == "mean_square":
+            m = xp.mean(x, axis=kw["axis"], keepdims=True)
+            d = x - m
+            return xp.asarray(xp.mean(d * d, axis=kw["axis"], keepdims=kw["keepdims"]))
+        if name in _ARG_REDUCTIONS and kw["axis"] is not None:
+            kw["axis"] = kw["axis"][0] if x.ndim else None
+        if xp is not np and ("where" in kw or "initial" in kw):
+            # CuPy's reductions take neither argument: NumPy computes them on the host
+            host = getattr(np, name)(xp.asnumpy(x), **{
+                k: xp.asnumpy(v) if k == "where" and not isinstance(v, (bool, np.ndarray))
+                else v for k, v in kw.items()})
+            return xp.asarray(host)
+        return xp.asarray(getattr(xp, name)(x, **kw))
 
-    _register(OpDef(name, "reduction", 1, _reduce_shape, reference))
+    _register(OpDef(name, "reduction", None, _reduce_shape, reference))
 
 
-_reduction("sum", lambda xp, x, **kw: xp.sum(x, **kw))
-_reduction("mean", lambda xp, x, **kw: xp.mean(x, **kw))
-_reduction("max", lambda xp, x, **kw: xp.max(x, **kw))
-_reduction("min", lambda xp, x, **kw: xp.min(x, **kw))
-_reduction("var", lambda xp, x, **kw: xp.var(x, **kw))
+for _name in REDUCTIONS:
+    _reduction(_name)
 
 
 # -- matmul (with transposes and a bias + activation epilogue) -----------------------------
@@ -290,7 +388,10 @@ def _layer_norm_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -
     x = args[0]
     x = x.astype(_float_of(x.dtype)) if x.dtype.kind != "f" else x
     mean = xp.mean(x, axis=-1, keepdims=True)
-    var = xp.mean((x - mean) * (x - mean), axis=-1, keepdims=True)
+    if attrs.get("variance") == "np.var":  # written with x.var(): NumPy's own variance
+        var = xp.var(x, axis=-1, keepdims=True)
+    else:  # written as mean((x - m) * (x - m)) or mean((x - m)**2)
+        var = xp.mean((x - mean) * (x - mean), axis=-1, keepdims=True)
     y = (x - mean) / xp.sqrt(var + x.dtype.type(attrs.get("eps", 1e-5)))
     if len(args) >= 2:
         y = y * args[1]
@@ -395,17 +496,18 @@ def _concat_dtype(inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
 
 
 def _slice_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
-    return tuple(np.empty(tuple(inputs[0].shape), dtype=np.uint8)[_index(attrs)].shape) \
+    return tuple(np.empty(tuple(inputs[0].shape), dtype=np.uint8)[basic_index(attrs)].shape) \
         if int(np.prod(inputs[0].shape, dtype=np.int64)) < 2**20 else \
         _slice_shape_big(tuple(inputs[0].shape), attrs)
 
 
 def _slice_shape_big(shape: tuple[int, ...], attrs: dict[str, Any]) -> tuple[int, ...]:
     probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape, (0,) * len(shape))
-    return tuple(probe[_index(attrs)].shape)
+    return tuple(probe[basic_index(attrs)].shape)
 
 
-def _index(attrs: dict[str, Any]) -> tuple:
+def basic_index(attrs: dict[str, Any]) -> tuple:
+    """The NumPy index of a ``slice``/``setitem`` node (its ``index`` attribute)."""
     out: list[Any] = []
     for part in attrs["index"]:
         kind = part[0]
@@ -418,6 +520,27 @@ def _index(attrs: dict[str, Any]) -> tuple:
         elif kind == "e":
             out.append(Ellipsis)
     return tuple(out)
+
+
+def _setitem_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    base = tuple(inputs[0].shape)
+    region = _slice_shape([inputs[0]], attrs)
+    value = list(inputs[1].shape)
+    while len(value) > len(region) and value and value[0] == 1:
+        value.pop(0)  # NumPy drops leading size-1 dims of the value
+    try:
+        if tuple(np.broadcast_shapes(tuple(value), region)) != region:
+            raise ValueError
+    except ValueError:
+        raise ShapeError(f"could not broadcast a value of shape {tuple(inputs[1].shape)} "
+                         f"into the region {region} of an array of shape {base}") from None
+    return base
+
+
+def _setitem_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    out = xp.array(args[0], copy=True)
+    out[basic_index(attrs)] = args[1]
+    return out
 
 
 _register(OpDef("reshape", "shape", 1, _reshape_shape,
@@ -439,7 +562,11 @@ _register(OpDef("concatenate", "shape", None, _concat_shape,
                 lambda xp, args, attrs: xp.concatenate(list(args), axis=attrs["axis"]),
                 dtype=_concat_dtype))
 _register(OpDef("slice", "shape", 1, _slice_shape,
-                lambda xp, args, attrs: args[0][_index(attrs)],
+                lambda xp, args, attrs: args[0][basic_index(attrs)],
+                dtype=lambda inputs, attrs: inputs[0].dtype))
+# ``base[index] = value`` as a new array (in-place writes are traced functionally: the
+# written array's later readers read this node); ``value`` is cast to the base's dtype
+_register(OpDef("setitem", "shape", 2, _setitem_shape, _setitem_reference,
                 dtype=lambda inputs, attrs: inputs[0].dtype))
 
 
@@ -483,6 +610,10 @@ def _eager_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any
 _register(OpDef("eager", "eager", None, _no_shape, _eager_reference))
 
 
+#: NumPy ufunc name -> the op with its semantics (``np.true_divide`` is ``"divide"``).
+UFUNC_OPS: dict[str, str] = {d.ufunc: name for name, d in REGISTRY.items() if d.ufunc}
+
+
 # -- entry points --------------------------------------------------------------------------
 def infer(op: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[tuple[int, ...],
                                                                            np.dtype]:
@@ -505,6 +636,19 @@ def evaluate(op: str, xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> An
     return REGISTRY[op].reference(xp, args, attrs)
 
 
+def check_eager_result(node: Any, out: Any) -> None:
+    """Raise :class:`~pyc_lab.compiler.errors.DynamicShapeError` when a graph break's result
+    has a shape or dtype other than the one seen while tracing: everything after it was
+    specialised to that shape (sizes read from it became constants), so the compiled
+    graph cannot be trusted for these inputs."""
+    if tuple(out.shape) != tuple(node.shape) or out.dtype != node.dtype:
+        raise DynamicShapeError(
+            f"graph break %{node.id} ({node.attrs.get('fn', 'eager')}) returned "
+            f"{replace(node, shape=tuple(out.shape), dtype=np.dtype(out.dtype)).type_text} "
+            "where the trace saw "
+            f"{node.type_text}: its result depends on the input values")
+
+
 def run_graph(graph: Any, args: Sequence[Any], xp: Any) -> list[Any]:
     """Evaluate a :class:`~pyc_lab.compiler.ir.Graph` on ``args`` (one per graph input)
     with array module ``xp``, node by node through the references: the NumPy backend,
@@ -523,6 +667,8 @@ def run_graph(graph: Any, args: Sequence[Any], xp: Any) -> list[Any]:
         if n.op == "input":
             continue
         out = xp.asarray(evaluate(n.op, xp, [values[i] for i in n.inputs], n.attrs))
+        if n.op == "eager":
+            check_eager_result(n, out)
         if out.dtype != n.dtype:
             out = out.astype(n.dtype)
         values[n.id] = out

@@ -48,12 +48,18 @@ def snapshot_path(name_or_path: str | Path) -> Path:
     SnapshotError
         If it is neither an existing file nor a shipped snapshot name.
     """
+    if not isinstance(name_or_path, (str, Path)):
+        raise SnapshotError(f"a hardware snapshot is a file path or a shipped name such as "
+                            f"'h200', not {type(name_or_path).__name__} {name_or_path!r}")
     path = Path(name_or_path)
     if path.is_file():
         return path
-    shipped = resources.files("pyc_lab") / "data" / "snapshots" / f"{name_or_path}.json"
-    if shipped.is_file():
-        return Path(str(shipped))
+    name = str(name_or_path)
+    if name and "/" not in name and "\\" not in name and name not in (".", ".."):
+        # only a plain name can be a shipped snapshot: "../x" never leaves the folder
+        shipped = resources.files("pyc_lab") / "data" / "snapshots" / f"{name}.json"
+        if shipped.is_file():
+            return Path(str(shipped))
     raise SnapshotError(
         f"no hardware snapshot {str(name_or_path)!r}: not a file, and not one of the shipped "
         f"snapshots {list_snapshots()}"

@@ -7,19 +7,27 @@ pyc_lab believes GPU 0 sits on NUMA node 0.
 
 Profiles are plain data: :meth:`HardwareProfile.to_json` and
 :meth:`HardwareProfile.from_json` round-trip them exactly; that is how snapshots of
-other machines are shipped and loaded.
+other machines are shipped and loaded. Loading checks every field against its type, so
+that a hand-edited or foreign snapshot fails at once with a
+:class:`~pyc_lab.errors.SnapshotError` naming the field, not later in a table or widget.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import json
+import logging
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PycLabError, SnapshotError
+from ..paths import replacing
 from .cpulist import format_cpulist, parse_cpulist
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,7 +43,14 @@ __all__ = [
     "pcie_bandwidth_gbps",
 ]
 
+log = logging.getLogger(__name__)
+
 SCHEMA_VERSION = 1
+
+#: The largest snapshot file read (a real one is a few KiB, a DGX's about 100 KiB).
+MAX_SNAPSHOT_BYTES = 16 * 2**20
+#: The largest CPU id a snapshot's cpulists may name (Linux builds for at most 8192).
+_MAX_CPU_ID = 2**16
 
 #: Usable bandwidth of one PCIe lane in GB/s per direction, by generation
 #: (line rate after 8b/10b, 128b/130b or FLIT encoding).
@@ -343,20 +358,41 @@ class HardwareProfile:
         return d
 
     def to_json(self, path: str | Path | None = None, *, indent: int = 2) -> str:
-        """Serialise to JSON; also write it to ``path`` when given. Returns the text."""
+        """Serialise to JSON; also write it to ``path`` when given. Returns the text.
+
+        The file is written beside ``path`` and renamed into place, so a failed write
+        never leaves half a snapshot (or destroys an earlier one).
+
+        Raises
+        ------
+        PycLabError
+            If the folder of ``path`` does not exist or cannot be written.
+        """
         text = json.dumps(self.to_dict(), indent=indent, sort_keys=False) + "\n"
         if path is not None:
-            Path(path).write_text(text)
+            with replacing(path, "save the hardware profile") as out:
+                out.write_text(text, encoding="utf-8")
         return text
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
-        """Rebuild a profile from :meth:`to_dict` output.
+    def from_dict(cls, data: dict[str, Any], *, where: str = "") -> HardwareProfile:
+        """Rebuild a profile from :meth:`to_dict` output, checking every field's type.
+
+        Fields this version does not know (written by a newer pyc_lab) are ignored, with
+        a log record naming them; a missing field takes its default.
+
+        Parameters
+        ----------
+        data
+            The parsed JSON.
+        where
+            Where the data came from (a file name), for error messages.
 
         Raises
         ------
         SnapshotError
-            If the data is not a pyc_lab hardware profile or has a newer schema.
+            If the data is not a pyc_lab hardware profile, has a newer schema or a field
+            of the wrong type (the message names the field and the type expected).
         """
         if not isinstance(data, dict) or "host" not in data or "gpus" not in data:
             raise SnapshotError(
@@ -365,37 +401,19 @@ class HardwareProfile:
                 "`pyc-lab hw --save PATH`)"
             )
         schema = data.get("schema", 1)
-        if not isinstance(schema, int) or schema > SCHEMA_VERSION:
+        if isinstance(schema, bool) or not isinstance(schema, int) or schema > SCHEMA_VERSION:
             raise SnapshotError(
                 f"hardware profile schema {schema!r} is newer than this pyc_lab understands "
                 f"({SCHEMA_VERSION}); upgrade pyc_lab to read it"
             )
         try:
-            host_d = dict(data["host"])
-            host_d["numa_nodes"] = [
-                NumaNode(
-                    id=int(n["id"]),
-                    cpus=parse_cpulist(n.get("cpus") or ""),
-                    memory_total_bytes=n.get("memory_total_bytes"),
-                )
-                for n in host_d.get("numa_nodes", [])
-            ]
-            if host_d.get("process_affinity") is not None:
-                host_d["process_affinity"] = parse_cpulist(host_d["process_affinity"])
-            host = HostInfo(**host_d)
-            gpus = []
-            for g in data["gpus"]:
-                g = dict(g)
-                if g.get("cpu_affinity") is not None:
-                    g["cpu_affinity"] = parse_cpulist(g["cpu_affinity"])
-                gpus.append(GPUInfo(**g))
-            links = [LinkInfo(**dict(link)) for link in data.get("links", [])]
-            top = {k: v for k, v in data.items() if k not in ("host", "gpus", "links", "schema")}
-            return cls(host=host, gpus=gpus, links=links, **top)
-        except (TypeError, ValueError, KeyError, AttributeError, PycLabError) as exc:
+            return _build(cls, {k: v for k, v in data.items() if k != "schema"}, "")
+        except _FieldError as exc:
+            name, problem = exc.args
+            in_file = f" ({where})" if where else ""
             raise SnapshotError(
-                f"hardware profile is malformed ({type(exc).__name__}: {exc}); re-record it "
-                "with `pyc-lab hw --save PATH`"
+                f"hardware profile is malformed{in_file}: {name} {problem}; fix the field "
+                "or re-record it with `pyc-lab hw --save PATH`"
             ) from None
 
     @classmethod
@@ -405,7 +423,8 @@ class HardwareProfile:
         Raises
         ------
         SnapshotError
-            If the file is missing, is not JSON or is not a hardware profile.
+            If the file is missing, unreadable, not UTF-8 text, not JSON or not a valid
+            hardware profile.
         """
         if isinstance(source, dict):
             return cls.from_dict(source)
@@ -420,16 +439,19 @@ class HardwareProfile:
                     "by HardwareProfile.to_json() or a shipped name from "
                     "pyc_lab.runtime.list_snapshots()"
                 )
-            text = path.read_text()
+            text = _read_snapshot(path)
             where = str(path)
         else:
             text = str(source)
             where = "the given string"
         try:
             data = json.loads(text)
+        except RecursionError:
+            raise SnapshotError(f"hardware snapshot {where} is not a hardware profile: its "
+                                "JSON is nested too deeply") from None
         except json.JSONDecodeError as exc:
             raise SnapshotError(f"hardware snapshot {where} is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(data, where=where if where != "the given string" else "")
 
     # -- display --------------------------------------------------------------
     def summary_lines(self) -> list[str]:
@@ -498,3 +520,146 @@ def _short(v: Any) -> str:
             return format_cpulist(v)
         return f"[{len(v)} item(s)]"
     return _fmt(v)
+
+
+# -- loading and checking snapshots -------------------------------------------------------
+
+class _FieldError(Exception):
+    """A snapshot field is wrong: ``(dotted name, what is wrong)``."""
+
+
+#: Fields held as CPU id lists in memory and as cpulist text ("0-3,8") in files.
+_CPULIST_FIELDS = {"cpus", "process_affinity", "cpu_affinity"}
+
+
+def _read_snapshot(path: Path) -> str:
+    """The text of a snapshot file, with every way of failing as a :class:`SnapshotError`."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_SNAPSHOT_BYTES:
+            raise SnapshotError(f"hardware snapshot {path} is {size} bytes, more than the "
+                                f"{MAX_SNAPSHOT_BYTES} a profile can take; is it a snapshot?")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SnapshotError(f"hardware snapshot {path} cannot be read ({exc.strerror or exc})"
+                            ) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SnapshotError(
+            f"hardware snapshot {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
+            f"offset {exc.start}); snapshots are JSON files written by "
+            "HardwareProfile.to_json() or `pyc-lab hw --save PATH`") from None
+
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    return {int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+_NAMES = {int: ("an integer", "integers"), str: ("a string", "strings"),
+          bool: ("true or false", "true/false values"), float: ("a number", "numbers"),
+          type(None): ("null", "nulls")}
+
+
+def _expected(tp: Any, plural: bool = False) -> str:
+    """``tp`` in the words of JSON: ``int | None`` is "an integer or null"."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_expected(a, plural) for a in args)
+    if origin is list:
+        return ("lists of " if plural else "a list of ") + _expected(args[0], True)
+    if origin is dict:
+        return ("objects of " if plural else "an object of ") + _expected(args[1], True)
+    if tp in _NAMES:
+        return _NAMES[tp][plural]
+    return getattr(tp, "__name__", str(tp))
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is list:
+        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _matches(k, args[0]) and _matches(v, args[1]) for k, v in value.items())
+    return isinstance(value, tp)
+
+
+def _cpulist(value: Any, optional: bool, name: str) -> list[int] | None:
+    """A cpulist field: text such as ``"0-3,8"`` (or null where allowed) to CPU ids."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise _FieldError(name, f"must be a CPU list string such as '0-3,8'"
+                                f"{' or null' if optional else ''}, got {_short_value(value)} "
+                                f"({_json_type(value)})")
+    ids = [int(d) for d in re.findall(r"[0-9]+", value)] if len(value) < 65536 else [-1]
+    if any(not 0 <= i < _MAX_CPU_ID for i in ids):
+        raise _FieldError(name, f"names CPU ids beyond {_MAX_CPU_ID - 1} (or is too long)")
+    try:
+        return parse_cpulist(value)
+    except PycLabError as exc:
+        raise _FieldError(name, f"is not a CPU list: {exc}") from None
+
+
+def _short_value(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    """An instance of dataclass ``cls`` from JSON data, every field's type checked
+    against its annotation; nested profiles (host, GPUs, links, NUMA nodes) recurse."""
+    label = where or "the profile"
+    if not isinstance(data, dict):
+        raise _FieldError(label, f"must be an object, got {_short_value(data)} "
+                                 f"({_json_type(data)})")
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        log.info("hardware snapshot: ignoring fields %s of %s (written by a newer pyc_lab?)",
+                 unknown, label)
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        dotted = f"{where}.{name}" if where else name
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise _FieldError(dotted, f"is missing ({_expected(hints[name])} expected)")
+            continue
+        value, tp = data[name], hints[name]
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+        if name in _CPULIST_FIELDS:
+            kwargs[name] = _cpulist(value, _matches(None, tp), dotted)
+        elif dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value, dotted)
+        elif item is not None and dataclasses.is_dataclass(item):
+            if not isinstance(value, list):
+                raise _FieldError(dotted, f"must be a list of objects, got "
+                                          f"{_short_value(value)} ({_json_type(value)})")
+            kwargs[name] = [_build(item, v, f"{dotted}[{i}]") for i, v in enumerate(value)]
+        elif _matches(value, tp):
+            kwargs[name] = value
+        else:
+            raise _FieldError(dotted, f"must be {_expected(tp)}, got {_short_value(value)} "
+                                      f"({_json_type(value)})")
+    return cls(**kwargs)

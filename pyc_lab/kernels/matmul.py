@@ -33,8 +33,8 @@ from . import cutlass as cg
 from .tuning import database
 from .tuning.keys import ProblemKey, device_key
 
-__all__ = ["ACTIVATIONS", "RECHECK_S", "TUNED_DTYPES", "find_tuned", "forget", "last_choice",
-           "matmul", "operand_layout", "prepare", "tuned_kernel"]
+__all__ = ["ACTIVATIONS", "DTYPES", "RECHECK_S", "TUNED_DTYPES", "find_tuned", "forget",
+           "last_choice", "matmul", "operand_layout", "prepare", "tuned_kernel"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,10 @@ _LOCK = threading.Lock()
 _STAMP: dict[str, Any] = {"at": -1e9, "stamp": None}
 #: Array dtypes with tuned kernels, and their kernel dtype (float32 -> "tf32" with tf32=True).
 TUNED_DTYPES = {"float16": "f16", "float32": "f32"}
+#: The element types ``matmul`` computes in; mixed operands promote as NumPy promotes them
+#: (float16 @ float32 is float32). Integers, booleans, complex and object arrays are
+#: refused: the GEMM kernels, the epilogues and cuBLAS are real floating point.
+DTYPES = ("float16", "float32", "float64")
 
 
 def _record(impl: str, reason: str, **extra: Any) -> None:
@@ -264,13 +268,16 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     Parameters
     ----------
     a, b
-        2-D arrays (M x K and K x N); CuPy arrays run on the GPU, NumPy on the CPU.
+        2-D arrays (M x K and K x N) of float16, float32 or float64, both NumPy (run on
+        the CPU) or both CuPy (run on the GPU); mixed dtypes promote as NumPy promotes
+        them.
     out
         Optional output (M x N, C-contiguous); with ``beta != 0`` its old value is added.
     alpha, beta
         Scales of the product and of ``out``'s old value.
     bias
-        Optional row vector of length N added after the product.
+        Optional row vector of length N (shape ``(N,)`` or ``(1, N)``) added after the
+        product; its dtype must cast to the product's within its kind.
     activation
         ``None``, ``"relu"``, ``"gelu"`` (tanh approximation) or ``"silu"``.
     tf32
@@ -281,16 +288,16 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     -------
     array
         ``out`` (or a new array). :data:`last_choice` says which implementation ran and why.
+
+    Raises
+    ------
+    PycLabError
+        For operands that do not multiply, dtypes outside :data:`DTYPES` (integer,
+        boolean, complex, object), operands on different devices, a bias of the wrong
+        length or dtype, an ``out`` of the wrong shape or dtype, or a non-real scale.
     """
-    if activation is not None and activation not in ACTIVATIONS:
-        raise PycLabError(f"matmul activation must be None or one of {ACTIVATIONS}, got "
-                          f"{activation!r}")
-    if getattr(a, "ndim", 0) < 1 or getattr(b, "ndim", 0) < 1:
-        raise PycLabError("matmul takes arrays with at least one dimension")
-    if a.shape[-1] != b.shape[0 if b.ndim == 1 else -2]:
-        raise PycLabError(f"matmul: a {tuple(a.shape)} and b {tuple(b.shape)} do not "
-                          "multiply (inner dimensions differ)")
-    is_cupy = type(a).__module__.startswith("cupy")
+    bias = _check_inputs(a, b, out, alpha, beta, bias, activation)
+    is_cupy = _is_cupy(a)
     if not is_cupy:
         y = alpha * np.matmul(a, b)
         if beta and out is not None:
@@ -303,6 +310,11 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
         return y.astype(np.result_type(a, b), copy=False)
     import cupy as cp
 
+    if a.dtype != b.dtype:  # NumPy's promotion, so that every path below sees one dtype
+        dtype = np.result_type(a.dtype, b.dtype)
+        a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+    if bias is not None and not _is_cupy(bias):
+        bias = cp.asarray(bias)
     epilogue = cg.Epilogue(bias is not None, activation)
     kernel, why = _tuned(a, b, epilogue, tf32)
     if kernel is not None:
@@ -340,6 +352,100 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
         out[...] = y
         return out
     return y
+
+
+def _is_cupy(x: Any) -> bool:
+    return type(x).__module__.startswith("cupy")
+
+
+def _dtype_issue(x: Any, name: str) -> str:
+    """Why ``x``'s dtype is not one :func:`matmul` computes in (``""`` when it is)."""
+    dtype = np.dtype(x.dtype)
+    if dtype.name in DTYPES:
+        return ""
+    return (f"matmul: {name} has dtype {dtype}; pl.matmul computes in {', '.join(DTYPES)} "
+            f"(mixed ones promote as in NumPy); cast it, e.g. {name}.astype(np.float32)")
+
+
+def _result_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of ``np.matmul`` of operands shaped ``a`` and ``b`` (checked to multiply)."""
+    batch = np.broadcast_shapes(a[:-2], b[:-2])
+    rows = a[-2:-1]
+    cols = b[-1:] if len(b) >= 2 else ()
+    return (*batch, *rows, *cols)
+
+
+def _check_inputs(a: Any, b: Any, out: Any, alpha: Any, beta: Any, bias: Any,
+                  activation: str | None) -> Any:
+    """Refuse what :func:`matmul` cannot compute correctly, with one clear error each.
+
+    Returns the bias as a vector of one value per output column (``None`` when none),
+    so that no path can broadcast it another way.
+    """
+    if activation is not None and activation not in ACTIVATIONS:
+        raise PycLabError(f"matmul activation must be None or one of {ACTIVATIONS}, got "
+                          f"{activation!r}")
+    for name, x in (("a", a), ("b", b)):
+        if not hasattr(x, "dtype") or not hasattr(x, "shape") or getattr(x, "ndim", 0) < 1:
+            raise PycLabError(f"matmul takes arrays with at least one dimension; {name} is "
+                              f"{type(x).__name__}")
+    if _is_cupy(a) != _is_cupy(b):
+        raise PycLabError(f"matmul: a is a {'CuPy' if _is_cupy(a) else 'NumPy'} array and b "
+                          f"a {'CuPy' if _is_cupy(b) else 'NumPy'} one; give both on the "
+                          "same device (cupy.asarray or .get())")
+    for name, x in (("a", a), ("b", b)):
+        issue = _dtype_issue(x, name)
+        if issue:
+            raise PycLabError(issue)
+    if a.shape[-1] != b.shape[0 if b.ndim == 1 else -2]:
+        raise PycLabError(f"matmul: a {tuple(a.shape)} and b {tuple(b.shape)} do not "
+                          "multiply (inner dimensions differ)")
+    try:
+        shape = _result_shape(tuple(a.shape), tuple(b.shape))
+    except ValueError:
+        raise PycLabError(f"matmul: the batch dimensions of a {tuple(a.shape)} and b "
+                          f"{tuple(b.shape)} do not broadcast") from None
+    result = np.result_type(a.dtype, b.dtype)
+    for name, value in (("alpha", alpha), ("beta", beta)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(
+                value, (int, float, np.integer, np.floating)):
+            raise PycLabError(f"matmul {name} must be a real number, got {value!r}")
+    if out is not None:
+        if not hasattr(out, "dtype") or tuple(getattr(out, "shape", ())) != shape or \
+                _is_cupy(out) != _is_cupy(a):
+            raise PycLabError(f"matmul: out must be a {'CuPy' if _is_cupy(a) else 'NumPy'} "
+                              f"array of shape {shape} (the product's), got "
+                              f"{type(out).__name__} {tuple(getattr(out, 'shape', ()))}")
+        if np.dtype(out.dtype).name not in DTYPES or \
+                not np.can_cast(result, out.dtype, casting="same_kind"):
+            raise PycLabError(f"matmul: out has dtype {out.dtype}; the product is {result}, "
+                              f"so out must be one of {', '.join(DTYPES)}")
+    if bias is None:
+        return None
+    return _check_bias(a, b, bias, result)
+
+
+def _check_bias(a: Any, b: Any, bias: Any, result: np.dtype) -> Any:
+    """``bias`` as one value per output column, or a clear error."""
+    if _is_cupy(bias) and not _is_cupy(a):
+        raise PycLabError("matmul: bias is a CuPy array but a and b are NumPy arrays; give "
+                          "a NumPy bias (bias.get())")
+    if not hasattr(bias, "dtype") or not hasattr(bias, "reshape"):
+        bias = np.asarray(bias)
+    columns = b.shape[-1] if b.ndim >= 2 else None
+    if columns is None:
+        raise PycLabError("matmul: a bias needs b with at least two dimensions (one value "
+                          "per output column); b is a vector")
+    dtype = np.dtype(bias.dtype)
+    if dtype.kind not in "biuf" or not np.can_cast(dtype, result, casting="same_kind"):
+        raise PycLabError(f"matmul: bias has dtype {dtype}, which cannot be added to a "
+                          f"{result} product without changing its kind; give a real "
+                          f"floating bias, e.g. bias.astype(np.{result})")
+    shape = tuple(bias.shape)
+    if not shape or shape[-1] != columns or int(np.prod(shape)) != columns:
+        raise PycLabError(f"matmul: bias of shape {shape} for an output of {columns} "
+                          f"columns; give one value per column, shape ({columns},)")
+    return bias.reshape(-1)
 
 
 def _epilogue(xp: Any, y: Any, bias: Any, activation: str | None) -> Any:

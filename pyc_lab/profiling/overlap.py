@@ -4,22 +4,31 @@
 overlap formula to copies, measures the GPU idle fraction and compute starvation gaps,
 achieved copy bandwidths, and compares the wall time with the max-stage and classic
 pipeline bounds.
+
+A trace that keeps only its recent items' spans (a long-running belt) folds the older
+ones into a :class:`FoldedSpans`: running interval unions, byte counts and
+:class:`QuantileSketch` distributions, from which the report covers the whole run in
+bounded memory.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .quantiles import QuantileSketch
 from .spans import COPY_STAGES, GPU_STAGES, Span, stage_order
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["OverlapReport", "intersect", "total", "union"]
+__all__ = ["FoldedSpans", "OverlapReport", "intersect", "total",
+           "union"]
 
 
 _DEFAULT_GAP_FRACTION = 0.05
@@ -68,6 +77,14 @@ class OverlapReport:
         this one came.
     n_spans, n_items
         Counts.
+    folded_items, folded_spans
+        How many of those items and spans were folded out of a trace that keeps only its
+        recent items (0 for a trace that keeps every span). The figures still cover the
+        whole run; the medians (gap threshold, fill and drain) and the folded gaps'
+        lengths are then known within 1 %.
+    folded_gaps, folded_gaps_s
+        Starvation gaps among the folded spans: counted in :attr:`starvation_s` and the
+        summary, not listed in :attr:`starvation_gaps` (whose spans are no longer kept).
     """
 
     wall_s: float
@@ -90,11 +107,28 @@ class OverlapReport:
     n_items: int
     pipeline_bound_s: float = 0.0
     pipeline_efficiency: float = 0.0
+    folded_items: int = 0
+    folded_spans: int = 0
+    folded_gaps: int = 0
+    folded_gaps_s: float = 0.0
 
     @classmethod
-    def from_spans(cls, spans: Iterable[Span], *,
-                   gap_threshold_s: float | None = None) -> OverlapReport:
-        """Compute the report from spans (any order)."""
+    def from_spans(cls, spans: Iterable[Span], *, gap_threshold_s: float | None = None,
+                   folded: FoldedSpans | None = None) -> OverlapReport:
+        """Compute the report from spans (any order).
+
+        Parameters
+        ----------
+        spans
+            The spans (of a trace that keeps them all, or the ones a bounded trace kept).
+        gap_threshold_s
+            Compute gaps at least this long count as starvation; by default the larger of
+            5 % of the median compute span and 10 µs.
+        folded
+            The older spans a bounded trace folded away; the report then covers them too.
+        """
+        if folded is not None and folded.n_spans:
+            return folded.report(spans, gap_threshold_s=gap_threshold_s)
         spans = list(spans)
         if not spans:
             return cls(0.0, {}, 0.0, 0.0, 0.0, 0.0, 0.0, [], gap_threshold_s or 0.0, 0, 0,
@@ -130,17 +164,9 @@ class OverlapReport:
             t = busy.get(stage, 0.0)
             return nbytes(stage) / t / 1e9 if t > 0 else None
 
-        bound_stage = max(busy, key=lambda st: busy[st]) if busy else None
-        bound = busy[bound_stage] if bound_stage else 0.0
-        per_item: dict[str, dict[int, float]] = {}
-        for s in spans:
-            items = per_item.setdefault(s.stage, {})
-            items[s.item] = items.get(s.item, 0.0) + s.duration_s
-        order = list(busy)
-        at = order.index(bound_stage) if bound_stage else 0
-        fill_drain = sum(statistics.median(per_item[st].values())
-                         for k, st in enumerate(order) if k != at)
-        pipeline_bound = bound + fill_drain
+        medians = {st: statistics.median(times.values())
+                   for st, times in _per_item_times(spans).items()}
+        bound_stage, bound, pipeline_bound = _bounds(busy, medians)
         return cls(
             wall_s=wall, stage_busy_s=busy, copy_busy_s=copy_busy, copy_hidden_s=hidden,
             copy_hidden_pct=hidden_pct, gpu_busy_s=gpu_busy, gpu_idle_fraction=idle,
@@ -156,8 +182,13 @@ class OverlapReport:
 
     @property
     def starvation_s(self) -> float:
-        """Total length of the starvation gaps."""
-        return sum(length for _start, length in self.starvation_gaps)
+        """Total length of the starvation gaps (the folded ones included)."""
+        return sum(length for _start, length in self.starvation_gaps) + self.folded_gaps_s
+
+    @property
+    def n_starvation_gaps(self) -> int:
+        """How many starvation gaps there were (the folded ones included)."""
+        return len(self.starvation_gaps) + self.folded_gaps
 
     def to_frame(self) -> pd.DataFrame:
         """The metrics as a two-column frame (``metric``, ``value``), stable order."""
@@ -168,7 +199,7 @@ class OverlapReport:
         rows += [
             ("copy_hidden_pct", self.copy_hidden_pct),
             ("gpu_idle_fraction", self.gpu_idle_fraction),
-            ("starvation_gaps", len(self.starvation_gaps)),
+            ("starvation_gaps", self.n_starvation_gaps),
             ("starvation_ms", self.starvation_s * 1e3),
             ("h2d_gbps", self.h2d_gbps),
             ("d2h_gbps", self.d2h_gbps),
@@ -194,8 +225,11 @@ class OverlapReport:
             f"({self.copy_hidden_s * 1e3:.3f} of {self.copy_busy_s * 1e3:.3f} ms)",
             f"GPU idle: {100 * self.gpu_idle_fraction:.1f}% of wall",
             f"starvation gaps (>= {self.gap_threshold_s * 1e3:.3f} ms): "
-            f"{len(self.starvation_gaps)}, {self.starvation_s * 1e3:.3f} ms in all",
+            f"{self.n_starvation_gaps}, {self.starvation_s * 1e3:.3f} ms in all",
         ]
+        if self.folded_items:
+            lines.insert(1, f"spans of the first {self.folded_items} items folded into "
+                            "these figures (medians within 1 %); the rest kept in full")
         if gb:
             lines.append("achieved: " + ", ".join(gb))
         lines.append(f"max-stage bound {self.max_stage_bound_s * 1e3:.3f} ms "
@@ -241,3 +275,240 @@ def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
 def total(intervals: Iterable[Interval]) -> float:
     """Summed length of (disjoint) intervals."""
     return sum(end - start for start, end in intervals)
+
+
+def _per_item_times(spans: Iterable[Span]) -> dict[str, dict[int, float]]:
+    """Per stage, each item's time in it (its spans there summed)."""
+    per_item: dict[str, dict[int, float]] = {}
+    for s in spans:
+        items = per_item.setdefault(s.stage, {})
+        items[s.item] = items.get(s.item, 0.0) + s.duration_s
+    return per_item
+
+
+def _bounds(busy: dict[str, float],
+            medians: dict[str, float]) -> tuple[str | None, float, float]:
+    """The busiest stage, its busy time (the max-stage bound) and that plus the fill and
+    drain (the median item's time in every other stage: the pipeline bound)."""
+    bound_stage = max(busy, key=lambda st: busy[st]) if busy else None
+    bound = busy[bound_stage] if bound_stage else 0.0
+    fill_drain = sum(medians[st] for st in busy if st != bound_stage)
+    return bound_stage, bound, bound + fill_drain
+
+
+class _Sweep:
+    """The union of a stream of intervals that arrive roughly in time order.
+
+    Merged intervals stay *open* (mergeable) until :meth:`collapse` is told no later
+    interval will start before a time; then they are summed into ``closed_s`` and, for
+    the compute stage, the gaps between them go into ``gaps``. An interval that arrives
+    later anyway is clipped to the closed part's end.
+    """
+
+    __slots__ = ("closed_end", "closed_s", "gaps", "open")
+
+    def __init__(self, gaps: QuantileSketch | None = None) -> None:
+        self.closed_s = 0.0
+        self.closed_end = -math.inf
+        self.open: list[list[float]] = []
+        self.gaps = gaps
+
+    def add(self, start: float, end: float) -> None:
+        start = max(start, self.closed_end)
+        if end < start:
+            return
+        iv = self.open
+        if not iv or start > iv[-1][1]:  # after every open interval (the usual case)
+            iv.append([start, end])
+            return
+        if start >= iv[-1][0]:  # overlaps the last one only
+            iv[-1][1] = max(iv[-1][1], end)
+            return
+        i = bisect.bisect_right(iv, start, key=lambda x: x[0])
+        if i > 0 and iv[i - 1][1] >= start:
+            i -= 1
+            iv[i][1] = max(iv[i][1], end)
+        else:
+            iv.insert(i, [start, end])
+        cur, j = iv[i], i + 1
+        while j < len(iv) and iv[j][0] <= cur[1]:
+            cur[1] = max(cur[1], iv[j][1])
+            j += 1
+        del iv[i + 1:j]
+
+    def add_all(self, intervals: Iterable[Interval]) -> None:
+        """Add intervals sorted by start (as :func:`union` returns them)."""
+        for start, end in intervals:
+            self.add(start, end)
+
+    def collapse(self, watermark: float) -> None:
+        k = 0
+        for start, end in self.open:
+            if end > watermark:
+                break
+            if self.gaps is not None and -math.inf < self.closed_end < start:
+                self.gaps.add(start - self.closed_end)
+            self.closed_s += end - start
+            self.closed_end = end
+            k += 1
+        del self.open[:k]
+
+    def merged(self, extra: Iterable[Interval]) -> list[Interval]:
+        """The open intervals and ``extra`` (clipped to the closed part), merged."""
+        cut = self.closed_end
+        clipped = ((max(s, cut), e) for s, e in extra if e >= max(s, cut))
+        return union(itertools.chain(((s, e) for s, e in self.open), clipped))
+
+    def copy(self) -> _Sweep:
+        other = _Sweep(self.gaps.copy() if self.gaps is not None else None)
+        other.closed_s, other.closed_end = self.closed_s, self.closed_end
+        other.open = [list(iv) for iv in self.open]
+        return other
+
+
+class FoldedSpans:
+    """Whole-run overlap figures of the spans a bounded trace no longer keeps.
+
+    A trace that keeps only its recent items' spans hands the older items' spans here
+    (:meth:`fold`), then says from when on no folded span can start any more
+    (:meth:`collapse`); :meth:`report` merges these running figures with the spans still
+    kept into one :class:`OverlapReport` for the whole run. Memory stays bounded: interval
+    unions keep only their open tail, and the medians the report needs (compute span
+    length, each stage's time per item) and the starvation gaps are
+    :class:`QuantileSketch` distributions.
+
+    Unions, busy and hidden times, bytes, wall time and counts are exact as long as no
+    span reaches the trace after the spans kept have moved past its start (a belt has only
+    ``depth`` items in flight, far fewer than a trace keeps); medians and folded gap
+    lengths are within the sketches' 1 %.
+    """
+
+    def __init__(self) -> None:
+        self.n_spans = 0
+        self.n_items = 0
+        self.first_s = math.inf
+        self.last_s = -math.inf
+        self.nbytes: dict[str, int] = {}
+        self._stages: dict[str, _Sweep] = {}
+        self._copies = _Sweep()
+        self._gpu = _Sweep()
+        self._copies_compute = _Sweep()
+        self._item_time: dict[str, QuantileSketch] = {}
+        self._compute_spans = QuantileSketch()
+
+    def fold(self, spans: Sequence[Span], items: int) -> None:
+        """Take in the spans of ``items`` items leaving the trace (``items=0``: spans that
+        arrived for items already folded)."""
+        if not spans:
+            return
+        self.n_spans += len(spans)
+        self.n_items += items
+        self.first_s = min(self.first_s, min(s.start_s for s in spans))
+        self.last_s = max(self.last_s, max(s.end_s for s in spans))
+        for stage, times in _per_item_times(spans).items():
+            self._item_time.setdefault(stage, QuantileSketch()).add_many(list(times.values()))
+        by_stage: dict[str, list[Interval]] = {}
+        for s in spans:
+            by_stage.setdefault(s.stage, []).append((s.start_s, s.end_s))
+            if s.nbytes:
+                self.nbytes[s.stage] = self.nbytes.get(s.stage, 0) + s.nbytes
+        self._compute_spans.add_many([end - start for start, end in by_stage.get("compute", ())])
+        merged = {stage: union(intervals) for stage, intervals in by_stage.items()}
+        for stage, intervals in merged.items():
+            sweep = self._stages.get(stage)
+            if sweep is None:
+                sweep = self._stages[stage] = _Sweep(
+                    QuantileSketch() if stage == "compute" else None)
+            sweep.add_all(intervals)
+        for sweep, stages in ((self._copies, COPY_STAGES), (self._gpu, GPU_STAGES),
+                              (self._copies_compute, (*COPY_STAGES, "compute"))):
+            sweep.add_all(union(iv for st in stages for iv in merged.get(st, ())))
+
+    def collapse(self, watermark: float) -> None:
+        """No span folded from now on starts before ``watermark``: sum what ends by then."""
+        for sweep in (*self._stages.values(), self._copies, self._gpu, self._copies_compute):
+            sweep.collapse(watermark)
+
+    def copy(self) -> FoldedSpans:
+        """An independent copy (a report taken while the trace goes on recording)."""
+        other = FoldedSpans()
+        other.n_spans, other.n_items = self.n_spans, self.n_items
+        other.first_s, other.last_s = self.first_s, self.last_s
+        other.nbytes = dict(self.nbytes)
+        other._stages = {k: v.copy() for k, v in self._stages.items()}
+        other._copies, other._gpu = self._copies.copy(), self._gpu.copy()
+        other._copies_compute = self._copies_compute.copy()
+        other._item_time = {k: v.copy() for k, v in self._item_time.items()}
+        other._compute_spans = self._compute_spans.copy()
+        return other
+
+    def report(self, kept: Iterable[Span], *,
+               gap_threshold_s: float | None = None) -> OverlapReport:
+        """The whole run's :class:`OverlapReport`: these folded figures plus ``kept``."""
+        kept = list(kept)
+        first = min([self.first_s, *(s.start_s for s in kept)])
+        last = max([self.last_s, *(s.end_s for s in kept)])
+        wall = last - first
+        by_stage: dict[str, list[Interval]] = {}
+        for s in kept:
+            by_stage.setdefault(s.stage, []).append((s.start_s, s.end_s))
+
+        def busy_of(sweep: _Sweep, stages: Iterable[str]) -> tuple[float, list[Interval]]:
+            merged = sweep.merged(iv for st in stages for iv in by_stage.get(st, []))
+            return sweep.closed_s + total(merged), merged
+
+        stages = stage_order({*self._stages, *by_stage})
+        busy = {st: busy_of(self._stages.get(st) or _Sweep(), [st])[0] for st in stages}
+        copy_busy = busy_of(self._copies, COPY_STAGES)[0]
+        either = busy_of(self._copies_compute, [*COPY_STAGES, "compute"])[0]
+        hidden = max(copy_busy + busy.get("compute", 0.0) - either, 0.0)
+        gpu_busy = busy_of(self._gpu, GPU_STAGES)[0]
+
+        if gap_threshold_s is None:
+            durations = self._compute_spans.copy()
+            for s, e in by_stage.get("compute", []):
+                durations.add(e - s)
+            median = durations.quantile(0.5) or 0.0
+            gap_threshold_s = max(_DEFAULT_GAP_FRACTION * median, _DEFAULT_GAP_FLOOR_S)
+        compute_sweep = self._stages.get("compute") or _Sweep()
+        merged = compute_sweep.merged(by_stage.get("compute", []))
+        between = [(a_end, b_start) for (_a, a_end), (b_start, _b) in itertools.pairwise(merged)]
+        if merged and -math.inf < compute_sweep.closed_end < merged[0][0]:  # folded part's end
+            between.insert(0, (compute_sweep.closed_end, merged[0][0]))
+        gaps = [(a_end - first, b_start - a_end) for a_end, b_start in between
+                if b_start - a_end >= gap_threshold_s]
+        folded_gaps = (compute_sweep.gaps.at_least(gap_threshold_s)
+                       if compute_sweep.gaps is not None else (0, 0.0))
+
+        nbytes = dict(self.nbytes)
+        for s in kept:
+            nbytes[s.stage] = nbytes.get(s.stage, 0) + s.nbytes
+
+        def gbps(stage: str) -> float | None:
+            t = busy.get(stage, 0.0)
+            return nbytes.get(stage, 0) / t / 1e9 if t > 0 else None
+
+        medians: dict[str, float] = {}
+        kept_times = _per_item_times(kept)
+        for st in stages:
+            sketch = self._item_time.get(st, QuantileSketch()).copy()
+            for t in kept_times.get(st, {}).values():
+                sketch.add(t)
+            medians[st] = sketch.quantile(0.5) or 0.0
+        bound_stage, bound, pipeline_bound = _bounds(busy, medians)
+        return OverlapReport(
+            wall_s=wall, stage_busy_s=busy, copy_busy_s=copy_busy, copy_hidden_s=hidden,
+            copy_hidden_pct=100.0 * hidden / copy_busy if copy_busy > 0 else 0.0,
+            gpu_busy_s=gpu_busy, gpu_idle_fraction=1.0 - gpu_busy / wall if wall > 0 else 0.0,
+            starvation_gaps=gaps, gap_threshold_s=gap_threshold_s,
+            h2d_bytes=nbytes.get("h2d", 0), d2h_bytes=nbytes.get("d2h", 0),
+            h2d_gbps=gbps("h2d"), d2h_gbps=gbps("d2h"),
+            max_stage_bound_s=bound, bound_stage=bound_stage,
+            efficiency=bound / wall if wall > 0 else 0.0,
+            n_spans=self.n_spans + len(kept),
+            n_items=self.n_items + len({s.item for s in kept}),
+            pipeline_bound_s=pipeline_bound,
+            pipeline_efficiency=pipeline_bound / wall if wall > 0 else 0.0,
+            folded_items=self.n_items, folded_spans=self.n_spans,
+            folded_gaps=folded_gaps[0], folded_gaps_s=folded_gaps[1],
+        )

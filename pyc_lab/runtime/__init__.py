@@ -8,7 +8,9 @@
   or CUDA lanes (:mod:`.cuda_lanes`, GPU mode), both behind the interface in
   :mod:`.lanes`, over the slots, jobs and runs of :mod:`.belt_state`;
 - :mod:`.belt_tuning` — :func:`tune_pipeline`: the belt's settings searched by the
-  shared tuning session.
+  shared tuning session;
+- :mod:`.checks` — the argument checks their constructors share (bad settings fail at
+  construction, with what to pass instead).
 
 Nothing here imports a GPU library at import time; what needs one imports it when
 called and raises :class:`~pyc_lab.errors.DeviceUnavailableError` (or falls back to the

@@ -33,12 +33,16 @@ class Lane:
     """One daemon thread running queued callables in order (a CPU stand-in for a stream).
 
     ``init`` runs first on the thread (the CUDA lanes make their device current there).
+    Once :meth:`stop` was called the lane refuses new work (:meth:`submit` returns
+    ``False``), so nothing is ever queued behind the stop marker and silently dropped.
     """
 
     def __init__(self, name: str, init: Callable[[], None] | None = None) -> None:
         self.name = name
         self._q: queue.Queue[Any] = queue.Queue()
         self._init = init
+        self._lock = threading.Lock()
+        self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -54,12 +58,26 @@ class Lane:
                 return
             fn()
 
-    def submit(self, fn: Callable[[], None]) -> None:
-        self._q.put(fn)
+    def submit(self, fn: Callable[[], None]) -> bool:
+        """Queue ``fn``; ``False`` (and ``fn`` never runs) when the lane was stopped."""
+        with self._lock:  # stop() takes the same lock: fn lands before the marker or not
+            if self._stopped:
+                return False
+            self._q.put(fn)
+            return True
 
     def stop(self) -> None:
-        """Let the thread end once what was queued before has run."""
-        self._q.put(_STOP)
+        """Let the thread end once what was queued before has run; refuse new work."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._q.put(_STOP)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stopped
 
 
 class Crew:
@@ -142,8 +160,9 @@ class Run:
     """State of one :meth:`~pyc_lab.runtime.pipeline.Pipeline.run`: a stale stage of an
     earlier run never sees a later run's cancel flag, spec, lanes or streams."""
 
-    def __init__(self, crew: Crew, dispatcher: Dispatcher) -> None:
-        self.cancel = threading.Event()
+    def __init__(self, crew: Crew, dispatcher: Dispatcher,
+                 cancel: threading.Event | None = None) -> None:
+        self.cancel = cancel if cancel is not None else threading.Event()
         self.spec: Spec | None = None
         self.spec_ready = threading.Event()
         self.crew = crew

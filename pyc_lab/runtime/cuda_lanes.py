@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import PycLabError
 from .belt_state import Crew, Job, Lane
 from .lanes import Lanes, StageHooks
 from .pinned import is_page_locked
@@ -138,10 +139,14 @@ class CudaLanes(Lanes):
         self._enqueue(job, "d2h", "d2h", copy_out, nbytes)
         return views
 
-    def hand_over(self, job: Job) -> None:  # pragma: no cover - needs a GPU
-        """Queue the item on the ``done`` lane, which waits for its last event."""
+    def hand_over(self, job: Job) -> None:
+        """Queue the item on the ``done`` lane, which waits for its last event (a lane
+        already stopped fails the item instead of dropping it)."""
         job.running = False
-        job.run.crew.lanes["done"].submit(lambda: self._done(job))
+        if not job.run.crew.lanes["done"].submit(lambda: self._done(job)):
+            stage = next(reversed(job.events)) if job.events else "compute"
+            self.hooks.fail(job, stage, PycLabError(
+                f"item {job.index}: the belt was stopped before its result was handed over"))
 
     def wait_idle(self, crew: Crew, deadline: float) -> bool:
         """Wait until the crew's streams have finished what was queued (by ``deadline``):

@@ -4,22 +4,32 @@
 ``pyc-<name>-<k>`` (traces use them as lanes). :meth:`Dispatcher.submit` blocks while the
 queue is full, so a fast producer cannot pile up unbounded work. Every task's queue wait
 (submit to start) and run time (start to end) are recorded; :meth:`Dispatcher.metrics`
-summarises them as p50/p99 in milliseconds.
+summarises them as p50/p99 in milliseconds. The per-task records are a ring of the most
+recent ``keep_records`` tasks; counts and percentiles cover every task, from running
+counters and :class:`~pyc_lab.profiling.quantiles.QuantileSketch` distributions, so a pool
+that runs millions of tasks stays bounded.
+
+Every task :meth:`Dispatcher.submit` accepts runs, or its future is cancelled: a submit
+racing :meth:`Dispatcher.close` either raises or lands ahead of the workers' stop markers.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import numbers
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..checks import check_whole
 from ..errors import PycLabError
+from ..profiling.quantiles import QuantileSketch
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -29,6 +39,9 @@ __all__ = ["Dispatcher", "TaskRecord"]
 log = logging.getLogger(__name__)
 
 _STOP = object()
+
+#: Per-task records a dispatcher keeps by default (older ones live on in the aggregates).
+KEEP_RECORDS = 10_000
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,29 @@ def _percentiles_ms(values: list[float]) -> tuple[float | None, float | None]:
     return float(p50), float(p99)
 
 
+def _sketch_ms(sketch: QuantileSketch) -> tuple[float | None, float | None]:
+    p50, p99 = sketch.quantile(0.5), sketch.quantile(0.99)
+    return (None if p50 is None else p50 * 1e3), (None if p99 is None else p99 * 1e3)
+
+
+def _check_cpus(cpus: Any) -> None:
+    """Raise unless ``cpus`` is ``None``, CPU ids, or a list of lists of CPU ids."""
+    def listed(seq: Any) -> bool:
+        return (isinstance(seq, Iterable) and not isinstance(seq, (str, bytes, Iterator)))
+
+    def ids(seq: Any) -> bool:
+        return listed(seq) and all(
+            isinstance(c, numbers.Integral) and not isinstance(c, bool) and c >= 0
+            for c in seq)
+
+    if cpus is None or ids(cpus):
+        return
+    if listed(cpus) and all(ids(s) and len(list(s)) for s in cpus):
+        return
+    raise PycLabError(f"Dispatcher cpus must be None, a list of CPU ids (ints >= 0) or a "
+                      f"list of such lists (one per worker), got {cpus!r}")
+
+
 class Dispatcher:
     """A pool of CPU worker threads with a bounded queue and queue-wait/run-time metrics.
 
@@ -78,6 +114,10 @@ class Dispatcher:
         of such lists, one per worker (used round-robin). Binding uses
         :func:`os.sched_setaffinity`; where that is missing or refused, the worker runs
         unbound and the reason is logged and kept in :attr:`affinity_errors`.
+    keep_records
+        How many finished tasks' :class:`TaskRecord` are kept (:meth:`records`,
+        :meth:`to_frame`), ``None`` for all of them; :meth:`metrics` covers every task
+        either way, exactly while no record was dropped, within 1 % after.
 
     Examples
     --------
@@ -94,18 +134,29 @@ class Dispatcher:
         name: str = "prepare",
         *,
         cpus: Sequence[int] | Sequence[Sequence[int]] | None = None,
+        keep_records: int | None = KEEP_RECORDS,
     ) -> None:
-        n = int(workers) if workers is not None else max(1, os.cpu_count() or 1)
-        if n < 1:
-            raise PycLabError(f"Dispatcher needs at least 1 worker, got workers={workers!r}")
-        if int(queue_size) < 1:
-            raise PycLabError(f"Dispatcher queue_size must be >= 1, got {queue_size!r}")
+        n = (check_whole("Dispatcher", "workers", workers) if workers is not None
+             else max(1, os.cpu_count() or 1))
+        self.queue_size = check_whole("Dispatcher", "queue_size", queue_size)
+        self.keep_records = (None if keep_records is None
+                             else check_whole("Dispatcher", "keep_records", keep_records))
+        if not isinstance(name, str) or not name:
+            raise PycLabError(f"Dispatcher name must be a non-empty string (threads are "
+                              f"named pyc-<name>-<k>), got {name!r}")
+        _check_cpus(cpus)
         self.name = name
         self.workers = n
-        self.queue_size = int(queue_size)
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.queue_size)
         self._lock = threading.Lock()
-        self._records: list[TaskRecord] = []
+        self._no_submits = threading.Condition(self._lock)  # notified when _submitting is 0
+        self._submitting = 0  # submit calls between their closed check and their put
+        self._records: collections.deque[TaskRecord] = collections.deque(
+            maxlen=self.keep_records)
+        self._count = 0
+        self._failed = 0
+        self._queue_wait = QuantileSketch()
+        self._run_time = QuantileSketch()
         self._next_task = 0
         self._closed = False
         self.affinity_errors: list[str] = []
@@ -126,7 +177,7 @@ class Dispatcher:
     ) -> list[list[int] | None]:
         if cpus is None or len(cpus) == 0:
             return [None] * n
-        if all(isinstance(c, int) for c in cpus):
+        if all(isinstance(c, numbers.Integral) for c in cpus):
             flat = [int(c) for c in cpus]  # type: ignore[arg-type]
             return [flat] * n
         sets = [[int(c) for c in s] for s in cpus]  # type: ignore[union-attr]
@@ -169,6 +220,10 @@ class Dispatcher:
             with self._lock:  # recorded before the future resolves: a caller who waited
                 self._records.append(  # for it sees the task in the metrics
                     TaskRecord(task, k, submitted, started, ended, error is None))
+                self._count += 1
+                self._failed += error is not None
+                self._queue_wait.add(started - submitted)
+                self._run_time.add(ended - started)
             if error is None:
                 fut.set_result(result)
             else:
@@ -190,21 +245,28 @@ class Dispatcher:
             If the dispatcher is closed (also when it is closed while this call waits).
         """
         fut: Future[Any] = Future()
-        with self._lock:
+        with self._lock:  # close() waits for every submit that got past this check
             if self._closed:
                 raise PycLabError(f"Dispatcher {self.name!r} is closed; create a new one")
             task = self._next_task
             self._next_task += 1
-        entry = (task, fut, fn, args, kwargs, time.perf_counter())
-        while True:
-            try:
-                self._queue.put(entry, timeout=0.05)
-                return fut
-            except queue.Full:
-                if self._closed:
-                    raise PycLabError(
-                        f"Dispatcher {self.name!r} was closed while a submit waited"
-                    ) from None
+            self._submitting += 1
+        try:
+            entry = (task, fut, fn, args, kwargs, time.perf_counter())
+            while True:
+                try:
+                    self._queue.put(entry, timeout=0.05)
+                    return fut
+                except queue.Full:
+                    if self._closed:
+                        raise PycLabError(
+                            f"Dispatcher {self.name!r} was closed while a submit waited"
+                        ) from None
+        finally:
+            with self._lock:
+                self._submitting -= 1
+                if not self._submitting:
+                    self._no_submits.notify_all()
 
     @property
     def thread_names(self) -> list[str]:
@@ -217,17 +279,25 @@ class Dispatcher:
         return self._queue.qsize()
 
     def records(self) -> list[TaskRecord]:
-        """Timing of every finished task, in finishing order."""
+        """Timing of the most recent finished tasks (``keep_records`` of them at most), in
+        finishing order."""
         with self._lock:
             return list(self._records)
 
     def reset_metrics(self) -> None:
-        """Forget the records of finished tasks (start a new batch's metrics)."""
+        """Forget finished tasks, records and aggregates (start a new batch's metrics)."""
         with self._lock:
             self._records.clear()
+            self._count = self._failed = 0
+            self._queue_wait = QuantileSketch()
+            self._run_time = QuantileSketch()
 
     def metrics(self) -> dict[str, Any]:
-        """Summary of finished tasks.
+        """Summary of every finished task since the start (or :meth:`reset_metrics`).
+
+        Percentiles are exact (NumPy's) while every task's record is kept, and within 1 %
+        (:class:`~pyc_lab.profiling.quantiles.QuantileSketch`) once older records were
+        dropped.
 
         Returns
         -------
@@ -235,14 +305,21 @@ class Dispatcher:
             ``count``, ``failed``, ``workers``, ``queue_wait_p50_ms``, ``queue_wait_p99_ms``,
             ``run_p50_ms``, ``run_p99_ms`` (``None`` when no task has finished).
         """
-        recs = self.records()
-        qw50, qw99 = _percentiles_ms([r.queue_wait_s for r in recs])
-        run50, run99 = _percentiles_ms([r.run_s for r in recs])
+        with self._lock:
+            recs = list(self._records)
+            count, failed = self._count, self._failed
+            sketches = (None if count == len(recs)
+                        else (self._queue_wait.copy(), self._run_time.copy()))
+        if sketches is None:
+            qw50, qw99 = _percentiles_ms([r.queue_wait_s for r in recs])
+            run50, run99 = _percentiles_ms([r.run_s for r in recs])
+        else:
+            (qw50, qw99), (run50, run99) = _sketch_ms(sketches[0]), _sketch_ms(sketches[1])
         return {
             "name": self.name,
             "workers": self.workers,
-            "count": len(recs),
-            "failed": sum(not r.ok for r in recs),
+            "count": count,
+            "failed": failed,
             "queue_wait_p50_ms": qw50,
             "queue_wait_p99_ms": qw99,
             "run_p50_ms": run50,
@@ -250,7 +327,7 @@ class Dispatcher:
         }
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per finished task: worker, queue wait and run time in ms, ok."""
+        """One row per kept task record: worker, queue wait and run time in ms, ok."""
         import pandas as pd
 
         rows = [
@@ -269,6 +346,10 @@ class Dispatcher:
     def close(self, wait: bool = True, *, cancel_pending: bool = False) -> None:
         """Stop accepting tasks and stop the workers once the queue is drained.
 
+        Submits that were already past their closed check finish first (their tasks are
+        queued ahead of the workers' stop markers, or their submit raises), so every
+        accepted task runs or is cancelled.
+
         Parameters
         ----------
         wait
@@ -282,25 +363,43 @@ class Dispatcher:
             already = self._closed
             self._closed = True
         if cancel_pending:
-            while True:
-                try:
-                    entry = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if entry is not _STOP:
-                    entry[1].cancel()
+            self._cancel_queued()
         if not already:
-            for _ in self._threads:
-                if wait:
-                    self._queue.put(_STOP)
-                else:
-                    threading.Thread(
-                        target=self._queue.put, args=(_STOP,), daemon=True
-                    ).start()
+            if wait:
+                self._stop_workers(cancel_pending)
+            else:
+                threading.Thread(target=self._stop_workers, args=(cancel_pending,),
+                                 name=f"pyc_lab {self.name} close", daemon=True).start()
         if wait:
             for t in self._threads:
                 if t is not threading.current_thread():
                     t.join()
+
+    def _stop_workers(self, cancel_pending: bool) -> None:
+        """Once no submit is between its check and its put, queue one stop per worker."""
+        with self._lock:
+            while self._submitting:
+                self._no_submits.wait()
+        if cancel_pending:  # what those last submits queued
+            self._cancel_queued()
+        for _ in self._threads:
+            self._queue.put(_STOP)
+
+    def _cancel_queued(self) -> None:
+        """Cancel every queued task (its waiters are woken); stop markers taken out on the
+        way go back in."""
+        stops = 0
+        while True:
+            try:
+                entry = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if entry is _STOP:
+                stops += 1
+            elif entry[1].cancel():  # and tell waiters (concurrent.futures.wait, as_completed)
+                entry[1].set_running_or_notify_cancel()
+        for _ in range(stops):
+            self._queue.put(_STOP)
 
     @property
     def closed(self) -> bool:

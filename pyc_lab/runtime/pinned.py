@@ -424,8 +424,15 @@ class PinnedPool:
         buf = PinnedBuffer(self, ident, raw, handle)
         buf.in_use, buf.nbytes = True, int(nbytes)
         buf.wanted_node, buf.unbound_reason = self.wanted_node, unbound
-        with self._lock:
-            self._all[ident] = buf
+        with self._lock:  # closed while allocating: the buffer must not outlive the pool
+            closed = self._closed
+            if not closed:
+                self._all[ident] = buf
+        if closed:
+            buf.in_use = False
+            self._free_memory(buf)
+            raise PycLabError("PinnedPool was closed while a buffer was being allocated; "
+                              "create a new pool")
         return buf
 
     def _release(self, buf: PinnedBuffer) -> None:
@@ -481,9 +488,11 @@ class PinnedPool:
         return sum(b.capacity for b in idle)
 
     def close(self) -> None:
-        """Free every buffer and refuse further requests."""
+        """Refuse further requests, then free every buffer (an allocation under way when
+        the pool closes frees its buffer and raises)."""
+        with self._lock:
+            self._closed = True
         self.release_all()
-        self._closed = True
 
     def __enter__(self) -> PinnedPool:
         return self

@@ -25,13 +25,14 @@ h2d, compute and d2h stages run on lanes it picks once, by mode:
 behind the item's previous stage, and a ``done`` lane hands each item over once its GPU
 work is finished; :class:`~pyc_lab.runtime.host_lanes.HostLanes` do each stage on a
 thread and move on. Stage spans are ``perf_counter`` seconds in both modes, and every
-stage runs inside an NVTX range for Nsight Systems.
+stage runs inside an NVTX range for Nsight Systems. The traces the belt makes keep the
+spans of the most recent ``trace_items`` items and fold older ones into whole-run figures,
+so a belt that runs for hours stays bounded in memory.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import inspect
 import logging
 import os
@@ -43,9 +44,11 @@ from typing import Any
 
 import numpy as np
 
+from ..checks import check_callable, check_seconds, check_whole
 from ..errors import PycLabError
 from ..hardware.device import cupy_status
 from ..profiling.nvtx import nvtx_range
+from ..profiling.trace import Trace
 from .belt_state import Crew, Job, Run, Slot, Spec
 from .cuda_lanes import CudaLanes
 from .dispatcher import Dispatcher
@@ -62,6 +65,10 @@ _LAST: Pipeline | None = None
 #: How long shutdown waits for a running stage (when no ``timeout_s`` is set) before the
 #: slot it holds is discarded instead of reused.
 CLOSE_GRACE_S = 5.0
+
+#: Items whose every stage span a run's trace keeps by default; older items are folded
+#: into the trace's whole-run figures (a few hundred items are kept in full).
+TRACE_ITEMS = 10_000
 
 
 class PipelineError(PycLabError):
@@ -145,10 +152,22 @@ class Pipeline:
         ``"gpu"``, ``"cpu"`` (threads and NumPy, same semantics and trace stages) or
         ``"auto"`` (GPU when :func:`~pyc_lab.hardware.device.cupy_status` is ok).
     timeout_s
-        A stage running longer than this stops the belt with a :class:`PipelineError`.
+        A stage running longer than this many seconds (a positive finite number) stops
+        the belt with a :class:`PipelineError`; ``None``: no limit.
     trace
-        A :class:`~pyc_lab.profiling.trace.Trace` every run records into; by default each
-        run gets a new one, so :attr:`trace` shows the latest run.
+        ``None`` (default): each run gets a new :class:`~pyc_lab.profiling.trace.Trace`
+        keeping ``trace_items`` items, so :attr:`trace` shows the latest run. A ``Trace``
+        (or any object with ``record(item, stage, lane, start_s, end_s, nbytes, **meta)``):
+        every run records into it, with its own retention. ``False``: no spans are
+        recorded at all (:attr:`trace` stays empty), for runs where not even the bounded
+        bookkeeping is wanted.
+    trace_items
+        How many of the most recent items the belt keeps every detail of: the stage
+        spans in its own traces and the prepare workers' task records. Older items are
+        folded into running whole-run figures, so ``trace.overlap()`` and
+        :attr:`dispatcher_metrics` still cover the whole run while the timeline and
+        Chrome export show the recent items, and memory stays bounded. ``None`` keeps
+        everything (memory then grows with every item).
     pool
         The :class:`PinnedPool` for slot buffers (a new one by default, closed by
         :meth:`close`).
@@ -192,24 +211,33 @@ class Pipeline:
         spec: Any = None,
         copy_results: bool = True,
         compute_streams: int = 1,
+        trace_items: int | None = TRACE_ITEMS,
     ) -> None:
-        if int(depth) < 1:
-            raise PipelineError(f"depth must be >= 1, got {depth!r}")
+        err = PipelineError
+        check_callable("Pipeline", "prepare", prepare, "prepare(item) returning an array or "
+                       "a tuple of arrays, or prepare(item, out) with spec=", error=err)
+        check_callable("Pipeline", "compute", compute, "compute(arrays, stream) or "
+                       "compute(arrays) returning an array or a tuple of arrays", error=err)
         if mode not in ("auto", "cpu", "gpu"):
             raise PipelineError(f"mode must be 'auto', 'cpu' or 'gpu', not {mode!r}")
-        if int(compute_streams) < 1:
-            raise PipelineError(f"compute_streams must be >= 1, got {compute_streams!r}")
-        if timeout_s is not None and timeout_s <= 0:
-            raise PipelineError(f"timeout_s must be positive or None, got {timeout_s!r}")
+        self.depth = check_whole("Pipeline", "depth", depth, error=err)
+        self.compute_streams = check_whole("Pipeline", "compute_streams", compute_streams,
+                                           error=err)
+        self.device = check_whole("Pipeline", "device", device, minimum=0, error=err)
+        self.workers = (check_whole("Pipeline", "workers", workers, error=err)
+                        if workers is not None
+                        else max(1, min(self.depth, os.cpu_count() or 1)))
+        self.timeout_s = check_seconds("Pipeline", "timeout_s", timeout_s, error=err)
+        self.trace_items = (None if trace_items is None else
+                            check_whole("Pipeline", "trace_items", trace_items, error=err))
+        if not (trace is None or isinstance(trace, bool)
+                or callable(getattr(trace, "record", None))):
+            raise PipelineError(f"Pipeline trace must be None (a new Trace per run), False "
+                                f"(no tracing) or a Trace, got {type(trace).__name__}")
         self.prepare = prepare
         self.compute = compute
-        self.depth = int(depth)
-        self.compute_streams = int(compute_streams)
-        self.device = int(device)
-        self.workers = int(workers) if workers else max(1, min(self.depth, os.cpu_count() or 1))
         self.h2d = bool(h2d)
         self.d2h = bool(d2h)
-        self.timeout_s = timeout_s
         cp, reason = (None, "CPU mode requested") if mode == "cpu" else cupy_status()
         if mode == "gpu" and cp is None:
             from ..hardware.device import require_cupy
@@ -223,15 +251,9 @@ class Pipeline:
         self.pool = pool if pool is not None else PinnedPool(
             device=self.device, mode="auto" if self.mode == "gpu" else "cpu"
         )
-        self._own_trace = trace is None
-        if trace is None:
-            try:
-                from ..profiling.trace import Trace
-
-                trace = Trace()
-            except ImportError:  # pragma: no cover - trace module absent
-                log.debug("pyc_lab.profiling.trace not available; the pipeline is not traced")
-        self._trace = trace
+        self.traced = trace is not False  # False: spans are not recorded at all
+        self._own_trace = isinstance(trace, bool) or trace is None
+        self._trace = self._new_trace() if self._own_trace else trace
         self._compute_takes_stream = self._takes_stream(compute)
         self.copy_results = bool(copy_results)
         self.spec = _norm_spec(spec) if spec is not None else None
@@ -248,6 +270,11 @@ class Pipeline:
         # weak, so that a generator the caller drops (``break``) is closed and cleans up
         self._gen: weakref.ref[Generator[Any, None, None]] | None = None
         self._closed = False
+        # the run in progress: its cancel flag (close() from another thread sets it) and
+        # whether it is over (close() waits for that before freeing the pool)
+        self._cancel: threading.Event | None = None
+        self._run_over = threading.Event()
+        self._run_over.set()
         # where h2d, compute and d2h run: chosen once, by mode
         hooks = StageHooks(self._record, self._begin, self._fail, self._finish)
         self._lanes: Lanes = HostLanes(self.pool, hooks) if cp is None else CudaLanes(
@@ -280,9 +307,13 @@ class Pipeline:
         return sum(1 for p in params if p.default is p.empty
                    and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
+    def _new_trace(self) -> Trace:
+        return Trace(max_items=self.trace_items)
+
     @property
     def trace(self) -> Any:
-        """The :class:`~pyc_lab.profiling.trace.Trace` every stage of every item goes to."""
+        """The :class:`~pyc_lab.profiling.trace.Trace` every stage of every item goes to
+        (empty when the belt was made with ``trace=False``)."""
         return self._trace
 
     @property
@@ -300,7 +331,7 @@ class Pipeline:
 
     def _record(self, job: Job, stage: str, lane: str, start: float, end: float,
                 nbytes: int = 0) -> None:
-        if self._trace is None:
+        if not self.traced:
             return
         try:
             self._trace.record(job.index, stage, lane, start, end, nbytes=nbytes,
@@ -338,6 +369,14 @@ class Pipeline:
         ``pyc_lab <stage> item <i>`` on the thread that ran it)."""
         with nvtx_range(f"pyc_lab {stage} item {job.index}"):
             fn(job)
+
+    def _pass_on(self, job: Job, stage: str, fn: Callable[[Job], None]) -> None:
+        """Queue the item's next stage on its lane. A lane already stopped (the belt is
+        stopping) refuses it: the item fails there instead of waiting for ever."""
+        if not job.run.crew.lanes[stage].submit(lambda: self._ranged(stage, fn, job)):
+            self._fail(job, stage, PipelineError(
+                f"item {job.index}: the belt was stopped before its {stage} stage",
+                job.index, stage))
 
     def _stage_prepare(self, job: Job) -> None:
         start = self._begin(job, "prepare")
@@ -398,13 +437,11 @@ class Pipeline:
         self._record(job, "prepare", lane, start, time.perf_counter(), nbytes)
         job.running = False
         if self.h2d:
-            job.run.crew.lanes["h2d"].submit(
-                lambda: self._ranged("h2d", self._stage_h2d, job))
+            self._pass_on(job, "h2d", self._stage_h2d)
             self._lanes.yield_gil()  # let the copy lane take the GIL now, not after more prepares
         else:
             job.value = tuple(job.slot.host_views)
-            job.run.crew.lanes["compute"].submit(
-                lambda: self._ranged("compute", self._stage_compute, job))
+            self._pass_on(job, "compute", self._stage_compute)
 
     def _stage_h2d(self, job: Job) -> None:
         start = self._begin(job, "h2d")
@@ -417,8 +454,7 @@ class Pipeline:
             return
         job.running = False
         job.value = tuple(job.slot.dev)
-        job.run.crew.lanes["compute"].submit(
-            lambda: self._ranged("compute", self._stage_compute, job))
+        self._pass_on(job, "compute", self._stage_compute)
 
     def _stage_compute(self, job: Job) -> None:
         start = self._begin(job, "compute")
@@ -439,8 +475,7 @@ class Pipeline:
         job.running = False
         job.value = out
         if self.d2h:
-            job.run.crew.lanes["d2h"].submit(
-                lambda: self._ranged("d2h", self._stage_d2h, job))
+            self._pass_on(job, "d2h", self._stage_d2h)
         else:
             job.result = out
             self._lanes.hand_over(job)
@@ -465,20 +500,34 @@ class Pipeline:
 
     # -- the belt ----------------------------------------------------------------------
     def _start(self) -> Run:
-        if self._own_trace and self._trace is not None and len(self._trace):
-            self._trace = type(self._trace)()  # pipe.trace: the latest run's spans
-        if self._crew is not None:  # the last run ended cleanly: its threads and streams go on
-            crew, dispatcher = self._crew
-            dispatcher.reset_metrics()  # its records: this run's tasks only
-            self._lanes.resume(crew)
-        else:
-            crew = self._lanes.start()
-            cpus = self.pool.node_cpus if self.mode == "gpu" else None
-            dispatcher = Dispatcher(
-                self.workers, queue_size=self.depth, name="prepare", cpus=cpus
-            )
-            self._crew = (crew, dispatcher)
-        run = Run(crew, dispatcher)
+        """Set up a run, or refuse when the belt was closed since :meth:`run` was called.
+
+        From the closed check on, a :meth:`close` on another thread sees this run (its
+        cancel flag) and waits for it to end."""
+        cancel = threading.Event()
+        with self._lock:
+            if self._closed:
+                raise PipelineError("this Pipeline was closed before its run started; "
+                                    "create a new one")
+            self._cancel = cancel
+            self._run_over.clear()
+        try:
+            if self._own_trace and self.traced and len(self._trace):
+                self._trace = self._new_trace()  # pipe.trace: the latest run's spans
+            if self._crew is not None:  # the last run ended cleanly: threads and streams go on
+                crew, dispatcher = self._crew
+                dispatcher.reset_metrics()  # its records: this run's tasks only
+                self._lanes.resume(crew)
+            else:
+                crew = self._lanes.start()
+                cpus = self.pool.node_cpus if self.mode == "gpu" else None
+                dispatcher = Dispatcher(self.workers, queue_size=self.depth, name="prepare",
+                                        cpus=cpus, keep_records=self.trace_items)
+                self._crew = (crew, dispatcher)
+        except BaseException:
+            self._end_run()
+            raise
+        run = Run(crew, dispatcher, cancel)
         if self.spec is not None:  # known up front: every item is checked against it
             run.spec = self.spec
             run.spec_ready.set()
@@ -503,18 +552,32 @@ class Pipeline:
             Re-raised as is, after the same cleanup.
         """
         global _LAST
-        if self._closed:
-            raise PipelineError("this Pipeline is closed; create a new one")
-        if self._gen is not None and self._gen() is not None:
-            raise PipelineError("this Pipeline is already running; finish or close that run")
+        source = iter(items)
+        with self._lock:  # two threads calling run() at once: one of them is refused
+            if self._closed:
+                raise PipelineError("this Pipeline is closed; create a new one")
+            if self._gen is not None and self._gen() is not None:
+                raise PipelineError("this Pipeline is already running; finish or close "
+                                    "that run")
+            gen = self._run(source)
+            self._gen = weakref.ref(gen)
         _LAST = self
-        gen = self._run(iter(items))
-        self._gen = weakref.ref(gen)
         return gen
+
+    def _end_run(self) -> None:
+        with self._lock:
+            self._cancel = None
+        self._run_over.set()
 
     def _run(self, items: Any) -> Generator[Any, None, None]:
         self._signal.clear()
         run = self._start()
+        try:
+            yield from self._belt(run, items)
+        finally:
+            self._end_run()
+
+    def _belt(self, run: Run, items: Any) -> Generator[Any, None, None]:
         inflight: collections.deque[Job] = collections.deque()
         free, self._spare = self._spare or [Slot(k) for k in range(self.depth)], None
         index = 0
@@ -579,6 +642,9 @@ class Pipeline:
                     f"item {job.index}: {stage} failed: {type(exc).__name__}: {exc}",
                     job.index, stage,
                 ) from exc
+            if head.run.cancel.is_set():  # only close() sets it while a run waits
+                raise PipelineError("the Pipeline was closed while this run was in "
+                                    "progress; the items still on the belt were dropped")
             if head.done.is_set():
                 return
             wait = 0.25
@@ -656,11 +722,21 @@ class Pipeline:
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop a run in progress (its slots go back to the pool) and free the pool."""
+        """Stop a run in progress (its slots go back to the pool) and free the pool.
+
+        Safe from any thread: a run that is executing on another thread right now is
+        cancelled there (its consumer gets a :class:`PipelineError`) and waited for
+        (bounded by ``timeout_s``, else :data:`CLOSE_GRACE_S`) before the pool is freed.
+        """
+        with self._lock:  # from here on run() refuses and a run not yet set up never starts
+            self._closed = True
+            cancel = self._cancel
         gen = self._gen() if self._gen is not None else None
         if gen is not None:
-            with contextlib.suppress(ValueError):  # "generator already executing"
-                gen.close()
+            try:
+                gen.close()  # a suspended run cleans up here, on this thread
+            except ValueError:  # "generator already executing": on another thread
+                self._stop_elsewhere(cancel)
         self._gen = None
         self._spare = None
         if self._crew is not None:
@@ -670,7 +746,17 @@ class Pipeline:
             disp.close(wait=True)
         if self._own_pool:
             self.pool.close()
-        self._closed = True
+
+    def _stop_elsewhere(self, cancel: threading.Event | None) -> None:
+        """Cancel the run executing on another thread; wait (bounded) for its cleanup."""
+        if cancel is not None:
+            with self._lock:  # as in _shutdown: no stage starts after this
+                cancel.set()
+            self._signal.set()
+        grace = (self.timeout_s if self.timeout_s is not None else CLOSE_GRACE_S) + 1.0
+        if not self._run_over.wait(grace):
+            log.warning("Pipeline.close: the run on another thread did not stop within "
+                        "%.1f s; closing anyway", grace)
 
     def __enter__(self) -> Pipeline:
         return self

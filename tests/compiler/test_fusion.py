@@ -269,7 +269,7 @@ def test_layer_norm_golden():
     g = PassManager(["cse", "reduction_fusion"]).run(graph).graph
     assert g.text() == """\
 graph _ln_sq(%0: f32[4,8] x, %1: f32[8] g, %2: f32[8] b) {
-  %3 = layer_norm(%0, %1, %2; axis=-1, eps=9.999999747378752e-06) : f32[4,8]
+  %3 = layer_norm(%0, %1, %2; axis=-1, eps=9.999999747378752e-06, variance='mean_square') : f32[4,8]
   return %3
 }"""
     assert_same(graph, g, args)

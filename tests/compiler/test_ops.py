@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pyc_lab.compiler import REGISTRY, Graph, ShapeError
-from pyc_lab.compiler.ops import infer, normalize_axis, run_graph
+from pyc_lab.compiler.ops import DTypeError, infer, normalize_axis, run_graph
 
 
 @pytest.fixture
@@ -210,11 +210,115 @@ def test_shape_errors_are_readable(op, shapes, attrs, message):
         g.add(op, ids, attrs)
 
 
+#: Ops with NumPy ufunc semantics, checked over every dtype below.
+UFUNC_OPS_CHECKED = {
+    "square": np.square, "reciprocal": np.reciprocal, "positive": np.positive,
+    "invert": np.invert, "logical_not": np.logical_not, "copy": np.copy,
+    "floor_divide": np.floor_divide, "remainder": np.remainder,
+    "left_shift": np.left_shift, "right_shift": np.right_shift,
+    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor, "logical_and": np.logical_and,
+    "logical_or": np.logical_or, "logical_xor": np.logical_xor, "clip": np.clip,
+}
+DTYPES = [np.bool_, np.int8, np.uint8, np.int32, np.int64, np.float16, np.float32,
+          np.float64]
+
+
+def _values(rng, dtype, shape):
+    if np.dtype(dtype) == np.bool_:
+        return rng.random(shape) > 0.5
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(1, 7, shape).astype(dtype)
+    return rng.uniform(0.5, 4.0, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("op", sorted(UFUNC_OPS_CHECKED))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ufunc_ops_match_numpy_for_every_dtype(op, dtype, rng):
+    opdef = REGISTRY[op]
+    arrays = [_values(rng, dtype, (4, 5)) for _ in range(opdef.arity)]
+    fn = UFUNC_OPS_CHECKED[op]
+    try:
+        with np.errstate(all="ignore"):
+            ref = np.asarray(fn(*arrays))
+    except TypeError:  # NumPy refuses the dtype: so does the op, with a clear error
+        with pytest.raises(DTypeError, match="NumPy says"):
+            run_op(op, arrays)
+        return
+    with np.errstate(all="ignore"):
+        node, out = run_op(op, arrays)
+    assert out.dtype == node.dtype == ref.dtype, op
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "var", "std", "prod", "argmax",
+                                "argmin", "any", "all"])
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.float16, np.float32])
+def test_every_reduction_takes_numpys_arguments(op, dtype, rng):
+    x = _values(rng, dtype, (3, 4, 5))
+    fn = getattr(np, op)
+    cases = [{"axis": None}, {"axis": (1,), "keepdims": True}, {"axis": (0, 2)}]
+    if op not in ("argmax", "argmin"):
+        cases.append({"axis": (2,), "where": rng.random((4, 5)) > 0.3,
+                      **({"initial": 3} if op in ("max", "min") else {})})
+    if op in ("sum", "prod", "max", "min"):
+        cases.append({"axis": (1,), "initial": 2})
+    if op in ("sum", "mean", "prod", "var", "std"):
+        cases.append({"axis": (0,), "dtype": np.dtype(np.float64)})
+    if op in ("var", "std"):
+        cases.append({"axis": (2,), "ddof": 1})
+    for attrs in cases:
+        attrs = dict(attrs)
+        where = attrs.pop("where", None)
+        arrays = [x] if where is None else [x, where]
+        kw = dict(attrs)
+        if op in ("argmax", "argmin") and kw["axis"] is not None:
+            if len(kw["axis"]) > 1:
+                continue
+            kw["axis"] = kw["axis"][0]
+        with np.errstate(all="ignore"):
+            ref = np.asarray(fn(x, **kw, **({} if where is None else {"where": where})))
+            node, out = run_op(op, arrays, {"keepdims": False, **attrs})
+        assert node.shape == ref.shape and out.dtype == node.dtype == ref.dtype, (op, attrs)
+        np.testing.assert_allclose(out.astype(np.float64), ref.astype(np.float64),
+                                   rtol=1e-6, equal_nan=True, err_msg=f"{op} {attrs}")
+
+
+def test_var_forms_differ_only_where_numpy_does():
+    x = np.array([[200.0, -200.0, 200.0, -200.0]], np.float16)
+    d = x - x.mean(1, keepdims=True)
+    with np.errstate(all="ignore"):
+        _, written = run_op("var", [x], {"axis": (1,), "keepdims": False,
+                                         "form": "mean_square"})
+        _, np_var = run_op("var", [x], {"axis": (1,), "keepdims": False})
+        np.testing.assert_array_equal(written, (d * d).mean(1))  # float32 sum: 40000
+        np.testing.assert_array_equal(np_var, np.var(x, axis=1))  # float16 sum: inf
+    assert np.isinf(np_var).all() and np.isfinite(written).all()
+
+
+def test_setitem_and_clip(rng):
+    x = rng.standard_normal((4, 5))
+    v = rng.standard_normal((5,))
+    idx = (("s", 1, 3, None),)
+    _, out = run_op("setitem", [x, v], {"index": idx})
+    want = x.copy()
+    want[1:3] = v
+    np.testing.assert_array_equal(out, want)
+    with pytest.raises(ShapeError, match="could not broadcast"):
+        run_op("setitem", [x, rng.standard_normal(3)], {"index": idx})
+    lo, hi = np.array(-0.0), np.array(0.5)
+    _, c = run_op("clip", [np.array([-0.0, 0.0, np.nan, 2.0]), lo, hi])
+    ref = np.clip(np.array([-0.0, 0.0, np.nan, 2.0]), lo, hi)
+    np.testing.assert_array_equal(c, ref)
+    np.testing.assert_array_equal(np.signbit(c), np.signbit(ref))
+
+
 def test_every_registered_op_is_covered_by_a_test_here():
-    covered = set(UNARY) | set(BINARY) | {
-        "where", "astype", "sum", "mean", "max", "min", "var", "matmul", "softmax",
-        "layer_norm", "reshape", "transpose", "broadcast_to", "expand_dims", "squeeze",
-        "concatenate", "slice", "input", "constant", "fused", "eager"}
+    covered = set(UNARY) | set(BINARY) | set(UFUNC_OPS_CHECKED) | {
+        "where", "astype", "sum", "mean", "max", "min", "var", "std", "prod", "argmax",
+        "argmin", "any", "all", "matmul", "softmax", "layer_norm", "reshape", "transpose",
+        "broadcast_to", "expand_dims", "squeeze", "concatenate", "slice", "setitem",
+        "input", "constant", "fused", "eager"}
     assert set(REGISTRY) <= covered, set(REGISTRY) - covered
 
 
@@ -222,12 +326,23 @@ def test_infer_matches_the_reference_for_every_elementwise_op(rng):
     for name, opdef in REGISTRY.items():
         if opdef.kind != "elementwise" or name == "astype":
             continue
-        arrays = [rng.uniform(0.5, 1.5, (3, 2)) for _ in range(opdef.arity)]
+        integer = name in ("invert", "left_shift", "right_shift", "bitwise_and",
+                           "bitwise_or", "bitwise_xor")
+        arrays = [rng.integers(1, 5, (3, 2)) if integer else rng.uniform(0.5, 1.5, (3, 2))
+                  for _ in range(opdef.arity)]
         if name == "where":
             arrays[0] = arrays[0] > 1
         shape, dtype = infer(name, arrays, {})
         out = opdef.reference(np, arrays, {})
         assert (shape, dtype) == (out.shape, out.dtype), name
+
+
+def test_dtype_errors_say_what_numpy_says():
+    g = Graph()
+    b = g.add("input", shape=(3,), dtype=np.bool_).id
+    with pytest.raises(DTypeError, match=r"negative does not take \(bool\): NumPy says"):
+        g.add("negative", [b])
+    assert issubclass(DTypeError, TypeError) and issubclass(DTypeError, ShapeError)
 
 
 def test_normalize_axis():

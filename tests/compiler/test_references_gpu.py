@@ -19,9 +19,18 @@ CASES = {
     "max": ([(4, 9)], {"axis": (1,), "keepdims": False}),
     "min": ([(4, 9)], {"axis": (0, 1), "keepdims": False}),
     "var": ([(4, 9)], {"axis": (1,), "keepdims": True}),
+    "std": ([(4, 9)], {"axis": (1,), "keepdims": False, "ddof": 1}),
+    "prod": ([(4, 9)], {"axis": (0,), "keepdims": False}),
+    "argmax": ([(4, 9)], {"axis": (1,), "keepdims": False}),
+    "argmin": ([(4, 9)], {"axis": None, "keepdims": True}),
+    "any": ([(4, 9)], {"axis": (0,), "keepdims": False}),
+    "all": ([(4, 9)], {"axis": None, "keepdims": False}),
     "where": ([(4, 9), (4, 9), (9,)], {}),
     "astype": ([(4, 9)], {"dtype": np.dtype(np.float16)}),
 }
+#: Ops NumPy defines for integers (and bools) only.
+INTEGER_OPS = frozenset({"invert", "left_shift", "right_shift", "bitwise_and", "bitwise_or",
+                         "bitwise_xor"})
 
 
 @pytest.mark.parametrize("op", sorted(n for n, d in REGISTRY.items()
@@ -34,6 +43,8 @@ def test_reference_with_cupy_matches_numpy(op, dtype):
     rng = np.random.default_rng()
     shapes, attrs = CASES[op] if op in CASES else ([(4, 9)] * REGISTRY[op].arity, {})
     args = [rng.uniform(0.5, 2.0, s).astype(dtype) for s in shapes]
+    if op in INTEGER_OPS:
+        args = [rng.integers(1, 5, s).astype(np.int32) for s in shapes]
     if op == "where":
         args[0] = args[0] > 1.2
     want = np.asarray(evaluate(op, np, args, attrs))

@@ -163,12 +163,8 @@ def test_newer_or_unreadable_schema(profile, schema):
 @pytest.mark.parametrize(
     "damage",
     [
-        lambda d: d["gpus"][0].update(bogus_field=1),
-        lambda d: d.update(bogus_top_level=1),
-        lambda d: d["host"].update(bogus=1),
         lambda d: d["gpus"][0].pop("index"),
         lambda d: d["host"]["numa_nodes"][0].pop("id"),
-        lambda d: d["links"][0].update(c=2),
         lambda d: d.update(host=[1, 2]),
     ],
 )

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import random
 import threading
+import tracemalloc
 import types
 
+import numpy as np
 import pytest
 
 from pyc_lab.errors import DeviceUnavailableError, PycLabError
-from pyc_lab.profiling import nvtx, overlap
+from pyc_lab.profiling import nvtx, overlap, quantiles
 from pyc_lab.profiling.clock import CudaEventClock
 from pyc_lab.profiling.nvtx import nvtx_range
 from pyc_lab.profiling.spans import Span, lane_order
@@ -124,6 +128,132 @@ def test_interval_helpers():
     assert overlap.union([(3, 4), (0, 1), (1, 2), (0.5, 1.5)]) == [(0, 2), (3, 4)]
     assert overlap.intersect([(0, 2), (3, 4)], [(1, 3.5)]) == [(1, 2), (3, 3.5)]
     assert overlap.total([(0, 2), (3, 4)]) == 3
+
+
+# -- bounded traces: recent items kept, older ones folded into whole-run figures ------------
+def belt_spans(n: int, *, depth: int = 4, seed: int = 0) -> list[tuple]:
+    """``n`` items of a depth-bounded belt (compute bound, some compute gaps), as the
+    belt records them: each span when it ends, so stages of neighbouring items interleave."""
+    rng = random.Random(seed)
+    rows: list[tuple] = []
+    d2h_end: list[float] = []
+    compute_end = T0
+    for i in range(n):
+        p0 = max(T0 + i * MS, d2h_end[i - depth] if i >= depth else T0)
+        p1 = p0 + rng.uniform(0.3, 0.9) * MS
+        h1 = p1 + 0.5 * MS
+        c0 = max(h1, compute_end) + rng.choice([0.0, 0.0, 0.0, 0.3]) * MS
+        c1 = compute_end = c0 + rng.uniform(0.8, 1.2) * MS
+        d2h_end.append(c1 + 0.25 * MS)
+        rows += [(i, "prepare", f"cpu-worker-{i % 2}", p0, p1, 0),
+                 (i, "h2d", "stream h2d", p1, h1, 1000),
+                 (i, "compute", "stream compute", c0, c1, 0),
+                 (i, "d2h", "stream d2h", c1, d2h_end[-1], 250)]
+    return sorted(rows, key=lambda r: r[4])
+
+
+def test_a_bounded_trace_reports_the_whole_run_as_a_full_one_does():
+    full, bounded = Trace(), Trace(max_items=64)
+    for row in belt_spans(3000):
+        full.record(*row)
+        bounded.record(*row)
+    a, b = full.overlap(), bounded.overlap()
+    kept = {s.item for s in bounded.spans}
+    assert 64 <= len(kept) < 72 and max(kept) == 2999
+    assert len(bounded) == 4 * len(kept) and bounded.folded_items == 3000 - len(kept)
+    assert b.folded_items == bounded.folded_items and b.folded_spans == bounded.folded_spans
+    # unions, bytes and counts: exact
+    for name in ("wall_s", "copy_busy_s", "copy_hidden_s", "copy_hidden_pct", "gpu_busy_s",
+                 "gpu_idle_fraction", "max_stage_bound_s", "efficiency"):
+        assert getattr(b, name) == pytest.approx(getattr(a, name), rel=1e-9), name
+    assert b.stage_busy_s == pytest.approx(a.stage_busy_s, rel=1e-9)
+    assert list(b.stage_busy_s) == list(a.stage_busy_s)
+    assert (b.n_items, b.n_spans, b.h2d_bytes, b.d2h_bytes, b.bound_stage) == (
+        a.n_items, a.n_spans, a.h2d_bytes, a.d2h_bytes, a.bound_stage)
+    # medians and the folded gaps' lengths: within the sketches' 1 %
+    assert b.gap_threshold_s == pytest.approx(a.gap_threshold_s, rel=0.02)
+    assert b.pipeline_bound_s == pytest.approx(a.pipeline_bound_s, rel=0.01)
+    assert b.n_starvation_gaps == a.n_starvation_gaps > 100
+    assert b.starvation_s == pytest.approx(a.starvation_s, rel=0.01)
+    # listed gaps: the kept spans' ones, on the whole run's clock, as in the full report
+    assert b.starvation_gaps and b.folded_gaps == a.n_starvation_gaps - len(b.starvation_gaps)
+    assert set(b.starvation_gaps) <= set(a.starvation_gaps)
+    assert "spans of the first" in b.summary() and "folded" in repr(bounded)
+    frame = bounded.to_frame()  # the kept items, on the whole run's clock
+    assert set(frame["item"]) == kept
+    assert frame["start_ms"].min() > 0 and bounded.origin_s == full.origin_s
+    assert len(bounded.to_chrome()["traceEvents"]) > len(frame)
+
+
+def test_a_bounded_trace_that_folded_nothing_is_a_full_one():
+    full, bounded = pipeline_trace(), Trace(max_items=4, name="synthetic")
+    for s in full.spans:
+        bounded.add(s)
+    assert bounded.folded_items == 0 and len(bounded) == 16
+    assert bounded.overlap() == full.overlap()
+    assert bounded.overlap().summary().splitlines() == SUMMARY_LINES
+    assert repr(bounded) == repr(full)
+
+
+def test_a_late_span_of_a_folded_item_is_folded_not_counted_as_a_new_item():
+    t = Trace(max_items=8)
+    for i in range(20):
+        t.record(i, "compute", "stream compute", T0 + i * MS, T0 + (i + 0.5) * MS)
+    assert 10 not in {s.item for s in t.spans} and t.folded_items >= 11
+    t.record(10, "d2h", "stream d2h", T0 + 10.5 * MS, T0 + 10.75 * MS, 100)
+    assert 10 not in {s.item for s in t.spans}
+    r = t.overlap()
+    assert r.n_items == 20 and r.n_spans == 21 and r.d2h_bytes == 100
+    assert r.stage_busy_s["d2h"] == pytest.approx(0.25 * MS, rel=1e-9)
+    t.clear()
+    assert len(t) == 0 and t.folded_items == 0 and t.overlap().n_spans == 0
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "10"])
+def test_max_items_must_be_a_whole_number(bad):
+    with pytest.raises(PycLabError, match="max_items must be a whole number >= 1"):
+        Trace(max_items=bad)
+
+
+def test_a_bounded_trace_does_not_grow():
+    """Memory held after 8,000 items is what it was after 2,000 (a full trace would hold
+    some 6 MB more); the ring turned over many times in between."""
+    t = Trace(max_items=64)
+    rows = belt_spans(8_000, seed=1)
+    quarter = next(k for k, r in enumerate(rows) if r[0] >= 2_000)
+    tracemalloc.start()
+    try:
+        for row in rows[:quarter]:
+            t.record(*row)
+        gc.collect()
+        at_quarter = tracemalloc.get_traced_memory()[0]
+        for row in rows[quarter:]:
+            t.record(*row)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - at_quarter
+    finally:
+        tracemalloc.stop()
+    assert t.overlap().n_items == 8_000 and len(t) < 4 * (64 + 8)
+    assert grown < 32 * 1024, f"{grown} bytes more after 6000 more items"
+
+
+def test_quantile_sketch_is_within_its_relative_accuracy():
+    values = np.random.default_rng(3).lognormal(-7.0, 1.5, 20_000)
+    q = quantiles.QuantileSketch(relative_accuracy=0.01)
+    for v in values:
+        q.add(float(v))
+    for p in (0.01, 0.5, 0.9, 0.99):
+        exact = float(np.quantile(values, p, method="lower"))
+        assert q.quantile(p) == pytest.approx(exact, rel=0.011), p
+    n, total = q.at_least(float(np.median(values)))
+    big = values[values >= np.median(values)]
+    assert abs(n - len(big)) <= 0.01 * len(values)
+    assert total == pytest.approx(float(big.sum()), rel=0.02)
+    assert q.count == 20_000 and q.total == pytest.approx(float(values.sum()))
+    assert quantiles.QuantileSketch().quantile(0.5) is None
+    copy = q.copy()
+    copy.add(1e3)
+    assert q.max < 1e3 <= copy.max
 
 
 # -- spans, traces, frames ---------------------------------------------------------------

@@ -217,6 +217,20 @@ def test_each_stage_waits_for_the_previous_stages_last_event(
         assert spans == {}  # no clock: no event times to map onto the host clock
 
 
+def test_an_item_handed_to_a_stopped_done_lane_fails_instead_of_waiting(
+        pool: PinnedPool) -> None:
+    cp, belt = FakeCupy(), Belt()
+    lanes = CudaLanes(cp, pool, belt.hooks)
+    crew = lanes.start()
+    crew.stop()
+    job = staged(4, crew, pool, np.arange(4, dtype=np.float32))
+    lanes.h2d(job, 0.0)
+    lanes.hand_over(job)
+    assert not belt.finished.is_set()
+    assert len(belt.failed) == 1 and "item 4: the belt was stopped" in str(belt.failed[0])
+    job.slot.release()
+
+
 def test_device_buffers_are_reused_while_they_fit(pool: PinnedPool) -> None:
     cp = FakeCupy()
     lanes = CudaLanes(cp, pool, Belt().hooks)

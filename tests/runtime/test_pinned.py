@@ -252,3 +252,36 @@ def test_gpu_pools_place_buffers_on_each_gpus_numa_node() -> None:  # pragma: no
             if pool.wanted_node is not None and row["actual_node"] is not None:
                 assert row["actual_node"] == pool.wanted_node, (g, row)
             buf.release()
+
+
+def test_a_buffer_allocated_while_the_pool_closes_is_freed_not_left_in_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = PinnedPool(device=None, mode="cpu")
+    allocating, closed = threading.Event(), threading.Event()
+    real = pool._allocate
+
+    def slow_allocate(capacity: int):  # the allocation is under way when close() runs
+        allocating.set()
+        assert closed.wait(5)
+        return real(capacity)
+
+    monkeypatch.setattr(pool, "_allocate", slow_allocate)
+    box: dict[str, object] = {}
+
+    def acquire() -> None:
+        try:
+            box["buf"] = pool.acquire(1000)
+        except PycLabError as exc:
+            box["exc"] = exc
+
+    t = threading.Thread(target=acquire, daemon=True)
+    t.start()
+    assert allocating.wait(5)
+    pool.close()
+    closed.set()
+    t.join(5)
+    assert not t.is_alive()
+    assert "buf" not in box and "closed while a buffer was being allocated" in str(box["exc"])
+    assert pool.stats()["buffers"] == 0  # nothing outlives the closed pool
+    with pytest.raises(PycLabError, match="closed"):
+        pool.acquire(10)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
+import math
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -384,6 +388,47 @@ def test_bad_arguments() -> None:
         Pipeline(prep, double, mode="cpu", timeout_s=0)
 
 
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"timeout_s": math.nan}, "timeout_s must be a positive, finite number"),
+    ({"timeout_s": math.inf}, "timeout_s must be a positive, finite number"),
+    ({"timeout_s": -1.0}, "timeout_s must be a positive, finite number"),
+    ({"timeout_s": "5"}, "timeout_s must be a number of seconds or None"),
+    ({"timeout_s": True}, "timeout_s must be a number of seconds or None"),
+    ({"prepare": None}, "prepare must be callable"),
+    ({"prepare": np.zeros(3)}, "prepare must be callable"),
+    ({"compute": "double"}, "compute must be callable"),
+    ({"depth": True}, "depth must be a whole number"),
+    ({"depth": 2.0}, "depth must be a whole number"),
+    ({"depth": "3"}, "depth must be a whole number"),
+    ({"workers": 0}, "workers must be >= 1"),
+    ({"workers": False}, "workers must be a whole number"),
+    ({"workers": 1.5}, "workers must be a whole number"),
+    ({"workers": "2"}, "workers must be a whole number"),
+    ({"compute_streams": 0}, "compute_streams must be >= 1"),
+    ({"compute_streams": True}, "compute_streams must be a whole number"),
+    ({"compute_streams": 1.0}, "compute_streams must be a whole number"),
+    ({"compute_streams": "2"}, "compute_streams must be a whole number"),
+    ({"device": -1}, "device must be >= 0"),
+    ({"trace_items": 0}, "trace_items must be >= 1"),
+    ({"trace_items": 100.0}, "trace_items must be a whole number"),
+    ({"trace": "yes"}, "trace must be None"),
+])
+def test_bad_arguments_are_refused_at_construction_with_what_to_do(
+        kwargs: dict[str, Any], needle: str) -> None:
+    args = {"prepare": prep, "compute": double, **kwargs}
+    before = threading.active_count()
+    with pytest.raises(PipelineError, match=needle):
+        Pipeline(args.pop("prepare"), args.pop("compute"), mode="cpu", **args)
+    assert threading.active_count() == before
+
+
+def test_integer_like_settings_are_accepted() -> None:
+    with Pipeline(prep, double, mode="cpu", depth=np.int64(2), workers=np.int32(1),
+                  timeout_s=np.float64(30), compute_streams=1, trace_items=None) as pipe:
+        assert (pipe.depth, pipe.workers, pipe.timeout_s) == (2, 1, 30.0)
+        assert len(list(pipe.run(range(3)))) == 3
+
+
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU behaviour")
 def test_no_gpu_auto_is_cpu_and_gpu_mode_refused() -> None:
     pipe = Pipeline(prep, double)
@@ -637,3 +682,186 @@ def test_a_reused_belt_takes_new_shapes_in_a_later_run() -> None:
         out = list(pipe.run(range(4)))
         assert [r.shape for r in out] == [(5,)] * 4 and out[3][0] == 6.0
         assert_clean(pipe)
+
+
+# -- retention: a long run stays bounded, a short one keeps everything ----------------------
+def tiny(i: int) -> np.ndarray:
+    return np.full(4, i, np.float32)
+
+
+def same(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def test_a_short_run_keeps_every_span_and_record() -> None:
+    with Pipeline(tiny, same, mode="cpu", depth=3) as pipe:
+        assert len(list(pipe.run(range(300)))) == 300
+        trace = pipe.trace
+        assert len(trace) == 300 * 4 and trace.folded_items == 0
+        assert pipe.dispatcher_metrics["count"] == 300
+        assert len(pipe._crew[1].records()) == 300  # type: ignore[index]
+        assert "folded" not in trace.overlap().summary()
+
+
+def test_a_long_run_keeps_recent_items_and_reports_the_whole_run() -> None:
+    with Pipeline(tiny, same, mode="cpu", depth=4, trace_items=50) as pipe:
+        out = list(pipe.run(range(1500)))
+        assert len(out) == 1500 and float(out[-1][0]) == 1499.0
+        trace = pipe.trace
+        kept_items = {s.item for s in trace.spans}
+        assert 50 <= len(kept_items) < 50 + 8 and max(kept_items) == 1499
+        assert trace.folded_items == 1500 - len(kept_items)
+        report = trace.overlap()
+        assert report.n_items == 1500 and report.n_spans == 1500 * 4
+        assert report.folded_items == trace.folded_items
+        assert report.h2d_bytes == report.d2h_bytes == 1500 * 16
+        assert set(report.stage_busy_s) == {"prepare", "h2d", "compute", "d2h"}
+        assert 0 < report.max_stage_bound_s <= report.wall_s
+        assert trace.to_frame()["item"].nunique() == len(kept_items)
+        m = pipe.dispatcher_metrics
+        assert m["count"] == 1500 and m["run_p50_ms"] <= m["run_p99_ms"]
+        assert len(pipe._crew[1].records()) == 50  # type: ignore[index]
+
+
+def test_trace_false_records_nothing() -> None:
+    with Pipeline(tiny, same, mode="cpu", trace=False) as pipe:
+        assert len(list(pipe.run(range(20)))) == 20
+        assert not pipe.traced and len(pipe.trace) == 0
+        assert pipe.trace.overlap().n_spans == 0
+        assert pipe.dispatcher_metrics["count"] == 20
+
+
+def test_a_long_belt_does_not_grow() -> None:
+    """Memory held after 3,000 items is what it was after 1,000: the trace's ring, the
+    dispatcher's records and their running aggregates are full and stay so (keeping
+    every span and record grows by about 2 KB an item, some 4 MB here)."""
+    with Pipeline(tiny, same, mode="cpu", depth=4, trace_items=32) as pipe:
+        items = pipe.run(range(3000))
+        for _ in itertools.islice(items, 200):  # threads, slots and rings set up
+            pass
+        tracemalloc.start()
+        try:
+            for _ in itertools.islice(items, 800):
+                pass
+            gc.collect()
+            at_1000 = tracemalloc.get_traced_memory()[0]
+            for _ in items:
+                pass
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - at_1000
+        finally:
+            tracemalloc.stop()
+        assert pipe.trace.overlap().n_items == 3000
+    assert grown < 64 * 1024, f"{grown} bytes more after 2000 more items"
+
+
+# -- close() and run() from several threads -------------------------------------------------
+def test_close_from_another_thread_stops_a_running_belt() -> None:
+    gate, computing = threading.Event(), threading.Event()
+
+    def slow(x: np.ndarray, stream: Any) -> np.ndarray:
+        if int(x[0, 0]) == 2:
+            computing.set()
+            gate.wait(5)
+        return x
+
+    pipe = make(lambda i: np.full((8, 4), i, np.float32), compute=slow)
+    box: dict[str, Any] = {"out": []}
+
+    def consume() -> None:
+        try:
+            for r in pipe.run(range(100)):
+                box["out"].append(r)
+        except BaseException as exc:
+            box["exc"] = exc
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    assert computing.wait(5)
+    time.sleep(0.05)  # the consumer now waits inside the belt for item 2
+    closer = threading.Thread(target=pipe.close, daemon=True)
+    closer.start()
+    threading.Timer(0.2, gate.set).start()  # item 2's compute ends; close() waits for it
+    closer.join(LIMIT_S)
+    assert not closer.is_alive(), "close() hung"
+    t.join(LIMIT_S)
+    assert not t.is_alive(), "the consumer hung after close()"
+    exc = box.get("exc")
+    assert isinstance(exc, PipelineError) and "closed" in str(exc)
+    assert pipe.pool.stats()["bytes_pinned"] == 0 and pipe.live_slots == 0
+    with pytest.raises(PipelineError, match="closed"):
+        pipe.run(range(3))
+
+
+def test_only_one_of_several_racing_runs_starts() -> None:
+    with make() as pipe:
+        for _ in range(20):
+            start = threading.Barrier(4)
+            got: list[Any] = []
+
+            def call(start: threading.Barrier = start, got: list[Any] = got) -> None:
+                start.wait()
+                with contextlib.suppress(PipelineError):  # refused: another run started
+                    got.append(pipe.run(range(2)))
+
+            threads = [threading.Thread(target=call) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(5)
+            assert len(got) == 1
+            assert [float(r[0, 0]) for r in got[0]] == [0.0, 2.0]
+
+
+def test_run_racing_close_is_refused_or_stops_cleanly() -> None:
+    for k in range(30):
+        pipe = make()
+        start = threading.Barrier(2)
+        box: dict[str, Any] = {"out": []}
+
+        def consume(pipe: Pipeline = pipe, start: threading.Barrier = start,
+                    box: dict[str, Any] = box) -> None:
+            start.wait()
+            try:
+                for r in pipe.run(range(20)):
+                    box["out"].append(r)
+            except PipelineError as err:
+                box["exc"] = err
+
+        t = threading.Thread(target=consume, daemon=True)
+        t.start()
+        start.wait()
+        time.sleep(0.002 * (k % 6))  # before the run, during it, or after it
+        pipe.close()
+        t.join(LIMIT_S)
+        assert not t.is_alive(), "the run hung"
+        exc = box.get("exc")
+        assert exc is None or "closed" in str(exc), exc
+        assert pipe.pool.stats()["bytes_pinned"] == 0 and pipe.live_slots == 0
+
+
+def test_a_stage_handed_to_a_stopped_lane_fails_its_item_instead_of_hanging() -> None:
+    with make() as pipe:
+        gen = pipe.run(range(50))
+        next(gen)
+        pipe._crew[0].lanes["compute"].stop()  # type: ignore[index]
+        _out, exc = drain_gen(gen)
+        assert isinstance(exc, PipelineError) and "stopped before its compute stage" in str(exc)
+        assert_clean(pipe)
+
+
+def drain_gen(gen: Any) -> tuple[list[Any], BaseException | None]:
+    box: dict[str, Any] = {"out": []}
+
+    def target() -> None:
+        try:
+            for r in gen:
+                box["out"].append(r)
+        except BaseException as exc:
+            box["exc"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(LIMIT_S)
+    assert not t.is_alive(), "the pipeline hung"
+    return box["out"], box.get("exc")

@@ -36,7 +36,7 @@ from ...errors import PycLabError
 from ..codegen.cache import compile_kernel
 from ..codegen.cuda_types import KernelSource
 from ..ir import Graph, Node
-from ..ops import evaluate
+from ..ops import check_eager_result, evaluate
 
 __all__ = ["contiguous_operand", "launch_elementwise", "launch_rows"]
 
@@ -381,6 +381,8 @@ class _CupyStep(_Step):
         cp = exe._cp
         node = self.node
         out = cp.asarray(evaluate(node.op, cp, [values[i] for i in node.inputs], node.attrs))
+        if node.op == "eager":
+            check_eager_result(node, out)  # a data-dependent shape: the caller runs eagerly
         if out.dtype != node.dtype:
             out = out.astype(node.dtype)
         if tuple(out.shape) != tuple(node.shape):

@@ -70,6 +70,14 @@ _OVERRIDES = {
     ("abs", "any"): "pyc_abs({0})",
     # NumPy computes 1 / sqrt(x), both correctly rounded; rsqrt() is 2 ulp off.
     ("rsqrt", "any"): "(1 / sqrt({0}))",
+    # ~ on a C bool is an int (~true == -2, still true): NumPy's invert of bool is "not"
+    ("invert", "bool"): "(!{0})",
+}
+
+#: Ops generated only for float results, and why.
+_FLOAT_ONLY = {
+    "reciprocal": "integer reciprocal (NumPy's 1/x of ints, x = 0 included) is not "
+                  "generated; runs through CuPy",
 }
 
 
@@ -150,6 +158,8 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
         opdef = REGISTRY.get(n.op)
         if opdef is None or opdef.kind != "elementwise" or opdef.cuda is None:
             return f"op {n.op!r} inside a fused body has no CUDA template"
+        if n.op in _FLOAT_ONLY and n.dtype.kind != "f":
+            return _FLOAT_ONLY[n.op]
         for i in n.inputs:
             if not ct.is_supported(body.node(i).dtype):
                 return f"dtype {body.node(i).dtype.name} is not generated"
@@ -166,7 +176,7 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
 
 # -- the body as a device function -------------------------------------------------------
 def _template(n: Node) -> str:
-    kind = "int" if n.dtype.name in _INT else "other"
+    kind = "int" if n.dtype.name in _INT else "bool" if n.dtype.kind == "b" else "other"
     for key in ((n.op, kind), (n.op, "any")):
         if key in _OVERRIDES:
             return _OVERRIDES[key]

@@ -17,6 +17,15 @@ double for float64 and for integer inputs of a float result, 64-bit integers for
 integer sums); softmax subtracts the row maximum before ``exp``; layer norm and ``var``
 use two passes (mean, then the mean of squared deviations). ``max``/``min`` propagate
 NaN like NumPy.
+
+Float16 rows accumulate in float32 and round to float16 exactly where NumPy does: a
+sum is rounded once at the end (NumPy's float16 add reduction sums a row in float32),
+``np.mean`` divides the float32 sum before rounding, and every elementwise step of a
+variance or layer norm (the centred value, its square, ``var + eps``, the square
+root, the quotient) is rounded as NumPy rounds each float16 op. ``var`` follows how it
+was written (its ``form``; a layer norm's ``variance``): ``np.var`` rounds the sums to
+float16 before dividing by the row length (so a float16 ``np.var`` can overflow where
+the float32 sum does not, as in NumPy), a mean of squares divides first.
 """
 
 from __future__ import annotations
@@ -85,8 +94,9 @@ def check_rows(node: Node, graph: Graph) -> str:
         if axes != last:
             return (f"{node.op} over axes {axes} of a rank-{len(shape)} array is not "
                     "generated (only the last axis); runs through CuPy")
-        if node.attrs.get("ddof") or node.attrs.get("dtype") is not None:
-            return f"{node.op} with ddof/dtype is not generated"
+        if node.attrs.get("ddof") or node.attrs.get("dtype") is not None \
+                or node.attrs.get("initial") is not None or len(node.inputs) != 1:
+            return f"{node.op} with ddof/dtype/initial/where is not generated"
     else:  # layer_norm
         for extra in node.inputs[1:]:
             es = tuple(graph.node(extra).shape)
@@ -331,6 +341,12 @@ def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[st
     cached = cfg["cached"] or vector
     per = em.per_thread
     body: list[str] = []
+    f16 = xdt.name == "float16" and node.op in ("var", "layer_norm")
+
+    def rnd(expr: str) -> str:
+        """``expr`` rounded to float16 where NumPy rounds (float16 rows only)."""
+        return f"pyc_round_f16({expr})" if f16 else expr
+
     value = "v[k]" if cached else "xv"
     read = [] if cached else [f"const {acc} xv = {load};"]
     if cached:
@@ -356,11 +372,12 @@ def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[st
         elif node.op == "mean":
             body += total("s", "sum", zero, value)
             result = f"s / static_cast<{acc}>({cols})"
-        else:  # var: two passes
+        else:  # var: two passes, rounded as NumPy rounds float16 (see the module doc)
+            np_var = node.attrs.get("form", "np.var") == "np.var"
             body += total("s", "sum", zero, value)
-            body.append(f"        const {acc} mean = s / static_cast<{acc}>({cols});")
-            body += total("q", "sum", zero, f"({value} - mean) * ({value} - mean)")
-            result = f"q / static_cast<{acc}>({cols})"
+            body.append(f"        const {acc} mean = {_row_mean('s', acc, cols, rnd, np_var)};")
+            body += total("q", "sum", zero, _centred_square(value, rnd))
+            result = _row_mean("q", acc, cols, rnd, np_var)
         out = _store(result, acc_dt, odt)
         body += ["        if (t == 0) {",
                  f"            y[row] = {out};",
@@ -380,16 +397,22 @@ def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[st
     else:  # layer_norm
         xf = _float_of(xdt)
         eps = ct.literal(np.asarray(node.attrs.get("eps", 1e-5), dtype=xf), acc_dt)
+        np_var = node.attrs.get("variance", "mean_square") == "np.var"
         body += total("s", "sum", zero, value)
-        body.append(f"        const {acc} mean = s / static_cast<{acc}>({cols});")
-        body += total("q", "sum", zero, f"({value} - mean) * ({value} - mean)")
-        body.append(f"        const {acc} denom = sqrt(q / static_cast<{acc}>({cols}) + {eps});")
+        body.append(f"        const {acc} mean = {_row_mean('s', acc, cols, rnd, False)};")
+        centre = "mean"
+        if np_var and xf.name == "float16":  # np.var centres on its own float16 mean
+            body.append(f"        const {acc} vmean = {_row_mean('s', acc, cols, rnd, True)};")
+            centre = "vmean"
+        body += total("q", "sum", zero, _centred_square(value, rnd, centre))
+        var = _row_mean("q", acc, cols, rnd, np_var)
+        shifted = rnd(f"{var} + {eps}")
+        body.append(f"        const {acc} denom = {rnd(f'sqrt({shifted})')};")
         # y = (x - mean) / denom in x's float dtype, then * gamma, + beta, each in
         # NumPy's promoted dtype
         cur_dt = xf
-        steps = [f"{acc} r = ({value} - mean) / denom;"]
-        if xf.name == "float16":
-            steps.append("r = pyc_round_f16(r);")
+        centred = rnd(f"{value} - mean")
+        steps = [f"{acc} r = {rnd(f'{centred} / denom')};"]
         cur = "r"
         extra_loads = []
         for label, en in extras:
@@ -444,6 +467,19 @@ def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[st
     lines += body
     lines += ["    }", "}"]
     return "\n".join(lines) + "\n"
+
+
+def _row_mean(total: str, acc: str, cols: int, rnd: Any, np_var: bool) -> str:
+    """The mean of a row from its float32/float64 sum: ``np.var`` rounds the sum to the
+    array's float16 first and the quotient after; ``np.mean`` only the quotient."""
+    n = f"static_cast<{acc}>({cols})"
+    return rnd(f"{rnd(total)} / {n}") if np_var else rnd(f"{total} / {n}")
+
+
+def _centred_square(value: str, rnd: Any, mean: str = "mean") -> str:
+    """``(x - mean) ** 2`` with NumPy's float16 roundings (after each op)."""
+    d = rnd(f"{value} - {mean}")
+    return rnd(f"{d} * {d}")
 
 
 def describe(node: Node, graph: Graph) -> str:

@@ -5,7 +5,8 @@
 - reduction attributes: ``axis`` a sorted tuple of non-negative axes, or None when
   every axis is reduced; ``keepdims`` a bool;
 - shape ops that do nothing (identity transpose, reshape/broadcast_to to the same shape,
-  squeeze of no axis) are bypassed: their readers read the input.
+  squeeze of no axis) are bypassed: their readers read the input (a returned
+  ``broadcast_to`` stays: NumPy's result is a read-only view).
 
 Note that NumPy's ``maximum``/``minimum`` return the second operand when both compare
 equal, so swapping their operands may change the *sign* of a zero result (``-0.0`` vs
@@ -37,6 +38,8 @@ def _is_noop_shape(graph: Graph, nid: int) -> bool:
         return False
     src = graph.nodes[n.inputs[0]]
     if src.shape != n.shape or src.dtype != n.dtype:
+        return False
+    if n.op == "broadcast_to" and nid in graph.outputs:
         return False
     if n.op == "transpose":
         return tuple(int(a) for a in n.attrs["axes"]) == tuple(range(len(n.shape)))

@@ -1,6 +1,10 @@
 """Dead-code elimination: drop every node the graph's outputs do not depend on.
 
 Graph inputs are never removed (they are the function's signature), even when unused.
+Nor are graph breaks (``eager`` nodes): the NumPy code they run may have effects, and
+the shape of their result may have been read while tracing (``np.unique(a).size``
+becomes a constant) — running them is what checks, at every call, that the shape is
+still the traced one.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
     bool
         Whether anything was removed.
     """
-    live = set(graph.outputs)
+    live = set(graph.outputs) | {n.id for n in graph.nodes.values() if n.op == "eager"}
     for n in reversed(list(graph.nodes.values())):
         if n.id in live:
             live.update(n.inputs)

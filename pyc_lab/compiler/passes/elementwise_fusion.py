@@ -11,7 +11,9 @@ duplicates); ``attrs["body"]`` is a :class:`~pyc_lab.compiler.ir.Graph` with mat
 inputs ``in0, in1, ...``, the group's ops (0-d constants inlined) and one output;
 ``attrs["ops"]`` the body's op names in order (constants excluded) and ``attrs["name"]``
 ``fused_<k>``. A lone elementwise op becomes a one-op fused node as well: the GPU backend
-generates a kernel for every fused node.
+generates a kernel for every fused node. Ops without a CUDA template (``floor_divide``,
+``remainder``, the shifts: NumPy's semantics have no C operator) stay outside every
+group, so they do not keep the rest of a group from being generated.
 
 In ``memory_first`` mode the grouping is the same; recomputing cheap producers to shorten
 live ranges is a future refinement (the pass notes it).
@@ -22,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node
+from ..ops import REGISTRY
 from .manager import broadcasts_to, kind_of, prune
 
 if TYPE_CHECKING:
@@ -38,7 +41,7 @@ def _groups(graph: Graph) -> list[list[int]]:
     roots: list[int] = []
     members: dict[int, list[int]] = {}
     for n in reversed(list(graph.nodes.values())):
-        if kind_of(n.op) != "elementwise":
+        if kind_of(n.op) != "elementwise" or REGISTRY[n.op].cuda is None:
             continue
         readers = set(users[n.id])
         target = None

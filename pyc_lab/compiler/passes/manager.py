@@ -4,7 +4,10 @@ Every pass is a module with ``NAME`` and ``run(graph, ctx) -> bool``; it rewrite
 graph in place (keeping topological order) and says whether it changed anything. The
 manager works on a copy of the caller's graph, times each pass, calls
 :meth:`~pyc_lab.compiler.ir.Graph.verify` after it and records a :class:`PassRecord`
-(node counts, the pass's decision notes and the IR text afterwards).
+(node counts, the pass's decision notes and the IR text afterwards). After the last
+pass it restores NumPy's output aliasing (:mod:`.aliasing`): whatever the pipeline, a
+result never shares memory with an argument, a constant or another result unless the
+traced function's did.
 
 This module also holds the :class:`PassContext` and the few rewrite helpers the passes
 share (constant look-ups, checked node insertion, pruning of nodes a rewrite left dead).
@@ -146,7 +149,8 @@ def insert_like(graph: Graph, anchor: int, op: str, inputs: Iterable[int],
 def prune(graph: Graph, candidates: Iterable[int]) -> list[int]:
     """Remove the candidates nobody reads (and, recursively, inputs that become unread).
 
-    Graph inputs and graph outputs are never removed. Returns the removed ids.
+    Graph inputs, graph outputs and graph breaks (see :mod:`.dce`) are never removed.
+    Returns the removed ids.
     """
     counts: dict[int, int] = {k: 0 for k in graph.nodes}
     for n in graph.nodes.values():
@@ -158,7 +162,7 @@ def prune(graph: Graph, candidates: Iterable[int]) -> list[int]:
     while work:
         nid = work.pop()
         node = graph.nodes.get(nid)
-        if node is None or node.op == "input" or nid in keep or counts.get(nid, 0):
+        if node is None or node.op in ("input", "eager") or nid in keep or counts.get(nid, 0):
             continue
         graph.remove(nid)
         removed.append(nid)
@@ -289,7 +293,22 @@ class PassManager:
                                   g.text()))
             logger.debug("pass %s: %.3f ms, %d -> %d nodes, changed=%s", name, ms, before,
                          len(g), changed)
+        self._keep_aliasing(graph, g, log)
         return PassResult(g, log)
+
+    @staticmethod
+    def _keep_aliasing(traced: Graph, g: Graph, log: list[PassRecord]) -> None:
+        """Results share memory with arguments, constants and each other only where the
+        traced graph's (NumPy's) do: see :mod:`.aliasing`. Logged only when it copies."""
+        from . import aliasing
+
+        ctx = PassContext()
+        before = len(g)
+        t0 = time.perf_counter()
+        if aliasing.preserve(traced, g, ctx):
+            g.verify()
+            log.append(PassRecord(aliasing.NAME, (time.perf_counter() - t0) * 1e3, before,
+                                  len(g), True, list(ctx.notes), g.text()))
 
 
 _MODULES = ("canonicalize", "fold", "simplify", "cse", "dce", "transpose_fold", "epilogue",

@@ -11,10 +11,15 @@ a graph output):
   (``* rsqrt(v + eps)`` also matches), optionally followed by ``* gamma`` and ``+ beta``
   -> ``layer_norm(x[, gamma[, beta]]; eps=eps, axis=-1)``;
 - variance: ``mean((x - mean(x, a, keepdims=True))**2, a, keepdims=k)`` (or the square
-  written ``d * d``) -> ``var(x; axis=a, keepdims=k)``.
+  written ``d * d``) -> ``var(x; axis=a, keepdims=k, form="mean_square")``.
 
-The fused ops compute the same formulas (softmax and the ``(x-m)*(x-m)`` layer norm
-bit for bit; ``np.var`` and ``rsqrt`` to within rounding).
+Only plain reductions match (no ``where``/``dtype``/``initial``/``ddof``). The fused
+ops compute what was written, NumPy's accumulation rules included: a variance written
+as a mean of squares stays one (``form="mean_square"``; for float16 ``np.mean`` sums
+through float32 where ``np.var`` sums the squares in float16, so ``np.var`` would
+overflow where the written code does not), and a layer norm records which variance it
+was written with (``variance="np.var"`` or ``"mean_square"``). Softmax and layer norm
+are bit for bit; ``rsqrt`` matches ``1/sqrt`` to within rounding.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..ir import Graph, Node
-from ..ops import normalize_axis
+from ..ops import is_plain_reduction, normalize_axis
 from .manager import const_is, const_value, prune, try_infer
 
 if TYPE_CHECKING:
@@ -50,7 +55,8 @@ def _axes(graph: Graph, node: Node) -> tuple[int, ...]:
 def _reduces(graph: Graph, nid: int, op: str, x: int | None = None,
              keepdims: bool | None = True) -> Node | None:
     node = graph.nodes[nid]
-    if node.op != op or (x is not None and node.inputs[0] != x):
+    if node.op != op or (x is not None and node.inputs[0] != x) \
+            or not is_plain_reduction(node):
         return None
     if keepdims is not None and bool(node.attrs.get("keepdims")) != keepdims:
         return None
@@ -83,7 +89,8 @@ def _centered_square(graph: Graph, nid: int, axes: tuple[int, ...]) \
     sq = graph.nodes[nid]
     if sq.op == "multiply":
         factors = list(sq.inputs)
-    elif sq.op == "power" and const_is(graph, sq.inputs[1], 2, scalar_only=True):
+    elif sq.op == "square" or (
+            sq.op == "power" and const_is(graph, sq.inputs[1], 2, scalar_only=True)):
         factors = [sq.inputs[0]]
     else:
         return None
@@ -124,18 +131,20 @@ def _match_softmax(graph: Graph, r: Node, users: dict[int, list[int]]) -> _Match
 
 
 def _variance_of(graph: Graph, v_id: int, x_id: int, axes: tuple[int, ...]) \
-        -> set[int] | None:
-    """The pattern nodes if ``v_id`` is the variance of x over ``axes`` with keepdims."""
+        -> tuple[set[int], str] | None:
+    """The pattern nodes and how the variance was written (``"np.var"`` or
+    ``"mean_square"``) if ``v_id`` is the variance of x over ``axes`` with keepdims."""
     v = graph.nodes[v_id]
     if v.op == "var" and v.inputs[0] == x_id and bool(v.attrs.get("keepdims")) \
-            and _axes(graph, v) == axes:
-        return {v_id}
-    if v.op != "mean" or not v.attrs.get("keepdims") or _axes(graph, v) != axes:
+            and _axes(graph, v) == axes and is_plain_reduction(v):
+        return {v_id}, str(v.attrs.get("form", "np.var"))
+    if v.op != "mean" or not v.attrs.get("keepdims") or _axes(graph, v) != axes \
+            or not is_plain_reduction(v):
         return None
     got = _centered_square(graph, v.inputs[0], axes)
     if got is None or got[0].id != x_id:
         return None
-    return {v_id} | got[1]
+    return {v_id} | got[1], "mean_square"
 
 
 def _is_scalar_float(graph: Graph, nid: int) -> bool:
@@ -177,11 +186,12 @@ def _match_layer_norm(graph: Graph, y: Node, users: dict[int, list[int]]) -> _Ma
     eps = const_value(graph, eps_id)
     if ve.dtype != x.dtype or ve.shape != graph.nodes[v_id].shape:
         return None
-    var_nodes = _variance_of(graph, v_id, x.id, last)
-    if var_nodes is None:
+    got = _variance_of(graph, v_id, x.id, last)
+    if got is None:
         return None
+    var_nodes, form = got
     core = {y.id, sd.id, ve.id, c.id, m.id} | var_nodes
-    attrs = {"eps": float(eps.reshape(-1)[0]), "axis": -1}
+    attrs = {"eps": float(eps.reshape(-1)[0]), "axis": -1, "variance": form}
     match = _Match(y, core, "layer_norm", [x.id], attrs, "layer norm over the last axis")
     # optional affine: * gamma [+ beta]; try the longest first, fall back on failure
     g_user = users.get(y.id, [])
@@ -202,15 +212,17 @@ def _match_layer_norm(graph: Graph, y: Node, users: dict[int, list[int]]) -> _Ma
 
 
 def _match_var(graph: Graph, v: Node, users: dict[int, list[int]]) -> _Match | None:
-    if v.op != "mean":
+    if v.op != "mean" or not is_plain_reduction(v):
         return None
     axes = _axes(graph, v)
     got = _centered_square(graph, v.inputs[0], axes)
     if got is None:
         return None
     x, nodes = got
-    attrs = {"axis": v.attrs.get("axis"), "keepdims": bool(v.attrs.get("keepdims"))}
-    return _Match(v, {v.id} | nodes, "var", [x.id], attrs, f"variance over axes {axes}")
+    attrs = {"axis": v.attrs.get("axis"), "keepdims": bool(v.attrs.get("keepdims")),
+             "form": "mean_square"}
+    return _Match(v, {v.id} | nodes, "var", [x.id], attrs,
+                  f"variance over axes {axes}, written as a mean of squares")
 
 
 def _closed(graph: Graph, nodes: set[int], root: int, users: dict[int, list[int]]) -> bool:

@@ -47,6 +47,7 @@ from .keys import (
     _PROBLEM_COLS,
     _VALUE_COLS,
     COLUMNS,
+    MAX_EXTENT,
     DeviceKey,
     LookupResult,
     Measurement,
@@ -122,6 +123,10 @@ class TuningDB:
     path
         The SQLite file; default :func:`default_path` (the user cache directory). Parent
         folders are created. ``":memory:"`` gives a private, non-persistent database.
+    read_only
+        Only read the file, even where it could be written (a shared, curated database).
+        A file this process cannot write, or one with a newer schema (a newer pyc_lab's),
+        is opened read-only without being asked.
 
     Attributes
     ----------
@@ -132,18 +137,25 @@ class TuningDB:
     quarantined : list of Path
         Damaged files this instance set aside.
 
+    Raises
+    ------
+    TuningDBError
+        If ``path`` is a folder or lies under a file (it could never hold a database).
+
     Notes
     -----
     Every write is one ``BEGIN IMMEDIATE`` transaction; concurrent writers (threads,
     notebooks, processes) wait for each other up to 30 s. The winner of each problem is
     kept up to date in the same transaction: the ``"ok"`` measurement with the lowest
-    ``time_ms`` (ties: the earlier), unless :meth:`set_winner` pinned a config.
+    ``time_ms`` (ties: the earlier), unless :meth:`set_winner` pinned a config. On a
+    read-only database every write raises :class:`TuningDBError` (saying why it is
+    read-only) before anything is written; lookups work as usual.
     """
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False) -> None:
         memory = str(path) == ":memory:"
         self._file = SQLiteFile(None if memory else Path(
-            default_path() if path is None else path).expanduser())
+            default_path() if path is None else path).expanduser(), read_only=read_only)
         self.session_id = uuid.uuid4().hex
 
     @property
@@ -155,6 +167,16 @@ class TuningDB:
     def in_memory(self) -> bool:
         """Whether the data lives in memory only (asked for, or a fallback)."""
         return self._file.in_memory
+
+    @property
+    def read_only(self) -> bool:
+        """Whether writes are refused (asked for, not writable, or a newer schema)."""
+        return self._file.read_only
+
+    @property
+    def read_only_reason(self) -> str:
+        """Why the database is read-only (``""`` when it is not)."""
+        return self._file.read_only_reason if self._file.read_only else ""
 
     @property
     def quarantined(self) -> list[Path]:
@@ -352,7 +374,8 @@ class TuningDB:
             return conn.execute(
                 f"SELECT m, n, k FROM winners WHERE {_where(_FAMILY_COLS)} "
                 "AND m BETWEEN ? AND ? AND n BETWEEN ? AND ? AND k BETWEEN ? AND ?",
-                (*family, *(b for d in shape for b in (d / 2, d * 2)))).fetchall()
+                (*family, *(b for d in shape for b in (d / 2, min(d * 2, MAX_EXTENT))))
+            ).fetchall()
 
         candidates = [(r["m"], r["n"], r["k"]) for r in self._file.call(read)]
         candidates = [c for c in candidates if _in_bucket(shape, c)]
@@ -506,4 +529,6 @@ class TuningDB:
     def __repr__(self) -> str:
         where = ":memory:" if self.in_memory else str(self.path)
         state = "closed" if self._file.closed else "open"
+        if self.read_only and not self._file.closed:
+            state += ", read-only"
         return f"TuningDB({where!r}, {state})"

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "COLUMNS",
+    "MAX_EXTENT",
     "STATUSES",
     "DeviceKey",
     "LookupResult",
@@ -92,14 +93,20 @@ def _canonical_json(config: Any) -> str:
                       default=_json_default)
 
 
+#: The largest extent SQLite stores exactly (an INTEGER is signed 64-bit).
+MAX_EXTENT = 2**63 - 1
+
+
 def _opt_float(value: Any, what: str) -> float | None:
     """``None`` for missing or non-finite values (SQLite cannot store NaN), else a float."""
-    if value is None or value == "":
+    if value is None or (isinstance(value, str) and value == ""):
         return None
+    if isinstance(value, bool):
+        raise TuningDBError(f"{what} must be a number or None, got {value!r}")
     try:
         f = float(value)
-    except (TypeError, ValueError):
-        raise TuningDBError(f"{what} must be a number or None, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise TuningDBError(f"{what} must be a number or None, got {value!r:.80}") from None
     return f if math.isfinite(f) else None
 
 
@@ -194,12 +201,17 @@ class ProblemKey:
         for name in ("m", "n", "k"):
             value = getattr(self, name)
             try:
+                if isinstance(value, bool):
+                    raise TypeError
                 size = operator.index(value)
             except TypeError:
                 raise TuningDBError(f"ProblemKey.{name} must be an integer, got {value!r}") \
                     from None
             if size <= 0:
                 raise TuningDBError(f"ProblemKey.{name} must be positive, got {size}")
+            if size > MAX_EXTENT:
+                raise TuningDBError(f"ProblemKey.{name} must be below 2**63 (what the "
+                                    f"database stores), got {size}")
             object.__setattr__(self, name, size)
 
     @property
@@ -252,6 +264,8 @@ class Measurement:
                                 f"{type(self.config).__name__}")
         try:
             self.config = json.loads(_canonical_json(self.config))
+        except RecursionError:
+            raise TuningDBError("Measurement.config is nested too deeply") from None
         except (TypeError, ValueError) as exc:
             raise TuningDBError(f"Measurement.config must be JSON-able: {exc}") from None
         if self.status not in STATUSES:

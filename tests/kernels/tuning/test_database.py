@@ -387,17 +387,26 @@ def test_unrecognised_schema_is_quarantined(tmp_path: Path):
         con.close()
 
 
-def test_newer_schema_version_is_quarantined_not_misread(tmp_path: Path):
+def test_newer_schema_it_cannot_read_is_left_untouched_not_misread(tmp_path: Path):
+    """A newer pyc_lab's file whose tables this version cannot read: never set aside or
+    changed (the newer install still needs it); this session runs in memory."""
     path = tmp_path / "tuning.sqlite"
     con = sqlite3.connect(path)
     con.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
     con.execute("CREATE TABLE measurements (id INTEGER PRIMARY KEY)")
     con.commit()
     con.close()
-    with pytest.warns(TuningDBWarning, match="newer than this pyc_lab"):
+    before = path.read_bytes()
+    with pytest.warns(TuningDBWarning) as caught:
         d = TuningDB(path)
+    messages = [str(w.message) for w in caught]
+    assert any("newer than this pyc_lab" in m for m in messages)
+    assert any("it is left as it is" in m for m in messages)
     with d:
+        assert d.quarantined == [] and d.in_memory
         _works(d)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["tuning.sqlite"]
 
 
 # -- migration ----------------------------------------------------------------------------

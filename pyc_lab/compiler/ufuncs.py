@@ -1,0 +1,160 @@
+"""NumPy ufunc calls on traced arrays: operators, ``np.<ufunc>(...)``, ``out=``, ``dtype=``.
+
+A ufunc with an op in the registry (:data:`~pyc_lab.compiler.ops.UFUNC_OPS`) becomes
+that op; Python scalars and ``dtype=`` are resolved by NumPy's own rules
+(:mod:`.scalars`), so the traced graph computes in the dtype NumPy computes in
+(``np.add(a_int8, b_int8, dtype=np.float32)`` adds in float32). ``out=`` and the
+in-place operators write through :mod:`.mutation` with NumPy's ``same_kind`` casting
+check. ``x ** 2``, ``x ** -1`` and ``x ** 0.5`` are ``np.square``, ``np.reciprocal`` and
+``np.sqrt`` exactly where NumPy's ``ndarray.__pow__`` takes that shortcut (so a bool
+``x ** 2`` is int8, as in NumPy). A ufunc without an op is a graph break.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import mutation, scalars
+from .errors import UnsupportedOperationError
+from .ops import UFUNC_OPS
+from .values import is_traced
+
+if TYPE_CHECKING:
+    from .proxy import Traced
+    from .tracer import Tracer
+
+__all__ = ["apply", "array_ufunc", "matmul", "power_operator", "ufunc_named"]
+
+
+def ufunc_named(name: str) -> np.ufunc:
+    """The NumPy ufunc ``name`` (``clip`` is ``np._core.umath.clip``)."""
+    fn = getattr(np, name, None)
+    if isinstance(fn, np.ufunc):
+        return fn
+    return getattr(np._core.umath, name)
+
+
+def _dtype_of(value: Any) -> np.dtype | None:
+    return value.dtype if is_traced(value) else None
+
+
+def apply(tracer: Tracer, name: str, operands: tuple[Any, ...], *, out: Any = None,
+          dtype: Any = None, where: Any = True, casting: str = "same_kind") -> Any:
+    """``np.<name>(*operands, out=out, dtype=dtype, where=where)`` on traced values.
+
+    ``out`` is a tuple (or None); ``where`` only applies together with ``out``.
+    """
+    ufunc = ufunc_named(name)
+    what = f"np.{name}"
+    op = UFUNC_OPS[name]
+    result: Traced
+    if dtype is not None or any(scalars.is_python_scalar(v) for v in operands):
+        got = scalars.resolve(ufunc, operands, _dtype_of, dtype, what)
+        if isinstance(got, scalars.ConstantComparison):
+            arr = next(v for v in operands if not scalars.is_python_scalar(v))
+            arr = tracer.lift(arr)
+            # an integer array has no NaN: x == x is True everywhere, x != x False
+            result = tracer.op("equal" if got.value else "not_equal", (arr, arr))
+        else:
+            ins = []
+            for value, cast in zip(got.operands, got.casts, strict=True):
+                if cast is not None:
+                    value = tracer.op("astype", (tracer.lift(value),), {"dtype": cast})
+                ins.append(value)
+            result = tracer.op(op, tuple(ins))
+            if dtype is not None and result.dtype != np.dtype(dtype):
+                result = tracer.op("astype", (result,), {"dtype": np.dtype(dtype)})
+    else:
+        result = tracer.op(op, operands)
+    result._scalar = result.ndim == 0  # NumPy unwraps a 0-d ufunc result (without out=)
+    return _store(tracer, result, out, where, casting, what)
+
+
+def _store(tracer: Tracer, result: Traced, out: Any, where: Any, casting: str,
+           what: str) -> Any:
+    """Write ``result`` into ``out`` (a tuple of one target, or None)."""
+    targets = _targets(out)
+    if not targets:
+        return result
+    mask = None if where is True else tracer.lift(where)
+    if mask is not None and mask.dtype != np.dtype(bool):
+        mask = tracer.op("astype", (mask,), {"dtype": np.dtype(bool)})
+    (target,) = targets
+    return mutation.write(tracer, target, None, result, casting=casting,
+                          what=f"{what}(..., out=x)", mask=mask)
+
+
+def _targets(out: Any) -> tuple[Any, ...]:
+    if out is None:
+        return ()
+    if not isinstance(out, tuple):
+        out = (out,)
+    return tuple(o for o in out if o is not None)
+
+
+def power_operator(tracer: Tracer, x: Traced, exponent: Any, inplace: bool = False) -> Any:
+    """``x ** exponent`` as ``ndarray.__pow__`` computes it."""
+    name = "power"
+    operands: tuple[Any, ...] = (x, exponent)
+    floating = x.dtype.kind in "fc"
+    if type(exponent) is int and exponent == 2:
+        name, operands = "square", (x,)
+    elif type(exponent) is int and exponent == -1 and floating:
+        name, operands = "reciprocal", (x,)
+    elif type(exponent) is float and exponent == 0.5 and floating:
+        name, operands = "sqrt", (x,)
+    return apply(tracer, name, operands, out=(x,) if inplace else None)
+
+
+def matmul(tracer: Tracer, a: Any, b: Any, out: Any = None) -> Any:
+    """``a @ b`` (``out``: ``a @= b``)."""
+    result = tracer.op("matmul", (a, b))
+    result._scalar = result.ndim == 0
+    if out is None:
+        return result
+    return mutation.write(tracer, out, None, result, casting="same_kind", what="a @= b")
+
+
+def array_ufunc(tracer: Tracer, ufunc: np.ufunc, method: str, inputs: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+    """What ``Traced.__array_ufunc__`` returns."""
+    name = ufunc.__name__
+    if method == "at":
+        raise UnsupportedOperationError(
+            f"np.{name}.at writes into its first argument at repeated indices, which "
+            "pyc_lab does not trace; compute the result as a new array instead")
+    kwargs = dict(kwargs)
+    out = kwargs.pop("out", None)
+    if method != "__call__":
+        if _targets(out):
+            raise UnsupportedOperationError(
+                f"np.{name}.{method} with out= is not traced; assign the result instead")
+        return tracer.eager(getattr(ufunc, method), inputs, kwargs,
+                            f"np.{name}.{method} is not compiled")
+    where = kwargs.pop("where", True)
+    dtype = kwargs.pop("dtype", None)
+    casting = kwargs.pop("casting", "same_kind")
+    kwargs.pop("order", None)
+    kwargs.pop("subok", None)
+    if name == "matmul" and not kwargs and where is True and dtype is None:
+        targets = _targets(out)
+        return matmul(tracer, *inputs, out=targets[0] if targets else None)
+    if name == "divmod" and not kwargs and where is True and not _targets(out):
+        return (apply(tracer, "floor_divide", inputs, dtype=dtype),
+                apply(tracer, "remainder", inputs, dtype=dtype))
+    if kwargs or name not in UFUNC_OPS or (where is not True and not _targets(out)):
+        extra = sorted(kwargs) + (["where"] if where is not True else [])
+        reason = (f"np.{name} has no op in pyc_lab's registry" if name not in UFUNC_OPS
+                  else f"np.{name} with {', '.join(extra)} is not compiled")
+        call = dict(kwargs)
+        if dtype is not None:
+            call["dtype"] = dtype
+        if where is not True and not _targets(out):
+            call["where"] = where
+        result = tracer.eager(ufunc, inputs, call, reason)
+        if _targets(out):
+            return _store(tracer, result, out, where, casting, f"np.{name}")
+        return result
+    return apply(tracer, name, inputs, out=out, dtype=dtype, where=where, casting=casting)

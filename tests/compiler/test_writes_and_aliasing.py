@@ -1,0 +1,281 @@
+"""Memory as NumPy has it: results share memory with arguments only where NumPy's do,
+writes into arguments reach the caller, globals are guarded and re-read."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+from pyc_lab.compiler import ReadOnlyError, UnsupportedOperationError, trace
+from pyc_lab.compiler.passes import PassManager
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
+def shares(out, x):
+    return [np.shares_memory(o, x) for o in (out if isinstance(out, tuple) else (out,))]
+
+
+# -- 8: simplified results are new arrays ----------------------------------------------------
+@pytest.mark.parametrize("fn", [
+    lambda x: x * 1, lambda x: 1 * x, lambda x: x.astype(x.dtype), lambda x: np.negative(-x),
+    lambda x: x + 0, lambda x: x - 0, lambda x: x // 1, lambda x: +x,
+    lambda x: np.clip(x, None, None), lambda x: np.positive(x), lambda x: x.copy(),
+    lambda x: np.copy(x), lambda x: x.T.T.copy(), lambda x: x.reshape(x.shape) * 1,
+], ids=["x*1", "1*x", "astype", "neg-neg", "x+0", "x-0", "x//1", "+x", "clip", "positive",
+        "copy", "np.copy", "TT.copy", "reshape*1"])
+def test_results_never_alias_arguments_numpy_would_not(fn, rng):
+    x = rng.integers(-9, 9, (3, 4)).astype(np.int64)
+    out = pl.compile(fn)(x)
+    assert shares(out, x) == shares(fn(x.copy()), x.copy() * 0 + x) == [False]
+    before = x.copy()
+    out[...] = 123
+    np.testing.assert_array_equal(x, before)
+
+
+def test_views_and_returned_arguments_alias_like_numpy(rng):
+    x = rng.standard_normal((2, 3))
+    fn = lambda x: (x, x[1:], x.T, x.reshape(-1), x[:, None], x[..., ::2])  # noqa: E731
+    out = pl.compile(fn)(x)
+    assert shares(out, x) == [True] * 6
+    assert out[0] is x
+    out[1][0, 0] = 7.0
+    assert x[1, 0] == 7.0  # a write through the view reaches x, as in NumPy
+
+
+def test_equal_results_are_distinct_arrays_and_constants_are_fresh(rng):
+    x = rng.standard_normal(3)
+    a, b = pl.compile(lambda x: (x + 1, x + 1))(x)  # CSE makes one node of the two
+    assert not np.shares_memory(a, b)
+    f = pl.compile(lambda x: (x * 2, np.ones(3)))
+    f(x)[1][:] = 99.0
+    np.testing.assert_array_equal(f(x)[1], np.ones(3))  # the constant is not the caller's
+    y, z = pl.compile(lambda x: (x * 2,) * 2)(x)
+    assert y is z  # the same array twice, as NumPy returns it
+
+
+def test_aliasing_is_kept_whatever_the_pipeline(rng):
+    x = rng.standard_normal(4)
+    graph, _ = trace(lambda x: x * 1.0, (x,))
+    result = PassManager(["simplify"]).run(graph)
+    assert result.graph.ops()[-1] == "copy"
+    assert result.log[-1].name == "output_aliasing"
+    assert "copied" in result.log[-1].notes[0]
+
+
+def test_broadcast_to_results_stay_read_only(rng):
+    x = rng.standard_normal(4)
+    out = pl.compile(lambda x: np.broadcast_to(x, (4,)))(x)
+    with pytest.raises(ValueError, match="read-only"):
+        out[0] = 1.0
+
+
+# -- 9: writes into arguments, views, out= ---------------------------------------------------
+def _both(fn, *args):
+    np_args = [a.copy() for a in args]
+    pl_args = [a.copy() for a in args]
+    want = fn(*np_args)
+    got = pl.compile(fn)(*pl_args)
+    for g, w in zip(pl_args, np_args, strict=True):
+        np.testing.assert_array_equal(g, w)
+    return got, want, pl_args
+
+
+def test_in_place_operators_write_into_the_callers_array(rng):
+    def f(a, b):
+        a += 1
+        a *= b
+        b[0] = -7
+        return a * 2
+
+    got, want, _ = _both(f, rng.standard_normal(4), rng.standard_normal(4))
+    np.testing.assert_array_equal(got, want)
+
+    def g(a):
+        a -= 1
+        return a
+
+    x = rng.standard_normal(3)
+    out = pl.compile(g)(x)
+    assert out is x  # NumPy returns the argument itself
+
+
+def test_writes_through_views_reach_the_base_and_the_other_views(rng):
+    def f(a):
+        v = a[:2]
+        t = a.T
+        a[1:] += 10
+        t[0, 0] = -5
+        w = a.reshape(-1)
+        w[-1] = 3
+        return v.copy(), t.copy(), a[:, ::-1]
+
+    got, want, args = _both(f, rng.standard_normal((3, 2)))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert np.shares_memory(got[2], args[0])  # a view of the written argument
+
+
+def test_item_assignment_forms(rng):
+    def f(a, idx):
+        y = a * 2
+        y[y > 1] = 0
+        y[idx] = 5
+        y[..., 0] = np.arange(y.shape[0])
+        y[1] = y[0]
+        return y
+
+    a = rng.standard_normal((4, 3))
+    np.testing.assert_array_equal(pl.compile(f)(a, np.array([0, 2])), f(a, np.array([0, 2])))
+
+
+def test_out_arguments_and_copyto(rng):
+    def f(a, b):
+        np.add(a, b, out=b)
+        np.multiply(b, 2, out=b, where=a > 0)
+        np.copyto(a, b[::-1])
+        return a.sum()
+
+    got, want, _ = _both(f, rng.standard_normal(5), rng.standard_normal(5))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_in_place_casting_errors_are_numpys(rng):
+    def f(a):
+        a += 1.5
+        return a
+
+    with pytest.raises(TypeError, match="same_kind"):
+        pl.compile(f)(np.arange(3))
+
+    def g(a):
+        np.broadcast_to(a, (2, 3))[0, 0] = 1
+        return a
+
+    with pytest.raises(ReadOnlyError, match="read-only"):
+        pl.compile(g)(rng.standard_normal(3))
+
+
+def test_scalars_are_not_written_in_place(rng):
+    def f(a):
+        s = a.sum()
+        s += a  # a NumPy scalar: rebinds to a new array
+        return s
+
+    a = rng.standard_normal(4)
+    np.testing.assert_allclose(pl.compile(f)(a), f(a.copy()))
+    out = pl.compile(lambda a: a.sum())(a)
+    assert isinstance(out, np.float64)  # the scalar NumPy returns
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        pl.compile(lambda a: a.sum().__setitem__((), 1))(a)
+
+
+def test_writes_through_graph_break_views_are_refused(rng):
+    def f(a):
+        v = np.flip(a)  # a view NumPy returns, through a graph break
+        v[0] = 1.0
+        return a
+
+    with pytest.raises(UnsupportedOperationError, match="graph break"):
+        pl.compile(f)(rng.standard_normal(3))
+
+
+# -- 9: globals are guarded ------------------------------------------------------------------
+SCALE = 2.0
+TABLE = np.ones(3)
+OFFSETS = (1, 2)
+
+
+def _scaled(x):
+    return x * SCALE + TABLE + OFFSETS[0]
+
+
+def test_rebinding_a_global_retraces(rng, caplog):
+    global SCALE, OFFSETS
+    f = pl.compile(_scaled)
+    x = rng.standard_normal(3)
+    np.testing.assert_array_equal(f(x), _scaled(x))
+    try:
+        SCALE = 3.0
+        with caplog.at_level(logging.INFO, logger="pyc_lab.compiler.api"):
+            np.testing.assert_array_equal(f(x), _scaled(x))
+        assert "global SCALE changed" in caplog.text
+        SCALE = 3  # an int is another key than a float
+        np.testing.assert_array_equal(f(x), _scaled(x))
+        OFFSETS = (5, 2)
+        np.testing.assert_array_equal(f(x), _scaled(x))
+        assert f.cache_info()["misses"] == 4
+        assert any("global SCALE == 3 (int)" in g for g in f.explain(x).guards)
+    finally:
+        SCALE, OFFSETS = 2.0, (1, 2)
+
+
+def _indexed(x):
+    return x * TABLE[0] + TABLE.sum() + (lambda: TABLE.max())()
+
+
+def test_global_arrays_are_inputs_read_at_every_call(rng):
+    global TABLE
+    f = pl.compile(_scaled)
+    g = pl.compile(_indexed)
+    x = rng.standard_normal(3)
+    f(x)
+    g(x)
+    try:
+        TABLE[0] = 100.0  # written in place: seen without a retrace
+        np.testing.assert_array_equal(f(x), _scaled(x))
+        np.testing.assert_array_equal(g(x), _indexed(x))  # indexing and methods too
+        TABLE = np.zeros(3)  # rebound to an array of the same type: still no retrace
+        np.testing.assert_array_equal(f(x), _scaled(x))
+        assert f.cache_info()["misses"] == 1
+        TABLE = np.zeros(4)  # another shape: a new trace (and NumPy's error)
+        with pytest.raises(pl.PycLabError, match="broadcast"):
+            f(x)
+    finally:
+        TABLE = np.ones(3)
+
+
+def test_closures_attributes_and_helpers_are_guarded(rng):
+    class Config:
+        scale = 2.0
+
+    cfg = Config()
+    k = 1.0
+
+    def helper(x):
+        return x * cfg.scale
+
+    def f(x):
+        return helper(x) + k
+
+    g = pl.compile(f)
+    x = rng.standard_normal(3)
+    np.testing.assert_array_equal(g(x), f(x))
+    cfg.scale = 5.0
+    np.testing.assert_array_equal(g(x), f(x))
+    k = 2.0  # read by f through its closure
+    np.testing.assert_array_equal(g(x), f(x))
+    assert g.cache_info()["misses"] == 3
+
+
+def test_writes_into_global_arrays_reach_them(rng):
+    global TABLE
+
+    def bump(x):
+        TABLE[:] += x
+        return TABLE.sum()
+
+    try:
+        TABLE = np.zeros(3)
+        x = rng.standard_normal(3)
+        total = pl.compile(bump)(x)
+        np.testing.assert_array_equal(TABLE, x)
+        np.testing.assert_allclose(total, x.sum())
+    finally:
+        TABLE = np.ones(3)
