@@ -314,7 +314,7 @@ def test_softmax_is_stable_and_layer_norm_two_pass():
     assert "re-read on each pass" in generate(node, g).source
     g, node = op_graph("layer_norm", [((8, 512), F32)], {"eps": 1e-5})
     src = generate(node, g).source
-    assert "mean" in src and "denom = sqrt(" in src
+    assert "mean" in src and "denom = (sqrt(" in src
     assert "9.999999747378752e-06f" in src  # eps as the float32 NumPy would add
 
 

@@ -101,7 +101,7 @@ def test_float32_kernels_have_no_float16_rounding():
                       ("layer_norm", {"eps": 1e-5, "axis": -1})):
         src = _kernel(op, attrs, np.float32)
         assert "pyc_round_f16" not in src
-        assert "const float mean = s / static_cast<float>(64);" in src
+        assert re.search(r"const float mean = \(\(?s\)? / static_cast<float>\(64\)\);", src)
 
 
 def _kernel_model(x, form):
@@ -130,3 +130,17 @@ def test_the_kernels_rounding_recipe_is_numpys(scale, rng):
                 else:
                     np.testing.assert_allclose(np.float32(got), np.float32(want),
                                                rtol=2e-3, err_msg=form)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_float32_and_float64_row_kernels_keep_the_precedence_of_their_terms(dtype):
+    """Rounded pieces are composed as text: each must stay one term, or ``(x - m)**2``
+    reads as ``x - m*x - m`` once no float16 rounding wraps it."""
+    for cols in (513, 40000):  # a row kept in registers, and one re-read from memory
+        g, var = op_graph("var", [((8, cols), dtype)], {"axis": (1,), "keepdims": False})
+        src = generate(var, g).source
+        assert re.search(r"q \+= \(\((v\[k\]|xv) - mean\) \* \(\1 - mean\)\);", src), src
+        g, norm = op_graph("layer_norm", [((8, cols), dtype)], {"axis": -1, "eps": 1e-5})
+        src = generate(norm, g).source
+        assert re.search(r"q \+= \(\((v\[k\]|xv) - mean\) \* \(\1 - mean\)\);", src), src
+        assert re.search(r"r = \(\((v\[k\]|xv) - mean\) / denom\);", src), src

@@ -344,8 +344,9 @@ def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[st
     f16 = xdt.name == "float16" and node.op in ("var", "layer_norm")
 
     def rnd(expr: str) -> str:
-        """``expr`` rounded to float16 where NumPy rounds (float16 rows only)."""
-        return f"pyc_round_f16({expr})" if f16 else expr
+        """``expr`` rounded to float16 where NumPy rounds (float16 rows only); always one
+        parenthesised term, so that composing rounded pieces keeps their precedence."""
+        return f"pyc_round_f16({expr})" if f16 else f"({expr})"
 
     value = "v[k]" if cached else "xv"
     read = [] if cached else [f"const {acc} xv = {load};"]

@@ -19,15 +19,8 @@ Passes (each a module with ``NAME`` and ``run(graph, ctx) -> bool``):
 
 from __future__ import annotations
 
-from .manager import (
-    DEFAULT_PIPELINE,
-    MODES,
-    PASSES,
-    PassContext,
-    PassManager,
-    PassRecord,
-    PassResult,
-)
+from .manager import DEFAULT_PIPELINE, MODES, PASSES, PassManager, PassRecord, PassResult
+from .rewrite import PassContext
 
 __all__ = ["DEFAULT_PIPELINE", "MODES", "PASSES", "PassContext", "PassManager", "PassRecord",
            "PassResult"]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ..ir import Graph
 
 if TYPE_CHECKING:
-    from .manager import PassContext
+    from .rewrite import PassContext
 
 NAME = "output_aliasing"
 

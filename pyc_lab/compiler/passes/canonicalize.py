@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 from ..ir import Graph
 from ..ops import normalize_axis
-from .manager import is_const, kind_of, prune
+from .rewrite import is_const, kind_of, prune
 
 if TYPE_CHECKING:
-    from .manager import PassContext
+    from .rewrite import PassContext
 
 NAME = "canonicalize"
 

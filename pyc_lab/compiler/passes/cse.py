@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..ir import Graph
-from .manager import prune
+from .rewrite import prune
 
 if TYPE_CHECKING:
-    from .manager import PassContext
+    from .rewrite import PassContext
 
 NAME = "cse"
 

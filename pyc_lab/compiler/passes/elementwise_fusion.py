@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node
 from ..ops import REGISTRY
-from .manager import broadcasts_to, kind_of, prune
+from .rewrite import broadcasts_to, kind_of, prune
 
 if TYPE_CHECKING:
-    from .manager import PassContext
+    from .rewrite import PassContext
 
 NAME = "elementwise_fusion"
 

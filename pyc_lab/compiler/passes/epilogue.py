@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node
 from ..ops import ACTIVATIONS, REGISTRY
-from .manager import const_is, prune, sole_user, try_infer
+from .rewrite import const_is, prune, sole_user, try_infer
 
 if TYPE_CHECKING:
-    from .manager import PassContext
+    from .rewrite import PassContext
 
 NAME = "epilogue_fusion"
 

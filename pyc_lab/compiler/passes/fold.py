@@ -15,10 +15,10 @@ import numpy as np
 
 from ..ir import Graph
 from ..ops import evaluate
-from .manager import const_value, kind_of, prune
+from .rewrite import const_value, kind_of, prune
 
 if TYPE_CHECKING:
-    from .manager import PassContext
+    from .rewrite import PassContext
 
 NAME = "constant_folding"
 

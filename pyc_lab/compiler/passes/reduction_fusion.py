@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..ir import Graph, Node
 from ..ops import is_plain_reduction, normalize_axis
-from .manager import const_is, const_value, prune, try_infer
+from .rewrite import const_is, const_value, prune, try_infer
 
 if TYPE_CHECKING:
-    from .manager import PassContext
+    from .rewrite import PassContext
 
 NAME = "reduction_fusion"
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ir import Graph, Node
-from .manager import const_is, insert_like, is_const, prune, same_type
+from .rewrite import const_is, insert_like, is_const, prune, same_type
 
 if TYPE_CHECKING:
-    from .manager import PassContext
+    from .rewrite import PassContext
 
 NAME = "simplify"
 

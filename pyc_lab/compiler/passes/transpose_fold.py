@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node
-from .manager import prune, try_infer
+from .rewrite import prune, try_infer
 
 if TYPE_CHECKING:
-    from .manager import PassContext
+    from .rewrite import PassContext
 
 NAME = "transpose_folding"
 
