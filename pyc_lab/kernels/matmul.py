@@ -158,7 +158,9 @@ def tuned_kernel(m: int, n: int, k: int, dtype: str, layout: str,
 
     Memoised per problem until the tuning database changes. The kernel comes from the
     kernel cache (where the tuner put it); one that is not there is not built here —
-    the reason says to run :func:`prepare`.
+    the reason says to run :func:`prepare`. This is the database's winner as it is (the
+    compiler's lookup); :func:`winning_kernel` adds the never-slower rule that
+    :func:`matmul` applies.
 
     Returns
     -------

@@ -84,14 +84,30 @@ def cublas_runner(result: str, shape: tuple[int, ...], alpha: float, beta: float
                   activation: str | None) -> Run:
     """cuBLAS through ``cupy.matmul`` (strided-batched for 3-D), CuPy for the rest.
 
-    bfloat16 epilogues and scales are applied in float32 and rounded once.
+    bfloat16 epilogues and scales are applied in float32 and rounded once; batched
+    bfloat16 operands are multiplied as float32 copies (CuPy 14's batched matmul fails
+    on bfloat16; this is the path only without nvmath-python).
     """
     import cupy as cp
 
     res = cp.dtype(result)
     plain = alpha == 1.0 and not beta and activation is None
+    wide = cp.dtype("float32")
+    batched_bf16 = result == BF16 and len(shape) > 2
 
     def run(a: Any, b: Any, out: Any, bias: Any) -> Any:
+        if batched_bf16:
+            a, b = a.astype(wide), b.astype(wide)
+            y = cp.matmul(a, b)
+            if alpha != 1.0:
+                y *= alpha
+            if beta and out is not None:
+                y += beta * out.astype(wide)
+            y = apply_epilogue(cp, y, None if bias is None else bias.astype(wide), activation)
+            if out is not None:
+                out[...] = y
+                return out
+            return y.astype(res)
         if a.dtype != res:
             a = a.astype(res)
         if b.dtype != res:

@@ -148,7 +148,8 @@ def build_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
         plain_why = f"mixed dtypes {da} @ {db}"
     else:
         plain_why = cublaslt.why_not_plain(a2, tuple(b.shape), da)
-    impl, why = library_path(result, fused_why, plain_why or "")
+    batched = len(a2) == 3 or b.ndim == 3
+    impl, why = library_path(result, fused_why, plain_why or "", batched)
     if impl == "cublaslt" and fused_why == "":
         gemm = cublaslt.FusedGemm(activation, bias is not None)
         run = launch.fused_runner(gemm, result, shape, fold)

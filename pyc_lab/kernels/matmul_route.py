@@ -17,7 +17,9 @@ library runs. When in doubt, the library:
 
 **The library path.** A bias and/or relu/gelu go through cuBLASLt's fused epilogue when
 cuBLASLt takes the problem; bfloat16 goes through cuBLASLt (nvmath-python), the faster
-of the two bf16 library paths (CuPy's own bf16 matmul is the slower one); everything
+of the two bf16 library paths (CuPy's own bf16 matmul is the slower one), and so do
+batched float16/bfloat16 operands (one strided-batched cuBLASLt GEMM: CuPy 14's batched
+matmul computes 16-bit operands in float32 copies, and fails on bfloat16); everything
 else through cuBLAS (``cupy.matmul``), which batches 3-D operands in one strided-batched
 call.
 """
@@ -77,7 +79,8 @@ def tuned_verdict(time_ms: float | None, match: str, baselines: Mapping[str, flo
     return False, f"tuned kernel {time_ms:.3f} ms lost to {label} {lib_ms:.3f} ms in its tuning run"
 
 
-def library_path(dtype: str, fused_why: str | None, plain_lt_why: str) -> tuple[str, str]:
+def library_path(dtype: str, fused_why: str | None, plain_lt_why: str,
+                 batched: bool = False) -> tuple[str, str]:
     """The library implementation for a problem no tuned kernel serves.
 
     Parameters
@@ -88,6 +91,10 @@ def library_path(dtype: str, fused_why: str | None, plain_lt_why: str) -> tuple[
         ``None`` without an epilogue; else why cuBLASLt cannot fuse it (``""``: it can).
     plain_lt_why
         Why cuBLASLt cannot run the plain GEMM (``""``: it can).
+    batched
+        Whether the operands stay batched (3-D ``b``, or a 3-D ``a`` not folded): CuPy
+        14's batched matmul computes float16/bfloat16 in float32 copies (and fails on
+        bfloat16), so 16-bit batches go to cuBLASLt's strided-batched GEMM.
 
     Returns
     -------
@@ -98,6 +105,12 @@ def library_path(dtype: str, fused_why: str | None, plain_lt_why: str) -> tuple[
         return "cublaslt", "bias/activation in cuBLASLt's epilogue"
     if fused_why is not None:
         return "cublas", f"cuBLAS and CuPy for the epilogue ({fused_why})"
+    if batched and dtype in ("float16", "bfloat16"):
+        if plain_lt_why == "":
+            return "cublaslt", (f"batched {dtype}: one cuBLASLt strided-batched GEMM "
+                                "through nvmath-python (CuPy's batched matmul computes "
+                                "16-bit operands in float32 copies)")
+        return "cublas", f"batched {dtype}: cupy.matmul in float32 ({plain_lt_why})"
     if dtype == "bfloat16":
         if plain_lt_why == "":
             return "cublaslt", ("bfloat16: cuBLASLt through nvmath-python (CuPy's bfloat16 "

@@ -239,7 +239,8 @@ def test_bf16_goes_to_cublaslt_unless_a_tuned_kernel_won(tuned_db, monkeypatch):
         plan.choice["reason"]
 
 
-def test_a_batch_times_a_matrix_is_folded_into_one_tuned_problem(tuned_db):
+def test_a_batch_times_a_matrix_is_folded_into_one_tuned_problem(tuned_db, monkeypatch):
+    monkeypatch.setattr(cublaslt, "status", lambda: (True, "nvmath-python"))
     record(gemm(4 * 64, 384, 512), 0.30, {"cublas": 0.398})
     a = FakeGpuArray((4, 64, 512))
     w = FakeGpuArray((384, 512))
@@ -248,8 +249,12 @@ def test_a_batch_times_a_matrix_is_folded_into_one_tuned_problem(tuned_db):
     assert plan.choice["impl"] == "cutlass" and plan.choice["match"] == "exact (256x384x512)"
     plan(a, w.T)
     assert tuned_db.calls[-1][:3] == ((256, 512), (512, 384), (256, 384))
-    # a batch times a batch is cuBLAS's strided-batched GEMM
+    # a batch times a batch is one strided-batched GEMM: cuBLASLt for 16-bit dtypes (CuPy
+    # 14's batched matmul computes them in float32 copies), cuBLAS for float32
     plan = pl.matmul_plan(a, FakeGpuArray((4, 512, 384)))
+    assert plan.choice["impl"] == "cublaslt" and "strided-batched" in plan.choice["reason"]
+    plan = pl.matmul_plan(FakeGpuArray((4, 64, 512), "float32"),
+                          FakeGpuArray((4, 512, 384), "float32"))
     assert plan.choice["impl"] == "cublas" and "batched" in plan.choice["reason"]
 
 
