@@ -173,8 +173,8 @@ class GemmRunner:
         else:
             self._futures = builds.submit(ranked, opts.dtype, opts.layout, cc, epi)
             for cfg, fut in self._futures.items():
-                fut.add_done_callback(
-                    lambda f, c=cfg: self._builds.__setitem__(c, f.result()))
+                fut.add_done_callback(lambda f, c=cfg: None if f.cancelled()
+                                      else self._builds.__setitem__(c, f.result()))
         self._loaded: dict[GemmConfig, CutlassGemm] = {}
         self.rows: dict[str, dict[str, Any]] = {}
         self._measurements: dict[str, Measurement] = {}

@@ -108,3 +108,73 @@ def test_cli_tune_many_errors_are_one_line(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_shared_builds_build_each_kernel_once(monkeypatch):
+    from pyc_lab.kernels import cutlass as cg
+    from pyc_lab.kernels.cutlass.nvcc import BuildResult
+    from pyc_lab.kernels.tuning import builds
+
+    calls = []
+
+    def fake_build(cfg, dtype, layout, cc, cache, epilogue=None):
+        calls.append((cfg.id, dtype))
+        return BuildResult(cfg, "key", None, "compile_error", 0.0, "fake")
+
+    monkeypatch.setattr(builds, "build", fake_build)
+    a = cg.GemmConfig((128, 128, 64), (1, 1, 1), "TmaWarpSpecializedCooperative",
+                      "NoSmemWarpSpecialized", "Default")
+    b = cg.GemmConfig((128, 16, 128), (1, 1, 1), "TmaWarpSpecializedCooperative",
+                      "NoSmemWarpSpecialized", "Default", swap=True)
+    shared = builds.SharedBuilds(workers=2)
+    first = shared.submit([a, b], "f16", "tn", 90)
+    second = shared.submit([b, a], "f16", "tn", 90)
+    other = shared.submit([a], "bf16", "tn", 90)
+    assert first[a] is second[a] and first[b] is second[b] and other[a] is not first[a]
+    assert [f.result().status for f in (first[a], first[b], other[a])] == ["compile_error"] * 3
+    shared.shutdown(wait=True)
+    assert shared.requested == 5 and shared.distinct == 3 and len(calls) == 3
+
+
+def test_live_many_splits_the_budget_fairly_and_reports_failures(monkeypatch):
+    from pyc_lab.kernels.tuning import autotune, many
+    from pyc_lab.kernels.tuning.keys import DeviceKey, Measurement
+
+    class FakeShared:
+        requested, distinct = 7, 4
+
+        def shutdown(self, wait=False):
+            self.closed = True
+
+    shares = []
+    fake_clock = [0.0]
+    monkeypatch.setattr(many.time, "perf_counter", lambda: fake_clock[0])
+    monkeypatch.setattr(many, "_start_builds", lambda *a, **k: FakeShared())
+
+    def fake_tune(m, n, k, *, options, db, cache, stop, builds):
+        shares.append(options.budget_s)
+        fake_clock[0] += options.budget_s / 2  # each problem uses half its share
+        if m == 3:
+            raise PycLabError("no CUTLASS configuration left")
+        dev = DeviceKey("NVIDIA H200", "9.0", "580", "13.0")
+        prob = ProblemKey("gemm", options.dtype, options.dtype, options.dtype,
+                          options.layout, m, n, k)
+        best = Measurement({"tile": [128, 128, 64], "cluster": [1, 1, 1],
+                            "kernel_schedule": "TmaWarpSpecializedCooperative",
+                            "epilogue_schedule": "NoSmemWarpSpecialized",
+                            "tile_scheduler": "Default"}, "ok", 1.0)
+        import pandas as pd
+
+        return autotune.TuneResult(prob, dev, best, pd.DataFrame({"status": ["ok"]}),
+                                   {"cublas": 1.1, "torch": 1.3}, 1.0, "max_seconds")
+
+    monkeypatch.setattr(autotune, "autotune_gemm", fake_tune)
+    res = many.autotune_many([(1, 8, 8), (3, 8, 8), (2, 8, 8, "bf16")], budget_s=90)
+    assert shares == pytest.approx([30.0, 37.5, 56.25])  # leftovers roll forward
+    frame = res.summary
+    assert list(frame["status"]) == ["max_seconds", "not tuned", "max_seconds"]
+    assert frame["winner"][0] == "cutlass:128x128x64_c1x1x1_TmaCoop_NoSmemWS_Default"
+    assert frame["speedup"][0] == pytest.approx(1.1)
+    assert frame["best_library"][0] == "cublas"
+    assert "no CUTLASS configuration" in frame["message"][1]
+    assert (res.builds_requested, res.builds_distinct) == (7, 4)
