@@ -26,8 +26,16 @@ cache dir); point it at a folder kept between runs to tune in one command and me
 in the next.
 
     python benchmarks/bench_matmul_sweep.py --out benchmarks/results/h200
-    python benchmarks/bench_matmul_sweep.py --tune --tune-budget 420 --tune-only
+    PYC_LAB_CACHE_DIR=.pyc-cache python benchmarks/bench_matmul_sweep.py --tune \
+        --tune-budget 420 --tune-only --out OUT      # then, same cache dir, the sweep
+    PYC_LAB_CACHE_DIR=.pyc-cache python benchmarks/bench_matmul_sweep.py --out OUT
     python benchmarks/bench_matmul_sweep.py --quick --problems 12
+
+The default run (no ``--tune``) takes a few minutes on an H200 (46 problems, 5 rounds);
+the GPU lane gives it 420 s (``SWEEP_BENCH_ARGS`` passes options). Builds that
+``--tune`` started and its budget did not wait for finish in the background before the
+process exits (nvcc cannot be interrupted cleanly), so a tune-only run may outlast its
+budget by about one kernel build.
 
 Writes ``matmul-sweep.json`` to ``--out``. Without a GPU it says why and exits 0 (as the
 other benchmarks do), writing nothing.
