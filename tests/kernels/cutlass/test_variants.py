@@ -16,7 +16,7 @@ from pyc_lab.kernels import cutlass as cg
 from pyc_lab.kernels.cutlass import config, variants
 from pyc_lab.kernels.tuning.gemm_space import config_of, gemm_space, problem_configs
 
-PLAIN = cg.GemmConfig((128, 256, 64), (2, 1, 1), "TmaWarpSpecializedCooperative",
+PLAIN = cg.GemmConfig((256, 256, 64), (2, 1, 1), "TmaWarpSpecializedCooperative",
                       "TmaWarpSpecializedCooperative", "Default")
 SPLIT_SWAP = cg.GemmConfig((128, 16, 128), (1, 1, 1), "TmaWarpSpecializedCooperative",
                            "NoSmemWarpSpecialized", "StreamK", splits=4,
@@ -29,7 +29,7 @@ def test_plain_configs_keep_their_dicts_and_ids():
     d = PLAIN.to_dict()
     assert set(d) == {"tile", "cluster", "kernel_schedule", "epilogue_schedule",
                       "tile_scheduler"}
-    assert PLAIN.id == "128x256x64_c2x1x1_TmaCoop_TmaCoop_Default"
+    assert PLAIN.id == "256x256x64_c2x1x1_TmaCoop_TmaCoop_Default"
     assert not PLAIN.is_variant and PLAIN.base == PLAIN
 
 

@@ -40,7 +40,7 @@ CASES = [
                               splits=4, decomposition="SplitK"), "bf16", (256, 512, 4096)),
     ("stream-k", cg.GemmConfig((128, 128, 64), (1, 1, 1), _COOP, _NOSMEM, "StreamK",
                                decomposition="StreamK"), "f16", (384, 640, 3072)),
-    ("raster-swizzle", cg.GemmConfig((128, 256, 64), (2, 1, 1), _COOP, _COOP, "Default",
+    ("raster-swizzle", cg.GemmConfig((256, 256, 64), (2, 1, 1), _COOP, _COOP, "Default",
                                      raster="AlongM", swizzle=4), "f16", (1024, 1536, 512)),
     ("align2", cg.GemmConfig((128, 128, 64), (1, 1, 1), "CpAsyncWarpSpecialized", _NOSMEM,
                              "Default", alignment=2), "f16", (1000, 1002, 998)),
