@@ -123,10 +123,10 @@ class GemmRunner:
         cp = require_cupy("autotune_gemm")
         opts = options
         epi = opts.epilogue
-        issue = problem_issue(m, n, k, opts.layout, opts.dtype,
-                              problem_alignment(m, n, k, opts.layout, opts.dtype) or 1)
-        if not issue and not problem_alignment(m, n, k, opts.layout, opts.dtype):
-            issue = "odd contiguous extents (no alignment of 2 elements or more)"
+        align = problem_alignment(m, n, k, opts.layout, opts.dtype)
+        issue = (problem_issue(m, n, k, opts.layout, opts.dtype, align) if align else
+                 "contiguous extents with no common alignment of 2 elements or more "
+                 "(the narrowest kernels here)")
         if issue:
             raise PycLabError(f"autotune_gemm {m}x{n}x{k} {opts.layout}: {issue}; "
                               "pyc_lab.matmul uses cuBLAS for such shapes")
