@@ -44,6 +44,7 @@ _EXPORTS = {
     "autotune_gemm": "kernels.tuning.autotune",
     "TuneResult": "kernels.tuning.autotune",
     "replay_autotune": "kernels.tuning.autotune",
+    "autotune_many": "kernels.tuning.many",
 }
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "TuneResult",
     "__version__",
     "autotune_gemm",
+    "autotune_many",
     "compile",
     "detect_hardware",
     "load_ipython_extension",
