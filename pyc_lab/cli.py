@@ -36,7 +36,55 @@ if TYPE_CHECKING:  # pragma: no cover
     from .kernels.tuning.autotune import TuneResult
     from .kernels.tuning.keys import Measurement
 
-__all__ = ["main"]
+__all__ = ["byte_sizes", "check_recording", "dimension", "main"]
+
+
+def dimension(text: str) -> int:
+    """An argparse type: a problem dimension (M, N or K), a positive whole number."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive dimension; give a "
+                                         "whole number >= 1")
+    return value
+
+
+def byte_sizes(text: str) -> list[int]:
+    """An argparse type: comma-separated copy sizes in bytes (``4096,1048576``)."""
+    sizes = []
+    for part in text.split(","):
+        try:
+            value = int(part.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r} is not a number of bytes; give whole numbers separated by "
+                "commas, e.g. --sizes 4096,1048576") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(
+                f"{value} is not a positive number of bytes; e.g. --sizes 4096,1048576")
+        sizes.append(value)
+    return sizes
+
+
+def check_recording(path: str, flag: str = "--replay") -> None:
+    """Refuse a ``--replay PATH`` that cannot be a recording, naming the file.
+
+    Raises
+    ------
+    PycLabError
+        If ``path`` is not a file, or not a ``.json``/``.csv`` tuning-database export.
+    """
+    file = Path(path)
+    alone = f"or {flag} alone for the H200 recording shipped with pyc_lab"
+    if not file.is_file():
+        what = "a folder, not a file" if file.is_dir() else "no such file"
+        raise PycLabError(f"{flag} {path}: {what}; give a tuning-database export (a .json "
+                          f"or .csv file written by `pyc-lab db export FILE`), {alone}")
+    if file.suffix.lower() not in (".json", ".csv"):
+        raise PycLabError(f"{flag} {path}: a recording is a tuning-database export, a .json "
+                          f"or .csv file (`pyc-lab db export FILE`), {alone}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,8 +99,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="a saved profile: JSON path or shipped name (h200, dgx-h100)")
     hw.add_argument("--bandwidth", "-b", action="store_true",
                     help="measure H2D/D2H (pageable, pinned), D2D and peer copies")
-    hw.add_argument("--sizes", metavar="BYTES", type=lambda s: [int(x) for x in s.split(",")],
-                    help="comma-separated copy sizes in bytes for --bandwidth")
+    hw.add_argument("--sizes", metavar="BYTES", type=byte_sizes,
+                    help="comma-separated copy sizes in bytes for --bandwidth "
+                         "(e.g. 4096,1048576)")
     hw.add_argument("--save", metavar="PATH", help="write the profile as a JSON snapshot")
     hw.add_argument("--bandwidth-csv", metavar="PATH", help="write the bandwidth table as CSV")
     hw.add_argument("--json", action="store_true", help="print the profile as JSON")
@@ -63,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
                           description="Tune a CUTLASS GEMM live on this GPU, or replay the "
                                       "tuning recorded on a GPU with --replay.")
     for dim in ("M", "N", "K"):
-        gemm.add_argument(dim.lower(), metavar=dim, type=int, help=f"the problem's {dim}")
+        gemm.add_argument(dim.lower(), metavar=dim, type=dimension, help=f"the problem's {dim}")
     gemm.add_argument("--dtype", default=defaults.dtype,
                       help=f"f16, bf16, tf32 or f32 (SIMT); default {defaults.dtype}")
     gemm.add_argument("--layout", default=defaults.layout,
@@ -110,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PycLabError as exc:
         print(f"pyc-lab: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("pyc-lab: interrupted", file=sys.stderr)
+        return 130
 
 
 def _one_line(exc: BaseException) -> str:
@@ -119,6 +171,10 @@ def _one_line(exc: BaseException) -> str:
 
 def _move(args: argparse.Namespace) -> int:
     """``pyc-lab cache|db export|import FILE``."""
+    if args.action == "import" and not Path(args.path).is_file():
+        what = "a folder, not a file" if Path(args.path).is_dir() else "no such file"
+        raise PycLabError(f"{args.command} import {args.path}: {what}; give a file written "
+                          f"by `pyc-lab {args.command} export FILE`")
     if args.command == "cache":
         from .kernels.cache import KernelCache
 
@@ -141,6 +197,12 @@ def _hw(args: argparse.Namespace) -> int:
     from .profiling import probe_bandwidth
     from .profiling.bandwidth import bandwidth_summary
 
+    # every argument is checked before anything is printed or measured
+    for flag, given in (("--sizes", args.sizes), ("--bandwidth-csv", args.bandwidth_csv)):
+        if given is not None and not args.bandwidth:
+            raise PycLabError(f"{flag} applies to the bandwidth measurement; add --bandwidth")
+    if args.bandwidth and args.snapshot:
+        raise PycLabError("--bandwidth measures this machine; drop --snapshot to use it")
     if args.bandwidth and args.bandwidth_csv:
         folder = Path(args.bandwidth_csv).parent
         if not folder.is_dir():  # before measuring for seconds, not after
@@ -154,8 +216,6 @@ def _hw(args: argparse.Namespace) -> int:
         return 0
     print(profile.to_text())
     if args.bandwidth:
-        if args.snapshot:
-            raise PycLabError("--bandwidth measures this machine; drop --snapshot to use it")
         try:
             frame = probe_bandwidth(profile=profile, sizes=args.sizes)
         except MemoryError:
@@ -209,6 +269,8 @@ def _tune_gemm(args: argparse.Namespace) -> int:
     if replay and options.epilogue.fused:
         raise PycLabError("--replay replays plain GEMMs only; --bias/--activation tune "
                           "fused epilogues live on a GPU")
+    if args.replay:
+        check_recording(args.replay)
     if replay:
         from .kernels.tuning.autotune import replay_autotune
         from .kernels.tuning.recording import recorded_result
@@ -229,8 +291,8 @@ def _tune_gemm(args: argparse.Namespace) -> int:
         cp, why = cupy_status()
         if cp is None:
             raise PycLabError(
-                f"no CUDA device here ({why}): live tuning builds and times kernels on a "
-                f"GPU. Add --replay to replay the tuning recorded on an H200 instead: "
+                f"live tuning builds and times kernels on a GPU and needs a CUDA device: {why}. "
+                "Add --replay to replay the tuning recorded on an H200 instead: "
                 f"pyc-lab tune gemm {args.m} {args.n} {args.k} --dtype {args.dtype} --replay")
         from .kernels.tuning.autotune import autotune_gemm
 

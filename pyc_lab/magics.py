@@ -13,12 +13,41 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_argstring
 from IPython.display import display
 
+from .cli import check_recording, dimension
 from .errors import PycLabError
 
 __all__ = ["PycLabMagics", "register", "unregister"]
+
+#: What to type for ``%pyc_tune`` (argparse would list the options first).
+TUNE_USAGE = ("%pyc_tune gemm M N K [--dtype DTYPE] [--layout LAYOUT] [--strategy STRATEGY] "
+              "[--budget S] [--max-candidates N] [--replay [PATH]] [--wait]")
+
+
+def _parse(magic: Any, line: str, name: str) -> Any:
+    """Parse a magic's line; a bad one is a one-line UsageError saying what to type."""
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as exc:
+        # IPython's help formatter writes the usage as a reST literal block ("::")
+        words = [w for w in magic.parser.format_usage().split() if w not in ("usage:", "::")]
+        usage = " ".join(words)
+        if name.startswith("%%") and not usage.startswith("%%"):
+            usage = "%" + usage  # argparse knows the cell magic by its line name
+        raise UsageError(f"{name}: {exc}. Type: {usage} ({name}? explains every "
+                         "option)") from None
+
+
+def _check_folder(flag: str, path: str, magic: str) -> None:
+    """Refuse an output path whose folder does not exist, before any work is done."""
+    from pathlib import Path
+
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise UsageError(f"{magic}: {flag} {path}: folder {folder} does not exist; create "
+                         "it first")
 
 
 @magics_class
@@ -46,7 +75,7 @@ class PycLabMagics(Magics):
         from .profiling import probe_bandwidth
         from .widgets import TopologyWidget
 
-        args = parse_argstring(self.pyc_hw, line)
+        args = _parse(self.pyc_hw, line, "%pyc_hw")
         try:
             profile = detect_hardware(snapshot=args.snapshot)
             bandwidth = None
@@ -92,7 +121,7 @@ class PycLabMagics(Magics):
         """
         from .compiler.api import compile as pl_compile
 
-        args = parse_argstring(self.pyc_compile, line)
+        args = _parse(self.pyc_compile, line, "%%pyc_compile")
         try:
             tree = ast.parse(cell)
         except SyntaxError as exc:
@@ -118,7 +147,11 @@ class PycLabMagics(Magics):
                 return None
         example = None
         if args.example:
-            example = eval(args.example, ns)  # the user's own expression
+            try:
+                example = eval(args.example, ns)  # the user's own expression
+            except Exception as exc:
+                raise UsageError(f"%%pyc_compile: --example {args.example!r} raised "
+                                 f"{type(exc).__name__}: {exc}") from None
             example = example if isinstance(example, tuple) else (example,)
         for name in names:
             fn = ns[name]
@@ -131,20 +164,23 @@ class PycLabMagics(Magics):
         return None
 
     @magic_arguments()
-    @argument("op", choices=["gemm"], help="what to tune (gemm)")
-    @argument("m", type=int, help="M (a is M x K)")
-    @argument("n", type=int, help="N (b is K x N)")
-    @argument("k", type=int, help="K")
+    @kwds(usage=TUNE_USAGE.replace("%pyc_tune", "%(prog)s", 1))
+    @argument("op", metavar="gemm", choices=["gemm"],
+              help="what to tune: gemm, a matrix product a @ b")
+    @argument("m", metavar="M", type=dimension, help="M (a is M x K)")
+    @argument("n", metavar="N", type=dimension, help="N (b is K x N)")
+    @argument("k", metavar="K", type=dimension, help="K")
+    # the defaults named here are GemmTuneOptions' (tests/test_extension.py checks them)
     @argument("--dtype", default=None,
-              help="f16, bf16, tf32 or f32 (default: pyc_lab.autotune_gemm's, f16)")
-    @argument("--layout", default=None, help="tn, tt, nt or nn (default: tn)")
+              help="f16, bf16, tf32 or f32 (SIMT); default f16")
+    @argument("--layout", default=None, help="tn, tt, nt or nn; default tn")
     @argument("--strategy", default=None,
-              help="exhaustive, random, successive_halving (default) or evolutionary")
-    @argument("--budget", type=float, default=None,
-              help="stop starting candidates after this many seconds (0: no limit; "
-                   "default 180)")
-    @argument("--max-candidates", type=int, default=None,
-              help="consider at most this many configurations (0: all; default 16)")
+              help="exhaustive, random, successive_halving or evolutionary; default "
+                   "successive_halving")
+    @argument("--budget", metavar="S", type=float, default=None,
+              help="stop starting candidates after S seconds (0: no limit); default 180")
+    @argument("--max-candidates", metavar="N", type=int, default=None,
+              help="consider at most N configurations (0: all); default 16")
     @argument("--replay", metavar="PATH", nargs="?", const="", default=None,
               help="replay a recorded tuning (the H200 recording shipped with pyc_lab, or "
                    "a tuning-database export) instead of tuning on this GPU")
@@ -167,12 +203,14 @@ class PycLabMagics(Magics):
         from .widgets.autotune import AutotuneWidget
         from .widgets.display import has_live_frontend
 
-        args = parse_argstring(self.pyc_tune, line)
+        args = _parse(self.pyc_tune, line, "%pyc_tune")
         live_view = has_live_frontend()
         try:
             if (args.budget or 0) < 0 or (args.max_candidates or 0) < 0:
                 raise PycLabError("--budget and --max-candidates take numbers >= 0 "
                                   "(0: no limit)")
+            if args.replay:
+                check_recording(args.replay)
             # what is not given comes from GemmTuneOptions, as for autotune_gemm; 0 = no limit
             settings = {name: value for name, value in (
                 ("dtype", args.dtype), ("layout", args.layout), ("strategy", args.strategy))
@@ -210,7 +248,9 @@ class PycLabMagics(Magics):
         from .runtime.pipeline import last_pipeline
         from .widgets import TimelineWidget
 
-        args = parse_argstring(self.pyc_timeline, line)
+        args = _parse(self.pyc_timeline, line, "%pyc_timeline")
+        if args.chrome:
+            _check_folder("--chrome", args.chrome, "%pyc_timeline")
         pipe = last_pipeline()
         if pipe is not None and not pipe.traced:
             raise UsageError("%pyc_timeline: the last pipeline was built with trace=False and "
@@ -247,7 +287,9 @@ class PycLabMagics(Magics):
         from .profiling.activity import GpuActivity
         from .widgets import TimelineWidget
 
-        args = parse_argstring(self.pyc_trace, line)
+        args = _parse(self.pyc_trace, line, "%%pyc_trace")
+        if args.chrome:
+            _check_folder("--chrome", args.chrome, "%%pyc_trace")
         try:
             tracer = GpuActivity(args.backend, name="%%pyc_trace")
         except PycLabError as exc:
@@ -328,7 +370,7 @@ class PycLabMagics(Magics):
             if token in ("-n", "-w", "--repeats", "--warmup") and rest:
                 value, rest = head(rest)
                 options.append(value)
-        args = parse_argstring(self.pyc_timeit, " ".join(options))
+        args = _parse(self.pyc_timeit, " ".join(options), magic)
         if cell is None:
             statement = rest
             if not statement:

@@ -98,13 +98,15 @@ def test_tune_replay_of_an_export_as_json(tmp_path, capsys):
 
 
 def test_tune_without_a_gpu_and_without_replay_exits_2(capsys):
-    from pyc_lab.hardware.device import cupy_status
+    from pyc_lab.hardware.device import no_gpu_reason
 
-    if cupy_status()[0] is not None:
+    reason = no_gpu_reason()
+    if reason is None:
         pytest.skip("a GPU is present: tune would tune live")
     assert main(["tune", "gemm", "512", "512", "512"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("pyc-lab: error: no CUDA device here (")
+    assert err.startswith("pyc-lab: error: live tuning builds and times kernels on a GPU and "
+                          f"needs a CUDA device: {reason}. Add --replay")
     assert "pyc-lab tune gemm 512 512 512 --dtype f16 --replay" in err
     assert "Traceback" not in err
 
@@ -216,3 +218,71 @@ def test_exporting_into_a_missing_folder_is_one_line(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     assert err.startswith("pyc-lab: error: cannot export") and err.count("\n") == 1
     assert f"folder {target.parent} does not exist; create it first" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["hw", "--bandwidth", "--sizes", "4096,abc"],
+     "argument --sizes: 'abc' is not a number of bytes; give whole numbers separated by "
+     "commas, e.g. --sizes 4096,1048576"),
+    (["hw", "--bandwidth", "--sizes", "4096,0"],
+     "argument --sizes: 0 is not a positive number of bytes"),
+    (["tune", "gemm", "-5", "64", "64", "--replay"],
+     "argument M: -5 is not a positive dimension; give a whole number >= 1"),
+    (["tune", "gemm", "a", "64", "64"], "argument M: 'a' is not a whole number"),
+])
+def test_bad_values_are_named_by_their_argument(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "<lambda>" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["tune", "gemm", "64", "64", "64", "--replay", "/nope.json"],
+     "--replay /nope.json: no such file; give a tuning-database export (a .json or .csv file "
+     "written by `pyc-lab db export FILE`), or --replay alone for the H200 recording shipped "
+     "with pyc_lab"),
+    (["tune", "gemm", "64", "64", "64", "--replay", "{tmp}"], "a folder, not a file"),
+    (["tune", "gemm", "64", "64", "64", "--replay", "{tmp}/notes.txt"],
+     "a recording is a tuning-database export, a .json or .csv file"),
+    (["db", "import", "/nope.json"],
+     "db import /nope.json: no such file; give a file written by `pyc-lab db export FILE`"),
+    (["cache", "import", "/nope.tar.gz"], "cache import /nope.tar.gz: no such file"),
+    (["hw", "--sizes", "4096"], "--sizes applies to the bandwidth measurement; add --bandwidth"),
+    (["hw", "--bandwidth-csv", "bw.csv"], "--bandwidth-csv applies to the bandwidth"),
+    (["hw", "--save", "/missing/dir/x.json"],
+     "cannot save the hardware profile to /missing/dir/x.json: folder /missing/dir does not "
+     "exist; create it first"),
+])
+def test_file_and_flag_errors_are_one_line_and_name_the_file(tmp_path, capsys, argv, message):
+    (tmp_path / "notes.txt").write_text("not a recording")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing printed before the error
+    err = captured.err
+    assert err.startswith("pyc-lab: error: ") and err.count("\n") == 1
+    assert message.format(tmp=tmp_path) in err
+    assert "source=None" not in err and "Traceback" not in err
+
+
+def test_bandwidth_with_a_snapshot_is_refused_before_printing(capsys):
+    assert main(["hw", "--bandwidth", "--snapshot", "h200"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "--bandwidth measures this machine; drop --snapshot" in captured.err
+
+
+def test_tune_help_states_the_options_defaults(capsys):
+    from pyc_lab.kernels.tuning.options import GemmTuneOptions
+
+    defaults = GemmTuneOptions()
+    with pytest.raises(SystemExit):
+        main(["tune", "gemm", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"default {defaults.dtype}" in text
+    assert f"(default: {defaults.layout})" in text
+    assert f"(default: {defaults.strategy})" in text
+    assert f"default {defaults.budget_s:g})" in text
+    assert f"default {defaults.max_candidates})" in text

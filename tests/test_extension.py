@@ -295,3 +295,47 @@ def test_pyc_timeit_bad_input_is_a_one_line_usage_error(shell, cell, message):
     text = cap.stderr + cap.stdout
     assert message in text
     assert "Traceback" not in text
+
+
+# -- usage errors say what to type ------------------------------------------------------------
+
+@pytest.mark.parametrize(("cell", "message"), [
+    ("%pyc_tune", "%pyc_tune: the following arguments are required: gemm, M, N, K. Type: "
+                  "%pyc_tune gemm M N K [--dtype DTYPE]"),
+    ("%pyc_tune gemm -5 64 64 --replay", "%pyc_tune: argument M: -5 is not a positive "
+                                         "dimension"),
+    ("%pyc_tune gemm 64 64 64 --replay /nope.json",
+     "%pyc_tune: --replay /nope.json: no such file; give a tuning-database export"),
+    ("%pyc_hw --bogus", "%pyc_hw: unrecognized arguments: --bogus. Type: %pyc_hw "
+                        "[--snapshot PATH] [--bandwidth]"),
+    ("%pyc_timeline --chrome /missing/dir/t.json",
+     "%pyc_timeline: --chrome /missing/dir/t.json: folder /missing/dir does not exist"),
+    ("%%pyc_trace --chrome /missing/dir/t.json\nx = 1\n",
+     "%%pyc_trace: --chrome /missing/dir/t.json: folder /missing/dir does not exist"),
+    ("%%pyc_compile --example nope\ndef f(x):\n    return x\n",
+     "%%pyc_compile: --example 'nope' raised NameError"),
+    ("%%pyc_compile --bogus\ndef f(x):\n    return x\n",
+     "Type: %%pyc_compile [--show"),
+])
+def test_usage_errors_are_one_line_and_say_what_to_type(shell, cell, message):
+    shell.run_line_magic("load_ext", "pyc_lab")
+    with capture_output() as cap:
+        result = shell.run_cell(cell)
+    assert not result.success
+    text = cap.stderr + cap.stdout
+    assert message in text
+    assert "Traceback" not in text and "source=None" not in text
+
+
+def test_pyc_tune_help_shows_what_to_type_and_the_options_defaults(shell):
+    from pyc_lab.kernels.tuning.options import GemmTuneOptions
+
+    shell.run_line_magic("load_ext", "pyc_lab")
+    defaults = GemmTuneOptions()
+    doc = " ".join(shell.magics_manager.magics["line"]["pyc_tune"].__doc__.split())
+    assert "%pyc_tune gemm M N K [--dtype DTYPE]" in doc
+    assert f"default {defaults.dtype}" in doc
+    assert f"default {defaults.layout}" in doc
+    assert f"default {defaults.strategy}" in doc
+    assert f"default {defaults.budget_s:g}" in doc
+    assert f"default {defaults.max_candidates}" in doc

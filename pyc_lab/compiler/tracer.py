@@ -152,7 +152,9 @@ class Tracer:
         try:
             node = self.graph.add(name, ids, attrs or {})
         except ShapeError as exc:
-            raise type(exc)(f"{name}: {exc}") from None
+            # name the op once: many shape rules already start their message with it
+            text = str(exc)
+            raise type(exc)(text if text.startswith(name) else f"{name}: {text}") from None
         return Traced(self, node.id)
 
     # -- graph breaks -------------------------------------------------------------------

@@ -24,7 +24,8 @@ from .profile import _GPU_FIELDS as PROFILE_GPU_FIELDS
 from .profile import GPUInfo, HardwareProfile, HostInfo, LinkInfo, NumaNode
 from .providers.base import Fact, Missing, ProviderReport, normalize_bus_id
 
-__all__ = ["detect_hardware", "list_snapshots", "merge_reports", "snapshot_path"]
+__all__ = ["detect_hardware", "gate_reason", "list_snapshots", "merge_reports",
+           "snapshot_path"]
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,9 @@ def detect_hardware(
     """Describe this machine's CPUs, NUMA nodes, GPUs and GPU links.
 
     Never raises for a missing GPU or GPU library: the profile then holds the host facts
-    and ``cuda_status`` says ``"no CUDA device: <reason>"``.
+    and ``cuda_status`` says ``"no CUDA device: <reason>"``, with the device gate's reason
+    (:func:`pyc_lab.hardware.device.no_gpu_reason`), e.g. ``"no CUDA device: no NVIDIA
+    driver on this machine (libcuda not found)"``.
 
     Parameters
     ----------
@@ -122,9 +125,30 @@ def _probe() -> list[ProviderReport]:
             if isinstance(b, Fact) and b.value not in bus_ids:
                 bus_ids.append(b.value)
     reports.append(collect_sysfs("/", bus_ids))
+    if not bus_ids:
+        from .device import no_gpu_reason
+
+        gate_reason(reports, no_gpu_reason(need_cupy=False))
     for r in reports:
-        log.debug("provider %s: %s", r.name, r.status)
+        log.debug("provider %s: %s%s", r.name, r.status, f" ({r.detail})" if r.detail else "")
     return reports
+
+
+def gate_reason(reports: Sequence[ProviderReport], reason: str | None) -> None:
+    """Make the device gate's ``reason`` the headline of every unavailable provider.
+
+    When no provider found a GPU, the gate (:mod:`pyc_lab.hardware.device`) knows why in
+    plain words ("no NVIDIA driver on this machine (libcuda not found)"); each provider's
+    own error text (``NVMLError_LibraryNotFound``, ...) moves to its ``detail``, which the
+    profile keeps in ``provider_details`` and shows in ``sources_frame()``. Nothing
+    changes when ``reason`` is ``None`` (the driver reports a GPU).
+    """
+    if reason is None:
+        return
+    for r in reports:
+        if not r.available and r.reason != reason:
+            r.detail = r.detail or r.reason
+            r.reason = reason
 
 
 def merge_reports(reports: Sequence[ProviderReport]) -> HardwareProfile:
@@ -136,6 +160,7 @@ def merge_reports(reports: Sequence[ProviderReport]) -> HardwareProfile:
         recorded_at=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         pyc_lab_version=__version__,
         providers={r.name: r.status for r in reports},
+        provider_details={r.name: r.detail for r in reports if r.detail},
     )
     profile.host = _merge_host(reports)
 
@@ -229,7 +254,11 @@ def _merge_host(reports: Sequence[ProviderReport]) -> HostInfo:
 def _cuda_status(profile: HardwareProfile, reports: Sequence[ProviderReport]) -> str:
     if profile.gpus:
         return f"{len(profile.gpus)} CUDA device(s)"
-    reasons = [f"{r.name}: {r.reason}" for r in reports if not r.available and r.reason]
+    down = [r for r in reports if not r.available and r.reason]
+    if len({r.reason for r in down}) == 1 and all(r.detail for r in down):
+        reasons = [down[0].reason]  # the device gate's one reason, given to every provider
+    else:
+        reasons = [f"{r.name}: {r.reason}" for r in down]
     pci = next(
         (r.system["nvidia_pci_devices"].value for r in reports
          if isinstance(r.system.get("nvidia_pci_devices"), Fact)),

@@ -204,6 +204,10 @@ class HardwareProfile:
 
     Build one with :func:`pyc_lab.detect_hardware`; load a saved one with
     :meth:`from_json` or ``detect_hardware(snapshot=...)``.
+
+    ``providers`` holds each provider's status (``"ok"`` or ``"unavailable: <reason>"``);
+    where the device gate gave the reason for the whole machine (no driver, no GPU),
+    ``provider_details`` keeps each provider's own error text beside it.
     """
 
     host: HostInfo = field(default_factory=HostInfo)
@@ -213,6 +217,7 @@ class HardwareProfile:
     cuda_driver_version: str | None = None
     cuda_status: str = "unknown"
     providers: dict[str, str] = field(default_factory=dict)
+    provider_details: dict[str, str] = field(default_factory=dict)
     origin: str = "live"
     recorded_at: str | None = None
     pyc_lab_version: str | None = None
@@ -312,10 +317,28 @@ class HardwareProfile:
         return pd.DataFrame(rows, columns=None if rows else ["node"]).set_index("node")
 
     def sources_frame(self) -> pd.DataFrame:
-        """Provenance of every value: (scope, field, value, source, why others had none)."""
+        """Provenance of every value: (scope, field, value, source, why others had none).
+
+        A probed profile without a GPU starts with a ``GPUs`` row saying why (the
+        profile's ``cuda_status``), with each GPU provider's own error in ``fallbacks``.
+        """
         import pandas as pd
 
         rows = []
+        if not self.gpus and self.providers:
+            details = self.provider_details or {
+                name: status.removeprefix("unavailable: ")
+                for name, status in self.providers.items() if status != "ok"
+            }
+            rows.append(
+                {
+                    "scope": "GPUs",
+                    "field": "count",
+                    "value": "0",
+                    "source": self.cuda_status,
+                    "fallbacks": "; ".join(f"{k}: {v}" for k, v in details.items()),
+                }
+            )
         for name in sorted(set(self.host.sources) | set(self.host.fallbacks)):
             rows.append(
                 {
@@ -437,7 +460,7 @@ class HardwareProfile:
                 raise SnapshotError(
                     f"hardware snapshot {str(path)!r} does not exist; pass a JSON file written "
                     "by HardwareProfile.to_json() or a shipped name from "
-                    "pyc_lab.runtime.list_snapshots()"
+                    "pyc_lab.hardware.list_snapshots()"
                 )
             text = _read_snapshot(path)
             where = str(path)

@@ -27,8 +27,12 @@ from .spans import COPY_STAGES, GPU_STAGES, Span, stage_order
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["FoldedSpans", "OverlapReport", "intersect", "total",
+__all__ = ["HOST_STAGE_WORDS", "FoldedSpans", "OverlapReport", "intersect", "total",
            "union"]
+
+#: What the copy stages are in a CPU-mode trace (the belt's host lanes): copies between
+#: host buffers, done on threads, with no device and no PCIe link in between.
+HOST_STAGE_WORDS: dict[str, str] = {"h2d": "copy in", "d2h": "copy out"}
 
 
 _DEFAULT_GAP_FRACTION = 0.05
@@ -211,39 +215,65 @@ class OverlapReport:
         ]
         return pd.DataFrame(rows, columns=["metric", "value"])
 
-    def summary(self) -> str:
-        """A few deterministic lines (for identical traces) describing the overlap."""
+    def summary(self, *, host: bool = False) -> str:
+        """A few deterministic lines (for identical traces) describing the overlap.
+
+        Parameters
+        ----------
+        host
+            Word the lines for a CPU-mode trace, whose lanes are host threads: the
+            ``h2d``/``d2h`` stages are "copy in"/"copy out" between host buffers, the
+            GPU idle line becomes the time the copy and compute threads were all idle,
+            and copy speeds are host-to-host copies rather than H2D/D2H over PCIe. The
+            figures are the same; only their names change.
+        """
         if self.n_spans == 0:
             return "empty trace: no spans recorded"
-        stages = ", ".join(f"{st} {t * 1e3:.3f}" for st, t in self.stage_busy_s.items())
-        gb = [f"{name} {value:.2f} GB/s" for name, value in
-              (("H2D", self.h2d_gbps), ("D2H", self.d2h_gbps)) if value is not None]
+
+        def word(stage: str | None) -> str | None:
+            return HOST_STAGE_WORDS.get(stage, stage) if host and stage else stage
+
+        stages = ", ".join(f"{word(st)} {t * 1e3:.3f}" for st, t in self.stage_busy_s.items())
+        idle = (f"copy-in, compute and copy-out threads all idle: "
+                f"{100 * self.gpu_idle_fraction:.1f}% of wall" if host else
+                f"GPU idle: {100 * self.gpu_idle_fraction:.1f}% of wall")
         lines = [
             f"{self.n_items} items, {self.n_spans} spans, wall {self.wall_s * 1e3:.3f} ms",
             f"busy ms: {stages}",
             f"copy hidden behind compute: {self.copy_hidden_pct:.1f}% "
             f"({self.copy_hidden_s * 1e3:.3f} of {self.copy_busy_s * 1e3:.3f} ms)",
-            f"GPU idle: {100 * self.gpu_idle_fraction:.1f}% of wall",
+            idle,
             f"starvation gaps (>= {self.gap_threshold_s * 1e3:.3f} ms): "
             f"{self.n_starvation_gaps}, {self.starvation_s * 1e3:.3f} ms in all",
         ]
         if self.folded_items:
             lines.insert(1, f"spans of the first {self.folded_items} items folded into "
                             "these figures (medians within 1 %); the rest kept in full")
-        if gb:
-            lines.append("achieved: " + ", ".join(gb))
+        speeds = (("h2d", self.h2d_gbps), ("d2h", self.d2h_gbps))
+        if host:
+            gb = [f"{word(st)} {value:.3g} GB/s" for st, value in speeds if value is not None]
+            if gb:
+                lines.append("host-to-host copies: " + ", ".join(gb))
+        else:
+            gb = [f"{st.upper()} {value:.2f} GB/s" for st, value in speeds if value is not None]
+            if gb:
+                lines.append("achieved: " + ", ".join(gb))
         lines.append(f"max-stage bound {self.max_stage_bound_s * 1e3:.3f} ms "
-                     f"({self.bound_stage}) vs actual {self.wall_s * 1e3:.3f} ms: "
+                     f"({word(self.bound_stage)}) vs actual {self.wall_s * 1e3:.3f} ms: "
                      f"efficiency {100 * self.efficiency:.1f}%")
         lines.append(f"with fill and drain {self.pipeline_bound_s * 1e3:.3f} ms: "
                      f"efficiency {100 * self.pipeline_efficiency:.1f}%")
         return "\n".join(lines)
 
-    def headline(self) -> str:
-        """One line: copy hidden, GPU idle, efficiency."""
-        return (f"copy hidden {self.copy_hidden_pct:.1f}% · GPU idle "
+    def headline(self, *, host: bool = False) -> str:
+        """One line: copy hidden, GPU idle (for a CPU-mode trace, ``host=True``: the copy
+        and compute threads' idle time), efficiency."""
+        bound = (HOST_STAGE_WORDS.get(self.bound_stage, self.bound_stage)
+                 if host and self.bound_stage else self.bound_stage)
+        idle = "threads idle" if host else "GPU idle"
+        return (f"copy hidden {self.copy_hidden_pct:.1f}% · {idle} "
                 f"{100 * self.gpu_idle_fraction:.1f}% · efficiency {100 * self.efficiency:.1f}%"
-                f" (bound {self.bound_stage})")
+                f" (bound {bound})")
 
 
 def union(intervals: Iterable[Interval]) -> list[Interval]:

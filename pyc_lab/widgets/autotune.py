@@ -27,7 +27,16 @@ from ..hardware.peaks import peak_tflops
 from ..kernels.tuning.background import MODES, TuningRun
 from ..kernels.tuning.compare import Comparison, kernel_label, problem_label
 from ..kernels.tuning.options import GemmTuneOptions
-from .display import ChartView, View, escape, frame_html, require_plotly
+from .display import (
+    ChartView,
+    View,
+    escape,
+    frame_html,
+    frame_text,
+    html_widget,
+    plotly_text,
+    require_plotly,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -44,8 +53,12 @@ _STATUS_COLORS = {"ok": "#2ca02c", "compile_error": "#d62728", "wrong_result": "
                   "nan": "#e377c2", "timeout": "#8c564b", "skipped": "#7f7f7f",
                   "error": "#bcbd22"}
 _TABLE_COLUMNS = ["config", "status", "ms", "tflops", "error", "message"]
-#: Decimals shown in text tables.
-_ROUND = {"ms": 4, "tflops": 1, "pct_of_peak": 1, "vs_cublas": 3, "error": 6}
+#: How each baseline's line is drawn in the tuning chart. Baselines often measure the
+#: same (torch calls cuBLAS): the first is wide and pale, the next narrow and dotted on
+#: top of it, so that coinciding lines both stay visible.
+_BASELINE_LINES = {"cublas": dict(dash="solid", width=6), "torch": dict(dash="dot", width=2.5),
+                   "cublaslt": dict(dash="dash", width=2)}
+_BASELINE_OPACITY = {"cublas": 0.35}
 
 
 def status_color(status: str) -> str:
@@ -224,17 +237,17 @@ class AutotuneWidget(View):
             lines.append(self.best_label())
         compare = self.compare()
         if compare is not None:
-            compare = compare.drop(columns=["source"], errors="ignore").round(_ROUND)
-            lines += ["", "Tuned vs libraries:", compare.to_string(index=False)]
+            compare = compare.drop(columns=["source"], errors="ignore")
+            lines += ["", "Tuned vs libraries:", frame_text(compare)]
         table = self.table()
         if table is not None and len(table):
-            lines += ["", "Candidates:", table.round(_ROUND).to_string(index=False)]
+            lines += ["", "Candidates:", frame_text(table)]
         return "\n".join(lines)
 
     def to_html(self) -> str:
         """Deterministic HTML: banner, state, best, the comparison and candidate tables."""
         color = "#fff4d6" if self.mode == "replay" else "#e8f5e9"
-        parts = ["<div class='pyc-lab-autotune'>",
+        parts = ["<div class='pyc-lab-autotune' style='line-height:normal'>",
                  f"<h4>Autotune {escape(self.problem_label())}</h4>",
                  f"<p style='background:{color};padding:4px 8px;border-radius:4px'>"
                  f"{escape(self.banner())}</p><ul>",
@@ -264,9 +277,10 @@ class AutotuneWidget(View):
             rows = [r for r in cands if r["status"] == status]
             ok = status == "ok"
             hover = [
-                f"<b>{escape(r['config'])}</b><br>status: {escape(status)}{recorded}<br>" +
-                (f"{r['ms']:.4f} ms, {r['tflops']:.1f} TFLOP/s" if ok and r.get("tflops")
-                 else escape((r.get("message") or "")[:200]) or "no time")
+                f"<b>{plotly_text(r['config'])}</b><br>status: {plotly_text(status)}"
+                f"{recorded}<br>" +
+                (f"{r['ms']:.4g} ms, {r['tflops']:.1f} TFLOP/s" if ok and r.get("tflops")
+                 else plotly_text((r.get("message") or "")[:200]) or "no time")
                 for r in rows]
             out.append(go.Scatter(
                 x=[r["_order"] for r in rows],
@@ -285,16 +299,18 @@ class AutotuneWidget(View):
                 name=f"best so far{recorded}",
                 marker=dict(symbol="star", size=18, color="gold",
                             line=dict(color="#333", width=1)),
-                hovertext=[f"best: {escape(best['config'])}"], hoverinfo="text"))
+                hovertext=[f"best: {plotly_text(best['config'])}"], hoverinfo="text"))
         right = max(len(cands), self.tuning.total(), 1) + 0.5
         for name, ms in self.baselines().items():
             tflops = self.tuning.tflops(ms)
             if not tflops:
                 continue
             label = f"{kernel_label(name)}{recorded} {tflops:.0f} TFLOP/s"
+            style = _BASELINE_LINES.get(name, dict(dash="dash", width=2))
             out.append(go.Scatter(
                 x=[0.5, right], y=[tflops, tflops], mode="lines", name=label,
-                line=dict(color=_KERNEL_COLORS.get(name, "#555"), dash="dash", width=2),
+                line=dict(color=_KERNEL_COLORS.get(name, "#555"), **style),
+                opacity=_BASELINE_OPACITY.get(name, 1.0),
                 hovertext=[label, label], hoverinfo="text"))
         return out
 
@@ -303,13 +319,14 @@ class AutotuneWidget(View):
         where = (t.replay_info.label if t.mode == "replay" and t.replay_info
                  else f"live on {t.device_name}")
         return dict(
-            title=dict(text=escape(f"{self.problem_label()} · {self.strategy} — {where}"),
+            title=dict(text=plotly_text(f"{self.problem_label()} · {self.strategy} — {where}"),
                        font=dict(size=13)),
             xaxis=dict(title="candidate, in the order it finished", dtick=1,
                        rangemode="tozero"),
             yaxis=dict(title="TFLOP/s", rangemode="tozero"),
-            height=380, margin=dict(l=50, r=10, t=50, b=40), plot_bgcolor="white",
-            legend=dict(orientation="h", y=-0.2), hoverlabel=dict(align="left"))
+            height=420, autosize=True, margin=dict(l=60, r=10, t=50, b=10),
+            plot_bgcolor="white", legend=dict(orientation="h", x=0, y=-0.18, yanchor="top"),
+            hoverlabel=dict(align="left"))
 
     def figure(self) -> Any:
         """The chart as a plotly ``go.Figure``: TFLOP/s per candidate, failures at 0 (x),
@@ -384,7 +401,7 @@ class AutotuneWidget(View):
         p["status"] = w.HTML()
         p["banner"] = w.HTML()
         p["chart"] = go.FigureWidget(self.figure())
-        p["tables"] = w.HTML()
+        p["tables"] = html_widget()
 
         def start(_btn: Any) -> None:
             try:
@@ -397,8 +414,9 @@ class AutotuneWidget(View):
         p["stop"].on_click(lambda _btn: self.stop())
         self._parts = p
         self._view = w.VBox([p["banner"], *controls,
-                             w.HBox([p["start"], p["stop"], p["progress"], p["status"]]),
-                             p["chart"], p["tables"]])
+                             w.HBox([p["start"], p["stop"], p["progress"], p["status"]],
+                                    layout=w.Layout(align_items="center")),
+                             p["chart"], p["tables"]], layout=w.Layout(width="100%"))
         self._refresh()
         return self._view
 
@@ -502,18 +520,22 @@ class KernelComparison(ChartView):
 
     def to_text(self) -> str:
         """Deterministic text: title, summary, ratio table."""
-        table = self.ratios().round(3).to_string(index=False)
+        table = frame_text(self.ratios())
         return f"KernelComparison: {self.title}\n{self.summary()}\n\n{table}"
 
     def to_html(self) -> str:
         """Deterministic HTML: title, summary, ratio table."""
-        return (f"<div class='pyc-lab-kernel-comparison'><h4>Kernel comparison: "
+        return (f"<div class='pyc-lab-kernel-comparison' style='line-height:normal'>"
+                f"<h4>Kernel comparison: "
                 f"{escape(self.title)}</h4><p>{escape(self.summary())}</p>"
                 f"{frame_html(self.ratios(), 'TFLOP/s and speed relative to cuBLAS')}</div>")
 
     def figure(self) -> Any:
-        """Grouped bars: TFLOP/s per problem for each kernel, % of dense peak on the bars,
-        the dense peak dotted."""
+        """Grouped bars: TFLOP/s per problem for each kernel, % of dense peak on the bars
+        (where the bars are wide enough to hold it), the dense peak dotted.
+
+        The legend sits above the plot and the slanted problem labels get the room they
+        need below it (``automargin``), so that neither covers the other."""
         go = require_plotly()
         frame = self.to_frame()
         names = [problem_label(p) for p in self.problems()]
@@ -527,10 +549,10 @@ class KernelComparison(ChartView):
             fig.add_trace(go.Bar(
                 name=label, x=names, y=ys, marker=dict(color=_KERNEL_COLORS.get(kernel)),
                 text=[_fmt(v, ".0f") + " %" if _fmt(v, ".0f") != "–" else "" for v in pct],
-                textposition="outside",
+                textposition="outside", textfont=dict(size=10), cliponaxis=False,
                 customdata=[[_fmt(part["ms"].get(p), ".4f"), _fmt(x, ".1f"),
                              _fmt(v, ".2f")] for p, x, v in zip(names, pct, vs, strict=True)],
-                hovertemplate=(f"<b>{escape(label)}</b> %{{x}}<br>%{{y:.1f}} TFLOP/s, "
+                hovertemplate=(f"<b>{plotly_text(label)}</b> %{{x}}<br>%{{y:.1f}} TFLOP/s, "
                                "%{customdata[0]} ms<br>%{customdata[1]} % of dense peak<br>"
                                "%{customdata[2]}x cuBLAS<extra></extra>")))
         for peak in self.comparison.peaks():
@@ -538,10 +560,14 @@ class KernelComparison(ChartView):
                           annotation_text=f"dense peak {peak:g} TFLOP/s",
                           annotation_position="top left")
         fig.update_layout(
-            barmode="group", title=dict(text=escape(self.title), font=dict(size=13)),
-            yaxis=dict(title="TFLOP/s", rangemode="tozero"), xaxis=dict(title=None),
-            height=420, margin=dict(l=50, r=10, t=60, b=40), plot_bgcolor="white",
-            legend=dict(orientation="h", y=-0.15))
+            barmode="group",
+            title=dict(text=plotly_text(self.title), font=dict(size=13), x=0.01,
+                       xanchor="left", y=0.98, yanchor="top"),
+            yaxis=dict(title="TFLOP/s", rangemode="tozero"),
+            xaxis=dict(title=None, tickangle=-35, automargin=True, tickfont=dict(size=11)),
+            height=480, autosize=True, margin=dict(l=60, r=10, t=80, b=10),
+            plot_bgcolor="white", uniformtext=dict(minsize=9, mode="hide"),
+            legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
         fig.update_yaxes(showgrid=True, gridcolor="#eee")
         return fig
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import PycLabError
 from ..runtime.belt_tuning import BeltSweep
-from .display import ChartView, escape, frame_html, require_plotly
+from .display import ChartView, escape, frame_html, frame_text, plotly_text, require_plotly
 
 __all__ = ["SweepChart"]
 
@@ -85,7 +85,7 @@ class SweepChart(ChartView):
             rows = rows.sort_values("depth")
             fig.add_trace(go.Scatter(
                 x=rows["depth"].tolist(), y=rows["median_ms"].tolist(), mode="lines+markers",
-                name=label, hovertemplate=(f"{escape(label)}, depth %{{x}}<br>"
+                name=label, hovertemplate=(f"{plotly_text(label)}, depth %{{x}}<br>"
                                            "%{y:.3f} ms<extra></extra>")))
         best = self.sweep.best
         if best is not None:
@@ -93,16 +93,17 @@ class SweepChart(ChartView):
                 x=[best["depth"]], y=[best["median_s"] * 1e3], mode="markers", name="best",
                 marker=dict(symbol="star", size=16, color="gold",
                             line=dict(color="black", width=1)),
-                hovertemplate=escape(self._best_text()) + "<extra></extra>"))
+                hovertemplate=plotly_text(self._best_text()) + "<extra></extra>"))
         failed = int((frame["status"] != "ok").sum())
         note = f" · {failed} failed" if failed else ""
         fig.update_layout(
-            title=dict(text=escape(f"{self.title} — {self._best_text()}{note}"),
+            title=dict(text=plotly_text(f"{self.title} — {self._best_text()}{note}"),
                        font=dict(size=13)),
             xaxis=dict(title="depth (items in flight)", dtick=1),
             yaxis=dict(title="median wall time (ms)", rangemode="tozero"),
-            height=380, margin=dict(l=10, r=10, t=60, b=40), plot_bgcolor="white",
-            legend=dict(orientation="h", y=-0.2))
+            height=400, autosize=True, margin=dict(l=10, r=10, t=60, b=10),
+            plot_bgcolor="white",
+            legend=dict(orientation="h", x=0, y=-0.18, yanchor="top"))
         fig.update_xaxes(showgrid=True, gridcolor="#eee")
         fig.update_yaxes(showgrid=True, gridcolor="#eee")
         return fig
@@ -114,10 +115,11 @@ class SweepChart(ChartView):
                 f"{self._best_text()}")
 
     def to_text(self) -> str:
-        """The header line and the table (fastest first)."""
-        return f"{self._header()}\n{self.to_frame().to_string(index=False)}"
+        """The header line and the table (fastest first), numbers to 4 significant
+        digits."""
+        return f"{self._header()}\n{frame_text(self.to_frame())}"
 
     def to_html(self) -> str:
-        """The header and the table as HTML."""
-        return (f"<div class='pyc-lab-sweep'><h4>{escape(self._header())}</h4>"
-                f"{frame_html(self.to_frame())}</div>")
+        """The header and the table as HTML, numbers to 4 significant digits."""
+        return (f"<div class='pyc-lab-sweep' style='line-height:normal'>"
+                f"<h4>{escape(self._header())}</h4>{frame_html(self.to_frame())}</div>")

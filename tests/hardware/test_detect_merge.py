@@ -9,6 +9,7 @@ import pytest
 import pyc_lab
 from pyc_lab.errors import PycLabError, SnapshotError
 from pyc_lab.hardware import HardwareProfile, NumaNode, detect_hardware, merge_reports
+from pyc_lab.hardware.device import no_gpu_reason
 from pyc_lab.hardware.providers import collect_cuda, collect_nvml, collect_sysfs
 from pyc_lab.hardware.providers.base import ProviderReport
 from tests.fakes.fake_nvml import (
@@ -328,7 +329,13 @@ def test_detect_hardware_on_this_machine_never_raises():
     assert profile.cuda_status.startswith("no CUDA device:")
     assert profile.providers["nvml"].startswith("unavailable: ")
     assert profile.providers["cuda.core"].startswith("unavailable: ")
-    assert "nvml: " in profile.cuda_status and "cuda.core: " in profile.cuda_status
+    reason = no_gpu_reason(need_cupy=False)
+    if reason is not None:  # the device gate's reason is the headline, once
+        assert profile.cuda_status.startswith(f"no CUDA device: {reason}")
+        assert profile.providers["nvml"] == f"unavailable: {reason}"
+        assert set(profile.provider_details) == {"nvml", "cuda.core"}
+    else:  # pragma: no cover - a driver with a GPU, whose libraries are missing
+        assert "nvml: " in profile.cuda_status and "cuda.core: " in profile.cuda_status
     text = profile.to_text()
     assert text.startswith("HardwareProfile (live)") and profile.cuda_status in text
 

@@ -269,3 +269,38 @@ def test_kernel_comparison_bundles(synthetic, monkeypatch):
     assert "class='pyc-lab-kernel-comparison'" in kc.to_html()
     monkeypatch.setattr(display, "has_live_frontend", lambda: True)
     assert "application/vnd.jupyter.widget-view+json" in kc._repr_mimebundle_()
+
+
+def test_coinciding_baseline_lines_both_stay_visible(synthetic):
+    fig = widget(synthetic).figure()
+    cublas, torch = fig.data
+    assert cublas.name.startswith("cuBLAS") and torch.name.startswith("torch")
+    # cuBLAS is drawn first, wide and pale; torch on top of it, narrow and dotted
+    assert (cublas.line.dash, torch.line.dash) == ("solid", "dot")
+    assert cublas.line.width > 2 * torch.line.width and cublas.opacity < 1
+    assert torch.opacity == 1
+    assert fig.layout.legend.yanchor == "top"  # below the plot, clear of the axis title
+
+
+def test_tables_write_numbers_for_people(synthetic):
+    w = widget(synthetic)
+    w.run()
+    html = w.to_html()
+    assert not re.search(r"\d\.\d{5,}", html)
+    assert "<th>TFLOP/s</th>" in html and "<th>% of peak</th>" in html
+    text = w.to_text()
+    header = text.split("Tuned vs libraries:\n")[1].splitlines()[0]
+    assert header.split() == ["kernel", "ms", "TFLOP/s", "%", "of", "peak", "vs", "cuBLAS"]
+    assert not re.search(r"\d\.\d{5,}", text)
+    kc = KernelComparison.from_recording(synthetic.path)
+    for out in (kc.to_text(), kc.to_html()):
+        assert not re.search(r"\d\.\d{5,}", out)
+
+
+def test_kernel_comparison_labels_get_room_and_the_legend_sits_above(synthetic):
+    fig = KernelComparison.from_recording().figure()
+    assert fig.layout.xaxis.automargin and fig.layout.xaxis.tickangle == -35
+    legend = fig.layout.legend
+    assert legend.orientation == "h" and legend.yanchor == "bottom" and legend.y >= 1
+    assert fig.layout.uniformtext.mode == "hide"  # % labels only where the bars hold them
+    assert fig.layout.width is None

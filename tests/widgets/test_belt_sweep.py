@@ -62,3 +62,13 @@ def test_bad_input():
         SweepChart([1, 2])
     with pytest.raises(PycLabError, match="no configuration"):
         SweepChart(BeltSweep())
+
+
+def test_tables_write_numbers_for_people():
+    chart = SweepChart(synthetic())
+    text, html = chart.to_text(), chart.to_html()
+    assert text.splitlines()[1].split()[:6] == ["depth", "workers", "status", "median", "(ms)",
+                                                "copy"]
+    assert "<th>median (ms)</th>" in html and "<th>copy hidden (%)</th>" in html
+    assert "12.50000" not in text and "<td>12.5</td>" in html
+    assert chart.to_frame()["median_ms"].tolist()[0] == 12.5  # the data stay numbers

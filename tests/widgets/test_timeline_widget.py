@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from pyc_lab.profiling.spans import Span
 from pyc_lab.profiling.trace import Trace
 from pyc_lab.widgets import display
 from pyc_lab.widgets import timeline as tl
@@ -110,3 +111,81 @@ def test_compare_stacks_two_traces_with_one_legend_entry_per_stage():
     titles = [a.text for a in fig.layout.annotations]
     assert titles[0].startswith("pageable: copy hidden") and titles[1].startswith("pinned:")
     assert tuple(fig.layout.yaxis2.categoryarray)[:1] == ("cpu-worker-0",)
+
+
+def host_trace(name: str = "cpu belt", late: float = 5.0) -> Trace:
+    """The synthetic trace as a CPU-mode belt records it: every span says ``mode="cpu"``."""
+    spans = [Span(s.item, s.stage, s.lane, s.start_s, s.end_s, s.nbytes, {"mode": "cpu"})
+             for s in pipeline_trace(name, late).spans]
+    return Trace(spans, name=name)
+
+
+def test_a_cpu_mode_trace_says_what_its_lanes_are():
+    w = TimelineWidget(host_trace())
+    assert w.host and tl.is_host_trace(host_trace()) and not tl.is_host_trace(pipeline_trace())
+    text = w.to_text()
+    for gpu_word in ("GPU idle", "H2D", "D2H", "stream h2d", "stream d2h"):
+        assert gpu_word not in text
+    assert "copy-in, compute and copy-out threads all idle: 20.0% of wall" in text
+    assert "host-to-host copies: copy in 2 GB/s, copy out 1 GB/s" in text
+    assert "busy ms: prepare 3.000, copy in 2.000, compute 4.000, copy out 1.000" in text
+    counts = text.split("Spans per lane and stage:\n")[1].splitlines()
+    assert counts[0].split() == ["spans", "prepare", "copy", "in", "compute", "copy", "out"]
+    assert [line.rsplit(None, 4)[0] for line in counts[2:]] == [
+        "cpu-worker-0", "cpu-worker-1", "copy-in thread", "compute thread", "copy-out thread"]
+    html = w.to_html()
+    for gpu_word in ("GPU idle", "H2D", "D2H", "stream h2d"):
+        assert gpu_word not in html
+    assert "copy/compute threads all idle" in html and "copy in (host to host)" in html
+
+
+def test_a_cpu_mode_timeline_names_threads_and_copies():
+    fig = TimelineWidget(host_trace()).figure()
+    assert list(fig.layout.yaxis.categoryarray) == [
+        "cpu-worker-0", "cpu-worker-1", "copy-in thread", "compute thread", "copy-out thread"]
+    bars = _stage_bars(fig)
+    assert [b.name for b in bars] == ["prepare", "copy in", "compute", "copy out"]
+    assert [b.marker.color for b in bars] == [stage_color(s)
+                                              for s in ("prepare", "h2d", "compute", "d2h")]
+    assert set(bars[1].y) == {"copy-in thread"} and bars[1].customdata[0][1] == "copy in"
+    gap = next(t for t in fig.data if t.name == tl.GAP_TRACE_NAME)
+    assert list(gap.y) == ["compute thread"]
+    title = fig.layout.title.text
+    assert "threads idle 20.0%" in title and "GPU idle" not in title
+    both = compare(host_trace("a"), host_trace("b", late=4.5))
+    assert all("threads idle" in a.text for a in both.layout.annotations[:2])
+
+
+def test_a_gpu_trace_keeps_the_words_of_cuda():
+    w = TimelineWidget(pipeline_trace())
+    assert not w.host
+    assert "GPU idle: 20.0% of wall" in w.to_text()
+    assert "achieved: H2D 2.00 GB/s, D2H 1.00 GB/s" in w.to_text()
+    assert "GPU idle 20.0%" in w.figure().layout.title.text
+    assert TimelineWidget(host_trace(), host=False).to_text() == w.to_text().replace(
+        "synthetic", "cpu belt")
+
+
+def test_a_real_cpu_belt_is_recognised():
+    import numpy as np
+
+    import pyc_lab as pl
+
+    with pl.Pipeline(lambda i: np.full(64, float(i)), lambda a: a * 2, depth=2,
+                     mode="cpu") as belt:
+        list(belt.run(range(4)))
+    w = TimelineWidget(belt.trace)
+    assert w.host and "copy-in thread" in w.to_text() and "GPU idle" not in w.to_text()
+
+
+def test_overlap_metrics_are_written_with_units():
+    html = re.sub(r">\s+<", "><", TimelineWidget(pipeline_trace()).to_html())
+    assert not re.search(r"\d\.\d{5,}", html)
+    for cell in ("<td>wall</td><td>6.25 ms</td>", "<td>GPU idle</td><td>20 %</td>",
+                 "<td>copy hidden behind compute</td><td>66.67 %</td>",
+                 "<td>H2D</td><td>2 GB/s</td>", "<td>bound stage</td><td>compute</td>",
+                 "<td>efficiency (bound / wall)</td><td>64 %</td>"):
+        assert cell in html
+    fig = TimelineWidget(pipeline_trace()).figure()
+    assert fig.layout.legend.yanchor == "bottom" and fig.layout.legend.y >= 1  # above
+    assert fig.layout.width is None

@@ -33,11 +33,16 @@ class ProviderReport:
     ``gpus`` is a list of field dicts, one per GPU, each holding ``pci_bus_id`` (the key
     that matches a GPU across providers) and the provider's own ``index``. ``links`` is
     keyed by a pair of normalised PCI bus ids.
+
+    ``reason`` says why an unavailable provider could not run, in the words a user sees;
+    where the device gate (:mod:`pyc_lab.hardware.device`) has a reason for the whole
+    machine, that is the reason, and the provider's own error text moves to ``detail``.
     """
 
     name: str
     available: bool = True
     reason: str = ""
+    detail: str = ""
     gpus: list[dict[str, Fact | Missing]] = field(default_factory=list)
     links: dict[tuple[str, str], dict[str, Fact | Missing]] = field(default_factory=dict)
     host: dict[str, Fact | Missing] = field(default_factory=dict)

@@ -52,6 +52,9 @@ class TuningRun:
     mode : str
         ``"live"`` or ``"replay"`` (``"auto"`` resolved); :attr:`fallback` says whether
         ``"auto"`` fell back to replay for want of a GPU.
+    fallback_reason : str or None
+        Why ``"auto"`` fell back: the device gate's reason
+        (:func:`pyc_lab.hardware.device.no_gpu_reason`); ``None`` when it did not.
     result : TuneResult or None
         The last finished run's result.
     rows : list of dict
@@ -79,6 +82,11 @@ class TuningRun:
         self.source, self.pace_s = source, pace_s
         self.requested_mode = mode
         self.mode, self.fallback = self._resolve_mode(mode, source)
+        self.fallback_reason: str | None = None
+        if self.fallback:
+            from ...hardware.device import no_gpu_reason
+
+            self.fallback_reason = no_gpu_reason()
         self.device_name = ""
         self.replay_info: ReplayInfo | None = None
         self.recorded_baselines: dict[str, float] = {}

@@ -31,7 +31,8 @@ from pyc_lab.kernels.tuning.gemm_reference import (
 
 cp = pytest.importorskip("cupy")
 pytest.importorskip("cutlass_library")
-pytestmark = pytest.mark.gpu
+# the kernels are built with nvcc, and nvcc's version is part of every kernel-cache key
+pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 
 #: The SM count the kernels are ranked for: the H200's, where the GPU lane runs (the
 #: prebuilt cache must hold what the tuner picks there).
