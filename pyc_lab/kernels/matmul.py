@@ -51,7 +51,7 @@ from .tuning.keys import ProblemKey, device_key
 
 __all__ = ["ACTIVATIONS", "DTYPES", "RECHECK_S", "TUNED_DTYPES", "MatmulPlan", "find_tuned",
            "forget", "last_choice", "matmul", "matmul_plan", "operand_layout", "prepare",
-           "tuned_kernel", "winning_kernel"]
+           "tuned_kernel", "winning_entry", "winning_kernel"]
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +239,7 @@ def winning_kernel(m: int, n: int, k: int, dtype: str, layout: str,
     hit = _WINNERS.get(key)
     if hit is not None:
         return hit
-    issue = cg.problem_issue(m, n, k, layout, dtype)
-    result = (None, issue, {}) if issue else _winning(m, n, k, dtype, layout, epilogue)
+    result = _winning(m, n, k, dtype, layout, epilogue)
     with _LOCK:
         if len(_WINNERS) > 4096:
             _WINNERS.clear()
@@ -248,9 +247,25 @@ def winning_kernel(m: int, n: int, k: int, dtype: str, layout: str,
     return result
 
 
-def _winning(m: int, n: int, k: int, dtype: str, layout: str,
-             epilogue: cg.Epilogue) -> tuple[Any, str, dict[str, Any]]:
+def winning_entry(m: int, n: int, k: int, dtype: str, layout: str,
+                  epilogue: cg.Epilogue | None = None) -> tuple[Any, str, dict[str, Any]]:
+    """The tuning database's entry for a problem if the never-slower rule lets it run.
+
+    The rule alone, without loading the kernel: the compiler's policy asks it when it
+    decides, :func:`winning_kernel` when it launches.
+
+    Returns
+    -------
+    found, why, extra
+        The :class:`~pyc_lab.kernels.tuning.keys.LookupResult` (or ``None``), the verdict
+        ("exact match (MxNxK): tuned kernel 0.391 ms beat cuBLAS 0.398 ms in its tuning
+        run"), and ``{"match": ...}`` when an entry was found.
+    """
+    epilogue = epilogue or cg.Epilogue()
     what = f"{m}x{n}x{k} {dtype} {layout}" + (f" +{epilogue.name}" if epilogue.fused else "")
+    issue = cg.problem_issue(m, n, k, layout, dtype)
+    if issue:
+        return None, issue, {}
     try:
         device, _cc, _sm = device_key()
         with database.TuningDB() as db:
@@ -268,11 +283,19 @@ def _winning(m: int, n: int, k: int, dtype: str, layout: str,
                                   _callable_libraries())
     if not wins:
         return None, verdict, extra
-    why = f"{found.match} match ({matched}): {verdict}"
+    return found, f"{found.match} match ({matched}): {verdict}", extra
+
+
+def _winning(m: int, n: int, k: int, dtype: str, layout: str,
+             epilogue: cg.Epilogue) -> tuple[Any, str, dict[str, Any]]:
+    found, why, extra = winning_entry(m, n, k, dtype, layout, epilogue)
+    if found is None:
+        return None, why, extra
     try:
         kernel, why = _load(found, dtype, layout, epilogue, why, (m, n, k))
     except Exception as exc:  # a tuned entry must never break a matmul
-        log.warning("tuned kernel for %s unusable: %s", what, exc)
+        log.warning("tuned kernel for %dx%dx%d %s %s unusable: %s", m, n, k, dtype, layout,
+                    exc)
         return None, f"tuned kernel unusable ({type(exc).__name__}: {exc})", extra
     return kernel, why, extra
 
