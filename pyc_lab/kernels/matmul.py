@@ -44,7 +44,14 @@ from .arrays import (
     torch_stream,
 )
 from .matmul_inputs import DTYPES, check_inputs, result_shape
-from .matmul_plan import TUNED_DTYPES, Launch, MatmulPlan, build_launch, operand_layout
+from .matmul_plan import (
+    TUNED_DTYPES,
+    Launch,
+    MatmulPlan,
+    build_launch,
+    capturable_launch,
+    operand_layout,
+)
 from .matmul_route import CALLABLE, tuned_verdict
 from .tuning import database
 from .tuning.keys import ProblemKey, device_key
@@ -501,7 +508,7 @@ def _torch_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
 
 def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = None,
                 out: Any = None, alpha: float = 1.0, beta: float = 0.0,
-                tf32: bool = False) -> MatmulPlan:
+                tf32: bool = False, capturable: bool = False) -> MatmulPlan:
     """Choose once what computes ``activation(alpha * a @ b + beta * out + bias)`` for
     operands like ``a`` and ``b``, and return it as a plan to call many times.
 
@@ -510,6 +517,11 @@ def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = No
     a, b, bias, activation, out, alpha, beta, tf32
         As for :func:`matmul`; ``a`` and ``b`` fix the shapes, strides and dtypes the
         plan takes, ``out`` and ``bias`` are the defaults of its calls.
+    capturable
+        The plan will be captured into a CUDA graph: where the choice is cuBLAS through
+        CuPy (which CuPy refuses during a capture), run the same GEMM through cuBLASLt
+        (nvmath-python) instead; a :class:`~pyc_lab.errors.PycLabError` where cuBLASLt
+        cannot take it. CUTLASS and cuBLASLt choices are capturable as they are.
 
     Returns
     -------
@@ -535,7 +547,8 @@ def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = No
                                     bias=cupy_of_torch(bias) if kind(bias) == "torch" else bias,
                                     activation=activation,
                                     out=None if out is None else cupy_of_torch(out),
-                                    alpha=alpha, beta=beta, tf32=tf32)
+                                    alpha=alpha, beta=beta, tf32=tf32,
+                                    capturable=capturable)
         else:
             inner = matmul_plan(numpy_of_torch(a), numpy_of_torch(b),
                                 bias=numpy_of_torch(bias) if kind(bias) == "torch" else bias,
@@ -555,6 +568,8 @@ def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = No
     except TypeError:  # e.g. a scale of an unhashable number type
         key = None
     launch = _launch_for(a, b, out, alpha, beta, bias, activation, tf32, key)
+    if capturable and kind(a) == "cupy":
+        launch = capturable_launch(a, b, out, alpha, beta, bias, activation, launch)
     sig = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype)
     return MatmulPlan(launch, kind(a), sig, out, bias, result_shape(tuple(a.shape),
                                                                     tuple(b.shape)),

@@ -163,6 +163,51 @@ def build_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
     return Launch(run, {"impl": impl, "reason": reason, **extra}, stamp_now)
 
 
+def capturable_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
+                      activation: str | None, chosen: Launch) -> Launch:
+    """``chosen``, or where it runs cuBLAS through CuPy, the same GEMM through cuBLASLt.
+
+    CuPy refuses cuBLAS calls while a stream is being captured into a CUDA graph; a
+    plain cuBLASLt GEMM (nvmath-python) can be captured. CUTLASS and cuBLASLt choices are
+    capturable as they are.
+
+    Raises
+    ------
+    PycLabError
+        When the GEMM needs CuPy's cuBLAS path (an epilogue cuBLASLt cannot fuse,
+        alpha/beta, mixed dtypes, no nvmath-python, ...): what was wrong and what to do.
+    """
+    if chosen.choice["impl"] != "cublas":
+        return chosen
+    from . import cublaslt
+
+    da, db = dtype_name(a.dtype), dtype_name(b.dtype)
+    fold = _fold(a, b)
+    a2 = fold if fold else tuple(a.shape)
+    result = result_dtype(da, db)
+    why = ""
+    if bias is not None or activation is not None:
+        why = "a bias or activation cuBLASLt cannot fuse here"
+    elif alpha != 1.0 or (beta and out is not None):
+        why = "alpha/beta given"
+    elif da != db:
+        why = f"mixed dtypes {da} @ {db}"
+    elif out is not None and dtype_name(out.dtype) != result:
+        why = f"out of dtype {dtype_name(out.dtype)}"
+    else:
+        why = cublaslt.why_not_plain(a2, tuple(b.shape), da)
+    if why:
+        raise PycLabError(f"matmul_plan(capturable=True): this GEMM runs cuBLAS through "
+                          f"CuPy, which CuPy does not allow inside a CUDA-graph capture, "
+                          f"and cuBLASLt cannot take it ({why}); leave capturable off, or "
+                          "compute the epilogue outside the captured plan")
+    shape = result_shape(tuple(a.shape), tuple(b.shape))
+    return Launch(launch.lt_runner(cublaslt.LtMatmul(), result, shape, fold),
+                  {"impl": "cublaslt", "reason": "capturable=True: cuBLASLt through "
+                   "nvmath-python (CuPy refuses cuBLAS calls inside a stream capture); "
+                   f"otherwise {chosen.choice['reason']}"})
+
+
 class MatmulPlan:
     """``activation(alpha * a @ b + beta * out + bias)`` chosen once, run many times.
 
@@ -222,7 +267,15 @@ class MatmulPlan:
         bias = self.bias if bias is None else bias
         if self.kind != "torch":
             self._check(a, b)
-            return self._launch.run(a, b, out, bias)
+            try:
+                return self._launch.run(a, b, out, bias)
+            except NotImplementedError as exc:
+                if "capture" not in str(exc):
+                    raise
+                raise PycLabError("this matmul plan runs cuBLAS through CuPy, which CuPy "
+                                  "does not allow inside a CUDA-graph capture; make the "
+                                  "plan with pl.matmul_plan(..., capturable=True) (cuBLASLt "
+                                  "through nvmath-python)") from exc
         if not a.is_cuda:
             a2, b2 = numpy_of_torch(a), numpy_of_torch(b)
             self._check(a2, b2)

@@ -168,7 +168,8 @@ def test_a_plan_replays_from_a_cuda_graph(dtype):
     a, _ = rand((M, K), dtype)
     w, w64 = rand((N, K), dtype)
     out = poisoned((M, N), dtype)
-    plan = pl.matmul_plan(a, w.T, out=out)
+    plan = pl.matmul_plan(a, w.T, out=out, capturable=True)
+    assert plan.choice["impl"] in ("cutlass", "cublaslt"), plan.choice
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         plan(a, w.T)  # binds pointers, sets up workspaces: outside the capture
@@ -185,6 +186,25 @@ def test_a_plan_replays_from_a_cuda_graph(dtype):
             graph.launch(stream)
             stream.synchronize()
             check(out, fresh64 @ w64.T, dtype, K)
+
+
+def test_a_cublas_plan_says_how_to_capture_it():
+    a, _ = rand((M, K), "float16")
+    w, _ = rand((N, K), "float16")
+    out = poisoned((M, N), "float16")
+    plan = pl.matmul_plan(a, w.T, out=out)
+    if plan.choice["impl"] != "cublas":
+        pytest.skip(f"this problem does not route to cupy.matmul here: {plan.choice}")
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        plan(a, w.T)
+        stream.synchronize()
+        stream.begin_capture(cp.cuda.runtime.streamCaptureModeRelaxed)
+        try:
+            with pytest.raises(pl.PycLabError, match="capturable=True"):
+                plan(a, w.T)
+        finally:
+            stream.end_capture()
 
 
 def test_the_never_slower_rule_with_a_losing_entry(tmp_path, monkeypatch):

@@ -376,9 +376,11 @@ def test_stream_k_kernels_launch_again_and_again(tmp_path, kernel_cache):
         assert max_rel_err(out, want) < TOLERANCE["f16"]
 
 
-def test_autotune_refuses_a_misaligned_problem():
-    with pytest.raises(pl.PycLabError, match="multiple of 8"):
-        pl.autotune_gemm(256, 256, 250, dtype="f16")
+def test_autotune_refuses_a_problem_no_kernel_can_align_to():
+    """An odd K leaves f16 rows 2-byte aligned: no CUTLASS kernel (alignment 8, 4 or 2
+    elements) loads them, so the tuner refuses and says why."""
+    with pytest.raises(pl.PycLabError, match="no common alignment of 2 elements"):
+        pl.autotune_gemm(256, 256, 251, dtype="f16")
 
 
 if __name__ == "__main__":
