@@ -20,7 +20,7 @@ _EXPORTS = {
     "CompiledModel": "model", "load": "model",
     "TensorSpec": "onnx_import", "import_onnx": "onnx_import", "SUPPORTED_OPS": "onnx_import",
     "Server": "server", "serve": "server", "running_servers": "server",
-    "load_test": "load_test", "LoadTestResult": "load_test",
+    "load_test": "load_test", "sweep": "load_test",
     "InferenceError": "errors", "BadRequestError": "errors", "QueueFullError": "errors",
     "RequestTimeoutError": "errors", "ServerClosedError": "errors",
     "UnsupportedOpError": "errors", "ModelImportError": "errors",

@@ -186,6 +186,27 @@ class Server:
             fut.cancel()
             raise RequestTimeoutError(f"{self.name}: no result within {timeout} s") from None
 
+    def warm_up(self, model: str | None = None) -> dict[int, float]:
+        """Run one batch at every bucket size, so that tracing, compiling and (on the GPU)
+        graph capture happen now rather than in a measured request.
+
+        Returns
+        -------
+        dict
+            Bucket size -> milliseconds its first request took (submit to result).
+        """
+        import time
+
+        b = self._batcher(model)
+        sizes = b.options.bucket_sizes or (1, b.options.max_batch)
+        out: dict[int, float] = {}
+        for size in sizes:
+            arrays = b.model.example(size, seed=size)
+            t0 = time.perf_counter()
+            b.submit(arrays).result()
+            out[int(size)] = (time.perf_counter() - t0) * 1e3
+        return out
+
     # -- state ------------------------------------------------------------------------------------
     def stats(self, model: str | None = None) -> Any:
         """The :class:`~pyc_lab.inference.stats.ModelStats` of ``model`` (the only one by
