@@ -544,7 +544,7 @@ def _ort_runner(node: Any, opset: int, ir_version: int) -> Callable[..., Any]:
             inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype),
                                                     a.shape)
                       for n, a in zip(names, host, strict=True) if n]
-            outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+            outputs = [helper.make_empty_tensor_value_info(o)
                        for o in node.output if o]
             g = helper.make_graph([node], "break", inputs, outputs)
             m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])

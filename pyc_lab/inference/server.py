@@ -28,7 +28,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from .batcher import Batcher, ServeOptions
-from .errors import InferenceError, RequestTimeoutError, ServerClosedError
+from .errors import BadRequestError, InferenceError, RequestTimeoutError, ServerClosedError
 from .model import CompiledModel, as_model
 
 __all__ = ["Server", "running_servers", "serve"]
@@ -154,7 +154,12 @@ class Server:
             raise ServerClosedError(f"{self.name} is closed; start another with pl.serve(...)")
         b = self._batcher(model)
         as_dict = len(args) == 1 and isinstance(args[0], Mapping) and not inputs
-        arrays = b.model.bind(args[0] if as_dict else None, () if as_dict else args, inputs)
+        try:
+            arrays = b.model.bind(args[0] if as_dict else None, () if as_dict else args,
+                                  inputs)
+        except BadRequestError:
+            b.stats.count("rejected")
+            raise
         return b.submit(arrays, timeout_s=timeout_s, as_dict=as_dict)
 
     def predict(self, *args: Any, model: str | None = None, timeout_s: float | None = None,
