@@ -49,7 +49,7 @@ EXTENSIONS = ["binary_tensor_data", "statistics"]
 
 def _require() -> tuple[Any, Any]:
     try:
-        import starlette  # noqa: F401
+        import starlette
         import uvicorn
     except ImportError:
         raise InferenceError("the HTTP endpoint needs starlette and uvicorn: pip install "
@@ -145,7 +145,7 @@ def build_app(server: Any) -> Any:
                              "outputs": [s.to_v2() for s in model.outputs]})
 
     async def model_ready(request: Request) -> Response:
-        model, name = model_of(request)
+        model, _name = model_of(request)
         ok = model is not None and not server.closed
         return Response(status_code=200 if ok else (404 if model is None else 503))
 

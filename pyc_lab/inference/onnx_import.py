@@ -212,7 +212,7 @@ def _fold_batch_norms(nodes: list[Any], consts: dict[str, np.ndarray], outputs: 
     drop: set[int] = set()
     replace: dict[int, Any] = {}
     for bn in nodes:
-        if bn.op_type != "BatchNormalization" or len(bn.output) != 1 and any(bn.output[1:]):
+        if bn.op_type != "BatchNormalization" or (len(bn.output) != 1 and any(bn.output[1:])):
             continue
         x = bn.input[0]
         prev = producer.get(x)
@@ -511,7 +511,8 @@ SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(_HANDLERS))
 
 #: Inputs that must be constants (Python values in the program, never traced).
 _STATIC_INPUTS: dict[str, set[int]] = {
-    "Reshape": {1}, "ReduceMean": {1}, "ReduceSum": {1}, "Squeeze": {1}, "Unsqueeze": {1}, "Clip": {1, 2},
+    "Reshape": {1}, "ReduceMean": {1}, "ReduceSum": {1}, "Squeeze": {1}, "Unsqueeze": {1},
+    "Clip": {1, 2},
     "BatchNormalization": {1, 2, 3, 4}, "Gather": {0, 1},
 }
 
@@ -528,7 +529,6 @@ def _onnxruntime() -> Any | None:
 def _ort_runner(node: Any, opset: int, ir_version: int) -> Callable[..., Any]:
     """A function running one ONNX node through onnxruntime (a session per input
     signature, built on first use)."""
-    import onnx
     from onnx import helper
 
     sessions: dict[tuple, Any] = {}
@@ -581,8 +581,8 @@ def _graph_break(fn: Callable[..., Any], op: str, node: str) -> Callable[..., An
 # -- the import ------------------------------------------------------------------------------
 def _param_name(name: str, taken: set[str]) -> str:
     base = re.sub(r"\W", "_", name) or "x"
-    if base[0].isdigit() or keyword.iskeyword(base) or base.startswith("w") and \
-            base[1:].isdigit():
+    if base[0].isdigit() or keyword.iskeyword(base) or (base.startswith("w") and \
+            base[1:].isdigit()):
         base = f"in_{base}"
     out, k = base, 1
     while out in taken:
@@ -634,10 +634,7 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True) -> ImportedGra
     for index, node in enumerate(nodes):
         name = node.name or f"{node.op_type}_{index}"
         op = node.op_type
-        if node.domain not in ("", "ai.onnx"):
-            fn = None
-        else:
-            fn = _HANDLERS.get(op)
+        fn = None if node.domain not in ("", "ai.onnx") else _HANDLERS.get(op)
         attrs = _attrs(node)
         if fn is None:
             ort = _onnxruntime() if onnxruntime_fallback else None

@@ -88,9 +88,9 @@ def _windows(x: Any, kernel: Sequence[int], strides: Sequence[int],
                          f"shape {tuple(spatial)}")
     views = []
     for offs in itertools.product(*[range(k) for k in kernel]):
-        index = (slice(None), slice(None)) + tuple(
-            slice(o * d, o * d + s * (n - 1) + 1, s)
-            for o, d, s, n in zip(offs, dilations, strides, out, strict=True))
+        index = (slice(None), slice(None),
+                 *(slice(o * d, o * d + s * (n - 1) + 1, s)
+                   for o, d, s, n in zip(offs, dilations, strides, out, strict=True)))
         views.append(x[index])
     return views, out
 

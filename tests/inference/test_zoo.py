@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
-from onnx.reference import ReferenceEvaluator  # noqa: E402
+from onnx.reference import ReferenceEvaluator
 
-from pyc_lab.inference import zoo  # noqa: E402
-from pyc_lab.inference.errors import InferenceError  # noqa: E402
-from pyc_lab.inference.model import load  # noqa: E402
+from pyc_lab.inference import zoo
+from pyc_lab.inference.errors import InferenceError
+from pyc_lab.inference.model import load
 
 
 @pytest.mark.parametrize("name", zoo.names())
