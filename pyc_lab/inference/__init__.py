@@ -8,7 +8,7 @@
   semantics, futures, asyncio, bounded queue, timeouts, several models;
 - :mod:`.stats` — what a server measured, in fixed-size structures;
 - :mod:`.protocol` and :mod:`.http` — the KServe v2 / Open Inference Protocol over HTTP;
-- :mod:`.load_test` — :func:`load_test`: perf_analyzer's report as a DataFrame;
+- :mod:`.load_testing` — :func:`load_test`: perf_analyzer's report as a DataFrame;
 - :mod:`.gpu` — batch buckets on the GPU: pinned staging, CUDA graphs.
 
 Importing this package loads none of them; nothing prints.
@@ -20,7 +20,7 @@ _EXPORTS = {
     "CompiledModel": "model", "load": "model",
     "TensorSpec": "onnx_import", "import_onnx": "onnx_import", "SUPPORTED_OPS": "onnx_import",
     "Server": "server", "serve": "server", "running_servers": "server",
-    "load_test": "load_test", "sweep": "load_test",
+    "load_test": "load_testing", "sweep": "load_testing",
     "InferenceError": "errors", "BadRequestError": "errors", "QueueFullError": "errors",
     "RequestTimeoutError": "errors", "ServerClosedError": "errors",
     "UnsupportedOpError": "errors", "ModelImportError": "errors",

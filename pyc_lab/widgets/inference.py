@@ -6,8 +6,8 @@
   latencies with p50/p90/p99 marked and its counters, refreshed every ``interval_s`` in
   a live Jupyter front end (a plotly FigureWidget updated from a background thread that
   stops when the server closes).
-- :class:`LoadTestChart` — what :func:`~pyc_lab.inference.load_test.load_test` or
-  :func:`~pyc_lab.inference.load_test.sweep` measured: throughput against p99 latency,
+- :class:`LoadTestChart` — what :func:`~pyc_lab.inference.load_testing.load_test` or
+  :func:`~pyc_lab.inference.load_testing.sweep` measured: throughput against p99 latency,
   one line per ``max_batch`` / ``max_delay_ms`` setting, a point per concurrency level;
   pass its :meth:`~LoadTestChart.add` as ``on_level`` to watch the curve grow.
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import PycLabError
-from ..inference.load_test import COLUMNS
+from ..inference.load_testing import COLUMNS
 from ..inference.server import Server, running_servers
 from .display import (
     ChartView,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pyc_lab.inference.errors import InferenceError
-from pyc_lab.inference.load_test import COLUMNS, load_test, sweep
+from pyc_lab.inference.load_testing import COLUMNS, load_test, sweep
 
 
 def test_load_test_reports_each_level(start, affine):
@@ -43,3 +43,13 @@ def test_sweep_serves_each_setting(affine):
     assert list(frame["max_batch"]) == [1, 4]
     assert set(frame.attrs["warmup_ms"]) == {(1, 0.0), (4, 0.0)}
     assert not running_servers()
+
+
+def test_face_names_are_the_functions_not_modules():
+    import pyc_lab as pl
+    import pyc_lab.inference.load_testing  # a submodule never shadows a name
+
+    for name in ("load_test", "sweep", "load", "serve", "running_servers"):
+        assert callable(getattr(pl.inference, name)) and \
+            getattr(pl.inference, name).__name__ == name
+    assert pl.serve is pl.inference.serve

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("plotly")
 
 from pyc_lab.errors import PycLabError
-from pyc_lab.inference.load_test import load_test
+from pyc_lab.inference.load_testing import load_test
 from pyc_lab.inference.model import load
 from pyc_lab.inference.server import serve
 from pyc_lab.widgets.inference import LoadTestChart, ServerMonitor, ServersView

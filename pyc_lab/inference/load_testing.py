@@ -1,9 +1,11 @@
 """``pl.inference.load_test``: a server measured the way Triton's perf_analyzer does.
 
-For each concurrency level, that many client threads send requests back to back (each
-waits for its answer before sending the next: closed-loop, perf_analyzer's
-``--concurrency-range``) for a warm-up period, not counted, then for ``duration_s``,
-measured. Client-side end-to-end latency goes into a
+For each concurrency level, that many clients send requests back to back (each waits for
+its answer before sending the next: closed-loop, perf_analyzer's ``--concurrency-range``)
+for a warm-up period, not counted, then for ``duration_s``, measured. The clients are
+coroutines on one event loop in a thread of their own (perf_analyzer's async mode), so
+that a high concurrency does not mean dozens of Python threads competing with the
+batcher for the interpreter. Client-side end-to-end latency goes into a
 :class:`~pyc_lab.profiling.quantiles.QuantileSketch` (bounded memory, 1 % relative
 accuracy); the server reports each measured request's queue wait and compute time and
 its batch's size through an observer of its statistics. Before the first level the
@@ -16,6 +18,7 @@ server each), which is how to tune them: the throughput-vs-latency curve per set
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -63,11 +66,11 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
             if records and records[0].ok:
                 batch_hist[records[0].batch_rows] += 1
 
-    def client() -> None:
+    async def client() -> None:
         while not stop.is_set():
             t0 = time.perf_counter()
             try:
-                server.predict(*arrays, model=model)
+                await server.predict_async(*arrays, model=model)
                 ok = True
             except InferenceError as exc:
                 ok = False
@@ -83,23 +86,34 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
                     else:
                         counts["errors"] += 1
 
+    timing: dict[str, float] = {}
+
+    async def drive() -> None:
+        tasks = [asyncio.ensure_future(client()) for _ in range(concurrency)]
+        try:
+            await asyncio.sleep(warmup_s)
+            measuring.set()
+            t0 = time.perf_counter()
+            await asyncio.sleep(duration_s)
+            measuring.clear()
+            timing["elapsed"] = time.perf_counter() - t0
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # the clients are coroutines on one event loop in a thread of their own (like
+    # perf_analyzer's async mode): one client thread, not one per client, competes
+    # with the batcher for the interpreter
     unobserve = stats.observe(observe)
-    threads = [threading.Thread(target=client, name=f"pyc-lab-load-{k}", daemon=True)
-               for k in range(concurrency)]
+    runner = threading.Thread(target=asyncio.run, args=(drive(),), name="pyc-lab-load",
+                              daemon=True)
     try:
-        for t in threads:
-            t.start()
-        time.sleep(warmup_s)
-        measuring.set()
-        t0 = time.perf_counter()
-        time.sleep(duration_s)
-        measuring.clear()
-        elapsed = time.perf_counter() - t0
+        runner.start()
+        runner.join()
     finally:
         stop.set()
-        for t in threads:
-            t.join(60)
         unobserve()
+    elapsed = timing.get("elapsed", duration_s)
 
     def ms(sketch: QuantileSketch, q: float) -> float | None:
         v = sketch.quantile(q)
@@ -138,8 +152,7 @@ def load_test(server: Any, concurrency: Sequence[int] = (1, 4, 16, 64), *,
     server
         A running :class:`~pyc_lab.inference.server.Server`.
     concurrency
-        Client threads per level, each sending its next request when the previous one
-        answered.
+        Clients per level, each sending its next request when the previous one answered.
     duration_s
         Measured seconds per level.
     warmup_s
