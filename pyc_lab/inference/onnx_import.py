@@ -392,6 +392,13 @@ def _constant(args, attrs, op, node, opset):
                              "attributes are supported")
 
 
+def _constant_of_shape(args, attrs, op, node, opset):
+    shape = _ints(_const(args[0], f"ConstantOfShape {node!r}'s shape"))
+    value = attrs.get("value")
+    fill = np.asarray(0.0, np.float32) if value is None else np.asarray(value).reshape(-1)[0]
+    return np.full(tuple(shape), fill, dtype=np.asarray(fill).dtype)
+
+
 def _cast(args, attrs, op, node, opset):
     return args[0].astype(_np_dtype(int(attrs["to"])))
 
@@ -501,6 +508,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "Identity": _unary(lambda x: x),
     "Dropout": _unary(lambda x: x),
     "Constant": _constant,
+    "ConstantOfShape": _constant_of_shape,
     "Cast": _cast,
     "Shape": _shape,
     "Gather": _gather,
@@ -513,7 +521,7 @@ SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(_HANDLERS))
 _STATIC_INPUTS: dict[str, set[int]] = {
     "Reshape": {1}, "ReduceMean": {1}, "ReduceSum": {1}, "Squeeze": {1}, "Unsqueeze": {1},
     "Clip": {1, 2},
-    "BatchNormalization": {1, 2, 3, 4}, "Gather": {0, 1},
+    "BatchNormalization": {1, 2, 3, 4}, "Gather": {0, 1}, "ConstantOfShape": {0},
 }
 
 
@@ -579,6 +587,32 @@ def _graph_break(fn: Callable[..., Any], op: str, node: str) -> Callable[..., An
 
 
 # -- the import ------------------------------------------------------------------------------
+def _evaluate_constants(nodes: list[Any], consts: dict[str, np.ndarray],
+                        opset: int) -> tuple[list[Any], int]:
+    """Compute, in graph order, every mapped node whose inputs are all constants (weights
+    made by ``Constant``/``ConstantOfShape``, shape arithmetic), adding the results to
+    ``consts``; returns the nodes left and how many were computed."""
+    left, done = [], 0
+    for index, node in enumerate(nodes):
+        fn = _HANDLERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if fn is None or not all(not i or i in consts for i in node.input):
+            left.append(node)
+            continue
+        name = node.name or f"{node.op_type}_{index}"
+        try:
+            values = fn([consts[i] if i else None for i in node.input], _attrs(node),
+                        node.op_type, name, opset)
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            raise ModelImportError(f"{node.op_type} node {name!r}: {type(exc).__name__}: "
+                                   f"{exc}") from exc
+        values = values if isinstance(values, tuple) else (values,)
+        for o, v in zip(node.output, values, strict=False):
+            if o:
+                consts[o] = np.asarray(v)
+        done += 1
+    return left, done
+
+
 def _param_name(name: str, taken: set[str]) -> str:
     base = re.sub(r"\W", "_", name) or "x"
     if base[0].isdigit() or keyword.iskeyword(base) or (base.startswith("w") and \
@@ -621,16 +655,17 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True) -> ImportedGra
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t)
                                      for t in graph.initializer}
-    inputs = [_spec(v) for v in graph.input if v.name not in consts]
+    produced = {o for n in graph.node for o in n.output}
+    inputs = [_spec(v) for v in graph.input if v.name not in consts and v.name not in produced]
     outputs = [_spec(v) for v in graph.output]
     output_names = {o.name for o in outputs}
     notes: list[str] = []
-    nodes = _fold_batch_norms(list(graph.node), consts, output_names, notes)
+    nodes, folded = _evaluate_constants(list(graph.node), consts, opset)
+    nodes = _fold_batch_norms(nodes, consts, output_names, notes)
 
     steps: list[_Step] = []
     counts: Counter[str] = Counter()
     breaks: list[tuple[str, str]] = []
-    folded = 0
     for index, node in enumerate(nodes):
         name = node.name or f"{node.op_type}_{index}"
         op = node.op_type

@@ -104,6 +104,11 @@ CASES: list[tuple[str, list[Any], dict[str, tuple[int, ...]], dict[str, np.ndarr
     ("Identity", [node("Identity", ["x"])], {"x": (3, 4)}, {}),
     ("Constant", [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(
         _w(4), "c")), node("Add", ["x", "c"])], {"x": (3, 4)}, {}),
+    ("ConstantOfShape", [helper.make_node("ConstantOfShape", ["shape"], ["c"],
+                                          value=numpy_helper.from_array(
+                                              np.array([0.75], np.float32))),
+                         node("Mul", ["x", "c"])], {"x": (3, 4)},
+     {"shape": np.array([4], np.int64)}),
     ("Exp-Sqrt-Abs", [node("Exp", ["x"], "e"), node("Abs", ["x"], "a"),
                       node("Sqrt", ["a"], "s"), node("Add", ["e", "s"])], {"x": (3, 4)}, {}),
     ("Erf", [node("Erf", ["x"])], {"x": (5, 7)}, {}),
