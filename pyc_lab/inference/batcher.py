@@ -400,6 +400,9 @@ class Batcher:
             self._fail_left(ServerClosedError(f"model {self.model.name!r}: the server was "
                                               "closed without draining its queue"))
         self._thread.join(timeout_s)
+        release = getattr(self.executor, "close", None)
+        if release is not None and not self._thread.is_alive():
+            release()  # a GPU executor gives its pinned buffers back
 
     @property
     def alive(self) -> bool:

@@ -93,6 +93,7 @@ class BucketExecutor:  # pragma: no cover - needs a GPU (tests/inference/test_gp
         self.cp = cp
         self.model = model
         self.options = options
+        self._own_pool = pool is None
         self.pool = pool or PinnedPool(device=0, mode="gpu")
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.fn = pl_compile(model.compiled.fn, backend="cupy", mode=model.compiled.mode,
@@ -138,9 +139,11 @@ class BucketExecutor:  # pragma: no cover - needs a GPU (tests/inference/test_gp
             return list(b["out_host"])
 
     def close(self) -> None:
-        """Give the pinned buffers back to the pool."""
+        """Give the pinned buffers back to the pool (and close a pool made here)."""
         with self._lock:
             for b in self._buckets.values():
                 for buf in b["bufs"]:
                     buf.release()
             self._buckets.clear()
+            if self._own_pool:
+                self.pool.close()

@@ -13,12 +13,17 @@ pytest.importorskip("onnx", reason="the inference tests import ONNX models (pip 
 
 @pytest.fixture
 def start() -> Iterator[Any]:
-    """``start(model, **options)``: ``pl.serve`` whose servers are closed after the test."""
+    """``start(model, **options)``: ``pl.serve`` whose servers are closed after the test.
+
+    Servers run on the host (``device="cpu"``) unless the test asks otherwise: the batching
+    tests wrap the model's own call, which a GPU bucket executor would bypass.
+    """
     from pyc_lab.inference.server import serve
 
     servers = []
 
     def make(model: Any, **options: Any) -> Any:
+        options.setdefault("device", "cpu")
         server = serve(model, **options)
         servers.append(server)
         return server
