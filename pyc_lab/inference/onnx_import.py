@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import keyword
 import logging
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -177,6 +178,7 @@ def _attrs(node: Any) -> dict[str, Any]:
     from onnx import helper, numpy_helper
 
     out: dict[str, Any] = {}
+    out["_outputs"] = len(node.output)
     for a in node.attribute:
         v = helper.get_attribute_value(a)
         if isinstance(v, bytes):
@@ -233,7 +235,7 @@ def _fold_batch_norms(nodes: list[Any], consts: dict[str, np.ndarray], outputs: 
             b64 = (consts[bias_name].astype(np.float64) if bias_name
                    else np.zeros(w.shape[0]))
             b_new = b64 * scale + shift
-            new_attrs = attrs
+            new_attrs = {k: v for k, v in attrs.items() if not k.startswith("_")}
         else:  # Gemm: y = alpha * A @ B' + beta * C
             if bias_name and bias_name not in consts:
                 continue
@@ -420,6 +422,102 @@ def _leaky_relu(args, attrs, op, node, opset):
     return np.where(x < 0, x * alpha, x)
 
 
+def _prelu(args, attrs, op, node, opset):
+    x, slope = args
+    if x.ndim > 2 and slope.ndim == 1 and slope.shape[0] == x.shape[1] != x.shape[-1]:
+        # a per-channel slope (what older exporters write) broadcasts over axis 1
+        slope = np.reshape(slope, (-1,) + (1,) * (x.ndim - 2))
+    return np.where(x < 0, x * slope, x)
+
+
+def _elu(args, attrs, op, node, opset):
+    x = args[0]
+    alpha = np.dtype(x.dtype).type(attrs.get("alpha", 1.0))
+    return np.where(x < 0, alpha * (np.exp(np.minimum(x, 0)) - 1), x)
+
+
+def _selu(args, attrs, op, node, opset):
+    x = args[0]
+    dt = np.dtype(x.dtype).type
+    alpha = dt(attrs.get("alpha", 1.67326319217681884765625))
+    gamma = dt(attrs.get("gamma", 1.05070102214813232421875))
+    return gamma * np.where(x < 0, alpha * (np.exp(np.minimum(x, 0)) - 1), x)
+
+
+def _log_softmax(args, attrs, op, node, opset):
+    x = args[0]
+    axis = int(attrs.get("axis", -1 if opset >= 13 else 1))
+    if opset >= 13:
+        return ops.log_softmax(x, axis)
+    axis %= x.ndim
+    shape = tuple(x.shape)
+    flat = np.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
+    return np.reshape(ops.log_softmax(flat, -1), shape)
+
+
+def _pad(args, attrs, op, node, opset):
+    mode = attrs.get("mode", "constant")
+    if mode != "constant":
+        raise UnsupportedOpError(f"Pad node {node!r}: mode {mode!r} is not supported (only "
+                                 "'constant')")
+    x = args[0]
+    if len(args) > 1 and args[1] is not None:
+        pads = _ints(_const(args[1], f"Pad {node!r}'s pads"))
+    else:
+        pads = _ints(attrs["pads"])
+    value = 0.0
+    if len(args) > 2 and args[2] is not None:
+        value = float(_const(args[2], f"Pad {node!r}'s value"))
+    elif "value" in attrs:
+        value = float(attrs["value"])
+    if len(args) > 3 and args[3] is not None:  # axes (opset 18)
+        axes = [int(a) % x.ndim for a in _ints(_const(args[3], f"Pad {node!r}'s axes"))]
+        full = [0] * (2 * x.ndim)
+        for k, a in enumerate(axes):
+            full[a], full[a + x.ndim] = pads[k], pads[k + len(axes)]
+        pads = full
+    return ops.pad(x, pads, value)
+
+
+def _slice(args, attrs, op, node, opset):
+    x = args[0]
+    if opset >= 10:
+        starts = _ints(_const(args[1], f"Slice {node!r}'s starts"))
+        ends = _ints(_const(args[2], f"Slice {node!r}'s ends"))
+        axes = _ints(_const(args[3], "Slice's axes")) if len(args) > 3 and \
+            args[3] is not None else list(range(len(starts)))
+        steps = _ints(_const(args[4], "Slice's steps")) if len(args) > 4 and \
+            args[4] is not None else [1] * len(starts)
+    else:
+        starts, ends = _ints(attrs["starts"]), _ints(attrs["ends"])
+        axes = _ints(attrs.get("axes", list(range(len(starts)))))
+        steps = [1] * len(starts)
+    index = [slice(None)] * x.ndim
+    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
+        index[a % x.ndim] = slice(s, e, st)  # NumPy clamps as ONNX does
+    return x[tuple(index)]
+
+
+def _split(args, attrs, op, node, opset):
+    x = args[0]
+    axis = int(attrs.get("axis", 0)) % x.ndim
+    if len(args) > 1 and args[1] is not None:
+        sizes = _ints(_const(args[1], f"Split {node!r}'s sizes"))
+    elif "split" in attrs:
+        sizes = _ints(attrs["split"])
+    else:
+        n = int(attrs.get("num_outputs", attrs["_outputs"]))
+        size = -(-x.shape[axis] // n)
+        sizes = [min(size, x.shape[axis] - k * size) for k in range(n)]
+    out, start = [], 0
+    for size in sizes:
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(start, start + size)
+        out.append(x[tuple(index)])
+        start += size
+    return tuple(out)
+
+
 def _variadic(fn: Callable[[Any, Any], Any]) -> Callable[..., Any]:
     def run(args, attrs, op, node, opset):
         out = args[0]
@@ -445,9 +543,9 @@ def _shape(args, attrs, op, node, opset):
 
 
 def _gather(args, attrs, op, node, opset):
-    data = _const(args[0], f"Gather {node!r}'s data")
-    return np.take(data, _const(args[1], f"Gather {node!r}'s indices"),
-                   axis=int(attrs.get("axis", 0)))
+    # constant indices into shapes fold at import; indices computed from the inputs (an
+    # embedding lookup) make np.take a graph break that runs as NumPy/CuPy at every call
+    return np.take(args[0], args[1], axis=int(attrs.get("axis", 0)))
 
 
 def _concat(args, attrs, op, node, opset):
@@ -495,6 +593,14 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "LeakyRelu": _leaky_relu,
     "Clip": _clip,
     "Reshape": _reshape,
+    "PRelu": _prelu,
+    "Elu": _elu,
+    "Selu": _selu,
+    "Softplus": _unary(ops.softplus),
+    "LogSoftmax": _log_softmax,
+    "Pad": _pad,
+    "Slice": _slice,
+    "Split": _split,
     "Flatten": _flatten,
     "Transpose": _transpose,
     "Concat": _concat,
@@ -521,7 +627,8 @@ SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(_HANDLERS))
 _STATIC_INPUTS: dict[str, set[int]] = {
     "Reshape": {1}, "ReduceMean": {1}, "ReduceSum": {1}, "Squeeze": {1}, "Unsqueeze": {1},
     "Clip": {1, 2},
-    "BatchNormalization": {1, 2, 3, 4}, "Gather": {0, 1}, "ConstantOfShape": {0},
+    "BatchNormalization": {1, 2, 3, 4}, "Gather": {1}, "ConstantOfShape": {0},
+    "Pad": {1, 2, 3}, "Slice": {1, 2, 3, 4}, "Split": {1},
 }
 
 

@@ -34,11 +34,14 @@ __all__ = [
     "gemm",
     "global_average_pool",
     "layer_norm",
+    "log_softmax",
     "max_pool",
+    "pad",
     "pad_spatial",
     "reduce_mean",
     "reshape",
     "softmax",
+    "softplus",
 ]
 
 
@@ -143,18 +146,35 @@ def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
     return outs[0] if group == 1 else np.concatenate(outs, axis=1)
 
 
+def _pool_separably(x: Any, kernel: Sequence[int], strides: Sequence[int],
+                    dilations: Sequence[int], combine: Any) -> Any:
+    """Reduce each window with ``combine`` (max or add), one spatial axis at a time.
+
+    Max and sum over a box window are separable, so an N-D window of ``k1 x k2`` costs
+    ``k1 + k2`` strided slices rather than ``k1 * k2``.
+    """
+    nd = len(kernel)
+    for axis in range(nd):
+        k = [1] * nd
+        s = [1] * nd
+        d = [1] * nd
+        k[axis], s[axis], d[axis] = int(kernel[axis]), int(strides[axis]), int(dilations[axis])
+        views, _ = _windows(x, k, s, d)
+        out = views[0]
+        for v in views[1:]:
+            out = combine(out, v)
+        x = out
+    return x
+
+
 def max_pool(x: Any, kernel: Sequence[int], *, strides: Sequence[int] | None = None,
              pads: Sequence[int] | None = None,
              dilations: Sequence[int] | None = None) -> Any:
     """ONNX ``MaxPool`` (floor mode): the elementwise maximum of the window's slices."""
     nd = len(kernel)
-    xp_ = pad_spatial(x, tuple(pads or (0,) * (2 * nd)), value=-np.inf)
-    views, _ = _windows(xp_, kernel, tuple(strides or (1,) * nd),
-                        tuple(dilations or (1,) * nd))
-    out = views[0]
-    for v in views[1:]:
-        out = np.maximum(out, v)
-    return out
+    padded = pad_spatial(x, tuple(pads or (0,) * (2 * nd)), value=-np.inf)
+    return _pool_separably(padded, kernel, tuple(strides or (1,) * nd),
+                           tuple(dilations or (1,) * nd), np.maximum)
 
 
 def average_pool(x: Any, kernel: Sequence[int], *, strides: Sequence[int] | None = None,
@@ -166,16 +186,12 @@ def average_pool(x: Any, kernel: Sequence[int], *, strides: Sequence[int] | None
     pads = tuple(pads or (0,) * (2 * nd))
     strides = tuple(strides or (1,) * nd)
     dilations = tuple(dilations or (1,) * nd)
-    views, out_shape = _windows(pad_spatial(x, pads), kernel, strides, dilations)
-    total = views[0]
-    for v in views[1:]:
-        total = total + v
+    total = _pool_separably(pad_spatial(x, pads), kernel, strides, dilations, np.add)
     if count_include_pad or not any(pads):
         return total / np.asarray(math.prod(kernel), dtype=np.dtype(x.dtype))
     ones = np.ones((1, 1, *x.shape[2:]), dtype=np.float64)
-    cviews, _ = _windows(pad_spatial(ones, pads), kernel, strides, dilations)
-    counts = np.sum(np.stack(cviews), axis=0).astype(np.dtype(x.dtype))
-    return total / counts.reshape((1, 1, *out_shape))
+    counts = _pool_separably(pad_spatial(ones, pads), kernel, strides, dilations, np.add)
+    return total / counts.astype(np.dtype(x.dtype))
 
 
 def global_average_pool(x: Any) -> Any:
@@ -258,6 +274,40 @@ def layer_norm(x: Any, gamma: Any = None, beta: Any = None, *, axis: int = -1,
     if beta is not None:
         y = y + beta
     return y
+
+
+def log_softmax(x: Any, axis: int = -1) -> Any:
+    """``x - max - log(sum(exp(x - max)))`` along ``axis`` (numerically stable)."""
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def softplus(x: Any) -> Any:
+    """``log(1 + exp(x))`` without overflow: ``max(x, 0) + log(1 + exp(-|x|))``."""
+    return np.maximum(x, np.dtype(x.dtype).type(0)) + np.log(1 + np.exp(-np.abs(x)))
+
+
+def pad(x: Any, pads: Sequence[int], value: float = 0.0) -> Any:
+    """ONNX ``Pad`` in ``constant`` mode over any axes (negative pads crop)."""
+    nd = x.ndim
+    for axis in range(nd):
+        before, after = int(pads[axis]), int(pads[axis + nd])
+        if before < 0 or after < 0:
+            index = [slice(None)] * nd
+            index[axis] = slice(max(-before, 0), x.shape[axis] - max(-after, 0))
+            x = x[tuple(index)]
+            before, after = max(before, 0), max(after, 0)
+        parts = []
+        for n in (before, None, after):
+            if n is None:
+                parts.append(x)
+            elif n:
+                shape = list(x.shape)
+                shape[axis] = n
+                parts.append(_zeros_like_shape(x, shape, value))
+        if len(parts) > 1:
+            x = np.concatenate(parts, axis=axis)
+    return x
 
 
 def reduce_mean(x: Any, axes: Sequence[int] | None, keepdims: bool = True,
