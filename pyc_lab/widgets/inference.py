@@ -186,9 +186,14 @@ class ServerMonitor(View):
             table.value = frame_html(pd.DataFrame([snap]))
 
         def loop() -> None:
+            seen = -1
             while not self._stop.wait(self.interval_s):
                 if self.server.closed:
                     break
+                count = self.server.stats(self.model).requests
+                if count == seen:  # nothing new: no figure to rebuild
+                    continue
+                seen = count
                 try:
                     refresh()
                 except Exception:  # a closed front end: stop quietly
