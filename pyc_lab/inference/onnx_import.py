@@ -549,18 +549,11 @@ def _gather(args, attrs, op, node, opset):
 
 
 def _concat(args, attrs, op, node, opset):
-    arrays = [a for a in args if a is not None]
-    if all(isinstance(a, np.ndarray) for a in arrays):
-        return np.concatenate(arrays, axis=int(attrs["axis"]))
-    return np.concatenate(arrays, axis=int(attrs["axis"]))
+    return np.concatenate([a for a in args if a is not None], axis=int(attrs["axis"]))
 
 
 def _flatten(args, attrs, op, node, opset):
     return ops.flatten(args[0], int(attrs.get("axis", 1)))
-
-
-def _pow(args, attrs, op, node, opset):
-    return np.power(args[0], args[1])
 
 
 _HANDLERS: dict[str, Callable[..., Any]] = {
@@ -579,7 +572,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "Sub": _binary(np.subtract),
     "Mul": _binary(np.multiply),
     "Div": _binary(np.divide),
-    "Pow": _pow,
+    "Pow": _binary(np.power),
     "Max": _variadic(np.maximum),
     "Min": _variadic(np.minimum),
     "Sum": _variadic(np.add),
@@ -647,7 +640,7 @@ def _ort_runner(node: Any, opset: int, ir_version: int) -> Callable[..., Any]:
     from onnx import helper
 
     sessions: dict[tuple, Any] = {}
-    names = [i for i in node.input]
+    names = [i for i in node.input if i]  # the inputs given (optional ones may be empty)
 
     def run(*arrays: Any) -> Any:
         host = [a.get() if hasattr(a, "get") and type(a).__module__.startswith("cupy")
@@ -658,7 +651,7 @@ def _ort_runner(node: Any, opset: int, ir_version: int) -> Callable[..., Any]:
             ort = _onnxruntime()
             inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype),
                                                     a.shape)
-                      for n, a in zip(names, host, strict=True) if n]
+                      for n, a in zip(names, host, strict=True)]
             outputs = [helper.make_empty_tensor_value_info(o)
                        for o in node.output if o]
             g = helper.make_graph([node], "break", inputs, outputs)
@@ -667,7 +660,7 @@ def _ort_runner(node: Any, opset: int, ir_version: int) -> Callable[..., Any]:
             sess = ort.InferenceSession(m.SerializeToString(),
                                         providers=["CPUExecutionProvider"])
             sessions[key] = sess
-        feed = {n: a for n, a in zip(names, host, strict=True) if n}
+        feed = dict(zip(names, host, strict=True))
         outs = sess.run(None, feed)
         if arrays and type(arrays[0]).__module__.startswith("cupy"):
             import cupy
