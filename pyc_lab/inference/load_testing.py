@@ -42,7 +42,7 @@ COLUMNS = ["concurrency", "max_batch", "max_delay_ms", "requests", "errors", "du
 
 
 def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
-           duration_s: float, warmup_s: float) -> dict[str, Any]:
+           duration_s: float, warmup_s: float, request_timeout_s: float) -> dict[str, Any]:
     stats = server.stats(model)
     measuring = threading.Event()
     stop = threading.Event()
@@ -70,7 +70,8 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
         while not stop.is_set():
             t0 = time.perf_counter()
             try:
-                await server.predict_async(*arrays, model=model)
+                await server.predict_async(*arrays, model=model,
+                                           timeout_s=request_timeout_s)
                 ok = True
             except InferenceError as exc:
                 ok = False
@@ -144,6 +145,7 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
 def load_test(server: Any, concurrency: Sequence[int] = (1, 4, 16, 64), *,
               duration_s: float = 2.0, warmup_s: float = 0.25, model: str | None = None,
               inputs: Sequence[Any] | None = None, rows: int = 1,
+              request_timeout_s: float = 30.0,
               on_level: Callable[[dict[str, Any]], None] | None = None) -> Any:
     """Measure a server under closed-loop load at several concurrency levels.
 
@@ -163,6 +165,9 @@ def load_test(server: Any, concurrency: Sequence[int] = (1, 4, 16, 64), *,
         One request's inputs (default: random rows of the model's inputs, never zeros).
     rows
         Rows per request when ``inputs`` is not given.
+    request_timeout_s
+        A request not answered within this counts as an error (so a stuck server ends
+        the test instead of hanging it).
     on_level
         Called with each level's row as soon as it is measured (live views).
 
@@ -194,7 +199,8 @@ def load_test(server: Any, concurrency: Sequence[int] = (1, 4, 16, 64), *,
     warm = server.warm_up(model)
     out = []
     for c in levels:
-        row = _level(server, model, arrays, c, float(duration_s), float(warmup_s))
+        row = _level(server, model, arrays, c, float(duration_s), float(warmup_s),
+                     float(request_timeout_s))
         out.append(row)
         log.debug("load test %s at concurrency %d: %.1f req/s", server.name, c,
                   row["throughput_rps"])
