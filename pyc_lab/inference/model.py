@@ -10,6 +10,7 @@ explanation.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,9 @@ class CompiledModel:
         self.source = source
         self.imported = imported
         self._device_weights: dict[str, list[Any]] = {}
+        # one run at a time: a model served under two names (two batcher threads) or
+        # called from the notebook while served shares one compiled function's caches
+        self._run_lock = threading.Lock()
 
     # -- calling ----------------------------------------------------------------------------
     @property
@@ -137,7 +141,8 @@ class CompiledModel:
 
     def run(self, arrays: Sequence[Any]) -> list[Any]:
         """Run on positional arrays (the inputs' order); every output, as a list."""
-        out = self.compiled(*arrays, *self._weights_for(arrays))
+        with self._run_lock:
+            out = self.compiled(*arrays, *self._weights_for(arrays))
         return list(out) if isinstance(out, tuple) else [out]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

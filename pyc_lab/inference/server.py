@@ -208,7 +208,7 @@ class Server:
         for size in sizes:
             arrays = b.model.example(size, seed=size)
             t0 = time.perf_counter()
-            b.submit(arrays).result()
+            b.submit(arrays).result(timeout=300)
             out[int(size)] = (time.perf_counter() - t0) * 1e3
         return out
 

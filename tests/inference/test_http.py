@@ -140,3 +140,22 @@ def test_protocol_round_trip_binary():
     meta = json.loads(body[:n])
     assert meta["outputs"][0]["parameters"]["binary_data_size"] == 24
     np.testing.assert_array_equal(np.frombuffer(body[n:], np.float32).reshape(2, 3), x * 2)
+
+
+def test_a_separate_process_calls_it(endpoint, vae):
+    import subprocess
+    import sys
+
+    _, ep, _ = endpoint
+    code = (
+        "import sys, json, numpy as np, tritonclient.http as h\n"
+        "c = h.InferenceServerClient(url=sys.argv[1])\n"
+        "x = np.arange(12, dtype=np.float32).reshape(2, 6) / 7\n"
+        "i = h.InferInput('x', [2, 6], 'FP32'); i.set_data_from_numpy(x)\n"
+        "print(json.dumps(c.infer('materials_vae', [i]).as_numpy('recon').tolist()))\n")
+    run = subprocess.run([sys.executable, "-c", code, f"127.0.0.1:{ep.port}"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    x = np.arange(12, dtype=np.float32).reshape(2, 6) / 7
+    np.testing.assert_allclose(np.array(json.loads(run.stdout)), vae(x)[0], rtol=1e-5,
+                               atol=1e-6)
