@@ -283,3 +283,9 @@ def test_function_models_load_with_inputs():
     assert "mlp" in str(model.explain())
     with pytest.raises(Exception, match="inputs="):
         load(mlp)
+    import pyc_lab as pl
+
+    compiled = pl.compile(mlp)
+    again = load(compiled, inputs={"x": ("float32", (None, 5))}, outputs=["h"], name="m2")
+    assert again.compiled is compiled and again.output_names == ["h"]
+    _close(again(x), np.tanh(x @ w))
