@@ -4,7 +4,8 @@
    ``onnx`` package (``light_resnet50``: ResNet-50's graph with constant weights; its
    batch axis made free). Every implementation is checked against onnxruntime (CPU) on
    random inputs before it is timed.
-2. **Latency at batch 1 and throughput at batches 1..4096**: host wall time of one call
+2. **Latency at batch 1 (median and p99 of at least 200 calls when they fit in the
+   time) and throughput at batches 1..4096**: host wall time of one call
    including the device synchronisation (what a caller waits for), through
    ``pyc_lab.profiling.benchmark`` (``gpu=False``: the calls block), median of the
    repeats; throughput = rows / median. pyc_lab runs the model compiled by
@@ -329,10 +330,13 @@ def time_model(m: Any, inputs: Any, batches: tuple[int, ...], gpu: bool,
         for name, (prep, call, _, _) in impls.items():
             try:
                 state = prep(feeds)
-                t = benchmark(call, (state,), repeats=repeats, warmup=3, gpu=False,
+                # batch 1 is the latency point: enough calls for a p99
+                n = max(repeats, 200) if batch == 1 else repeats
+                t = benchmark(call, (state,), repeats=n, warmup=3, gpu=False,
                               min_time_s=0.5, name=name)
                 med = statistics.median(t.cpu_s)
                 result["rows"].append({"impl": name, "batch": batch, "median_ms": med * 1e3,
+                                       "p99_ms": float(np.percentile(t.cpu_s, 99)) * 1e3,
                                        "rows_per_s": batch / med, "repeats": len(t.cpu_s)})
             except Exception as exc:  # record, keep going (out of memory at 4096 ...)
                 result["rows"].append({"impl": name, "batch": batch,
