@@ -24,6 +24,7 @@ def start() -> Iterator[Any]:
 
     def make(model: Any, **options: Any) -> Any:
         options.setdefault("device", "cpu")
+        options.setdefault("timeout_s", 60.0)  # a stuck batcher fails the test, never hangs it
         server = serve(model, **options)
         servers.append(server)
         return server
