@@ -95,11 +95,18 @@ def _targets(out: Any) -> tuple[Any, ...]:
 
 
 def power_operator(tracer: Tracer, x: Traced, exponent: Any, inplace: bool = False) -> Any:
-    """``x ** exponent`` as ``ndarray.__pow__`` computes it."""
+    """``x ** exponent`` as ``ndarray.__pow__`` computes it.
+
+    Arrays take NumPy's fast paths (``** 2`` is ``np.square``, which keeps a bool array's
+    result int8); a NumPy scalar (the 0-d result of a reduction or a ufunc) has none and
+    goes through ``np.power`` (``np.True_ ** 2`` is int64).
+    """
     name = "power"
     operands: tuple[Any, ...] = (x, exponent)
     floating = x.dtype.kind in "fc"
-    if type(exponent) is int and exponent == 2:
+    if getattr(x, "_scalar", False):
+        pass
+    elif type(exponent) is int and exponent == 2:
         name, operands = "square", (x,)
     elif type(exponent) is int and exponent == -1 and floating:
         name, operands = "reciprocal", (x,)

@@ -139,6 +139,15 @@ def test_reciprocal_square_and_pow_keep_numpys_dtypes():
         pl.compile(lambda i: i ** -1)(i)
 
 
+def test_pow_on_numpy_scalars_has_no_array_fast_path():
+    """``b ** 2`` is np.square for an array (bool -> int8) but np.power for the NumPy
+    scalar a reduction returns (bool -> int64)."""
+    b = np.array([[True, False, True], [False, False, True]])
+    for fn in (lambda b: b.max() ** 2, lambda b: np.any(b) ** 2, lambda b: b.max(axis=0) ** 2,
+               lambda b: b.sum() ** 0.5, lambda b: (b.min() ** 2) * b):
+        same(pl.compile(fn)(b), fn(b))
+
+
 # -- 5: dtype= computes in that dtype ----------------------------------------------------------
 def test_ufunc_dtype_argument_computes_in_that_dtype():
     a = np.array([100, -100, 7], np.int8)
