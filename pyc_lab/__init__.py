@@ -10,7 +10,8 @@ Python::
     f = pl.compile(fn)                 # trace, optimise, fuse; f.explain(*args)
     res = pl.autotune_gemm(4096, 4096, 4096, dtype="f16")    # CUTLASS vs cuBLAS, recorded
     res = pl.replay_autotune(4096, 4096, 4096, dtype="f16")  # the same search, replayed
-    y = pl.matmul(a, b)                # the tuned kernel for the shape, else cuBLAS
+    y = pl.matmul(a, b)                # a tuned kernel where it won, else the library
+    plan = pl.matmul_plan(a, b, out=y)  # the same choice, made once: plan(a, b)
     pipe = pl.Pipeline(prepare, compute, depth=3)            # the conveyor belt
     server = pl.serve(pl.inference.load("model.onnx"), max_batch=64, max_delay_ms=2)
 
@@ -41,9 +42,12 @@ _EXPORTS = {
     "Pipeline": "runtime.pipeline",
     "tune_pipeline": "runtime.belt_tuning",
     "matmul": "kernels.matmul",
+    "matmul_plan": "kernels.matmul",
+    "MatmulPlan": "kernels.matmul_plan",
     "autotune_gemm": "kernels.tuning.autotune",
     "TuneResult": "kernels.tuning.autotune",
     "replay_autotune": "kernels.tuning.autotune",
+    "autotune_many": "kernels.tuning.many",
     "serve": "inference.server",
 }
 
@@ -52,6 +56,7 @@ __all__ = [
     "DeviceUnavailableError",
     "GpuActivity",
     "HardwareProfile",
+    "MatmulPlan",
     "PinnedPool",
     "Pipeline",
     "PycLabError",
@@ -59,10 +64,12 @@ __all__ = [
     "TuneResult",
     "__version__",
     "autotune_gemm",
+    "autotune_many",
     "compile",
     "detect_hardware",
     "load_ipython_extension",
     "matmul",
+    "matmul_plan",
     "probe_bandwidth",
     "replay_autotune",
     "serve",

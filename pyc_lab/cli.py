@@ -12,6 +12,9 @@
     pyc-lab tune gemm ... --json    the result as JSON on stdout
     pyc-lab tune gemm M N K --bias --activation gelu
                                     tune kernels with a fused bias + GELU epilogue
+    pyc-lab tune many FILE|--problems "MxNxK,..." [--dtype] [--budget S] [--replay [PATH]]
+                                    tune a list of problems, builds shared, one total
+                                    budget; a summary table per problem
     pyc-lab cache export FILE       the kernel cache as one .tar.gz (cache import FILE:
                                     add one, each entry verified by hash)
     pyc-lab db export FILE          the tuning database as JSON or CSV (db import FILE:
@@ -137,6 +140,27 @@ def _parser() -> argparse.ArgumentParser:
                       help="tune kernels that add a bias row inside the epilogue (live only)")
     gemm.add_argument("--activation", choices=["relu", "gelu", "silu"],
                       help="tune kernels with this activation in the epilogue (live only)")
+    many = ops.add_parser("many", help="tune a list of GEMM problems with one total budget",
+                          description="Tune many GEMM problems (builds shared and parallel, "
+                                      "one total budget) live on this GPU, or replay them "
+                                      "from a recording with --replay.")
+    many.add_argument("file", metavar="FILE", nargs="?",
+                      help="problems: JSON list, or one 'MxNxK [dtype [layout]]' a line")
+    many.add_argument("--problems", metavar="MxNxK,...",
+                      help="comma-separated problems instead of a file")
+    many.add_argument("--dtype", default=defaults.dtype,
+                      help=f"dtype of problems that do not say (default {defaults.dtype})")
+    many.add_argument("--layout", default=defaults.layout,
+                      help=f"layout of problems that do not say (default {defaults.layout})")
+    many.add_argument("--budget", metavar="S", type=float, default=0.0,
+                      help="total seconds for all problems (0: 60 per problem)")
+    many.add_argument("--max-candidates", metavar="N", type=int,
+                      default=defaults.max_candidates or 0,
+                      help=f"per problem (0: all; default {defaults.max_candidates or 0})")
+    many.add_argument("--workers", metavar="N", type=int, help="parallel nvcc builds")
+    many.add_argument("--replay", metavar="PATH", nargs="?", const="", default=None,
+                      help="replay a recording instead of tuning live (no GPU needed)")
+    many.add_argument("--json", action="store_true", help="print the summary as JSON")
     for name, what, suffix in (("cache", "the CUTLASS kernel cache", ".tar.gz"),
                                ("db", "the tuning database", ".json or .csv")):
         cmd = sub.add_parser(name, help=f"export or import {what}")
@@ -152,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "tune":
-            return _tune_gemm(args)
+            return _tune_many(args) if args.op == "many" else _tune_gemm(args)
         if args.command in ("cache", "db"):
             return _move(args)
         return _hw(args)
@@ -315,6 +339,42 @@ def _tune_gemm(args: argparse.Namespace) -> int:
     print()
     print(result.compare().round({"ms": 4, "tflops": 1, "pct_of_peak": 1, "vs_cublas": 3})
           .to_string(index=False))
+    return 0
+
+
+def _tune_many(args: argparse.Namespace) -> int:
+    """``pyc-lab tune many``: parse, call :func:`autotune_many`, print its summary."""
+    from .kernels.tuning.many import autotune_many, parse_problems, read_problems
+
+    if (args.file is None) == (args.problems is None):
+        raise PycLabError("tune many: give a FILE or --problems \"MxNxK,...\" (one of them)")
+    if args.budget < 0 or args.max_candidates < 0:
+        raise PycLabError("tune many: --budget and --max-candidates take numbers >= 0")
+    problems = (read_problems(args.file, args.dtype, args.layout) if args.file
+                else parse_problems(args.problems.split(","), args.dtype, args.layout))
+    replay = args.replay is not None
+    if args.replay:
+        check_recording(args.replay)
+    if not replay:
+        from .hardware.device import cupy_status
+
+        cp, why = cupy_status()
+        if cp is None:
+            raise PycLabError(f"live tuning needs a CUDA device: {why}. Add --replay to "
+                              "replay the tuning recorded on an H200 instead")
+    result = autotune_many(problems, budget_s=args.budget or None, workers=args.workers,
+                           replay=replay, source=args.replay or None,
+                           max_candidates=args.max_candidates or None)
+    summary = result.summary
+    if args.json:
+        print(summary.to_json(orient="records", indent=2))
+        return 0
+    mode = "replayed from a recording" if replay else "tuned on this GPU"
+    print(f"{len(problems)} problem(s) {mode}; budget {result.budget_s:g} s, used "
+          f"{result.total_seconds:.1f} s")
+    cols = ["problem", "winner", "winner_ms", "best_library", "speedup", "candidates",
+            "seconds", "status"]
+    print(summary[cols].to_string(index=False))
     return 0
 
 

@@ -98,16 +98,18 @@ def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str
 
 def tuned_lookup(node: Node, graph: Graph) -> str | None:
     """The default :data:`TUNED_LOOKUP`: the tuned CUTLASS config for a matmul node on
-    this GPU (``"<config id> (exact match (MxNxK))"``), or None (no GPU, no entry)."""
+    this GPU (``"<config id> (exact match (MxNxK): tuned kernel ... beat cuBLAS ...)"``),
+    or None (no GPU, no entry, or an entry that did not beat the library in its tuning
+    run: the never-slower rule of :func:`pyc_lab.kernels.matmul.winning_entry`)."""
     from ..hardware.device import cupy_status
 
     problem, _ = tuned_problem(node, graph)
     if problem is None or cupy_status()[0] is None:
         return None
     from ..kernels.cutlass import GemmConfig
-    from ..kernels.matmul import find_tuned
+    from ..kernels.matmul import winning_entry
 
-    found, why = find_tuned(*problem)
+    found, why, _ = winning_entry(*problem)
     if found is None:
         return None
     try:

@@ -1,8 +1,11 @@
 """GPU kernels, the libraries beside them, and their tuning.
 
-- :mod:`.matmul` — ``pyc_lab.matmul``: looks up the fastest known kernel for the
-  problem (a tuned CUTLASS kernel, cuBLASLt or cuBLAS) and launches it, never building
-  one; :func:`prepare` builds the tuned winners the kernel cache lacks;
+- :mod:`.matmul` — ``pyc_lab.matmul`` and ``pyc_lab.matmul_plan``: look up the fastest
+  known kernel for the problem (a tuned CUTLASS kernel where it beat the library, else
+  cuBLASLt or cuBLAS) and launch it, never building one; :func:`prepare` builds the tuned
+  winners the kernel cache lacks. Beside it: :mod:`.matmul_route` (the never-slower
+  rule), :mod:`.matmul_plan` (plans), :mod:`.matmul_launch` (launchers),
+  :mod:`.matmul_inputs` (input checks), :mod:`.arrays` (NumPy/CuPy/torch, bfloat16);
 - :mod:`.cublaslt` — cuBLASLt GEMMs with bias/relu/gelu epilogues (nvmath-python);
 - :mod:`.cache` — the content-addressed, hash-verified on-disk cache of built kernels;
 - :mod:`.cutlass` — CUTLASS 3 GEMMs for Hopper: configurations, emitted sources, nvcc

@@ -14,8 +14,12 @@ the result is written in place into ``out.T``, a view of the caller's C-contiguo
 
 Epilogues: bias, relu, gelu (the tanh approximation, which is what cuBLASLt computes and
 what :func:`pyc_lab.compiler.functions.gelu` means), relu + bias and gelu + bias, for
-2-D float16 and float32 operands of one dtype. Everything else stays with
+2-D float16, bfloat16 and float32 operands of one dtype. Everything else stays with
 ``cupy.matmul`` plus a generated epilogue kernel; :func:`why_not` says why.
+
+:class:`LtMatmul` is the plain GEMM (no epilogue) through the same library, 2-D or
+batched (3-D operands, or a 3-D ``a`` with a 2-D ``b``, in one cuBLASLt call): the
+bfloat16 path of :func:`pyc_lab.matmul`; :func:`why_not_plain` says when it cannot run.
 
 Nothing here touches a GPU until a :class:`FusedGemm` is first called.
 """
@@ -31,7 +35,8 @@ import numpy as np
 
 from ..errors import PycLabError
 
-__all__ = ["ACTIVATIONS", "DTYPES", "EPILOGUES", "FusedGemm", "status", "why_not"]
+__all__ = ["ACTIVATIONS", "DTYPES", "EPILOGUES", "FusedGemm", "LtMatmul", "status", "why_not",
+           "why_not_plain"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +51,7 @@ EPILOGUES = {
 #: Activations cuBLASLt applies in its epilogue.
 ACTIVATIONS = ("relu", "gelu")
 #: Operand dtypes taken through cuBLASLt here.
-DTYPES = ("float16", "float32")
+DTYPES = ("float16", "bfloat16", "float32")
 
 
 @lru_cache(maxsize=1)
@@ -183,6 +188,91 @@ class FusedGemm:
         elif self._bound[key] != ptrs:
             mm.reset_operands(a=b.T, b=a.T, c=out.T,
                               epilog_inputs={"bias": bias} if self.has_bias else None)
+            self._bound[key] = ptrs
+        mm.execute()
+        return out
+
+    def free(self) -> None:
+        """Release the cuBLASLt plans and their workspaces."""
+        for mm in self._plans.values():
+            try:
+                mm.free()
+            except Exception as exc:
+                log.debug("freeing a cuBLASLt plan: %s", exc)
+        self._plans.clear()
+        self._bound.clear()
+
+
+def why_not_plain(a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: str) -> str:
+    """Why ``a @ b`` cannot run as one plain cuBLASLt GEMM (:class:`LtMatmul`), or ``""``.
+
+    Parameters
+    ----------
+    a_shape, b_shape
+        Operand shapes: 2-D, or 3-D ``a`` with 2-D or 3-D ``b`` (one batch).
+    dtype
+        The dtype name of both operands and the result.
+    """
+    ok, reason = status()
+    if not ok:
+        return reason
+    if dtype not in DTYPES:
+        return f"dtype {dtype}: the cuBLASLt path here takes {', '.join(DTYPES)}"
+    if not 2 <= len(a_shape) <= 3 or not 2 <= len(b_shape) <= 3:
+        return "operands of more than one batch dimension"
+    if len(b_shape) == 3 and (len(a_shape) != 3 or a_shape[0] != b_shape[0]):
+        return "b has a batch a does not share"
+    if min(*a_shape, *b_shape) == 0:
+        return "an empty matrix"
+    return ""
+
+
+def _mt(x: Any) -> Any:
+    """The matrix transpose of a 2-D or batched array (a view)."""
+    return x.swapaxes(-1, -2)
+
+
+class LtMatmul:
+    """``out = a @ b`` as one cuBLASLt GEMM (batched for 3-D operands), planned once per
+    problem and pointer alignment, re-bound when a pointer changes.
+
+    The row-major problem runs as ``out^T = b^T @ a^T`` on transposed views (no copies),
+    written in place into the caller's C-contiguous ``out``. Calls run on CuPy's current
+    stream, allocate nothing after the first (the workspace is kept) and do not
+    synchronise. nvmath's plan keeps a reference to the last operands it ran on (until
+    the next call re-binds them, or :meth:`free`).
+    """
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple, Any] = {}
+        self._bound: dict[tuple, tuple[int, ...]] = {}
+        #: The algorithm cuBLASLt runs, per alignment class (for explain()).
+        self.algorithms: dict[tuple, str] = {}
+
+    def _plan(self, key: tuple, a: Any, b: Any, out: Any) -> Any:
+        from nvmath.linalg.advanced import Matmul
+
+        mm = Matmul(_mt(b), _mt(a), c=_mt(out), beta=0.0,
+                    options={"inplace": True, "logger": _NVMATH_LOG})
+        mm.plan()
+        try:
+            self.algorithms[key] = str(mm.algorithms[0].algorithm_id)
+        except Exception:
+            self.algorithms[key] = "?"
+        return mm
+
+    def __call__(self, a: Any, b: Any, out: Any) -> Any:
+        """Compute ``a @ b`` into ``out`` (C-contiguous, the product's shape and dtype)."""
+        ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
+        key = (a.shape, a.strides, b.shape, b.strides, *(p % 16 for p in ptrs))
+        mm = self._plans.get(key)
+        if mm is None:
+            if not out.flags.c_contiguous:
+                raise PycLabError("LtMatmul: out must be C-contiguous")
+            mm = self._plans[key] = self._plan(key, a, b, out)
+            self._bound[key] = ptrs
+        elif self._bound[key] != ptrs:
+            mm.reset_operands(a=_mt(b), b=_mt(a), c=_mt(out))
             self._bound[key] = ptrs
         mm.execute()
         return out

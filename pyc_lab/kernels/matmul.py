@@ -1,21 +1,26 @@
-"""``pyc_lab.matmul``: the tuned CUTLASS kernel for the shape when there is one, else cuBLAS.
+"""``pyc_lab.matmul``: a tuned CUTLASS kernel where it is known to be faster, else the
+fastest library path; never slower than the library.
 
-For CuPy arrays the tuning database is asked for this GPU, dtype, layout, epilogue and
-shape (exact shape, then the nearest tuned bucket); a winner whose kernel is in the kernel
-cache and accepts the problem runs, bias and activation inside its epilogue when it was
-tuned with them (``autotune_gemm(..., bias=True, activation="gelu")``). A call never
-builds a kernel: the tuner builds the candidates it measures, and :func:`prepare` builds
-the winners of a database tuned on another machine (a minute of ``nvcc`` each).
-Otherwise a bias and/or relu/gelu go through cuBLASLt's fused epilogue
-(:class:`~pyc_lab.kernels.cublaslt.FusedGemm`), anything else through cuBLAS
-(``cupy.matmul``) and a CuPy epilogue. NumPy arrays use NumPy. Every call's choice and
-reason is kept in :data:`last_choice`.
+For CuPy arrays (and CUDA torch tensors, viewed through DLPack) the tuning database is
+asked for this GPU, dtype, layout, epilogue and shape (exact shape, then the nearest
+tuned bucket). A tuned kernel runs only when the never-slower rule of
+:mod:`~pyc_lab.kernels.matmul_route` lets it (it beat the fastest library path this
+process can call, measured in its own tuning run; a bucketed match by a margin, and its
+kernel accepts the actual shape), and only when its kernel is in the kernel cache: a
+call never builds (the tuner builds what it measures, :func:`prepare` the winners of a
+database tuned elsewhere). Otherwise bias and relu/gelu go through cuBLASLt's fused
+epilogue, bfloat16 through cuBLASLt (nvmath-python), everything else through cuBLAS
+(``cupy.matmul``). NumPy arrays (and CPU torch tensors) use NumPy.
 
-The lookup is memoised per process and problem; a tuning in this process is seen at
-once (the database's write :func:`~pyc_lab.kernels.tuning.database.generation`), a
-change of the database file by another process (a notebook tuning beside this one) by
-the file's modification time, looked at no more than every :data:`RECHECK_S` seconds
-(stating the file costs more than a GEMM launch).
+The hot path: the choice is memoised per problem signature (array types, shapes,
+strides, dtypes, ``out``/bias signature, scales, activation, device), so a repeated call
+costs a dictionary look-up and the launch; the tuning database is asked only when a
+signature is first seen or the database changed — a tuning in this process at once (the
+database's write :func:`~pyc_lab.kernels.tuning.database.generation`), a change of the
+file by another process by its modification time, looked at no more than every
+:data:`RECHECK_S` seconds. :data:`last_choice` keeps a reference to the last call's
+choice and is read lazily. :func:`matmul_plan` returns the choice as a reusable,
+CUDA-graph capturable :class:`~pyc_lab.kernels.matmul_plan.MatmulPlan`.
 """
 
 from __future__ import annotations
@@ -24,51 +29,80 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from typing import Any
-
-import numpy as np
 
 from ..errors import PycLabError
 from . import cutlass as cg
+from .arrays import (
+    cupy_of_torch,
+    dtype_name,
+    kind,
+    numpy_of_torch,
+    result_dtype,
+    torch_of,
+    torch_stream,
+)
+from .matmul_inputs import DTYPES, check_inputs, result_shape
+from .matmul_plan import TUNED_DTYPES, Launch, MatmulPlan, build_launch, operand_layout
+from .matmul_route import CALLABLE, tuned_verdict
 from .tuning import database
 from .tuning.keys import ProblemKey, device_key
 
-__all__ = ["ACTIVATIONS", "DTYPES", "RECHECK_S", "TUNED_DTYPES", "find_tuned", "forget",
-           "last_choice", "matmul", "operand_layout", "prepare", "tuned_kernel"]
+__all__ = ["ACTIVATIONS", "DTYPES", "RECHECK_S", "TUNED_DTYPES", "MatmulPlan", "find_tuned",
+           "forget", "last_choice", "matmul", "matmul_plan", "operand_layout", "prepare",
+           "tuned_kernel", "winning_entry", "winning_kernel"]
 
 log = logging.getLogger(__name__)
 
 #: Activations ``matmul`` applies (gelu: the tanh approximation).
 ACTIVATIONS = tuple(cg.ACTIVATIONS)
 
-#: The most recent call's choice: ``{"impl", "reason", "config", "match"}``.
-last_choice: dict[str, Any] = {}
-
 #: How often (seconds) the database file is looked at for changes made elsewhere.
 RECHECK_S = 0.5
 
 _KERNELS: dict[tuple, Any] = {}
 _MEMO: dict[tuple, tuple[Any, str]] = {}
+_WINNERS: dict[tuple, tuple[Any, str, dict[str, Any]]] = {}
+_LAUNCHES: dict[tuple, Launch] = {}
 _LOCK = threading.Lock()
 _STAMP: dict[str, Any] = {"at": -1e9, "stamp": None}
-#: Array dtypes with tuned kernels, and their kernel dtype (float32 -> "tf32" with tf32=True).
-TUNED_DTYPES = {"float16": "f16", "float32": "f32"}
-#: The element types ``matmul`` computes in; mixed operands promote as NumPy promotes them
-#: (float16 @ float32 is float32). Integers, booleans, complex and object arrays are
-#: refused: the GEMM kernels, the epilogues and cuBLAS are real floating point.
-DTYPES = ("float16", "float32", "float64")
 
 
-def _record(impl: str, reason: str, **extra: Any) -> None:
-    last_choice.clear()
-    last_choice.update({"impl": impl, "reason": reason, **extra})
-    log.debug("matmul: %s (%s)", impl, reason)
+class _LastChoice(Mapping):
+    """The most recent :func:`matmul` call's choice: ``{"impl", "reason", ...}``
+    (``config``, ``epilogue``, ``match`` for a tuned kernel). A call only stores a
+    reference; the mapping is read when looked at."""
+
+    def __init__(self) -> None:
+        self.launch: Launch | None = None
+
+    def _data(self) -> dict[str, Any]:
+        return {} if self.launch is None else self.launch.choice
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data())
+
+    def __len__(self) -> int:
+        return len(self._data())
+
+    def __repr__(self) -> str:
+        return repr(dict(self._data()))
+
+
+#: The most recent call's choice: ``{"impl", "reason", ...}`` (read-only mapping).
+last_choice = _LastChoice()
 
 
 def forget() -> None:
-    """Drop the memoised lookups and loaded kernels (the next call looks again)."""
+    """Drop the memoised lookups, choices and loaded kernels (the next call looks again)."""
     with _LOCK:
         _MEMO.clear()
+        _WINNERS.clear()
+        _LAUNCHES.clear()
         _KERNELS.clear()
         _STAMP.update(at=-1e9, stamp=None)
 
@@ -124,7 +158,9 @@ def tuned_kernel(m: int, n: int, k: int, dtype: str, layout: str,
 
     Memoised per problem until the tuning database changes. The kernel comes from the
     kernel cache (where the tuner put it); one that is not there is not built here —
-    the reason says to run :func:`prepare`.
+    the reason says to run :func:`prepare`. This is the database's winner as it is (the
+    compiler's lookup); :func:`winning_kernel` adds the never-slower rule that
+    :func:`matmul` applies.
 
     Returns
     -------
@@ -172,6 +208,96 @@ def _load(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
     if not kernel.can_implement(*shape):
         return None, f"tuned kernel {cfg.id} cannot take {'x'.join(map(str, shape))}"
     return kernel, why
+
+
+def _callable_libraries() -> tuple[str, ...]:
+    """The library paths this process can call (cuBLASLt only with nvmath-python)."""
+    from . import cublaslt
+
+    return CALLABLE if cublaslt.status()[0] else tuple(c for c in CALLABLE if c != "cublaslt")
+
+
+def winning_kernel(m: int, n: int, k: int, dtype: str, layout: str,
+                   epilogue: cg.Epilogue | None = None) -> tuple[Any, str, dict[str, Any]]:
+    """The tuned kernel for a problem if the never-slower rule lets it run, else ``None``.
+
+    The tuning database's winner (exact shape, else the nearest bucket) runs only when
+    it beat the fastest library path this process can call, timed in the same tuning
+    run (:func:`~pyc_lab.kernels.matmul_route.tuned_verdict`; a bucket match by
+    :data:`~pyc_lab.kernels.matmul_route.BUCKET_MARGIN`), its kernel is in the kernel
+    cache and it accepts the actual shape. Memoised per problem until the database
+    changes.
+
+    Returns
+    -------
+    kernel, why, extra
+        The kernel (or ``None``), the reason ("tuned kernel 0.412 ms lost to cuBLAS
+        0.398 ms in its tuning run"), and ``{"match": ...}`` when an entry was found.
+    """
+    epilogue = epilogue or cg.Epilogue()
+    key = (m, n, k, dtype, layout, epilogue, _db_stamp())
+    hit = _WINNERS.get(key)
+    if hit is not None:
+        return hit
+    result = _winning(m, n, k, dtype, layout, epilogue)
+    with _LOCK:
+        if len(_WINNERS) > 4096:
+            _WINNERS.clear()
+        _WINNERS[key] = result
+    return result
+
+
+def winning_entry(m: int, n: int, k: int, dtype: str, layout: str,
+                  epilogue: cg.Epilogue | None = None) -> tuple[Any, str, dict[str, Any]]:
+    """The tuning database's entry for a problem if the never-slower rule lets it run.
+
+    The rule alone, without loading the kernel: the compiler's policy asks it when it
+    decides, :func:`winning_kernel` when it launches.
+
+    Returns
+    -------
+    found, why, extra
+        The :class:`~pyc_lab.kernels.tuning.keys.LookupResult` (or ``None``), the verdict
+        ("exact match (MxNxK): tuned kernel 0.391 ms beat cuBLAS 0.398 ms in its tuning
+        run"), and ``{"match": ...}`` when an entry was found.
+    """
+    epilogue = epilogue or cg.Epilogue()
+    what = f"{m}x{n}x{k} {dtype} {layout}" + (f" +{epilogue.name}" if epilogue.fused else "")
+    issue = cg.problem_issue(m, n, k, layout, dtype)
+    if issue:
+        return None, issue, {}
+    try:
+        device, _cc, _sm = device_key()
+        with database.TuningDB() as db:
+            found = db.lookup(device, ProblemKey(epilogue.op, dtype, dtype, dtype, layout,
+                                                 m, n, k))
+            if found is None:
+                return None, f"no tuned kernel for {what} on this GPU", {}
+            baselines = db.baselines(device, found.problem_matched,
+                                     run_id=found.measurement.run_id)
+    except Exception as exc:
+        return None, f"tuning database: {exc}", {}
+    matched = "x".join(map(str, found.problem_matched.shape))
+    extra = {"match": f"{found.match} ({matched})"}
+    wins, verdict = tuned_verdict(found.measurement.time_ms, found.match, baselines,
+                                  _callable_libraries())
+    if not wins:
+        return None, verdict, extra
+    return found, f"{found.match} match ({matched}): {verdict}", extra
+
+
+def _winning(m: int, n: int, k: int, dtype: str, layout: str,
+             epilogue: cg.Epilogue) -> tuple[Any, str, dict[str, Any]]:
+    found, why, extra = winning_entry(m, n, k, dtype, layout, epilogue)
+    if found is None:
+        return None, why, extra
+    try:
+        kernel, why = _load(found, dtype, layout, epilogue, why, (m, n, k))
+    except Exception as exc:  # a tuned entry must never break a matmul
+        log.warning("tuned kernel for %dx%dx%d %s %s unusable: %s", m, n, k, dtype, layout,
+                    exc)
+        return None, f"tuned kernel unusable ({type(exc).__name__}: {exc})", extra
+    return kernel, why, extra
 
 
 def prepare(*, dtype: str | None = None, workers: int | None = None,
@@ -238,41 +364,83 @@ def prepare(*, dtype: str | None = None, workers: int | None = None,
                                        "message"])
 
 
-def operand_layout(a: Any, b: Any) -> str:
-    """``a``/``b``'s memory order in BLAS letters (``"tn"``...), or ``""`` if strided."""
-    la = "t" if a.flags.c_contiguous else "n" if a.flags.f_contiguous else ""
-    lb = "t" if b.flags.c_contiguous else "n" if b.flags.f_contiguous else ""
-    return la + lb if la and lb else ""
 
 
-def _tuned(a: Any, b: Any, epilogue: cg.Epilogue, tf32: bool) -> tuple[Any, str]:
-    """The tuned kernel for ``a @ b`` with ``epilogue``, or ``(None, why not)``."""
-    dtype = TUNED_DTYPES.get(a.dtype.name)
-    if dtype == "f32" and tf32:
-        dtype = "tf32"
-    if dtype is None or b.dtype != a.dtype:
-        return None, (f"dtypes {a.dtype.name} @ {b.dtype.name}: tuned kernels take float16 "
-                      "or float32 pairs")
-    if a.ndim != 2 or b.ndim != 2:
-        return None, "batched: tuned kernels are 2-D"
-    layout = operand_layout(a, b)
-    if not layout:
-        return None, "a strided operand (neither C- nor F-contiguous)"
-    return tuned_kernel(a.shape[0], b.shape[1], a.shape[1], dtype, layout, epilogue)
+def _tuned(m: int, n: int, k: int, dtype: str, layout: str,
+           epilogue: cg.Epilogue) -> tuple[Any, str, dict[str, Any]]:
+    return winning_kernel(m, n, k, dtype, layout, epilogue)
+
+
+def _launch_for(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
+                activation: str | None, tf32: bool, key: tuple | None) -> Launch:
+    """The memoised :class:`Launch` for validated arrays (made on a miss)."""
+    if key is not None:
+        hit = _LAUNCHES.get(key)
+        if hit is not None and (hit.stamp is None or hit.stamp == _db_stamp()):
+            return hit
+    made = build_launch(a, b, out, alpha, beta, bias, activation, tf32, _tuned, _db_stamp,
+                        cg.Epilogue)
+    if key is not None:
+        with _LOCK:
+            if len(_LAUNCHES) > 4096:
+                _LAUNCHES.clear()
+            _LAUNCHES[key] = made
+    return made
+
+
+def _signature(a: Any, b: Any, out: Any, alpha: Any, beta: Any, bias: Any,
+               activation: Any, tf32: Any) -> tuple:
+    """The memo key of a call on CuPy or NumPy arrays (AttributeError for non-arrays)."""
+    return (type(a), a.shape, a.strides, a.dtype, type(b), b.shape, b.strides, b.dtype,
+            None if out is None else (type(out), out.shape, out.strides, out.dtype),
+            None if bias is None else (type(bias), bias.shape, bias.dtype),
+            alpha, beta, activation, tf32,
+            a.device.id if type(a).__module__.startswith("cupy") else None)
+
+
+def _call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
+          activation: str | None, tf32: bool) -> Any:
+    """pl.matmul on CuPy or NumPy arrays: the memoised launch, checked on a miss."""
+    try:
+        key: tuple | None = _signature(a, b, out, alpha, beta, bias, activation, tf32)
+        launch = _LAUNCHES.get(key)
+    except (AttributeError, TypeError):  # not arrays, or unhashable scales: the checks say
+        key = launch = None
+    if launch is None or (launch.stamp is not None and launch.stamp != _db_stamp()):
+        bias = check_inputs(a, b, out, alpha, beta, bias, activation, ACTIVATIONS)
+        if bias is not None and kind(a) == "cupy" and kind(bias) != "cupy":
+            import cupy as cp
+
+            bias = cp.asarray(bias)
+        launch = _launch_for(a, b, out, alpha, beta, bias, activation, tf32, key)
+    elif bias is not None:
+        if type(bias) is not type(a) and kind(a) == "cupy":
+            import cupy as cp
+
+            bias = cp.asarray(bias)
+        if bias.ndim != 1:
+            bias = bias.reshape(-1)
+    last_choice.launch = launch
+    return launch.run(a, b, out, bias)
 
 
 def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0,
            bias: Any = None, activation: str | None = None, tf32: bool = False) -> Any:
-    """``activation(alpha * a @ b + beta * out + bias)``, with the fastest kernel known.
+    """``activation(alpha * a @ b + beta * out + bias)``, never slower than the library.
 
     Parameters
     ----------
     a, b
-        2-D arrays (M x K and K x N) of float16, float32 or float64, both NumPy (run on
-        the CPU) or both CuPy (run on the GPU); mixed dtypes promote as NumPy promotes
-        them.
+        Arrays of float16, bfloat16, float32 or float64, both NumPy (run on the CPU),
+        both CuPy, or both torch tensors (CUDA ones run on the GPU on torch's current
+        stream, viewed through DLPack without a copy; CPU ones through NumPy). 2-D, or
+        batched: ``(B, M, K) @ (B, K, N)`` or ``(B, M, K) @ (K, N)`` in one library call.
+        Transposed views (``w.T``) are taken as they are, without a copy. Mixed dtypes
+        promote as NumPy promotes them (bfloat16 with float16 or float32: float32).
     out
-        Optional output (M x N, C-contiguous); with ``beta != 0`` its old value is added.
+        Optional output of the product's shape (same array kind); with ``beta != 0`` its
+        old value is added. A C-contiguous ``out`` of the product's dtype is written
+        directly.
     alpha, beta
         Scales of the product and of ``out``'s old value.
     bias
@@ -287,210 +455,107 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     Returns
     -------
     array
-        ``out`` (or a new array). :data:`last_choice` says which implementation ran and why.
+        ``out`` (or a new array of the operands' kind: a torch tensor for torch
+        operands). :data:`last_choice` says which implementation ran and why.
 
     Raises
     ------
     PycLabError
         For operands that do not multiply, dtypes outside :data:`DTYPES` (integer,
-        boolean, complex, object), operands on different devices, a bias of the wrong
-        length or dtype, an ``out`` of the wrong shape or dtype, or a non-real scale.
+        boolean, complex, object), operands of different kinds or devices, a bias of the
+        wrong length or dtype, an ``out`` of the wrong shape or dtype, a non-real scale,
+        or a torch tensor that requires grad.
+
+    Notes
+    -----
+    Which implementation runs (the never-slower rule): :mod:`pyc_lab.kernels.matmul_route`.
+    For a loop over same-shaped operands, :func:`matmul_plan` skips even the look-up.
     """
-    bias = _check_inputs(a, b, out, alpha, beta, bias, activation)
-    is_cupy = _is_cupy(a)
-    if not is_cupy:
-        y = alpha * np.matmul(a, b)
-        if beta and out is not None:
-            y = y + beta * out
-        y = _epilogue(np, y, bias, activation)
-        _record("numpy", "NumPy arrays run on the CPU")
-        if out is not None:
-            out[...] = y
-            return out
-        return y.astype(np.result_type(a, b), copy=False)
+    if type(a).__module__.startswith("torch"):
+        return _torch_call(a, b, out, alpha, beta, bias, activation, tf32)
+    return _call(a, b, out, alpha, beta, bias, activation, tf32)
+
+
+def _torch_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
+                activation: str | None, tf32: bool) -> Any:
+    """pl.matmul on torch tensors: viewed as CuPy (CUDA) or NumPy (CPU) arrays."""
+    if kind(b) != "torch":
+        raise PycLabError(f"matmul: a is a torch tensor and b a {type(b).__name__}; give "
+                          "both as torch tensors")
+    if not a.is_cuda or not b.is_cuda:
+        if a.is_cuda != b.is_cuda:
+            raise PycLabError("matmul: a and b are torch tensors on different devices "
+                              f"({a.device} and {b.device}); move one (.to(...))")
+        conv = numpy_of_torch
+        y = _call(conv(a), conv(b), None if out is None else conv(out), alpha, beta,
+                  conv(bias) if kind(bias) == "torch" else bias, activation, tf32)
+        return out if out is not None else torch_of(y)
     import cupy as cp
 
-    if a.dtype != b.dtype:  # NumPy's promotion, so that every path below sees one dtype
-        dtype = np.result_type(a.dtype, b.dtype)
-        a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
-    if bias is not None and not _is_cupy(bias):
-        bias = cp.asarray(bias)
-    epilogue = cg.Epilogue(bias is not None, activation)
-    kernel, why = _tuned(a, b, epilogue, tf32)
-    if kernel is not None:
-        bias_c = None
-        if bias is not None:
-            bias_c = bias.reshape(-1)
-            if bias_c.dtype != a.dtype or not bias_c.flags.c_contiguous:
-                bias_c = cp.ascontiguousarray(bias_c, dtype=a.dtype)
-            if bias_c.shape != (b.shape[1],):
-                raise PycLabError(f"matmul: bias of shape {tuple(bias.shape)} for an output "
-                                  f"of {b.shape[1]} columns (give one value per column)")
-        target = out
-        if out is None or not out.flags.c_contiguous or out.dtype != a.dtype:
-            target = cp.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
-            if beta and out is not None:
-                target[...] = out
-            elif out is None:
-                beta = 0.0
-        kernel(a, b, target, alpha=alpha, beta=beta, bias=bias_c)
-        _record("cutlass", why, config=kernel.config.id if kernel.config else None,
-                epilogue=epilogue.name)
-        if out is not None and target is not out:
-            out[...] = target
-            return out
-        return target
-    if epilogue.fused:
-        return _fused(cp, a, b, out, alpha, beta, bias, activation, why)
-    y = cp.matmul(a, b)
-    if alpha != 1.0:
-        y *= alpha
-    if beta and out is not None:
-        y += beta * out
-    _record("cublas", why)
-    if out is not None:
-        out[...] = y
-        return out
-    return y
+    with cp.cuda.Device(a.device.index), torch_stream(a.device.index):
+        conv = cupy_of_torch
+        y = _call(conv(a), conv(b), None if out is None else conv(out), alpha, beta,
+                  conv(bias) if kind(bias) == "torch" else bias, activation, tf32)
+        return out if out is not None else torch_of(y)
 
 
-def _is_cupy(x: Any) -> bool:
-    return type(x).__module__.startswith("cupy")
+def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = None,
+                out: Any = None, alpha: float = 1.0, beta: float = 0.0,
+                tf32: bool = False) -> MatmulPlan:
+    """Choose once what computes ``activation(alpha * a @ b + beta * out + bias)`` for
+    operands like ``a`` and ``b``, and return it as a plan to call many times.
 
+    Parameters
+    ----------
+    a, b, bias, activation, out, alpha, beta, tf32
+        As for :func:`matmul`; ``a`` and ``b`` fix the shapes, strides and dtypes the
+        plan takes, ``out`` and ``bias`` are the defaults of its calls.
 
-def _dtype_issue(x: Any, name: str) -> str:
-    """Why ``x``'s dtype is not one :func:`matmul` computes in (``""`` when it is)."""
-    dtype = np.dtype(x.dtype)
-    if dtype.name in DTYPES:
-        return ""
-    return (f"matmul: {name} has dtype {dtype}; pl.matmul computes in {', '.join(DTYPES)} "
-            f"(mixed ones promote as in NumPy); cast it, e.g. {name}.astype(np.float32)")
+    Returns
+    -------
+    MatmulPlan
+        ``plan(a, b)`` runs the chosen kernel with only the shapes, strides and dtypes
+        checked; ``plan.choice`` and ``plan.explain()`` say what runs and why. With an
+        ``out`` a call allocates nothing and does not synchronise (CUDA-graph
+        capturable, after one uncaptured call); NumPy operands run with NumPy.
 
-
-def _result_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape of ``np.matmul`` of operands shaped ``a`` and ``b`` (checked to multiply)."""
-    batch = np.broadcast_shapes(a[:-2], b[:-2])
-    rows = a[-2:-1]
-    cols = b[-1:] if len(b) >= 2 else ()
-    return (*batch, *rows, *cols)
-
-
-def _check_inputs(a: Any, b: Any, out: Any, alpha: Any, beta: Any, bias: Any,
-                  activation: str | None) -> Any:
-    """Refuse what :func:`matmul` cannot compute correctly, with one clear error each.
-
-    Returns the bias as a vector of one value per output column (``None`` when none),
-    so that no path can broadcast it another way.
+    Raises
+    ------
+    PycLabError
+        As :func:`matmul`.
     """
-    if activation is not None and activation not in ACTIVATIONS:
-        raise PycLabError(f"matmul activation must be None or one of {ACTIVATIONS}, got "
-                          f"{activation!r}")
-    for name, x in (("a", a), ("b", b)):
-        if not hasattr(x, "dtype") or not hasattr(x, "shape") or getattr(x, "ndim", 0) < 1:
-            raise PycLabError(f"matmul takes arrays with at least one dimension; {name} is "
-                              f"{type(x).__name__}")
-    if _is_cupy(a) != _is_cupy(b):
-        raise PycLabError(f"matmul: a is a {'CuPy' if _is_cupy(a) else 'NumPy'} array and b "
-                          f"a {'CuPy' if _is_cupy(b) else 'NumPy'} one; give both on the "
-                          "same device (cupy.asarray or .get())")
-    for name, x in (("a", a), ("b", b)):
-        issue = _dtype_issue(x, name)
-        if issue:
-            raise PycLabError(issue)
-    if a.shape[-1] != b.shape[0 if b.ndim == 1 else -2]:
-        raise PycLabError(f"matmul: a {tuple(a.shape)} and b {tuple(b.shape)} do not "
-                          "multiply (inner dimensions differ)")
+    if kind(a) == "torch":
+        if kind(b) != "torch":
+            raise PycLabError("matmul_plan: give a and b both as torch tensors")
+        if a.is_cuda:
+            import cupy as cp
+
+            with cp.cuda.Device(a.device.index), torch_stream(a.device.index):
+                inner = matmul_plan(cupy_of_torch(a), cupy_of_torch(b),
+                                    bias=cupy_of_torch(bias) if kind(bias) == "torch" else bias,
+                                    activation=activation,
+                                    out=None if out is None else cupy_of_torch(out),
+                                    alpha=alpha, beta=beta, tf32=tf32)
+        else:
+            inner = matmul_plan(numpy_of_torch(a), numpy_of_torch(b),
+                                bias=numpy_of_torch(bias) if kind(bias) == "torch" else bias,
+                                activation=activation,
+                                out=None if out is None else numpy_of_torch(out),
+                                alpha=alpha, beta=beta, tf32=tf32)
+        return MatmulPlan(inner._launch, "torch", inner._sig, out, bias, inner.shape,
+                          inner.dtype)
+    bias = check_inputs(a, b, out, alpha, beta, bias, activation, ACTIVATIONS)
+    if bias is not None and kind(a) == "cupy" and kind(bias) != "cupy":
+        import cupy as cp
+
+        bias = cp.asarray(bias)
     try:
-        shape = _result_shape(tuple(a.shape), tuple(b.shape))
-    except ValueError:
-        raise PycLabError(f"matmul: the batch dimensions of a {tuple(a.shape)} and b "
-                          f"{tuple(b.shape)} do not broadcast") from None
-    result = np.result_type(a.dtype, b.dtype)
-    for name, value in (("alpha", alpha), ("beta", beta)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(
-                value, (int, float, np.integer, np.floating)):
-            raise PycLabError(f"matmul {name} must be a real number, got {value!r}")
-    if out is not None:
-        if not hasattr(out, "dtype") or tuple(getattr(out, "shape", ())) != shape or \
-                _is_cupy(out) != _is_cupy(a):
-            raise PycLabError(f"matmul: out must be a {'CuPy' if _is_cupy(a) else 'NumPy'} "
-                              f"array of shape {shape} (the product's), got "
-                              f"{type(out).__name__} {tuple(getattr(out, 'shape', ()))}")
-        if np.dtype(out.dtype).name not in DTYPES or \
-                not np.can_cast(result, out.dtype, casting="same_kind"):
-            raise PycLabError(f"matmul: out has dtype {out.dtype}; the product is {result}, "
-                              f"so out must be one of {', '.join(DTYPES)}")
-    if bias is None:
-        return None
-    return _check_bias(a, b, bias, result)
-
-
-def _check_bias(a: Any, b: Any, bias: Any, result: np.dtype) -> Any:
-    """``bias`` as one value per output column, or a clear error."""
-    if _is_cupy(bias) and not _is_cupy(a):
-        raise PycLabError("matmul: bias is a CuPy array but a and b are NumPy arrays; give "
-                          "a NumPy bias (bias.get())")
-    if not hasattr(bias, "dtype") or not hasattr(bias, "reshape"):
-        bias = np.asarray(bias)
-    columns = b.shape[-1] if b.ndim >= 2 else None
-    if columns is None:
-        raise PycLabError("matmul: a bias needs b with at least two dimensions (one value "
-                          "per output column); b is a vector")
-    dtype = np.dtype(bias.dtype)
-    if dtype.kind not in "biuf" or not np.can_cast(dtype, result, casting="same_kind"):
-        raise PycLabError(f"matmul: bias has dtype {dtype}, which cannot be added to a "
-                          f"{result} product without changing its kind; give a real "
-                          f"floating bias, e.g. bias.astype(np.{result})")
-    shape = tuple(bias.shape)
-    if not shape or shape[-1] != columns or int(np.prod(shape)) != columns:
-        raise PycLabError(f"matmul: bias of shape {shape} for an output of {columns} "
-                          f"columns; give one value per column, shape ({columns},)")
-    return bias.reshape(-1)
-
-
-def _epilogue(xp: Any, y: Any, bias: Any, activation: str | None) -> Any:
-    """Bias and activation with NumPy or CuPy (``xp``)."""
-    if bias is not None:
-        y = y + bias
-    if activation == "relu":
-        y = xp.maximum(y, 0)
-    elif activation == "gelu":
-        y = 0.5 * y * (1 + xp.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
-    elif activation == "silu":
-        y = y / (1 + xp.exp(-y))
-    return y
-
-
-def _fused(cp: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
-           activation: str | None, why_cutlass: str) -> Any:
-    from . import cublaslt
-
-    why = cublaslt.why_not(tuple(a.shape), tuple(b.shape), a.dtype, b.dtype, a.dtype,
-                           tuple(bias.shape) if bias is not None else None,
-                           bias.dtype if bias is not None else None, activation)
-    if not why and alpha == 1.0 and not (beta and out is not None):
-        target = out if out is not None and out.flags.c_contiguous else \
-            cp.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
-        key = ("lt", bias is not None, activation)
-        with _LOCK:
-            gemm = _KERNELS.get(key)
-            if gemm is None:
-                gemm = _KERNELS[key] = cublaslt.FusedGemm(activation, bias is not None)
-        gemm(a, b, target, None if bias is None else cp.ascontiguousarray(bias).reshape(-1))
-        _record("cublaslt", f"bias/activation in cuBLASLt's epilogue "
-                            f"({cublaslt.EPILOGUES[(bias is not None, activation)]}); "
-                            f"not CUTLASS: {why_cutlass}")
-        if out is not None and target is not out:
-            out[...] = target
-            return out
-        return target
-    y = alpha * cp.matmul(a, b)
-    if beta and out is not None:
-        y = y + beta * out
-    y = _epilogue(cp, y, bias, activation)
-    _record("cublas", f"cuBLAS and CuPy for the epilogue ({why or 'alpha/beta given'}); "
-                      f"not CUTLASS: {why_cutlass}")
-    if out is not None:
-        out[...] = y
-        return out
-    return y.astype(a.dtype, copy=False)
+        key: tuple | None = _signature(a, b, out, alpha, beta, bias, activation, tf32)
+        hash(key)
+    except TypeError:  # e.g. a scale of an unhashable number type
+        key = None
+    launch = _launch_for(a, b, out, alpha, beta, bias, activation, tf32, key)
+    sig = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype)
+    return MatmulPlan(launch, kind(a), sig, out, bias, result_shape(tuple(a.shape),
+                                                                    tuple(b.shape)),
+                      result_dtype(dtype_name(a.dtype), dtype_name(b.dtype)))

@@ -142,15 +142,18 @@ def test_the_default_lookup_asks_the_tuning_database(tmp_path, monkeypatch):
     monkeypatch.setattr(matmul, "device_key", lambda index=0: (device, 90, 132))
     cfg = GemmConfig((256, 128, 64), (2, 1, 1), "TmaWarpSpecializedCooperative",
                      "TmaWarpSpecializedCooperative", "Default")
-    with tuning_db.TuningDB() as db:
-        db.record(device, tuning_db.ProblemKey("gemm_bias_gelu", "f16", "f16", "f16", "tn",
-                                               4096, 4096, 1024),
-                  tuning_db.Measurement(cfg.to_dict(), "ok", 0.1))
+    problem = tuning_db.ProblemKey("gemm_bias_gelu", "f16", "f16", "f16", "tn", 4096, 4096, 1024)
+    with tuning_db.TuningDB() as db:  # the tuned kernel beat the library in its run
+        db.record_many(device, problem, [
+            tuning_db.Measurement(cfg.to_dict(), "ok", 0.1),
+            tuning_db.Measurement({"baseline": "cublas"}, "baseline", 0.2),
+            tuning_db.Measurement({"baseline": "cublaslt"}, "baseline", 0.15)], run_id="r1")
     g, node = matmul_graph((4096, 1024), (4096, 1024), bias=(4096,), act="gelu",
                            transpose_b=True)
     assert policy.tuned_lookup(node, g) is None  # no GPU here: never asks
     monkeypatch.setattr(gpu, "cupy_status", lambda: (object(), "ok"))
-    assert policy.tuned_lookup(node, g) == f"{cfg.id} (exact match (4096x4096x1024))"
+    assert policy.tuned_lookup(node, g).startswith(f"{cfg.id} (exact match (4096x4096x1024): "
+                                                   "tuned kernel 0.100 ms beat")
     g2, near = matmul_graph((3000, 1024), (4096, 1024), bias=(4096,), act="gelu",
                             transpose_b=True)
     assert "bucket match (4096x4096x1024)" in policy.tuned_lookup(near, g2)
@@ -158,6 +161,14 @@ def test_the_default_lookup_asks_the_tuning_database(tmp_path, monkeypatch):
     assert policy.tuned_lookup(plain, g3) is None  # tuned with the epilogue only
     d = decision(g, node)
     assert (d.choice, d.reason) == ("cutlass", "CUTLASS_TUNED")
+    # an entry that lost to the library in its tuning run is never chosen
+    with tuning_db.TuningDB() as db:
+        db.record_many(device, tuning_db.ProblemKey("gemm", "f16", "f16", "f16", "tn",
+                                                    4096, 4096, 1024), [
+            tuning_db.Measurement(cfg.to_dict(), "ok", 0.3),
+            tuning_db.Measurement({"baseline": "cublas"}, "baseline", 0.2)], run_id="r2")
+    matmul.forget()
+    assert policy.tuned_lookup(plain, g3) is None
 
 
 @pytest.mark.parametrize("args, why", [

@@ -75,7 +75,7 @@ def test_dtypes_it_does_not_compute_in_are_refused(rng, da, db):
     b = rng.uniform(-1, 1, (6, 2)).astype(db)
     bad = "a" if da not in pl.kernels.matmul.DTYPES else "b"
     with pytest.raises(PycLabError, match=rf"matmul: {bad} has dtype .*; pl.matmul computes "
-                                          r"in float16, float32, float64"):
+                                          r"in float16, bfloat16, float32, float64"):
         pl.matmul(a, b)
     with pytest.raises(PycLabError, match=rf"{bad} has dtype"):
         pl.matmul(FakeCupyArray((4, 6), da), FakeCupyArray((6, 2), db))

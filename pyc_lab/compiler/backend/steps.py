@@ -315,12 +315,12 @@ class _CutlassStep(_Step):
         self.bias_node: Node | None = None
 
     def prepare(self, exe: Executor) -> None:
-        from ...kernels.matmul import tuned_kernel
+        from ...kernels.matmul import winning_kernel
 
         self.fallback.prepare(exe)
         if len(self.node.inputs) == 3:
             self.bias_node = exe.graph.node(self.node.inputs[2])
-        self.kernel, self.why = tuned_kernel(*self.problem)
+        self.kernel, self.why, _ = winning_kernel(*self.problem)
         if self.kernel is None:
             log.warning("node %%%d (matmul): tuned CUTLASS kernel not used: %s; %s instead",
                         self.node.id, self.why, self.fallback.describe.get("implementation"))

@@ -28,9 +28,10 @@ from typing import Any
 
 from ...errors import DeviceUnavailableError, PycLabError
 
-__all__ = ["ACTIVATIONS", "ALIGNMENTS", "DTYPES", "LAYOUTS", "Epilogue", "GemmConfig",
-           "check_dtype_layout", "configurations", "live_configurations", "problem_issue",
-           "prune", "rank", "score"]
+__all__ = ["ACTIVATIONS", "ALIGNMENTS", "DECOMPOSITIONS", "DTYPES", "LAYOUTS", "RASTERS",
+           "Epilogue", "GemmConfig", "check_dtype_layout", "config_issue",
+           "configurations", "live_configurations", "problem_alignment", "problem_issue",
+           "prune", "rank", "score", "swapped_layout"]
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +108,41 @@ class Epilogue:
         return f"{ns}LinCombEltAct<{ACTIVATIONS[self.activation]}, {t}, float>"
 
 
+#: Raster orders of the persistent tile scheduler (``RasterOrderOptions``).
+RASTERS = ("Heuristic", "AlongM", "AlongN")
+#: Work decompositions of the Stream-K tile scheduler (``DecompositionMode``).
+DECOMPOSITIONS = ("Heuristic", "DataParallel", "SplitK", "StreamK")
+
+
 @dataclass(frozen=True)
 class GemmConfig:
-    """One CUTLASS kernel configuration (what ``tile_descriptions()`` lists).
+    """One CUTLASS kernel configuration (what ``tile_descriptions()`` lists, and variants).
 
     ``tile`` is the threadblock shape as ``cutlass_cppgen`` states it (M x N x K of the
     whole cluster's work); ``cta_tile`` is what one CTA computes.
+
+    The fields after ``tile_scheduler`` widen the space beyond ``cutlass_cppgen``'s list
+    (their defaults are the plain kernel, so that configurations recorded before they
+    existed keep their dicts and ids):
+
+    ``alignment``
+        Elements per global access of A, B and C; ``0`` is the dtype's 16-byte default
+        (:data:`ALIGNMENTS`). Lower alignments (2 or 4 for 2-byte dtypes) take rows whose
+        length is not a multiple of 8; they need a cp.async mainloop and a no-smem
+        epilogue (TMA needs 16-byte strides).
+    ``raster``, ``swizzle``
+        The persistent tile scheduler's raster order (:data:`RASTERS`) and maximum
+        swizzle (1, 2, 4 or 8 tiles): which output tiles run together, for L2 reuse.
+    ``splits``, ``decomposition``
+        The Stream-K scheduler's work split (:data:`DECOMPOSITIONS`): ``"SplitK"`` with
+        ``splits`` pieces of K per tile, ``"StreamK"``, ``"DataParallel"`` or the
+        scheduler's own ``"Heuristic"`` (data-parallel / Stream-K hybrid).
+    ``swap``
+        Compute ``C^T = B^T A^T``: the kernel's M runs along the problem's N, so a
+        small-M (GEMV-like) problem maps its long dimension onto the tiles and its short
+        one onto a narrow N tile. The kernel writes a column-major ``C^T``, which is the
+        row-major ``C``; :class:`~pyc_lab.kernels.cutlass.launch.CutlassGemm` swaps the
+        operands itself, so callers see an ordinary ``a @ b``.
     """
 
     tile: tuple[int, int, int]
@@ -120,6 +150,33 @@ class GemmConfig:
     kernel_schedule: str
     epilogue_schedule: str
     tile_scheduler: str
+    alignment: int = 0
+    raster: str = "Heuristic"
+    swizzle: int = 1
+    splits: int = 1
+    decomposition: str = "Heuristic"
+    swap: bool = False
+
+    def __post_init__(self) -> None:
+        if self.alignment not in (0, 1, 2, 4, 8):
+            raise PycLabError(f"GemmConfig alignment={self.alignment!r}: give 0 (the dtype's "
+                              "default), 1, 2, 4 or 8 elements")
+        if self.raster not in RASTERS:
+            raise PycLabError(f"GemmConfig raster={self.raster!r}: give one of {RASTERS}")
+        if self.swizzle not in (1, 2, 4, 8):
+            raise PycLabError(f"GemmConfig swizzle={self.swizzle!r}: give 1, 2, 4 or 8")
+        if self.decomposition not in DECOMPOSITIONS:
+            raise PycLabError(f"GemmConfig decomposition={self.decomposition!r}: give one of "
+                              f"{DECOMPOSITIONS}")
+        if (isinstance(self.splits, bool) or not isinstance(self.splits, int)
+                or not 1 <= self.splits <= 64):
+            raise PycLabError(f"GemmConfig splits={self.splits!r}: give a whole number 1..64")
+        stream_k_only = self.splits > 1 or self.decomposition != "Heuristic"
+        if stream_k_only and self.tile_scheduler != "StreamK":
+            raise PycLabError(f"GemmConfig splits/decomposition need the StreamK tile "
+                              f"scheduler, not {self.tile_scheduler}")
+        if self.decomposition == "SplitK" and self.splits < 2:
+            raise PycLabError("GemmConfig decomposition 'SplitK' needs splits >= 2")
 
     @property
     def cta_tile(self) -> tuple[int, int, int]:
@@ -127,30 +184,67 @@ class GemmConfig:
         return (self.tile[0] // self.cluster[0], self.tile[1] // self.cluster[1], self.tile[2])
 
     @property
+    def base(self) -> GemmConfig:
+        """The same kernel schedule and tile without the variant fields (what
+        ``cutlass_cppgen`` lists, or the narrow tile's schedule template)."""
+        return GemmConfig(self.tile, self.cluster, self.kernel_schedule,
+                          self.epilogue_schedule, self.tile_scheduler)
+
+    @property
+    def is_variant(self) -> bool:
+        """Whether any field beyond ``cutlass_cppgen``'s five is set."""
+        return self != self.base
+
+    @property
     def id(self) -> str:
-        """A short readable name, e.g. ``128x256x64_c2x1x1_Cooperative_TmaCoop_Default``."""
+        """A short readable name, e.g. ``128x256x64_c2x1x1_Cooperative_TmaCoop_Default``
+        (variants append ``_a2``, ``_rAlongN``, ``_sw4``, ``_SplitK4``, ``_swap``)."""
         def short(s: str) -> str:
             return (s.replace("TmaWarpSpecialized", "Tma").replace("WarpSpecialized", "WS")
                     .replace("Cooperative", "Coop").replace("Schedule", ""))
-        return (f"{'x'.join(map(str, self.tile))}_c{'x'.join(map(str, self.cluster))}_"
+        name = (f"{'x'.join(map(str, self.tile))}_c{'x'.join(map(str, self.cluster))}_"
                 f"{short(self.kernel_schedule)}_{short(self.epilogue_schedule)}_"
                 f"{self.tile_scheduler}")
+        if self.alignment:
+            name += f"_a{self.alignment}"
+        if self.raster != "Heuristic":
+            name += f"_r{self.raster}"
+        if self.swizzle != 1:
+            name += f"_sw{self.swizzle}"
+        if self.decomposition != "Heuristic":
+            name += f"_{self.decomposition}" + (str(self.splits) if self.splits > 1 else "")
+        elif self.splits > 1:
+            name += f"_splits{self.splits}"
+        if self.swap:
+            name += "_swap"
+        return name
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (the tuning database's config)."""
-        return {"tile": list(self.tile), "cluster": list(self.cluster),
-                "kernel_schedule": self.kernel_schedule,
-                "epilogue_schedule": self.epilogue_schedule,
-                "tile_scheduler": self.tile_scheduler}
+        """JSON-able form (the tuning database's config); variant fields only when set."""
+        d: dict[str, Any] = {"tile": list(self.tile), "cluster": list(self.cluster),
+                             "kernel_schedule": self.kernel_schedule,
+                             "epilogue_schedule": self.epilogue_schedule,
+                             "tile_scheduler": self.tile_scheduler}
+        for name, default in _VARIANT_DEFAULTS.items():
+            value = getattr(self, name)
+            if value != default:
+                d[name] = value
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GemmConfig:
         """Inverse of :meth:`to_dict`."""
         try:
+            extra = {name: type(default)(d[name]) for name, default in _VARIANT_DEFAULTS.items()
+                     if name in d}
             return cls(tuple(d["tile"]), tuple(d["cluster"]), str(d["kernel_schedule"]),
-                       str(d["epilogue_schedule"]), str(d["tile_scheduler"]))
+                       str(d["epilogue_schedule"]), str(d["tile_scheduler"]), **extra)
         except (KeyError, TypeError, ValueError) as exc:
             raise PycLabError(f"not a CUTLASS GEMM config: {d!r} ({exc})") from None
+
+
+_VARIANT_DEFAULTS: dict[str, Any] = {"alignment": 0, "raster": "Heuristic", "swizzle": 1,
+                                     "splits": 1, "decomposition": "Heuristic", "swap": False}
 
 
 def _enum_name(value: Any) -> str:
@@ -171,7 +265,8 @@ _PLAN_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=16)
-def _plan(dtype: str, layout: str, cc: int) -> tuple[Any, dict[GemmConfig, Any]]:
+def _plan(dtype: str, layout: str, cc: int,
+          layout_c: str = "t") -> tuple[Any, dict[GemmConfig, Any]]:
     import numpy as np
 
     from .compat import prepare_offline
@@ -182,7 +277,7 @@ def _plan(dtype: str, layout: str, cc: int) -> tuple[Any, dict[GemmConfig, Any]]
     with _PLAN_LOCK:
         plan = c.op.Gemm(element=element, element_accumulator=np.float32,
                          layout_A=lay[layout[0]], layout_B=lay[layout[1]],
-                         layout_C=c.LayoutType.RowMajor, cc=cc)
+                         layout_C=lay[layout_c], cc=cc)
         if dtype == "f32":  # float32 on the CUDA cores (the default is TF32 tensor cores)
             plan.opclass = c.OpcodeClass.Simt
         tds = plan.tile_descriptions()
@@ -249,19 +344,63 @@ def configurations(dtype: str = "f16", layout: str = "tn", cc: int = 90) -> list
     return sorted(configs, key=lambda c: c.id)
 
 
-def problem_issue(m: int, n: int, k: int, layout: str, dtype: str = "f16") -> str:
-    """Why no ``dtype`` kernel here can take this problem (alignment, size), or ``""``."""
+#: Alignments (elements) a dtype's kernels may be built with, widest first: the 16-byte
+#: default, then the cp.async kernels' narrower ones (4-byte accesses at the least).
+LOWER_ALIGNMENTS = {"f16": (8, 4, 2), "bf16": (8, 4, 2), "tf32": (4, 2, 1), "f32": (1,)}
+_CP_ASYNC = ("CpAsyncWarpSpecialized", "CpAsyncWarpSpecializedCooperative",
+             "CpAsyncWarpSpecializedPingpong")
+
+
+def swapped_layout(layout: str) -> str:
+    """The layout of the swapped problem ``C^T = B^T A^T`` (``"tn"`` stays ``"tn"``)."""
+    flip = {"t": "n", "n": "t"}
+    return flip[layout[1]] + flip[layout[0]]
+
+
+def _contiguous(m: int, n: int, k: int, layout: str) -> dict[str, int]:
+    return {"A": k if layout[0] == "t" else m, "B": n if layout[1] == "t" else k, "C": n}
+
+
+def problem_alignment(m: int, n: int, k: int, layout: str, dtype: str = "f16") -> int:
+    """The widest alignment (elements) among :data:`LOWER_ALIGNMENTS` that every
+    contiguous extent of the problem is a multiple of, or 0 when none is."""
+    extents = _contiguous(m, n, k, layout).values()
+    return next((al for al in LOWER_ALIGNMENTS[dtype] if all(d % al == 0 for d in extents)), 0)
+
+
+def problem_issue(m: int, n: int, k: int, layout: str, dtype: str = "f16",
+                  alignment: int = 0) -> str:
+    """Why no ``dtype`` kernel of ``alignment`` elements (0: the dtype's 16-byte default)
+    can take this problem, or ``""``."""
     if min(m, n, k) <= 0:
         return f"empty problem {m}x{n}x{k}"
-    contiguous = {"A": k if layout[0] == "t" else m, "B": n if layout[1] == "t" else k,
-                  "C": n}
-    align = ALIGNMENTS[dtype]
-    bad = [f"{op} ({d})" for op, d in contiguous.items() if d % align]
+    align = alignment or ALIGNMENTS[dtype]
+    bad = [f"{op} ({d})" for op, d in _contiguous(m, n, k, layout).items() if d % align]
     if bad:
         return (f"the contiguous extent of {', '.join(bad)} is not a multiple of "
-                f"{align} (the {dtype} kernels need 16-byte aligned rows)")
+                f"{align} (the {dtype} kernels of alignment {align} need rows of "
+                f"{align * (2 if dtype in ('f16', 'bf16') else 4)}-byte multiples)")
     if max(m, n, k) >= 2**31:
         return "a dimension of 2**31 or more"
+    return ""
+
+
+def config_issue(cfg: GemmConfig, m: int, n: int, k: int, layout: str = "tn",
+                 dtype: str = "f16", epilogue: Epilogue | None = None) -> str:
+    """Why ``cfg`` cannot run an ``m x n x k`` problem (alignment, variant rules), or ``""``.
+
+    The problem-independent rules of the variants: a lower alignment needs a cp.async
+    mainloop and the no-smem epilogue; a swapped kernel cannot fuse a per-column bias.
+    """
+    issue = problem_issue(m, n, k, layout, dtype, cfg.alignment)
+    if issue:
+        return issue
+    if cfg.alignment and cfg.alignment < ALIGNMENTS[dtype] and (
+            cfg.kernel_schedule not in _CP_ASYNC or cfg.epilogue_schedule in _TMA_EPILOGUES):
+        return (f"alignment {cfg.alignment} needs a cp.async mainloop and a no-smem "
+                "epilogue (TMA needs 16-byte strides)")
+    if cfg.swap and epilogue is not None and epilogue.bias:
+        return "a swapped kernel cannot fuse a per-column bias"
     return ""
 
 
@@ -273,10 +412,12 @@ def prune(configs: Iterable[GemmConfig], m: int, n: int, k: int, layout: str = "
     Stream-K tile-scheduler candidates are opt-in (``stream_k=True``): on the shapes
     benchmarked (``benchmarks/results/h200/gemm-streamk.json``) every one ran correctly
     but slower than the best data-parallel tile, so by default they only cost tuning
-    time.
+    time. (The wider space of :func:`pyc_lab.kernels.tuning.gemm_space.problem_configs`
+    adds split-K and Stream-K variants where the problem's shape calls for them.)
 
     A fused ``epilogue`` (bias and/or activation) keeps only the TMA epilogue schedules,
-    the ones CUTLASS's epilogue fusion runs on.
+    the ones CUTLASS's epilogue fusion runs on. A swapped configuration (``swap``) is
+    judged on the swapped problem (``n x m``).
 
     Returns
     -------
@@ -285,21 +426,21 @@ def prune(configs: Iterable[GemmConfig], m: int, n: int, k: int, layout: str = "
     """
     kept: list[GemmConfig] = []
     dropped: dict[str, str] = {}
-    issue = problem_issue(m, n, k, layout, dtype)
     fused = epilogue is not None and epilogue.fused
     for cfg in configs:
         cm, cn, _ck = cfg.cta_tile
-        why = issue
-        if not why and not stream_k and cfg.tile_scheduler == "StreamK":
+        pm, pn = (n, m) if cfg.swap else (m, n)
+        why = config_issue(cfg, m, n, k, layout, dtype, epilogue)
+        if not why and not stream_k and cfg.tile_scheduler == "StreamK" and not cfg.is_variant:
             why = "Stream-K candidates are opt-in (stream_k=True)"
         if not why and fused and cfg.epilogue_schedule not in _TMA_EPILOGUES:
             why = (f"a fused {epilogue.name} epilogue needs a TMA epilogue schedule "
                    f"({cfg.epilogue_schedule} has none)")
         if not why and "Cooperative" in cfg.kernel_schedule and cm < 128:
             why = "a Cooperative kernel needs a CTA tile of at least 128 along M"
-        if not why and (cm > 2 * max(m, 64) or cn > 2 * max(n, 64)):
-            why = f"CTA tile {cm}x{cn} is far larger than the {m}x{n} output"
-        if not why and ((cfg.cluster[0] > 1 and m <= cm) or (cfg.cluster[1] > 1 and n <= cn)):
+        if not why and (cm > 2 * max(pm, 64) or cn > 2 * max(pn, 64)):
+            why = f"CTA tile {cm}x{cn} is far larger than the {pm}x{pn} output"
+        if not why and ((cfg.cluster[0] > 1 and pm <= cm) or (cfg.cluster[1] > 1 and pn <= cn)):
             why = "a cluster larger than the problem's tiles along that dimension"
         if why:
             dropped[cfg.id] = why
@@ -317,11 +458,13 @@ def score(cfg: GemmConfig, m: int, n: int, k: int, sm_count: int) -> float:
     epilogue prior (TMA epilogues before the no-shared-memory one).
     """
     cm, cn, _ = cfg.cta_tile
-    tiles = math.ceil(m / cm) * math.ceil(n / cn)
-    waves = tiles / sm_count
-    eff = tiles / (math.ceil(waves) * sm_count) if tiles else 0.0
-    if cfg.tile_scheduler == "StreamK":
-        eff = max(eff, 0.9 if waves >= 1 else eff)
+    if cfg.swap:
+        m, n = n, m
+    units = math.ceil(m / cm) * math.ceil(n / cn) * max(1, cfg.splits)
+    waves = units / sm_count
+    eff = units / (math.ceil(waves) * sm_count) if units else 0.0
+    if cfg.tile_scheduler == "StreamK" and cfg.decomposition in ("Heuristic", "StreamK"):
+        eff = max(eff, 0.9 if waves >= 1 else min(1.0, 2 * eff))
     intensity = (cm * cn / (cm + cn)) / (128 * 256 / (128 + 256))
     waste = (m * n) / (math.ceil(m / cm) * cm * math.ceil(n / cn) * cn)
     prior = {"TmaWarpSpecializedCooperative": 1.0, "TmaWarpSpecializedPingpong": 1.0,
@@ -330,7 +473,10 @@ def score(cfg: GemmConfig, m: int, n: int, k: int, sm_count: int) -> float:
     # which costs most when K is short and the store is a large share of the work
     epi = {"TmaWarpSpecialized": 1.0, "TmaWarpSpecializedCooperative": 1.0,
            "ScheduleAuto": 0.95}.get(cfg.epilogue_schedule, 0.85)
-    return eff * min(intensity, 1.2) * waste * prior * epi
+    narrow = 0.7 if cfg.alignment else 1.0  # cp.async loads, narrower accesses
+    # splitting K costs a reduction through the workspace
+    split = 0.85 if cfg.splits > 1 or cfg.decomposition == "StreamK" else 1.0
+    return eff * min(intensity, 1.2) * waste * prior * epi * narrow * split
 
 
 def rank(configs: Iterable[GemmConfig], m: int, n: int, k: int,

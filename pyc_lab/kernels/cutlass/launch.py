@@ -64,7 +64,9 @@ class CutlassGemm:
     Notes
     -----
     ``gemm(a, b, out, bias=...)`` computes ``out = act(alpha * a @ b + beta * c + bias)``
-    for ``a`` (M x K) and ``b`` (K x N) whose memory order matches ``layout``. The first
+    for ``a`` (M x K) and ``b`` (K x N) whose memory order matches ``layout``. A swapped
+    configuration (``config.swap``) runs ``C^T = B^T A^T``: the problem and operands are
+    handed to the kernel swapped, here, so callers see an ordinary ``a @ b``. The first
     call with a set of pointers binds them (``initialize``: TMA descriptors, workspace);
     later calls with the same pointers only launch.
     """
@@ -98,8 +100,15 @@ class CutlassGemm:
         """CUTLASS's procedural name of the kernel."""
         return self._lib.pyc_kernel_name().decode()
 
+    @property
+    def swapped(self) -> bool:
+        """Whether the kernel computes the swapped problem ``C^T = B^T A^T``."""
+        return self.config is not None and self.config.swap
+
     def can_implement(self, m: int, n: int, k: int) -> bool:
         """Whether the kernel accepts an ``m x n x k`` problem."""
+        if self.swapped:
+            m, n = n, m
         return self._lib.pyc_can_implement(m, n, k) == 0
 
     def _check(self, a: Any, b: Any, out: Any, bias: Any) -> tuple[int, int, int]:
@@ -140,13 +149,15 @@ class CutlassGemm:
         import cupy as cp
 
         m, n, k = self._check(a, b, out, bias)
-        ws = int(self._lib.pyc_workspace_size(m, n, k, self.sm_count))
+        km, kn, pa, pb = (n, m, b.data.ptr, a.data.ptr) if self.swapped else \
+            (m, n, a.data.ptr, b.data.ptr)
+        ws = int(self._lib.pyc_workspace_size(km, kn, k, self.sm_count))
         if self._workspace is None or self._workspace.nbytes < ws:
             self._workspace = cp.empty(max(ws, 1), dtype=cp.uint8)
         s = stream if stream is not None else cp.cuda.get_current_stream()
         c_ptr = (c if c is not None else out).data.ptr
         bias_ptr = bias.data.ptr if bias is not None else None
-        st = self._lib.pyc_initialize(self._handle, m, n, k, a.data.ptr, b.data.ptr, c_ptr,
+        st = self._lib.pyc_initialize(self._handle, km, kn, k, pa, pb, c_ptr,
                                       out.data.ptr, float(alpha), float(beta), bias_ptr,
                                       self._workspace.data.ptr, self.sm_count, s.ptr)
         if st != 0:

@@ -58,8 +58,13 @@ def autotune_gemm(m: int, n: int, k: int, *, options: GemmTuneOptions | None = N
                   restrict: Callable[[GemmConfig], bool] | None = None,
                   db: TuningDB | None = None, cache: Any = None,
                   observer: RowObserver | None = None, stop: threading.Event | None = None,
-                  **settings: Any) -> TuneResult:
+                  builds: Any = None, **settings: Any) -> TuneResult:
     """Tune a CUTLASS GEMM for ``m x n x k`` on this GPU and record the result.
+
+    The libraries (cuBLAS, cuBLASLt, torch) are measured in the same run and recorded as
+    ``"baseline"`` rows; ``result.winner`` is the fastest of all (a CUTLASS
+    configuration or a library) and ``result.speedup`` the best CUTLASS time against
+    the best library's.
 
     Parameters
     ----------
@@ -77,11 +82,14 @@ def autotune_gemm(m: int, n: int, k: int, *, options: GemmTuneOptions | None = N
         message, built / total) — for progress bars and live charts.
     stop
         Set it to stop after the candidate being measured (a Stop button).
+    builds
+        A :class:`~pyc_lab.kernels.tuning.builds.SharedBuilds` shared with other
+        problems (what :func:`~pyc_lab.kernels.tuning.many.autotune_many` passes).
     **settings
         Any field of :class:`~pyc_lab.kernels.tuning.options.GemmTuneOptions`, over
         ``options``: ``dtype``, ``layout``, ``strategy``, ``budget_s``,
         ``max_candidates``, ``repeats``, ``seed``, ``workers``, ``hang_s``, ``bias``,
-        ``activation``, ``stream_k``.
+        ``activation``, ``stream_k``, ``wide``.
 
     Returns
     -------
@@ -97,7 +105,7 @@ def autotune_gemm(m: int, n: int, k: int, *, options: GemmTuneOptions | None = N
     opts = GemmTuneOptions.resolve(options, settings)
     m, n, k = check_problem(m, n, k, "autotune_gemm")
     t_start = time.perf_counter()
-    runner = GemmRunner(m, n, k, opts, restrict=restrict, cache=cache)
+    runner = GemmRunner(m, n, k, opts, restrict=restrict, cache=cache, builds=builds)
     result = _search(runner, opts, observer, stop)
     measurements = runner.measurements()
     best = runner.measurement(result.best.candidate) if result.best is not None else None

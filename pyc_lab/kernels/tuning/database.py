@@ -389,6 +389,39 @@ class TuningDB:
             return None
         return LookupResult(measurement, matched, "bucket", _log_distance(shape, nearest))
 
+    def baselines(self, device: DeviceKey, problem: ProblemKey,
+                  run_id: str | None = None) -> dict[str, float]:
+        """The library times stored beside a problem's candidates (``"baseline"`` rows).
+
+        Parameters
+        ----------
+        device, problem
+            The key.
+        run_id
+            Only that tuning run's baselines (the run a winner was measured in); without
+            it, each library's fastest over all runs.
+
+        Returns
+        -------
+        dict
+            ``library -> time_ms`` (``{"cublas": 0.398, "torch": 0.401}``); empty if none.
+        """
+        key = _key_values(device, problem)
+        sql = (f"SELECT config, MIN(time_ms) AS ms FROM measurements WHERE {_where(_KEY_COLS)} "
+               "AND status = 'baseline' AND time_ms IS NOT NULL"
+               + (" AND run_id = ?" if run_id is not None else "") + " GROUP BY config")
+        params = (*key, run_id) if run_id is not None else key
+
+        def read(conn: sqlite3.Connection) -> dict[str, float]:
+            out: dict[str, float] = {}
+            for row in conn.execute(sql, params):
+                name = json.loads(row["config"]).get("baseline")
+                if isinstance(name, str):
+                    out[name] = float(row["ms"])
+            return out
+
+        return self._file.call(read)
+
     def measurements(self, device: DeviceKey | None = None,
                      problem: ProblemKey | None = None) -> list[TuningRecord]:
         """Stored rows, oldest first, optionally for one device and/or one problem."""

@@ -20,7 +20,7 @@ from ...errors import PycLabError
 from ..cutlass.config import Epilogue
 
 __all__ = ["TOLERANCE", "apply_epilogue", "as_float32", "bias_input", "cublaslt_baseline",
-           "gemm_inputs", "reference", "torch_baseline"]
+           "gemm_inputs", "nvmath_baseline", "reference", "torch_baseline"]
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +159,8 @@ def cublaslt_baseline(a: Any, b: Any, bias: Any, epi: Epilogue,
 
 
 def torch_baseline(a: Any, b: Any, dtype: str) -> Callable[[], Any] | None:
-    """``torch.matmul`` on the same f16 operands (``None`` for other dtypes or without
-    torch)."""
+    """``torch.matmul`` on the same f16 operands (``None`` for other dtypes — bf16's
+    cuBLAS baseline is torch.matmul already — or without torch)."""
     if dtype != "f16":
         return None
     try:
@@ -172,3 +172,25 @@ def torch_baseline(a: Any, b: Any, dtype: str) -> Callable[[], Any] | None:
         log.debug("torch baseline skipped: %s", exc)
         return None
     return lambda: ta @ tb
+
+
+def nvmath_baseline(a: Any, b: Any, dtype: str) -> Callable[[], Any] | None:
+    """cuBLASLt's plain ``a @ b`` through nvmath-python (planned once; its heuristic's
+    first algorithm), for f16 and bf16; ``None`` without nvmath-python (or torch, for
+    bf16, whose operands go to nvmath as torch tensors viewing the same memory)."""
+    if dtype not in ("f16", "bf16"):
+        return None
+    try:
+        from nvmath.linalg.advanced import Matmul
+
+        if dtype == "bf16":
+            import torch
+
+            a = torch.as_tensor(a, device="cuda").view(torch.bfloat16)
+            b = torch.as_tensor(b, device="cuda").view(torch.bfloat16)
+        mm = Matmul(a, b)
+        mm.plan()
+    except Exception as exc:  # nvmath (or torch) missing or refusing: no such baseline
+        log.info("no cuBLASLt (nvmath) baseline for %s: %s", dtype, exc)
+        return None
+    return mm.execute

@@ -13,7 +13,16 @@ For ``M x N x K`` in a dtype and layout, on this machine's GPU:
    dtype's tolerance rejects it, with the reason; correct ones are timed with
    :func:`pyc_lab.profiling.timing.benchmark` (CUDA events, L2 flushed, launch gaps
    kept out of the interval, median of ``fidelity`` runs);
-4. the libraries a user would call instead are timed the same way in the same run.
+4. the libraries a user would call instead are timed the same way in the same run and
+   recorded as ``"baseline"`` rows: ``cublas`` (``cupy.matmul``; ``torch.matmul`` for
+   bf16/tf32), ``cublaslt`` (cuBLASLt: the fused epilogue through
+   :mod:`~pyc_lab.kernels.cublaslt`, or for plain f16/bf16 GEMMs through nvmath-python)
+   and ``torch`` (f16, when installed). The run's winner is the fastest of the CUTLASS
+   candidates and these (:attr:`TuneResult.winner
+   <pyc_lab.kernels.tuning.result.TuneResult.winner>`).
+
+Builds can come from a :class:`~pyc_lab.kernels.tuning.builds.SharedBuilds` (several
+problems tuned together share one pool and build an identical kernel once).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from ...hardware.device import require_cupy
 from ...profiling.timing import benchmark
 from ...search import Outcome, SearchSpace, StopSearch
 from ...units import gemm_flops, tflops
-from ..cutlass.config import GemmConfig, configurations, problem_issue, prune, rank
+from ..cutlass.config import GemmConfig, problem_alignment, problem_issue
 from ..cutlass.launch import CutlassGemm
 from ..cutlass.nvcc import BuildResult, build_many
 from .gemm_reference import (
@@ -38,14 +47,15 @@ from .gemm_reference import (
     bias_input,
     cublaslt_baseline,
     gemm_inputs,
+    nvmath_baseline,
     reference,
     torch_baseline,
 )
-from .gemm_space import config_of, gemm_space
+from .gemm_space import config_of, gemm_space, problem_configs
 from .keys import DeviceKey, Measurement, ProblemKey, device_key
 from .options import GemmTuneOptions
 
-__all__ = ["GemmRunner"]
+__all__ = ["GemmRunner", "candidates_for"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,21 @@ def gpu_ms(fn: Callable[[], Any], repeats: int) -> float:
     timing = benchmark(fn, repeats=max(2, repeats), warmup=2, flush_l2=True, spin=True,
                        gpu=True)
     return float(timing.gpu_median_s) * 1e3
+
+
+def candidates_for(m: int, n: int, k: int, options: GemmTuneOptions, cc: int, sm_count: int,
+                   restrict: Callable[[GemmConfig], bool] | None = None
+                   ) -> tuple[list[GemmConfig], dict[str, str]]:
+    """The configurations a tuning of ``m x n x k`` builds and may evaluate: the
+    problem's space (:func:`~pyc_lab.kernels.tuning.gemm_space.problem_configs`),
+    ``restrict`` applied, cut to ``options.max_candidates``; and the dropped ones."""
+    ranked, dropped = problem_configs(m, n, k, options.dtype, options.layout, cc, sm_count,
+                                      options.epilogue, options.stream_k, options.wide)
+    if restrict is not None:
+        ranked = [c for c in ranked if restrict(c)]
+    if options.max_candidates is not None:
+        ranked = ranked[:options.max_candidates]
+    return ranked, dropped
 
 
 class GemmRunner:
@@ -70,6 +95,9 @@ class GemmRunner:
         ``restrict(config) -> bool``: only configurations it accepts are considered.
     cache
         The kernel cache builds go to (the user's by default).
+    builds
+        A :class:`~pyc_lab.kernels.tuning.builds.SharedBuilds` to take builds from
+        (shared with other problems); by default this runner starts its own.
 
     Attributes
     ----------
@@ -91,11 +119,14 @@ class GemmRunner:
 
     def __init__(self, m: int, n: int, k: int, options: GemmTuneOptions, *,
                  restrict: Callable[[GemmConfig], bool] | None = None,
-                 cache: Any = None) -> None:
+                 cache: Any = None, builds: Any = None) -> None:
         cp = require_cupy("autotune_gemm")
         opts = options
         epi = opts.epilogue
-        issue = problem_issue(m, n, k, opts.layout, opts.dtype)
+        align = problem_alignment(m, n, k, opts.layout, opts.dtype)
+        issue = (problem_issue(m, n, k, opts.layout, opts.dtype, align) if align else
+                 "contiguous extents with no common alignment of 2 elements or more "
+                 "(the narrowest kernels here)")
         if issue:
             raise PycLabError(f"autotune_gemm {m}x{n}x{k} {opts.layout}: {issue}; "
                               "pyc_lab.matmul uses cuBLAS for such shapes")
@@ -110,13 +141,7 @@ class GemmRunner:
         self.sm_count = sm_count
         self.problem = ProblemKey(epi.op, opts.dtype, opts.dtype, opts.dtype, opts.layout,
                                   m, n, k)
-        kept, dropped = prune(configurations(opts.dtype, opts.layout, cc), m, n, k,
-                              opts.layout, opts.dtype, epi, opts.stream_k)
-        if restrict is not None:
-            kept = [c for c in kept if restrict(c)]
-        ranked = rank(kept, m, n, k, sm_count)
-        if opts.max_candidates is not None:
-            ranked = ranked[:opts.max_candidates]
+        ranked, dropped = candidates_for(m, n, k, opts, cc, sm_count, restrict)
         if not ranked:
             raise PycLabError(f"no CUTLASS configuration left for {m}x{n}x{k} {opts.dtype} "
                               f"{opts.layout} after pruning ({len(dropped)} dropped) and "
@@ -133,17 +158,23 @@ class GemmRunner:
         self._ref = ref
         self._ref_max = float(cp.abs(ref).max()) or 1.0
         self.baselines = {"cublas": gpu_ms(run_cublas, opts.repeats)}
-        if epi.fused:
-            lt = cublaslt_baseline(self._a, self._b, self._bias, epi, opts.dtype)
-            if lt is not None:
-                self.baselines["cublaslt"] = gpu_ms(lt, opts.repeats)
+        lt = (cublaslt_baseline(self._a, self._b, self._bias, epi, opts.dtype) if epi.fused
+              else nvmath_baseline(self._a, self._b, opts.dtype))
+        if lt is not None:
+            self.baselines["cublaslt"] = gpu_ms(lt, opts.repeats)
         torch_mm = torch_baseline(self._a, self._b, opts.dtype)
         if torch_mm is not None:
             self.baselines["torch"] = gpu_ms(torch_mm, opts.repeats)
         self._builds: dict[GemmConfig, BuildResult] = {}
-        self._futures = build_many(ranked, opts.dtype, opts.layout, cc, opts.workers, cache,
-                                   on_done=lambda r: self._builds.__setitem__(r.config, r),
-                                   epilogue=epi)
+        if builds is None:
+            self._futures = build_many(ranked, opts.dtype, opts.layout, cc, opts.workers,
+                                       cache, epilogue=epi,
+                                       on_done=lambda r: self._builds.__setitem__(r.config, r))
+        else:
+            self._futures = builds.submit(ranked, opts.dtype, opts.layout, cc, epi)
+            for cfg, fut in self._futures.items():
+                fut.add_done_callback(lambda f, c=cfg: None if f.cancelled()
+                                      else self._builds.__setitem__(c, f.result()))
         self._loaded: dict[GemmConfig, CutlassGemm] = {}
         self.rows: dict[str, dict[str, Any]] = {}
         self._measurements: dict[str, Measurement] = {}

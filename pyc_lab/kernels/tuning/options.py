@@ -69,7 +69,12 @@ class GemmTuneOptions:
         Tune kernels with this fused epilogue, ``act(a @ b + bias)`` (bias: a length-N
         row; activation ``"relu"``, ``"gelu"`` or ``"silu"``).
     stream_k
-        Include Stream-K tile-scheduler candidates.
+        Include ``cutlass_cppgen``'s listed Stream-K tile-scheduler candidates.
+    wide
+        Widen the space per problem (:func:`~pyc_lab.kernels.tuning.gemm_space.
+        problem_configs`): lower-alignment kernels for extents that are not multiples
+        of 8, swapped narrow tiles and split-K for small M, split-K / Stream-K for few
+        output tiles and a long K, raster order and swizzle for many tiles.
 
     Raises
     ------
@@ -89,6 +94,7 @@ class GemmTuneOptions:
     bias: bool = False
     activation: str | None = None
     stream_k: bool = False
+    wide: bool = True
 
     def __post_init__(self) -> None:
         check_dtype_layout(self.dtype, self.layout)
@@ -104,6 +110,8 @@ class GemmTuneOptions:
         if self.activation is not None and self.activation not in ACTIVATIONS:
             raise PycLabError(f"GEMM tuning option activation={self.activation!r}: give None "
                               f"or one of {sorted(ACTIVATIONS)}")
+        if not isinstance(self.wide, bool):
+            raise PycLabError(f"GEMM tuning option wide={self.wide!r}: give True or False")
         if not isinstance(self.stream_k, bool):
             raise PycLabError(f"GEMM tuning option stream_k={self.stream_k!r}: give True "
                               "or False")

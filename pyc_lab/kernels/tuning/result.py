@@ -94,6 +94,39 @@ class TuneResult:
         """Floating-point operations of one GEMM (2 M N K)."""
         return gemm_flops(*self.problem.shape)
 
+    @property
+    def best_library(self) -> tuple[str, float] | None:
+        """The fastest library timed in the same run, ``(name, ms)``, or ``None``."""
+        timed = [(name, ms) for name, ms in self.baselines.items() if ms]
+        return min(timed, key=lambda item: item[1]) if timed else None
+
+    @property
+    def winner(self) -> str:
+        """The overall winner of the run, CUTLASS candidates and libraries together:
+        ``"cutlass:<config id>"``, a library's name (``"cublas"``, ``"cublaslt"``,
+        ``"torch"``), or ``""`` when nothing was timed. A tie goes to the library."""
+        lib = self.best_library
+        ms = self.best.time_ms if self.best is not None and self.best.ok else None
+        if ms and (lib is None or ms < lib[1]):
+            return "cutlass:" + config_name(self.best.config, self.best.config_id)
+        return lib[0] if lib else ""
+
+    @property
+    def winner_ms(self) -> float | None:
+        """The winner's median milliseconds."""
+        lib = self.best_library
+        ms = self.best.time_ms if self.best is not None and self.best.ok else None
+        times = [t for t in (ms, lib[1] if lib else None) if t]
+        return min(times) if times else None
+
+    @property
+    def speedup(self) -> float | None:
+        """Best library time over the best CUTLASS time (above 1: CUTLASS is faster;
+        ``None`` without a correct CUTLASS candidate or a library time)."""
+        lib = self.best_library
+        ms = self.best.time_ms if self.best is not None and self.best.ok else None
+        return lib[1] / ms if lib and ms else None
+
     def compare(self) -> pd.DataFrame:
         """Tuned CUTLASS against the baselines: ms, TFLOP/s, fraction of dense peak and
         speed relative to cuBLAS (pandas DataFrame)."""

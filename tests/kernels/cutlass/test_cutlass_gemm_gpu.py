@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -211,6 +212,17 @@ def test_rebinding_alpha_beta_and_wrong_layouts(kernels):
         gemm(a, b, cp.empty((m, n + 8), dtype=cp.float16))
 
 
+def _record_win(db: Any, res: Any) -> None:
+    """A later run of the same problem in which the tuned winner beat every library: what
+    pl.matmul needs to route to a CUTLASS kernel under the never-slower rule."""
+    best = res.best
+    with db:
+        db.record_many(res.device, res.problem, [
+            tuning_db.Measurement(best.config, "ok", 0.5 * best.time_ms),
+            *(tuning_db.Measurement({"baseline": name}, "baseline", 2.0 * best.time_ms)
+              for name in ("cublas", "cublaslt", "torch"))], run_id="forced-win")
+
+
 def test_autotune_records_and_matmul_uses_the_winner(tmp_path, monkeypatch, kernel_cache):
     monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "tuning.sqlite")
     seen = []
@@ -225,12 +237,23 @@ def test_autotune_records_and_matmul_uses_the_winner(tmp_path, monkeypatch, kern
     assert (cmp.ms[:2] > 0).all()
     db = tuning_db.TuningDB(tmp_path / "tuning.sqlite")
     assert db.best(res.device, res.problem).config_id == res.best.config_id
-    # pl.matmul finds the winner for this shape (its kernel is in the cache the tuner used)
+    # pl.matmul follows the run's verdict: the tuned kernel only where it beat the library
     monkeypatch.setattr(cutlass_build, "KernelCache", lambda *a, **k: kernel_cache)
     a, b, _ = gemm_inputs(256, 384, 512, "f16", "tn", 7)
     y = pl.matmul(a, b)
-    assert pl.kernels.matmul.last_choice["impl"] == "cutlass", pl.kernels.matmul.last_choice
+    choice = dict(pl.kernels.matmul.last_choice)
+    if res.winner.startswith("cutlass"):
+        assert choice["impl"] == "cutlass" and "beat" in choice["reason"], choice
+    else:
+        assert choice["impl"] != "cutlass" and "lost to" in choice["reason"], choice
     assert max_rel_err(y, cp.asnumpy(cp.matmul(a, b).astype(cp.float32))) < 5e-3
+    # a run in which the tuned kernel won routes pl.matmul to it, and it computes right
+    _record_win(db, res)
+    pl.kernels.matmul.forget()
+    y = pl.matmul(a, b)
+    assert pl.kernels.matmul.last_choice["impl"] == "cutlass", pl.kernels.matmul.last_choice
+    assert max_rel_err(y, cp.asnumpy(a).astype(np.float64) @
+                       cp.asnumpy(b).astype(np.float64)) < TOLERANCE["f16"]
     # an untuned shape goes to cuBLAS and says why
     a2, b2, _ = gemm_inputs(128, 128, 64, "f16", "tn", 8)
     pl.matmul(a2, b2)
@@ -261,6 +284,8 @@ def test_tuned_epilogue_serves_matmul_and_the_compiler(tmp_path, monkeypatch, ke
     bias = cp.asarray(rng.uniform(-1, 1, 384).astype(np.float16))
     want = act64(cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(w).astype(np.float64).T
                  + cp.asnumpy(bias), "gelu")
+    _record_win(tuning_db.TuningDB(tmp_path / "tuning.sqlite"), res)  # route to CUTLASS
+    pl.kernels.matmul.forget()
     y = pl.matmul(x, w.T, bias=bias, activation="gelu")
     choice = pl.kernels.matmul.last_choice
     assert (choice["impl"], choice["epilogue"]) == ("cutlass", "bias_gelu"), choice

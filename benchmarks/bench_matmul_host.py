@@ -1,0 +1,106 @@
+"""Host time per call of pl.matmul, a matmul plan, cupy.matmul and torch.matmul.
+
+The same small operands for each (``--size``, default 128: the GEMM takes the GPU a few
+microseconds, so the host's cost of issuing it is what is measured), float16 and
+bfloat16, ``b`` a transposed view as a linear layer holds it, with and without an
+``out``. Each timed sample is a loop of ``--calls`` calls divided by their number,
+timed on the host through :func:`pyc_lab.profiling.timing.benchmark` (``gpu=False``);
+the device is synchronised after each sample. Writes ``matmul_host.json`` to ``--out``.
+
+    python benchmarks/bench_matmul_host.py --out benchmarks/results/h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_result
+
+import pyc_lab as pl
+from pyc_lab.profiling.timing import benchmark
+
+
+def per_call_us(fn: Callable[[], Any], calls: int, repeats: int, sync: Callable[[], Any]
+                ) -> dict[str, float]:
+    """Median and spread of host microseconds per call of ``fn``."""
+    def loop() -> None:
+        for _ in range(calls):
+            fn()
+        sync()
+
+    timing = benchmark(loop, repeats=repeats, warmup=2, gpu=False)
+    per = [t / calls * 1e6 for t in timing.cpu_s]
+    return {"median_us": statistics.median(per), "min_us": min(per), "max_us": max(per)}
+
+
+def calls_for(cp: Any, torch: Any, dtype: str, size: int
+              ) -> tuple[Any, dict[str, Callable[[], Any]]]:
+    """The plan and the calls compared, on one set of operands (``b`` = ``w.T``)."""
+    cdt = cp.dtype(dtype)
+    a = cp.random.uniform(-1, 1, (size, size), dtype=cp.float32).astype(cdt)
+    w = cp.random.uniform(-1, 1, (size, size), dtype=cp.float32).astype(cdt)
+    out = cp.empty((size, size), dtype=cdt)
+    plan = pl.matmul_plan(a, w.T, out=out)
+    cases: dict[str, Callable[[], Any]] = {
+        "cupy.matmul": lambda: cp.matmul(a, w.T),
+        "cupy.matmul(out=)": lambda: cp.matmul(a, w.T, out=out),
+        "pl.matmul": lambda: pl.matmul(a, w.T),
+        "pl.matmul(out=)": lambda: pl.matmul(a, w.T, out=out),
+        "plan(out=)": lambda: plan(a, w.T),
+    }
+    if torch is not None:
+        ta, tw, tout = torch.from_dlpack(a), torch.from_dlpack(w), torch.from_dlpack(out)
+        cases["torch.matmul"] = lambda: torch.matmul(ta, tw.T)
+        cases["torch.matmul(out=)"] = lambda: torch.matmul(ta, tw.T, out=tout)
+        cases["pl.matmul(torch)"] = lambda: pl.matmul(ta, tw.T)
+    return plan, cases
+
+
+def run(size: int, calls: int, repeats: int) -> list[dict[str, Any]]:
+    import cupy as cp
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    sync = cp.cuda.get_current_stream().synchronize
+    rows = []
+    for dtype in ("float16", "bfloat16"):
+        plan, cases = calls_for(cp, torch, dtype, size)
+        for name, fn in cases.items():
+            fn()
+            row = {"dtype": dtype, "size": size, "call": name,
+                   **per_call_us(fn, calls, repeats, sync)}
+            if name.startswith("pl.matmul"):
+                row["impl"] = pl.kernels.matmul.last_choice["impl"]
+            if name.startswith("plan"):
+                row["impl"] = plan.choice["impl"]
+            rows.append(row)
+            print(f"{dtype:9s} {name:22s} {row['median_us']:7.1f} us", file=sys.stderr)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results/local")
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args(argv)
+    rows = run(args.size, args.calls, args.repeats)
+    path = write_result(args.out, "matmul_host", {
+        "what": "host microseconds per call, median of samples of --calls calls",
+        "size": args.size, "calls": args.calls, "repeats": args.repeats, "rows": rows})
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""The array types :func:`pyc_lab.matmul` takes: NumPy, CuPy and torch, and bfloat16.
+
+Three kinds of array reach a GEMM here: NumPy arrays (computed on the CPU), CuPy arrays
+(on the GPU) and torch tensors. A CUDA torch tensor is viewed as a CuPy array through
+DLPack (no copy), computed on torch's current stream (a CuPy ``ExternalStream`` over
+``torch.cuda.current_stream().cuda_stream``) and handed back as a torch tensor; a CPU
+tensor goes through NumPy the same way.
+
+bfloat16 has no NumPy type of its own: ``ml_dtypes`` supplies one (CuPy 14 imports it
+and uses the same dtype for its bfloat16 arrays, which is what torch's bfloat16 tensors
+arrive as). Its NumPy ``kind`` is ``"V"``, so promotion is spelled out in
+:func:`result_dtype` rather than left to ``np.result_type`` (which refuses bfloat16 with
+float16).
+
+Nothing here imports CuPy or torch unless an array of theirs is given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import PycLabError
+
+__all__ = ["BF16", "FLOATS", "bf16_dtype", "cupy_of_torch", "dtype_name", "is_cupy",
+           "is_torch", "kind", "numpy_dtype", "numpy_of_torch", "result_dtype", "torch_of",
+           "torch_stream"]
+
+#: The name of the brain-float dtype (NumPy via ml_dtypes, CuPy 14, torch).
+BF16 = "bfloat16"
+#: Real floating dtypes, narrowest first, by name.
+FLOATS = ("float16", BF16, "float32", "float64")
+
+_STREAMS: dict[int, Any] = {}
+
+
+def kind(x: Any) -> str:
+    """``"cupy"``, ``"torch"`` or ``"numpy"`` (anything else that has a dtype and shape
+    counts as NumPy-like), read from the type's module without importing anything."""
+    mod = type(x).__module__
+    if mod.startswith("cupy"):
+        return "cupy"
+    if mod.startswith("torch"):
+        return "torch"
+    return "numpy"
+
+
+def is_cupy(x: Any) -> bool:
+    """Whether ``x`` is a CuPy array (by its type's module)."""
+    return type(x).__module__.startswith("cupy")
+
+
+def is_torch(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (by its type's module)."""
+    return type(x).__module__.startswith("torch")
+
+
+def dtype_name(dtype: Any) -> str:
+    """The NumPy-style name of a NumPy, CuPy or torch dtype (``torch.bfloat16`` ->
+    ``"bfloat16"``)."""
+    name = getattr(dtype, "name", None)
+    if isinstance(name, str):
+        return name
+    text = str(dtype)
+    return text[len("torch."):] if text.startswith("torch.") else np.dtype(dtype).name
+
+
+def bf16_dtype() -> np.dtype:
+    """NumPy's bfloat16 dtype (from ``ml_dtypes``).
+
+    Raises
+    ------
+    PycLabError
+        When ``ml_dtypes`` is not installed.
+    """
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise PycLabError("bfloat16 NumPy arrays need ml_dtypes (pip install ml_dtypes), "
+                          "which gives NumPy its bfloat16 dtype") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def result_dtype(a: str, b: str) -> str:
+    """The dtype name of ``a @ b`` for two names in :data:`FLOATS`.
+
+    NumPy's promotion, with bfloat16 placed as torch places it: ``bfloat16 @ bfloat16``
+    stays bfloat16; with float16 or float32 it is float32; with float64, float64.
+    """
+    if a == b:
+        return a
+    if BF16 in (a, b):
+        other = b if a == BF16 else a
+        return "float64" if other == "float64" else "float32"
+    return np.result_type(np.dtype(a), np.dtype(b)).name
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a name in :data:`FLOATS` (bfloat16 via :func:`bf16_dtype`)."""
+    return bf16_dtype() if name == BF16 else np.dtype(name)
+
+
+def torch_stream(device_index: int) -> Any:
+    """A CuPy ``ExternalStream`` over torch's current stream on a device (memoised per
+    stream handle, so a call costs a dictionary look-up)."""
+    import torch
+
+    ptr = torch.cuda.current_stream(device_index).cuda_stream
+    stream = _STREAMS.get(ptr)
+    if stream is None:
+        import cupy as cp
+
+        if len(_STREAMS) > 64:
+            _STREAMS.clear()
+        stream = _STREAMS[ptr] = cp.cuda.ExternalStream(ptr, device_index)
+    return stream
+
+
+def cupy_of_torch(t: Any) -> Any:
+    """A CuPy view of a CUDA torch tensor (DLPack, no copy; bfloat16 stays bfloat16).
+
+    Call it with torch's current stream current in CuPy (:func:`torch_stream`), so that
+    the DLPack exchange needs no synchronisation.
+
+    Raises
+    ------
+    PycLabError
+        For a tensor that requires grad (pl.matmul does not record gradients).
+    """
+    import cupy as cp
+
+    if t.requires_grad:
+        raise PycLabError("pl.matmul does not record gradients; pass tensor.detach() (or "
+                          "call it under torch.no_grad())")
+    return cp.from_dlpack(t)
+
+
+def numpy_of_torch(t: Any) -> np.ndarray:
+    """A NumPy view of a CPU torch tensor (bfloat16 through its bits, no copy)."""
+    import torch
+
+    if t.requires_grad:
+        raise PycLabError("pl.matmul does not record gradients; pass tensor.detach()")
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(bf16_dtype())
+    return t.numpy()
+
+
+def torch_of(y: Any) -> Any:
+    """A torch tensor of a CuPy or NumPy result (DLPack, no copy; bfloat16 through its
+    bits for NumPy)."""
+    import torch
+
+    if is_cupy(y):
+        return torch.from_dlpack(y)
+    if np.dtype(y.dtype).name == BF16:
+        return torch.from_numpy(np.ascontiguousarray(y).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(y)

@@ -1,0 +1,243 @@
+"""Matmul plans: the implementation chosen once for a problem, launched many times.
+
+:func:`build_launch` decides, for validated operands (CuPy or NumPy arrays; torch
+tensors are viewed as one of them first), what runs — the tuned CUTLASS kernel when the
+never-slower rule lets it (:mod:`.matmul_route`), else the library path — and returns a
+:class:`Launch` that holds no arrays: ``pl.matmul`` memoises one per problem signature.
+:class:`MatmulPlan` is the object ``pl.matmul_plan`` returns: a launch bound to an
+``out`` and a bias, whose call checks only that the operands have the shapes, strides
+and dtypes it was made for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import PycLabError
+from . import matmul_launch as launch
+from .arrays import (
+    cupy_of_torch,
+    dtype_name,
+    kind,
+    numpy_of_torch,
+    result_dtype,
+    torch_of,
+    torch_stream,
+)
+from .matmul_inputs import result_shape
+from .matmul_route import library_path
+
+__all__ = ["TUNED_DTYPES", "Launch", "MatmulPlan", "build_launch", "operand_layout"]
+
+#: Array dtypes with tuned kernels, and their kernel dtype (float32 -> "tf32" with tf32=True).
+TUNED_DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
+
+#: ``tuned(m, n, k, dtype, layout, epilogue) -> (kernel or None, why, extra)``.
+TunedLookup = Callable[..., tuple[Any, str, dict[str, Any]]]
+
+
+def operand_layout(a: Any, b: Any) -> str:
+    """``a``/``b``'s memory order in BLAS letters (``"tn"``...), or ``""`` if strided."""
+    la = "t" if a.flags.c_contiguous else "n" if a.flags.f_contiguous else ""
+    lb = "t" if b.flags.c_contiguous else "n" if b.flags.f_contiguous else ""
+    return la + lb if la and lb else ""
+
+
+class Launch:
+    """What runs for one problem signature: ``run(a, b, out, bias)`` and why.
+
+    Attributes
+    ----------
+    run
+        The launcher (:mod:`.matmul_launch`).
+    choice
+        ``{"impl", "reason", ...}``: the implementation and why (a tuned kernel adds
+        ``config``, ``epilogue`` and ``match``).
+    stamp
+        The tuning-database stamp the choice was made under (``None`` when the database
+        was not asked: NumPy, float64, batched...).
+    """
+
+    __slots__ = ("choice", "run", "stamp")
+
+    def __init__(self, run: Callable[..., Any], choice: dict[str, Any],
+                 stamp: Any = None) -> None:
+        self.run = run
+        self.choice = choice
+        self.stamp = stamp
+
+
+def _fold(a: Any, b: Any) -> tuple[int, int] | None:
+    """``(B*M, K)`` when a C-contiguous 3-D ``a`` times a 2-D ``b`` is one 2-D GEMM."""
+    if a.ndim == 3 and b.ndim == 2 and a.flags.c_contiguous:
+        return (a.shape[0] * a.shape[1], a.shape[2])
+    return None
+
+
+def build_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
+                 activation: str | None, tf32: bool, tuned: TunedLookup,
+                 stamp: Callable[[], Any], epilogue_of: Callable[..., Any]) -> Launch:
+    """Choose what runs ``activation(alpha * a @ b + beta * out + bias)``.
+
+    Parameters
+    ----------
+    a, b, out, alpha, beta, bias, activation, tf32
+        Validated arguments of :func:`pyc_lab.matmul` (CuPy or NumPy arrays).
+    tuned
+        The tuned-kernel lookup (the never-slower rule applied), called only for CuPy
+        operands of one dtype with tuned kernels, 2-D (or folded) and in a BLAS layout.
+    stamp
+        The tuning database's current stamp (kept with a choice that asked it).
+    epilogue_of
+        ``epilogue_of(has_bias, activation)``: the CUTLASS epilogue key.
+    """
+    da, db = dtype_name(a.dtype), dtype_name(b.dtype)
+    result = result_dtype(da, db)
+    shape = result_shape(tuple(a.shape), tuple(b.shape))
+    if kind(a) == "numpy":
+        return Launch(launch.numpy_runner(result, alpha, beta, activation),
+                      {"impl": "numpy", "reason": "NumPy arrays run on the CPU"})
+    from . import cublaslt
+
+    if 0 in shape or a.shape[-1] == 0 or a.ndim == 1 or b.ndim == 1 or a.ndim > 3 \
+            or b.ndim > 3:
+        return Launch(launch.cublas_runner(result, shape, alpha, beta, activation),
+                      {"impl": "cublas", "reason": "cuBLAS (cupy.matmul): vector, empty "
+                                                   "or many-batch operands"})
+    fold = _fold(a, b)
+    a2 = fold if fold else tuple(a.shape)
+    plain = alpha == 1.0 and not (beta and out is not None)
+    epi = epilogue_of(bias is not None, activation)
+    why_tuned = ""
+    extra: dict[str, Any] = {}
+    stamp_now = None
+    kdtype = TUNED_DTYPES.get(da)
+    if kdtype == "f32" and tf32:
+        kdtype = "tf32"
+    out_ok = out is None or dtype_name(out.dtype) == result
+    if kdtype is None or db != da:
+        why_tuned = f"dtypes {da} @ {db}: tuned kernels take one of {sorted(TUNED_DTYPES)}"
+    elif len(a2) != 2 or b.ndim != 2:
+        why_tuned = "batched: tuned kernels are 2-D"
+    elif not out_ok:
+        why_tuned = f"out of dtype {dtype_name(out.dtype)}"
+    else:
+        layout = operand_layout(a, b)
+        if not layout:
+            why_tuned = "a strided operand (neither C- nor F-contiguous)"
+        else:
+            stamp_now = stamp()
+            kernel, why_tuned, extra = tuned(a2[0], b.shape[1], a2[1], kdtype, layout, epi)
+            if kernel is not None:
+                run = launch.cutlass_runner(kernel, result, shape, fold, alpha, beta)
+                config = kernel.config.id if getattr(kernel, "config", None) else None
+                return Launch(run, {"impl": "cutlass", "reason": why_tuned, "config": config,
+                                    "epilogue": epi.name, **extra}, stamp_now)
+    # the library path
+    fused_why = plain_why = None
+    if bias is not None or activation is not None:
+        fused_why = "alpha/beta given" if not plain else cublaslt.why_not(
+            a2, tuple(b.shape), da, db, result, None if bias is None else tuple(bias.shape),
+            None if bias is None else bias.dtype, activation)
+    elif not plain:
+        plain_why = "alpha/beta given"
+    elif not out_ok:
+        plain_why = f"out of dtype {dtype_name(out.dtype)}"
+    elif da != db:
+        plain_why = f"mixed dtypes {da} @ {db}"
+    else:
+        plain_why = cublaslt.why_not_plain(a2, tuple(b.shape), da)
+    batched = len(a2) == 3 or b.ndim == 3
+    impl, why = library_path(result, fused_why, plain_why or "", batched)
+    if impl == "cublaslt" and fused_why == "":
+        gemm = cublaslt.FusedGemm(activation, bias is not None)
+        run = launch.fused_runner(gemm, result, shape, fold)
+        why = (f"bias/activation in cuBLASLt's epilogue "
+               f"({cublaslt.EPILOGUES[(bias is not None, activation)]})")
+    elif impl == "cublaslt":
+        run = launch.lt_runner(cublaslt.LtMatmul(), result, shape, fold)
+    else:
+        run = launch.cublas_runner(result, shape, alpha, beta, activation)
+    reason = f"{why_tuned}; {why}" if why_tuned else why
+    return Launch(run, {"impl": impl, "reason": reason, **extra}, stamp_now)
+
+
+class MatmulPlan:
+    """``activation(alpha * a @ b + beta * out + bias)`` chosen once, run many times.
+
+    Made by :func:`pyc_lab.matmul_plan`. A call checks only that ``a`` and ``b`` have the
+    shapes, strides and dtypes the plan was made for, then launches the chosen kernel:
+    with the plan's (or the call's) ``out`` it writes there, allocates nothing and does
+    not synchronise, so it can be captured in a CUDA graph (a first, uncaptured call
+    sets up cuBLASLt's workspace and a CUTLASS kernel's binding).
+
+    Attributes
+    ----------
+    choice : dict
+        ``{"impl", "reason", ...}``: what runs and why.
+    kind : str
+        ``"cupy"``, ``"numpy"`` or ``"torch"``: the operands it takes and returns.
+    """
+
+    def __init__(self, launch_: Launch, array_kind: str, signature: tuple, out: Any,
+                 bias: Any, shape: tuple[int, ...], dtype: str) -> None:
+        self._launch = launch_
+        self.kind = array_kind
+        self._sig = signature
+        self.out = out
+        self.bias = bias
+        self.shape = shape
+        self.dtype = dtype
+
+    @property
+    def choice(self) -> dict[str, Any]:
+        """What runs and why (``impl``, ``reason``; ``config``, ``match`` for CUTLASS)."""
+        return dict(self._launch.choice)
+
+    def explain(self) -> str:
+        """One paragraph: the problem, the implementation and why."""
+        c = self._launch.choice
+        extra = "".join(f"\n  {k}: {v}" for k, v in c.items() if k not in ("impl", "reason"))
+        return (f"matmul plan for {self.kind} operands -> {self.shape} {self.dtype}\n"
+                f"  runs: {c['impl']}\n  why: {c['reason']}{extra}")
+
+    def __repr__(self) -> str:
+        return (f"MatmulPlan({self.kind}, {'x'.join(map(str, self.shape))} {self.dtype}, "
+                f"impl={self._launch.choice['impl']!r})")
+
+    def _check(self, a: Any, b: Any) -> None:
+        if (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype) != self._sig:
+            shp, _st, dt, shp_b, _st_b, dt_b = self._sig
+            raise PycLabError(f"this matmul plan was made for a {tuple(shp)} {dt} and b "
+                              f"{tuple(shp_b)} {dt_b} with their strides; got a "
+                              f"{tuple(a.shape)} {a.dtype}, b {tuple(b.shape)} {b.dtype} "
+                              "(or other strides): make a plan for them "
+                              "(pl.matmul_plan(a, b, ...))")
+
+    def __call__(self, a: Any, b: Any, *, out: Any = None, bias: Any = None) -> Any:
+        """Run the plan on ``a`` and ``b`` (into ``out``, else the plan's ``out``, else a
+        new array), with ``bias`` (else the plan's)."""
+        out = self.out if out is None else out
+        bias = self.bias if bias is None else bias
+        if self.kind != "torch":
+            self._check(a, b)
+            return self._launch.run(a, b, out, bias)
+        if not a.is_cuda:
+            a2, b2 = numpy_of_torch(a), numpy_of_torch(b)
+            self._check(a2, b2)
+            o2 = None if out is None else numpy_of_torch(out)
+            b_ = None if bias is None else (numpy_of_torch(bias) if kind(bias) == "torch"
+                                             else bias)
+            y = self._launch.run(a2, b2, o2, b_)
+            return out if out is not None else torch_of(y)
+        import cupy as cp
+
+        with cp.cuda.Device(a.device.index), torch_stream(a.device.index):
+            a2, b2 = cupy_of_torch(a), cupy_of_torch(b)
+            self._check(a2, b2)
+            o2 = None if out is None else cupy_of_torch(out)
+            b_ = None if bias is None else (cupy_of_torch(bias) if kind(bias) == "torch"
+                                             else bias)
+            y = self._launch.run(a2, b2, o2, b_)
+            return out if out is not None else torch_of(y)

@@ -1,0 +1,253 @@
+"""pl.matmul and pl.matmul_plan on a GPU, every path against a float64 NumPy reference.
+
+Fresh random inputs uniform in [-1, 1] (never zeros), outputs poisoned with NaN before
+the call, odd extents, float16 / bfloat16 / float32, batched and transposed operands,
+torch tensors on a non-default stream, plans (also replayed from a CUDA graph), and the
+never-slower rule with a losing tuned entry. The error bound is relative to the largest
+reference value: a few roundings of the output dtype plus float32 accumulation over K.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+from pyc_lab.kernels import cublaslt
+from pyc_lab.kernels import matmul as mm
+from pyc_lab.kernels.arrays import bf16_dtype
+
+cp = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23}
+DTYPES = ("float16", "bfloat16", "float32")
+M, N, K = 127, 255, 129  # odd extents: no 16-byte-aligned rows anywhere
+
+
+def host_dtype(name: str) -> np.dtype:
+    return bf16_dtype() if name == "bfloat16" else np.dtype(name)
+
+
+def rand(shape: tuple[int, ...], dtype: str) -> tuple[object, np.ndarray]:
+    """A CuPy array uniform in [-1, 1] and its exact values as float64 on the host."""
+    host = np.random.default_rng().uniform(-1, 1, shape).astype(host_dtype(dtype))
+    if dtype == "bfloat16":  # upload the bits, so that only CuPy's dtype is relied on
+        dev = cp.asarray(host.view(np.uint16)).view(cp.dtype("bfloat16"))
+    else:
+        dev = cp.asarray(host)
+    return dev, host.astype(np.float64)
+
+
+def poisoned(shape: tuple[int, ...], dtype: str) -> object:
+    """An output full of NaN."""
+    if dtype == "bfloat16":
+        out = cp.empty(shape, dtype=cp.dtype("bfloat16"))
+        out.view(cp.uint16).fill(0x7FC0)
+        return out
+    return cp.full(shape, cp.nan, dtype=dtype)
+
+
+def to64(y: object) -> np.ndarray:
+    """A CuPy (or torch) result as float64 on the host."""
+    if type(y).__module__.startswith("torch"):
+        return y.double().cpu().numpy()
+    if y.dtype.name == "bfloat16":
+        return cp.asnumpy(y.view(cp.uint16)).view(bf16_dtype()).astype(np.float64)
+    return cp.asnumpy(y).astype(np.float64)
+
+
+def check(got: object, want: np.ndarray, dtype: str, k: int, roundings: float = 4.0) -> None:
+    got64 = to64(got)
+    assert got64.shape == want.shape
+    assert np.isfinite(got64).all(), "NaN or Inf in the result (the poison survived?)"
+    scale = max(float(np.abs(want).max()), 1e-3)
+    err = float(np.abs(got64 - want).max()) / scale
+    tol = roundings * EPS[dtype] + k * 2.0 ** -22
+    assert err <= tol, f"max error {err:.3g} > {tol:.3g} ({dtype}, K={k})"
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_choices():
+    mm.forget()
+    yield
+    mm.forget()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["tn", "tt", "nt"])
+def test_every_dtype_and_layout_at_odd_extents(dtype, layout):
+    a, a64 = rand((M, K) if layout[0] == "t" else (K, M), dtype)
+    b, b64 = rand((K, N) if layout[1] == "t" else (N, K), dtype)
+    if layout[0] == "n":
+        a, a64 = a.T, a64.T
+    if layout[1] == "n":
+        b, b64 = b.T, b64.T
+    want = a64 @ b64
+    out = poisoned((M, N), dtype)
+    assert pl.matmul(a, b, out=out) is out
+    check(out, want, dtype, K)
+    y = pl.matmul(a, b)
+    assert y.dtype == out.dtype and y.shape == (M, N)
+    check(y, want, dtype, K)
+    choice = mm.last_choice
+    if dtype == "bfloat16" and cublaslt.status()[0]:
+        assert choice["impl"] == "cublaslt", dict(choice)
+    else:
+        assert choice["impl"] == "cublas", dict(choice)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batched_and_broadcast(dtype):
+    a, a64 = rand((3, M, K), dtype)
+    b, b64 = rand((3, K, N), dtype)
+    out = poisoned((3, M, N), dtype)
+    assert pl.matmul(a, b, out=out) is out
+    check(out, a64 @ b64, dtype, K)
+    w, w64 = rand((N, K), dtype)  # (B, M, K) @ w.T: folded into one 2-D GEMM
+    out2 = poisoned((3, M, N), dtype)
+    assert pl.matmul(a, w.T, out=out2) is out2
+    check(out2, a64 @ w64.T, dtype, K)
+    check(pl.matmul(a, w.T), a64 @ w64.T, dtype, K)
+    at = a.transpose(0, 2, 1).copy().transpose(0, 2, 1)  # batched, column-major matrices
+    check(pl.matmul(at, b), a64 @ b64, dtype, K)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_bias_and_gelu(dtype):
+    x, x64 = rand((M, K), dtype)
+    w, w64 = rand((N, K), dtype)
+    bias, bias64 = rand((N,), dtype)
+    out = poisoned((M, N), dtype)
+    pl.matmul(x, w.T, bias=bias, activation="gelu", out=out)
+    check(out, gelu(x64 @ w64.T + bias64), dtype, K, roundings=32)
+    y = pl.matmul(x, w.T, bias=bias, activation="relu")
+    check(y, np.maximum(x64 @ w64.T + bias64, 0), dtype, K, roundings=32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_alpha_beta(dtype):
+    a, a64 = rand((M, K), dtype)
+    b, b64 = rand((K, N), dtype)
+    c, c64 = rand((M, N), dtype)
+    pl.matmul(a, b, out=c, alpha=0.5, beta=2.0)
+    check(c, 0.5 * (a64 @ b64) + 2.0 * c64, dtype, K, roundings=8)
+
+
+def test_mixed_dtypes_promote():
+    a, a64 = rand((M, K), "bfloat16")
+    b, b64 = rand((K, N), "float16")
+    y = pl.matmul(a, b)
+    assert y.dtype == cp.float32
+    check(y, a64 @ b64, "float32", K, roundings=64)  # float32 product of exact inputs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_plan_runs_what_it_chose(dtype):
+    a, _ = rand((M, K), dtype)
+    w, w64 = rand((N, K), dtype)
+    out = poisoned((M, N), dtype)
+    plan = pl.matmul_plan(a, w.T, out=out)
+    assert plan.choice["impl"] in ("cublas", "cublaslt", "cutlass")
+    assert plan.choice["reason"] in plan.explain()
+    for _ in range(3):  # fresh operands of the same shape and strides each time
+        a2, a2_64 = rand((M, K), dtype)
+        out[...] = poisoned((M, N), dtype)
+        assert plan(a2, w.T) is out
+        check(out, a2_64 @ w64.T, dtype, K)
+    with pytest.raises(pl.PycLabError, match="make a plan for them"):
+        plan(rand((M + 1, K), dtype)[0], w.T)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_plan_replays_from_a_cuda_graph(dtype):
+    a, _ = rand((M, K), dtype)
+    w, w64 = rand((N, K), dtype)
+    out = poisoned((M, N), dtype)
+    plan = pl.matmul_plan(a, w.T, out=out)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        plan(a, w.T)  # binds pointers, sets up workspaces: outside the capture
+        stream.synchronize()
+        stream.begin_capture(cp.cuda.runtime.streamCaptureModeRelaxed)
+        try:
+            plan(a, w.T)
+        finally:
+            graph = stream.end_capture()
+        for _ in range(2):
+            fresh, fresh64 = rand((M, K), dtype)
+            a[...] = fresh  # new values at the captured address
+            out[...] = poisoned((M, N), dtype)
+            graph.launch(stream)
+            stream.synchronize()
+            check(out, fresh64 @ w64.T, dtype, K)
+
+
+def test_the_never_slower_rule_with_a_losing_entry(tmp_path, monkeypatch):
+    from pyc_lab.kernels.cutlass import GemmConfig
+    from pyc_lab.kernels.tuning import database as tuning_db
+    from pyc_lab.kernels.tuning.keys import Measurement, ProblemKey, device_key
+
+    monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
+    device = device_key()[0]
+    cfg = GemmConfig((128, 128, 64), (1, 2, 1), "TmaWarpSpecializedCooperative",
+                     "TmaWarpSpecializedCooperative", "Default")
+    m, n, k = 256, 384, 512
+    with tuning_db.TuningDB() as db:
+        db.record_many(device, ProblemKey("gemm", "f16", "f16", "f16", "tn", m, n, k),
+                       [Measurement(cfg.to_dict(), "ok", 0.412),
+                        Measurement({"baseline": "cublas"}, "baseline", 0.398)], run_id="r")
+    mm.forget()
+    x, x64 = rand((m, k), "float16")
+    w, w64 = rand((n, k), "float16")
+    out = poisoned((m, n), "float16")
+    pl.matmul(x, w.T, out=out)
+    assert mm.last_choice["impl"] == "cublas", dict(mm.last_choice)
+    assert mm.last_choice["reason"].startswith(
+        "tuned kernel 0.412 ms lost to cuBLAS 0.398 ms in its tuning run; cuBLAS")
+    check(out, x64 @ w64.T, "float16", k)
+
+
+# -- torch tensors --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_tensors_on_a_side_stream(dtype):
+    torch = pytest.importorskip("torch")
+    tdt = getattr(torch, dtype)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        # produced on the side stream just before the call: pl.matmul must order after it
+        a = (torch.rand((M, K), device="cuda", dtype=torch.float32) * 2 - 1).to(tdt)
+        w = (torch.rand((N, K), device="cuda", dtype=torch.float32) * 2 - 1).to(tdt)
+        y = pl.matmul(a, w.T)
+        bias = (torch.rand((N,), device="cuda") * 2 - 1).to(tdt)
+        y2 = pl.matmul(a, w.T, bias=bias, activation="relu")
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=tdt)
+        plan = pl.matmul_plan(a, w.T, out=out)
+        got3 = plan(a, w.T)
+    side.synchronize()
+    assert isinstance(y, torch.Tensor) and y.dtype == tdt and y.is_cuda
+    assert got3 is out
+    a64, w64 = a.double().cpu().numpy(), w.double().cpu().numpy()
+    b64 = bias.double().cpu().numpy()
+    check(y, a64 @ w64.T, dtype, K)
+    check(y2, np.maximum(a64 @ w64.T + b64, 0), dtype, K, roundings=16)
+    check(out, a64 @ w64.T, dtype, K)
+    batched = torch.rand((2, M, K), device="cuda").to(tdt) * 2 - 1
+    check(pl.matmul(batched, w.T), batched.double().cpu().numpy() @ w64.T, dtype, K)
+    torch.cuda.synchronize()
+
+
+def test_torch_data_pointer_is_shared_not_copied():
+    torch = pytest.importorskip("torch")
+    a = torch.rand((64, 32), device="cuda", dtype=torch.float16)
+    w = torch.rand((48, 32), device="cuda", dtype=torch.float16)
+    out = torch.empty((64, 48), device="cuda", dtype=torch.float16)
+    ptr = out.data_ptr()
+    assert pl.matmul(a, w.T, out=out) is out and out.data_ptr() == ptr
+    torch.cuda.synchronize()
+    check(out, a.double().cpu().numpy() @ w.double().cpu().numpy().T, "float16", 32)
