@@ -1,7 +1,8 @@
 """pyc_lab: a Jupyter-first GPU performance workbench.
 
 ``%load_ext pyc_lab`` in a notebook registers the magics (``%pyc_hw``, ``%%pyc_compile``,
-``%pyc_tune``, ``%pyc_timeline``, ``%%pyc_trace``, ``%pyc_timeit``); from Python::
+``%pyc_tune``, ``%pyc_timeline``, ``%%pyc_trace``, ``%pyc_timeit``, ``%pyc_serve``); from
+Python::
 
     import pyc_lab as pl
     hw = pl.detect_hardware()          # CPUs, NUMA, GPUs, links, with provenance
@@ -12,11 +13,13 @@
     y = pl.matmul(a, b)                # a tuned kernel where it won, else the library
     plan = pl.matmul_plan(a, b, out=y)  # the same choice, made once: plan(a, b)
     pipe = pl.Pipeline(prepare, compute, depth=3)            # the conveyor belt
+    server = pl.serve(pl.inference.load("model.onnx"), max_batch=64, max_delay_ms=2)
 
 The layers, each a sub-package that imports only those below it: ``hardware``
 (facts), ``profiling`` (timing, traces), ``search`` (tuning strategies), ``kernels``
-(CUTLASS, cuBLASLt, tuning), ``compiler``, ``runtime`` (pinned pools, the belt), then
-``widgets``, ``magics`` and ``cli``. Importing pyc_lab loads none of them (each name
+(CUTLASS, cuBLASLt, tuning), ``compiler``, ``runtime`` (pinned pools, the belt),
+``inference`` (ONNX import, the batcher, the KServe v2 endpoint), then ``widgets``,
+``magics`` and ``cli``. Importing pyc_lab loads none of them (each name
 below is imported on first use), needs no GPU, no CuPy and no NVML, and prints nothing.
 """
 
@@ -45,6 +48,7 @@ _EXPORTS = {
     "TuneResult": "kernels.tuning.autotune",
     "replay_autotune": "kernels.tuning.autotune",
     "autotune_many": "kernels.tuning.many",
+    "serve": "inference.server",
 }
 
 __all__ = [
@@ -68,6 +72,7 @@ __all__ = [
     "matmul_plan",
     "probe_bandwidth",
     "replay_autotune",
+    "serve",
     "tune_pipeline",
     "unload_ipython_extension",
 ]

@@ -3,7 +3,8 @@
 ``%load_ext pyc_lab`` registers them (and prints nothing); ``%unload_ext pyc_lab``
 removes them again: ``%pyc_hw`` (topology), ``%%pyc_compile`` (the compiler),
 ``%pyc_tune`` (the GEMM autotuner, live or replayed), ``%pyc_timeline`` (the last
-pipeline's timeline) and ``%%pyc_trace`` (the GPU activity of a cell, per stream).
+pipeline's timeline), ``%%pyc_trace`` (the GPU activity of a cell, per stream) and
+``%pyc_serve`` (the inference servers running in the kernel).
 """
 
 from __future__ import annotations
@@ -400,6 +401,52 @@ class PycLabMagics(Magics):
                              f"{exc}") from exc
         display(timing)
         return timing if args.output else None
+
+    @magic_arguments()
+    @argument("--monitor", "-m", metavar="SERVER", nargs="?", const="",
+              help="show the live latency monitor of a server (the only one by default)")
+    @argument("--model", metavar="NAME", help="with --monitor: which model of the server")
+    @argument("--stop", metavar="SERVER",
+              help="close a server by name (finishing its queued work), or 'all'")
+    @line_magic
+    def pyc_serve(self, line: str) -> Any:
+        """Show the inference servers running in this kernel (pl.serve); monitor or stop one.
+
+        Examples::
+
+            %pyc_serve                     # the running servers, their models and settings
+            %pyc_serve --monitor           # live latency histogram and percentiles
+            %pyc_serve --stop server-1     # close it (queued requests finish first)
+        """
+        from .inference.server import running_servers
+        from .widgets.inference import ServerMonitor, ServersView
+
+        args = _parse(self.pyc_serve, line, "%pyc_serve")
+        servers = running_servers()
+        if args.stop:
+            chosen = [s for s in servers if args.stop in ("all", s.name)]
+            if not chosen:
+                raise UsageError(f"%pyc_serve: no running server {args.stop!r}; running: "
+                                 f"{', '.join(s.name for s in servers) or 'none'}")
+            for s in chosen:
+                s.close()
+            display(ServersView())
+            return None
+        if args.monitor is not None:
+            if args.monitor:
+                chosen = [s for s in servers if s.name == args.monitor]
+            else:
+                chosen = servers if len(servers) == 1 else []
+            if not chosen:
+                raise UsageError("%pyc_serve --monitor: name one running server ("
+                                 f"{', '.join(s.name for s in servers) or 'none running'})")
+            try:
+                display(ServerMonitor(chosen[0], args.model))
+            except PycLabError as exc:
+                raise UsageError(f"%pyc_serve: {exc}") from None
+            return None
+        display(ServersView(servers))
+        return None
 
 
 def _part(explanation: Any, show: str) -> Any:

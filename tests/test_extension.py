@@ -339,3 +339,31 @@ def test_pyc_tune_help_shows_what_to_type_and_the_options_defaults(shell):
     assert f"default {defaults.strategy}" in doc
     assert f"default {defaults.budget_s:g}" in doc
     assert f"default {defaults.max_candidates}" in doc
+
+
+# -- %pyc_serve ------------------------------------------------------------------------------
+def test_pyc_serve_lists_monitors_and_stops_servers(shell):
+    pytest.importorskip("onnx")
+    import numpy as np
+    from IPython.core.error import UsageError
+
+    from pyc_lab.inference.model import load
+    from pyc_lab.inference.server import running_servers, serve
+
+    shell.run_line_magic("load_ext", "pyc_lab")
+    model = load(lambda x: x + np.float32(1), inputs={"x": ("float32", (None, 3))})
+    server = serve(model, name="magic-test")
+    try:
+        with capture_output() as cap:
+            shell.run_line_magic("pyc_serve", "")
+        assert "magic-test" in str(cap.outputs[0].data["text/plain"])
+        with capture_output() as cap:
+            shell.run_line_magic("pyc_serve", "--monitor magic-test")
+        assert "latency monitor of magic-test" in str(cap.outputs[0].data["text/plain"])
+        with pytest.raises(UsageError, match="no running server 'nope'"):
+            shell.run_line_magic("pyc_serve", "--stop nope")
+        with capture_output():
+            shell.run_line_magic("pyc_serve", "--stop magic-test")
+        assert server.closed and server not in running_servers()
+    finally:
+        server.close()

@@ -6,8 +6,9 @@ HTML and text elsewhere; its ``text/plain`` and ``text/html`` reprs are determin
 
 from .autotune import AutotuneWidget, KernelComparison
 from .belt_sweep import SweepChart
+from .inference import LoadTestChart, ServerMonitor, ServersView
 from .timeline import TimelineWidget, compare
 from .topology import TopologyWidget
 
-__all__ = ["AutotuneWidget", "KernelComparison", "SweepChart", "TimelineWidget",
-           "TopologyWidget", "compare"]
+__all__ = ["AutotuneWidget", "KernelComparison", "LoadTestChart", "ServerMonitor",
+           "ServersView", "SweepChart", "TimelineWidget", "TopologyWidget", "compare"]

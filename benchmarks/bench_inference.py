@@ -1,0 +1,442 @@
+"""In-kernel inference against onnxruntime and torch eager (GPU lane; a CPU comparison too).
+
+1. **Models**: each zoo model (``pl.inference.zoo``) and one ONNX CNN shipped inside the
+   ``onnx`` package (``light_resnet50``: ResNet-50's graph with constant weights; its
+   batch axis made free). Every implementation is checked against onnxruntime (CPU) on
+   random inputs before it is timed.
+2. **Latency at batch 1 (median and p99 of at least 200 calls when they fit in the
+   time) and throughput at batches 1..4096**: host wall time of one call
+   including the device synchronisation (what a caller waits for), through
+   ``pyc_lab.profiling.benchmark`` (``gpu=False``: the calls block), median of the
+   repeats; throughput = rows / median. pyc_lab runs the model compiled by
+   ``pl.inference.load`` (cupy backend, CUDA graphs, on a GPU; NumPy on the CPU);
+   onnxruntime runs its CUDA execution provider with IOBinding (device-resident inputs
+   and outputs) when it has one, else its CPU provider (the provider is recorded);
+   torch runs the same ONNX graph op by op in eager mode (``torch.nn.functional``).
+3. **Dynamic batching** under 64 concurrent clients (``pl.inference.load_test``):
+   throughput and p99 with ``max_batch=64, max_delay_ms=2`` vs unbatched
+   (``max_batch=1``), with the batch's compute time for the p99 target
+   (p99 <= max_delay_ms + 2 x compute).
+
+    python benchmarks/bench_inference.py --out benchmarks/results/h200
+    python benchmarks/bench_inference.py --small          # a CPU smoke run, prints only
+
+On a machine without a GPU it runs the CPU comparison (say so in the JSON's
+``device``) unless ``--require-gpu`` is given, in which case it stops with the device
+gate's reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import versions, write_result
+
+log = logging.getLogger("bench_inference")
+
+BATCHES = (1, 4, 16, 64, 256, 1024, 4096)
+SMALL_BATCHES = (1, 64, 1024)
+CNN_BATCHES = (1, 8, 32, 128)
+
+
+# -- the shipped CNN ------------------------------------------------------------------------------
+def shipped_cnn() -> Any:
+    """``light_resnet50`` from the onnx package, with a free batch axis."""
+    import onnx
+
+    path = Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx"
+    m = onnx.load(str(path))
+    produced = {o for n in m.graph.node for o in n.output}
+    for inp in m.graph.input:
+        if inp.name not in produced:
+            inp.type.tensor_type.shape.dim[0].dim_param = "N"
+    for out in m.graph.output:
+        out.type.tensor_type.shape.dim[0].dim_param = "N"
+    # the final Reshape's target [1, 2048] -> [0, 2048] (keep the batch)
+    for init in m.graph.initializer:
+        if init.name == "OC2_DUMMY_1":
+            from onnx import numpy_helper
+
+            v = numpy_helper.to_array(init).copy()
+            v[0] = 0
+            init.CopyFrom(numpy_helper.from_array(v, init.name))
+    m.graph.name = "resnet50_light"
+    return m
+
+
+def cnn_inputs(m: Any, batch: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    produced = {o for n in m.graph.node for o in n.output}
+    inits = {i.name for i in m.graph.initializer}
+    out = {}
+    for inp in m.graph.input:
+        if inp.name in produced or inp.name in inits:
+            continue
+        dims = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+        out[inp.name] = rng.standard_normal((batch, *dims[1:])).astype(np.float32)
+    return out
+
+
+# -- torch eager: the ONNX graph op by op ------------------------------------------------
+def torch_runner(m: Any, device: str) -> Any:
+    """A function running ONNX graph ``m`` op by op with torch (eager), on ``device``."""
+    import torch
+    import torch.nn.functional as F
+    from onnx import helper, numpy_helper
+
+    consts = {t.name: torch.as_tensor(numpy_helper.to_array(t).copy()).to(device)
+              for t in m.graph.initializer}
+
+    def attrs(n):
+        return {a.name: helper.get_attribute_value(a) for a in n.attribute}
+
+    def conv(x, w, b, a):
+        nd = w.dim() - 2
+        pads = a.get("pads", [0] * 2 * nd)
+        if any(p != q for p, q in zip(pads[:nd], pads[nd:], strict=True)):
+            x = F.pad(x, [v for i in reversed(range(nd)) for v in (pads[i], pads[i + nd])])
+            pads = [0] * 2 * nd
+        f = F.conv1d if nd == 1 else F.conv2d
+        return f(x, w, b, stride=a.get("strides", [1] * nd), padding=pads[:nd],
+                 dilation=a.get("dilations", [1] * nd), groups=a.get("group", 1))
+
+    def gemm(x, w, c, a):
+        if a.get("transA", 0):
+            x = x.t()
+        if a.get("transB", 0):
+            w = w.t()
+        y = a.get("alpha", 1.0) * (x @ w)
+        return y if c is None else y + a.get("beta", 1.0) * c
+
+    def pool(kind, x, a):
+        k = a["kernel_shape"]
+        nd = len(k)
+        pads = a.get("pads", [0] * 2 * nd)
+        f = {("max", 1): F.max_pool1d, ("max", 2): F.max_pool2d, ("avg", 1): F.avg_pool1d,
+             ("avg", 2): F.avg_pool2d}[(kind, nd)]
+        kw = {} if kind == "max" else {"count_include_pad": bool(a.get("count_include_pad", 0))}
+        return f(x, k, stride=a.get("strides", k), padding=pads[:nd], **kw)
+
+    def run(feeds: dict[str, Any]) -> list[Any]:
+        env = dict(consts)
+        env.update(feeds)
+        for n in m.graph.node:
+            a = attrs(n)
+            x = [env[i] if i else None for i in n.input]
+            op = n.op_type
+            if op == "Gemm":
+                y = gemm(x[0], x[1], x[2] if len(x) > 2 else None, a)
+            elif op == "MatMul":
+                y = x[0] @ x[1]
+            elif op == "Conv":
+                y = conv(x[0], x[1], x[2] if len(x) > 2 else None, a)
+            elif op == "BatchNormalization":
+                y = F.batch_norm(x[0], x[3], x[4], x[1], x[2], False, 0.0,
+                                 a.get("epsilon", 1e-5))
+            elif op == "Relu":
+                y = torch.relu(x[0])
+            elif op == "Gelu":
+                approx = a.get("approximate", b"none")
+                y = F.gelu(x[0], approximate=approx.decode() if isinstance(approx, bytes)
+                           else approx)
+            elif op in ("Add", "Sum"):
+                y = x[0]
+                for t in x[1:]:
+                    y = y + t
+            elif op == "Mul":
+                y = x[0] * x[1]
+            elif op == "Sqrt":
+                y = torch.sqrt(x[0])
+            elif op == "Reciprocal":
+                y = torch.reciprocal(x[0])
+            elif op == "Transpose":
+                y = x[0].permute(*a["perm"])
+            elif op in ("ReduceSum", "ReduceMean"):
+                dims = [int(v) for v in x[1].tolist()]
+                keep = bool(a.get("keepdims", 1))
+                y = x[0].sum(dim=dims, keepdim=keep) if op == "ReduceSum" else \
+                    x[0].mean(dim=dims, keepdim=keep)
+            elif op == "GlobalAveragePool":
+                y = x[0].mean(dim=list(range(2, x[0].dim())), keepdim=True)
+            elif op == "Flatten":
+                y = torch.flatten(x[0], a.get("axis", 1))
+            elif op == "Identity":
+                y = x[0]
+            elif op == "MaxPool":
+                y = pool("max", x[0], a)
+            elif op == "AveragePool":
+                y = pool("avg", x[0], a)
+            elif op == "Reshape":
+                shape = [int(v) for v in x[1].tolist()]
+                shape = [x[0].shape[i] if s == 0 else s for i, s in enumerate(shape)]
+                y = x[0].reshape(shape)
+            elif op == "Softmax":
+                y = torch.softmax(x[0], dim=a.get("axis", 1))
+            elif op == "ConstantOfShape":
+                v = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1)
+                y = torch.full([int(s) for s in x[0].tolist()], float(v.reshape(-1)[0]),
+                               device=device)
+            else:
+                raise NotImplementedError(f"torch eager runner: no {op}")
+            env[n.output[0]] = y
+        return [env[o.name] for o in m.graph.output]
+
+    return run
+
+
+# -- the implementations ---------------------------------------------------------------
+def implementations(m: Any, gpu: bool) -> dict[str, Any]:
+    """name -> (prepare(feeds) -> state, call(state) -> outputs as NumPy, info)."""
+    import pyc_lab as pl
+
+    out: dict[str, Any] = {}
+    model = pl.inference.load(m, backend="cupy" if gpu else "numpy", cuda_graph=gpu)
+    if gpu:
+        import cupy as cp
+
+        def pl_prep(feeds):
+            return [cp.asarray(feeds[n]) for n in model.input_names]
+
+        def pl_call(state):
+            outs = model.run(state)
+            cp.cuda.Device().synchronize()
+            return outs
+
+        def pl_host(outs):
+            return [cp.asnumpy(o) for o in outs]
+    else:
+        def pl_prep(feeds):
+            return [feeds[n] for n in model.input_names]
+
+        def pl_call(state):
+            return model.run(state)
+
+        def pl_host(outs):
+            return outs
+    out["pyc_lab"] = (pl_prep, pl_call, pl_host, {"backend": "cupy" if gpu else "numpy",
+                                                   "cuda_graph": gpu})
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        ort = None
+    if ort is not None:
+        providers = ort.get_available_providers()
+        use_cuda = gpu and "CUDAExecutionProvider" in providers
+        prov = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else \
+            ["CPUExecutionProvider"]
+        sess = ort.InferenceSession(m.SerializeToString(), providers=prov)
+        outs_names = [o.name for o in sess.get_outputs()]
+        if use_cuda:
+            def ort_prep(feeds):
+                binding = sess.io_binding()
+                keep = []
+                for k, v in feeds.items():
+                    ov = ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
+                    keep.append(ov)
+                    binding.bind_ortvalue_input(k, ov)
+                for o in outs_names:
+                    binding.bind_output(o, "cuda")
+                return binding, keep
+
+            def ort_call(state):
+                binding, _ = state
+                sess.run_with_iobinding(binding)
+                binding.synchronize_outputs()
+                return binding
+
+            def ort_host(binding):
+                return binding.copy_outputs_to_cpu()
+        else:
+            def ort_prep(feeds):
+                return feeds
+
+            def ort_call(state):
+                return sess.run(None, state)
+
+            def ort_host(outs):
+                return outs
+        out["onnxruntime"] = (ort_prep, ort_call, ort_host,
+                              {"provider": sess.get_providers()[0],
+                               "version": ort.__version__, "io_binding": use_cuda})
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
+        run = torch_runner(m, device)
+
+        def t_prep(feeds):
+            return {k: torch.as_tensor(v).to(device) for k, v in feeds.items()}
+
+        def t_call(state):
+            with torch.inference_mode():
+                outs = run(state)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return outs
+
+        def t_host(outs):
+            return [o.cpu().numpy() for o in outs]
+
+        out["torch_eager"] = (t_prep, t_call, t_host, {"device": device,
+                                                       "version": torch.__version__})
+    return out
+
+
+def check(impls: dict[str, Any], feeds: dict[str, np.ndarray], want: list[np.ndarray]) -> dict:
+    """Each implementation's max error relative to the output's scale, vs onnxruntime CPU."""
+    errors = {}
+    for name, (prep, call, host, _) in impls.items():
+        got = host(call(prep(feeds)))
+        errors[name] = max(float(np.abs(np.asarray(g) - w).max() / max(np.abs(w).max(), 1e-12))
+                           for g, w in zip(got, want, strict=True))
+    return errors
+
+
+def time_model(m: Any, inputs: Any, batches: tuple[int, ...], gpu: bool,
+               repeats: int) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    from pyc_lab.profiling import benchmark
+
+    impls = implementations(m, gpu)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = inputs(m, 3, 11)
+    errors = check(impls, feeds, ref.run(None, feeds))
+    bad = {k: e for k, e in errors.items() if not e < 1e-3}
+    result: dict[str, Any] = {"info": {k: v[3] for k, v in impls.items()}, "max_rel_error":
+                              errors, "rows": []}
+    for name in bad:
+        log.warning("%s: %s is wrong (max relative error %.2e); not timed", m.graph.name,
+                    name, bad[name])
+        impls.pop(name)
+    for batch in batches:
+        feeds = inputs(m, batch, batch)
+        for name, (prep, call, _, _) in impls.items():
+            try:
+                state = prep(feeds)
+                # batch 1 is the latency point: enough calls for a p99
+                n = max(repeats, 200) if batch == 1 else repeats
+                t = benchmark(call, (state,), repeats=n, warmup=3, gpu=False,
+                              min_time_s=0.5, name=name)
+                med = statistics.median(t.cpu_s)
+                result["rows"].append({"impl": name, "batch": batch, "median_ms": med * 1e3,
+                                       "p99_ms": float(np.percentile(t.cpu_s, 99)) * 1e3,
+                                       "rows_per_s": batch / med, "repeats": len(t.cpu_s)})
+            except Exception as exc:  # record, keep going (out of memory at 4096 ...)
+                result["rows"].append({"impl": name, "batch": batch,
+                                       "error": f"{type(exc).__name__}: {exc}"[:300]})
+        log.info("%s batch %d done", m.graph.name, batch)
+    return result
+
+
+def dynamic_batching(duration_s: float) -> dict[str, Any]:
+    """64 clients: max_batch=64, max_delay_ms=2 vs max_batch=1 (astro_mlp)."""
+    import pyc_lab as pl
+    from pyc_lab.inference import zoo
+
+    model = pl.inference.load(zoo.build("astro_mlp"))
+    out = {}
+    for label, mb, delay in (("batched", 64, 2.0), ("unbatched", 1, 0.0)):
+        with pl.serve(model, max_batch=mb, max_delay_ms=delay) as server:
+            frame = pl.inference.load_test(server, [64], duration_s=duration_s, warmup_s=0.5)
+            row = frame.iloc[0].to_dict()
+            row["batch_hist"] = {str(k): v for k, v in row["batch_hist"].items()}
+            row["warmup_ms"] = {str(k): v for k, v in frame.attrs["warmup_ms"].items()}
+            ex = server._batcher(None).executor
+            row["executor"] = "host (model.run)" if inspect.ismethod(ex) else type(ex).__name__
+            out[label] = row
+    b, u = out["batched"], out["unbatched"]
+    out["throughput_ratio"] = b["throughput_rps"] / u["throughput_rps"]
+    out["p99_target_ms"] = 2.0 + 2 * (b["compute_p99_ms"] or 0.0)
+    out["p99_within_target"] = bool(b["p99_ms"] <= out["p99_target_ms"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", help="write inference.json into this folder")
+    parser.add_argument("--small", action="store_true", help="fewer batches and repeats")
+    parser.add_argument("--require-gpu", action="store_true",
+                        help="stop, saying why, where no GPU is usable")
+    parser.add_argument("--models", nargs="*", help="zoo model names (default: all)")
+    parser.add_argument("--no-cnn", action="store_true", help="skip the shipped ResNet-50")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    from pyc_lab.hardware.device import no_gpu_reason
+
+    reason = no_gpu_reason()
+    gpu = reason is None
+    if not gpu and args.require_gpu:
+        print(f"bench_inference: needs a GPU here: {reason}", file=sys.stderr)
+        return 2
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        print(f"bench_inference: needs onnx and onnxruntime ({exc}); pip install "
+              "'pyc-lab[serve]' onnxruntime", file=sys.stderr)
+        return 2
+    from pyc_lab.inference import zoo
+
+    batches = SMALL_BATCHES if args.small else BATCHES
+    repeats = 5 if args.small else 20
+    models: dict[str, Any] = {}
+    payload: dict[str, Any] = {
+        "mode": "gpu" if gpu else f"cpu (no GPU: {reason})",
+        "method": "host wall time per call incl. device sync, pyc_lab.profiling.benchmark "
+                  "(gpu=False, warmup 3, min_time_s 0.5), median",
+        "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+        "inference_versions": versions("onnx", "onnxruntime", "onnxruntime-gpu", "torch",
+                                       "starlette", "uvicorn"),
+        "models": models, "dynamic_batching": None, "complete": False,
+    }
+
+    def save() -> None:  # after every model: a run cut short keeps what it measured
+        if args.out:
+            write_result(args.out, "inference", payload)
+
+    for name in args.models or zoo.names():
+        def inputs(m, batch, seed, name=name):
+            return zoo.example_inputs(name, batch, seed)
+
+        models[name] = time_model(zoo.build(name), inputs, batches, gpu, repeats)
+        save()
+    if not args.no_cnn and (gpu or not args.small):
+        cnn_batches = CNN_BATCHES if gpu else (1, 8)
+        models["resnet50_light"] = time_model(shipped_cnn(), cnn_inputs, cnn_batches, gpu,
+                                              repeats)
+        save()
+    batching = dynamic_batching(2.0 if args.small else 10.0)
+    payload["dynamic_batching"] = batching
+    payload["complete"] = True
+    save()
+    summary = {name: {r["impl"]: round(r["median_ms"], 4) for r in res["rows"]
+                      if r.get("batch") == 1 and "median_ms" in r}
+               for name, res in models.items()}
+    print(json.dumps({"batch1_latency_ms": summary,
+                      "dynamic_batching_ratio": round(batching["throughput_ratio"], 2)},
+                     indent=1))
+    if args.out:
+        print(f"wrote {Path(args.out) / 'inference.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

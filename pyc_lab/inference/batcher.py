@@ -1,0 +1,410 @@
+"""The dynamic batcher: requests in, batches out, each caller its own rows back.
+
+Triton's semantics (``dynamic_batching { max_queue_delay_microseconds }``): a batch takes
+as many queued requests as fit ``max_batch`` rows, in arrival order; when fewer rows are
+waiting, the batcher holds the batch open until the *oldest* request has waited
+``max_delay_ms``, then runs what it has. The batch is padded up to the smallest bucket
+that holds it (repeating its last row), so the model sees only ``len(buckets)`` shapes:
+each bucket is compiled (and on the GPU captured as a CUDA graph with its own pinned
+staging buffers) once.
+
+A request is checked when it is submitted (input names, shape, dtype, NaN policy); a bad
+one fails alone there and never reaches a batch. If a batch's run raises, each of its
+requests is re-run alone, so only the request that fails gets the error. Futures that
+were cancelled, or whose timeout passed while they queued, are skipped. ``close()``
+stops taking requests and, by default, finishes those already queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import (
+    BadRequestError,
+    InferenceError,
+    QueueFullError,
+    RequestTimeoutError,
+    ServerClosedError,
+)
+from .model import CompiledModel
+from .stats import ModelStats, RequestRecord
+
+__all__ = ["NAN_POLICIES", "Batcher", "Request", "ServeOptions", "default_buckets"]
+
+log = logging.getLogger(__name__)
+
+#: What to do with a NaN or infinite input: refuse the request, or pass it to the model.
+NAN_POLICIES = ("reject", "allow")
+
+
+def default_buckets(max_batch: int) -> tuple[int, ...]:
+    """Powers of two below ``max_batch``, and ``max_batch`` itself."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return (*out, max_batch)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Every setting of a served model, with its default (the one source of defaults).
+
+    Attributes
+    ----------
+    max_batch
+        Most rows in one batch (Triton's ``max_batch_size``).
+    max_delay_ms
+        How long the oldest queued request may wait for a fuller batch (Triton's
+        ``max_queue_delay_microseconds``, in ms). 0: run what is there at once.
+    buckets
+        Batch sizes the model runs at (a batch is padded to the smallest that holds it);
+        default: powers of two and ``max_batch``. ``()`` : no padding (every size).
+    max_queue
+        Most requests waiting; one more is refused with ``QueueFullError``.
+    timeout_s
+        Default per-request timeout (queue wait included); ``None``: none.
+    nan_policy
+        ``"reject"`` refuses inputs with NaN or infinity; ``"allow"`` passes them on.
+    """
+
+    max_batch: int = 64
+    max_delay_ms: float = 2.0
+    buckets: tuple[int, ...] | None = None
+    max_queue: int = 4096
+    timeout_s: float | None = None
+    nan_policy: str = "reject"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_batch, (int, np.integer)) or self.max_batch < 1:
+            raise InferenceError(f"max_batch must be a positive whole number, got "
+                                 f"{self.max_batch!r}")
+        if not self.max_delay_ms >= 0:
+            raise InferenceError(f"max_delay_ms must be >= 0, got {self.max_delay_ms!r}")
+        if not isinstance(self.max_queue, (int, np.integer)) or self.max_queue < 1:
+            raise InferenceError(f"max_queue must be a positive whole number, got "
+                                 f"{self.max_queue!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise InferenceError(f"timeout_s must be > 0 or None, got {self.timeout_s!r}")
+        if self.nan_policy not in NAN_POLICIES:
+            raise InferenceError(f"nan_policy must be one of {NAN_POLICIES}, got "
+                                 f"{self.nan_policy!r}")
+        if self.buckets is not None:
+            b = tuple(sorted({int(x) for x in self.buckets}))
+            if b and (b[0] < 1 or b[-1] != self.max_batch):
+                raise InferenceError(f"buckets must be positive sizes ending at max_batch "
+                                     f"({self.max_batch}), got {self.buckets!r}")
+            object.__setattr__(self, "buckets", b)
+
+    @property
+    def bucket_sizes(self) -> tuple[int, ...]:
+        """The buckets in use (``()`` means every size runs as it is)."""
+        return default_buckets(self.max_batch) if self.buckets is None else self.buckets
+
+    def bucket_for(self, rows: int) -> int:
+        """The batch size ``rows`` rows run at."""
+        for b in self.bucket_sizes:
+            if b >= rows:
+                return b
+        return rows
+
+
+@dataclass(eq=False)
+class Request:
+    """One caller's inputs on their way through the queue."""
+
+    arrays: list[np.ndarray]
+    rows: int
+    future: Future
+    t_submit: float
+    deadline: float | None
+    unbatched: bool = False
+    as_dict: bool = False
+    trailing: tuple = field(default=())
+
+
+Executor = Callable[[list[np.ndarray]], list[np.ndarray]]
+
+
+class Batcher:
+    """The queue and the worker thread of one served model.
+
+    Parameters
+    ----------
+    model
+        What runs.
+    options
+        The settings.
+    executor
+        ``executor(arrays) -> outputs`` for one padded batch (default: the model's own
+        call; a GPU server passes :class:`~pyc_lab.inference.gpu.BucketExecutor`).
+    """
+
+    def __init__(self, model: CompiledModel, options: ServeOptions,
+                 executor: Executor | None = None) -> None:
+        self.model = model
+        self.options = options
+        self.executor: Executor = executor or model.run
+        self.stats = ModelStats(options.max_batch)
+        self._queue: deque[Request] = deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._drain = True
+        self._thread = threading.Thread(target=self._loop, name=f"pyc-lab-batcher-{model.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- the caller's side -------------------------------------------------------------------
+    def check(self, arrays: Sequence[Any]) -> tuple[list[np.ndarray], int, bool, tuple]:
+        """Validate and convert one request's inputs: arrays, rows, unbatched, trailing
+        shapes.
+
+        Raises
+        ------
+        BadRequestError
+            With the input, what was expected and what came.
+        """
+        out: list[np.ndarray] = []
+        rows: int | None = None
+        unbatched = False
+        trailing = []
+        for spec, value in zip(self.model.inputs, arrays, strict=True):
+            try:
+                a = np.asarray(value)
+            except Exception as exc:
+                raise BadRequestError(f"input {spec.name!r}: not an array ({exc})") from None
+            want = np.dtype(spec.dtype)
+            if a.dtype != want:
+                if a.dtype == object or not np.can_cast(a.dtype, want, "same_kind"):
+                    raise BadRequestError(f"input {spec.name!r}: dtype {a.dtype} cannot be "
+                                          f"converted to the model's {want} (pass {want})")
+                a = a.astype(want)
+            if a.ndim == len(spec.shape) - 1:
+                a, unbatched = a[None], True
+            if a.ndim != len(spec.shape):
+                raise BadRequestError(f"input {spec.name!r}: shape {a.shape} does not fit the "
+                                      f"model's {spec.describe()} (axis 0 is the batch)")
+            for axis, (got, dim) in enumerate(zip(a.shape[1:], spec.shape[1:], strict=True)):
+                if dim is not None and got != dim:
+                    raise BadRequestError(
+                        f"input {spec.name!r}: shape {a.shape} does not fit the model's "
+                        f"{spec.describe()} (axis {axis + 1} is {got}, expected {dim})")
+            if rows is None:
+                rows = a.shape[0]
+            elif a.shape[0] != rows:
+                raise BadRequestError(f"input {spec.name!r} has {a.shape[0]} rows but the "
+                                      f"first input has {rows}: every input needs the same")
+            if self.options.nan_policy == "reject" and a.dtype.kind in "fc" \
+                    and not np.isfinite(a).all():
+                raise BadRequestError(f"input {spec.name!r} holds NaN or infinity; the server's "
+                                      "nan_policy is 'reject' (serve with nan_policy='allow' "
+                                      "to pass them to the model)")
+            trailing.append(a.shape[1:])
+            out.append(np.ascontiguousarray(a))
+        rows = int(rows or 0)
+        if rows < 1:
+            raise BadRequestError("a request needs at least one row")
+        if rows > self.options.max_batch:
+            raise BadRequestError(f"a request of {rows} rows is larger than max_batch="
+                                  f"{self.options.max_batch}: split it, or serve with a "
+                                  "larger max_batch")
+        return out, rows, unbatched, tuple(trailing)
+
+    def submit(self, arrays: Sequence[Any], *, timeout_s: float | None = None,
+               as_dict: bool = False) -> Future:
+        """Queue one request; its future resolves to the outputs (a list)."""
+        if self._closing:
+            raise ServerClosedError(f"model {self.model.name!r}: the server is closed; start "
+                                    "another with pl.serve(...)")
+        try:
+            checked, rows, unbatched, trailing = self.check(arrays)
+        except BadRequestError:
+            self.stats.count("rejected")
+            raise
+        now = time.monotonic()
+        timeout = self.options.timeout_s if timeout_s is None else timeout_s
+        fut: Future = Future()
+        req = Request(checked, rows, fut, now, None if timeout is None else now + timeout,
+                      unbatched, as_dict, trailing)
+        with self._cond:
+            if self._closing:
+                raise ServerClosedError(f"model {self.model.name!r}: the server is closed")
+            if len(self._queue) >= self.options.max_queue:
+                self.stats.count("rejected")
+                raise QueueFullError(
+                    f"model {self.model.name!r}: the queue holds max_queue="
+                    f"{self.options.max_queue} requests already; retry later, or serve with a "
+                    "larger max_queue or max_batch")
+            self._queue.append(req)
+            self._cond.notify()
+        return fut
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting now."""
+        return len(self._queue)
+
+    # -- the worker's side ---------------------------------------------------------------------
+    def _take(self) -> list[Request] | None:
+        """Wait for the next batch (Triton's rule); ``None`` when closed and drained."""
+        opts = self.options
+        delay = opts.max_delay_ms / 1e3
+        with self._cond:
+            while not self._queue:
+                if self._closing:
+                    return None
+                self._cond.wait()
+            if self._closing and not self._drain:
+                return None
+            hold_until = self._queue[0].t_submit + delay
+            while not self._closing:
+                if self._rows_ready() >= opts.max_batch:
+                    break
+                remaining = hold_until - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            batch = [self._queue.popleft()]
+            rows = batch[0].rows
+            while self._queue and rows + self._queue[0].rows <= opts.max_batch \
+                    and self._queue[0].trailing == batch[0].trailing:
+                req = self._queue.popleft()
+                batch.append(req)
+                rows += req.rows
+            return batch
+
+    def _rows_ready(self) -> int:
+        rows = 0
+        first = self._queue[0].trailing
+        for req in self._queue:
+            if req.trailing != first:
+                break
+            rows += req.rows
+            if rows >= self.options.max_batch:
+                break
+        return rows
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                break
+            try:
+                self._run(batch)
+            except BaseException as exc:  # pragma: no cover - a bug in the batcher itself
+                log.exception("batcher of %r failed", self.model.name)
+                for req in batch:
+                    if not req.future.done():
+                        req.future.set_exception(InferenceError(f"the batcher failed: {exc}"))
+        self._fail_left(ServerClosedError(f"model {self.model.name!r}: the server closed "
+                                          "before this request ran"))
+
+    def _fail_left(self, exc: Exception) -> None:
+        with self._cond:
+            left, self._queue = list(self._queue), deque()
+        for req in left:
+            if req.future.set_running_or_notify_cancel():
+                req.future.set_exception(exc)
+
+    def _run(self, batch: list[Request]) -> None:
+        now = time.monotonic()
+        live: list[Request] = []
+        for req in batch:
+            if req.deadline is not None and now > req.deadline:
+                if req.future.set_running_or_notify_cancel():
+                    req.future.set_exception(RequestTimeoutError(
+                        f"model {self.model.name!r}: the request waited "
+                        f"{(now - req.t_submit) * 1e3:.1f} ms in the queue, past its timeout; "
+                        "give a longer timeout_s, or lower the load"))
+                    self.stats.count("timed_out")
+                continue
+            if req.future.set_running_or_notify_cancel():
+                live.append(req)
+        if not live:
+            return
+        try:
+            self._compute(live)
+        except Exception as exc:
+            if len(live) == 1:
+                self._fail(live[0], exc)
+            else:
+                log.debug("batch of %d requests failed (%s); re-running them one by one",
+                          len(live), exc)
+                for req in live:
+                    try:
+                        self._compute([req])
+                    except Exception as one:
+                        self._fail(req, one)
+
+    def _fail(self, req: Request, exc: Exception) -> None:
+        err = exc if isinstance(exc, InferenceError) else InferenceError(
+            f"model {self.model.name!r} failed on this request: {type(exc).__name__}: {exc}")
+        if err is not exc:
+            err.__cause__ = exc
+        now = time.monotonic()
+        req.future.set_exception(err)
+        self.stats.record_failed(RequestRecord(now - req.t_submit, 0.0, now - req.t_submit,
+                                               req.rows, req.rows, ok=False))
+
+    def _compute(self, reqs: list[Request]) -> None:
+        t0 = time.monotonic()
+        rows = sum(r.rows for r in reqs)
+        bucket = self.options.bucket_for(rows)
+        n_in = len(self.model.inputs)
+        if len(reqs) == 1 and bucket == rows:
+            arrays = reqs[0].arrays
+        else:
+            arrays = []
+            for i in range(n_in):
+                parts = [r.arrays[i] for r in reqs]
+                if bucket > rows:
+                    last = parts[-1][-1:]
+                    parts.append(np.broadcast_to(last, (bucket - rows, *last.shape[1:])))
+                arrays.append(np.concatenate(parts))
+        outs = [np.asarray(o) if not hasattr(o, "get") else o.get()
+                for o in self.executor(arrays)]
+        t1 = time.monotonic()
+        records = []
+        offset = 0
+        for req in reqs:
+            mine = [np.array(o[offset:offset + req.rows]) for o in outs]
+            offset += req.rows
+            if req.unbatched:
+                mine = [m[0] for m in mine]
+            done = time.monotonic()
+            if req.as_dict:
+                req.future.set_result(dict(zip(self.model.output_names, mine, strict=True)))
+            else:
+                req.future.set_result(mine[0] if len(mine) == 1 else tuple(mine))
+            records.append(RequestRecord(t0 - req.t_submit, t1 - t0, done - req.t_submit,
+                                         rows, bucket))
+        self.stats.record_batch(records, rows, bucket)
+
+    # -- closing ---------------------------------------------------------------------------------
+    def close(self, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Stop taking requests; finish the queued ones (``drain``) or fail them."""
+        with self._cond:
+            self._closing = True
+            self._drain = drain
+            self._cond.notify_all()
+        if not drain:
+            self._fail_left(ServerClosedError(f"model {self.model.name!r}: the server was "
+                                              "closed without draining its queue"))
+        self._thread.join(timeout_s)
+        release = getattr(self.executor, "close", None)
+        if release is not None and not self._thread.is_alive():
+            release()  # a GPU executor gives its pinned buffers back
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread runs."""
+        return self._thread.is_alive()

@@ -1,0 +1,250 @@
+"""``pl.inference.load_test``: a server measured the way Triton's perf_analyzer does.
+
+For each concurrency level, that many clients send requests back to back (each waits for
+its answer before sending the next: closed-loop, perf_analyzer's ``--concurrency-range``)
+for a warm-up period, not counted, then for ``duration_s``, measured. The clients are
+coroutines on one event loop in a thread of their own (perf_analyzer's async mode), so
+that a high concurrency does not mean dozens of Python threads competing with the
+batcher for the interpreter. Client-side end-to-end latency goes into a
+:class:`~pyc_lab.profiling.quantiles.QuantileSketch` (bounded memory, 1 % relative
+accuracy); the server reports each measured request's queue wait and compute time and
+its batch's size through an observer of its statistics. Before the first level the
+server is warmed up (every bucket traced, compiled and, on a GPU, captured) and that
+time is reported apart, in ``frame.attrs["warmup_ms"]``.
+
+:func:`sweep` repeats the test over ``max_batch`` and ``max_delay_ms`` settings (a
+server each), which is how to tune them: the throughput-vs-latency curve per setting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..profiling.quantiles import QuantileSketch
+from .errors import InferenceError
+from .stats import RequestRecord
+
+__all__ = ["COLUMNS", "load_test", "sweep"]
+
+log = logging.getLogger(__name__)
+
+#: The columns of a load test's frame, in order.
+COLUMNS = ["concurrency", "max_batch", "max_delay_ms", "requests", "errors", "duration_s",
+           "throughput_rps", "rows_per_s", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms",
+           "queue_mean_ms", "queue_p99_ms", "compute_mean_ms", "compute_p99_ms",
+           "mean_batch", "batch_hist"]
+
+
+def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
+           duration_s: float, warmup_s: float, request_timeout_s: float) -> dict[str, Any]:
+    stats = server.stats(model)
+    measuring = threading.Event()
+    stop = threading.Event()
+    lock = threading.Lock()
+    latency = QuantileSketch()
+    queue = QuantileSketch()
+    compute = QuantileSketch()
+    batch_hist: Counter[int] = Counter()
+    counts = {"requests": 0, "errors": 0, "rows": 0}
+    rows_per_request = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
+    error_text: list[str] = []
+
+    def observe(records: list[RequestRecord]) -> None:
+        if not measuring.is_set():
+            return
+        with lock:
+            for r in records:
+                if r.ok:
+                    queue.add(r.queue_s)
+                    compute.add(r.compute_s)
+            if records and records[0].ok:
+                batch_hist[records[0].batch_rows] += 1
+
+    async def client() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                await server.predict_async(*arrays, model=model,
+                                           timeout_s=request_timeout_s)
+                ok = True
+            except InferenceError as exc:
+                ok = False
+                if not error_text:
+                    error_text.append(str(exc))
+            dt = time.perf_counter() - t0
+            if measuring.is_set():
+                with lock:
+                    if ok:
+                        latency.add(dt)
+                        counts["requests"] += 1
+                        counts["rows"] += rows_per_request
+                    else:
+                        counts["errors"] += 1
+
+    timing: dict[str, float] = {}
+
+    async def drive() -> None:
+        tasks = [asyncio.ensure_future(client()) for _ in range(concurrency)]
+        try:
+            await asyncio.sleep(warmup_s)
+            measuring.set()
+            t0 = time.perf_counter()
+            await asyncio.sleep(duration_s)
+            measuring.clear()
+            timing["elapsed"] = time.perf_counter() - t0
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # the clients are coroutines on one event loop in a thread of their own (like
+    # perf_analyzer's async mode): one client thread, not one per client, competes
+    # with the batcher for the interpreter
+    unobserve = stats.observe(observe)
+    runner = threading.Thread(target=asyncio.run, args=(drive(),), name="pyc-lab-load",
+                              daemon=True)
+    try:
+        runner.start()
+        runner.join()
+    finally:
+        stop.set()
+        unobserve()
+    elapsed = timing.get("elapsed", duration_s)
+
+    def ms(sketch: QuantileSketch, q: float) -> float | None:
+        v = sketch.quantile(q)
+        return None if v is None else v * 1e3
+
+    n = counts["requests"]
+    nb = sum(batch_hist.values())
+    if error_text:
+        log.warning("load test at concurrency %d: %d error(s), the first: %s", concurrency,
+                    counts["errors"], error_text[0])
+    return {
+        "concurrency": concurrency, "max_batch": server.options.max_batch,
+        "max_delay_ms": server.options.max_delay_ms, "requests": n,
+        "errors": counts["errors"], "duration_s": elapsed,
+        "throughput_rps": n / elapsed, "rows_per_s": counts["rows"] / elapsed,
+        "p50_ms": ms(latency, 0.5), "p90_ms": ms(latency, 0.9), "p95_ms": ms(latency, 0.95),
+        "p99_ms": ms(latency, 0.99),
+        "mean_ms": latency.total / n * 1e3 if n else None,
+        "queue_mean_ms": queue.total / queue.count * 1e3 if queue.count else None,
+        "queue_p99_ms": ms(queue, 0.99),
+        "compute_mean_ms": compute.total / compute.count * 1e3 if compute.count else None,
+        "compute_p99_ms": ms(compute, 0.99),
+        "mean_batch": (sum(k * v for k, v in batch_hist.items()) / nb) if nb else None,
+        "batch_hist": dict(sorted(batch_hist.items())),
+    }
+
+
+def load_test(server: Any, concurrency: Sequence[int] = (1, 4, 16, 64), *,
+              duration_s: float = 2.0, warmup_s: float = 0.25, model: str | None = None,
+              inputs: Sequence[Any] | None = None, rows: int = 1,
+              request_timeout_s: float = 30.0,
+              on_level: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    """Measure a server under closed-loop load at several concurrency levels.
+
+    Parameters
+    ----------
+    server
+        A running :class:`~pyc_lab.inference.server.Server`.
+    concurrency
+        Clients per level, each sending its next request when the previous one answered.
+    duration_s
+        Measured seconds per level.
+    warmup_s
+        Seconds per level before measuring (not counted).
+    model
+        Which model (needed when the server has several).
+    inputs
+        One request's inputs (default: random rows of the model's inputs, never zeros).
+    rows
+        Rows per request when ``inputs`` is not given.
+    request_timeout_s
+        A request not answered within this counts as an error (so a stuck server ends
+        the test instead of hanging it).
+    on_level
+        Called with each level's row as soon as it is measured (live views).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per level (columns :data:`COLUMNS`: throughput in requests/s and rows/s,
+        p50/p90/p95/p99 and mean end-to-end latency, queue wait vs compute, mean batch
+        size, the batch-size histogram ``{size: batches}``). ``frame.attrs["warmup_ms"]``
+        holds the warm-up: bucket size -> ms of its first run.
+
+    Raises
+    ------
+    InferenceError
+        If the server is closed or the settings are not positive.
+    """
+    import pandas as pd
+
+    if server.closed:
+        raise InferenceError(f"{server.name} is closed; load-test a running server")
+    levels = [int(c) for c in concurrency]
+    if not levels or min(levels) < 1:
+        raise InferenceError(f"concurrency must be positive numbers of clients, got "
+                             f"{list(concurrency)!r}")
+    if not duration_s > 0 or warmup_s < 0:
+        raise InferenceError("duration_s must be > 0 and warmup_s >= 0")
+    batcher = server._batcher(model)
+    arrays = list(inputs) if inputs is not None else batcher.model.example(int(rows), seed=7)
+    warm = server.warm_up(model)
+    out = []
+    for c in levels:
+        row = _level(server, model, arrays, c, float(duration_s), float(warmup_s),
+                     float(request_timeout_s))
+        out.append(row)
+        log.debug("load test %s at concurrency %d: %.1f req/s", server.name, c,
+                  row["throughput_rps"])
+        if on_level is not None:
+            on_level(row)
+    frame = pd.DataFrame(out, columns=COLUMNS)
+    frame.attrs["warmup_ms"] = warm
+    frame.attrs["model"] = batcher.model.name
+    frame.attrs["server"] = server.name
+    return frame
+
+
+def sweep(model: Any, *, max_batch: Sequence[int] = (1, 8, 64),
+          max_delay_ms: Sequence[float] = (0.0, 2.0), concurrency: Sequence[int] = (1, 16, 64),
+          duration_s: float = 1.0, warmup_s: float = 0.2, inputs: Sequence[Any] | None = None,
+          on_level: Callable[[dict[str, Any]], None] | None = None,
+          **serve_options: Any) -> Any:
+    """Load-test ``model`` under every ``max_batch`` x ``max_delay_ms`` setting.
+
+    Each setting gets its own server (closed afterwards); the frames are concatenated.
+
+    Returns
+    -------
+    pandas.DataFrame
+        :func:`load_test`'s columns, one row per setting and concurrency level.
+        ``frame.attrs["warmup_ms"]`` maps ``(max_batch, max_delay_ms)`` to that server's
+        warm-up.
+    """
+    import pandas as pd
+
+    from .server import serve
+
+    frames, warm = [], {}
+    for mb in max_batch:
+        for delay in max_delay_ms:
+            server = serve(model, max_batch=int(mb), max_delay_ms=float(delay),
+                           **serve_options)
+            try:
+                f = load_test(server, concurrency, duration_s=duration_s, warmup_s=warmup_s,
+                              inputs=inputs, on_level=on_level)
+            finally:
+                server.close()
+            warm[(int(mb), float(delay))] = f.attrs["warmup_ms"]
+            frames.append(f)
+    frame = pd.concat(frames, ignore_index=True)
+    frame.attrs["warmup_ms"] = warm
+    return frame

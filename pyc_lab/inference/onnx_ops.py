@@ -1,0 +1,334 @@
+"""ONNX operators as NumPy-style functions that ``pl.compile`` traces.
+
+Every function here takes arrays (NumPy arrays, CuPy arrays, or the compiler's traced
+proxies) plus Python attributes, and uses only what pyc_lab's compiler has ops for
+(``matmul``, elementwise ufuncs, reductions, ``reshape``/``transpose``/``concatenate``,
+basic slicing, and the compiler's ``softmax``/``layer_norm``/``relu``/``gelu``/
+``sigmoid``), so an imported model compiles into one graph with no graph break.
+
+Convolutions and pooling are written as *im2col* over strided slices followed by one
+matrix product (or an elementwise max/sum): a clean reference that a later
+``pl.conv2d`` replaces in :func:`conv` alone. Shapes are static: a shape-like input
+(``Reshape``'s target, ``ReduceMean``'s axes ...) must be known when the model is
+imported or traced.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..compiler import functions as F
+
+__all__ = [
+    "average_pool",
+    "batch_norm",
+    "conv",
+    "erf",
+    "flatten",
+    "gelu",
+    "gemm",
+    "global_average_pool",
+    "layer_norm",
+    "log_softmax",
+    "max_pool",
+    "pad",
+    "pad_spatial",
+    "reduce_mean",
+    "reshape",
+    "softmax",
+    "softplus",
+]
+
+
+def _zeros_like_shape(x: Any, shape: Sequence[int], value: float = 0.0) -> np.ndarray:
+    return np.full(tuple(shape), value, dtype=np.dtype(x.dtype))
+
+
+def pad_spatial(x: Any, pads: Sequence[int], value: float = 0.0) -> Any:
+    """Pad the spatial axes (2..) of an ``(N, C, *spatial)`` array.
+
+    ``pads`` is ONNX's ``[x1_begin, x2_begin, ..., x1_end, x2_end, ...]``; the padding
+    is a constant ``value``, added by concatenation (an op the compiler has).
+    """
+    nd = x.ndim - 2
+    if not any(pads):
+        return x
+    for i in range(nd):
+        before, after = int(pads[i]), int(pads[i + nd])
+        parts = []
+        if before:
+            shape = list(x.shape)
+            shape[2 + i] = before
+            parts.append(_zeros_like_shape(x, shape, value))
+        parts.append(x)
+        if after:
+            shape = list(x.shape)
+            shape[2 + i] = after
+            parts.append(_zeros_like_shape(x, shape, value))
+        if len(parts) > 1:
+            x = np.concatenate(parts, axis=2 + i)
+    return x
+
+
+def _out_size(size: int, k: int, stride: int, dilation: int) -> int:
+    return (size - dilation * (k - 1) - 1) // stride + 1
+
+
+def _windows(x: Any, kernel: Sequence[int], strides: Sequence[int],
+             dilations: Sequence[int]) -> tuple[list[Any], tuple[int, ...]]:
+    """The strided slices of ``x`` (already padded), one per kernel offset, and the
+    output's spatial shape."""
+    spatial = x.shape[2:]
+    out = tuple(_out_size(n, k, s, d)
+                for n, k, s, d in zip(spatial, kernel, strides, dilations, strict=True))
+    if any(o <= 0 for o in out):
+        raise ValueError(f"the window {tuple(kernel)} does not fit the input's spatial "
+                         f"shape {tuple(spatial)}")
+    views = []
+    for offs in itertools.product(*[range(k) for k in kernel]):
+        index = (slice(None), slice(None),
+                 *(slice(o * d, o * d + s * (n - 1) + 1, s)
+                   for o, d, s, n in zip(offs, dilations, strides, out, strict=True)))
+        views.append(x[index])
+    return views, out
+
+
+def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
+         pads: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
+         group: int = 1) -> Any:
+    """ONNX ``Conv`` (1-D, 2-D, any N-D) as im2col + one matrix product per group.
+
+    Parameters
+    ----------
+    x
+        ``(N, C, *spatial)``.
+    w
+        ``(O, C // group, *kernel)``.
+    b
+        ``(O,)`` or ``None``.
+    strides, pads, dilations, group
+        ONNX's attributes (``pads`` as ``[begins..., ends...]``).
+
+    Returns
+    -------
+    array
+        ``(N, O, *out_spatial)``.
+    """
+    nd = w.ndim - 2
+    kernel = tuple(int(k) for k in w.shape[2:])
+    strides = tuple(strides or (1,) * nd)
+    dilations = tuple(dilations or (1,) * nd)
+    x = pad_spatial(x, tuple(pads or (0,) * (2 * nd)))
+    n, c = int(x.shape[0]), int(x.shape[1])
+    o = int(w.shape[0])
+    cg, og = c // group, o // group
+    kk = math.prod(kernel)
+    outs = []
+    for g in range(group):
+        xg = x if group == 1 else x[:, g * cg:(g + 1) * cg]
+        views, out = _windows(xg, kernel, strides, dilations)
+        p = math.prod(out)
+        # (N, cg, K, P): the column order matches w.reshape(O, cg * K)
+        cols = np.concatenate([np.expand_dims(np.reshape(v, (n, cg, p)), 2) for v in views],
+                              axis=2)
+        cols = np.transpose(np.reshape(cols, (n, cg * kk, p)), (0, 2, 1))  # (N, P, cg*K)
+        wg = w if group == 1 else w[g * og:(g + 1) * og]
+        wmat = np.transpose(np.reshape(wg, (og, cg * kk)))  # (cg*K, og)
+        y = cols @ wmat  # (N, P, og)
+        if b is not None:
+            y = y + (b if group == 1 else b[g * og:(g + 1) * og])
+        outs.append(np.reshape(np.transpose(y, (0, 2, 1)), (n, og, *out)))
+    return outs[0] if group == 1 else np.concatenate(outs, axis=1)
+
+
+def _pool_separably(x: Any, kernel: Sequence[int], strides: Sequence[int],
+                    dilations: Sequence[int], combine: Any) -> Any:
+    """Reduce each window with ``combine`` (max or add), one spatial axis at a time.
+
+    Max and sum over a box window are separable, so an N-D window of ``k1 x k2`` costs
+    ``k1 + k2`` strided slices rather than ``k1 * k2``.
+    """
+    nd = len(kernel)
+    for axis in range(nd):
+        k = [1] * nd
+        s = [1] * nd
+        d = [1] * nd
+        k[axis], s[axis], d[axis] = int(kernel[axis]), int(strides[axis]), int(dilations[axis])
+        views, _ = _windows(x, k, s, d)
+        out = views[0]
+        for v in views[1:]:
+            out = combine(out, v)
+        x = out
+    return x
+
+
+def max_pool(x: Any, kernel: Sequence[int], *, strides: Sequence[int] | None = None,
+             pads: Sequence[int] | None = None,
+             dilations: Sequence[int] | None = None) -> Any:
+    """ONNX ``MaxPool`` (floor mode): the elementwise maximum of the window's slices."""
+    nd = len(kernel)
+    padded = pad_spatial(x, tuple(pads or (0,) * (2 * nd)), value=-np.inf)
+    return _pool_separably(padded, kernel, tuple(strides or (1,) * nd),
+                           tuple(dilations or (1,) * nd), np.maximum)
+
+
+def average_pool(x: Any, kernel: Sequence[int], *, strides: Sequence[int] | None = None,
+                 pads: Sequence[int] | None = None, count_include_pad: bool = False,
+                 dilations: Sequence[int] | None = None) -> Any:
+    """ONNX ``AveragePool`` (floor mode): the window's slices summed, divided by the
+    number of (real, unless ``count_include_pad``) elements under each window."""
+    nd = len(kernel)
+    pads = tuple(pads or (0,) * (2 * nd))
+    strides = tuple(strides or (1,) * nd)
+    dilations = tuple(dilations or (1,) * nd)
+    total = _pool_separably(pad_spatial(x, pads), kernel, strides, dilations, np.add)
+    if count_include_pad or not any(pads):
+        return total / np.asarray(math.prod(kernel), dtype=np.dtype(x.dtype))
+    ones = np.ones((1, 1, *x.shape[2:]), dtype=np.float64)
+    counts = _pool_separably(pad_spatial(ones, pads), kernel, strides, dilations, np.add)
+    return total / counts.astype(np.dtype(x.dtype))
+
+
+def global_average_pool(x: Any) -> Any:
+    """ONNX ``GlobalAveragePool``: the mean over the spatial axes, kept as size 1."""
+    return np.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 1.0,
+         trans_a: bool = False, trans_b: bool = False) -> Any:
+    """ONNX ``Gemm``: ``alpha * a' @ b' + beta * c`` (``'`` = transposed when asked)."""
+    if trans_a:
+        a = np.transpose(a)
+    if trans_b:
+        b = np.transpose(b)
+    y = a @ b
+    if alpha != 1.0:
+        y = y * np.asarray(alpha, dtype=np.dtype(y.dtype))
+    if c is not None:
+        y = y + (c if beta == 1.0 else c * np.asarray(beta, dtype=np.dtype(c.dtype)))
+    return y
+
+
+def batch_norm(x: Any, scale: Any, shift: Any) -> Any:
+    """Inference ``BatchNormalization`` as a per-channel affine map (axis 1).
+
+    ``scale = gamma / sqrt(var + eps)`` and ``shift = beta - mean * scale`` are computed
+    once at import (see :func:`pyc_lab.inference.onnx_import.bn_scale_shift`).
+    """
+    shape = (-1,) + (1,) * (x.ndim - 2)
+    return x * np.reshape(scale, shape) + np.reshape(shift, shape)
+
+
+def erf(x: Any) -> Any:
+    """The error function, Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7).
+
+    NumPy has no ``erf``; this form uses only ops the compiler fuses into one kernel.
+    """
+    dt = np.dtype(x.dtype)
+    p = dt.type(0.3275911)
+    a1, a2, a3 = dt.type(0.254829592), dt.type(-0.284496736), dt.type(1.421413741)
+    a4, a5 = dt.type(-1.453152027), dt.type(1.061405429)
+    ax = np.abs(x)
+    t = 1 / (1 + p * ax)
+    poly = ((((a5 * t + a4) * t + a3) * t + a2) * t + a1) * t
+    r = 1 - poly * np.exp(-(ax * ax))
+    return np.where(x < 0, -r, r)
+
+
+def gelu(x: Any, approximate: str = "none") -> Any:
+    """ONNX ``Gelu``: ``x * Phi(x)`` exactly (``erf``) or with the tanh approximation."""
+    if approximate == "tanh":
+        return F.gelu(x)
+    dt = np.dtype(x.dtype)
+    return dt.type(0.5) * x * (1 + erf(x * dt.type(1.0 / math.sqrt(2.0))))
+
+
+def softmax(x: Any, axis: int = -1, opset: int = 13) -> Any:
+    """ONNX ``Softmax``; before opset 13 the input is coerced to 2-D at ``axis``."""
+    if opset >= 13:
+        return F.softmax(x, axis=axis)
+    axis = axis % x.ndim
+    shape = tuple(x.shape)
+    flat = np.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
+    return np.reshape(F.softmax(flat, axis=-1), shape)
+
+
+def layer_norm(x: Any, gamma: Any = None, beta: Any = None, *, axis: int = -1,
+               eps: float = 1e-5) -> Any:
+    """ONNX ``LayerNormalization`` over the axes from ``axis`` to the last."""
+    axis = axis % x.ndim
+    if axis == x.ndim - 1:
+        return F.layer_norm(x, gamma, beta, eps=eps)
+    axes = tuple(range(axis, x.ndim))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    d = x - mean
+    var = np.mean(d * d, axis=axes, keepdims=True)
+    y = d / np.sqrt(var + np.asarray(eps, dtype=np.dtype(x.dtype)))
+    if gamma is not None:
+        y = y * gamma
+    if beta is not None:
+        y = y + beta
+    return y
+
+
+def log_softmax(x: Any, axis: int = -1) -> Any:
+    """``x - max - log(sum(exp(x - max)))`` along ``axis`` (numerically stable)."""
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def softplus(x: Any) -> Any:
+    """``log(1 + exp(x))`` without overflow: ``max(x, 0) + log(1 + exp(-|x|))``."""
+    return np.maximum(x, np.dtype(x.dtype).type(0)) + np.log(1 + np.exp(-np.abs(x)))
+
+
+def pad(x: Any, pads: Sequence[int], value: float = 0.0) -> Any:
+    """ONNX ``Pad`` in ``constant`` mode over any axes (negative pads crop)."""
+    nd = x.ndim
+    for axis in range(nd):
+        before, after = int(pads[axis]), int(pads[axis + nd])
+        if before < 0 or after < 0:
+            index = [slice(None)] * nd
+            index[axis] = slice(max(-before, 0), x.shape[axis] - max(-after, 0))
+            x = x[tuple(index)]
+            before, after = max(before, 0), max(after, 0)
+        parts = []
+        for n in (before, None, after):
+            if n is None:
+                parts.append(x)
+            elif n:
+                shape = list(x.shape)
+                shape[axis] = n
+                parts.append(_zeros_like_shape(x, shape, value))
+        if len(parts) > 1:
+            x = np.concatenate(parts, axis=axis)
+    return x
+
+
+def reduce_mean(x: Any, axes: Sequence[int] | None, keepdims: bool = True,
+                noop_with_empty_axes: bool = False) -> Any:
+    """ONNX ``ReduceMean``."""
+    if not axes:
+        if noop_with_empty_axes:
+            return x
+        axes = tuple(range(x.ndim))
+    return np.mean(x, axis=tuple(int(a) % x.ndim for a in axes), keepdims=bool(keepdims))
+
+
+def reshape(x: Any, shape: Sequence[int], allowzero: bool = False) -> Any:
+    """ONNX ``Reshape``: ``0`` copies the input's dimension (unless ``allowzero``)."""
+    target = [int(s) for s in shape]
+    if not allowzero:
+        target = [int(x.shape[i]) if s == 0 else s for i, s in enumerate(target)]
+    return np.reshape(x, tuple(target))
+
+
+def flatten(x: Any, axis: int = 1) -> Any:
+    """ONNX ``Flatten``: a 2-D array, the axes before ``axis`` then the rest."""
+    axis = axis % x.ndim if axis else 0
+    return np.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))

@@ -1,0 +1,341 @@
+"""``pl.serve``: models served inside the kernel — sync, futures, asyncio, HTTP.
+
+.. code-block:: python
+
+    server = pl.serve(pl.inference.load("model.onnx"), max_batch=64, max_delay_ms=2)
+    y = server.predict(x)                  # blocks; x may be one row or several
+    fut = server.submit(x)                 # concurrent.futures.Future
+    y = await server.predict_async(x)      # in a coroutine (Jupyter's loop included)
+    url = server.http(port=0).url          # KServe v2 over HTTP on 127.0.0.1
+    server.close()                         # finishes the queued work
+
+Several models at once: ``pl.serve({"a": model_a, "b": model_b})`` and
+``server.predict(x, model="a")``. Each model has its own :class:`~.batcher.Batcher`
+(queue and worker thread) and statistics. Running servers are listed by
+:func:`running_servers` (what ``%pyc_serve`` shows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import weakref
+from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from .batcher import Batcher, ServeOptions
+from .errors import BadRequestError, InferenceError, RequestTimeoutError, ServerClosedError
+from .model import CompiledModel, as_model
+
+__all__ = ["Server", "running_servers", "serve"]
+
+log = logging.getLogger(__name__)
+
+_REGISTRY: dict[int, weakref.ref] = {}
+_REGISTRY_LOCK = threading.Lock()
+_IDS = itertools.count(1)
+
+
+def running_servers() -> list[Server]:
+    """The servers of this process that are open, oldest first."""
+    with _REGISTRY_LOCK:
+        out = [r() for _, r in sorted(_REGISTRY.items())]
+    return [s for s in out if s is not None and not s.closed]
+
+
+def _close_batchers(batchers: list[Batcher]) -> None:
+    for b in batchers:
+        b.close(drain=False, timeout_s=1.0)
+
+
+class Server:
+    """Models behind dynamic batchers, in this process. Build one with :func:`serve`.
+
+    Attributes
+    ----------
+    name
+        ``server-<n>`` (numbered in this process), or the name given.
+    options
+        The :class:`~pyc_lab.inference.batcher.ServeOptions` of every model.
+    models
+        Served name -> :class:`~pyc_lab.inference.model.CompiledModel`.
+    """
+
+    def __init__(self, models: Mapping[str, CompiledModel], options: ServeOptions, *,
+                 name: str | None = None, device: str = "auto") -> None:
+        if not models:
+            raise InferenceError("serve needs at least one model")
+        self.id = next(_IDS)
+        self.name = name or f"server-{self.id}"
+        self.options = options
+        self.device = device
+        self.models: dict[str, CompiledModel] = {}
+        self._batchers: dict[str, Batcher] = {}
+        self._http: Any = None
+        self._closed = False
+        for model_name, model in models.items():
+            self.add(model, name=model_name)
+        self._finalizer = weakref.finalize(self, _close_batchers, list(self._batchers.values()))
+        with _REGISTRY_LOCK:
+            _REGISTRY[self.id] = weakref.ref(self)
+
+    # -- models ------------------------------------------------------------------------------
+    def add(self, model: Any, *, name: str | None = None) -> CompiledModel:
+        """Serve one more model (a :class:`CompiledModel`, or anything :func:`load` takes)."""
+        if self._closed:
+            raise ServerClosedError(f"{self.name} is closed")
+        cm = as_model(model)
+        served = name or cm.name
+        if served in self._batchers:
+            raise InferenceError(f"{self.name} serves a model named {served!r} already; pass "
+                                 "another name")
+        if served != cm.name:
+            cm = CompiledModel(served, cm.compiled, cm.inputs, cm.outputs, cm.weights,
+                               source=cm.source, imported=cm.imported)
+        executor = None
+        if self.device != "cpu":
+            from .gpu import bucket_executor
+
+            executor = bucket_executor(cm, self.options, self.device)
+        self.models[served] = cm
+        self._batchers[served] = Batcher(cm, self.options, executor)
+        if hasattr(self, "_finalizer"):
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _close_batchers,
+                                               list(self._batchers.values()))
+        return cm
+
+    def _batcher(self, model: str | None) -> Batcher:
+        if model is None:
+            if len(self._batchers) != 1:
+                raise InferenceError(f"{self.name} serves {', '.join(self._batchers)}: say "
+                                     "which with model=...")
+            return next(iter(self._batchers.values()))
+        if model not in self._batchers:
+            raise InferenceError(f"{self.name} serves no model {model!r}; it serves "
+                                 f"{', '.join(self._batchers)}")
+        return self._batchers[model]
+
+    # -- requests ------------------------------------------------------------------------------
+    def submit(self, *args: Any, model: str | None = None, timeout_s: float | None = None,
+               **inputs: Any) -> Future:
+        """Queue one request; a ``concurrent.futures.Future`` of its outputs.
+
+        Parameters
+        ----------
+        *args, **inputs
+            The inputs: positional arrays, keywords by input name, or one dict. A request
+            may carry several rows (axis 0), or one row without the batch axis.
+        model
+            Which model (needed when several are served).
+        timeout_s
+            This request's timeout (default: the server's ``timeout_s``).
+
+        Returns
+        -------
+        Future
+            Resolves to the output array (a tuple for several outputs, a dict when the
+            inputs came as a dict), or to the request's error.
+
+        Raises
+        ------
+        BadRequestError
+            If the inputs do not fit the model (they never reach a batch).
+        QueueFullError
+            If ``max_queue`` requests wait already.
+        ServerClosedError
+            If the server is closed.
+        """
+        if self._closed:
+            raise ServerClosedError(f"{self.name} is closed; start another with pl.serve(...)")
+        b = self._batcher(model)
+        as_dict = len(args) == 1 and isinstance(args[0], Mapping) and not inputs
+        try:
+            arrays = b.model.bind(args[0] if as_dict else None, () if as_dict else args,
+                                  inputs)
+        except BadRequestError:
+            b.stats.count("rejected")
+            raise
+        return b.submit(arrays, timeout_s=timeout_s, as_dict=as_dict)
+
+    def predict(self, *args: Any, model: str | None = None, timeout_s: float | None = None,
+                **inputs: Any) -> Any:
+        """Run one request and wait for its outputs (see :meth:`submit`).
+
+        Raises
+        ------
+        RequestTimeoutError
+            If it did not finish within its timeout.
+        """
+        fut = self.submit(*args, model=model, timeout_s=timeout_s, **inputs)
+        timeout = self.options.timeout_s if timeout_s is None else timeout_s
+        try:
+            return fut.result(timeout=timeout)
+        except FutureTimeout:
+            fut.cancel()
+            raise RequestTimeoutError(f"{self.name}: no result within {timeout} s; give a "
+                                      "longer timeout_s, or lower the load") from None
+
+    async def predict_async(self, *args: Any, model: str | None = None,
+                            timeout_s: float | None = None, **inputs: Any) -> Any:
+        """``await server.predict_async(x)``: :meth:`predict` without blocking the loop."""
+        fut = self.submit(*args, model=model, timeout_s=timeout_s, **inputs)
+        timeout = self.options.timeout_s if timeout_s is None else timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
+        except asyncio.TimeoutError:
+            fut.cancel()
+            raise RequestTimeoutError(f"{self.name}: no result within {timeout} s") from None
+
+    def warm_up(self, model: str | None = None) -> dict[int, float]:
+        """Run one batch at every bucket size, so that tracing, compiling and (on the GPU)
+        graph capture happen now rather than in a measured request.
+
+        Returns
+        -------
+        dict
+            Bucket size -> milliseconds its first request took (submit to result).
+        """
+        import time
+
+        b = self._batcher(model)
+        sizes = b.options.bucket_sizes or (1, b.options.max_batch)
+        out: dict[int, float] = {}
+        for size in sizes:
+            arrays = b.model.example(size, seed=size)
+            t0 = time.perf_counter()
+            b.submit(arrays).result(timeout=300)
+            out[int(size)] = (time.perf_counter() - t0) * 1e3
+        return out
+
+    # -- state ------------------------------------------------------------------------------------
+    def stats(self, model: str | None = None) -> Any:
+        """The :class:`~pyc_lab.inference.stats.ModelStats` of ``model`` (the only one by
+        default)."""
+        return self._batcher(model).stats
+
+    def summary(self) -> Any:
+        """One row per model: settings, counters, percentiles (a DataFrame)."""
+        import pandas as pd
+
+        rows = []
+        for name, b in self._batchers.items():
+            snap = b.stats.snapshot()
+            snap.pop("uptime_s")
+            rows.append({"server": self.name, "model": name,
+                         "max_batch": self.options.max_batch,
+                         "max_delay_ms": self.options.max_delay_ms, "queued": b.queued,
+                         **snap})
+        return pd.DataFrame(rows)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def url(self) -> str | None:
+        """The HTTP endpoint's URL, when one runs."""
+        return None if self._http is None else self._http.url
+
+    def describe(self) -> str:
+        """One line per model: name, inputs -> outputs, settings (no timings)."""
+        o = self.options
+        head = (f"{self.name}: {len(self.models)} model(s), max_batch={o.max_batch}, "
+                f"max_delay_ms={o.max_delay_ms:g}, buckets={list(o.bucket_sizes)}, "
+                f"max_queue={o.max_queue}" + ("" if not self.closed else " (closed)"))
+        return "\n".join([head, *(f"  {m.describe()}" for m in self.models.values())])
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    def http(self, port: int = 0, host: str = "127.0.0.1") -> Any:
+        """Serve the KServe v2 protocol over HTTP on ``host:port`` (a background thread).
+
+        Parameters
+        ----------
+        port
+            0 picks a free port (see the returned endpoint's ``url``).
+        host
+            Loopback by default: other processes on this machine only.
+
+        Returns
+        -------
+        HttpEndpoint
+            ``.url``, ``.port``, ``.close()``. Closing the server closes it too.
+        """
+        if self._closed:
+            raise ServerClosedError(f"{self.name} is closed")
+        if self._http is not None:
+            return self._http
+        from .http import HttpEndpoint
+
+        self._http = HttpEndpoint(self, host=host, port=port)
+        return self._http
+
+    # -- closing ---------------------------------------------------------------------------------
+    def close(self, drain: bool = True, timeout_s: float | None = 30.0) -> None:
+        """Stop taking requests, finish the queued ones (``drain``), stop HTTP and the
+        workers. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._http is not None:
+            self._http.close()
+        for b in self._batchers.values():
+            b.close(drain=drain, timeout_s=timeout_s)
+        self._finalizer.detach()
+        with _REGISTRY_LOCK:
+            _REGISTRY.pop(self.id, None)
+        log.debug("%s closed", self.name)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve(model: Any, *, max_batch: int = ServeOptions.max_batch,
+          max_delay_ms: float = ServeOptions.max_delay_ms,
+          buckets: tuple[int, ...] | None = ServeOptions.buckets,
+          max_queue: int = ServeOptions.max_queue,
+          timeout_s: float | None = ServeOptions.timeout_s,
+          nan_policy: str = ServeOptions.nan_policy, name: str | None = None,
+          device: str = "auto") -> Server:
+    """Serve one model, or several, behind dynamic batchers in this process.
+
+    Parameters
+    ----------
+    model
+        A :class:`~pyc_lab.inference.model.CompiledModel`, anything
+        :func:`~pyc_lab.inference.model.load` takes (an ONNX path or ``ModelProto``), or a
+        dict ``{served name: model}``.
+    max_batch, max_delay_ms, buckets, max_queue, timeout_s, nan_policy
+        See :class:`~pyc_lab.inference.batcher.ServeOptions` (the defaults live there).
+    name
+        The server's name (default ``server-<n>``).
+    device
+        ``"auto"``: batches of a model compiled for the GPU run on it through per-bucket
+        CUDA graphs and pinned staging buffers where a GPU is usable, else on the CPU;
+        ``"cpu"``: always the model's own call on host arrays; ``"gpu"``: require a GPU.
+
+    Returns
+    -------
+    Server
+    """
+    if device not in ("auto", "cpu", "gpu"):
+        raise InferenceError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
+    options = ServeOptions(max_batch=max_batch, max_delay_ms=max_delay_ms, buckets=buckets,
+                           max_queue=max_queue, timeout_s=timeout_s, nan_policy=nan_policy)
+    models = dict(model) if isinstance(model, Mapping) else {None: model}
+    resolved = {}
+    for key, m in models.items():
+        cm = as_model(m)
+        resolved[key or cm.name] = cm
+    return Server(resolved, options, name=name, device=device)

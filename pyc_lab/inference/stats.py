@@ -1,0 +1,181 @@
+"""What a server measured, in structures whose size never grows with the run.
+
+Per model: end-to-end latency, queue wait and compute time as
+:class:`~pyc_lab.profiling.quantiles.QuantileSketch` (bounded by the values' range, not
+their number), a batch-size histogram (one counter per size up to ``max_batch``), a
+latency histogram over fixed bucket bounds (what Prometheus scrapes), counters, and a
+ring of the most recent latencies for live views. Observers (the load test) get every
+finished batch's records as they happen.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..profiling.quantiles import QuantileSketch
+
+__all__ = ["LATENCY_BUCKETS_S", "ModelStats", "RequestRecord"]
+
+#: Upper bounds (seconds) of the latency histogram's buckets; the last is +inf.
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, float("inf"))
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One finished request: how long it queued, computed and took end to end.
+
+    Attributes
+    ----------
+    queue_s
+        Submit to the start of its batch.
+    compute_s
+        Its batch's run (stacking, padding, the model, splitting).
+    latency_s
+        Submit to its result being set.
+    batch_rows
+        Rows in its batch before padding.
+    bucket
+        The batch size the model ran at (after padding).
+    ok
+        Whether it succeeded.
+    """
+
+    queue_s: float
+    compute_s: float
+    latency_s: float
+    batch_rows: int
+    bucket: int
+    ok: bool = True
+
+
+class ModelStats:
+    """Counters and distributions of one served model, in fixed-size structures.
+
+    Parameters
+    ----------
+    max_batch
+        The largest batch (the batch histogram's size).
+    recent
+        How many recent latencies the ring keeps for live views.
+    """
+
+    def __init__(self, max_batch: int, recent: int = 4096) -> None:
+        self._lock = threading.Lock()
+        self.max_batch = int(max_batch)
+        self.started = time.monotonic()
+        self.latency = QuantileSketch()
+        self.queue = QuantileSketch()
+        self.compute = QuantileSketch()
+        self.batch_sizes = np.zeros(self.max_batch + 1, dtype=np.int64)
+        self.latency_buckets = np.zeros(len(LATENCY_BUCKETS_S), dtype=np.int64)
+        self.recent: deque[float] = deque(maxlen=int(recent))
+        self.requests = 0
+        self.rows = 0
+        self.batches = 0
+        self.padded_rows = 0
+        self.failed = 0
+        self.rejected = 0
+        self.timed_out = 0
+        self.latency_sum = 0.0
+        self._observers: list[Callable[[list[RequestRecord]], None]] = []
+
+    # -- recording -----------------------------------------------------------------------------
+    def record_batch(self, records: list[RequestRecord], rows: int, bucket: int) -> None:
+        """Count one batch of ``rows`` rows run at size ``bucket``, and its requests."""
+        with self._lock:
+            self.batches += 1
+            self.rows += rows
+            self.padded_rows += bucket - rows
+            self.batch_sizes[min(rows, self.max_batch)] += 1
+            for r in records:
+                self._record(r)
+            observers = list(self._observers)
+        for fn in observers:
+            fn(records)
+
+    def _record(self, r: RequestRecord) -> None:
+        self.requests += 1
+        if not r.ok:
+            self.failed += 1
+        self.latency.add(r.latency_s)
+        self.queue.add(r.queue_s)
+        self.compute.add(r.compute_s)
+        self.latency_sum += r.latency_s
+        self.latency_buckets[bisect.bisect_left(LATENCY_BUCKETS_S, r.latency_s)] += 1
+        self.recent.append(r.latency_s)
+
+    def record_failed(self, record: RequestRecord) -> None:
+        """Count a request whose run raised (outside any batch's counts)."""
+        with self._lock:
+            self._record(record)
+            observers = list(self._observers)
+        for fn in observers:
+            fn([record])
+
+    def count(self, what: str) -> None:
+        """Count a request refused before it ran: ``"rejected"`` (bad or queue full) or
+        ``"timed_out"``."""
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+    def observe(self, fn: Callable[[list[RequestRecord]], None]) -> Callable[[], None]:
+        """Call ``fn(records)`` after every batch; returns a function that stops it."""
+        with self._lock:
+            self._observers.append(fn)
+
+        def stop() -> None:
+            with self._lock:
+                if fn in self._observers:
+                    self._observers.remove(fn)
+
+        return stop
+
+    # -- reading -----------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Counters, percentiles (ms) and the mean batch size, now."""
+        with self._lock:
+            def ms(sketch: QuantileSketch, q: float) -> float | None:
+                v = sketch.quantile(q)
+                return None if v is None else v * 1e3
+
+            sizes = self.batch_sizes
+            n = int(sizes.sum())
+            mean_batch = float((sizes * np.arange(len(sizes))).sum() / n) if n else None
+            return {
+                "requests": self.requests, "rows": self.rows, "batches": self.batches,
+                "failed": self.failed, "rejected": self.rejected, "timed_out": self.timed_out,
+                "padded_rows": self.padded_rows, "mean_batch": mean_batch,
+                "p50_ms": ms(self.latency, 0.5), "p90_ms": ms(self.latency, 0.9),
+                "p99_ms": ms(self.latency, 0.99),
+                "queue_p50_ms": ms(self.queue, 0.5), "compute_p50_ms": ms(self.compute, 0.5),
+                "uptime_s": time.monotonic() - self.started,
+            }
+
+    def batch_histogram(self) -> dict[int, int]:
+        """Batch size -> batches run at that size (sizes seen only)."""
+        with self._lock:
+            return {int(k): int(v) for k, v in enumerate(self.batch_sizes) if v}
+
+    def recent_latencies(self) -> np.ndarray:
+        """The ring of recent latencies (seconds), oldest first."""
+        with self._lock:
+            return np.fromiter(self.recent, dtype=np.float64, count=len(self.recent))
+
+    def footprint(self) -> dict[str, int]:
+        """Sizes of every structure (entries): constant over a long run once warm."""
+        with self._lock:
+            return {"latency_bins": len(self.latency._bins), "queue_bins": len(self.queue._bins),
+                    "compute_bins": len(self.compute._bins),
+                    "batch_sizes": len(self.batch_sizes),
+                    "latency_buckets": len(self.latency_buckets), "recent": len(self.recent),
+                    "observers": len(self._observers)}

@@ -1,0 +1,55 @@
+"""load_test and sweep: perf_analyzer's report as a DataFrame (no timing assertions)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyc_lab.inference.errors import InferenceError
+from pyc_lab.inference.load_testing import COLUMNS, load_test, sweep
+
+
+def test_load_test_reports_each_level(start, affine):
+    server = start(affine, max_batch=8, max_delay_ms=1)
+    seen = []
+    frame = load_test(server, [1, 4], duration_s=0.2, warmup_s=0.05, on_level=seen.append)
+    assert list(frame.columns) == COLUMNS
+    assert list(frame["concurrency"]) == [1, 4] and len(seen) == 2
+    assert (frame["requests"] > 0).all() and (frame["errors"] == 0).all()
+    assert (frame["p50_ms"] <= frame["p99_ms"]).all()
+    assert (frame["p50_ms"] <= frame["p90_ms"]).all()
+    assert all(sum(h.values()) > 0 and max(h) <= 8 for h in frame["batch_hist"])
+    assert sorted(frame.attrs["warmup_ms"]) == [1, 2, 4, 8]
+    assert frame.attrs["model"] == "affine"
+
+
+def test_load_test_with_given_inputs_and_errors(start, affine):
+    server = start(affine, max_batch=4, max_delay_ms=0)
+    frame = load_test(server, [2], duration_s=0.1, warmup_s=0.0,
+                      inputs=[np.ones((3, 4), np.float32)])
+    assert frame["rows_per_s"].iloc[0] == pytest.approx(3 * frame["throughput_rps"].iloc[0])
+    with pytest.raises(InferenceError, match="concurrency"):
+        load_test(server, [0])
+    server.close()
+    with pytest.raises(InferenceError, match="closed"):
+        load_test(server, [1])
+
+
+def test_sweep_serves_each_setting(affine):
+    from pyc_lab.inference.server import running_servers
+
+    frame = sweep(affine, max_batch=(1, 4), max_delay_ms=(0.0,), concurrency=(2,),
+                  duration_s=0.1, warmup_s=0.0)
+    assert list(frame["max_batch"]) == [1, 4]
+    assert set(frame.attrs["warmup_ms"]) == {(1, 0.0), (4, 0.0)}
+    assert not running_servers()
+
+
+def test_face_names_are_the_functions_not_modules():
+    import pyc_lab as pl
+    import pyc_lab.inference.load_testing  # a submodule never shadows a name
+
+    for name in ("load_test", "sweep", "load", "serve", "running_servers"):
+        assert callable(getattr(pl.inference, name)) and \
+            getattr(pl.inference, name).__name__ == name
+    assert pl.serve is pl.inference.serve

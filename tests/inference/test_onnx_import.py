@@ -1,0 +1,291 @@
+"""Every supported ONNX op, imported and compiled, against onnxruntime and onnx.reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from pyc_lab.inference.errors import ModelImportError, UnsupportedOpError  # noqa: E402
+from pyc_lab.inference.model import load  # noqa: E402
+from pyc_lab.inference.onnx_import import SUPPORTED_OPS, import_onnx  # noqa: E402
+
+OPSET = 20
+RNG = np.random.default_rng(1234)
+
+
+def _w(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _model(nodes: list[Any], inputs: dict[str, tuple[int, ...]], outputs: list[str],
+           inits: dict[str, np.ndarray] | None = None, opset: int = OPSET) -> Any:
+    def make(out_shapes: list[Any]) -> Any:
+        graph = helper.make_graph(
+            nodes, "case",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", *s[1:]])
+             for n, s in inputs.items()],
+            [helper.make_tensor_value_info(o, TensorProto.FLOAT, s)
+             for o, s in zip(outputs, out_shapes, strict=True)],
+            [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()])
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        m.ir_version = 9
+        return m
+
+    # the outputs' shapes (axis 0 free) from the reference evaluator
+    probe = ReferenceEvaluator(make([None] * len(outputs))).run(None, _inputs(inputs))
+    return make([["N", *np.shape(p)[1:]] for p in probe])
+
+
+def node(op: str, ins: list[str], out: str = "y", **attrs: Any) -> Any:
+    return helper.make_node(op, ins, [out], name=f"{op.lower()}_node", **attrs)
+
+
+# (id, nodes, input shapes, initializers)
+CASES: list[tuple[str, list[Any], dict[str, tuple[int, ...]], dict[str, np.ndarray]]] = [
+    ("Gemm", [node("Gemm", ["x", "W", "C"], transB=1, alpha=0.5, beta=2.0)], {"x": (5, 7)},
+     {"W": _w(3, 7), "C": _w(3)}),
+    ("Gemm-transA", [node("Gemm", ["x", "W"], transA=1)], {"x": (5, 7)}, {"W": _w(5, 4)}),
+    ("MatMul", [node("MatMul", ["x", "W"])], {"x": (5, 7)}, {"W": _w(7, 3)}),
+    ("MatMul-batched", [node("MatMul", ["x", "W"])], {"x": (2, 5, 7)}, {"W": _w(7, 3)}),
+    ("Conv1d", [node("Conv", ["x", "W", "B"], kernel_shape=[3], pads=[1, 1])],
+     {"x": (3, 4, 10)}, {"W": _w(6, 4, 3), "B": _w(6)}),
+    ("Conv1d-stride-dilation", [node("Conv", ["x", "W"], strides=[2], dilations=[2],
+                                     pads=[2, 1])], {"x": (2, 3, 11)}, {"W": _w(5, 3, 3)}),
+    ("Conv2d", [node("Conv", ["x", "W", "B"], pads=[1, 0, 1, 2], strides=[2, 1])],
+     {"x": (2, 3, 7, 6)}, {"W": _w(4, 3, 3, 2), "B": _w(4)}),
+    ("Conv2d-group", [node("Conv", ["x", "W", "B"], group=2, pads=[1, 1, 1, 1])],
+     {"x": (2, 4, 5, 5)}, {"W": _w(6, 2, 3, 3), "B": _w(6)}),
+    ("BatchNormalization", [node("Relu", ["x"], "r"),
+                            node("BatchNormalization", ["r", "g", "b", "m", "v"])],
+     {"x": (3, 4, 5, 2)},
+     {"g": _w(4), "b": _w(4), "m": _w(4), "v": np.abs(_w(4)) + 0.5}),
+    ("Relu", [node("Relu", ["x"])], {"x": (4, 9)}, {}),
+    ("Gelu", [node("Gelu", ["x"])], {"x": (4, 9)}, {}),
+    ("Gelu-tanh", [node("Gelu", ["x"], approximate="tanh")], {"x": (4, 9)}, {}),
+    ("Sigmoid", [node("Sigmoid", ["x"])], {"x": (4, 9)}, {}),
+    ("Tanh", [node("Tanh", ["x"])], {"x": (4, 9)}, {}),
+    ("Softmax", [node("Softmax", ["x"])], {"x": (4, 9)}, {}),
+    ("Softmax-axis1", [node("Softmax", ["x"], axis=1)], {"x": (2, 5, 3)}, {}),
+    ("LayerNormalization", [node("LayerNormalization", ["x", "g", "b"], epsilon=1e-5)],
+     {"x": (4, 16)}, {"g": _w(16), "b": _w(16)}),
+    ("LayerNormalization-axis1", [node("LayerNormalization", ["x", "g"], axis=1)],
+     {"x": (2, 3, 5)}, {"g": _w(3, 5)}),
+    ("Add", [node("Add", ["x", "c"])], {"x": (4, 6)}, {"c": _w(6)}),
+    ("Sub", [node("Sub", ["c", "x"])], {"x": (4, 6)}, {"c": _w(1, 6)}),
+    ("Mul", [node("Mul", ["x", "x"])], {"x": (4, 6)}, {}),
+    ("Div", [node("Div", ["x", "c"])], {"x": (4, 6)}, {"c": np.abs(_w(6)) + 1}),
+    ("Reshape", [node("Reshape", ["x", "s"])], {"x": (3, 4, 6)},
+     {"s": np.array([0, -1, 3], np.int64)}),
+    ("Flatten", [node("Flatten", ["x"], axis=2)], {"x": (2, 3, 4, 5)}, {}),
+    ("Transpose", [node("Transpose", ["x"], perm=[0, 2, 1])], {"x": (2, 3, 4)}, {}),
+    ("Concat", [node("Concat", ["x", "x2"], axis=1), ], {"x": (3, 2), "x2": (3, 5)}, {}),
+    ("MaxPool2d", [node("MaxPool", ["x"], kernel_shape=[2, 2], strides=[2, 2])],
+     {"x": (2, 3, 6, 7)}, {}),
+    ("MaxPool2d-pads", [node("MaxPool", ["x"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+     {"x": (2, 3, 6, 5)}, {}),
+    ("MaxPool1d-stride", [node("MaxPool", ["x"], kernel_shape=[3], strides=[2])],
+     {"x": (2, 3, 9)}, {}),
+    ("AveragePool-pads", [node("AveragePool", ["x"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+     {"x": (2, 3, 5, 6)}, {}),
+    ("AveragePool-include-pad", [node("AveragePool", ["x"], kernel_shape=[3], pads=[1, 1],
+                                      strides=[2], count_include_pad=1)],
+     {"x": (2, 3, 9)}, {}),
+    ("GlobalAveragePool", [node("GlobalAveragePool", ["x"])], {"x": (2, 3, 4, 5)}, {}),
+    ("ReduceMean", [node("ReduceMean", ["x", "a"], keepdims=0)], {"x": (3, 4, 5)},
+     {"a": np.array([1], np.int64)}),
+    ("ReduceSum", [node("ReduceSum", ["x", "a"])], {"x": (3, 4, 5)},
+     {"a": np.array([-1], np.int64)}),
+    ("Identity", [node("Identity", ["x"])], {"x": (3, 4)}, {}),
+    ("Constant", [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(
+        _w(4), "c")), node("Add", ["x", "c"])], {"x": (3, 4)}, {}),
+    ("ConstantOfShape", [helper.make_node("ConstantOfShape", ["shape"], ["c"],
+                                          value=numpy_helper.from_array(
+                                              np.array([0.75], np.float32))),
+                         node("Mul", ["x", "c"])], {"x": (3, 4)},
+     {"shape": np.array([4], np.int64)}),
+    ("PRelu", [node("PRelu", ["x", "s"])], {"x": (2, 4, 3, 5)}, {"s": _w(4, 1, 1)}),
+    ("Elu-Selu", [node("Elu", ["x"], "e", alpha=0.7), node("Selu", ["e"])], {"x": (3, 5)}, {}),
+    ("Softplus", [node("Mul", ["x", "k"], "b"), node("Softplus", ["b"])], {"x": (3, 5)},
+     {"k": np.array(30.0, np.float32)}),
+    ("LogSoftmax", [node("LogSoftmax", ["x"], axis=1)], {"x": (3, 5, 2)}, {}),
+    ("Pad", [node("Pad", ["x", "p", "v"])], {"x": (2, 3, 4)},
+     {"p": np.array([0, 1, 0, 0, 2, 1], np.int64), "v": np.array(0.5, np.float32)}),
+    ("Slice", [node("Slice", ["x", "st", "en", "ax", "sp"])], {"x": (2, 6, 7)},
+     {"st": np.array([1, -1], np.int64), "en": np.array([5, -8], np.int64),
+      "ax": np.array([1, 2], np.int64), "sp": np.array([2, -2], np.int64)}),
+    ("Split", [helper.make_node("Split", ["x", "sz"], ["a", "b"], axis=1, name="split_node"),
+               node("Sub", ["a", "b"])], {"x": (3, 6)}, {"sz": np.array([3, 3], np.int64)}),
+    ("Exp-Sqrt-Abs", [node("Exp", ["x"], "e"), node("Abs", ["x"], "a"),
+                      node("Sqrt", ["a"], "s"), node("Add", ["e", "s"])], {"x": (3, 4)}, {}),
+    ("Erf", [node("Erf", ["x"])], {"x": (5, 7)}, {}),
+    ("LeakyRelu", [node("LeakyRelu", ["x"], alpha=0.2)], {"x": (5, 7)}, {}),
+    ("Clip", [node("Clip", ["x", "lo", "hi"])], {"x": (5, 7)},
+     {"lo": np.array(-0.5, np.float32), "hi": np.array(0.7, np.float32)}),
+    ("Squeeze-Unsqueeze", [node("Unsqueeze", ["x", "a"], "u"), node("Squeeze", ["u", "a"])],
+     {"x": (3, 4)}, {"a": np.array([1], np.int64)}),
+    ("Pow", [node("Abs", ["x"], "a"), node("Pow", ["a", "p"])], {"x": (3, 4)},
+     {"p": np.array(1.5, np.float32)}),
+]
+
+
+def _inputs(shapes: dict[str, tuple[int, ...]], seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+
+def _close(a: np.ndarray, b: np.ndarray, rtol: float = 2e-5) -> None:
+    scale = max(float(np.max(np.abs(b))), 1e-6)
+    np.testing.assert_allclose(a, b, rtol=0, atol=rtol * scale)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_op_matches_onnxruntime_and_reference(case):
+    ort = pytest.importorskip("onnxruntime")
+    _, nodes, shapes, inits = case
+    m = _model(nodes, shapes, ["y"], inits)
+    model = load(m)
+    assert not model.imported.breaks
+    feeds = _inputs(shapes)
+    got = model(feeds)["y"]
+    ref = ReferenceEvaluator(m).run(None, feeds)[0]
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, feeds)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    _close(got, want)
+    _close(got, ref)
+
+
+def test_every_supported_op_is_tested():
+    tested = {n.op_type for _, nodes, _, _ in CASES for n in nodes}
+    untested = set(SUPPORTED_OPS) - tested - {"Dropout", "Cast", "Shape", "Gather", "Max",
+                                              "Min", "Sum", "Log", "Neg", "Reciprocal"}
+    assert not untested
+
+
+def test_shape_arithmetic_is_folded_at_trace_time():
+    # Flatten written the exporter's way: Shape -> Gather -> Concat -> Reshape
+    nodes = [node("Shape", ["x"], "s"), node("Gather", ["s", "i0"], "n", axis=0),
+             node("Unsqueeze", ["n", "ax"], "n1"), node("Concat", ["n1", "m1"], "t", axis=0),
+             node("Reshape", ["x", "t"], "r"), node("Neg", ["r"], "q"),
+             node("Max", ["q", "r"], "mx"), node("Min", ["mx", "r"], "mn"),
+             node("Sum", ["mn", "r"], "y")]
+    inits = {"i0": np.array(0, np.int64), "ax": np.array([0], np.int64),
+             "m1": np.array([-1], np.int64)}
+    m = _model(nodes, {"x": (3, 4, 5)}, ["y"], inits)
+    feeds = _inputs({"x": (3, 4, 5)})
+    _close(load(m)(feeds)["y"], ReferenceEvaluator(m).run(None, feeds)[0])
+
+
+def test_batch_norm_is_folded_exactly():
+    """Folded weights are the float64 products rounded once to float32."""
+    W, C = _w(8, 5), _w(8)
+    g, b, mu = _w(8), _w(8), _w(8)
+    var = np.abs(_w(8)) + 0.3
+    nodes = [node("Gemm", ["x", "W", "C"], "h", transB=1),
+             node("BatchNormalization", ["h", "g", "b", "m", "v"], epsilon=1e-3)]
+    m = _model(nodes, {"x": (6, 5)}, ["y"], {"W": W, "C": C, "g": g, "b": b, "m": mu,
+                                            "v": var})
+    m.graph.node[1].output[0] = "y"
+    imported = import_onnx(m)
+    assert any("folded" in n for n in imported.notes)
+    assert "BatchNormalization" not in imported.op_counts
+    scale = g.astype(np.float64) / np.sqrt(var.astype(np.float64) + 1e-3)
+    shift = b - mu.astype(np.float64) * scale
+    w_fold, b_fold = imported.weights[0], imported.weights[1]
+    np.testing.assert_array_equal(w_fold, (W.astype(np.float64) * scale[:, None])
+                                  .astype(np.float32))
+    np.testing.assert_array_equal(b_fold, (C * scale + shift).astype(np.float32))
+    # and the output equals the unfolded float64 computation to float32 rounding
+    x = _inputs({"x": (6, 5)})["x"]
+    exact = (x.astype(np.float64) @ W.T.astype(np.float64) + C) * scale + shift
+    got = load(m)(x)
+    np.testing.assert_allclose(got, exact, rtol=0,
+                               atol=8 * np.finfo(np.float32).eps * np.abs(exact).max())
+
+
+def test_conv_batch_norm_is_folded():
+    ort = pytest.importorskip("onnxruntime")
+    nodes = [node("Conv", ["x", "W"], "h", pads=[1, 1]),
+             node("BatchNormalization", ["h", "g", "b", "m", "v"])]
+    inits = {"W": _w(4, 3, 3), "g": _w(4), "b": _w(4), "m": _w(4), "v": np.abs(_w(4)) + 0.2}
+    m = _model(nodes, {"x": (2, 3, 7)}, ["y"], inits)
+    m.graph.node[1].output[0] = "y"
+    model = load(m)
+    assert model.imported.op_counts == {"Conv": 1}
+    feeds = _inputs({"x": (2, 3, 7)})
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    _close(model(feeds)["y"], sess.run(None, feeds)[0])
+
+
+def test_unsupported_op_names_op_and_node():
+    m = _model([node("Cos", ["x"])], {"x": (2, 3)}, ["y"])
+    with pytest.raises(UnsupportedOpError, match=r"'Cos' \(node 'cos_node'"):
+        import_onnx(m, onnxruntime_fallback=False)
+
+
+def test_unsupported_op_runs_through_onnxruntime_as_a_graph_break():
+    pytest.importorskip("onnxruntime")
+    m = _model([node("Relu", ["x"], "r"), node("Cos", ["r"], "c"), node("Tanh", ["c"])],
+               {"x": (2, 3)}, ["y"])
+    model = load(m)
+    assert model.imported.breaks == [("Cos", "cos_node")]
+    feeds = _inputs({"x": (2, 3)})
+    _close(model(feeds)["y"], np.tanh(np.cos(np.maximum(feeds["x"], 0))))
+    text = str(model.explain(batch=2))
+    assert "Cos (node 'cos_node')" in text and "onnxruntime" in text
+    assert model.explain().compiled.graph_breaks
+
+
+def test_unsupported_attribute_is_a_clear_error():
+    m = _model([node("MaxPool", ["x"], kernel_shape=[2], ceil_mode=1)], {"x": (2, 3, 7)},
+               ["y"])
+    with pytest.raises(UnsupportedOpError, match="ceil_mode"):
+        load(m)(_inputs({"x": (2, 3, 7)}))
+
+
+def test_bad_model_inputs_are_clear_errors(tmp_path):
+    with pytest.raises(ModelImportError, match="no ONNX model"):
+        import_onnx(tmp_path / "missing.onnx")
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(ModelImportError):
+        import_onnx(tmp_path / "junk.onnx")
+    with pytest.raises(ModelImportError, match="cannot import"):
+        import_onnx(42)
+
+
+def test_model_from_path_and_metadata(tmp_path):
+    m = _model([node("Gemm", ["x", "W"], transB=1)], {"x": (2, 5)}, ["y"], {"W": _w(3, 5)})
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    model = load(tmp_path / "m.onnx", name="lin")
+    assert model.name == "lin"
+    assert [s.describe() for s in model.inputs] == ["x: float32[N, 5]"]
+    assert model.inputs[0].to_v2() == {"name": "x", "datatype": "FP32", "shape": [-1, 5]}
+    x = _inputs({"x": (2, 5)})["x"]
+    _close(model(x), x @ numpy_helper.to_array(m.graph.initializer[0]).T)
+
+
+def test_function_models_load_with_inputs():
+    w = _w(5, 3)
+
+    def mlp(x):
+        return np.tanh(x @ w)
+
+    model = load(mlp, inputs={"x": ("float32", (None, 5))})
+    x = _inputs({"x": (4, 5)})["x"]
+    _close(model(x), np.tanh(x @ w))
+    assert model.outputs[0].shape == (None, 3)
+    assert "mlp" in str(model.explain())
+    with pytest.raises(Exception, match="inputs="):
+        load(mlp)
+    import pyc_lab as pl
+
+    compiled = pl.compile(mlp)
+    again = load(compiled, inputs={"x": ("float32", (None, 5))}, outputs=["h"], name="m2")
+    assert again.compiled is compiled and again.output_names == ["h"]
+    _close(again(x), np.tanh(x @ w))
