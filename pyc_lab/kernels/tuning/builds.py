@@ -15,13 +15,14 @@ import concurrent.futures as cf
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ..cutlass.config import Epilogue, GemmConfig
 from ..cutlass.nvcc import BuildResult, build
 
-__all__ = ["SharedBuilds"]
+__all__ = ["SharedBuilds", "wait_for_build"]
 
 log = logging.getLogger(__name__)
 
@@ -79,3 +80,19 @@ class SharedBuilds:
     def shutdown(self, wait: bool = False) -> None:
         """Stop taking builds; ``wait`` for the running ones (queued ones are cancelled)."""
         self._pool.shutdown(wait=wait, cancel_futures=True)
+
+
+def wait_for_build(future: cf.Future, deadline: float | None) -> BuildResult | None:
+    """A build's result, waiting no later than ``deadline`` (a ``time.perf_counter()``).
+
+    A tuning budget bounds the wait for builds as well as the candidates started: a
+    build still queued or compiling at the deadline (or cancelled) gives ``None``, and
+    the candidate is recorded as skipped instead of holding the tuning past its budget.
+    ``deadline=None`` waits as long as the build takes.
+    """
+    try:
+        if deadline is None:
+            return future.result()
+        return future.result(timeout=max(0.0, deadline - time.perf_counter()))
+    except (cf.TimeoutError, cf.CancelledError):
+        return None

@@ -40,6 +40,7 @@ from ...units import gemm_flops, tflops
 from ..cutlass.config import GemmConfig, problem_alignment, problem_issue
 from ..cutlass.launch import CutlassGemm
 from ..cutlass.nvcc import BuildResult, build_many
+from .builds import wait_for_build
 from .gemm_reference import (
     TOLERANCE,
     apply_epilogue,
@@ -122,6 +123,8 @@ class GemmRunner:
                  cache: Any = None, builds: Any = None) -> None:
         cp = require_cupy("autotune_gemm")
         opts = options
+        #: Builds not done by then are skipped: the budget bounds waiting for nvcc too.
+        self._deadline = time.perf_counter() + opts.budget_s if opts.budget_s else None
         epi = opts.epilogue
         align = problem_alignment(m, n, k, opts.layout, opts.dtype)
         issue = (problem_issue(m, n, k, opts.layout, opts.dtype, align) if align else
@@ -191,7 +194,10 @@ class GemmRunner:
             raise StopSearch(f"{self._hung} hung; the GPU context is unusable")
         cp = self._cp
         cfg = config_of(candidate)
-        res = self._futures[cfg].result()
+        res = wait_for_build(self._futures[cfg], self._deadline)
+        if res is None:
+            return self._finish(cfg, "skipped", message="its build did not finish within "
+                                "the tuning budget")
         if not res.ok:
             return self._finish(cfg, "compile_error", message=res.message)
         try:

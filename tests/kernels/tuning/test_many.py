@@ -178,3 +178,27 @@ def test_live_many_splits_the_budget_fairly_and_reports_failures(monkeypatch):
     assert frame["best_library"][0] == "cublas"
     assert "no CUTLASS configuration" in frame["message"][1]
     assert (res.builds_requested, res.builds_distinct) == (7, 4)
+
+
+def test_waiting_for_a_build_stops_at_the_deadline():
+    """A build still compiling when the tuning budget ends is given up (None), not
+    waited for; a finished one is returned; no deadline waits."""
+    import concurrent.futures as cf
+    import threading
+    import time
+
+    from pyc_lab.kernels.tuning.builds import wait_for_build
+
+    release = threading.Event()
+    with cf.ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(lambda: release.wait(5) and "built")
+        t0 = time.perf_counter()
+        assert wait_for_build(slow, time.perf_counter() + 0.05) is None
+        assert time.perf_counter() - t0 < 1.0
+        assert wait_for_build(slow, time.perf_counter() - 1.0) is None  # already past
+        release.set()
+        assert wait_for_build(slow, None) == "built"
+        assert wait_for_build(slow, time.perf_counter()) == "built"  # done: no wait
+    cancelled: cf.Future = cf.Future()
+    cancelled.cancel()
+    assert wait_for_build(cancelled, None) is None
