@@ -119,6 +119,9 @@ def _db_stamp() -> tuple:
     database file's path and modification times (file and WAL), the latter looked at
     no more than every :data:`RECHECK_S` seconds."""
     now = time.monotonic()
+    generation = database.generation()
+    if now - _STAMP["at"] < RECHECK_S and _STAMP.get("generation") == generation:
+        return _STAMP["full"]
     if _STAMP["stamp"] is None or now - _STAMP["at"] >= RECHECK_S:
         path = database.default_path()
         stamp: list[Any] = [str(path)]
@@ -128,7 +131,9 @@ def _db_stamp() -> tuple:
             except OSError:
                 stamp.append(None)
         _STAMP.update(at=now, stamp=tuple(stamp))
-    return (database.generation(), *_STAMP["stamp"])
+    full = (generation, *_STAMP["stamp"])
+    _STAMP.update(generation=generation, full=full)
+    return full
 
 
 def find_tuned(m: int, n: int, k: int, dtype: str, layout: str,
