@@ -237,6 +237,35 @@ class CompiledFunction:
             art, _ = self._artifact(args, kwargs)
         return Explanation.from_artifact(self.fn.__name__, art, self.mode)
 
+    def gemm_problems(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        """The GEMMs this function runs for these arguments, as the tuner takes them.
+
+        Traces (or reuses) the function for the arguments and returns one dict per matmul
+        the tuning database can serve (2-D, float16 or float32, after the passes fused
+        any bias and activation into it): ``{"m", "n", "k", "dtype", "layout", "bias",
+        "activation"}``, duplicates dropped; give the list to
+        :func:`pyc_lab.autotune_many`. Matmuls no tuned kernel can take (batched,
+        other dtypes) are left out; :meth:`explain` says why for each.
+        """
+        from .policy import tuned_problem
+
+        art, _ = self._artifact(args, kwargs)
+        graph = art.graph
+        problems: list[dict[str, Any]] = []
+        for node in graph.nodes.values():
+            if node.op != "matmul":
+                continue
+            problem, _why = tuned_problem(node, graph)
+            if problem is None:
+                continue
+            m, n, k, dtype, layout, epilogue = problem
+            item = {"m": m, "n": n, "k": k, "dtype": dtype,
+                    "layout": layout, "bias": epilogue.bias,
+                    "activation": epilogue.activation}
+            if item not in problems:
+                problems.append(item)
+        return problems
+
     def cache_info(self) -> dict[str, int]:
         """Hits, misses and the number of cached signatures."""
         return {**self.stats, "signatures": sum(len(v) for v in self._cache.values())}

@@ -158,3 +158,30 @@ def test_cupy_backend_without_a_gpu_is_a_clear_error(rng):
     f = pl.compile(mlp, backend="cupy")
     with pytest.raises(pl.DeviceUnavailableError, match="needs a CUDA device"):
         f(rng.standard_normal((2, 2)), rng.standard_normal((2, 2)), rng.standard_normal(2))
+
+
+def test_gemm_problems_lists_the_matmuls_the_tuner_can_take():
+    """A compiled MLP's GEMMs, after the passes fused bias and GELU into the first one,
+    as autotune_many takes them; batched and integer matmuls are left out."""
+    from pyc_lab.compiler.functions import gelu
+    from pyc_lab.kernels.tuning.many import parse_problems
+
+    def mlp(x, w1, b1, w2, batch):
+        h = gelu(x @ w1.T + b1)
+        return h @ w2.T, batch @ batch
+
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, (8, 64)).astype(np.float16)
+    w1 = rng.uniform(-1, 1, (128, 64)).astype(np.float16)
+    b1 = rng.uniform(-1, 1, 128).astype(np.float16)
+    w2 = rng.uniform(-1, 1, (64, 128)).astype(np.float16)
+    batch = rng.uniform(-1, 1, (3, 4, 4)).astype(np.float32)
+    problems = pl.compile(mlp).gemm_problems(x, w1, b1, w2, batch)
+    assert {"m": 8, "n": 128, "k": 64, "dtype": "f16", "layout": "tn", "bias": True,
+            "activation": "gelu"} in problems
+    assert {"m": 8, "n": 64, "k": 128, "dtype": "f16", "layout": "tn", "bias": False,
+            "activation": None} in problems
+    assert all(p["m"] != 4 for p in problems)  # the batched matmul is not a tuner problem
+    assert len(problems) == len({tuple(p.items()) for p in problems})
+    labels = {p.label for p in parse_problems(problems)}
+    assert "f16 tn 8x128x64 +bias_gelu" in labels and "f16 tn 8x64x128" in labels

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import PycLabError
-from ..cutlass.config import check_dtype_layout
+from ..cutlass.config import Epilogue, check_dtype_layout
 from .options import GemmTuneOptions
 from .recording import check_problem
 from .result import TuneResult
@@ -49,22 +49,29 @@ SUMMARY_COLUMNS = ["problem", "dtype", "layout", "m", "n", "k", "winner", "winne
 
 @dataclass(frozen=True)
 class GemmProblem:
-    """One GEMM problem to tune: ``a`` (M x K) times ``b`` (K x N) in a dtype and layout."""
+    """One GEMM problem to tune: ``a`` (M x K) times ``b`` (K x N) in a dtype and layout,
+    with an optional fused epilogue (a bias row and/or an activation)."""
 
     m: int
     n: int
     k: int
     dtype: str = GemmTuneOptions.dtype
     layout: str = GemmTuneOptions.layout
+    bias: bool = False
+    activation: str | None = None
 
     def __post_init__(self) -> None:
         check_problem(self.m, self.n, self.k, "autotune_many")
         check_dtype_layout(self.dtype, self.layout)
+        GemmTuneOptions(dtype=self.dtype, layout=self.layout, bias=self.bias,
+                        activation=self.activation)  # checks the activation
 
     @property
     def label(self) -> str:
-        """``"f16 tn 4096x4096x4096"``."""
-        return f"{self.dtype} {self.layout} {self.m}x{self.n}x{self.k}"
+        """``"f16 tn 4096x4096x4096"`` (``... +bias_gelu`` with an epilogue)."""
+        epi = Epilogue(self.bias, self.activation)
+        return (f"{self.dtype} {self.layout} {self.m}x{self.n}x{self.k}"
+                + (f" +{epi.name}" if epi.fused else ""))
 
 
 _SHAPE = re.compile(r"^\s*(\d+)\s*[xX,*]\s*(\d+)\s*[xX,*]\s*(\d+)\s*$")
@@ -80,7 +87,8 @@ def _one(item: Any, dtype: str, layout: str) -> GemmProblem:
         return GemmProblem(*(int(g) for g in match.groups()), dtype, layout)
     if isinstance(item, Mapping):
         return GemmProblem(item["m"], item["n"], item["k"], item.get("dtype", dtype),
-                           item.get("layout", layout))
+                           item.get("layout", layout), bool(item.get("bias", False)),
+                           item.get("activation"))
     if all(hasattr(item, name) for name in ("m", "n", "k")):  # ProblemKey and the like
         return GemmProblem(item.m, item.n, item.k,
                            getattr(item, "dtype_a", getattr(item, "dtype", dtype)),
@@ -101,8 +109,9 @@ def parse_problems(problems: Iterable[Any], dtype: str = GemmTuneOptions.dtype,
     problems
         Tuples ``(M, N, K)``, ``(M, N, K, dtype)`` or ``(M, N, K, dtype, layout)``,
         strings ``"MxNxK"``, dicts with ``m``, ``n``, ``k`` (and optionally ``dtype``,
-        ``layout``), :class:`~pyc_lab.kernels.tuning.keys.ProblemKey` s or
-        :class:`GemmProblem` s.
+        ``layout``, ``bias``, ``activation``: what
+        :meth:`pyc_lab.compiler.CompiledFunction.gemm_problems` returns),
+        :class:`~pyc_lab.kernels.tuning.keys.ProblemKey` s or :class:`GemmProblem` s.
     dtype, layout
         For the items that do not say.
 
@@ -248,9 +257,8 @@ def autotune_many(problems: Iterable[Any], *, budget_s: float | None = None,
     ----------
     problems
         What to tune (see :func:`parse_problems`): e.g. ``[(1, 4096, 4096),
-        (2048, 14336, 4096, "bf16"), "8x4096x4096"]``. A compiled function's matmuls
-        are not collected automatically (the compiler exposes no cheap list of them):
-        pass their shapes.
+        (2048, 14336, 4096, "bf16"), "8x4096x4096"]``, or a compiled function's
+        matmuls for given arguments: ``f.gemm_problems(x, w, b)``.
     budget_s
         Total seconds for the whole list (default 60 per problem), shared fairly: each
         problem gets an equal share of what the problems before it left over.
@@ -301,7 +309,8 @@ def autotune_many(problems: Iterable[Any], *, budget_s: float | None = None,
                 continue
             share = _share(budget_s, started, len(items) - i)
             popts = dataclasses.replace(opts, dtype=p.dtype, layout=p.layout, budget_s=share,
-                                        workers=workers or opts.workers)
+                                        workers=workers or opts.workers, bias=p.bias,
+                                        activation=p.activation)
             t0 = time.perf_counter()
             result.results[p] = None
             try:
@@ -342,7 +351,8 @@ def _start_builds(items: list[GemmProblem], opts: GemmTuneOptions, workers: int 
     shared = SharedBuilds(workers or opts.workers, cache)
     lists = []
     for p in items:
-        popts = dataclasses.replace(opts, dtype=p.dtype, layout=p.layout)
+        popts = dataclasses.replace(opts, dtype=p.dtype, layout=p.layout, bias=p.bias,
+                                    activation=p.activation)
         try:
             lists.append((popts, candidates_for(p.m, p.n, p.k, popts, cc, sm_count)[0]))
         except PycLabError as exc:

@@ -202,3 +202,13 @@ def test_waiting_for_a_build_stops_at_the_deadline():
     cancelled: cf.Future = cf.Future()
     cancelled.cancel()
     assert wait_for_build(cancelled, None) is None
+
+
+def test_problems_carry_their_epilogue():
+    from pyc_lab.kernels.tuning.many import GemmProblem, parse_problems
+
+    (p,) = parse_problems([{"m": 8, "n": 128, "k": 64, "bias": True, "activation": "relu"}])
+    assert (p.bias, p.activation, p.label) == (True, "relu", "f16 tn 8x128x64 +bias_relu")
+    assert GemmProblem(8, 128, 64).label == "f16 tn 8x128x64"
+    with pytest.raises(pl.PycLabError, match="activation"):
+        GemmProblem(8, 128, 64, activation="tanh")
