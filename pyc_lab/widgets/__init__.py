@@ -7,8 +7,10 @@ HTML and text elsewhere; its ``text/plain`` and ``text/html`` reprs are determin
 from .autotune import AutotuneWidget, KernelComparison
 from .belt_sweep import SweepChart
 from .inference import LoadTestChart, ServerMonitor, ServersView
+from .many_tuning import ManyTuningChart
 from .timeline import TimelineWidget, compare
 from .topology import TopologyWidget
 
-__all__ = ["AutotuneWidget", "KernelComparison", "LoadTestChart", "ServerMonitor",
-           "ServersView", "SweepChart", "TimelineWidget", "TopologyWidget", "compare"]
+__all__ = ["AutotuneWidget", "KernelComparison", "LoadTestChart", "ManyTuningChart",
+           "ServerMonitor", "ServersView", "SweepChart", "TimelineWidget", "TopologyWidget",
+           "compare"]
