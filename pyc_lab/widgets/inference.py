@@ -88,8 +88,11 @@ class ServersView(View):
         return f"<div class='pyc-lab-servers'><h4>{escape(self._header())}</h4>{body}</div>"
 
     def widget(self) -> Any:
-        """The HTML table as an ipywidget."""
-        return html_widget(self.to_html())
+        """The HTML table in an ipywidgets box (a box, so that the front end lays it out
+        as the other views)."""
+        import ipywidgets as w
+
+        return w.VBox([html_widget(self.to_html())], layout=w.Layout(width="100%"))
 
 
 class ServerMonitor(View):
