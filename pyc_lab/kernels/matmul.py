@@ -136,6 +136,16 @@ def _db_stamp() -> tuple:
     return full
 
 
+def _alignment_issue(m: int, n: int, k: int, layout: str, dtype: str) -> str:
+    """Why no tuned kernel of any alignment the tuner builds (16 bytes, or the lower
+    ones for extents that are not multiples of 8) can take the problem, or ``""``."""
+    from .cutlass.config import problem_alignment
+
+    align = problem_alignment(m, n, k, layout, dtype)
+    return cg.problem_issue(m, n, k, layout, dtype, align) if align else (
+        cg.problem_issue(m, n, k, layout, dtype) or "no kernel alignment fits the problem")
+
+
 def find_tuned(m: int, n: int, k: int, dtype: str, layout: str,
                epilogue: cg.Epilogue | None = None) -> tuple[Any, str]:
     """The tuning database's best kernel for a problem on this GPU.
@@ -147,7 +157,7 @@ def find_tuned(m: int, n: int, k: int, dtype: str, layout: str,
         bucket) and ``"exact match (MxNxK)"``-style text, or ``None`` and why not.
     """
     epilogue = epilogue or cg.Epilogue()
-    issue = cg.problem_issue(m, n, k, layout, dtype)
+    issue = _alignment_issue(m, n, k, layout, dtype)
     if issue:
         return None, issue
     try:
@@ -273,18 +283,12 @@ def winning_entry(m: int, n: int, k: int, dtype: str, layout: str,
         ("exact match (MxNxK): tuned kernel 0.391 ms beat cuBLAS 0.398 ms in its tuning
         run"), and ``{"match": ...}`` when an entry was found.
     """
-    epilogue = epilogue or cg.Epilogue()
-    what = f"{m}x{n}x{k} {dtype} {layout}" + (f" +{epilogue.name}" if epilogue.fused else "")
-    issue = cg.problem_issue(m, n, k, layout, dtype)
-    if issue:
-        return None, issue, {}
+    found, why = find_tuned(m, n, k, dtype, layout, epilogue)
+    if found is None:
+        return None, why, {}
     try:
         device, _cc, _sm = device_key()
         with database.TuningDB() as db:
-            found = db.lookup(device, ProblemKey(epilogue.op, dtype, dtype, dtype, layout,
-                                                 m, n, k))
-            if found is None:
-                return None, f"no tuned kernel for {what} on this GPU", {}
             baselines = db.baselines(device, found.problem_matched,
                                      run_id=found.measurement.run_id)
     except Exception as exc:

@@ -239,6 +239,20 @@ def test_bf16_goes_to_cublaslt_unless_a_tuned_kernel_won(tuned_db, monkeypatch):
         plan.choice["reason"]
 
 
+def test_unaligned_extents_reach_the_lower_alignment_kernels(tuned_db):
+    """Extents that are multiples of 4 (not 8) are tuned with alignment-4 kernels; a
+    winner among them serves pl.matmul. Odd extents fit no kernel and stay with the
+    library, saying why."""
+    record(gemm(1000, 4100, 4100), 0.30, {"cublas": 0.40})
+    a, w = FakeGpuArray((1000, 4100)), FakeGpuArray((4100, 4100))
+    plan = pl.matmul_plan(a, w.T)
+    assert plan.choice["impl"] == "cutlass", plan.choice
+    odd_a, odd_w = FakeGpuArray((7, 4099)), FakeGpuArray((4096, 4099))
+    plan = pl.matmul_plan(odd_a, odd_w.T)
+    assert plan.choice["impl"] == "cublas"
+    assert "not a multiple of 8" in plan.choice["reason"], plan.choice
+
+
 def test_a_batch_times_a_matrix_is_folded_into_one_tuned_problem(tuned_db, monkeypatch):
     monkeypatch.setattr(cublaslt, "status", lambda: (True, "nvmath-python"))
     record(gemm(4 * 64, 384, 512), 0.30, {"cublas": 0.398})
