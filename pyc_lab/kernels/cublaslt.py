@@ -194,13 +194,7 @@ class FusedGemm:
 
     def free(self) -> None:
         """Release the cuBLASLt plans and their workspaces."""
-        for mm in self._plans.values():
-            try:
-                mm.free()
-            except Exception as exc:
-                log.debug("freeing a cuBLASLt plan: %s", exc)
-        self._plans.clear()
-        self._bound.clear()
+        _free_plans(self._plans, self._bound)
 
 
 def why_not_plain(a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: str) -> str:
@@ -279,10 +273,15 @@ class LtMatmul:
 
     def free(self) -> None:
         """Release the cuBLASLt plans and their workspaces."""
-        for mm in self._plans.values():
-            try:
-                mm.free()
-            except Exception as exc:
-                log.debug("freeing a cuBLASLt plan: %s", exc)
-        self._plans.clear()
-        self._bound.clear()
+        _free_plans(self._plans, self._bound)
+
+
+def _free_plans(plans: dict[tuple, Any], bound: dict[tuple, Any]) -> None:
+    """Free nvmath plans (a failure is logged, never raised) and forget their bindings."""
+    for mm in plans.values():
+        try:
+            mm.free()
+        except Exception as exc:
+            log.debug("freeing a cuBLASLt plan: %s", exc)
+    plans.clear()
+    bound.clear()
