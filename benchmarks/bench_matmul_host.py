@@ -60,6 +60,9 @@ def calls_for(cp: Any, torch: Any, dtype: str, size: int
         cases["torch.matmul"] = lambda: torch.matmul(ta, tw.T)
         cases["torch.matmul(out=)"] = lambda: torch.matmul(ta, tw.T, out=tout)
         cases["pl.matmul(torch)"] = lambda: pl.matmul(ta, tw.T)
+        cases["pl.matmul(torch, out=)"] = lambda: pl.matmul(ta, tw.T, out=tout)
+        tplan = pl.matmul_plan(ta, tw.T, out=tout)
+        cases["plan(torch, out=)"] = lambda: tplan(ta, tw.T)
     return plan, cases
 
 
@@ -80,8 +83,10 @@ def run(size: int, calls: int, repeats: int) -> list[dict[str, Any]]:
                    **per_call_us(fn, calls, repeats, sync)}
             if name.startswith("pl.matmul"):
                 row["impl"] = pl.kernels.matmul.last_choice["impl"]
+                row["direct"] = pl.kernels.matmul.last_choice.launch.direct is not None
             if name.startswith("plan"):
                 row["impl"] = plan.choice["impl"]
+                row["direct"] = plan._direct is not None
             rows.append(row)
             print(f"{dtype:9s} {name:22s} {row['median_us']:7.1f} us", file=sys.stderr)
     return rows

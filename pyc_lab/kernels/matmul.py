@@ -72,6 +72,7 @@ _KERNELS: dict[tuple, Any] = {}
 _MEMO: dict[tuple, tuple[Any, str]] = {}
 _WINNERS: dict[tuple, tuple[Any, str, dict[str, Any]]] = {}
 _LAUNCHES: dict[tuple, Launch] = {}
+_TORCH_LAUNCHES: dict[tuple, Launch] = {}
 _LOCK = threading.Lock()
 _STAMP: dict[str, Any] = {"at": -1e9, "stamp": None}
 
@@ -110,6 +111,7 @@ def forget() -> None:
         _MEMO.clear()
         _WINNERS.clear()
         _LAUNCHES.clear()
+        _TORCH_LAUNCHES.clear()
         _KERNELS.clear()
         _STAMP.update(at=-1e9, stamp=None)
 
@@ -437,7 +439,19 @@ def _call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
         if bias.ndim != 1:
             bias = bias.reshape(-1)
     last_choice.launch = launch
+    if launch.direct is not None and bias is None:
+        y = launch.direct.cupy(a, b, out)
+        if y is not None:
+            return y
     return launch.run(a, b, out, bias)
+
+
+def _torch_signature(a: Any, b: Any, out: Any, alpha: Any, beta: Any, tf32: Any) -> tuple:
+    """The memo key of a call on torch tensors without bias or activation."""
+    return (a.shape, a.stride(), a.dtype, a.device, a.requires_grad,
+            b.shape, b.stride(), b.dtype, b.device, b.requires_grad,
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            alpha, beta, tf32)
 
 
 def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0,
@@ -495,6 +509,18 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
 def _torch_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
                 activation: str | None, tf32: bool) -> Any:
     """pl.matmul on torch tensors: viewed as CuPy (CUDA) or NumPy (CPU) arrays."""
+    key: tuple | None = None
+    if bias is None and activation is None:
+        try:
+            key = _torch_signature(a, b, out, alpha, beta, tf32)
+            hit = _TORCH_LAUNCHES.get(key)
+        except (AttributeError, TypeError):  # b or out not a tensor, unhashable scales
+            key = hit = None
+        if hit is not None and (hit.stamp is None or hit.stamp == _db_stamp()):
+            last_choice.launch = hit
+            y = hit.direct.torch(a, b, out)
+            if y is not None:
+                return y
     if kind(b) != "torch":
         raise PycLabError(f"matmul: a is a torch tensor and b a {type(b).__name__}; give "
                           "both as torch tensors")
@@ -512,7 +538,13 @@ def _torch_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
         conv = cupy_of_torch
         y = _call(conv(a), conv(b), None if out is None else conv(out), alpha, beta,
                   conv(bias) if kind(bias) == "torch" else bias, activation, tf32)
-        return out if out is not None else torch_of(y)
+    made = last_choice.launch
+    if key is not None and made is not None and made.direct is not None:
+        with _LOCK:
+            if len(_TORCH_LAUNCHES) > 4096:
+                _TORCH_LAUNCHES.clear()
+            _TORCH_LAUNCHES[key] = made
+    return out if out is not None else torch_of(y)
 
 
 def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = None,
@@ -564,8 +596,10 @@ def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = No
                                 activation=activation,
                                 out=None if out is None else numpy_of_torch(out),
                                 alpha=alpha, beta=beta, tf32=tf32)
+        tsig = (a.shape, a.stride(), a.dtype, a.device, a.requires_grad,
+                b.shape, b.stride(), b.dtype, b.device, b.requires_grad)
         return MatmulPlan(inner._launch, "torch", inner._sig, out, bias, inner.shape,
-                          inner.dtype)
+                          inner.dtype, tsig if a.is_cuda else None)
     bias = check_inputs(a, b, out, alpha, beta, bias, activation, ACTIVATIONS)
     if bias is not None and kind(a) == "cupy" and kind(bias) != "cupy":
         import cupy as cp

@@ -11,6 +11,8 @@ and dtypes it was made for.
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +30,10 @@ from .arrays import (
 from .matmul_inputs import result_shape
 from .matmul_route import library_path
 
-__all__ = ["TUNED_DTYPES", "Launch", "MatmulPlan", "build_launch", "operand_layout"]
+log = logging.getLogger(__name__)
+
+__all__ = ["TUNED_DTYPES", "Direct", "Launch", "MatmulPlan", "build_launch", "direct_for",
+           "operand_layout"]
 
 #: Array dtypes with tuned kernels, and their kernel dtype (float32 -> "tf32" with tf32=True).
 TUNED_DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
@@ -44,6 +49,122 @@ def operand_layout(a: Any, b: Any) -> str:
     return la + lb if la and lb else ""
 
 
+class Direct:
+    """A library GEMM of one fixed problem issued straight to cuBLAS or cuBLASLt
+    (:mod:`.blas_direct`): a call passes three pointers and the caller's stream.
+
+    Attributes
+    ----------
+    gemm
+        The :class:`~.blas_direct.CublasGemm` or :class:`~.blas_direct.LtGemm`.
+    shape, dtype
+        The product's shape and dtype name (for a new output).
+    device
+        The CUDA device the problem was made on.
+    extents
+        Bytes spanned by ``a``, ``b`` and ``out`` (an ``out`` overlapping an operand
+        goes to the array library, which copies).
+    """
+
+    __slots__ = ("device", "dtype", "extents", "gemm", "shape")
+
+    def __init__(self, gemm: Any, shape: tuple[int, ...], dtype: str, device: int,
+                 extents: tuple[int, int, int]) -> None:
+        self.gemm = gemm
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self.extents = extents
+
+    def _overlaps(self, pa: int, pb: int, po: int) -> bool:
+        ea, eb, eo = self.extents
+        return (po < pa + ea and pa < po + eo) or (po < pb + eb and pb < po + eo)
+
+    def cupy(self, a: Any, b: Any, out: Any) -> Any:
+        """Run on CuPy arrays (into ``out`` or a new array) on CuPy's current stream;
+        ``None`` (nothing run) when ``out`` overlaps an operand."""
+        import cupy as cp
+
+        if cp.cuda.runtime.getDevice() != self.device:
+            with cp.cuda.Device(self.device):
+                return self.cupy(a, b, out)
+        pa, pb = a.data.ptr, b.data.ptr
+        if out is None:
+            out = cp.empty(self.shape, dtype=a.dtype)
+        elif self._overlaps(pa, pb, out.data.ptr):
+            return None
+        self.gemm(pa, pb, out.data.ptr, cp.cuda.get_current_stream().ptr)
+        return out
+
+    def torch(self, a: Any, b: Any, out: Any) -> Any:
+        """Run on CUDA torch tensors (into ``out`` or a new tensor) on torch's current
+        stream; ``None`` (nothing run) when ``out`` overlaps an operand."""
+        import cupy as cp
+        import torch
+
+        if cp.cuda.runtime.getDevice() != self.device:
+            with cp.cuda.Device(self.device):
+                return self.torch(a, b, out)
+        pa, pb = a.data_ptr(), b.data_ptr()
+        if out is None:
+            out = torch.empty(self.shape, dtype=a.dtype, device=a.device)
+        elif self._overlaps(pa, pb, out.data_ptr()):
+            return None
+        self.gemm(pa, pb, out.data_ptr(), torch.cuda.current_stream(self.device).cuda_stream)
+        return out
+
+
+def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
+    """Bytes from an array's first element to the end of its last (non-negative strides)."""
+    return sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) * itemsize + itemsize
+
+
+def _elements(x: Any) -> tuple[int, ...] | None:
+    """A CuPy array's strides in elements (``None`` if one is not a whole element)."""
+    size = x.dtype.itemsize
+    st = tuple(s // size for s in x.strides)
+    return st if all(s * size == t for s, t in zip(st, x.strides, strict=True)) else None
+
+
+def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
+               result: str) -> Direct | None:
+    """The :class:`Direct` form of a plain library GEMM on CuPy arrays, or ``None`` where
+    it has none (nvmath-python missing, dtypes that differ, operands that are not BLAS
+    matrices); the array-library launch runs those.
+    """
+    from . import blas_direct, blas_layout, cublaslt
+
+    if impl not in ("cublas", "cublaslt") or not cublaslt.status()[0]:
+        return None
+    da, db = dtype_name(a.dtype), dtype_name(b.dtype)
+    if da != db or da != result or result not in blas_direct.CUDA_DTYPES:
+        return None
+    shape = result_shape(tuple(a.shape), tuple(b.shape))
+    if out is not None and (dtype_name(out.dtype) != result or tuple(out.shape) != shape):
+        return None
+    sa, sb = _elements(a), _elements(b)
+    if out is None:
+        so: tuple[int, ...] | None = tuple(
+            int(math.prod(shape[i + 1:])) for i in range(len(shape)))
+    else:
+        so = _elements(out)
+    if sa is None or sb is None or so is None:
+        return None
+    gemm = blas_layout.describe(tuple(a.shape), sa, tuple(b.shape), sb, so)
+    if isinstance(gemm, str):
+        return None
+    make = blas_direct.CublasGemm if impl == "cublas" else blas_direct.LtGemm
+    try:
+        g = make(gemm, result, alpha, beta if out is not None else 0.0)
+    except Exception as exc:  # a library that cannot be loaded: the array path runs
+        log.info("no direct %s call for this GEMM: %s", impl, exc)
+        return None
+    size = a.dtype.itemsize
+    extents = (_extent(tuple(a.shape), sa, size), _extent(tuple(b.shape), sb, size),
+               _extent(shape, so, size))
+    return Direct(g, shape, result, a.device.id, extents)
+
+
 class Launch:
     """What runs for one problem signature: ``run(a, b, out, bias)`` and why.
 
@@ -57,15 +178,19 @@ class Launch:
     stamp
         The tuning-database stamp the choice was made under (``None`` when the database
         was not asked: NumPy, float64, batched...).
+    direct
+        The same library GEMM as a :class:`Direct` call (plain GEMMs whose operands are
+        BLAS matrices), which ``pl.matmul`` and plans run instead of ``run``; or ``None``.
     """
 
-    __slots__ = ("choice", "run", "stamp")
+    __slots__ = ("choice", "direct", "run", "stamp")
 
     def __init__(self, run: Callable[..., Any], choice: dict[str, Any],
-                 stamp: Any = None) -> None:
+                 stamp: Any = None, direct: Direct | None = None) -> None:
         self.run = run
         self.choice = choice
         self.stamp = stamp
+        self.direct = direct
 
 
 def _fold(a: Any, b: Any) -> tuple[int, int] | None:
@@ -159,8 +284,11 @@ def build_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
         run = launch.lt_runner(cublaslt.LtMatmul(), result, shape, fold)
     else:
         run = launch.cublas_runner(result, shape, alpha, beta, activation)
+    direct = None
+    if bias is None and activation is None and not (impl == "cublaslt" and not plain):
+        direct = direct_for(a, b, out, impl, alpha, beta, result)
     reason = f"{why_tuned}; {why}" if why_tuned else why
-    return Launch(run, {"impl": impl, "reason": reason, **extra}, stamp_now)
+    return Launch(run, {"impl": impl, "reason": reason, **extra}, stamp_now, direct)
 
 
 def capturable_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
@@ -168,8 +296,8 @@ def capturable_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias:
     """``chosen``, or where it runs cuBLAS through CuPy, the same GEMM through cuBLASLt.
 
     CuPy refuses cuBLAS calls while a stream is being captured into a CUDA graph; a
-    plain cuBLASLt GEMM (nvmath-python) can be captured. CUTLASS and cuBLASLt choices are
-    capturable as they are.
+    cuBLAS GEMM issued directly (:class:`Direct`, with a workspace of its own) and a
+    plain cuBLASLt GEMM can be captured, and so can CUTLASS and cuBLASLt choices.
 
     Raises
     ------
@@ -179,6 +307,11 @@ def capturable_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias:
     """
     if chosen.choice["impl"] != "cublas":
         return chosen
+    if chosen.direct is not None:
+        return Launch(chosen.run, {**chosen.choice, "reason": chosen.choice["reason"]
+                                   + "; cuBLAS called directly with a workspace of its own, "
+                                   "so the call can be captured"},
+                      chosen.stamp, chosen.direct)
     from . import cublaslt
 
     da, db = dtype_name(a.dtype), dtype_name(b.dtype)
@@ -226,10 +359,13 @@ class MatmulPlan:
     """
 
     def __init__(self, launch_: Launch, array_kind: str, signature: tuple, out: Any,
-                 bias: Any, shape: tuple[int, ...], dtype: str) -> None:
+                 bias: Any, shape: tuple[int, ...], dtype: str,
+                 torch_signature: tuple | None = None) -> None:
         self._launch = launch_
         self.kind = array_kind
         self._sig = signature
+        self._tsig = torch_signature
+        self._direct = launch_.direct if bias is None else None
         self.out = out
         self.bias = bias
         self.shape = shape
@@ -264,6 +400,18 @@ class MatmulPlan:
         """Run the plan on ``a`` and ``b`` (into ``out``, else the plan's ``out``, else a
         new array), with ``bias`` (else the plan's)."""
         out = self.out if out is None else out
+        direct = self._direct
+        if direct is not None and bias is None:
+            if self.kind == "cupy":
+                self._check(a, b)
+                y = direct.cupy(a, b, out)
+            elif (a.shape, a.stride(), a.dtype, a.device, a.requires_grad, b.shape,
+                  b.stride(), b.dtype, b.device, b.requires_grad) == self._tsig:
+                y = direct.torch(a, b, out)
+            else:
+                y = None
+            if y is not None:
+                return y
         bias = self.bias if bias is None else bias
         if self.kind != "torch":
             self._check(a, b)

@@ -169,7 +169,7 @@ def test_a_plan_replays_from_a_cuda_graph(dtype):
     w, w64 = rand((N, K), dtype)
     out = poisoned((M, N), dtype)
     plan = pl.matmul_plan(a, w.T, out=out, capturable=True)
-    assert plan.choice["impl"] in ("cutlass", "cublaslt"), plan.choice
+    assert plan.choice["impl"] in ("cutlass", "cublaslt", "cublas"), plan.choice
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         plan(a, w.T)  # binds pointers, sets up workspaces: outside the capture
@@ -188,13 +188,15 @@ def test_a_plan_replays_from_a_cuda_graph(dtype):
             check(out, fresh64 @ w64.T, dtype, K)
 
 
-def test_a_cublas_plan_says_how_to_capture_it():
-    a, _ = rand((M, K), "float16")
+def test_a_cupy_matmul_plan_says_how_to_capture_it():
+    """Operands that are not BLAS matrices (no unit stride) run through cupy.matmul,
+    which refuses a capture: the plan says what to do instead."""
+    a, _ = rand((M, 2 * K), "float16")
+    a = a[:, ::2]  # every other column: no unit stride
     w, _ = rand((N, K), "float16")
     out = poisoned((M, N), "float16")
     plan = pl.matmul_plan(a, w.T, out=out)
-    if plan.choice["impl"] != "cublas":
-        pytest.skip(f"this problem does not route to cupy.matmul here: {plan.choice}")
+    assert plan.choice["impl"] == "cublas" and plan._direct is None, plan.choice
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         plan(a, w.T)
@@ -271,3 +273,96 @@ def test_torch_data_pointer_is_shared_not_copied():
     assert pl.matmul(a, w.T, out=out) is out and out.data_ptr() == ptr
     torch.cuda.synchronize()
     check(out, a.double().cpu().numpy() @ w.double().cpu().numpy().T, "float16", 32)
+
+
+# -- the direct library call (pointers and a stream, no per-call derivation) ---------------
+
+DIRECT_CASES = {
+    "row-major": lambda d: (rand((M, K), d), rand((K, N), d)),
+    "linear-layer": lambda d: (rand((M, K), d), _t(rand((N, K), d))),
+    "both-transposed": lambda d: (_t(rand((K, M), d)), _t(rand((N, K), d))),
+    "gemv": lambda d: (rand((1, K), d), _t(rand((N, K), d))),
+    "one-column": lambda d: (rand((M, K), d), rand((K, 1), d)),
+    "padded-rows": lambda d: (_cols(rand((M, K + 8), d), K), rand((K, N), d)),
+    "batched": lambda d: (rand((3, M, K), d), rand((3, K, N), d)),
+    "broadcast-b": lambda d: (_t3(rand((3, K, M), d)), _t(rand((N, K), d))),
+}
+
+
+def _t(pair):
+    x, x64 = pair
+    return x.swapaxes(-1, -2), x64.swapaxes(-1, -2)
+
+
+def _t3(pair):  # a batched transposed view: not foldable, so a real strided batch
+    return _t(pair)
+
+
+def _cols(pair, k):
+    x, x64 = pair
+    return x[:, :k], x64[:, :k]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(DIRECT_CASES))
+def test_the_direct_call_computes_every_blas_layout(dtype, case):
+    if not cublaslt.status()[0]:
+        pytest.skip("no nvmath-python: no direct library calls")
+    (a, a64), (b, b64) = DIRECT_CASES[case](dtype)
+    want = a64 @ b64
+    for _ in range(2):  # the first call makes the launch, the second takes the memo
+        out = poisoned(want.shape, dtype)
+        assert pl.matmul(a, b, out=out) is out
+        check(out, want, dtype, a.shape[-1])
+        y = pl.matmul(a, b)
+        check(y, want, dtype, a.shape[-1])
+    launch = mm.last_choice.launch
+    if launch.choice["impl"] in ("cublas", "cublaslt"):
+        assert launch.direct is not None, launch.choice
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_the_direct_call_scales_and_accumulates(dtype):
+    if not cublaslt.status()[0]:
+        pytest.skip("no nvmath-python")
+    a, a64 = rand((M, K), dtype)
+    w, w64 = rand((N, K), dtype)
+    c, c64 = rand((M, N), dtype)
+    got = pl.matmul(a, w.T, out=c, alpha=0.5, beta=-2.0)
+    assert got is c
+    check(c, 0.5 * (a64 @ w64.T) - 2.0 * c64, dtype, K, roundings=8)
+
+
+def test_an_out_overlapping_an_operand_is_not_written_while_read():
+    """out aliases b's memory: the direct call would read what it writes; the array
+    library's copy runs instead, and the answer is NumPy's."""
+    if not cublaslt.status()[0]:
+        pytest.skip("no nvmath-python")
+    n = 64
+    a, a64 = rand((n, n), "float32")
+    b, b64 = rand((n, n), "float32")
+    want = a64 @ b64
+    pl.matmul(a, b, out=cp.empty((n, n), dtype=cp.float32))  # memoise the signature
+    assert pl.matmul(a, b, out=b) is b
+    check(b, want, "float32", n)
+
+
+def test_torch_calls_take_the_direct_call_on_their_stream():
+    torch = pytest.importorskip("torch")
+    if not cublaslt.status()[0]:
+        pytest.skip("no nvmath-python")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        a = torch.rand((M, K), device="cuda", dtype=torch.float16) * 2 - 1
+        w = torch.rand((N, K), device="cuda", dtype=torch.float16) * 2 - 1
+        ys = [pl.matmul(a, w.T) for _ in range(3)]  # the 2nd and 3rd hit the torch memo
+        launch = mm.last_choice.launch
+        plan = pl.matmul_plan(a, w.T)
+        a.mul_(-1.0)  # queued on the side stream after the calls above, before the plan's
+        yp = plan(a, w.T)
+    side.synchronize()
+    assert launch.direct is not None and plan._direct is not None
+    a64, w64 = a.double().cpu().numpy(), w.double().cpu().numpy()
+    for y in ys:
+        check(y, -a64 @ w64.T, "float16", K)
+    check(yp, a64 @ w64.T, "float16", K)

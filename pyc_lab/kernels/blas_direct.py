@@ -1,0 +1,321 @@
+"""One GEMM problem issued straight to cuBLAS or cuBLASLt, for a few microseconds of host time.
+
+``cupy.matmul`` re-derives the whole call from its arguments each time (15-20 us of
+host time on the H200) and nvmath-python's ``Matmul.execute`` checks and re-binds its
+operands (40-50 us). When a problem's shapes, strides and dtypes are fixed — a memoised
+``pl.matmul`` signature or a matmul plan — all of that is known in advance:
+:class:`CublasGemm` and :class:`LtGemm` hold the column-major description
+(:mod:`.blas_layout`), the library handle, the scales and (for cuBLASLt) the chosen
+algorithm, and a call passes only three pointers and a stream to the library through
+nvmath-python's low-level bindings.
+
+:class:`CublasGemm` makes exactly the call ``cupy.matmul`` makes (``cublasGemmEx`` or its
+strided-batched form, float32 accumulation, ``CUBLAS_GEMM_DEFAULT_TENSOR_OP``), so the
+same kernel runs. :class:`LtGemm` asks cuBLASLt's heuristic once per pointer-alignment
+class (with the alignments as preferences, like nvmath-python's planner) and runs its
+first algorithm. Both run on the caller's stream with a workspace owned per device and
+stream (:func:`workspace`), allocated outside any graph capture, so a call allocates
+nothing and can be captured into a CUDA graph once the stream has run it once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from ..errors import PycLabError
+from .blas_layout import BlasGemm
+
+__all__ = ["CUDA_DTYPES", "WORKSPACE_BYTES", "CublasGemm", "LtGemm", "alignment", "workspace"]
+
+log = logging.getLogger(__name__)
+
+#: CUDA data-type codes (``cudaDataType``) of the dtypes issued directly.
+CUDA_DTYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float64": 1}
+#: cuBLAS compute types: float32 accumulation, its TF32 tensor-core form, float64.
+COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
+#: ``CUBLAS_GEMM_DEFAULT_TENSOR_OP`` (what CuPy passes) and ``CUBLAS_GEMM_DEFAULT``.
+ALGO_TENSOR_OP, ALGO_DEFAULT = 99, -1
+#: The workspace each (device, stream) gets: cuBLAS's recommendation for Hopper.
+WORKSPACE_BYTES = 32 << 20
+#: Streams with a workspace kept per device (the oldest is synchronised and freed).
+MAX_STREAMS = 16
+
+_LOCK = threading.Lock()
+_WORKSPACES: OrderedDict[tuple[int, int], Any] = OrderedDict()
+_CUBLAS: dict[int, Any] = {}
+_LT: dict[int, int] = {}
+
+
+def alignment(ptr: int) -> int:
+    """The largest power of two up to 256 dividing ``ptr`` (256 for null)."""
+    return min(256, ptr & -ptr) if ptr else 256
+
+
+def _device() -> int:
+    import cupy as cp
+
+    return cp.cuda.runtime.getDevice()
+
+
+def _capturing(stream: int) -> bool:
+    import cupy as cp
+
+    return cp.cuda.runtime.streamIsCapturing(stream) != 0
+
+
+def workspace(device: int, stream: int) -> int:
+    """The device pointer of the workspace for GEMMs on ``stream`` of ``device``.
+
+    Made on first use of a stream (never during a stream capture: a
+    :class:`~pyc_lab.errors.PycLabError` asks for one uncaptured call first); at most
+    :data:`MAX_STREAMS` are kept, the oldest freed after its stream is synchronised.
+    """
+    key = (device, stream)
+    mem = _WORKSPACES.get(key)
+    if mem is not None:
+        return mem.ptr
+    import cupy as cp
+
+    if _capturing(stream):
+        raise PycLabError("a GEMM's first call on this stream is being captured into a "
+                          "CUDA graph, and its workspace cannot be allocated then; run it "
+                          "once on the stream before capturing")
+    with _LOCK:
+        while len(_WORKSPACES) >= MAX_STREAMS:
+            (dev, old), mem_old = _WORKSPACES.popitem(last=False)
+            try:
+                with cp.cuda.Device(dev):
+                    cp.cuda.ExternalStream(old, dev).synchronize()
+            except Exception as exc:  # a destroyed stream has nothing left to run
+                log.debug("synchronising stream %#x before freeing its workspace: %s",
+                          old, exc)
+            del mem_old
+        mem = _WORKSPACES[key] = cp.cuda.Memory(WORKSPACE_BYTES)
+    return mem.ptr
+
+
+class _Cublas:
+    """A cuBLAS handle of one device and the stream and workspace it is set to."""
+
+    def __init__(self) -> None:
+        from nvmath.bindings import cublas
+
+        self.lib = cublas
+        self.handle = cublas.create()
+        self.stream = -1
+
+    def on(self, device: int, stream: int) -> int:
+        if stream != self.stream:
+            ws = workspace(device, stream)
+            self.lib.set_stream(self.handle, stream)
+            self.lib.set_workspace(self.handle, ws, WORKSPACE_BYTES)
+            self.stream = stream
+        return self.handle
+
+
+def _cublas(device: int) -> _Cublas:
+    h = _CUBLAS.get(device)
+    if h is None:
+        with _LOCK:
+            h = _CUBLAS.get(device) or _Cublas()
+            _CUBLAS[device] = h
+    return h
+
+
+def _scales(alpha: float, beta: float, compute: int) -> tuple[np.ndarray, np.ndarray]:
+    dt = np.float64 if compute == COMPUTE_64F else np.float32
+    return np.array([alpha], dtype=dt), np.array([beta], dtype=dt)
+
+
+def _compute_type(dtype: str, tf32: bool) -> int:
+    if dtype == "float64":
+        return COMPUTE_64F
+    if dtype == "float32" and tf32:
+        return COMPUTE_32F_FAST_TF32
+    return COMPUTE_32F
+
+
+class CublasGemm:
+    """``out = alpha * a @ b + beta * out`` for one fixed problem, as ``cupy.matmul``
+    would issue it to cuBLAS, minus the per-call derivation.
+
+    Parameters
+    ----------
+    gemm
+        The column-major description (:func:`.blas_layout.describe`).
+    dtype
+        Operands' and output's dtype name (one of :data:`CUDA_DTYPES`).
+    alpha, beta
+        Scales (``beta`` reads the old ``out``).
+    tf32
+        float32 products on TF32 tensor cores.
+    """
+
+    impl = "cublas"
+
+    def __init__(self, gemm: BlasGemm, dtype: str, alpha: float = 1.0, beta: float = 0.0,
+                 tf32: bool = False) -> None:
+        if dtype not in CUDA_DTYPES:
+            raise PycLabError(f"CublasGemm: dtype {dtype} is not one of {sorted(CUDA_DTYPES)}")
+        self.gemm = gemm
+        self.dtype = dtype
+        self.compute = _compute_type(dtype, tf32)
+        self._alpha, self._beta = _scales(alpha, beta, self.compute)
+        self._pa, self._pb = self._alpha.ctypes.data, self._beta.ctypes.data
+        self._type = CUDA_DTYPES[dtype]
+        self._algo = ALGO_DEFAULT if dtype == "float64" else ALGO_TENSOR_OP
+
+    def __call__(self, a_ptr: int, b_ptr: int, out_ptr: int, stream: int) -> None:
+        """Launch on ``stream`` (a ``cudaStream_t``) of the current device; no sync."""
+        g, t = self.gemm, self._type
+        device = _device()
+        h = _cublas(device)
+        handle = h.on(device, stream)
+        if g.batch == 1:
+            h.lib.gemm_ex(handle, g.op_a, g.op_b, g.m, g.n, g.k, self._pa,
+                          b_ptr, t, g.lda, a_ptr, t, g.ldb, self._pb, out_ptr, t, g.ldc,
+                          self.compute, self._algo)
+        else:
+            h.lib.gemm_strided_batched_ex(
+                handle, g.op_a, g.op_b, g.m, g.n, g.k, self._pa,
+                b_ptr, t, g.lda, g.stride_a, a_ptr, t, g.ldb, g.stride_b, self._pb,
+                out_ptr, t, g.ldc, g.stride_c, g.batch, self.compute, self._algo)
+
+
+def _lt_handle(device: int) -> int:
+    h = _LT.get(device)
+    if h is None:
+        from nvmath.bindings import cublasLt
+
+        with _LOCK:
+            h = _LT.get(device) or cublasLt.create()
+            _LT[device] = h
+    return h
+
+
+def _set(setter: Any, obj: int, attr: Any, dtype_of: Any, value: Any) -> None:
+    buf = np.array(value, dtype=dtype_of(attr))
+    setter(obj, attr, buf.ctypes.data, buf.nbytes)
+
+
+class LtGemm:
+    """``out = alpha * a @ b + beta * out`` for one fixed problem through cuBLASLt.
+
+    The matmul and matrix-layout descriptors are made once; the algorithm is cuBLASLt's
+    heuristic first choice, asked once per alignment class of the three pointers (with
+    the alignments and the workspace as preferences). Same parameters as
+    :class:`CublasGemm`.
+    """
+
+    impl = "cublaslt"
+
+    def __init__(self, gemm: BlasGemm, dtype: str, alpha: float = 1.0, beta: float = 0.0,
+                 tf32: bool = False) -> None:
+        from nvmath.bindings import cublasLt as lt
+
+        if dtype not in CUDA_DTYPES:
+            raise PycLabError(f"LtGemm: dtype {dtype} is not one of {sorted(CUDA_DTYPES)}")
+        self.lt = lt
+        self.gemm = gemm
+        self.dtype = dtype
+        self.compute = _compute_type(dtype, tf32)
+        self._alpha, self._beta = _scales(alpha, beta, self.compute)
+        self._pa, self._pb = self._alpha.ctypes.data, self._beta.ctypes.data
+        scale = 1 if self.compute == COMPUTE_64F else 0  # CUDA_R_64F / CUDA_R_32F
+        t = CUDA_DTYPES[dtype]
+        self._desc = lt.matmul_desc_create(self.compute, scale)
+        attr = lt.MatmulDescAttribute
+        _set(lt.matmul_desc_set_attribute, self._desc, attr.TRANSA,
+             lt.get_matmul_desc_attribute_dtype, gemm.op_a)
+        _set(lt.matmul_desc_set_attribute, self._desc, attr.TRANSB,
+             lt.get_matmul_desc_attribute_dtype, gemm.op_b)
+        self._layouts = (
+            self._layout(t, gemm.rows_a, gemm.cols_a, gemm.lda, gemm.stride_a),
+            self._layout(t, gemm.rows_b, gemm.cols_b, gemm.ldb, gemm.stride_b),
+            self._layout(t, gemm.m, gemm.n, gemm.ldc, gemm.stride_c),
+        )
+        #: cuBLASLt's heuristic result per alignment class (its algorithm struct first).
+        self._algos: dict[tuple[int, int, int], np.ndarray] = {}
+        #: The algorithm ids chosen, per alignment class (for explanations).
+        self.algorithms: dict[tuple[int, int, int], int] = {}
+
+    def _layout(self, t: int, rows: int, cols: int, ld: int, stride: int) -> int:
+        lt = self.lt
+        layout = lt.matrix_layout_create(t, rows, cols, ld)
+        if self.gemm.batch > 1:
+            attr = lt.MatrixLayoutAttribute
+            _set(lt.matrix_layout_set_attribute, layout, attr.BATCH_COUNT,
+                 lt.get_matrix_layout_attribute_dtype, self.gemm.batch)
+            _set(lt.matrix_layout_set_attribute, layout, attr.STRIDED_BATCH_OFFSET,
+                 lt.get_matrix_layout_attribute_dtype, stride)
+        return layout
+
+    def _algo(self, key: tuple[int, int, int], handle: int) -> np.ndarray:
+        lt = self.lt
+        pref = lt.matmul_preference_create()
+        try:
+            attr = lt.MatmulPreferenceAttribute
+            get = lt.get_matmul_preference_attribute_dtype
+            _set(lt.matmul_preference_set_attribute, pref, attr.MAX_WORKSPACE_BYTES, get,
+                 WORKSPACE_BYTES)
+            # A is b, B is a, C/D is out (column-major roles)
+            for which, align in zip(("A", "B", "C", "D"), (key[1], key[0], key[2], key[2]),
+                                    strict=True):
+                _set(lt.matmul_preference_set_attribute, pref,
+                     getattr(attr, f"MIN_ALIGNMENT_{which}_BYTES"), get, align)
+            results = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
+            count = np.zeros(1, dtype=np.int32)
+            la, lb, lc = self._layouts
+            lt.matmul_algo_get_heuristic(handle, self._desc, la, lb, lc, lc, pref, 1,
+                                         results.ctypes.data, count.ctypes.data)
+        finally:
+            lt.matmul_preference_destroy(pref)
+        if count[0] < 1:
+            raise PycLabError(f"cuBLASLt has no algorithm for this {self.dtype} GEMM "
+                              f"({self.gemm}); use cupy.matmul for it")
+        self.algorithms[key] = self._algo_id(results)
+        return results  # the algorithm struct is the result's first member
+
+    def _algo_id(self, results: np.ndarray) -> int:
+        lt = self.lt
+        try:
+            attr = lt.MatmulAlgoConfigAttribute.ID
+            buf = np.zeros(1, dtype=lt.get_matmul_algo_config_attribute_dtype(attr))
+            written = np.zeros(1, dtype=np.uint64)
+            lt.matmul_algo_config_get_attribute(results.ctypes.data, attr, buf.ctypes.data,
+                                                buf.nbytes, written.ctypes.data)
+            return int(buf[0])
+        except Exception as exc:  # only for explanations
+            log.debug("reading a cuBLASLt algorithm id: %s", exc)
+            return -1
+
+    def __call__(self, a_ptr: int, b_ptr: int, out_ptr: int, stream: int) -> None:
+        """Launch on ``stream`` (a ``cudaStream_t``) of the current device; no sync."""
+        device = _device()
+        handle = _lt_handle(device)
+        key = (alignment(a_ptr), alignment(b_ptr), alignment(out_ptr))
+        algo = self._algos.get(key)
+        if algo is None:
+            algo = self._algos[key] = self._algo(key, handle)
+        ws = workspace(device, stream)
+        la, lb, lc = self._layouts
+        self.lt.matmul(handle, self._desc, self._pa, b_ptr, la, a_ptr, lb, self._pb,
+                       out_ptr, lc, out_ptr, lc, algo.ctypes.data, ws, WORKSPACE_BYTES,
+                       stream)
+
+    def __del__(self) -> None:
+        lt = getattr(self, "lt", None)
+        if lt is None:
+            return
+        try:
+            for layout in getattr(self, "_layouts", ()):
+                lt.matrix_layout_destroy(layout)
+            if getattr(self, "_desc", None):
+                lt.matmul_desc_destroy(self._desc)
+        except Exception as exc:  # interpreter shutdown: the library may be gone
+            log.debug("freeing cuBLASLt descriptors: %s", exc)
