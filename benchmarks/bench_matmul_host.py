@@ -3,7 +3,8 @@
 The same small operands for each (``--size``, default 128: the GEMM takes the GPU a few
 microseconds, so the host's cost of issuing it is what is measured), float16 and
 bfloat16, ``b`` a transposed view as a linear layer holds it, with and without an
-``out``. Each timed sample is a loop of ``--calls`` calls divided by their number,
+``out``; and as floors, the direct library call alone (three pointers and a stream, what a
+plan issues) and the replay of a CUDA graph holding one captured plan. Each timed sample is a loop of ``--calls`` calls divided by their number,
 timed on the host through :func:`pyc_lab.profiling.timing.benchmark` (``gpu=False``);
 the device is synchronised after each sample. Writes ``matmul_host.json`` to ``--out``.
 
@@ -55,6 +56,14 @@ def calls_for(cp: Any, torch: Any, dtype: str, size: int
         "pl.matmul(out=)": lambda: pl.matmul(a, w.T, out=out),
         "plan(out=)": lambda: plan(a, w.T),
     }
+    direct = plan._direct
+    if direct is not None:  # the library call alone: three pointers and a stream
+        ptrs = (a.data.ptr, w.T.data.ptr, out.data.ptr)
+        stream = cp.cuda.get_current_stream().ptr
+        cases[f"{direct.gemm.impl} call alone"] = lambda: direct.gemm(*ptrs, stream)
+    graph = _captured(cp, a, w, out)
+    if graph is not None:
+        cases["plan in a CUDA graph"] = graph
     if torch is not None:
         ta, tw, tout = torch.from_dlpack(a), torch.from_dlpack(w), torch.from_dlpack(out)
         cases["torch.matmul"] = lambda: torch.matmul(ta, tw.T)
@@ -66,6 +75,24 @@ def calls_for(cp: Any, torch: Any, dtype: str, size: int
     return plan, cases
 
 
+def _captured(cp: Any, a: Any, w: Any, out: Any) -> Callable[[], Any] | None:
+    """A capturable plan captured into a CUDA graph: the replay of one graph per call."""
+    try:
+        plan = pl.matmul_plan(a, w.T, out=out, capturable=True)
+        stream = cp.cuda.get_current_stream()
+        plan(a, w.T)
+        stream.synchronize()
+        stream.begin_capture(cp.cuda.runtime.streamCaptureModeRelaxed)
+        try:
+            plan(a, w.T)
+        finally:
+            graph = stream.end_capture()
+    except Exception as exc:  # no capture on this stream (the legacy default stream)
+        print(f"no CUDA-graph case: {exc}", file=sys.stderr)
+        return None
+    return lambda: graph.launch(stream)
+
+
 def run(size: int, calls: int, repeats: int) -> list[dict[str, Any]]:
     import cupy as cp
 
@@ -73,8 +100,10 @@ def run(size: int, calls: int, repeats: int) -> list[dict[str, Any]]:
         import torch
     except ImportError:
         torch = None
-    sync = cp.cuda.get_current_stream().synchronize
     rows = []
+    side = cp.cuda.Stream(non_blocking=True)  # capturable, unlike the legacy default stream
+    side.use()
+    sync = cp.cuda.Device().synchronize  # every stream: torch runs on its own
     for dtype in ("float16", "bfloat16"):
         plan, cases = calls_for(cp, torch, dtype, size)
         for name, fn in cases.items():
