@@ -3,10 +3,11 @@
 The same small operands for each (``--size``, default 128: the GEMM takes the GPU a few
 microseconds, so the host's cost of issuing it is what is measured), float16 and
 bfloat16, ``b`` a transposed view as a linear layer holds it, with and without an
-``out``; and as floors, the direct library call alone (three pointers and a stream, what a
-plan issues) and the replay of a CUDA graph holding one captured plan. Each timed sample is a loop of ``--calls`` calls divided by their number,
-timed on the host through :func:`pyc_lab.profiling.timing.benchmark` (``gpu=False``);
-the device is synchronised after each sample. Writes ``matmul_host.json`` to ``--out``.
+``out``; and as floors, the direct library call alone (three pointers and a stream, what
+a plan issues) and the replay of a CUDA graph holding one captured plan. Each timed
+sample is a loop of ``--calls`` calls divided by their number, timed on the host through
+:func:`pyc_lab.profiling.timing.benchmark` (``gpu=False``); the device is synchronised
+after each sample. Writes ``matmul_host.json`` to ``--out``.
 
     python benchmarks/bench_matmul_host.py --out benchmarks/results/h200
 """

@@ -30,12 +30,15 @@ import numpy as np
 from ..errors import PycLabError
 from .blas_layout import BlasGemm
 
-__all__ = ["CUDA_DTYPES", "WORKSPACE_BYTES", "CublasGemm", "LtGemm", "alignment", "workspace"]
+__all__ = ["CUDA_DTYPES", "OPERAND_DTYPES", "WORKSPACE_BYTES", "CublasGemm", "LtGemm",
+           "alignment", "workspace"]
 
 log = logging.getLogger(__name__)
 
 #: CUDA data-type codes (``cudaDataType``) of the dtypes issued directly.
 CUDA_DTYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float64": 1}
+#: Operand dtypes cuBLASLt takes here: those, and Hopper's two FP8 formats.
+OPERAND_DTYPES = {**CUDA_DTYPES, "float8_e4m3fn": 28, "float8_e5m2": 29}
 #: cuBLAS compute types: float32 accumulation, its TF32 tensor-core form, float64.
 COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
 #: ``CUBLAS_GEMM_DEFAULT_TENSOR_OP`` (what CuPy passes) and ``CUBLAS_GEMM_DEFAULT``.
@@ -215,11 +218,14 @@ class LtGemm:
     impl = "cublaslt"
 
     def __init__(self, gemm: BlasGemm, dtype: str, alpha: float = 1.0, beta: float = 0.0,
-                 tf32: bool = False) -> None:
+                 tf32: bool = False, *,
+                 operand_dtypes: tuple[str, str] | None = None) -> None:
         from nvmath.bindings import cublasLt as lt
 
-        if dtype not in CUDA_DTYPES:
-            raise PycLabError(f"LtGemm: dtype {dtype} is not one of {sorted(CUDA_DTYPES)}")
+        da, db = operand_dtypes or (dtype, dtype)
+        if dtype not in CUDA_DTYPES or da not in OPERAND_DTYPES or db not in OPERAND_DTYPES:
+            raise PycLabError(f"LtGemm: {da} @ {db} operands and a {dtype} result are not "
+                              f"among {sorted(OPERAND_DTYPES)} -> {sorted(CUDA_DTYPES)}")
         self.lt = lt
         self.gemm = gemm
         self.dtype = dtype
@@ -227,7 +233,7 @@ class LtGemm:
         self._alpha, self._beta = _scales(alpha, beta, self.compute)
         self._pa, self._pb = self._alpha.ctypes.data, self._beta.ctypes.data
         scale = 1 if self.compute == COMPUTE_64F else 0  # CUDA_R_64F / CUDA_R_32F
-        t = CUDA_DTYPES[dtype]
+        t, t_a, t_b = CUDA_DTYPES[dtype], OPERAND_DTYPES[da], OPERAND_DTYPES[db]
         self._desc = lt.matmul_desc_create(self.compute, scale)
         attr = lt.MatmulDescAttribute
         _set(lt.matmul_desc_set_attribute, self._desc, attr.TRANSA,
@@ -235,10 +241,11 @@ class LtGemm:
         _set(lt.matmul_desc_set_attribute, self._desc, attr.TRANSB,
              lt.get_matmul_desc_attribute_dtype, gemm.op_b)
         self._layouts = (
-            self._layout(t, gemm.rows_a, gemm.cols_a, gemm.lda, gemm.stride_a),
-            self._layout(t, gemm.rows_b, gemm.cols_b, gemm.ldb, gemm.stride_b),
+            self._layout(t_b, gemm.rows_a, gemm.cols_a, gemm.lda, gemm.stride_a),  # b
+            self._layout(t_a, gemm.rows_b, gemm.cols_b, gemm.ldb, gemm.stride_b),  # a
             self._layout(t, gemm.m, gemm.n, gemm.ldc, gemm.stride_c),
         )
+        self._scale_ptrs = (0, 0)
         #: cuBLASLt's heuristic result per alignment class (its algorithm struct first).
         self._algos: dict[tuple[int, int, int], np.ndarray] = {}
         #: The algorithm ids chosen, per alignment class (for explanations).
@@ -293,6 +300,18 @@ class LtGemm:
         except Exception as exc:  # only for explanations
             log.debug("reading a cuBLASLt algorithm id: %s", exc)
             return -1
+
+    def set_scales(self, a_scale: int, b_scale: int) -> None:
+        """Device pointers of the float32 scales dequantising ``a`` and ``b`` (FP8
+        operands: ``out = (scale_a * a) @ (scale_b * b)``)."""
+        if (a_scale, b_scale) == self._scale_ptrs:
+            return
+        lt, attr = self.lt, self.lt.MatmulDescAttribute
+        get = lt.get_matmul_desc_attribute_dtype
+        # cuBLASLt's A is the operand b, its B the operand a
+        _set(lt.matmul_desc_set_attribute, self._desc, attr.A_SCALE_POINTER, get, b_scale)
+        _set(lt.matmul_desc_set_attribute, self._desc, attr.B_SCALE_POINTER, get, a_scale)
+        self._scale_ptrs = (a_scale, b_scale)
 
     def __call__(self, a_ptr: int, b_ptr: int, out_ptr: int, stream: int) -> None:
         """Launch on ``stream`` (a ``cudaStream_t``) of the current device; no sync."""

@@ -43,6 +43,7 @@ from .arrays import (
     torch_of,
     torch_stream,
 )
+from .matmul_fp8 import is_fp8, matmul_fp8
 from .matmul_inputs import DTYPES, check_inputs, result_shape
 from .matmul_plan import (
     TUNED_DTYPES,
@@ -455,7 +456,8 @@ def _torch_signature(a: Any, b: Any, out: Any, alpha: Any, beta: Any, tf32: Any)
 
 
 def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0,
-           bias: Any = None, activation: str | None = None, tf32: bool = False) -> Any:
+           bias: Any = None, activation: str | None = None, tf32: bool = False,
+           scale_a: Any = None, scale_b: Any = None, out_dtype: str | None = None) -> Any:
     """``activation(alpha * a @ b + beta * out + bias)``, never slower than the library.
 
     Parameters
@@ -481,6 +483,12 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     tf32
         For float32 CuPy arrays: allow a kernel tuned for TF32 tensor cores (10-bit
         mantissa products) instead of exact float32 ones (like torch's ``allow_tf32``).
+    scale_a, scale_b, out_dtype
+        For float8 torch tensors (``float8_e4m3fn``/``float8_e5m2``, Hopper's FP8 tensor
+        cores through cuBLASLt): the per-tensor dequantisation scales (floats or
+        one-element float32 tensors) and the result dtype (default bfloat16); ``out =
+        (scale_a * a) @ (scale_b * b)``. See :func:`~.matmul_fp8.matmul_fp8` for the
+        layout FP8 kernels take. Not used with other dtypes.
 
     Returns
     -------
@@ -501,6 +509,14 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     Which implementation runs (the never-slower rule): :mod:`pyc_lab.kernels.matmul_route`.
     For a loop over same-shaped operands, :func:`matmul_plan` skips even the look-up.
     """
+    if scale_a is not None or scale_b is not None or out_dtype is not None \
+            or is_fp8(a) or is_fp8(b):
+        if alpha != 1.0 or beta or bias is not None or activation is not None:
+            raise PycLabError("matmul: float8 operands take scale_a, scale_b, out and "
+                              "out_dtype only (fold alpha into a scale; no bias, "
+                              "activation or beta)")
+        return matmul_fp8(a, b, scale_a=scale_a, scale_b=scale_b, out=out,
+                          out_dtype=out_dtype or "bfloat16")
     if type(a).__module__.startswith("torch"):
         return _torch_call(a, b, out, alpha, beta, bias, activation, tf32)
     return _call(a, b, out, alpha, beta, bias, activation, tf32)

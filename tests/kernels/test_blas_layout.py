@@ -145,3 +145,11 @@ def test_an_output_with_padded_rows_is_written_in_place():
     blas_model(g, a_buf, a_off, b_buf, b_off, c_buf, c_off)
     np.testing.assert_allclose(out, a @ b, rtol=1e-12)
     assert np.isnan(big[:, :2]).all() and np.isnan(big[:, 5:]).all()  # nothing else written
+
+
+def test_float8_scales_on_other_arrays_are_refused_with_what_to_do():
+    import pyc_lab as pl
+
+    a, b = np.ones((4, 16)), np.ones((16, 8))
+    with pytest.raises(pl.PycLabError, match="two torch float8 tensors"):
+        pl.matmul(a, b, scale_a=1.0, scale_b=1.0)
