@@ -80,7 +80,8 @@ def _captured(cp: Any, a: Any, w: Any, out: Any) -> Callable[[], Any] | None:
     """A capturable plan captured into a CUDA graph: the replay of one graph per call."""
     try:
         plan = pl.matmul_plan(a, w.T, out=out, capturable=True)
-        stream = cp.cuda.get_current_stream()
+        stream = cp.cuda.Stream(non_blocking=True)  # the legacy stream cannot capture
+        stream.use()
         plan(a, w.T)
         stream.synchronize()
         stream.begin_capture(cp.cuda.runtime.streamCaptureModeRelaxed)
@@ -102,8 +103,6 @@ def run(size: int, calls: int, repeats: int) -> list[dict[str, Any]]:
     except ImportError:
         torch = None
     rows = []
-    side = cp.cuda.Stream(non_blocking=True)  # capturable, unlike the legacy default stream
-    side.use()
     sync = cp.cuda.Device().synchronize  # every stream: torch runs on its own
     for dtype in ("float16", "bfloat16"):
         plan, cases = calls_for(cp, torch, dtype, size)

@@ -4,7 +4,10 @@ Hopper's tensor cores multiply float8 (``e4m3``: more precision, ``e5m2``: more 
 at twice the bfloat16 rate. A float8 tensor is a quantised copy of a real one,
 ``x ~ scale_x * x8``; cuBLASLt takes the two scales as device pointers and computes
 ``out = (scale_a * a8) @ (scale_b * b8)`` in float32, rounded once to ``out_dtype``.
-That is the call ``torch._scaled_mm`` makes, and the baseline a user would compare with.
+That is the call ``torch._scaled_mm`` makes, and the baseline a user would compare with:
+the first call of a problem times the direct cuBLASLt call (:class:`~.blas_direct.LtGemm`)
+against ``torch._scaled_mm`` on its operands and keeps the faster (never slower than the
+call a user would make instead; :func:`fp8_choices` says which).
 
 cuBLASLt's FP8 kernels take one layout: ``a`` row-major (M x K) and ``b`` a transposed
 view of a row-major (N x K) weight, as a linear layer holds it, with K a multiple of 16;
@@ -15,12 +18,15 @@ and the call passes only pointers (:class:`~.blas_direct.LtGemm`).
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 from ..errors import PycLabError
 
-__all__ = ["FP8", "OUT_DTYPES", "is_fp8", "matmul_fp8"]
+__all__ = ["FP8", "OUT_DTYPES", "fp8_choices", "is_fp8", "matmul_fp8"]
+
+log = logging.getLogger(__name__)
 
 #: torch's float8 dtype names taken here.
 FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -83,25 +89,78 @@ def _check(a: Any, b: Any, out: Any, out_dtype: str) -> None:
                           f"shape {shape} on {a.device}")
 
 
-def _gemm(a: Any, b: Any, out_dtype: str) -> Any:
+def _median_ms(torch: Any, fn: Any, repeats: int = 10) -> float:
+    """Median CUDA-event milliseconds of ``fn`` on torch's current stream."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def _scaled_mm(torch: Any, a: Any, b: Any, sa: Any, sb: Any, out: Any, out_dtype: str) -> Any:
+    y = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=getattr(torch, out_dtype))
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def _choose(torch: Any, a: Any, b: Any, sa: Any, sb: Any, out: Any, out_dtype: str) -> Any:
+    """The faster of the direct cuBLASLt call and ``torch._scaled_mm`` for this problem,
+    measured on the call's own operands (the never-slower rule): an ``LtGemm``, or the
+    string ``"torch._scaled_mm"``."""
     from .blas_direct import LtGemm
     from .blas_layout import describe
 
+    shape = (a.shape[0], b.shape[1])
+    gemm = describe(tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), (shape[1], 1))
+    if isinstance(gemm, str):
+        raise PycLabError(f"matmul: float8 operands: {gemm}")
+    g = LtGemm(gemm, out_dtype, operand_dtypes=(_name(a), _name(b)))
+    target = out if out is not None else torch.empty(shape, dtype=getattr(torch, out_dtype),
+                                                     device=a.device)
+    stream = torch.cuda.current_stream(a.device).cuda_stream
+
+    def direct() -> None:
+        g.set_scales(sa.data_ptr(), sb.data_ptr())
+        g(a.data_ptr(), b.data_ptr(), target.data_ptr(), stream)
+
+    if not hasattr(torch, "_scaled_mm"):
+        return g
+    try:
+        theirs = _median_ms(torch, lambda: _scaled_mm(torch, a, b, sa, sb, None, out_dtype))
+    except Exception as exc:  # torch cannot run it: nothing to compare with
+        log.info("torch._scaled_mm cannot run this FP8 GEMM: %s", exc)
+        return g
+    ours = _median_ms(torch, direct)
+    log.info("FP8 %s x %s x %s: cuBLASLt direct %.4f ms, torch._scaled_mm %.4f ms",
+             a.shape[0], b.shape[1], a.shape[1], ours, theirs)
+    return g if ours <= theirs else "torch._scaled_mm"
+
+
+def _gemm(torch: Any, a: Any, b: Any, sa: Any, sb: Any, out: Any, out_dtype: str) -> Any:
     key = (tuple(a.shape), a.stride(), _name(a), tuple(b.shape), b.stride(), _name(b),
            out_dtype, a.device.index)
     g = _GEMMS.get(key)
     if g is None:
-        shape = (a.shape[0], b.shape[1])
-        gemm = describe(tuple(a.shape), a.stride(), tuple(b.shape), b.stride(),
-                        (shape[1], 1))
-        if isinstance(gemm, str):
-            raise PycLabError(f"matmul: float8 operands: {gemm}")
-        g = LtGemm(gemm, out_dtype, operand_dtypes=(_name(a), _name(b)))
+        g = _choose(torch, a, b, sa, sb, out, out_dtype)
         with _LOCK:
             if len(_GEMMS) > 1024:
                 _GEMMS.clear()
             _GEMMS[key] = g
     return g
+
+
+def fp8_choices() -> dict[tuple, str]:
+    """What runs per FP8 problem signature seen so far: ``"cublaslt"`` (the direct call)
+    or ``"torch._scaled_mm"`` (measured faster on the first call)."""
+    return {k: v if isinstance(v, str) else v.impl for k, v in _GEMMS.items()}
 
 
 def matmul_fp8(a: Any, b: Any, *, scale_a: Any, scale_b: Any, out: Any = None,
@@ -140,7 +199,10 @@ def matmul_fp8(a: Any, b: Any, *, scale_a: Any, scale_b: Any, out: Any = None,
         raise PycLabError("pl.matmul does not record gradients; pass tensor.detach()")
     sa = _scale(torch, scale_a, "scale_a", a.device)
     sb = _scale(torch, scale_b, "scale_b", a.device)
-    g = _gemm(a, b, out_dtype)
+    with torch.cuda.device(a.device):
+        g = _gemm(torch, a, b, sa, sb, out, out_dtype)
+    if isinstance(g, str):
+        return _scaled_mm(torch, a, b, sa, sb, out, out_dtype)
     if out is None:
         out = torch.empty((a.shape[0], b.shape[1]), dtype=getattr(torch, out_dtype),
                           device=a.device)

@@ -37,6 +37,9 @@ def check(got, ref, out_dtype, k):
     assert np.isfinite(got64).all(), "NaN in the result (the poison survived?)"
     err = np.abs(got64 - ref).max() / max(np.abs(ref).max(), 1e-3)
     eps = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -24}[out_dtype]
+    # Hopper's FP8 MMA keeps ~14 mantissa bits in its accumulator between promotions to
+    # float32, so a float32 result is good to about 2^-12 of the largest value, not 2^-24
+    eps = max(eps, 2.0 ** -12)
     assert err <= 2 * eps + k * 2.0 ** -22, f"max error {err:.3g}"
 
 
@@ -74,6 +77,10 @@ def test_scales_are_read_on_each_call_and_match_scaled_mm():
             ref = torch._scaled_mm(a8, w8.T, scale_a=ta, scale_b=tb, out_dtype=torch.bfloat16)
             diff = (got.float() - ref.float()).abs().max().item()
             assert diff <= 2 ** -7 * ref.float().abs().max().item()
+    from pyc_lab.kernels.matmul_fp8 import fp8_choices
+
+    ran = fp8_choices()
+    assert ran and set(ran.values()) <= {"cublaslt", "torch._scaled_mm"}, ran
 
 
 @pytest.mark.parametrize("case, match", [
