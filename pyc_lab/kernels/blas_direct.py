@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -246,6 +247,7 @@ class LtGemm:
             self._layout(t, gemm.m, gemm.n, gemm.ldc, gemm.stride_c),
         )
         self._scale_ptrs = (0, 0)
+        weakref.finalize(self, _destroy, lt, self._desc, self._layouts)
         #: cuBLASLt's heuristic result per alignment class (its algorithm struct first).
         self._algos: dict[tuple[int, int, int], np.ndarray] = {}
         #: The algorithm ids chosen, per alignment class (for explanations).
@@ -327,14 +329,13 @@ class LtGemm:
                        out_ptr, lc, out_ptr, lc, algo.ctypes.data, ws, WORKSPACE_BYTES,
                        stream)
 
-    def __del__(self) -> None:
-        lt = getattr(self, "lt", None)
-        if lt is None:
-            return
-        try:
-            for layout in getattr(self, "_layouts", ()):
-                lt.matrix_layout_destroy(layout)
-            if getattr(self, "_desc", None):
-                lt.matmul_desc_destroy(self._desc)
-        except Exception as exc:  # interpreter shutdown: the library may be gone
-            log.debug("freeing cuBLASLt descriptors: %s", exc)
+
+def _destroy(lt: Any, desc: int, layouts: tuple[int, ...]) -> None:
+    """Free an :class:`LtGemm`'s descriptors (at collection, or at exit while the
+    library is still loaded); a failure is ignored, there is nothing left to do."""
+    try:
+        for layout in layouts:
+            lt.matrix_layout_destroy(layout)
+        lt.matmul_desc_destroy(desc)
+    except Exception:  # a failed free at exit has no one to report to
+        pass
