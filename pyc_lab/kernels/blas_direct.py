@@ -14,8 +14,9 @@ strided-batched form, float32 accumulation, ``CUBLAS_GEMM_DEFAULT_TENSOR_OP``), 
 same kernel runs. :class:`LtGemm` asks cuBLASLt's heuristic once per pointer-alignment
 class (with the alignments as preferences, like nvmath-python's planner) and runs its
 first algorithm. Both run on the caller's stream with a workspace owned per device and
-stream (:func:`workspace`), allocated outside any graph capture, so a call allocates
-nothing and can be captured into a CUDA graph once the stream has run it once.
+stream (:func:`workspace`, grown to what a chosen algorithm needs), allocated outside any
+graph capture, so a call allocates nothing and can be captured into a CUDA graph once
+the stream has run it once.
 """
 
 from __future__ import annotations
@@ -44,8 +45,12 @@ OPERAND_DTYPES = {**CUDA_DTYPES, "float8_e4m3fn": 28, "float8_e5m2": 29}
 COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
 #: ``CUBLAS_GEMM_DEFAULT_TENSOR_OP`` (what CuPy passes) and ``CUBLAS_GEMM_DEFAULT``.
 ALGO_TENSOR_OP, ALGO_DEFAULT = 99, -1
-#: The workspace each (device, stream) gets: cuBLAS's recommendation for Hopper.
+#: The least workspace each (device, stream) gets: cuBLAS's recommendation for Hopper.
 WORKSPACE_BYTES = 32 << 20
+#: The most workspace cuBLASLt's heuristic may ask for (the stream's workspace grows to
+#: what the chosen algorithm needs): a small limit steers it away from the algorithms
+#: nvmath-python's planner (whose limit is most of the device) finds for large GEMMs.
+MAX_LT_WORKSPACE = 1 << 30
 #: Streams with a workspace kept per device (the oldest is synchronised and freed).
 MAX_STREAMS = 16
 
@@ -72,17 +77,19 @@ def _capturing(stream: int) -> bool:
     return cp.cuda.runtime.streamIsCapturing(stream) != 0
 
 
-def workspace(device: int, stream: int) -> int:
-    """The device pointer of the workspace for GEMMs on ``stream`` of ``device``.
+def workspace(device: int, stream: int, need: int = 0) -> tuple[int, int]:
+    """The workspace ``(pointer, bytes)`` for GEMMs on ``stream`` of ``device``, at least
+    :data:`WORKSPACE_BYTES` and ``need`` bytes.
 
-    Made on first use of a stream (never during a stream capture: a
-    :class:`~pyc_lab.errors.PycLabError` asks for one uncaptured call first); at most
+    Made (or grown, after the stream has finished what it queued on the old one) on first
+    use of a stream or of a larger need — never during a stream capture: a
+    :class:`~pyc_lab.errors.PycLabError` asks for one uncaptured call first. At most
     :data:`MAX_STREAMS` are kept, the oldest freed after its stream is synchronised.
     """
     key = (device, stream)
     mem = _WORKSPACES.get(key)
-    if mem is not None:
-        return mem.ptr
+    if mem is not None and mem.size >= need:
+        return mem.ptr, mem.size
     import cupy as cp
 
     if _capturing(stream):
@@ -90,17 +97,26 @@ def workspace(device: int, stream: int) -> int:
                           "CUDA graph, and its workspace cannot be allocated then; run it "
                           "once on the stream before capturing")
     with _LOCK:
+        old = _WORKSPACES.pop(key, None)
+        if old is not None:
+            _synchronise(device, stream)
         while len(_WORKSPACES) >= MAX_STREAMS:
-            (dev, old), mem_old = _WORKSPACES.popitem(last=False)
-            try:
-                with cp.cuda.Device(dev):
-                    cp.cuda.ExternalStream(old, dev).synchronize()
-            except Exception as exc:  # a destroyed stream has nothing left to run
-                log.debug("synchronising stream %#x before freeing its workspace: %s",
-                          old, exc)
-            del mem_old
-        mem = _WORKSPACES[key] = cp.cuda.Memory(WORKSPACE_BYTES)
-    return mem.ptr
+            (dev, other), _mem = _WORKSPACES.popitem(last=False)
+            _synchronise(dev, other)
+        mem = _WORKSPACES[key] = cp.cuda.Memory(max(WORKSPACE_BYTES, need))
+    return mem.ptr, mem.size
+
+
+def _synchronise(device: int, stream: int) -> None:
+    """Wait for ``stream`` (before its workspace is freed); a destroyed stream has
+    nothing left to run."""
+    import cupy as cp
+
+    try:
+        with cp.cuda.Device(device):
+            cp.cuda.ExternalStream(stream, device).synchronize()
+    except Exception as exc:
+        log.debug("synchronising stream %#x before freeing its workspace: %s", stream, exc)
 
 
 class _Cublas:
@@ -111,14 +127,14 @@ class _Cublas:
 
         self.lib = cublas
         self.handle = cublas.create()
-        self.stream = -1
+        self.bound: tuple[int, int, int] = (-1, 0, 0)
 
     def on(self, device: int, stream: int) -> int:
-        if stream != self.stream:
-            ws = workspace(device, stream)
+        ws, size = workspace(device, stream)
+        if (stream, ws, size) != self.bound:
             self.lib.set_stream(self.handle, stream)
-            self.lib.set_workspace(self.handle, ws, WORKSPACE_BYTES)
-            self.stream = stream
+            self.lib.set_workspace(self.handle, ws, size)
+            self.bound = (stream, ws, size)
         return self.handle
 
 
@@ -247,6 +263,7 @@ class LtGemm:
             self._layout(t, gemm.m, gemm.n, gemm.ldc, gemm.stride_c),
         )
         self._scale_ptrs = (0, 0)
+        self._need = 0
         weakref.finalize(self, _destroy, lt, self._desc, self._layouts)
         #: cuBLASLt's heuristic result per alignment class (its algorithm struct first).
         self._algos: dict[tuple[int, int, int], np.ndarray] = {}
@@ -271,7 +288,7 @@ class LtGemm:
             attr = lt.MatmulPreferenceAttribute
             get = lt.get_matmul_preference_attribute_dtype
             _set(lt.matmul_preference_set_attribute, pref, attr.MAX_WORKSPACE_BYTES, get,
-                 WORKSPACE_BYTES)
+                 MAX_LT_WORKSPACE)
             # A is b, B is a, C/D is out (column-major roles)
             for which, align in zip(("A", "B", "C", "D"), (key[1], key[0], key[2], key[2]),
                                     strict=True):
@@ -288,6 +305,7 @@ class LtGemm:
             raise PycLabError(f"cuBLASLt has no algorithm for this {self.dtype} GEMM "
                               f"({self.gemm}); use cupy.matmul for it")
         self.algorithms[key] = self._algo_id(results)
+        self._need = max(self._need, int(results["workspace_size"][0]))
         return results  # the algorithm struct is the result's first member
 
     def _algo_id(self, results: np.ndarray) -> int:
@@ -323,11 +341,10 @@ class LtGemm:
         algo = self._algos.get(key)
         if algo is None:
             algo = self._algos[key] = self._algo(key, handle)
-        ws = workspace(device, stream)
+        ws, size = workspace(device, stream, self._need)
         la, lb, lc = self._layouts
         self.lt.matmul(handle, self._desc, self._pa, b_ptr, la, a_ptr, lb, self._pb,
-                       out_ptr, lc, out_ptr, lc, algo.ctypes.data, ws, WORKSPACE_BYTES,
-                       stream)
+                       out_ptr, lc, out_ptr, lc, algo.ctypes.data, ws, size, stream)
 
 
 def _destroy(lt: Any, desc: int, layouts: tuple[int, ...]) -> None:
