@@ -130,7 +130,7 @@ def _choose(torch: Any, a: Any, b: Any, sa: Any, sb: Any, out: Any, out_dtype: s
     gemm = describe(tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), (shape[1], 1))
     if isinstance(gemm, str):
         raise PycLabError(f"matmul: float8 operands: {gemm}")
-    g = LtGemm(gemm, out_dtype, operand_dtypes=(_name(a), _name(b)))
+    g = LtGemm(gemm, out_dtype, operand_dtypes=(_name(a), _name(b)), row_orders=False)
     target = out if out is not None else torch.empty(shape, dtype=getattr(torch, out_dtype),
                                                      device=a.device)
     stream = torch.cuda.current_stream(a.device).cuda_stream
