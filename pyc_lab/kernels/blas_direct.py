@@ -235,9 +235,10 @@ class LtGemm:
         Describe a transposed operand as a row-ordered layout read as it is, rather than
         a column-ordered one with a transposing op (the two are the same product).
         cuBLASLt's heuristic ranks algorithms differently for the two, and the
-        row-ordered description is the one nvmath-python's planner makes (measured on
-        the H200: a 6144^3 bfloat16 GEMM 0.59 ms with it, 0.62 ms with the ops, which
-        is what ``cupy.matmul`` gets). FP8 kernels take only the transposing form.
+        row-ordered description is the one nvmath-python's planner makes (over the
+        bfloat16 problems of ``benchmarks/bench_matmul_sweep.py`` on the H200, the
+        worst ran at 0.96x the best library with the transposing ops, 0.98x with row
+        orders). FP8 kernels take only the transposing form.
     """
 
     impl = "cublaslt"

@@ -20,7 +20,7 @@ from ...errors import PycLabError
 from ..cutlass.config import Epilogue
 
 __all__ = ["TOLERANCE", "apply_epilogue", "as_float32", "bias_input", "cublaslt_baseline",
-           "gemm_inputs", "nvmath_baseline", "reference", "torch_baseline"]
+           "gemm_inputs", "lt_baseline", "reference", "torch_baseline"]
 
 log = logging.getLogger(__name__)
 
@@ -174,23 +174,35 @@ def torch_baseline(a: Any, b: Any, dtype: str) -> Callable[[], Any] | None:
     return lambda: ta @ tb
 
 
-def nvmath_baseline(a: Any, b: Any, dtype: str) -> Callable[[], Any] | None:
-    """cuBLASLt's plain ``a @ b`` through nvmath-python (planned once; its heuristic's
-    first algorithm), for f16 and bf16; ``None`` without nvmath-python (or torch, for
-    bf16, whose operands go to nvmath as torch tensors viewing the same memory)."""
+def lt_baseline(a: Any, b: Any, dtype: str) -> Callable[[], Any] | None:
+    """cuBLASLt's plain ``a @ b`` exactly as ``pl.matmul`` issues it
+    (:class:`~pyc_lab.kernels.blas_direct.LtGemm`: the heuristic's first algorithm,
+    asked once), for f16 and bf16 (operands held as bf16 bit patterns are passed by
+    pointer); ``None`` without nvmath-python or for operands cuBLASLt cannot take."""
     if dtype not in ("f16", "bf16"):
         return None
     try:
-        from nvmath.linalg.advanced import Matmul
+        import cupy as cp
 
-        if dtype == "bf16":
-            import torch
+        from ..blas_direct import LtGemm
+        from ..blas_layout import describe
 
-            a = torch.as_tensor(a, device="cuda").view(torch.bfloat16)
-            b = torch.as_tensor(b, device="cuda").view(torch.bfloat16)
-        mm = Matmul(a, b)
-        mm.plan()
-    except Exception as exc:  # nvmath (or torch) missing or refusing: no such baseline
-        log.info("no cuBLASLt (nvmath) baseline for %s: %s", dtype, exc)
+        def elements(x: Any) -> tuple[int, ...]:
+            return tuple(st // x.dtype.itemsize for st in x.strides)
+
+        out = cp.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+        gemm = describe(tuple(a.shape), elements(a), tuple(b.shape), elements(b),
+                        elements(out))
+        if isinstance(gemm, str):
+            raise PycLabError(gemm)
+        lt = LtGemm(gemm, "float16" if dtype == "f16" else "bfloat16")
+        ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
+    except Exception as exc:  # nvmath missing or refusing: no such baseline
+        log.info("no cuBLASLt baseline for %s: %s", dtype, exc)
         return None
-    return mm.execute
+
+    def run() -> Any:
+        lt(*ptrs, cp.cuda.get_current_stream().ptr)
+        return out
+
+    return run

@@ -48,7 +48,7 @@ from .gemm_reference import (
     bias_input,
     cublaslt_baseline,
     gemm_inputs,
-    nvmath_baseline,
+    lt_baseline,
     reference,
     torch_baseline,
 )
@@ -162,7 +162,7 @@ class GemmRunner:
         self._ref_max = float(cp.abs(ref).max()) or 1.0
         self.baselines = {"cublas": gpu_ms(run_cublas, opts.repeats)}
         lt = (cublaslt_baseline(self._a, self._b, self._bias, epi, opts.dtype) if epi.fused
-              else nvmath_baseline(self._a, self._b, opts.dtype))
+              else lt_baseline(self._a, self._b, opts.dtype))
         if lt is not None:
             self.baselines["cublaslt"] = gpu_ms(lt, opts.repeats)
         torch_mm = torch_baseline(self._a, self._b, opts.dtype)
