@@ -51,6 +51,11 @@ WORKSPACE_BYTES = 32 << 20
 #: what the chosen algorithm needs): a small limit steers it away from the algorithms
 #: nvmath-python's planner (whose limit is most of the device) finds for large GEMMs.
 MAX_LT_WORKSPACE = 1 << 30
+#: From this many floating-point operations up, cuBLASLt's first :data:`CANDIDATES`
+#: algorithms are timed on the first call and the fastest kept (its heuristic's first
+#: choice can be a few per cent slower on large GEMMs; measuring costs a dozen runs once).
+MEASURE_FLOP = 2.0 ** 36
+CANDIDATES = 6
 #: Streams with a workspace kept per device (the oldest is synchronised and freed).
 MAX_STREAMS = 16
 
@@ -226,9 +231,10 @@ def _set(setter: Any, obj: int, attr: Any, dtype_of: Any, value: Any) -> None:
 class LtGemm:
     """``out = alpha * a @ b + beta * out`` for one fixed problem through cuBLASLt.
 
-    The matmul and matrix-layout descriptors are made once; the algorithm is cuBLASLt's
-    heuristic first choice, asked once per alignment class of the three pointers (with
-    the alignments and the workspace as preferences). Same parameters as
+    The matmul and matrix-layout descriptors are made once; the algorithm is chosen once
+    per alignment class of the three pointers (with the alignments and the workspace as
+    preferences): cuBLASLt's heuristic first choice, or for large problems the fastest
+    of its first few measured on the first call's operands. Same parameters as
     :class:`CublasGemm`, and
 
     row_orders
@@ -282,6 +288,8 @@ class LtGemm:
         self._algos: dict[tuple[int, int, int], np.ndarray] = {}
         #: The algorithm ids chosen, per alignment class (for explanations).
         self.algorithms: dict[tuple[int, int, int], int] = {}
+        #: Milliseconds per candidate algorithm id, for the classes that were measured.
+        self.measured: dict[tuple[int, int, int], dict[int, float]] = {}
 
     def _layout(self, t: int, rows: int, cols: int, ld: int, stride: int,
                 row_ordered: bool) -> int:
@@ -302,7 +310,9 @@ class LtGemm:
                  lt.get_matrix_layout_attribute_dtype, stride)
         return layout
 
-    def _algo(self, key: tuple[int, int, int], handle: int) -> np.ndarray:
+    def _candidates(self, key: tuple[int, int, int], handle: int, requested: int
+                    ) -> np.ndarray:
+        """cuBLASLt's heuristic results (best first) for an alignment class."""
         lt = self.lt
         pref = lt.matmul_preference_create()
         try:
@@ -315,19 +325,71 @@ class LtGemm:
                                     strict=True):
                 _set(lt.matmul_preference_set_attribute, pref,
                      getattr(attr, f"MIN_ALIGNMENT_{which}_BYTES"), get, align)
-            results = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
+            results = np.zeros(requested, dtype=lt.matmul_heuristic_result_dtype)
             count = np.zeros(1, dtype=np.int32)
             la, lb, lc = self._layouts
-            lt.matmul_algo_get_heuristic(handle, self._desc, la, lb, lc, lc, pref, 1,
-                                         results.ctypes.data, count.ctypes.data)
+            lt.matmul_algo_get_heuristic(handle, self._desc, la, lb, lc, lc, pref,
+                                         requested, results.ctypes.data, count.ctypes.data)
         finally:
             lt.matmul_preference_destroy(pref)
         if count[0] < 1:
             raise PycLabError(f"cuBLASLt has no algorithm for this {self.dtype} GEMM "
                               f"({self.gemm}); use cupy.matmul for it")
-        self.algorithms[key] = self._algo_id(results)
-        self._need = max(self._need, int(results["workspace_size"][0]))
-        return results  # the algorithm struct is the result's first member
+        return results[:int(count[0])]
+
+    def _algo(self, key: tuple[int, int, int], handle: int, ptrs: tuple[int, int, int],
+              device: int, stream: int) -> np.ndarray:
+        """The algorithm for an alignment class: the heuristic's first, or for a large
+        problem (:data:`MEASURE_FLOP`) the fastest of its first :data:`CANDIDATES`
+        measured on the call's own operands (not when ``beta`` reads ``out``, nor during
+        a stream capture)."""
+        g = self.gemm
+        big = 2.0 * g.m * g.n * g.k * g.batch >= MEASURE_FLOP
+        measure = big and not self._beta[0] and not _capturing(stream)
+        results = self._candidates(key, handle, CANDIDATES if measure else 1)
+        best = results[:1]
+        if measure and len(results) > 1:
+            need = int(results["workspace_size"].max())
+            ws, size = workspace(device, stream, max(self._need, need))
+            times = [self._time(results[i:i + 1], ptrs, ws, size, handle, stream)
+                     for i in range(len(results))]
+            self.measured[key] = {self._algo_id(results[i:i + 1]): t
+                                  for i, t in enumerate(times)}
+            i = min(range(len(times)), key=times.__getitem__)
+            best = results[i:i + 1].copy()
+        self.algorithms[key] = self._algo_id(best)
+        self._need = max(self._need, int(best["workspace_size"][0]))
+        return best  # the algorithm struct is the result's first member
+
+    def _time(self, result: np.ndarray, ptrs: tuple[int, int, int], ws: int, size: int,
+              handle: int, stream: int, runs: int = 3) -> float:
+        """Median milliseconds of one candidate (after a warm-up run); infinity for one
+        the library refuses."""
+        import cupy as cp
+
+        rt = cp.cuda.runtime
+        a_ptr, b_ptr, out_ptr = ptrs
+        la, lb, lc = self._layouts
+        held = np.ascontiguousarray(result)  # one heuristic result, kept alive here
+        algo = held.ctypes.data
+        start, end = rt.eventCreate(), rt.eventCreate()
+        try:
+            times = []
+            for i in range(runs + 1):
+                rt.eventRecord(start, stream)
+                self.lt.matmul(handle, self._desc, self._pa, b_ptr, la, a_ptr, lb, self._pb,
+                               out_ptr, lc, out_ptr, lc, algo, ws, size, stream)
+                rt.eventRecord(end, stream)
+                rt.eventSynchronize(end)
+                if i:
+                    times.append(rt.eventElapsedTime(start, end))
+            return sorted(times)[len(times) // 2]
+        except Exception as exc:  # a candidate that cannot run is not chosen
+            log.debug("cuBLASLt candidate refused: %s", exc)
+            return float("inf")
+        finally:
+            rt.eventDestroy(start)
+            rt.eventDestroy(end)
 
     def _algo_id(self, results: np.ndarray) -> int:
         lt = self.lt
@@ -361,7 +423,8 @@ class LtGemm:
         key = (alignment(a_ptr), alignment(b_ptr), alignment(out_ptr))
         algo = self._algos.get(key)
         if algo is None:
-            algo = self._algos[key] = self._algo(key, handle)
+            algo = self._algos[key] = self._algo(key, handle, (a_ptr, b_ptr, out_ptr),
+                                                 device, stream)
         ws, size = workspace(device, stream, self._need)
         la, lb, lc = self._layouts
         self.lt.matmul(handle, self._desc, self._pa, b_ptr, la, a_ptr, lb, self._pb,
