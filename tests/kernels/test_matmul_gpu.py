@@ -366,3 +366,25 @@ def test_torch_calls_take_the_direct_call_on_their_stream():
     for y in ys:
         check(y, -a64 @ w64.T, "float16", K)
     check(yp, a64 @ w64.T, "float16", K)
+
+
+def test_a_large_cublaslt_gemm_measures_its_candidates_and_is_right():
+    if not cublaslt.status()[0]:
+        pytest.skip("no nvmath-python")
+    from pyc_lab.kernels import blas_direct
+
+    m, n, k = 2048, 4096, 4096 + 8  # 2*m*n*k above MEASURE_FLOP
+    assert 2.0 * m * n * k >= blas_direct.MEASURE_FLOP
+    a, a64 = rand((m, k), "bfloat16")
+    w, w64 = rand((n, k), "bfloat16")
+    out = poisoned((m, n), "bfloat16")
+    assert pl.matmul(a, w.T, out=out) is out
+    launch = mm.last_choice.launch
+    check(out, a64 @ w64.T, "bfloat16", k)
+    if launch.choice["impl"] != "cublaslt":
+        pytest.skip(f"routed elsewhere here: {launch.choice}")
+    gemm = launch.direct.gemm
+    assert gemm.measured, "a large problem's candidates were not timed"
+    (times,) = gemm.measured.values()
+    (chosen,) = gemm.algorithms.values()
+    assert times[chosen] == min(times.values())
