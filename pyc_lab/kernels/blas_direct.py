@@ -288,8 +288,9 @@ class LtGemm:
         self._algos: dict[tuple[int, int, int], np.ndarray] = {}
         #: The algorithm ids chosen, per alignment class (for explanations).
         self.algorithms: dict[tuple[int, int, int], int] = {}
-        #: Milliseconds per candidate algorithm id, for the classes that were measured.
-        self.measured: dict[tuple[int, int, int], dict[int, float]] = {}
+        #: For the classes that were measured: ``{"ms": per candidate (heuristic order),
+        #: "chosen": index}``.
+        self.measured: dict[tuple[int, int, int], dict[str, Any]] = {}
 
     def _layout(self, t: int, rows: int, cols: int, ld: int, stride: int,
                 row_ordered: bool) -> int:
@@ -353,9 +354,8 @@ class LtGemm:
             ws, size = workspace(device, stream, max(self._need, need))
             times = [self._time(results[i:i + 1], ptrs, ws, size, handle, stream)
                      for i in range(len(results))]
-            self.measured[key] = {self._algo_id(results[i:i + 1]): t
-                                  for i, t in enumerate(times)}
             i = min(range(len(times)), key=times.__getitem__)
+            self.measured[key] = {"ms": times, "chosen": i}
             best = results[i:i + 1].copy()
         self.algorithms[key] = self._algo_id(best)
         self._need = max(self._need, int(best["workspace_size"][0]))
