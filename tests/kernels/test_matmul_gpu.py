@@ -387,4 +387,9 @@ def test_a_large_cublaslt_gemm_measures_its_candidates_and_is_right():
     assert gemm.measured, "a large problem's candidates were not timed"
     (timed,) = gemm.measured.values()
     assert len(timed["ms"]) > 1
-    assert timed["ms"][timed["chosen"]] == min(timed["ms"]) < float("inf")
+    ms, chosen = timed["ms"], timed["chosen"]
+    fastest = min(ms)
+    assert fastest < float("inf")
+    # the fastest, or the heuristic's first when nothing beats it by the margin
+    assert ms[chosen] == fastest or (chosen == 0 and fastest > ms[0] * (
+        1 - blas_direct.MEASURE_MARGIN)), timed
