@@ -232,23 +232,40 @@ def _set(setter: Any, obj: int, attr: Any, dtype_of: Any, value: Any) -> None:
     setter(obj, attr, buf.ctypes.data, buf.nbytes)
 
 
+class _Form:
+    """One cuBLASLt description of the product: a matmul descriptor, the layouts of its
+    ``A``, ``B`` and ``C``/``D``, and whether ``A`` is the operand ``b`` (the
+    column-major ``out^T = b^T a^T``) or ``a`` (the row-major ``out = a @ b`` as given)."""
+
+    __slots__ = ("b_first", "desc", "layouts")
+
+    def __init__(self, desc: int, layouts: tuple[int, int, int], b_first: bool) -> None:
+        self.desc = desc
+        self.layouts = layouts
+        self.b_first = b_first
+
+    def pointers(self, a_ptr: int, b_ptr: int) -> tuple[int, int]:
+        return (b_ptr, a_ptr) if self.b_first else (a_ptr, b_ptr)
+
+
 class LtGemm:
     """``out = alpha * a @ b + beta * out`` for one fixed problem through cuBLASLt.
 
-    The matmul and matrix-layout descriptors are made once; the algorithm is chosen once
-    per alignment class of the three pointers (with the alignments and the workspace as
-    preferences): cuBLASLt's heuristic first choice, or for large problems the fastest
-    of its first few measured on the first call's operands. Same parameters as
+    The descriptors are made once; the algorithm is chosen once per alignment class of
+    the three pointers (with the alignments and the workspace as preferences):
+    cuBLASLt's heuristic first choice, or for large problems (:data:`MEASURE_FLOP`) the
+    fastest of the first few measured on the first call's operands. Same parameters as
     :class:`CublasGemm`, and
 
     row_orders
-        Describe a transposed operand as a row-ordered layout read as it is, rather than
-        a column-ordered one with a transposing op (the two are the same product).
-        cuBLASLt's heuristic ranks algorithms differently for the two, and the
-        row-ordered description is the one nvmath-python's planner makes (over the
-        bfloat16 problems of ``benchmarks/bench_matmul_sweep.py`` on the H200, the
-        worst ran at 0.96x the best library with the transposing ops, 0.98x with row
-        orders). FP8 kernels take only the transposing form.
+        Describe transposed operands as row-ordered layouts read as they are, rather
+        than column-ordered ones with a transposing op (the same product), and for large
+        problems also measure the product described as given (``A = a``, ``B = b``, all
+        row-ordered). cuBLASLt's heuristic ranks algorithms differently for each
+        description; row orders are what nvmath-python's planner describes (over the
+        bfloat16 problems of ``benchmarks/bench_matmul_sweep.py`` on the H200 the worst
+        ran at 0.96x the best library with transposing ops, 0.98x with row orders).
+        FP8 kernels take only the transposing form (``row_orders=False``).
     """
 
     impl = "cublaslt"
@@ -269,32 +286,46 @@ class LtGemm:
         self.compute = _compute_type(dtype, tf32)
         self._alpha, self._beta = _scales(alpha, beta, self.compute)
         self._pa, self._pb = self._alpha.ctypes.data, self._beta.ctypes.data
-        scale = 1 if self.compute == COMPUTE_64F else 0  # CUDA_R_64F / CUDA_R_32F
-        t, t_a, t_b = CUDA_DTYPES[dtype], OPERAND_DTYPES[da], OPERAND_DTYPES[db]
-        self._desc = lt.matmul_desc_create(self.compute, scale)
-        attr = lt.MatmulDescAttribute
-        ops = (OP_N, OP_N) if row_orders else (gemm.op_a, gemm.op_b)
-        _set(lt.matmul_desc_set_attribute, self._desc, attr.TRANSA,
-             lt.get_matmul_desc_attribute_dtype, ops[0])
-        _set(lt.matmul_desc_set_attribute, self._desc, attr.TRANSB,
-             lt.get_matmul_desc_attribute_dtype, ops[1])
-        flip_a = row_orders and gemm.op_a == OP_T
-        flip_b = row_orders and gemm.op_b == OP_T
-        self._layouts = (
-            self._layout(t_b, gemm.rows_a, gemm.cols_a, gemm.lda, gemm.stride_a, flip_a),
-            self._layout(t_a, gemm.rows_b, gemm.cols_b, gemm.ldb, gemm.stride_b, flip_b),
-            self._layout(t, gemm.m, gemm.n, gemm.ldc, gemm.stride_c, False),
-        )
+        self._types = (CUDA_DTYPES[dtype], OPERAND_DTYPES[da], OPERAND_DTYPES[db])
+        g = gemm
+        t, t_a, t_b = self._types
+        if row_orders:  # out^T = b^T a^T, transposes as row orders
+            first = self._form((OP_N, OP_N), (
+                self._layout(t_b, g.rows_a, g.cols_a, g.lda, g.stride_a, g.op_a == OP_T),
+                self._layout(t_a, g.rows_b, g.cols_b, g.ldb, g.stride_b, g.op_b == OP_T),
+                self._layout(t, g.m, g.n, g.ldc, g.stride_c, False)), b_first=True)
+            # out = a @ b as given: an operand stored untransposed for cuBLAS (op N) is
+            # row-major in the row-major problem, a transposed one column-major
+            given = self._form((OP_N, OP_N), (
+                self._layout(t_a, g.rows_b, g.cols_b, g.ldb, g.stride_b, g.op_b == OP_N),
+                self._layout(t_b, g.rows_a, g.cols_a, g.lda, g.stride_a, g.op_a == OP_N),
+                self._layout(t, g.m, g.n, g.ldc, g.stride_c, True)), b_first=False)
+            self._forms = (first, given)
+        else:
+            self._forms = (self._form((g.op_a, g.op_b), (
+                self._layout(t_b, g.rows_a, g.cols_a, g.lda, g.stride_a, False),
+                self._layout(t_a, g.rows_b, g.cols_b, g.ldb, g.stride_b, False),
+                self._layout(t, g.m, g.n, g.ldc, g.stride_c, False)), b_first=True),)
         self._scale_ptrs = (0, 0)
         self._need = 0
-        weakref.finalize(self, _destroy, lt, self._desc, self._layouts)
-        #: cuBLASLt's heuristic result per alignment class (its algorithm struct first).
-        self._algos: dict[tuple[int, int, int], np.ndarray] = {}
+        weakref.finalize(self, _destroy, lt, [(f.desc, f.layouts) for f in self._forms])
+        #: Per alignment class: the form and heuristic result (its algorithm struct first).
+        self._algos: dict[tuple[int, int, int], tuple[_Form, np.ndarray]] = {}
         #: The algorithm ids chosen, per alignment class (for explanations).
         self.algorithms: dict[tuple[int, int, int], int] = {}
-        #: For the classes that were measured: ``{"ms": per candidate (heuristic order),
-        #: "chosen": index}``.
+        #: For the classes that were measured: ``{"ms": per candidate (the first form's
+        #: candidates in heuristic order, then the other's), "chosen": index}``.
         self.measured: dict[tuple[int, int, int], dict[str, Any]] = {}
+
+    def _form(self, ops: tuple[int, int], layouts: tuple[int, int, int],
+              b_first: bool) -> _Form:
+        lt = self.lt
+        scale = 1 if self.compute == COMPUTE_64F else 0  # CUDA_R_64F / CUDA_R_32F
+        desc = lt.matmul_desc_create(self.compute, scale)
+        attr, get = lt.MatmulDescAttribute, lt.get_matmul_desc_attribute_dtype
+        _set(lt.matmul_desc_set_attribute, desc, attr.TRANSA, get, ops[0])
+        _set(lt.matmul_desc_set_attribute, desc, attr.TRANSB, get, ops[1])
+        return _Form(desc, layouts, b_first)
 
     def _layout(self, t: int, rows: int, cols: int, ld: int, stride: int,
                 row_ordered: bool) -> int:
@@ -315,9 +346,9 @@ class LtGemm:
                  lt.get_matrix_layout_attribute_dtype, stride)
         return layout
 
-    def _candidates(self, key: tuple[int, int, int], handle: int, requested: int
-                    ) -> np.ndarray:
-        """cuBLASLt's heuristic results (best first) for an alignment class."""
+    def _candidates(self, form: _Form, key: tuple[int, int, int], handle: int,
+                    requested: int) -> np.ndarray:
+        """cuBLASLt's heuristic results (best first) for a form and alignment class."""
         lt = self.lt
         pref = lt.matmul_preference_create()
         try:
@@ -325,85 +356,99 @@ class LtGemm:
             get = lt.get_matmul_preference_attribute_dtype
             _set(lt.matmul_preference_set_attribute, pref, attr.MAX_WORKSPACE_BYTES, get,
                  MAX_LT_WORKSPACE)
-            # A is b, B is a, C/D is out (column-major roles)
-            for which, align in zip(("A", "B", "C", "D"), (key[1], key[0], key[2], key[2]),
+            align_a, align_b = form.pointers(key[0], key[1])
+            for which, align in zip(("A", "B", "C", "D"), (align_a, align_b, key[2], key[2]),
                                     strict=True):
                 _set(lt.matmul_preference_set_attribute, pref,
                      getattr(attr, f"MIN_ALIGNMENT_{which}_BYTES"), get, align)
             results = np.zeros(requested, dtype=lt.matmul_heuristic_result_dtype)
             count = np.zeros(1, dtype=np.int32)
-            la, lb, lc = self._layouts
-            lt.matmul_algo_get_heuristic(handle, self._desc, la, lb, lc, lc, pref,
+            la, lb, lc = form.layouts
+            lt.matmul_algo_get_heuristic(handle, form.desc, la, lb, lc, lc, pref,
                                          requested, results.ctypes.data, count.ctypes.data)
+        except Exception as exc:  # this description is refused: no candidates from it
+            log.debug("cuBLASLt heuristic refused a description: %s", exc)
+            return results[:0]
         finally:
             lt.matmul_preference_destroy(pref)
-        if count[0] < 1:
-            raise PycLabError(f"cuBLASLt has no algorithm for this {self.dtype} GEMM "
-                              f"({self.gemm}); use cupy.matmul for it")
         return results[:int(count[0])]
 
     def _algo(self, key: tuple[int, int, int], handle: int, ptrs: tuple[int, int, int],
-              device: int, stream: int) -> np.ndarray:
-        """The algorithm for an alignment class: the heuristic's first, or for a large
-        problem (:data:`MEASURE_FLOP`) the fastest of its first :data:`CANDIDATES`
-        measured on the call's own operands, kept only when it beats the first by
-        :data:`MEASURE_MARGIN` (not when ``beta`` reads ``out``, nor during a capture)."""
+              device: int, stream: int) -> tuple[_Form, np.ndarray]:
+        """The form and algorithm for an alignment class: the heuristic's first, or for
+        a large problem the fastest measured on the call's own operands, kept only when
+        it beats the first by :data:`MEASURE_MARGIN` (never when ``beta`` reads
+        ``out``, nor during a stream capture)."""
         g = self.gemm
         big = 2.0 * g.m * g.n * g.k * g.batch >= MEASURE_FLOP
         measure = big and not self._beta[0] and not _capturing(stream)
-        results = self._candidates(key, handle, CANDIDATES if measure else 1)
-        best = results[:1]
-        if measure and len(results) > 1:
-            need = int(results["workspace_size"].max())
+        per_form = CANDIDATES if measure else 1
+        pool = [(form, results[i:i + 1])
+                for n, form in enumerate(self._forms if measure else self._forms[:1])
+                for results in [self._candidates(form, key, handle, per_form)]
+                for i in range(len(results)) if n == 0 or measure]
+        if not pool:
+            raise PycLabError(f"cuBLASLt has no algorithm for this {self.dtype} GEMM "
+                              f"({self.gemm}); use cupy.matmul for it")
+        chosen = 0
+        if measure and len(pool) > 1:
+            need = max(int(r["workspace_size"][0]) for _, r in pool)
             ws, size = workspace(device, stream, max(self._need, need))
-            times = self._race(results, ptrs, ws, size, handle, stream)
-            i = min(range(len(times)), key=times.__getitem__)
-            if times[i] > times[0] * (1.0 - MEASURE_MARGIN):
-                i = 0
-            self.measured[key] = {"ms": times, "chosen": i}
-            best = results[i:i + 1].copy()
-        self.algorithms[key] = self._algo_id(best)
-        self._need = max(self._need, int(best["workspace_size"][0]))
-        return best  # the algorithm struct is the result's first member
+            times = self._race(pool, ptrs, ws, size, handle, stream)
+            best = min(range(len(times)), key=times.__getitem__)
+            if times[best] <= times[0] * (1.0 - MEASURE_MARGIN):
+                chosen = best
+            self.measured[key] = {"ms": times, "chosen": chosen}
+        form, result = pool[chosen]
+        result = result.copy()
+        self.algorithms[key] = self._algo_id(result)
+        self._need = max(self._need, int(result["workspace_size"][0]))
+        return form, result  # the algorithm struct is the result's first member
 
-    def _race(self, results: np.ndarray, ptrs: tuple[int, int, int], ws: int, size: int,
-              handle: int, stream: int, rounds: int = 5) -> list[float]:
+    def _race(self, pool: list[tuple[_Form, np.ndarray]], ptrs: tuple[int, int, int],
+              ws: int, size: int, handle: int, stream: int, rounds: int = 5) -> list[float]:
         """Median milliseconds per candidate: interleaved rounds, the L2 cache flushed
         before every run (a layer's operands arrive from memory in a model), a warm-up
-        run each first; infinity for a candidate the library refuses."""
+        round first; infinity for a candidate the library refuses."""
         import cupy as cp
 
         rt = cp.cuda.runtime
         a_ptr, b_ptr, out_ptr = ptrs
-        la, lb, lc = self._layouts
         flush = cp.cuda.Memory(FLUSH_BYTES)
-        events = [(rt.eventCreate(), rt.eventCreate()) for _ in range(len(results))]
-        times: list[list[float]] = [[] for _ in range(len(results))]
+        events = [(rt.eventCreate(), rt.eventCreate()) for _ in pool]
+        times: list[list[float]] = [[] for _ in pool]
+        refused = [False] * len(pool)
         try:
             for r in range(rounds + 1):
-                for i, (start, end) in enumerate(events):
-                    if times[i] and times[i][-1] == float("inf"):
+                ran = []
+                for i, (form, result) in enumerate(pool):
+                    if refused[i]:
                         continue
+                    start, end = events[i]
+                    p_a, p_b = form.pointers(a_ptr, b_ptr)
+                    la, lb, lc = form.layouts
                     rt.memsetAsync(flush.ptr, r, FLUSH_BYTES, stream)
                     rt.eventRecord(start, stream)
                     try:
-                        self.lt.matmul(handle, self._desc, self._pa, b_ptr, la, a_ptr, lb,
+                        self.lt.matmul(handle, form.desc, self._pa, p_a, la, p_b, lb,
                                        self._pb, out_ptr, lc, out_ptr, lc,
-                                       results[i:i + 1].ctypes.data, ws, size, stream)
+                                       result.ctypes.data, ws, size, stream)
                     except Exception as exc:  # a candidate that cannot run is not chosen
                         log.debug("cuBLASLt candidate %d refused: %s", i, exc)
-                        times[i].append(float("inf"))
+                        refused[i] = True
                         continue
                     rt.eventRecord(end, stream)
+                    ran.append(i)
                 rt.streamSynchronize(stream)
-                for i, (start, end) in enumerate(events):
-                    if r and not (times[i] and times[i][-1] == float("inf")):
-                        times[i].append(rt.eventElapsedTime(start, end))
+                if r:  # the first round warms up
+                    for i in ran:
+                        times[i].append(rt.eventElapsedTime(*events[i]))
         finally:
             for start, end in events:
                 rt.eventDestroy(start)
                 rt.eventDestroy(end)
-        return [sorted(t)[len(t) // 2] if t else float("inf") for t in times]
+        return [float("inf") if refused[i] or not t else sorted(t)[len(t) // 2]
+                for i, t in enumerate(times)]
 
     def _algo_id(self, results: np.ndarray) -> int:
         lt = self.lt
@@ -425,9 +470,10 @@ class LtGemm:
             return
         lt, attr = self.lt, self.lt.MatmulDescAttribute
         get = lt.get_matmul_desc_attribute_dtype
-        # cuBLASLt's A is the operand b, its B the operand a
-        _set(lt.matmul_desc_set_attribute, self._desc, attr.A_SCALE_POINTER, get, b_scale)
-        _set(lt.matmul_desc_set_attribute, self._desc, attr.B_SCALE_POINTER, get, a_scale)
+        for form in self._forms:
+            s_a, s_b = form.pointers(a_scale, b_scale)  # cuBLASLt's A and B
+            _set(lt.matmul_desc_set_attribute, form.desc, attr.A_SCALE_POINTER, get, s_a)
+            _set(lt.matmul_desc_set_attribute, form.desc, attr.B_SCALE_POINTER, get, s_b)
         self._scale_ptrs = (a_scale, b_scale)
 
     def __call__(self, a_ptr: int, b_ptr: int, out_ptr: int, stream: int) -> None:
@@ -435,22 +481,25 @@ class LtGemm:
         device = _device()
         handle = _lt_handle(device)
         key = (alignment(a_ptr), alignment(b_ptr), alignment(out_ptr))
-        algo = self._algos.get(key)
-        if algo is None:
-            algo = self._algos[key] = self._algo(key, handle, (a_ptr, b_ptr, out_ptr),
-                                                 device, stream)
+        chosen = self._algos.get(key)
+        if chosen is None:
+            chosen = self._algos[key] = self._algo(key, handle, (a_ptr, b_ptr, out_ptr),
+                                                   device, stream)
+        form, algo = chosen
         ws, size = workspace(device, stream, self._need)
-        la, lb, lc = self._layouts
-        self.lt.matmul(handle, self._desc, self._pa, b_ptr, la, a_ptr, lb, self._pb,
+        p_a, p_b = form.pointers(a_ptr, b_ptr)
+        la, lb, lc = form.layouts
+        self.lt.matmul(handle, form.desc, self._pa, p_a, la, p_b, lb, self._pb,
                        out_ptr, lc, out_ptr, lc, algo.ctypes.data, ws, size, stream)
 
 
-def _destroy(lt: Any, desc: int, layouts: tuple[int, ...]) -> None:
+def _destroy(lt: Any, forms: list[tuple[int, tuple[int, ...]]]) -> None:
     """Free an :class:`LtGemm`'s descriptors (at collection, or at exit while the
     library is still loaded); a failure is ignored, there is nothing left to do."""
     try:
-        for layout in layouts:
-            lt.matrix_layout_destroy(layout)
-        lt.matmul_desc_destroy(desc)
+        for desc, layouts in forms:
+            for layout in layouts:
+                lt.matrix_layout_destroy(layout)
+            lt.matmul_desc_destroy(desc)
     except Exception:  # a failed free at exit has no one to report to
         pass
