@@ -393,3 +393,37 @@ def test_a_large_cublaslt_gemm_measures_its_candidates_and_is_right():
     # the fastest, or the heuristic's first when nothing beats it by the margin
     assert ms[chosen] == fastest or (chosen == 0 and fastest > ms[0] * (
         1 - blas_direct.MEASURE_MARGIN)), timed
+
+
+@pytest.mark.parametrize("case", sorted(DIRECT_CASES))
+def test_both_cublaslt_descriptions_compute_every_layout(case):
+    """Each description LtGemm can choose (b^T a^T with row orders; a @ b as given),
+    forced in turn, computes the product for every layout (large problems race both)."""
+    if not cublaslt.status()[0]:
+        pytest.skip("no nvmath-python")
+    from pyc_lab.kernels import blas_direct
+    from pyc_lab.kernels.blas_layout import describe
+    from pyc_lab.kernels.matmul_plan import _elements
+
+    (a, a64), (b, b64) = DIRECT_CASES[case]("bfloat16")
+    want = a64 @ b64
+    out = poisoned(want.shape, "bfloat16")
+    g = describe(a.shape, _elements(a), b.shape, _elements(b), _elements(out))
+    lt = blas_direct.LtGemm(g, "bfloat16")
+    assert len(lt._forms) == 2
+    handle = blas_direct._lt_handle(cp.cuda.runtime.getDevice())
+    ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
+    key = tuple(blas_direct.alignment(p) for p in ptrs)
+    stream = cp.cuda.get_current_stream().ptr
+    ran = 0
+    for form in lt._forms:
+        found = lt._candidates(form, key, handle, 1)
+        if not len(found):
+            continue
+        lt._algos[key] = (form, found.copy())
+        lt._need = max(lt._need, int(found["workspace_size"][0]))
+        out.view(cp.uint16).fill(0x7FC0)
+        lt(*ptrs, stream)
+        check(out, want, "bfloat16", a.shape[-1])
+        ran += 1
+    assert ran >= 1
