@@ -509,3 +509,26 @@ def test_pipeline_keeps_results(fn, shapes, mode, dtype):
         direct = direct if isinstance(direct, tuple) else (direct,)
         for d, g in zip(direct, run_graph(result.graph, args, np), strict=True):
             np.testing.assert_allclose(g, d, rtol=RTOL[np.dtype(dtype)], atol=1e-6)
+
+
+@pytest.mark.parametrize("share_add", [False, True])
+def test_an_unused_integer_power_still_raises_like_numpy(share_add):
+    """NumPy raises for a negative integer exponent even when the power's result is
+    never used; dead-code elimination (also after fusion and CSE) keeps such powers."""
+    import pyc_lab as pl
+
+    def f(x, y):
+        a = x + x
+        _unused = x ** np.abs(np.reciprocal(y))  # reciprocal(0) is INT_MIN: abs < 0
+        return (x + x) if share_add else a * 2
+
+    g = pl.compile(f, backend="numpy")
+    rng = np.random.default_rng(7)
+    x = rng.random((3, 4)) > 0.5
+    y = rng.integers(1, 9, (3, 4)).astype(np.int32)
+    np.testing.assert_array_equal(g(x, y), f(x, y))
+    y[1, 2] = 0
+    with np.errstate(all="ignore"), pytest.raises(ValueError, match="negative integer"):
+        f(x, y)
+    with np.errstate(all="ignore"), pytest.raises(ValueError, match="negative integer"):
+        g(x, y)

@@ -4,7 +4,9 @@ Graph inputs are never removed (they are the function's signature), even when un
 Nor are graph breaks (``eager`` nodes): the NumPy code they run may have effects, and
 the shape of their result may have been read while tracing (``np.unique(a).size``
 becomes a constant) — running them is what checks, at every call, that the shape is
-still the traced one.
+still the traced one. Nor are integer powers: NumPy raises ``ValueError`` for a negative
+integer exponent, on the values of each call, and the function it compiles must raise
+too even where the power's result is never used (:func:`may_raise`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..ir import Graph
+from .rewrite import may_raise
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -34,7 +37,8 @@ def run(graph: Graph, ctx: PassContext) -> bool:
     bool
         Whether anything was removed.
     """
-    live = set(graph.outputs) | {n.id for n in graph.nodes.values() if n.op == "eager"}
+    live = set(graph.outputs) | {n.id for n in graph.nodes.values()
+                                 if n.op == "eager" or may_raise(n, graph)}
     for n in reversed(list(graph.nodes.values())):
         if n.id in live:
             live.update(n.inputs)

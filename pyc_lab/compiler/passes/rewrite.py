@@ -117,11 +117,29 @@ def insert_like(graph: Graph, anchor: int, op: str, inputs: Iterable[int],
     return graph.insert_before(anchor, op, inputs, attrs)
 
 
+def may_raise(node: Node, graph: Graph) -> bool:
+    """Whether a node can raise on the values of a call, so must run even when its
+    result is unused: an integer ``power`` whose exponent may be negative (NumPy raises
+    ``ValueError`` for a negative integer exponent; a constant exponent of no negative
+    element, or an unsigned one, cannot), or a fused kernel whose body holds one."""
+    if node.op == "power":
+        if node.dtype.kind not in "iu" or len(node.inputs) < 2:
+            return False
+        exp = graph.nodes.get(node.inputs[1])
+        if exp is None or exp.dtype.kind in "ub":
+            return False
+        if exp.op == "constant":
+            return bool(np.any(np.asarray(exp.attrs["value"]) < 0))
+        return True
+    body = node.attrs.get("body") if node.op == "fused" else None
+    return isinstance(body, Graph) and any(may_raise(n, body) for n in body.nodes.values())
+
+
 def prune(graph: Graph, candidates: Iterable[int]) -> list[int]:
     """Remove the candidates nobody reads (and, recursively, inputs that become unread).
 
-    Graph inputs, graph outputs and graph breaks (see :mod:`.dce`) are never removed.
-    Returns the removed ids.
+    Graph inputs, graph outputs, graph breaks (see :mod:`.dce`) and nodes that may raise
+    (:func:`may_raise`) are never removed. Returns the removed ids.
     """
     counts: dict[int, int] = {k: 0 for k in graph.nodes}
     for n in graph.nodes.values():
@@ -133,7 +151,8 @@ def prune(graph: Graph, candidates: Iterable[int]) -> list[int]:
     while work:
         nid = work.pop()
         node = graph.nodes.get(nid)
-        if node is None or node.op in ("input", "eager") or nid in keep or counts.get(nid, 0):
+        if node is None or node.op in ("input", "eager") or nid in keep \
+                or counts.get(nid, 0) or may_raise(node, graph):
             continue
         graph.remove(nid)
         removed.append(nid)
