@@ -19,14 +19,13 @@ float32. Writes ``matmul-fp8.json`` to ``--out``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_matmul_sweep import distribution
+from bench_matmul_sweep import distribution, interleaved_ms
 from common import write_result
 
 #: (M, N, K, what): decode and prefill linear layers, squares; not chosen for any kernel.
@@ -55,7 +54,6 @@ def _quantised(torch: Any, shape: tuple[int, int], seed: int) -> tuple[Any, floa
 
 def measure(pl: Any, torch: Any, m: int, n: int, k: int, rounds: int, repeats: int
             ) -> dict[str, Any]:
-    from pyc_lab.profiling.timing import benchmark
     from pyc_lab.units import gemm_flops, tflops
 
     a8, sa, a16 = _quantised(torch, (m, k), m + k)
@@ -78,12 +76,7 @@ def measure(pl: Any, torch: Any, m: int, n: int, k: int, rounds: int, repeats: i
         except Exception as exc:  # a baseline that cannot run is left out, and said
             row[f"{name} error"] = f"{type(exc).__name__}: {exc}"[:300]
             del impls[name]
-    per_round: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(rounds):
-        for name, fn in impls.items():
-            t = benchmark(fn, repeats=repeats, warmup=1, flush_l2=True, spin=True, gpu=True)
-            per_round[name].append(float(t.gpu_median_s) * 1e3)
-    ms = {name: statistics.median(v) for name, v in per_round.items()}
+    ms = interleaved_ms(impls, rounds, repeats)
     row["ms"] = ms
     row["tflops"] = {name: tflops(gemm_flops(m, n, k), v) for name, v in ms.items()}
     if "pl.matmul fp8" in ms and "torch._scaled_mm fp8" in ms:

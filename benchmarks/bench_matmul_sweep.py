@@ -110,7 +110,6 @@ def _nvmath(a_t: Any, b_t: Any) -> Any:
 def measure(pl: Any, cp: Any, torch: Any, p: dict[str, Any], rounds: int,
             repeats: int) -> dict[str, Any]:
     """One problem: correctness of ``pl.matmul``, then interleaved timing rounds."""
-    from pyc_lab.profiling.timing import benchmark
     from pyc_lab.units import gemm_flops, tflops
 
     a_t, w_t, a, w = _operands(torch, cp, p, seed=p["m"] * 7 + p["n"])
@@ -135,12 +134,7 @@ def measure(pl: Any, cp: Any, torch: Any, p: dict[str, Any], rounds: int,
         except Exception as exc:
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:400]
             del impls[name]
-    per_round: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(rounds):
-        for name, fn in impls.items():
-            t = benchmark(fn, repeats=repeats, warmup=1, flush_l2=True, spin=True, gpu=True)
-            per_round[name].append(float(t.gpu_median_s) * 1e3)
-    ms = {name: statistics.median(v) for name, v in per_round.items()}
+    ms = interleaved_ms(impls, rounds, repeats)
     row["ms"] = ms
     row["tflops"] = {name: tflops(gemm_flops(p["m"], p["n"], p["k"]), v)
                      for name, v in ms.items()}
@@ -155,6 +149,19 @@ def measure(pl: Any, cp: Any, torch: Any, p: dict[str, Any], rounds: int,
             if "cupy.matmul" in ms:
                 row["ratio_vs_cupy"] = ms["cupy.matmul"] / ms["pl.matmul"]
     return row
+
+
+def interleaved_ms(impls: dict[str, Any], rounds: int, repeats: int) -> dict[str, float]:
+    """Median GPU milliseconds per implementation over interleaved rounds, each a
+    :func:`pyc_lab.profiling.timing.benchmark` (CUDA events, L2 flushed, spin ahead)."""
+    from pyc_lab.profiling.timing import benchmark
+
+    per_round: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            t = benchmark(fn, repeats=repeats, warmup=1, flush_l2=True, spin=True, gpu=True)
+            per_round[name].append(float(t.gpu_median_s) * 1e3)
+    return {name: statistics.median(v) for name, v in per_round.items()}
 
 
 def host_overhead(pl: Any, cp: Any, calls: int = 200, rounds: int = 7) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from ..errors import PycLabError
 from .blas_layout import OP_N, OP_T, BlasGemm
 
 __all__ = ["CUDA_DTYPES", "OPERAND_DTYPES", "WORKSPACE_BYTES", "CublasGemm", "LtGemm",
-           "alignment", "workspace"]
+           "alignment", "race", "workspace"]
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +233,51 @@ def _set(setter: Any, obj: int, attr: Any, dtype_of: Any, value: Any) -> None:
     setter(obj, attr, buf.ctypes.data, buf.nbytes)
 
 
+def race(runs: list[Callable[[], Any]], stream: int, rounds: int = 5) -> list[float]:
+    """Median milliseconds of each of ``runs`` on ``stream``: interleaved rounds after a
+    warm-up round, the L2 cache flushed before every run (a layer's operands arrive from
+    memory in a model); infinity for a run that raises (it is not run again).
+
+    The never-slower choices between library calls are made with it: a cuBLASLt
+    candidate against the others (:class:`LtGemm`), the direct FP8 call against
+    ``torch._scaled_mm`` (:mod:`.matmul_fp8`).
+    """
+    import cupy as cp
+
+    rt = cp.cuda.runtime
+    flush = cp.cuda.Memory(FLUSH_BYTES)
+    events = [(rt.eventCreate(), rt.eventCreate()) for _ in runs]
+    times: list[list[float]] = [[] for _ in runs]
+    refused = [False] * len(runs)
+    try:
+        for r in range(rounds + 1):
+            ran = []
+            for i, fn in enumerate(runs):
+                if refused[i]:
+                    continue
+                start, end = events[i]
+                rt.memsetAsync(flush.ptr, r, FLUSH_BYTES, stream)
+                rt.eventRecord(start, stream)
+                try:
+                    fn()
+                except Exception as exc:  # a candidate that cannot run is not chosen
+                    log.debug("candidate %d refused: %s", i, exc)
+                    refused[i] = True
+                    continue
+                rt.eventRecord(end, stream)
+                ran.append(i)
+            rt.streamSynchronize(stream)
+            if r:  # the first round warms up
+                for i in ran:
+                    times[i].append(rt.eventElapsedTime(*events[i]))
+    finally:
+        for start, end in events:
+            rt.eventDestroy(start)
+            rt.eventDestroy(end)
+    return [float("inf") if refused[i] or not t else sorted(t)[len(t) // 2]
+            for i, t in enumerate(times)]
+
+
 class _Form:
     """One cuBLASLt description of the product: a matmul descriptor, the layouts of its
     ``A``, ``B`` and ``C``/``D``, and whether ``A`` is the operand ``b`` (the
@@ -406,49 +452,18 @@ class LtGemm:
         return form, result  # the algorithm struct is the result's first member
 
     def _race(self, pool: list[tuple[_Form, np.ndarray]], ptrs: tuple[int, int, int],
-              ws: int, size: int, handle: int, stream: int, rounds: int = 5) -> list[float]:
-        """Median milliseconds per candidate: interleaved rounds, the L2 cache flushed
-        before every run (a layer's operands arrive from memory in a model), a warm-up
-        round first; infinity for a candidate the library refuses."""
-        import cupy as cp
-
-        rt = cp.cuda.runtime
+              ws: int, size: int, handle: int, stream: int) -> list[float]:
+        """:func:`race` over the candidates, each run on the call's own operands."""
         a_ptr, b_ptr, out_ptr = ptrs
-        flush = cp.cuda.Memory(FLUSH_BYTES)
-        events = [(rt.eventCreate(), rt.eventCreate()) for _ in pool]
-        times: list[list[float]] = [[] for _ in pool]
-        refused = [False] * len(pool)
-        try:
-            for r in range(rounds + 1):
-                ran = []
-                for i, (form, result) in enumerate(pool):
-                    if refused[i]:
-                        continue
-                    start, end = events[i]
-                    p_a, p_b = form.pointers(a_ptr, b_ptr)
-                    la, lb, lc = form.layouts
-                    rt.memsetAsync(flush.ptr, r, FLUSH_BYTES, stream)
-                    rt.eventRecord(start, stream)
-                    try:
-                        self.lt.matmul(handle, form.desc, self._pa, p_a, la, p_b, lb,
-                                       self._pb, out_ptr, lc, out_ptr, lc,
-                                       result.ctypes.data, ws, size, stream)
-                    except Exception as exc:  # a candidate that cannot run is not chosen
-                        log.debug("cuBLASLt candidate %d refused: %s", i, exc)
-                        refused[i] = True
-                        continue
-                    rt.eventRecord(end, stream)
-                    ran.append(i)
-                rt.streamSynchronize(stream)
-                if r:  # the first round warms up
-                    for i in ran:
-                        times[i].append(rt.eventElapsedTime(*events[i]))
-        finally:
-            for start, end in events:
-                rt.eventDestroy(start)
-                rt.eventDestroy(end)
-        return [float("inf") if refused[i] or not t else sorted(t)[len(t) // 2]
-                for i, t in enumerate(times)]
+
+        def run(form: _Form, result: np.ndarray) -> Callable[[], None]:
+            p_a, p_b = form.pointers(a_ptr, b_ptr)
+            la, lb, lc = form.layouts
+            return lambda: self.lt.matmul(handle, form.desc, self._pa, p_a, la, p_b, lb,
+                                          self._pb, out_ptr, lc, out_ptr, lc,
+                                          result.ctypes.data, ws, size, stream)
+
+        return race([run(form, result) for form, result in pool], stream)
 
     def _algo_id(self, results: np.ndarray) -> int:
         lt = self.lt

@@ -89,28 +89,6 @@ def _check(a: Any, b: Any, out: Any, out_dtype: str) -> None:
                           f"shape {shape} on {a.device}")
 
 
-def _race(torch: Any, fns: dict[str, Any], device: Any, repeats: int = 9
-          ) -> dict[str, float]:
-    """Median CUDA-event milliseconds of each of ``fns`` on torch's current stream, the
-    candidates interleaved and L2 flushed before each run (as a layer's weights arrive
-    from memory in a model)."""
-    flush = torch.empty(128 << 20, dtype=torch.uint8, device=device)
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            flush.zero_()
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
-    return {name: sorted(v)[len(v) // 2] for name, v in times.items()}
-
-
 def _scaled_mm(torch: Any, a: Any, b: Any, sa: Any, sb: Any, out: Any, out_dtype: str) -> Any:
     y = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=getattr(torch, out_dtype))
     if out is None:
@@ -123,7 +101,7 @@ def _choose(torch: Any, a: Any, b: Any, sa: Any, sb: Any, out: Any, out_dtype: s
     """The faster of the direct cuBLASLt call and ``torch._scaled_mm`` for this problem,
     measured on the call's own operands (the never-slower rule): an ``LtGemm``, or the
     string ``"torch._scaled_mm"``."""
-    from .blas_direct import LtGemm
+    from .blas_direct import LtGemm, race
     from .blas_layout import describe
 
     shape = (a.shape[0], b.shape[1])
@@ -149,8 +127,7 @@ def _choose(torch: Any, a: Any, b: Any, sa: Any, sb: Any, out: Any, out_dtype: s
     except Exception as exc:  # torch cannot run it: nothing to compare with
         log.info("torch._scaled_mm cannot run this FP8 GEMM: %s", exc)
         return g
-    ms = _race(torch, {"ours": direct, "theirs": theirs_fn}, a.device)
-    ours, theirs = ms["ours"], ms["theirs"]
+    ours, theirs = race([direct, theirs_fn], stream)
     log.info("FP8 %s x %s x %s: cuBLASLt direct %.4f ms, torch._scaled_mm %.4f ms",
              a.shape[0], b.shape[1], a.shape[1], ours, theirs)
     return g if ours <= theirs else "torch._scaled_mm"
