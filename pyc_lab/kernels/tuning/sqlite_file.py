@@ -458,10 +458,13 @@ class SQLiteFile:
         A newer version is ready: it is only ever opened read-only, and its columns are
         checked by :meth:`_check_columns`.
         """
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = {r[0] for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' "
-            "AND name NOT LIKE 'sqlite_%'")}
+        # one statement, so one snapshot: read apart, another process's schema creation
+        # could commit in between (version 0, and its tables) and look like damage
+        version, names = conn.execute(
+            "SELECT (SELECT user_version FROM pragma_user_version), "
+            "(SELECT group_concat(name, char(31)) FROM sqlite_master "
+            "WHERE type = 'table' AND name NOT LIKE 'sqlite_%')").fetchone()
+        tables = set(names.split("\x1f")) if names else set()
         if version == 0:
             if not tables:
                 return "create"
