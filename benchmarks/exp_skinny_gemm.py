@@ -33,11 +33,12 @@ PROBLEMS = [  # (m, n, k, dtype): the sweep's decode layers and a few more
     (1, 8192, 28672, "bf16"), (7, 4099, 4096, "bf16"), (4, 2048, 2048, "f16"),
     (1, 1024, 4096, "bf16"), (24, 4096, 4096, "f16"),
 ]
-CONFIGS = [  # (RT, WARPS, KU)
-    (1, 4, 2), (1, 8, 2), (2, 4, 1), (2, 8, 1), (2, 4, 2), (4, 4, 1), (4, 8, 1),
-    (1, 16, 1), (2, 16, 1),
+CONFIGS = [  # (RT, WARPS, STAGES)
+    (1, 4, 4), (1, 4, 8), (1, 8, 4), (1, 8, 6), (2, 4, 4), (2, 4, 6), (2, 8, 3),
+    (2, 8, 4), (4, 4, 3), (4, 4, 4), (1, 2, 8), (2, 2, 8), (1, 16, 3),
 ]
-SPLITS = (1, 2, 4, 8)
+SPLITS = (1, 2, 3, 4, 6, 8)
+SMEM_LIMIT = 227 * 1024
 
 
 def nt_for(m: int) -> int:
@@ -47,29 +48,35 @@ def nt_for(m: int) -> int:
     return nt
 
 
-def smem_bytes(rt: int, nt: int, warps: int) -> int:
-    return max(1, warps // 2) * rt * nt * 4 * 32 * 4
+def smem_bytes(rt: int, nt: int, warps: int, stages: int) -> int:
+    ring = warps * stages * (rt * 4 + nt * 2) * 32 * 16
+    tree = max(1, warps // 2) * rt * nt * 4 * 32 * 4
+    return max(ring, tree)
 
 
 def build(cp: Any, source: str) -> dict:
     names = []
     for bf16 in (0, 1):
         for nt in (1, 2, 4, 8):
-            for rt, warps, ku in CONFIGS:
-                if rt * nt > 16 or smem_bytes(rt, nt, warps) > 48 * 1024:
+            for rt, warps, stages in CONFIGS:
+                if rt * nt > 16 or smem_bytes(rt, nt, warps, stages) > SMEM_LIMIT:
                     continue
-                names.append((bf16, nt, rt, warps, ku))
+                names.append((bf16, nt, rt, warps, stages))
     exprs = [f"pyc_skinny_gemm<{b},{nt},{rt},{w},{ku}>" for b, nt, rt, w, ku in names]
     t0 = time.perf_counter()
     mod = cp.RawModule(code=source, options=("-std=c++17",), name_expressions=exprs)
-    kernels = {n: mod.get_function(e) for n, e in zip(names, exprs)}
+    kernels = {}
+    for key, e in zip(names, exprs):
+        kern = mod.get_function(e)
+        kern.max_dynamic_shared_size_bytes = smem_bytes(key[2], key[1], key[3], key[4])
+        kernels[key] = kern
     print(f"compiled {len(kernels)} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
     return kernels
 
 
 def launcher(cp: Any, kern: Any, key: tuple, a: Any, w: Any, out: Any, splits: int,
              sms: int) -> Any:
-    _, nt, rt, warps, ku = key
+    _, nt, rt, warps, stages = key
     m, k = a.shape
     n = w.shape[0]
     tiles = -(-n // (16 * rt))
@@ -80,7 +87,7 @@ def launcher(cp: Any, kern: Any, key: tuple, a: Any, w: Any, out: Any, splits: i
     counters = cp.zeros(tiles, dtype=cp.int32)
     args = (a, cp.int64(a.shape[1]), w, cp.int64(w.shape[1]), out, cp.int64(out.shape[1]),
             cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(kps), work, counters)
-    grid, block, smem = (tiles, splits), (warps * 32,), smem_bytes(rt, nt, warps)
+    grid, block, smem = (tiles, splits), (warps * 32,), smem_bytes(rt, nt, warps, stages)
 
     def run() -> None:
         kern(grid, block, args, shared_mem=smem)
@@ -91,6 +98,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results/local")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", default="",
+                        help="M,N,K,DTYPE:CONFIG[,CONFIG...]: launch those once each and "
+                             "cupy.matmul once, for ncu (no timing)")
     args = parser.parse_args()
     try:
         import cupy as cp
@@ -105,7 +115,12 @@ def main() -> int:
     kernels = build(cp, native_source("skinny_gemm.cuh"))
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     rows = []
-    for m, n, k, dt in PROBLEMS:
+    problems = PROBLEMS
+    if args.profile:
+        shape, configs = args.profile.split(":")
+        m, n, k, dt = shape.split(",")
+        problems = [(int(m), int(n), int(k), dt)]
+    for m, n, k, dt in problems:
         tdt = {"f16": torch.float16, "bf16": torch.bfloat16}[dt]
         cdt = {"f16": cp.float16, "bf16": getattr(cp, "bfloat16", None)}[dt]
         gen = torch.Generator(device="cuda").manual_seed(m * 7 + n)
@@ -119,11 +134,21 @@ def main() -> int:
         cands: dict[str, Any] = {}
         errors = {}
         bf16 = int(dt == "bf16")
+        if args.profile:
+            for cfg in configs.split(","):
+                rt, w_, st, s = (int(x) for x in cfg.replace("rt", " ").replace("w", " ")
+                                 .replace("st", " ").replace("s", " ").split())
+                key = (bf16, nt_for(m), rt, w_, st)
+                launcher(cp, kernels[key], key, a, w, out, s, sms)()
+            cp.matmul(a, w.T)
+            torch.matmul(a_t, w_t.T)
+            cp.cuda.Device().synchronize()
+            return 0
         for key, kern in kernels.items():
             if key[0] != bf16 or key[1] != nt_for(m):
                 continue
             for s in SPLITS:
-                name = f"rt{key[2]}w{key[3]}ku{key[4]}s{s}"
+                name = f"rt{key[2]}w{key[3]}st{key[4]}s{s}"
                 run = launcher(cp, kern, key, a, w, out, s, sms)
                 out_t.fill_(float("nan"))
                 run()

@@ -4,20 +4,24 @@
 //
 // * operands swapped: the tensor cores' A operand is 16 weight rows, their B operand
 //   the (at most 8 * NT) rows of `a`, so M = 1 wastes 7/8 of an mma, never a weight load;
-// * every lane loads 16 contiguous bytes per instruction (two per row and 64-wide k
-//   chunk), streamed past L1; within a chunk the k order is permuted the same way for
-//   both operands (a dot product does not depend on the order of its terms), so the
-//   loaded words are the mma fragments as they are, with no shuffles;
+// * every lane copies 16 contiguous bytes per instruction (two per row and 64-wide k
+//   chunk) with cp.async into its own column of shared memory, STAGES - 1 chunks ahead
+//   of the one it computes on (register-held loads were scheduled next to their use by
+//   the compiler, leaving a few in flight); within a chunk the k order is permuted the
+//   same way for both operands (a dot product does not depend on the order of its
+//   terms), so the copied words are the mma fragments as they are, with no shuffles;
 // * a block owns 16 * RT weight rows; its WARPS warps split the block's k range
-//   (interleaved chunks of 64), each warp with RT * 4 * KU loads in flight, and their
-//   partial sums meet in a fixed-order tree in shared memory (deterministic);
+//   (interleaved chunks of 64), and their partial sums meet in a fixed-order tree in
+//   shared memory (deterministic);
 // * gridDim.y > 1 splits k across blocks as well: each block writes its partial tile to
 //   `work`, and the last block of a row tile to arrive (counted in `counters`, which it
 //   resets to zero for the next launch) adds the partials in split order and stores.
 //
 // Requirements (the launcher checks them): K % 8 == 0, lda and ldw multiples of 8,
-// `a` and `w` 16-byte aligned, M <= 8 * NT. Rows of `w` past N and rows of `a` past M
-// read as zeros and are never stored. k_per_split is a multiple of 64.
+// `a` and `w` 16-byte aligned, M <= 8 * NT. Rows of `w` past N and of `a` past M are
+// read as the last row and never stored. k_per_split is a multiple of 64. Dynamic
+// shared memory: max(WARPS * STAGES * SLOTS * 512, WARPS / 2 * REGS * 128) bytes.
+//
 // Elements are 16-bit words (`unsigned short`) and BF16 selects their format, so that
 // the source needs no CUDA headers under NVRTC.
 
@@ -57,22 +61,29 @@ template <> struct mma<1> {
   }
 };
 
-// 16 bytes of weights, read once: not kept in L1, the next 256 bytes fetched into L2.
-__device__ __forceinline__ uint4 load_stream(const void* p, bool ok) {
-  uint4 r = make_uint4(0u, 0u, 0u, 0u);
-  if (ok) {
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-  }
-  return r;
+// Asynchronous 16-byte copies into shared memory, `bytes` of them read (16, or 0 to
+// fill zeros past K): weights stream through L2 only, with the next 256 bytes fetched
+// into L2; `a`, which every block reads, also through L1. Nothing waits for them until
+// cp.async.wait_group, so a warp keeps STAGES - 1 chunks of loads in flight whatever
+// the compiler's register scheduling.
+__device__ __forceinline__ void copy_stream(unsigned dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n"
+               :: "r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
-// 16 bytes of `a`, which every block of the grid reads: through L1.
-__device__ __forceinline__ uint4 load_shared_operand(const void* p, bool ok) {
-  uint4 r = make_uint4(0u, 0u, 0u, 0u);
-  if (ok) r = __ldg(reinterpret_cast<const uint4*>(p));
-  return r;
+__device__ __forceinline__ void copy_shared_operand(unsigned dst, const void* src,
+                                                    int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wait_pending() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
 __device__ __forceinline__ unsigned word(const uint4 (&q)[2], int i) {
@@ -87,7 +98,7 @@ __device__ __forceinline__ unsigned word(const uint4 (&q)[2], int i) {
 
 }  // namespace pyc_skinny
 
-template <int BF16, int NT, int RT, int WARPS, int KU>
+template <int BF16, int NT, int RT, int WARPS, int STAGES>
 __global__ void __launch_bounds__(WARPS * 32)
 pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
                 const unsigned short* __restrict__ w, long long ldw,
@@ -95,7 +106,9 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
                 int k_per_split, float* __restrict__ work, int* __restrict__ counters) {
   using namespace pyc_skinny;
   using T = unsigned short;
-  constexpr int REGS = RT * NT * 4;  // accumulators per lane
+  constexpr int REGS = RT * NT * 4;    // accumulators per lane
+  constexpr int SLOTS = RT * 4 + NT * 2;  // 16-byte pieces per lane and chunk
+  extern __shared__ uint4 pyc_skinny_smem[];  // [WARPS][STAGES][SLOTS][32], then the tree
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;    // mma group: weight row g and g + 8, row g of `a`
@@ -112,66 +125,88 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.f;
 
-  // Row pointers (clamped to a valid row; the predicate keeps the load off).
+  // Row pointers, clamped to a valid row: a row of D depends only on its row of w and a
+  // column only on its row of `a`, so what a clamped row computes is never stored. Past
+  // K, both operands are zero-filled (0 * Inf would be NaN).
   const T* wrow[RT][2];
-  bool wok[RT][2];
 #pragma unroll
   for (int r = 0; r < RT; ++r)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int n = row0 + r * 16 + g + h * 8;
-      wok[r][h] = n < N;
-      wrow[r][h] = w + (long long)(n < N ? n : 0) * ldw;
+      wrow[r][h] = w + (long long)(n < N ? n : N - 1) * ldw;
     }
   const T* arow[NT];
-  bool aok[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const int m = t * 8 + g;
-    aok[t] = m < M;
-    arow[t] = a + (long long)(m < M ? m : 0) * lda;
+    arow[t] = a + (long long)(m < M ? m : M - 1) * lda;
   }
 
-  for (int c = warp * KU; kb + c * 64 < ke; c += WARPS * KU) {
-    uint4 wq[KU][RT][2][2];
-    uint4 aq[KU][NT][2];
-#pragma unroll
-    for (int u = 0; u < KU; ++u) {
-      const int k0 = kb + (c + u) * 64 + tig * 8;  // this lane's first 8 elements
+  // This warp's chunks of 64: warp, warp + WARPS, ... below ke; each lane's pieces live
+  // in its own column of the warp's ring, so no lane waits for another.
+  const int chunks = (ke - kb + 63) / 64;
+  const int mine = chunks > warp ? (chunks - warp + WARPS - 1) / WARPS : 0;
+  const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(
+      pyc_skinny_smem + (warp * STAGES * SLOTS) * 32 + lane));
+  auto issue = [&](int i) {  // chunk i of this warp into stage i % STAGES
+    if (i < mine) {
+      const unsigned base = ring + (i % STAGES) * SLOTS * 32 * 16;
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
-        const int k = k0 + q * 32;
-        const bool kin = k < ke;
+        const int k = kb + (warp + i * WARPS) * 64 + tig * 8 + q * 32;
+        const int bytes = k < ke ? 16 : 0;
+        const int kc = k < ke ? k : kb;
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            wq[u][r][h][q] = load_stream(wrow[r][h] + k, kin && wok[r][h]);
+            copy_stream(base + ((r * 2 + h) * 2 + q) * 32 * 16, wrow[r][h] + kc, bytes);
 #pragma unroll
         for (int t = 0; t < NT; ++t)
-          aq[u][t][q] = load_shared_operand(arow[t] + k, kin && aok[t]);
+          copy_shared_operand(base + (RT * 4 + t * 2 + q) * 32 * 16, arow[t] + kc, bytes);
       }
     }
+    commit();  // an empty group too: the wait below counts groups
+  };
 #pragma unroll
-    for (int u = 0; u < KU; ++u)
+  for (int i = 0; i < STAGES - 1; ++i) issue(i);
+  for (int i = 0; i < mine; ++i) {
+    issue(i + STAGES - 1);
+    wait_pending<STAGES - 1>();  // chunk i has landed
+    const uint4* stage = pyc_skinny_smem + (warp * STAGES + i % STAGES) * SLOTS * 32 + lane;
+    uint4 wq[RT][2][2];
+    uint4 aq[NT][2];
 #pragma unroll
-      for (int s = 0; s < 4; ++s)  // four k16 steps of the 64-wide chunk
+    for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int r = 0; r < RT; ++r)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int t = 0; t < NT; ++t)
-            mma<BF16>::run(acc[r][t], word(wq[u][r][0], 2 * s), word(wq[u][r][1], 2 * s),
-                        word(wq[u][r][0], 2 * s + 1), word(wq[u][r][1], 2 * s + 1),
-                        word(aq[u][t], 2 * s), word(aq[u][t], 2 * s + 1));
+        for (int q = 0; q < 2; ++q) wq[r][h][q] = stage[((r * 2 + h) * 2 + q) * 32];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) aq[t][q] = stage[(RT * 4 + t * 2 + q) * 32];
+#pragma unroll
+    for (int s = 0; s < 4; ++s)  // four k16 steps of the 64-wide chunk
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          mma<BF16>::run(acc[r][t], word(wq[r][0], 2 * s), word(wq[r][1], 2 * s),
+                         word(wq[r][0], 2 * s + 1), word(wq[r][1], 2 * s + 1),
+                         word(aq[t], 2 * s), word(aq[t], 2 * s + 1));
   }
+  wait_pending<0>();
+  __syncthreads();  // the ring is reused by the tree below
 
   // The block's warps: a fixed-order tree in shared memory, warp 0 ends with the sum.
   if (WARPS > 1) {
-    extern __shared__ float pyc_skinny_smem[];  // [WARPS / 2][REGS][32]
+    float* tree = reinterpret_cast<float*>(pyc_skinny_smem);  // [WARPS / 2][REGS][32]
 #pragma unroll
     for (int half = WARPS / 2; half >= 1; half /= 2) {
       if (warp >= half && warp < 2 * half) {
-        float* dst = pyc_skinny_smem + (warp - half) * REGS * 32 + lane;
+        float* dst = tree + (warp - half) * REGS * 32 + lane;
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -181,7 +216,7 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
       }
       __syncthreads();
       if (warp < half) {
-        const float* src = pyc_skinny_smem + warp * REGS * 32 + lane;
+        const float* src = tree + warp * REGS * 32 + lane;
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
