@@ -33,11 +33,11 @@ PROBLEMS = [  # (m, n, k, dtype): the sweep's decode layers and a few more
     (1, 8192, 28672, "bf16"), (7, 4099, 4096, "bf16"), (4, 2048, 2048, "f16"),
     (1, 1024, 4096, "bf16"), (24, 4096, 4096, "f16"),
 ]
-CONFIGS = [  # (RT, WARPS, STAGES)
-    (1, 4, 4), (1, 4, 8), (1, 8, 4), (1, 8, 6), (2, 4, 4), (2, 4, 6), (2, 8, 3),
-    (2, 8, 4), (4, 4, 3), (4, 4, 4), (1, 2, 8), (2, 2, 8), (1, 16, 3),
+CONFIGS = [  # (RT, WARPS, STAGES): a block owns WARPS * RT * 16 weight rows
+    (1, 4, 4), (1, 4, 8), (1, 8, 4), (1, 8, 6), (2, 4, 4), (2, 4, 6), (2, 8, 4),
+    (2, 8, 6), (4, 4, 4), (4, 4, 6), (1, 16, 4), (4, 8, 3),
 ]
-SPLITS = (1, 2, 3, 4, 6, 8)
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 SMEM_LIMIT = 227 * 1024
 
 
@@ -49,9 +49,7 @@ def nt_for(m: int) -> int:
 
 
 def smem_bytes(rt: int, nt: int, warps: int, stages: int) -> int:
-    ring = warps * stages * (rt * 4 + nt * 2) * 32 * 16
-    tree = max(1, warps // 2) * rt * nt * 4 * 32 * 4
-    return max(ring, tree)
+    return stages * (warps * rt * 4 * 32 + nt * 64) * 16
 
 
 def build(cp: Any, source: str) -> dict:
@@ -79,11 +77,11 @@ def launcher(cp: Any, kern: Any, key: tuple, a: Any, w: Any, out: Any, splits: i
     _, nt, rt, warps, stages = key
     m, k = a.shape
     n = w.shape[0]
-    tiles = -(-n // (16 * rt))
+    tiles = -(-n // (16 * rt * warps))
     chunks = -(-k // 64)
     kps = -(-chunks // splits) * 64
     splits = -(-k // kps)
-    work = cp.empty(max(1, tiles * splits * rt * nt * 4 * 32), dtype=cp.float32)
+    work = cp.empty(max(1, tiles * warps * splits * rt * nt * 4 * 32), dtype=cp.float32)
     counters = cp.zeros(tiles, dtype=cp.int32)
     args = (a, cp.int64(a.shape[1]), w, cp.int64(w.shape[1]), out, cp.int64(out.shape[1]),
             cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(kps), work, counters)
