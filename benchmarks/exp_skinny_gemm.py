@@ -33,11 +33,12 @@ PROBLEMS = [  # (m, n, k, dtype): the sweep's decode layers and a few more
     (1, 8192, 28672, "bf16"), (7, 4099, 4096, "bf16"), (4, 2048, 2048, "f16"),
     (1, 1024, 4096, "bf16"), (24, 4096, 4096, "f16"),
 ]
-CONFIGS = [  # (RT, WARPS, STAGES): a block owns WARPS * RT * 16 weight rows
-    (1, 4, 4), (1, 4, 8), (1, 8, 4), (1, 8, 6), (2, 4, 4), (2, 4, 6), (2, 8, 4),
-    (2, 8, 6), (4, 4, 4), (4, 4, 6), (1, 16, 4), (4, 8, 3),
+CONFIGS = [  # (RT, WARPS, STAGES)
+    (1, 4, 4), (1, 8, 4), (1, 8, 6), (2, 4, 4), (2, 4, 6), (2, 8, 3),
+    (2, 8, 4), (4, 4, 3), (4, 4, 4), (1, 2, 8), (2, 2, 8), (1, 16, 3),
+    (4, 2, 6), (4, 8, 2), (8, 2, 4), (8, 4, 3), (4, 4, 2),
 ]
-SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+SPLITS = (1, 2, 3)
 SMEM_LIMIT = 227 * 1024
 
 
@@ -49,7 +50,9 @@ def nt_for(m: int) -> int:
 
 
 def smem_bytes(rt: int, nt: int, warps: int, stages: int) -> int:
-    return stages * (warps * rt * 4 * 32 + nt * 64) * 16
+    ring = warps * stages * (rt * 4 + nt * 2) * 32 * 16
+    tree = max(1, warps // 2) * rt * nt * 4 * 32 * 4
+    return max(ring, tree)
 
 
 def build(cp: Any, source: str) -> dict:
@@ -57,7 +60,7 @@ def build(cp: Any, source: str) -> dict:
     for bf16 in (0, 1):
         for nt in (1, 2, 4, 8):
             for rt, warps, stages in CONFIGS:
-                if rt * nt > 16 or smem_bytes(rt, nt, warps, stages) > SMEM_LIMIT:
+                if rt * nt > 32 or smem_bytes(rt, nt, warps, stages) > SMEM_LIMIT:
                     continue
                 names.append((bf16, nt, rt, warps, stages))
     exprs = [f"pyc_skinny_gemm<{b},{nt},{rt},{w},{ku}>" for b, nt, rt, w, ku in names]
@@ -77,11 +80,11 @@ def launcher(cp: Any, kern: Any, key: tuple, a: Any, w: Any, out: Any, splits: i
     _, nt, rt, warps, stages = key
     m, k = a.shape
     n = w.shape[0]
-    tiles = -(-n // (16 * rt * warps))
+    tiles = -(-n // (16 * rt))
     chunks = -(-k // 64)
     kps = -(-chunks // splits) * 64
     splits = -(-k // kps)
-    work = cp.empty(max(1, tiles * warps * splits * rt * nt * 4 * 32), dtype=cp.float32)
+    work = cp.empty(max(1, tiles * splits * rt * nt * 4 * 32), dtype=cp.float32)
     counters = cp.zeros(tiles, dtype=cp.int32)
     args = (a, cp.int64(a.shape[1]), w, cp.int64(w.shape[1]), out, cp.int64(out.shape[1]),
             cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(kps), work, counters)

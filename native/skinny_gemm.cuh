@@ -4,26 +4,23 @@
 //
 // * operands swapped: the tensor cores' A operand is 16 weight rows, their B operand
 //   the (at most 8 * NT) rows of `a`, so M = 1 wastes 7/8 of an mma, never a weight load;
-// * a block owns WARPS * RT * 16 weight rows (each warp RT tiles of 16) and walks its k
-//   range in chunks of 64 through a STAGES-deep cp.async ring in shared memory, so
-//   STAGES - 1 chunks are in flight whatever the compiler's register scheduling (loads
-//   held in registers were scheduled next to their use, leaving a few in flight);
-// * weights: every lane copies 16 contiguous bytes per instruction (two per row and
-//   chunk) into its own column of the ring; within a chunk the k order is permuted the
+// * every lane copies 16 contiguous bytes per instruction (two per row and 64-wide k
+//   chunk) with cp.async into its own column of shared memory, STAGES - 1 chunks ahead
+//   of the one it computes on (register-held loads were scheduled next to their use by
+//   the compiler, leaving a few in flight); within a chunk the k order is permuted the
 //   same way for both operands (a dot product does not depend on the order of its
 //   terms), so the copied words are the mma fragments as they are, with no shuffles;
-// * `a`: one copy per block and chunk, shared by the warps (rows XOR-swizzled so that
-//   the fragment reads hit distinct banks);
-// * gridDim.y > 1 splits k across blocks: each block writes its partial tile to `work`,
-//   and the last block of a row tile to arrive (counted in `counters`, which it resets
-//   to zero for the next launch) adds the partials in split order and stores — the
-//   result does not depend on the order blocks finish in.
+// * a block owns 16 * RT weight rows; its WARPS warps split the block's k range
+//   (interleaved chunks of 64), and their partial sums meet in a fixed-order tree in
+//   shared memory (deterministic);
+// * gridDim.y > 1 splits k across blocks as well: each block writes its partial tile to
+//   `work`, and the last block of a row tile to arrive (counted in `counters`, which it
+//   resets to zero for the next launch) adds the partials in split order and stores.
 //
 // Requirements (the launcher checks them): K % 8 == 0, lda and ldw multiples of 8,
-// `a` and `w` 16-byte aligned, M <= 8 * NT, k_per_split a multiple of 64. Rows of `w`
-// past N and of `a` past M are read as the last row and never stored; past K both
-// operands are zero-filled (0 * Inf would be NaN). Dynamic shared memory:
-// STAGES * (WARPS * RT * 4 * 32 + NT * 64) * 16 bytes.
+// `a` and `w` 16-byte aligned, M <= 8 * NT. Rows of `w` past N and of `a` past M are
+// read as the last row and never stored. k_per_split is a multiple of 64. Dynamic
+// shared memory: max(WARPS * STAGES * SLOTS * 512, WARPS / 2 * REGS * 128) bytes.
 //
 // Elements are 16-bit words (`unsigned short`) and BF16 selects their format, so that
 // the source needs no CUDA headers under NVRTC.
@@ -109,18 +106,14 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
                 int k_per_split, float* __restrict__ work, int* __restrict__ counters) {
   using namespace pyc_skinny;
   using T = unsigned short;
-  constexpr int REGS = RT * NT * 4;      // accumulators per lane
-  constexpr int WSLOTS = RT * 4;         // 16-byte weight pieces per lane and chunk
-  constexpr int XPIECES = NT * 8 * 8;    // 16-byte pieces of `a` per chunk
-  constexpr int WSTAGE = WARPS * WSLOTS * 32;  // uint4 per stage of the weight ring
-  extern __shared__ uint4 pyc_skinny_smem[];   // [STAGES][WSTAGE], then [STAGES][XPIECES]
-  uint4* xring = pyc_skinny_smem + STAGES * WSTAGE;
-  __shared__ int pyc_skinny_last;
+  constexpr int REGS = RT * NT * 4;    // accumulators per lane
+  constexpr int SLOTS = RT * 4 + NT * 2;  // 16-byte pieces per lane and chunk
+  extern __shared__ uint4 pyc_skinny_smem[];  // [WARPS][STAGES][SLOTS][32], then the tree
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int g = lane >> 2;    // mma group: weight rows g and g + 8, row g of `a`
+  const int g = lane >> 2;    // mma group: weight row g and g + 8, row g of `a`
   const int tig = lane & 3;   // thread in group: which 16 bytes of a 64-wide chunk
-  const int row0 = (blockIdx.x * WARPS + warp) * (16 * RT);
+  const int row0 = blockIdx.x * (16 * RT);
   const int kb = blockIdx.y * k_per_split;
   const int ke = min(K, kb + k_per_split);
 
@@ -133,7 +126,8 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
       for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.f;
 
   // Row pointers, clamped to a valid row: a row of D depends only on its row of w and a
-  // column only on its row of `a`, so what a clamped row computes is never stored.
+  // column only on its row of `a`, so what a clamped row computes is never stored. Past
+  // K, both operands are zero-filled (0 * Inf would be NaN).
   const T* wrow[RT][2];
 #pragma unroll
   for (int r = 0; r < RT; ++r)
@@ -142,47 +136,45 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
       const int n = row0 + r * 16 + g + h * 8;
       wrow[r][h] = w + (long long)(n < N ? n : N - 1) * ldw;
     }
+  const T* arow[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int m = t * 8 + g;
+    arow[t] = a + (long long)(m < M ? m : M - 1) * lda;
+  }
 
+  // This warp's chunks of 64: warp, warp + WARPS, ... below ke; each lane's pieces live
+  // in its own column of the warp's ring, so no lane waits for another.
   const int chunks = (ke - kb + 63) / 64;
-  const unsigned wbase = static_cast<unsigned>(__cvta_generic_to_shared(
-      pyc_skinny_smem + warp * WSLOTS * 32 + lane));
-  const unsigned xbase = static_cast<unsigned>(__cvta_generic_to_shared(xring));
-  auto issue = [&](int i) {  // chunk i into stage i % STAGES
-    if (i < chunks) {
-      const int stage = i % STAGES;
-      const int k0 = kb + i * 64;
+  const int mine = chunks > warp ? (chunks - warp + WARPS - 1) / WARPS : 0;
+  const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(
+      pyc_skinny_smem + (warp * STAGES * SLOTS) * 32 + lane));
+  auto issue = [&](int i) {  // chunk i of this warp into stage i % STAGES
+    if (i < mine) {
+      const unsigned base = ring + (i % STAGES) * SLOTS * 32 * 16;
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
-        const int k = k0 + tig * 8 + q * 32;
+        const int k = kb + (warp + i * WARPS) * 64 + tig * 8 + q * 32;
         const int bytes = k < ke ? 16 : 0;
         const int kc = k < ke ? k : kb;
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            copy_stream(wbase + (stage * WSTAGE + ((r * 2 + h) * 2 + q) * 32) * 16,
-                        wrow[r][h] + kc, bytes);
-      }
-      for (int p = threadIdx.x; p < XPIECES; p += WARPS * 32) {
-        const int row = p >> 3, piece = p & 7;
-        const int k = k0 + piece * 8;
-        const int m = row < M ? row : M - 1;
-        copy_shared_operand(
-            xbase + (stage * XPIECES + row * 8 + (piece ^ ((row & 1) << 2))) * 16,
-            a + (long long)m * lda + (k < ke ? k : kb), k < ke ? 16 : 0);
+            copy_stream(base + ((r * 2 + h) * 2 + q) * 32 * 16, wrow[r][h] + kc, bytes);
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          copy_shared_operand(base + (RT * 4 + t * 2 + q) * 32 * 16, arow[t] + kc, bytes);
       }
     }
     commit();  // an empty group too: the wait below counts groups
   };
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) issue(i);
-  for (int i = 0; i < chunks; ++i) {
-    wait_pending<STAGES - 2>();  // chunk i has landed (this thread's copies)
-    __syncthreads();             // ... everyone's; and stage (i - 1) % STAGES is free
+  for (int i = 0; i < mine; ++i) {
     issue(i + STAGES - 1);
-    const int stage = i % STAGES;
-    const uint4* ws = pyc_skinny_smem + stage * WSTAGE + warp * WSLOTS * 32 + lane;
-    const uint4* xs = xring + stage * XPIECES;
+    wait_pending<STAGES - 1>();  // chunk i has landed
+    const uint4* stage = pyc_skinny_smem + (warp * STAGES + i % STAGES) * SLOTS * 32 + lane;
     uint4 wq[RT][2][2];
     uint4 aq[NT][2];
 #pragma unroll
@@ -190,14 +182,11 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int q = 0; q < 2; ++q) wq[r][h][q] = ws[((r * 2 + h) * 2 + q) * 32];
+        for (int q = 0; q < 2; ++q) wq[r][h][q] = stage[((r * 2 + h) * 2 + q) * 32];
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int row = t * 8 + g;
-        aq[t][q] = xs[row * 8 + ((q * 4 + tig) ^ ((row & 1) << 2))];
-      }
+      for (int q = 0; q < 2; ++q) aq[t][q] = stage[(RT * 4 + t * 2 + q) * 32];
 #pragma unroll
     for (int s = 0; s < 4; ++s)  // four k16 steps of the 64-wide chunk
 #pragma unroll
@@ -209,11 +198,40 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
                          word(aq[t], 2 * s), word(aq[t], 2 * s + 1));
   }
   wait_pending<0>();
+  __syncthreads();  // the ring is reused by the tree below
+
+  // The block's warps: a fixed-order tree in shared memory, warp 0 ends with the sum.
+  if (WARPS > 1) {
+    float* tree = reinterpret_cast<float*>(pyc_skinny_smem);  // [WARPS / 2][REGS][32]
+#pragma unroll
+    for (int half = WARPS / 2; half >= 1; half /= 2) {
+      if (warp >= half && warp < 2 * half) {
+        float* dst = tree + (warp - half) * REGS * 32 + lane;
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) dst[((r * NT + t) * 4 + i) * 32] = acc[r][t][i];
+      }
+      __syncthreads();
+      if (warp < half) {
+        const float* src = tree + warp * REGS * 32 + lane;
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][t][i] += src[((r * NT + t) * 4 + i) * 32];
+      }
+      __syncthreads();
+    }
+  }
+  if (warp != 0) return;
 
   if (gridDim.y > 1) {  // k split across blocks: the last block of this row tile adds up
     const int splits = gridDim.y;
-    const long long tile = (long long)blockIdx.x * WARPS + warp;
-    float* mine = work + (tile * splits + blockIdx.y) * REGS * 32 + lane;
+    float* mine = work + ((long long)blockIdx.x * splits + blockIdx.y) * REGS * 32 + lane;
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -221,11 +239,11 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
 #pragma unroll
         for (int i = 0; i < 4; ++i) mine[((r * NT + t) * 4 + i) * 32] = acc[r][t][i];
     __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-      pyc_skinny_last = atomicAdd(counters + blockIdx.x, 1) == splits - 1;
-    __syncthreads();
-    if (!pyc_skinny_last) return;
+    __syncwarp();
+    int arrived = 0;
+    if (lane == 0) arrived = atomicAdd(counters + blockIdx.x, 1);
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    if (arrived != splits - 1) return;
     __threadfence();
 #pragma unroll
     for (int r = 0; r < RT; ++r)
@@ -234,7 +252,7 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.f;
     for (int s = 0; s < splits; ++s) {
-      const float* part = work + (tile * splits + s) * REGS * 32 + lane;
+      const float* part = work + ((long long)blockIdx.x * splits + s) * REGS * 32 + lane;
 #pragma unroll
       for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -243,7 +261,7 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
           for (int i = 0; i < 4; ++i)
             acc[r][t][i] += __ldcg(part + ((r * NT + t) * 4 + i) * 32);
     }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
+    if (lane == 0) counters[blockIdx.x] = 0;  // ready for the next launch
   }
 
   // D fragment: rows are weight rows (n), columns rows of `a` (m).
