@@ -20,7 +20,10 @@ median) and how many problems ``pl.matmul`` wins by 2 % or more; host microsecon
 call of ``pl.matmul`` and ``cupy.matmul`` on a small shape.
 
 ``--tune`` first runs :func:`pyc_lab.autotune_many` over the sweep with the total budget
-``--tune-budget`` (recorded with the time it took and its summary). Tunings persist in
+``--tune-budget`` (recorded with the time it took and its summary); ``--no-cutlass``
+tunes without CUTLASS candidates (no nvcc builds): pyc_lab's skinny GEMM for the
+problems of at most 64 rows beside the libraries, the others left to the libraries.
+Each row records what ``pl.matmul`` ran (``pl_impl``, ``pl_config``). Tunings persist in
 the tuning database and kernel cache under ``$PYC_LAB_CACHE_DIR`` (default: the user
 cache dir); point it at a folder kept between runs to tune in one command and measure
 in the next.
@@ -118,6 +121,10 @@ def measure(pl: Any, cp: Any, torch: Any, p: dict[str, Any], rounds: int,
     ref = torch.matmul(a_t, b_t).float()
     try:
         got = torch.from_dlpack(pl.matmul(a, b)).float()
+        choice = dict(pl.kernels.matmul.last_choice)
+        row["pl_impl"] = choice.get("impl")
+        if choice.get("config"):
+            row["pl_config"] = choice["config"]
         scale = float(ref.abs().max()) or 1.0
         row["pl_max_rel_err"] = float((got - ref).abs().max()) / scale
     except Exception as exc:
@@ -213,6 +220,9 @@ def main() -> int:
                         help="total seconds for --tune (default 420)")
     parser.add_argument("--tune-only", action="store_true",
                         help="with --tune: tune, write the result, and stop")
+    parser.add_argument("--no-cutlass", action="store_true",
+                        help="with --tune: no CUTLASS candidates (no nvcc builds), only "
+                             "pyc_lab's skinny GEMM beside the libraries")
     args = parser.parse_args()
     problems = sweep()
     if args.problems:
@@ -244,9 +254,9 @@ def main() -> int:
     if args.tune:
         t0 = time.perf_counter()
         many = pl.autotune_many([(p["m"], p["n"], p["k"], p["dtype"]) for p in problems],
-                                budget_s=args.tune_budget)
+                                budget_s=args.tune_budget, cutlass=not args.no_cutlass)
         summary = many.summary
-        payload["tuning"] = {"budget_s": args.tune_budget,
+        payload["tuning"] = {"budget_s": args.tune_budget, "cutlass": not args.no_cutlass,
                              "used_s": time.perf_counter() - t0,
                              "builds_requested": many.builds_requested,
                              "builds_distinct": many.builds_distinct,
@@ -275,6 +285,8 @@ def main() -> int:
         "ratio_vs_torch": distribution([r["ratio_vs_torch"] for r in rows
                                         if r.get("ratio_vs_torch")]),
         "wins_by_2pct": sum(r >= 1.02 for r in ratios),
+        "impl_counts": {impl: sum(r.get("pl_impl") == impl for r in rows)
+                        for impl in sorted({str(r.get("pl_impl")) for r in rows})},
         "losses_below_0_97": sum(r < 0.97 for r in ratios),
         "by_dtype": {d: distribution([r["ratio_vs_best"] for r in rows
                                       if r.get("ratio_vs_best") and r["dtype"] == d])

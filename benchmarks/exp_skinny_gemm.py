@@ -33,66 +33,24 @@ PROBLEMS = [  # (m, n, k, dtype): the sweep's decode layers and a few more
     (1, 8192, 28672, "bf16"), (7, 4099, 4096, "bf16"), (4, 2048, 2048, "f16"),
     (1, 1024, 4096, "bf16"), (24, 4096, 4096, "f16"),
 ]
-CONFIGS = [  # (RT, WARPS, STAGES)
+CONFIGS = [  # (RT, WARPS, STAGES): wider than the tuner's list, to see what leads
     (1, 4, 4), (1, 8, 4), (1, 8, 6), (2, 4, 4), (2, 4, 6), (2, 8, 3),
     (2, 8, 4), (4, 4, 3), (4, 4, 4), (1, 2, 8), (2, 2, 8), (1, 16, 3),
     (4, 2, 6), (4, 8, 2), (8, 2, 4), (8, 4, 3), (4, 4, 2),
 ]
 SPLITS = (1, 2, 3)
-SMEM_LIMIT = 227 * 1024
 
 
-def nt_for(m: int) -> int:
-    nt = 1
-    while nt * 8 < m:
-        nt *= 2
-    return nt
+def configs_for(m: int) -> list[Any]:
+    from pyc_lab.kernels.skinny import SkinnyConfig
+
+    out = [SkinnyConfig(rt, w, st, s) for rt, w, st in CONFIGS for s in SPLITS]
+    return [c for c in out if not c.issue(m)]
 
 
-def smem_bytes(rt: int, nt: int, warps: int, stages: int) -> int:
-    ring = warps * stages * (rt * 4 + nt * 2) * 32 * 16
-    tree = max(1, warps // 2) * rt * nt * 4 * 32 * 4
-    return max(ring, tree)
-
-
-def build(cp: Any, source: str) -> dict:
-    names = []
-    for bf16 in (0, 1):
-        for nt in (1, 2, 4, 8):
-            for rt, warps, stages in CONFIGS:
-                if rt * nt > 32 or smem_bytes(rt, nt, warps, stages) > SMEM_LIMIT:
-                    continue
-                names.append((bf16, nt, rt, warps, stages))
-    exprs = [f"pyc_skinny_gemm<{b},{nt},{rt},{w},{ku}>" for b, nt, rt, w, ku in names]
-    t0 = time.perf_counter()
-    mod = cp.RawModule(code=source, options=("-std=c++17",), name_expressions=exprs)
-    kernels = {}
-    for key, e in zip(names, exprs):
-        kern = mod.get_function(e)
-        kern.max_dynamic_shared_size_bytes = smem_bytes(key[2], key[1], key[3], key[4])
-        kernels[key] = kern
-    print(f"compiled {len(kernels)} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
-    return kernels
-
-
-def launcher(cp: Any, kern: Any, key: tuple, a: Any, w: Any, out: Any, splits: int,
-             sms: int) -> Any:
-    _, nt, rt, warps, stages = key
-    m, k = a.shape
-    n = w.shape[0]
-    tiles = -(-n // (16 * rt))
-    chunks = -(-k // 64)
-    kps = -(-chunks // splits) * 64
-    splits = -(-k // kps)
-    work = cp.empty(max(1, tiles * splits * rt * nt * 4 * 32), dtype=cp.float32)
-    counters = cp.zeros(tiles, dtype=cp.int32)
-    args = (a, cp.int64(a.shape[1]), w, cp.int64(w.shape[1]), out, cp.int64(out.shape[1]),
-            cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(kps), work, counters)
-    grid, block, smem = (tiles, splits), (warps * 32,), smem_bytes(rt, nt, warps, stages)
-
-    def run() -> None:
-        kern(grid, block, args, shared_mem=smem)
-    return run
+def configs_arg(profile: str) -> set[str]:
+    """``--profile``'s configuration ids."""
+    return set(profile.split(":")[1].split(","))
 
 
 def main() -> int:
@@ -100,8 +58,8 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/local")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", default="",
-                        help="M,N,K,DTYPE:CONFIG[,CONFIG...]: launch those once each and "
-                             "cupy.matmul once, for ncu (no timing)")
+                        help="M,N,K,DTYPE:ID[,ID...] (skinny_rt2_w8_st4_s1...): launch "
+                             "those once each and cupy.matmul once, for ncu (no timing)")
     args = parser.parse_args()
     try:
         import cupy as cp
@@ -110,11 +68,9 @@ def main() -> int:
     except Exception as exc:
         print(f"skipped: needs CuPy, torch and a GPU ({exc})")
         return 0
-    from pyc_lab.paths import native_source
+    from pyc_lab.kernels.skinny import SkinnyGemm, compile_kernels
     from pyc_lab.profiling.timing import benchmark
 
-    kernels = build(cp, native_source("skinny_gemm.cuh"))
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     rows = []
     problems = PROBLEMS
     if args.profile:
@@ -123,7 +79,6 @@ def main() -> int:
         problems = [(int(m), int(n), int(k), dt)]
     for m, n, k, dt in problems:
         tdt = {"f16": torch.float16, "bf16": torch.bfloat16}[dt]
-        cdt = {"f16": cp.float16, "bf16": getattr(cp, "bfloat16", None)}[dt]
         gen = torch.Generator(device="cuda").manual_seed(m * 7 + n)
         a_t = (torch.rand(m, k, device="cuda", generator=gen) * 2 - 1).to(tdt)
         w_t = (torch.rand(n, k, device="cuda", generator=gen) * 2 - 1).to(tdt)
@@ -134,32 +89,33 @@ def main() -> int:
         out = cp.from_dlpack(out_t)
         cands: dict[str, Any] = {}
         errors = {}
-        bf16 = int(dt == "bf16")
+        configs = configs_for(m)
         if args.profile:
-            for cfg in configs.split(","):
-                rt, w_, st, s = (int(x) for x in cfg.replace("rt", " ").replace("w", " ")
-                                 .replace("st", " ").replace("s", " ").split())
-                key = (bf16, nt_for(m), rt, w_, st)
-                launcher(cp, kernels[key], key, a, w, out, s, sms)()
+            configs = [c for c in configs if c.id in configs_arg(args.profile)]
+        t0 = time.perf_counter()
+        errors.update(compile_kernels(dt, m, configs))
+        print(f"  compiled {len(configs)} configurations in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        for cfg in configs:
+            if cfg.id in errors:
+                continue
+            gemm = SkinnyGemm(cfg, dt)
+            out_t.fill_(float("nan"))
+            gemm(a, w.T, out)
+            gemm(a, w.T, out)  # twice: the split counters must be reset by the first
+            cp.cuda.Device().synchronize()
+            err = float((out_t.double() - ref).abs().max()) / scale
+            if not err < 1e-2:
+                errors[cfg.id] = err
+                continue
+            cands[cfg.id] = gemm.launch
+        if args.profile:
+            for fn in cands.values():
+                fn()
             cp.matmul(a, w.T)
             torch.matmul(a_t, w_t.T)
             cp.cuda.Device().synchronize()
             return 0
-        for key, kern in kernels.items():
-            if key[0] != bf16 or key[1] != nt_for(m):
-                continue
-            for s in SPLITS:
-                name = f"rt{key[2]}w{key[3]}st{key[4]}s{s}"
-                run = launcher(cp, kern, key, a, w, out, s, sms)
-                out_t.fill_(float("nan"))
-                run()
-                run()  # twice: the split counters must be reset by the first launch
-                cp.cuda.Device().synchronize()
-                err = float((out_t.double() - ref).abs().max()) / scale
-                if not err < 1e-2:
-                    errors[name] = err
-                    continue
-                cands[name] = run
         # coarse pass: one benchmark each, keep the 4 best for the interleaved rounds
         coarse = {}
         for name, fn in cands.items():
@@ -167,9 +123,8 @@ def main() -> int:
             coarse[name] = float(t.gpu_median_s) * 1e3
         best = sorted(coarse, key=coarse.get)[:4]
         impls = {name: cands[name] for name in best}
-        b, b_t = w.T, w_t.T
-        impls["cupy.matmul"] = lambda: cp.matmul(a, b)
-        impls["torch.matmul"] = lambda: torch.matmul(a_t, b_t)
+        impls["cupy.matmul"] = lambda a=a, b=w.T: cp.matmul(a, b)
+        impls["torch.matmul"] = lambda a=a_t, b=w_t.T: torch.matmul(a, b)
         per: dict[str, list[float]] = {name: [] for name in impls}
         for _ in range(args.rounds):
             for name, fn in impls.items():

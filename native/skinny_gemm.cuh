@@ -1,4 +1,4 @@
-// pyc_skinny_gemm: out[M, N] = a[M, K] @ w[N, K]^T for few rows of `a` (M <= 64), the
+// pyc_skinny_gemm: out[M, N] = alpha * a[M, K] @ w[N, K]^T + beta * out for few rows of `a` (M <= 64), the
 // shape of a linear layer at decode time. Such a GEMM is bound by reading the weights
 // once (N * K elements), so the kernel is written to keep HBM busy, not the tensor cores:
 //
@@ -43,6 +43,11 @@ template <> struct mma<0> {
     asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
     return h;
   }
+  static __device__ __forceinline__ float in(unsigned short h) {
+    float v;
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(v) : "h"(h));
+    return v;
+  }
 };
 
 template <> struct mma<1> {
@@ -58,6 +63,9 @@ template <> struct mma<1> {
     unsigned short h;
     asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
     return h;
+  }
+  static __device__ __forceinline__ float in(unsigned short h) {
+    return __uint_as_float(static_cast<unsigned>(h) << 16);
   }
 };
 
@@ -102,7 +110,8 @@ template <int BF16, int NT, int RT, int WARPS, int STAGES>
 __global__ void __launch_bounds__(WARPS * 32)
 pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
                 const unsigned short* __restrict__ w, long long ldw,
-                unsigned short* __restrict__ out, long long ldo, int M, int N, int K,
+                unsigned short* __restrict__ out, long long ldo, float alpha, float beta,
+                int M, int N, int K,
                 int k_per_split, float* __restrict__ work, int* __restrict__ counters) {
   using namespace pyc_skinny;
   using T = unsigned short;
@@ -273,6 +282,11 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
       for (int i = 0; i < 4; ++i) {
         const int n = row0 + r * 16 + g + (i >> 1) * 8;
         const int m = t * 8 + tig * 2 + (i & 1);
-        if (n < N && m < M) out[(long long)m * ldo + n] = mma<BF16>::out(acc[r][t][i]);
+        if (n < N && m < M) {
+          T* o = out + (long long)m * ldo + n;
+          float v = alpha * acc[r][t][i];
+          if (beta != 0.f) v += beta * mma<BF16>::in(*o);  // beta == 0: out is not read
+          *o = mma<BF16>::out(v);
+        }
       }
 }

@@ -161,6 +161,12 @@ def _parser() -> argparse.ArgumentParser:
     many.add_argument("--replay", metavar="PATH", nargs="?", const="", default=None,
                       help="replay a recording instead of tuning live (no GPU needed)")
     many.add_argument("--json", action="store_true", help="print the summary as JSON")
+    for cmd in (gemm, many):
+        cmd.add_argument("--no-cutlass", dest="cutlass", action="store_false",
+                         help="measure no CUTLASS candidates (no nvcc builds): only the "
+                              "skinny GEMM beside the libraries (live only)")
+        cmd.add_argument("--no-skinny", dest="skinny", action="store_false",
+                         help="leave out pyc_lab's skinny GEMM for M <= 64 (live only)")
     for name, what, suffix in (("cache", "the CUTLASS kernel cache", ".tar.gz"),
                                ("db", "the tuning database", ".json or .csv")):
         cmd = sub.add_parser(name, help=f"export or import {what}")
@@ -288,7 +294,8 @@ def _tune_gemm(args: argparse.Namespace) -> int:
 
     options = GemmTuneOptions(dtype=args.dtype, layout=args.layout, strategy=args.strategy,
                               budget_s=budget, max_candidates=max_candidates, seed=args.seed,
-                              bias=args.bias, activation=args.activation)
+                              bias=args.bias, activation=args.activation,
+                              cutlass=args.cutlass, skinny=args.skinny)
     observer = None if quiet else progress
     if replay and options.epilogue.fused:
         raise PycLabError("--replay replays plain GEMMs only; --bias/--activation tune "
@@ -364,7 +371,8 @@ def _tune_many(args: argparse.Namespace) -> int:
                               "replay the tuning recorded on an H200 instead")
     result = autotune_many(problems, budget_s=args.budget or None, workers=args.workers,
                            replay=replay, source=args.replay or None,
-                           max_candidates=args.max_candidates or None)
+                           max_candidates=args.max_candidates or None,
+                           cutlass=args.cutlass, skinny=args.skinny)
     summary = result.summary
     if args.json:
         print(summary.to_json(orient="records", indent=2))

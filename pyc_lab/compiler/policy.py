@@ -106,14 +106,13 @@ def tuned_lookup(node: Node, graph: Graph) -> str | None:
     problem, _ = tuned_problem(node, graph)
     if problem is None or cupy_status()[0] is None:
         return None
-    from ..kernels.cutlass import GemmConfig
-    from ..kernels.matmul import winning_entry
+    from ..kernels.matmul import tuned_config_id, winning_entry
 
     found, why, _ = winning_entry(*problem)
     if found is None:
         return None
     try:
-        return f"{GemmConfig.from_dict(found.measurement.config).id} ({why})"
+        return f"{tuned_config_id(found.measurement.config)} ({why})"
     except Exception:  # an entry of another kind: not ours to run
         return None
 

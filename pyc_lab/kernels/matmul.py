@@ -54,12 +54,20 @@ from .matmul_plan import (
     operand_layout,
 )
 from .matmul_route import CALLABLE, tuned_verdict
+from .skinny import (
+    SkinnyConfig,
+    SkinnyGemm,
+    compile_kernels,
+    is_skinny,
+    nt_for,
+    skinny_issue,
+)
 from .tuning import database
 from .tuning.keys import ProblemKey, device_key
 
 __all__ = ["ACTIVATIONS", "DTYPES", "RECHECK_S", "TUNED_DTYPES", "MatmulPlan", "find_tuned",
            "forget", "last_choice", "matmul", "matmul_plan", "operand_layout", "prepare",
-           "tuned_kernel", "winning_entry", "winning_kernel"]
+           "tuned_config_id", "tuned_kernel", "winning_entry", "winning_kernel"]
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +169,8 @@ def find_tuned(m: int, n: int, k: int, dtype: str, layout: str,
     """
     epilogue = epilogue or cg.Epilogue()
     issue = _alignment_issue(m, n, k, layout, dtype)
-    if issue:
-        return None, issue
+    if issue and (epilogue.fused or skinny_issue(m, n, k, dtype, layout)):
+        return None, issue  # neither a CUTLASS kernel nor the skinny GEMM takes it
     try:
         device, _cc, _sm = device_key()
         with database.TuningDB() as db:
@@ -213,8 +221,49 @@ def tuned_kernel(m: int, n: int, k: int, dtype: str, layout: str,
     return kernel, why
 
 
+def tuned_config_id(config: Mapping[str, Any]) -> str:
+    """The id of a tuned entry's kernel configuration (CUTLASS or skinny GEMM).
+
+    Raises
+    ------
+    PycLabError
+        For a configuration of neither kind.
+    """
+    if is_skinny(dict(config)):
+        return SkinnyConfig.from_dict(dict(config)).id
+    return cg.GemmConfig.from_dict(dict(config)).id
+
+
+def _load_skinny(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
+                 shape: tuple[int, int, int]) -> tuple[Any, str]:
+    """The skinny GEMM of a tuned entry, if it takes the actual shape. A bucketed entry
+    must have been tuned for the same token tiles (its kernel instantiation) as the
+    actual row count."""
+    try:
+        cfg = SkinnyConfig.from_dict(found.measurement.config)
+    except PycLabError as exc:
+        return None, f"tuned entry unusable: {exc}"
+    m = shape[0]
+    if epilogue.fused or layout != "tn":
+        return None, f"tuned skinny GEMM {cfg.id} takes plain 'tn' GEMMs only"
+    if found.match == "bucket" and nt_for(found.problem_matched.shape[0]) != nt_for(m):
+        return None, (f"tuned skinny GEMM {cfg.id} was tuned for "
+                      f"{found.problem_matched.shape[0]} rows, a different kernel than "
+                      f"{m} rows need")
+    key = ("skinny", cfg, dtype)
+    with _LOCK:
+        kernel = _KERNELS.get(key)
+        if kernel is None:
+            kernel = _KERNELS[key] = SkinnyGemm(cfg, dtype)
+    if not kernel.can_implement(*shape):
+        return None, f"tuned skinny GEMM {cfg.id} cannot take {'x'.join(map(str, shape))}"
+    return kernel, why
+
+
 def _load(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
           shape: tuple[int, int, int]) -> tuple[Any, str]:
+    if is_skinny(found.measurement.config):
+        return _load_skinny(found, dtype, layout, epilogue, why, shape)
     try:
         cfg = cg.GemmConfig.from_dict(found.measurement.config)
         _device, cc, sm_count = device_key()
@@ -325,7 +374,9 @@ def prepare(*, dtype: str | None = None, workers: int | None = None,
 
     A tuning database made on another machine (``pyc-lab db import``) names kernels
     this machine has never built; :func:`matmul` does not build on a call (a build takes
-    about a minute), so run this once after importing.
+    about a minute), so run this once after importing. Skinny GEMM winners are compiled
+    with NVRTC here (seconds; CuPy keeps the binaries on disk), so that their first call
+    compiles nothing either.
 
     Parameters
     ----------
@@ -340,7 +391,8 @@ def prepare(*, dtype: str | None = None, workers: int | None = None,
     -------
     pandas.DataFrame
         One row per winner: op, dtype, layout, shape, config, status (``"cached"``,
-        ``"built"`` or ``"compile_error"``) and message.
+        ``"built"``, ``"compiled"`` for a skinny GEMM, or ``"compile_error"``) and
+        message.
 
     Raises
     ------
@@ -351,12 +403,16 @@ def prepare(*, dtype: str | None = None, workers: int | None = None,
 
     device, cc, _sm = device_key()
     wanted: dict[tuple, dict[str, Any]] = {}
+    rows = []
     with database.TuningDB() as db:
         for rec in db.measurements(device=device):
             p = rec.problem
             if not rec.is_winner or not p.op.startswith("gemm"):
                 continue
             if dtype is not None and p.dtype_a != dtype:
+                continue
+            if is_skinny(rec.measurement.config):
+                rows.append(_prepare_skinny(rec))
                 continue
             try:
                 cfg = cg.GemmConfig.from_dict(rec.measurement.config)
@@ -367,7 +423,6 @@ def prepare(*, dtype: str | None = None, workers: int | None = None,
             wanted[(cfg, p.dtype_a, p.layout, epi)] = {
                 "op": p.op, "dtype": p.dtype_a, "layout": p.layout,
                 "shape": "x".join(map(str, p.shape)), "config": cfg.id}
-    rows = []
     by_build: dict[tuple, list[tuple]] = {}
     for key in wanted:
         cfg, kdtype, layout, epi = key
@@ -383,6 +438,23 @@ def prepare(*, dtype: str | None = None, workers: int | None = None,
                                        "message"])
 
 
+
+
+def _prepare_skinny(rec: Any) -> dict[str, Any]:
+    """Compile one skinny GEMM winner for its row count: a :func:`prepare` row."""
+    p = rec.problem
+    row = {"op": p.op, "dtype": p.dtype_a, "layout": p.layout,
+           "shape": "x".join(map(str, p.shape)), "config": "?", "status": "compiled",
+           "message": ""}
+    try:
+        cfg = SkinnyConfig.from_dict(rec.measurement.config)
+        row["config"] = cfg.id
+        failed = compile_kernels(p.dtype_a, p.shape[0], [cfg])
+    except PycLabError as exc:
+        failed = {row["config"]: str(exc)}
+    if failed:
+        row.update(status="compile_error", message=next(iter(failed.values()))[:200])
+    return row
 
 
 def _tuned(m: int, n: int, k: int, dtype: str, layout: str,

@@ -257,7 +257,8 @@ def build_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
             if kernel is not None:
                 run = launch.cutlass_runner(kernel, result, shape, fold, alpha, beta)
                 config = kernel.config.id if getattr(kernel, "config", None) else None
-                return Launch(run, {"impl": "cutlass", "reason": why_tuned, "config": config,
+                impl = getattr(kernel, "family", "cutlass")  # "skinny" for pyc_lab's own
+                return Launch(run, {"impl": impl, "reason": why_tuned, "config": config,
                                     "epilogue": epi.name, **extra}, stamp_now)
     # the library path
     fused_why = plain_why = None

@@ -36,7 +36,7 @@ BUCKET_MARGIN = 0.03
 CALLABLE = ("cublas", "cublaslt")
 #: Display names.
 LABELS = {"cublas": "cuBLAS", "cublaslt": "cuBLASLt", "torch": "torch.matmul",
-          "cutlass": "CUTLASS", "numpy": "NumPy"}
+          "cutlass": "CUTLASS", "skinny": "skinny GEMM", "numpy": "NumPy"}
 
 
 def tuned_verdict(time_ms: float | None, match: str, baselines: Mapping[str, float],

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import PycLabError
 from ..kernels.tuning.many import ManyResult
+from ..kernels.tuning.result import is_tuned_winner
 from .display import ChartView, escape, frame_html, frame_text, plotly_text, require_plotly
 
 __all__ = ["ManyTuningChart"]
@@ -56,12 +57,12 @@ class ManyTuningChart(ChartView):
     def _counts(self) -> str:
         frame = self.result.summary
         tuned = int((frame["status"] != "not tuned").sum())
-        wins = int(frame["winner"].astype(str).str.startswith("cutlass:").sum())
+        wins = int(frame["winner"].map(is_tuned_winner).sum())
         mode = "replayed" if self.result.replay else "tuned"
         budget = ("" if self.result.budget_s is None
                   else f", budget {self.result.budget_s:g} s")
-        return (f"{len(frame)} problem(s), {tuned} {mode}, tuned CUTLASS faster than the "
-                f"library on {wins}{budget}, {self.result.total_seconds:.1f} s")
+        return (f"{len(frame)} problem(s), {tuned} {mode}, a tuned kernel faster than "
+                f"the library on {wins}{budget}, {self.result.total_seconds:.1f} s")
 
     # -- pictures -------------------------------------------------------------------------
     def figure(self) -> Any:
@@ -70,7 +71,7 @@ class ManyTuningChart(ChartView):
         go = require_plotly()
         frame = self.to_frame()
         done = frame[frame["speedup"].notna()]
-        colors = ["#76b900" if str(w).startswith("cutlass:") else "#1f77b4"
+        colors = ["#76b900" if is_tuned_winner(w) else "#1f77b4"
                   for w in done["winner"]]
         fig = go.Figure(go.Bar(
             x=done["problem"].tolist(), y=done["speedup"].astype(float).tolist(),

@@ -339,3 +339,86 @@ def test_last_choice_reads_like_the_dict_it_was():
     assert repr(mm.last_choice) == "{'impl': 'numpy', 'reason': 'NumPy arrays run on the CPU'}"
     assert dict(mm.last_choice) == {"impl": "numpy", "reason": "NumPy arrays run on the CPU"}
     assert mm.last_choice == {"impl": "numpy", "reason": "NumPy arrays run on the CPU"}
+
+
+# -- the skinny GEMM's entries ------------------------------------------------------------
+
+def record_skinny(problem: ProblemKey, tuned_ms: float, baselines: dict[str, float],
+                  cfg: dict | None = None) -> None:
+    from pyc_lab.kernels.skinny import SkinnyConfig
+
+    cfg = cfg or SkinnyConfig(1, 8, 4).to_dict()
+    with tuning_db.TuningDB() as db:
+        db.record_many(DEVICE, problem, [
+            Measurement(cfg, "ok", tuned_ms),
+            *(Measurement({"baseline": name}, "baseline", ms) for name, ms in baselines.items())],
+            run_id="skinny-run")
+
+
+def test_a_winning_skinny_entry_serves_odd_n_that_no_cutlass_kernel_takes(tuned_db,
+                                                                          monkeypatch):
+    """N odd (a decode layer of 4099 outputs): no CUTLASS alignment fits, but the skinny
+    GEMM reads whole 16-byte rows of w along K; its tuned win routes there, named so."""
+    from pyc_lab.kernels.skinny import SkinnyConfig, SkinnyGemm
+
+    monkeypatch.setattr(cublaslt, "status", lambda: (True, "nvmath-python"))
+    monkeypatch.setattr(mm, "_load", tuning_load)
+    record_skinny(gemm(7, 4099, 4096, "bf16"), 0.016, {"cublaslt": 0.058, "cublas": 0.060})
+    a, w = FakeGpuArray((7, 4096), "bfloat16"), FakeGpuArray((4099, 4096), "bfloat16")
+    plan = pl.matmul_plan(a, w.T)
+    assert plan.choice["impl"] == "skinny", plan.choice
+    assert plan.choice["config"] == SkinnyConfig(1, 8, 4).id
+    assert "beat cuBLASLt 0.058 ms" in plan.choice["reason"]
+    assert isinstance(mm._KERNELS[("skinny", SkinnyConfig(1, 8, 4), "bf16")], SkinnyGemm)
+
+
+def tuning_load(found, dtype, layout, epi, why, shape):
+    """matmul's own loader (the fixture replaces it with a fake CUTLASS kernel)."""
+    from pyc_lab.kernels import matmul
+
+    return matmul._load_skinny(found, dtype, layout, epi, why, shape)
+
+
+def test_a_losing_skinny_entry_routes_to_the_library(tuned_db, monkeypatch):
+    monkeypatch.setattr(cublaslt, "status", lambda: (True, "nvmath-python"))
+    monkeypatch.setattr(mm, "_load", tuning_load)
+    record_skinny(gemm(8, 4096, 4096, "bf16"), 0.020, {"cublaslt": 0.017})
+    plan = pl.matmul_plan(FakeGpuArray((8, 4096), "bfloat16"),
+                          FakeGpuArray((4096, 4096), "bfloat16").T)
+    assert plan.choice["impl"] == "cublaslt"
+    assert "lost to cuBLASLt 0.017 ms" in plan.choice["reason"]
+
+
+def test_a_skinny_entry_is_not_bucketed_onto_another_kernel_instantiation(tuned_db,
+                                                                         monkeypatch):
+    """Tuned at 8 rows (one token tile), it wins by far; at 6 rows (the same kernel) the
+    bucket serves it, at 12 rows (two token tiles: another kernel, never timed) not."""
+    monkeypatch.setattr(cublaslt, "status", lambda: (True, "nvmath-python"))
+    monkeypatch.setattr(mm, "_load", tuning_load)
+    record_skinny(gemm(8, 4096, 4096, "bf16"), 0.010, {"cublaslt": 0.017})
+    w = FakeGpuArray((4096, 4096), "bfloat16")
+    near = pl.matmul_plan(FakeGpuArray((6, 4096), "bfloat16"), w.T)
+    assert near.choice["impl"] == "skinny" and near.choice["match"].startswith("bucket")
+    other = pl.matmul_plan(FakeGpuArray((12, 4096), "bfloat16"), w.T)
+    assert other.choice["impl"] == "cublaslt"
+    assert "tuned for 8 rows, a different kernel than 12 rows need" in other.choice["reason"]
+
+
+def test_a_skinny_entry_never_takes_what_it_cannot_compute(tuned_db, monkeypatch):
+    monkeypatch.setattr(mm, "_load", tuning_load)
+    record_skinny(gemm(8, 4096, 4096), 0.010, {"cublas": 0.017})
+    # the same problem with a bias: the fused entry is another op, nothing tuned
+    plan = pl.matmul_plan(FakeGpuArray((8, 4096)), FakeGpuArray((4096, 4096)).T,
+                          bias=FakeGpuArray((4096,)))
+    assert plan.choice["impl"] != "skinny"
+    # b row-major (layout "tt"): another layout's entry, none tuned
+    plan = pl.matmul_plan(FakeGpuArray((8, 4096)), FakeGpuArray((4096, 4096)))
+    assert plan.choice["impl"] == "cublas"
+    found = SimpleNamespace(measurement=Measurement({"kernel": "skinny", "rt": 1,
+                                                     "warps": 8, "stages": 4}, "ok", 0.01),
+                            match="exact", problem_matched=gemm(8, 4096, 4096))
+    kernel, why = mm._load_skinny(found, "f16", "tn", cg.Epilogue(True, "relu"), "", (8, 4096,
+                                                                                     4096))
+    assert kernel is None and "plain 'tn' GEMMs only" in why
+    kernel, why = mm._load_skinny(found, "f16", "tn", cg.Epilogue(), "", (8, 4096, 4100))
+    assert kernel is None and "cannot take 8x4096x4100" in why

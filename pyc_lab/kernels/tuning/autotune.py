@@ -59,12 +59,14 @@ def autotune_gemm(m: int, n: int, k: int, *, options: GemmTuneOptions | None = N
                   db: TuningDB | None = None, cache: Any = None,
                   observer: RowObserver | None = None, stop: threading.Event | None = None,
                   builds: Any = None, **settings: Any) -> TuneResult:
-    """Tune a CUTLASS GEMM for ``m x n x k`` on this GPU and record the result.
+    """Tune a GEMM for ``m x n x k`` on this GPU and record the result.
 
-    The libraries (cuBLAS, cuBLASLt, torch) are measured in the same run and recorded as
-    ``"baseline"`` rows; ``result.winner`` is the fastest of all (a CUTLASS
-    configuration or a library) and ``result.speedup`` the best CUTLASS time against
-    the best library's.
+    The CUTLASS candidates are searched; for a plain f16/bf16 ``"tn"`` problem of at most
+    64 rows every configuration of pyc_lab's skinny GEMM is measured too. The libraries
+    (cuBLAS, cuBLASLt, torch) are measured in the same run and recorded as
+    ``"baseline"`` rows; ``result.winner`` is the fastest of all (a tuned kernel or a
+    library) and ``result.speedup`` the best tuned kernel's time against the best
+    library's.
 
     Parameters
     ----------
@@ -106,9 +108,14 @@ def autotune_gemm(m: int, n: int, k: int, *, options: GemmTuneOptions | None = N
     m, n, k = check_problem(m, n, k, "autotune_gemm")
     t_start = time.perf_counter()
     runner = GemmRunner(m, n, k, opts, restrict=restrict, cache=cache, builds=builds)
-    result = _search(runner, opts, observer, stop)
+    if observer is not None:
+        for row in runner.skinny.values():
+            observer({**row, "built": 0, "total": len(runner.configs)})
+    result = _search(runner, opts, observer, stop) if runner.configs else None
     measurements = runner.measurements()
-    best = runner.measurement(result.best.candidate) if result.best is not None else None
+    searched = (runner.measurement(result.best.candidate)
+                if result is not None and result.best is not None else None)
+    best = runner.best(searched)
     recorded = False
     db = db if db is not None else TuningDB()
     try:
@@ -120,7 +127,8 @@ def autotune_gemm(m: int, n: int, k: int, *, options: GemmTuneOptions | None = N
         log.warning("could not record the tuning in %s: %s", getattr(db, "path", db), exc)
     return TuneResult(runner.problem, runner.device, best, candidate_table(runner.rows.values()),
                       dict(runner.baselines), time.perf_counter() - t_start,
-                      result.stopped_by, opts.strategy, recorded)
+                      result.stopped_by if result is not None else "no CUTLASS candidates",
+                      opts.strategy, recorded)
 
 
 def replay_autotune(m: int, n: int, k: int, *, options: GemmTuneOptions | None = None,

@@ -13,7 +13,11 @@ For ``M x N x K`` in a dtype and layout, on this machine's GPU:
    dtype's tolerance rejects it, with the reason; correct ones are timed with
    :func:`pyc_lab.profiling.timing.benchmark` (CUDA events, L2 flushed, launch gaps
    kept out of the interval, median of ``fidelity`` runs);
-4. the libraries a user would call instead are timed the same way in the same run and
+4. for a plain ``"tn"`` f16/bf16 problem of at most 64 rows, every configuration of
+   pyc_lab's skinny GEMM (:mod:`~pyc_lab.kernels.skinny`, compiled by NVRTC in seconds)
+   is checked and timed the same way before the search starts; the run's best is the
+   fastest of the search's best CUTLASS candidate and these (:meth:`GemmRunner.best`);
+5. the libraries a user would call instead are timed the same way in the same run and
    recorded as ``"baseline"`` rows: ``cublas`` (``cupy.matmul``; ``torch.matmul`` for
    bf16/tf32), ``cublaslt`` (cuBLASLt: the fused epilogue through
    :mod:`~pyc_lab.kernels.cublaslt`, or for plain f16/bf16 GEMMs through nvmath-python)
@@ -40,6 +44,8 @@ from ...units import gemm_flops, tflops
 from ..cutlass.config import GemmConfig, problem_alignment, problem_issue
 from ..cutlass.launch import CutlassGemm
 from ..cutlass.nvcc import BuildResult, build_many
+from ..skinny import SkinnyConfig, SkinnyGemm, compile_kernels, skinny_issue
+from ..skinny import candidates as skinny_candidates
 from .builds import wait_for_build
 from .gemm_reference import (
     TOLERANCE,
@@ -111,6 +117,9 @@ class GemmRunner:
     rows
         ``config id -> the table row`` of every candidate evaluated (the latest).
 
+    skinny
+        ``config id -> the table row`` of every skinny GEMM configuration measured.
+
     Raises
     ------
     PycLabError
@@ -130,7 +139,15 @@ class GemmRunner:
         issue = (problem_issue(m, n, k, opts.layout, opts.dtype, align) if align else
                  "contiguous extents with no common alignment of 2 elements or more "
                  "(the narrowest kernels here)")
-        if issue:
+        skinny_why = ("skinny=False" if not opts.skinny else
+                      "the skinny GEMM has no fused epilogue" if epi.fused else
+                      skinny_issue(m, n, k, opts.dtype, opts.layout))
+        skinny = [] if skinny_why else skinny_candidates(m, n, k)
+        if not opts.cutlass and not skinny:
+            raise PycLabError(f"autotune_gemm {m}x{n}x{k} {opts.dtype} {opts.layout} with "
+                              f"cutlass=False: nothing to measure ({skinny_why}); "
+                              "pyc_lab.matmul uses the library for it")
+        if issue and not skinny:
             raise PycLabError(f"autotune_gemm {m}x{n}x{k} {opts.layout}: {issue}; "
                               "pyc_lab.matmul uses cuBLAS for such shapes")
         device, cc, sm_count = device_key()
@@ -144,8 +161,9 @@ class GemmRunner:
         self.sm_count = sm_count
         self.problem = ProblemKey(epi.op, opts.dtype, opts.dtype, opts.dtype, opts.layout,
                                   m, n, k)
-        ranked, dropped = candidates_for(m, n, k, opts, cc, sm_count, restrict)
-        if not ranked:
+        ranked, dropped = ([], {}) if issue or not opts.cutlass else candidates_for(
+            m, n, k, opts, cc, sm_count, restrict)
+        if not ranked and not skinny:
             raise PycLabError(f"no CUTLASS configuration left for {m}x{n}x{k} {opts.dtype} "
                               f"{opts.layout} after pruning ({len(dropped)} dropped) and "
                               "restrictions")
@@ -169,7 +187,10 @@ class GemmRunner:
         if torch_mm is not None:
             self.baselines["torch"] = gpu_ms(torch_mm, opts.repeats)
         self._builds: dict[GemmConfig, BuildResult] = {}
-        if builds is None:
+        self._futures: dict[GemmConfig, Any] = {}
+        if not ranked:
+            pass  # the skinny GEMM alone: nothing to build
+        elif builds is None:
             self._futures = build_many(ranked, opts.dtype, opts.layout, cc, opts.workers,
                                        cache, epilogue=epi,
                                        on_done=lambda r: self._builds.__setitem__(r.config, r))
@@ -182,6 +203,68 @@ class GemmRunner:
         self.rows: dict[str, dict[str, Any]] = {}
         self._measurements: dict[str, Measurement] = {}
         self._hung: str | None = None
+        self.skinny: dict[str, dict[str, Any]] = {}
+        if skinny:
+            self._measure_skinny(skinny)
+
+    def _measure_skinny(self, configs: list[SkinnyConfig]) -> None:
+        """Check and time every skinny GEMM configuration (before the search: they need
+        no build, and the search's budget is the CUTLASS candidates')."""
+        cp = self._cp
+        failed = compile_kernels(self.options.dtype, self.m, configs)
+        stream = cp.cuda.get_current_stream()
+        for cfg in configs:
+            if self._hung is not None:
+                break
+            if cfg.id in failed:
+                self._record(cfg.id, cfg.to_dict(), "compile_error", message=failed[cfg.id])
+                continue
+            gemm = SkinnyGemm(cfg, self.options.dtype)
+            status, ms, err, msg = self._check_and_time(
+                lambda g=gemm: g(self._a, self._b, self._out), lambda g=gemm: g.launch(stream),
+                cfg.id, self.options.repeats)
+            self._record(cfg.id, cfg.to_dict(), status, ms, err, msg)
+            self.skinny[cfg.id] = self.rows[cfg.id]
+
+    def _check_and_time(self, first: Callable[[], Any], again: Callable[[], Any], name: str,
+                        repeats: int) -> tuple[str, float | None, float | None, str]:
+        """Run a candidate twice into a NaN-poisoned output, each launch watched for a
+        hang; check it against the reference; time the correct ones.
+
+        Returns
+        -------
+        status, ms, error, message
+        """
+        cp = self._cp
+        try:
+            self._out.view(cp.uint16).fill(0x7FFF)  # NaN in both f16 and bf16
+            # two launches, each watched: a kernel that never finishes (the first launch,
+            # or a later one, as a split kernel whose counters are not reset would) must
+            # not hang the tuner
+            for launch in (first, again):
+                launch()
+                if not self._finished_within(self.options.hang_s):
+                    self._hung = name
+                    return "timeout", None, None, (
+                        f"still running after {self.options.hang_s:.0f} s; the GPU context "
+                        "is unusable, tuning stopped")
+        except Exception as exc:
+            return "wrong_result", None, None, f"{type(exc).__name__}: {exc}"
+        got = as_float32(self._out, self.options.dtype)
+        if not bool(cp.isfinite(got).all()):
+            return "nan", None, None, "NaN or Inf in the output"
+        err = float(cp.abs(got - self._ref).max()) / self._ref_max
+        tol = TOLERANCE[self.options.dtype]
+        if err > tol:
+            return "wrong_result", None, err, f"max error {err:.3g} > {tol} vs cuBLAS"
+        return "ok", gpu_ms(again, repeats), err, ""
+
+    def best(self, searched: Measurement | None) -> Measurement | None:
+        """The run's best: the fastest correct of the search's best CUTLASS measurement
+        and the skinny GEMM's (``None`` when nothing was correct)."""
+        pool = [searched] if searched is not None and searched.ok else []
+        pool += [m for cid, m in self._measurements.items() if cid in self.skinny and m.ok]
+        return min(pool, key=lambda m: m.time_ms) if pool else searched
 
     # -- the runner protocol ----------------------------------------------------------
     def space(self) -> SearchSpace:
@@ -207,31 +290,13 @@ class GemmRunner:
             self._loaded[cfg] = gemm
             if not gemm.can_implement(self.m, self.n, self.k):
                 return self._finish(cfg, "skipped", message="can_implement refused the problem")
-            self._out.view(cp.uint16).fill(0x7FFF)  # NaN in both f16 and bf16
-            # two launches, each watched: a kernel that never finishes (the first launch,
-            # or a later one, as a Stream-K kernel whose workspace is not reset would)
-            # must not hang the tuner
-            for launch in (lambda: gemm(self._a, self._b, self._out, bias=self._bias),
-                           lambda: gemm.launch(cp.cuda.get_current_stream().ptr)):
-                launch()
-                if not self._finished_within(self.options.hang_s):
-                    self._hung = cfg.id
-                    return self._finish(cfg, "timeout", message=(
-                        f"still running after {self.options.hang_s:.0f} s; the GPU context "
-                        "is unusable, tuning stopped"))
         except Exception as exc:
             return self._finish(cfg, "wrong_result", message=f"{type(exc).__name__}: {exc}")
-        got = as_float32(self._out, self.options.dtype)
-        if not bool(cp.isfinite(got).all()):
-            return self._finish(cfg, "nan", message="NaN or Inf in the output")
-        err = float(cp.abs(got - self._ref).max()) / self._ref_max
-        tol = TOLERANCE[self.options.dtype]
-        if err > tol:
-            return self._finish(cfg, "wrong_result", error=err,
-                                message=f"max error {err:.3g} > {tol} vs cuBLAS")
         stream = cp.cuda.get_current_stream().ptr
-        ms = gpu_ms(lambda: gemm.launch(stream), fidelity)
-        return self._finish(cfg, "ok", ms, err)
+        status, ms, err, msg = self._check_and_time(
+            lambda: gemm(self._a, self._b, self._out, bias=self._bias),
+            lambda: gemm.launch(stream), cfg.id, fidelity)
+        return self._finish(cfg, status, ms, err, msg)
 
     # -- what was measured ------------------------------------------------------------
     def _finished_within(self, seconds: float) -> bool:
@@ -246,17 +311,24 @@ class GemmRunner:
 
     def _finish(self, cfg: GemmConfig, status: str, ms: float | None = None,
                 error: float | None = None, message: str = "") -> Outcome:
-        rate = tflops(self.flops, ms)
         res = self._builds.get(cfg)
-        row = {"config": cfg.id, "status": status, "ms": ms, "tflops": rate,
-               "error": error, "build_s": round(res.seconds, 1) if res else None,
-               "build": res.status if res else None, "message": message[:500],
-               **cfg.to_dict()}
-        self.rows[cfg.id] = row
-        self._measurements[cfg.id] = Measurement(cfg.to_dict(), status, ms, rate, error,
-                                                 message)
+        row = self._record(cfg.id, cfg.to_dict(), status, ms, error, message,
+                           build_s=round(res.seconds, 1) if res else None,
+                           build=res.status if res else None)
         details = {**row, "built": len(self._builds), "total": len(self.configs)}
         return Outcome(status, ms, message, details)
+
+    def _record(self, config_id: str, config: dict[str, Any], status: str,
+                ms: float | None = None, error: float | None = None, message: str = "",
+                build_s: float | None = None, build: str | None = None) -> dict[str, Any]:
+        """Keep one candidate's table row and measurement (the latest evaluation)."""
+        rate = tflops(self.flops, ms)
+        row = {"config": config_id, "status": status, "ms": ms, "tflops": rate,
+               "error": error, "build_s": build_s, "build": build,
+               "message": message[:500], **config}
+        self.rows[config_id] = row
+        self._measurements[config_id] = Measurement(config, status, ms, rate, error, message)
+        return row
 
     def measurement(self, candidate: Mapping[str, Any]) -> Measurement | None:
         """The recorded measurement of a candidate (its latest evaluation)."""

@@ -31,7 +31,7 @@ from ...errors import PycLabError
 from ..cutlass.config import Epilogue, check_dtype_layout
 from .options import GemmTuneOptions
 from .recording import check_problem
-from .result import TuneResult
+from .result import TuneResult, is_tuned_winner
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -233,9 +233,9 @@ class ManyResult:
     def __repr__(self) -> str:
         tuned = sum(r is not None for r in self.results.values())
         wins = sum(1 for r in self.results.values()
-                   if r is not None and r.winner.startswith("cutlass:"))
+                   if r is not None and is_tuned_winner(r.winner))
         mode = "replayed" if self.replay else "tuned"
-        return (f"ManyResult({len(self.problems)} problems, {tuned} {mode}, CUTLASS wins "
+        return (f"ManyResult({len(self.problems)} problems, {tuned} {mode}, tuned-kernel wins "
                 f"{wins}; see .summary)")
 
 
@@ -353,6 +353,8 @@ def _start_builds(items: list[GemmProblem], opts: GemmTuneOptions, workers: int 
     for p in items:
         popts = dataclasses.replace(opts, dtype=p.dtype, layout=p.layout, bias=p.bias,
                                     activation=p.activation)
+        if not popts.cutlass:
+            continue  # nothing to build
         try:
             lists.append((popts, candidates_for(p.m, p.n, p.k, popts, cc, sm_count)[0]))
         except PycLabError as exc:

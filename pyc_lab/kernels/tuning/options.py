@@ -75,6 +75,14 @@ class GemmTuneOptions:
         problem_configs`): lower-alignment kernels for extents that are not multiples
         of 8, swapped narrow tiles and split-K for small M, split-K / Stream-K for few
         output tiles and a long K, raster order and swizzle for many tiles.
+    skinny
+        Also measure pyc_lab's own skinny GEMM (:mod:`~pyc_lab.kernels.skinny`) for
+        plain ``"tn"`` f16/bf16 problems of at most 64 rows: every configuration is
+        checked and timed beside the CUTLASS candidates (no nvcc build; NVRTC compiles
+        them in seconds), and the fastest of all is the winner.
+    cutlass
+        Search the CUTLASS candidates (each a ~1 minute nvcc build, once); ``False``
+        measures only the skinny GEMM beside the libraries, a tuning of seconds.
 
     Raises
     ------
@@ -95,6 +103,8 @@ class GemmTuneOptions:
     activation: str | None = None
     stream_k: bool = False
     wide: bool = True
+    skinny: bool = True
+    cutlass: bool = True
 
     def __post_init__(self) -> None:
         check_dtype_layout(self.dtype, self.layout)
@@ -112,6 +122,13 @@ class GemmTuneOptions:
                               f"or one of {sorted(ACTIVATIONS)}")
         if not isinstance(self.wide, bool):
             raise PycLabError(f"GEMM tuning option wide={self.wide!r}: give True or False")
+        for name in ("skinny", "cutlass"):
+            if not isinstance(getattr(self, name), bool):
+                raise PycLabError(f"GEMM tuning option {name}={getattr(self, name)!r}: give "
+                                  "True or False")
+        if not (self.skinny or self.cutlass):
+            raise PycLabError("GEMM tuning options skinny=False and cutlass=False leave "
+                              "nothing to tune")
         if not isinstance(self.stream_k, bool):
             raise PycLabError(f"GEMM tuning option stream_k={self.stream_k!r}: give True "
                               "or False")

@@ -16,22 +16,40 @@ from ...errors import PycLabError
 from ...hardware.peaks import peak_tflops
 from ...units import gemm_flops, tflops
 from ..cutlass.config import GemmConfig
+from ..skinny import SkinnyConfig, is_skinny
 from .keys import DeviceKey, Measurement, ProblemKey
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 __all__ = ["ReplayInfo", "ReplayResult", "TuneResult", "candidate_table", "config_name",
-           "kernel_rates"]
+           "is_tuned_winner", "kernel_family", "kernel_rates"]
 
 
 def config_name(config: Mapping[str, Any], fallback: str = "") -> str:
-    """A GEMM config's readable name (``256x128x64_c2x1x1_...``), else ``fallback``
-    (or the measurement's config id)."""
+    """A tuned kernel's readable name (``256x128x64_c2x1x1_...`` for CUTLASS,
+    ``skinny_rt2_w8_st4_s1`` for the skinny GEMM), else ``fallback`` (or the
+    measurement's config id)."""
     try:
+        if is_skinny(dict(config)):
+            return SkinnyConfig.from_dict(dict(config)).id
         return GemmConfig.from_dict(dict(config)).id
     except PycLabError:
         return fallback or Measurement(dict(config), "skipped").config_id
+
+
+#: Prefixes of :attr:`TuneResult.winner` that name a tuned kernel (not a library).
+TUNED_PREFIXES = ("cutlass:", "skinny:")
+
+
+def is_tuned_winner(winner: str) -> bool:
+    """Whether a :attr:`TuneResult.winner` names a tuned kernel rather than a library."""
+    return str(winner).startswith(TUNED_PREFIXES)
+
+
+def kernel_family(config: Mapping[str, Any]) -> str:
+    """``"skinny"`` for pyc_lab's skinny GEMM, else ``"cutlass"``."""
+    return "skinny" if is_skinny(dict(config)) else "cutlass"
 
 
 def candidate_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -102,13 +120,15 @@ class TuneResult:
 
     @property
     def winner(self) -> str:
-        """The overall winner of the run, CUTLASS candidates and libraries together:
-        ``"cutlass:<config id>"``, a library's name (``"cublas"``, ``"cublaslt"``,
-        ``"torch"``), or ``""`` when nothing was timed. A tie goes to the library."""
+        """The overall winner of the run, tuned kernels and libraries together:
+        ``"cutlass:<config id>"``, ``"skinny:<config id>"``, a library's name
+        (``"cublas"``, ``"cublaslt"``, ``"torch"``), or ``""`` when nothing was timed. A
+        tie goes to the library."""
         lib = self.best_library
         ms = self.best.time_ms if self.best is not None and self.best.ok else None
         if ms and (lib is None or ms < lib[1]):
-            return "cutlass:" + config_name(self.best.config, self.best.config_id)
+            return (f"{kernel_family(self.best.config)}:"
+                    + config_name(self.best.config, self.best.config_id))
         return lib[0] if lib else ""
 
     @property
@@ -121,8 +141,8 @@ class TuneResult:
 
     @property
     def speedup(self) -> float | None:
-        """Best library time over the best CUTLASS time (above 1: CUTLASS is faster;
-        ``None`` without a correct CUTLASS candidate or a library time)."""
+        """Best library time over the best tuned kernel's time (above 1: the tuned kernel
+        is faster; ``None`` without a correct candidate or a library time)."""
         lib = self.best_library
         ms = self.best.time_ms if self.best is not None and self.best.ok else None
         return lib[1] / ms if lib and ms else None
@@ -133,7 +153,9 @@ class TuneResult:
         import pandas as pd
 
         peak = peak_tflops(self.device.gpu_name, self.problem.dtype_a)
-        entries = [("tuned CUTLASS", self.best.time_ms if self.best else None),
+        tuned = ("tuned skinny GEMM" if self.best is not None
+                 and kernel_family(self.best.config) == "skinny" else "tuned CUTLASS")
+        entries = [(tuned, self.best.time_ms if self.best else None),
                    *self.baselines.items()]
         cublas = self.baselines.get("cublas")
         return pd.DataFrame([{"kernel": name, "ms": ms,
