@@ -39,7 +39,7 @@ MAX_M = 64
 SMEM_LIMIT = 227 * 1024
 #: Kernel dtypes and their BF16 template flag.
 _BF16 = {"f16": 0, "bf16": 1}
-_ARRAY_DTYPES = {"f16": ("float16",), "bf16": ("bfloat16",)}
+_ARRAY_DTYPES = {"f16": ("float16",), "bf16": ("bfloat16", "int16", "uint16")}  # bf16 bits too
 #: (rows per warp in 16-row tiles, warps, stages): the configurations measured on the
 #: H200 to lead for some decode shape (1 <= M <= 64, N 1024..28672, K 2048..28672).
 _SHAPES = ((1, 4, 4), (1, 8, 4), (1, 8, 6), (1, 16, 3), (2, 2, 8), (2, 4, 4), (2, 4, 6),

@@ -54,7 +54,7 @@ CASES = [  # (m, n, k, config)
     (8, 1, 72, sk.SkinnyConfig(1, 4, 4)),
     (13, 1000, 8200, sk.SkinnyConfig(4, 4, 3, 2)),
     (16, 257, 2056, sk.SkinnyConfig(2, 8, 3)),
-    (33, 513, 4104, sk.SkinnyConfig(4, 8, 2, 2)),
+    (33, 513, 4104, sk.SkinnyConfig(4, 4, 2, 2)),
     (64, 640, 1024, sk.SkinnyConfig(2, 4, 4)),
     (5, 12345, 8, sk.SkinnyConfig(8, 4, 3)),
 ]
