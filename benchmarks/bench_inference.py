@@ -12,7 +12,10 @@
    ``pl.inference.load`` (cupy backend, CUDA graphs, on a GPU; NumPy on the CPU);
    onnxruntime runs its CUDA execution provider with IOBinding (device-resident inputs
    and outputs) when it has one, else its CPU provider (the provider is recorded);
-   torch runs the same ONNX graph op by op in eager mode (``torch.nn.functional``).
+   torch runs the same ONNX graph op by op in eager mode (``torch.nn.functional``) and,
+   on a GPU, the same function through ``torch.compile(mode="reduce-overhead")``
+   (Inductor kernels replayed from CUDA graphs; onnxruntime's CUDA provider is a wheel
+   too large to reach the GPU machine here, GPU_NOTES).
 3. **Dynamic batching** under 64 concurrent clients (``pl.inference.load_test``):
    throughput and p99 with ``max_batch=64, max_delay_ms=2`` vs unbatched
    (``max_batch=1``), with the batch's compute time for the p99 target
@@ -295,6 +298,21 @@ def implementations(m: Any, gpu: bool) -> dict[str, Any]:
 
         out["torch_eager"] = (t_prep, t_call, t_host, {"device": device,
                                                        "version": torch.__version__})
+        if device == "cuda":  # the strongest GPU baseline here: CUDA graphs, Inductor
+            compiled = torch.compile(run, mode="reduce-overhead")
+
+            def tc_call(state):
+                with torch.inference_mode():
+                    outs = compiled(state)
+                torch.cuda.synchronize()
+                return outs
+
+            def tc_host(outs):  # CUDA-graph outputs are overwritten by the next call
+                return [o.clone().cpu().numpy() for o in outs]
+
+            out["torch_compile"] = (t_prep, tc_call, tc_host,
+                                    {"device": device, "mode": "reduce-overhead",
+                                     "version": torch.__version__})
     return out
 
 
