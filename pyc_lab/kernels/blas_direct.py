@@ -34,7 +34,7 @@ from ..errors import PycLabError
 from .blas_layout import OP_N, OP_T, BlasGemm
 
 __all__ = ["CUDA_DTYPES", "OPERAND_DTYPES", "WORKSPACE_BYTES", "CublasGemm", "LtGemm",
-           "alignment", "race", "ready", "workspace"]
+           "alignment", "race", "workspace"]
 
 log = logging.getLogger(__name__)
 
@@ -127,24 +127,6 @@ def _synchronise(device: int, stream: int) -> None:
             cp.cuda.ExternalStream(stream, device).synchronize()
     except Exception as exc:
         log.debug("synchronising stream %#x before freeing its workspace: %s", stream, exc)
-
-
-def ready(stream: int) -> Any:
-    """Make this device's cuBLAS handle and ``stream``'s workspace now, so that direct
-    cuBLAS calls on ``stream`` can then be captured into a CUDA graph (neither may be
-    made during a capture).
-
-    Returns
-    -------
-    cupy.cuda.Memory
-        The workspace: a graph that records calls on ``stream`` keeps their workspace
-        pointer, so it must hold this for as long as it may be replayed (the table of
-        workspaces frees the oldest of more than :data:`MAX_STREAMS` streams).
-    """
-    device = _device()
-    _cublas(device)
-    workspace(device, stream)
-    return _WORKSPACES[(device, stream)]
 
 
 class _Cublas:
