@@ -94,7 +94,9 @@ def workspace(device: int, stream: int, need: int = 0) -> tuple[int, int]:
     Made (or grown, after the stream has finished what it queued on the old one) on first
     use of a stream or of a larger need — never during a stream capture: a
     :class:`~pyc_lab.errors.PycLabError` asks for one uncaptured call first. At most
-    :data:`MAX_STREAMS` are kept, the oldest freed after its stream is synchronised.
+    :data:`MAX_STREAMS` are kept; the oldest is freed after its device is synchronised
+    (not its stream: that stream may have been destroyed since, and synchronising a
+    destroyed stream crashes the process instead of raising).
     """
     key = (device, stream)
     mem = _WORKSPACES.get(key)
@@ -111,15 +113,23 @@ def workspace(device: int, stream: int, need: int = 0) -> tuple[int, int]:
         if old is not None:
             _synchronise(device, stream)
         while len(_WORKSPACES) >= MAX_STREAMS:
-            (dev, other), _mem = _WORKSPACES.popitem(last=False)
-            _synchronise(dev, other)
+            (dev, _other), _mem = _WORKSPACES.popitem(last=False)
+            _synchronise_device(dev)
         mem = _WORKSPACES[key] = cp.cuda.Memory(max(WORKSPACE_BYTES, need))
     return mem.ptr, mem.size
 
 
+def _synchronise_device(device: int) -> None:
+    """Wait for everything queued on ``device`` (before an evicted workspace is freed)."""
+    import cupy as cp
+
+    with cp.cuda.Device(device):
+        cp.cuda.runtime.deviceSynchronize()
+
+
 def _synchronise(device: int, stream: int) -> None:
-    """Wait for ``stream`` (before its workspace is freed); a destroyed stream has
-    nothing left to run."""
+    """Wait for ``stream`` (before its workspace is replaced by a larger one: the stream
+    is the caller's, alive)."""
     import cupy as cp
 
     try:

@@ -153,3 +153,34 @@ def test_float8_scales_on_other_arrays_are_refused_with_what_to_do():
     a, b = np.ones((4, 16)), np.ones((16, 8))
     with pytest.raises(pl.PycLabError, match="two torch float8 tensors"):
         pl.matmul(a, b, scale_a=1.0, scale_b=1.0)
+
+
+def test_an_evicted_workspace_waits_for_the_device_not_its_possibly_destroyed_stream(
+        monkeypatch):
+    """More streams than MAX_STREAMS: the oldest workspace is freed after a device-wide
+    synchronise; its stream (a capture or side stream destroyed since) is never touched,
+    since synchronising a destroyed stream crashes the process."""
+    from pyc_lab.kernels import blas_direct as bd
+
+    made, device_syncs, stream_syncs = [], [], []
+
+    class FakeMemory:
+        def __init__(self, size):
+            self.size, self.ptr = size, 4096 * (len(made) + 1)
+            made.append(self)
+
+    import cupy as cp
+
+    monkeypatch.setattr(cp.cuda, "Memory", FakeMemory)
+    monkeypatch.setattr(bd, "_capturing", lambda stream: False)
+    monkeypatch.setattr(bd, "_synchronise_device", device_syncs.append)
+    monkeypatch.setattr(bd, "_synchronise", lambda d, s: stream_syncs.append((d, s)))
+    monkeypatch.setattr(bd, "_WORKSPACES", bd.OrderedDict())
+    for stream in range(1, bd.MAX_STREAMS + 3):
+        _ptr, size = bd.workspace(0, stream)
+        assert size >= bd.WORKSPACE_BYTES
+    assert device_syncs == [0, 0] and stream_syncs == []
+    assert list(bd._WORKSPACES) == [(0, s) for s in range(3, bd.MAX_STREAMS + 3)]
+    # growing a stream's own workspace waits for that (live) stream
+    bd.workspace(0, 5, need=bd.WORKSPACE_BYTES * 2)
+    assert stream_syncs == [(0, 5)]
