@@ -65,3 +65,20 @@ def write_result(out_dir: str | Path, name: str, payload: dict[str, Any]) -> Pat
     path.write_text(json.dumps({"benchmark": name, "environment": environment(), **payload},
                                indent=2, default=str) + "\n")
     return path
+
+
+def cupy_and_torch(what: str) -> tuple[Any, Any] | None:
+    """CuPy and torch on a usable GPU (the device gate's answer), or ``None`` after
+    printing why ``what`` is skipped."""
+    from pyc_lab.hardware.device import cupy_status
+
+    cp, reason = cupy_status()
+    if cp is None:
+        print(f"skipped: {what} needs a CUDA device ({reason})")
+        return None
+    try:
+        import torch
+    except ImportError:
+        print(f"skipped: {what} compares with torch; install torch")
+        return None
+    return cp, torch

@@ -23,20 +23,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_result
+from common import cupy_and_torch, write_result
 
 
 def per_call_us(fn: Any, sync: Any, calls: int = 300) -> float:
-    for _ in range(20):
-        fn()
-    sync()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
+    """Median host microseconds of ``fn()`` followed by ``sync()`` (what a caller waits
+    for), through :func:`pyc_lab.profiling.timing.benchmark` on the host clock."""
+    from pyc_lab.profiling.timing import benchmark
+
+    def call() -> None:
         fn()
         sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+
+    t = benchmark(call, repeats=calls, warmup=20, gpu=False)
+    return statistics.median(t.cpu_s) * 1e6
 
 
 def measure_model(name: str, pl: Any, bi: Any, cp: Any, torch: Any, sync: Any) -> dict:
@@ -88,14 +88,10 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/local")
     parser.add_argument("--models", default="astro_mlp,biology_vae")
     args = parser.parse_args()
-    try:
-        import cupy as cp
-        import torch
-        cp.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        print(f"skipped: needs CuPy, torch and a GPU ({exc})")
+    found = cupy_and_torch("the host-time experiment")
+    if found is None:
         return 0
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    cp, torch = found
     import bench_inference as bi
 
     import pyc_lab as pl

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_result
+from common import cupy_and_torch, write_result
 
 PROBLEMS = [  # (m, n, k, dtype): the sweep's decode layers and a few more
     (1, 12288, 4096, "f16"), (8, 4096, 4096, "bf16"), (16, 11008, 4096, "f16"),
@@ -61,13 +61,10 @@ def main() -> int:
                         help="M,N,K,DTYPE:ID[,ID...] (skinny_rt2_w8_st4_s1...): launch "
                              "those once each and cupy.matmul once, for ncu (no timing)")
     args = parser.parse_args()
-    try:
-        import cupy as cp
-        import torch
-        cp.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        print(f"skipped: needs CuPy, torch and a GPU ({exc})")
+    found = cupy_and_torch("the skinny GEMM experiment")
+    if found is None:
         return 0
+    cp, torch = found
     from pyc_lab.kernels.skinny import SkinnyGemm, compile_kernels
     from pyc_lab.profiling.timing import benchmark
 

@@ -27,45 +27,41 @@
 
 namespace pyc_skinny {
 
-template <int BF16> struct mma;
-
-template <> struct mma<0> {
+// The tensor-core step and the conversions of one 16-bit format (BF16: bfloat16, else
+// float16); the PTX differs only in the type name.
+template <int BF16> struct mma {
   static __device__ __forceinline__ void run(float (&d)[4], unsigned a0, unsigned a1,
                                              unsigned a2, unsigned a3, unsigned b0,
                                              unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    if constexpr (BF16) {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+          "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+          "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
   }
   static __device__ __forceinline__ unsigned short out(float v) {
     unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
+    if constexpr (BF16) {
+      asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
+    } else {
+      asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
+    }
     return h;
   }
   static __device__ __forceinline__ float in(unsigned short h) {
-    float v;
-    asm("cvt.f32.f16 %0, %1;\n" : "=f"(v) : "h"(h));
-    return v;
-  }
-};
-
-template <> struct mma<1> {
-  static __device__ __forceinline__ void run(float (&d)[4], unsigned a0, unsigned a1,
-                                             unsigned a2, unsigned a3, unsigned b0,
-                                             unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ unsigned short out(float v) {
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
-    return h;
-  }
-  static __device__ __forceinline__ float in(unsigned short h) {
-    return __uint_as_float(static_cast<unsigned>(h) << 16);
+    if constexpr (BF16) {
+      return __uint_as_float(static_cast<unsigned>(h) << 16);
+    } else {
+      float v;
+      asm("cvt.f32.f16 %0, %1;\n" : "=f"(v) : "h"(h));
+      return v;
+    }
   }
 };
 

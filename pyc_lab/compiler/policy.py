@@ -106,13 +106,14 @@ def tuned_lookup(node: Node, graph: Graph) -> str | None:
     problem, _ = tuned_problem(node, graph)
     if problem is None or cupy_status()[0] is None:
         return None
-    from ..kernels.matmul import tuned_config_id, winning_entry
+    from ..kernels.matmul import winning_entry
+    from ..kernels.tuning.result import kernel_config_id
 
     found, why, _ = winning_entry(*problem)
     if found is None:
         return None
     try:
-        return f"{tuned_config_id(found.measurement.config)} ({why})"
+        return f"{kernel_config_id(found.measurement.config)} ({why})"
     except Exception:  # an entry of another kind: not ours to run
         return None
 

@@ -67,7 +67,7 @@ from .tuning.keys import ProblemKey, device_key
 
 __all__ = ["ACTIVATIONS", "DTYPES", "RECHECK_S", "TUNED_DTYPES", "MatmulPlan", "find_tuned",
            "forget", "last_choice", "matmul", "matmul_plan", "operand_layout", "prepare",
-           "tuned_config_id", "tuned_kernel", "winning_entry", "winning_kernel"]
+           "tuned_kernel", "winning_entry", "winning_kernel"]
 
 log = logging.getLogger(__name__)
 
@@ -219,19 +219,6 @@ def tuned_kernel(m: int, n: int, k: int, dtype: str, layout: str,
             _MEMO.clear()
         _MEMO[key] = (kernel, why)
     return kernel, why
-
-
-def tuned_config_id(config: Mapping[str, Any]) -> str:
-    """The id of a tuned entry's kernel configuration (CUTLASS or skinny GEMM).
-
-    Raises
-    ------
-    PycLabError
-        For a configuration of neither kind.
-    """
-    if is_skinny(dict(config)):
-        return SkinnyConfig.from_dict(dict(config)).id
-    return cg.GemmConfig.from_dict(dict(config)).id
 
 
 def _load_skinny(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,

@@ -246,8 +246,8 @@ def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str
                 failed[expr] = f"{type(exc).__name__}: {exc}"[:500]
                 continue
             _FUNCTIONS[key] = fn
-    return {cfg.id: failed[_expression(dtype, nt, cfg)] for cfg in configs
-            if _expression(dtype, nt, cfg) in failed}
+    by_config = {cfg.id: _expression(dtype, nt, cfg) for cfg in configs}
+    return {cid: failed[e] for cid, e in by_config.items() if e in failed}
 
 
 class SkinnyGemm:
@@ -295,10 +295,7 @@ class SkinnyGemm:
         """Whether the kernel takes an ``m x n x k`` problem (layout ``"tn"``)."""
         return not skinny_issue(m, n, k, self.dtype, "tn") and not self.config.issue(m)
 
-    def _check(self, a: Any, b: Any, out: Any, bias: Any) -> tuple[int, int, int]:
-        if bias is not None:
-            raise PycLabError("SkinnyGemm has no bias epilogue (a bias goes through "
-                              "cuBLASLt's fused epilogue)")
+    def _check(self, a: Any, b: Any, out: Any) -> tuple[int, int, int]:
         if a.ndim != 2 or b.ndim != 2 or out.ndim != 2:
             raise PycLabError("SkinnyGemm takes 2-D a, b and out")
         m, k = a.shape
@@ -349,7 +346,7 @@ class SkinnyGemm:
         import cupy as cp
         import numpy as np
 
-        m, n, k = self._check(a, b, out, None)
+        m, n, k = self._check(a, b, out)
         geo = geometry(self.config, m, n, k)
         fn = self._function(m)
         if geo.splits > 1:
@@ -376,7 +373,8 @@ class SkinnyGemm:
         import cupy as cp
 
         if bias is not None:
-            self._check(a, b, out, bias)
+            raise PycLabError("SkinnyGemm has no bias epilogue (a bias goes through "
+                              "cuBLASLt's fused epilogue)")
         if c is not None and c is not out:
             raise PycLabError("SkinnyGemm reads beta's term from out itself (c must be out)")
         s = stream if stream is not None else cp.cuda.get_current_stream()

@@ -23,17 +23,27 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 __all__ = ["ReplayInfo", "ReplayResult", "TuneResult", "candidate_table", "config_name",
-           "is_tuned_winner", "kernel_family", "kernel_rates"]
+           "is_tuned_winner", "kernel_config_id", "kernel_family", "kernel_rates"]
+
+
+def kernel_config_id(config: Mapping[str, Any]) -> str:
+    """A tuned kernel's id: ``256x128x64_c2x1x1_...`` for CUTLASS, ``skinny_rt2_w8_st4_s1``
+    for the skinny GEMM.
+
+    Raises
+    ------
+    PycLabError
+        For a configuration of neither kind.
+    """
+    if is_skinny(dict(config)):
+        return SkinnyConfig.from_dict(dict(config)).id
+    return GemmConfig.from_dict(dict(config)).id
 
 
 def config_name(config: Mapping[str, Any], fallback: str = "") -> str:
-    """A tuned kernel's readable name (``256x128x64_c2x1x1_...`` for CUTLASS,
-    ``skinny_rt2_w8_st4_s1`` for the skinny GEMM), else ``fallback`` (or the
-    measurement's config id)."""
+    """:func:`kernel_config_id`, else ``fallback`` (or the measurement's config id)."""
     try:
-        if is_skinny(dict(config)):
-            return SkinnyConfig.from_dict(dict(config)).id
-        return GemmConfig.from_dict(dict(config)).id
+        return kernel_config_id(config)
     except PycLabError:
         return fallback or Measurement(dict(config), "skipped").config_id
 
