@@ -1,7 +1,8 @@
 """ONNX in: a model (path, bytes or ``ModelProto``) as a Python function ``pl.compile`` traces.
 
 The import reads the graph once and turns it into a program of steps, each an ONNX node
-mapped to a NumPy-style function (:mod:`.onnx_ops`). On the way it
+mapped to a NumPy-style function (the op table of :mod:`.onnx_handlers`, over
+:mod:`.onnx_ops`). On the way it
 
 - folds every ``BatchNormalization`` that follows a ``Conv`` or ``Gemm`` with constant
   weights into that layer (the new weights computed in float64 and rounded once to the
@@ -13,14 +14,13 @@ mapped to a NumPy-style function (:mod:`.onnx_ops`). On the way it
 An op with no mapping raises :class:`~pyc_lab.inference.errors.UnsupportedOpError`
 naming the op and the node, unless onnxruntime is installed and the caller allows it:
 then that node alone runs through onnxruntime as a graph break of the compiled
-function, and ``explain()`` says so.
+function (:mod:`.onnx_fallback`), and ``explain()`` says so.
 """
 
 from __future__ import annotations
 
 import keyword
 import logging
-import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from . import onnx_ops as ops
 from .errors import ModelImportError, UnsupportedOpError
+from .onnx_fallback import graph_break, onnxruntime_module, ort_runner
+from .onnx_handlers import HANDLERS, STATIC_INPUTS, SUPPORTED_OPS, bn_scale_shift, np_dtype
 
 __all__ = ["SUPPORTED_OPS", "ImportedGraph", "TensorSpec", "bn_scale_shift", "import_onnx",
            "read_model"]
@@ -160,18 +161,12 @@ def read_model(model: Any) -> Any:
     return proto
 
 
-def _np_dtype(elem_type: int) -> np.dtype:
-    from onnx import helper
-
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
-
-
 def _spec(value_info: Any) -> TensorSpec:
     t = value_info.type.tensor_type
     dims: list[int | None] = []
     for d in t.shape.dim:
         dims.append(int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else None)
-    return TensorSpec(value_info.name, _np_dtype(t.elem_type), tuple(dims))
+    return TensorSpec(value_info.name, np_dtype(t.elem_type), tuple(dims))
 
 
 def _attrs(node: Any) -> dict[str, Any]:
@@ -192,17 +187,6 @@ def _attrs(node: Any) -> dict[str, Any]:
 
 
 # -- batch norm folding -------------------------------------------------------------------------
-def bn_scale_shift(gamma: np.ndarray, beta: np.ndarray, mean: np.ndarray, var: np.ndarray,
-                   eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """Inference batch norm as ``y = x * scale + shift``, in float64.
-
-    ``scale = gamma / sqrt(var + eps)``, ``shift = beta - mean * scale``.
-    """
-    g, b, m, v = (np.asarray(a, dtype=np.float64) for a in (gamma, beta, mean, var))
-    scale = g / np.sqrt(v + float(eps))
-    return scale, b - m * scale
-
-
 def _fold_batch_norms(nodes: list[Any], consts: dict[str, np.ndarray], outputs: set[str],
                       notes: list[str]) -> list[Any]:
     """Fold BatchNormalization into a preceding Conv/Gemm with constant weights, in place
@@ -267,425 +251,6 @@ def _fold_batch_norms(nodes: list[Any], consts: dict[str, np.ndarray], outputs: 
     return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
 
 
-# -- the op table -----------------------------------------------------------------------------
-def _ints(v: Any) -> list[int]:
-    return [int(i) for i in np.asarray(v).reshape(-1)]
-
-
-def _const(v: Any, what: str) -> np.ndarray:
-    if not isinstance(v, np.ndarray) and not np.isscalar(v):
-        raise ModelImportError(f"{what} must be known when the model is imported (a "
-                               "constant or an initializer); here it is computed from the "
-                               "inputs, which pyc_lab's static-shape import does not take")
-    return np.asarray(v)
-
-
-def _axes(args: list[Any], attrs: dict[str, Any], what: str) -> list[int] | None:
-    if len(args) > 1 and args[1] is not None:
-        return _ints(_const(args[1], f"{what}'s axes"))
-    return _ints(attrs["axes"]) if "axes" in attrs else None
-
-
-def _pool_attrs(attrs: dict[str, Any], op: str, node: str) -> dict[str, Any]:
-    if int(attrs.get("ceil_mode", 0)):
-        raise UnsupportedOpError(f"{op} node {node!r}: ceil_mode=1 is not supported; "
-                                 "export the model with ceil_mode=0 (floor)")
-    _no_auto_pad(attrs, op, node)
-    return {"strides": attrs.get("strides"), "pads": attrs.get("pads"),
-            "dilations": attrs.get("dilations")}
-
-
-def _no_auto_pad(attrs: dict[str, Any], op: str, node: str) -> None:
-    if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise UnsupportedOpError(f"{op} node {node!r}: auto_pad={attrs['auto_pad']!r} is "
-                                 "not supported; export the model with explicit pads")
-
-
-def _conv(args, attrs, op, node, opset):
-    _no_auto_pad(attrs, op, node)
-    return ops.conv(args[0], args[1], args[2] if len(args) > 2 else None,
-                    strides=attrs.get("strides"), pads=attrs.get("pads"),
-                    dilations=attrs.get("dilations"), group=int(attrs.get("group", 1)))
-
-
-def _gemm(args, attrs, op, node, opset):
-    return ops.gemm(args[0], args[1], args[2] if len(args) > 2 else None,
-                    alpha=float(attrs.get("alpha", 1.0)), beta=float(attrs.get("beta", 1.0)),
-                    trans_a=bool(attrs.get("transA", 0)), trans_b=bool(attrs.get("transB", 0)))
-
-
-def _batch_norm(args, attrs, op, node, opset):
-    x, *params = args
-    consts = [_const(p, f"{op} {node!r}'s statistics") for p in params[:4]]
-    scale, shift = bn_scale_shift(*consts, float(attrs.get("epsilon", 1e-5)))
-    dt = np.dtype(x.dtype)
-    return ops.batch_norm(x, scale.astype(dt), shift.astype(dt))
-
-
-def _max_pool(args, attrs, op, node, opset):
-    return ops.max_pool(args[0], attrs["kernel_shape"], **_pool_attrs(attrs, op, node))
-
-
-def _avg_pool(args, attrs, op, node, opset):
-    return ops.average_pool(args[0], attrs["kernel_shape"],
-                            count_include_pad=bool(attrs.get("count_include_pad", 0)),
-                            **_pool_attrs(attrs, op, node))
-
-
-def _softmax(args, attrs, op, node, opset):
-    return ops.softmax(args[0], int(attrs.get("axis", -1 if opset >= 13 else 1)), opset)
-
-
-def _layer_norm(args, attrs, op, node, opset):
-    return ops.layer_norm(args[0], args[1] if len(args) > 1 else None,
-                          args[2] if len(args) > 2 else None, axis=int(attrs.get("axis", -1)),
-                          eps=float(attrs.get("epsilon", 1e-5)))
-
-
-def _reduce_mean(args, attrs, op, node, opset):
-    return ops.reduce_mean(args[0], _axes(args, attrs, op), bool(attrs.get("keepdims", 1)),
-                           bool(attrs.get("noop_with_empty_axes", 0)))
-
-
-def _reduce_sum(args, attrs, op, node, opset):
-    axes = _axes(args, attrs, op)
-    if not axes:
-        if attrs.get("noop_with_empty_axes", 0):
-            return args[0]
-        axes = list(range(args[0].ndim))
-    return np.sum(args[0], axis=tuple(int(a) % args[0].ndim for a in axes),
-                  keepdims=bool(attrs.get("keepdims", 1)))
-
-
-def _reshape(args, attrs, op, node, opset):
-    return ops.reshape(args[0], _ints(_const(args[1], f"Reshape {node!r}'s shape")),
-                       bool(attrs.get("allowzero", 0)))
-
-
-def _transpose(args, attrs, op, node, opset):
-    perm = attrs.get("perm")
-    return np.transpose(args[0], None if perm is None else tuple(int(p) for p in perm))
-
-
-def _squeeze(args, attrs, op, node, opset):
-    axes = _axes(args, attrs, op)
-    return np.squeeze(args[0], axis=None if axes is None else tuple(axes))
-
-
-def _unsqueeze(args, attrs, op, node, opset):
-    x = args[0]
-    axes = _axes(args, attrs, op) or []
-    ndim = x.ndim + len(axes)
-    for a in sorted(int(a) % ndim for a in axes):
-        x = np.expand_dims(x, a)
-    return x
-
-
-def _constant(args, attrs, op, node, opset):
-    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
-        if key in attrs:
-            v = attrs[key]
-            if key.startswith("value_float"):
-                return np.asarray(v, dtype=np.float32)
-            if key.startswith("value_int"):
-                return np.asarray(v, dtype=np.int64)
-            return np.asarray(v)
-    raise UnsupportedOpError(f"Constant node {node!r}: only value/value_float(s)/value_int(s) "
-                             "attributes are supported")
-
-
-def _constant_of_shape(args, attrs, op, node, opset):
-    shape = _ints(_const(args[0], f"ConstantOfShape {node!r}'s shape"))
-    value = attrs.get("value")
-    fill = np.asarray(0.0, np.float32) if value is None else np.asarray(value).reshape(-1)[0]
-    return np.full(tuple(shape), fill, dtype=np.asarray(fill).dtype)
-
-
-def _cast(args, attrs, op, node, opset):
-    return args[0].astype(_np_dtype(int(attrs["to"])))
-
-
-def _clip(args, attrs, op, node, opset):
-    x = args[0]
-    lo = args[1] if len(args) > 1 and args[1] is not None else attrs.get("min")
-    hi = args[2] if len(args) > 2 and args[2] is not None else attrs.get("max")
-    if lo is not None:
-        x = np.maximum(x, np.asarray(_const(lo, "Clip's min"), dtype=np.dtype(x.dtype)))
-    if hi is not None:
-        x = np.minimum(x, np.asarray(_const(hi, "Clip's max"), dtype=np.dtype(x.dtype)))
-    return x
-
-
-def _leaky_relu(args, attrs, op, node, opset):
-    x = args[0]
-    alpha = np.dtype(x.dtype).type(attrs.get("alpha", 0.01))
-    return np.where(x < 0, x * alpha, x)
-
-
-def _prelu(args, attrs, op, node, opset):
-    x, slope = args
-    if x.ndim > 2 and slope.ndim == 1 and slope.shape[0] == x.shape[1] != x.shape[-1]:
-        # a per-channel slope (what older exporters write) broadcasts over axis 1
-        slope = np.reshape(slope, (-1,) + (1,) * (x.ndim - 2))
-    return np.where(x < 0, x * slope, x)
-
-
-def _elu(args, attrs, op, node, opset):
-    x = args[0]
-    alpha = np.dtype(x.dtype).type(attrs.get("alpha", 1.0))
-    return np.where(x < 0, alpha * (np.exp(np.minimum(x, 0)) - 1), x)
-
-
-def _selu(args, attrs, op, node, opset):
-    x = args[0]
-    dt = np.dtype(x.dtype).type
-    alpha = dt(attrs.get("alpha", 1.67326319217681884765625))
-    gamma = dt(attrs.get("gamma", 1.05070102214813232421875))
-    return gamma * np.where(x < 0, alpha * (np.exp(np.minimum(x, 0)) - 1), x)
-
-
-def _log_softmax(args, attrs, op, node, opset):
-    x = args[0]
-    axis = int(attrs.get("axis", -1 if opset >= 13 else 1))
-    if opset >= 13:
-        return ops.log_softmax(x, axis)
-    axis %= x.ndim
-    shape = tuple(x.shape)
-    flat = np.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
-    return np.reshape(ops.log_softmax(flat, -1), shape)
-
-
-def _pad(args, attrs, op, node, opset):
-    mode = attrs.get("mode", "constant")
-    if mode != "constant":
-        raise UnsupportedOpError(f"Pad node {node!r}: mode {mode!r} is not supported (only "
-                                 "'constant')")
-    x = args[0]
-    if len(args) > 1 and args[1] is not None:
-        pads = _ints(_const(args[1], f"Pad {node!r}'s pads"))
-    else:
-        pads = _ints(attrs["pads"])
-    value = 0.0
-    if len(args) > 2 and args[2] is not None:
-        value = float(_const(args[2], f"Pad {node!r}'s value"))
-    elif "value" in attrs:
-        value = float(attrs["value"])
-    if len(args) > 3 and args[3] is not None:  # axes (opset 18)
-        axes = [int(a) % x.ndim for a in _ints(_const(args[3], f"Pad {node!r}'s axes"))]
-        full = [0] * (2 * x.ndim)
-        for k, a in enumerate(axes):
-            full[a], full[a + x.ndim] = pads[k], pads[k + len(axes)]
-        pads = full
-    return ops.pad(x, pads, value)
-
-
-def _slice(args, attrs, op, node, opset):
-    x = args[0]
-    if opset >= 10:
-        starts = _ints(_const(args[1], f"Slice {node!r}'s starts"))
-        ends = _ints(_const(args[2], f"Slice {node!r}'s ends"))
-        axes = _ints(_const(args[3], "Slice's axes")) if len(args) > 3 and \
-            args[3] is not None else list(range(len(starts)))
-        steps = _ints(_const(args[4], "Slice's steps")) if len(args) > 4 and \
-            args[4] is not None else [1] * len(starts)
-    else:
-        starts, ends = _ints(attrs["starts"]), _ints(attrs["ends"])
-        axes = _ints(attrs.get("axes", list(range(len(starts)))))
-        steps = [1] * len(starts)
-    index = [slice(None)] * x.ndim
-    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
-        index[a % x.ndim] = slice(s, e, st)  # NumPy clamps as ONNX does
-    return x[tuple(index)]
-
-
-def _split(args, attrs, op, node, opset):
-    x = args[0]
-    axis = int(attrs.get("axis", 0)) % x.ndim
-    if len(args) > 1 and args[1] is not None:
-        sizes = _ints(_const(args[1], f"Split {node!r}'s sizes"))
-    elif "split" in attrs:
-        sizes = _ints(attrs["split"])
-    else:
-        n = int(attrs.get("num_outputs", attrs["_outputs"]))
-        size = -(-x.shape[axis] // n)
-        sizes = [min(size, x.shape[axis] - k * size) for k in range(n)]
-    out, start = [], 0
-    for size in sizes:
-        index = [slice(None)] * x.ndim
-        index[axis] = slice(start, start + size)
-        out.append(x[tuple(index)])
-        start += size
-    return tuple(out)
-
-
-def _variadic(fn: Callable[[Any, Any], Any]) -> Callable[..., Any]:
-    def run(args, attrs, op, node, opset):
-        out = args[0]
-        for a in args[1:]:
-            out = fn(out, a)
-        return out
-
-    return run
-
-
-def _unary(fn: Callable[[Any], Any]) -> Callable[..., Any]:
-    return lambda args, attrs, op, node, opset: fn(args[0])
-
-
-def _binary(fn: Callable[[Any, Any], Any]) -> Callable[..., Any]:
-    return lambda args, attrs, op, node, opset: fn(args[0], args[1])
-
-
-def _shape(args, attrs, op, node, opset):
-    shape = np.asarray(args[0].shape, dtype=np.int64)
-    start, end = attrs.get("start", 0), attrs.get("end")
-    return shape[start:end]
-
-
-def _gather(args, attrs, op, node, opset):
-    # constant indices into shapes fold at import; indices computed from the inputs (an
-    # embedding lookup) make np.take a graph break that runs as NumPy/CuPy at every call
-    return np.take(args[0], args[1], axis=int(attrs.get("axis", 0)))
-
-
-def _concat(args, attrs, op, node, opset):
-    return np.concatenate([a for a in args if a is not None], axis=int(attrs["axis"]))
-
-
-def _flatten(args, attrs, op, node, opset):
-    return ops.flatten(args[0], int(attrs.get("axis", 1)))
-
-
-_HANDLERS: dict[str, Callable[..., Any]] = {
-    "Gemm": _gemm,
-    "MatMul": _binary(np.matmul),
-    "Conv": _conv,
-    "BatchNormalization": _batch_norm,
-    "Relu": _unary(lambda x: ops.F.relu(x)),
-    "Gelu": lambda args, attrs, op, node, opset: ops.gelu(args[0],
-                                                         attrs.get("approximate", "none")),
-    "Sigmoid": _unary(lambda x: ops.F.sigmoid(x)),
-    "Tanh": _unary(np.tanh),
-    "Softmax": _softmax,
-    "LayerNormalization": _layer_norm,
-    "Add": _binary(np.add),
-    "Sub": _binary(np.subtract),
-    "Mul": _binary(np.multiply),
-    "Div": _binary(np.divide),
-    "Pow": _binary(np.power),
-    "Max": _variadic(np.maximum),
-    "Min": _variadic(np.minimum),
-    "Sum": _variadic(np.add),
-    "Exp": _unary(np.exp),
-    "Log": _unary(np.log),
-    "Sqrt": _unary(np.sqrt),
-    "Neg": _unary(np.negative),
-    "Abs": _unary(np.abs),
-    "Reciprocal": _unary(np.reciprocal),
-    "Erf": _unary(ops.erf),
-    "LeakyRelu": _leaky_relu,
-    "Clip": _clip,
-    "Reshape": _reshape,
-    "PRelu": _prelu,
-    "Elu": _elu,
-    "Selu": _selu,
-    "Softplus": _unary(ops.softplus),
-    "LogSoftmax": _log_softmax,
-    "Pad": _pad,
-    "Slice": _slice,
-    "Split": _split,
-    "Flatten": _flatten,
-    "Transpose": _transpose,
-    "Concat": _concat,
-    "Squeeze": _squeeze,
-    "Unsqueeze": _unsqueeze,
-    "MaxPool": _max_pool,
-    "AveragePool": _avg_pool,
-    "GlobalAveragePool": _unary(ops.global_average_pool),
-    "ReduceMean": _reduce_mean,
-    "ReduceSum": _reduce_sum,
-    "Identity": _unary(lambda x: x),
-    "Dropout": _unary(lambda x: x),
-    "Constant": _constant,
-    "ConstantOfShape": _constant_of_shape,
-    "Cast": _cast,
-    "Shape": _shape,
-    "Gather": _gather,
-}
-
-#: The ONNX ops (default domain) the importer maps onto pyc_lab's compiler.
-SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(_HANDLERS))
-
-#: Inputs that must be constants (Python values in the program, never traced).
-_STATIC_INPUTS: dict[str, set[int]] = {
-    "Reshape": {1}, "ReduceMean": {1}, "ReduceSum": {1}, "Squeeze": {1}, "Unsqueeze": {1},
-    "Clip": {1, 2},
-    "BatchNormalization": {1, 2, 3, 4}, "Gather": {1}, "ConstantOfShape": {0},
-    "Pad": {1, 2, 3}, "Slice": {1, 2, 3, 4}, "Split": {1},
-}
-
-
-# -- graph breaks through onnxruntime -------------------------------------------------------------
-def _onnxruntime() -> Any | None:
-    try:
-        import onnxruntime
-    except ImportError:
-        return None
-    return onnxruntime
-
-
-def _ort_runner(node: Any, opset: int, ir_version: int) -> Callable[..., Any]:
-    """A function running one ONNX node through onnxruntime (a session per input
-    signature, built on first use)."""
-    from onnx import helper
-
-    sessions: dict[tuple, Any] = {}
-    names = [i for i in node.input if i]  # the inputs given (optional ones may be empty)
-
-    def run(*arrays: Any) -> Any:
-        host = [a.get() if hasattr(a, "get") and type(a).__module__.startswith("cupy")
-                else np.asarray(a) for a in arrays]
-        key = tuple((a.shape, a.dtype.str) for a in host)
-        sess = sessions.get(key)
-        if sess is None:
-            ort = _onnxruntime()
-            inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype),
-                                                    a.shape)
-                      for n, a in zip(names, host, strict=True)]
-            outputs = [helper.make_empty_tensor_value_info(o)
-                       for o in node.output if o]
-            g = helper.make_graph([node], "break", inputs, outputs)
-            m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-            m.ir_version = ir_version
-            sess = ort.InferenceSession(m.SerializeToString(),
-                                        providers=["CPUExecutionProvider"])
-            sessions[key] = sess
-        feed = dict(zip(names, host, strict=True))
-        outs = sess.run(None, feed)
-        if arrays and type(arrays[0]).__module__.startswith("cupy"):
-            import cupy
-
-            outs = [cupy.asarray(o) for o in outs]
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    return run
-
-
-def _graph_break(fn: Callable[..., Any], op: str, node: str) -> Callable[..., Any]:
-    from ..compiler.proxy import Traced
-
-    reason = f"ONNX op {op} (node {node!r}) has no pyc_lab mapping: it runs in onnxruntime"
-
-    def handler(args, attrs, op_, node_, opset):
-        present = [a for a in args if a is not None]
-        traced = next((a for a in present if isinstance(a, Traced)), None)
-        if traced is not None:
-            return traced.tracer.eager(fn, tuple(present), {}, reason)
-        return fn(*present)
-
-    return handler
-
-
 # -- the import ------------------------------------------------------------------------------
 def _evaluate_constants(nodes: list[Any], consts: dict[str, np.ndarray],
                         opset: int) -> tuple[list[Any], int]:
@@ -694,7 +259,7 @@ def _evaluate_constants(nodes: list[Any], consts: dict[str, np.ndarray],
     ``consts``; returns the nodes left and how many were computed."""
     left, done = [], 0
     for index, node in enumerate(nodes):
-        fn = _HANDLERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        fn = HANDLERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         if fn is None or not all(not i or i in consts for i in node.input):
             left.append(node)
             continue
@@ -769,10 +334,10 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True) -> ImportedGra
     for index, node in enumerate(nodes):
         name = node.name or f"{node.op_type}_{index}"
         op = node.op_type
-        fn = None if node.domain not in ("", "ai.onnx") else _HANDLERS.get(op)
+        fn = None if node.domain not in ("", "ai.onnx") else HANDLERS.get(op)
         attrs = _attrs(node)
         if fn is None:
-            ort = _onnxruntime() if onnxruntime_fallback else None
+            ort = onnxruntime_module() if onnxruntime_fallback else None
             if ort is None:
                 why = ("onnxruntime_fallback=False" if onnxruntime_fallback is False
                        else "onnxruntime is not installed")
@@ -781,7 +346,7 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True) -> ImportedGra
                     f"not supported by pyc_lab's importer and {why}. Supported ops: "
                     f"{', '.join(SUPPORTED_OPS)}. Install onnxruntime to run such nodes "
                     "as graph breaks, or replace the op in the model")
-            fn = _graph_break(_ort_runner(node, opset, proto.ir_version), op, name)
+            fn = graph_break(ort_runner(node, opset, proto.ir_version), op, name)
             breaks.append((op, name))
             notes.append(f"{op} node {name!r} has no pyc_lab mapping: it runs through "
                          "onnxruntime (a graph break)")
@@ -811,7 +376,7 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True) -> ImportedGra
     weight_names: list[str] = []
     static_names: set[str] = set()
     for step in steps:
-        static = _STATIC_INPUTS.get(step.op, set())
+        static = STATIC_INPUTS.get(step.op, set())
         for pos, i in enumerate(step.inputs):
             if i and i in consts:
                 if pos in static or consts[i].dtype.kind not in "fc":

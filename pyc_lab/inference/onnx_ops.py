@@ -218,7 +218,7 @@ def batch_norm(x: Any, scale: Any, shift: Any) -> Any:
     """Inference ``BatchNormalization`` as a per-channel affine map (axis 1).
 
     ``scale = gamma / sqrt(var + eps)`` and ``shift = beta - mean * scale`` are computed
-    once at import (see :func:`pyc_lab.inference.onnx_import.bn_scale_shift`).
+    once at import (see :func:`pyc_lab.inference.onnx_handlers.bn_scale_shift`).
     """
     shape = (-1,) + (1,) * (x.ndim - 2)
     return x * np.reshape(scale, shape) + np.reshape(shift, shape)
