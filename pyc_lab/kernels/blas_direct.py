@@ -34,7 +34,7 @@ from ..errors import PycLabError
 from .blas_layout import OP_N, OP_T, BlasGemm
 
 __all__ = ["CUDA_DTYPES", "OPERAND_DTYPES", "WORKSPACE_BYTES", "CublasGemm", "LtGemm",
-           "alignment", "race", "workspace"]
+           "alignment", "private_workspace", "race", "workspace"]
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,27 @@ def _synchronise(device: int, stream: int) -> None:
         log.debug("synchronising stream %#x before freeing its workspace: %s", stream, exc)
 
 
+def private_workspace(nbytes: int = WORKSPACE_BYTES) -> Any:
+    """A cuBLAS workspace owned by the caller, outside the shared table, with this
+    device's cuBLAS handle made now.
+
+    A CUDA graph that records direct cuBLAS calls keeps their workspace pointer, so the
+    program holding the graph must own that workspace for as long as it may be replayed:
+    the shared table (:func:`workspace`) frees the oldest of more than
+    :data:`MAX_STREAMS` streams, and a program's capture stream is its own. Neither the
+    handle nor the workspace may be made during a capture, so both are made here, before.
+
+    Returns
+    -------
+    cupy.cuda.Memory
+        Pass ``(mem.ptr, mem.size)`` as the ``workspace`` of :meth:`CublasGemm.__call__`.
+    """
+    import cupy as cp
+
+    _cublas(_device())
+    return cp.cuda.Memory(max(WORKSPACE_BYTES, int(nbytes)))
+
+
 class _Cublas:
     """A cuBLAS handle of one device and the stream and workspace it is set to."""
 
@@ -149,8 +170,8 @@ class _Cublas:
         self.handle = cublas.create()
         self.bound: tuple[int, int, int] = (-1, 0, 0)
 
-    def on(self, device: int, stream: int) -> int:
-        ws, size = workspace(device, stream)
+    def on(self, device: int, stream: int, own: tuple[int, int] | None = None) -> int:
+        ws, size = own if own is not None else workspace(device, stream)
         if (stream, ws, size) != self.bound:
             self.lib.set_stream(self.handle, stream)
             self.lib.set_workspace(self.handle, ws, size)
@@ -210,12 +231,17 @@ class CublasGemm:
         self._type = CUDA_DTYPES[dtype]
         self._algo = ALGO_DEFAULT if dtype == "float64" else ALGO_TENSOR_OP
 
-    def __call__(self, a_ptr: int, b_ptr: int, out_ptr: int, stream: int) -> None:
-        """Launch on ``stream`` (a ``cudaStream_t``) of the current device; no sync."""
+    def __call__(self, a_ptr: int, b_ptr: int, out_ptr: int, stream: int,
+                 workspace: tuple[int, int] | None = None) -> None:
+        """Launch on ``stream`` (a ``cudaStream_t``) of the current device; no sync.
+
+        ``workspace`` ``(pointer, bytes)``: one the caller owns
+        (:func:`private_workspace`) instead of the stream's entry in the shared table.
+        """
         g, t = self.gemm, self._type
         device = _device()
         h = _cublas(device)
-        handle = h.on(device, stream)
+        handle = h.on(device, stream, workspace)
         if g.batch == 1:
             h.lib.gemm_ex(handle, g.op_a, g.op_b, g.m, g.n, g.k, self._pa,
                           b_ptr, t, g.lda, a_ptr, t, g.ldb, self._pb, out_ptr, t, g.ldc,

@@ -10,7 +10,12 @@ array allocated once, viewed with each node's dtype and shape.
 
 **CUDA graphs.** With ``cuda_graph=True`` the first call runs normally (compiling and
 warming up), the second captures the launch list once (:mod:`.graphs`: CUDA graphs,
-with the library calls between them), and that call and every later one replay it. If
+with the library calls between them; inputs at the same address as in the first call
+are read in place, the others copied at each replay, and an input read in place that
+moves later costs one call kernel by kernel and a new capture), and that call and
+every later one replay it. Small GEMMs whose epilogue cuBLASLt would fuse run as cuBLAS
+plus a generated epilogue instead, so that they are recorded into the graph too
+(:data:`~.lowering.GRAPH_EPILOGUE_ELEMENTS`). If
 the capture fails (an eager node that synchronises, say), calls run normally and the
 reason is kept in :attr:`CupyExecutable.graph_capture_error`.
 """
@@ -25,7 +30,7 @@ import numpy as np
 
 from ...errors import PycLabError
 from ..ir import Graph, Node
-from .graphs import CaptureError, GraphProgram, capture
+from .graphs import CaptureError, GraphProgram, Rebind, capture
 from .lowering import IMPLS, lower
 from .steps import _KernelStep, _MatmulStep, _Step
 
@@ -80,9 +85,14 @@ class CupyExecutable:
         self._consts: dict[int, Any] = {}
         self._prepared = False
         self._program: GraphProgram | None = None
+        #: Where each input was in the last call (address, strides), and the inputs seen
+        #: to move after a capture read them in place (copied from then on).
+        self._last_places: list[tuple[int, tuple]] | None = None
+        self._moved: set[int] = set()
         self._buffer_bytes = list(getattr(plan, "buffer_bytes", []) or []) \
             if plan is not None else []
-        launch = lower(graph, self.impl, plan, tune_gemms=self.tune_gemms)
+        launch = lower(graph, self.impl, plan, tune_gemms=self.tune_gemms,
+                       cuda_graph=self.cuda_graph)
         self._steps: list[_Step] = launch.steps
         self._kernels: list[dict[str, Any]] = launch.kernels
         self._copy_outputs: list[bool] = launch.copy_outputs
@@ -179,18 +189,31 @@ class CupyExecutable:
         self._prepare()
         args = self._check_args(list(args))
         self.calls += 1
-        if self.cuda_graph and self.graph_capture_error is None and self.calls >= 2:
-            if self._program is None:
-                self._capture()
+        if self.cuda_graph and self.graph_capture_error is None:
+            places = [(a.data.ptr, a.strides) for a in args]
+            if self.calls >= 2 and self._program is None:
+                self._capture(args, places)
+            self._last_places = places
             if self._program is not None:
-                return self._program.replay(args)
+                try:
+                    return self._program.replay(args)
+                except Rebind as moved:  # copy those inputs from now on
+                    self._moved.update(moved.positions)
+                    self._program = None
         return self._finish(self._execute(args))
 
     # -- CUDA graph ----------------------------------------------------------------------------
-    def _capture(self) -> None:
-        """Capture the replay program once; on failure keep the reason and run normally."""
+    def _capture(self, args: Sequence[Any], places: list[tuple[int, tuple]]) -> None:
+        """Capture the replay program once; on failure keep the reason and run normally.
+
+        Inputs passed at the same address and strides as in the call before (and never
+        seen to move) are read in place by the graphs; the others are copied into static
+        buffers at every replay."""
+        in_place = [k for k, place in enumerate(places)
+                    if k not in self._moved and self._last_places is not None
+                    and self._last_places[k] == place]
         try:
-            program = capture(self)
+            program = capture(self, args, in_place)
         except CaptureError as exc:
             self.graph_capture_error = str(exc)
             log.warning("CUDA graph capture of %s failed (%s); running kernel by kernel",

@@ -1,30 +1,40 @@
 """CUDA graphs: the launch list captured once as a replay program, then replayed.
 
-CuPy refuses cuBLAS calls while a stream captures, and the cuBLASLt and CUTLASS steps
-are library calls too, so the launch list is split into *segments* (:func:`segments`):
-runs of capturable steps (generated kernels, CuPy calls), each captured into one CUDA
-graph, and the library calls between them, each kept as a call on static arrays (its
-epilogue included, see :meth:`~.steps._Step.static_call`).
+Every generated kernel and CuPy call is recorded into a CUDA graph, and so is a GEMM
+whose step offers a direct form (:meth:`~.steps._MatmulStep.graph_call`: cuBLAS issued
+straight through nvmath-python's bindings with the capture stream's own workspace, made
+before the capture). CuPy refuses its own cuBLAS calls while a stream captures, and the
+cuBLASLt and CUTLASS steps are library calls whose host adapters run between graphs, so
+the launch list is split into *segments* around those (:func:`segments` says which
+steps can be recorded as they are): runs of recordable steps, each one CUDA graph, and
+the library calls between them, each kept as a call on static arrays (its epilogue
+included, see :meth:`~.steps._Step.static_call`).
 
 :func:`capture` records the program on a non-blocking stream
-(``cupy.cuda.Stream(non_blocking=True)``, ``begin_capture``/``end_capture``), reading
-static input buffers and allocating from a private memory pool that stays alive with
-the program. :meth:`GraphProgram.replay` copies the arguments into the static inputs,
-replays the graphs and calls in order on the current stream and copies the outputs out
-to fresh arrays.
+(``cupy.cuda.Stream(non_blocking=True)``, ``begin_capture``/``end_capture``), allocating
+from a private memory pool that stays alive with the program. Inputs are read from
+static buffers that :meth:`GraphProgram.replay` copies the arguments into — except the
+inputs passed at the same address in the two calls before the capture (a model's
+weights, as torch's CUDA graphs treat parameters): the graphs read those in place, so a
+replay copies nothing for them and sees their current values. A replay given such an
+input at another address raises :class:`Rebind`; the executable then runs that call
+kernel by kernel and captures again with the input copied.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ...errors import PycLabError
 from .steps import Executor, _Step
 
-__all__ = ["CaptureError", "GraphProgram", "capture", "segments"]
+__all__ = ["CaptureError", "GraphProgram", "Rebind", "capture", "segments"]
+
+log = logging.getLogger(__name__)
 
 
 class GraphHost(Executor, Protocol):
@@ -37,6 +47,20 @@ class GraphHost(Executor, Protocol):
 
 class CaptureError(PycLabError):
     """The launch list could not be captured into CUDA graphs."""
+
+
+class Rebind(Exception):
+    """A replay got an input the graphs read in place at another address.
+
+    Attributes
+    ----------
+    positions
+        The inputs that moved (to be copied into static buffers from now on).
+    """
+
+    def __init__(self, positions: list[int]) -> None:
+        super().__init__(f"inputs {positions} moved since the capture")
+        self.positions = positions
 
 
 def segments(steps: Sequence[_Step]) -> list[tuple[str, list[_Step]]]:
@@ -88,6 +112,10 @@ class GraphProgram:
     outputs: list[int]
     pool: Any
     stream: Any
+    #: Inputs read in place: position -> (pointer, strides) they were captured at.
+    bound: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    #: What the recorded calls point at besides values (the direct GEMMs' workspace).
+    keep: list[Any] = field(default_factory=list)
 
     @property
     def graph_count(self) -> int:
@@ -95,10 +123,23 @@ class GraphProgram:
         return sum(1 for kind, _ in self.program if kind == "graph")
 
     def replay(self, args: Sequence[Any]) -> list[Any]:
-        """Run the program on ``args`` on the current stream; fresh output arrays."""
+        """Run the program on ``args`` on the current stream; fresh output arrays.
+
+        Raises
+        ------
+        Rebind
+            An input read in place was passed at another address (nothing was run).
+        """
         cp = self.cp
+        if self.bound:
+            moved = [i for i, (ptr, strides) in self.bound.items()
+                     if args[i].data.ptr != ptr or args[i].strides != strides]
+            if moved:
+                raise Rebind(moved)
         stream = cp.cuda.get_current_stream()
         for dst, src in zip(self.static_inputs, args, strict=True):
+            if dst is None:  # read in place
+                continue
             if src.flags.c_contiguous:  # one cudaMemcpyAsync, no kernel
                 dst.data.copy_from_device_async(src.data, src.nbytes, stream)
             else:
@@ -120,10 +161,20 @@ class GraphProgram:
         return outs
 
 
-def capture(exe: GraphHost) -> GraphProgram:
+def capture(exe: GraphHost, args: Sequence[Any] | None = None,
+            in_place: Sequence[int] = ()) -> GraphProgram:
     """Record ``exe``'s launch list once as a replay program on static memory.
 
     The executable must be prepared (kernels compiled, constants uploaded).
+
+    Parameters
+    ----------
+    exe
+        The executable.
+    args, in_place
+        The arguments of the call that captures, and the positions among them to read
+        in place (the graphs keep their addresses; the program keeps the arrays alive).
+        Every other input gets a static buffer.
 
     Raises
     ------
@@ -134,45 +185,91 @@ def capture(exe: GraphHost) -> GraphProgram:
     """
     cp = exe._cp
     graph = exe.graph
-    static_in = [cp.empty(graph.node(i).shape, dtype=graph.node(i).dtype)
-                 for i in graph.inputs]
-    for a in static_in:
-        a.fill(0)  # recording reads nothing, but keep the buffers defined
+    read_in_place = set(in_place) if args is not None else set()
+    static_in: list[Any] = []
+    inputs: list[Any] = []
+    bound: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for k, nid in enumerate(graph.inputs):
+        if k in read_in_place:
+            static_in.append(None)
+            inputs.append(args[k])
+            bound[k] = (args[k].data.ptr, tuple(args[k].strides))
+            continue
+        buf = cp.empty(graph.node(nid).shape, dtype=graph.node(nid).dtype)
+        buf.fill(0)  # recording reads nothing, but keep the buffers defined
+        static_in.append(buf)
+        inputs.append(buf)
     pool = cp.cuda.MemoryPool()
     stream = cp.cuda.Stream(non_blocking=True)
-    values: dict[int, Any] = dict(zip(graph.inputs, static_in, strict=True))
+    values: dict[int, Any] = dict(zip(graph.inputs, inputs, strict=True))
     values.update(exe._consts)
     program: list[tuple[str, Any]] = []
+    owned: list[Any] = []
     try:
-        _record(exe, values, program, pool, stream)
+        _record(exe, values, program, pool, stream, owned)
     except Exception as exc:
         raise CaptureError(f"{type(exc).__name__}: {exc}") from exc
-    return GraphProgram(cp=cp, program=program, static_inputs=static_in, values=values,
-                        outputs=list(graph.outputs), pool=pool, stream=stream)
+    # the inputs read in place stay alive as long as the program
+    in_place_values = {graph.inputs[k]: args[k] for k in read_in_place}
+    return GraphProgram(cp=cp, program=program, static_inputs=static_in,
+                        values={**values, **in_place_values}, outputs=list(graph.outputs),
+                        pool=pool, stream=stream, bound=bound, keep=owned)
+
+
+def _direct_blas_workspace(owned: list[Any]) -> tuple[int, int] | None:
+    """The ``(pointer, bytes)`` of a cuBLAS workspace the program owns (appended to
+    ``owned``; the device's handle made too), made now, outside the capture, for the
+    direct cuBLAS calls recorded into its graphs; ``None`` without nvmath-python."""
+    from ...kernels import blas_direct, cublaslt
+
+    if not cublaslt.status()[0]:
+        return None
+    try:
+        mem = blas_direct.private_workspace()
+    except Exception as exc:  # no handle: the GEMMs stay calls between graphs
+        log.debug("direct cuBLAS calls not recorded: %s", exc)
+        return None
+    owned.append(mem)
+    return mem.ptr, mem.size
 
 
 def _record(exe: GraphHost, values: dict[int, Any], program: list[tuple[str, Any]],
-            pool: Any, stream: Any) -> None:
-    """Run the launch list once on ``stream``, capturing each segment of capturable steps
-    into a CUDA graph and keeping each library call as a call on the static arrays."""
+            pool: Any, stream: Any, owned: list[Any]) -> None:
+    """Run the launch list once on ``stream``, capturing each run of recordable steps
+    (capturable ones, and GEMMs with a direct form) into a CUDA graph and keeping each
+    other library call as a call on the static arrays."""
     cp = exe._cp
     with cp.cuda.using_allocator(pool.malloc), stream:
-        for kind, steps in segments(exe._steps):
-            if kind == "call":
-                (step,) = steps
-                program.append(("call", step.static_call(exe, values)))
+        workspace = _direct_blas_workspace(owned)
+        capturing = False
+        try:
+            for step in exe._steps:
+                call = None
+                if not step.capturable and workspace is not None \
+                        and hasattr(step, "graph_call"):
+                    call = step.graph_call(exe, values, workspace)
+                if step.capturable or call is not None:
+                    if not capturing:
+                        stream.begin_capture()
+                        capturing = True
+                    if call is not None:
+                        call()
+                    else:
+                        step.run(exe, values)
+                else:
+                    if capturing:
+                        program.append(("graph", stream.end_capture()))
+                        capturing = False
+                    program.append(("call", step.static_call(exe, values)))
                 _release(step, values)
-                continue
-            stream.begin_capture()
-            try:
-                for step in steps:
-                    step.run(exe, values)
-                    _release(step, values)
+            if capturing:
                 program.append(("graph", stream.end_capture()))
-            except BaseException:
+                capturing = False
+        except BaseException:
+            if capturing:
                 with contextlib.suppress(Exception):  # leave capture mode
                     stream.end_capture()
-                raise
+            raise
 
 
 def _release(step: _Step, values: dict[int, Any]) -> None:

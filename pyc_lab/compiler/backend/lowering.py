@@ -98,8 +98,16 @@ class LaunchList:
     fallbacks: dict[int, str] = field(default_factory=dict)
 
 
+#: With CUDA graphs, a GEMM whose epilogue cuBLASLt would fuse runs as cuBLAS called
+#: directly plus a generated epilogue, recorded into the graph with the kernels around
+#: it, when its output has at most this many elements: cuBLASLt's fused call runs
+#: between graphs for tens of microseconds of host time, more than the epilogue's extra
+#: pass over an output this size (8 MiB of float16) costs the GPU.
+GRAPH_EPILOGUE_ELEMENTS = 1 << 22
+
+
 def lower(graph: Graph, impl: dict[int, str], plan: Any = None, *,
-          tune_gemms: bool = False) -> LaunchList:
+          tune_gemms: bool = False, cuda_graph: bool = False) -> LaunchList:
     """The launch list of ``graph`` with implementation ``impl`` per node.
 
     Parameters
@@ -114,8 +122,11 @@ def lower(graph: Graph, impl: dict[int, str], plan: Any = None, *,
         source) and ``inplace`` (the in-place writes it records).
     tune_gemms
         cuBLASLt steps measure their candidate algorithms at the first call.
+    cuda_graph
+        The launch list will be captured into CUDA graphs (see
+        :data:`GRAPH_EPILOGUE_ELEMENTS`).
     """
-    return _Lowering(graph, impl, plan, tune_gemms).run()
+    return _Lowering(graph, impl, plan, tune_gemms, cuda_graph).run()
 
 
 def _inplace_pairs(plan: Any) -> set[tuple[int, int]]:
@@ -133,10 +144,11 @@ class _Lowering:
     """One walk over the graph: a step per node, the storage of every value tracked."""
 
     def __init__(self, graph: Graph, impl: dict[int, str], plan: Any,
-                 tune_gemms: bool) -> None:
+                 tune_gemms: bool, cuda_graph: bool = False) -> None:
         self.graph = graph
         self.impl = impl
         self.tune_gemms = tune_gemms
+        self.cuda_graph = cuda_graph
         self._buffer_of: dict[int, int] = dict(getattr(plan, "buffer_of", {}) or {}) \
             if plan is not None else {}
         self._aliases = dict(getattr(plan, "aliases", {}) or {}) if plan is not None else {}
@@ -178,6 +190,12 @@ class _Lowering:
             step = None
             if choice in ("fused_kernel", "reduction_kernel"):
                 step = self._kernel_step(node, choice, in_storage, storage)
+            elif choice == "cublaslt" and self._graph_epilogue(node):
+                step = self._matmul_step(node, "cublas", in_storage, storage)
+                if step is not None:
+                    step.describe["implementation"] += (
+                        ", recorded into the CUDA graph (cuBLASLt's fused epilogue would "
+                        "be a library call between graphs)")
             elif choice == "cublaslt":
                 step = self._lt_step(node, in_storage, storage)
                 if step is None:  # the generated-epilogue path instead
@@ -202,6 +220,19 @@ class _Lowering:
                 out.steps[pos].release.append(nid)
         out.copy_outputs = [bool(storage.get(o)) for o in g.outputs]
         return out
+
+    def _graph_epilogue(self, node: Node) -> bool:
+        """Whether a cuBLASLt-epilogue GEMM runs as cuBLAS + a generated epilogue inside
+        the CUDA graph instead (:data:`GRAPH_EPILOGUE_ELEMENTS`); noted as a fallback."""
+        if not self.cuda_graph or node.op != "matmul":
+            return False
+        size = int(np.prod(node.shape, dtype=np.int64))
+        if size > GRAPH_EPILOGUE_ELEMENTS:
+            return False
+        self._fallbacks[node.id] = (
+            f"cublaslt not used: with CUDA graphs, a {size}-element output's epilogue is "
+            "generated and recorded into the graph with the GEMM, cuBLAS called directly")
+        return True
 
     def _fallback(self, node: Node, choice: str, why: str) -> None:
         log.warning("node %%%d (%s): %s not used: %s; running it through CuPy", node.id,

@@ -144,9 +144,13 @@ def _gemm_operands(node: Node, values: dict[int, Any]) -> tuple[Any, Any]:
 
 
 class _MatmulStep(_Step):
-    """``cupy.matmul`` (cuBLAS) and the generated epilogue in place on the product."""
+    """``cupy.matmul`` (cuBLAS) and the generated epilogue in place on the product.
 
-    capturable = False  # CuPy refuses cuBLAS calls while a stream is capturing
+    CuPy refuses cuBLAS calls while a stream captures, so the step is no capturable one
+    as it is; :meth:`graph_call` gives the same GEMM issued to cuBLAS directly, which a
+    capture may record (see :mod:`.graphs`)."""
+
+    capturable = False
 
     def __init__(self, node: Node, impl: str, epilogue: KernelSource | None,
                  out_buffer: int | None, describe: dict[str, Any]) -> None:
@@ -227,6 +231,48 @@ class _MatmulStep(_Step):
                 return
             ins = [product]
             if bias is not None:  # made contiguous on every call: a copy would go stale
+                ins.append(contiguous_operand(bias, self.bias_node, cp))
+            self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.epilogue,
+                                                 ins, out)
+
+        return call
+
+
+    def graph_call(self, exe: Executor, values: dict[int, Any],
+                   workspace: tuple[int, int]) -> Callable[[], None] | None:
+        """This GEMM (and its epilogue) as a call that can run inside a CUDA-graph
+        capture: cuBLAS issued directly (:class:`~pyc_lab.kernels.blas_direct.CublasGemm`,
+        the call ``cupy.matmul`` makes, with ``workspace``, one the program owns) on the
+        static arrays; ``None`` where there is no direct form (nvmath-python missing, mixed
+        dtypes, operands that are not BLAS matrices). Nothing is launched here; the
+        operands' values are read when the call runs."""
+        from ...kernels.matmul_plan import direct_for
+
+        cp = exe._cp
+        node = self.node
+        a, b = _gemm_operands(node, values)
+        result = np.dtype(self.product_dtype).name
+        direct = direct_for(a, b, None, "cublas", 1.0, 0.0, result)
+        if direct is None:
+            return None
+        product = self._planned_product(exe)
+        if product is None:
+            product = cp.empty(node.shape, dtype=self.product_dtype)
+        out = product
+        if self.epilogue is not None and not self.epilogue.launch.get("inplace"):
+            out = exe._buffer_view(self.out_buffer, node) if self.out_buffer is not None \
+                else cp.empty(node.shape, dtype=node.dtype)
+        bias = values[node.inputs[2]] if self.bias_node is not None else None
+        values[node.id] = out
+        gemm = direct.gemm
+
+        def call() -> None:
+            gemm(a.data.ptr, b.data.ptr, product.data.ptr, cp.cuda.get_current_stream().ptr,
+                 workspace)
+            if self.epilogue is None:
+                return
+            ins = [product]
+            if bias is not None:
                 ins.append(contiguous_operand(bias, self.bias_node, cp))
             self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.epilogue,
                                                  ins, out)

@@ -56,3 +56,60 @@ def test_a_list_without_library_calls_is_one_graph():
     launch = lower(g, {a.id: "fused_kernel", t.id: "cupy", s.id: "reduction_kernel"})
     assert _kinds(launch.steps) == [("graph", ["_KernelStep", "_CupyStep", "_KernelStep"])]
     assert segments([]) == []
+
+
+def _epilogue_graph(m: int, n: int):
+    g = Graph(name="epi")
+    x = g.add("input", shape=(m, 32), dtype=F32)
+    w = g.add("input", shape=(32, n), dtype=F32)
+    b = g.add("input", shape=(n,), dtype=F32)
+    mm = g.add("matmul", [x.id, w.id, b.id], {"activation": "relu"})
+    g.outputs = [mm.id]
+    return g, {mm.id: "cublaslt"}, mm
+
+
+def test_small_fused_epilogues_join_the_graph_large_ones_stay_in_cublaslt():
+    """With CUDA graphs a small GEMM whose epilogue cuBLASLt would fuse becomes cuBLAS +
+    a generated epilogue (recordable, said why); a large one keeps cuBLASLt; without
+    CUDA graphs nothing changes."""
+    from pyc_lab.compiler.backend.lowering import GRAPH_EPILOGUE_ELEMENTS
+
+    g, impl, mm = _epilogue_graph(64, 128)
+    small = lower(g, impl, cuda_graph=True)
+    (step,) = small.steps
+    assert type(step).__name__ == "_MatmulStep" and step.epilogue is not None
+    assert "recorded into the CUDA graph" in small.kernels[0]["implementation"]
+    assert "with CUDA graphs" in small.fallbacks[mm.id]
+    plain = lower(g, impl)
+    assert type(plain.steps[0]).__name__ == "_LtStep" and mm.id not in plain.fallbacks
+    rows = GRAPH_EPILOGUE_ELEMENTS // 128 + 1
+    g2, impl2, _ = _epilogue_graph(rows, 128)
+    assert type(lower(g2, impl2, cuda_graph=True).steps[0]).__name__ == "_LtStep"
+
+
+def test_a_replay_given_a_moved_in_place_input_runs_nothing_and_says_which():
+    from types import SimpleNamespace
+
+    from pyc_lab.compiler.backend.graphs import GraphProgram, Rebind
+
+    launched = []
+    fake_cp = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: "s"))
+    graph = SimpleNamespace(launch=lambda stream: launched.append(stream))
+    prog = GraphProgram(cp=fake_cp, program=[("graph", graph)], static_inputs=[None, None],
+                        values={}, outputs=[], pool=None, stream=None,
+                        bound={0: (4096, (8, 4)), 1: (8192, (4,))})
+
+    def arr(ptr, strides):
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), strides=strides)
+
+    assert prog.replay([arr(4096, (8, 4)), arr(8192, (4,))]) == []
+    assert launched == ["s"]
+    for args, moved in (([arr(4096, (8, 4)), arr(9000, (4,))], [1]),
+                        ([arr(4096, (4, 8)), arr(8192, (4,))], [0])):  # a transposed view
+        try:
+            prog.replay(args)
+        except Rebind as exc:
+            assert exc.positions == moved
+        else:
+            raise AssertionError("no Rebind")
+    assert launched == ["s"]

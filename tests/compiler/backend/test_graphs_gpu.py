@@ -96,3 +96,78 @@ def test_cuda_graph_capture_failure_falls_back(rng):
         assert_close(got, arr.astype(F64) * float(arr.max()) + 1.0, F32)
     assert not exe.graph_captured
     assert exe.graph_capture_error
+
+
+def test_direct_cublas_gemms_are_recorded_into_the_graph(rng):
+    """With nvmath-python's bindings the cuBLAS GEMM is issued directly inside the
+    capture: the block becomes one CUDA graph, and replays still match NumPy."""
+    from pyc_lab.kernels import cublaslt
+
+    if not cublaslt.status()[0]:
+        pytest.skip(f"direct cuBLAS calls need nvmath-python: {cublaslt.status()[1]}")
+    g = block_graph()
+    exe = CupyExecutable(g, auto_impl(g), cuda_graph=True)
+    for _ in range(4):
+        arrays = block_inputs(rng, g)
+        got = run(exe, arrays)
+        check_block(g, got, arrays)
+    assert exe.graph_captured, exe.graph_capture_error
+    assert [kind for kind, _ in exe._program.program] == ["graph"]
+
+
+def test_inputs_at_a_stable_address_are_read_in_place(rng):
+    """Weights passed as the same arrays are not copied at a replay: the graphs read
+    them where they are, so an in-place change is seen; one passed elsewhere costs a call
+    kernel by kernel and a new capture that copies it; the results stay right."""
+    g = block_graph()
+    exe = CupyExecutable(g, auto_impl(g), cuda_graph=True)
+    arrays = block_inputs(rng, g)
+    dev = [cp.asarray(a) for a in arrays]
+    for _ in range(3):
+        x = block_inputs(rng, g)[0]
+        dev[0] = cp.asarray(x)  # the activation: a fresh array each call
+        arrays[0] = x
+        got = [cp.asnumpy(o) for o in exe(dev)]
+        check_block(g, got, arrays)
+    assert exe.graph_captured
+    bound = set(exe._program.bound)
+    assert {1, 2, 3, 4} <= bound  # w, b, x2, gamma: the same arrays every call
+    assert all(exe._program.static_inputs[k] is None for k in bound)
+    # a weight changed in place is seen by the next replay
+    new_w = block_inputs(rng, g)[1]
+    dev[1][...] = cp.asarray(new_w)
+    arrays[1] = new_w
+    check_block(g, [cp.asnumpy(o) for o in exe(dev)], arrays)
+    # the same weight at another address: right, and copied from then on
+    dev[1] = dev[1].copy()
+    check_block(g, [cp.asnumpy(o) for o in exe(dev)], arrays)
+    assert 1 in exe._moved
+    check_block(g, [cp.asnumpy(o) for o in exe(dev)], arrays)
+    assert exe.graph_captured and 1 not in exe._program.bound
+
+
+def test_many_captured_programs_made_and_dropped_leave_the_shared_workspaces_alone(rng):
+    """More captures than the shared workspace table holds streams, each program dropped
+    (its capture stream destroyed) before the next: each owns its cuBLAS workspace, so
+    nothing in the shared table refers to a destroyed stream, later direct calls still
+    run, and every replay matches NumPy."""
+    import gc
+
+    from pyc_lab.kernels import blas_direct
+
+    before = set(blas_direct._WORKSPACES)
+    g = block_graph()
+    for _ in range(blas_direct.MAX_STREAMS + 4):
+        exe = CupyExecutable(g, auto_impl(g), cuda_graph=True)
+        for _call in range(3):
+            arrays = block_inputs(rng, g)
+            check_block(g, run(exe, arrays), arrays)
+        assert exe.graph_captured, exe.graph_capture_error
+        del exe
+        gc.collect()
+    assert set(blas_direct._WORKSPACES) <= before | {
+        (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)}
+    a = cp.asarray(rand(rng, (64, 32), F32))
+    b = cp.asarray(rand(rng, (32, 48), F32))
+    np.testing.assert_allclose(cp.asnumpy(a @ b), a.get().astype(F64) @ b.get().astype(F64),
+                               rtol=1e-4, atol=1e-4)
