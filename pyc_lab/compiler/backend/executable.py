@@ -89,6 +89,9 @@ class CupyExecutable:
         #: to move after a capture read them in place (copied from then on).
         self._last_places: list[tuple[int, tuple]] | None = None
         self._moved: set[int] = set()
+        #: Successful captures so far: one, plus one per replay that found inputs read
+        #: in place at a new address (at most one per input: a moved input is copied).
+        self.captures = 0
         self._buffer_bytes = list(getattr(plan, "buffer_bytes", []) or []) \
             if plan is not None else []
         launch = lower(graph, self.impl, plan, tune_gemms=self.tune_gemms,
@@ -220,6 +223,7 @@ class CupyExecutable:
                         self.graph.name, self.graph_capture_error)
             return
         self._program = program
+        self.captures += 1
         log.debug("captured %s: %d CUDA graph(s) and %d library call(s)", self.graph.name,
                   program.graph_count, len(program.program) - program.graph_count)
 
