@@ -17,6 +17,7 @@ stops taking requests and, by default, finishes those already queued.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -37,6 +38,7 @@ from .errors import (
 )
 from .model import CompiledModel
 from .stats import ModelStats, RequestRecord
+from .waiters import LoopWaiter
 
 __all__ = ["NAN_POLICIES", "Batcher", "Request", "ServeOptions", "default_buckets"]
 
@@ -124,7 +126,7 @@ class Request:
 
     arrays: list[np.ndarray]
     rows: int
-    future: Future
+    future: Future | LoopWaiter
     t_submit: float
     deadline: float | None
     unbatched: bool = False
@@ -220,8 +222,13 @@ class Batcher:
         return out, rows, unbatched, tuple(trailing)
 
     def submit(self, arrays: Sequence[Any], *, timeout_s: float | None = None,
-               as_dict: bool = False) -> Future:
-        """Queue one request; its future resolves to the outputs (a list)."""
+               as_dict: bool = False, loop: Any = None) -> Future | asyncio.Future:
+        """Queue one request; its future resolves to the outputs.
+
+        With ``loop`` (the running event loop of the caller), an ``asyncio.Future`` of
+        that loop, resolved through its :class:`~.waiters.Mailbox` (one loop wake-up per
+        batch), else a ``concurrent.futures.Future``.
+        """
         if self._closing:
             raise ServerClosedError(f"model {self.model.name!r}: the server is closed; start "
                                     "another with pl.serve(...)")
@@ -232,8 +239,8 @@ class Batcher:
             raise
         now = time.monotonic()
         timeout = self.options.timeout_s if timeout_s is None else timeout_s
-        fut: Future = Future()
-        req = Request(checked, rows, fut, now, None if timeout is None else now + timeout,
+        handle: Future | LoopWaiter = Future() if loop is None else LoopWaiter(loop)
+        req = Request(checked, rows, handle, now, None if timeout is None else now + timeout,
                       unbatched, as_dict, trailing)
         with self._cond:
             if self._closing:
@@ -246,7 +253,7 @@ class Batcher:
                     "larger max_queue or max_batch")
             self._queue.append(req)
             self._cond.notify()
-        return fut
+        return handle if loop is None else handle.future
 
     @property
     def queued(self) -> int:

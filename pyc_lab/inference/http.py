@@ -20,7 +20,6 @@ failed.
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import logging
 import threading
@@ -169,8 +168,7 @@ def build_app(server: Any) -> Any:
                 body = zlib.decompress(body)
             length = request.headers.get(HEADER_LENGTH)
             header, arrays = decode_request(body, int(length) if length else None)
-            fut = server.submit(arrays, model=name)
-            outputs = await asyncio.wrap_future(fut)
+            outputs = await server.predict_async(arrays, model=name)
             payload, head_len = encode_response(name, outputs, header)
         except BadRequestError as exc:
             return error(400, str(exc))

@@ -150,6 +150,12 @@ class Server:
         ServerClosedError
             If the server is closed.
         """
+        return self._enqueue(args, inputs, model, timeout_s, None)
+
+    def _enqueue(self, args: tuple, inputs: dict[str, Any], model: str | None,
+                 timeout_s: float | None, loop: Any) -> Any:
+        """Bind and queue one request: a concurrent future, or with ``loop`` an asyncio
+        future of that loop (see :meth:`.batcher.Batcher.submit`)."""
         if self._closed:
             raise ServerClosedError(f"{self.name} is closed; start another with pl.serve(...)")
         b = self._batcher(model)
@@ -160,7 +166,7 @@ class Server:
         except BadRequestError:
             b.stats.count("rejected")
             raise
-        return b.submit(arrays, timeout_s=timeout_s, as_dict=as_dict)
+        return b.submit(arrays, timeout_s=timeout_s, as_dict=as_dict, loop=loop)
 
     def predict(self, *args: Any, model: str | None = None, timeout_s: float | None = None,
                 **inputs: Any) -> Any:
@@ -182,14 +188,24 @@ class Server:
 
     async def predict_async(self, *args: Any, model: str | None = None,
                             timeout_s: float | None = None, **inputs: Any) -> Any:
-        """``await server.predict_async(x)``: :meth:`predict` without blocking the loop."""
-        fut = self.submit(*args, model=model, timeout_s=timeout_s, **inputs)
+        """``await server.predict_async(x)``: :meth:`predict` without blocking the loop.
+
+        The result arrives on this loop with the rest of its batch (one wake-up per
+        batch, :mod:`.waiters`); past the timeout the request fails with
+        :class:`~.errors.RequestTimeoutError` and, if it has not run yet, is skipped.
+        """
+        loop = asyncio.get_running_loop()
+        fut = self._enqueue(args, inputs, model, timeout_s, loop)
         timeout = self.options.timeout_s if timeout_s is None else timeout_s
+        timer = None
+        if timeout is not None:
+            timer = loop.call_later(timeout, _expire, fut, f"{self.name}: no result within "
+                                    f"{timeout} s; give a longer timeout_s, or lower the load")
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
-        except asyncio.TimeoutError:
-            fut.cancel()
-            raise RequestTimeoutError(f"{self.name}: no result within {timeout} s") from None
+            return await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def warm_up(self, model: str | None = None) -> dict[int, float]:
         """Run one batch at every bucket size, so that tracing, compiling and (on the GPU)
@@ -299,6 +315,12 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _expire(fut: asyncio.Future, message: str) -> None:
+    """A coroutine's request ran out of time: fail its future (the batcher skips it)."""
+    if not fut.done():
+        fut.set_exception(RequestTimeoutError(message))
 
 
 def serve(model: Any, *, max_batch: int = ServeOptions.max_batch,

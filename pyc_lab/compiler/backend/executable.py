@@ -12,7 +12,8 @@ array allocated once, viewed with each node's dtype and shape.
 warming up), the second captures the launch list once (:mod:`.graphs`: CUDA graphs,
 with the library calls between them; inputs at the same address as in the first call
 are read in place, the others copied at each replay, and an input read in place that
-moves later costs one call kernel by kernel and a new capture), and that call and
+moves later costs a new capture at that call, with that input copied from then on), and
+that call and
 every later one replay it. Small GEMMs whose epilogue cuBLASLt would fuse run as cuBLAS
 plus a generated epilogue instead, so that they are recorded into the graph too
 (:data:`~.lowering.GRAPH_EPILOGUE_ELEMENTS`). If
@@ -200,9 +201,12 @@ class CupyExecutable:
             if self._program is not None:
                 try:
                     return self._program.replay(args)
-                except Rebind as moved:  # copy those inputs from now on
+                except Rebind as moved:  # copy those inputs from now on: capture again
                     self._moved.update(moved.positions)
                     self._program = None
+                    self._capture(args, places)
+                    if self._program is not None:
+                        return self._program.replay(args)
         return self._finish(self._execute(args))
 
     # -- CUDA graph ----------------------------------------------------------------------------

@@ -17,8 +17,8 @@ static buffers that :meth:`GraphProgram.replay` copies the arguments into — ex
 inputs passed at the same address in the two calls before the capture (a model's
 weights, as torch's CUDA graphs treat parameters): the graphs read those in place, so a
 replay copies nothing for them and sees their current values. A replay given such an
-input at another address raises :class:`Rebind`; the executable then runs that call
-kernel by kernel and captures again with the input copied.
+input at another address raises :class:`Rebind`; the executable then captures again,
+with that input copied from then on.
 """
 
 from __future__ import annotations

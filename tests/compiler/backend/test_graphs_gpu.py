@@ -41,11 +41,13 @@ def test_cuda_graph_replays_give_the_same_results_as_eager_runs(rng, mode):
     exe = CupyExecutable(g, auto_impl(g), plan, cuda_graph=True)
     plain = CupyExecutable(g, auto_impl(g), plan)
     kept = []
-    for _call in range(5):
+    for call in range(5):
         arrays = block_inputs(rng, g)
         poison_pool()
         dev = [cp.asarray(a) for a in arrays]
         got = exe(dev)
+        if call >= 1:
+            assert exe.graph_captured, exe.graph_capture_error
         ref = plain([cp.asarray(a) for a in arrays])
         for o, r in zip(got, ref, strict=True):  # cuBLAS may differ by stream: allclose
             np.testing.assert_allclose(cp.asnumpy(o), cp.asnumpy(r), rtol=1e-5, atol=1e-6)
@@ -53,10 +55,8 @@ def test_cuda_graph_replays_give_the_same_results_as_eager_runs(rng, mode):
         kept.append(([cp.asnumpy(o) for o in got], got))
     assert exe.graph_capture_error is None
     # fresh inputs may land where the call before had its own (the memory pool reuses
-    # blocks) and be read in place until one moves: at most one capture more per input;
-    # the same arrays once more replay (or capture) for certain
-    check_block(g, [cp.asnumpy(o) for o in exe(dev)], arrays)
-    assert exe.graph_captured and 1 <= exe.captures <= 1 + len(g.inputs)
+    # blocks) and be read in place until one moves: at most one capture more per input
+    assert 1 <= exe.captures <= 1 + len(g.inputs)
     assert exe.graph_segments >= 1
     # every call returned fresh arrays: later replays did not overwrite earlier results
     for host, dev in kept:
@@ -121,8 +121,8 @@ def test_direct_cublas_gemms_are_recorded_into_the_graph(rng):
 
 def test_inputs_at_a_stable_address_are_read_in_place(rng):
     """Weights passed as the same arrays are not copied at a replay: the graphs read
-    them where they are, so an in-place change is seen; one passed elsewhere costs a call
-    kernel by kernel and a new capture that copies it; the results stay right."""
+    them where they are, so an in-place change is seen; one passed elsewhere costs
+    a new capture that copies it; the results stay right."""
     g = block_graph()
     exe = CupyExecutable(g, auto_impl(g), cuda_graph=True)
     arrays = block_inputs(rng, g)

@@ -1,0 +1,135 @@
+"""Coroutine requests: results delivered per batch on the caller's loop, timeouts,
+cancellation, failures alone — and the mailbox under its own threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from pyc_lab.inference.errors import InferenceError, RequestTimeoutError
+from pyc_lab.inference.waiters import LoopWaiter, Mailbox, mailbox_for
+from tests.inference.test_server import Gated, rows
+
+
+def test_results_posted_from_another_thread_arrive_in_one_loop_callback():
+    """Everything posted while the loop is busy is delivered by one callback, each
+    future its own value or error; a future already resolved is left as it is."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        box = Mailbox(loop)
+        calls = []
+        deliver = box._deliver
+
+        def counted():
+            calls.append(1)
+            deliver()
+
+        box._deliver = counted
+        futs = [loop.create_future() for _ in range(50)]
+        futs[7].cancel()
+        err = ValueError("mine alone")
+
+        def worker():
+            for i, f in enumerate(futs):
+                box.post(f, i != 3, err if i == 3 else i * 10)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()  # the loop has not run: every post waits in the mailbox
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert len(calls) == 1
+        for i, f in enumerate(futs):
+            if i == 3:
+                assert f.exception() is err
+            elif i == 7:
+                assert f.cancelled()
+            else:
+                assert f.result() == i * 10
+
+    asyncio.run(main())
+
+
+def test_a_closed_loop_drops_late_results_without_raising():
+    loop = asyncio.new_event_loop()
+    fut = loop.create_future()
+    box = Mailbox(loop)
+    loop.close()
+    box.post(fut, True, 1)  # nobody awaits it any more: dropped, no error
+    assert not fut.done() and box._items == []
+
+
+def test_one_mailbox_per_loop_and_waiter_state():
+    async def main():
+        loop = asyncio.get_running_loop()
+        assert mailbox_for(loop) is mailbox_for(loop)
+        w = LoopWaiter(loop)
+        assert w.set_running_or_notify_cancel() and not w.done()
+        w.set_result(5)
+        assert await w.future == 5
+        assert w.done() and not w.set_running_or_notify_cancel()
+
+    asyncio.run(main())
+
+
+def test_async_requests_get_their_own_rows_and_fail_alone(start, affine):
+    gated = Gated(affine)
+    gated.gate.set()
+    server = start(gated, max_batch=8, max_delay_ms=5)
+    xs = [rows(1, 4 * i) for i in range(12)]
+    poisoned = rows(1)
+    poisoned[0, 0] = 666
+
+    async def main():
+        return await asyncio.gather(*[server.predict_async(x) for x in xs],
+                                    server.predict_async(poisoned), return_exceptions=True)
+
+    got = asyncio.run(main())
+    for x, y in zip(xs, got[:-1], strict=True):
+        np.testing.assert_array_equal(y, x * 2 + 1)
+    assert isinstance(got[-1], InferenceError) and "poisoned" in str(got[-1])
+
+
+def test_an_async_request_past_its_timeout_fails_and_is_skipped(start, affine):
+    gated = Gated(affine)
+    server = start(gated, max_batch=1, max_delay_ms=0)
+
+    async def main():
+        first = asyncio.ensure_future(server.predict_async(rows(1)))
+        while not gated.entered.is_set():
+            await asyncio.sleep(0.005)
+        with pytest.raises(RequestTimeoutError, match="no result within"):
+            await server.predict_async(rows(1, 100), timeout_s=0.05)
+        gated.gate.set()
+        np.testing.assert_array_equal(await first, rows(1) * 2 + 1)
+        np.testing.assert_array_equal(await server.predict_async(rows(1, 8)),
+                                      rows(1, 8) * 2 + 1)
+
+    asyncio.run(main())
+    # the timed-out request never reached the model: two batches of one row ran
+    assert gated.batches == [1, 1]
+
+
+def test_a_cancelled_coroutine_request_is_skipped(start, affine):
+    gated = Gated(affine)
+    server = start(gated, max_batch=1, max_delay_ms=0)
+
+    async def main():
+        first = asyncio.ensure_future(server.predict_async(rows(1)))
+        while not gated.entered.is_set():
+            await asyncio.sleep(0.005)
+        doomed = asyncio.ensure_future(server.predict_async(rows(1, 100)))
+        await asyncio.sleep(0.01)
+        doomed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        gated.gate.set()
+        await first
+        await server.predict_async(rows(1, 8))
+
+    asyncio.run(main())
+    assert gated.batches == [1, 1]
