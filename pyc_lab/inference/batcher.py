@@ -158,6 +158,7 @@ class Batcher:
         self.executor: Executor = executor or model.run
         self.stats = ModelStats(options.max_batch)
         self._queue: deque[Request] = deque()
+        self._queued_rows = 0  # rows in the queue (when to wake the worker early)
         self._cond = threading.Condition()
         self._closing = False
         self._drain = True
@@ -251,8 +252,13 @@ class Batcher:
                     f"model {self.model.name!r}: the queue holds max_queue="
                     f"{self.options.max_queue} requests already; retry later, or serve with a "
                     "larger max_queue or max_batch")
+            # the worker waits for a first request, then holds the batch open until the
+            # delay passes or max_batch rows could be taken: wake it only for those
+            wake = not self._queue
             self._queue.append(req)
-            self._cond.notify()
+            self._queued_rows += rows
+            if wake or self._queued_rows >= self.options.max_batch:
+                self._cond.notify()
         return handle if loop is None else handle.future
 
     @property
@@ -287,6 +293,7 @@ class Batcher:
                 req = self._queue.popleft()
                 batch.append(req)
                 rows += req.rows
+            self._queued_rows -= rows
             return batch
 
     def _rows_ready(self) -> int:
@@ -318,6 +325,7 @@ class Batcher:
     def _fail_left(self, exc: Exception) -> None:
         with self._cond:
             left, self._queue = list(self._queue), deque()
+            self._queued_rows = 0
         for req in left:
             if req.future.set_running_or_notify_cancel():
                 req.future.set_exception(exc)
@@ -377,16 +385,18 @@ class Batcher:
                     last = parts[-1][-1:]
                     parts.append(np.broadcast_to(last, (bucket - rows, *last.shape[1:])))
                 arrays.append(np.concatenate(parts))
-        outs = [np.asarray(o) if not hasattr(o, "get") else o.get()
+        # one copy of each output per batch (the executor may reuse its buffers), each
+        # request a view of its own rows in it
+        outs = [np.array(o) if not hasattr(o, "get") else o.get()
                 for o in self.executor(arrays)]
         t1 = time.monotonic()
         records = []
         offset = 0
         for req in reqs:
-            mine = [np.array(o[offset:offset + req.rows]) for o in outs]
-            offset += req.rows
-            if req.unbatched:
-                mine = [m[0] for m in mine]
+            end = offset + req.rows
+            mine = [o[offset] for o in outs] if req.unbatched else \
+                [o[offset:end] for o in outs]
+            offset = end
             done = time.monotonic()
             if req.as_dict:
                 req.future.set_result(dict(zip(self.model.output_names, mine, strict=True)))
