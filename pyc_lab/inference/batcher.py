@@ -38,7 +38,7 @@ from .errors import (
 )
 from .model import CompiledModel
 from .stats import ModelStats, RequestRecord
-from .waiters import LoopWaiter
+from .waiters import LoopWaiter, resolve
 
 __all__ = ["NAN_POLICIES", "Batcher", "Request", "ServeOptions", "default_buckets"]
 
@@ -390,21 +390,23 @@ class Batcher:
         outs = [np.array(o) if not hasattr(o, "get") else o.get()
                 for o in self.executor(arrays)]
         t1 = time.monotonic()
-        records = []
+        results: list[tuple[Any, Any]] = []
         offset = 0
         for req in reqs:
             end = offset + req.rows
             mine = [o[offset] for o in outs] if req.unbatched else \
                 [o[offset:end] for o in outs]
             offset = end
-            done = time.monotonic()
             if req.as_dict:
-                req.future.set_result(dict(zip(self.model.output_names, mine, strict=True)))
+                results.append((req.future, dict(zip(self.model.output_names, mine,
+                                                     strict=True))))
             else:
-                req.future.set_result(mine[0] if len(mine) == 1 else tuple(mine))
-            records.append(RequestRecord(t0 - req.t_submit, t1 - t0, done - req.t_submit,
-                                         rows, bucket))
-        self.stats.record_batch(records, rows, bucket)
+                results.append((req.future, mine[0] if len(mine) == 1 else tuple(mine)))
+        resolve(results)
+        done = time.monotonic()
+        compute = t1 - t0
+        self.stats.record_batch([RequestRecord(t0 - req.t_submit, compute, done - req.t_submit,
+                                               rows, bucket) for req in reqs], rows, bucket)
 
     # -- closing ---------------------------------------------------------------------------------
     def close(self, drain: bool = True, timeout_s: float | None = None) -> None:

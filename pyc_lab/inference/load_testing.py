@@ -59,10 +59,13 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
         if not measuring.is_set():
             return
         with lock:
+            ok = 0
             for r in records:
                 if r.ok:
                     queue.add(r.queue_s)
-                    compute.add(r.compute_s)
+                    ok += 1
+            if ok:  # the records of one batch share its compute time
+                compute.add(records[0].compute_s, ok)
             if records and records[0].ok:
                 batch_hist[records[0].batch_rows] += 1
 

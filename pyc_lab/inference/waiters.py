@@ -20,7 +20,7 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["LoopWaiter", "Mailbox", "mailbox_for"]
+__all__ = ["LoopWaiter", "Mailbox", "mailbox_for", "resolve"]
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +48,23 @@ class Mailbox:
         """Resolve ``future`` with ``value`` (a result if ``ok``, else an exception) on
         the loop, in its next delivery (one loop callback for everything posted until
         it runs). Safe from any thread."""
+        self.post_many([(future, ok, value)])
+
+    def post_many(self, items: list[tuple[asyncio.Future, bool, Any]]) -> None:
+        """:meth:`post` for several ``(future, ok, value)`` at once (one lock, at most
+        one loop callback)."""
         with self._lock:
-            self._items.append((future, ok, value))
+            self._items.extend(items)
             if self._scheduled:
                 return
             self._scheduled = True
         try:
             self.loop.call_soon_threadsafe(self._deliver)
-        except RuntimeError:  # the loop is closed: nobody awaits these any more
+        except RuntimeError:
             with self._lock:
                 self._items.clear()
                 self._scheduled = False
-            log.debug("a result arrived for a closed event loop; dropped")
+            log.debug("results arrived for a closed event loop; dropped them")
 
     def _deliver(self) -> None:
         with self._lock:
@@ -115,3 +120,21 @@ class LoopWaiter:
     def set_exception(self, exc: BaseException) -> None:
         """Hand the request's error to the awaiting coroutine."""
         self._box.post(self.future, False, exc)
+
+
+def resolve(results: list[tuple[Any, Any]]) -> None:
+    """Set each ``(handle, outputs)``'s result: a batch's coroutine requests go to their
+    loops' mailboxes together (one lock and at most one wake-up per loop), other
+    handles (``concurrent.futures.Future``) get theirs directly."""
+    boxes: dict[int, tuple[Mailbox, list[tuple[asyncio.Future, bool, Any]]]] = {}
+    for handle, value in results:
+        if type(handle) is LoopWaiter:
+            box = handle._box
+            entry = boxes.get(id(box))
+            if entry is None:
+                entry = boxes[id(box)] = (box, [])
+            entry[1].append((handle.future, True, value))
+        else:
+            handle.set_result(value)
+    for box, items in boxes.values():
+        box.post_many(items)

@@ -56,23 +56,24 @@ class QuantileSketch:
         self.min = math.inf
         self.max = -math.inf
 
-    def add(self, value: float) -> None:
-        """Count one value (negative ones count as 0)."""
+    def add(self, value: float, times: int = 1) -> None:
+        """Count one value (negative ones count as 0), ``times`` times over (the
+        compute time of a batch, once per request in it)."""
         v = float(value)
         if v < 0.0:
             v = 0.0
-        self.count += 1
-        self.total += v
+        self.count += times
+        self.total += v * times
         if v < self.min:
             self.min = v
         if v > self.max:
             self.max = v
         if v <= self.min_value:
-            self._low += 1
+            self._low += times
             return
         k = math.ceil(math.log(v) * self._per_log)
         bins = self._bins
-        bins[k] = bins.get(k, 0) + 1
+        bins[k] = bins.get(k, 0) + times
 
     def add_many(self, values: Sequence[float]) -> None:
         """Count several values at once (what :meth:`add` does, vectorised)."""

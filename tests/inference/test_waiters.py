@@ -133,3 +133,36 @@ def test_a_cancelled_coroutine_request_is_skipped(start, affine):
 
     asyncio.run(main())
     assert gated.batches == [1, 1]
+
+
+def test_resolve_sends_a_batch_to_each_loop_once_and_sets_plain_futures():
+    from concurrent.futures import Future
+
+    from pyc_lab.inference.waiters import resolve
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        box = mailbox_for(loop)
+        posts = []
+        real = box.post_many
+
+        def counted(items):
+            posts.append(len(items))
+            real(items)
+
+        box.post_many = counted
+        try:
+            waiters = [LoopWaiter(loop) for _ in range(5)]
+            plain = Future()
+            done = threading.Event()
+            t = threading.Thread(target=lambda: (resolve(
+                [(w, k) for k, w in enumerate(waiters)] + [(plain, "p")]), done.set()))
+            t.start()
+            t.join()
+            assert done.is_set() and plain.result(timeout=1) == "p"
+            assert [await w.future for w in waiters] == [0, 1, 2, 3, 4]
+            assert posts == [5]
+        finally:
+            del box.post_many
+
+    asyncio.run(main())

@@ -256,6 +256,24 @@ def test_quantile_sketch_is_within_its_relative_accuracy():
     assert q.max < 1e3 <= copy.max
 
 
+
+def test_a_value_added_several_times_counts_as_that_many_adds():
+    rng = np.random.default_rng(5)
+    values = rng.lognormal(-6.0, 1.0, 300)
+    times = rng.integers(1, 9, 300)
+    once, weighted = quantiles.QuantileSketch(), quantiles.QuantileSketch()
+    for v, n in zip(values, times, strict=True):
+        weighted.add(float(v), int(n))
+        for _ in range(n):
+            once.add(float(v))
+    weighted.add(0.0, 3)  # the smallest bucket too
+    for _ in range(3):
+        once.add(0.0)
+    assert weighted.count == once.count == int(times.sum()) + 3
+    assert weighted.total == pytest.approx(once.total)
+    for p in (0.0, 0.1, 0.5, 0.9, 0.99, 1.0):
+        assert weighted.quantile(p) == once.quantile(p), p
+
 # -- spans, traces, frames ---------------------------------------------------------------
 def test_spans_are_validated():
     with pytest.raises(PycLabError, match="ends before it starts"):
