@@ -57,11 +57,29 @@ def calls_for(cp: Any, torch: Any, dtype: str, size: int
         "pl.matmul(out=)": lambda: pl.matmul(a, w.T, out=out),
         "plan(out=)": lambda: plan(a, w.T),
     }
-    direct = plan._direct
-    if direct is not None:  # the library call alone: three pointers and a stream
-        ptrs = (a.data.ptr, w.T.data.ptr, out.data.ptr)
-        stream = cp.cuda.get_current_stream().ptr
-        cases[f"{direct.gemm.impl} call alone"] = lambda: direct.gemm(*ptrs, stream)
+    # the library calls alone: three pointers and a stream, what a plan issues — for
+    # both libraries, whichever the plan chose
+    from pyc_lab.kernels.matmul_plan import direct_for
+
+    ptrs = (a.data.ptr, w.T.data.ptr, out.data.ptr)
+    stream = cp.cuda.get_current_stream().ptr
+    for impl in ("cublas", "cublaslt"):
+        direct = direct_for(a, w.T, out, impl, 1.0, 0.0, dtype)
+        if direct is not None:
+            cases[f"{impl} call alone"] = \
+                lambda gemm=direct.gemm: gemm(*ptrs, stream)
+    cublas = direct_for(a, w.T, out, "cublas", 1.0, 0.0, dtype)
+    if cublas is not None:  # the binding alone: the handle bound, no Python around it
+        from pyc_lab.kernels import blas_direct
+
+        gemm = cublas.gemm
+        gemm(*ptrs, stream)
+        h = blas_direct._cublas(cp.cuda.runtime.getDevice())
+        g, t = gemm.gemm, gemm._type
+        args = (h.handle, g.op_a, g.op_b, g.m, g.n, g.k, gemm._pa, ptrs[1], t, g.lda,
+                ptrs[0], t, g.ldb, gemm._pb, ptrs[2], t, g.ldc, gemm.compute, gemm._algo)
+        if g.batch == 1:
+            cases["cublasGemmEx binding alone"] = lambda: h.lib.gemm_ex(*args)
     graph = _captured(cp, a, w, out)
     if graph is not None:
         cases["plan in a CUDA graph"] = graph
@@ -118,7 +136,32 @@ def run(size: int, calls: int, repeats: int) -> list[dict[str, Any]]:
                 row["direct"] = plan._direct is not None
             rows.append(row)
             print(f"{dtype:9s} {name:22s} {row['median_us']:7.1f} us", file=sys.stderr)
+        rows.extend(_gpu_times(cp, dtype, size))
     return rows
+
+
+def _gpu_times(cp: Any, dtype: str, size: int) -> list[dict[str, Any]]:
+    """GPU milliseconds of the two libraries' direct calls on these operands (interleaved
+    rounds, L2 flushed: blas_direct.race), so that a host-time difference can be weighed
+    against the kernel each library picks."""
+    from pyc_lab.kernels import blas_direct
+    from pyc_lab.kernels.matmul_plan import direct_for
+
+    cdt = cp.dtype(dtype)
+    a = cp.random.uniform(-1, 1, (size, size), dtype=cp.float32).astype(cdt)
+    w = cp.random.uniform(-1, 1, (size, size), dtype=cp.float32).astype(cdt)
+    out = cp.empty((size, size), dtype=cdt)
+    stream = cp.cuda.get_current_stream().ptr
+    impls, runs = [], []
+    for impl in ("cublas", "cublaslt"):
+        direct = direct_for(a, w.T, out, impl, 1.0, 0.0, dtype)
+        if direct is not None:
+            impls.append(impl)
+            runs.append(lambda gemm=direct.gemm: gemm(a.data.ptr, w.T.data.ptr,
+                                                      out.data.ptr, stream))
+    times = blas_direct.race(runs, stream, rounds=9) if runs else []
+    return [{"dtype": dtype, "size": size, "call": f"{impl} call alone", "gpu_ms": ms}
+            for impl, ms in zip(impls, times, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
