@@ -157,6 +157,11 @@ class Batcher:
         self.options = options
         self.executor: Executor = executor or model.run
         self.stats = ModelStats(options.max_batch)
+        #: Per input, what :meth:`_fast_check` compares: dtype, rank, the dimensions
+        #: after the batch axis (None when one is free) and whether it is floating.
+        self._specs = [(np.dtype(s.dtype), len(s.shape),
+                        None if any(d is None for d in s.shape[1:]) else tuple(s.shape[1:]),
+                        np.dtype(s.dtype).kind in "fc") for s in model.inputs]
         self._queue: deque[Request] = deque()
         self._queued_rows = 0  # rows in the queue (when to wake the worker early)
         self._cond = threading.Condition()
@@ -176,6 +181,9 @@ class Batcher:
         BadRequestError
             With the input, what was expected and what came.
         """
+        fast = self._fast_check(arrays)
+        if fast is not None:
+            return fast
         out: list[np.ndarray] = []
         rows: int | None = None
         unbatched = False
@@ -221,6 +229,31 @@ class Batcher:
                                   f"{self.options.max_batch}: split it, or serve with a "
                                   "larger max_batch")
         return out, rows, unbatched, tuple(trailing)
+
+    def _fast_check(self, arrays: Sequence[Any]) -> tuple | None:
+        """:meth:`check` for the common request — C-contiguous NumPy arrays of the
+        model's dtypes and fixed dimensions, with the batch axis, the same rows each, at
+        most ``max_batch``, finite if the policy asks — in a few attribute reads;
+        ``None`` for anything else (the full check then runs and explains)."""
+        specs = self._specs
+        if len(arrays) != len(specs):
+            return None
+        rows = -1
+        reject = self.options.nan_policy == "reject"
+        for (want, ndim, fixed, floating), a in zip(specs, arrays, strict=True):
+            if type(a) is not np.ndarray or a.dtype != want or a.ndim != ndim \
+                    or not a.flags.c_contiguous or (fixed is not None
+                                                    and a.shape[1:] != fixed):
+                return None
+            if rows < 0:
+                rows = a.shape[0]
+            elif a.shape[0] != rows:
+                return None
+            if reject and floating and not np.isfinite(a).all():
+                return None
+        if not 1 <= rows <= self.options.max_batch:
+            return None
+        return list(arrays), rows, False, tuple(a.shape[1:] for a in arrays)
 
     def submit(self, arrays: Sequence[Any], *, timeout_s: float | None = None,
                as_dict: bool = False, loop: Any = None) -> Future | asyncio.Future:

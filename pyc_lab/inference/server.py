@@ -30,6 +30,7 @@ from typing import Any
 from .batcher import Batcher, ServeOptions
 from .errors import BadRequestError, InferenceError, RequestTimeoutError, ServerClosedError
 from .model import CompiledModel, as_model
+from .waiters import timeouts_for
 
 __all__ = ["Server", "running_servers", "serve"]
 
@@ -191,21 +192,22 @@ class Server:
         """``await server.predict_async(x)``: :meth:`predict` without blocking the loop.
 
         The result arrives on this loop with the rest of its batch (one wake-up per
-        batch, :mod:`.waiters`); past the timeout the request fails with
+        batch, :mod:`.waiters`); past the timeout (to within
+        :data:`~.waiters.TIMEOUT_GRANULARITY_S`) the request fails with
         :class:`~.errors.RequestTimeoutError` and, if it has not run yet, is skipped.
         """
         loop = asyncio.get_running_loop()
         fut = self._enqueue(args, inputs, model, timeout_s, loop)
         timeout = self.options.timeout_s if timeout_s is None else timeout_s
-        timer = None
-        if timeout is not None:
-            timer = loop.call_later(timeout, _expire, fut, f"{self.name}: no result within "
-                                    f"{timeout} s; give a longer timeout_s, or lower the load")
+        if timeout is None:
+            return await fut
+        wheel = timeouts_for(loop)
+        slot = wheel.add(fut, timeout, f"{self.name}: no result within {timeout} s; give "
+                                       "a longer timeout_s, or lower the load")
         try:
             return await fut
         finally:
-            if timer is not None:
-                timer.cancel()
+            wheel.discard(slot, fut)
 
     def warm_up(self, model: str | None = None) -> dict[int, float]:
         """Run one batch at every bucket size, so that tracing, compiling and (on the GPU)
@@ -315,12 +317,6 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _expire(fut: asyncio.Future, message: str) -> None:
-    """A coroutine's request ran out of time: fail its future (the batcher skips it)."""
-    if not fut.done():
-        fut.set_exception(RequestTimeoutError(message))
 
 
 def serve(model: Any, *, max_batch: int = ServeOptions.max_batch,

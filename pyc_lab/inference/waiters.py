@@ -16,16 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import weakref
 from typing import Any
 
-__all__ = ["LoopWaiter", "Mailbox", "mailbox_for", "resolve"]
+__all__ = ["TIMEOUT_GRANULARITY_S", "LoopWaiter", "Mailbox", "TimeoutWheel", "mailbox_for",
+           "resolve", "timeouts_for"]
+
+#: Coroutine requests' timeouts fire at most this much late: their deadlines are rounded
+#: up to a multiple of it, and one loop timer serves every request due in that slot.
+TIMEOUT_GRANULARITY_S = 0.005
 
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
 _MAILBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = \
+    weakref.WeakKeyDictionary()
+_WHEELS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, TimeoutWheel] = \
     weakref.WeakKeyDictionary()
 
 
@@ -87,6 +95,62 @@ def mailbox_for(loop: asyncio.AbstractEventLoop) -> Mailbox:
             if box is None:
                 box = _MAILBOXES[loop] = Mailbox(loop)
     return box
+
+
+class TimeoutWheel:
+    """Timeouts of one loop's futures, one loop timer per slot of
+    :data:`TIMEOUT_GRANULARITY_S` rather than one per future.
+
+    ``loop.call_later`` per request (a timer handle and a heap entry, then a cancel)
+    costs a few microseconds each; here a request joins its slot's set and leaves it
+    when answered, so what is held is bounded by the requests in flight. Used from the
+    loop's thread only.
+
+    Parameters
+    ----------
+    loop
+        The loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._slots: dict[int, dict[asyncio.Future, str]] = {}
+
+    def add(self, future: asyncio.Future, timeout_s: float, message: str) -> int:
+        """Fail ``future`` with :class:`~.errors.RequestTimeoutError` (``message``) if it
+        is not done ``timeout_s`` from now (up to one granule later); returns the slot
+        to :meth:`discard` it from."""
+        slot = math.ceil((self.loop.time() + timeout_s) / TIMEOUT_GRANULARITY_S)
+        members = self._slots.get(slot)
+        if members is None:
+            members = self._slots[slot] = {}
+            self.loop.call_at(slot * TIMEOUT_GRANULARITY_S, self._expire, slot)
+        members[future] = message
+        return slot
+
+    def discard(self, slot: int, future: asyncio.Future) -> None:
+        """``future`` was answered: forget its timeout."""
+        members = self._slots.get(slot)
+        if members is not None:
+            members.pop(future, None)
+
+    def _expire(self, slot: int) -> None:
+        from .errors import RequestTimeoutError
+
+        for future, message in self._slots.pop(slot, {}).items():
+            if not future.done():
+                future.set_exception(RequestTimeoutError(message))
+
+    def __len__(self) -> int:
+        return sum(len(m) for m in self._slots.values())
+
+
+def timeouts_for(loop: asyncio.AbstractEventLoop) -> TimeoutWheel:
+    """The :class:`TimeoutWheel` of ``loop`` (one per loop, dropped with it)."""
+    wheel = _WHEELS.get(loop)
+    if wheel is None:
+        wheel = _WHEELS[loop] = TimeoutWheel(loop)
+    return wheel
 
 
 class LoopWaiter:

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from pyc_lab.inference.errors import InferenceError, RequestTimeoutError
+from pyc_lab.inference.errors import BadRequestError, InferenceError, RequestTimeoutError
 from pyc_lab.inference.waiters import LoopWaiter, Mailbox, mailbox_for
 from tests.inference.test_server import Gated, rows
 
@@ -166,3 +166,54 @@ def test_resolve_sends_a_batch_to_each_loop_once_and_sets_plain_futures():
             del box.post_many
 
     asyncio.run(main())
+
+
+def test_the_timeout_wheel_fails_only_what_is_late_and_holds_only_what_is_in_flight():
+    from pyc_lab.inference.waiters import TIMEOUT_GRANULARITY_S, timeouts_for
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        wheel = timeouts_for(loop)
+        assert timeouts_for(loop) is wheel
+        late, answered = loop.create_future(), loop.create_future()
+        t0 = loop.time()
+        slot_late = wheel.add(late, 0.02, "late one")
+        slot_ok = wheel.add(answered, 0.02, "never shown")
+        answered.set_result(1)
+        wheel.discard(slot_ok, answered)
+        with pytest.raises(RequestTimeoutError, match="late one"):
+            await late
+        waited = loop.time() - t0
+        assert waited + 1e-3 >= 0.02 and waited < 0.02 + TIMEOUT_GRANULARITY_S + 0.05
+        assert answered.result() == 1 and slot_late == slot_ok
+        # many answered requests leave nothing behind once their slots pass
+        futs = [loop.create_future() for _ in range(1000)]
+        slots = [wheel.add(f, 0.01, "x") for f in futs]
+        for f, s in zip(futs, slots, strict=True):
+            f.set_result(None)
+            wheel.discard(s, f)
+        assert len(wheel) == 0
+        await asyncio.sleep(0.01 + 2 * TIMEOUT_GRANULARITY_S)
+        assert not wheel._slots
+
+    asyncio.run(main())
+
+
+def test_the_fast_request_check_agrees_with_the_full_one(start, affine):
+    server = start(affine, max_batch=8)
+    b = server._batcher(None)
+    x = rows(3)
+    fast = b.check([x])
+    assert b._fast_check([x]) is not None
+    b._fast_check = lambda arrays: None
+    full = b.check([x])
+    assert fast[1:] == full[1:]
+    np.testing.assert_array_equal(fast[0][0], full[0][0])
+    del b._fast_check
+    # what the fast path does not take goes to the full check, which explains
+    for bad, match in (([x[:, :3]], "axis 1 is 3"), ([x.astype(np.complex64)], "cannot be"),
+                       ([np.full((2, 4), np.nan, np.float32)], "NaN"),
+                       ([rows(9)], "larger than max_batch")):
+        with pytest.raises(BadRequestError, match=match):
+            b.check(bad)
+    np.testing.assert_array_equal(b.check([x.T.copy().T])[0][0], x)  # F-order: copied
