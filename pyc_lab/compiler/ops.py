@@ -182,7 +182,10 @@ _UNARY = {
     # a new array with x's values: what keeps a result from sharing memory with an input
     # where NumPy's would not (see passes/aliasing.py), and np.copy / x.copy()
     "copy": (lambda xp, x: xp.array(x, copy=True), "{0}", None),
-    "relu": (lambda xp, x: ACTIVATIONS["relu"](xp, x), "(({0}) < 0 ? 0 : ({0}))", None),
+    # NumPy's maximum(x, 0): NaN stays NaN, and -0.0 gives +0.0 (maximum returns its
+    # second operand when the two compare equal)
+    "relu": (lambda xp, x: ACTIVATIONS["relu"](xp, x),
+             "((({0}) > 0 || ({0}) != ({0})) ? ({0}) : 0)", None),
     "gelu": (lambda xp, x: _gelu(xp, x),
              "(0.5 * ({0}) * (1 + tanh(0.7978845608028654 * (({0}) + 0.044715 * ({0}) * "
              "({0}) * ({0})))))", None),
