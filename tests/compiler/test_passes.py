@@ -72,7 +72,8 @@ def special_values(shape: tuple[int, ...], dtype, rng: np.random.Generator) -> n
 
 # -- the manager -----------------------------------------------------------------------------
 def test_default_pipeline_and_registry():
-    assert DEFAULT_PIPELINE == ["canonicalize", "constant_folding", "simplify", "cse", "dce",
+    assert DEFAULT_PIPELINE == ["canonicalize", "constant_folding", "simplify", "cheap_math",
+                                "cse", "dce",
                                 "transpose_folding", "epilogue_fusion", "reduction_fusion",
                                 "elementwise_fusion", "dce"]
     assert set(DEFAULT_PIPELINE) <= set(PASSES)

@@ -10,6 +10,8 @@ Passes (each a module with ``NAME`` and ``run(graph, ctx) -> bool``):
   identity transposes/reshapes removed;
 - ``constant_folding``: nodes of constants only become constants;
 - ``simplify``: algebraic identities that keep NaN/Inf semantics (never ``x*0 -> 0``);
+- ``cheap_math``: ``x ** n`` (small integer ``n``, floats) as multiplications, within a
+  stated number of ulp;
 - ``cse`` and ``dce``: merge duplicates, drop what the outputs do not need;
 - ``transpose_folding``: a matmul reads ``x`` instead of ``swapaxes(x, -1, -2)``;
 - ``epilogue_fusion``: matmul + bias + activation in one GEMM;

@@ -40,7 +40,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: The passes :class:`PassManager` runs when given no list.
-DEFAULT_PIPELINE = ["canonicalize", "constant_folding", "simplify", "cse", "dce",
+DEFAULT_PIPELINE = ["canonicalize", "constant_folding", "simplify", "cheap_math", "cse", "dce",
                     "transpose_folding", "epilogue_fusion", "reduction_fusion",
                     "elementwise_fusion", "dce"]
 
@@ -165,8 +165,8 @@ class PassManager:
                                   len(g), True, list(ctx.notes), g.text()))
 
 
-_MODULES = ("canonicalize", "fold", "simplify", "cse", "dce", "transpose_fold", "epilogue",
-            "reduction_fusion", "elementwise_fusion")
+_MODULES = ("canonicalize", "fold", "simplify", "cheap_math", "cse", "dce", "transpose_fold",
+            "epilogue", "reduction_fusion", "elementwise_fusion")
 
 #: Every pass by name (``module.NAME`` -> module). Imported last: the pass modules use the
 #: helpers above.
