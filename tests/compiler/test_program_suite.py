@@ -1,0 +1,52 @@
+"""The compiler's benchmark suite (``benchmarks/programs.py``) on the CPU: every program
+compiles with ``pl.compile`` and gives NumPy's answer (float64 reference) at a small size.
+
+The same programs are timed on the GPU by ``benchmarks/bench_programs.py``; this keeps
+the suite honest where no GPU is (a program the compiler gets wrong fails here first).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "programs.py"
+_spec = importlib.util.spec_from_file_location("pyc_lab_bench_programs", _PATH)
+programs = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = programs  # dataclasses look their module up there
+_spec.loader.exec_module(programs)
+
+TOL = {np.dtype(np.float16): 2e-2, np.dtype(np.float32): 2e-5}
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("program", programs.PROGRAMS, ids=[p.name for p in programs.PROGRAMS])
+def test_every_program_compiles_and_matches_numpy(program):
+    args = programs.make_inputs(program, 1 / 256, seed=3)
+    fn = pl.compile(program.numpy_fn, backend="numpy")
+    with np.errstate(all="ignore"):
+        got = _as_tuple(fn(*args))
+        want = _as_tuple(program.numpy_fn(*args))  # NumPy itself, same dtypes
+        ref = _as_tuple(program.numpy_fn(*[a.astype(np.float64) if a.dtype.kind == "f"
+                                           else a for a in args]))
+    assert len(got) == len(want) == len(ref)
+    for g, w, r in zip(got, want, ref, strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape, program.name
+        tol = TOL[np.dtype(program.dtype)]
+        err = np.linalg.norm(g.astype(np.float64) - r) / max(np.linalg.norm(r), 1e-30)
+        assert err < tol, (program.name, err)
+
+
+def test_the_suite_is_the_size_the_issue_asks_for():
+    names = [p.name for p in programs.PROGRAMS]
+    assert len(names) >= 20 and len(set(names)) == len(names)
