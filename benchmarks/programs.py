@@ -63,6 +63,8 @@ def make_inputs(program: Program, scale: float, seed: int = 0) -> list[np.ndarra
             hot = np.zeros((rows, shape[-1]), program.dtype)
             hot[np.arange(rows), rng.integers(0, shape[-1], rows)] = 1
             out.append(hot.reshape(shape))
+        elif kind == "w":  # a layer's weights: unit variance out for unit variance in
+            out.append((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(program.dtype))
         elif kind == "pos":
             out.append(rng.uniform(0.5, 2.0, shape).astype(program.dtype))
         else:
@@ -280,8 +282,8 @@ PROGRAMS: list[Program] = [
     Program("colsum_scale_f32", F32, lambda s: [((_n(s, 16384), 4096), "x"), ((4096,), "x")],
             colsum_scale, colsum_scale_t),
     Program("relu_mlp_f16", F16,
-            lambda s: [((_n(s, 4096), _n(s, 1024)), "x"), ((_n(s, 1024), _n(s, 4096)), "x"),
-                       ((_n(s, 4096),), "x"), ((_n(s, 4096), _n(s, 1024)), "x"),
+            lambda s: [((_n(s, 4096), _n(s, 1024)), "x"), ((_n(s, 1024), _n(s, 4096)), "w"),
+                       ((_n(s, 4096),), "x"), ((_n(s, 4096), _n(s, 1024)), "w"),
                        ((_n(s, 1024),), "x")], relu_mlp, relu_mlp_t, memory_bound=False),
     Program("softmax_rows_f16", F16, lambda s: [((_n(s, 32768), 1024), "x")], softmax_rows,
             softmax_rows_t),
@@ -297,8 +299,8 @@ PROGRAMS: list[Program] = [
             lambda s: [((_n(s, 8192), 4096), "x"), ((_n(s, 8192), 4096), "onehot")],
             cross_entropy, cross_entropy_t),
     Program("swiglu_f16", F16,
-            lambda s: [((_n(s, 4096), _n(s, 1024)), "x"), ((_n(s, 1024), _n(s, 2816)), "x"),
-                       ((_n(s, 1024), _n(s, 2816)), "x"), ((_n(s, 2816), _n(s, 1024)), "x")],
+            lambda s: [((_n(s, 4096), _n(s, 1024)), "x"), ((_n(s, 1024), _n(s, 2816)), "w"),
+                       ((_n(s, 1024), _n(s, 2816)), "w"), ((_n(s, 2816), _n(s, 1024)), "w")],
             swiglu, swiglu_t, memory_bound=False),
     Program("adam_step_f32", F32, lambda s: [((_n(s, 1 << 24),), "x"), ((_n(s, 1 << 24),), "x"),
                                              ((_n(s, 1 << 24),), "x"),

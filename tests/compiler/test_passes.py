@@ -75,7 +75,7 @@ def test_default_pipeline_and_registry():
     assert DEFAULT_PIPELINE == ["canonicalize", "constant_folding", "simplify", "cheap_math",
                                 "cse", "dce",
                                 "transpose_folding", "epilogue_fusion", "reduction_fusion",
-                                "elementwise_fusion", "dce"]
+                                "split_reduction", "elementwise_fusion", "dce"]
     assert set(DEFAULT_PIPELINE) <= set(PASSES)
     for name, module in PASSES.items():
         assert name == module.NAME and callable(module.run)
@@ -533,3 +533,17 @@ def test_an_unused_integer_power_still_raises_like_numpy(share_add):
         f(x, y)
     with np.errstate(all="ignore"), pytest.raises(ValueError, match="negative integer"):
         g(x, y)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("kwargs", [{"axis": -1}, {"axis": 0, "ddof": 1}, {},
+                                    {"axis": (0, 1), "keepdims": True}])
+def test_std_becomes_sqrt_of_var_bit_for_bit(dtype, kwargs):
+    rng = np.random.default_rng(11)
+    graph, _ = trace(lambda x: np.std(x, **kwargs), (np.ones((6, 9), dtype),))
+    g, changed, notes = run_pass(graph, "simplify")
+    assert changed and "std" not in g.ops() and {"var", "sqrt"} <= set(g.ops())
+    assert any("std as sqrt(var)" in n for n in notes)
+    x = special_values((6, 9), dtype, rng)
+    assert_same(graph, g, [x], exact=True)
+    assert_same(graph, g, [rand(rng, (6, 9), dtype)], exact=True)

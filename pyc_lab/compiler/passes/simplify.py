@@ -11,7 +11,9 @@ and dtype, so a constant that broadcasts or promotes blocks it):
 - ``-(-x)`` -> ``x``; ``astype(x, x.dtype)`` -> ``x``;
 - ``transpose(transpose(x))`` -> one transpose (or ``x`` when the composition is the
   identity); ``reshape(reshape(x))`` -> one reshape (or ``x``);
-- ``1 / sqrt(x)`` -> ``rsqrt(x)``.
+- ``1 / sqrt(x)`` -> ``rsqrt(x)``;
+- ``std(x)`` -> ``sqrt(var(x))`` with the same axis, ddof and keepdims (how NumPy
+  computes it, so bit for bit; the variance has a generated row kernel).
 
 Never ``x * 0 -> 0``, ``x - x -> 0`` or ``x / x -> 1``: they are wrong for NaN and Inf.
 """
@@ -85,6 +87,15 @@ def _simplify(graph: Graph, n: Node, ctx: PassContext) -> bool:
             new = insert_like(graph, n.id, "sqrt", (base,), {}, n)
             if new is not None:
                 return _replace(graph, n, new.id, ctx, "x**0.5 as sqrt(x)")
+    if n.op == "std" and len(n.inputs) == 1 and n.dtype.kind == "f":
+        # NumPy's std is sqrt(var) with the same arguments, computed exactly so; var has
+        # a generated row kernel, std does not
+        var = insert_like(graph, n.id, "var", n.inputs, dict(n.attrs), n)
+        if var is not None:
+            new = insert_like(graph, n.id, "sqrt", (var.id,), {}, n)
+            if new is not None:
+                return _replace(graph, n, new.id, ctx, "std as sqrt(var)")
+            prune(graph, [var.id])
     if n.op == "negative":
         src = nodes[n.inputs[0]]
         if src.op == "negative" and same_type(nodes[src.inputs[0]], n):

@@ -1,0 +1,120 @@
+"""Two-stage full reductions: a sum over a whole large array becomes a sum of row sums.
+
+A reduction over every element leaves one output, so a row kernel (one block per row)
+would give the whole array to one block of one SM. ``sum(x)`` over ``n >=``
+:data:`MIN_ELEMENTS` elements becomes ``sum(sum(reshape(x, (R, C)), axis=1))`` with
+``C`` a divisor of ``n`` near ``sqrt(n)`` (between :data:`MIN_COLUMNS` and
+:data:`MAX_COLUMNS`): ``R`` blocks reduce a row each, then one block the ``R`` partial
+sums — the two-stage tree of a full reduction (a ``keepdims`` result is reshaped back).
+
+Integer and boolean sums are exact in any order (two's-complement wrap-around is
+associative), so they stay bit for bit NumPy's; float32 and float64 sums change order
+only, as every parallel sum does (NumPy's own is pairwise), within the dtype's
+rounding. float16 sums are left alone: their partial sums would round to float16.
+Sizes with no divisor in range (a prime ``n``, say) are left alone too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from ..ir import Graph, Node
+from .rewrite import prune, try_infer
+
+if TYPE_CHECKING:
+    from .rewrite import PassContext
+
+__all__ = ["MAX_COLUMNS", "MIN_COLUMNS", "MIN_ELEMENTS", "NAME", "columns_for", "run"]
+
+NAME = "split_reduction"
+
+#: Full reductions of fewer elements stay one row (one block handles them well).
+MIN_ELEMENTS = 1 << 18
+#: The row length of the first stage lies in this range (a row per block, vectorised).
+MIN_COLUMNS, MAX_COLUMNS = 1024, 1 << 16
+
+
+def columns_for(n: int) -> int | None:
+    """The divisor of ``n`` in ``[MIN_COLUMNS, MAX_COLUMNS]`` nearest ``sqrt(n)`` (at
+    least two rows), or ``None``."""
+    target = max(MIN_COLUMNS, min(MAX_COLUMNS, math.isqrt(n)))
+    for step in range(MAX_COLUMNS):
+        for c in (target - step, target + step):
+            if MIN_COLUMNS <= c <= MAX_COLUMNS and n % c == 0 and n // c >= 2:
+                return c
+        if target - step < MIN_COLUMNS and target + step > MAX_COLUMNS:
+            return None
+    return None
+
+
+def _add(graph: Graph, anchor: int, op: str, inputs: tuple[int, ...],
+         attrs: dict[str, Any], inserted: list[int]) -> Node | None:
+    if try_infer(op, [graph.nodes[i] for i in inputs], attrs) is None:
+        return None
+    node = graph.insert_before(anchor, op, inputs, attrs)
+    inserted.append(node.id)
+    return node
+
+
+def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
+    """The two-stage form of full reduction ``n``, inserted before it: its id and the
+    first stage's row length."""
+    x = graph.nodes[n.inputs[0]]
+    size = math.prod(x.shape)
+    cols = columns_for(size)
+    if cols is None:
+        return None
+    inserted: list[int] = []
+    steps = [("reshape", {"shape": (size // cols, cols)}),
+             ("sum", {"axis": (1,), "keepdims": False}),
+             ("sum", {"axis": None, "keepdims": False})]
+    if n.attrs.get("keepdims"):
+        steps.append(("reshape", {"shape": tuple(n.shape)}))
+    last: Node | None = x
+    for op, attrs in steps:
+        last = _add(graph, n.id, op, (last.id,), attrs, inserted)
+        if last is None:
+            break
+    if last is None or tuple(last.shape) != tuple(n.shape) or last.dtype != n.dtype:
+        prune(graph, inserted)
+        return None
+    return last.id, cols
+
+
+def run(graph: Graph, ctx: PassContext) -> bool:
+    """Split large full sums into two stages, in place.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph, rewritten in place.
+    ctx : PassContext
+        Receives one note per split.
+
+    Returns
+    -------
+    bool
+        Whether anything changed.
+    """
+    changed = False
+    for n in list(graph):
+        if n.id not in graph.nodes or n.op != "sum" or len(n.inputs) != 1:
+            continue
+        if n.attrs.get("axis") is not None or set(n.attrs) - {"axis", "keepdims"}:
+            continue
+        x = graph.nodes[n.inputs[0]]
+        if n.dtype.kind not in "fiub" or n.dtype.name == "float16" or x.dtype.kind == "c" \
+                or x.dtype.name == "float16" or math.prod(x.shape) < MIN_ELEMENTS:
+            continue
+        split = _split(graph, n)
+        if split is None:
+            continue
+        total, cols = split
+        graph.replace_uses(n.id, total)
+        prune(graph, [n.id])
+        size = math.prod(x.shape)
+        ctx.note(f"{NAME}: sum over {size} elements in two stages ({size // cols} rows of "
+                 f"{cols}, then their partial sums): sum %{n.id} -> %{total}")
+        changed = True
+    return changed
