@@ -241,10 +241,9 @@ class Batcher:
         rows = -1
         reject = self.options.nan_policy == "reject"
         for (want, ndim, fixed, floating), a in zip(specs, arrays, strict=True):
-            if type(a) is not np.ndarray or a.dtype != want or a.ndim != ndim \
-                    or not a.flags.c_contiguous or (fixed is not None
-                                                    and a.shape[1:] != fixed):
-                return None
+            if fixed is None or type(a) is not np.ndarray or a.dtype != want \
+                    or a.ndim != ndim or a.shape[1:] != fixed or not a.flags.c_contiguous:
+                return None  # a free dimension, or anything unusual: the full check
             if rows < 0:
                 rows = a.shape[0]
             elif a.shape[0] != rows:

@@ -217,3 +217,21 @@ def test_the_fast_request_check_agrees_with_the_full_one(start, affine):
         with pytest.raises(BadRequestError, match=match):
             b.check(bad)
     np.testing.assert_array_equal(b.check([x.T.copy().T])[0][0], x)  # F-order: copied
+
+
+def test_the_fast_check_never_lets_a_wrong_fixed_dimension_through(start):
+    """A model with a free dimension besides the batch: the fast path steps aside and
+    the full check still refuses a wrong fixed dimension."""
+    from pyc_lab.inference.model import load
+
+    def scale(x):
+        return x * np.float32(2)
+
+    model = load(scale, inputs={"x": ("float32", (None, None, 4))}, outputs=["y"])
+    server = start(model, max_batch=8)
+    b = server._batcher(None)
+    ok = np.ones((2, 3, 4), np.float32)
+    assert b._fast_check([ok]) is None
+    assert b.check([ok])[1] == 2
+    with pytest.raises(BadRequestError, match="axis 2 is 5"):
+        b.check([np.ones((2, 3, 5), np.float32)])
