@@ -240,7 +240,8 @@ def _record(exe: GraphHost, values: dict[int, Any], program: list[tuple[str, Any
     other library call as a call on the static arrays."""
     cp = exe._cp
     with cp.cuda.using_allocator(pool.malloc), stream:
-        workspace = _direct_blas_workspace(owned)
+        gemms = any(not s.capturable and hasattr(s, "graph_call") for s in exe._steps)
+        workspace = _direct_blas_workspace(owned) if gemms else None  # 32 MiB: only if used
         capturing = False
         try:
             for step in exe._steps:
