@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pyc_lab as pl
 from pyc_lab.compiler import trace
@@ -87,3 +89,50 @@ def test_compiled_full_sum_matches_numpy_and_explains():
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, np.sum(x.astype(np.float64) ** 2), rtol=1e-5)
     assert any("split_reduction: sum over 1572864 elements" in n for n in f.explain(x).notes)
+
+
+_PROLOGUES = {
+    "x": lambda v: v,
+    "x*x": lambda v: v * v,
+    "abs(x)+1": lambda v: np.abs(v) + 1,
+    "x-(x>0)": lambda v: v - (v > 0),
+}
+
+
+@settings(deadline=None)
+@given(rows=st.sampled_from([255, 256, 257, 512, 768, 1031]),
+       cols=st.sampled_from([1024, 1025, 2048]),
+       dtype=st.sampled_from([np.int8, np.int32, np.uint16, np.bool_, np.float32,
+                              np.float64]),
+       prologue=st.sampled_from(sorted(_PROLOGUES)),
+       keepdims=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_random_full_sums_around_the_threshold_are_numpys(rows, cols, dtype, prologue,
+                                                           keepdims, seed):
+    """Sums over every element, of sizes below, at and above MIN_ELEMENTS (some with no
+    divisor in range), after a small elementwise prologue: the compiled call gives
+    NumPy's dtype and shape, integers bit for bit, floats within rounding."""
+    rng = np.random.default_rng(seed)
+    if dtype == np.bool_:
+        x = rng.random((rows, cols)) < 0.5
+    elif np.dtype(dtype).kind in "iu":
+        x = rng.integers(1, 100, (rows, cols)).astype(dtype)
+    else:
+        x = (rng.standard_normal((rows, cols)) + 0.1).astype(dtype)
+    pro = _PROLOGUES[prologue]
+
+    def fn(v):
+        return np.sum(pro(v), keepdims=keepdims)
+
+    with np.errstate(all="ignore"):
+        try:
+            want = fn(x)
+        except TypeError:  # NumPy refuses the prologue for this dtype (bool - bool)
+            return
+        got = pl.compile(fn, backend="numpy")(x)
+    assert np.asarray(got).dtype == np.asarray(want).dtype
+    assert np.shape(got) == np.shape(want)
+    if np.asarray(want).dtype.kind == "f":
+        exact = np.sum(pro(x.astype(np.float64)), keepdims=keepdims)
+        np.testing.assert_allclose(got, exact, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    else:
+        np.testing.assert_array_equal(got, want)
