@@ -6,7 +6,9 @@ torch twin eagerly, and the torch twin under ``torch.compile`` (default mode). E
 result is checked against the torch twin in float64 on the GPU (relative error of the
 whole output); GPU time is the median of CUDA-event repeats (``pl.profiling.benchmark``);
 memory-bound programs also report bytes read and written per second against a
-device-to-device copy measured in the same run. Compile times (first call) are recorded.
+device-to-device copy measured in the same run. Compile times (first call) and the warm
+host time per call (at 1/256 of the size, where issuing the call is what costs) are
+recorded.
 One program failing is recorded and the others go on; programs left when ``--budget-s``
 is spent are listed as not run. Writes ``programs.json``.
 
@@ -39,6 +41,26 @@ TOLERANCE = {"float16": 2e-2, "float32": 1e-4}
 def gpu_ms(fn: Any, repeats: int = 15) -> float:
     """Median GPU milliseconds of ``fn()`` (CUDA events; host gaps kept out)."""
     return benchmark(fn, repeats=repeats, warmup=2, gpu=True).median_s * 1e3
+
+
+#: The inputs' scale at which the warm host time per call is measured (the GPU work is
+#: then small, so the host's cost of issuing the call is what is timed).
+SMALL_SCALE = 1 / 256
+
+
+def host_us(fn: Any, args: list[Any], cp: Any, calls: int = 200) -> float:
+    """Median host microseconds per warm call of ``fn(*args)`` (seven samples of
+    ``calls`` calls each, the device synchronised after each sample)."""
+    fn(*args)
+    cp.cuda.Device().synchronize()
+    samples = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        cp.cuda.Device().synchronize()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(samples)
 
 
 def copy_gbps(cp: Any, nbytes: int = 1 << 30) -> float:
@@ -98,6 +120,8 @@ def run_program(p: Program, cp: Any, torch: Any, copy_bw: float) -> dict[str, An
                  "torch.compile": gpu_ms(lambda: tc(*tins))}
     row["vs_torch_compile"] = row["ms"]["torch.compile"] / row["ms"]["pl.compile"]
     row["vs_torch_eager"] = row["ms"]["torch eager"] / row["ms"]["pl.compile"]
+    small = [cp.asarray(a) for a in make_inputs(p, SMALL_SCALE, seed=2)]
+    row["pl_host_us_small"] = host_us(pl.compile(p.numpy_fn), small, cp)
     if p.memory_bound:
         outs = _tuple(fn(*dev))
         moved = sum(a.nbytes for a in dev) + sum(getattr(o, "nbytes", 8) for o in outs)
@@ -122,6 +146,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "memory_bound_below_85pct_copy": [r["program"] for r in ok
                                           if r.get("fraction_of_copy_bw", 1.0) < 0.85],
         "compile_over_2s": [r["program"] for r in ok if r["pl_compile_s"] > 2.0],
+        "host_over_30us": [r["program"] for r in ok if r.get("pl_host_us_small", 0) > 30.0],
     }
 
 

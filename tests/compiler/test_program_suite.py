@@ -50,3 +50,30 @@ def test_every_program_compiles_and_matches_numpy(program):
 def test_the_suite_is_the_size_the_issue_asks_for():
     names = [p.name for p in programs.PROGRAMS]
     assert len(names) >= 20 and len(set(names)) == len(names)
+
+
+def test_the_benchmark_summary_reads_its_rows():
+    """bench_programs' summary over made-up rows (what the GPU run writes): medians,
+    the programs below 0.90x, wrong, failed, not run, slow to compile or to call."""
+    sys.path.insert(0, str(_PATH.parent))
+    try:
+        import bench_programs
+    finally:
+        sys.path.remove(str(_PATH.parent))
+    rows = [
+        {"program": "a", "vs_torch_compile": 1.2, "vs_torch_eager": 2.0, "correct": True,
+         "pl_compile_s": 0.5, "pl_host_us_small": 20.0, "fraction_of_copy_bw": 0.9},
+        {"program": "b", "vs_torch_compile": 0.5, "vs_torch_eager": 1.0, "correct": False,
+         "pl_compile_s": 2.5, "pl_host_us_small": 45.0, "fraction_of_copy_bw": 0.4},
+        {"program": "c", "vs_torch_compile": 0.95, "vs_torch_eager": 1.5, "correct": True,
+         "pl_compile_s": 0.1},
+        {"program": "d", "error": "RuntimeError: boom"},
+        {"program": "e", "not_run": "time budget spent"},
+    ]
+    s = bench_programs.summary(rows)
+    assert s["programs_timed"] == 3 and s["median_vs_torch_compile"] == 0.95
+    assert s["min_vs_torch_compile"] == 0.5 and s["below_0_90"] == ["b"]
+    assert s["median_vs_torch_eager"] == 1.5 and s["wrong"] == ["b"]
+    assert s["failed"] == ["d"] and s["not_run"] == ["e"]
+    assert s["memory_bound_below_85pct_copy"] == ["b"]
+    assert s["compile_over_2s"] == ["b"] and s["host_over_30us"] == ["b"]
