@@ -16,6 +16,8 @@ Passes (each a module with ``NAME`` and ``run(graph, ctx) -> bool``):
 - ``transpose_folding``: a matmul reads ``x`` instead of ``swapaxes(x, -1, -2)``;
 - ``epilogue_fusion``: matmul + bias + activation in one GEMM;
 - ``reduction_fusion``: hand-written softmax, layer norm and variance become one op;
+- ``find_attention``: names hand-written attention (``softmax(q @ k^T * s) @ v``) in
+  ``explain()``; rewrites nothing yet;
 - ``split_reduction``: a sum over a whole large array in two stages (row sums, then
   their sum), so that many blocks share it;
 - ``elementwise_fusion``: maximal elementwise groups become ``fused`` kernels.
