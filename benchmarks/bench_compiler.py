@@ -20,24 +20,16 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_result
+from common import gpu_time, host_us, write_result
 
 import pyc_lab as pl
 from pyc_lab.hardware.device import cupy_status
-from pyc_lab.profiling import benchmark
-
-
-def gpu_time(fn: Callable[[], object], repeats: int = 20, warmup: int = 3) -> float:
-    """Median GPU seconds of ``fn`` on the current stream (pyc_lab's ``benchmark``: CUDA
-    events, the host's launch gaps kept out by a spin kernel)."""
-    return benchmark(fn, repeats=repeats, warmup=warmup, gpu=True).median_s
 
 
 def rel_err(out, ref) -> float:
@@ -214,21 +206,6 @@ def bench_norms(cp) -> dict:
     return {"shape": list(shape), "dtype": "float16", "rel_err": {"softmax": err_sm,
                                                                   "layer_norm": err_ln},
             "results": out}
-
-
-def host_us(cp, fn: Callable[[], object], calls: int = 200, rounds: int = 7) -> float:
-    """Median host microseconds per call of ``fn`` (not synchronised inside a round)."""
-    for _ in range(20):
-        fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) / calls)
-        cp.cuda.Device().synchronize()
-    return statistics.median(times) * 1e6
 
 
 def small_block(x, g, b):

@@ -28,11 +28,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import cupy_and_torch, write_result
+from common import cupy_and_torch, gpu_time, host_us, write_result
 from programs import PROGRAMS, Program, make_inputs
 
 import pyc_lab as pl
-from pyc_lab.profiling import benchmark
 
 #: Relative error (whole output, against float64) a result must stay under, per dtype.
 TOLERANCE = {"float16": 2e-2, "float32": 1e-4}
@@ -40,27 +39,12 @@ TOLERANCE = {"float16": 2e-2, "float32": 1e-4}
 
 def gpu_ms(fn: Any, repeats: int = 15) -> float:
     """Median GPU milliseconds of ``fn()`` (CUDA events; host gaps kept out)."""
-    return benchmark(fn, repeats=repeats, warmup=2, gpu=True).median_s * 1e3
+    return gpu_time(fn, repeats=repeats, warmup=2) * 1e3
 
 
 #: The inputs' scale at which the warm host time per call is measured (the GPU work is
 #: then small, so the host's cost of issuing the call is what is timed).
 SMALL_SCALE = 1 / 256
-
-
-def host_us(fn: Any, args: list[Any], cp: Any, calls: int = 200) -> float:
-    """Median host microseconds per warm call of ``fn(*args)`` (seven samples of
-    ``calls`` calls each, the device synchronised after each sample)."""
-    fn(*args)
-    cp.cuda.Device().synchronize()
-    samples = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        cp.cuda.Device().synchronize()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(samples)
 
 
 def copy_gbps(cp: Any, nbytes: int = 1 << 30) -> float:
@@ -121,7 +105,8 @@ def run_program(p: Program, cp: Any, torch: Any, copy_bw: float) -> dict[str, An
     row["vs_torch_compile"] = row["ms"]["torch.compile"] / row["ms"]["pl.compile"]
     row["vs_torch_eager"] = row["ms"]["torch eager"] / row["ms"]["pl.compile"]
     small = [cp.asarray(a) for a in make_inputs(p, SMALL_SCALE, seed=2)]
-    row["pl_host_us_small"] = host_us(pl.compile(p.numpy_fn), small, cp)
+    small_fn = pl.compile(p.numpy_fn)
+    row["pl_host_us_small"] = host_us(cp, lambda: small_fn(*small))
     if p.memory_bound:
         outs = _tuple(fn(*dev))
         moved = sum(a.nbytes for a in dev) + sum(getattr(o, "nbytes", 8) for o in outs)

@@ -1,4 +1,5 @@
-"""What every benchmark result records: device, driver, versions, git sha, date."""
+"""What every benchmark result records (device, driver, versions, git sha, date), and the
+timers the benchmarks share (GPU time through CUDA events, host time per call)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import subprocess
+import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -82,3 +86,26 @@ def cupy_and_torch(what: str) -> tuple[Any, Any] | None:
         print(f"skipped: {what} compares with torch; install torch")
         return None
     return cp, torch
+
+
+def gpu_time(fn: Callable[[], object], repeats: int = 20, warmup: int = 3) -> float:
+    """Median GPU seconds of ``fn`` on the current stream (pyc_lab's ``benchmark``: CUDA
+    events, the host's launch gaps kept out by a spin kernel)."""
+    from pyc_lab.profiling import benchmark
+
+    return benchmark(fn, repeats=repeats, warmup=warmup, gpu=True).median_s
+
+
+def host_us(cp, fn: Callable[[], object], calls: int = 200, rounds: int = 7) -> float:
+    """Median host microseconds per call of ``fn`` (not synchronised inside a round)."""
+    for _ in range(20):
+        fn()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
+        cp.cuda.Device().synchronize()
+    return statistics.median(times) * 1e6

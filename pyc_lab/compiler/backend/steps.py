@@ -213,30 +213,9 @@ class _MatmulStep(_Step):
 
     def static_call(self, exe: Executor, values: dict[int, Any]) -> Any:
         cp = exe._cp
-        node = self.node
-        a, b = _gemm_operands(node, values)  # views of the static arrays: they see new data
-        product = self._planned_product(exe)
-        if product is None:
-            product = cp.empty(node.shape, dtype=self.product_dtype)
-        out = product
-        if self.epilogue is not None and not self.epilogue.launch.get("inplace"):
-            out = exe._buffer_view(self.out_buffer, node) if self.out_buffer is not None \
-                else cp.empty(node.shape, dtype=node.dtype)
-        bias = values[node.inputs[2]] if self.bias_node is not None else None
-        values[node.id] = out
-
-        def call() -> None:
-            cp.matmul(a, b, out=product)
-            if self.epilogue is None:
-                return
-            ins = [product]
-            if bias is not None:  # made contiguous on every call: a copy would go stale
-                ins.append(contiguous_operand(bias, self.bias_node, cp))
-            self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.epilogue,
-                                                 ins, out)
-
-        return call
-
+        a, b = _gemm_operands(self.node, values)  # views of the static arrays: new data
+        return self._call_on_static(exe, values, a, b,
+                                    lambda product: cp.matmul(a, b, out=product))
 
     def graph_call(self, exe: Executor, values: dict[int, Any],
                    workspace: tuple[int, int]) -> Callable[[], None] | None:
@@ -249,12 +228,22 @@ class _MatmulStep(_Step):
         from ...kernels.matmul_plan import direct_for
 
         cp = exe._cp
-        node = self.node
-        a, b = _gemm_operands(node, values)
-        result = np.dtype(self.product_dtype).name
-        direct = direct_for(a, b, None, "cublas", 1.0, 0.0, result)
+        a, b = _gemm_operands(self.node, values)
+        direct = direct_for(a, b, None, "cublas", 1.0, 0.0, np.dtype(self.product_dtype).name)
         if direct is None:
             return None
+        gemm = direct.gemm
+        return self._call_on_static(exe, values, a, b, lambda product: gemm(
+            a.data.ptr, b.data.ptr, product.data.ptr, cp.cuda.get_current_stream().ptr,
+            workspace))
+
+    def _call_on_static(self, exe: Executor, values: dict[int, Any], a: Any, b: Any,
+                        gemm: Callable[[Any], None]) -> Callable[[], None]:
+        """The replay call of :meth:`static_call` and :meth:`graph_call`: ``gemm(product)``
+        into the planned (or a fresh) product, then the epilogue; the output is entered
+        in ``values`` now, the work done when the call runs."""
+        cp = exe._cp
+        node = self.node
         product = self._planned_product(exe)
         if product is None:
             product = cp.empty(node.shape, dtype=self.product_dtype)
@@ -264,15 +253,13 @@ class _MatmulStep(_Step):
                 else cp.empty(node.shape, dtype=node.dtype)
         bias = values[node.inputs[2]] if self.bias_node is not None else None
         values[node.id] = out
-        gemm = direct.gemm
 
         def call() -> None:
-            gemm(a.data.ptr, b.data.ptr, product.data.ptr, cp.cuda.get_current_stream().ptr,
-                 workspace)
+            gemm(product)
             if self.epilogue is None:
                 return
             ins = [product]
-            if bias is not None:
+            if bias is not None:  # made contiguous on every call: a copy would go stale
                 ins.append(contiguous_operand(bias, self.bias_node, cp))
             self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.epilogue,
                                                  ins, out)

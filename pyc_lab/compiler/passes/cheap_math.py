@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node
-from .rewrite import const_value, insert_like, is_const, prune, same_type
+from .rewrite import const_value, is_const, prune, same_type, try_infer
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -54,32 +54,20 @@ def integer_exponent(graph: Graph, nid: int) -> int | None:
     return n if 3 <= n <= MAX_EXPONENT else None
 
 
-def _chain(graph: Graph, anchor: Node, base: int, n: int) -> int | None:
-    """Insert ``base ** n`` as multiplications before ``anchor``; the product's id, or
-    ``None`` (nothing left inserted) if a product's type would differ from anchor's."""
-    inserted: list[int] = []
+def _chain(graph: Graph, anchor: Node, base: int, n: int) -> int:
+    """Insert ``base ** n`` as multiplications (repeated squaring) before ``anchor``;
+    the product's id. Every factor has ``anchor``'s type (checked by the caller), so
+    every product has it too."""
     result: int | None = None
     square = base
     while True:
         if n & 1:
-            if result is None:
-                result = square
-            else:
-                node = insert_like(graph, anchor.id, "multiply", (result, square), {}, anchor)
-                if node is None:
-                    prune(graph, inserted)
-                    return None
-                inserted.append(node.id)
-                result = node.id
+            result = square if result is None else graph.insert_before(
+                anchor.id, "multiply", (result, square), {}).id
         n >>= 1
         if not n:
             return result
-        node = insert_like(graph, anchor.id, "multiply", (square, square), {}, anchor)
-        if node is None:
-            prune(graph, inserted)
-            return None
-        inserted.append(node.id)
-        square = node.id
+        square = graph.insert_before(anchor.id, "multiply", (square, square), {}).id
 
 
 def run(graph: Graph, ctx: PassContext) -> bool:
@@ -106,11 +94,10 @@ def run(graph: Graph, ctx: PassContext) -> bool:
                 or not same_type(graph.nodes[base], n):
             continue
         power = integer_exponent(graph, exp)
-        if power is None:
+        if power is None or try_infer("multiply", [graph.nodes[base]] * 2, {}) \
+                != (tuple(n.shape), n.dtype):
             continue
         product = _chain(graph, n, base, power)
-        if product is None:
-            continue
         graph.replace_uses(n.id, product)
         prune(graph, [n.id])
         multiplies = bin(power).count("1") + power.bit_length() - 2
