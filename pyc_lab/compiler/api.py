@@ -28,7 +28,7 @@ from . import guards as guards_
 from .cache_keys import static_key
 from .errors import DynamicShapeError, TraceError
 from .ir import Graph, dtype_short
-from .ops import ShapeError, evaluate, run_graph
+from .ops import FUSED_OPS, ShapeError, evaluate, run_graph
 from .policy import MODES, Decision, choose
 from .signature import check_argument, check_signature_type, parse_spec
 from .tracer import is_array, trace
@@ -431,7 +431,7 @@ def _run_numpy(graph: Graph, arrays: list[Any]) -> list[Any]:
 def _numpy_kernels(graph: Graph) -> list[dict[str, Any]]:
     out = []
     for node in graph:
-        if node.op == "fused":
+        if node.op in FUSED_OPS:
             out.append({"name": node.attrs.get("name"), "ops": list(node.attrs.get("ops", ())),
                         "implementation": "numpy (one reference call per op)"})
     return out

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..units import format_bytes
 from .ir import Graph
-from .ops import REGISTRY
+from .ops import FUSED_OPS, REGISTRY
 from .policy import REASONS
 
 __all__ = ["Explanation", "graph_svg"]
@@ -154,7 +154,7 @@ def graph_svg(graph: Graph, *, width: int = 760) -> str:
     for n in graph:
         x, y = pos[n.id]
         kind = REGISTRY[n.op].kind
-        if n.op == "fused":
+        if n.op in FUSED_OPS:
             fill = _PALETTE[fused_k % len(_PALETTE)]
             fused_k += 1
             label = n.attrs.get("name", "fused")

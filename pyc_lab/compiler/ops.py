@@ -604,6 +604,16 @@ _register(OpDef("fused", "fused", None, _fused_shape, _fused_reference,
                 dtype=lambda inputs, attrs: attrs["body"].nodes[attrs["body"].outputs[0]].dtype))
 
 
+# ``fused_rows``: a row program (row fusion) — elementwise prologue, reductions over the
+# last axis of its row space ``attrs["space"]`` and an elementwise epilogue, one body graph
+# with one output, computed as written (its reference runs the body op by op).
+_register(OpDef("fused_rows", "norm", None, _fused_shape, _fused_reference,
+                dtype=lambda inputs, attrs: attrs["body"].nodes[attrs["body"].outputs[0]].dtype))
+
+#: Ops whose ``attrs["body"]`` is a graph computed as one kernel.
+FUSED_OPS = ("fused", "fused_rows")
+
+
 def _eager_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
     fn = attrs["_fn"]
     call_args, call_kwargs = attrs["_rebuild"](list(args))

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .ir import Graph, Node
-from .ops import REGISTRY
+from .ops import FUSED_OPS, REGISTRY
 
 __all__ = ["MODES", "REASONS", "TUNED_LOOKUP", "Decision", "choose", "lt_problem",
            "tuned_lookup", "tuned_problem"]
@@ -134,8 +134,8 @@ class Decision:
 
 
 def _describe(node: Node) -> str:
-    if node.op == "fused":
-        return f"{node.attrs.get('name', 'fused')}: " + ", ".join(node.attrs.get("ops", ()))
+    if node.op in FUSED_OPS:
+        return f"{node.attrs.get('name', node.op)}: " + ", ".join(node.attrs.get("ops", ()))
     return node.op
 
 

@@ -318,8 +318,20 @@ def test_every_registered_op_is_covered_by_a_test_here():
         "where", "astype", "sum", "mean", "max", "min", "var", "std", "prod", "argmax",
         "argmin", "any", "all", "matmul", "softmax", "layer_norm", "reshape", "transpose",
         "broadcast_to", "expand_dims", "squeeze", "concatenate", "slice", "setitem",
-        "input", "constant", "fused", "eager"}
+        "input", "constant", "fused", "fused_rows", "eager"}
     assert set(REGISTRY) <= covered, set(REGISTRY) - covered
+
+
+def test_fused_rows_runs_its_body_as_written(rng):
+    x = rng.standard_normal((3, 7)).astype(np.float32)
+    body = Graph()
+    b_in = body.add("input", shape=x.shape, dtype=x.dtype, name="in0")
+    sq = body.add("multiply", [b_in.id, b_in.id])
+    total = body.add("sum", [sq.id], {"axis": (1,), "keepdims": True})
+    body.outputs = [body.add("divide", [b_in.id, total.id]).id]
+    node, out = run_op("fused_rows", [x], {"body": body, "space": x.shape, "name": "rows_0"})
+    assert node.shape == x.shape and node.dtype == np.float32
+    np.testing.assert_array_equal(out, x / (x * x).sum(1, keepdims=True))
 
 
 def test_infer_matches_the_reference_for_every_elementwise_op(rng):

@@ -75,8 +75,8 @@ def test_default_pipeline_and_registry():
     assert DEFAULT_PIPELINE == ["canonicalize", "constant_folding", "simplify", "cheap_math",
                                 "cse", "dce",
                                 "transpose_folding", "epilogue_fusion", "reduction_fusion",
-                                "find_attention", "split_reduction", "elementwise_fusion",
-                                "dce"]
+                                "find_attention", "split_reduction", "row_fusion",
+                                "elementwise_fusion", "dce"]
     assert set(DEFAULT_PIPELINE) <= set(PASSES)
     for name, module in PASSES.items():
         assert name == module.NAME and callable(module.run)

@@ -6,7 +6,9 @@ compiles without headers:
 - **elementwise** (:mod:`.elementwise`): a ``fused`` node's body (or one elementwise
   op) as one grid-stride kernel, with a 16-byte vectorised variant;
 - **rows** (:mod:`.reduction`): softmax, layer norm and sum/mean/max/min/var over the
-  last axis, one warp or one block per row with warp-shuffle reductions;
+  last axis, one warp or one block per row with warp-shuffle reductions; and
+  (:mod:`.row_program`) a fused row program — elementwise prologue, reductions over the
+  last axis, elementwise epilogue — as one such kernel;
 - **epilogue** (:func:`generate_epilogue`): a matmul's bias and activation applied in
   place to the GEMM result.
 
@@ -38,6 +40,7 @@ from .elementwise import (
     kernel_name,
 )
 from .reduction import ROW_OPS, check_rows, generate_rows
+from .row_program import check_row_program, generate_row_program
 
 __all__ = ["ROW_OPS", "KernelSource", "cuda_types", "generate", "generate_epilogue",
            "supports"]
@@ -68,6 +71,10 @@ def supports(node: Node, graph: Graph) -> tuple[bool, str]:
             why = check_elementwise(body, shapes, dtypes, tuple(node.shape), node.dtype)
         elif node.op in ROW_OPS:
             why = check_rows(node, graph)
+        elif node.op == "fused_rows":
+            shapes, dtypes = _elementwise_inputs(node, graph)
+            why = check_row_program(node.attrs["body"], tuple(node.attrs["space"]), shapes,
+                                    dtypes)
         elif node.op == "matmul":
             why = _epilogue_problem(node, graph)
         else:
@@ -104,6 +111,8 @@ def generate(node: Node, graph: Graph, *, inplace: bool = False) -> KernelSource
                                     tuple(node.shape), node.dtype, ops, inplace=inplace)
     if node.op in ROW_OPS:
         return generate_rows(node, graph)
+    if node.op == "fused_rows":
+        return generate_row_program(node, graph)
     raise ValueError(f"node %{node.id} ({node.op}): use generate_epilogue for a matmul")
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "epilogue_body",
     "generate_elementwise",
     "kernel_name",
+    "node_expression",
 ]
 
 log = logging.getLogger(__name__)
@@ -208,6 +209,32 @@ def _result(expr: str, dtype: np.dtype) -> str:
     return expr
 
 
+def node_expression(n: Node, body: Graph, var: dict[int, str], needs: set[str]) -> str:
+    """The C expression of elementwise body node ``n`` in its compute type.
+
+    Operands are named by ``var`` (body node id -> C name, each in its node's compute
+    type) and converted to the op's operand dtypes first; a float16 result is rounded to
+    float16 as NumPy rounds it. The helper sections the expression needs are added to
+    ``needs``. Shared by the elementwise kernels and the fused row kernels.
+    """
+    targets = _operand_dtypes(n, body)
+    operands = []
+    for i, target in zip(n.inputs, targets, strict=True):
+        src = body.node(i)
+        operands.append(var[i] if target is None else ct.convert(var[i], src.dtype, target))
+    template = _template(n)
+    if ct.compute_type(n.dtype) == "float":
+        # The registry's templates write constants as C doubles (0.5); in float
+        # arithmetic they must be float literals (0.5f), or the whole expression —
+        # tanh included — is evaluated in slow double precision.
+        template = _FLOAT_LITERAL.sub(r"\1f", template)
+    if "pyc_ipow" in template:
+        needs.add("ipow")
+    if "pyc_abs" in template:
+        needs.add("abs")
+    return _result(template.format(*operands), n.dtype)
+
+
 def _device_function(fname: str, body: Graph, out_dtype: np.dtype) -> tuple[str, set[str]]:
     """``__device__`` function computing the body; also the helper sections it needs."""
     needs: set[str] = set()
@@ -228,23 +255,7 @@ def _device_function(fname: str, body: Graph, out_dtype: np.dtype) -> tuple[str,
             lines.append(f"    const {ctype} {name} = {ct.literal(n.attrs['value'], n.dtype)};"
                          f"  // constant {n.type_text}")
         else:
-            targets = _operand_dtypes(n, body)
-            operands = []
-            for i, target in zip(n.inputs, targets, strict=True):
-                src = body.node(i)
-                operands.append(var[i] if target is None
-                                else ct.convert(var[i], src.dtype, target))
-            template = _template(n)
-            if ctype == "float":
-                # The registry's templates write constants as C doubles (0.5); in float
-                # arithmetic they must be float literals (0.5f), or the whole expression —
-                # tanh included — is evaluated in slow double precision.
-                template = _FLOAT_LITERAL.sub(r"\1f", template)
-            if "pyc_ipow" in template:
-                needs.add("ipow")
-            if "pyc_abs" in template:
-                needs.add("abs")
-            expr = _result(template.format(*operands), n.dtype)
+            expr = node_expression(n, body, var, needs)
             lines.append(f"    const {ctype} {name} = {expr};  // {n.op} -> {n.type_text}")
         var[n.id] = name
     out = body.node(body.outputs[0])

@@ -20,6 +20,9 @@ Passes (each a module with ``NAME`` and ``run(graph, ctx) -> bool``):
   ``explain()``; rewrites nothing yet;
 - ``split_reduction``: a sum over a whole large array in two stages (row sums, then
   their sum), so that many blocks share it;
+- ``row_fusion``: any elementwise prologue -> reductions over the last axis ->
+  elementwise epilogue (RMS norm, log-softmax, masked softmax, norms...) becomes one
+  ``fused_rows`` row kernel;
 - ``elementwise_fusion``: maximal elementwise groups become ``fused`` kernels.
 """
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..ir import Graph, Node
-from ..ops import REDUCTIONS, REGISTRY, is_plain_reduction, normalize_axis
-from .rewrite import const_is, const_value, kind_of, prune, try_infer
+from ..ops import is_plain_reduction, normalize_axis
+from .rewrite import const_is, const_value, prune, try_infer
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -282,33 +282,4 @@ def run(graph: Graph, ctx: PassContext) -> bool:
             if match is not None and _apply(graph, match, users, ctx):
                 changed = True
                 users = graph.users()
-    _explain_unfused(graph, ctx)
     return changed
-
-
-def _explain_unfused(graph: Graph, ctx: PassContext) -> None:
-    """Say, for each reduction left standing between elementwise work, why it stays a
-    kernel of its own: only the patterns above fuse with their neighbours."""
-    def elementwise(node: Node) -> bool:
-        return node.op in REGISTRY and kind_of(node.op) in ("elementwise", "fused")
-
-    users = graph.users()
-    for n in graph:
-        if n.op in ("softmax", "layer_norm"):
-            fed = [graph.nodes[i].op for i in n.inputs[:1] if elementwise(graph.nodes[i])]
-            if fed:
-                ctx.note(f"{NAME}: {n.op} %{n.id} reads its input ({fed[0]}) from a separate "
-                         "kernel: elementwise work before a row kernel is not fused into it")
-            continue
-        if n.op not in REDUCTIONS:
-            continue
-        before = [graph.nodes[i].op for i in n.inputs[:1] if elementwise(graph.nodes[i])]
-        after = sorted({graph.nodes[u].op for u in users.get(n.id, [])
-                        if elementwise(graph.nodes[u])})
-        if not before and not after:
-            continue
-        around = ", ".join(filter(None, (f"fed by {before[0]}" if before else "",
-                                         f"read by {', '.join(after)}" if after else "")))
-        ctx.note(f"{NAME}: {n.op} %{n.id} ({around}) stays its own kernel: only "
-                 "softmax, layer norm and variance patterns fuse a reduction with the "
-                 "elementwise work around it")

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...errors import PycLabError
 from ..ir import Graph, Node
-from ..ops import REGISTRY, infer
+from ..ops import FUSED_OPS, REGISTRY, infer
 
 __all__ = ["PassContext", "broadcasts_to", "const_is", "const_value", "insert_like",
            "is_const", "is_float", "kind_of", "prune", "same_type", "sole_user", "try_infer"]
@@ -131,7 +131,7 @@ def may_raise(node: Node, graph: Graph) -> bool:
         if exp.op == "constant":
             return bool(np.any(np.asarray(exp.attrs["value"]) < 0))
         return True
-    body = node.attrs.get("body") if node.op == "fused" else None
+    body = node.attrs.get("body") if node.op in FUSED_OPS else None
     return isinstance(body, Graph) and any(may_raise(n, body) for n in body.nodes.values())
 
 

@@ -12,6 +12,10 @@ associative), so they stay bit for bit NumPy's; float32 and float64 sums change 
 only, as every parallel sum does (NumPy's own is pairwise), within the dtype's
 rounding. float16 sums are left alone: their partial sums would round to float16.
 Sizes with no divisor in range (a prime ``n``, say) are left alone too.
+
+The reshape moves above an elementwise prologue read only by the sum (``sum(x * x)``
+becomes ``sum(sum(reshape(x) * reshape(x), axis=1))``), so that row fusion puts the
+prologue into the first stage's kernel instead of a pass of its own.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..ir import Graph, Node
-from .rewrite import prune, try_infer
+from ..ops import REGISTRY
+from .rewrite import kind_of, prune, try_infer
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -57,6 +62,32 @@ def _add(graph: Graph, anchor: int, op: str, inputs: tuple[int, ...],
     return node
 
 
+def _reshaped(graph: Graph, nid: int, shape: tuple[int, ...], anchor: int,
+              inserted: list[int], users: dict[int, list[int]], memo: dict[int, int]) -> int:
+    """Node ``nid`` in ``shape``: its elementwise ops applied to reshaped operands when it
+    is read only here and every operand has its shape (or is 0-d), else a reshape."""
+    if nid in memo:
+        return memo[nid]
+    node = graph.nodes[nid]
+    same = all(tuple(graph.nodes[i].shape) in (tuple(node.shape), ()) for i in node.inputs)
+    if node.op in REGISTRY and kind_of(node.op) == "elementwise" and node.inputs and same \
+            and len(users.get(nid, ())) == 1 and nid not in graph.outputs:
+        args = tuple(i if graph.nodes[i].shape == () else
+                     _reshaped(graph, i, shape, anchor, inserted, users, memo)
+                     for i in node.inputs)
+        new = _add(graph, anchor, node.op, args, dict(node.attrs), inserted)
+    else:
+        new = _add(graph, anchor, "reshape", (nid,), {"shape": shape}, inserted)
+    if new is None or new.dtype != node.dtype:
+        raise _NoSplit
+    memo[nid] = new.id
+    return new.id
+
+
+class _NoSplit(Exception):
+    """A rewritten operand did not keep its type."""
+
+
 def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
     """The two-stage form of full reduction ``n``, inserted before it: its id and the
     first stage's row length."""
@@ -66,12 +97,16 @@ def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
     if cols is None:
         return None
     inserted: list[int] = []
-    steps = [("reshape", {"shape": (size // cols, cols)}),
-             ("sum", {"axis": (1,), "keepdims": False}),
+    try:
+        first = _reshaped(graph, x.id, (size // cols, cols), n.id, inserted, graph.users(), {})
+    except _NoSplit:
+        prune(graph, inserted)
+        return None
+    steps = [("sum", {"axis": (1,), "keepdims": False}),
              ("sum", {"axis": None, "keepdims": False})]
     if n.attrs.get("keepdims"):
         steps.append(("reshape", {"shape": tuple(n.shape)}))
-    last: Node | None = x
+    last: Node | None = graph.nodes[first]
     for op, attrs in steps:
         last = _add(graph, n.id, op, (last.id,), attrs, inserted)
         if last is None:

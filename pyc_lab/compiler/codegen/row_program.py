@@ -1,0 +1,589 @@
+"""Row-program kernels: a ``fused_rows`` node (row fusion) as one row kernel.
+
+The body is a small graph over a row space ``X = (..., C)`` (see
+:mod:`pyc_lab.compiler.passes.row_fusion`): elementwise ops on *full* values (one per
+element), reductions over the last axis (``sum``/``mean``/``max``/``min``) that make
+*row* values (one per row), elementwise ops on row values, and 0-d constants. Each row is
+handled by a warp or a block, as the plain row kernels (:mod:`.reduction`) are, and the
+program runs in *phases*: phase ``p`` walks the row once, computing the full values that
+the reductions of level ``p + 1`` read (a reduction's level is one more than the
+deepest reduction under it) and accumulating them; the partial results are combined
+across the threads of the row (warp shuffles, shared memory across warps, a fixed order
+so results are deterministic), and the row values depending on them are computed. The
+last phase writes a full output; a row output is written by the row's first thread.
+
+When the row fits in registers every thread keeps its values of the full values that a
+later phase reads again (the loaded inputs first, then the computed values) in unrolled
+local arrays, up to a register budget; what is not kept is recomputed from its inputs,
+and without registers the row is re-read each phase (usually from L1/L2).
+
+Every op computes what NumPy computes: elementwise ops as in the elementwise kernels
+(operands converted to the op's dtype, float16 results rounded), float16 sums and means
+accumulated in float32 and rounded once (``np.mean`` divides first), ``max``/``min``
+propagating NaN. Inputs broadcast to the value that reads them as NumPy broadcasts: to
+``X`` for full and ``keepdims`` row values, to ``X[:-1]`` for row values without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..ir import Graph, Node, dtype_short
+from ..ops import REGISTRY, is_plain_reduction, normalize_axis
+from . import cuda_types as ct
+from .cuda_types import KernelSource
+from .elementwise import _FLOAT_ONLY, kernel_name, node_expression
+from .reduction import _Emitter, row_config
+
+__all__ = ["ROW_REDUCTIONS", "check_row_program", "generate_row_program", "kind_in"]
+
+#: Reductions a row program computes.
+ROW_REDUCTIONS = ("sum", "mean", "max", "min")
+
+#: Reader kind -> the kinds of computed values it may read (scalars always).
+_READS = {"full": ("full", "row1"), "row1": ("row1",), "row": ("row",)}
+
+#: Values kept in registers per thread (4-byte values; half as many doubles).
+_REGISTER_VALUES = 64
+
+
+def kind_in(shape: tuple[int, ...], space: tuple[int, ...]) -> str | None:
+    """The kind of a value of ``shape`` in row space ``space``: ``"full"``, ``"row1"``
+    (a row value with ``keepdims``), ``"row"`` (without), ``"scalar"`` or None."""
+    shape, space = tuple(shape), tuple(space)
+    if shape == space:
+        return "full"
+    if shape == (*space[:-1], 1):
+        return "row1"
+    if shape == space[:-1]:
+        return "row"
+    if shape == ():
+        return "scalar"
+    return None
+
+
+def _contiguous(shape: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def _strides_over(shape: tuple[int, ...], target: tuple[int, ...]) -> list[int] | None:
+    """Element strides of a C-contiguous ``shape`` broadcast to ``target`` (0 =
+    broadcast), or None when it does not broadcast."""
+    try:
+        if tuple(np.broadcast_shapes(shape, target)) != target:
+            return None
+    except ValueError:
+        return None
+    own = _contiguous(shape)
+    pad = len(target) - len(shape)
+    return [0 if j < pad or (shape[j - pad] == 1 and target[j] != 1) else own[j - pad]
+            for j in range(len(target))]
+
+
+@dataclass
+class _Access:
+    """How one input is read by readers of one kind: its strides over the row dims
+    and along the row (``col``: 1 or 0)."""
+
+    k: int
+    mode: str  # "X": broadcast to X (full and keepdims readers); "R": to X[:-1]
+    row_strides: list[int]
+    col: int
+    name: str = ""
+
+
+@dataclass
+class _Plan:
+    body: Graph
+    space: tuple[int, ...]
+    kind: dict[int, str] = field(default_factory=dict)
+    level: dict[int, int] = field(default_factory=dict)
+    access: dict[tuple[int, str], _Access] = field(default_factory=dict)
+    phases: int = 0
+
+
+def _reader_mode(kind: str) -> str:
+    return "R" if kind == "row" else "X"
+
+
+def _analyse(body: Graph, space: tuple[int, ...]) -> tuple[_Plan | None, str]:
+    """The kinds, levels and input accesses of a body, or None and why it is not a row
+    program."""
+    plan = _Plan(body, tuple(space))
+    if len(body.outputs) != 1:
+        return None, f"a row program with {len(body.outputs)} outputs"
+    if len(space) < 1 or space[-1] < 1 or 0 in space:
+        return None, f"row space {tuple(space)} is empty"
+    if space[-1] >= 2**31:
+        return None, f"rows of {space[-1]} elements are too long"
+    index = {bid: k for k, bid in enumerate(body.inputs)}
+    for n in body:
+        if not ct.is_supported(n.dtype):
+            return None, f"dtype {n.dtype.name} ({n.op}) is not generated"
+        if n.op == "input":
+            plan.level[n.id] = 0
+            continue
+        if n.op == "constant":
+            if np.ndim(n.attrs.get("value")) != 0:
+                return None, "a non-scalar constant inside a row program"
+            plan.kind[n.id] = "scalar"
+            plan.level[n.id] = 0
+            continue
+        kind = kind_in(n.shape, space)
+        operands = [body.node(i) for i in n.inputs]
+        if n.op in ROW_REDUCTIONS:
+            x = operands[0] if operands else None
+            if x is None or not is_plain_reduction(n) or kind not in ("row1", "row"):
+                return None, f"{n.op} %{n.id} is not a plain reduction of a row"
+            if tuple(x.shape) != tuple(space) or normalize_axis(
+                    n.attrs.get("axis"), len(space)) != (len(space) - 1,):
+                return None, f"{n.op} %{n.id} does not reduce the rows' last axis"
+            if x.dtype.kind != "f" or n.dtype.kind != "f":
+                return None, f"{n.op} %{n.id} of {x.dtype.name} is not generated"
+            if bool(n.attrs.get("keepdims")) != (kind == "row1") and len(space) > 1:
+                return None, f"{n.op} %{n.id} has an unexpected shape"
+            readers = {n.inputs[0]: "X"}
+            plan.level[n.id] = plan.level[n.inputs[0]] + 1
+        else:
+            opdef = REGISTRY.get(n.op)
+            if opdef is None or opdef.kind != "elementwise" or opdef.cuda is None:
+                return None, f"op {n.op!r} inside a row program has no CUDA template"
+            if n.op in _FLOAT_ONLY and n.dtype.kind != "f":
+                return None, _FLOAT_ONLY[n.op]
+            if kind not in _READS:
+                return None, (f"{n.op} %{n.id} of shape {tuple(n.shape)} is neither a full "
+                              f"nor a row value of {tuple(space)}")
+            readers = {i: _reader_mode(kind) for i in n.inputs}
+            plan.level[n.id] = max((plan.level[i] for i in n.inputs), default=0)
+        plan.kind[n.id] = kind if kind else "row"
+        for i, mode in readers.items():
+            src = body.node(i)
+            if src.op == "input":
+                target = tuple(space) if mode == "X" else tuple(space[:-1])
+                if n.op not in ROW_REDUCTIONS and plan.kind[n.id] == "row1":
+                    target = (*space[:-1], 1)
+                strides = _strides_over(tuple(src.shape), target)
+                if strides is None:
+                    return None, (f"input {index[i]} of shape {tuple(src.shape)} does not "
+                                  f"broadcast to {target}")
+                if mode == "X":
+                    if len(target) == len(space) and target[-1] == space[-1]:
+                        row, col = strides[:-1], strides[-1]
+                    else:  # a keepdims row reader: the last dim is 1
+                        row, col = strides[:-1], 0
+                else:
+                    row, col = strides, 0
+                acc = plan.access.setdefault((i, mode), _Access(index[i], mode, row, col))
+                if acc.row_strides != row or acc.col != col:  # pragma: no cover
+                    return None, f"input {index[i]} is read two ways"
+            else:
+                sk = plan.kind[i]
+                want = plan.kind[n.id] if n.op not in ROW_REDUCTIONS else "red"
+                if want == "red":
+                    if sk != "full":
+                        return None, f"{n.op} %{n.id} reduces a {sk} value"
+                elif sk != "scalar" and sk not in _READS[want]:
+                    return None, (f"{n.op} %{n.id} ({want}) reads %{i}, a {sk} value: "
+                                  "not a broadcast along the row")
+    out = body.node(body.outputs[0])
+    if out.op in ("input", "constant") or plan.kind.get(out.id) not in _READS:
+        return None, "the program's output is not a full or row value"
+    plan.phases = plan.level[out.id]
+    if plan.phases == 0:
+        return None, "a row program without a reduction"
+    return plan, ""
+
+
+def check_row_program(body: Graph, space: tuple[int, ...], in_shapes: list[tuple[int, ...]],
+                      in_dtypes: list[Any]) -> str:
+    """Why ``body`` over row space ``space`` cannot be generated, or ``""``."""
+    if len(body.inputs) != len(in_shapes):
+        return f"the body has {len(body.inputs)} inputs but the node has {len(in_shapes)}"
+    for k, (bid, shape, dtype) in enumerate(zip(body.inputs, in_shapes, in_dtypes,
+                                                strict=True)):
+        b = body.node(bid)
+        if tuple(b.shape) != tuple(shape) or b.dtype != np.dtype(dtype):
+            return (f"body input {k} is {b.type_text} but the node's input is "
+                    f"{dtype_short(dtype)}{list(shape)}")
+    _plan, why = _analyse(body, tuple(space))
+    return why
+
+
+# -- generation -------------------------------------------------------------------------------
+def _row_offset(strides: list[int], dims: tuple[int, ...]) -> str:
+    """C expression of an input's element offset for row ``row`` (row dims ``dims``)."""
+    live = [j for j in range(len(dims)) if dims[j] != 1]
+    if not any(strides[j] for j in live):
+        return "0"
+    cont = _contiguous(dims)
+    last = live[-1]
+    f = strides[last] // cont[last]
+    if f and all(strides[j] == cont[j] * f for j in live):
+        return "row" if f == 1 else f"row * {f}LL"
+    terms = []
+    for j in live:
+        if not strides[j]:
+            continue
+        coord = "row" if cont[j] == 1 else f"(row / {cont[j]}LL)"
+        if j != live[0]:
+            coord = f"({coord} % {dims[j]}LL)"
+        terms.append(coord if strides[j] == 1 else f"{coord} * {strides[j]}LL")
+    return " + ".join(terms)
+
+
+class _Writer:
+    """Emits one entry point (scalar or vectorised) of a row program's kernel."""
+
+    def __init__(self, plan: _Plan, in_dtypes: list[np.dtype], out_dtype: np.dtype,
+                 cfg: dict[str, Any], vec: int, acc_dt: np.dtype) -> None:
+        self.p = plan
+        self.body = plan.body
+        self.in_dtypes = in_dtypes
+        self.out_dtype = out_dtype
+        self.cfg = cfg
+        self.vec = vec
+        self.acc_dt = acc_dt
+        self.cols = plan.space[-1]
+        self.em = _Emitter(self.cols, cfg, ct.compute_type(acc_dt), vec)
+        self.cached_mode = cfg["cached"] or vec > 1
+        self.needs: set[str] = set()
+        self.keep: set[Any] = set()      # values kept in registers (ids, ("in", key))
+        self.first: dict[Any, int] = {}  # value -> the phase it is first computed in
+        self.closures: list[list[Any]] = []
+        self._plan_phases()
+
+    # -- planning -----------------------------------------------------------------------
+    def _full(self, nid: int) -> bool:
+        return self.p.kind.get(nid) == "full"
+
+    def _ref(self, i: int) -> Any:
+        """The full value body node ``i`` stands for: its id, or ``("in", i)`` for the
+        element of an input read along the row."""
+        return ("in", i) if self.body.node(i).op == "input" else i
+
+    def _roots(self, phase: int) -> list[Any]:
+        body = self.body
+        roots = [self._ref(n.inputs[0]) for n in body if n.op in ROW_REDUCTIONS
+                 and self.p.level[n.id] == phase + 1]
+        out = body.outputs[0]
+        if phase == self.p.phases and self._full(out):
+            roots.append(out)
+        return roots
+
+    def _plan_phases(self) -> None:
+        budget = _REGISTER_VALUES * 4 // max(self.acc_dt.itemsize, 4)
+        per = self.em.per_thread
+        kept = 0
+        for phase in range(self.p.phases + 1):
+            seen: list[Any] = []
+            stack = list(reversed(self._roots(phase)))
+            visited: set[Any] = set()
+            while stack:
+                v = stack.pop()
+                if v in visited:
+                    continue
+                visited.add(v)
+                if v in self.first and self.first[v] < phase:
+                    if v in self.keep:
+                        seen.append(v)
+                        continue
+                    if self.cached_mode and kept + per <= budget:
+                        self.keep.add(v)
+                        kept += per
+                        seen.append(v)
+                        continue
+                seen.append(v)
+                self.first.setdefault(v, phase)
+                if isinstance(v, tuple):
+                    continue
+                n = self.body.node(v)
+                for i in n.inputs:
+                    src = self.body.node(i)
+                    if src.op == "input":
+                        acc = self.p.access[(i, "X" if self.p.kind[v] != "row" else "R")]
+                        if acc.col:
+                            stack.append(("in", i))
+                    elif self._full(i):
+                        stack.append(i)
+            self.closures.append(seen)
+
+    # -- names --------------------------------------------------------------------------
+    def _value(self, v: Any, phase: int) -> str:
+        """The C name of full value ``v`` inside the loop of ``phase``."""
+        if v in self.keep and self.first[v] < phase:
+            return f"c{self._tag(v)}[k]"
+        return f"v{self._tag(v)}" if not isinstance(v, tuple) else f"x{self._tag(v)}"
+
+    def _tag(self, v: Any) -> str:
+        if isinstance(v, tuple):
+            i = v[1]
+            return f"{self.p.access[(i, 'X')].k}X"
+        return str(v)
+
+    def _operands(self, n: Node, phase: int | None) -> dict[int, str]:
+        """Body id -> C name for ``n``'s operands (in a phase's loop, or row code)."""
+        names: dict[int, str] = {}
+        nk = self.p.kind[n.id] if n.op not in ROW_REDUCTIONS else "full"
+        for i in n.inputs:
+            src = self.body.node(i)
+            if src.op == "input":
+                mode = "R" if nk == "row" else "X"
+                acc = self.p.access[(i, mode)]
+                if acc.col and phase is not None:
+                    names[i] = self._value(("in", i), phase)
+                else:
+                    names[i] = f"x{acc.k}{mode}"
+            elif src.op == "constant":
+                names[i] = f"k{i}"
+            elif self._full(i):
+                assert phase is not None
+                names[i] = self._value(i, phase)
+            else:
+                names[i] = f"r{i}"
+        return names
+
+    # -- emission -----------------------------------------------------------------------
+    def _reduce(self, var: str, op: str, identity: str) -> str:
+        if self.cfg["mode"] == "warp":
+            return f"{var} = pyc_warp_reduce({var}, pyc_{op}_op());"
+        return f"{var} = pyc_block_reduce({var}, pyc_{op}_op(), {identity}, smem);"
+
+    def _loop(self, phase: int, reds: list[Node]) -> list[str]:
+        body = self.body
+        vector = self.vec > 1
+        loads: list[tuple[str, str, str]] = []
+        lines: list[str] = []
+        seen = self.closures[phase]
+        order = {nid: k for k, nid in enumerate(body.nodes)}
+        todo = [v for v in seen if not (v in self.keep and self.first[v] < phase)]
+        for v in sorted([v for v in todo if isinstance(v, tuple)], key=lambda t: t[1]):
+            i = v[1]
+            acc = self.p.access[(i, "X")]
+            dt = self.in_dtypes[acc.k]
+            name = f"x{acc.k}X"
+            if vector:
+                loads.append((f"{name}_in", f"in{acc.k}r", ct.storage_type(dt)))
+                elem = f"{name}_in.v[e]"
+            else:
+                elem = f"in{acc.k}r[col]"
+            lines.append(f"const {ct.compute_type(dt)} {name} = {ct.from_storage(dt, elem)};")
+            if v in self.keep:
+                lines.append(f"c{self._tag(v)}[k] = {name};")
+        for v in sorted([v for v in todo if not isinstance(v, tuple)], key=order.__getitem__):
+            n = body.node(v)
+            expr = node_expression(n, body, self._operands(n, phase), self.needs)
+            lines.append(f"const {ct.compute_type(n.dtype)} v{v} = {expr};  // {n.op}")
+            if v in self.keep:
+                lines.append(f"c{v}[k] = v{v};")
+        for r in reds:
+            x = body.node(r.inputs[0])
+            val = ct.convert(self._value(self._ref(x.id), phase), x.dtype, self.acc_dt)
+            if r.op in ("sum", "mean"):
+                lines.append(f"a{r.id} += {val};")
+            else:
+                lines.append(f"a{r.id} = pyc_{r.op}_op()(a{r.id}, {val});")
+        store = None
+        out = body.node(body.outputs[0])
+        if phase == self.p.phases and self._full(out.id):
+            value = ct.to_storage(self.out_dtype, self._value(out.id, phase))
+            if vector:
+                store = ("yout", "yr", ct.storage_type(self.out_dtype))
+                lines.append(f"yout.v[e] = {value};")
+            else:
+                lines.append(f"yr[col] = {value};")
+        return self.em.loop(lines, loads=tuple(loads), store=store)
+
+    def _identity(self, op: str) -> str:
+        if op == "max":
+            return ct.lowest(self.acc_dt)
+        if op == "min":
+            return ct.highest(self.acc_dt)
+        return ct.literal(0, self.acc_dt)
+
+    def _row_values(self, level: int) -> list[str]:
+        """Row-kind nodes of ``level`` that are not reductions, in order."""
+        lines = []
+        for n in self.body:
+            if n.op in ("input", "constant") or n.op in ROW_REDUCTIONS:
+                continue
+            if self.p.kind[n.id] in ("row1", "row", "scalar") and self.p.level[n.id] == level:
+                expr = node_expression(n, self.body, self._operands(n, None), self.needs)
+                lines.append(f"        const {ct.compute_type(n.dtype)} r{n.id} = {expr};"
+                             f"  // {n.op}")
+        return lines
+
+    def kernel(self, entry: str, params: list[str]) -> str:
+        body, p = self.body, self.p
+        acc = ct.compute_type(self.acc_dt)
+        cols = self.cols
+        rows = int(np.prod(p.space[:-1], dtype=np.int64))
+        lines: list[str] = []
+        # per-row pointers and values
+        dims = tuple(p.space[:-1])
+        for (_i, mode), a in sorted(p.access.items(), key=lambda t: (t[1].k, t[1].mode)):
+            dt = self.in_dtypes[a.k]
+            off = _row_offset(a.row_strides, dims)
+            if a.col:
+                lines.append(f"        const {ct.storage_type(dt)}* in{a.k}r = in{a.k} + "
+                             f"{off};")
+            else:
+                lines.append(f"        const {ct.compute_type(dt)} x{a.k}{mode} = "
+                             f"{ct.from_storage(dt, f'in{a.k}[{off}]')};")
+        out = body.node(body.outputs[0])
+        if self._full(out.id):
+            lines.append(f"        {ct.storage_type(self.out_dtype)}* yr = y + row * {cols}LL;")
+        per = self.em.per_thread
+        for v in sorted(self.keep, key=lambda v: (isinstance(v, tuple), str(v))):
+            dt = self.in_dtypes[p.access[(v[1], "X")].k] if isinstance(v, tuple) \
+                else body.node(v).dtype
+            lines.append(f"        {ct.compute_type(dt)} c{self._tag(v)}[{per}];")
+        lines += self._row_values(0)
+        for phase in range(p.phases + 1):
+            reds = [n for n in body if n.op in ROW_REDUCTIONS and p.level[n.id] == phase + 1]
+            for r in reds:
+                lines.append(f"        {acc} a{r.id} = {self._identity(r.op)};  // {r.op}")
+            if reds or (phase == p.phases and self._full(out.id)):
+                lines += self._loop(phase, reds)
+            for r in reds:
+                op = "sum" if r.op == "mean" else r.op
+                lines.append(f"        {self._reduce(f'a{r.id}', op, self._identity(r.op))}")
+                total = f"a{r.id}"
+                if r.op == "mean":
+                    total = f"{total} / static_cast<{acc}>({cols})"
+                if r.dtype.name == "float16":
+                    total = f"pyc_round_f16({total})"
+                else:
+                    total = ct.convert(total, self.acc_dt, r.dtype)
+                lines.append(f"        const {ct.compute_type(r.dtype)} r{r.id} = {total};"
+                             f"  // {r.op} over the row")
+            if phase < p.phases:
+                lines += self._row_values(phase + 1)
+        if not self._full(out.id):
+            lines += ["        if (t == 0) {",
+                      f"            y[row] = {ct.to_storage(self.out_dtype, f'r{out.id}')};",
+                      "        }"]
+        consts = [f"    const {ct.compute_type(n.dtype)} k{n.id} = "
+                  f"{ct.literal(n.attrs['value'], n.dtype)};" for n in body if n.op == "constant"]
+        head = [f'extern "C" __global__ void __launch_bounds__({self.cfg["block"]})',
+                f"{entry}({', '.join(params)})", "{", f"    const long long rows = {rows}LL;",
+                *consts]
+        if self.cfg["mode"] == "warp":
+            rpb = self.cfg["rows_per_block"]
+            head += [
+                "    const int t = threadIdx.x & 31;  // lane: this thread's first column",
+                f"    const long long first = static_cast<long long>(blockIdx.x) * {rpb} "
+                "+ (threadIdx.x >> 5);",
+                f"    for (long long row = first; row < rows; row += "
+                f"static_cast<long long>(gridDim.x) * {rpb}) {{",
+            ]
+        else:
+            head += [f"    __shared__ {acc} smem[32];", "    const int t = threadIdx.x;",
+                     "    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {"]
+        return "\n".join(head + lines + ["    }", "}"]) + "\n"
+
+
+def _acc_dtype(plan: _Plan) -> np.dtype:
+    """Partial results in double when any reduction is of float64, else float."""
+    reds = [n for n in plan.body if n.op in ROW_REDUCTIONS]
+    wide = any(n.dtype.name == "float64" or plan.body.node(n.inputs[0]).dtype.name == "float64"
+               for n in reds)
+    return np.dtype(np.float64 if wide else np.float32)
+
+
+def _vector_width(plan: _Plan, in_dtypes: list[np.dtype], out_dtype: np.dtype,
+                  cfg: dict[str, Any], acc_dt: np.dtype) -> int:
+    """Elements per aligned vector access, or 0: 16 bytes of the widest array read or
+    written along the row, when the rows split into whole vectors that stay aligned."""
+    cols = plan.space[-1]
+    along = [a for a in plan.access.values() if a.col]
+    sizes = [in_dtypes[a.k].itemsize for a in along]
+    if kind_in(plan.body.node(plan.body.outputs[0]).shape, plan.space) == "full":
+        sizes.append(out_dtype.itemsize)
+    if not sizes or not cfg["cached"]:
+        return 0
+    vec = 16 // max(sizes)
+    if vec < 2 or cols % vec:
+        return 0
+    if any(s % vec for a in along for s in a.row_strides):
+        return 0
+    per = -(-(cols // vec) // cfg["threads"]) * vec
+    limit = (32 if cfg["mode"] == "warp" else 16) * 4 // max(acc_dt.itemsize, 4)
+    return vec if per <= limit else 0
+
+
+def generate_row_program(node: Node, graph: Graph) -> KernelSource:
+    """The CUDA source of a ``fused_rows`` node.
+
+    Entries: ``name`` (any alignment) and, when the layout allows, ``name_vec``
+    (aligned vector loads and stores; the launcher checks the pointers).
+    """
+    body, space = node.attrs["body"], tuple(node.attrs["space"])
+    ins = [graph.node(i) for i in node.inputs]
+    in_dtypes = [n.dtype for n in ins]
+    why = check_row_program(body, space, [tuple(n.shape) for n in ins], in_dtypes)
+    if why:
+        raise ValueError(f"node %{node.id} (fused_rows): {why}")
+    plan, _ = _analyse(body, space)
+    assert plan is not None
+    name = kernel_name(node)
+    out_dtype = node.dtype
+    acc_dt = _acc_dtype(plan)
+    rows, cols = int(np.prod(space[:-1], dtype=np.int64)), space[-1]
+    cfg = row_config(cols, acc_dt.itemsize)
+    params = [f"const {ct.storage_type(d)}* __restrict__ in{k}" for k, d in enumerate(in_dtypes)]
+    params.append(f"{ct.storage_type(out_dtype)}* __restrict__ y")
+    vec = _vector_width(plan, in_dtypes, out_dtype, cfg, acc_dt)
+    writers = [(name, _Writer(plan, in_dtypes, out_dtype, cfg, 1, acc_dt))]
+    if vec:
+        writers.append((f"{name}_vec", _Writer(plan, in_dtypes, out_dtype, cfg, vec, acc_dt)))
+    kernels = [w.kernel(entry, params) for entry, w in writers]
+    needs = set().union(*(w.needs for _, w in writers))
+    ops = tuple(node.attrs.get("ops") or ())
+    kept = writers[0][1].keep
+    mode = cfg["mode"]
+    header = [
+        f"// pyc_lab generated kernel {name} (rows: a fused row program)",
+        f"// ops: {', '.join(ops)}",
+        f"// {rows} rows of {cols} ({dtype_short(out_dtype)}{list(node.shape)} <- "
+        + ", ".join(f"in{k} {n.type_text}" for k, n in enumerate(ins)) + ")",
+        f"// {plan.phases} reduction phase(s); one "
+        + ("warp" if mode == "warp" else f"block of {cfg['block']} threads") + " per row, "
+        + (f"{len(kept)} value(s) a thread kept in registers" if kept else
+           ("nothing kept in registers" if cfg["cached"] else "the row re-read each phase"))
+        + f"; partial results in {ct.compute_type(acc_dt)}",
+        f"// {name}: any alignment" + (f"; {name}_vec: {vec} columns per aligned load/store"
+                                       if vec else "; no vectorised variant"),
+    ]
+    sections = ["\n".join(header) + "\n"]
+    dtypes = {out_dtype.name, *(d.name for d in in_dtypes), *(n.dtype.name for n in body)}
+    if "float16" in dtypes:
+        sections.append(ct.helper("f16"))
+    if vec:
+        sections.append(ct.helper("vec"))
+    sections += [ct.helper(s) for s in ("ipow", "abs") if s in needs]
+    sections.append(ct.helper("reduce"))
+    sections += kernels
+    align: dict[str, int] = {}
+    if vec:
+        align = {f"in{a.k}": vec * in_dtypes[a.k].itemsize for a in plan.access.values()
+                 if a.col}
+        if kind_in(node.shape, space) == "full":
+            align["out"] = vec * out_dtype.itemsize
+    launch = {"rows": rows, "cols": cols, "block": cfg["block"],
+              "threads_per_row": cfg["threads"], "rows_per_block": cfg["rows_per_block"],
+              "mode": mode, "cached": cfg["cached"], "vec": vec,
+              "vec_kernel": f"{name}_vec" if vec else None, "align_bytes": align,
+              "phases": plan.phases}
+    notes = (f"{rows} rows x {cols}: {plan.phases} reduction phase(s) in one kernel, one "
+             f"{'warp' if mode == 'warp' else 'block'} per row"
+             + (f", {len(kept)} value(s) kept in registers" if kept else "")
+             + (f"; vectorised by {vec} when aligned" if vec else ""))
+    return KernelSource(name=name, kind="rows", source="\n".join(sections), ops=ops,
+                        notes=notes, entries=tuple(e for e, _ in writers), launch=launch)

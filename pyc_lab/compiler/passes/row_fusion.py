@@ -1,0 +1,356 @@
+"""Row fusion: elementwise prologue -> reductions over the last axis -> epilogue, one node.
+
+A *row program* works on a row space ``X = (..., C)``: ``prod(X[:-1])`` rows of ``C``
+values. Its values are of four kinds, by shape: **full** (``X``: one per element),
+**row** (``X[:-1] + (1,)`` or ``X[:-1]``: one per row, a reduction's result with or
+without ``keepdims``), and **scalar** (0-d). Its ops are elementwise ops (with a CUDA
+template) and the plain reductions ``sum``/``mean``/``max``/``min`` over the last axis
+of a full float value; ``softmax``, layer norm and ``var`` nodes that reduction fusion
+made join too, written back as the reductions and elementwise ops they stand for
+(bit for bit what the user wrote; a float16 ``np.var`` is left alone, its float16
+accumulation is its own). Reading a row value where a full one is computed broadcasts it
+along the row, as NumPy does with ``keepdims``; any other mix (a per-column value made
+inside, a row value without ``keepdims`` against a full one) ends the program there.
+
+Programs are grown from their output backwards, like elementwise fusion: a producer
+joins its reader's program when every reader of it is in that program, it is not a
+graph output and its kind fits the row space; so a program has one output and is convex.
+A program is kept when it has a reduction and something else (a lone softmax or sum
+keeps its own kernel); it becomes one ``fused_rows`` node whose ``attrs`` hold ``body``
+(a graph with inputs ``in0, in1, ...`` and one output), ``ops``, ``space`` and ``name``
+(``rows_<k>``). The GPU backend generates one row kernel for it
+(:mod:`pyc_lab.compiler.codegen.row_program`): each row is read from memory once when it
+fits in registers, and every reduction of a row is combined in registers and shared
+memory, never written out.
+
+Rows of more than :data:`MAX_FULL_COLUMNS` values in fewer than :data:`MIN_ROWS` rows are
+left alone: one block per row would leave most of the GPU idle (a full reduction of a
+large array is :mod:`.split_reduction`'s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..codegen import cuda_types as ct
+from ..codegen.row_program import _READS, ROW_REDUCTIONS, check_row_program, kind_in
+from ..ir import Graph, Node
+from ..ops import REGISTRY, is_plain_reduction, normalize_axis
+from .rewrite import broadcasts_to, kind_of, prune
+
+if TYPE_CHECKING:
+    from .rewrite import PassContext
+
+__all__ = ["MAX_FULL_COLUMNS", "MIN_ROWS", "NAME", "ROW_REDUCTIONS", "kind_in", "run"]
+
+NAME = "row_fusion"
+
+#: Reduction fusion's ops a row program takes in, as what they stand for.
+_COMPOUND = ("softmax", "layer_norm", "var")
+
+#: Row spaces with fewer rows than this ...
+MIN_ROWS = 64
+#: ... and longer rows than this are not fused (too little parallelism).
+MAX_FULL_COLUMNS = 1 << 16
+
+def _float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" and ct.is_supported(dtype)
+
+
+def _last_axis(node: Node, x: Node) -> bool:
+    ndim = len(x.shape)
+    return ndim >= 1 and normalize_axis(node.attrs.get("axis", -1), ndim) == (ndim - 1,)
+
+
+def reduction_space(node: Node, graph: Graph) -> tuple[int, ...] | None:
+    """The row space of a reduction-like node a row program can take, or None."""
+    if not node.inputs or node.op not in ROW_REDUCTIONS + _COMPOUND:
+        return None
+    x = graph.nodes[node.inputs[0]]
+    if not _float(x.dtype) or not _float(node.dtype) or not _last_axis(node, x):
+        return None
+    if node.op in ROW_REDUCTIONS:
+        ok = is_plain_reduction(node)
+    elif node.op == "softmax":
+        ok = len(node.inputs) == 1
+    elif node.op == "var":
+        ok = is_plain_reduction(node) and (
+            node.attrs.get("form", "np.var") == "mean_square" or x.dtype.name != "float16")
+    elif node.op == "layer_norm":
+        ok = len(node.inputs) <= 3 and (node.attrs.get("variance") == "mean_square"
+                                        or x.dtype.name != "float16") and all(
+            broadcasts_to(graph.nodes[i].shape, x.shape) for i in node.inputs[1:])
+    else:
+        ok = False
+    return tuple(x.shape) if ok else None
+
+
+def _elementwise(node: Node) -> bool:
+    opdef = REGISTRY.get(node.op)
+    return bool(opdef is not None and opdef.kind == "elementwise" and opdef.cuda is not None
+                and ct.is_supported(node.dtype))
+
+
+@dataclass
+class _Program:
+    root: int
+    members: list[int] = field(default_factory=list)
+    space: tuple[int, ...] | None = None
+    reductions: int = 0
+
+
+def _usable_space(space: tuple[int, ...]) -> bool:
+    if len(space) < 1 or space[-1] < 2 or 0 in space:
+        return False
+    rows = int(np.prod(space[:-1], dtype=np.int64))
+    return not (rows < MIN_ROWS and space[-1] > MAX_FULL_COLUMNS)
+
+
+def _edges_fit(graph: Graph, prog: _Program, space: tuple[int, ...],
+               extra: Node | None = None) -> bool:
+    """Whether every member (and ``extra``) reads the other members as the row space
+    allows."""
+    members = set(prog.members) | ({extra.id} if extra is not None else set())
+    for nid in members:
+        n = graph.nodes[nid]
+        rspace = None if kind_of(n.op) == "elementwise" else reduction_space(n, graph)
+        if rspace is not None:
+            if rspace != space:
+                return False
+            continue
+        kind = kind_in(n.shape, space)
+        if kind is None or kind == "scalar":
+            return False
+        for i in n.inputs:
+            if i in members:
+                ik = kind_in(graph.nodes[i].shape, space)
+                if ik != "scalar" and ik not in _READS[kind]:
+                    return False
+    return True
+
+
+def _groups(graph: Graph) -> list[_Program]:
+    users = graph.users()
+    outputs = set(graph.outputs)
+    group_of: dict[int, int] = {}
+    progs: list[_Program] = []
+    for n in reversed(list(graph.nodes.values())):
+        space = reduction_space(n, graph)
+        if space is not None and not _usable_space(space):
+            continue
+        if space is None and not _elementwise(n):
+            continue
+        target = None
+        readers = users[n.id]
+        if readers and n.id not in outputs:
+            gids = {group_of.get(u) for u in readers}
+            if len(gids) == 1 and None not in gids:
+                gid = gids.pop()
+                prog = progs[gid]
+                if _joins(graph, prog, n, space):
+                    target = gid
+        if target is None:
+            target = len(progs)
+            progs.append(_Program(root=n.id, space=space))
+        prog = progs[target]
+        if space is not None:
+            prog.space = space
+            prog.reductions += 1
+        group_of[n.id] = target
+        prog.members.append(n.id)
+    return progs
+
+
+def _joins(graph: Graph, prog: _Program, n: Node, space: tuple[int, ...] | None) -> bool:
+    if space is not None:  # a reduction-like node fixes (or must match) the row space
+        if prog.space is not None and prog.space != space:
+            return False
+        return _edges_fit(graph, prog, space, n)
+    if prog.space is None:  # elementwise so far: as elementwise fusion groups
+        return broadcasts_to(n.shape, graph.nodes[prog.root].shape)
+    return _edges_fit(graph, prog, prog.space, n)
+
+
+# -- building the body ------------------------------------------------------------------------
+def _expand(body: Graph, n: Node, args: list[int]) -> int:
+    """Add what compound node ``n`` stands for to ``body``; the id of its result."""
+    x = body.nodes[args[0]]
+    last = (len(x.shape) - 1,)
+    if n.op == "softmax":
+        m = body.add("max", [args[0]], {"axis": last, "keepdims": True})
+        d = body.add("subtract", [args[0], m.id])
+        e = body.add("exp", [d.id])
+        s = body.add("sum", [e.id], {"axis": last, "keepdims": True})
+        return body.add("divide", [e.id, s.id]).id
+    mean = body.add("mean", [args[0]], {"axis": last, "keepdims": True})
+    c = body.add("subtract", [args[0], mean.id])
+    sq = body.add("multiply", [c.id, c.id])
+    if n.op == "var":
+        keep = bool(n.attrs.get("keepdims"))
+        return body.add("mean", [sq.id], {"axis": last, "keepdims": keep}).id
+    # layer norm: (x - mean) / sqrt(var + eps) [* gamma [+ beta]]
+    v = body.add("mean", [sq.id], {"axis": last, "keepdims": True})
+    eps = body.add("constant", (), {"value": np.asarray(n.attrs.get("eps", 1e-5), x.dtype)})
+    sd = body.add("sqrt", [body.add("add", [v.id, eps.id]).id])
+    y = body.add("divide", [c.id, sd.id])
+    if len(args) > 1:
+        y = body.add("multiply", [y.id, args[1]])
+    if len(args) > 2:
+        y = body.add("add", [y.id, args[2]])
+    return y.id
+
+
+def _build(graph: Graph, prog: _Program, name: str) -> tuple[list[int], list[int], Graph]:
+    """The external inputs, the inlined constants and the body of one program."""
+    nodes = graph.nodes
+    order = {nid: k for k, nid in enumerate(nodes)}
+    members = sorted(prog.members, key=order.__getitem__)
+    inside = set(members)
+    external: list[int] = []
+    inline: dict[int, None] = {}
+    for nid in members:
+        for i in nodes[nid].inputs:
+            if i in inside:
+                continue
+            src = nodes[i]
+            if src.op == "constant" and src.shape == ():
+                inline.setdefault(i)
+            elif i not in external:
+                external.append(i)
+    body = Graph(name=name)
+    env: dict[int, int] = {}
+    for k, i in enumerate(external):
+        src = nodes[i]
+        env[i] = body.add("input", (), {"index": k}, name=f"in{k}", shape=src.shape,
+                          dtype=src.dtype).id
+    for i in inline:
+        env[i] = body.add("constant", (), {"value": nodes[i].attrs["value"]}).id
+    for nid in members:
+        n = nodes[nid]
+        args = [env[i] for i in n.inputs]
+        if n.op in _COMPOUND:
+            env[nid] = _expand(body, n, args)
+        else:
+            env[nid] = body.add(n.op, args, dict(n.attrs)).id
+    body.outputs = [env[prog.root]]
+    return external, list(inline), body
+
+
+def run(graph: Graph, ctx: PassContext) -> bool:
+    """Replace every row program of ``graph`` by one ``fused_rows`` node, in place.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph, rewritten in place.
+    ctx : PassContext
+        Receives one note per program, and one per program that could not be generated.
+
+    Returns
+    -------
+    bool
+        Whether anything changed.
+    """
+    changed = False
+    k = sum(1 for n in graph.nodes.values() if n.op == "fused_rows")
+    for prog in _groups(graph):
+        if not prog.reductions or len(prog.members) < 2 or prog.space is None:
+            continue
+        if not _edges_fit(graph, prog, prog.space):  # pragma: no cover - grown to fit
+            continue
+        root = graph.nodes[prog.root]
+        name = f"rows_{k}"
+        external, inlined, body = _build(graph, prog, name)
+        out = body.nodes[body.outputs[0]]
+        if out.shape != root.shape or out.dtype != root.dtype:
+            ctx.note(f"{NAME}: the program ending at %{root.id} changes its result's type "
+                     "when written out; left unfused")
+            continue
+        why = check_row_program(body, prog.space,
+                                [tuple(graph.nodes[i].shape) for i in external],
+                                [graph.nodes[i].dtype for i in external])
+        if why:
+            ctx.note(f"{NAME}: the program ending at %{root.id} is not fused: {why}")
+            continue
+        ops = tuple(n.op for n in body.nodes.values() if n.op not in ("input", "constant"))
+        fused = graph.add("fused_rows", external,
+                          {"body": body, "ops": ops, "space": tuple(prog.space), "name": name})
+        _place(graph, fused, root, set(prog.members))
+        prune(graph, inlined)
+        reds = [o for o in ops if o in ROW_REDUCTIONS]
+        rows = int(np.prod(prog.space[:-1], dtype=np.int64))
+        ctx.note(f"{NAME}: {len(prog.members)} nodes ending at %{root.id} "
+                 f"({', '.join(sorted(set(ops)))}) fused into {name} %{fused.id}: "
+                 f"{len(reds)} reduction(s) over rows of {prog.space[-1]} ({rows} rows) "
+                 "with their elementwise work, one kernel")
+        k += 1
+        changed = True
+    _explain_unfused(graph, ctx)
+    return changed
+
+
+def _why_not_row(node: Node, graph: Graph) -> str:
+    """Why reduction-like ``node`` cannot be part of a row program ("" if it can)."""
+    x = graph.nodes[node.inputs[0]] if node.inputs else None
+    if node.op not in ROW_REDUCTIONS + _COMPOUND:
+        return f"{node.op} is not one of a row program's reductions ({', '.join(ROW_REDUCTIONS)})"
+    if x is None or not _float(x.dtype) or not _float(node.dtype):
+        return "row programs reduce floating-point values; integer reductions keep their kernel"
+    if not _last_axis(node, x):
+        axes = normalize_axis(node.attrs.get("axis", -1), len(x.shape))
+        return (f"it reduces axes {axes} of a rank-{len(x.shape)} array, not only the last "
+                "axis")
+    if node.op == "var" and x.dtype.name == "float16":
+        return "a float16 np.var accumulates its squares in float16 and keeps its own kernel"
+    if node.op == "layer_norm" and x.dtype.name == "float16":
+        return "a float16 layer norm written with np.var keeps its own kernel"
+    if reduction_space(node, graph) is None:
+        return "where=, dtype=, initial= or ddof= is given"
+    if not _usable_space(tuple(x.shape)):
+        return (f"{int(np.prod(x.shape[:-1]))} row(s) of {x.shape[-1]} are too few rows for "
+                "a block per row")
+    return ""
+
+
+def _explain_unfused(graph: Graph, ctx: PassContext) -> None:
+    """Say, for each reduction left standing next to elementwise work, why it stays a
+    kernel of its own."""
+    users = graph.users()
+    outputs = set(graph.outputs)
+
+    def elementwise(nid: int) -> bool:
+        return kind_of(graph.nodes[nid].op) == "elementwise"
+
+    for n in graph:
+        if n.op not in ROW_REDUCTIONS + _COMPOUND + ("std", "prod", "argmax", "argmin",
+                                                   "any", "all"):
+            continue
+        before = [i for i in n.inputs[:1] if elementwise(i)]
+        after = [u for u in users.get(n.id, []) if elementwise(u)]
+        if not before and not after:
+            continue
+        why = _why_not_row(n, graph)
+        if not why:
+            shared = [i for i in before if i in outputs or len(users[i]) > 1]
+            if shared:
+                why = (f"its input %{shared[0]} ({graph.nodes[shared[0]].op}) is also read "
+                       "elsewhere or is a result, so it is computed once by its own kernel")
+            else:
+                why = ("its readers are not one row program (a value read outside it, a "
+                       "result, or a per-column use)")
+        ctx.note(f"{NAME}: {n.op} %{n.id} stays its own kernel: {why}")
+
+
+def _place(graph: Graph, fused: Node, root: Node, members: set[int]) -> None:
+    """Put ``fused`` where the program's root was and drop its nodes."""
+    order: dict[int, Node] = {}
+    for nid, n in graph.nodes.items():
+        if nid == root.id:
+            order[fused.id] = fused
+        elif nid not in members and nid != fused.id:
+            order[nid] = n
+    graph.nodes = order
+    graph.replace_uses(root.id, fused.id)
