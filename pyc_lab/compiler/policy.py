@@ -5,8 +5,9 @@ Candidates, by node kind:
 - inputs and constants: ``source`` (nothing runs);
 - shape ops (reshape, transpose, slice, ...): ``view`` on the CPU, ``cupy`` on the GPU;
 - fused elementwise groups: ``fused_kernel`` — a generated CUDA kernel — on the GPU;
-- softmax, layer norm and last-axis reductions: ``reduction_kernel`` (generated, warp
-  shuffles) when the code generator supports the node, else ``cupy``;
+- softmax, layer norm, reductions over the last axis (warp shuffles) or over leading or
+  middle axes (column kernels): ``reduction_kernel`` when the code generator supports
+  the node, else ``cupy``;
 - matmul: a tuned CUTLASS kernel when the tuning database has one for this GPU, dtype,
   layout, epilogue and shape or its bucket (``cutlass``, bias/activation inside the
   kernel when it was tuned with them; the hook is :data:`TUNED_LOOKUP`, by default
@@ -51,7 +52,8 @@ REASONS = {
     "NUMPY_REFERENCE": "numpy backend: the op's NumPy reference runs it",
     "VIEW": "shape op: a view or a CuPy call, no kernel of its own",
     "FUSED_KERNEL": "elementwise group: one generated CUDA kernel, one pass over memory",
-    "REDUCTION_KERNEL": "row reduction: a generated kernel with warp-shuffle reductions",
+    "REDUCTION_KERNEL": "reduction: a generated row kernel (warp-shuffle reductions) or "
+                        "column kernel (lanes across the contiguous columns)",
     "NO_CODEGEN": "the code generator does not cover this case; CuPy runs it",
     "CUTLASS_TUNED": "the tuning database has a tuned CUTLASS kernel for this shape",
     "CUBLAS_DEFAULT": "cuBLAS through cupy.matmul: no tuned kernel for this shape",

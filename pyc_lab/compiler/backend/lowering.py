@@ -8,7 +8,8 @@ impl                      step
 ``fused_kernel``          the generated elementwise kernel of a fused (or elementwise)
                           node (:class:`~.steps._KernelStep`)
 ``reduction_kernel``      the generated row kernel (softmax, layer norm, last-axis sum,
-                          mean, max, min, var)
+                          mean, max, min, var, row programs) or column kernel (sum,
+                          mean, max, min over leading or middle axes)
 ``cublas``                ``cupy.matmul`` on (transposed) views, then the generated
                           bias/activation epilogue in place on the product
 ``cutlass``               the tuned CUTLASS kernel from the tuning database (bias and

@@ -34,11 +34,12 @@ import numpy as np
 
 from ...errors import PycLabError
 from ..codegen.cache import compile_kernel
+from ..codegen.column_reduction import split_count
 from ..codegen.cuda_types import KernelSource
 from ..ir import Graph, Node
 from ..ops import check_eager_result, evaluate
 
-__all__ = ["contiguous_operand", "launch_elementwise", "launch_rows"]
+__all__ = ["ColumnLaunch", "contiguous_operand", "launch_elementwise", "launch_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +111,13 @@ class _KernelStep(_Step):
         self.kernels: dict[str, Any] = {}
         self.in_nodes: list[Node] = []
         self.last_entry: str | None = None  # the kernel the last call launched
+        self.columns: ColumnLaunch | None = None
 
     def prepare(self, exe: Executor) -> None:
         self.kernels = {e: compile_kernel(self.src, e) for e in self.src.entries}
         self.in_nodes = [exe.graph.node(i) for i in self.node.inputs]
+        if self.src.kind == "columns":  # the split's workspace, allocated before capture
+            self.columns = ColumnLaunch(self.src, exe._sm_count, exe._cp)
 
     def _output(self, exe: Executor, cp: Any) -> Any:
         if self.out_buffer is not None:
@@ -127,6 +131,8 @@ class _KernelStep(_Step):
         out = self._output(exe, cp)
         if self.src.kind == "rows":
             self.last_entry = launch_rows(exe._sm_count, self.kernels, self.src, ins, out)
+        elif self.src.kind == "columns":
+            self.last_entry = self.columns.launch(self.kernels, ins[0], out)
         else:
             self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.src, ins,
                                                  out)
@@ -481,3 +487,41 @@ def launch_rows(sm_count: int, kernels: dict[str, Any], src: KernelSource,
             entry = vec_kernel
     kernels[entry]((grid,), (block,), (*ins, out))
     return entry
+
+
+class ColumnLaunch:
+    """How a column kernel (:mod:`~pyc_lab.compiler.codegen.column_reduction`) is
+    launched on one GPU: the split of the reduced axes into chunks for each entry, and
+    the workspace holding the chunks' partial results (allocated once, here, so that a
+    CUDA graph captures a fixed pointer)."""
+
+    def __init__(self, src: KernelSource, sm_count: int, cp: Any) -> None:
+        self.src = src
+        launch = src.launch
+        self.splits = {src.name: split_count(launch, sm_count, False)}
+        if launch.get("vec_kernel"):
+            self.splits[launch["vec_kernel"]] = split_count(launch, sm_count, True)
+        parts = max(self.splits.values())
+        n = launch["outer"] * launch["inner"]
+        self.partial = cp.empty(parts * n, dtype=launch["acc_dtype"]) if parts > 1 else None
+        self.sm_count = sm_count
+
+    def launch(self, kernels: dict[str, Any], x: Any, out: Any) -> str:
+        """Launch on ``x`` (C-contiguous) into ``out``; the name of the first kernel."""
+        launch = self.src.launch
+        entry, cfg = self.src.name, launch["config"]
+        vec_kernel = launch.get("vec_kernel")
+        if vec_kernel and _pointer_ok(x, launch["align_bytes"]["in0"]):
+            entry, cfg = vec_kernel, launch["vec_config"]
+        parts = self.splits[entry]
+        chunk = _cdiv(launch["r"], parts)
+        workspace = self.partial if parts > 1 else out
+        grid = (launch["outer"] * cfg["tiles"], parts)
+        kernels[entry](grid, (launch["block"],), (x, out, workspace, np.int64(chunk)))
+        if parts > 1:
+            n = launch["outer"] * launch["inner"]
+            blocks = max(1, min(_cdiv(n, launch["block"]),
+                                self.sm_count * (2048 // launch["block"])))
+            kernels[launch["combine_kernel"]]((blocks,), (launch["block"],),
+                                              (self.partial, out, np.int32(parts)))
+        return entry

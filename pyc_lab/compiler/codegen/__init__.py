@@ -1,10 +1,13 @@
 """CUDA code generation for the CuPy backend.
 
-Three kinds of kernels are generated from IR nodes, as readable CUDA C++ that NVRTC
+Four kinds of kernels are generated from IR nodes, as readable CUDA C++ that NVRTC
 compiles without headers:
 
 - **elementwise** (:mod:`.elementwise`): a ``fused`` node's body (or one elementwise
   op) as one grid-stride kernel, with a 16-byte vectorised variant;
+- **columns** (:mod:`.column_reduction`): sum/mean/max/min over leading or middle
+  axes, lanes across the contiguous columns, the reduced axes split across blocks
+  (and combined by a second kernel) when the columns alone cannot fill the GPU;
 - **rows** (:mod:`.reduction`): softmax, layer norm and sum/mean/max/min/var over the
   last axis, one warp or one block per row with warp-shuffle reductions; and
   (:mod:`.row_program`) a fused row program — elementwise prologue, reductions over the
@@ -28,8 +31,9 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node
-from ..ops import REGISTRY
+from ..ops import REGISTRY, normalize_axis
 from . import cuda_types
+from .column_reduction import COLUMN_OPS, check_columns, column_split, generate_columns
 from .cuda_types import KernelSource
 from .elementwise import (
     activation_ok,
@@ -56,6 +60,14 @@ def _is_elementwise(node: Node) -> bool:
     return node.op == "fused" or (opdef is not None and opdef.kind == "elementwise")
 
 
+def _is_column(node: Node, graph: Graph) -> bool:
+    """A reduction over leading or middle axes (the column kernels' case)."""
+    if node.op not in COLUMN_OPS or not node.inputs:
+        return False
+    shape = tuple(graph.node(node.inputs[0]).shape)
+    return column_split(shape, normalize_axis(node.attrs.get("axis"), len(shape))) is not None
+
+
 def supports(node: Node, graph: Graph) -> tuple[bool, str]:
     """Whether :func:`generate` covers ``node``: ``(True, "")`` or ``(False, reason)``.
 
@@ -69,6 +81,8 @@ def supports(node: Node, graph: Graph) -> tuple[bool, str]:
             body, _ = body_of(node, graph)
             shapes, dtypes = _elementwise_inputs(node, graph)
             why = check_elementwise(body, shapes, dtypes, tuple(node.shape), node.dtype)
+        elif _is_column(node, graph):
+            why = check_columns(node, graph)
         elif node.op in ROW_OPS:
             why = check_rows(node, graph)
         elif node.op == "fused_rows":
@@ -109,6 +123,8 @@ def generate(node: Node, graph: Graph, *, inplace: bool = False) -> KernelSource
         shapes, dtypes = _elementwise_inputs(node, graph)
         return generate_elementwise(kernel_name(node), body, shapes, dtypes,
                                     tuple(node.shape), node.dtype, ops, inplace=inplace)
+    if _is_column(node, graph):
+        return generate_columns(node, graph)
     if node.op in ROW_OPS:
         return generate_rows(node, graph)
     if node.op == "fused_rows":

@@ -93,7 +93,8 @@ def check_rows(node: Node, graph: Graph) -> str:
         axes = normalize_axis(node.attrs.get("axis"), len(shape))
         if axes != last:
             return (f"{node.op} over axes {axes} of a rank-{len(shape)} array is not "
-                    "generated (only the last axis); runs through CuPy")
+                    "generated (only the last axis, or one block of consecutive axes "
+                    "before it); runs through CuPy")
         if node.attrs.get("ddof") or node.attrs.get("dtype") is not None \
                 or node.attrs.get("initial") is not None or len(node.inputs) != 1:
             return f"{node.op} with ddof/dtype/initial/where is not generated"

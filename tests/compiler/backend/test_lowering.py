@@ -34,8 +34,9 @@ def test_executable_lists_its_kernels_without_a_device():
     assert ks[0]["kind"] == "cublas" and "relu" in ks[0]["source"]
     assert ks[1]["name"] == "fused_0" and "fused_0_vec" in ks[1]["source"]
     assert ks[2]["kind"] == "rows"
-    # sum over axis 0 is not generated: it falls back to CuPy with the reason
-    assert ks[3]["kind"] == "cupy" and "only the last axis" in ks[3]["notes"]
+    # a sum over axis 0 is a column kernel (lanes across the 32 columns)
+    assert ks[3]["kind"] == "columns"
+    assert "1 x 32 columns, 8 values each" in ks[3]["notes"]
     for k in ks:
         assert set(k) >= {"name", "kind", "ops", "impl", "source"}
 
