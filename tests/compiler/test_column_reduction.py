@@ -27,6 +27,11 @@ F16, F32, F64 = np.float16, np.float32, np.float64
 I32, BOOL = np.int32, np.bool_
 
 
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
 def _source(op, shape, dtype, axis):
     g, node = op_graph(op, [(shape, dtype)], {"axis": axis, "keepdims": False})
     ok, why = supports(node, g)
