@@ -54,7 +54,7 @@ import numpy as np
 from ..codegen import generate, generate_epilogue, supports
 from ..ir import Graph, Node
 from ..ops import REGISTRY
-from .steps import _CupyStep, _CutlassStep, _KernelStep, _LtStep, _MatmulStep, _Step
+from .steps import _CupyStep, _CutlassStep, _KernelStep, _LtStep, _MatmulStep, _Step, batched_gemm
 
 __all__ = ["IMPLS", "LaunchList", "lower"]
 
@@ -301,8 +301,11 @@ class _Lowering:
                 return None
             epilogue = generate_epilogue(node, self.graph)
         out_buffer = self._gemm_output(node, in_storage, storage)
-        backend = "cuBLAS (cupy.matmul)" + (" in place of a tuned CUTLASS kernel"
-                                             if choice == "cutlass" else "")
+        a, b = (self.graph.node(i) for i in node.inputs[:2])
+        batched = batched_gemm(tuple(a.shape), a.dtype, tuple(b.shape), b.dtype)
+        backend = ("pl.matmul (one strided-batched GEMM; CuPy's batched matmul computes "
+                   "16-bit floats in float32)" if batched else "cuBLAS (cupy.matmul)") + (
+            " in place of a tuned CUTLASS kernel" if choice == "cutlass" else "")
         describe = {"node": node.id, "name": epilogue.name if epilogue else f"matmul_{node.id}",
                     "kind": "cublas", "ops": ["matmul", *(epilogue.ops if epilogue else ())],
                     "impl": choice,

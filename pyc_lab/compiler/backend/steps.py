@@ -39,7 +39,8 @@ from ..codegen.cuda_types import KernelSource
 from ..ir import Graph, Node
 from ..ops import check_eager_result, evaluate
 
-__all__ = ["ColumnLaunch", "contiguous_operand", "launch_elementwise", "launch_rows"]
+__all__ = ["ColumnLaunch", "batched_gemm", "contiguous_operand", "launch_elementwise",
+           "launch_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,35 @@ def _gemm_operands(node: Node, values: dict[int, Any]) -> tuple[Any, Any]:
     return a, b
 
 
+def batched_gemm(a_shape: tuple[int, ...], a_dtype: Any, b_shape: tuple[int, ...],
+                 b_dtype: Any) -> bool:
+    """Whether a matmul of these operands runs as one batch of GEMMs through
+    :func:`pyc_lab.matmul` (see :func:`_batched_operands`)."""
+    return (len(a_shape) > 2 and len(b_shape) >= 2 and np.dtype(a_dtype) == np.dtype(b_dtype)
+            and np.dtype(a_dtype).kind == "f"
+            and (len(b_shape) == 2 or tuple(b_shape[:-2]) == tuple(a_shape[:-2])))
+
+
+def _batched_operands(a: Any, b: Any) -> tuple[Any, Any, tuple[int, ...]] | None:
+    """A batched float matmul's operands as 3-D ``(B, M, K) @ (B, K, N)`` (or ``@ (K, N)``)
+    views for :func:`pyc_lab.matmul`, and the product's shape; None for a 2-D problem,
+    broadcast batch dimensions, integers or mixed dtypes (``cupy.matmul`` runs those).
+
+    ``cupy.matmul`` computes a batch of float16/bfloat16 GEMMs in float32 copies (14x
+    slower than one strided-batched GEMM on the H200 for attention's ``q @ k^T``:
+    benchmarks/results/h200/attention-rotary.json); ``pl.matmul`` issues one.
+    """
+    if not batched_gemm(a.shape, a.dtype, b.shape, b.dtype):
+        return None
+    batch = tuple(a.shape[:-2])
+    count = int(np.prod(batch, dtype=np.int64))
+    if count == 0:
+        return None
+    a3 = a.reshape(count, *a.shape[-2:])
+    b3 = b.reshape(count, *b.shape[-2:]) if b.ndim > 2 else b
+    return a3, b3, (*batch, a.shape[-2], b.shape[-1])
+
+
 class _MatmulStep(_Step):
     """``cupy.matmul`` (cuBLAS) and the generated epilogue in place on the product.
 
@@ -194,6 +224,12 @@ class _MatmulStep(_Step):
         ``benchmarks/exp_matmul_out.py`` measures both forms, replacing this method for
         the second.
         """
+        batched = _batched_operands(a, b)
+        if batched is not None:  # CuPy's batched matmul computes 16-bit floats in float32
+            from ...kernels.matmul import matmul
+
+            a3, b3, shape = batched
+            return matmul(a3, b3).reshape(shape)
         return exe._cp.matmul(a, b)
 
     def run(self, exe: Executor, values: dict[int, Any]) -> None:
@@ -220,6 +256,13 @@ class _MatmulStep(_Step):
     def static_call(self, exe: Executor, values: dict[int, Any]) -> Any:
         cp = exe._cp
         a, b = _gemm_operands(self.node, values)  # views of the static arrays: new data
+        batched = _batched_operands(a, b)
+        if batched is not None:
+            from ...kernels.matmul import matmul
+
+            a3, b3, _ = batched
+            return self._call_on_static(exe, values, a, b, lambda product: matmul(
+                a3, b3, out=product.reshape(a3.shape[0], a3.shape[1], b3.shape[-1])))
         return self._call_on_static(exe, values, a, b,
                                     lambda product: cp.matmul(a, b, out=product))
 

@@ -498,6 +498,28 @@ def test_matmul_transposes_and_batches(rng, ta, tb):
     assert_close(got, want, F32, {"float32": (1e-4, 1e-5)})
 
 
+@pytest.mark.parametrize("dtype", [F16, F32])
+@pytest.mark.parametrize("b_batched", [True, False])
+def test_batched_matmul_runs_as_one_strided_batch(rng, dtype, b_batched):
+    import pyc_lab as pl
+
+    def scores(q, k):
+        return q @ np.swapaxes(k, -1, -2) if k.ndim == 4 else q @ k.T
+
+    q = rand(rng, (2, 3, 33, 24), dtype, high=1.0)
+    k = rand(rng, (2, 3, 40, 24) if b_batched else (40, 24), dtype, high=1.0)
+    f = pl.compile(scores, backend="cupy")
+    dq, dk = cp.asarray(q), cp.asarray(k)
+    got = cp.asnumpy(f(dq, dk))
+    want = scores(q.astype(F64), k.astype(F64))
+    assert got.dtype == dtype and got.shape == want.shape
+    assert_close(got, want, dtype, {"float16": (2e-3, 2e-3), "float32": (1e-4, 1e-5)})
+    (kernel,) = [k_ for k_ in f.explain(dq, dk).kernels if "matmul" in k_["ops"]]
+    assert "pl.matmul" in kernel["implementation"]
+    for _ in range(3):  # warm-up, capture, replays: the same answer each time
+        assert np.array_equal(cp.asnumpy(f(dq, dk)), got)
+
+
 def test_integer_matmul_with_float_activation_is_not_in_place(rng):
     specs = [((8, 16), I32), ((16, 12), I32), ((12,), F32)]
     attrs = {"activation": "tanh"}
