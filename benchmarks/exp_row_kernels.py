@@ -30,12 +30,9 @@ NAMES = ("softmax_rows_f16", "layer_norm_f16", "residual_rms_norm_f16",
          "masked_softmax_f32", "l2_normalize_f32", "log_softmax_f32")
 
 
-def _config(values_per_thread: int | None):
+def _config(values_per_thread: int | None, original: Any):
     """A ``row_config`` giving each thread about ``values_per_thread`` values of a row
-    (None: the library's own)."""
-    from pyc_lab.compiler.codegen import reduction
-
-    original = reduction.row_config
+    (None: the library's own, ``original``)."""
 
     def config(cols: int, acc_itemsize: int = 4) -> dict[str, Any]:
         if values_per_thread is None:
@@ -53,10 +50,8 @@ def _config(values_per_thread: int | None):
     return config
 
 
-def _launcher(capped: bool):
-    from pyc_lab.compiler.backend import steps
-
-    original = steps.launch_rows
+def _launcher(capped: bool, original: Any):
+    """``launch_rows`` as it is, or with the grid uncapped (one block per row group)."""
 
     def launch(sm_count, kernels, src, ins, out):
         if capped:
@@ -78,11 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     from pyc_lab.compiler.backend import steps
     from pyc_lab.compiler.codegen import reduction, row_program
 
+    row_config, launch_rows = reduction.row_config, steps.launch_rows  # the library's
     bw = copy_gbps(cp)
     variants = [("default", None, True), ("default, uncapped grid", None, False),
                 ("8 per thread", 8, True), ("8 per thread, uncapped", 8, False),
                 ("16 per thread", 16, True), ("16 per thread, uncapped", 16, False),
-                ("4 per thread, uncapped", 4, False)]
+                ("32 per thread", 32, True), ("4 per thread", 4, True)]
     programs = {p.name: p for p in PROGRAMS}
     rows = []
     for name in NAMES:
@@ -97,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         ref = None
         row = {"program": name, "torch.compile ms": tc_ms, "variants": {}}
         for label, per, capped in variants:
-            reduction.row_config = row_program.row_config = _config(per)
-            steps.launch_rows = _launcher(capped)
+            reduction.row_config = row_program.row_config = _config(per, row_config)
+            steps.launch_rows = _launcher(capped, launch_rows)
             try:
                 f = pl.compile(p.numpy_fn, backend="cupy")
                 out = f(*dev)
@@ -117,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["variants"][label] = {"error": f"{type(exc).__name__}: {exc}"}
                 print(f"{name:24s} {label:26s} {type(exc).__name__}: {exc}")
         rows.append(row)
+    reduction.row_config = row_program.row_config = row_config
+    steps.launch_rows = launch_rows
     write_result(args.out, "row-kernels", {"environment": environment(),
                                            "copy_gbps": bw, "rows": rows})
     return 0
