@@ -70,6 +70,60 @@ def test_row_launch_takes_the_vector_entry_only_when_aligned():
     assert launch_rows(132, kernels, src, [_at(2)], _at(4096)) == src.name
 
 
+def test_row_launch_gives_every_row_group_its_own_block():
+    g, node = op_graph("softmax", [((100000, 64), F32)], {"axis": -1})
+    src = generate(node, g)
+    kernels = _kernels(src)
+    entry = launch_rows(2, kernels, src, [_at(1)], _at(4))  # misaligned: general entry
+    rpb = src.launch["rows_per_block"]
+    assert kernels[entry].launches[0][0] == (-(-100000 // rpb),)  # not capped at 2 SMs
+
+
+class _Pool:
+    """CuPy's ``empty`` stand-in: records the workspace sizes asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, str]] = []
+
+    def empty(self, n, dtype):
+        self.asked.append((n, np.dtype(dtype).name))
+        return _at(1 << 20)
+
+
+def test_column_launch_splits_tall_columns_and_combines_them():
+    from pyc_lab.compiler.backend.steps import ColumnLaunch
+
+    g, node = op_graph("sum", [((16384, 4096), F16)], {"axis": (0,), "keepdims": False})
+    src = generate(node, g)
+    pool = _Pool()
+    launch = ColumnLaunch(src, 132, pool)
+    parts = launch.splits[src.launch["vec_kernel"]]
+    assert parts > 1 and pool.asked == [(max(launch.splits.values()) * 4096, "float32")]
+    kernels = _kernels(src)
+    assert launch.launch(kernels, _at(0), _at(64)) == src.launch["vec_kernel"]
+    (grid, block, args), = kernels[src.launch["vec_kernel"]].launches
+    assert grid == (src.launch["vec_config"]["tiles"], parts) and block == (256,)
+    assert int(args[3]) == -(-16384 // parts)  # rows per chunk
+    (_, _, cargs), = kernels[src.launch["combine_kernel"]].launches
+    assert int(cargs[2]) == parts
+
+
+def test_column_launch_without_a_split_writes_the_output_directly():
+    from pyc_lab.compiler.backend.steps import ColumnLaunch
+
+    g, node = op_graph("max", [((64, 300, 4096), F32)], {"axis": (1,), "keepdims": False})
+    src = generate(node, g)
+    pool = _Pool()
+    launch = ColumnLaunch(src, 132, pool)
+    assert set(launch.splits.values()) == {1} and pool.asked == []
+    kernels = _kernels(src)
+    out = _at(64)
+    assert launch.launch(kernels, _at(4), out) == src.name  # 4-byte aligned: scalar entry
+    (grid, _, args), = kernels[src.name].launches
+    assert grid[1] == 1 and args[2] is out
+    assert not kernels[src.launch["combine_kernel"]].launches
+
+
 class _RecordingNumpy:
     """NumPy as the executable's ``cp``, noting the keyword arguments of matmul calls."""
 
