@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import PycLabError
 from .ir import Graph
 from .ops import REGISTRY
+from .views import same_position_inputs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -210,7 +211,14 @@ def _inplace_source(graph: Graph, n: Any, owner: dict[int, int], end: dict[int, 
     """(buffer, input) that ``n`` may overwrite, or None."""
     if REGISTRY[n.op].kind not in ("elementwise", "fused"):
         return None
-    for i in dict.fromkeys(n.inputs):
+    # a fused body reading an input through a view (or writing a concatenation) reads
+    # elements at other positions than the one it writes: never over that input
+    same = same_position_inputs(n.attrs["body"]) if n.op == "fused" else None
+    for pos, i in enumerate(n.inputs):
+        if same is not None and pos not in same:
+            continue
+        if i in n.inputs[:pos]:
+            continue
         src = graph.nodes[i]
         o = owner[i]
         if o in pinned or o not in buffer_of or end.get(o) != step:

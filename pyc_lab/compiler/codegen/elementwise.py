@@ -39,6 +39,7 @@ import numpy as np
 
 from ..ir import Graph, Node, dtype_short
 from ..ops import ACTIVATIONS, REGISTRY
+from ..views import VIEW_OPS, Load, Piece, analyse, broadcasts_to, contiguous_strides
 from . import cuda_types as ct
 from .cuda_types import KernelSource
 
@@ -142,11 +143,6 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
         if tuple(bnode.shape) != tuple(shape) or bnode.dtype != np.dtype(dtype):
             return (f"body input {k} is {bnode.type_text} but the node's input is "
                     f"{dtype_short(dtype)}{list(shape)}")
-        try:
-            if tuple(np.broadcast_shapes(tuple(shape), tuple(out_shape))) != tuple(out_shape):
-                return f"input {k} of shape {tuple(shape)} is larger than the output"
-        except ValueError:
-            return f"input {k} of shape {tuple(shape)} does not broadcast to {out_shape}"
     for n in body:
         if not ct.is_supported(n.dtype):
             return f"dtype {n.dtype.name} ({n.op}) is not generated; runs through CuPy"
@@ -156,6 +152,8 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
             if np.ndim(n.attrs.get("value")) != 0:
                 return "a non-scalar constant inside a fused body is not generated"
             continue
+        if n.op in VIEW_OPS or n.op == "concatenate":
+            continue  # views of inputs and an output concatenation: analyse() checks them
         opdef = REGISTRY.get(n.op)
         if opdef is None or opdef.kind != "elementwise" or opdef.cuda is None:
             return f"op {n.op!r} inside a fused body has no CUDA template"
@@ -164,6 +162,16 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
         for i in n.inputs:
             if not ct.is_supported(body.node(i).dtype):
                 return f"dtype {body.node(i).dtype.name} is not generated"
+    pieces = analyse(body)
+    if isinstance(pieces, str):
+        return pieces
+    for piece in pieces:
+        for load in piece.loads:
+            if not broadcasts_to(load.shape, piece.shape):
+                what = body.node(load.node)
+                return (f"{what.op} %{what.id} of shape {load.shape} does not broadcast to "
+                        f"{piece.shape}" + (" (it is larger)" if len(load.shape) <= len(
+                            piece.shape) else ""))
     out = body.node(body.outputs[0])
     if tuple(out.shape) != tuple(out_shape):
         return f"the body's output is {out.type_text} but the node's is {list(out_shape)}"
@@ -235,19 +243,34 @@ def node_expression(n: Node, body: Graph, var: dict[int, str], needs: set[str]) 
     return _result(template.format(*operands), n.dtype)
 
 
-def _device_function(fname: str, body: Graph, out_dtype: np.dtype) -> tuple[str, set[str]]:
-    """``__device__`` function computing the body; also the helper sections it needs."""
+def _device_function(fname: str, body: Graph, out_dtype: np.dtype, root: int | None = None,
+                     loads: Sequence[Load] | None = None) -> tuple[str, set[str]]:
+    """``__device__`` function computing body node ``root`` (default: the output) from
+    one parameter per load (default: one per body input); also the helper sections it
+    needs."""
     needs: set[str] = set()
     pos = {nid: k for k, nid in enumerate(body.nodes)}
+    if root is None:
+        root = body.outputs[0]
+    if loads is None:
+        loads = [Load(bid, k, tuple(body.node(bid).shape), (), 0)
+                 for k, bid in enumerate(body.inputs)]
     var: dict[int, str] = {}
     params = []
-    for k, bid in enumerate(body.inputs):
-        n = body.node(bid)
-        var[bid] = f"a{k}"
-        params.append(f"{ct.compute_type(n.dtype)} a{k}")
+    for k, load in enumerate(loads):
+        var[load.node] = f"a{k}"
+        params.append(f"{ct.compute_type(body.node(load.node).dtype)} a{k}")
+    wanted: set[int] = set()
+    stack = [root]
+    while stack:  # the nodes root needs, stopping at the loads
+        nid = stack.pop()
+        if nid in wanted or nid in var:
+            continue
+        wanted.add(nid)
+        stack.extend(body.node(nid).inputs)
     lines = []
     for n in body:
-        if n.op == "input":
+        if n.id not in wanted:
             continue
         name = f"v{pos[n.id]}"
         ctype = ct.compute_type(n.dtype)
@@ -258,7 +281,7 @@ def _device_function(fname: str, body: Graph, out_dtype: np.dtype) -> tuple[str,
             expr = node_expression(n, body, var, needs)
             lines.append(f"    const {ctype} {name} = {expr};  // {n.op} -> {n.type_text}")
         var[n.id] = name
-    out = body.node(body.outputs[0])
+    out = body.node(root)
     ret = ct.convert(var[out.id], out.dtype, out_dtype)
     sig = ", ".join(params) if params else "void"
     text = (f"__device__ __forceinline__ {ct.compute_type(out_dtype)} {fname}({sig})\n{{\n"
@@ -268,22 +291,21 @@ def _device_function(fname: str, body: Graph, out_dtype: np.dtype) -> tuple[str,
 
 # -- layout: collapsed dims and per-array strides ------------------------------------------
 def _contiguous_strides(shape: Sequence[int]) -> list[int]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return list(reversed(strides))
+    return contiguous_strides(tuple(shape))
 
 
-def _layout(out_shape: tuple[int, ...], in_shapes: Sequence[tuple[int, ...]]) \
+def _layout(out_shape: tuple[int, ...], in_shapes: Sequence[tuple[int, ...]],
+            in_strides: Sequence[Sequence[int]] | None = None,
+            out_strides: Sequence[int] | None = None) \
         -> tuple[list[int], list[int], list[list[int]]]:
     """Collapsed output dims, the output's strides and every input's (elements, 0 =
-    broadcast), for C-contiguous arrays."""
+    broadcast). Arrays are C-contiguous unless ``in_strides``/``out_strides`` give their
+    element strides (views read or written in place)."""
     rank = len(out_shape)
-    out_str = _contiguous_strides(out_shape)
+    out_str = list(out_strides) if out_strides is not None else _contiguous_strides(out_shape)
     in_str = []
-    for shape in in_shapes:
-        own = _contiguous_strides(shape)
+    for k, shape in enumerate(in_shapes):
+        own = list(in_strides[k]) if in_strides is not None else _contiguous_strides(shape)
         pad = rank - len(shape)
         row = []
         for j in range(rank):
@@ -339,21 +361,160 @@ def _coords(dims: list[int], needed: set[int], idx: str, itype: str, sfx: str,
 
 
 def _offset(strides: list[int], out_strides: list[int], idx: str, sfx: str,
-            names: dict[int, str] | None = None) -> str:
-    """C expression of an input's element offset for output element ``idx``.
+            names: dict[int, str] | None = None, base: int = 0) -> str:
+    """C expression of an array's element offset for iteration element ``idx``.
 
-    ``names`` overrides the coordinate expression of some dims (default ``c<j>``).
+    ``out_strides`` are the iteration's own (an array walking them is read at ``idx``);
+    ``names`` overrides the coordinate expression of some dims (default ``c<j>``);
+    ``base`` is the array's element offset. A negative stride is subtracted (index
+    arithmetic is unsigned: the total is what it is modulo the index width).
     """
     if strides == out_strides:
-        return idx
+        return f"{idx} + {base}{sfx}" if base else idx
     names = names or {}
-    terms = []
+    terms = [f"{base}{sfx}"] if base else []
     for j, s in enumerate(strides):
         if s == 0:
             continue
         coord = idx if len(strides) == 1 else names.get(j, f"c{j}")
-        terms.append(coord if s == 1 else f"{coord} * {s}{sfx}")
-    return " + ".join(terms) if terms else "0"
+        term = coord if abs(s) == 1 else f"{coord} * {abs(s)}{sfx}"
+        terms.append(f"- {term}" if s < 0 else term)
+    text = " + ".join(terms).replace("+ - ", "- ") if terms else "0"
+    return f"0{sfx} {text}" if text.startswith("- ") else text
+
+
+class _Part:
+    """Pieces of the output walked by one loop: pieces of one shape (all of them, for
+    the halves of a rotary embedding) share their iteration, so a load they share is
+    read once per element for all of them. Holds each piece's device function, the
+    collapsed layout and the union of their loads."""
+
+    def __init__(self, names: list[str], pieces: list[Piece], body: Graph,
+                 out_dtype: np.dtype) -> None:
+        self.pieces = pieces
+        self.names = names
+        shape = pieces[0].shape
+        union: dict[int, Load] = {}
+        for piece in pieces:
+            for ld in piece.loads:
+                union.setdefault(ld.node, ld)
+        order = {nid: k for k, nid in enumerate(body.nodes)}
+        self.loads = sorted(union.values(), key=lambda ld: order[ld.node])
+        index = {ld.node: k for k, ld in enumerate(self.loads)}
+        self.args = [[index[ld.node] for ld in piece.loads] for piece in pieces]
+        self.funcs, self.needs = [], set()
+        for name, piece in zip(names, pieces, strict=True):
+            func, needs = _device_function(name, body, out_dtype, piece.root, piece.loads)
+            self.funcs.append(func)
+            self.needs |= needs
+        self.n = int(np.prod(shape, dtype=np.int64))
+        self.dtypes = [body.node(ld.node).dtype for ld in self.loads]
+        if self.n == 0:
+            self.dims, self.out_str, self.in_str = [0], [1], [[1] for _ in self.loads]
+        else:
+            self.dims, self.out_str, self.in_str = _layout(
+                shape, [ld.shape for ld in self.loads], [ld.strides for ld in self.loads],
+                pieces[0].out_strides)
+        self.it_str = _contiguous_strides(self.dims)
+        self.along = [bool(s[-1] == 1) for s in self.in_str]
+
+    def vector_ok(self, vec: int) -> bool:
+        """Whether ``vec`` consecutive elements of these pieces are one aligned vector
+        of the output and of every load running along the innermost dimension."""
+        if self.n == 0:
+            return True
+        dims = self.dims
+        if len(dims) > 1 and dims[-1] % vec:
+            return False
+        if self.out_str[-1] != 1 or any(s % vec for s in self.out_str[:-1]) \
+                or any(piece.out_offset % vec for piece in self.pieces):
+            return False
+        for ld, s in zip(self.loads, self.in_str, strict=True):
+            if s[-1] == 1:
+                if any(t % vec for t in s[:-1]) or ld.offset % vec:
+                    return False
+            elif s[-1] != 0:
+                return False  # a strided innermost read (a transpose): no vector form
+        return True
+
+    def _calls(self, args: list[str]) -> list[tuple[Piece, str]]:
+        return [(piece, f"{name}({', '.join(args[k] for k in idx)})")
+                for piece, name, idx in zip(self.pieces, self.names, self.args, strict=True)]
+
+    def element_lines(self, idx: str, indent: str, itype: str, sfx: str,
+                      out_dtype: np.dtype) -> list[str]:
+        """One element ``idx`` of the pieces: the loads, then each piece's call and
+        store."""
+        arrays = [self.out_str, *self.in_str]
+        needed = {j for s in arrays if s != self.it_str for j, v in enumerate(s) if v}
+        lines = _coords(self.dims, needed, idx, itype, sfx, indent)
+        args = []
+        for k, (ld, d) in enumerate(zip(self.loads, self.dtypes, strict=True)):
+            off = _offset(self.in_str[k], self.it_str, idx, sfx, base=ld.offset)
+            lines.append(f"{indent}const {ct.compute_type(d)} x{k} = "
+                         f"{ct.from_storage(d, f'in{ld.param}[{off}]')};")
+            args.append(f"x{k}")
+        for piece, call in self._calls(args):
+            out_off = _offset(self.out_str, self.it_str, idx, sfx, base=piece.out_offset)
+            lines.append(f"{indent}out[{out_off}] = {ct.to_storage(out_dtype, call)};")
+        return lines
+
+    def vector_lines(self, vec: int, itype: str, sfx: str, out_dtype: np.dtype) -> list[str]:
+        """The body of the vector loop (``i``: the vectors' first element)."""
+        dims, inner = self.dims, self.dims[-1]
+        last = {len(dims) - 1: f"(i % {inner}{sfx})"}
+        arrays = [self.out_str, *self.in_str]
+        needed = {j for s in arrays if s != self.it_str
+                  for j, v in enumerate(s[:-1] if len(dims) > 1 else []) if v}
+        lines = _coords(dims, needed, "i", itype, sfx, "        ")
+        args = []
+        for k, (ld, d) in enumerate(zip(self.loads, self.dtypes, strict=True)):
+            st = ct.storage_type(d)
+            if self.along[k]:
+                # the innermost coordinate of a vector's first element is i % inner
+                off = _offset(self.in_str[k], self.it_str, "i", sfx, last, base=ld.offset)
+                lines.append(
+                    f"        const pyc_vec<{st}, {vec}> x{k} = "
+                    f"*reinterpret_cast<const pyc_vec<{st}, {vec}>*>(in{ld.param} + {off});")
+                args.append(ct.from_storage(d, f"x{k}.v[e]"))
+            else:
+                outer = [*self.in_str[k][:-1], 0] if len(dims) > 1 else [0]
+                off = _offset(outer, self.it_str, "i", sfx, base=ld.offset) \
+                    if any(outer) or ld.offset else "0"
+                lines.append(f"        const {ct.compute_type(d)} x{k} = "
+                             f"{ct.from_storage(d, f'in{ld.param}[{off}]')};  "
+                             "// the same for the whole vector")
+                args.append(f"x{k}")
+        so = ct.storage_type(out_dtype)
+        for p, (piece, call) in enumerate(self._calls(args)):
+            y = "y" if len(self.pieces) == 1 else f"y{p}"
+            out_off = _offset(self.out_str, self.it_str, "i", sfx, last,
+                              base=piece.out_offset)
+            lines += [
+                f"        pyc_vec<{so}, {vec}> {y};",
+                "#pragma unroll",
+                f"        for (int e = 0; e < {vec}; ++e) {{",
+                f"            {y}.v[e] = {ct.to_storage(out_dtype, call)};",
+                "        }",
+                f"        *reinterpret_cast<pyc_vec<{so}, {vec}>*>(out + {out_off}) = {y};",
+            ]
+        return lines
+
+
+def _parts(name: str, pieces: list[Piece], body: Graph, out_dtype: np.dtype) -> list[_Part]:
+    """The loops of a kernel: one for all pieces when they have one shape, else one per
+    piece."""
+    names = [f"{name}_op" if len(pieces) == 1 else f"{name}_op{p}" for p in range(len(pieces))]
+    if len({piece.shape for piece in pieces}) == 1:
+        return [_Part(names, pieces, body, out_dtype)]
+    return [_Part([nm], [piece], body, out_dtype)
+            for nm, piece in zip(names, pieces, strict=True)]
+
+
+def _pieces_note(part: _Part, p: int, loops: int) -> str:
+    if len(part.pieces) > 1:
+        return f"  // elements of each of {len(part.pieces)} pieces of the concatenation"
+    return f"  // piece {p} of the concatenation" if loops > 1 else ""
 
 
 def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, ...]],
@@ -368,9 +529,11 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
         Kernel base name (a C identifier): the general kernel is ``name``, the vectorised
         one ``name + "_vec"``.
     body
-        Graph of elementwise ops and 0-d constants, one input per operand, one output.
+        Graph of elementwise ops and 0-d constants over its inputs, with one output; it
+        may read views of its inputs and its output may be a concatenation
+        (:mod:`pyc_lab.compiler.views`).
     in_shapes, in_dtypes
-        The operands (C-contiguous at run time; each broadcasts to ``out_shape``).
+        The operands (C-contiguous at run time).
     out_shape, out_dtype
         The result.
     ops
@@ -378,9 +541,9 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
     kind
         ``KernelSource.kind`` (``"elementwise"`` or ``"epilogue"``).
     inplace
-        The output may be the same memory as an operand of the output's shape: no
-        ``__restrict__`` anywhere (element ``i`` is read before it is written, by the
-        same thread).
+        The output may be the same memory as an operand of the output's shape read only
+        at each element's own position: no ``__restrict__`` anywhere (element ``i`` is
+        read before it is written, by the same thread).
     title
         Extra header line.
     """
@@ -391,24 +554,22 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
     why = check_elementwise(body, in_shapes, in_dtypes, out_shape, out_dtype)
     if why:
         raise ValueError(f"{name}: {why}")
+    pieces = analyse(body)
+    assert not isinstance(pieces, str)
     n = int(np.prod(out_shape, dtype=np.int64))
-    itype, sfx = _idx_type(n)
-    if n == 0:
-        dims, out_str, in_str = [0], [1], [[1] for _ in in_shapes]
-    else:
-        dims, out_str, in_str = _layout(out_shape, in_shapes)
-    inner = dims[-1]
-    flat = [s == out_str for s in in_str]
-    along = [bool(s[-1] == 1) for s in in_str]  # runs along the innermost dim
-
-    itemsizes = [out_dtype.itemsize] + [d.itemsize for d, a in zip(in_dtypes, along,
-                                                                  strict=True) if a]
+    largest = max([n, *(int(np.prod(s, dtype=np.int64)) for s in in_shapes)])
+    itype, sfx = _idx_type(largest)
+    parts = _parts(name, pieces, body, out_dtype)
+    itemsizes = [out_dtype.itemsize] + [d.itemsize for part in parts
+                                        for d, a in zip(part.dtypes, part.along, strict=True)
+                                        if a]
     vec = 16 // max(itemsizes)
-    vec_ok = n > 0 and n >= vec and (len(dims) == 1 or inner % vec == 0)
-    n_vec = n // vec if vec_ok else 0
+    vec_ok = n > 0 and vec > 1 and all(part.vector_ok(vec) for part in parts)
+    if len(parts) == 1 and parts[0].n < vec:
+        vec_ok = False
+    n_vec = sum(part.n // vec for part in parts) if vec_ok else 0
 
-    op_name = f"{name}_op"
-    func, needs = _device_function(op_name, body, out_dtype)
+    needs = set().union(*(part.needs for part in parts))
     all_dtypes = {out_dtype.name, *(d.name for d in in_dtypes),
                   *(nd.dtype.name for nd in body)}
     restrict = "" if inplace else " __restrict__"
@@ -416,92 +577,55 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
     params.append(f"{ct.storage_type(out_dtype)}*{restrict} out")
     signature = ", ".join(params)
 
-    def element_lines(idx: str, indent: str) -> list[str]:
-        needed = {j for s, f in zip(in_str, flat, strict=True) if not f
-                  for j, v in enumerate(s) if v}
-        lines = _coords(dims, needed, idx, itype, sfx, indent)
-        args = []
-        for k, d in enumerate(in_dtypes):
-            off = _offset(in_str[k], out_str, idx, sfx)
-            lines.append(f"{indent}const {ct.compute_type(d)} x{k} = "
-                         f"{ct.from_storage(d, f'in{k}[{off}]')};")
-            args.append(f"x{k}")
-        call = f"{op_name}({', '.join(args)})"
-        lines.append(f"{indent}out[{idx}] = {ct.to_storage(out_dtype, call)};")
-        return lines
-
     def grid_loop(var: str, start: str, limit: str, body_lines: list[str]) -> list[str]:
         head = f"    for ({itype} {var} = {start}; {var} < {limit}; {var} += stride) {{"
         return [head, *body_lines, "    }"]
 
     tid = f"static_cast<{itype}>(blockIdx.x) * blockDim.x + threadIdx.x"
     stride_line = f"    const {itype} stride = static_cast<{itype}>(blockDim.x) * gridDim.x;"
-    general = [
-        f'extern "C" __global__ void __launch_bounds__({BLOCK})',
-        f"{name}({signature})",
-        "{",
-        f"    const {itype} n = {n}{sfx};",
-        stride_line,
-        *grid_loop("i", tid, "n", element_lines("i", "        ")),
-        "}",
-    ]
+    general = [f'extern "C" __global__ void __launch_bounds__({BLOCK})',
+               f"{name}({signature})", "{", stride_line]
+    for p, part in enumerate(parts):
+        if part.n == 0:
+            continue
+        limit = "n" if len(parts) == 1 else f"n{p}"
+        general.append(f"    const {itype} {limit} = {part.n}{sfx};" + _pieces_note(part, p,
+                                                                              len(parts)))
+        general += grid_loop("i", tid, limit,
+                             part.element_lines("i", "        ", itype, sfx, out_dtype))
+    general.append("}")
 
     vec_lines: list[str] = []
     aligned_inputs: list[int] = []
     align_bytes: dict[str, int] = {}
     if vec_ok:
-        aligned_inputs = [k for k, a in enumerate(along) if a]
+        aligned_inputs = sorted({ld.param for part in parts
+                                 for ld, a in zip(part.loads, part.along, strict=True) if a})
         align_bytes = {"out": vec * out_dtype.itemsize,
                        **{f"in{k}": vec * in_dtypes[k].itemsize for k in aligned_inputs}}
-        needed = {j for k, s in enumerate(in_str) if not flat[k]
-                  for j, v in enumerate(s[:-1] if len(dims) > 1 else []) if v}
-        inner_lines = _coords(dims, needed, "i", itype, sfx, "        ")
-        args = []
-        for k, d in enumerate(in_dtypes):
-            st = ct.storage_type(d)
-            if along[k]:
-                # the innermost coordinate of a vector's first element is i % inner
-                off = _offset(in_str[k], out_str, "i", sfx,
-                              {len(dims) - 1: f"(i % {inner}{sfx})"})
-                inner_lines.append(
-                    f"        const pyc_vec<{st}, {vec}> x{k} = "
-                    f"*reinterpret_cast<const pyc_vec<{st}, {vec}>*>(in{k} + {off});")
-                args.append(ct.from_storage(d, f"x{k}.v[e]"))
-            else:
-                outer = [*in_str[k][:-1], 0] if len(dims) > 1 else [0]
-                off = _offset(outer, out_str, "i", sfx) if any(outer) else "0"
-                inner_lines.append(f"        const {ct.compute_type(d)} x{k} = "
-                                   f"{ct.from_storage(d, f'in{k}[{off}]')};  "
-                                   "// the same for the whole vector")
-                args.append(f"x{k}")
-        so = ct.storage_type(out_dtype)
-        call = f"{op_name}({', '.join(args)})"
-        inner_lines += [
-            f"        pyc_vec<{so}, {vec}> y;",
-            "#pragma unroll",
-            f"        for (int e = 0; e < {vec}; ++e) {{",
-            f"            y.v[e] = {ct.to_storage(out_dtype, call)};",
-            "        }",
-            f"        *reinterpret_cast<pyc_vec<{so}, {vec}>*>(out + i) = y;",
-        ]
-        vec_lines = [
-            f'extern "C" __global__ void __launch_bounds__({BLOCK})',
-            f"{name}_vec({signature})",
-            "{",
-            f"    const {itype} n_vec = {n_vec}{sfx};  // vectors of {vec} elements",
-            stride_line,
-            f"    for ({itype} iv = {tid}; iv < n_vec; iv += stride) {{",
-            f"        const {itype} i = iv * {vec}{sfx};",
-            *inner_lines,
-            "    }",
-        ]
-        if n % vec:
+        vec_lines = [f'extern "C" __global__ void __launch_bounds__({BLOCK})',
+                     f"{name}_vec({signature})", "{", stride_line]
+        for p, part in enumerate(parts):
+            if part.n == 0:
+                continue
+            pv = part.n // vec
+            nv_name = "n_vec" if len(parts) == 1 else f"n_vec{p}"
             vec_lines += [
-                f"    // the last {n % vec} element(s), one per thread",
-                f"    const {itype} n = {n}{sfx};",
-                *grid_loop("i", f"n_vec * {vec}{sfx} + {tid}", "n",
-                           element_lines("i", "        ")),
+                f"    const {itype} {nv_name} = {pv}{sfx};  // vectors of {vec} elements"
+                + (f" (loop {p})" if len(parts) > 1 else ""),
+                f"    for ({itype} iv = {tid}; iv < {nv_name}; iv += stride) {{",
+                f"        const {itype} i = iv * {vec}{sfx};",
+                *part.vector_lines(vec, itype, sfx, out_dtype),
+                "    }",
             ]
+            if part.n % vec:
+                limit = "n" if len(parts) == 1 else f"n{p}"
+                vec_lines += [
+                    f"    // the last {part.n % vec} element(s), one per thread",
+                    f"    const {itype} {limit} = {part.n}{sfx};",
+                    *grid_loop("i", f"{nv_name} * {vec}{sfx} + {tid}", limit,
+                               part.element_lines("i", "        ", itype, sfx, out_dtype)),
+                ]
         vec_lines.append("}")
 
     # -- header and assembly --
@@ -513,14 +637,19 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
     ]
     if title:
         header.append(f"// {title}")
-    header += [
-        f"// out {dtype_short(out_dtype)}{list(out_shape)} <- {ins_text or 'no inputs'}",
-        f"// layout: {n} elements as {dims}; strides (elements, 0 = broadcast): out "
-        f"{out_str}" + "".join(f", in{k} {s}" for k, s in enumerate(in_str)),
-        f"// {name}: grid-stride loop, any alignment"
-        + (f"; {name}_vec: {vec} elements per aligned access "
-           f"({vec * max(itemsizes)} bytes)" if vec_ok else "; no vectorised variant"),
-    ]
+    header.append(f"// out {dtype_short(out_dtype)}{list(out_shape)} <- {ins_text or 'no inputs'}")
+    for part in parts:
+        where = (f"{len(part.pieces)} piece(s) of {part.n} elements at output offsets "
+                 f"{[piece.out_offset for piece in part.pieces]}" if len(pieces) > 1
+                 else f"{n} elements")
+        reads = "".join(
+            f", in{ld.param}" + (f"+{ld.offset}" if ld.offset else "") + f" {s}"
+            for ld, s in zip(part.loads, part.in_str, strict=True))
+        header.append(f"// layout: {where} as {part.dims}; strides (elements, 0 = "
+                      f"broadcast): out {part.out_str}{reads}")
+    header.append(f"// {name}: grid-stride loop, any alignment"
+                  + (f"; {name}_vec: {vec} elements per aligned access "
+                     f"({vec * max(itemsizes)} bytes)" if vec_ok else "; no vectorised variant"))
     if inplace:
         header.append("// in place: out may be an input's memory, so no pointer is "
                       "restrict-qualified")
@@ -530,18 +659,24 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
     if vec_ok:
         sections += [ct.helper("vec")]
     sections += [ct.helper(section) for section in ("ipow", "abs") if section in needs]
-    sections += [func, "\n".join(general) + "\n"]
+    sections += [func for part in parts for func in part.funcs]
+    sections += ["\n".join(general) + "\n"]
     if vec_ok:
         sections += ["\n" + "\n".join(vec_lines) + "\n"]
     source = "\n".join(s.rstrip("\n") + "\n" if s else "" for s in sections)
+    dims = parts[0].dims if len(pieces) == 1 else [n]
     launch = {
         "n": n, "block": BLOCK, "vec": vec if vec_ok else 0,
         "vec_kernel": f"{name}_vec" if vec_ok else None, "n_vec": n_vec,
         "align_bytes": align_bytes, "aligned_inputs": aligned_inputs,
         "dims": list(dims), "inplace": inplace,
     }
-    notes = (f"{n} elements, layout {dims}; "
-             + (f"vectorised by {vec} when aligned" if vec_ok else "scalar only"))
+    notes = (f"{n} elements, layout {dims}"
+             + (f" in {len(pieces)} pieces of a concatenation" if len(pieces) > 1 else "")
+             + (f"; {sum(1 for part in parts for ld in part.loads if not ld.direct)} view(s) "
+                "read in place" if any(not ld.direct for part in parts for ld in part.loads)
+                else "")
+             + "; " + (f"vectorised by {vec} when aligned" if vec_ok else "scalar only"))
     return KernelSource(name=name, kind=kind, source=source, ops=tuple(ops), notes=notes,
                         entries=(name, f"{name}_vec") if vec_ok else (name,), launch=launch)
 

@@ -6,6 +6,12 @@ its readers is in that group (so the group has a single output and no value esca
 it) and its shape broadcasts to the group's output shape. Such a group is convex, so it
 can be computed in one pass over the output's elements.
 
+Two shape ops join as well, so that they cost no copy (:mod:`pyc_lab.compiler.views`):
+basic slices and transposes of a group's inputs (``x[..., :half]``), which the kernel
+reads in place at their strides, and a concatenation as a group's root
+(``np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)``), whose operands are
+computed as *pieces* straight into their regions of the output.
+
 The fused node's inputs are the group's external inputs (first-use order, no
 duplicates); ``attrs["body"]`` is a :class:`~pyc_lab.compiler.ir.Graph` with matching
 inputs ``in0, in1, ...``, the group's ops (0-d constants inlined) and one output;
@@ -25,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node
 from ..ops import REGISTRY
+from ..views import VIEW_OPS
 from .rewrite import broadcasts_to, kind_of, prune
 
 if TYPE_CHECKING:
@@ -33,34 +40,82 @@ if TYPE_CHECKING:
 NAME = "elementwise_fusion"
 
 
+def _fusable(n: Node) -> bool:
+    return kind_of(n.op) == "elementwise" and REGISTRY[n.op].cuda is not None
+
+
 def _groups(graph: Graph) -> list[list[int]]:
-    """Maximal single-output groups, each listed in topological order."""
+    """Maximal single-output groups, each listed in topological order.
+
+    A group's root is an elementwise op or a concatenation; with a concatenation each
+    operand's part of the group is a *piece*, computed over the operand's shape, and a
+    computed node may serve one piece only. Views (:data:`VIEW_OPS`) join as the reads
+    of a group's inputs: a view joins when all its readers are in one group, and a node
+    read by a view joins only if it is a view itself (so every view reads an input of
+    the group, or another view). A view never starts a group of its own.
+    """
     users = graph.users()
     outputs = set(graph.outputs)
     group_of: dict[int, int] = {}
+    piece_of: dict[int, int] = {}  # -1: a concatenation root
+    spaces: dict[tuple[int, int], tuple[int, ...]] = {}
     roots: list[int] = []
     members: dict[int, list[int]] = {}
     for n in reversed(list(graph.nodes.values())):
-        if kind_of(n.op) != "elementwise" or REGISTRY[n.op].cuda is None:
+        is_view = n.op in VIEW_OPS
+        is_concat = n.op == "concatenate" and len(n.shape) >= 1
+        if not (_fusable(n) or is_view or is_concat):
             continue
-        readers = set(users[n.id])
-        target = None
-        if readers and n.id not in outputs:
-            gids = {group_of.get(u) for u in readers}
-            if len(gids) == 1 and None not in gids:
-                gid = gids.pop()
-                root = graph.nodes[roots[gid]]
-                if broadcasts_to(n.shape, root.shape):
-                    target = gid
+        target = _join(graph, n, users[n.id], outputs, group_of, piece_of, spaces, roots)
         if target is None:
-            target = len(roots)
+            if is_view:
+                continue
+            gid = len(roots)
             roots.append(n.id)
-            members[target] = []
-        group_of[n.id] = target
-        members[target].append(n.id)
+            members[gid] = []
+            if is_concat:
+                for p, i in enumerate(n.inputs):
+                    spaces[(gid, p)] = tuple(graph.nodes[i].shape)
+                target = (gid, -1)
+            else:
+                spaces[(gid, 0)] = tuple(n.shape)
+                target = (gid, 0)
+        group_of[n.id], piece_of[n.id] = target
+        members[target[0]].append(n.id)
     order = {nid: k for k, nid in enumerate(graph.nodes)}
     return [sorted(members[g], key=order.__getitem__) for g in sorted(
         members, key=lambda g: order[roots[g]])]
+
+
+def _join(graph: Graph, n: Node, readers: list[int], outputs: set[int],
+          group_of: dict[int, int], piece_of: dict[int, int],
+          spaces: dict[tuple[int, int], tuple[int, ...]], roots: list[int]) \
+        -> tuple[int, int] | None:
+    """The (group, piece) producer ``n`` joins, or None."""
+    if not readers or n.id in outputs or n.op == "concatenate":
+        return None
+    gids = {group_of.get(u) for u in readers}
+    if len(gids) != 1 or None in gids:
+        return None
+    gid = gids.pop()
+    is_view = n.op in VIEW_OPS
+    if not is_view and any(graph.nodes[u].op in VIEW_OPS for u in readers):
+        return None  # views read inputs (or views), never computed values
+    pieces = set()
+    for u in set(readers):
+        if piece_of[u] == -1:  # an operand of the root concatenation: its own piece
+            slots = [p for p, i in enumerate(graph.nodes[roots[gid]].inputs) if i == n.id]
+            if len(slots) != 1 and not is_view:
+                return None
+            pieces.update(slots)
+        else:
+            pieces.add(piece_of[u])
+    if not is_view and len(pieces) != 1:
+        return None  # a computed node serves one piece
+    chain_link = is_view and all(graph.nodes[u].op in VIEW_OPS for u in readers)
+    if not chain_link and not all(broadcasts_to(n.shape, spaces[(gid, p)]) for p in pieces):
+        return None  # (a view read only by views is one link of a chain of views)
+    return gid, min(pieces)
 
 
 def _build(graph: Graph, group: list[int], name: str) \

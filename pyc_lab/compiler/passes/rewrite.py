@@ -17,6 +17,7 @@ import numpy as np
 from ...errors import PycLabError
 from ..ir import Graph, Node
 from ..ops import FUSED_OPS, REGISTRY, infer
+from ..views import broadcasts_to
 
 __all__ = ["PassContext", "broadcasts_to", "const_is", "const_value", "insert_like",
            "is_const", "is_float", "kind_of", "prune", "same_type", "sole_user", "try_infer"]
@@ -81,15 +82,6 @@ def const_is(graph: Graph, nid: int, value: float, *, scalar_only: bool = False)
 def same_type(a: Node, b: Node) -> bool:
     """Whether two nodes have exactly the same shape and dtype."""
     return tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
-
-
-def broadcasts_to(shape: Iterable[int], target: Iterable[int]) -> bool:
-    """Whether an array of ``shape`` broadcasts to exactly ``target``."""
-    target = tuple(target)
-    try:
-        return tuple(np.broadcast_shapes(tuple(shape), target)) == target
-    except ValueError:
-        return False
 
 
 def try_infer(op: str, inputs: list[Node], attrs: dict[str, Any]) \

@@ -1,0 +1,200 @@
+"""Loads and pieces of a fused elementwise body: what each kernel element reads and writes.
+
+A ``fused`` node's body is elementwise work over inputs, and may also hold
+
+- **views of its inputs** — basic slices (``x[..., :64]``, ``x[::2]``, ``x[:, 3]``) and
+  transposes, alone or chained: a kernel reads such a view straight from the input's
+  memory at static strides and an offset, so the view is never copied; and
+- **a concatenation as its output** (``np.concatenate([a * c - b * s, b * c + a * s],
+  -1)``): each operand is a *piece* computed over its own shape and written straight
+  into its region of the output, so no piece is materialised and copied again.
+
+:func:`analyse` turns a body into :class:`Piece` s, each with the :class:`Load` s it reads;
+the code generator emits one loop per piece. :func:`same_position_inputs` says which
+inputs every output element reads only at its own position (the only ones a kernel
+may overwrite in place). Nothing here needs a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ir import Graph, Node
+from .ops import REGISTRY, basic_index
+
+__all__ = ["VIEW_OPS", "Load", "Piece", "analyse", "broadcasts_to", "contiguous_strides",
+           "same_position_inputs", "view_geometry"]
+
+#: Shape ops a fused body may apply to its inputs (read in place, never copied).
+VIEW_OPS = ("slice", "transpose")
+
+
+@dataclass(frozen=True)
+class Load:
+    """One array an element of a piece reads: a body input, or a view of one.
+
+    Attributes
+    ----------
+    node
+        The body node whose value this is (an ``input`` or the last view of a chain).
+    param
+        The body input (kernel pointer) it reads.
+    shape
+        Its shape.
+    strides
+        Element strides of ``shape`` over the input's C-contiguous memory.
+    offset
+        Element offset of its first element in that memory.
+    """
+
+    node: int
+    param: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+
+    @property
+    def direct(self) -> bool:
+        """Whether this is the input itself (C-contiguous, no offset)."""
+        return self.offset == 0 and self.strides == tuple(contiguous_strides(self.shape))
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A region of the output computed by one expression.
+
+    Attributes
+    ----------
+    root
+        The body node computing it.
+    shape
+        Its shape (the output's, or one operand's of the output concatenation).
+    out_strides, out_offset
+        Where it lies in the output's C-contiguous memory (element strides, offset).
+    loads
+        What it reads, in the order of its device function's parameters.
+    """
+
+    root: int
+    shape: tuple[int, ...]
+    out_strides: tuple[int, ...]
+    out_offset: int
+    loads: tuple[Load, ...]
+
+
+def broadcasts_to(shape: tuple[int, ...] | list[int], target: tuple[int, ...] | list[int]) \
+        -> bool:
+    """Whether an array of ``shape`` broadcasts to exactly ``target``."""
+    target = tuple(target)
+    try:
+        return tuple(np.broadcast_shapes(tuple(shape), target)) == target
+    except ValueError:
+        return False
+
+
+def contiguous_strides(shape: tuple[int, ...] | list[int]) -> list[int]:
+    """Element strides of a C-contiguous array of ``shape``."""
+    strides, acc = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= int(d)
+    return list(reversed(strides))
+
+
+def view_geometry(base_shape: tuple[int, ...], chain: list[Node]) \
+        -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """Shape, element strides and element offset of ``chain`` (view nodes, first applied
+    first) over a C-contiguous array of ``base_shape``: NumPy computes them on a probe
+    array of one-byte elements whose memory is never touched."""
+    strides = tuple(contiguous_strides(base_shape))
+    probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), tuple(base_shape), strides)
+    start = probe.__array_interface__["data"][0]
+    view = probe
+    for n in chain:
+        if n.op == "slice":
+            view = view[basic_index(n.attrs)]
+        elif n.op == "transpose":
+            view = view.transpose(tuple(n.attrs["axes"]))
+        else:
+            raise ValueError(f"{n.op} is not a view op")
+    offset = view.__array_interface__["data"][0] - start
+    return tuple(view.shape), tuple(int(s) for s in view.strides), int(offset)
+
+
+def _load(body: Graph, nid: int, positions: dict[int, int]) -> Load | str:
+    """The load giving body node ``nid`` (an input or a view), or why there is none."""
+    chain: list[Node] = []
+    cur = body.node(nid)
+    while cur.op in VIEW_OPS:
+        chain.append(cur)
+        cur = body.node(cur.inputs[0])
+    if cur.op != "input":
+        return (f"a {chain[-1].op} of a computed value ({cur.op}) inside a fused body is "
+                "not generated")
+    chain.reverse()
+    shape, strides, offset = view_geometry(tuple(cur.shape), chain) if chain else (
+        tuple(cur.shape), tuple(contiguous_strides(cur.shape)), 0)
+    return Load(nid, positions[cur.id], shape, strides, offset)
+
+
+def analyse(body: Graph) -> list[Piece] | str:
+    """The pieces of ``body``'s output with their loads, or why it cannot be generated.
+
+    Without a concatenation there is one piece: the whole output. A computed node may
+    serve one piece only (each piece is evaluated at its own coordinates); loads may be
+    shared.
+    """
+    positions = {bid: k for k, bid in enumerate(body.inputs)}
+    out = body.node(body.outputs[0])
+    if out.op == "concatenate":
+        (axis,) = np.atleast_1d(out.attrs["axis"]) % len(out.shape)
+        out_strides = contiguous_strides(out.shape)
+        roots, start = [], 0
+        for i in out.inputs:
+            shape = tuple(body.node(i).shape)
+            roots.append((i, shape, tuple(out_strides), start * out_strides[int(axis)]))
+            start += shape[int(axis)]
+    else:
+        roots = [(out.id, tuple(out.shape), tuple(contiguous_strides(out.shape)), 0)]
+    owner: dict[int, int] = {}
+    pieces = []
+    for p, (root, shape, strides, offset) in enumerate(roots):
+        loads: dict[int, Load] = {}
+        stack = [root]
+        seen: set[int] = set()
+        while stack:
+            nid = stack.pop()
+            if nid in seen:
+                continue
+            seen.add(nid)
+            n = body.node(nid)
+            if n.op == "input" or n.op in VIEW_OPS:
+                load = _load(body, nid, positions)
+                if isinstance(load, str):
+                    return load
+                loads[nid] = load
+                continue
+            if n.op == "concatenate":
+                return "a concatenation inside a fused body (not as its output) is not generated"
+            if n.op != "constant" and REGISTRY[n.op].kind != "elementwise":
+                return f"op {n.op!r} inside a fused body is not generated"
+            if owner.setdefault(nid, p) != p:
+                return (f"{n.op} %{nid} feeds two pieces of the output concatenation; "
+                        "not generated")
+            stack.extend(n.inputs)
+        order = {nid: k for k, nid in enumerate(body.nodes)}
+        ordered = tuple(sorted(loads.values(), key=lambda ld: order[ld.node]))
+        pieces.append(Piece(root, shape, strides, offset, ordered))
+    return pieces
+
+
+def same_position_inputs(body: Graph) -> set[int]:
+    """Positions of the body inputs that every output element reads only at its own
+    position: read directly (no view) and the output is not a concatenation."""
+    out = body.node(body.outputs[0])
+    if out.op == "concatenate":
+        return set()
+    viewed = {n.inputs[0] for n in body if n.op in VIEW_OPS}
+    return {k for k, bid in enumerate(body.inputs) if bid not in viewed}
