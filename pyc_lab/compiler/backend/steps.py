@@ -482,6 +482,8 @@ class _CupyStep(_Step):
 # -- launching generated kernels -------------------------------------------------------------
 #: The most blocks a row kernel is launched with (CUDA's grid limit is 2**31 - 1).
 MAX_ROW_BLOCKS = 1 << 30
+#: The most blocks an elementwise kernel is launched with.
+MAX_ELEMENTWISE_BLOCKS = 1 << 30
 
 
 def _pointer_ok(arr: Any, nbytes: int) -> bool:
@@ -492,14 +494,19 @@ def launch_elementwise(sm_count: int, kernels: dict[str, Any], src: KernelSource
                        ins: list[Any], out: Any) -> str | None:
     """Launch an elementwise (or epilogue) kernel: the vectorised entry when every vector
     pointer is aligned, else the general one; the name of the kernel launched (None:
-    nothing to do). The grid is capped at a full device of ``sm_count`` SMs (the kernels
-    are grid-stride loops)."""
+    nothing to do).
+
+    One thread per element (or vector): the kernels' grid-stride loops only matter past
+    :data:`MAX_ELEMENTWISE_BLOCKS`. A grid capped at one device of resident blocks was
+    1-12 % slower on the suite's elementwise programs on the H200 (GELU, polynomial,
+    batch norm, rotary, Adam; benchmarks/results/h200/elementwise-grid.json).
+    ``sm_count`` is kept for the launchers' common signature."""
     launch = src.launch
     n = launch["n"]
     if n == 0:
         return None
     block = launch["block"]
-    cap = sm_count * (2048 // block)
+    cap = MAX_ELEMENTWISE_BLOCKS
     vec_kernel = launch.get("vec_kernel")
     if vec_kernel:
         need = launch["align_bytes"]

@@ -46,9 +46,9 @@ def test_elementwise_launch_takes_the_vector_entry_only_when_aligned():
     assert block == (256,) and grid == (4,)  # 1024 vectors of 4, 256 threads a block
     assert launch_elementwise(2, kernels, src, [_at(0), _at(4)], _at(32)) == "fused_0"
     assert kernels["fused_0"].launches[-1][0] == (16,)
-    # the grid is capped at a full device (2048 threads an SM): the loop strides the rest
+    # one thread per element, however few SMs (the loop strides only past 2**30 blocks)
     assert launch_elementwise(1, kernels, src, [_at(0), _at(4)], _at(32)) == "fused_0"
-    assert kernels["fused_0"].launches[-1][0] == (8,)
+    assert kernels["fused_0"].launches[-1][0] == (16,)
 
 
 def test_empty_elementwise_launches_nothing():
