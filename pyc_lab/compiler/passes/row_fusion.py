@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..codegen import cuda_types as ct
+from ..codegen.column_reduction import COLUMN_OPS, column_split
 from ..codegen.row_program import _READS, ROW_REDUCTIONS, check_row_program, kind_in
 from ..ir import Graph, Node
 from ..ops import REGISTRY, is_plain_reduction, normalize_axis
@@ -301,8 +302,11 @@ def _why_not_row(node: Node, graph: Graph) -> str:
         return "row programs reduce floating-point values; integer reductions keep their kernel"
     if not _last_axis(node, x):
         axes = normalize_axis(node.attrs.get("axis", -1), len(x.shape))
+        where = (" (on the GPU a column kernel: lanes across the columns)"
+                 if node.op in COLUMN_OPS and column_split(tuple(x.shape), axes) is not None
+                 else "")
         return (f"it reduces axes {axes} of a rank-{len(x.shape)} array, not only the last "
-                "axis")
+                f"axis{where}")
     if node.op == "var" and x.dtype.name == "float16":
         return "a float16 np.var accumulates its squares in float16 and keeps its own kernel"
     if node.op == "layer_norm" and x.dtype.name == "float16":
