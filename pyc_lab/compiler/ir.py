@@ -210,7 +210,7 @@ class Graph:
             sep = "; " if ins and attrs else ""
             lines.append(f"  %{num[n.id]} = {n.op}({ins}{sep}{attrs}) : {n.type_text}")
             body = n.attrs.get("body")
-            if isinstance(body, Graph):
+            if isinstance(body, Graph) and n.op != "fused_extra":  # (its fused node's body)
                 lines.extend("    | " + line for line in body.text().splitlines())
         written = {pos for _, pos in self.writeback}
         outs = ", ".join(f"%{num[o]}" for k, o in enumerate(self.outputs) if k not in written)

@@ -591,8 +591,16 @@ _register(OpDef("constant", "source", 0,
 
 
 def _fused_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
-    (out,) = run_graph(attrs["body"], list(args), xp)
-    return out
+    return run_graph(attrs["body"], list(args), xp)[0]  # a node's value: the first output
+
+
+def _fused_extra_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    return run_graph(attrs["body"], list(args[1:]), xp)[attrs["output"]]
+
+
+def _fused_extra_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    body = attrs["body"]
+    return tuple(body.nodes[body.outputs[attrs["output"]]].shape)
 
 
 def _fused_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
@@ -609,6 +617,13 @@ _register(OpDef("fused", "fused", None, _fused_shape, _fused_reference,
 # with one output, computed as written (its reference runs the body op by op).
 _register(OpDef("fused_rows", "norm", None, _fused_shape, _fused_reference,
                 dtype=lambda inputs, attrs: attrs["body"].nodes[attrs["body"].outputs[0]].dtype))
+
+# ``fused_extra``: output ``attrs["output"]`` (>= 1) of a fused node whose body has several
+# outputs (its input 0, which the generated kernel writes in the same pass); its other
+# inputs are the fused node's, so that its reference can compute it alone.
+_register(OpDef("fused_extra", "extra", None, _fused_extra_shape, _fused_extra_reference,
+                dtype=lambda inputs, attrs: attrs["body"].nodes[
+                    attrs["body"].outputs[attrs["output"]]].dtype))
 
 #: Ops whose ``attrs["body"]`` is a graph computed as one kernel.
 FUSED_OPS = ("fused", "fused_rows")

@@ -55,6 +55,8 @@ REASONS = {
     "REDUCTION_KERNEL": "reduction: a generated row kernel (warp-shuffle reductions) or "
                         "column kernel (lanes across the contiguous columns)",
     "NO_CODEGEN": "the code generator does not cover this case; CuPy runs it",
+    "FUSED_OUTPUT": "another output of a fused kernel: that kernel writes it in the same "
+                    "pass",
     "CUTLASS_TUNED": "the tuning database has a tuned CUTLASS kernel for this shape",
     "CUBLAS_DEFAULT": "cuBLAS through cupy.matmul: no tuned kernel for this shape",
     "CUBLASLT_EPILOGUE": "cuBLASLt applies the bias/activation inside the GEMM "
@@ -136,6 +138,8 @@ class Decision:
 
 
 def _describe(node: Node) -> str:
+    if node.op == "fused_extra":
+        return f"output {node.attrs['output']} of %{node.inputs[0]}"
     if node.op in FUSED_OPS:
         return f"{node.attrs.get('name', node.op)}: " + ", ".join(node.attrs.get("ops", ()))
     return node.op
@@ -159,10 +163,18 @@ def choose(graph: Graph, backend: str, mode: str = "balanced",
         cupy backend.
     """
     decisions = []
+    chosen: dict[int, str] = {}
     for node in graph:
         kind = REGISTRY[node.op].kind
         label = _describe(node)
-        if kind == "source":
+        if node.op == "fused_extra" and backend != "numpy":
+            if chosen.get(node.inputs[0]) == "fused_kernel":
+                decisions.append(Decision(node.id, label, "fused_kernel", "FUSED_OUTPUT"))
+            else:
+                decisions.append(Decision(node.id, label, "cupy", "NO_CODEGEN",
+                                          "its fused node runs through CuPy, so it is "
+                                          "computed on its own"))
+        elif kind == "source":
             decisions.append(Decision(node.id, label, "source", "SOURCE"))
         elif kind == "eager":
             decisions.append(Decision(node.id, label, "eager", "GRAPH_BREAK",
@@ -182,6 +194,7 @@ def choose(graph: Graph, backend: str, mode: str = "balanced",
                 decisions.append(Decision(node.id, label, choice, reason))
             else:
                 decisions.append(Decision(node.id, label, "cupy", "NO_CODEGEN", why))
+        chosen[node.id] = decisions[-1].choice
     return decisions
 
 

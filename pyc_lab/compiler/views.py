@@ -10,9 +10,10 @@ A ``fused`` node's body is elementwise work over inputs, and may also hold
   into its region of the output, so no piece is materialised and copied again.
 
 :func:`analyse` turns a body into :class:`Piece` s, each with the :class:`Load` s it reads;
-the code generator emits one loop per piece. :func:`same_position_inputs` says which
-inputs every output element reads only at its own position (the only ones a kernel
-may overwrite in place). Nothing here needs a GPU.
+the code generator emits one loop per piece. A body with several outputs (one shape)
+has one piece per output, written to its own array in the same loop.
+:func:`same_position_inputs` says which inputs every output element reads only at its
+own position (the only ones a kernel may overwrite in place). Nothing here needs a GPU.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class Piece:
         Where it lies in the output's C-contiguous memory (element strides, offset).
     loads
         What it reads, in the order of its device function's parameters.
+    out_param
+        The output it is written to: 0, or ``k`` for output ``k`` of a body with
+        several outputs (a fused node and its ``fused_extra`` nodes).
     """
 
     root: int
@@ -82,6 +86,7 @@ class Piece:
     out_strides: tuple[int, ...]
     out_offset: int
     loads: tuple[Load, ...]
+    out_param: int = 0
 
 
 def broadcasts_to(shape: tuple[int, ...] | list[int], target: tuple[int, ...] | list[int]) \
@@ -148,7 +153,14 @@ def analyse(body: Graph) -> list[Piece] | str:
     """
     positions = {bid: k for k, bid in enumerate(body.inputs)}
     out = body.node(body.outputs[0])
-    if out.op == "concatenate":
+    if len(body.outputs) > 1:
+        shapes = {tuple(body.node(o).shape) for o in body.outputs}
+        if len(shapes) != 1 or any(body.node(o).op == "concatenate" for o in body.outputs):
+            return ("a fused body's outputs must share one shape and none may be a "
+                    "concatenation")
+        strides = tuple(contiguous_strides(out.shape))
+        roots = [(o, tuple(out.shape), strides, 0) for o in body.outputs]
+    elif out.op == "concatenate":
         (axis,) = np.atleast_1d(out.attrs["axis"]) % len(out.shape)
         out_strides = contiguous_strides(out.shape)
         roots, start = [], 0
@@ -180,13 +192,14 @@ def analyse(body: Graph) -> list[Piece] | str:
                 return "a concatenation inside a fused body (not as its output) is not generated"
             if n.op != "constant" and REGISTRY[n.op].kind != "elementwise":
                 return f"op {n.op!r} inside a fused body is not generated"
-            if owner.setdefault(nid, p) != p:
+            if len(body.outputs) == 1 and owner.setdefault(nid, p) != p:
                 return (f"{n.op} %{nid} feeds two pieces of the output concatenation; "
                         "not generated")
             stack.extend(n.inputs)
         order = {nid: k for k, nid in enumerate(body.nodes)}
         ordered = tuple(sorted(loads.values(), key=lambda ld: order[ld.node]))
-        pieces.append(Piece(root, shape, strides, offset, ordered))
+        pieces.append(Piece(root, shape, strides, offset, ordered,
+                            p if len(body.outputs) > 1 else 0))
     return pieces
 
 

@@ -318,7 +318,7 @@ def test_every_registered_op_is_covered_by_a_test_here():
         "where", "astype", "sum", "mean", "max", "min", "var", "std", "prod", "argmax",
         "argmin", "any", "all", "matmul", "softmax", "layer_norm", "reshape", "transpose",
         "broadcast_to", "expand_dims", "squeeze", "concatenate", "slice", "setitem",
-        "input", "constant", "fused", "fused_rows", "eager"}
+        "input", "constant", "fused", "fused_rows", "fused_extra", "eager"}
     assert set(REGISTRY) <= covered, set(REGISTRY) - covered
 
 
@@ -332,6 +332,23 @@ def test_fused_rows_runs_its_body_as_written(rng):
     node, out = run_op("fused_rows", [x], {"body": body, "space": x.shape, "name": "rows_0"})
     assert node.shape == x.shape and node.dtype == np.float32
     np.testing.assert_array_equal(out, x / (x * x).sum(1, keepdims=True))
+
+
+def test_fused_extra_is_its_output_of_the_shared_body(rng):
+    x, y = rng.standard_normal((2, 5)), rng.standard_normal((2, 5))
+    body = Graph()
+    b0 = body.add("input", shape=x.shape, dtype=x.dtype, name="in0")
+    b1 = body.add("input", shape=y.shape, dtype=y.dtype, name="in1")
+    s = body.add("add", [b0.id, b1.id])
+    m = body.add("greater", [b0.id, b1.id])
+    body.outputs = [body.add("multiply", [s.id, b1.id]).id, s.id, m.id]
+    fused, out0 = run_op("fused", [x, y], {"body": body, "name": "fused_0"})
+    assert fused.shape == x.shape and fused.dtype == x.dtype
+    np.testing.assert_array_equal(out0, (x + y) * y)  # a fused node's value: output 0
+    for k, want in ((1, x + y), (2, x > y)):
+        node, out = run_op("fused_extra", [out0, x, y], {"body": body, "output": k})
+        assert node.dtype == want.dtype and node.shape == want.shape
+        np.testing.assert_array_equal(out, want)
 
 
 def test_infer_matches_the_reference_for_every_elementwise_op(rng):

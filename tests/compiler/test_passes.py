@@ -76,7 +76,7 @@ def test_default_pipeline_and_registry():
                                 "cse", "dce",
                                 "transpose_folding", "epilogue_fusion", "reduction_fusion",
                                 "find_attention", "split_reduction", "row_fusion",
-                                "elementwise_fusion", "dce"]
+                                "elementwise_fusion", "output_fusion", "dce"]
     assert set(DEFAULT_PIPELINE) <= set(PASSES)
     for name, module in PASSES.items():
         assert name == module.NAME and callable(module.run)

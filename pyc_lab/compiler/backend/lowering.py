@@ -54,7 +54,16 @@ import numpy as np
 from ..codegen import generate, generate_epilogue, supports
 from ..ir import Graph, Node
 from ..ops import REGISTRY
-from .steps import _CupyStep, _CutlassStep, _KernelStep, _LtStep, _MatmulStep, _Step, batched_gemm
+from .steps import (
+    _CupyStep,
+    _CutlassStep,
+    _KernelStep,
+    _LtStep,
+    _MatmulStep,
+    _Step,
+    _WrittenStep,
+    batched_gemm,
+)
 
 __all__ = ["IMPLS", "LaunchList", "lower"]
 
@@ -156,6 +165,7 @@ class _Lowering:
         self._inplace = _inplace_pairs(plan) if plan is not None else set()
         self._output_owners = {self._aliases.get(o, o) for o in graph.outputs}
         self._fallbacks: dict[int, str] = {}
+        self._written: set[int] = set()  # fused_extra nodes a fused kernel writes
 
     def _own_buffer(self, node: Node) -> int | None:
         """The planned buffer ``node`` writes, if any.
@@ -189,7 +199,9 @@ class _Lowering:
             in_storage = frozenset().union(*(storage[i] for i in node.inputs)) \
                 if node.inputs else frozenset()
             step = None
-            if choice in ("fused_kernel", "reduction_kernel"):
+            if node.op == "fused_extra":
+                step = self._written_step(node, storage)
+            elif choice in ("fused_kernel", "reduction_kernel"):
                 step = self._kernel_step(node, choice, in_storage, storage)
             elif choice == "cublaslt" and self._graph_epilogue(node):
                 step = self._matmul_step(node, "cublas", in_storage, storage)
@@ -261,12 +273,47 @@ class _Lowering:
         src = generate(node, g, inplace=inplace_input is not None)
         storage[node.id] = frozenset({("buffer", out_buffer)}) if out_buffer is not None \
             else frozenset()
+        extras = self._extra_outputs(node, storage)
         describe = {"node": node.id, "name": src.name, "kind": src.kind, "ops": list(src.ops),
                     "impl": choice, "implementation": f"generated {src.kind} kernel",
                     "source": src.source, "notes": src.notes}
         if inplace_input is not None:
             describe["implementation"] += f", in place over %{inplace_input}"
-        return _KernelStep(node, choice, src, out_buffer, inplace_input, describe)
+        written = [f"%{e}" for e, _ in extras if e is not None]
+        if written:
+            describe["implementation"] += f", also writing {', '.join(written)}"
+        return _KernelStep(node, choice, src, out_buffer, inplace_input, describe, extras)
+
+    def _extra_outputs(self, node: Node, storage: dict[int, Storage]) \
+            -> list[tuple[int | None, int | None]]:
+        """For a fused body with several outputs: per output 1, 2, ... the fused_extra
+        node reading it (None: unread) and its buffer; their storage noted, and the
+        nodes recorded as written by this kernel."""
+        body = node.attrs.get("body")
+        if node.op != "fused" or body is None or len(body.outputs) < 2:
+            return []
+        readers = {u.attrs["output"]: u for u in self.graph
+                   if u.op == "fused_extra" and u.inputs and u.inputs[0] == node.id}
+        extras: list[tuple[int | None, int | None]] = []
+        for k in range(1, len(body.outputs)):
+            extra = readers.get(k)
+            if extra is None:
+                extras.append((None, None))
+                continue
+            buf = self._own_buffer(extra)
+            storage[extra.id] = frozenset({("buffer", buf)}) if buf is not None \
+                else frozenset()
+            self._written.add(extra.id)
+            extras.append((extra.id, buf))
+        return extras
+
+    def _written_step(self, node: Node, storage: dict[int, Storage]) -> _Step:
+        """A fused_extra node: nothing to run when its fused node's kernel wrote it, else
+        its reference through CuPy (the fused node itself fell back)."""
+        if node.id in self._written:
+            return _WrittenStep(node, "fused_kernel", {})
+        in_storage = frozenset().union(*(storage[i] for i in node.inputs))
+        return self._cupy_step(node, "cupy", in_storage, storage)
 
     def _valid_inplace(self, node: Node, buf: int, storage: dict[int, Storage]) -> int | None:
         """The input ``node`` may overwrite in buffer ``buf``, if the write is safe."""

@@ -27,7 +27,7 @@ fallbacks (``_fallbacks``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -104,11 +104,15 @@ class _KernelStep(_Step):
     """A generated elementwise or row kernel writing one output."""
 
     def __init__(self, node: Node, impl: str, src: KernelSource, out_buffer: int | None,
-                 inplace_input: int | None, describe: dict[str, Any]) -> None:
+                 inplace_input: int | None, describe: dict[str, Any],
+                 extras: Sequence[tuple[int | None, int | None]] = ()) -> None:
         super().__init__(node, impl, describe)
         self.src = src
         self.out_buffer = out_buffer
         self.inplace_input = inplace_input
+        #: For outputs 1, 2, ... of a body with several: (the fused_extra node reading it,
+        #: or None when nothing reads it; its planned buffer, or None for a fresh array)
+        self.extras = list(extras)
         self.kernels: dict[str, Any] = {}
         self.in_nodes: list[Node] = []
         self.last_entry: str | None = None  # the kernel the last call launched
@@ -135,9 +139,23 @@ class _KernelStep(_Step):
         elif self.src.kind == "columns":
             self.last_entry = self.columns.launch(self.kernels, ins[0], out)
         else:
+            extra = [self._extra_output(exe, cp, k + 1, nid, buf)
+                     for k, (nid, buf) in enumerate(self.extras)]
             self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.src, ins,
-                                                 out)
+                                                 out, extra)
+            for (nid, _), arr in zip(self.extras, extra, strict=True):
+                if nid is not None:
+                    values[nid] = arr
         values[self.node.id] = out
+
+    def _extra_output(self, exe: Executor, cp: Any, k: int, nid: int | None,
+                      buf: int | None) -> Any:
+        """The array output ``k`` is written to."""
+        if nid is not None and buf is not None:
+            return exe._buffer_view(buf, exe.graph.node(nid))
+        body = self.node.attrs["body"]
+        value = body.node(body.outputs[k])
+        return cp.empty(value.shape, dtype=value.dtype)
 
 
 def _gemm_operands(node: Node, values: dict[int, Any]) -> tuple[Any, Any]:
@@ -177,6 +195,15 @@ def _batched_operands(a: Any, b: Any) -> tuple[Any, Any, tuple[int, ...]] | None
     a3 = a.reshape(count, *a.shape[-2:])
     b3 = b.reshape(count, *b.shape[-2:]) if b.ndim > 2 else b
     return a3, b3, (*batch, a.shape[-2], b.shape[-1])
+
+
+class _WrittenStep(_Step):
+    """A ``fused_extra`` node whose value the fused kernel before it wrote: nothing runs."""
+
+    def run(self, exe: Executor, values: dict[int, Any]) -> None:
+        if self.node.id not in values:  # pragma: no cover - the lowering pairs them
+            raise PycLabError(f"%{self.node.id} (fused_extra) was not written by "
+                              f"%{self.node.inputs[0]}'s kernel")
 
 
 class _MatmulStep(_Step):
@@ -491,7 +518,7 @@ def _pointer_ok(arr: Any, nbytes: int) -> bool:
 
 
 def launch_elementwise(sm_count: int, kernels: dict[str, Any], src: KernelSource,
-                       ins: list[Any], out: Any) -> str | None:
+                       ins: list[Any], out: Any, extra_outs: Sequence[Any] = ()) -> str | None:
     """Launch an elementwise (or epilogue) kernel: the vectorised entry when every vector
     pointer is aligned, else the general one; the name of the kernel launched (None:
     nothing to do).
@@ -500,24 +527,29 @@ def launch_elementwise(sm_count: int, kernels: dict[str, Any], src: KernelSource
     :data:`MAX_ELEMENTWISE_BLOCKS`. A grid capped at one device of resident blocks was
     1-12 % slower on the suite's elementwise programs on the H200 (GELU, polynomial,
     batch norm, rotary, Adam; benchmarks/results/h200/elementwise-grid.json).
-    ``sm_count`` is kept for the launchers' common signature."""
+    ``sm_count`` is kept for the launchers' common signature. ``extra_outs`` are the
+    arrays of outputs 1, 2, ... of a body with several outputs."""
     launch = src.launch
     n = launch["n"]
     if n == 0:
         return None
+    if len(extra_outs) != launch.get("outputs", 1) - 1:
+        raise PycLabError(f"{src.name} writes {launch.get('outputs', 1)} output(s); "
+                          f"{1 + len(extra_outs)} array(s) were given")
     block = launch["block"]
     cap = MAX_ELEMENTWISE_BLOCKS
     vec_kernel = launch.get("vec_kernel")
     if vec_kernel:
         need = launch["align_bytes"]
         aligned = _pointer_ok(out, need["out"]) and all(
-            _pointer_ok(ins[k], need[f"in{k}"]) for k in launch["aligned_inputs"])
+            _pointer_ok(ins[k], need[f"in{k}"]) for k in launch["aligned_inputs"]) and all(
+            _pointer_ok(o, need[f"out{k + 1}"]) for k, o in enumerate(extra_outs))
         if aligned:
             grid = max(1, min(_cdiv(launch["n_vec"], block), cap))
-            kernels[vec_kernel]((grid,), (block,), (*ins, out))
+            kernels[vec_kernel]((grid,), (block,), (*ins, out, *extra_outs))
             return vec_kernel
     grid = max(1, min(_cdiv(n, block), cap))
-    kernels[src.name]((grid,), (block,), (*ins, out))
+    kernels[src.name]((grid,), (block,), (*ins, out, *extra_outs))
     return src.name
 
 

@@ -132,8 +132,6 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
                       in_dtypes: Sequence[Any], out_shape: tuple[int, ...],
                       out_dtype: Any) -> str:
     """Why ``body`` cannot be generated, or ``""`` when it can."""
-    if len(body.outputs) != 1:
-        return f"a fused body with {len(body.outputs)} outputs is not generated"
     if len(body.inputs) != len(in_shapes):
         return (f"the body has {len(body.inputs)} inputs but the node has "
                 f"{len(in_shapes)}")
@@ -175,6 +173,9 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
     out = body.node(body.outputs[0])
     if tuple(out.shape) != tuple(out_shape):
         return f"the body's output is {out.type_text} but the node's is {list(out_shape)}"
+    for extra in body.outputs[1:]:
+        if not ct.is_supported(body.node(extra).dtype):
+            return f"dtype {body.node(extra).dtype.name} is not generated; runs through CuPy"
     if out.dtype != np.dtype(out_dtype):
         return f"the body's output is {out.type_text} but the node's dtype is " \
                f"{np.dtype(out_dtype).name}"
@@ -390,9 +391,12 @@ class _Part:
     collapsed layout and the union of their loads."""
 
     def __init__(self, names: list[str], pieces: list[Piece], body: Graph,
-                 out_dtype: np.dtype) -> None:
+                 out_dtypes: list[np.dtype]) -> None:
         self.pieces = pieces
         self.names = names
+        # where each piece is stored: its output array's name and dtype
+        self.outs = [("out" if piece.out_param == 0 else f"out{piece.out_param}",
+                      out_dtypes[piece.out_param]) for piece in pieces]
         shape = pieces[0].shape
         union: dict[int, Load] = {}
         for piece in pieces:
@@ -403,8 +407,8 @@ class _Part:
         index = {ld.node: k for k, ld in enumerate(self.loads)}
         self.args = [[index[ld.node] for ld in piece.loads] for piece in pieces]
         self.funcs, self.needs = [], set()
-        for name, piece in zip(names, pieces, strict=True):
-            func, needs = _device_function(name, body, out_dtype, piece.root, piece.loads)
+        for name, piece, (_, odt) in zip(names, pieces, self.outs, strict=True):
+            func, needs = _device_function(name, body, odt, piece.root, piece.loads)
             self.funcs.append(func)
             self.needs |= needs
         self.n = int(np.prod(shape, dtype=np.int64))
@@ -437,12 +441,13 @@ class _Part:
                 return False  # a strided innermost read (a transpose): no vector form
         return True
 
-    def _calls(self, args: list[str]) -> list[tuple[Piece, str]]:
-        return [(piece, f"{name}({', '.join(args[k] for k in idx)})")
-                for piece, name, idx in zip(self.pieces, self.names, self.args, strict=True)]
+    def _calls(self, args: list[str]) -> list[tuple[Piece, str, str, np.dtype]]:
+        """Per piece: the piece, its device function's call, its output's name and dtype."""
+        return [(piece, f"{name}({', '.join(args[k] for k in idx)})", oname, odt)
+                for piece, name, idx, (oname, odt) in zip(self.pieces, self.names, self.args,
+                                                          self.outs, strict=True)]
 
-    def element_lines(self, idx: str, indent: str, itype: str, sfx: str,
-                      out_dtype: np.dtype) -> list[str]:
+    def element_lines(self, idx: str, indent: str, itype: str, sfx: str) -> list[str]:
         """One element ``idx`` of the pieces: the loads, then each piece's call and
         store."""
         arrays = [self.out_str, *self.in_str]
@@ -454,12 +459,12 @@ class _Part:
             lines.append(f"{indent}const {ct.compute_type(d)} x{k} = "
                          f"{ct.from_storage(d, f'in{ld.param}[{off}]')};")
             args.append(f"x{k}")
-        for piece, call in self._calls(args):
+        for piece, call, oname, odt in self._calls(args):
             out_off = _offset(self.out_str, self.it_str, idx, sfx, base=piece.out_offset)
-            lines.append(f"{indent}out[{out_off}] = {ct.to_storage(out_dtype, call)};")
+            lines.append(f"{indent}{oname}[{out_off}] = {ct.to_storage(odt, call)};")
         return lines
 
-    def vector_lines(self, vec: int, itype: str, sfx: str, out_dtype: np.dtype) -> list[str]:
+    def vector_lines(self, vec: int, itype: str, sfx: str) -> list[str]:
         """The body of the vector loop (``i``: the vectors' first element)."""
         dims, inner = self.dims, self.dims[-1]
         last = {len(dims) - 1: f"(i % {inner}{sfx})"}
@@ -485,8 +490,8 @@ class _Part:
                              f"{ct.from_storage(d, f'in{ld.param}[{off}]')};  "
                              "// the same for the whole vector")
                 args.append(f"x{k}")
-        so = ct.storage_type(out_dtype)
-        for p, (piece, call) in enumerate(self._calls(args)):
+        for p, (piece, call, oname, odt) in enumerate(self._calls(args)):
+            so = ct.storage_type(odt)
             y = "y" if len(self.pieces) == 1 else f"y{p}"
             out_off = _offset(self.out_str, self.it_str, "i", sfx, last,
                               base=piece.out_offset)
@@ -494,20 +499,21 @@ class _Part:
                 f"        pyc_vec<{so}, {vec}> {y};",
                 "#pragma unroll",
                 f"        for (int e = 0; e < {vec}; ++e) {{",
-                f"            {y}.v[e] = {ct.to_storage(out_dtype, call)};",
+                f"            {y}.v[e] = {ct.to_storage(odt, call)};",
                 "        }",
-                f"        *reinterpret_cast<pyc_vec<{so}, {vec}>*>(out + {out_off}) = {y};",
+                f"        *reinterpret_cast<pyc_vec<{so}, {vec}>*>({oname} + {out_off}) = {y};",
             ]
         return lines
 
 
-def _parts(name: str, pieces: list[Piece], body: Graph, out_dtype: np.dtype) -> list[_Part]:
+def _parts(name: str, pieces: list[Piece], body: Graph,
+           out_dtypes: list[np.dtype]) -> list[_Part]:
     """The loops of a kernel: one for all pieces when they have one shape, else one per
     piece."""
     names = [f"{name}_op" if len(pieces) == 1 else f"{name}_op{p}" for p in range(len(pieces))]
     if len({piece.shape for piece in pieces}) == 1:
-        return [_Part(names, pieces, body, out_dtype)]
-    return [_Part([nm], [piece], body, out_dtype)
+        return [_Part(names, pieces, body, out_dtypes)]
+    return [_Part([nm], [piece], body, out_dtypes)
             for nm, piece in zip(names, pieces, strict=True)]
 
 
@@ -559,8 +565,9 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
     n = int(np.prod(out_shape, dtype=np.int64))
     largest = max([n, *(int(np.prod(s, dtype=np.int64)) for s in in_shapes)])
     itype, sfx = _idx_type(largest)
-    parts = _parts(name, pieces, body, out_dtype)
-    itemsizes = [out_dtype.itemsize] + [d.itemsize for part in parts
+    out_dtypes = [out_dtype] + [body.node(o).dtype for o in body.outputs[1:]]
+    parts = _parts(name, pieces, body, out_dtypes)
+    itemsizes = [d.itemsize for d in out_dtypes] + [d.itemsize for part in parts
                                         for d, a in zip(part.dtypes, part.along, strict=True)
                                         if a]
     vec = 16 // max(itemsizes)
@@ -570,11 +577,13 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
     n_vec = sum(part.n // vec for part in parts) if vec_ok else 0
 
     needs = set().union(*(part.needs for part in parts))
-    all_dtypes = {out_dtype.name, *(d.name for d in in_dtypes),
+    all_dtypes = {*(d.name for d in out_dtypes), *(d.name for d in in_dtypes),
                   *(nd.dtype.name for nd in body)}
     restrict = "" if inplace else " __restrict__"
     params = [f"const {ct.storage_type(d)}*{restrict} in{k}" for k, d in enumerate(in_dtypes)]
     params.append(f"{ct.storage_type(out_dtype)}*{restrict} out")
+    params += [f"{ct.storage_type(d)}*{restrict} out{k}" for k, d in enumerate(out_dtypes)
+               if k]
     signature = ", ".join(params)
 
     def grid_loop(var: str, start: str, limit: str, body_lines: list[str]) -> list[str]:
@@ -592,7 +601,7 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
         general.append(f"    const {itype} {limit} = {part.n}{sfx};" + _pieces_note(part, p,
                                                                               len(parts)))
         general += grid_loop("i", tid, limit,
-                             part.element_lines("i", "        ", itype, sfx, out_dtype))
+                             part.element_lines("i", "        ", itype, sfx))
     general.append("}")
 
     vec_lines: list[str] = []
@@ -602,6 +611,7 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
         aligned_inputs = sorted({ld.param for part in parts
                                  for ld, a in zip(part.loads, part.along, strict=True) if a})
         align_bytes = {"out": vec * out_dtype.itemsize,
+                       **{f"out{k}": vec * d.itemsize for k, d in enumerate(out_dtypes) if k},
                        **{f"in{k}": vec * in_dtypes[k].itemsize for k in aligned_inputs}}
         vec_lines = [f'extern "C" __global__ void __launch_bounds__({BLOCK})',
                      f"{name}_vec({signature})", "{", stride_line]
@@ -615,7 +625,7 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
                 + (f" (loop {p})" if len(parts) > 1 else ""),
                 f"    for ({itype} iv = {tid}; iv < {nv_name}; iv += stride) {{",
                 f"        const {itype} i = iv * {vec}{sfx};",
-                *part.vector_lines(vec, itype, sfx, out_dtype),
+                *part.vector_lines(vec, itype, sfx),
                 "    }",
             ]
             if part.n % vec:
@@ -624,7 +634,7 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
                     f"    // the last {part.n % vec} element(s), one per thread",
                     f"    const {itype} {limit} = {part.n}{sfx};",
                     *grid_loop("i", f"{nv_name} * {vec}{sfx} + {tid}", limit,
-                               part.element_lines("i", "        ", itype, sfx, out_dtype)),
+                               part.element_lines("i", "        ", itype, sfx)),
                 ]
         vec_lines.append("}")
 
@@ -669,7 +679,7 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
         "n": n, "block": BLOCK, "vec": vec if vec_ok else 0,
         "vec_kernel": f"{name}_vec" if vec_ok else None, "n_vec": n_vec,
         "align_bytes": align_bytes, "aligned_inputs": aligned_inputs,
-        "dims": list(dims), "inplace": inplace,
+        "dims": list(dims), "inplace": inplace, "outputs": len(out_dtypes),
     }
     notes = (f"{n} elements, layout {dims}"
              + (f" in {len(pieces)} pieces of a concatenation" if len(pieces) > 1 else "")

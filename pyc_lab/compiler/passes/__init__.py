@@ -23,7 +23,10 @@ Passes (each a module with ``NAME`` and ``run(graph, ctx) -> bool``):
 - ``row_fusion``: any elementwise prologue -> reductions over the last axis ->
   elementwise epilogue (RMS norm, log-softmax, masked softmax, norms...) becomes one
   ``fused_rows`` row kernel;
-- ``elementwise_fusion``: maximal elementwise groups become ``fused`` kernels.
+- ``elementwise_fusion``: maximal elementwise groups become ``fused`` kernels (reading
+  slices and transposes of their inputs in place, writing a concatenation piecewise);
+- ``output_fusion``: a fused kernel whose value is a result or read elsewhere is computed
+  inside the fused kernel that reads it, as one more output of that kernel.
 """
 
 from __future__ import annotations
