@@ -19,7 +19,7 @@ import pytest
 from pyc_lab.compiler import Graph
 from pyc_lab.compiler.codegen import KernelSource, generate, generate_epilogue, supports
 from pyc_lab.compiler.codegen import cuda_types as ct
-from pyc_lab.compiler.codegen.elementwise import _layout
+from pyc_lab.compiler.codegen.elementwise_loops import layout
 from pyc_lab.compiler.codegen.reduction import row_config
 from pyc_lab.errors import PycLabError
 from pyc_lab.kernels.cutlass.nvcc import nvcc_path
@@ -192,7 +192,7 @@ def test_kernel_names_are_c_identifiers():
     ((6, 5, 4), [(5, 4)], [6, 20], [[0, 1]]),
 ])
 def test_layout_collapses_dims(out_shape, in_shapes, dims, strides):
-    got_dims, out_str, in_str = _layout(out_shape, in_shapes)
+    got_dims, out_str, in_str = layout(out_shape, in_shapes)
     assert got_dims == dims
     assert in_str == strides
     n = math.prod(dims)

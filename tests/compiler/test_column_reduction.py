@@ -221,7 +221,7 @@ def test_nan_inf_and_signed_zero_follow_numpy(rng, dtype, shape):
 def test_split_and_unsplit_launches_write_every_output(rng, shape, axis, aligned):
     import cupy as cp
 
-    from pyc_lab.compiler.backend.steps import ColumnLaunch
+    from pyc_lab.compiler.backend.launch import ColumnLaunch
     from pyc_lab.compiler.codegen.cache import compile_kernel
 
     src = _source("sum", shape, F32, axis)

@@ -228,7 +228,7 @@ def test_view_kernels_match_float64_numpy(rng, name, dtype, n):
 def test_rotary_kernel_aligned_and_misaligned_into_poisoned_output(rng, aligned):
     import cupy as cp
 
-    from pyc_lab.compiler.backend.steps import launch_elementwise
+    from pyc_lab.compiler.backend.launch import launch_elementwise
     from pyc_lab.compiler.codegen.cache import compile_kernel
 
     x, c, s = PROGRAMS["rotary"][1](rng, F16, 257)

@@ -9,10 +9,14 @@ call replayed between graphs on static arrays (see :mod:`.graphs`).
 ========================= ==============================================================
 step                      what runs
 ========================= ==============================================================
-:class:`_KernelStep`      a generated elementwise or row kernel (its vectorised entry
-                          when the pointers are aligned)
-:class:`_MatmulStep`      ``cupy.matmul`` (cuBLAS), then the generated bias/activation
-                          epilogue in place on the product
+:class:`_KernelStep`      a generated elementwise, row or column kernel (launched by
+                          :mod:`.launch`: its vectorised entry when the pointers are
+                          aligned); an elementwise kernel with several outputs also
+                          writes its ``fused_extra`` nodes' arrays
+:class:`_WrittenStep`     a ``fused_extra`` node the kernel before it wrote: nothing
+:class:`_MatmulStep`      ``cupy.matmul`` (cuBLAS) — for a batched float matmul one
+                          strided-batched GEMM through ``pl.matmul`` — then the
+                          generated bias/activation epilogue in place on the product
 :class:`_LtStep`          one cuBLASLt GEMM with the epilogue inside (nvmath-python)
 :class:`_CutlassStep`     the tuned CUTLASS kernel from the tuning database, with the
                           cuBLASLt or cuBLAS step to run when it cannot
@@ -34,13 +38,12 @@ import numpy as np
 
 from ...errors import PycLabError
 from ..codegen.cache import compile_kernel
-from ..codegen.column_reduction import split_count
 from ..codegen.cuda_types import KernelSource
 from ..ir import Graph, Node
 from ..ops import check_eager_result, evaluate
+from .launch import ColumnLaunch, launch_elementwise, launch_rows
 
-__all__ = ["ColumnLaunch", "batched_gemm", "contiguous_operand", "launch_elementwise",
-           "launch_rows"]
+__all__ = ["batched_gemm", "contiguous_operand"]
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +60,6 @@ class Executor(Protocol):
     def _buffer_view(self, buf: int, node: Node) -> Any:
         """The memory plan's buffer ``buf`` as ``node``'s array."""
         ...
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def contiguous_operand(value: Any, node: Node, cp: Any) -> Any:
@@ -504,115 +503,3 @@ class _CupyStep(_Step):
         elif self.materialize == "copy":
             out = out.copy()
         values[node.id] = out
-
-
-# -- launching generated kernels -------------------------------------------------------------
-#: The most blocks a row kernel is launched with (CUDA's grid limit is 2**31 - 1).
-MAX_ROW_BLOCKS = 1 << 30
-#: The most blocks an elementwise kernel is launched with.
-MAX_ELEMENTWISE_BLOCKS = 1 << 30
-
-
-def _pointer_ok(arr: Any, nbytes: int) -> bool:
-    return arr.data.ptr % nbytes == 0
-
-
-def launch_elementwise(sm_count: int, kernels: dict[str, Any], src: KernelSource,
-                       ins: list[Any], out: Any, extra_outs: Sequence[Any] = ()) -> str | None:
-    """Launch an elementwise (or epilogue) kernel: the vectorised entry when every vector
-    pointer is aligned, else the general one; the name of the kernel launched (None:
-    nothing to do).
-
-    One thread per element (or vector): the kernels' grid-stride loops only matter past
-    :data:`MAX_ELEMENTWISE_BLOCKS`. A grid capped at one device of resident blocks was
-    1-12 % slower on the suite's elementwise programs on the H200 (GELU, polynomial,
-    batch norm, rotary, Adam; benchmarks/results/h200/elementwise-grid.json).
-    ``sm_count`` is kept for the launchers' common signature. ``extra_outs`` are the
-    arrays of outputs 1, 2, ... of a body with several outputs."""
-    launch = src.launch
-    n = launch["n"]
-    if n == 0:
-        return None
-    if len(extra_outs) != launch.get("outputs", 1) - 1:
-        raise PycLabError(f"{src.name} writes {launch.get('outputs', 1)} output(s); "
-                          f"{1 + len(extra_outs)} array(s) were given")
-    block = launch["block"]
-    cap = MAX_ELEMENTWISE_BLOCKS
-    vec_kernel = launch.get("vec_kernel")
-    if vec_kernel:
-        need = launch["align_bytes"]
-        aligned = _pointer_ok(out, need["out"]) and all(
-            _pointer_ok(ins[k], need[f"in{k}"]) for k in launch["aligned_inputs"]) and all(
-            _pointer_ok(o, need[f"out{k + 1}"]) for k, o in enumerate(extra_outs))
-        if aligned:
-            grid = max(1, min(_cdiv(launch["n_vec"], block), cap))
-            kernels[vec_kernel]((grid,), (block,), (*ins, out, *extra_outs))
-            return vec_kernel
-    grid = max(1, min(_cdiv(n, block), cap))
-    kernels[src.name]((grid,), (block,), (*ins, out, *extra_outs))
-    return src.name
-
-
-def launch_rows(sm_count: int, kernels: dict[str, Any], src: KernelSource,
-                ins: list[Any], out: Any) -> str | None:
-    """Launch a row kernel: the vectorised entry when every vector pointer is aligned;
-    the name of the kernel launched (None: no rows).
-
-    One block per group of rows (the kernels' grid-stride loop only matters past
-    :data:`MAX_ROW_BLOCKS`): a grid capped at one full device of resident blocks was
-    5-17 % slower on every row program of the suite (softmax, layer norm, RMS norm,
-    masked softmax, L2 normalisation, log-softmax; benchmarks/results/h200/
-    row-kernels.json). ``sm_count`` is kept for the launcher's common signature."""
-    launch = src.launch
-    rows = launch["rows"]
-    if rows == 0:
-        return None
-    block = launch["block"]
-    grid = max(1, min(_cdiv(rows, launch["rows_per_block"]), MAX_ROW_BLOCKS))
-    entry = src.name
-    vec_kernel = launch.get("vec_kernel")
-    if vec_kernel:
-        arrays = {"out": out, **{f"in{k}": a for k, a in enumerate(ins)}}
-        if all(_pointer_ok(arrays[key], nbytes)
-               for key, nbytes in launch["align_bytes"].items()):
-            entry = vec_kernel
-    kernels[entry]((grid,), (block,), (*ins, out))
-    return entry
-
-
-class ColumnLaunch:
-    """How a column kernel (:mod:`~pyc_lab.compiler.codegen.column_reduction`) is
-    launched on one GPU: the split of the reduced axes into chunks for each entry, and
-    the workspace holding the chunks' partial results (allocated once, here, so that a
-    CUDA graph captures a fixed pointer)."""
-
-    def __init__(self, src: KernelSource, sm_count: int, cp: Any) -> None:
-        self.src = src
-        launch = src.launch
-        self.splits = {src.name: split_count(launch, sm_count, False)}
-        if launch.get("vec_kernel"):
-            self.splits[launch["vec_kernel"]] = split_count(launch, sm_count, True)
-        parts = max(self.splits.values())
-        n = launch["outer"] * launch["inner"]
-        self.partial = cp.empty(parts * n, dtype=launch["acc_dtype"]) if parts > 1 else None
-        self.sm_count = sm_count
-
-    def launch(self, kernels: dict[str, Any], x: Any, out: Any) -> str:
-        """Launch on ``x`` (C-contiguous) into ``out``; the name of the first kernel."""
-        launch = self.src.launch
-        entry, cfg = self.src.name, launch["config"]
-        vec_kernel = launch.get("vec_kernel")
-        if vec_kernel and _pointer_ok(x, launch["align_bytes"]["in0"]):
-            entry, cfg = vec_kernel, launch["vec_config"]
-        parts = self.splits[entry]
-        chunk = _cdiv(launch["r"], parts)
-        workspace = self.partial if parts > 1 else out
-        grid = (launch["outer"] * cfg["tiles"], parts)
-        kernels[entry](grid, (launch["block"],), (x, out, workspace, np.int64(chunk)))
-        if parts > 1:
-            n = launch["outer"] * launch["inner"]
-            blocks = max(1, min(_cdiv(n, launch["block"]),
-                                self.sm_count * (2048 // launch["block"])))
-            kernels[launch["combine_kernel"]]((blocks,), (launch["block"],),
-                                              (self.partial, out, np.int32(parts)))
-        return entry

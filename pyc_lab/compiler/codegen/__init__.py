@@ -3,8 +3,10 @@
 Four kinds of kernels are generated from IR nodes, as readable CUDA C++ that NVRTC
 compiles without headers:
 
-- **elementwise** (:mod:`.elementwise`): a ``fused`` node's body (or one elementwise
-  op) as one grid-stride kernel, with a 16-byte vectorised variant;
+- **elementwise** (:mod:`.elementwise`, its loops and layouts in
+  :mod:`.elementwise_loops`): a ``fused`` node's body (or one elementwise op) as one
+  grid-stride kernel, with a 16-byte vectorised variant — reading views of its inputs
+  in place, writing an output concatenation piecewise, or writing several outputs;
 - **columns** (:mod:`.column_reduction`): sum/mean/max/min over leading or middle
   axes, lanes across the contiguous columns, the reduced axes split across blocks
   (and combined by a second kernel) when the columns alone cannot fill the GPU;

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pyc_lab.compiler import Graph
+from pyc_lab.compiler.backend.launch import launch_elementwise, launch_rows
 from pyc_lab.compiler.backend.lowering import lower
-from pyc_lab.compiler.backend.steps import launch_elementwise, launch_rows
 from pyc_lab.compiler.codegen import generate
 from pyc_lab.compiler.tracer import trace
 from tests.compiler.graphs import fused_graph, op_graph
@@ -91,7 +91,7 @@ class _Pool:
 
 
 def test_column_launch_splits_tall_columns_and_combines_them():
-    from pyc_lab.compiler.backend.steps import ColumnLaunch
+    from pyc_lab.compiler.backend.launch import ColumnLaunch
 
     g, node = op_graph("sum", [((16384, 4096), F16)], {"axis": (0,), "keepdims": False})
     src = generate(node, g)
@@ -109,7 +109,7 @@ def test_column_launch_splits_tall_columns_and_combines_them():
 
 
 def test_column_launch_without_a_split_writes_the_output_directly():
-    from pyc_lab.compiler.backend.steps import ColumnLaunch
+    from pyc_lab.compiler.backend.launch import ColumnLaunch
 
     g, node = op_graph("max", [((64, 300, 4096), F32)], {"axis": (1,), "keepdims": False})
     src = generate(node, g)
