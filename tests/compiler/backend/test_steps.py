@@ -190,3 +190,71 @@ def test_cublas_static_call_recomputes_into_the_planned_buffer(planned_matmul):
     values[x.id][...] += 1.0  # replays see the static arrays' new data
     call()
     np.testing.assert_allclose(values[mm.id], values[x.id] @ values[w.id], rtol=1e-6)
+
+
+class _PtrArray(np.ndarray):
+    """A NumPy array with CuPy's ``.data.ptr`` (what the launchers check alignment on)."""
+
+    @property
+    def data(self):
+        return SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+
+def _ptr(a):
+    return np.ascontiguousarray(a).view(_PtrArray)
+
+
+class _BodyKernel:
+    """A stand-in for a generated elementwise kernel with several outputs: runs the body's
+    NumPy reference on its inputs and writes each output into the array given for it."""
+
+    def __init__(self, body, n_inputs) -> None:
+        self.body, self.n_inputs, self.launches = body, n_inputs, 0
+
+    def __call__(self, grid, block, args) -> None:
+        from pyc_lab.compiler.ops import run_graph
+
+        self.launches += 1
+        ins, outs = args[:self.n_inputs], args[self.n_inputs:]
+        results = run_graph(self.body, [np.asarray(a) for a in ins], np)
+        assert len(outs) == len(results)
+        for dst, value in zip(outs, results, strict=True):
+            np.asarray(dst)[...] = value
+
+
+def test_a_kernel_with_several_outputs_writes_its_extras_values():
+    from pyc_lab.compiler.memory import plan_memory
+    from pyc_lab.compiler.passes import PassManager
+
+    def adam(p, g, m, v):
+        m2 = np.float32(0.9) * m + np.float32(0.1) * g
+        v2 = np.float32(0.999) * v + np.float32(0.001) * g * g
+        return p - np.float32(1e-3) * m2 / (np.sqrt(v2) + np.float32(1e-8)), m2, v2
+
+    rng = np.random.default_rng()
+    args = [rng.standard_normal(96).astype(F32) for _ in range(3)]
+    args.append(np.abs(rng.standard_normal(96)).astype(F32))
+    graph, _ = trace(adam, tuple(args))
+    graph = PassManager().run(graph).graph
+    fused, e1, e2 = (n for n in graph if n.op not in ("input", "constant"))
+    assert (fused.op, e1.op, e2.op) == ("fused", "fused_extra", "fused_extra")
+    plan = plan_memory(graph, "balanced")
+    steps = lower(graph, {fused.id: "fused_kernel", e1.id: "fused_kernel",
+                          e2.id: "fused_kernel"}, plan).steps
+    kernel_step, w1, w2 = steps
+    assert [e for e, _ in kernel_step.extras] == [e1.id, e2.id]
+    exe = _FakeExecutable(graph, plan.buffer_bytes)
+    exe._buffer_view = lambda buf, node: _ptr(np.zeros(node.shape, node.dtype))
+    exe._cp = SimpleNamespace(empty=lambda shape, dtype: _ptr(np.empty(shape, dtype)),
+                              ascontiguousarray=np.ascontiguousarray)
+    kernel_step.in_nodes = [graph.node(i) for i in fused.inputs]
+    fake = _BodyKernel(fused.attrs["body"], len(fused.inputs))
+    kernel_step.kernels = {e: fake for e in kernel_step.src.entries}
+    values = {nid: _ptr(a) for nid, a in zip(graph.inputs, args, strict=True)}
+    for step in steps:
+        step.run(exe, values)
+    assert fake.launches == 1  # one launch wrote all three
+    want = adam(*args)
+    for nid, w in zip((fused.id, e1.id, e2.id), want, strict=True):
+        np.testing.assert_array_equal(np.asarray(values[nid]), w)
+    assert type(w1).__name__ == type(w2).__name__ == "_WrittenStep"
