@@ -48,6 +48,10 @@ static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); ret
 static inline double __longlong_as_double(long long i) {
     double d; std::memcpy(&d, &i, 8); return d;
 }
+static inline float __uint_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline unsigned int __float_as_uint(float f) {
+    unsigned int i; std::memcpy(&i, &f, 4); return i;
+}
 #define __global__
 #define __device__
 #define __forceinline__ inline

@@ -479,3 +479,27 @@ def test_sources_splice_exactly_the_helpers_they_need(graph, sections):
     source = generate(node, g).source
     for section in ct.HELPER_FILES:
         assert (ct.helper(section) in source) == (section in sections), section
+
+
+def test_bfloat16_elementwise_kernels_round_like_ml_dtypes_and_rows_say_why_not():
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    g, node = fused_graph(lambda x, y: np.tanh(x * y + 1), [((8, 64), bf16), ((64,), bf16)])
+    assert supports(node, g) == (True, "")
+    src = generate(node, g)
+    assert "pyc_bf16" in src.source and "pyc_round_bf16" in src.source
+    assert src.launch["vec"] == 8  # eight 2-byte elements a 16-byte access
+    g2, soft = op_graph("softmax", [((8, 64), bf16)], {"axis": -1})
+    ok, why = supports(soft, g2)
+    assert not ok and "bfloat16" in why and "CuPy" in why
+
+
+@needs_nvcc
+def test_bfloat16_elementwise_source_compiles(tmp_path):
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    g, node = fused_graph(lambda x, y: (np.tanh(x * y + 1) > 0.5) * x,
+                          [((8, 64), bf16), ((64,), np.float16)])
+    compile_ptx(tmp_path, generate(node, g))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -29,6 +30,7 @@ from tests.compiler.test_output_fusion import adam_step, gated, momentum
 from tests.compiler.test_view_fusion import PROGRAMS as VIEW_PROGRAMS
 
 F16, F32, F64 = np.float16, np.float32, np.float64
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 PROGRAMS = {
     **VIEW_PROGRAMS,
@@ -38,7 +40,8 @@ PROGRAMS = {
     "gated": (gated, lambda r, d, n: [_rand(r, (n, 5), d), _rand(r, (n, 5), d)]),
 }
 
-_TOL = {"float16": 2e-3, "float32": 2e-6, "float64": 1e-13}  # libm differs by an ulp
+# libm differs from NumPy's by an ulp or so (float16/bfloat16: one ulp of the result)
+_TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-13}
 
 
 def _rand(rng, shape, dtype):
@@ -82,7 +85,7 @@ def _check(node, ins, outs):
         want = run_graph(node.attrs["body"], [np.asarray(a) for a in ins], np)
     for got, w in zip(outs, want, strict=True):
         assert got.dtype == w.dtype and got.shape == w.shape
-        if got.dtype.kind == "f":
+        if got.dtype.kind == "f" or got.dtype == BF16:
             tol = _TOL[got.dtype.name]
             np.testing.assert_allclose(got.astype(F64), w.astype(F64), rtol=tol, atol=tol)
         else:
@@ -91,7 +94,7 @@ def _check(node, ins, outs):
 
 @needs_gxx
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
-@pytest.mark.parametrize("dtype", [F32, F16, F64])
+@pytest.mark.parametrize("dtype", [F32, F16, F64, BF16])
 @pytest.mark.parametrize("n", [5, 131])
 def test_general_entry_on_aligned_and_misaligned_arrays(name, dtype, n):
     rng = np.random.default_rng(n)
@@ -107,7 +110,7 @@ def test_general_entry_on_aligned_and_misaligned_arrays(name, dtype, n):
 
 @needs_gxx
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
-@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
 def test_vector_entry_on_aligned_arrays(name, dtype):
     rng = np.random.default_rng(7)
     fn, make = PROGRAMS[name]
@@ -170,3 +173,23 @@ def test_random_views_concatenations_and_outputs(rows, cols, step, start, flip, 
                 else src.name
             emulate(src, entry, placed + outs)
             _check(node, placed, outs)
+
+
+@needs_gxx
+def test_bfloat16_conversions_round_as_ml_dtypes_bit_for_bit():
+    """Casts into bfloat16 from float32, float64, int32 and int64 (ties, overflow, NaN of
+    both signs, -0.0, subnormals) give ml_dtypes' bits exactly."""
+    special = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.4e38, -3.4e38, np.inf,
+                        -np.inf, np.nan, -np.nan, -0.0, 0.0, 1e-40, -1e-39, 65504.0,
+                        1.0 + 2**-8 + 2**-30, 16842753.0, 0.1, 2.5], dtype=np.float64)
+    for src_dtype in (F32, F64, np.int32, np.int64):
+        with np.errstate(all="ignore"):
+            x = special.astype(src_dtype) if src_dtype in (F32, F64) else \
+                np.array([1, -7, 16842753, 2**31 - 1, -(2**31), 255, 257, 65537],
+                         dtype=src_dtype)
+        _, src, ins = _kernel(lambda a: a.astype(BF16), [x])
+        out = np.zeros(x.shape, BF16)
+        emulate(src, src.name, [*_placed(ins, True), out])
+        with np.errstate(all="ignore"):
+            want = x.astype(BF16)
+        np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))

@@ -36,6 +36,7 @@ import numpy as np
 from ...paths import native_source
 
 __all__ = [
+    "ELEMENTWISE_DTYPES",
     "HELPER_FILES",
     "SUPPORTED_DTYPES",
     "KernelSource",
@@ -54,6 +55,20 @@ __all__ = [
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(d) for d in ("float16", "float32", "float64", "int32", "int64", "bool")
 )
+
+
+def _bfloat16() -> tuple[np.dtype, ...]:
+    try:
+        import ml_dtypes
+    except ImportError:  # NumPy has no bfloat16 without it: nothing to generate
+        return ()
+    return (np.dtype(ml_dtypes.bfloat16),)
+
+
+#: What the elementwise generator takes besides :data:`SUPPORTED_DTYPES`: bfloat16
+#: (ml_dtypes' NumPy dtype, CuPy's bfloat16), computed in float and rounded after every
+#: op as ml_dtypes rounds (``native/bf16.cuh``). Row and column kernels do not take it yet.
+ELEMENTWISE_DTYPES: tuple[np.dtype, ...] = SUPPORTED_DTYPES + _bfloat16()
 
 
 @dataclass
@@ -97,11 +112,11 @@ class KernelSource:
 
 _STORAGE = {
     "float16": "pyc_f16", "float32": "float", "float64": "double",
-    "int32": "int", "int64": "long long", "bool": "bool",
+    "int32": "int", "int64": "long long", "bool": "bool", "bfloat16": "pyc_bf16",
 }
 _COMPUTE = {
     "float16": "float", "float32": "float", "float64": "double",
-    "int32": "int", "int64": "long long", "bool": "bool",
+    "int32": "int", "int64": "long long", "bool": "bool", "bfloat16": "float",
 }
 
 #: The fixed CUDA C++ spliced into generated kernels, by section: files under ``native/``
@@ -112,6 +127,7 @@ _COMPUTE = {
 #: operators and the warp/block reductions of the row kernels.
 HELPER_FILES: dict[str, str] = {
     "f16": "f16.cuh",
+    "bf16": "bf16.cuh",
     "vec": "vector.cuh",
     "ipow": "ipow.cuh",
     "abs": "abs.cuh",
@@ -128,17 +144,18 @@ def helper(section: str) -> str:
     return native_source(HELPER_FILES[section])
 
 
-def is_supported(dtype: Any) -> bool:
-    """Whether the code generator handles arrays of ``dtype``."""
+def is_supported(dtype: Any, elementwise: bool = False) -> bool:
+    """Whether the code generator handles arrays of ``dtype`` (in every kernel; with
+    ``elementwise``, in elementwise kernels, which also take bfloat16)."""
     try:
-        return np.dtype(dtype) in SUPPORTED_DTYPES
+        return np.dtype(dtype) in (ELEMENTWISE_DTYPES if elementwise else SUPPORTED_DTYPES)
     except TypeError:
         return False
 
 
 def _name(dtype: Any) -> str:
     dt = np.dtype(dtype)
-    if dt not in SUPPORTED_DTYPES:
+    if dt not in ELEMENTWISE_DTYPES:
         raise TypeError(f"dtype {dt.name} has no CUDA type in pyc_lab's code generator")
     return dt.name
 
@@ -157,6 +174,8 @@ def from_storage(dtype: Any, expr: str) -> str:
     """C expression: a stored element ``expr`` as its compute type."""
     if _name(dtype) == "float16":
         return f"pyc_f16_to_float({expr})"
+    if _name(dtype) == "bfloat16":
+        return f"pyc_bf16_to_float({expr})"
     return expr
 
 
@@ -164,6 +183,8 @@ def to_storage(dtype: Any, expr: str) -> str:
     """C expression: a compute-typed value ``expr`` (already of ``dtype``) as stored."""
     if _name(dtype) == "float16":
         return f"pyc_float_to_f16({expr})"
+    if _name(dtype) == "bfloat16":
+        return f"pyc_float_to_bf16({expr})"
     return expr
 
 
@@ -177,6 +198,8 @@ def convert(expr: str, src: Any, dst: Any) -> str:
     s, d = _name(src), _name(dst)
     if s == d:
         return expr
+    if d == "bfloat16":  # every compute type has an overload; doubles and ints via float
+        return f"pyc_round_bf16({expr})"
     if d == "float16":
         if s in ("float64", "int32", "int64"):
             return f"pyc_round_f16(static_cast<double>({expr}))"
@@ -225,7 +248,7 @@ def literal(value: Any, dtype: Any | None = None) -> str:
 def lowest(dtype: Any) -> str:
     """C literal of the identity of ``max`` for ``dtype``: -inf, the smallest int, false."""
     name = _name(dtype)
-    if name in ("float16", "float32", "float64"):
+    if name in ("float16", "float32", "float64", "bfloat16"):
         return literal(np.asarray(-np.inf, dtype=np.float64), "float64" if name == "float64"
                        else "float32")
     if name == "bool":
@@ -236,7 +259,7 @@ def lowest(dtype: Any) -> str:
 def highest(dtype: Any) -> str:
     """C literal of the identity of ``min`` for ``dtype``: +inf, the largest int, true."""
     name = _name(dtype)
-    if name in ("float16", "float32", "float64"):
+    if name in ("float16", "float32", "float64", "bfloat16"):
         return literal(np.asarray(np.inf, dtype=np.float64), "float64" if name == "float64"
                        else "float32")
     if name == "bool":

@@ -143,7 +143,7 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
             return (f"body input {k} is {bnode.type_text} but the node's input is "
                     f"{dtype_short(dtype)}{list(shape)}")
     for n in body:
-        if not ct.is_supported(n.dtype):
+        if not ct.is_supported(n.dtype, elementwise=True):
             return f"dtype {n.dtype.name} ({n.op}) is not generated; runs through CuPy"
         if n.op == "input":
             continue
@@ -159,7 +159,7 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
         if n.op in _FLOAT_ONLY and n.dtype.kind != "f":
             return _FLOAT_ONLY[n.op]
         for i in n.inputs:
-            if not ct.is_supported(body.node(i).dtype):
+            if not ct.is_supported(body.node(i).dtype, elementwise=True):
                 return f"dtype {body.node(i).dtype.name} is not generated"
     pieces = analyse(body)
     if isinstance(pieces, str):
@@ -175,12 +175,12 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
     if tuple(out.shape) != tuple(out_shape):
         return f"the body's output is {out.type_text} but the node's is {list(out_shape)}"
     for extra in body.outputs[1:]:
-        if not ct.is_supported(body.node(extra).dtype):
+        if not ct.is_supported(body.node(extra).dtype, elementwise=True):
             return f"dtype {body.node(extra).dtype.name} is not generated; runs through CuPy"
     if out.dtype != np.dtype(out_dtype):
         return f"the body's output is {out.type_text} but the node's dtype is " \
                f"{np.dtype(out_dtype).name}"
-    if not ct.is_supported(out_dtype):
+    if not ct.is_supported(out_dtype, elementwise=True):
         return f"dtype {np.dtype(out_dtype).name} is not generated; runs through CuPy"
     return ""
 
@@ -216,6 +216,8 @@ def _result(expr: str, dtype: np.dtype) -> str:
     """The value of an op's C expression as a ``dtype`` result (float16: rounded)."""
     if dtype.name == "float16":
         return f"pyc_round_f16({expr})"
+    if dtype.name == "bfloat16":
+        return f"pyc_round_bf16({expr})"
     return expr
 
 
@@ -434,6 +436,8 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
     sections = ["\n".join(header)]
     if "float16" in all_dtypes:
         sections += [ct.helper("f16")]
+    if "bfloat16" in all_dtypes:
+        sections += [ct.helper("bf16")]
     if vec_ok:
         sections += [ct.helper("vec")]
     sections += [ct.helper(section) for section in ("ipow", "abs") if section in needs]

@@ -1,0 +1,43 @@
+// bfloat16 values are stored as their bits (the upper half of a float's) and computed in
+// float. Rounding is to nearest even, NaN becomes the quiet NaN of its sign, and doubles
+// and integers go through float first: all as ml_dtypes (NumPy's bfloat16) converts.
+typedef unsigned short pyc_bf16;
+
+__device__ __forceinline__ float pyc_bf16_to_float(pyc_bf16 h) {
+    return __uint_as_float(static_cast<unsigned int>(h) << 16);
+}
+
+__device__ __forceinline__ pyc_bf16 pyc_float_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return static_cast<pyc_bf16>(((u >> 16) & 0x8000u) | 0x7fc0u);
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<pyc_bf16>(u >> 16);
+}
+
+__device__ __forceinline__ pyc_bf16 pyc_double_to_bf16(double d) {
+    return pyc_float_to_bf16(static_cast<float>(d));
+}
+
+// The result of an op on bfloat16 arrays: rounded to the nearest bfloat16 (as NumPy with
+// ml_dtypes does after every op), kept in a float for the next op.
+__device__ __forceinline__ float pyc_round_bf16(float f) {
+    return pyc_bf16_to_float(pyc_float_to_bf16(f));
+}
+
+__device__ __forceinline__ float pyc_round_bf16(double d) {
+    return pyc_round_bf16(static_cast<float>(d));
+}
+
+__device__ __forceinline__ float pyc_round_bf16(int i) {
+    return pyc_round_bf16(static_cast<float>(i));
+}
+
+__device__ __forceinline__ float pyc_round_bf16(long long i) {
+    return pyc_round_bf16(static_cast<float>(i));
+}
+
+__device__ __forceinline__ float pyc_round_bf16(bool b) {
+    return b ? 1.0f : 0.0f;
+}
