@@ -16,11 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 __all__ = ["PROGRAMS", "Program", "make_inputs"]
 
 F16, F32 = np.float16, np.float32
+BF16 = np.dtype(ml_dtypes.bfloat16)  # NumPy's bfloat16 (CuPy's and torch's through DLPack)
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,9 @@ PROGRAMS: list[Program] = [
             lambda s: [((_n(s, 8192), 2048), "x"), ((_n(s, 8192), 2048), "mask")],
             masked_softmax, masked_softmax_t),
     Program("sigmoid_gate_f16", F16,
+            lambda s: [((_n(s, 1 << 26),), "x"), ((_n(s, 1 << 26),), "x")], sigmoid_gate,
+            sigmoid_gate_t),
+    Program("sigmoid_gate_bf16", BF16,
             lambda s: [((_n(s, 1 << 26),), "x"), ((_n(s, 1 << 26),), "x")], sigmoid_gate,
             sigmoid_gate_t),
     Program("l2_normalize_f32", F32, lambda s: [((_n(s, 16384), 2048), "x")], l2_normalize,

@@ -22,7 +22,7 @@ programs = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = programs  # dataclasses look their module up there
 _spec.loader.exec_module(programs)
 
-TOL = {np.dtype(np.float16): 2e-2, np.dtype(np.float32): 2e-5}
+TOL = {np.dtype(np.float16): 2e-2, np.dtype(np.float32): 2e-5, programs.BF16: 4e-2}
 
 
 def _as_tuple(out):
@@ -37,7 +37,8 @@ def test_every_program_compiles_and_matches_numpy(program):
         got = _as_tuple(fn(*args))
         want = _as_tuple(program.numpy_fn(*args))  # NumPy itself, same dtypes
         ref = _as_tuple(program.numpy_fn(*[a.astype(np.float64) if a.dtype.kind == "f"
-                                           else a for a in args]))
+                                           or a.dtype == programs.BF16 else a
+                                           for a in args]))
     assert len(got) == len(want) == len(ref)
     for g, w, r in zip(got, want, ref, strict=True):
         g, w = np.asarray(g), np.asarray(w)
@@ -77,3 +78,21 @@ def test_the_benchmark_summary_reads_its_rows():
     assert s["failed"] == ["d"] and s["not_run"] == ["e"]
     assert s["memory_bound_below_85pct_copy"] == ["b"]
     assert s["compile_over_2s"] == ["b"] and s["host_over_30us"] == ["b"]
+
+
+def test_the_bfloat16_program_lowers_to_one_generated_kernel():
+    """On the cupy backend (lowered here without a device) the bfloat16 sigmoid gate is
+    one generated elementwise kernel, not CuPy calls."""
+    from pyc_lab.compiler.backend.lowering import lower
+    from pyc_lab.compiler.codegen import supports
+    from pyc_lab.compiler.passes import PassManager
+    from pyc_lab.compiler.policy import choose
+    from pyc_lab.compiler.tracer import trace
+
+    (program,) = [p for p in programs.PROGRAMS if p.name == "sigmoid_gate_bf16"]
+    graph, _ = trace(program.numpy_fn, tuple(programs.make_inputs(program, 1 / 256)))
+    graph = PassManager().run(graph).graph
+    decisions = choose(graph, "cupy", supports=supports)
+    launch = lower(graph, {d.node: d.choice for d in decisions})
+    assert [k["kind"] for k in launch.kernels] == ["elementwise"]
+    assert "pyc_round_bf16" in launch.kernels[0]["source"]
