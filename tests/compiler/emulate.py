@@ -1,15 +1,21 @@
-"""Run a generated *elementwise* CUDA kernel on the CPU, thread by thread, for tests.
+"""Run a generated CUDA kernel on the CPU, for tests.
 
 An elementwise kernel has no barriers, shuffles or shared memory: every thread's work
 depends only on its block and thread index, so running the threads one after another
-computes what the GPU computes. The source is compiled as C++ with ``g++`` (the CUDA
-keywords defined away, ``threadIdx``/``blockIdx``/``blockDim``/``gridDim`` as globals the
-driver sets, the float16 conversions' PTX replaced by ``_Float16`` casts, which round to
-nearest even like ``cvt.rn``), loaded with ctypes, and each (block, thread) of a launch is
-called in turn. This checks the generated index arithmetic — views read in place,
-pieces of a concatenation, several outputs, vectorised entries and grid-stride loops —
-where no GPU is available; it says nothing about speed, and the CPU's ``libm`` differs
-from CUDA's by an ulp or so in transcendental functions.
+computes what the GPU computes (:func:`emulate`). Row and column kernels synchronise:
+:func:`emulate_threads` runs the threads of each block as real threads, with
+``__syncthreads()`` as a block barrier, ``__shfl_xor_sync`` as an exchange through
+memory between two barriers of the warp, and ``__shared__`` arrays as function statics
+(blocks run one after another, so one block's threads share them).
+
+The source is compiled as C++ with ``g++`` (the CUDA keywords defined away, the thread
+and block indices as globals the driver sets, the float16 conversions' PTX replaced by
+``_Float16`` casts, which round to nearest even like ``cvt.rn``) and loaded with ctypes.
+This checks the generated index arithmetic, reductions and roundings — views read in
+place, pieces of a concatenation, several outputs, vectorised entries, grid-stride
+loops, warp and block reductions, split column sums — where no GPU is available; it
+says nothing about speed, and the CPU's ``libm`` differs from CUDA's by an ulp or so in
+transcendental functions.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import pytest
 
 from pyc_lab.compiler.codegen.cuda_types import KernelSource
 
-__all__ = ["emulate", "needs_gxx"]
+__all__ = ["emulate", "emulate_threads", "needs_gxx"]
 
 #: Tests that emulate kernels skip, with the reason, where there is no C++ compiler.
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None,
@@ -107,3 +113,125 @@ def emulate(src: KernelSource, entry: str, arrays: list[np.ndarray],
         for t in range(block):
             lib.pyc_set(b, t, block, grid)
             kernel(*pointers)
+
+
+_THREADED = r"""
+#include <cmath>
+#include <math.h>
+#include <cstring>
+#include <cstdint>
+#include <barrier>
+#include <thread>
+#include <vector>
+struct pyc_dim3 { unsigned int x, y, z; };
+static thread_local pyc_dim3 threadIdx, blockIdx;
+static pyc_dim3 blockDim, gridDim;
+static std::barrier<>* pyc_block_barrier = nullptr;
+static std::vector<std::barrier<>*> pyc_warp_barriers;
+static unsigned long long pyc_exchange[1024];
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline double __longlong_as_double(long long i) {
+    double d; std::memcpy(&d, &i, 8); return d;
+}
+static inline float __uint_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline unsigned int __float_as_uint(float f) {
+    unsigned int i; std::memcpy(&i, &f, 4); return i;
+}
+static inline void __syncthreads() { pyc_block_barrier->arrive_and_wait(); }
+template <typename T>
+static inline T __shfl_xor_sync(unsigned int, T v, int offset) {
+    const unsigned int t = threadIdx.x;
+    std::memcpy(&pyc_exchange[t], &v, sizeof(T));
+    pyc_warp_barriers[t / 32]->arrive_and_wait();
+    T r;
+    std::memcpy(&r, &pyc_exchange[t ^ static_cast<unsigned int>(offset)], sizeof(T));
+    pyc_warp_barriers[t / 32]->arrive_and_wait();
+    return r;
+}
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+template <typename F>
+static void pyc_grid(unsigned int gx, unsigned int gy, unsigned int block, F body) {
+    blockDim = {block, 1, 1};
+    gridDim = {gx, gy, 1};
+    std::barrier<> bar(block);
+    pyc_block_barrier = &bar;
+    std::vector<std::barrier<>*> warps;
+    for (unsigned int w = 0; w < (block + 31) / 32; ++w) {
+        warps.push_back(new std::barrier<>(block - w * 32 < 32 ? block - w * 32 : 32));
+    }
+    pyc_warp_barriers = warps;
+    for (unsigned int by = 0; by < gy; ++by) {
+        for (unsigned int bx = 0; bx < gx; ++bx) {
+            std::vector<std::thread> threads;
+            for (unsigned int t = 0; t < block; ++t) {
+                threads.emplace_back([=]() {
+                    threadIdx = {t, 0, 0};
+                    blockIdx = {bx, by, 0};
+                    body();
+                });
+            }
+            for (auto& th : threads) th.join();
+        }
+    }
+    for (auto* w : warps) delete w;
+}
+"""
+
+
+def _params(source: str, entry: str) -> list[str]:
+    """The C parameter declarations of kernel ``entry``."""
+    import re
+
+    match = re.search(r"\n" + re.escape(entry) + r"\(([^)]*)\)", source)
+    assert match, f"no kernel {entry}"
+    return [p.strip() for p in match.group(1).split(",") if p.strip()]
+
+
+def _threaded_library(src: KernelSource, entry: str) -> ctypes.CDLL:
+    text = src.source
+    for ptx, cpu in _PTX.items():
+        text = text.replace(ptx, cpu)
+    if "asm(" in text:
+        raise ValueError(f"{src.name} has inline PTX the emulator does not know")
+    params = _params(text, entry)
+    casts = []
+    for k, p in enumerate(params):
+        ctype = p.rsplit(" ", 1)[0].replace("__restrict__", "").strip()
+        casts.append(f"({ctype})args[{k}]" if "*" in ctype else f"*({ctype}*)args[{k}]")
+    runner = (f'extern "C" void pyc_run(void** args, unsigned int gx, unsigned int gy, '
+              f'unsigned int block) {{\n    pyc_grid(gx, gy, block, [=]() {{ '
+              f'{entry}({", ".join(casts)}); }});\n}}\n')
+    text = _THREADED + text + "\n" + runner
+    key = hashlib.sha1(text.encode()).hexdigest()[:16]
+    if key not in _BUILT:
+        work = Path(tempfile.mkdtemp(prefix="pyc-emulate-"))
+        cpp, lib = work / f"{entry}.cpp", work / f"{entry}.so"
+        cpp.write_text(text)
+        res = subprocess.run(["g++", "-O1", "-std=c++20", "-shared", "-fPIC", "-pthread",
+                              "-w", str(cpp), "-o", str(lib)], capture_output=True,
+                             text=True, timeout=300, check=False)
+        assert res.returncode == 0, f"g++ failed on {entry}:\n{res.stderr}\n{text}"
+        _BUILT[key] = ctypes.CDLL(str(lib))
+    return _BUILT[key]
+
+
+def emulate_threads(src: KernelSource, entry: str, args: list, grid: tuple[int, int],
+                    block: int) -> None:
+    """Launch ``entry`` of ``src`` with ``grid`` = (x, y) blocks of ``block`` threads.
+
+    ``args`` are the kernel's parameters in order: NumPy arrays (passed by address) or
+    ctypes scalars (``ctypes.c_longlong(...)``, ``ctypes.c_int(...)``)."""
+    lib = _threaded_library(src, entry)
+    keep = []
+    slots = (ctypes.c_void_p * len(args))()
+    for k, a in enumerate(args):
+        if isinstance(a, np.ndarray):
+            slots[k] = a.__array_interface__["data"][0]
+        else:
+            keep.append(a)
+            slots[k] = ctypes.cast(ctypes.pointer(a), ctypes.c_void_p)
+    lib.pyc_run(slots, ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(block))

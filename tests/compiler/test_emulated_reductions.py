@@ -1,0 +1,160 @@
+"""Generated row and column kernels run on the CPU with real threads per block
+(``tests/compiler/emulate.py``: barriers, warp shuffles, shared memory), against
+float64 NumPy.
+
+Row kernels (softmax, layer norm, last-axis sum/mean/max/var) in warp and block mode,
+cached and re-read rows, scalar and vectorised entries; row programs (RMS norm,
+log-softmax, a masked softmax, a loss...); column kernels unsplit and split across
+blocks with their combine kernel. Outputs are poisoned with NaN first. Launch shapes
+follow the launchers (one block per row group; the column split for a GPU of a few
+SMs, so that small arrays split too). Skipped, with the reason, without g++.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from pyc_lab.compiler.codegen import generate
+from pyc_lab.compiler.codegen.column_reduction import split_count
+from pyc_lab.compiler.passes import PassManager
+from pyc_lab.compiler.tracer import trace
+from tests.compiler.emulate import emulate_threads, needs_gxx
+from tests.compiler.graphs import op_graph
+from tests.compiler.test_row_fusion import PROGRAMS as ROW_PROGRAMS
+
+F16, F32, F64 = np.float16, np.float32, np.float64
+I32 = np.int32
+_TOL = {"float16": (1e-2, 1e-2), "float32": (2e-5, 2e-6), "float64": (1e-11, 1e-12)}
+
+
+def _rand(rng, shape, dtype):
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-100, 100, shape).astype(dtype)
+    return (rng.uniform(0.1, 2.0, shape) * rng.choice([-1.0, 1.0], shape)).astype(dtype)
+
+
+def _aligned(a, aligned=True):
+    buf = np.empty(a.size + 16, dtype=a.dtype)
+    start = (-buf.__array_interface__["data"][0] // a.itemsize) % max(1, 16 // a.itemsize)
+    view = buf[start + (0 if aligned else 1):][:a.size].reshape(a.shape)
+    view[...] = a
+    return view
+
+
+def _rows(src, ins, out, entry):
+    launch = src.launch
+    grid = -(-launch["rows"] // launch["rows_per_block"])
+    emulate_threads(src, entry, [*ins, out], (grid, 1), launch["block"])
+
+
+def _close(got, want):
+    rtol, atol = _TOL[np.dtype(got.dtype).name]
+    np.testing.assert_allclose(got.astype(F64), want, rtol=rtol, atol=atol)
+
+
+@needs_gxx
+@pytest.mark.parametrize("op, attrs", [
+    ("softmax", {"axis": -1}), ("sum", {"axis": (1,), "keepdims": False}),
+    ("mean", {"axis": (1,), "keepdims": True}), ("max", {"axis": (1,), "keepdims": False}),
+    ("var", {"axis": (1,), "keepdims": False, "form": "np.var"})])
+@pytest.mark.parametrize("dtype", [F32, F16, F64])
+@pytest.mark.parametrize("cols", [37, 1024, 4097])
+def test_row_kernels(op, attrs, dtype, cols):
+    rng = np.random.default_rng(cols)
+    x = _rand(rng, (5, cols), dtype)
+    g, node = op_graph(op, [(x.shape, dtype)], attrs)
+    src = generate(node, g)
+    with np.errstate(all="ignore"):
+        ref = x.astype(F64)
+        want = {"softmax": lambda: np.exp(ref - ref.max(-1, keepdims=True))
+                / np.exp(ref - ref.max(-1, keepdims=True)).sum(-1, keepdims=True),
+                "sum": lambda: ref.sum(-1), "mean": lambda: ref.mean(-1, keepdims=True),
+                "max": lambda: ref.max(-1), "var": lambda: ref.var(-1)}[op]()
+    for entry in src.entries:
+        out = np.full(node.shape, np.nan, dtype=node.dtype)
+        _rows(src, [_aligned(x)], out, entry)
+        _close(out, want)
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_layer_norm_row_kernel(dtype):
+    rng = np.random.default_rng(1)
+    x, gamma, beta = _rand(rng, (6, 300), dtype), _rand(rng, (300,), dtype), \
+        _rand(rng, (300,), dtype)
+    g, node = op_graph("layer_norm", [(x.shape, dtype), (gamma.shape, dtype),
+                                      (beta.shape, dtype)], {"axis": -1, "eps": 1e-5})
+    src = generate(node, g)
+    ref = x.astype(F64)
+    mu = ref.mean(-1, keepdims=True)
+    want = (ref - mu) / np.sqrt(((ref - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * gamma \
+        + beta
+    for entry in src.entries:
+        out = np.full(x.shape, np.nan, dtype=dtype)
+        _rows(src, [_aligned(a) for a in (x, gamma, beta)], out, entry)
+        _close(out, want)
+
+
+@needs_gxx
+@pytest.mark.parametrize("name", sorted(ROW_PROGRAMS))
+@pytest.mark.parametrize("dtype, cols", [(F32, 1000), (F16, 64), (F64, 37), (F32, 4097)])
+def test_row_programs(name, dtype, cols):
+    rng = np.random.default_rng(cols)
+    fn, make = ROW_PROGRAMS[name]
+    args = make(rng, cols, dtype)
+    graph, _ = trace(fn, tuple(args))
+    graph = PassManager().run(graph).graph
+    (node,) = [n for n in graph if n.op == "fused_rows"]
+    assert [graph.node(i).op for i in node.inputs] == ["input"] * len(node.inputs)
+    by_id = dict(zip(graph.inputs, args, strict=True))
+    ins = [_aligned(by_id[i]) for i in node.inputs]
+    src = generate(node, graph)
+    with np.errstate(all="ignore"):
+        want = fn(*[a.astype(F64) if a.dtype.kind == "f" else a for a in args])
+        shaped = np.asarray(want).reshape(node.shape)
+    for entry in src.entries:
+        out = np.full(node.shape, np.nan, dtype=node.dtype)
+        _rows(src, ins, out, entry)
+        rtol, atol = _TOL[np.dtype(node.dtype).name]
+        np.testing.assert_allclose(out.astype(F64), shaped, rtol=rtol, atol=atol,
+                                   equal_nan=True)
+
+
+@needs_gxx
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("dtype, shape, axis", [
+    (F32, (3000, 40), (0,)), (F16, (5, 700, 24), (1,)), (I32, (3000, 3), (0,)),
+    (F64, (2, 30, 50, 7), (1, 2))])
+def test_column_kernels_split_and_combined(op, dtype, shape, axis):
+    rng = np.random.default_rng(len(shape))
+    x = _aligned(_rand(rng, shape, dtype))
+    g, node = op_graph(op, [(shape, dtype)], {"axis": axis, "keepdims": False})
+    src = generate(node, g)
+    launch = src.launch
+    entries = [(src.name, launch["config"], False)]
+    if launch["vec_kernel"]:
+        entries.append((launch["vec_kernel"], launch["vec_config"], True))
+    with np.errstate(all="ignore"):
+        want = getattr(np, op)(x.astype(F64) if x.dtype.kind == "f" else x, axis=axis)
+    for entry, cfg, vectorised in entries:
+        parts = split_count(launch, 2, vectorised)  # a GPU of 2 SMs: small arrays split
+        assert parts > 1 or vectorised  # the scalar entry takes the two-kernel path here
+        n = launch["outer"] * launch["inner"]
+        out = np.full(node.shape, np.nan if node.dtype.kind == "f" else 7, node.dtype)
+        partial = np.full(max(parts, 1) * n, np.nan, np.dtype(launch["acc_dtype"])) \
+            if np.dtype(launch["acc_dtype"]).kind == "f" \
+            else np.zeros(max(parts, 1) * n, np.dtype(launch["acc_dtype"]))
+        chunk = -(-launch["r"] // parts)
+        emulate_threads(src, entry, [x, out, partial if parts > 1 else out,
+                                     ctypes.c_longlong(chunk)],
+                        (launch["outer"] * cfg["tiles"], parts), launch["block"])
+        if parts > 1:
+            emulate_threads(src, launch["combine_kernel"], [partial, out, ctypes.c_int(parts)],
+                            (2, 1), launch["block"])
+        if node.dtype.kind == "f":
+            _close(out, want)
+        else:
+            np.testing.assert_array_equal(out, want)
