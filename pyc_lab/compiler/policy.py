@@ -139,7 +139,7 @@ class Decision:
 
 def _describe(node: Node) -> str:
     if node.op == "fused_extra":
-        return f"output {node.attrs['output']} of %{node.inputs[0]}"
+        return f"output {node.attrs['output']} of {node.attrs['body'].name}"
     if node.op in FUSED_OPS:
         return f"{node.attrs.get('name', node.op)}: " + ", ".join(node.attrs.get("ops", ()))
     return node.op
