@@ -691,10 +691,18 @@ def run_graph(graph: Any, args: Sequence[Any], xp: Any) -> list[Any]:
         for i in n.inputs:
             last_use[i] = pos
     keep = set(graph.outputs)
+    several: dict[int, list[Any]] = {}  # a fused node's outputs, for its fused_extra nodes
     for pos, n in enumerate(graph.nodes.values()):
         if n.op == "input":
             continue
-        out = xp.asarray(evaluate(n.op, xp, [values[i] for i in n.inputs], n.attrs))
+        body = n.attrs.get("body")
+        if n.op == "fused" and len(body.outputs) > 1:
+            several[n.id] = run_graph(body, [values[i] for i in n.inputs], xp)
+            out = xp.asarray(several[n.id][0])
+        elif n.op == "fused_extra" and n.inputs[0] in several:
+            out = xp.asarray(several[n.inputs[0]][n.attrs["output"]])  # computed once
+        else:
+            out = xp.asarray(evaluate(n.op, xp, [values[i] for i in n.inputs], n.attrs))
         if n.op == "eager":
             check_eager_result(n, out)
         if out.dtype != n.dtype:
@@ -703,4 +711,5 @@ def run_graph(graph: Any, args: Sequence[Any], xp: Any) -> list[Any]:
         for i in set(n.inputs):
             if last_use.get(i) == pos and i not in keep:
                 values.pop(i, None)
+                several.pop(i, None)
     return [values[o] for o in graph.outputs]

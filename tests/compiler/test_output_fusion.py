@@ -246,3 +246,21 @@ def test_momentum_in_float16_with_an_intermediate_input(rng):
     want = fn(*[a.astype(F64) for a in (x, w, g, buf)])
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a.astype(F64), b, rtol=3e-2, atol=3e-2)
+
+
+def test_the_numpy_backend_computes_the_shared_body_once(rng, monkeypatch):
+    from pyc_lab.compiler import ops
+
+    seen = []
+    evaluate = ops.evaluate
+
+    def counting(op, *args, **kwargs):
+        seen.append(op)
+        return evaluate(op, *args, **kwargs)
+
+    monkeypatch.setattr(ops, "evaluate", counting)
+    args = [_rand(rng, (100,), F32) for _ in range(3)] + [np.abs(_rand(rng, (100,), F32))]
+    got = pl.compile(adam_step)(*args)
+    assert "fused_extra" not in seen  # its values come from the fused node's one pass
+    for g, w in zip(got, adam_step(*args), strict=True):
+        assert np.array_equal(g, w)
