@@ -8,9 +8,9 @@ takes. This times the suite's row programs with the generated sources rewritten 
 ways — the maximum as one ``max.NaN.f32`` instruction (sm_80+; the same result but for
 the sign of a zero maximum, which is order-dependent already), ``exp`` as ``__expf``
 (relative error about 1e-6 for softmax's arguments, far below float16's 2**-11), and
-both — checks each answer against the library's, and reports median CUDA-event times
-against torch.compile. Writes ``row-alu.json`` to ``--out``. Nothing here changes the
-library.
+both — checks each answer against the library's (``max_diff_vs_default``), and reports
+median CUDA-event times against torch.compile. Writes ``row-alu.json`` to ``--out``.
+Nothing here changes the library.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np
-from bench_programs import copy_gbps, gpu_ms
+from bench_programs import copy_gbps
 from common import cupy_and_torch, environment, write_result
-from programs import PROGRAMS, make_inputs
+from programs import PROGRAMS
+from variants import time_variants
 
 NAMES = ("softmax_rows_f16", "layer_norm_f16", "residual_rms_norm_f16",
          "masked_softmax_f32", "log_softmax_f32")
@@ -54,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     cp, torch = libs
     import dataclasses
 
-    import pyc_lab as pl
     from pyc_lab.compiler.backend import lowering
 
     generate = lowering.generate  # the library's
@@ -71,35 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     variants = [("library", False, False), ("max.NaN", True, False),
                 ("__expf", False, True), ("both", True, True)]
     programs = {p.name: p for p in PROGRAMS}
-    rows = []
-    for name in NAMES:
-        p = programs[name]
-        dev = [cp.asarray(a) for a in make_inputs(p, 1.0)]
-        tdev = [torch.as_tensor(a, device="cuda") for a in dev]
-        tc = torch.compile(p.torch_fn)
-        tc(*tdev)
-        tc_ms = gpu_ms(lambda tc=tc, tdev=tdev: tc(*tdev))
-        ref = None
-        row = {"program": name, "torch.compile ms": tc_ms, "variants": {}}
-        for label, fast_max, fast_exp in variants:
+
+    def install(fast_max: bool, fast_exp: bool) -> Any:
+        def apply() -> None:
             lowering.generate = patched(fast_max, fast_exp)
-            try:
-                f = pl.compile(p.numpy_fn, backend="cupy")
-                out = f(*dev)
-                got = cp.asnumpy(out).astype(np.float64)
-                ref = got if ref is None else ref
-                diff = float(np.nanmax(np.abs(got - ref)))
-                ms = gpu_ms(lambda f=f, dev=dev: f(*dev))
-                nbytes = sum(a.nbytes for a in dev) + out.nbytes
-                row["variants"][label] = {"ms": ms, "vs_torch_compile": tc_ms / ms,
-                                          "fraction_of_copy_bw": nbytes / (ms * 1e-3)
-                                          / (bw * 1e9), "max_diff_vs_library": diff}
-                print(f"{name:24s} {label:8s} {ms:.4f} ms  x{tc_ms / ms:.2f} tc  "
-                      f"diff {diff:.2e}")
-            except Exception as exc:  # one variant failing must not hide the rest
-                row["variants"][label] = {"error": f"{type(exc).__name__}: {exc}"}
-                print(f"{name:24s} {label:8s} {type(exc).__name__}: {exc}")
-        rows.append(row)
+        return apply
+
+    rows = [time_variants(cp, torch, programs[name],
+                          [(label, install(m, e)) for label, m, e in variants], bw)
+            for name in NAMES]
     lowering.generate = generate
     write_result(args.out, "row-alu", {"environment": environment(), "copy_gbps": bw,
                                        "rows": rows})

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np
-from bench_programs import copy_gbps, gpu_ms
+from bench_programs import copy_gbps
 from common import cupy_and_torch, environment, write_result
-from programs import PROGRAMS, make_inputs
+from programs import PROGRAMS
+from variants import time_variants
 
 NAMES = ("softmax_rows_f16", "layer_norm_f16", "residual_rms_norm_f16",
          "masked_softmax_f32", "l2_normalize_f32", "log_softmax_f32")
@@ -69,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     if libs is None:
         return 0
     cp, torch = libs
-    import pyc_lab as pl
     from pyc_lab.compiler.backend import steps
     from pyc_lab.compiler.codegen import reduction, row_program
 
@@ -80,39 +80,16 @@ def main(argv: list[str] | None = None) -> int:
                 ("16 per thread", 16, True), ("16 per thread, uncapped", 16, False),
                 ("32 per thread", 32, True), ("4 per thread", 4, True)]
     programs = {p.name: p for p in PROGRAMS}
-    rows = []
-    for name in NAMES:
-        p = programs[name]
-        host = make_inputs(p, 1.0)
-        dev = [cp.asarray(a) for a in host]
-        tdev = [torch.as_tensor(a, device="cuda") for a in dev]
-        nbytes = sum(a.nbytes for a in dev)
-        tc = torch.compile(p.torch_fn)
-        tc(*tdev)
-        tc_ms = gpu_ms(lambda tc=tc, tdev=tdev: tc(*tdev))
-        ref = None
-        row = {"program": name, "torch.compile ms": tc_ms, "variants": {}}
-        for label, per, capped in variants:
+
+    def install(per: int | None, capped: bool) -> Callable[[], None]:
+        def apply() -> None:
             reduction.row_config = row_program.row_config = _config(per, row_config)
             steps.launch_rows = _launcher(capped, launch_rows)
-            try:
-                f = pl.compile(p.numpy_fn, backend="cupy")
-                out = f(*dev)
-                got = cp.asnumpy(out).astype(np.float64)
-                nbytes_all = nbytes + out.nbytes
-                if ref is None:
-                    ref = got
-                err = float(np.nanmax(np.abs(got - ref)))
-                ms = gpu_ms(lambda f=f, dev=dev: f(*dev))
-                row["variants"][label] = {"ms": ms, "vs_torch_compile": tc_ms / ms,
-                                          "fraction_of_copy_bw": nbytes_all / (ms * 1e-3)
-                                          / (bw * 1e9), "max_diff_vs_default": err}
-                print(f"{name:24s} {label:26s} {ms:.4f} ms  x{tc_ms / ms:.2f} tc  "
-                      f"{nbytes_all / (ms * 1e-3) / (bw * 1e9):.2f} of copy  diff {err:.2e}")
-            except Exception as exc:  # one variant failing must not hide the rest
-                row["variants"][label] = {"error": f"{type(exc).__name__}: {exc}"}
-                print(f"{name:24s} {label:26s} {type(exc).__name__}: {exc}")
-        rows.append(row)
+        return apply
+
+    rows = [time_variants(cp, torch, programs[name],
+                          [(label, install(per, capped)) for label, per, capped in variants],
+                          bw) for name in NAMES]
     reduction.row_config = row_program.row_config = row_config
     steps.launch_rows = launch_rows
     write_result(args.out, "row-kernels", {"environment": environment(),

@@ -171,6 +171,7 @@ def analyse(body: Graph) -> list[Piece] | str:
     else:
         roots = [(out.id, tuple(out.shape), tuple(contiguous_strides(out.shape)), 0)]
     owner: dict[int, int] = {}
+    order = {nid: k for k, nid in enumerate(body.nodes)}
     pieces = []
     for p, (root, shape, strides, offset) in enumerate(roots):
         loads: dict[int, Load] = {}
@@ -196,7 +197,6 @@ def analyse(body: Graph) -> list[Piece] | str:
                 return (f"{n.op} %{nid} feeds two pieces of the output concatenation; "
                         "not generated")
             stack.extend(n.inputs)
-        order = {nid: k for k, nid in enumerate(body.nodes)}
         ordered = tuple(sorted(loads.values(), key=lambda ld: order[ld.node]))
         pieces.append(Piece(root, shape, strides, offset, ordered,
                             p if len(body.outputs) > 1 else 0))

@@ -38,6 +38,24 @@ __all__ = ["emulate", "emulate_threads", "needs_gxx"]
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None,
                                reason="needs g++ to run generated kernels on the CPU")
 
+#: CUDA's bit-cast intrinsics and keywords, as C++ (shared by both preludes).
+_INTRINSICS = r"""
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline double __longlong_as_double(long long i) {
+    double d; std::memcpy(&d, &i, 8); return d;
+}
+static inline float __uint_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline unsigned int __float_as_uint(float f) {
+    unsigned int i; std::memcpy(&i, &f, 4); return i;
+}
+"""
+_KEYWORDS = r"""
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+"""
+
 _PRELUDE = r"""
 #include <cmath>
 #include <math.h>
@@ -50,19 +68,7 @@ extern "C" void pyc_set(unsigned int b, unsigned int t, unsigned int bd, unsigne
     blockIdx.y = blockIdx.z = threadIdx.y = threadIdx.z = 0;
     blockDim.y = blockDim.z = gridDim.y = gridDim.z = 1;
 }
-static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline double __longlong_as_double(long long i) {
-    double d; std::memcpy(&d, &i, 8); return d;
-}
-static inline float __uint_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline unsigned int __float_as_uint(float f) {
-    unsigned int i; std::memcpy(&i, &f, 4); return i;
-}
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(n)
-"""
+""" + _INTRINSICS + _KEYWORDS
 
 _PTX = {
     'asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));':
@@ -76,24 +82,33 @@ _PTX = {
 _BUILT: dict[str, ctypes.CDLL] = {}
 
 
-def _library(src: KernelSource) -> ctypes.CDLL:
+def _cpu_source(src: KernelSource) -> str:
+    """``src``'s text with the float16 PTX replaced (any other inline PTX refused)."""
     text = src.source
     for ptx, cpu in _PTX.items():
         text = text.replace(ptx, cpu)
     if "asm(" in text:
         raise ValueError(f"{src.name} has inline PTX the emulator does not know")
-    text = _PRELUDE + text
+    return text
+
+
+def _build(text: str, name: str, flags: list[str]) -> ctypes.CDLL:
+    """``text`` compiled by g++ into a loaded shared library (cached by its text)."""
     key = hashlib.sha1(text.encode()).hexdigest()[:16]
     if key not in _BUILT:
         work = Path(tempfile.mkdtemp(prefix="pyc-emulate-"))
-        cpp, lib = work / f"{src.name}.cpp", work / f"{src.name}.so"
+        cpp, lib = work / f"{name}.cpp", work / f"{name}.so"
         cpp.write_text(text)
-        res = subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", "-w",
-                              str(cpp), "-o", str(lib)], capture_output=True, text=True,
-                             timeout=300, check=False)
-        assert res.returncode == 0, f"g++ failed on {src.name}:\n{res.stderr}\n{text}"
+        res = subprocess.run(["g++", "-O1", *flags, "-shared", "-fPIC", "-w", str(cpp), "-o",
+                              str(lib)], capture_output=True, text=True, timeout=300,
+                             check=False)
+        assert res.returncode == 0, f"g++ failed on {name}:\n{res.stderr}\n{text}"
         _BUILT[key] = ctypes.CDLL(str(lib))
     return _BUILT[key]
+
+
+def _library(src: KernelSource) -> ctypes.CDLL:
+    return _build(_PRELUDE + _cpu_source(src), src.name, ["-std=c++17"])
 
 
 def emulate(src: KernelSource, entry: str, arrays: list[np.ndarray],
@@ -129,14 +144,7 @@ static pyc_dim3 blockDim, gridDim;
 static std::barrier<>* pyc_block_barrier = nullptr;
 static std::vector<std::barrier<>*> pyc_warp_barriers;
 static unsigned long long pyc_exchange[1024];
-static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline double __longlong_as_double(long long i) {
-    double d; std::memcpy(&d, &i, 8); return d;
-}
-static inline float __uint_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline unsigned int __float_as_uint(float f) {
-    unsigned int i; std::memcpy(&i, &f, 4); return i;
-}
+""" + _INTRINSICS + _KEYWORDS + r"""
 static inline void __syncthreads() { pyc_block_barrier->arrive_and_wait(); }
 template <typename T>
 static inline T __shfl_xor_sync(unsigned int, T v, int offset) {
@@ -148,10 +156,6 @@ static inline T __shfl_xor_sync(unsigned int, T v, int offset) {
     pyc_warp_barriers[t / 32]->arrive_and_wait();
     return r;
 }
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(n)
 #define __shared__ static
 template <typename F>
 static void pyc_grid(unsigned int gx, unsigned int gy, unsigned int block, F body) {
@@ -192,31 +196,15 @@ def _params(source: str, entry: str) -> list[str]:
 
 
 def _threaded_library(src: KernelSource, entry: str) -> ctypes.CDLL:
-    text = src.source
-    for ptx, cpu in _PTX.items():
-        text = text.replace(ptx, cpu)
-    if "asm(" in text:
-        raise ValueError(f"{src.name} has inline PTX the emulator does not know")
-    params = _params(text, entry)
+    text = _cpu_source(src)
     casts = []
-    for k, p in enumerate(params):
+    for k, p in enumerate(_params(text, entry)):
         ctype = p.rsplit(" ", 1)[0].replace("__restrict__", "").strip()
         casts.append(f"({ctype})args[{k}]" if "*" in ctype else f"*({ctype}*)args[{k}]")
     runner = (f'extern "C" void pyc_run(void** args, unsigned int gx, unsigned int gy, '
               f'unsigned int block) {{\n    pyc_grid(gx, gy, block, [=]() {{ '
               f'{entry}({", ".join(casts)}); }});\n}}\n')
-    text = _THREADED + text + "\n" + runner
-    key = hashlib.sha1(text.encode()).hexdigest()[:16]
-    if key not in _BUILT:
-        work = Path(tempfile.mkdtemp(prefix="pyc-emulate-"))
-        cpp, lib = work / f"{entry}.cpp", work / f"{entry}.so"
-        cpp.write_text(text)
-        res = subprocess.run(["g++", "-O1", "-std=c++20", "-shared", "-fPIC", "-pthread",
-                              "-w", str(cpp), "-o", str(lib)], capture_output=True,
-                             text=True, timeout=300, check=False)
-        assert res.returncode == 0, f"g++ failed on {entry}:\n{res.stderr}\n{text}"
-        _BUILT[key] = ctypes.CDLL(str(lib))
-    return _BUILT[key]
+    return _build(_THREADED + text + "\n" + runner, entry, ["-std=c++20", "-pthread"])
 
 
 def emulate_threads(src: KernelSource, entry: str, args: list, grid: tuple[int, int],

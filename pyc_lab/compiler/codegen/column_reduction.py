@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import Graph, Node
-from ..ops import normalize_axis
+from ..ops import is_plain_reduction, normalize_axis
 from . import cuda_types as ct
 from .cuda_types import KernelSource
 from .elementwise import kernel_name
@@ -79,9 +79,8 @@ def check_columns(node: Node, graph: Graph) -> str:
         return (f"{node.op} over axes {axes} of a rank-{len(shape)} array is not generated "
                 "(the last axis, or one block of consecutive axes before it); runs "
                 "through CuPy")
-    if node.attrs.get("ddof") or node.attrs.get("dtype") is not None \
-            or node.attrs.get("initial") is not None or len(node.inputs) != 1:
-        return f"{node.op} with ddof/dtype/initial/where is not generated"
+    if not is_plain_reduction(node):
+        return f"{node.op} with dtype/initial/where is not generated"
     outer, r, inner = split
     if r == 0 or outer * inner == 0:
         return f"{node.op} of an empty array runs through CuPy"

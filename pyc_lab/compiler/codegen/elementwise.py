@@ -247,18 +247,12 @@ def node_expression(n: Node, body: Graph, var: dict[int, str], needs: set[str]) 
     return _result(template.format(*operands), n.dtype)
 
 
-def _device_function(fname: str, body: Graph, out_dtype: np.dtype, root: int | None = None,
-                     loads: Sequence[Load] | None = None) -> tuple[str, set[str]]:
-    """``__device__`` function computing body node ``root`` (default: the output) from
-    one parameter per load (default: one per body input); also the helper sections it
-    needs."""
+def _device_function(fname: str, body: Graph, out_dtype: np.dtype, root: int,
+                     loads: Sequence[Load]) -> tuple[str, set[str]]:
+    """``__device__`` function computing body node ``root`` from one parameter per load;
+    also the helper sections it needs."""
     needs: set[str] = set()
     pos = {nid: k for k, nid in enumerate(body.nodes)}
-    if root is None:
-        root = body.outputs[0]
-    if loads is None:
-        loads = [Load(bid, k, tuple(body.node(bid).shape), (), 0)
-                 for k, bid in enumerate(body.inputs)]
     var: dict[int, str] = {}
     params = []
     for k, load in enumerate(loads):
