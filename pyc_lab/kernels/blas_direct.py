@@ -34,7 +34,7 @@ from ..errors import PycLabError
 from .blas_layout import OP_N, OP_T, BlasGemm
 
 __all__ = ["CUDA_DTYPES", "OPERAND_DTYPES", "WORKSPACE_BYTES", "CublasGemm", "LtGemm",
-           "alignment", "private_workspace", "race", "workspace"]
+           "alignment", "private_workspace", "race", "scratch", "workspace"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ MAX_STREAMS = 16
 
 _LOCK = threading.Lock()
 _WORKSPACES: OrderedDict[tuple[int, int], Any] = OrderedDict()
+_SCRATCH: OrderedDict[tuple[int, int], Any] = OrderedDict()
 _CUBLAS: dict[int, Any] = {}
 _LT: dict[int, int] = {}
 
@@ -98,24 +99,41 @@ def workspace(device: int, stream: int, need: int = 0) -> tuple[int, int]:
     (not its stream: that stream may have been destroyed since, and synchronising a
     destroyed stream crashes the process instead of raising).
     """
+    return _stream_memory(_WORKSPACES, device, stream, max(WORKSPACE_BYTES, need),
+                          "a GEMM's first call on this stream")
+
+
+def scratch(device: int, stream: int, need: int) -> tuple[int, int]:
+    """Scratch memory ``(pointer, bytes)`` of at least ``need`` bytes for work queued on
+    ``stream`` of ``device`` (the aligned copies of :mod:`.padded`), kept per device and
+    stream like :func:`workspace` and under the same rules: work on one stream runs in
+    order, so each call may reuse the memory the previous one used."""
+    return _stream_memory(_SCRATCH, device, stream, need,
+                          "a padded GEMM's first call on this stream")
+
+
+def _stream_memory(table: OrderedDict[tuple[int, int], Any], device: int, stream: int,
+                   need: int, what: str) -> tuple[int, int]:
+    """The entry of ``table`` for ``(device, stream)``, made or grown to ``need`` bytes
+    (see :func:`workspace`)."""
     key = (device, stream)
-    mem = _WORKSPACES.get(key)
+    mem = table.get(key)
     if mem is not None and mem.size >= need:
         return mem.ptr, mem.size
     import cupy as cp
 
     if _capturing(stream):
-        raise PycLabError("a GEMM's first call on this stream is being captured into a "
-                          "CUDA graph, and its workspace cannot be allocated then; run it "
-                          "once on the stream before capturing")
+        raise PycLabError(f"{what} is being captured into a CUDA graph, and its memory "
+                          "cannot be allocated then; run it once on the stream before "
+                          "capturing")
     with _LOCK:
-        old = _WORKSPACES.pop(key, None)
+        old = table.pop(key, None)
         if old is not None:
             _synchronise(device, stream)
-        while len(_WORKSPACES) >= MAX_STREAMS:
-            (dev, _other), _mem = _WORKSPACES.popitem(last=False)
+        while len(table) >= MAX_STREAMS:
+            (dev, _other), _mem = table.popitem(last=False)
             _synchronise_device(dev)
-        mem = _WORKSPACES[key] = cp.cuda.Memory(max(WORKSPACE_BYTES, need))
+        mem = table[key] = cp.cuda.Memory(max(need, 1))
     return mem.ptr, mem.size
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OP_N", "OP_T", "BlasGemm", "describe"]
+__all__ = ["OP_N", "OP_T", "BlasGemm", "describe", "matrix_form"]
 
 #: cuBLAS's operation codes (``CUBLAS_OP_N``, ``CUBLAS_OP_T``; cuBLASLt uses the same).
 OP_N, OP_T = 0, 1
@@ -81,6 +81,18 @@ def _matrix(rows: int, cols: int, s_row: int, s_col: int) -> tuple[int, int, int
             return 1, ld, rows, cols
     return f"strides ({s_row}, {s_col}) of a {rows} x {cols} matrix: no unit stride " \
            "with a leading dimension covering the other"
+
+
+def matrix_form(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int] | str:
+    """How a row-major-indexed ``rows x cols`` matrix with element strides ``(s_row,
+    s_col)`` lies in memory, as :func:`describe` reads it: ``(row_major, ld)`` — rows
+    contiguous with row stride ``ld``, or columns contiguous with column stride ``ld`` —
+    or why it is not a BLAS matrix."""
+    got = _matrix(rows, cols, s_row, s_col)
+    if isinstance(got, str):
+        return got
+    op, ld, _stored_rows, _stored_cols = got
+    return op == OP_N, ld
 
 
 def describe(a_shape: tuple[int, ...], a_strides: tuple[int, ...],

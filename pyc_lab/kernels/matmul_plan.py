@@ -29,6 +29,7 @@ from .arrays import (
 )
 from .matmul_inputs import result_shape
 from .matmul_route import library_path
+from .padded import AlignedChoice
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +128,16 @@ def _elements(x: Any) -> tuple[int, ...] | None:
 
 
 def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
-               result: str) -> Direct | None:
+               result: str, pad: bool = False) -> Direct | None:
     """The :class:`Direct` form of a plain library GEMM on CuPy arrays, or ``None`` where
     it has none (nvmath-python missing, dtypes that differ, operands that are not BLAS
     matrices); the array-library launch runs those.
+
+    With ``pad``, a 2-D problem whose extents or leading dimensions are not 16-byte
+    aligned gets an :class:`~.padded.AlignedChoice`: the library GEMM on aligned,
+    zero-padded copies where its first call measures that faster (not with ``beta``).
     """
-    from . import blas_direct, blas_layout, cublaslt
+    from . import blas_direct, blas_layout, cublaslt, padded
 
     if impl not in ("cublas", "cublaslt") or not cublaslt.status()[0]:
         return None
@@ -160,6 +165,13 @@ def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
         log.info("no direct %s call for this GEMM: %s", impl, exc)
         return None
     size = a.dtype.itemsize
+    plan = padded.pad_plan(tuple(a.shape), sa, tuple(b.shape), sb, so, size) \
+        if pad and (out is None or not beta) else None
+    if plan is not None:
+        try:
+            g = padded.AlignedChoice(g, padded.PaddedGemm(plan, result, impl, alpha))
+        except Exception as exc:  # no padded form: the direct call alone
+            log.info("no padded form of this GEMM: %s", exc)
     extents = (_extent(tuple(a.shape), sa, size), _extent(tuple(b.shape), sb, size),
                _extent(shape, so, size))
     return Direct(g, shape, result, a.device.id, extents)
@@ -287,9 +299,13 @@ def build_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
         run = launch.cublas_runner(result, shape, alpha, beta, activation)
     direct = None
     if bias is None and activation is None and not (impl == "cublaslt" and not plain):
-        direct = direct_for(a, b, out, impl, alpha, beta, result)
+        direct = direct_for(a, b, out, impl, alpha, beta, result, pad=True)
     reason = f"{why_tuned}; {why}" if why_tuned else why
-    return Launch(run, {"impl": impl, "reason": reason, **extra}, stamp_now, direct)
+    choice = {"impl": impl, "reason": reason, **extra}
+    if direct is not None and isinstance(direct.gemm, AlignedChoice):
+        choice["padded"] = f"to be measured on the first call ({direct.gemm.plan.why})"
+        direct.gemm.choice = choice
+    return Launch(run, choice, stamp_now, direct)
 
 
 def capturable_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
