@@ -29,7 +29,7 @@ from .arrays import (
 )
 from .matmul_inputs import result_shape
 from .matmul_route import library_path
-from .padded import AlignedChoice
+from .raced import RacedGemm
 
 log = logging.getLogger(__name__)
 
@@ -128,16 +128,17 @@ def _elements(x: Any) -> tuple[int, ...] | None:
 
 
 def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
-               result: str, pad: bool = False) -> Direct | None:
+               result: str, race: bool = False) -> Direct | None:
     """The :class:`Direct` form of a plain library GEMM on CuPy arrays, or ``None`` where
     it has none (nvmath-python missing, dtypes that differ, operands that are not BLAS
     matrices); the array-library launch runs those.
 
-    With ``pad``, a 2-D problem whose extents or leading dimensions are not 16-byte
-    aligned gets an :class:`~.padded.AlignedChoice`: the library GEMM on aligned,
-    zero-padded copies where its first call measures that faster (not with ``beta``).
+    With ``race`` (not with ``beta``), the call is a :class:`~.raced.RacedGemm` where a
+    second way may be faster, decided on the first call: for a 2-D problem whose extents
+    or leading dimensions are not 16-byte aligned, the GEMM on aligned, zero-padded
+    copies (:mod:`.padded`); for a large float16/bfloat16 problem, the other library.
     """
-    from . import blas_direct, blas_layout, cublaslt, padded
+    from . import blas_direct, blas_layout, cublaslt
 
     if impl not in ("cublas", "cublaslt") or not cublaslt.status()[0]:
         return None
@@ -165,16 +166,37 @@ def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
         log.info("no direct %s call for this GEMM: %s", impl, exc)
         return None
     size = a.dtype.itemsize
-    plan = padded.pad_plan(tuple(a.shape), sa, tuple(b.shape), sb, so, size) \
-        if pad and (out is None or not beta) else None
-    if plan is not None:
-        try:
-            g = padded.AlignedChoice(g, padded.PaddedGemm(plan, result, impl, alpha))
-        except Exception as exc:  # no padded form: the direct call alone
-            log.info("no padded form of this GEMM: %s", exc)
+    if race and (out is None or not beta):
+        g = _raced(g, gemm, a, b, (sa, sb, so), impl, alpha, result)
     extents = (_extent(tuple(a.shape), sa, size), _extent(tuple(b.shape), sb, size),
                _extent(shape, so, size))
     return Direct(g, shape, result, a.device.id, extents)
+
+
+def _raced(g: Any, gemm: Any, a: Any, b: Any, strides: tuple, impl: str, alpha: float,
+           result: str) -> Any:
+    """``g``, or a :class:`~.raced.RacedGemm` of ``g`` and a challenger (see
+    :func:`direct_for`)."""
+    from . import blas_direct, padded
+
+    sa, sb, so = strides
+    try:
+        plan = padded.pad_plan(tuple(a.shape), sa, tuple(b.shape), sb, so, a.dtype.itemsize)
+        if plan is not None:
+            return RacedGemm(g, padded.PaddedGemm(plan, result, impl, alpha), name="padded",
+                             margin=padded.MARGIN, min_ms=padded.MIN_MS,
+                             detail=f"{plan.why}; the GEMM on aligned copies "
+                                    f"({plan.m_pad}x{plan.n_pad}x{plan.k_pad}) took")
+        flop = 2.0 * gemm.m * gemm.n * gemm.k * gemm.batch
+        if result in ("float16", "bfloat16") and flop >= blas_direct.MEASURE_FLOP:
+            other = blas_direct.CublasGemm if impl == "cublaslt" else blas_direct.LtGemm
+            what = ("cuBLAS (cublasGemmEx, as cupy.matmul issues it)" if impl == "cublaslt"
+                    else "cuBLASLt's measured algorithm")
+            return RacedGemm(g, other(gemm, result, alpha, 0.0), name="library",
+                             margin=blas_direct.MEASURE_MARGIN, detail=f"{what} took")
+    except Exception as exc:  # no second way: the library call alone
+        log.info("no challenger for this GEMM: %s", exc)
+    return g
 
 
 class Launch:
@@ -299,11 +321,11 @@ def build_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
         run = launch.cublas_runner(result, shape, alpha, beta, activation)
     direct = None
     if bias is None and activation is None and not (impl == "cublaslt" and not plain):
-        direct = direct_for(a, b, out, impl, alpha, beta, result, pad=True)
+        direct = direct_for(a, b, out, impl, alpha, beta, result, race=True)
     reason = f"{why_tuned}; {why}" if why_tuned else why
     choice = {"impl": impl, "reason": reason, **extra}
-    if direct is not None and isinstance(direct.gemm, AlignedChoice):
-        choice["padded"] = f"to be measured on the first call ({direct.gemm.plan.why})"
+    if direct is not None and isinstance(direct.gemm, RacedGemm):
+        choice[direct.gemm.name] = "to be measured on the first call"
         direct.gemm.choice = choice
     return Launch(run, choice, stamp_now, direct)
 

@@ -29,12 +29,12 @@ did not help: the extents themselves must be aligned.
 The copies are the kernels of ``native/pad_copy.cuh`` (16-byte stores, NVRTC-compiled
 once per device and element size). :class:`PaddedGemm` runs a plan with the library GEMM
 (:class:`~.blas_direct.CublasGemm` or :class:`~.blas_direct.LtGemm`) on scratch memory
-kept per device and stream (:func:`~.blas_direct.scratch`). :class:`AlignedChoice` is
-what ``pl.matmul`` calls for such a problem: its first call times the padded GEMM against
-the direct library call on the caller's operands (:func:`~.blas_direct.race`) and keeps
-the padded one only when it is at least :data:`MARGIN` faster and the direct call takes
-at least :data:`MIN_MS` (below that, the copies' launches cost more host time than the
-GPU time they save); inside a CUDA-graph capture it runs the direct call.
+kept per device and stream (:func:`~.blas_direct.scratch`). ``pl.matmul`` holds it
+beside the direct library call in a :class:`~.raced.RacedGemm`: the first call times
+both on the caller's operands and keeps the padded GEMM only when it is at least
+:data:`MARGIN` faster and the direct call takes at least :data:`MIN_MS` (below that, the
+copies' launches cost more host time than the GPU time they save); inside a CUDA-graph
+capture the direct call runs, so that no graph records the shared scratch memory.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from ..paths import native_source
 from . import blas_direct
 from .blas_layout import describe, matrix_form
 
-__all__ = ["MARGIN", "MIN_MS", "VEC_BYTES", "AlignedChoice", "Copy", "PadPlan", "PaddedGemm",
-           "Part", "Unpad", "pad_plan"]
+__all__ = ["MARGIN", "MIN_MS", "VEC_BYTES", "Copy", "PadPlan", "PaddedGemm", "Part", "Unpad",
+           "pad_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +310,9 @@ class PaddedGemm:
         For a part the library cannot describe (not expected for a plan's parts).
     """
 
+    #: A graph must not record it: its copies live in scratch shared per stream.
+    capturable = False
+
     def __init__(self, plan: PadPlan, dtype: str, impl: str, alpha: float = 1.0) -> None:
         make = blas_direct.CublasGemm if impl == "cublas" else blas_direct.LtGemm
         gemms = []
@@ -367,77 +370,3 @@ class PaddedGemm:
             unpad_lines(grid, (threads,), (np.uint64(base + u.at), np.int64(u.ld),
                                            np.uint64(out_ptr), np.int64(u.out_ld),
                                            np.int32(u.lines), np.int32(u.length)), stream=s)
-
-
-class AlignedChoice:
-    """The direct library call for an unaligned problem, or its :class:`PaddedGemm`
-    where that measured faster on the first call.
-
-    Called like the direct GEMM (``(a_ptr, b_ptr, out_ptr, stream)``). The first call
-    outside a CUDA-graph capture races the two on the caller's operands
-    (:func:`~.blas_direct.race`: interleaved rounds, L2 flushed) and keeps the padded
-    GEMM only when it is at least :data:`MARGIN` faster and the direct call takes at
-    least :data:`MIN_MS`. During a capture, and with a ``workspace`` of the caller's
-    own (a compiled program's graph), the direct call runs: a graph never records the
-    shared scratch memory.
-
-    Attributes
-    ----------
-    direct, padded
-        The two GEMMs.
-    use_padded
-        ``None`` until the first call decides, then whether the padded GEMM runs.
-    measured
-        ``{"direct_ms", "padded_ms"}`` of that race.
-    choice
-        A mapping to note the decision in (``pl.matmul``'s :data:`last_choice`), or
-        ``None``.
-    """
-
-    def __init__(self, direct: Any, padded: PaddedGemm) -> None:
-        self.direct = direct
-        self.padded = padded
-        self.impl = direct.impl
-        self.gemm = direct.gemm
-        self.use_padded: bool | None = None
-        self.measured: dict[str, float] = {}
-        self.choice: dict[str, Any] | None = None
-
-    def __call__(self, a_ptr: int, b_ptr: int, out_ptr: int, stream: int,
-                 workspace: tuple[int, int] | None = None) -> None:
-        """Launch on ``stream`` of the current device; no sync."""
-        if workspace is not None:
-            self.direct(a_ptr, b_ptr, out_ptr, stream, workspace)
-            return
-        use = self.use_padded
-        if use is None:
-            if blas_direct._capturing(stream):
-                self.direct(a_ptr, b_ptr, out_ptr, stream)
-                return
-            use = self._decide(a_ptr, b_ptr, out_ptr, stream)
-        if use and not blas_direct._capturing(stream):
-            self.padded(a_ptr, b_ptr, out_ptr, stream)
-        else:
-            self.direct(a_ptr, b_ptr, out_ptr, stream)
-
-    def _decide(self, a_ptr: int, b_ptr: int, out_ptr: int, stream: int) -> bool:
-        direct_ms, padded_ms = blas_direct.race(
-            [lambda: self.direct(a_ptr, b_ptr, out_ptr, stream),
-             lambda: self.padded(a_ptr, b_ptr, out_ptr, stream)], stream)
-        use = padded_ms <= direct_ms * (1.0 - MARGIN) and direct_ms >= MIN_MS
-        self.measured = {"direct_ms": direct_ms, "padded_ms": padded_ms}
-        self.use_padded = use
-        if self.choice is not None:
-            plan = self.plan
-            self.choice["padded"] = (
-                f"{'ran' if use else 'not used'}: {plan.why}; the GEMM on aligned copies "
-                f"({plan.m_pad}x{plan.n_pad}x{plan.k_pad}) took {padded_ms:.4f} ms against "
-                f"{direct_ms:.4f} ms for the direct call (first call, L2 flushed)")
-        log.info("padded GEMM %dx%dx%d: %.4f ms vs direct %.4f ms -> %s", self.plan.m,
-                 self.plan.n, self.plan.k, padded_ms, direct_ms, "padded" if use else "direct")
-        return use
-
-    @property
-    def plan(self) -> PadPlan:
-        """The padding plan."""
-        return self.padded.plan

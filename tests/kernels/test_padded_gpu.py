@@ -20,6 +20,7 @@ import pytest
 import pyc_lab as pl
 from pyc_lab.kernels import matmul as mm
 from pyc_lab.kernels import padded
+from pyc_lab.kernels.raced import RacedGemm
 from tests.kernels.test_matmul_gpu import check as check_16_32
 from tests.kernels.test_matmul_gpu import poisoned, rand, to64
 
@@ -117,7 +118,7 @@ def test_an_odd_vocabulary_reads_the_weights_in_place(force_padded):
     w, w64 = rand((n, k), "bfloat16")
     got = pl.matmul(a, w.T)
     assert _ran_padded()
-    plan = mm.last_choice.launch.direct.gemm.plan
+    plan = mm.last_choice.launch.direct.gemm.challenger.plan
     assert [c.source for c in plan.copies] == ["b"] and len(plan.parts) == 2
     check(got, a64 @ w64.T, "bfloat16", k)
 
@@ -174,7 +175,7 @@ def test_a_captured_plan_runs_the_direct_call(force_padded):
     stream.synchronize()
     check(out, a64 @ b64, "float16", k)
     chooser = plan._launch.direct.gemm
-    assert chooser.use_padded is True
+    assert chooser.use_challenger is True
     out.fill(cp.nan)
     with stream:
         stream.begin_capture()
@@ -190,7 +191,7 @@ def test_unforced_the_race_is_recorded_and_either_path_is_right():
     a, a64, b, b64 = operands(m, n, k, "float16", "tn")
     got = pl.matmul(a, b)
     chooser = mm.last_choice.launch.direct.gemm
-    assert set(chooser.measured) == {"direct_ms", "padded_ms"}
+    assert set(chooser.measured) == {"default_ms", "challenger_ms"}
     assert all(t > 0 for t in chooser.measured.values())
     assert "ms" in mm.last_choice["padded"]
     check(got, a64 @ b64, "float16", k)
@@ -201,5 +202,5 @@ def test_an_aligned_problem_has_no_padded_form():
     a, _a64, b, _b64 = operands(128, 256, 64, "float16", "tn")
     pl.matmul(a, b)
     assert "padded" not in mm.last_choice
-    assert not hasattr(mm.last_choice.launch.direct.gemm, "padded")
+    assert not isinstance(mm.last_choice.launch.direct.gemm, RacedGemm)
 
