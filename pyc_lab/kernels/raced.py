@@ -29,9 +29,13 @@ from typing import Any
 
 from . import blas_direct
 
-__all__ = ["RacedGemm"]
+__all__ = ["ROUNDS", "RacedGemm"]
 
 log = logging.getLogger(__name__)
+
+#: Interleaved rounds of the first call's race (two candidates: more rounds than a race
+#: of many, whose medians each take fewer samples).
+ROUNDS = 9
 
 
 class RacedGemm:
@@ -98,7 +102,7 @@ class RacedGemm:
     def _decide(self, a_ptr: int, b_ptr: int, out_ptr: int, stream: int) -> bool:
         default_ms, challenger_ms = blas_direct.race(
             [lambda: self.default(a_ptr, b_ptr, out_ptr, stream),
-             lambda: self.challenger(a_ptr, b_ptr, out_ptr, stream)], stream)
+             lambda: self.challenger(a_ptr, b_ptr, out_ptr, stream)], stream, ROUNDS)
         use = challenger_ms <= default_ms * (1.0 - self.margin) and default_ms >= self.min_ms
         self.measured = {"default_ms": default_ms, "challenger_ms": challenger_ms}
         self.use_challenger = use
