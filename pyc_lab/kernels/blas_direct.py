@@ -34,15 +34,12 @@ from ..errors import PycLabError
 from .blas_layout import OP_N, OP_T, BlasGemm
 
 __all__ = ["CUDA_DTYPES", "OPERAND_DTYPES", "WORKSPACE_BYTES", "CublasGemm", "LtGemm",
-           "alignment", "private_workspace", "race", "scratch", "workspace",
-           "worth_measuring"]
+           "alignment", "private_workspace", "race", "scratch", "workspace"]
 
 log = logging.getLogger(__name__)
 
 #: CUDA data-type codes (``cudaDataType``) of the dtypes issued directly.
 CUDA_DTYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float64": 1}
-#: Bytes per element of those.
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 #: Operand dtypes cuBLASLt takes here: those, and Hopper's two FP8 formats.
 OPERAND_DTYPES = {**CUDA_DTYPES, "float8_e4m3fn": 28, "float8_e5m2": 29}
 #: cuBLAS compute types: float32 accumulation, its TF32 tensor-core form, float64.
@@ -61,15 +58,10 @@ MAX_LT_WORKSPACE = 1 << 30
 #: matmul sweep on the H200 (3 % ahead of both libraries' defaults at 16384x5120x13824).
 WIDE_LT_WORKSPACE = 4 << 30
 WIDE_CANDIDATES = 3
-#: From this many floating-point operations, or :data:`MEASURE_BYTES` of operands, up,
-#: cuBLASLt's first :data:`CANDIDATES` algorithms are timed on the first call and the
-#: fastest kept (its heuristic's first choice can be a few per cent slower; measuring
-#: costs a few dozen runs once), and ``pl.matmul`` races the two libraries
-#: (:func:`worth_measuring`): problems that take the GPU ten microseconds or more.
-MEASURE_FLOP = 2.0 ** 33
-#: ... or this many bytes of operands and product (a decode-time layer reading its
-#: weights: memory-bound, whatever its flop count).
-MEASURE_BYTES = 1 << 25
+#: From this many floating-point operations up, cuBLASLt's first :data:`CANDIDATES`
+#: algorithms are timed on the first call and the fastest kept (its heuristic's first
+#: choice can be a few per cent slower on large GEMMs; measuring costs a dozen runs once).
+MEASURE_FLOP = 2.0 ** 36
 CANDIDATES = 6
 #: A measured candidate replaces the heuristic's first only when this much faster.
 MEASURE_MARGIN = 0.02
@@ -83,14 +75,6 @@ _WORKSPACES: OrderedDict[tuple[int, int], Any] = OrderedDict()
 _SCRATCH: OrderedDict[tuple[int, int], Any] = OrderedDict()
 _CUBLAS: dict[int, Any] = {}
 _LT: dict[int, int] = {}
-
-
-def worth_measuring(g: BlasGemm, itemsize: int) -> bool:
-    """Whether a problem is large enough for its first call to time candidates
-    (:data:`MEASURE_FLOP`, :data:`MEASURE_BYTES`)."""
-    flop = 2.0 * g.m * g.n * g.k * g.batch
-    nbytes = (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch * itemsize
-    return flop >= MEASURE_FLOP or nbytes >= MEASURE_BYTES
 
 
 def alignment(ptr: int) -> int:
@@ -375,7 +359,7 @@ class LtGemm:
 
     The descriptors are made once; the algorithm is chosen once per alignment class of
     the three pointers (with the alignments and the workspace as preferences):
-    cuBLASLt's heuristic first choice, or for large problems (:func:`worth_measuring`) the
+    cuBLASLt's heuristic first choice, or for large problems (:data:`MEASURE_FLOP`) the
     fastest of the first few measured on the first call's operands. Same parameters as
     :class:`CublasGemm`, and
 
@@ -507,7 +491,7 @@ class LtGemm:
         than the heuristic's in a later sweep). Never when ``beta`` reads ``out``, nor
         during a stream capture."""
         g = self.gemm
-        big = worth_measuring(g, ITEMSIZE[self.dtype])
+        big = 2.0 * g.m * g.n * g.k * g.batch >= MEASURE_FLOP
         measure = big and not self._beta[0] and not _capturing(stream)
         per_form = CANDIDATES if measure else 1
         pool = [(form, results[i:i + 1])

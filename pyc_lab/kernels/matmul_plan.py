@@ -187,7 +187,8 @@ def _raced(g: Any, gemm: Any, a: Any, b: Any, strides: tuple, impl: str, alpha: 
                              margin=padded.MARGIN, min_ms=padded.MIN_MS,
                              detail=f"{plan.why}; the GEMM on aligned copies "
                                     f"({plan.m_pad}x{plan.n_pad}x{plan.k_pad}) took")
-        if result in ("float16", "bfloat16") and blas_direct.worth_measuring(gemm, 2):
+        flop = 2.0 * gemm.m * gemm.n * gemm.k * gemm.batch
+        if result in ("float16", "bfloat16") and flop >= blas_direct.MEASURE_FLOP:
             other = blas_direct.CublasGemm if impl == "cublaslt" else blas_direct.LtGemm
             what = ("cuBLAS (cublasGemmEx, as cupy.matmul issues it)" if impl == "cublaslt"
                     else "cuBLASLt's measured algorithm")

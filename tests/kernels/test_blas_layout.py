@@ -184,19 +184,3 @@ def test_an_evicted_workspace_waits_for_the_device_not_its_possibly_destroyed_st
     # growing a stream's own workspace waits for that (live) stream
     bd.workspace(0, 5, need=bd.WORKSPACE_BYTES * 2)
     assert stream_syncs == [(0, 5)]
-
-
-def test_which_problems_are_worth_measuring_on_their_first_call():
-    """Problems that take the GPU ten microseconds or more: many flops, or many bytes
-    (a decode-time layer reads its weights whatever its flop count)."""
-    from pyc_lab.kernels.blas_direct import worth_measuring
-
-    def g(m, n, k, batch=1):
-        return BlasGemm(n, m, k, OP_N, k, 0, OP_N, k, 0, n, 0, batch, k, n, k, m)
-
-    assert worth_measuring(g(2048, 4096, 4096), 2)       # 69 GFLOP
-    assert worth_measuring(g(16, 10240, 8192), 2)        # 168 MB of weights, 2.7 GFLOP
-    assert worth_measuring(g(1, 4096, 4096), 2)          # 32 MiB of weights
-    assert not worth_measuring(g(1, 4000, 4096), 2)      # just under
-    assert not worth_measuring(g(128, 128, 128), 2)
-    assert worth_measuring(g(128, 128, 128, batch=4096), 2)
