@@ -48,6 +48,8 @@ static inline float __uint_as_float(unsigned int i) { float f; std::memcpy(&f, &
 static inline unsigned int __float_as_uint(float f) {
     unsigned int i; std::memcpy(&i, &f, 4); return i;
 }
+static inline float pyc_cpu_expf(float x) { return std::exp(x); }
+#define __expf pyc_cpu_expf
 """
 _KEYWORDS = r"""
 #define __global__
@@ -77,6 +79,14 @@ _PTX = {
         "{ _Float16 v = static_cast<_Float16>(f); std::memcpy(&h, &v, 2); }",
     'asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d));':
         "{ _Float16 v = static_cast<_Float16>(d); std::memcpy(&h, &v, 2); }",
+    # sm_80's bfloat16 rounding (native/bf16.cuh): the bit arithmetic it stands for
+    'asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));':
+        "h = pyc_float_to_bf16_bits(f);",
+    # sm_80's NaN-propagating float max/min (native/reduce.cuh; compiled for sm_80+ only)
+    'asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));':
+        "r = a != a ? a : (b != b ? b : (a > b ? a : b));",
+    'asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));':
+        "r = a != a ? a : (b != b ? b : (a < b ? a : b));",
 }
 
 _BUILT: dict[str, ctypes.CDLL] = {}

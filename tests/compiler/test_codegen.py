@@ -168,6 +168,38 @@ def test_float16_inline_asm_assembles_for_sm90(tmp_path):
     compile_ptx(tmp_path, generate(node, g), cubin=True)
 
 
+@needs_nvcc
+def test_float_max_is_one_nan_propagating_instruction(tmp_path):
+    # native/reduce.cuh: on sm_80+ a float max/min is max.NaN/min.NaN, not the generic
+    # two NaN tests, compare and select (which made the float16 row kernels issue-bound)
+    for op in ("softmax", "max", "min"):
+        attrs = {"axis": -1} if op == "softmax" else {"axis": (1,)}
+        g, node = op_graph(op, [((10, 2000), F16)], attrs)
+        ptx = compile_ptx(tmp_path, generate(node, g))
+        assert ("min.NaN.f32" if op == "min" else "max.NaN.f32") in ptx, op
+
+
+@needs_nvcc
+def test_exp_of_16_bit_results_is_the_fast_intrinsic(tmp_path):
+    # cuda_types.exp_function: float16/bfloat16 results take __expf (ex2.approx, bound in
+    # its docstring); float32 and float64 keep the accurate exp
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    for dtype, fast in ((F16, True), (bf16, True), (F32, False), (np.float64, False)):
+        g, node = op_graph("exp", [((1000,), dtype)])
+        src = generate(node, g).source
+        assert ("__expf(" in src) == fast, dtype
+        assert ct.exp_function(dtype) == ("__expf" if fast else "exp")
+    for dtype, fast in ((F16, True), (F32, False)):
+        g, node = op_graph("softmax", [((10, 2000), dtype)], {"axis": -1})
+        src = generate(node, g).source
+        assert ("__expf(" in src) == fast, dtype
+        ptx = compile_ptx(tmp_path, generate(node, g))
+        assert ("ex2.approx.ftz.f32" in ptx or "ex2.approx.f32" in ptx) or not fast
+    # bfloat16 results round in one cvt.rn.bf16.f32 on sm_80+ (native/bf16.cuh)
+    g, node = op_graph("exp", [((1000,), bf16)])
+    assert "cvt.rn.bf16.f32" in compile_ptx(tmp_path, generate(node, g))
+
+
 def test_single_elementwise_op_is_generated_like_a_fused_one():
     g, node = op_graph("add", [((10, 4), F32), ((4,), F32)])
     assert supports(node, g) == (True, "")

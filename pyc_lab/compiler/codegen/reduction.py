@@ -388,12 +388,15 @@ def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[st
         ninf = ct.lowest(acc_dt)
         body += total("m", "max", ninf, value)
         body.append(f"        {acc} s = {zero};")
+        exp = ct.exp_function(odt)
         if cached:
-            body += em.loop(["v[k] = exp(v[k] - m);", "s += v[k];"])
+            body += em.loop([f"v[k] = {exp}(v[k] - m);", "s += v[k];"])
         else:
-            body += em.loop([*read, "s += exp(xv - m);"])
+            body += em.loop([*read, f"s += {exp}(xv - m);"])
         body.append(f"        {em.reduce('s', 'sum', zero)}")
-        res = "v[k] / s" if cached else "exp(xv - m) / s"
+        body.append(f"        const {acc} inv = pyc_row_reciprocal(s);")
+        res = ("pyc_div_by(v[k], s, inv)" if cached
+               else f"pyc_div_by({exp}(xv - m), s, inv)")
         store = _store(res, acc_dt, odt)
         body += em.loop([*read, f"{y_elem} = {store};"], store=y_store)
     else:  # layer_norm
@@ -410,11 +413,12 @@ def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[st
         var = _row_mean("q", acc, cols, rnd, np_var)
         shifted = rnd(f"{var} + {eps}")
         body.append(f"        const {acc} denom = {rnd(f'sqrt({shifted})')};")
+        body.append(f"        const {acc} inv = pyc_row_reciprocal(denom);")
         # y = (x - mean) / denom in x's float dtype, then * gamma, + beta, each in
         # NumPy's promoted dtype
         cur_dt = xf
         centred = rnd(f"{value} - mean")
-        steps = [f"{acc} r = {rnd(f'{centred} / denom')};"]
+        steps = [f"{acc} r = {rnd(f'pyc_div_by({centred}, denom, inv)')};"]
         cur = "r"
         extra_loads = []
         for label, en in extras:

@@ -168,6 +168,43 @@ def test_unary_ops(rng, op, dtype):
     assert_close(got, want, node.dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fast_exp_of_16_bit_results_is_within_one_ulp_of_numpy(rng, dtype):
+    # codegen's exp_function: a 16-bit result takes __expf; its bound (2 + 1.173|x|
+    # float32 ulps) leaves the rounded result NumPy's or one ulp of the dtype from it
+    dt = np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if dtype == "bfloat16" \
+        else np.dtype(F16)
+    hi = 11.0 if dt == F16 else 88.0  # where exp stays finite in the dtype
+    x = rng.uniform(-hi - 6, hi, 100_003).astype(dt)
+    x[:6] = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0]).astype(dt)
+    g, node = op_graph("exp", [((x.size,), dt)])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    (got,) = run(exe, [x])
+    assert got.dtype == dt
+    want = np.exp(x.astype(F64)).astype(dt)  # the correctly rounded answer
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    gap = np.abs(got[ok].view(np.int16).astype(np.int64) - want[ok].view(np.int16).astype(np.int64))
+    assert gap.max() <= 1  # positive results: adjacent bit patterns are adjacent values
+    assert (gap == 0).mean() > 0.99
+
+
+def test_bfloat16_rounding_on_the_gpu_is_ml_dtypes_bit_for_bit(rng):
+    # native/bf16.cuh: sm_80+ rounds with cvt.rn.bf16.f32 (a NaN through the bit path):
+    # float32 bit patterns of every kind (ties, overflow, subnormals, NaN of both signs)
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    bits = rng.integers(0, 2**32, 200_003, dtype=np.uint64).astype(np.uint32)
+    bits[:8] = [0x3F808000, 0x3F818000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7FC00001, 0xFFC00001,
+                0x80000000, 0x00000001]  # ties to even both ways, overflow, NaNs, -0, tiny
+    x = bits.view(F32)
+    g, node = op_graph("astype", [((x.size,), F32)], {"dtype": bf16})
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    (got,) = run(exe, [x])
+    with np.errstate(all="ignore"):
+        want = x.astype(bf16)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
 BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "less",
           "less_equal", "greater", "greater_equal", "equal", "not_equal"]
 
