@@ -62,25 +62,3 @@ __device__ __forceinline__ T pyc_block_reduce(T v, Op op, T identity, T* smem) {
     v = lane < nwarps ? smem[lane] : identity;
     return pyc_warp_reduce(v, op);
 }
-
-// a / b where b is the same for a whole row and inv = pyc_row_reciprocal(b): one
-// multiply and two fused multiply-adds instead of an IEEE division per element.
-// Markstein's correction step makes it the correctly rounded quotient (bit for bit
-// a / b) wherever a, b and the quotient are well inside float's normal range; anywhere
-// else (zeros, subnormals, Inf, NaN, an unusable row reciprocal) it is a / b itself.
-__device__ __forceinline__ float pyc_row_reciprocal(float b) {
-    const float m = fabsf(b);
-    return m >= 1e-37f && m <= 1e37f ? 1.0f / b : __int_as_float(0x7fc00000);
-}
-
-__device__ __forceinline__ float pyc_div_by(float a, float b, float inv) {
-    const float q = a * inv;
-    const float q1 = fmaf(fmaf(-q, b, a), inv, q);
-    const float mq = fabsf(q);
-    return mq >= 1.17549435e-38f && mq <= 3.0e38f && fabsf(a) >= 7.88860905e-31f ? q1
-                                                                                : a / b;
-}
-
-__device__ __forceinline__ double pyc_row_reciprocal(double b) { return b; }
-
-__device__ __forceinline__ double pyc_div_by(double a, double b, double) { return a / b; }

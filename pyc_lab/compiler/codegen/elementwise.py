@@ -222,18 +222,13 @@ def _result(expr: str, dtype: np.dtype) -> str:
     return expr
 
 
-def node_expression(n: Node, body: Graph, var: dict[int, str], needs: set[str],
-                    uniform_divisor: bool = False) -> str:
+def node_expression(n: Node, body: Graph, var: dict[int, str], needs: set[str]) -> str:
     """The C expression of elementwise body node ``n`` in its compute type.
 
     Operands are named by ``var`` (body node id -> C name, each in its node's compute
     type) and converted to the op's operand dtypes first; a float16 result is rounded to
     float16 as NumPy rounds it. The helper sections the expression needs are added to
     ``needs``. Shared by the elementwise kernels and the fused row kernels.
-
-    ``uniform_divisor``: ``n`` is a float division whose divisor is the same across the
-    loop it sits in (a row kernel's row value): it becomes ``pyc_div_by`` (reduce
-    section), the same correctly rounded quotient for a multiply and two FMAs.
     """
     targets = _operand_dtypes(n, body)
     operands = []
@@ -241,9 +236,6 @@ def node_expression(n: Node, body: Graph, var: dict[int, str], needs: set[str],
         src = body.node(i)
         operands.append(var[i] if target is None else ct.convert(var[i], src.dtype, target))
     template = _template(n)
-    if uniform_divisor and n.op == "divide" and ct.compute_type(n.dtype) == "float":
-        template = "pyc_div_by({0}, {1}, pyc_row_reciprocal({1}))"
-        needs.add("reduce")
     if ct.compute_type(n.dtype) == "float":
         # The registry's templates write constants as C doubles (0.5); in float
         # arithmetic they must be float literals (0.5f), or the whole expression —

@@ -394,9 +394,7 @@ def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[st
         else:
             body += em.loop([*read, f"s += {exp}(xv - m);"])
         body.append(f"        {em.reduce('s', 'sum', zero)}")
-        body.append(f"        const {acc} inv = pyc_row_reciprocal(s);")
-        res = ("pyc_div_by(v[k], s, inv)" if cached
-               else f"pyc_div_by({exp}(xv - m), s, inv)")
+        res = "v[k] / s" if cached else f"{exp}(xv - m) / s"
         store = _store(res, acc_dt, odt)
         body += em.loop([*read, f"{y_elem} = {store};"], store=y_store)
     else:  # layer_norm
@@ -413,12 +411,11 @@ def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[st
         var = _row_mean("q", acc, cols, rnd, np_var)
         shifted = rnd(f"{var} + {eps}")
         body.append(f"        const {acc} denom = {rnd(f'sqrt({shifted})')};")
-        body.append(f"        const {acc} inv = pyc_row_reciprocal(denom);")
         # y = (x - mean) / denom in x's float dtype, then * gamma, + beta, each in
         # NumPy's promoted dtype
         cur_dt = xf
         centred = rnd(f"{value} - mean")
-        steps = [f"{acc} r = {rnd(f'pyc_div_by({centred}, denom, inv)')};"]
+        steps = [f"{acc} r = {rnd(f'{centred} / denom')};"]
         cur = "r"
         extra_loads = []
         for label, en in extras:

@@ -349,14 +349,6 @@ class _Writer:
                 names[i] = f"r{i}"
         return names
 
-    def _row_divisor(self, n: Node) -> bool:
-        """Whether full node ``n`` divides by a constant or a computed row value (the
-        same along the row)."""
-        if n.op != "divide" or len(n.inputs) != 2:
-            return False
-        d = self.body.node(n.inputs[1])
-        return d.op == "constant" or (d.op != "input" and not self._full(d.id))
-
     # -- emission -----------------------------------------------------------------------
     def _reduce(self, var: str, op: str, identity: str) -> str:
         if self.cfg["mode"] == "warp":
@@ -386,8 +378,7 @@ class _Writer:
                 lines.append(f"c{self._tag(v)}[k] = {name};")
         for v in sorted([v for v in todo if not isinstance(v, tuple)], key=order.__getitem__):
             n = body.node(v)
-            expr = node_expression(n, body, self._operands(n, phase), self.needs,
-                                   uniform_divisor=self._row_divisor(n))
+            expr = node_expression(n, body, self._operands(n, phase), self.needs)
             lines.append(f"const {ct.compute_type(n.dtype)} v{v} = {expr};  // {n.op}")
             if v in self.keep:
                 lines.append(f"c{v}[k] = v{v};")
