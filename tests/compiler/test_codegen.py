@@ -181,11 +181,10 @@ def test_float_max_is_one_nan_propagating_instruction(tmp_path):
 
 @needs_nvcc
 def test_exp_of_16_bit_results_is_the_fast_intrinsic(tmp_path):
-    # cuda_types.exp_function: float16 results take __expf (ex2.approx, bound in its
-    # docstring); bfloat16 (float32's range: the flush to zero would lose subnormals),
-    # float32 and float64 keep the accurate exp
+    # cuda_types.exp_function: float16 and bfloat16 results take __expf (ex2.approx,
+    # bound in its docstring); float32 and float64 keep the accurate exp
     bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
-    for dtype, fast in ((F16, True), (bf16, False), (F32, False), (np.float64, False)):
+    for dtype, fast in ((F16, True), (bf16, True), (F32, False), (np.float64, False)):
         g, node = op_graph("exp", [((1000,), dtype)])
         src = generate(node, g).source
         assert ("__expf(" in src) == fast, dtype

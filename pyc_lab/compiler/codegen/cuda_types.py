@@ -268,23 +268,24 @@ def highest(dtype: Any) -> str:
 
 
 #: Result dtypes whose ``exp`` is CUDA's ``__expf`` (see :func:`exp_function`).
-FAST_EXP_RESULTS = frozenset({"float16"})
+FAST_EXP_RESULTS = frozenset({"float16", "bfloat16"})
 
 
 def exp_function(result_dtype: Any) -> str:
     """The C function computing ``exp`` for a result of ``result_dtype``.
 
-    A float16 result takes ``__expf`` (``ex2.approx.ftz`` after one multiply), whose
-    error is at most ``2 + floor(1.173 |x|)`` float32 ulps (CUDA Programming Guide,
-    intrinsic functions). Where ``exp(x)`` is not zero in float16 (``x > -17.4``; above
-    11.1 it overflows either way) that is below ``2**-19`` relative, a 256th of
-    float16's rounding step (``2**-11``): after rounding, the answer is NumPy's or one
-    ulp from it, and only where the exact value lies that close to a rounding boundary.
-    Results below ``2**-126`` are flushed to zero, which float16 (smallest subnormal
-    ``2**-24``) cannot hold anyway. Every other dtype keeps ``exp``: bfloat16 has
-    float32's exponent range and holds the subnormals the flush would lose, and for
-    float32 the error at large arguments is well outside its tolerance. ``exp`` costs
-    several times the instructions; it made the float16 row kernels issue-bound
+    A float16 or bfloat16 result takes ``__expf`` (``ex2.approx.ftz`` after one
+    multiply), whose error is at most ``2 + floor(1.173 |x|)`` float32 ulps (CUDA
+    Programming Guide, intrinsic functions). Wherever ``exp(x)`` is a normal float32
+    (``-87.3 < x < 88.7``) that is below ``2**-17`` relative, a 64th of bfloat16's
+    rounding step (``2**-8``) and far less of float16's (``2**-11``): after rounding,
+    the answer is NumPy's or one ulp from it, and only where the exact value lies that
+    close to a rounding boundary. Results below ``2**-126`` become zero, as they do
+    through CUDA's accurate ``expf`` too (on the H200 ``expf(-87.5)`` is 0 where NumPy
+    gives 9.98e-39): float16 cannot hold them anyway, bfloat16's subnormals are lost
+    either way. float32 and float64 keep ``exp``: the fast form's error at large
+    arguments is well outside float32's tolerance. ``exp`` costs several times the
+    instructions; it made the float16 row kernels issue-bound
     (``benchmarks/exp_row_alu.py``).
     """
     return "__expf" if _name(result_dtype) in FAST_EXP_RESULTS else "exp"
