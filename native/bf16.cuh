@@ -17,14 +17,15 @@ __device__ __forceinline__ pyc_bf16 pyc_float_to_bf16_bits(float f) {
     return static_cast<pyc_bf16>(u >> 16);
 }
 
-// sm_80+ rounds in one cvt.rn.bf16.f32 (round to nearest even, as above); only a NaN
-// takes the bit path, for ml_dtypes' quiet NaN of the operand's sign. The bit
+// sm_80+ rounds in one cvt.rn.bf16.f32 (round to nearest even, subnormals kept: as
+// above, bit for bit); a NaN becomes ml_dtypes' quiet NaN of its sign. The bit
 // arithmetic cost seven integer instructions per op, twice float16's conversions.
 __device__ __forceinline__ pyc_bf16 pyc_float_to_bf16(float f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     unsigned short h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return f != f ? pyc_float_to_bf16_bits(f) : static_cast<pyc_bf16>(h);
+    return f != f ? static_cast<pyc_bf16>(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7fc0u)
+                  : static_cast<pyc_bf16>(h);
 #else
     return pyc_float_to_bf16_bits(f);
 #endif
@@ -37,7 +38,14 @@ __device__ __forceinline__ pyc_bf16 pyc_double_to_bf16(double d) {
 // The result of an op on bfloat16 arrays: rounded to the nearest bfloat16 (as NumPy with
 // ml_dtypes does after every op), kept in a float for the next op.
 __device__ __forceinline__ float pyc_round_bf16(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    // a NaN stays the float it is (its sign kept): a store makes it ml_dtypes' NaN
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return f != f ? f : pyc_bf16_to_float(h);
+#else
     return pyc_bf16_to_float(pyc_float_to_bf16(f));
+#endif
 }
 
 __device__ __forceinline__ float pyc_round_bf16(double d) {
