@@ -11,6 +11,7 @@ Python::
     res = pl.autotune_gemm(4096, 4096, 4096, dtype="f16")    # CUTLASS vs cuBLAS, recorded
     res = pl.replay_autotune(4096, 4096, 4096, dtype="f16")  # the same search, replayed
     y = pl.matmul(a, b)                # a tuned kernel where it won, else the library
+    o = pl.attention(q, k, v, causal=True)  # SDPA: torch's library on a GPU, else blocked
     plan = pl.matmul_plan(a, b, out=y)  # the same choice, made once: plan(a, b)
     pipe = pl.Pipeline(prepare, compute, depth=3)            # the conveyor belt
     server = pl.serve(pl.inference.load("model.onnx"), max_batch=64, max_delay_ms=2)
@@ -42,6 +43,7 @@ _EXPORTS = {
     "Pipeline": "runtime.pipeline",
     "tune_pipeline": "runtime.belt_tuning",
     "matmul": "kernels.matmul",
+    "attention": "kernels.attention",
     "matmul_plan": "kernels.matmul",
     "MatmulPlan": "kernels.matmul_plan",
     "autotune_gemm": "kernels.tuning.autotune",
@@ -63,6 +65,7 @@ __all__ = [
     "SnapshotError",
     "TuneResult",
     "__version__",
+    "attention",
     "autotune_gemm",
     "autotune_many",
     "compile",

@@ -63,6 +63,9 @@ REASONS = {
                          "(nvmath-python): the product is written once",
     "EPILOGUE_KERNEL": "bias/activation epilogue applied in place by a generated kernel",
     "GRAPH_BREAK": "op not in pyc_lab's registry: runs eagerly as the original call",
+    "ATTENTION": "attention: pl.attention's path (torch's scaled_dot_product_attention "
+                 "where torch is installed, else the blocked online softmax); a library "
+                 "call between CUDA graphs",
 }
 
 def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str]:
@@ -185,6 +188,8 @@ def choose(graph: Graph, backend: str, mode: str = "balanced",
             decisions.append(Decision(node.id, label, "cupy", "VIEW"))
         elif kind == "matmul":
             decisions.append(_matmul(node, graph, mode))
+        elif kind == "attention":
+            decisions.append(Decision(node.id, label, "attention", "ATTENTION"))
         else:
             ok, why = supports(node, graph) if supports else (False, "no code generator")
             if ok:

@@ -58,6 +58,7 @@ from .steps import (
     _CupyStep,
     _CutlassStep,
     _KernelStep,
+    _LibraryStep,
     _LtStep,
     _MatmulStep,
     _Step,
@@ -72,11 +73,11 @@ log = logging.getLogger(__name__)
 #: Implementations the executable understands (``source`` for inputs and constants;
 #: ``numpy``/``view`` run as ``cupy``).
 IMPLS = ("fused_kernel", "reduction_kernel", "cublas", "cublaslt", "cutlass", "cupy", "eager",
-         "source",
+         "source", "attention",
          "numpy", "view")
 
 #: Ops whose CuPy result is always a new array (never a view of an input).
-_FRESH_KINDS = frozenset({"norm", "reduction", "matmul"})
+_FRESH_KINDS = frozenset({"norm", "reduction", "matmul", "attention"})
 
 _VIEW_OPS = frozenset({"reshape", "expand_dims", "squeeze"})
 
@@ -454,5 +455,10 @@ class _Lowering:
                         "implementation": "eager (the original call)" if choice == "eager"
                         else "CuPy (the op's reference)",
                         "source": "", "notes": self._fallbacks.get(node.id, "")}
+        if choice == "attention":
+            describe.update(kind="library", implementation=(
+                "pl.attention: torch's scaled_dot_product_attention where torch is "
+                "installed, else the blocked online softmax (a call between CUDA graphs)"))
+            return _LibraryStep(node, "attention", materialize, out_buffer, describe)
         impl = "eager" if choice == "eager" else "cupy"
         return _CupyStep(node, impl, materialize, out_buffer, describe)

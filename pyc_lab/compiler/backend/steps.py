@@ -503,3 +503,24 @@ class _CupyStep(_Step):
         elif self.materialize == "copy":
             out = out.copy()
         values[node.id] = out
+
+
+class _LibraryStep(_CupyStep):
+    """The op's reference as a library call a CUDA graph does not record (``attention``:
+    torch's SDPA, launched through torch's own machinery): run between graphs, and at
+    each replay recomputed into the array the first call made."""
+
+    capturable = False
+
+    def static_call(self, exe: Executor, values: dict[int, Any]) -> Any:
+        self.run(exe, values)
+        cp = exe._cp
+        node = self.node
+        result = values[node.id]
+        ins = [values[i] for i in node.inputs]
+
+        def call() -> None:
+            out = evaluate(node.op, cp, ins, node.attrs)
+            cp.copyto(result, out.astype(node.dtype, copy=False))
+
+        return call

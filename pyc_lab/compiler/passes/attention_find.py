@@ -1,22 +1,28 @@
-"""Finding hand-written attention: ``softmax(q @ k^T * scale [+ mask]) @ v``.
+"""Hand-written attention: ``softmax(q @ k^T * scale [+ mask]) @ v`` becomes one node.
 
 After :mod:`.reduction_fusion` has turned the hand-written softmax into one node, a
 matmul whose left operand is a last-axis softmax of ``q @ k^T`` (``k`` transposed by the
 matmul: :mod:`.transpose_fold` folded the ``swapaxes``), scaled by a scalar constant
-(``*`` or ``/``) and optionally plus a mask, is attention. :func:`find` returns what it
-found; the pass notes each one for ``explain()``, with the size of the score matrix the
-program materialises. It rewrites nothing: until a fused attention kernel exists the
-program runs as written (two batched GEMMs and a row softmax), and the note says so.
+(``*`` or ``/``) and optionally plus a floating-point mask, is attention. :func:`find`
+returns what it found. The pass rewrites each one whose intermediate values nobody else
+reads into one ``attention`` node (:mod:`..attention_op`: the library's SDPA on a GPU
+where torch is installed, else the blocked online softmax; either way the score matrix
+is never materialised) and notes it for ``explain()``; one it cannot rewrite is noted
+with the reason and runs as written (two batched GEMMs and a row softmax).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from .. import attention_op  # noqa: F401  (registers the attention op)
 from ..ir import Graph, Node
-from .rewrite import is_const
+from .rewrite import const_value, is_const, prune, sole_user, try_infer
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -38,6 +44,10 @@ class Attention:
         The operands' node ids.
     scale
         Whether a scalar scale was applied; ``mask``: the additive mask's node id.
+    factor
+        The scale as one number (a division by ``c`` is ``1 / c``; 1.0 without one).
+    chain
+        The nodes between the scores and the softmax, in order (scaling, mask).
     """
 
     output: int
@@ -48,18 +58,23 @@ class Attention:
     v: int
     scale: bool
     mask: int | None
+    factor: float = 1.0
+    chain: tuple[int, ...] = ()
 
 
-def _scores(graph: Graph, nid: int) -> tuple[Node, bool, int | None] | None:
-    """``q @ k^T`` under an optional scalar scale and an optional additive mask."""
+def _scores(graph: Graph, nid: int) -> tuple[Node, float | None, int | None, list[int]] | None:
+    """``q @ k^T`` under an optional scalar scale and an optional additive mask: the
+    scores node, the scale factor (None: no scale), the mask and the chain above it."""
     node = graph.nodes[nid]
     mask = None
-    scale = False
+    factor = None
+    chain: list[int] = []
     if node.op == "add":
         a, b = node.inputs
         for inner, other in ((a, b), (b, a)):
             if graph.nodes[inner].op in ("matmul", "multiply", "divide") \
                     and not is_const(graph, other):
+                chain.append(node.id)
                 node, mask = graph.nodes[inner], other
                 break
         else:
@@ -70,12 +85,14 @@ def _scores(graph: Graph, nid: int) -> tuple[Node, bool, int | None] | None:
                                               and is_const(graph, a) else None)
         if const is None or graph.nodes[const].attrs["value"].size != 1:
             return None
+        value = float(np.asarray(const_value(graph, const), dtype=np.float64).reshape(()))
+        factor = value if node.op == "multiply" else 1.0 / value
+        chain.append(node.id)
         node = graph.nodes[a if const == b else b]
-        scale = True
     if node.op != "matmul" or len(node.inputs) != 2 or not node.attrs.get("transpose_b") \
             or node.attrs.get("transpose_a") or len(node.shape) < 2:
         return None
-    return node, scale, mask
+    return node, factor, mask, chain[::-1]
 
 
 def find(graph: Graph) -> list[Attention]:
@@ -91,37 +108,76 @@ def find(graph: Graph) -> list[Attention]:
         got = _scores(graph, p.inputs[0])
         if got is None:
             continue
-        scores, scale, mask = got
+        scores, factor, mask, chain = got
         found.append(Attention(n.id, p.id, scores.id, scores.inputs[0], scores.inputs[1],
-                               n.inputs[1], scale, mask))
+                               n.inputs[1], factor is not None, mask,
+                               1.0 if factor is None else factor, tuple(chain)))
     return found
 
 
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _why_not(graph: Graph, att: Attention, users: dict[int, list[int]]) -> str:
+    """Why ``att`` cannot become one attention node, or ``""``."""
+    steps = [att.scores, *att.chain, att.softmax, att.output]
+    for here, there in itertools.pairwise(steps):
+        reader = sole_user(graph, here, users)
+        if reader is None or reader.id != there:
+            return (f"%{here} ({graph.nodes[here].op}) is read elsewhere too, so the "
+                    "scores must exist")
+    for name, nid in (("q", att.q), ("k", att.k), ("v", att.v)):
+        if graph.nodes[nid].dtype.name not in _FLOATS:
+            return f"{name} is {graph.nodes[nid].dtype.name}, not a float"
+    if att.mask is not None and graph.nodes[att.mask].dtype.kind != "f":
+        return f"the mask is {graph.nodes[att.mask].dtype.name}: added as numbers, not a mask"
+    return ""
+
+
 def run(graph: Graph, ctx: PassContext) -> bool:
-    """Note every hand-written attention; the graph is left as it is.
+    """Rewrite every hand-written attention it can into one ``attention`` node.
 
     Parameters
     ----------
     graph : Graph
-        The graph (not changed).
+        The graph, rewritten in place.
     ctx : PassContext
-        Receives one note per attention found.
+        Receives one note per attention found: what became of it.
 
     Returns
     -------
     bool
-        Always False.
+        Whether the graph changed.
     """
+    changed = False
     for att in find(graph):
-        s = graph.nodes[att.scores]
+        if att.output not in graph.nodes:
+            continue
+        s, out = graph.nodes[att.scores], graph.nodes[att.output]
         q, v = graph.nodes[att.q], graph.nodes[att.v]
         size = math.prod(s.shape) * s.dtype.itemsize
         size_text = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
         extras = ", ".join(filter(None, ("scaled" if att.scale else "",
                                          f"mask %{att.mask}" if att.mask is not None else "")))
-        ctx.note(f"{NAME}: attention at %{att.output}: softmax(q @ k^T"
-                 f"{' ' + extras if extras else ''}) @ v, q {list(q.shape)}, v "
-                 f"{list(v.shape)}; runs as two batched GEMMs and a row softmax with the "
-                 f"{list(s.shape)} scores materialised ({size_text}): no fused attention "
-                 "kernel yet")
-    return False
+        what = (f"{NAME}: attention at %{att.output}: softmax(q @ k^T"
+                f"{' ' + extras if extras else ''}) @ v, q {list(q.shape)}, v {list(v.shape)}")
+        why = _why_not(graph, att, graph.users())
+        inputs = [att.q, att.k, att.v] + ([att.mask] if att.mask is not None else [])
+        attrs = {"scale": att.factor, "causal": False, "dtype": out.dtype.name}
+        if not why:
+            got = try_infer("attention", [graph.nodes[i] for i in inputs], attrs)
+            if got != (tuple(out.shape), out.dtype):
+                why = "the fused form would change the result's shape or dtype"
+        if why:
+            ctx.note(f"{what}; runs as two batched GEMMs and a row softmax with the "
+                     f"{list(s.shape)} scores materialised ({size_text}): {why}")
+            continue
+        new = graph.insert_before(att.output, "attention", inputs, attrs)
+        graph.replace_uses(att.output, new.id)
+        prune(graph, [att.output])
+        changed = True
+        ctx.note(f"{what}; one attention node %{new.id} (pl.attention's semantics: torch's "
+                 "scaled_dot_product_attention on a GPU where torch is installed, else the "
+                 f"blocked online softmax): the {list(s.shape)} scores ({size_text}) are "
+                 "never materialised")
+    return changed

@@ -1,0 +1,69 @@
+"""The ``attention`` op: ``softmax(q @ k^T * scale [+ mask]) @ v`` as one node.
+
+:mod:`.passes.attention_find` rewrites a hand-written attention into it. Its reference
+is :func:`pyc_lab.kernels.attention.attention_xp` on operands of any rank: leading axes
+that broadcast are viewed as (batch, heads) = (1, N); on a GPU it runs torch's
+``scaled_dot_product_attention`` through DLPack where torch is installed, elsewhere the
+blocked online softmax, whose memory is bounded by its blocks instead of the score
+matrix. Inputs: ``q, k, v[, mask]``; attributes: ``scale`` (a float) and ``causal``.
+The result is computed in float32 (float64 for float64 operands) and cast to the
+node's dtype, the dtype NumPy gives the hand-written expression.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .ops import REGISTRY, OpDef, _register
+
+__all__ = ["attention_reference"]
+
+
+def _float(dtype: Any) -> Any:
+    dt = np.dtype(dtype)
+    return np.float64 if dt == np.float64 else np.float32
+
+
+def attention_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    """The attention op on ``xp`` arrays (see the module docstring)."""
+    from ..kernels.attention import attention_xp
+
+    q, k, v = args[:3]
+    mask = args[3] if len(args) > 3 else None
+    work = _float(np.result_type(q.dtype, k.dtype, v.dtype))
+    q, k, v = (x.astype(work, copy=False) for x in (q, k, v))
+    lead = np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
+    n = int(np.prod(lead, dtype=np.int64))
+
+    def four(x: Any) -> Any:  # (..., S, D) -> (1, N, S, D), broadcast first (a view)
+        x = xp.broadcast_to(x, (*lead, *x.shape[-2:]))
+        return x.reshape(1, n, *x.shape[-2:])
+
+    q4, k4, v4 = four(q), four(k), four(v)
+    m4 = None
+    if mask is not None:
+        m = mask.astype(work, copy=False) if mask.dtype != np.bool_ else mask
+        m = m.reshape((1,) * max(0, 2 - m.ndim) + tuple(m.shape))
+        if all(d == 1 for d in m.shape[:-2]):  # one mask for every (batch, head): no copy
+            m4 = m.reshape(1, 1, *m.shape[-2:])
+        else:
+            m4 = four(xp.broadcast_to(m, (*lead, *m.shape[-2:])))
+    out = attention_xp(xp, xp.ascontiguousarray(q4), xp.ascontiguousarray(k4),
+                       xp.ascontiguousarray(v4), causal=bool(attrs.get("causal", False)),
+                       scale=float(attrs["scale"]), mask=m4, return_lse=False)
+    return out.reshape(*lead, q.shape[-2], v.shape[-1])
+
+
+def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    q, k, v = inputs[:3]
+    lead = np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
+    return (*lead, q.shape[-2], v.shape[-1])
+
+
+if "attention" not in REGISTRY:
+    _register(OpDef("attention", "attention", None, _shape, attention_reference,
+                    dtype=lambda inputs, attrs: np.dtype(attrs["dtype"]),
+                    doc="softmax(q @ k^T * scale [+ mask]) @ v (pl.attention's semantics)"))

@@ -1,0 +1,228 @@
+"""``pl.attention``: scaled dot-product attention on NumPy, CuPy and torch arrays.
+
+``softmax(q @ k^T * scale + mask) @ v`` over heads, with causal masking, an additive (or
+boolean) mask, grouped-query attention (fewer key/value heads than query heads) and the
+(B, H, S, D) or (B, S, H, D) layout. On a GPU the computation goes to the attention
+library a user would otherwise call, torch's ``scaled_dot_product_attention`` (cuDNN,
+FlashAttention or its memory-efficient kernel, as torch picks), with CuPy arrays passed
+through DLPack without copies on CuPy's current stream. Without torch, without a GPU,
+or when the log-sum-exp is asked for, it runs :func:`~.attention_blocked.blocked_attention`,
+whose memory is bounded by its block size. :func:`attention_route` names the path.
+
+The semantics are those of :mod:`.attention_blocked` (causal aligned at the top left as
+torch's ``is_causal``; a row with every score masked gives NaN, as the NumPy expression
+does). A fused attention kernel of pyc_lab's own is not part of this module yet.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import numpy as np
+
+from ..errors import PycLabError
+from . import arrays
+from .attention_blocked import blocked_attention, default_scale
+
+__all__ = ["LAYOUTS", "attention", "attention_route", "attention_xp"]
+
+#: Operand layouts: batch, heads, sequence, head dimension in that order, or the
+#: sequence before the heads (as most models keep their projections).
+LAYOUTS = ("bhsd", "bshd")
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _torch_available() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def _check(q: Any, k: Any, v: Any, mask: Any, layout: str) -> tuple[Any, Any, Any]:
+    if layout not in LAYOUTS:
+        raise PycLabError(f"pl.attention: layout {layout!r} is not one of {LAYOUTS}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise PycLabError(f"pl.attention: {name} is a {type(x).__name__}, not an array; "
+                              "pass NumPy arrays, CuPy arrays or torch tensors")
+    kinds = {arrays.kind(x) for x in (q, k, v)}
+    if len(kinds) != 1:
+        raise PycLabError(f"pl.attention: q, k and v are of different array types {kinds}; "
+                          "pass three NumPy arrays, three CuPy arrays or three tensors")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if len(x.shape) != 4:
+            raise PycLabError(f"pl.attention: {name} has shape {tuple(x.shape)}; expected 4 "
+                              f"axes ({layout})")
+        dt = arrays.dtype_name(x.dtype)
+        if dt not in _DTYPES:
+            raise PycLabError(f"pl.attention: {name} is {dt}; attention takes {_DTYPES}")
+    if len({arrays.dtype_name(x.dtype) for x in (q, k, v)}) != 1:
+        raise PycLabError("pl.attention: q, k and v have different dtypes "
+                          f"({arrays.dtype_name(q.dtype)}, {arrays.dtype_name(k.dtype)}, "
+                          f"{arrays.dtype_name(v.dtype)}); cast them to one")
+    if layout == "bshd":
+        q, k, v = (x.transpose(1, 2) if arrays.is_torch(x) else x.swapaxes(1, 2)
+                   for x in (q, k, v))
+    (b, hq, sq, d), (bk, hk, sk, dk), (bv, hv, sv, _) = q.shape, k.shape, v.shape
+    if not (b == bk == bv) or hk != hv or sk != sv or d != dk:
+        raise PycLabError(f"pl.attention: shapes (B, H, S, D) q {tuple(q.shape)}, k "
+                          f"{tuple(k.shape)}, v {tuple(v.shape)} do not fit: batch must "
+                          "match, k and v must have the same heads and length, q and k the "
+                          "same head dimension")
+    if hq % hk:
+        raise PycLabError(f"pl.attention: {hq} query heads are not a multiple of {hk} "
+                          "key/value heads (grouped-query attention needs whole groups)")
+    if mask is not None:
+        try:
+            np.broadcast_shapes(tuple(mask.shape), (b, hq, sq, sk))
+        except ValueError:
+            raise PycLabError(f"pl.attention: mask of shape {tuple(mask.shape)} does not "
+                              f"broadcast to (B, H, Sq, Sk) = {(b, hq, sq, sk)}") from None
+        if len(mask.shape) > 4:
+            raise PycLabError("pl.attention: mask has more than 4 axes")
+    return q, k, v
+
+
+def attention_route(q: Any, *, return_lse: bool = False) -> str:
+    """Which path :func:`attention` takes for operands like ``q``.
+
+    Returns
+    -------
+    str
+        ``"torch-sdpa"`` (torch's scaled_dot_product_attention: a CUDA tensor, or a CuPy
+        array through DLPack when torch is installed) or ``"blocked"`` (the blocked
+        online softmax on NumPy or CuPy).
+    """
+    kind = arrays.kind(q)
+    if return_lse or kind == "numpy":
+        return "blocked"
+    if kind == "torch":
+        return "torch-sdpa" if q.is_cuda else "blocked"
+    return "torch-sdpa" if _torch_available() else "blocked"
+
+
+def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any) -> Any:
+    """torch's SDPA on (B, H, S, D) tensors; a row with every score masked gives NaN."""
+    import torch
+    import torch.nn.functional as F
+
+    attn_mask = None
+    if mask is not None:
+        attn_mask = mask if mask.dtype == torch.bool else mask.to(q.dtype)
+        if causal:  # SDPA takes one or the other: the causal part joins the mask
+            sq, sk = q.shape[-2], k.shape[-2]
+            keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+            attn_mask = (attn_mask & keep) if attn_mask.dtype == torch.bool else \
+                attn_mask.masked_fill(~keep, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=causal and mask is None, scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1])
+    if attn_mask is not None:
+        dead = (~attn_mask if attn_mask.dtype == torch.bool
+                else torch.isneginf(attn_mask)).all(dim=-1)
+        if bool(dead.any()):
+            out = out.masked_fill(dead.expand(out.shape[:-1]).unsqueeze(-1), float("nan"))
+    return out
+
+
+def _grouped(xp: Any, q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any, Any, Any]:
+    """(B, Hkv, G, S, D) query groups against (B, Hkv, 1, S, D) keys and values (views)."""
+    b, hq, sq, d = q.shape
+    hk = k.shape[1]
+    g = hq // hk
+    qg = q.reshape(b, hk, g, sq, d)
+    kg, vg = k[:, :, None], v[:, :, None]
+    if mask is not None:
+        m = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+        mask = m[:, :, None] if m.shape[1] == 1 else m.reshape(m.shape[0], hk, g, *m.shape[2:])
+    return qg, kg, vg, mask
+
+
+def attention_xp(xp: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: float, mask: Any,
+                 return_lse: bool) -> Any:
+    """:func:`attention` on (B, H, S, D) NumPy or CuPy arrays, already checked."""
+    if xp is not np and not return_lse and _torch_available():
+        import torch
+
+        stream = torch.cuda.ExternalStream(xp.cuda.get_current_stream().ptr,
+                                           device=f"cuda:{xp.cuda.Device().id}")
+        with torch.cuda.stream(stream):
+            tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
+            tm = torch.from_dlpack(mask) if mask is not None else None
+            return xp.from_dlpack(_sdpa(tq, tk, tv, causal, scale, tm))
+    qg, kg, vg, mg = _grouped(xp, q, k, v, mask)
+    res = blocked_attention(xp, qg, kg, vg, scale=scale, causal=causal, mask=mg,
+                            return_lse=return_lse)
+    b, hq, sq, _ = q.shape
+    if return_lse:
+        out, lse = res
+        return out.reshape(b, hq, sq, v.shape[-1]), lse.reshape(b, hq, sq)
+    return res.reshape(b, hq, sq, v.shape[-1])
+
+
+def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
+              mask: Any = None, layout: str = "bhsd", return_lse: bool = False) -> Any:
+    """Scaled dot-product attention: ``softmax(q @ k^T * scale + mask) @ v``.
+
+    Parameters
+    ----------
+    q, k, v : NumPy arrays, CuPy arrays or torch tensors (all three of one kind)
+        ``(B, Hq, Sq, D)``, ``(B, Hkv, Sk, D)``, ``(B, Hkv, Sk, Dv)`` for ``layout="bhsd"``
+        (``(B, S, H, D)`` for ``"bshd"``); ``Hq`` a multiple of ``Hkv`` (grouped-query
+        attention: query head ``h`` reads key/value head ``h // (Hq // Hkv)``); one of
+        float16, bfloat16, float32, float64.
+    causal : bool
+        Query ``i`` sees keys ``j <= i`` (top-left aligned, as torch's ``is_causal``).
+    scale : float, optional
+        Multiplies the scores; ``1 / sqrt(D)`` when not given.
+    mask : array, optional
+        Of the operands' kind, broadcasting to ``(B, Hq, Sq, Sk)``: added to the scaled
+        scores (``-inf`` masks), or boolean (``True`` takes part). A row with every key
+        masked gives NaN.
+    layout : {"bhsd", "bshd"}
+        Axis order of the operands and of the result.
+    return_lse : bool
+        Also return the natural log-sum-exp of each row's scores, ``(B, Hq, Sq)`` in
+        float32 (float64 for float64 operands): the blocked path computes it.
+
+    Returns
+    -------
+    array or (array, array)
+        ``(B, Hq, Sq, Dv)`` (``(B, Sq, Hq, Dv)`` for ``"bshd"``) in the operands' dtype
+        and kind; torch results on torch's current stream, CuPy results on CuPy's.
+
+    Raises
+    ------
+    PycLabError
+        Operands of mixed kinds or dtypes, shapes that do not fit, a mask that does not
+        broadcast, an unknown layout.
+    """
+    q, k, v = _check(q, k, v, mask, layout)
+    scale = default_scale(int(q.shape[-1])) if scale is None else float(scale)
+    kind = arrays.kind(q)
+    if kind == "torch":
+        if any(x.requires_grad for x in (q, k, v)):
+            raise PycLabError("pl.attention does not record gradients; pass tensor.detach() "
+                              "(or use torch's scaled_dot_product_attention for training)")
+        if q.is_cuda and not return_lse:
+            out = _sdpa(q, k, v, causal, scale, mask)
+        else:
+            res = attention_xp(np, *(arrays.numpy_of_torch(x.cpu()) for x in (q, k, v)),
+                               causal=causal, scale=scale,
+                               mask=None if mask is None else mask.cpu().numpy(),
+                               return_lse=return_lse)
+            outs = res if return_lse else (res,)
+            outs = tuple(arrays.torch_of(np.ascontiguousarray(o)).to(q.device) for o in outs)
+            out, *rest = outs
+            if layout == "bshd":
+                out = out.transpose(1, 2)
+            return (out, rest[0]) if return_lse else out
+        return out.transpose(1, 2) if layout == "bshd" else out
+    xp = np
+    if kind == "cupy":
+        import cupy as xp
+    res = attention_xp(xp, q, k, v, causal=causal, scale=scale, mask=mask,
+                       return_lse=return_lse)
+    out = res[0] if return_lse else res
+    if layout == "bshd":
+        out = out.swapaxes(1, 2)
+    return (out, res[1]) if return_lse else out
