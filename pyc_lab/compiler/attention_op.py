@@ -6,8 +6,9 @@ that broadcast are viewed as (batch, heads) = (1, N); on a GPU it runs torch's
 ``scaled_dot_product_attention`` through DLPack where torch is installed, elsewhere the
 blocked online softmax, whose memory is bounded by its blocks instead of the score
 matrix. Inputs: ``q, k, v[, mask]``; attributes: ``scale`` (a float) and ``causal``.
-The result is computed in float32 (float64 for float64 operands) and cast to the
-node's dtype, the dtype NumPy gives the hand-written expression.
+The operands go in their own dtype (the library's fused kernels take float16 and
+bfloat16 as they are; the blocked path accumulates in float32) and the result is cast
+to the node's dtype, the dtype NumPy gives the hand-written expression.
 """
 
 from __future__ import annotations
@@ -22,9 +23,16 @@ from .ops import REGISTRY, OpDef, _register
 __all__ = ["attention_reference"]
 
 
-def _float(dtype: Any) -> Any:
-    dt = np.dtype(dtype)
-    return np.float64 if dt == np.float64 else np.float32
+def _common(q: Any, k: Any, v: Any) -> np.dtype:
+    """The one dtype the three operands are given in: theirs when they agree (float16
+    stays float16, the dtype the library's fused kernels take), else NumPy's promotion
+    (float32 where NumPy has none, as for bfloat16 with float16)."""
+    if q.dtype == k.dtype == v.dtype:
+        return np.dtype(q.dtype)
+    try:
+        return np.dtype(np.result_type(q.dtype, k.dtype, v.dtype))
+    except TypeError:
+        return np.dtype(np.float32)
 
 
 def attention_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
@@ -33,7 +41,9 @@ def attention_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> 
 
     q, k, v = args[:3]
     mask = args[3] if len(args) > 3 else None
-    work = _float(np.result_type(q.dtype, k.dtype, v.dtype))
+    work = _common(q, k, v)
+    if mask is not None and mask.dtype.kind == "f" and mask.dtype.itemsize > work.itemsize:
+        work = np.dtype(mask.dtype)  # NumPy computes the scores in the mask's precision
     q, k, v = (x.astype(work, copy=False) for x in (q, k, v))
     lead = np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
     n = int(np.prod(lead, dtype=np.int64))

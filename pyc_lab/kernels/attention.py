@@ -16,6 +16,7 @@ does). A fused attention kernel of pyc_lab's own is not part of this module yet.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Any
 
@@ -33,6 +34,7 @@ LAYOUTS = ("bhsd", "bshd")
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
+@functools.cache
 def _torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
