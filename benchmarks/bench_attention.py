@@ -1,0 +1,133 @@
+"""pl.attention against every torch SDPA backend, on the attention issue's shapes.
+
+For (B, H, S, D) = 4x16x4096x128, 8x16x2048x64, 16x32x1024x128 and 1x32x16384x128, in
+bfloat16 and float16, causal and not: the forward pass of ``pl.attention`` on torch
+tensors and on CuPy arrays (DLPack), and torch's ``scaled_dot_product_attention`` with
+its default choice and with each backend forced (cuDNN, FlashAttention-2, memory
+efficient; a backend that refuses a shape is recorded as such). Every candidate's output
+is first checked against the float32 math backend on the first batch entry. Times are
+medians of CUDA-event rounds (:func:`common.gpu_time`); TFLOP/s count ``4 B H S^2 D``,
+halved for causal. Writes ``attention.json`` to ``--out``.
+
+    python benchmarks/bench_attention.py --out benchmarks/results/h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import cupy_and_torch, gpu_time, write_result
+
+import pyc_lab as pl
+
+SHAPES = ((4, 16, 4096, 128), (8, 16, 2048, 64), (16, 32, 1024, 128), (1, 32, 16384, 128))
+BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
+TOL = {"float16": 1e-2, "bfloat16": 4e-2}
+
+
+def _reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
+    """float32 math-backend attention of the first batch entry."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(
+            *(x[:1].float() for x in (q, k, v)), is_causal=causal)
+
+
+def one_problem(cp: Any, torch: Any, shape: tuple[int, ...], dtype: str, causal: bool,
+                repeats: int) -> dict[str, Any]:
+    """Every candidate on one problem: ms, TFLOP/s and the error against float32."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = shape
+    tdt = getattr(torch, dtype)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=tdt) for _ in range(3))
+    qc, kc, vc = (cp.from_dlpack(x) for x in (q, k, v))
+    ref = _reference(torch, q, k, v, causal)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    cands: dict[str, Any] = {
+        "pl.attention (torch)": lambda: pl.attention(q, k, v, causal=causal),
+        "pl.attention (cupy)": lambda: pl.attention(qc, kc, vc, causal=causal),
+        "sdpa default": lambda: sdpa(q, k, v, is_causal=causal),
+    }
+    for name in BACKENDS:
+        backend = getattr(SDPBackend, name)
+
+        def forced(backend: Any = backend) -> Any:
+            with sdpa_kernel(backend):
+                return sdpa(q, k, v, is_causal=causal)
+
+        cands[f"sdpa {name.lower()}"] = forced
+    flop = 4 * b * h * s * s * d / (2 if causal else 1)
+    rows: dict[str, Any] = {}
+    for name, fn in cands.items():
+        try:
+            out = fn()
+            got = out[:1].float() if not isinstance(out, cp.ndarray) \
+                else torch.from_dlpack(out)[:1].float()
+            err = float((got - ref).abs().max())
+            if not err <= TOL[dtype]:
+                rows[name] = {"error": f"max abs error {err:.3g} against float32"}
+                continue
+            ms = gpu_time(fn, repeats=repeats) * 1e3
+            rows[name] = {"ms": ms, "tflops": flop / ms / 1e9, "max_abs_err": err}
+        except Exception as exc:  # one refusing backend must not end the run
+            rows[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    libs = {n: r["ms"] for n, r in rows.items() if n.startswith("sdpa") and "ms" in r}
+    best = min(libs, key=libs.get) if libs else None
+    pl_ms = rows.get("pl.attention (torch)", {}).get("ms")
+    return {"shape": list(shape), "dtype": dtype, "causal": causal, "candidates": rows,
+            "best_library": best,
+            "ratio_vs_best": (libs[best] / pl_ms) if best and pl_ms else None,
+            "ratio_vs_flash": (libs["sdpa flash_attention"] / pl_ms)
+            if pl_ms and "sdpa flash_attention" in libs else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--budget-s", type=float, default=200.0,
+                        help="stop starting new problems after this many seconds")
+    args = parser.parse_args(argv)
+    libs = cupy_and_torch("bench_attention")
+    if libs is None:
+        return 0
+    cp, torch = libs
+    t0 = time.perf_counter()
+    results, not_run = [], []
+    for shape in SHAPES:
+        for dtype in ("bfloat16", "float16"):
+            for causal in (False, True):
+                if time.perf_counter() - t0 > args.budget_s:
+                    not_run.append([list(shape), dtype, causal])
+                    continue
+                row = one_problem(cp, torch, shape, dtype, causal, args.repeats)
+                results.append(row)
+                print(shape, dtype, "causal" if causal else "full", row["best_library"],
+                      "pl/best", row["ratio_vs_best"])
+                torch.cuda.empty_cache()
+    ratios = [r["ratio_vs_best"] for r in results if r["ratio_vs_best"]]
+    summary = {"problems": len(results), "not_run": not_run,
+               "median_vs_best_library": statistics.median(ratios) if ratios else None,
+               "min_vs_best_library": min(ratios) if ratios else None,
+               "failed": [[r["shape"], r["dtype"], r["causal"]] for r in results
+                          if "ms" not in r["candidates"].get("pl.attention (torch)", {})]}
+    write_result(args.out, "attention", {
+        "method": "forward only; CUDA-event medians (common.gpu_time) of --repeats rounds; "
+                  "each candidate checked against the float32 math backend on batch "
+                  "entry 0 before timing",
+        "results": results, "summary": summary, "wall_s": time.perf_counter() - t0})
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
