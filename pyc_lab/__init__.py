@@ -12,6 +12,7 @@ Python::
     res = pl.replay_autotune(4096, 4096, 4096, dtype="f16")  # the same search, replayed
     y = pl.matmul(a, b)                # a tuned kernel where it won, else the library
     o = pl.attention(q, k, v, causal=True)  # SDPA: torch's library on a GPU, else blocked
+    y = pl.conv2d(x, w, padding=1)     # cuDNN through torch on a GPU, else im2col
     plan = pl.matmul_plan(a, b, out=y)  # the same choice, made once: plan(a, b)
     pipe = pl.Pipeline(prepare, compute, depth=3)            # the conveyor belt
     server = pl.serve(pl.inference.load("model.onnx"), max_batch=64, max_delay_ms=2)
@@ -44,6 +45,9 @@ _EXPORTS = {
     "tune_pipeline": "runtime.belt_tuning",
     "matmul": "kernels.matmul",
     "attention": "kernels.attention",
+    "conv": "kernels.conv",
+    "conv1d": "kernels.conv",
+    "conv2d": "kernels.conv",
     "matmul_plan": "kernels.matmul",
     "MatmulPlan": "kernels.matmul_plan",
     "autotune_gemm": "kernels.tuning.autotune",
@@ -69,6 +73,9 @@ __all__ = [
     "autotune_gemm",
     "autotune_many",
     "compile",
+    "conv",
+    "conv1d",
+    "conv2d",
     "detect_hardware",
     "load_ipython_extension",
     "matmul",

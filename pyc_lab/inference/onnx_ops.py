@@ -7,15 +7,16 @@ basic slicing, and the compiler's ``softmax``/``layer_norm``/``relu``/``gelu``/
 ``sigmoid``), so an imported model compiles into one graph with no graph break.
 
 Convolutions and pooling are written as *im2col* over strided slices followed by one
-matrix product (or an elementwise max/sum): a clean reference that a later
-``pl.conv2d`` replaces in :func:`conv` alone. Shapes are static: a shape-like input
+matrix product (or an elementwise max/sum; :mod:`pyc_lab.kernels.conv_im2col`, which
+``pl.conv`` runs on NumPy arrays too): a clean reference that a lowering to ``pl.conv``'s
+library path (cuDNN) would replace in :func:`conv` alone; imported models do not take
+that path yet. Shapes are static: a shape-like input
 (``Reshape``'s target, ``ReduceMean``'s axes ...) must be known when the model is
 imported or traced.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..compiler import functions as F
+from ..kernels.conv_im2col import conv_im2col, pad_spatial, windows
 
 __all__ = [
     "average_pool",
@@ -49,59 +51,11 @@ def _zeros_like_shape(x: Any, shape: Sequence[int], value: float = 0.0) -> np.nd
     return np.full(tuple(shape), value, dtype=np.dtype(x.dtype))
 
 
-def pad_spatial(x: Any, pads: Sequence[int], value: float = 0.0) -> Any:
-    """Pad the spatial axes (2..) of an ``(N, C, *spatial)`` array.
-
-    ``pads`` is ONNX's ``[x1_begin, x2_begin, ..., x1_end, x2_end, ...]``; the padding
-    is a constant ``value``, added by concatenation (an op the compiler has).
-    """
-    nd = x.ndim - 2
-    if not any(pads):
-        return x
-    for i in range(nd):
-        before, after = int(pads[i]), int(pads[i + nd])
-        parts = []
-        if before:
-            shape = list(x.shape)
-            shape[2 + i] = before
-            parts.append(_zeros_like_shape(x, shape, value))
-        parts.append(x)
-        if after:
-            shape = list(x.shape)
-            shape[2 + i] = after
-            parts.append(_zeros_like_shape(x, shape, value))
-        if len(parts) > 1:
-            x = np.concatenate(parts, axis=2 + i)
-    return x
-
-
-def _out_size(size: int, k: int, stride: int, dilation: int) -> int:
-    return (size - dilation * (k - 1) - 1) // stride + 1
-
-
-def _windows(x: Any, kernel: Sequence[int], strides: Sequence[int],
-             dilations: Sequence[int]) -> tuple[list[Any], tuple[int, ...]]:
-    """The strided slices of ``x`` (already padded), one per kernel offset, and the
-    output's spatial shape."""
-    spatial = x.shape[2:]
-    out = tuple(_out_size(n, k, s, d)
-                for n, k, s, d in zip(spatial, kernel, strides, dilations, strict=True))
-    if any(o <= 0 for o in out):
-        raise ValueError(f"the window {tuple(kernel)} does not fit the input's spatial "
-                         f"shape {tuple(spatial)}")
-    views = []
-    for offs in itertools.product(*[range(k) for k in kernel]):
-        index = (slice(None), slice(None),
-                 *(slice(o * d, o * d + s * (n - 1) + 1, s)
-                   for o, d, s, n in zip(offs, dilations, strides, out, strict=True)))
-        views.append(x[index])
-    return views, out
-
-
 def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
          pads: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
          group: int = 1) -> Any:
-    """ONNX ``Conv`` (1-D, 2-D, any N-D) as im2col + one matrix product per group.
+    """ONNX ``Conv`` (1-D, 2-D, any N-D) as im2col + one matrix product per group
+    (:func:`pyc_lab.kernels.conv_im2col.conv_im2col`, traced by the compiler).
 
     Parameters
     ----------
@@ -119,31 +73,8 @@ def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
     array
         ``(N, O, *out_spatial)``.
     """
-    nd = w.ndim - 2
-    kernel = tuple(int(k) for k in w.shape[2:])
-    strides = tuple(strides or (1,) * nd)
-    dilations = tuple(dilations or (1,) * nd)
-    x = pad_spatial(x, tuple(pads or (0,) * (2 * nd)))
-    n, c = int(x.shape[0]), int(x.shape[1])
-    o = int(w.shape[0])
-    cg, og = c // group, o // group
-    kk = math.prod(kernel)
-    outs = []
-    for g in range(group):
-        xg = x if group == 1 else x[:, g * cg:(g + 1) * cg]
-        views, out = _windows(xg, kernel, strides, dilations)
-        p = math.prod(out)
-        # (N, cg, K, P): the column order matches w.reshape(O, cg * K)
-        cols = np.concatenate([np.expand_dims(np.reshape(v, (n, cg, p)), 2) for v in views],
-                              axis=2)
-        cols = np.transpose(np.reshape(cols, (n, cg * kk, p)), (0, 2, 1))  # (N, P, cg*K)
-        wg = w if group == 1 else w[g * og:(g + 1) * og]
-        wmat = np.transpose(np.reshape(wg, (og, cg * kk)))  # (cg*K, og)
-        y = cols @ wmat  # (N, P, og)
-        if b is not None:
-            y = y + (b if group == 1 else b[g * og:(g + 1) * og])
-        outs.append(np.reshape(np.transpose(y, (0, 2, 1)), (n, og, *out)))
-    return outs[0] if group == 1 else np.concatenate(outs, axis=1)
+    return conv_im2col(x, w, b, strides=strides, pads=pads, dilations=dilations,
+                       group=group)
 
 
 def _pool_separably(x: Any, kernel: Sequence[int], strides: Sequence[int],
@@ -159,7 +90,7 @@ def _pool_separably(x: Any, kernel: Sequence[int], strides: Sequence[int],
         s = [1] * nd
         d = [1] * nd
         k[axis], s[axis], d[axis] = int(kernel[axis]), int(strides[axis]), int(dilations[axis])
-        views, _ = _windows(x, k, s, d)
+        views, _ = windows(x, k, s, d)
         out = views[0]
         for v in views[1:]:
             out = combine(out, v)

@@ -48,7 +48,7 @@ static inline float __uint_as_float(unsigned int i) { float f; std::memcpy(&f, &
 static inline unsigned int __float_as_uint(float f) {
     unsigned int i; std::memcpy(&i, &f, 4); return i;
 }
-static inline float pyc_cpu_expf(float x) { return std::exp(x); }
+static inline float pyc_cpu_expf(float x) { return __builtin_expf(x); }
 #define __expf pyc_cpu_expf
 """
 _KEYWORDS = r"""

@@ -318,8 +318,27 @@ def test_every_registered_op_is_covered_by_a_test_here():
         "where", "astype", "sum", "mean", "max", "min", "var", "std", "prod", "argmax",
         "argmin", "any", "all", "matmul", "softmax", "layer_norm", "reshape", "transpose",
         "broadcast_to", "expand_dims", "squeeze", "concatenate", "slice", "setitem",
-        "input", "constant", "fused", "fused_rows", "fused_extra", "eager"}
+        "input", "constant", "fused", "fused_rows", "fused_extra", "eager", "attention"}
     assert set(REGISTRY) <= covered, set(REGISTRY) - covered
+
+
+def test_attention_op_broadcasts_its_operands_and_casts_to_its_dtype(rng):
+    # (the op's semantics against float64: tests/compiler/test_attention_find.py and
+    # tests/kernels/test_attention.py); here the registry's shape, dtype and reference
+    import pyc_lab.compiler.attention_op  # noqa: F401  (registers it)
+
+    q = rng.standard_normal((2, 3, 5, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 3, 7, 8)).astype(np.float32)   # broadcast over batch
+    v = rng.standard_normal((2, 3, 7, 4)).astype(np.float32)
+    mask = np.where(rng.random((5, 7)) < 0.2, -np.inf, 0.0).astype(np.float32)
+    node, out = run_op("attention", [q, k, v, mask],
+                       {"scale": 0.5, "causal": False, "dtype": "float16"})
+    assert node.shape == (2, 3, 5, 4) and node.dtype == np.float16
+    s = q.astype(np.float64) @ np.swapaxes(k, -1, -2) * 0.5 + mask
+    e = np.exp(s - s.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True)) @ v
+    assert out.dtype == np.float16  # computed in float32, given in the node's dtype
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=2e-3, atol=2e-3)
 
 
 def test_fused_rows_runs_its_body_as_written(rng):

@@ -1,0 +1,216 @@
+"""``pl.conv`` / ``pl.conv1d`` / ``pl.conv2d``: convolutions on NumPy, CuPy and torch arrays.
+
+Cross-correlation as deep-learning frameworks define it (``torch.nn.functional.conv2d``'s
+semantics): input ``(N, C, *spatial)`` and weights ``(O, C // groups, *kernel)`` in the
+channels-first layout, or ``(N, *spatial, C)`` input and output with
+``layout="channels_last"`` (the weights stay ``(O, C // groups, *kernel)``); stride,
+zero padding (symmetric per axis, or ``"valid"`` / ``"same"``), dilation, groups
+(depthwise when ``groups == C``) and a bias. On a GPU the work goes to the convolution
+library a user would otherwise call, cuDNN through torch's ``conv1d``/``conv2d``/
+``conv3d`` (CuPy arrays travel through DLPack without copies, on CuPy's current
+stream). Elsewhere it is im2col and one matrix product per group
+(:mod:`.conv_im2col`, float32 arithmetic for 16-bit inputs). :func:`conv_route` names
+the path. Tuned CUTLASS convolutions of pyc_lab's own are not part of this module yet.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import PycLabError
+from . import arrays
+from .conv_im2col import conv_im2col, out_size
+
+__all__ = ["LAYOUTS", "conv", "conv1d", "conv2d", "conv_route"]
+
+#: Where the channels are: after the batch axis, or last.
+LAYOUTS = ("channels_first", "channels_last")
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@functools.cache
+def _torch_available() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def _per_axis(value: int | Sequence[int], nd: int, name: str) -> tuple[int, ...]:
+    vals = (int(value),) * nd if isinstance(value, (int, np.integer)) else \
+        tuple(int(v) for v in value)
+    if len(vals) != nd:
+        raise PycLabError(f"pl.conv: {name} {value!r} has {len(vals)} entries for {nd} "
+                          "spatial axes")
+    return vals
+
+
+def _padding(padding: Any, nd: int, kernel: tuple[int, ...], stride: tuple[int, ...],
+             dilation: tuple[int, ...]) -> tuple[int, ...]:
+    """Per-axis zero padding at both ends (``"same"``: the input's size at stride 1)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0,) * nd
+        if padding != "same":
+            raise PycLabError(f"pl.conv: padding {padding!r} is not 'valid', 'same' or "
+                              "numbers")
+        if any(s != 1 for s in stride):
+            raise PycLabError("pl.conv: padding='same' needs stride 1 (as torch's)")
+        total = [d * (k - 1) for k, d in zip(kernel, dilation, strict=True)]
+        if any(t % 2 for t in total):
+            raise PycLabError("pl.conv: padding='same' with an even dilated kernel needs "
+                              "unequal ends; give the padding per axis")
+        return tuple(t // 2 for t in total)
+    pads = _per_axis(padding, nd, "padding")
+    if any(p < 0 for p in pads):
+        raise PycLabError(f"pl.conv: negative padding {padding!r}")
+    return pads
+
+
+def conv_route(x: Any) -> str:
+    """``"cudnn"`` (torch's convolution on a GPU tensor, or a CuPy array through DLPack
+    where torch is installed) or ``"im2col"`` (NumPy, or CuPy without torch)."""
+    kind = arrays.kind(x)
+    if kind == "torch":
+        return "cudnn" if x.is_cuda else "im2col"
+    if kind == "cupy":
+        return "cudnn" if _torch_available() else "im2col"
+    return "im2col"
+
+
+def _torch_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+                dilation: tuple[int, ...], groups: int) -> Any:
+    import torch.nn.functional as F
+
+    fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[x.ndim - 2]
+    return fn(x, w, b, stride=stride, padding=pads, dilation=dilation, groups=groups)
+
+
+def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
+         padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1,
+         groups: int = 1, layout: str = "channels_first") -> Any:
+    """N-D convolution (cross-correlation, as torch's ``conv*d``).
+
+    Parameters
+    ----------
+    x : NumPy array, CuPy array or torch tensor
+        ``(N, C, *spatial)``; ``(N, *spatial, C)`` with ``layout="channels_last"``.
+    w : array of the same kind and dtype
+        ``(O, C // groups, *kernel)``.
+    bias : array, optional
+        ``(O,)``.
+    stride, dilation : int or sequence
+        Per spatial axis (one number: every axis).
+    padding : int, sequence, "valid" or "same"
+        Zeros added at both ends of each spatial axis.
+    groups : int
+        Channel groups (``C`` and ``O`` multiples of it).
+    layout : {"channels_first", "channels_last"}
+        Where ``x``'s and the result's channels are.
+
+    Returns
+    -------
+    array
+        ``(N, O, *out)`` (or ``(N, *out, O)``) in ``x``'s dtype and kind.
+
+    Raises
+    ------
+    PycLabError
+        Mixed kinds or dtypes, shapes that do not fit, a window larger than the padded
+        input, an unknown layout or padding.
+    """
+    for name, a in (("x", x), ("w", w)):
+        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            raise PycLabError(f"pl.conv: {name} is a {type(a).__name__}, not an array")
+    if layout not in LAYOUTS:
+        raise PycLabError(f"pl.conv: layout {layout!r} is not one of {LAYOUTS}")
+    parts = [x, w] + ([bias] if bias is not None else [])
+    if len({arrays.kind(a) for a in parts}) != 1:
+        raise PycLabError("pl.conv: x, w (and bias) are of different array types")
+    names = {arrays.dtype_name(a.dtype) for a in parts}
+    if len(names) != 1 or next(iter(names)) not in _DTYPES:
+        raise PycLabError(f"pl.conv: dtypes {sorted(names)}; x, w and bias take one of "
+                          f"{_DTYPES}")
+    nd = len(w.shape) - 2
+    if nd < 1 or len(x.shape) != nd + 2:
+        raise PycLabError(f"pl.conv: x has shape {tuple(x.shape)} and w {tuple(w.shape)}; "
+                          "x needs the batch, channel and as many spatial axes as w")
+    kind = arrays.kind(x)
+    if layout == "channels_last":
+        order = (0, nd + 1, *range(1, nd + 1))
+        x = x.permute(*order) if kind == "torch" else x.transpose(order)
+    c, o = int(x.shape[1]), int(w.shape[0])
+    if groups < 1 or c % groups or o % groups or int(w.shape[1]) * groups != c:
+        raise PycLabError(f"pl.conv: {c} input channels, weights {tuple(w.shape)} and "
+                          f"groups={groups} do not fit (w must be (O, C // groups, ...))")
+    if bias is not None and tuple(bias.shape) != (o,):
+        raise PycLabError(f"pl.conv: bias has shape {tuple(bias.shape)}, expected ({o},)")
+    kernel = tuple(int(k) for k in w.shape[2:])
+    stride_t = _per_axis(stride, nd, "stride")
+    dilation_t = _per_axis(dilation, nd, "dilation")
+    if any(s < 1 for s in stride_t) or any(d < 1 for d in dilation_t):
+        raise PycLabError("pl.conv: stride and dilation must be positive")
+    pads = _padding(padding, nd, kernel, stride_t, dilation_t)
+    spatial = tuple(int(s) for s in x.shape[2:])
+    if any(out_size(n + 2 * p, k, s, d) <= 0 for n, p, k, s, d
+           in zip(spatial, pads, kernel, stride_t, dilation_t, strict=True)):
+        raise PycLabError(f"pl.conv: the window {kernel} (dilation {dilation_t}) does not "
+                          f"fit the input's spatial shape {spatial} padded by {pads}")
+    route = conv_route(x)
+    if route == "cudnn" and nd <= 3:
+        if kind == "torch":
+            y = _torch_conv(x, w, bias, stride_t, pads, dilation_t, groups)
+        else:
+            import cupy as cp
+            import torch
+
+            stream = torch.cuda.ExternalStream(cp.cuda.get_current_stream().ptr,
+                                               device=f"cuda:{cp.cuda.Device().id}")
+            with torch.cuda.stream(stream):
+                y = cp.from_dlpack(_torch_conv(
+                    *(torch.from_dlpack(a) if a is not None else None
+                      for a in (x, w, bias)), stride_t, pads, dilation_t, groups))
+    else:
+        y = _im2col(kind, x, w, bias, stride_t, pads, dilation_t, groups)
+    if layout == "channels_last":
+        order = (0, *range(2, nd + 2), 1)
+        y = y.permute(*order) if kind == "torch" else y.transpose(order)
+    return y
+
+
+def _im2col(kind: str, x: Any, w: Any, bias: Any, stride: tuple[int, ...],
+            pads: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Any:
+    """The im2col path in float32 (float64 for float64), cast back to ``x``'s dtype."""
+    if kind == "torch":
+        out = _im2col("numpy", *(arrays.numpy_of_torch(a.detach().cpu())
+                                 if a is not None else None for a in (x, w, bias)),
+                      stride, pads, dilation, groups)
+        return arrays.torch_of(np.ascontiguousarray(out)).to(x.device)
+    if kind == "cupy":
+        import cupy as xp
+    else:
+        xp = np
+    dt = np.dtype(x.dtype)
+    work = np.float64 if dt == np.float64 else np.float32
+    y = conv_im2col(x.astype(work), w.astype(work),
+                    None if bias is None else bias.astype(work), strides=stride,
+                    pads=pads + pads, dilations=dilation, group=groups, xp=xp)
+    return y.astype(dt)
+
+
+def conv1d(x: Any, w: Any, bias: Any = None, **kwargs: Any) -> Any:
+    """1-D :func:`conv`: ``x (N, C, L)``, ``w (O, C // groups, K)``."""
+    if len(w.shape) != 3:
+        raise PycLabError(f"pl.conv1d: weights of shape {tuple(w.shape)}; expected "
+                          "(O, C // groups, K)")
+    return conv(x, w, bias, **kwargs)
+
+
+def conv2d(x: Any, w: Any, bias: Any = None, **kwargs: Any) -> Any:
+    """2-D :func:`conv`: ``x (N, C, H, W)``, ``w (O, C // groups, KH, KW)``."""
+    if len(w.shape) != 4:
+        raise PycLabError(f"pl.conv2d: weights of shape {tuple(w.shape)}; expected "
+                          "(O, C // groups, KH, KW)")
+    return conv(x, w, bias, **kwargs)

@@ -1,0 +1,48 @@
+"""pl.conv on the GPU: CuPy arrays and torch tensors through cuDNN (torch), against the
+float64 reference of the CPU tests, on fresh random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+from pyc_lab.kernels.conv import conv_route
+from tests.kernels.test_conv import reference
+
+cp = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize(("xs", "ws", "kw"), [
+    ((4, 16, 28, 28), (32, 16, 3, 3), {"padding": 1}),
+    ((2, 32, 15, 17), (32, 1, 3, 3), {"groups": 32, "padding": 1, "stride": 2}),
+    ((8, 4, 129), (32, 4, 3), {}),
+])
+def test_cupy_arrays_through_cudnn(dtype, xs, ws, kw):
+    rng = np.random.default_rng()
+    x = rng.standard_normal(xs).astype(dtype)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    xd = cp.asarray(x)
+    if conv_route(xd) != "cudnn":
+        pytest.skip("torch is not installed: the im2col path runs (tested on the CPU)")
+    y = pl.conv(xd, cp.asarray(w), cp.asarray(b), **kw)
+    assert isinstance(y, cp.ndarray) and y.dtype == np.dtype(dtype)
+    want = reference(x, w, b, kw.get("stride", 1), kw.get("padding", 0), 1,
+                     kw.get("groups", 1))
+    tol = 2e-2 if dtype == "float16" else 1e-3  # cuDNN may take TF32 for float32
+    np.testing.assert_allclose(cp.asnumpy(y).astype(np.float64), want, rtol=tol, atol=tol)
+
+
+def test_torch_tensors_channels_last():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 14, 14, 8)).astype(np.float16)       # (N, H, W, C)
+    w = (rng.standard_normal((16, 8, 3, 3)) / 8).astype(np.float16)
+    y = pl.conv2d(torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda(), padding=1,
+                  layout="channels_last")
+    assert isinstance(y, torch.Tensor) and y.is_cuda and tuple(y.shape) == (2, 14, 14, 16)
+    want = reference(x.transpose(0, 3, 1, 2), w, padding=1).transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(y.float().cpu().numpy(), want, rtol=2e-2, atol=2e-2)
