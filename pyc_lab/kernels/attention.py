@@ -74,6 +74,9 @@ def _check(q: Any, k: Any, v: Any, mask: Any, layout: str) -> tuple[Any, Any, An
         raise PycLabError(f"pl.attention: {hq} query heads are not a multiple of {hk} "
                           "key/value heads (grouped-query attention needs whole groups)")
     if mask is not None:
+        if not hasattr(mask, "shape") or arrays.kind(mask) != arrays.kind(q):
+            raise PycLabError(f"pl.attention: the mask is a {type(mask).__name__}; pass it "
+                              "as the same kind of array as q, k and v")
         try:
             np.broadcast_shapes(tuple(mask.shape), (b, hq, sq, sk))
         except ValueError:
@@ -210,7 +213,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
         else:
             res = attention_xp(np, *(arrays.numpy_of_torch(x.cpu()) for x in (q, k, v)),
                                causal=causal, scale=scale,
-                               mask=None if mask is None else mask.cpu().numpy(),
+                               mask=None if mask is None
+                               else arrays.numpy_of_torch(mask.detach().cpu()),
                                return_lse=return_lse)
             outs = res if return_lse else (res,)
             outs = tuple(arrays.torch_of(np.ascontiguousarray(o)).to(q.device) for o in outs)

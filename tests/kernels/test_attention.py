@@ -181,3 +181,5 @@ def test_bad_dtypes_and_masks_are_refused():
         pl.attention(q, k, v, mask=np.zeros((3, 4), np.float32))
     with pytest.raises(PycLabError, match="not an array"):
         pl.attention(q, k, [[1.0]])
+    with pytest.raises(PycLabError, match="same kind of array"):
+        pl.attention(q, k, v, mask=[[0.0] * 4] * 4)
