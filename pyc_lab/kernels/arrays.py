@@ -25,7 +25,7 @@ from ..errors import PycLabError
 
 __all__ = ["BF16", "FLOATS", "bf16_dtype", "cupy_of_torch", "dtype_name", "is_cupy",
            "is_torch", "kind", "numpy_dtype", "numpy_of_torch", "result_dtype", "torch_of",
-           "torch_stream"]
+           "torch_stream", "torch_stream_of_cupy"]
 
 #: The name of the brain-float dtype (NumPy via ml_dtypes, CuPy 14, torch).
 BF16 = "bfloat16"
@@ -114,6 +114,26 @@ def torch_stream(device_index: int) -> Any:
         if len(_STREAMS) > 64:
             _STREAMS.clear()
         stream = _STREAMS[ptr] = cp.cuda.ExternalStream(ptr, device_index)
+    return stream
+
+
+_TORCH_STREAMS: dict[tuple[int, int], Any] = {}
+
+
+def torch_stream_of_cupy() -> Any:
+    """A torch ``ExternalStream`` over CuPy's current stream on CuPy's current device
+    (memoised per stream handle): torch work issued under ``torch.cuda.stream(...)`` of
+    it is ordered with the CuPy work around it, and DLPack needs no synchronisation."""
+    import cupy as cp
+    import torch
+
+    key = (cp.cuda.get_current_stream().ptr, cp.cuda.Device().id)
+    stream = _TORCH_STREAMS.get(key)
+    if stream is None:
+        if len(_TORCH_STREAMS) > 64:
+            _TORCH_STREAMS.clear()
+        stream = _TORCH_STREAMS[key] = torch.cuda.ExternalStream(key[0],
+                                                                 device=f"cuda:{key[1]}")
     return stream
 
 

@@ -148,9 +148,7 @@ def attention_xp(xp: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: float,
     if xp is not np and not return_lse and _torch_available():
         import torch
 
-        stream = torch.cuda.ExternalStream(xp.cuda.get_current_stream().ptr,
-                                           device=f"cuda:{xp.cuda.Device().id}")
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(arrays.torch_stream_of_cupy()):
             tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
             tm = torch.from_dlpack(mask) if mask is not None else None
             return xp.from_dlpack(_sdpa(tq, tk, tv, causal, scale, tm))

@@ -166,9 +166,7 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
             import cupy as cp
             import torch
 
-            stream = torch.cuda.ExternalStream(cp.cuda.get_current_stream().ptr,
-                                               device=f"cuda:{cp.cuda.Device().id}")
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(arrays.torch_stream_of_cupy()):
                 y = cp.from_dlpack(_torch_conv(
                     *(torch.from_dlpack(a) if a is not None else None
                       for a in (x, w, bias)), stride_t, pads, dilation_t, groups))
