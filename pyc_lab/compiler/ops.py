@@ -274,9 +274,20 @@ def is_plain_reduction(node: Any) -> bool:
                                          for k in ("dtype", "initial", "ddof"))
 
 
+#: Reductions that accumulate: on bfloat16 they run in float32 and round once (see
+#: ``_reduction``).
+_ACCUMULATING = ("sum", "mean", "var", "std", "prod")
+
+
 def _reduction(name: str) -> None:
     def reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
         x = args[0]
+        if name in _ACCUMULATING and np.dtype(x.dtype).name == "bfloat16" \
+                and attrs.get("dtype") is None:
+            # ml_dtypes' loops accumulate in bfloat16 (np.ones(1000, bf16).sum() is 256):
+            # float32 inside, as NumPy's float16 and torch do, one rounding, bf16 out
+            out = reference(xp, [x.astype(np.float32), *args[1:]], attrs)
+            return out.astype(x.dtype)
         kw = reduction_kwargs(attrs, args[1] if len(args) == 2 else None)
         if name == "var" and attrs.get("form") == "mean_square":
             m = xp.mean(x, axis=kw["axis"], keepdims=True)

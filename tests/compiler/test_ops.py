@@ -399,3 +399,21 @@ def test_normalize_axis():
     assert normalize_axis(None, 2) == (0, 1)
     with pytest.raises(ShapeError, match="repeated"):
         normalize_axis((1, -2), 3)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "var", "std", "prod"])
+def test_bfloat16_reductions_accumulate_in_float32_and_stay_bfloat16(rng, op):
+    # NumPy's own bfloat16 loops accumulate in bfloat16 (np.ones(1000, bf16).sum() is
+    # 256); the compiler's reference accumulates in float32 and rounds once
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    x = (rng.random((4, 1000)) + 0.5).astype(np.float32)
+    if op == "prod":
+        x = (1 + (x - 1) / 100).astype(np.float32)  # a product that stays finite
+    x = x.astype(bf16)
+    node, out = run_op(op, [x], {"axis": (1,), "keepdims": False})
+    assert node.dtype == bf16 and out.dtype == bf16
+    want = getattr(np, op)(x.astype(np.float64), axis=1)
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=2**-7)
+    if op == "sum":  # what NumPy's bfloat16 loop gives instead
+        assert float(np.ones(1000, bf16).sum()) == 256.0
+        assert float(run_op("sum", [np.ones(1000, bf16)], {"axis": (0,)})[1]) == 1000.0
