@@ -27,7 +27,9 @@ from tests.compiler.test_row_fusion import PROGRAMS as ROW_PROGRAMS
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 I32 = np.int32
-_TOL = {"float16": (1e-2, 1e-2), "float32": (2e-5, 2e-6), "float64": (1e-11, 1e-12)}
+_TOL = {"float16": (1e-2, 1e-2), "float32": (2e-5, 2e-6), "float64": (1e-11, 1e-12),
+        "bfloat16": (2e-2, 2e-2)}
+BF16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
 
 
 def _rand(rng, shape, dtype):
@@ -75,6 +77,58 @@ def test_row_kernels(op, attrs, dtype, cols):
                 "max": lambda: ref.max(-1), "var": lambda: ref.var(-1)}[op]()
     for entry in src.entries:
         out = np.full(node.shape, np.nan, dtype=node.dtype)
+        _rows(src, [_aligned(x)], out, entry)
+        _close(out, want)
+
+
+@needs_gxx
+@pytest.mark.parametrize("op, attrs", [
+    ("sum", {"axis": (1,), "keepdims": False}), ("mean", {"axis": (1,), "keepdims": True}),
+    ("max", {"axis": (1,), "keepdims": False}), ("min", {"axis": (1,), "keepdims": False}),
+    ("var", {"axis": (1,), "keepdims": False, "form": "np.var"})])
+@pytest.mark.parametrize("cols", [37, 1024, 4097])
+def test_bfloat16_row_reductions_accumulate_in_float32(op, attrs, cols):
+    # the reference (float32 inside, one rounding), not NumPy's bfloat16 loop, which
+    # stops counting at 256: these rows sum to far more than 256 ulps of their values
+    rng = np.random.default_rng(cols)
+    x = (rng.uniform(0.5, 2.0, (5, cols))).astype(BF16)
+    g, node = op_graph(op, [(x.shape, BF16)], attrs)
+    src = generate(node, g)
+    assert node.dtype == BF16 and "pyc_bf16" in src.source
+    want = getattr(np, op)(x.astype(F64), axis=1, keepdims=attrs["keepdims"])
+    for entry in src.entries:
+        out = np.full(node.shape, np.nan, dtype=BF16)
+        _rows(src, [_aligned(x)], out, entry)
+        _close(out, want)
+
+
+def _bf16_l2(x):
+    return x / np.sqrt((x * x).sum(-1, keepdims=True))
+
+
+def _bf16_centre(x):
+    return x - x.mean(-1, keepdims=True)
+
+
+def _bf16_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@needs_gxx
+@pytest.mark.parametrize("fn", [_bf16_l2, _bf16_centre, _bf16_softmax])
+@pytest.mark.parametrize("cols", [64, 1000])
+def test_bfloat16_row_programs(fn, cols):
+    rng = np.random.default_rng(cols)
+    x = _rand(rng, (70, cols), F32).astype(BF16)
+    graph, _ = trace(fn, (x,))
+    graph = PassManager().run(graph).graph
+    (node,) = [n for n in graph if n.op == "fused_rows"]
+    src = generate(node, graph)
+    with np.errstate(all="ignore"):
+        want = fn(x.astype(F64))
+    for entry in src.entries:
+        out = np.full(node.shape, np.nan, dtype=BF16)
         _rows(src, [_aligned(x)], out, entry)
         _close(out, want)
 

@@ -81,7 +81,9 @@ def check_rows(node: Node, graph: Graph) -> str:
     x = graph.node(node.inputs[0])
     shape = tuple(x.shape)
     for n in [x, node, *(graph.node(i) for i in node.inputs[1:])]:
-        if not ct.is_supported(n.dtype):
+        # bfloat16 rows: the plain reductions (accumulated in float32, rounded once, as
+        # the reductions' reference does); softmax and layer norm do not take it
+        if not ct.is_supported(n.dtype, elementwise=node.op in _REDUCTIONS):
             return f"dtype {n.dtype.name} is not generated; runs through CuPy"
     if not shape:
         return f"{node.op} of a 0-d array is not generated; runs through CuPy"
@@ -114,11 +116,14 @@ def check_rows(node: Node, graph: Graph) -> str:
 
 
 # -- dtype plans ---------------------------------------------------------------------------
+_HALVES = ("float16", "bfloat16")
+
+
 def _acc_dtype(node: Node, x: np.dtype) -> np.dtype:
     """The dtype partial results are kept in."""
     out = node.dtype
     if node.op in ("max", "min"):
-        if x.name == "float16":
+        if x.name in _HALVES:
             return np.dtype(np.float32)
         if x.name == "bool":
             return np.dtype(np.int32)  # shuffles have no bool overload
@@ -126,8 +131,8 @@ def _acc_dtype(node: Node, x: np.dtype) -> np.dtype:
     if node.op in ("softmax", "layer_norm"):
         f = _float_of(x)
         return np.dtype(np.float32) if f.name == "float16" else f
-    # sum, mean, var: the result dtype, float16 accumulated in float
-    return np.dtype(np.float32) if out.name == "float16" else out
+    # sum, mean, var: the result dtype, float16 and bfloat16 accumulated in float
+    return np.dtype(np.float32) if out.name in _HALVES else out
 
 
 def _store(expr: str, acc_dt: np.dtype, odt: np.dtype) -> str:
@@ -298,8 +303,9 @@ def generate_rows(node: Node, graph: Graph) -> KernelSource:
             else "; no vectorised variant"),
     ]
     sections = ["\n".join(header) + "\n"]
-    if "float16" in {xdt.name, odt.name, *(en.dtype.name for _, en in extras)}:
-        sections.append(ct.helper("f16"))
+    names = {xdt.name, odt.name, *(en.dtype.name for _, en in extras)}
+    sections += [ct.helper(h) for h, dt in (("f16", "float16"), ("bf16", "bfloat16"))
+                 if dt in names]
     if vec:
         sections.append(ct.helper("vec"))
     sections.append(ct.helper("reduce"))  # combining operators, warp and block reductions

@@ -18,8 +18,9 @@ local arrays, up to a register budget; what is not kept is recomputed from its i
 and without registers the row is re-read each phase (usually from L1/L2).
 
 Every op computes what NumPy computes: elementwise ops as in the elementwise kernels
-(operands converted to the op's dtype, float16 results rounded), float16 sums and means
-accumulated in float32 and rounded once (``np.mean`` divides first), ``max``/``min``
+(operands converted to the op's dtype, float16 results rounded), float16 and bfloat16
+sums and means accumulated in float32 and rounded once (``np.mean`` divides first; for
+bfloat16 as the reductions' reference does, not NumPy's bfloat16 loop), ``max``/``min``
 propagating NaN. Inputs broadcast to the value that reads them as NumPy broadcasts: to
 ``X`` for full and ``keepdims`` row values, to ``X[:-1]`` for row values without it.
 """
@@ -125,7 +126,7 @@ def _analyse(body: Graph, space: tuple[int, ...]) -> tuple[_Plan | None, str]:
         return None, f"rows of {space[-1]} elements are too long"
     index = {bid: k for k, bid in enumerate(body.inputs)}
     for n in body:
-        if not ct.is_supported(n.dtype):
+        if not ct.is_supported(n.dtype, elementwise=True):  # bfloat16 included
             return None, f"dtype {n.dtype.name} ({n.op}) is not generated"
         if n.op == "input":
             plan.level[n.id] = 0
@@ -145,7 +146,7 @@ def _analyse(body: Graph, space: tuple[int, ...]) -> tuple[_Plan | None, str]:
             if tuple(x.shape) != tuple(space) or normalize_axis(
                     n.attrs.get("axis"), len(space)) != (len(space) - 1,):
                 return None, f"{n.op} %{n.id} does not reduce the rows' last axis"
-            if x.dtype.kind != "f" or n.dtype.kind != "f":
+            if not all(d.kind == "f" or d.name == "bfloat16" for d in (x.dtype, n.dtype)):
                 return None, f"{n.op} %{n.id} of {x.dtype.name} is not generated"
             if bool(n.attrs.get("keepdims")) != (kind == "row1") and len(space) > 1:
                 return None, f"{n.op} %{n.id} has an unexpected shape"
@@ -563,8 +564,8 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
     ]
     sections = ["\n".join(header) + "\n"]
     dtypes = {out_dtype.name, *(d.name for d in in_dtypes), *(n.dtype.name for n in body)}
-    if "float16" in dtypes:
-        sections.append(ct.helper("f16"))
+    sections += [ct.helper(h) for h, dt in (("f16", "float16"), ("bf16", "bfloat16"))
+                 if dt in dtypes]
     if vec:
         sections.append(ct.helper("vec"))
     sections += [ct.helper(s) for s in ("ipow", "abs") if s in needs]

@@ -57,8 +57,11 @@ MIN_ROWS = 64
 #: ... and longer rows than this are not fused (too little parallelism).
 MAX_FULL_COLUMNS = 1 << 16
 
-def _float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" and ct.is_supported(dtype)
+def _float(dtype: np.dtype, bfloat16: bool = False) -> bool:
+    """A float dtype the row kernels take (``bfloat16`` too where asked: the plain
+    reductions, which accumulate it in float32 and round once, as their reference)."""
+    return (dtype.kind == "f" and ct.is_supported(dtype)) or (
+        bfloat16 and dtype.name == "bfloat16")
 
 
 def _last_axis(node: Node, x: Node) -> bool:
@@ -71,7 +74,9 @@ def reduction_space(node: Node, graph: Graph) -> tuple[int, ...] | None:
     if not node.inputs or node.op not in ROW_REDUCTIONS + _COMPOUND:
         return None
     x = graph.nodes[node.inputs[0]]
-    if not _float(x.dtype) or not _float(node.dtype) or not _last_axis(node, x):
+    plain = node.op in ROW_REDUCTIONS
+    if not _float(x.dtype, plain) or not _float(node.dtype, plain) \
+            or not _last_axis(node, x):
         return None
     if node.op in ROW_REDUCTIONS:
         ok = is_plain_reduction(node)
@@ -92,7 +97,7 @@ def reduction_space(node: Node, graph: Graph) -> tuple[int, ...] | None:
 def _elementwise(node: Node) -> bool:
     opdef = REGISTRY.get(node.op)
     return bool(opdef is not None and opdef.kind == "elementwise" and opdef.cuda is not None
-                and ct.is_supported(node.dtype))
+                and ct.is_supported(node.dtype, elementwise=True))
 
 
 @dataclass
@@ -298,7 +303,8 @@ def _why_not_row(node: Node, graph: Graph) -> str:
     x = graph.nodes[node.inputs[0]] if node.inputs else None
     if node.op not in ROW_REDUCTIONS + _COMPOUND:
         return f"{node.op} is not one of a row program's reductions ({', '.join(ROW_REDUCTIONS)})"
-    if x is None or not _float(x.dtype) or not _float(node.dtype):
+    plain = node.op in ROW_REDUCTIONS
+    if x is None or not _float(x.dtype, plain) or not _float(node.dtype, plain):
         return "row programs reduce floating-point values; integer reductions keep their kernel"
     if not _last_axis(node, x):
         axes = normalize_axis(node.attrs.get("axis", -1), len(x.shape))
