@@ -209,6 +209,33 @@ def test_bfloat16_rounding_on_the_gpu_is_ml_dtypes_bit_for_bit(rng):
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "var"])
+def test_bfloat16_row_reductions_on_the_gpu(rng, op):
+    # generated bfloat16 row kernels: float32 inside, one rounding (the reference's rule)
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    x = (rng.uniform(0.5, 2.0, (300, 4097))).astype(np.float32).astype(bf16)
+    g, node = op_graph(op, [(x.shape, bf16)], {"axis": (1,), "keepdims": False})
+    exe = CupyExecutable(g, {node.id: "reduction_kernel"})
+    (got,) = run(exe, [x])
+    assert got.dtype == bf16
+    want = getattr(np, op)(x.astype(F64), axis=1)
+    np.testing.assert_allclose(got.astype(F64), want, rtol=2e-2, atol=2e-2)
+
+
+def test_bfloat16_row_program_on_the_gpu(rng):
+    import pyc_lab as pl
+
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    x = rng.standard_normal((512, 1024)).astype(np.float32).astype(bf16)
+    f = pl.compile(lambda x: x / np.sqrt((x * x).sum(-1, keepdims=True)), backend="cupy")
+    got = cp.asnumpy(f(cp.asarray(x)))
+    want = x.astype(F64) / np.sqrt((x.astype(F64) ** 2).sum(-1, keepdims=True))
+    assert got.dtype == bf16
+    np.testing.assert_allclose(got.astype(F64), want, rtol=2e-2, atol=2e-2)
+    impls = [k["impl"] for k in f.explain(cp.asarray(x)).kernels]
+    assert impls == ["reduction_kernel"]  # one generated row-program kernel
+
+
 BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "less",
           "less_equal", "greater", "greater_equal", "equal", "not_equal"]
 
