@@ -181,7 +181,7 @@ def test_row_programs(name, dtype, cols):
 @pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
 @pytest.mark.parametrize("dtype, shape, axis", [
     (F32, (3000, 40), (0,)), (F16, (5, 700, 24), (1,)), (I32, (3000, 3), (0,)),
-    (F64, (2, 30, 50, 7), (1, 2))])
+    (F64, (2, 30, 50, 7), (1, 2)), (BF16, (3000, 24), (0,))])
 def test_column_kernels_split_and_combined(op, dtype, shape, axis):
     rng = np.random.default_rng(len(shape))
     x = _aligned(_rand(rng, shape, dtype))
@@ -192,12 +192,14 @@ def test_column_kernels_split_and_combined(op, dtype, shape, axis):
     if launch["vec_kernel"]:
         entries.append((launch["vec_kernel"], launch["vec_config"], True))
     with np.errstate(all="ignore"):
-        want = getattr(np, op)(x.astype(F64) if x.dtype.kind == "f" else x, axis=axis)
+        want = getattr(np, op)(x.astype(F64) if x.dtype.kind == "f" or x.dtype == BF16
+                               else x, axis=axis)
     for entry, cfg, vectorised in entries:
         parts = split_count(launch, 2, vectorised)  # a GPU of 2 SMs: small arrays split
         assert parts > 1 or vectorised  # the scalar entry takes the two-kernel path here
         n = launch["outer"] * launch["inner"]
-        out = np.full(node.shape, np.nan if node.dtype.kind == "f" else 7, node.dtype)
+        out = np.full(node.shape, np.nan if node.dtype.kind == "f" or node.dtype == BF16
+                      else 7, node.dtype)
         partial = np.full(max(parts, 1) * n, np.nan, np.dtype(launch["acc_dtype"])) \
             if np.dtype(launch["acc_dtype"]).kind == "f" \
             else np.zeros(max(parts, 1) * n, np.dtype(launch["acc_dtype"]))
@@ -208,7 +210,7 @@ def test_column_kernels_split_and_combined(op, dtype, shape, axis):
         if parts > 1:
             emulate_threads(src, launch["combine_kernel"], [partial, out, ctypes.c_int(parts)],
                             (2, 1), launch["block"])
-        if node.dtype.kind == "f":
+        if node.dtype.kind == "f" or node.dtype == BF16:
             _close(out, want)
         else:
             np.testing.assert_array_equal(out, want)

@@ -16,9 +16,10 @@ splits ``R`` into ``S`` chunks (grid ``y``): each chunk writes its partial resul
 workspace and a second small kernel (``_combine``) reduces the ``S`` partials of each
 column in order. Results are deterministic from run to run.
 
-Arithmetic runs in the compute type of the result (float for float16 and float32,
-double for float64, 64-bit integers for integer sums), and a float16 result is rounded
-once, at the end. NumPy's float16 column sum rounds after every addition instead (its
+Arithmetic runs in the compute type of the result (float for float16, bfloat16 and
+float32, double for float64, 64-bit integers for integer sums), and a float16 or
+bfloat16 result is rounded once, at the end (for bfloat16 what the reductions'
+reference does). NumPy's float16 column sum rounds after every addition instead (its
 pairwise float32 summation runs along the last axis only), so a float16 column sum
 here is closer to the exact sum than NumPy's; a float16 ``mean`` matches NumPy's
 (which accumulates in float32). ``max``/``min`` propagate NaN like NumPy.
@@ -70,8 +71,8 @@ def check_columns(node: Node, graph: Graph) -> str:
         return f"{node.op} is not a column reduction"
     x = graph.node(node.inputs[0])
     shape = tuple(x.shape)
-    for n in (x, node):
-        if not ct.is_supported(n.dtype):
+    for n in (x, node):  # bfloat16 too: accumulated in float32, rounded once
+        if not ct.is_supported(n.dtype, elementwise=True):
             return f"dtype {n.dtype.name} is not generated; runs through CuPy"
     axes = normalize_axis(node.attrs.get("axis"), len(shape))
     split = column_split(shape, axes)
@@ -166,8 +167,8 @@ def generate_columns(node: Node, graph: Graph) -> KernelSource:
         + f"{name}_combine: the partial results of a split over the reduced axes",
     ]
     sections = ["\n".join(header) + "\n"]
-    if "float16" in (xdt.name, odt.name):
-        sections.append(ct.helper("f16"))
+    sections += [ct.helper(h) for h, dt in (("f16", "float16"), ("bf16", "bfloat16"))
+                 if dt in (xdt.name, odt.name)]
     if vec:
         sections.append(ct.helper("vec"))
     sections.append(ct.helper("reduce"))

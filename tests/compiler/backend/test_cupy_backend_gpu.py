@@ -222,6 +222,18 @@ def test_bfloat16_row_reductions_on_the_gpu(rng, op):
     np.testing.assert_allclose(got.astype(F64), want, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+def test_bfloat16_column_reductions_on_the_gpu(rng, op):
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    x = (rng.uniform(0.5, 2.0, (4099, 200))).astype(np.float32).astype(bf16)
+    g, node = op_graph(op, [(x.shape, bf16)], {"axis": (0,), "keepdims": False})
+    exe = CupyExecutable(g, {node.id: "reduction_kernel"})
+    (got,) = run(exe, [x])
+    assert got.dtype == bf16
+    want = getattr(np, op)(x.astype(F64), axis=0)
+    np.testing.assert_allclose(got.astype(F64), want, rtol=2e-2, atol=2e-2)
+
+
 def test_bfloat16_row_program_on_the_gpu(rng):
     import pyc_lab as pl
 
