@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..compiler import functions as F
-from ..kernels.conv_im2col import conv_im2col, pad_spatial, windows
+from ..kernels.conv_im2col import conv_im2col, filled, pad_spatial, windows
 
 __all__ = [
     "average_pool",
@@ -47,32 +47,11 @@ __all__ = [
 ]
 
 
-def _zeros_like_shape(x: Any, shape: Sequence[int], value: float = 0.0) -> np.ndarray:
-    return np.full(tuple(shape), value, dtype=np.dtype(x.dtype))
-
-
 def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
          pads: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
          group: int = 1) -> Any:
-    """ONNX ``Conv`` (1-D, 2-D, any N-D) as im2col + one matrix product per group
-    (:func:`pyc_lab.kernels.conv_im2col.conv_im2col`, traced by the compiler).
-
-    Parameters
-    ----------
-    x
-        ``(N, C, *spatial)``.
-    w
-        ``(O, C // group, *kernel)``.
-    b
-        ``(O,)`` or ``None``.
-    strides, pads, dilations, group
-        ONNX's attributes (``pads`` as ``[begins..., ends...]``).
-
-    Returns
-    -------
-    array
-        ``(N, O, *out_spatial)``.
-    """
+    """ONNX ``Conv``: :func:`~pyc_lab.kernels.conv_im2col.conv_im2col` on NumPy (or the
+    compiler's traced) arrays; ``x (N, C, *spatial)``, ``w (O, C // group, *kernel)``."""
     return conv_im2col(x, w, b, strides=strides, pads=pads, dilations=dilations,
                        group=group)
 
@@ -235,7 +214,7 @@ def pad(x: Any, pads: Sequence[int], value: float = 0.0) -> Any:
             elif n:
                 shape = list(x.shape)
                 shape[axis] = n
-                parts.append(_zeros_like_shape(x, shape, value))
+                parts.append(filled(x, shape, value))
         if len(parts) > 1:
             x = np.concatenate(parts, axis=axis)
     return x

@@ -17,15 +17,31 @@ Nothing here imports CuPy or torch unless an array of theirs is given.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from typing import Any
 
 import numpy as np
 
 from ..errors import PycLabError
 
-__all__ = ["BF16", "FLOATS", "bf16_dtype", "cupy_of_torch", "dtype_name", "is_cupy",
-           "is_torch", "kind", "numpy_dtype", "numpy_of_torch", "result_dtype", "torch_of",
-           "torch_stream", "torch_stream_of_cupy"]
+__all__ = [
+    "BF16",
+    "FLOATS",
+    "bf16_dtype",
+    "cupy_of_torch",
+    "dtype_name",
+    "is_cupy",
+    "is_torch",
+    "kind",
+    "numpy_dtype",
+    "numpy_of_torch",
+    "result_dtype",
+    "torch_installed",
+    "torch_of",
+    "torch_stream",
+    "torch_stream_of_cupy",
+]
 
 #: The name of the brain-float dtype (NumPy via ml_dtypes, CuPy 14, torch).
 BF16 = "bfloat16"
@@ -118,6 +134,12 @@ def torch_stream(device_index: int) -> Any:
 
 
 _TORCH_STREAMS: dict[tuple[int, int], Any] = {}
+
+
+@functools.cache
+def torch_installed() -> bool:
+    """Whether torch can be imported (looked up once, without importing it)."""
+    return importlib.util.find_spec("torch") is not None
 
 
 def torch_stream_of_cupy() -> Any:

@@ -16,8 +16,6 @@ does). A fused attention kernel of pyc_lab's own is not part of this module yet.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 from typing import Any
 
 import numpy as np
@@ -32,11 +30,6 @@ __all__ = ["LAYOUTS", "attention", "attention_route", "attention_xp"]
 #: sequence before the heads (as most models keep their projections).
 LAYOUTS = ("bhsd", "bshd")
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
-
-
-@functools.cache
-def _torch_available() -> bool:
-    return importlib.util.find_spec("torch") is not None
 
 
 def _check(q: Any, k: Any, v: Any, mask: Any, layout: str) -> tuple[Any, Any, Any]:
@@ -102,7 +95,7 @@ def attention_route(q: Any, *, return_lse: bool = False) -> str:
         return "blocked"
     if kind == "torch":
         return "torch-sdpa" if q.is_cuda else "blocked"
-    return "torch-sdpa" if _torch_available() else "blocked"
+    return "torch-sdpa" if arrays.torch_installed() else "blocked"
 
 
 def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any) -> Any:
@@ -129,7 +122,7 @@ def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any) -> Any:
     return out
 
 
-def _grouped(xp: Any, q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any, Any, Any]:
+def _grouped(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any, Any, Any]:
     """(B, Hkv, G, S, D) query groups against (B, Hkv, 1, S, D) keys and values (views)."""
     b, hq, sq, d = q.shape
     hk = k.shape[1]
@@ -145,14 +138,14 @@ def _grouped(xp: Any, q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any, Any,
 def attention_xp(xp: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: float, mask: Any,
                  return_lse: bool) -> Any:
     """:func:`attention` on (B, H, S, D) NumPy or CuPy arrays, already checked."""
-    if xp is not np and not return_lse and _torch_available():
+    if xp is not np and not return_lse and arrays.torch_installed():
         import torch
 
         with torch.cuda.stream(arrays.torch_stream_of_cupy()):
             tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
             tm = torch.from_dlpack(mask) if mask is not None else None
             return xp.from_dlpack(_sdpa(tq, tk, tv, causal, scale, tm))
-    qg, kg, vg, mg = _grouped(xp, q, k, v, mask)
+    qg, kg, vg, mg = _grouped(q, k, v, mask)
     res = blocked_attention(xp, qg, kg, vg, scale=scale, causal=causal, mask=mg,
                             return_lse=return_lse)
     b, hq, sq, _ = q.shape
@@ -202,31 +195,27 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     q, k, v = _check(q, k, v, mask, layout)
     scale = default_scale(int(q.shape[-1])) if scale is None else float(scale)
     kind = arrays.kind(q)
-    if kind == "torch":
-        if any(x.requires_grad for x in (q, k, v)):
-            raise PycLabError("pl.attention does not record gradients; pass tensor.detach() "
-                              "(or use torch's scaled_dot_product_attention for training)")
-        if q.is_cuda and not return_lse:
-            out = _sdpa(q, k, v, causal, scale, mask)
-        else:
-            res = attention_xp(np, *(arrays.numpy_of_torch(x.cpu()) for x in (q, k, v)),
-                               causal=causal, scale=scale,
-                               mask=None if mask is None
-                               else arrays.numpy_of_torch(mask.detach().cpu()),
-                               return_lse=return_lse)
-            outs = res if return_lse else (res,)
-            outs = tuple(arrays.torch_of(np.ascontiguousarray(o)).to(q.device) for o in outs)
-            out, *rest = outs
-            if layout == "bshd":
-                out = out.transpose(1, 2)
-            return (out, rest[0]) if return_lse else out
-        return out.transpose(1, 2) if layout == "bshd" else out
-    xp = np
-    if kind == "cupy":
-        import cupy as xp
-    res = attention_xp(xp, q, k, v, causal=causal, scale=scale, mask=mask,
-                       return_lse=return_lse)
-    out = res[0] if return_lse else res
+    if kind == "torch" and any(x.requires_grad for x in (q, k, v)):
+        raise PycLabError("pl.attention does not record gradients; pass tensor.detach() "
+                          "(or use torch's scaled_dot_product_attention for training)")
+    if kind == "torch" and q.is_cuda and not return_lse:
+        outs: tuple[Any, ...] = (_sdpa(q, k, v, causal, scale, mask),)
+    elif kind == "torch":  # a CPU tensor (or the log-sum-exp): the blocked path on NumPy
+        res = attention_xp(np, *(arrays.numpy_of_torch(x.cpu()) for x in (q, k, v)),
+                           causal=causal, scale=scale,
+                           mask=None if mask is None
+                           else arrays.numpy_of_torch(mask.detach().cpu()),
+                           return_lse=return_lse)
+        outs = tuple(arrays.torch_of(np.ascontiguousarray(o)).to(q.device)
+                     for o in (res if return_lse else (res,)))
+    else:
+        xp = np
+        if kind == "cupy":
+            import cupy as xp
+        res = attention_xp(xp, q, k, v, causal=causal, scale=scale, mask=mask,
+                           return_lse=return_lse)
+        outs = res if return_lse else (res,)
+    out = outs[0]
     if layout == "bshd":
-        out = out.swapaxes(1, 2)
-    return (out, res[1]) if return_lse else out
+        out = out.transpose(1, 2) if kind == "torch" else out.swapaxes(1, 2)
+    return (out, outs[1]) if return_lse else out

@@ -15,8 +15,6 @@ the path. Tuned CUTLASS convolutions of pyc_lab's own are not part of this modul
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,11 +29,6 @@ __all__ = ["LAYOUTS", "conv", "conv1d", "conv2d", "conv_route"]
 #: Where the channels are: after the batch axis, or last.
 LAYOUTS = ("channels_first", "channels_last")
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
-
-
-@functools.cache
-def _torch_available() -> bool:
-    return importlib.util.find_spec("torch") is not None
 
 
 def _per_axis(value: int | Sequence[int], nd: int, name: str) -> tuple[int, ...]:
@@ -76,7 +69,7 @@ def conv_route(x: Any) -> str:
     if kind == "torch":
         return "cudnn" if x.is_cuda else "im2col"
     if kind == "cupy":
-        return "cudnn" if _torch_available() else "im2col"
+        return "cudnn" if arrays.torch_installed() else "im2col"
     return "im2col"
 
 

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["conv_im2col", "out_size", "pad_spatial", "windows"]
+__all__ = ["conv_im2col", "filled", "out_size", "pad_spatial", "windows"]
 
 
-def _filled(xp: Any, x: Any, shape: Sequence[int], value: float) -> Any:
+def filled(x: Any, shape: Sequence[int], value: float = 0.0, xp: Any = np) -> Any:
+    """A constant array of ``shape`` in ``x``'s dtype (NumPy's also while tracing)."""
     return xp.full(tuple(shape), value, dtype=np.dtype(x.dtype))
 
 
@@ -40,12 +41,12 @@ def pad_spatial(x: Any, pads: Sequence[int], value: float = 0.0, xp: Any = np) -
         if before:
             shape = list(x.shape)
             shape[2 + i] = before
-            parts.append(_filled(xp, x, shape, value))
+            parts.append(filled(x, shape, value, xp))
         parts.append(x)
         if after:
             shape = list(x.shape)
             shape[2 + i] = after
-            parts.append(_filled(xp, x, shape, value))
+            parts.append(filled(x, shape, value, xp))
         if len(parts) > 1:
             x = xp.concatenate(parts, axis=2 + i)
     return x
