@@ -17,15 +17,24 @@ __device__ __forceinline__ pyc_bf16 pyc_float_to_bf16_bits(float f) {
     return static_cast<pyc_bf16>(u >> 16);
 }
 
-// sm_80+ rounds in one cvt.rn.bf16.f32 (round to nearest even, subnormals kept: as
-// above, bit for bit); a NaN becomes ml_dtypes' quiet NaN of its sign. The bit
-// arithmetic cost seven integer instructions per op, twice float16's conversions.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// f rounded to nearest even, as the upper half of a float's bits (the lower half zero):
+// sm_80+ rounds in the packed cvt.rn.bf16x2.f32, one full-rate F2FP instruction on
+// sm_90 (subnormals kept: as the bit arithmetic, bit for bit). The scalar
+// cvt.rn.bf16.f32 compiles to F2F, a quarter-rate conversion, and the bit arithmetic to
+// seven integer instructions per op.
+__device__ __forceinline__ unsigned int pyc_bf16_rounded_bits(float f) {
+    unsigned int u;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(f), "f"(0.0f));
+    return u;
+}
+#endif
+
+// Rounded to nearest even; a NaN becomes ml_dtypes' quiet NaN of its sign.
 __device__ __forceinline__ pyc_bf16 pyc_float_to_bf16(float f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return f != f ? static_cast<pyc_bf16>(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7fc0u)
-                  : static_cast<pyc_bf16>(h);
+                  : static_cast<pyc_bf16>(pyc_bf16_rounded_bits(f) >> 16);
 #else
     return pyc_float_to_bf16_bits(f);
 #endif
@@ -40,9 +49,7 @@ __device__ __forceinline__ pyc_bf16 pyc_double_to_bf16(double d) {
 __device__ __forceinline__ float pyc_round_bf16(float f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     // a NaN stays the float it is (its sign kept): a store makes it ml_dtypes' NaN
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return f != f ? f : pyc_bf16_to_float(h);
+    return f != f ? f : __uint_as_float(pyc_bf16_rounded_bits(f));
 #else
     return pyc_bf16_to_float(pyc_float_to_bf16(f));
 #endif

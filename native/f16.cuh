@@ -40,3 +40,22 @@ __device__ __forceinline__ float pyc_round_f16(long long i) {
 __device__ __forceinline__ float pyc_round_f16(bool b) {
     return b ? 1.0f : 0.0f;
 }
+
+// a / b for float16 values a and b whose quotient is rounded to float16 next: a float
+// whose float16 rounding is that of the exact quotient, as NumPy's (IEEE float32
+// division, then rounding) is. One approximate reciprocal (within 2 float32 ulps) and
+// one Markstein correction put the quotient within 2**-43 of a/b before its float32
+// rounding; a quotient of two float16 values that is not itself a float16 midpoint
+// lies at least 2**-23 (relative) from every midpoint, so no rounding crosses one, and
+// an exact midpoint is reached exactly (ties stay NumPy's). float16 ranges keep every
+// step normal in float32 (1/b <= 2**24, a*r <= 2**40, a/b >= 2**-40). Special values:
+// where the remainder is zero or NaN (a or b zero, infinite or NaN) the product a*r is
+// the answer, -0.0 and all. IEEE float32 division costs a reciprocal, five fused
+// multiply-adds and a range check with a branch to a slow path, per element.
+__device__ __forceinline__ float pyc_div_f16(float a, float b) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+    const float q = a * r;
+    const float rem = fmaf(-b, q, a);
+    return fabsf(rem) > 0.0f ? fmaf(rem, r, q) : q;
+}

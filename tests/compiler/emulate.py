@@ -50,6 +50,14 @@ static inline unsigned int __float_as_uint(float f) {
 }
 static inline float pyc_cpu_expf(float x) { return __builtin_expf(x); }
 #define __expf pyc_cpu_expf
+static inline float pyc_cpu_rcp(float b) {
+    const float r = 1.0f / b;
+#ifdef PYC_RCP_TOWARD
+    return std::isfinite(r) && r != 0.0f ? std::nextafter(r, PYC_RCP_TOWARD) : r;
+#else
+    return r;
+#endif
+}
 """
 _KEYWORDS = r"""
 #define __global__
@@ -82,6 +90,14 @@ _PTX = {
     # sm_80's bfloat16 rounding (native/bf16.cuh): the bit arithmetic it stands for
     'asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));':
         "h = pyc_float_to_bf16_bits(f);",
+    # sm_80's packed bfloat16 rounding (native/bf16.cuh): the rounded bits, upper half
+    'asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(f), "f"(0.0f));':
+        "u = static_cast<unsigned int>(pyc_float_to_bf16_bits(f)) << 16;",
+    # the approximate reciprocal (native/f16.cuh's division): 1/b rounded, then moved one
+    # float32 ulp toward PYC_RCP_TOWARD (a -D flag; default: not moved) to stand for the
+    # hardware's error (CUDA documents rcp.approx as within one ulp)
+    'asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));':
+        "r = pyc_cpu_rcp(b);",
     # sm_80's NaN-propagating float max/min (native/reduce.cuh; compiled for sm_80+ only)
     'asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));':
         "r = a != a ? a : (b != b ? b : (a > b ? a : b));",
@@ -117,17 +133,19 @@ def _build(text: str, name: str, flags: list[str]) -> ctypes.CDLL:
     return _BUILT[key]
 
 
-def _library(src: KernelSource) -> ctypes.CDLL:
-    return _build(_PRELUDE + _cpu_source(src), src.name, ["-std=c++17"])
+def _library(src: KernelSource, defines: str = "") -> ctypes.CDLL:
+    return _build(defines + _PRELUDE + _cpu_source(src), src.name, ["-std=c++17"])
 
 
 def emulate(src: KernelSource, entry: str, arrays: list[np.ndarray],
-            grid: int | None = None) -> None:
+            grid: int | None = None, block: int | None = None, defines: str = "") -> None:
     """Launch ``entry`` of ``src`` on ``arrays`` (its parameters in order: inputs, then
-    outputs, written in place) with ``src.launch["block"]`` threads a block and ``grid``
-    blocks (default: as the launcher computes it, one thread per element or vector)."""
-    lib = _library(src)
-    block = src.launch["block"]
+    outputs, written in place) with ``block`` threads a block (default
+    ``src.launch["block"]``) and ``grid`` blocks (default: as the launcher computes it,
+    one thread per element or vector). ``defines`` is C text put before everything (for
+    instance ``#define PYC_RCP_TOWARD 0.0f``)."""
+    lib = _library(src, defines)
+    block = src.launch["block"] if block is None else block
     if grid is None:
         count = src.launch["n_vec"] if entry.endswith("_vec") else src.launch["n"]
         grid = max(1, -(-count // block))

@@ -195,9 +195,9 @@ def test_exp_of_16_bit_results_is_the_fast_intrinsic(tmp_path):
         assert ("__expf(" in src) == fast, dtype
         ptx = compile_ptx(tmp_path, generate(node, g))
         assert ("ex2.approx.ftz.f32" in ptx or "ex2.approx.f32" in ptx) or not fast
-    # bfloat16 results round in one cvt.rn.bf16.f32 on sm_80+ (native/bf16.cuh)
+    # bfloat16 results round in one cvt.rn.bf16x2.f32 on sm_80+ (native/bf16.cuh)
     g, node = op_graph("exp", [((1000,), bf16)])
-    assert "cvt.rn.bf16.f32" in compile_ptx(tmp_path, generate(node, g))
+    assert "cvt.rn.bf16x2.f32" in compile_ptx(tmp_path, generate(node, g))
 
 
 def test_single_elementwise_op_is_generated_like_a_fused_one():

@@ -92,7 +92,8 @@ def test_float16_layer_norm_kernels_round_each_step_like_numpy():
         src = _kernel("layer_norm", {"eps": 1e-5, "axis": -1, "variance": variance})
         assert "float s = 0.0f;" in src and "float q = 0.0f;" in src
         assert re.search(r"denom = pyc_round_f16\(sqrt\(pyc_round_f16\(", src)
-        assert "r = pyc_round_f16(pyc_round_f16(v[k] - mean) / denom);" in src
+        # the division is float16 division (native/f16.cuh), NumPy's quotient bit for bit
+        assert "r = pyc_round_f16(pyc_div_f16(pyc_round_f16(v[k] - mean), denom));" in src
         assert ("vmean" in src) == (variance == "np.var")
 
 

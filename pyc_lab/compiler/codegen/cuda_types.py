@@ -271,6 +271,22 @@ def highest(dtype: Any) -> str:
 FAST_EXP_RESULTS = frozenset({"float16", "bfloat16"})
 
 
+def divide(a: str, b: str, dtype: Any) -> str:
+    """The C expression of ``a / b`` for operands and a result of ``dtype``, as float
+    values that are rounded to ``dtype`` next.
+
+    float16 takes ``pyc_div_f16`` (``native/f16.cuh``): an approximate reciprocal and one
+    Markstein correction, whose float16 rounding is that of IEEE division bit for bit
+    (the argument is in its comment; tests/compiler/test_f16_division.py checks every
+    float16 dividend against hundreds of divisors, with the reciprocal's error pushed
+    both ways), in about half the instructions. float16 ranges are what make it exact
+    without a range check, so other dtypes keep C's division.
+    """
+    if _name(dtype) == "float16":
+        return f"pyc_div_f16({a}, {b})"
+    return f"({a} / {b})"
+
+
 def exp_function(result_dtype: Any) -> str:
     """The C function computing ``exp`` for a result of ``result_dtype``.
 

@@ -246,6 +246,8 @@ def node_expression(n: Node, body: Graph, var: dict[int, str], needs: set[str]) 
     if "pyc_abs" in template:
         needs.add("abs")
     template = _EXP_CALL.sub(ct.exp_function(n.dtype) + "(", template)
+    if n.op == "divide":
+        return _result(ct.divide(*operands, n.dtype), n.dtype)
     return _result(template.format(*operands), n.dtype)
 
 

@@ -421,7 +421,8 @@ def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[st
         # NumPy's promoted dtype
         cur_dt = xf
         centred = rnd(f"{value} - mean")
-        steps = [f"{acc} r = {rnd(f'{centred} / denom')};"]
+        quotient = ct.divide(centred, "denom", xf)  # one parenthesised term
+        steps = [f"{acc} r = {rnd(quotient) if f16 else quotient};"]
         cur = "r"
         extra_loads = []
         for label, en in extras:

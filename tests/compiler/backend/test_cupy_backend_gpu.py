@@ -708,3 +708,22 @@ def test_argument_checks(rng):
         exe([cp.zeros(9, cp.float32)])
     with pytest.raises(PycLabError, match="takes 1"):
         exe([])
+
+
+def test_float16_division_on_the_gpu_is_numpy_bit_for_bit(rng):
+    # native/f16.cuh's pyc_div_f16 (approximate reciprocal, one Markstein correction)
+    # against NumPy's float16 division: every float16 dividend, special and random
+    # divisors (tests/compiler/test_f16_division.py runs the argument on the CPU)
+    from tests.compiler.test_f16_division import SPECIAL_DIVISORS, _all_dividends, _same
+
+    random_bits = rng.integers(0, 1 << 16, 500, dtype=np.uint32).astype(np.uint16)
+    divisors = np.concatenate([SPECIAL_DIVISORS, random_bits.view(np.float16)])
+    x = np.tile(_all_dividends(), divisors.size)
+    y = np.repeat(divisors, 1 << 16)
+    g, node = fused_graph(lambda p, q: p / q, [(x.shape, np.float16), (y.shape, np.float16)])
+    exe = CupyExecutable(g, {node.id: "fused_kernel"})
+    assert "pyc_div_f16" in exe.kernels[0]["source"]
+    (got,) = run(exe, [x, y])
+    with np.errstate(all="ignore"):
+        want = x / y
+    _same(got, want)
