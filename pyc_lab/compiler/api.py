@@ -294,14 +294,19 @@ class CompiledFunction:
         arrays: list[Any] = []
         key_parts: list[Any] = []
         modules = set()
+        specs = self.signature
         for name, value in named:
-            if is_array(value):
-                self._check_spec(name, value)
-                module = "cupy" if type(value).__module__.startswith("cupy") else "numpy"
+            module = _ARRAY_MODULE.get(type(value))
+            if module is None:
+                module = _array_module(value)
+            if module:
+                if specs:
+                    self._check_spec(name, value)
                 modules.add(module)
                 arrays.append(value)
-                key_parts.append((name, module, tuple(value.shape), value.dtype.str,
-                                  bool(value.flags.c_contiguous)))
+                # NumPy's and CuPy's shapes are tuples already; a dtype is its own key
+                key_parts.append((name, module, value.shape, value.dtype,
+                                  value.flags.c_contiguous))
             elif isinstance(value, (list, tuple)) and any(is_array(v) for v in value):
                 raise PycLabError(
                     f"argument {name!r} is a {type(value).__name__} of arrays; pass each "
@@ -439,6 +444,23 @@ def _numpy_kernels(graph: Graph) -> list[dict[str, Any]]:
 
 #: Artifacts kept per signature for different values of guarded globals.
 _MAX_ENTRIES = 8
+
+
+#: Argument type -> "numpy" or "cupy" for array types, "" for everything else: every call
+#: looks its arguments up here (a dict lookup, where is_array and the module's name cost
+#: a microsecond or so per argument on the warm path).
+_ARRAY_MODULE: dict[type, str] = {}
+
+
+def _array_module(value: Any) -> str:
+    """``"numpy"``/``"cupy"`` for an array argument, ``""`` otherwise; remembered by type."""
+    kind = type(value)
+    module = ""
+    if is_array(value):
+        module = "cupy" if kind.__module__.startswith("cupy") else "numpy"
+    if len(_ARRAY_MODULE) < 256:  # types seen in a session: a handful
+        _ARRAY_MODULE[kind] = module
+    return module
 
 
 def _valid(entries: list[Artifact]) -> Artifact | None:
