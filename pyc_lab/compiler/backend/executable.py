@@ -102,6 +102,9 @@ class CupyExecutable:
         self._copy_outputs: list[bool] = launch.copy_outputs
         #: Node id -> why its implementation was not used (at building or at a call).
         self._fallbacks: dict[int, str] = launch.fallbacks
+        #: Each input's shape and dtype, as every call checks them
+        self._in_specs = [(tuple(graph.node(i).shape), graph.node(i).dtype)
+                          for i in graph.inputs]
 
     @property
     def kernels(self) -> list[dict[str, Any]]:
@@ -150,18 +153,21 @@ class CupyExecutable:
 
     def _check_args(self, args: Sequence[Any]) -> list[Any]:
         cp = self._cp
-        g = self.graph
-        if len(args) != len(g.inputs):
-            raise PycLabError(f"{g.name} takes {len(g.inputs)} array(s), got {len(args)}")
+        specs = self._in_specs
+        if len(args) != len(specs):
+            raise PycLabError(f"{self.graph.name} takes {len(specs)} array(s), got "
+                              f"{len(args)}")
+        ndarray = cp.ndarray
         out = []
-        for k, (a, nid) in enumerate(zip(args, g.inputs, strict=True)):
-            node = g.node(nid)
-            if not isinstance(a, cp.ndarray):
+        for a, (shape, dtype) in zip(args, specs, strict=True):
+            if not isinstance(a, ndarray):
                 a = cp.asarray(a)
-            if tuple(a.shape) != tuple(node.shape) or a.dtype != node.dtype:
+            if a.shape != shape or a.dtype != dtype:
+                k = len(out)
+                node = self.graph.node(self.graph.inputs[k])
                 raise PycLabError(
-                    f"{g.name}: argument {k} is {a.dtype.name}{list(a.shape)}, but this "
-                    f"executable was built for {node.type_text}")
+                    f"{self.graph.name}: argument {k} is {a.dtype.name}{list(a.shape)}, but "
+                    f"this executable was built for {node.type_text}")
             out.append(a)
         return out
 

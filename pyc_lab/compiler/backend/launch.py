@@ -18,8 +18,8 @@ from ...errors import PycLabError
 from ..codegen.column_reduction import split_count
 from ..codegen.cuda_types import KernelSource
 
-__all__ = ["MAX_ELEMENTWISE_BLOCKS", "MAX_ROW_BLOCKS", "ColumnLaunch", "launch_elementwise",
-           "launch_rows"]
+__all__ = ["MAX_ELEMENTWISE_BLOCKS", "MAX_ROW_BLOCKS", "ColumnLaunch", "alignment_plan",
+           "launch_elementwise", "launch_rows"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -36,8 +36,33 @@ def _pointer_ok(arr: Any, nbytes: int) -> bool:
     return arr.data.ptr % nbytes == 0
 
 
+def alignment_plan(src: KernelSource, n_inputs: int) -> tuple[tuple[int, int], ...]:
+    """What the vectorised entry of an elementwise or row kernel needs: (position in the
+    launch's argument list ``(*ins, out, *extra_outs)``, byte alignment) per
+    vector-accessed pointer; empty when there is no vectorised entry. Worked out once per
+    step, so that a call only tests the pointers."""
+    launch = src.launch
+    if not launch.get("vec_kernel"):
+        return ()
+    need = launch["align_bytes"]
+    plan = []
+    for key, nbytes in need.items():
+        if key == "out":
+            plan.append((n_inputs, nbytes))
+        elif key.startswith("out"):  # out1, out2, ...: the extra outputs
+            plan.append((n_inputs + int(key[3:]), nbytes))
+        else:  # in0, in1, ...: the inputs read by vectors
+            plan.append((int(key[2:]), nbytes))
+    return tuple(plan)
+
+
+def _aligned(args: Sequence[Any], plan: tuple[tuple[int, int], ...]) -> bool:
+    return all(args[position].data.ptr % nbytes == 0 for position, nbytes in plan)
+
+
 def launch_elementwise(sm_count: int, kernels: dict[str, Any], src: KernelSource,
-                       ins: list[Any], out: Any, extra_outs: Sequence[Any] = ()) -> str | None:
+                       ins: list[Any], out: Any, extra_outs: Sequence[Any] = (),
+                       plan: tuple[tuple[int, int], ...] | None = None) -> str | None:
     """Launch an elementwise (or epilogue) kernel: the vectorised entry when every vector
     pointer is aligned, else the general one; the name of the kernel launched (None:
     nothing to do).
@@ -47,7 +72,8 @@ def launch_elementwise(sm_count: int, kernels: dict[str, Any], src: KernelSource
     1-12 % slower on the suite's elementwise programs on the H200 (GELU, polynomial,
     batch norm, rotary, Adam; benchmarks/results/h200/elementwise-grid.json).
     ``sm_count`` is kept for the launchers' common signature. ``extra_outs`` are the
-    arrays of outputs 1, 2, ... of a body with several outputs."""
+    arrays of outputs 1, 2, ... of a body with several outputs; ``plan`` is
+    :func:`alignment_plan`'s answer for ``src`` (worked out here when not given)."""
     launch = src.launch
     n = launch["n"]
     if n == 0:
@@ -56,24 +82,23 @@ def launch_elementwise(sm_count: int, kernels: dict[str, Any], src: KernelSource
         raise PycLabError(f"{src.name} writes {launch.get('outputs', 1)} output(s); "
                           f"{1 + len(extra_outs)} array(s) were given")
     block = launch["block"]
-    cap = MAX_ELEMENTWISE_BLOCKS
+    args = (*ins, out, *extra_outs)
     vec_kernel = launch.get("vec_kernel")
     if vec_kernel:
-        need = launch["align_bytes"]
-        aligned = _pointer_ok(out, need["out"]) and all(
-            _pointer_ok(ins[k], need[f"in{k}"]) for k in launch["aligned_inputs"]) and all(
-            _pointer_ok(o, need[f"out{k + 1}"]) for k, o in enumerate(extra_outs))
-        if aligned:
-            grid = max(1, min(_cdiv(launch["n_vec"], block), cap))
-            kernels[vec_kernel]((grid,), (block,), (*ins, out, *extra_outs))
+        if plan is None:
+            plan = alignment_plan(src, len(ins))
+        if _aligned(args, plan):
+            grid = max(1, min(_cdiv(launch["n_vec"], block), MAX_ELEMENTWISE_BLOCKS))
+            kernels[vec_kernel]((grid,), (block,), args)
             return vec_kernel
-    grid = max(1, min(_cdiv(n, block), cap))
-    kernels[src.name]((grid,), (block,), (*ins, out, *extra_outs))
+    grid = max(1, min(_cdiv(n, block), MAX_ELEMENTWISE_BLOCKS))
+    kernels[src.name]((grid,), (block,), args)
     return src.name
 
 
 def launch_rows(sm_count: int, kernels: dict[str, Any], src: KernelSource,
-                ins: list[Any], out: Any) -> str | None:
+                ins: list[Any], out: Any,
+                plan: tuple[tuple[int, int], ...] | None = None) -> str | None:
     """Launch a row kernel: the vectorised entry when every vector pointer is aligned;
     the name of the kernel launched (None: no rows).
 
@@ -81,7 +106,8 @@ def launch_rows(sm_count: int, kernels: dict[str, Any], src: KernelSource,
     :data:`MAX_ROW_BLOCKS`): a grid capped at one full device of resident blocks was
     5-17 % slower on every row program of the suite (softmax, layer norm, RMS norm,
     masked softmax, L2 normalisation, log-softmax; benchmarks/results/h200/
-    row-kernels.json). ``sm_count`` is kept for the launcher's common signature."""
+    row-kernels.json). ``sm_count`` is kept for the launcher's common signature;
+    ``plan`` as for :func:`launch_elementwise`."""
     launch = src.launch
     rows = launch["rows"]
     if rows == 0:
@@ -89,13 +115,14 @@ def launch_rows(sm_count: int, kernels: dict[str, Any], src: KernelSource,
     block = launch["block"]
     grid = max(1, min(_cdiv(rows, launch["rows_per_block"]), MAX_ROW_BLOCKS))
     entry = src.name
+    args = (*ins, out)
     vec_kernel = launch.get("vec_kernel")
     if vec_kernel:
-        arrays = {"out": out, **{f"in{k}": a for k, a in enumerate(ins)}}
-        if all(_pointer_ok(arrays[key], nbytes)
-               for key, nbytes in launch["align_bytes"].items()):
+        if plan is None:
+            plan = alignment_plan(src, len(ins))
+        if _aligned(args, plan):
             entry = vec_kernel
-    kernels[entry]((grid,), (block,), (*ins, out))
+    kernels[entry]((grid,), (block,), args)
     return entry
 
 

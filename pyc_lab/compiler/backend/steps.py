@@ -41,7 +41,7 @@ from ..codegen.cache import compile_kernel
 from ..codegen.cuda_types import KernelSource
 from ..ir import Graph, Node
 from ..ops import check_eager_result, evaluate
-from .launch import ColumnLaunch, launch_elementwise, launch_rows
+from .launch import ColumnLaunch, alignment_plan, launch_elementwise, launch_rows
 
 __all__ = ["batched_gemm", "contiguous_operand"]
 
@@ -66,7 +66,7 @@ def contiguous_operand(value: Any, node: Node, cp: Any) -> Any:
     """An input of a generated kernel: ``node``'s shape and dtype, C-contiguous."""
     if value.dtype != node.dtype:
         value = value.astype(node.dtype)
-    if tuple(value.shape) != tuple(node.shape):
+    if value.shape != node.shape and tuple(value.shape) != tuple(node.shape):
         raise PycLabError(f"value of %{node.id} has shape {tuple(value.shape)}, the graph "
                           f"says {node.shape}")
     if not value.flags.c_contiguous:
@@ -116,10 +116,14 @@ class _KernelStep(_Step):
         self.in_nodes: list[Node] = []
         self.last_entry: str | None = None  # the kernel the last call launched
         self.columns: ColumnLaunch | None = None
+        #: The vectorised entry's pointer alignments (launch.alignment_plan)
+        self.plan = alignment_plan(src, len(node.inputs))
+        self.operands: list[tuple[int, Node]] = []
 
     def prepare(self, exe: Executor) -> None:
         self.kernels = {e: compile_kernel(self.src, e) for e in self.src.entries}
         self.in_nodes = [exe.graph.node(i) for i in self.node.inputs]
+        self.operands = list(zip(self.node.inputs, self.in_nodes, strict=True))
         if self.src.kind == "columns":  # the split's workspace, allocated before capture
             self.columns = ColumnLaunch(self.src, exe._sm_count, exe._cp)
 
@@ -130,18 +134,19 @@ class _KernelStep(_Step):
 
     def run(self, exe: Executor, values: dict[int, Any]) -> None:
         cp = exe._cp
-        ins = [contiguous_operand(values[i], n, cp)
-               for i, n in zip(self.node.inputs, self.in_nodes, strict=True)]
+        ins = [contiguous_operand(values[i], n, cp) for i, n in self.operands]
         out = self._output(exe, cp)
-        if self.src.kind == "rows":
-            self.last_entry = launch_rows(exe._sm_count, self.kernels, self.src, ins, out)
-        elif self.src.kind == "columns":
+        kind = self.src.kind
+        if kind == "rows":
+            self.last_entry = launch_rows(exe._sm_count, self.kernels, self.src, ins, out,
+                                          self.plan)
+        elif kind == "columns":
             self.last_entry = self.columns.launch(self.kernels, ins[0], out)
         else:
             extra = [self._extra_output(exe, cp, k + 1, nid, buf)
                      for k, (nid, buf) in enumerate(self.extras)]
             self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.src, ins,
-                                                 out, extra)
+                                                 out, extra, self.plan)
             for (nid, _), arr in zip(self.extras, extra, strict=True):
                 if nid is not None:
                     values[nid] = arr
