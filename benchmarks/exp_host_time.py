@@ -82,6 +82,31 @@ def _program_row(p: Any, cp: Any, torch: Any) -> dict[str, Any]:
     return row
 
 
+def _torch_interop(cp: Any, torch: Any) -> dict[str, float]:
+    """Host microseconds of the ways a CuPy array and a torch tensor change hands (what
+    the attention lowering's call into torch's SDPA is made of)."""
+    from pyc_lab.kernels import arrays
+
+    x = cp.ones((1, 16, 64, 64), dtype=cp.float16)
+    t = torch.from_dlpack(x)
+    stream = arrays.torch_stream_of_cupy()
+    f = torch.nn.functional.scaled_dot_product_attention
+
+    def in_context() -> None:
+        with torch.cuda.stream(stream):
+            pass
+
+    return {
+        "torch_from_dlpack_us": host_us(cp, lambda: torch.from_dlpack(x)),
+        "cupy_from_dlpack_us": host_us(cp, lambda: cp.from_dlpack(t)),
+        "torch_as_tensor_cai_us": host_us(cp, lambda: torch.as_tensor(x, device="cuda")),
+        "cupy_asarray_cai_us": host_us(cp, lambda: cp.asarray(t)),
+        "torch_stream_context_us": host_us(cp, in_context),
+        "torch_stream_of_cupy_us": host_us(cp, arrays.torch_stream_of_cupy),
+        "sdpa_on_tensors_us": host_us(cp, lambda: f(t, t, t, scale=0.125)),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="benchmarks/results/local")
@@ -96,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             row = _program_row(p, cp, torch)
             rows.append(row)
             print({k: v for k, v in row.items() if k != "profile"}, flush=True)
-    result = {"pieces": _pieces(cp), "rows": rows,
+    result = {"pieces": {**_pieces(cp), **_torch_interop(cp, torch)}, "rows": rows,
               "method": "host_us: median of 7 rounds of 200 calls, not synchronised inside "
                         "a round; inputs at 1/256 of the suite's size; cProfile over 3000 "
                         "calls (its own overhead inflates the absolute figures)"}
