@@ -49,7 +49,7 @@ def compile(
     *,
     backend: str = "auto",
     mode: str = "balanced",
-    cuda_graph: bool = False,
+    cuda_graph: bool | str = "auto",
     signature: dict[str, str] | None = None,
     passes: list[str] | None = None,
 ) -> Any:
@@ -67,8 +67,12 @@ def compile(
         ``"balanced"``, ``"memory_first"`` (in-place buffer reuse) or
         ``"utilization_first"`` (see :mod:`pyc_lab.compiler.policy`).
     cuda_graph
-        On the cupy backend, capture the launch list into CUDA graphs and replay them
-        (CuPy cannot capture cuBLAS calls, so each matmul runs between graph segments).
+        On the cupy backend, capture the launch list into CUDA graphs at the second
+        call and replay them from then on (GEMMs are recorded as direct cuBLAS calls
+        where nvmath-python is installed, else run between graph segments). ``"auto"``
+        (the default) captures a program of several launches on at most 8 MiB of inputs
+        and outputs, where the host's launches are the cost, and nothing else;
+        ``explain()`` says which and why. ``True`` always, ``False`` never.
     signature
         Optional expected inputs, e.g. ``{"x": "f32[*,512]", "w": "f32[512,256]"}``
         (``*`` matches any size); a call that does not match raises a
@@ -96,6 +100,8 @@ def compile(
         raise PycLabError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if mode not in MODES:
         raise PycLabError(f"mode must be one of {MODES}, got {mode!r}")
+    if cuda_graph not in (True, False, "auto"):
+        raise PycLabError(f"cuda_graph must be True, False or 'auto', got {cuda_graph!r}")
     check_signature_type(signature)
 
     def wrap(f: Callable) -> CompiledFunction:
@@ -168,7 +174,7 @@ class CompiledFunction:
     """A compiled function: call it like the original; ``explain()`` shows the work."""
 
     def __init__(self, fn: Callable, *, backend: str = "auto", mode: str = "balanced",
-                 cuda_graph: bool = False, signature: dict[str, str] | None = None,
+                 cuda_graph: bool | str = "auto", signature: dict[str, str] | None = None,
                  passes: list[str] | None = None) -> None:
         check_signature_type(signature)
         fn = _as_function(fn)

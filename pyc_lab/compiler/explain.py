@@ -42,6 +42,8 @@ class Explanation:
     guards: list[str] = field(default_factory=list)
     #: why the function runs as written instead of compiled, or None
     dynamic: str | None = None
+    #: whether calls replay CUDA graphs and why (cupy backend), or None
+    cuda_graph: str | None = None
 
     @classmethod
     def from_artifact(cls, name: str, art: Any, mode: str) -> Explanation:
@@ -73,6 +75,7 @@ class Explanation:
             pass_log=log, memory=memory, notes=list(art.notes),
             compile_ms=art.compile_ms, graph=art.graph,
             guards=art.guards.describe(), dynamic=art.dynamic,
+            cuda_graph=_graph_line(art.runner),
         )
 
     # -- text -------------------------------------------------------------------------
@@ -98,6 +101,8 @@ class Explanation:
             lines.append(f"guards: {len(shown)}" + "".join(f"\n  {g}" for g in shown))
         if self.dynamic:
             lines.append(f"not compiled: {self.dynamic}")
+        if self.cuda_graph:
+            lines.append(f"CUDA graphs: {self.cuda_graph}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -117,6 +122,21 @@ class Explanation:
                      + self.pass_log.drop(columns="ms").to_html(index=False) + "</details>")
         parts.append("</div>")
         return "".join(parts)
+
+
+def _graph_line(runner: Any) -> str | None:
+    """What an executable does about CUDA graphs, in words (None: not a CuPy one)."""
+    mode = getattr(runner, "graph_mode", None)
+    if mode is None:
+        return None
+    if mode == "auto":
+        verdict = "yes" if runner.cuda_graph else "no"
+        line = f"{verdict} (auto): {runner.graph_decision}"
+    else:
+        line = "yes (cuda_graph=True)" if mode else "no (cuda_graph=False)"
+    if runner.graph_capture_error:
+        line += f"; the capture failed, so calls run step by step: {runner.graph_capture_error}"
+    return line
 
 
 def _num(graph: Graph) -> dict[int, int]:

@@ -33,14 +33,55 @@ from ...errors import PycLabError
 from ..ir import Graph, Node
 from .graphs import CaptureError, GraphProgram, Rebind, capture
 from .lowering import IMPLS, lower
-from .steps import _KernelStep, _MatmulStep, _Step
+from .steps import _KernelStep, _MatmulStep, _Step, _WrittenStep
 
 if TYPE_CHECKING:
     from ..memory import MemoryPlan
 
-__all__ = ["IMPLS", "CupyExecutable"]
+__all__ = ["AUTO_GRAPH_BYTES", "IMPLS", "CupyExecutable", "auto_graph_refusal"]
 
 log = logging.getLogger(__name__)
+
+#: ``cuda_graph="auto"`` captures programs moving at most this many bytes of inputs and
+#: outputs: there the call is bound by its host time, which a replay cuts (on the H200 a
+#: SwiGLU block at 1/256 of the suite's size took 160 us a call launched step by step
+#: and 36 us replayed, benchmarks/results/h200/issue16-9d76a2b/host-time.json), while an
+#: input passed at a new address is copied into the graph's buffer at each replay, and
+#: at this size that copy costs a few microseconds of GPU time at most.
+AUTO_GRAPH_BYTES = 8 << 20
+
+#: Ops a CuPy step runs as a view (no kernel launch).
+_VIEW_OPS = frozenset({"slice", "transpose", "reshape", "expand_dims", "squeeze",
+                       "broadcast_to"})
+
+
+def auto_graph_refusal(graph: Graph, steps: Sequence[_Step]) -> str:
+    """Why ``cuda_graph="auto"`` leaves a launch list uncaptured, or ``""`` to capture it.
+
+    Captured: a program of at most :data:`AUTO_GRAPH_BYTES` of inputs and outputs with at
+    least two steps that launch work, each of them recordable (a generated kernel, a CuPy
+    op, a GEMM with a direct cuBLAS form). Replaying one launch saves nothing (the
+    results are copied out of the graph's buffers), and a library call that cannot be
+    recorded splits the graph and costs the replay more than it saves (measured for the
+    attention lowering: 363 us a call launched, 464 us replayed).
+    """
+    io = sum(graph.node(i).nbytes for i in graph.inputs) + \
+        sum(graph.node(o).nbytes for o in graph.outputs)
+    if io > AUTO_GRAPH_BYTES:
+        return (f"inputs and outputs of {io / 2**20:.1f} MiB (over "
+                f"{AUTO_GRAPH_BYTES >> 20} MiB): the GPU time, not the launches, is the cost")
+    launches = 0
+    for step in steps:
+        op = step.node.op
+        if op == "eager":
+            return "a graph break whose shape depends on the data"
+        if not step.capturable and not hasattr(step, "graph_call"):
+            return f"%{step.node.id} ({op}) is a library call a CUDA graph cannot record"
+        if not isinstance(step, _WrittenStep) and op not in _VIEW_OPS:
+            launches += 1
+    if launches < 2:
+        return "one launch: a replay would save nothing"
+    return ""
 
 
 class CupyExecutable:
@@ -59,7 +100,9 @@ class CupyExecutable:
         buffers are allocated once and reused by every call.
     cuda_graph
         Capture the launch list at the second call and replay it from then on (CUDA
-        graphs, with cuBLAS calls between them; see :mod:`.graphs`).
+        graphs, with cuBLAS calls between them; see :mod:`.graphs`). ``"auto"``: only
+        where that pays (:func:`auto_graph_refusal`; the reason either way is in
+        :attr:`graph_decision`).
     tune_gemms
         cuBLASLt GEMMs measure their candidate algorithms at the first call and keep
         the fastest (the ``utilization_first`` mode).
@@ -70,12 +113,16 @@ class CupyExecutable:
     """
 
     def __init__(self, graph: Graph, impl: dict[int, str], plan: MemoryPlan | None = None,
-                 cuda_graph: bool = False, tune_gemms: bool = False) -> None:
+                 cuda_graph: bool | str = False, tune_gemms: bool = False) -> None:
         self.graph = graph
         self.tune_gemms = bool(tune_gemms)
         self.impl = dict(impl)
         self.plan = plan
-        self.cuda_graph = bool(cuda_graph)
+        auto = cuda_graph == "auto"
+        #: Whether graphs were asked for (True/False) or left to :func:`auto_graph_refusal`
+        self.graph_mode: bool | str = "auto" if auto else bool(cuda_graph)
+        self.cuda_graph = bool(cuda_graph) if not auto else sum(
+            graph.node(i).nbytes for i in graph.inputs) <= AUTO_GRAPH_BYTES
         #: Why the CUDA graph could not be captured (None: not tried or captured).
         self.graph_capture_error: str | None = None
         self.calls = 0
@@ -102,6 +149,13 @@ class CupyExecutable:
         self._copy_outputs: list[bool] = launch.copy_outputs
         #: Node id -> why its implementation was not used (at building or at a call).
         self._fallbacks: dict[int, str] = launch.fallbacks
+        #: Why calls replay CUDA graphs or do not (``cuda_graph="auto"``), else None.
+        self.graph_decision: str | None = None
+        if auto:
+            refusal = auto_graph_refusal(graph, self._steps)
+            self.cuda_graph = not refusal
+            self.graph_decision = refusal or "captured at the second call: several " \
+                "launches, each recordable, on small arrays (host time is the cost)"
         #: Each input's shape and dtype, as every call checks them
         self._in_specs = [(tuple(graph.node(i).shape), graph.node(i).dtype)
                           for i in graph.inputs]
@@ -229,8 +283,9 @@ class CupyExecutable:
             program = capture(self, args, in_place)
         except CaptureError as exc:
             self.graph_capture_error = str(exc)
-            log.warning("CUDA graph capture of %s failed (%s); running kernel by kernel",
-                        self.graph.name, self.graph_capture_error)
+            log.log(logging.DEBUG if self.graph_mode == "auto" else logging.WARNING,
+                    "CUDA graph capture of %s failed (%s); running kernel by kernel",
+                    self.graph.name, self.graph_capture_error)
             return
         self._program = program
         self.captures += 1

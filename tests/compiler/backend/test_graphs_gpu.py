@@ -177,3 +177,32 @@ def test_many_captured_programs_made_and_dropped_leave_the_shared_workspaces_alo
     b = cp.asarray(rand(rng, (32, 48), F32))
     np.testing.assert_allclose(cp.asnumpy(a @ b), a.get().astype(F64) @ b.get().astype(F64),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_auto_graphs_capture_a_small_program_and_replay_numpys_answers(rng):
+    # pl.compile's default (cuda_graph="auto"): two launches on small arrays are
+    # captured at the second call; replays with the same arrays (mutated in place
+    # between calls), with fresh arrays at new addresses, and poisoned pools all give
+    # NumPy's answers
+    import pyc_lab as pl
+
+    def fn(x):
+        return x * x.sum(axis=0)
+
+    f = pl.compile(fn)
+    host = rand(rng, (64, 33), F32)
+    dev = cp.asarray(host)
+    for call in range(6):
+        if call == 3:
+            host = rand(rng, (64, 33), F32)
+            dev[...] = cp.asarray(host)  # same address, new data
+        if call >= 4:
+            host = rand(rng, (64, 33), F32)
+            dev = cp.asarray(host)  # a new address
+        poison_pool()
+        got = cp.asnumpy(f(dev))
+        assert_close(got, fn(host.astype(F64)), F32)
+    runner = f._last.runner
+    assert runner.graph_mode == "auto" and runner.graph_captured, runner.graph_decision
+    assert runner.graph_capture_error is None
+    assert "yes (auto)" in f.explain(dev).summary()
