@@ -53,7 +53,8 @@ _EXPORTS = {
     "autotune_gemm": "kernels.tuning.autotune",
     "TuneResult": "kernels.tuning.autotune",
     "replay_autotune": "kernels.tuning.autotune",
-    "autotune_many": "kernels.tuning.many",
+    "autotune_many": "distributed.tuning",
+    "cluster": "distributed.cluster",
     "serve": "inference.server",
 }
 
@@ -72,6 +73,7 @@ __all__ = [
     "attention",
     "autotune_gemm",
     "autotune_many",
+    "cluster",
     "compile",
     "conv",
     "conv1d",

@@ -36,7 +36,8 @@ from .result import TuneResult, is_tuned_winner
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["GemmProblem", "ManyResult", "autotune_many", "parse_problems", "read_problems"]
+__all__ = ["GemmProblem", "ManyResult", "autotune_many", "parse_problems", "read_problems",
+           "resolve_sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +186,11 @@ class ManyResult:
         Kernels asked for by all problems, and distinct kernels built (live only).
     replay
         Whether the results were replayed from a recording.
+    workers
+        ``problem -> where it was tuned`` (a Dask worker's address) over a cluster.
+    records
+        ``problem -> the measurements a cluster worker took`` (tuning-database records,
+        merged into the caller's database).
     """
 
     problems: list[GemmProblem]
@@ -196,6 +202,8 @@ class ManyResult:
     builds_requested: int = 0
     builds_distinct: int = 0
     replay: bool = False
+    workers: dict[GemmProblem, str] = field(default_factory=dict)
+    records: dict[GemmProblem, list[Any]] = field(default_factory=dict)
 
     @property
     def summary(self) -> pd.DataFrame:
@@ -237,6 +245,27 @@ class ManyResult:
         mode = "replayed" if self.replay else "tuned"
         return (f"ManyResult({len(self.problems)} problems, {tuned} {mode}, tuned-kernel wins "
                 f"{wins}; see .summary)")
+
+
+def resolve_sweep(problems: Iterable[Any], options: GemmTuneOptions | None,
+                  settings: Mapping[str, Any], budget_s: float | None
+                  ) -> tuple[GemmTuneOptions, list[GemmProblem], float]:
+    """A sweep's options, problems and total budget (default
+    :data:`BUDGET_PER_PROBLEM_S` per problem), checked: what every runner of a list of
+    problems starts from.
+
+    Raises
+    ------
+    PycLabError
+        For unreadable problems, options or budget.
+    """
+    opts = GemmTuneOptions.resolve(options, {k: v for k, v in settings.items()
+                                             if k != "budget_s"})
+    items = parse_problems(problems, opts.dtype, opts.layout)
+    if budget_s is None:
+        budget_s = BUDGET_PER_PROBLEM_S * len(items)
+    GemmTuneOptions.resolve(opts, {"budget_s": budget_s})  # validates the number
+    return opts, items, float(budget_s)
 
 
 def _share(total: float | None, started: float, left: int) -> float | None:
@@ -292,12 +321,7 @@ def autotune_many(problems: Iterable[Any], *, budget_s: float | None = None,
         nvidia-cutlass. A problem no CUTLASS kernel takes is not an error: it is
         reported as not tuned (the library serves it).
     """
-    opts = GemmTuneOptions.resolve(options, {k: v for k, v in settings.items()
-                                             if k != "budget_s"})
-    items = parse_problems(problems, opts.dtype, opts.layout)
-    if budget_s is None:
-        budget_s = BUDGET_PER_PROBLEM_S * len(items)
-    GemmTuneOptions.resolve(opts, {"budget_s": budget_s})  # validates the number
+    opts, items, budget_s = resolve_sweep(problems, options, settings, budget_s)
     started = time.perf_counter()
     result = ManyResult(items, {}, budget_s=budget_s, replay=replay)
     shared = None if replay else _start_builds(items, opts, workers, cache)

@@ -1,0 +1,213 @@
+"""Tuning sweeps over a Dask cluster: ``pl.autotune_many(problems, client=...)``.
+
+Without a client this is :func:`pyc_lab.kernels.tuning.many.autotune_many`, unchanged.
+With one, every problem becomes one task that asks for one ``GPU`` resource, so the
+scheduler runs at most one tuning per GPU at a time (two candidates are never timed on
+one GPU at once) and as many at once as the workers hold GPUs. A task tunes its problem
+on its worker's GPU (CUTLASS candidates built there, with the kernel cache of that
+machine, keyed by content, so nothing built once is built again; the libraries
+measured in the same run) into an in-memory tuning database, and hands back the result
+with every measurement; the caller merges them into its own tuning database under the
+device each worker measured on. Results come back in the order of the problems.
+
+A worker that dies (a kernel that crashes its process, a node lost) loses its one
+problem in flight: Dask runs it again on another worker (up to the scheduler's
+``distributed.scheduler.allowed-failures``; a problem that keeps killing workers is
+reported as not tuned, with the reason). A
+problem that fails, and a cluster that goes away mid-sweep, are reported per problem;
+the problems already tuned are kept. With ``replay=True`` the tasks replay the recorded
+tuning instead (no GPU needed), which is how the sweep runs on a machine without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import PycLabError
+from ..kernels.tuning import many
+from ..kernels.tuning.many import GemmProblem, ManyResult
+from ..kernels.tuning.options import GemmTuneOptions
+from .cluster import gpu_count
+
+__all__ = ["autotune_many"]
+
+log = logging.getLogger(__name__)
+
+
+def autotune_many(problems: Iterable[Any], *, client: Any = None,
+                  budget_s: float | None = None, db: Any = None,
+                  options: GemmTuneOptions | None = None, replay: bool = False,
+                  source: str | Path | None = None, pace_s: float = 0.0,
+                  retries: int = 2, **settings: Any) -> ManyResult:
+    """Tune a list of GEMM problems, on this GPU or over a Dask cluster.
+
+    Parameters
+    ----------
+    problems
+        What to tune (:func:`~pyc_lab.kernels.tuning.many.parse_problems`).
+    client
+        A ``distributed.Client`` (:func:`pyc_lab.cluster` makes one): the problems are
+        tuned on its GPU workers, one at a time per GPU. ``None``: on this GPU, as
+        :func:`pyc_lab.kernels.tuning.many.autotune_many` (whose other arguments,
+        ``workers``, ``cache`` and ``stop``, pass through ``settings``).
+    budget_s
+        Total wall seconds (default 60 per problem). Over a cluster every problem gets
+        ``budget_s * GPUs / problems``: the GPUs tune side by side.
+    db
+        Where the measurements are merged (the user's tuning database by default).
+    options, **settings
+        :class:`~pyc_lab.kernels.tuning.options.GemmTuneOptions` fields for every problem.
+    replay, source
+        Replay a recorded tuning (no GPU needed) instead of tuning.
+    pace_s
+        With ``replay``, seconds per replayed candidate (to watch a sweep fill in).
+    retries
+        Times a problem whose tuning raised an unexpected error is run again (a worker
+        that dies has its problem rescheduled by Dask itself, up to the scheduler's
+        ``allowed-failures``).
+
+    Returns
+    -------
+    ManyResult
+        With :attr:`~pyc_lab.kernels.tuning.many.ManyResult.workers`: where each problem
+        was tuned.
+
+    Raises
+    ------
+    PycLabError
+        For unreadable problems or options, a ``client`` that is not a
+        ``distributed.Client``, or a live sweep on a cluster whose workers declare no GPU.
+    """
+    if client is None:
+        if pace_s:
+            raise PycLabError("autotune_many: pace_s applies to a replay over a cluster; "
+                              "pass client=...")
+        return many.autotune_many(problems, budget_s=budget_s, db=db, options=options,
+                                  replay=replay, source=source, **settings)
+    import distributed
+
+    if not isinstance(client, distributed.Client):
+        raise PycLabError(f"autotune_many(client=...) takes a distributed.Client, got "
+                          f"{type(client).__name__}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise PycLabError(f"autotune_many: retries={retries!r}; give an integer >= 0")
+    opts, items, budget_s = many.resolve_sweep(problems, options, settings, budget_s)
+    gpus = gpu_count(client)
+    if gpus == 0 and not replay:
+        raise PycLabError(
+            "autotune_many: no worker of this cluster declares a GPU resource, so nothing "
+            "could measure; start one with pl.cluster() on a GPU machine (one worker per "
+            "GPU), or give workers resources={'GPU': 1}")
+    share = budget_s * max(1, gpus) / len(items)
+    resources = {"GPU": 1} if gpus else None
+    started = time.perf_counter()
+    result = ManyResult(items, {p: None for p in items}, budget_s=budget_s, replay=replay)
+    run = uuid.uuid4().hex[:8]
+    futures = []
+    for i, p in enumerate(items):
+        popts = dataclasses.replace(opts, dtype=p.dtype, layout=p.layout, budget_s=share,
+                                    bias=p.bias, activation=p.activation)
+        futures.append(client.submit(tune_one, p, popts, replay, source, pace_s,
+                                     key=f"pyc-tune-{run}-{i}", resources=resources,
+                                     retries=retries, pure=False))
+    try:
+        for p, future in zip(items, futures, strict=True):
+            _collect(p, future, result)
+    finally:
+        for future in futures:
+            future.release()
+    if not replay:
+        _merge(result, db)
+    result.total_seconds = time.perf_counter() - started
+    return result
+
+
+def tune_one(problem: GemmProblem, options: GemmTuneOptions, replay: bool,
+             source: str | Path | None, pace_s: float) -> dict[str, Any]:
+    """One problem, tuned on the worker that runs this (its GPU): the result, every
+    measurement taken (live), where it ran and how long it took. A ``PycLabError`` (a
+    problem no kernel takes, one not in the recording) is an answer, not a failure to
+    retry: it comes back as ``error``."""
+    t0 = time.perf_counter()
+    try:
+        res, records = _tune(problem, options, replay, source, pace_s)
+    except PycLabError as exc:
+        return {"error": str(exc), "worker": _worker_name(),
+                "seconds": time.perf_counter() - t0}
+    return {"result": res, "records": records, "worker": _worker_name(),
+            "seconds": time.perf_counter() - t0}
+
+
+def _tune(problem: GemmProblem, options: GemmTuneOptions, replay: bool,
+          source: str | Path | None, pace_s: float) -> tuple[Any, list[Any]]:
+    records: list[Any] = []
+    if replay:
+        from ..kernels.tuning.autotune import replay_autotune
+
+        res = replay_autotune(problem.m, problem.n, problem.k, options=options,
+                              source=source, pace_s=pace_s)
+    else:
+        from ..kernels.tuning.autotune import autotune_gemm
+        from ..kernels.tuning.database import TuningDB
+
+        scratch = TuningDB(":memory:")  # the caller's database gets the measurements
+        res = autotune_gemm(problem.m, problem.n, problem.k, options=options, db=scratch)
+        records = scratch.measurements()
+        scratch.close()
+    return res, records
+
+
+def _worker_name() -> str:
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().address)
+    except (ImportError, ValueError):
+        return "local"
+
+
+def _collect(p: GemmProblem, future: Any, result: ManyResult) -> None:
+    """``p``'s outcome into ``result`` (a failure becomes its message)."""
+    try:
+        out = future.result()
+    except (Exception, asyncio.CancelledError) as exc:  # a worker lost past its retries,
+        # the cluster gone (a cancelled future), an unexpected error raised every time
+        result.messages[p] = f"{type(exc).__name__}: {exc}"
+        log.warning("autotune_many: %s lost: %s: %s", p.label, type(exc).__name__, exc)
+        return
+    result.seconds[p] = out["seconds"]
+    result.workers[p] = out["worker"]
+    if "error" in out:
+        result.messages[p] = out["error"]
+        log.info("autotune_many: %s not tuned: %s", p.label, out["error"])
+        return
+    result.results[p] = out["result"]
+    result.records[p] = out["records"]
+
+
+def _merge(result: ManyResult, db: Any) -> None:
+    """Every live measurement into the caller's tuning database, the winners pinned."""
+    from ..kernels.tuning.database import TuningDB
+
+    target = db if db is not None else TuningDB()
+    for p, res in result.results.items():
+        records = result.records.get(p) or []
+        if res is None or not records:
+            continue
+        try:
+            target.record_many(res.device, res.problem, [r.measurement for r in records])
+            winner = next((r for r in records if r.is_winner), None)
+            if winner is not None:
+                target.set_winner(res.device, res.problem, winner.measurement.config_id)
+            res.recorded = True
+        except Exception as exc:
+            res.recorded = False
+            result.messages[p] = f"tuned, but not recorded in the database: {exc}"
+            log.warning("autotune_many: %s not recorded: %s", p.label, exc)

@@ -1,0 +1,169 @@
+"""Tuning sweeps over Dask, on the CPU: ``pl.cluster()`` with declared GPU resources and
+the recorded (replay) runner, and the live path's merge with a stand-in tuner.
+
+Covered: the cluster's GPU resources, a client passed in, bad arguments; a replayed sweep
+over two workers gives the local sweep's answers in the problems' order; a problem that
+cannot be tuned is an answer (not retried); a live sweep merges every worker's
+measurements and winner into the caller's database under the worker's device; a live
+sweep refuses a cluster without GPU workers; a worker process killed mid-sweep loses
+only the problem it held, which runs again elsewhere; a client closed mid-sweep ends
+the sweep with the problems left reported, not a hang. Skipped, with the reason,
+without Dask's distributed package.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import pyc_lab as pl
+from pyc_lab.errors import PycLabError
+from pyc_lab.kernels.tuning import autotune as autotune_mod
+from pyc_lab.kernels.tuning.database import TuningDB
+from pyc_lab.kernels.tuning.keys import DeviceKey, Measurement, ProblemKey
+from pyc_lab.kernels.tuning.result import TuneResult
+
+distributed = pytest.importorskip("distributed", reason="needs Dask's distributed package "
+                                                        "(pip install 'pyc-lab[cluster]')")
+
+#: Problems in the shipped H200 recording, and one that is not.
+RECORDED = [(512, 512, 512, "bf16"), (1024, 1024, 1024, "f16"), (2048, 2048, 2048, "bf16"),
+            (512, 512, 512, "f16")]
+MISSING = (3, 4096, 4096)
+
+
+@pytest.fixture
+def threads_client():
+    client = pl.cluster(n_workers=2, gpus_per_worker=1, processes=False)
+    yield client
+    client.close()
+
+
+def _columns(result):
+    return result.summary[["problem", "winner", "winner_ms", "best_library", "speedup",
+                           "candidates", "status"]]
+
+
+def test_cluster_declares_gpu_resources_and_takes_a_client(threads_client):
+    assert pl.distributed.gpu_count(threads_client) == 2
+    assert pl.cluster(client=threads_client) is threads_client
+    assert threads_client.dashboard_link.startswith("http")
+    with pytest.raises(PycLabError, match=r"takes a distributed\.Client"):
+        pl.cluster(client=object())
+    with pytest.raises(PycLabError, match="n_workers"):
+        pl.cluster(n_workers=0)
+    with pytest.raises(PycLabError, match="gpus_per_worker"):
+        pl.cluster(gpus_per_worker=-1)
+
+
+def test_a_replayed_sweep_over_workers_matches_the_local_one(threads_client):
+    problems = [*RECORDED, MISSING]
+    remote = pl.autotune_many(problems, client=threads_client, replay=True, budget_s=60)
+    local = pl.autotune_many(problems, replay=True, budget_s=60)
+    assert list(remote.summary["problem"]) == list(local.summary["problem"])  # in order
+    assert _columns(remote).equals(_columns(local))
+    assert set(remote.workers) == set(remote.problems)  # the missing one ran too
+    assert len(set(remote.workers.values())) == 2  # both workers took problems
+    missing = remote.problems[-1]
+    assert remote.results[missing] is None
+    assert "no recorded tuning" in remote.messages[missing]
+
+
+def test_a_live_sweep_refuses_a_cluster_without_gpus():
+    client = pl.cluster(n_workers=1, processes=False)
+    try:
+        assert pl.distributed.gpu_count(client) == 0
+        with pytest.raises(PycLabError, match="no worker of this cluster declares a GPU"):
+            pl.autotune_many([(64, 64, 64)], client=client)
+        with pytest.raises(PycLabError, match="retries"):
+            pl.autotune_many([(64, 64, 64)], client=client, replay=True, retries=-1)
+    finally:
+        client.close()
+    with pytest.raises(PycLabError, match=r"takes a distributed\.Client"):
+        pl.autotune_many([(64, 64, 64)], client="tcp://nowhere:1")
+
+
+def _fake_autotune(m, n, k, *, options, db, **_):
+    """A stand-in for the live tuner on a worker: two measurements and a winner written
+    into the database it is given, as autotune_gemm writes them."""
+    device = DeviceKey("Fake GPU", "9.0", "1.0", "13.0")
+    problem = ProblemKey("gemm", options.dtype, options.dtype, options.dtype,
+                         options.layout, m, n, k)
+    fast = Measurement({"kind": "cutlass", "tile": [128, 128, 64], "m": m}, "ok", 0.5)
+    slow = Measurement({"kind": "cutlass", "tile": [64, 64, 64], "m": m}, "ok", 0.9)
+    db.record_many(device, problem, [fast, slow])
+    db.set_winner(device, problem, fast.config_id)
+    return TuneResult(problem, device, fast, table=None, baselines={"cublas": 0.6},
+                      recorded=True)
+
+
+def test_a_live_sweep_merges_every_measurement_into_the_callers_database(
+        threads_client, monkeypatch, tmp_path):
+    # threads of this process: the stand-in reaches the workers
+    monkeypatch.setattr(autotune_mod, "autotune_gemm", _fake_autotune)
+    db = TuningDB(tmp_path / "tuning.sqlite")
+    res = pl.autotune_many([(64, 128, 256), (32, 32, 32, "bf16")], client=threads_client,
+                           db=db, budget_s=10)
+    assert all(r is not None and r.recorded for r in res.results.values())
+    rows = db.measurements()
+    assert len(rows) == 4
+    assert {r.device.gpu_name for r in rows} == {"Fake GPU"}  # the worker's device
+    assert {(r.problem.m, r.problem.dtype_a) for r in rows} == {(64, "f16"), (32, "bf16")}
+    winners = [r for r in rows if r.is_winner]
+    assert len(winners) == 2 and all(w.measurement.time_ms == 0.5 for w in winners)
+
+
+def test_a_killed_worker_loses_only_its_problem(tmp_path):
+    client = pl.cluster(n_workers=2, gpus_per_worker=1, processes=True)
+    try:
+        problems = RECORDED[:3]
+        local = pl.autotune_many(problems, replay=True, budget_s=60)
+        done: dict = {}
+
+        def sweep():
+            done["result"] = pl.autotune_many(problems, client=client, replay=True,
+                                              budget_s=60, pace_s=0.15)
+
+        pids = client.run(os.getpid)
+        thread = threading.Thread(target=sweep)
+        thread.start()
+        victim = None
+        for _ in range(200):  # the first worker seen working on a problem
+            busy = [addr for addr, keys in client.processing().items() if keys]
+            if busy:
+                victim = busy[0]
+                break
+            time.sleep(0.05)
+        assert victim is not None, "no worker ever took a problem"
+        os.kill(pids[victim], signal.SIGKILL)  # the nanny starts a new worker
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "the sweep did not end after a worker died"
+        remote = done["result"]
+        assert _columns(remote).equals(_columns(local))
+        assert all(remote.results[p] is not None for p in remote.problems), remote.messages
+    finally:
+        client.close()
+
+
+def test_a_client_closed_mid_sweep_ends_the_sweep(threads_client):
+    problems = RECORDED * 1
+    done: dict = {}
+
+    def sweep():
+        done["result"] = pl.autotune_many(problems, client=threads_client, replay=True,
+                                          budget_s=60, pace_s=0.2)
+
+    thread = threading.Thread(target=sweep)
+    thread.start()
+    time.sleep(1.0)
+    threads_client.close()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the sweep hung after its client closed"
+    res = done["result"]
+    lost = [p for p in res.problems if res.results[p] is None]
+    assert lost, "every problem finished before the client closed: nothing was tested"
+    assert all(res.messages[p] for p in lost)
