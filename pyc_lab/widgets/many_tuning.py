@@ -3,8 +3,10 @@
 One bar per problem: the best CUTLASS kernel's speed-up over the best library measured in
 the same run (above 1: the tuned kernel is faster and ``pl.matmul`` will run it; at or
 below 1: the library keeps the problem), coloured by the winner; problems that could not
-be tuned are listed with the reason. Live (plotly) in a Jupyter kernel, static HTML and
-text elsewhere; the reprs hold no addresses.
+be tuned are listed with the reason. A sweep run over a Dask cluster also says how many
+workers tuned it, each problem's worker (table and hover), and, given the client, links
+its dashboard. Live (plotly) in a Jupyter kernel, static HTML and text elsewhere; the
+text repr holds no addresses.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from .display import ChartView, escape, frame_html, frame_text, plotly_text, req
 __all__ = ["ManyTuningChart"]
 
 _COLUMNS = ["problem", "winner", "speedup", "best_cutlass_ms", "best_library",
-            "best_library_ms", "candidates", "ok", "seconds", "status"]
+            "best_library_ms", "candidates", "ok", "seconds", "status", "worker"]
 
 
 class ManyTuningChart(ChartView):
@@ -31,6 +33,8 @@ class ManyTuningChart(ChartView):
         What :func:`~pyc_lab.autotune_many` returned.
     title
         A caption (default: ``"Tuning many problems"``).
+    client
+        The ``distributed.Client`` the sweep ran on: its dashboard is linked.
 
     Raises
     ------
@@ -39,7 +43,8 @@ class ManyTuningChart(ChartView):
         no problem.
     """
 
-    def __init__(self, result: ManyResult, *, title: str = "Tuning many problems") -> None:
+    def __init__(self, result: ManyResult, *, title: str = "Tuning many problems",
+                 client: Any = None) -> None:
         if not isinstance(result, ManyResult):
             raise PycLabError(f"ManyTuningChart shows what autotune_many returned (a "
                               f"ManyResult), not {type(result).__name__}")
@@ -47,6 +52,8 @@ class ManyTuningChart(ChartView):
             raise PycLabError("ManyTuningChart: the result holds no problem")
         self.result = result
         self.title = title
+        self.dashboard = getattr(client, "dashboard_link", None) if client is not None \
+            else None
 
     # -- data ---------------------------------------------------------------------------
     def to_frame(self) -> Any:
@@ -61,8 +68,10 @@ class ManyTuningChart(ChartView):
         mode = "replayed" if self.result.replay else "tuned"
         budget = ("" if self.result.budget_s is None
                   else f", budget {self.result.budget_s:g} s")
-        return (f"{len(frame)} problem(s), {tuned} {mode}, a tuned kernel faster than "
-                f"the library on {wins}{budget}, {self.result.total_seconds:.1f} s")
+        workers = len(set(self.result.workers.values()))
+        where = f", on {workers} Dask worker(s)" if workers else ""
+        return (f"{len(frame)} problem(s), {tuned} {mode}{where}, a tuned kernel faster "
+                f"than the library on {wins}{budget}, {self.result.total_seconds:.1f} s")
 
     # -- pictures -------------------------------------------------------------------------
     def figure(self) -> Any:
@@ -76,10 +85,13 @@ class ManyTuningChart(ChartView):
         fig = go.Figure(go.Bar(
             x=done["problem"].tolist(), y=done["speedup"].astype(float).tolist(),
             marker_color=colors,
-            customdata=[[plotly_text(w), plotly_text(lib)] for w, lib in
-                        zip(done["winner"], done["best_library"], strict=True)],
+            customdata=[[plotly_text(w), plotly_text(lib), plotly_text(str(where or "here"))]
+                        for w, lib, where in zip(done["winner"], done["best_library"],
+                                                 done.get("worker", [None] * len(done)),
+                                                 strict=True)],
             hovertemplate=("%{x}<br>speed-up over %{customdata[1]}: %{y:.3f}<br>"
-                           "winner: %{customdata[0]}<extra></extra>")))
+                           "winner: %{customdata[0]}<br>tuned on: %{customdata[2]}"
+                           "<extra></extra>")))
         fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
         fig.update_layout(
             title=dict(text=plotly_text(f"{self.title} — {self._counts()}"),
@@ -95,21 +107,29 @@ class ManyTuningChart(ChartView):
     def _header(self) -> str:
         return f"{self.title}: {self._counts()}"
 
+    def _shown(self) -> Any:
+        """The table the reprs show: workers' addresses (ports that change from run to
+        run) stay in :meth:`to_frame` and the chart's hover."""
+        frame = self.to_frame()
+        return frame.drop(columns=["worker"]) if "worker" in frame else frame
+
     def _not_tuned(self) -> list[str]:
         frame = self.result.summary
         rows = frame[frame["status"] == "not tuned"]
         return [f"{p}: {m}" for p, m in zip(rows["problem"], rows["message"], strict=True)]
 
     def to_text(self) -> str:
-        """The header, the table (numbers to 4 significant digits) and why problems were
-        not tuned."""
-        lines = [self._header(), frame_text(self.to_frame())]
+        """The header, the table (numbers to 4 significant digits; without the workers'
+        addresses) and why problems were not tuned."""
+        lines = [self._header(), frame_text(self._shown())]
         lines += [f"not tuned: {line}" for line in self._not_tuned()]
         return "\n".join(lines)
 
     def to_html(self) -> str:
         """The header, the table and why problems were not tuned, as HTML."""
         items = "".join(f"<li>{escape(line)}</li>" for line in self._not_tuned())
-        return (f"<div class='pyc-lab-many-tuning'><p>{escape(self._header())}</p>"
-                f"{frame_html(self.to_frame())}"
+        link = (f"<p><a href='{escape(self.dashboard)}' target='_blank'>Dask dashboard</a>"
+                "</p>" if self.dashboard else "")
+        return (f"<div class='pyc-lab-many-tuning'><p>{escape(self._header())}</p>{link}"
+                f"{frame_html(self._shown())}"
                 + (f"<p>Not tuned:</p><ul>{items}</ul>" if items else "") + "</div>")

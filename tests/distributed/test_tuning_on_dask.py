@@ -71,6 +71,21 @@ def test_a_replayed_sweep_over_workers_matches_the_local_one(threads_client):
     missing = remote.problems[-1]
     assert remote.results[missing] is None
     assert "no recorded tuning" in remote.messages[missing]
+    assert "worker" in remote.summary and "worker" not in local.summary
+
+
+def test_the_chart_of_a_sweep_over_workers(threads_client):
+    from pyc_lab.widgets import ManyTuningChart
+
+    remote = pl.autotune_many(RECORDED, client=threads_client, replay=True, budget_s=60)
+    chart = ManyTuningChart(remote, client=threads_client)
+    assert "on 2 Dask worker(s)" in chart.to_text()
+    assert "inproc://" not in chart.to_text()  # no addresses in the text repr
+    assert "Dask dashboard" in chart.to_html() and threads_client.dashboard_link in \
+        chart.to_html()
+    assert list(chart.to_frame()["worker"]) == [remote.workers[p] for p in remote.problems]
+    hover = chart.figure().data[0].customdata
+    assert [row[2] for row in hover] == [remote.workers[p] for p in remote.problems]
 
 
 def test_a_live_sweep_refuses_a_cluster_without_gpus():

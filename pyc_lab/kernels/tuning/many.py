@@ -209,7 +209,8 @@ class ManyResult:
     def summary(self) -> pd.DataFrame:
         """One row per problem: winner, its time, the best CUTLASS and library times,
         ``speedup`` (best library / best CUTLASS; above 1: the tuned kernel is faster),
-        candidates tried and correct, seconds spent, status and message."""
+        candidates tried and correct, seconds spent, status and message (and, tuned
+        over a cluster, the ``worker`` that tuned it)."""
         import pandas as pd
 
         rows = []
@@ -233,7 +234,12 @@ class ManyResult:
                            candidates=len(table), ok=ok, status=res.stopped_by or "done",
                            message=self.messages.get(p, ""))
             rows.append(row)
-        frame = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+        columns = SUMMARY_COLUMNS
+        if self.workers:  # tuned over a cluster: where each problem ran
+            columns = [*SUMMARY_COLUMNS, "worker"]
+            for p, row in zip(self.problems, rows, strict=True):
+                row["worker"] = self.workers.get(p)
+        frame = pd.DataFrame(rows, columns=columns)
         frame.attrs["budget_s"] = self.budget_s
         frame.attrs["replay"] = self.replay
         return frame
