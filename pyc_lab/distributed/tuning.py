@@ -3,12 +3,14 @@
 Without a client this is :func:`pyc_lab.kernels.tuning.many.autotune_many`, unchanged.
 With one, every problem becomes one task that asks for one ``GPU`` resource, so the
 scheduler runs at most one tuning per GPU at a time (two candidates are never timed on
-one GPU at once) and as many at once as the workers hold GPUs. A task tunes its problem
-on its worker's GPU (CUTLASS candidates built there, with the kernel cache of that
-machine, keyed by content, so nothing built once is built again; the libraries
-measured in the same run) into an in-memory tuning database, and hands back the result
-with every measurement; the caller merges them into its own tuning database under the
-device each worker measured on. Results come back in the order of the problems.
+one GPU at once) and as many at once as the workers hold GPUs. The CUTLASS candidates
+are built first, as tasks that hold no GPU (:mod:`.builds`: each distinct kernel once,
+on any worker with nvcc, CPU-only ones included, shipped to the measuring worker under
+its content-keyed cache key). A task tunes its problem on its worker's GPU (every
+candidate found built; the libraries measured in the same run) into an in-memory tuning
+database, and hands back the result with every measurement; the caller merges them
+into its own tuning database under the device each worker measured on. Results come
+back in the order of the problems.
 
 A worker that dies (a kernel that crashes its process, a node lost) loses its one
 problem in flight: Dask runs it again on another worker (up to the scheduler's
@@ -26,7 +28,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from ..errors import PycLabError
 from ..kernels.tuning import many
 from ..kernels.tuning.many import GemmProblem, ManyResult
 from ..kernels.tuning.options import GemmTuneOptions
+from .builds import install_builds, submit_builds
 from .cluster import gpu_count
 
 __all__ = ["autotune_many"]
@@ -110,11 +113,15 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
     started = time.perf_counter()
     result = ManyResult(items, {p: None for p in items}, budget_s=budget_s, replay=replay)
     run = uuid.uuid4().hex[:8]
+    shipped: list[list[Any]] = [[] for _ in items]
+    if not replay:
+        shipped, result.builds_requested, result.builds_distinct = submit_builds(
+            client, items, opts, resources)
     futures = []
     for i, p in enumerate(items):
         popts = dataclasses.replace(opts, dtype=p.dtype, layout=p.layout, budget_s=share,
                                     bias=p.bias, activation=p.activation)
-        futures.append(client.submit(tune_one, p, popts, replay, source, pace_s,
+        futures.append(client.submit(tune_one, p, popts, replay, source, pace_s, shipped[i],
                                      key=f"pyc-tune-{run}-{i}", resources=resources,
                                      retries=retries, pure=False))
     try:
@@ -130,12 +137,16 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
 
 
 def tune_one(problem: GemmProblem, options: GemmTuneOptions, replay: bool,
-             source: str | Path | None, pace_s: float) -> dict[str, Any]:
+             source: str | Path | None, pace_s: float,
+             shipped: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """One problem, tuned on the worker that runs this (its GPU): the result, every
     measurement taken (live), where it ran and how long it took. A ``PycLabError`` (a
     problem no kernel takes, one not in the recording) is an answer, not a failure to
-    retry: it comes back as ``error``."""
+    retry: it comes back as ``error``. ``shipped``: the builds of its candidates (see
+    :mod:`.builds`), stored in this worker's kernel cache first."""
     t0 = time.perf_counter()
+    if shipped:
+        install_builds(shipped)
     try:
         res, records = _tune(problem, options, replay, source, pace_s)
     except PycLabError as exc:

@@ -122,7 +122,7 @@ def test_a_live_sweep_merges_every_measurement_into_the_callers_database(
     monkeypatch.setattr(autotune_mod, "autotune_gemm", _fake_autotune)
     db = TuningDB(tmp_path / "tuning.sqlite")
     res = pl.autotune_many([(64, 128, 256), (32, 32, 32, "bf16")], client=threads_client,
-                           db=db, budget_s=10)
+                           db=db, budget_s=10, cutlass=False)
     assert all(r is not None and r.recorded for r in res.results.values())
     rows = db.measurements()
     assert len(rows) == 4
@@ -182,3 +182,64 @@ def test_a_client_closed_mid_sweep_ends_the_sweep(threads_client):
     lost = [p for p in res.problems if res.results[p] is None]
     assert lost, "every problem finished before the client closed: nothing was tested"
     assert all(res.messages[p] for p in lost)
+
+
+def test_candidates_are_built_once_apart_and_shipped_to_the_measuring_task(
+        threads_client, monkeypatch, tmp_path):
+    # stand-ins (threads of this process reach the workers): the GPU facts, each
+    # problem's candidates (overlapping), nvcc; the tuner checks its kernels are cached
+    import hashlib
+
+    from pyc_lab.distributed import builds as builds_mod
+    from pyc_lab.kernels.cache import KernelCache
+    from pyc_lab.kernels.cutlass import nvcc
+    from pyc_lab.kernels.cutlass.nvcc import BuildResult
+    from pyc_lab.kernels.tuning import gemm_runner
+
+    monkeypatch.setenv("PYC_LAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(builds_mod, "device_facts", lambda: (90, 132))
+    wanted = {64: ["c1", "c2"], 32: ["c2", "c3"]}
+    monkeypatch.setattr(gemm_runner, "candidates_for",
+                        lambda m, n, k, opts, cc, sm: (wanted[m], {}))
+    built = []
+
+    def key_of(cfg):
+        return hashlib.sha256(f"{cfg}-sm90".encode()).hexdigest()
+
+    def fake_build(cfg, dtype, layout, cc, cache, epilogue=None):
+        built.append(cfg)
+        key = key_of(cfg)
+        entry = cache.put(key, {"kernel.so": f"binary of {cfg}".encode(), "kernel.cu": cfg})
+        return BuildResult(cfg, key, entry.file("kernel.so"), "built")
+
+    monkeypatch.setattr(nvcc, "build", fake_build)
+    found = {}
+
+    def tuner(m, n, k, *, options, db, **_):
+        cache = KernelCache()
+        found[m] = [cache.get(key_of(c)) is not None for c in wanted[m]]
+        return _fake_autotune(m, n, k, options=options, db=db)
+
+    monkeypatch.setattr(autotune_mod, "autotune_gemm", tuner)
+    res = pl.autotune_many([(64, 128, 256), (32, 32, 32)], client=threads_client,
+                           db=TuningDB(tmp_path / "db.sqlite"), budget_s=10)
+    assert sorted(built) == ["c1", "c2", "c3"]  # c2, wanted by both, built once
+    assert (res.builds_requested, res.builds_distinct) == (4, 3)
+    assert found == {64: [True, True], 32: [True, True]}
+
+
+def test_shipped_builds_are_stored_verified_and_only_once(monkeypatch, tmp_path):
+    import hashlib
+
+    from pyc_lab.distributed.builds import install_builds
+    from pyc_lab.kernels.cache import KernelCache
+
+    monkeypatch.setenv("PYC_LAB_CACHE_DIR", str(tmp_path / "elsewhere"))
+    key = hashlib.sha256(b"k").hexdigest()
+    shipped = [{"key": key, "status": "built", "files": {"kernel.so": b"\x7fELF...",
+                                                         "kernel.cu": "// source"}},
+               {"key": "", "status": "compile_error", "files": None, "message": "nvcc: 1"}]
+    assert install_builds(shipped) == 1
+    entry = KernelCache().get(key)
+    assert entry is not None and entry.file("kernel.so").read_bytes() == b"\x7fELF..."
+    assert install_builds(shipped) == 0  # already there
