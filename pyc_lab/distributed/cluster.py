@@ -20,6 +20,7 @@ their scheduler, say) is accepted as it is. The dashboard link is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -39,6 +40,32 @@ def _distributed() -> Any:
         raise PycLabError(f"pl.cluster needs Dask's distributed package; {_INSTALL}") \
             from None
     return distributed
+
+
+_OWNING: dict[int, type] = {}
+
+
+def _owning_client(dist: Any, cluster: Any) -> Any:
+    """A client of ``cluster`` that closes it when the client closes (a plain
+    ``Client(cluster)`` leaves a cluster it was handed running)."""
+    cls = _OWNING.get(id(dist.Client))
+    if cls is None:
+        class OwningClient(dist.Client):  # type: ignore[misc, name-defined]
+            """A ``distributed.Client`` that also closes the cluster pl.cluster started."""
+
+            def close(self, *args: Any, **kwargs: Any) -> Any:
+                try:
+                    return super().close(*args, **kwargs)
+                finally:
+                    with contextlib.suppress(Exception):  # closed already, or going
+                        self.cluster.close()
+
+        cls = _OWNING[id(dist.Client)] = OwningClient
+    try:
+        return cls(cluster)
+    except BaseException:
+        cluster.close()
+        raise
 
 
 def _local_gpus() -> int:
@@ -93,7 +120,7 @@ def cluster(n_workers: int | None = None, *, client: Any = None,
     Returns
     -------
     distributed.Client
-        Close it (or use it as a context manager) to stop a cluster started here.
+        Close it (or use it as a context manager): a cluster started here stops with it.
 
     Raises
     ------
@@ -123,7 +150,7 @@ def cluster(n_workers: int | None = None, *, client: Any = None,
                               resources=resources, **cluster_kwargs)
     log.info("pl.cluster: %d CPU worker(s), GPU resources %s", len(local.workers),
              resources)
-    return dist.Client(local)
+    return _owning_client(dist, local)
 
 
 def _gpu_cluster(dist: Any, gpus: int, n_workers: int | None, threads: int,
@@ -142,11 +169,11 @@ def _gpu_cluster(dist: Any, gpus: int, n_workers: int | None, threads: int,
         local = LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(range(count)),
                                  threads_per_worker=threads, resources=resources, **kwargs)
         log.info("pl.cluster: dask-cuda, %d GPU worker(s)", count)
-        return dist.Client(local)
+        return _owning_client(dist, local)
     if not processes:  # threads share one process, so one device: one worker
         local = dist.LocalCluster(n_workers=1, threads_per_worker=threads, processes=False,
                                   resources=resources, **kwargs)
-        return dist.Client(local)
+        return _owning_client(dist, local)
     from distributed import Nanny, Scheduler, SpecCluster
 
     workers = {f"gpu-{i}": {"cls": Nanny, "options": {
@@ -156,4 +183,4 @@ def _gpu_cluster(dist: Any, gpus: int, n_workers: int | None, threads: int,
         "dashboard_address": kwargs.pop("dashboard_address", ":0")}}
     local = SpecCluster(workers=workers, scheduler=scheduler, **kwargs)
     log.info("pl.cluster: %d GPU worker process(es), one GPU each", count)
-    return dist.Client(local)
+    return _owning_client(dist, local)

@@ -88,6 +88,14 @@ def test_the_chart_of_a_sweep_over_workers(threads_client):
     assert [row[2] for row in hover] == [remote.workers[p] for p in remote.problems]
 
 
+def test_closing_the_client_stops_the_cluster_it_started():
+    client = pl.cluster(n_workers=1, processes=False)
+    cluster = client.cluster
+    assert isinstance(client, distributed.Client)
+    client.close()
+    assert cluster.status.name == "closed"
+
+
 def test_a_live_sweep_refuses_a_cluster_without_gpus():
     client = pl.cluster(n_workers=1, processes=False)
     try:
