@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,8 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
                   budget_s: float | None = None, db: Any = None,
                   options: GemmTuneOptions | None = None, replay: bool = False,
                   source: str | Path | None = None, pace_s: float = 0.0,
-                  retries: int = 2, **settings: Any) -> ManyResult:
+                  retries: int = 2, observer: Callable[[dict[str, Any]], None] | None = None,
+                  **settings: Any) -> ManyResult:
     """Tune a list of GEMM problems, on this GPU or over a Dask cluster.
 
     Parameters
@@ -71,6 +72,12 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
         Replay a recorded tuning (no GPU needed) instead of tuning.
     pace_s
         With ``replay``, seconds per replayed candidate (to watch a sweep fill in).
+    observer
+        Over a cluster, called on the caller's thread as each problem finishes (in the
+        order they finish) with a dict: ``problem`` (its label), ``worker``, ``status``
+        (``"tuned"`` or ``"not tuned"``), ``winner``, ``speedup``, ``seconds``,
+        ``message``, and ``done`` / ``total`` — per-GPU progress for a bar or a widget.
+        An observer that raises is logged; the sweep goes on.
     retries
         Times a problem whose tuning raised an unexpected error is run again (a worker
         that dies has its problem rescheduled by Dask itself, up to the scheduler's
@@ -89,6 +96,9 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
         ``distributed.Client``, or a live sweep on a cluster whose workers declare no GPU.
     """
     if client is None:
+        if observer is not None:
+            raise PycLabError("autotune_many: observer= reports a sweep over a cluster; "
+                              "pass client=... (AutotuneWidget shows a local tuning live)")
         if pace_s:
             raise PycLabError("autotune_many: pace_s applies to a replay over a cluster; "
                               "pass client=...")
@@ -124,9 +134,13 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
         futures.append(client.submit(tune_one, p, popts, replay, source, pace_s, shipped[i],
                                      key=f"pyc-tune-{run}-{i}", resources=resources,
                                      retries=retries, pure=False))
+    problem_of = {future.key: p for p, future in zip(items, futures, strict=True)}
     try:
-        for p, future in zip(items, futures, strict=True):
+        for done, future in enumerate(distributed.as_completed(futures), 1):
+            p = problem_of[future.key]
             _collect(p, future, result)
+            if observer is not None:
+                _tell(observer, p, result, done, len(items))
     finally:
         for future in futures:
             future.release()
@@ -201,6 +215,21 @@ def _collect(p: GemmProblem, future: Any, result: ManyResult) -> None:
         return
     result.results[p] = out["result"]
     result.records[p] = out["records"]
+
+
+def _tell(observer: Callable[[dict[str, Any]], None], p: GemmProblem, result: ManyResult,
+          done: int, total: int) -> None:
+    res = result.results.get(p)
+    event = {"problem": p.label, "worker": result.workers.get(p),
+             "status": "tuned" if res is not None else "not tuned",
+             "winner": getattr(res, "winner", None) if res is not None else None,
+             "speedup": getattr(res, "speedup", None) if res is not None else None,
+             "seconds": result.seconds.get(p), "message": result.messages.get(p, ""),
+             "done": done, "total": total}
+    try:
+        observer(event)
+    except Exception as exc:
+        log.warning("autotune_many: the observer raised %s: %s", type(exc).__name__, exc)
 
 
 def _merge(result: ManyResult, db: Any) -> None:

@@ -251,3 +251,29 @@ def test_shipped_builds_are_stored_verified_and_only_once(monkeypatch, tmp_path)
     entry = KernelCache().get(key)
     assert entry is not None and entry.file("kernel.so").read_bytes() == b"\x7fELF..."
     assert install_builds(shipped) == 0  # already there
+
+
+def test_an_observer_hears_each_problem_as_it_finishes(threads_client):
+    events = []
+    problems = [*RECORDED, MISSING]
+    res = pl.autotune_many(problems, client=threads_client, replay=True, budget_s=60,
+                           observer=events.append)
+    assert sorted(e["done"] for e in events) == list(range(1, len(problems) + 1))
+    assert {e["total"] for e in events} == {len(problems)}
+    assert sorted(e["problem"] for e in events) == sorted(p.label for p in res.problems)
+    by_label = {e["problem"]: e for e in events}
+    missing = res.problems[-1]
+    assert by_label[missing.label]["status"] == "not tuned"
+    assert "no recorded tuning" in by_label[missing.label]["message"]
+    tuned = res.problems[0]
+    assert by_label[tuned.label]["winner"] == res.results[tuned].winner
+    assert by_label[tuned.label]["worker"] == res.workers[tuned]
+
+    def broken(event):
+        raise RuntimeError("a widget bug")
+
+    again = pl.autotune_many(RECORDED, client=threads_client, replay=True, budget_s=60,
+                             observer=broken)
+    assert all(again.results[p] is not None for p in again.problems)
+    with pytest.raises(PycLabError, match="observer"):
+        pl.autotune_many(RECORDED, replay=True, observer=events.append)
