@@ -8,9 +8,10 @@ from .autotune import AutotuneWidget, KernelComparison
 from .belt_sweep import SweepChart
 from .inference import LoadTestChart, ServerMonitor, ServersView
 from .many_tuning import ManyTuningChart
+from .sweep_progress import SweepProgress
 from .timeline import TimelineWidget, compare
 from .topology import TopologyWidget
 
 __all__ = ["AutotuneWidget", "KernelComparison", "LoadTestChart", "ManyTuningChart",
-           "ServerMonitor", "ServersView", "SweepChart", "TimelineWidget", "TopologyWidget",
-           "compare"]
+           "ServerMonitor", "ServersView", "SweepChart", "SweepProgress", "TimelineWidget",
+           "TopologyWidget", "compare"]

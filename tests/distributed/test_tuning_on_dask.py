@@ -277,3 +277,20 @@ def test_an_observer_hears_each_problem_as_it_finishes(threads_client):
     assert all(again.results[p] is not None for p in again.problems)
     with pytest.raises(PycLabError, match="observer"):
         pl.autotune_many(RECORDED, replay=True, observer=events.append)
+
+
+def test_sweep_progress_follows_a_sweep_per_worker(threads_client):
+    from pyc_lab.widgets import SweepProgress
+
+    progress = SweepProgress()
+    assert "0 of ? problem(s)" in progress.to_text()
+    bar_and_table = progress.widget()  # shown before the sweep: updated by every report
+    res = pl.autotune_many([*RECORDED, MISSING], client=threads_client, replay=True,
+                           budget_s=60, observer=progress)
+    frame = progress.to_frame()
+    assert int(frame["done"].sum()) == 5 and int(frame["not_tuned"].sum()) == 1
+    assert set(frame["worker"]) == set(res.workers.values())
+    assert "5 of 5 problem(s) finished on 2 worker(s)" in progress.to_text()
+    assert "inproc://" not in progress.to_text() and "inproc://" not in progress.to_html()
+    bar, table = bar_and_table.children
+    assert (bar.value, bar.max) == (5, 5) and "inproc://" in table.value
