@@ -55,7 +55,7 @@ from .dispatcher import Dispatcher
 from .host_lanes import HostLanes
 from .lanes import Lanes, StageHooks
 from .pinned import PinnedPool
-from .shards import ShardedBelt, check_devices
+from .shards import ShardedPipeline, check_devices
 
 __all__ = ["Pipeline", "PipelineError", "last_pipeline"]
 
@@ -87,6 +87,11 @@ class PipelineError(PycLabError):
         super().__init__(message)
         self.index = index
         self.stage = stage
+
+
+def _remember(pipe: Any) -> None:
+    global _LAST
+    _LAST = pipe
 
 
 def last_pipeline() -> Pipeline | None:
@@ -144,8 +149,10 @@ class Pipeline:
         Several GPUs: one belt per device (its own pinned pool on that GPU's NUMA node,
         streams, prepare workers and ``depth`` slots), items dealt round robin, results
         still in item order, one trace with a lane group per GPU
-        (:mod:`~pyc_lab.runtime.shards`). Replaces ``device``; a ``pool`` cannot be
-        shared by the belts. In CPU mode the same dealing runs over host belts.
+        (:mod:`~pyc_lab.runtime.shards`: with two or more, the belt made is a
+        :class:`~pyc_lab.runtime.shards.ShardedPipeline`, which runs, traces and closes
+        the same way). Replaces ``device``; a ``pool`` cannot be shared by the belts. In
+        CPU mode the same dealing runs over host belts.
     workers
         Prepare threads; default ``min(depth, os.cpu_count())``.
     h2d
@@ -201,6 +208,13 @@ class Pipeline:
     [0.0, 2.0, 4.0]
     """
 
+    def __new__(cls, *args: Any, devices: Sequence[int] | None = None, **kwargs: Any) -> Any:
+        ids = None if devices is None else check_devices(devices, PipelineError)
+        if ids is None or len(ids) == 1:
+            return super().__new__(cls)
+        return ShardedPipeline(cls, ids, *args, error=PipelineError, on_run=_remember,
+                               **kwargs)
+
     def __init__(
         self,
         prepare: Callable[[Any], Any],
@@ -222,20 +236,8 @@ class Pipeline:
         devices: Sequence[int] | None = None,
     ) -> None:
         err = PipelineError
-        self._sharded: ShardedBelt | None = None
-        if devices is not None:
-            ids = check_devices(devices, PipelineError)
-            if len(ids) > 1:
-                if pool is not None:
-                    raise PipelineError("a PinnedPool serves one NUMA node: with devices= "
-                                        "every belt makes its own; leave pool out")
-                self._shard(ids, dict(
-                    prepare=prepare, compute=compute, depth=depth, workers=workers,
-                    h2d=h2d, d2h=d2h, mode=mode, timeout_s=timeout_s, spec=spec,
-                    copy_results=copy_results, compute_streams=compute_streams,
-                    trace_items=trace_items), trace)
-                return
-            device = ids[0]
+        if devices is not None:  # one device (__new__ made a ShardedPipeline for more)
+            device = devices[0]
         check_callable("Pipeline", "prepare", prepare, "prepare(item) returning an array or "
                        "a tuple of arrays, or prepare(item, out) with spec=", error=err)
         check_callable("Pipeline", "compute", compute, "compute(arrays, stream) or "
@@ -306,30 +308,6 @@ class Pipeline:
         self._crew: tuple[Crew, Dispatcher] | None = None
         self._spare: list[Slot] | None = None
 
-    def _shard(self, ids: list[int], settings: dict[str, Any], trace: Any) -> None:
-        """Become the front of one belt per device (:class:`ShardedBelt`)."""
-        first = Pipeline(**settings, device=ids[0], trace=False)
-        self.mode, self.mode_reason = first.mode, first.mode_reason
-        first.close()
-        if self.mode == "gpu":
-            cp, _ = cupy_status()
-            count = cp.cuda.runtime.getDeviceCount()
-            missing = [d for d in ids if d >= count]
-            if missing:
-                raise PipelineError(f"devices {missing} do not exist: this machine has "
-                                    f"{count} GPU(s), ordinals 0-{count - 1}")
-        for name in ("depth", "workers", "h2d", "d2h", "timeout_s", "trace_items"):
-            setattr(self, name, getattr(first, name))
-        self.devices, self.device = ids, ids[0]
-        self._closed = False
-        own = trace is None or trace is True
-        labels = [f"gpu{d}" if self.mode == "gpu" else f"shard{k}"
-                  for k, d in enumerate(ids)]
-        self._sharded = ShardedBelt(
-            lambda device, target: Pipeline(**settings, device=device, trace=target),
-            ids, new_trace=(lambda: Trace(max_items=self.trace_items)) if own else None,
-            trace=trace, labels=labels)
-
     # -- helpers ---------------------------------------------------------------------
     @staticmethod
     def _takes_stream(fn: Callable[..., Any]) -> bool:
@@ -360,8 +338,6 @@ class Pipeline:
     def trace(self) -> Any:
         """The :class:`~pyc_lab.profiling.trace.Trace` every stage of every item goes to
         (empty when the belt was made with ``trace=False``)."""
-        if self._sharded is not None:
-            return self._sharded.trace if self._sharded.trace is not False else Trace()
         return self._trace
 
     @property
@@ -369,16 +345,11 @@ class Pipeline:
         """The prepare workers' queue-wait and run-time metrics (p50/p99) of the latest
         run (see :meth:`~pyc_lab.runtime.dispatcher.Dispatcher.metrics`); ``None``
         before the first run."""
-        if self._sharded is not None:
-            return {d: s.dispatcher_metrics
-                    for d, s in zip(self.devices, self._sharded.shards, strict=True)}
         return None if self._last_dispatch is None else self._last_dispatch.metrics()
 
     @property
     def live_slots(self) -> int:
-        """Slots currently holding an item (never more than ``depth`` per belt)."""
-        if self._sharded is not None:
-            return sum(s.live_slots for s in self._sharded.shards)
+        """Slots currently holding an item (never more than ``depth``)."""
         with self._lock:
             return len(self._live)
 
@@ -605,11 +576,6 @@ class Pipeline:
             Re-raised as is, after the same cleanup.
         """
         global _LAST
-        if self._sharded is not None:
-            if self._closed:
-                raise PipelineError("this Pipeline is closed; create a new one")
-            _LAST = self
-            return self._sharded.run(items)
         source = iter(items)
         with self._lock:  # two threads calling run() at once: one of them is refused
             if self._closed:
@@ -786,10 +752,6 @@ class Pipeline:
         cancelled there (its consumer gets a :class:`PipelineError`) and waited for
         (bounded by ``timeout_s``, else :data:`CLOSE_GRACE_S`) before the pool is freed.
         """
-        if self._sharded is not None:
-            self._closed = True
-            self._sharded.close()
-            return
         with self._lock:  # from here on run() refuses and a run not yet set up never starts
             self._closed = True
             cancel = self._cancel
@@ -827,9 +789,6 @@ class Pipeline:
         self.close()
 
     def __repr__(self) -> str:
-        if self._sharded is not None:
-            return (f"Pipeline(mode={self.mode!r}, devices={self.devices}, depth={self.depth}"
-                    f" per device, workers={self.workers}, h2d={self.h2d}, d2h={self.d2h})")
         return (
             f"Pipeline(mode={self.mode!r}, depth={self.depth}, workers={self.workers}, "
             f"h2d={self.h2d}, d2h={self.d2h})"

@@ -19,7 +19,9 @@ import re
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
-__all__ = ["ShardedBelt", "check_devices"]
+from ..profiling.trace import Trace
+
+__all__ = ["ShardedPipeline", "check_devices"]
 
 _ITEM = re.compile(r"^item (\d+)")
 
@@ -44,7 +46,7 @@ class _DeviceTrace:
     """What one device's belt records into: the shared trace, with the item's number in
     the caller's input and the lane named with its device."""
 
-    def __init__(self, owner: ShardedBelt, position: int, label: str) -> None:
+    def __init__(self, owner: ShardedPipeline, position: int, label: str) -> None:
         self.owner = owner
         self.position = position
         self.label = label
@@ -52,7 +54,7 @@ class _DeviceTrace:
     def record(self, item: int, stage: str, lane: str, start_s: float, end_s: float,
                nbytes: int = 0, **meta: Any) -> Any:
         n = len(self.owner.shards)
-        return self.owner.trace.record(item * n + self.position, stage,
+        return self.owner._trace.record(item * n + self.position, stage,
                                        f"{self.label} {lane}", start_s, end_s,
                                        nbytes=nbytes, **meta)
 
@@ -83,47 +85,84 @@ class _Dealer:
             yield queue.popleft()
 
 
-class ShardedBelt:
-    """Belts, one per device, run as one (see the module docstring).
+class ShardedPipeline:
+    """A :class:`~pyc_lab.runtime.pipeline.Pipeline` over several devices (see the module
+    docstring): what ``Pipeline(..., devices=[...])`` returns for two devices or more. It
+    runs, traces and closes like a one-device belt.
 
     Parameters
     ----------
-    make
-        ``make(device, trace)`` returns the belt for one device recording into
-        ``trace`` (a :class:`~pyc_lab.runtime.pipeline.Pipeline`).
+    belt
+        The one-device belt class (``Pipeline``): ``belt(prepare, compute, device=...,
+        trace=..., **settings)``.
     devices
-        The device ordinals, in dealing order.
-    new_trace
-        Makes the shared trace of a run; ``None`` when the caller gave one trace for
-        every run (``trace``).
-    trace
-        The trace every run records into when ``new_trace`` is ``None`` (``False``: the
-        belts record nothing).
-    labels
-        A lane prefix per device (``"gpu0"``; ``"shard0"`` in CPU mode).
+        The device ordinals (:func:`check_devices`), in dealing order.
+    prepare, compute, trace, pool, **settings
+        As for ``Pipeline``; ``pool`` must be ``None`` (each belt makes its own).
+    error
+        The exception class raised for bad arguments and a closed belt.
+    on_run
+        Called with this front as each run starts (``last_pipeline`` remembers it).
     """
 
-    def __init__(self, make: Callable[[int, Any], Any], devices: Sequence[int], *,
-                 new_trace: Callable[[], Any] | None, trace: Any,
-                 labels: Sequence[str]) -> None:
+    def __init__(self, belt: Callable[..., Any], devices: Sequence[int], prepare: Any,
+                 compute: Any, *, trace: Any = None, pool: Any = None,
+                 error: Callable[[str], Exception] = ValueError,
+                 on_run: Callable[[Any], None] | None = None, **settings: Any) -> None:
+        if pool is not None:
+            raise error("a PinnedPool serves one NUMA node: with devices= every belt makes "
+                        "its own; leave pool out")
+        self._error, self._on_run = error, on_run
         self.devices = list(devices)
-        self._new_trace = new_trace
-        self.trace = new_trace() if new_trace is not None else trace
+        self.device = self.devices[0]
+        probe = belt(prepare, compute, device=self.device, trace=False, **settings)
+        probe.close()  # the settings checked, the mode known
+        self.mode, self.mode_reason = probe.mode, probe.mode_reason
+        for name in ("depth", "workers", "h2d", "d2h", "timeout_s", "trace_items"):
+            setattr(self, name, getattr(probe, name))
+        if self.mode == "gpu":
+            _check_present(self.devices, error)
+        self.traced = trace is not False
+        self._own_trace = trace is None or trace is True
+        self._trace = Trace(max_items=self.trace_items) if self._own_trace else trace
+        self._closed = False
         self.shards: list[Any] = []
         try:
-            for k, (device, label) in enumerate(zip(self.devices, labels, strict=True)):
-                target = False if self.trace is False else _DeviceTrace(self, k, label)
-                self.shards.append(make(device, target))
+            for k, device in enumerate(self.devices):
+                label = f"gpu{device}" if self.mode == "gpu" else f"shard{k}"
+                target = _DeviceTrace(self, k, label) if self.traced else False
+                self.shards.append(belt(prepare, compute, device=device, trace=target,
+                                        **settings))
         except BaseException:
             self.close()
             raise
 
+    @property
+    def trace(self) -> Any:
+        """The trace of the latest run (every belt's spans), as a one-device belt's."""
+        return self._trace if self.traced else Trace()
+
+    @property
+    def dispatcher_metrics(self) -> dict[int, Any]:
+        """Device -> that belt's prepare-worker metrics."""
+        return {d: s.dispatcher_metrics for d, s in zip(self.devices, self.shards,
+                                                        strict=True)}
+
+    @property
+    def live_slots(self) -> int:
+        """Slots holding an item, over every belt (never more than ``depth`` per belt)."""
+        return sum(s.live_slots for s in self.shards)
+
     def run(self, items: Any) -> Generator[Any, None, None]:
         """Deal ``items`` to the belts; yield the results in item order."""
-        if self._new_trace is not None:
-            self.trace = self._new_trace()
+        if self._closed:
+            raise self._error("this Pipeline is closed; create a new one")
+        if self._own_trace:
+            self._trace = Trace(max_items=self.trace_items)
         dealer = _Dealer(iter(items), len(self.shards))
         runs = [shard.run(dealer.lane(k)) for k, shard in enumerate(self.shards)]
+        if self._on_run is not None:
+            self._on_run(self)
         return self._merge(runs)
 
     def _merge(self, runs: list[Generator[Any, None, None]]) -> Generator[Any, None, None]:
@@ -150,8 +189,7 @@ class ShardedBelt:
         index = getattr(exc, "index", None)
         if index is None or not hasattr(exc, "stage"):
             return exc
-        n = len(self.shards)
-        whole = index * n + k
+        whole = index * len(self.shards) + k
         message = _ITEM.sub(f"item {whole}", str(exc), count=1)
         try:
             return type(exc)(f"{message} (on device {self.devices[k]})", index=whole,
@@ -161,5 +199,27 @@ class ShardedBelt:
 
     def close(self) -> None:
         """Close every belt (each frees its pool and threads)."""
+        self._closed = True
         for shard in self.shards:
             shard.close()
+
+    def __enter__(self) -> ShardedPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Pipeline(mode={self.mode!r}, devices={self.devices}, depth={self.depth}"
+                f" per device, workers={self.workers}, h2d={self.h2d}, d2h={self.d2h})")
+
+
+def _check_present(devices: Sequence[int], error: Callable[[str], Exception]) -> None:
+    from ..hardware.device import cupy_status
+
+    cp, _ = cupy_status()
+    count = cp.cuda.runtime.getDeviceCount()
+    missing = [d for d in devices if d >= count]
+    if missing:
+        raise error(f"devices {missing} do not exist: this machine has {count} GPU(s), "
+                    f"ordinals 0-{count - 1}")

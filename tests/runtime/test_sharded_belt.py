@@ -127,3 +127,13 @@ def test_a_closed_sharded_belt_refuses_to_run():
     pipe.close()
     with pytest.raises(PipelineError, match="closed"):
         pipe.run(range(3))
+
+
+def test_the_last_pipeline_is_the_sharded_front_with_its_whole_trace():
+    from pyc_lab.runtime.pipeline import last_pipeline
+
+    with Pipeline(_prepare, _compute, mode="cpu", devices=[0, 1]) as pipe:
+        list(pipe.run(range(6)))
+        last = last_pipeline()
+        assert last is pipe and last.traced  # what %pyc_timeline reads
+        assert sorted({s.item for s in last.trace.spans}) == list(range(6))
