@@ -28,7 +28,7 @@ from . import guards as guards_
 from .cache_keys import static_key
 from .errors import DynamicShapeError, TraceError
 from .ir import Graph, dtype_short
-from .ops import FUSED_OPS, ShapeError, evaluate, run_graph
+from .ops import FUSED_OPS, VIEW_RESULT_OPS, ShapeError, evaluate, run_graph
 from .policy import MODES, Decision, choose
 from .signature import check_argument, check_signature_type, parse_spec
 from .tracer import is_array, trace
@@ -38,10 +38,6 @@ __all__ = ["BACKENDS", "CompiledFunction", "compile"]
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "cupy", "numpy")
-
-#: Ops whose NumPy result is a view of their operand.
-_VIEW_OPS = frozenset({"slice", "transpose", "reshape", "expand_dims", "squeeze",
-                       "broadcast_to"})
 
 
 def compile(
@@ -500,7 +496,7 @@ def _returned_inputs(graph: Graph) -> dict[int, tuple[int, tuple]]:
             continue
         steps: list[tuple[str, dict[str, Any]]] = []
         node = graph.nodes[nid]
-        while node.id not in written and node.op in _VIEW_OPS:
+        while node.id not in written and node.op in VIEW_RESULT_OPS:
             steps.append((node.op, node.attrs))
             node = graph.nodes[node.inputs[0]]
         if node.id in written:

@@ -33,9 +33,10 @@ import numpy as np
 from ..errors import PycLabError
 from .errors import DynamicShapeError
 
-__all__ = ["ACTIVATIONS", "REDUCTIONS", "REGISTRY", "UFUNC_OPS", "DTypeError", "OpDef",
-           "ShapeError", "basic_index", "check_eager_result", "evaluate", "infer",
-           "is_plain_reduction", "normalize_axis", "reduction_kwargs", "run_graph"]
+__all__ = ["ACTIVATIONS", "REDUCTIONS", "REGISTRY", "UFUNC_OPS", "VIEW_RESULT_OPS",
+           "DTypeError", "OpDef", "ShapeError", "basic_index", "check_eager_result",
+           "evaluate", "infer", "is_plain_reduction", "normalize_axis", "reduction_kwargs",
+           "run_graph"]
 
 
 class ShapeError(PycLabError):
@@ -638,6 +639,10 @@ _register(OpDef("fused_extra", "extra", None, _fused_extra_shape, _fused_extra_r
 
 #: Ops whose ``attrs["body"]`` is a graph computed as one kernel.
 FUSED_OPS = ("fused", "fused_rows")
+
+#: Ops whose NumPy result is a view of their operand (no data is computed).
+VIEW_RESULT_OPS = frozenset({"slice", "transpose", "reshape", "expand_dims", "squeeze",
+                             "broadcast_to"})
 
 
 def _eager_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:

@@ -21,6 +21,7 @@ their scheduler, say) is accepted as it is. The dashboard link is
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import Any
 
@@ -42,27 +43,26 @@ def _distributed() -> Any:
     return distributed
 
 
-_OWNING: dict[int, type] = {}
+@functools.cache
+def _owning_class(dist: Any) -> type:
+    class OwningClient(dist.Client):  # type: ignore[misc, name-defined]
+        """A ``distributed.Client`` that also closes the cluster pl.cluster started."""
+
+        def close(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().close(*args, **kwargs)
+            finally:
+                with contextlib.suppress(Exception):  # closed already, or going
+                    self.cluster.close()
+
+    return OwningClient
 
 
 def _owning_client(dist: Any, cluster: Any) -> Any:
     """A client of ``cluster`` that closes it when the client closes (a plain
     ``Client(cluster)`` leaves a cluster it was handed running)."""
-    cls = _OWNING.get(id(dist.Client))
-    if cls is None:
-        class OwningClient(dist.Client):  # type: ignore[misc, name-defined]
-            """A ``distributed.Client`` that also closes the cluster pl.cluster started."""
-
-            def close(self, *args: Any, **kwargs: Any) -> Any:
-                try:
-                    return super().close(*args, **kwargs)
-                finally:
-                    with contextlib.suppress(Exception):  # closed already, or going
-                        self.cluster.close()
-
-        cls = _OWNING[id(dist.Client)] = OwningClient
     try:
-        return cls(cluster)
+        return _owning_class(dist)(cluster)
     except BaseException:
         cluster.close()
         raise
@@ -80,18 +80,12 @@ def _local_gpus() -> int:
 
 def gpu_count(client: Any) -> int:
     """The GPU resources the workers of ``client`` declare, in total."""
-    workers = client.scheduler_info(n_workers=-1).get("workers", {}) \
-        if _takes_n_workers(client) else client.scheduler_info().get("workers", {})
+    try:  # newer distributed lists only a few workers unless asked for all
+        info = client.scheduler_info(n_workers=-1)
+    except TypeError:
+        info = client.scheduler_info()
+    workers = info.get("workers", {})
     return int(sum(w.get("resources", {}).get("GPU", 0) for w in workers.values()))
-
-
-def _takes_n_workers(client: Any) -> bool:
-    import inspect
-
-    try:
-        return "n_workers" in inspect.signature(client.scheduler_info).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def cluster(n_workers: int | None = None, *, client: Any = None,

@@ -135,17 +135,18 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
                                      key=f"pyc-tune-{run}-{i}", resources=resources,
                                      retries=retries, pure=False))
     problem_of = {future.key: p for p, future in zip(items, futures, strict=True)}
+    records: dict[GemmProblem, list[Any]] = {}  # the workers' measurements, to merge
     try:
         for done, future in enumerate(distributed.as_completed(futures), 1):
             p = problem_of[future.key]
-            _collect(p, future, result)
+            _collect(p, future, result, records)
             if observer is not None:
                 _tell(observer, p, result, done, len(items))
     finally:
         for future in futures:
             future.release()
     if not replay:
-        _merge(result, db)
+        _merge(result, records, db)
     result.total_seconds = time.perf_counter() - started
     return result
 
@@ -198,8 +199,10 @@ def _worker_name() -> str:
         return "local"
 
 
-def _collect(p: GemmProblem, future: Any, result: ManyResult) -> None:
-    """``p``'s outcome into ``result`` (a failure becomes its message)."""
+def _collect(p: GemmProblem, future: Any, result: ManyResult,
+             records: dict[GemmProblem, list[Any]]) -> None:
+    """``p``'s outcome into ``result`` and its measurements into ``records`` (a failure
+    becomes its message)."""
     try:
         out = future.result()
     except (Exception, asyncio.CancelledError) as exc:  # a worker lost past its retries,
@@ -214,7 +217,7 @@ def _collect(p: GemmProblem, future: Any, result: ManyResult) -> None:
         log.info("autotune_many: %s not tuned: %s", p.label, out["error"])
         return
     result.results[p] = out["result"]
-    result.records[p] = out["records"]
+    records[p] = out["records"]
 
 
 def _tell(observer: Callable[[dict[str, Any]], None], p: GemmProblem, result: ManyResult,
@@ -222,8 +225,8 @@ def _tell(observer: Callable[[dict[str, Any]], None], p: GemmProblem, result: Ma
     res = result.results.get(p)
     event = {"problem": p.label, "worker": result.workers.get(p),
              "status": "tuned" if res is not None else "not tuned",
-             "winner": getattr(res, "winner", None) if res is not None else None,
-             "speedup": getattr(res, "speedup", None) if res is not None else None,
+             "winner": getattr(res, "winner", None),
+             "speedup": getattr(res, "speedup", None),
              "seconds": result.seconds.get(p), "message": result.messages.get(p, ""),
              "done": done, "total": total}
     try:
@@ -232,18 +235,18 @@ def _tell(observer: Callable[[dict[str, Any]], None], p: GemmProblem, result: Ma
         log.warning("autotune_many: the observer raised %s: %s", type(exc).__name__, exc)
 
 
-def _merge(result: ManyResult, db: Any) -> None:
+def _merge(result: ManyResult, records: dict[GemmProblem, list[Any]], db: Any) -> None:
     """Every live measurement into the caller's tuning database, the winners pinned."""
     from ..kernels.tuning.database import TuningDB
 
     target = db if db is not None else TuningDB()
-    for p, res in result.results.items():
-        records = result.records.get(p) or []
-        if res is None or not records:
+    for p, rows in records.items():
+        res = result.results[p]
+        if not rows:
             continue
         try:
-            target.record_many(res.device, res.problem, [r.measurement for r in records])
-            winner = next((r for r in records if r.is_winner), None)
+            target.record_many(res.device, res.problem, [r.measurement for r in rows])
+            winner = next((r for r in rows if r.is_winner), None)
             if winner is not None:
                 target.set_winner(res.device, res.problem, winner.measurement.config_id)
             res.recorded = True

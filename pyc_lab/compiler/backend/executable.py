@@ -31,6 +31,7 @@ import numpy as np
 
 from ...errors import PycLabError
 from ..ir import Graph, Node
+from ..ops import VIEW_RESULT_OPS
 from .graphs import CaptureError, GraphProgram, Rebind, capture
 from .lowering import IMPLS, lower
 from .steps import _KernelStep, _MatmulStep, _Step, _WrittenStep
@@ -50,9 +51,12 @@ log = logging.getLogger(__name__)
 #: at this size that copy costs a few microseconds of GPU time at most.
 AUTO_GRAPH_BYTES = 8 << 20
 
-#: Ops a CuPy step runs as a view (no kernel launch).
-_VIEW_OPS = frozenset({"slice", "transpose", "reshape", "expand_dims", "squeeze",
-                       "broadcast_to"})
+
+
+def _io_bytes(graph: Graph, outputs: bool = True) -> int:
+    """Bytes of the graph's inputs (and outputs)."""
+    ids = [*graph.inputs, *graph.outputs] if outputs else graph.inputs
+    return sum(graph.node(i).nbytes for i in ids)
 
 
 def auto_graph_refusal(graph: Graph, steps: Sequence[_Step]) -> str:
@@ -65,8 +69,7 @@ def auto_graph_refusal(graph: Graph, steps: Sequence[_Step]) -> str:
     recorded splits the graph and costs the replay more than it saves (measured for the
     attention lowering: 363 us a call launched, 464 us replayed).
     """
-    io = sum(graph.node(i).nbytes for i in graph.inputs) + \
-        sum(graph.node(o).nbytes for o in graph.outputs)
+    io = _io_bytes(graph)
     if io > AUTO_GRAPH_BYTES:
         return (f"inputs and outputs of {io / 2**20:.1f} MiB (over "
                 f"{AUTO_GRAPH_BYTES >> 20} MiB): the GPU time, not the launches, is the cost")
@@ -77,7 +80,7 @@ def auto_graph_refusal(graph: Graph, steps: Sequence[_Step]) -> str:
             return "a graph break whose shape depends on the data"
         if not step.capturable and not hasattr(step, "graph_call"):
             return f"%{step.node.id} ({op}) is a library call a CUDA graph cannot record"
-        if not isinstance(step, _WrittenStep) and op not in _VIEW_OPS:
+        if not isinstance(step, _WrittenStep) and op not in VIEW_RESULT_OPS:
             launches += 1
     if launches < 2:
         return "one launch: a replay would save nothing"
@@ -121,8 +124,9 @@ class CupyExecutable:
         auto = cuda_graph == "auto"
         #: Whether graphs were asked for (True/False) or left to :func:`auto_graph_refusal`
         self.graph_mode: bool | str = "auto" if auto else bool(cuda_graph)
-        self.cuda_graph = bool(cuda_graph) if not auto else sum(
-            graph.node(i).nbytes for i in graph.inputs) <= AUTO_GRAPH_BYTES
+        # "auto" lowers for graphs where they may be taken (decided after lowering)
+        self.cuda_graph = bool(cuda_graph) if not auto else \
+            _io_bytes(graph, outputs=False) <= AUTO_GRAPH_BYTES
         #: Why the CUDA graph could not be captured (None: not tried or captured).
         self.graph_capture_error: str | None = None
         self.calls = 0

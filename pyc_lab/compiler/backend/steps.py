@@ -113,17 +113,16 @@ class _KernelStep(_Step):
         #: or None when nothing reads it; its planned buffer, or None for a fresh array)
         self.extras = list(extras)
         self.kernels: dict[str, Any] = {}
-        self.in_nodes: list[Node] = []
         self.last_entry: str | None = None  # the kernel the last call launched
         self.columns: ColumnLaunch | None = None
         #: The vectorised entry's pointer alignments (launch.alignment_plan)
         self.plan = alignment_plan(src, len(node.inputs))
+        #: (value id, its node) per input, as every call reads them (set by prepare)
         self.operands: list[tuple[int, Node]] = []
 
     def prepare(self, exe: Executor) -> None:
         self.kernels = {e: compile_kernel(self.src, e) for e in self.src.entries}
-        self.in_nodes = [exe.graph.node(i) for i in self.node.inputs]
-        self.operands = list(zip(self.node.inputs, self.in_nodes, strict=True))
+        self.operands = [(i, exe.graph.node(i)) for i in self.node.inputs]
         if self.src.kind == "columns":  # the split's workspace, allocated before capture
             self.columns = ColumnLaunch(self.src, exe._sm_count, exe._cp)
 

@@ -188,9 +188,6 @@ class ManyResult:
         Whether the results were replayed from a recording.
     workers
         ``problem -> where it was tuned`` (a Dask worker's address) over a cluster.
-    records
-        ``problem -> the measurements a cluster worker took`` (tuning-database records,
-        merged into the caller's database).
     """
 
     problems: list[GemmProblem]
@@ -203,7 +200,6 @@ class ManyResult:
     builds_distinct: int = 0
     replay: bool = False
     workers: dict[GemmProblem, str] = field(default_factory=dict)
-    records: dict[GemmProblem, list[Any]] = field(default_factory=dict)
 
     @property
     def summary(self) -> pd.DataFrame:
@@ -219,6 +215,8 @@ class ManyResult:
             row: dict[str, Any] = {"problem": p.label, "dtype": p.dtype, "layout": p.layout,
                                    "m": p.m, "n": p.n, "k": p.k,
                                    "seconds": round(self.seconds.get(p, 0.0), 2)}
+            if self.workers:  # tuned over a cluster: where each problem ran
+                row["worker"] = self.workers.get(p)
             if res is None:
                 row.update(winner="library", status="not tuned",
                            message=self.messages.get(p, "")[:300], candidates=0, ok=0)
@@ -234,11 +232,7 @@ class ManyResult:
                            candidates=len(table), ok=ok, status=res.stopped_by or "done",
                            message=self.messages.get(p, ""))
             rows.append(row)
-        columns = SUMMARY_COLUMNS
-        if self.workers:  # tuned over a cluster: where each problem ran
-            columns = [*SUMMARY_COLUMNS, "worker"]
-            for p, row in zip(self.problems, rows, strict=True):
-                row["worker"] = self.workers.get(p)
+        columns = [*SUMMARY_COLUMNS, "worker"] if self.workers else SUMMARY_COLUMNS
         frame = pd.DataFrame(rows, columns=columns)
         frame.attrs["budget_s"] = self.budget_s
         frame.attrs["replay"] = self.replay
