@@ -21,40 +21,47 @@ import numpy as np
 
 from ..profiling.quantiles import QuantileSketch
 
-__all__ = ["LATENCY_BUCKETS_S", "ModelStats", "RequestRecord"]
+__all__ = ["LATENCY_BUCKETS_S", "BatchRecord", "ModelStats"]
 
 #: Upper bounds (seconds) of the latency histogram's buckets; the last is +inf.
 LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, float("inf"))
+_BOUNDS = np.asarray(LATENCY_BUCKETS_S)
+_VECTOR_FROM = 8  # requests in a record from which counting them in NumPy is cheaper
 
 
-class RequestRecord(NamedTuple):
-    """One finished request: how long it queued, computed and took end to end (a named
-    tuple: a batcher makes one per request, and a tuple is the cheapest record to make).
+class BatchRecord(NamedTuple):
+    """The requests of one finished batch, as arrays (a batcher makes one per batch: the
+    per-request bookkeeping of a busy server is a few NumPy calls, not a Python loop).
 
     Attributes
     ----------
     queue_s
-        Submit to the start of its batch.
+        Per request: submit to the start of its batch.
     compute_s
-        Its batch's run (stacking, padding, the model, splitting).
+        The batch's run (stacking, padding, the model, splitting), shared by its requests.
     latency_s
-        Submit to its result being set.
+        Per request: submit to its result being set.
     batch_rows
-        Rows in its batch before padding.
+        Rows in the batch before padding.
     bucket
         The batch size the model ran at (after padding).
     ok
-        Whether it succeeded.
+        Whether the requests succeeded (a failed request is a record of its own).
     """
 
-    queue_s: float
+    queue_s: np.ndarray
     compute_s: float
-    latency_s: float
+    latency_s: np.ndarray
     batch_rows: int
     bucket: int
     ok: bool = True
+
+    @property
+    def requests(self) -> int:
+        """How many requests the record holds."""
+        return len(self.latency_s)
 
 
 class ModelStats:
@@ -86,43 +93,51 @@ class ModelStats:
         self.rejected = 0
         self.timed_out = 0
         self.latency_sum = 0.0
-        self._observers: list[Callable[[list[RequestRecord]], None]] = []
+        self._observers: list[Callable[[BatchRecord], None]] = []
 
     # -- recording -----------------------------------------------------------------------------
-    def record_batch(self, records: list[RequestRecord], rows: int, bucket: int) -> None:
-        """Count one batch of ``rows`` rows run at size ``bucket``, and its requests."""
+    def record_batch(self, record: BatchRecord) -> None:
+        """Count one batch (its rows, run at size ``record.bucket``) and its requests."""
         with self._lock:
             self.batches += 1
-            self.rows += rows
-            self.padded_rows += bucket - rows
-            self.batch_sizes[min(rows, self.max_batch)] += 1
-            for r in records:
-                self._record(r, compute=False)
-            if records:  # one batch, one compute time: counted once per request
-                self.compute.add(records[0].compute_s, len(records))
+            self.rows += record.batch_rows
+            self.padded_rows += record.bucket - record.batch_rows
+            self.batch_sizes[min(record.batch_rows, self.max_batch)] += 1
+            self._record(record)
             observers = list(self._observers)
         for fn in observers:
-            fn(records)
+            fn(record)
 
-    def _record(self, r: RequestRecord, compute: bool = True) -> None:
-        self.requests += 1
+    def _record(self, r: BatchRecord) -> None:
+        n = r.requests
+        self.requests += n
         if not r.ok:
-            self.failed += 1
-        self.latency.add(r.latency_s)
-        self.queue.add(r.queue_s)
-        if compute:
-            self.compute.add(r.compute_s)
-        self.latency_sum += r.latency_s
-        self.latency_buckets[bisect.bisect_left(LATENCY_BUCKETS_S, r.latency_s)] += 1
-        self.recent.append(r.latency_s)
+            self.failed += n
+        self.compute.add(r.compute_s, n)  # one batch, one compute time, once per request
+        if n < _VECTOR_FROM:  # a small batch: NumPy's per-call cost would dominate
+            buckets = self.latency_buckets
+            for lat, queued in zip(r.latency_s.tolist(), r.queue_s.tolist(), strict=True):
+                self.latency.add(lat)
+                self.queue.add(queued)
+                self.latency_sum += lat
+                buckets[bisect.bisect_left(LATENCY_BUCKETS_S, lat)] += 1
+                self.recent.append(lat)
+            return
+        self.latency.add_many(r.latency_s)
+        self.queue.add_many(r.queue_s)
+        self.latency_sum += float(r.latency_s.sum())
+        self.latency_buckets += np.bincount(
+            np.searchsorted(_BOUNDS, r.latency_s, side="left"),
+            minlength=len(LATENCY_BUCKETS_S))
+        self.recent.extend(r.latency_s.tolist())
 
-    def record_failed(self, record: RequestRecord) -> None:
-        """Count a request whose run raised (outside any batch's counts)."""
+    def record_failed(self, record: BatchRecord) -> None:
+        """Count requests whose run raised (outside any batch's counts)."""
         with self._lock:
             self._record(record)
             observers = list(self._observers)
         for fn in observers:
-            fn([record])
+            fn(record)
 
     def count(self, what: str) -> None:
         """Count a request refused before it ran: ``"rejected"`` (bad or queue full) or
@@ -130,8 +145,9 @@ class ModelStats:
         with self._lock:
             setattr(self, what, getattr(self, what) + 1)
 
-    def observe(self, fn: Callable[[list[RequestRecord]], None]) -> Callable[[], None]:
-        """Call ``fn(records)`` after every batch; returns a function that stops it."""
+    def observe(self, fn: Callable[[BatchRecord], None]) -> Callable[[], None]:
+        """Call ``fn(record)`` after every batch (and every failed request); returns a
+        function that stops it."""
         with self._lock:
             self._observers.append(fn)
 

@@ -77,7 +77,7 @@ class QuantileSketch:
 
     def add_many(self, values: Sequence[float]) -> None:
         """Count several values at once (what :meth:`add` does, vectorised)."""
-        if len(values) < 32:
+        if len(values) < 16:
             for v in values:
                 self.add(v)
             return
@@ -90,10 +90,14 @@ class QuantileSketch:
         self.max = max(self.max, float(a.max()))
         high = a[a > self.min_value]
         self._low += len(a) - len(high)
-        keys, counts = np.unique(np.ceil(np.log(high) * self._per_log).astype(np.int64),
-                                 return_counts=True)
+        if not len(high):
+            return
+        keys = np.ceil(np.log(high) * self._per_log).astype(np.int64)
+        first = int(keys.min())
+        counts = np.bincount(keys - first)  # values cluster: a short array
+        seen = np.flatnonzero(counts)
         bins = self._bins
-        for k, c in zip(keys.tolist(), counts.tolist(), strict=True):
+        for k, c in zip((seen + first).tolist(), counts[seen].tolist(), strict=True):
             bins[k] = bins.get(k, 0) + c
 
     def _value(self, k: int) -> float:

@@ -274,6 +274,25 @@ def test_a_value_added_several_times_counts_as_that_many_adds():
     for p in (0.0, 0.1, 0.5, 0.9, 0.99, 1.0):
         assert weighted.quantile(p) == once.quantile(p), p
 
+def test_add_many_counts_as_adding_each_value():
+    rng = np.random.default_rng(11)
+    for n in (5, 16, 300):  # below and above the vectorised threshold
+        values = rng.lognormal(-7.0, 2.0, n)
+        values[:3] = (-1e-3, 0.0, 1e-12)  # negative, zero and below min_value
+        one, many = quantiles.QuantileSketch(), quantiles.QuantileSketch()
+        one.add(2e-3)
+        many.add(2e-3)
+        for v in values:
+            one.add(float(v))
+        many.add_many(values)
+        assert many._bins == one._bins and many._low == one._low == 3, n
+        assert (many.count, many.min, many.max) == (one.count, one.min, one.max), n
+        assert many.total == pytest.approx(one.total, rel=1e-12), n
+    empty = quantiles.QuantileSketch()
+    empty.add_many(np.zeros(40))  # every value in the smallest bucket
+    assert empty.count == 40 and empty._low == 40 and not empty._bins
+
+
 # -- spans, traces, frames ---------------------------------------------------------------
 def test_spans_are_validated():
     with pytest.raises(PycLabError, match="ends before it starts"):
