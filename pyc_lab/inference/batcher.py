@@ -45,7 +45,8 @@ __all__ = ["NAN_POLICIES", "Batcher", "Request", "ServeOptions", "default_bucket
 
 log = logging.getLogger(__name__)
 
-_SUM = np.add.reduce
+_ISFINITE = np.isfinite
+_SMALL = 32  # elements up to which Python's sum of the values beats NumPy's test
 
 #: What to do with a NaN or infinite input: refuse the request, or pass it to the model.
 NAN_POLICIES = ("reject", "allow")
@@ -164,9 +165,11 @@ class Batcher:
         #: after the batch axis (None when one is free) and, for a floating input under
         #: the "reject" policy, whether to test that it is finite.
         self._specs = [self._fast_spec(s) for s in model.inputs]
+        self._fixed_trailing = tuple(s[2] for s in self._specs)
         self._queue: deque[Request] = deque()
         self._queued_rows = 0  # rows in the queue (when to wake the worker early)
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # what callers take to queue (a C-level lock)
+        self._cond = threading.Condition(self._lock)
         self._closing = False
         self._drain = True
         self._thread = threading.Thread(target=self._loop, name=f"pyc-lab-batcher-{model.name}",
@@ -246,10 +249,11 @@ class Batcher:
         most ``max_batch``, finite if the policy asks — in a few attribute reads;
         ``None`` for anything else (the full check then runs and explains).
 
-        Finiteness is one sum: a finite sum means every value is finite (a NaN or an
-        infinity makes it NaN or infinite), so only a sum that is not (NaN, infinity, or
-        finite values that overflow) needs the full check — one reduction instead of
-        ``np.isfinite(a).all()``'s mask and reduction. Nothing here lets the interpreter
+        Finiteness of a few values is Python's ``sum`` of them, cheaper than any NumPy
+        call: a finite sum means every value is finite (a NaN or an infinity makes it NaN
+        or infinite), so only a sum that is not (NaN, infinity, or finite values that
+        overflow) needs the full check; larger arrays take ``np.isfinite(a).all()``
+        (no reduction that could warn of an overflow). Nothing here lets the interpreter
         go (a BLAS call would): a request is checked without handing the batcher's
         thread the interpreter in the middle of it."""
         specs = self._specs
@@ -258,7 +262,8 @@ class Batcher:
         rows = -1
         max_batch = self.options.max_batch
         for (want, ndim, fixed, finite), a in zip(specs, arrays, strict=True):
-            if fixed is None or type(a) is not np.ndarray or a.dtype != want \
+            if fixed is None or type(a) is not np.ndarray \
+                    or (a.dtype is not want and a.dtype != want) \
                     or a.ndim != ndim or not a.flags.c_contiguous:
                 return None  # a free dimension, or anything unusual: the full check
             shape = a.shape
@@ -270,9 +275,10 @@ class Batcher:
                     return None
             elif shape[0] != rows:
                 return None
-            if finite and not math.isfinite(_SUM(a, None)):
+            if finite and not (math.isfinite(sum(a.ravel().tolist())) if a.size <= _SMALL
+                               else _ISFINITE(a).all()):
                 return None
-        return list(arrays), rows, False, tuple(s[2] for s in specs)
+        return list(arrays), rows, False, self._fixed_trailing
 
     def submit(self, arrays: Sequence[Any], *, timeout_s: float | None = None,
                as_dict: bool = False, loop: Any = None) -> Future | asyncio.Future:
@@ -295,7 +301,7 @@ class Batcher:
         handle: Future | LoopWaiter = Future() if loop is None else LoopWaiter(loop)
         req = Request(checked, rows, handle, now, None if timeout is None else now + timeout,
                       unbatched, as_dict, trailing)
-        with self._cond:
+        with self._lock:  # the condition's lock, taken without its Python-level wrapper
             if self._closing:
                 raise ServerClosedError(f"model {self.model.name!r}: the server is closed")
             if len(self._queue) >= self.options.max_queue:

@@ -167,15 +167,15 @@ class CompiledModel:
         BadRequestError
             If an input is missing or unknown.
         """
-        named = dict(mapping or {})
-        named.update(kwargs or {})
-        if args and named:
-            raise BadRequestError("pass the inputs positionally or by name, not both")
         if args:
+            if mapping or kwargs:
+                raise BadRequestError("pass the inputs positionally or by name, not both")
             if len(args) != len(self.inputs):
                 raise BadRequestError(f"model {self.name!r} takes {len(self.inputs)} input(s) "
                                       f"({', '.join(self.input_names)}), got {len(args)}")
             return list(args)
+        named = dict(mapping or {})
+        named.update(kwargs or {})
         unknown = sorted(set(named) - set(self.input_names))
         missing = [n for n in self.input_names if n not in named]
         if unknown or missing:

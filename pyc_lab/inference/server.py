@@ -18,6 +18,7 @@ Several models at once: ``pl.serve({"a": model_a, "b": model_b})`` and
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import threading
@@ -27,6 +28,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+import numpy as np
+
 from .batcher import Batcher, ServeOptions
 from .errors import BadRequestError, InferenceError, RequestTimeoutError, ServerClosedError
 from .model import CompiledModel, as_model
@@ -35,6 +38,14 @@ from .waiters import timeouts_for
 __all__ = ["Server", "running_servers", "serve"]
 
 log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=64)
+def _timeout_text(server: str, timeout_s: float) -> str:
+    """What a timed-out request says (made once per server and timeout: a coroutine
+    request hands it to the timeout wheel before it knows whether it will be needed)."""
+    return (f"{server}: no result within {timeout_s} s; give a longer timeout_s, or lower "
+            "the load")
 
 _REGISTRY: dict[int, weakref.ref] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -160,7 +171,8 @@ class Server:
         if self._closed:
             raise ServerClosedError(f"{self.name} is closed; start another with pl.serve(...)")
         b = self._batcher(model)
-        as_dict = len(args) == 1 and isinstance(args[0], Mapping) and not inputs
+        as_dict = len(args) == 1 and not inputs and type(args[0]) is not np.ndarray \
+            and isinstance(args[0], Mapping)  # an array is never one: skip the ABC check
         try:
             arrays = b.model.bind(args[0] if as_dict else None, () if as_dict else args,
                                   inputs)
@@ -184,8 +196,7 @@ class Server:
             return fut.result(timeout=timeout)
         except FutureTimeout:
             fut.cancel()
-            raise RequestTimeoutError(f"{self.name}: no result within {timeout} s; give a "
-                                      "longer timeout_s, or lower the load") from None
+            raise RequestTimeoutError(_timeout_text(self.name, timeout)) from None
 
     async def predict_async(self, *args: Any, model: str | None = None,
                             timeout_s: float | None = None, **inputs: Any) -> Any:
@@ -202,8 +213,7 @@ class Server:
         if timeout is None:
             return await fut
         wheel = timeouts_for(loop)
-        slot = wheel.add(fut, timeout, f"{self.name}: no result within {timeout} s; give "
-                                       "a longer timeout_s, or lower the load")
+        slot = wheel.add(fut, timeout, _timeout_text(self.name, timeout))
         try:
             return await fut
         finally:

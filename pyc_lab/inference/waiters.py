@@ -86,15 +86,36 @@ class Mailbox:
                 future.set_exception(value)
 
 
+def _dead() -> None:
+    return None
+
+
+#: The loop asked for last and its mailbox and wheel, held weakly: a request from the
+#: loop of the one before skips the weak dictionaries' lookups (a Python-level call each).
+_LAST: tuple[Any, Any, Any] = (_dead, _dead, _dead)
+
+
+def _remember(loop: asyncio.AbstractEventLoop) -> tuple[Mailbox, TimeoutWheel]:
+    with _LOCK:
+        box = _MAILBOXES.get(loop)
+        if box is None:
+            box = _MAILBOXES[loop] = Mailbox(loop)
+        wheel = _WHEELS.get(loop)
+        if wheel is None:
+            wheel = _WHEELS[loop] = TimeoutWheel(loop)
+    global _LAST
+    _LAST = (weakref.ref(loop), weakref.ref(box), weakref.ref(wheel))
+    return box, wheel
+
+
 def mailbox_for(loop: asyncio.AbstractEventLoop) -> Mailbox:
     """The :class:`Mailbox` of ``loop`` (one per loop, dropped with it)."""
-    box = _MAILBOXES.get(loop)
-    if box is None:
-        with _LOCK:
-            box = _MAILBOXES.get(loop)
-            if box is None:
-                box = _MAILBOXES[loop] = Mailbox(loop)
-    return box
+    last = _LAST
+    if last[0]() is loop:
+        box = last[1]()
+        if box is not None:
+            return box
+    return _remember(loop)[0]
 
 
 class TimeoutWheel:
@@ -147,10 +168,12 @@ class TimeoutWheel:
 
 def timeouts_for(loop: asyncio.AbstractEventLoop) -> TimeoutWheel:
     """The :class:`TimeoutWheel` of ``loop`` (one per loop, dropped with it)."""
-    wheel = _WHEELS.get(loop)
-    if wheel is None:
-        wheel = _WHEELS[loop] = TimeoutWheel(loop)
-    return wheel
+    last = _LAST
+    if last[0]() is loop:
+        wheel = last[2]()
+        if wheel is not None:
+            return wheel
+    return _remember(loop)[1]
 
 
 class LoopWaiter:

@@ -235,3 +235,33 @@ def test_the_fast_check_never_lets_a_wrong_fixed_dimension_through(start):
     assert b.check([ok])[1] == 2
     with pytest.raises(BadRequestError, match="axis 2 is 5"):
         b.check([np.ones((2, 3, 5), np.float32)])
+
+
+@pytest.mark.parametrize("features", [4, 8, 64])  # at, below and above the small-sum path
+def test_the_fast_check_refuses_every_non_finite_value_and_keeps_large_finite_ones(
+        start, features):
+    from pyc_lab.inference.model import load
+
+    def scale(x):
+        return x * np.float32(2)
+
+    model = load(scale, inputs={"x": ("float32", (None, features))}, outputs=["y"])
+    b = start(model, max_batch=8)._batcher(None)
+    rng = np.random.default_rng(features)
+    x = rng.standard_normal((4, features)).astype(np.float32)
+    x[0, 0] = -0.0
+    assert b._fast_check([x]) is not None
+    for bad in (np.nan, np.inf, -np.inf):
+        for pos in [(0, 0), (3, features - 1), (2, features // 2)]:
+            y = x.copy()
+            y[pos] = bad
+            assert b._fast_check([y]) is None, (bad, pos)
+            with pytest.raises(BadRequestError, match="NaN or infinity"):
+                b.check([y])
+    y = x.copy()
+    y[0, 0], y[1, 1] = np.inf, -np.inf  # they would cancel in a careless sum
+    assert b._fast_check([y]) is None
+    big = np.full((4, features), np.finfo(np.float32).max, np.float32)
+    big[0, 0] = -0.0
+    # float32's largest values: finite, and the full check takes them wherever a sum overflows
+    assert np.array_equal(b.check([big])[0][0], big)
