@@ -337,31 +337,39 @@ class Batcher:
             if self._closing and not self._drain:
                 return None
             hold_until = self._queue[0].t_submit + delay
+            max_batch = opts.max_batch
             while not self._closing:
-                if self._rows_ready() >= opts.max_batch:
+                # fewer rows queued than a batch: no need to count those that fit together
+                if self._queued_rows >= max_batch and self._rows_ready() >= max_batch:
                     break
                 remaining = hold_until - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            batch = [self._queue.popleft()]
+            queue = self._queue
+            batch = [queue.popleft()]
             rows = batch[0].rows
-            while self._queue and rows + self._queue[0].rows <= opts.max_batch \
-                    and self._queue[0].trailing == batch[0].trailing:
-                req = self._queue.popleft()
+            first = batch[0].trailing
+            while queue and rows + queue[0].rows <= max_batch \
+                    and (queue[0].trailing is first or queue[0].trailing == first):
+                req = queue.popleft()
                 batch.append(req)
                 rows += req.rows
             self._queued_rows -= rows
             return batch
 
     def _rows_ready(self) -> int:
+        """Rows at the head of the queue that one batch could take (same trailing
+        shapes; the fast check hands every request of a fixed-shape model one tuple)."""
         rows = 0
         first = self._queue[0].trailing
+        max_batch = self.options.max_batch
         for req in self._queue:
-            if req.trailing != first:
+            trailing = req.trailing
+            if trailing is not first and trailing != first:
                 break
             rows += req.rows
-            if rows >= self.options.max_batch:
+            if rows >= max_batch:
                 break
         return rows
 
