@@ -7,8 +7,10 @@ channels-first layout, or ``(N, *spatial, C)`` input and output with
 zero padding (symmetric per axis, or ``"valid"`` / ``"same"``), dilation, groups
 (depthwise when ``groups == C``) and a bias. On a GPU the work goes to the convolution
 library a user would otherwise call, cuDNN through torch's ``conv1d``/``conv2d``/
-``conv3d`` (CuPy arrays travel through DLPack without copies, on CuPy's current
-stream). Elsewhere it is im2col and one matrix product per group
+``conv3d`` in its benchmark mode, or, where the problem's first call measured it
+faster, to the same convolution as one cuBLAS GEMM over its patches
+(:mod:`.conv_gemm`); CuPy arrays travel through DLPack without copies, on CuPy's
+current stream. Elsewhere it is im2col and one matrix product per group
 (:mod:`.conv_im2col`, float32 arithmetic for 16-bit inputs). :func:`conv_route` names
 the path. Tuned CUTLASS convolutions of pyc_lab's own are not part of this module yet.
 """
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PycLabError
-from . import arrays
+from . import arrays, conv_gemm
 from .conv_im2col import conv_im2col, out_size
 
 __all__ = ["LAYOUTS", "conv", "conv1d", "conv2d", "conv_route"]
@@ -64,21 +66,14 @@ def _padding(padding: Any, nd: int, kernel: tuple[int, ...], stride: tuple[int, 
 
 def conv_route(x: Any) -> str:
     """``"cudnn"`` (torch's convolution on a GPU tensor, or a CuPy array through DLPack
-    where torch is installed) or ``"im2col"`` (NumPy, or CuPy without torch)."""
+    where torch is installed: cuDNN, or the GEMM form where it raced faster, see
+    :func:`.conv_gemm.choices`) or ``"im2col"`` (NumPy, or CuPy without torch)."""
     kind = arrays.kind(x)
     if kind == "torch":
         return "cudnn" if x.is_cuda else "im2col"
     if kind == "cupy":
         return "cudnn" if arrays.torch_installed() else "im2col"
     return "im2col"
-
-
-def _torch_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-                dilation: tuple[int, ...], groups: int) -> Any:
-    import torch.nn.functional as F
-
-    fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[x.ndim - 2]
-    return fn(x, w, b, stride=stride, padding=pads, dilation=dilation, groups=groups)
 
 
 def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
@@ -154,13 +149,13 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
     route = conv_route(x)
     if route == "cudnn" and nd <= 3:
         if kind == "torch":
-            y = _torch_conv(x, w, bias, stride_t, pads, dilation_t, groups)
+            y = conv_gemm.run(x, w, bias, stride_t, pads, dilation_t, groups)
         else:
             import cupy as cp
             import torch
 
             with torch.cuda.stream(arrays.torch_stream_of_cupy()):
-                y = cp.from_dlpack(_torch_conv(
+                y = cp.from_dlpack(conv_gemm.run(
                     *(torch.from_dlpack(a) if a is not None else None
                       for a in (x, w, bias)), stride_t, pads, dilation_t, groups))
     else:

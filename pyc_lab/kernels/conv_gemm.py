@@ -1,0 +1,211 @@
+"""On a GPU, a convolution runs as cuDNN chose it or as one GEMM over its patches,
+whichever the problem's first call measured faster.
+
+cuDNN is the library a user calls for a convolution, and it is the default here (in its
+benchmark mode: its own fastest algorithm for the shape). For some problems it is not
+the fastest thing the GPU can do: a 16-bit stem convolution with three input channels,
+say, where cuDNN's bfloat16 kernels reach a third of its float16 speed on the H200. The
+same convolution is a matrix product of the weights ``(O, C*R*S)`` with the patches of
+the input (``torch.nn.functional.unfold``: ``(N, C*R*S, P*Q)``), or, for a 1x1 filter,
+of the (strided) pixels ``(N*P*Q, C)`` — cuBLAS's GEMMs, with the bias added in the
+GEMM's epilogue. :func:`run` races the two on the problem's first call
+(:func:`~.blas_direct.race`: interleaved rounds, the L2 cache flushed before every run)
+and keeps the GEMM only when it is at least :data:`MARGIN` faster; every later call of
+that problem signature runs the winner. This is ``torch.backends.cudnn.benchmark``'s
+idea one level up: one choice per problem, measured where it runs.
+
+The GEMM form needs ``groups == 1``, one or two spatial axes and a patch matrix of at
+most :data:`MAX_PATCH_BYTES`; anything else, a call inside a CUDA-graph capture before
+its problem was raced, or a machine without CuPy (whose runtime times the race) runs
+cuDNN.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from typing import Any
+
+__all__ = ["MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices", "gemm_conv", "patch_bytes",
+           "run"]
+
+log = logging.getLogger(__name__)
+
+#: How much faster the GEMM form must measure to be kept over cuDNN.
+MARGIN = 0.03
+#: The largest patch matrix (bytes) the GEMM form may make; beyond it, cuDNN only.
+MAX_PATCH_BYTES = 2 << 30
+#: Interleaved rounds of a race.
+ROUNDS = 7
+#: Problem signatures remembered (least recently used dropped first).
+MAX_CHOICES = 512
+
+_LOCK = threading.Lock()
+_CHOICES: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
+
+
+def choices() -> dict[tuple, dict[str, Any]]:
+    """Problem signature -> what runs (``"impl"``: ``"cudnn"`` or ``"gemm"``) and the
+    race's milliseconds (``"cudnn_ms"``, ``"gemm_ms"``), for the problems seen so far."""
+    with _LOCK:
+        return {k: dict(v) for k, v in _CHOICES.items()}
+
+
+def choice_for(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+               dilation: tuple[int, ...], groups: int = 1) -> dict[str, Any] | None:
+    """What :func:`run` chose for this problem (see :func:`choices`), or ``None`` while
+    it is undecided or not raced (the GEMM form does not apply)."""
+    key = _signature(x, w, b, stride, pads, dilation, groups)
+    with _LOCK:
+        choice = _CHOICES.get(key)
+        return None if choice is None else dict(choice)
+
+
+def _cudnn(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+           dilation: tuple[int, ...], groups: int, benchmark: bool = True) -> Any:
+    """torch's convolution, with cuDNN in its benchmark mode unless told otherwise (the
+    user's other cuDNN settings kept)."""
+    import torch
+    import torch.nn.functional as F
+
+    fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[x.ndim - 2]
+    c = torch.backends.cudnn
+    if not benchmark or c.benchmark:
+        return fn(x, w, b, stride=stride, padding=pads, dilation=dilation, groups=groups)
+    with c.flags(enabled=c.enabled, benchmark=True, deterministic=c.deterministic,
+                 allow_tf32=c.allow_tf32):
+        return fn(x, w, b, stride=stride, padding=pads, dilation=dilation, groups=groups)
+
+
+def patch_bytes(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+                dilation: tuple[int, ...]) -> int:
+    """Bytes of the patch matrix the GEMM form makes (0 for a 1x1 filter without
+    padding, which reads the input's pixels in place or as one strided copy)."""
+    from .conv_im2col import out_size
+
+    kernel = tuple(int(k) for k in w.shape[2:])
+    out = [out_size(int(n) + 2 * p, k, s, d) for n, p, k, s, d
+           in zip(x.shape[2:], pads, kernel, stride, dilation, strict=True)]
+    rows = int(x.shape[0])
+    for n in out:
+        rows *= n
+    if all(k == 1 for k in kernel) and not any(pads):
+        return 0
+    cols = int(x.shape[1])
+    for k in kernel:
+        cols *= k
+    return rows * cols * x.element_size()
+
+
+def gemm_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+              dilation: tuple[int, ...]) -> Any:
+    """The convolution (``groups == 1``, one or two spatial axes) of torch tensors as one
+    GEMM: ``(N, O, *out)`` in ``x``'s dtype (cuBLAS accumulates 16-bit products in
+    float32), laid out in memory as ``x`` is (channels last for a channels-last input, as
+    cuDNN answers), so that neither the input nor the result is transposed in memory."""
+    import torch
+    import torch.nn.functional as F
+
+    from .conv_im2col import out_size
+
+    one_d = x.ndim == 3
+    if one_d:  # as a 2-D problem of height 1
+        x, w = x.unsqueeze(2), w.unsqueeze(2)
+        stride, pads, dilation = (1, *stride), (0, *pads), (1, *dilation)
+    n, c = int(x.shape[0]), int(x.shape[1])
+    o, kh, kw = int(w.shape[0]), int(w.shape[2]), int(w.shape[3])
+    p = out_size(int(x.shape[2]) + 2 * pads[0], kh, stride[0], dilation[0])
+    q = out_size(int(x.shape[3]) + 2 * pads[1], kw, stride[1], dilation[1])
+    last = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    if (kh, kw) == (1, 1) and not any(pads):  # the (strided) pixels times the weights
+        xs = x[:, :, ::stride[0], ::stride[1]]
+        wm = w.reshape(o, c)
+        if last:
+            pixels = xs.permute(0, 2, 3, 1).reshape(n * p * q, c)
+            y = torch.addmm(b, pixels, wm.t()) if b is not None else pixels @ wm.t()
+        else:
+            y = torch.matmul(wm, xs.reshape(n, c, p * q))
+    else:  # the weights times the patches
+        cols = F.unfold(x, (kh, kw), dilation=dilation, padding=pads, stride=stride)
+        wm = w.reshape(o, c * kh * kw)
+        y = torch.matmul(cols.transpose(1, 2), wm.t()) if last else torch.matmul(wm, cols)
+    if last:
+        if b is not None and y.ndim == 3:
+            y.add_(b)
+        y = y.view(n, p, q, o).permute(0, 3, 1, 2)
+    else:
+        if b is not None:
+            y.add_(b.view(1, o, 1))
+        y = y.view(n, o, p, q)
+    return y.squeeze(2) if one_d else y
+
+
+def _signature(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+               dilation: tuple[int, ...], groups: int) -> tuple:
+    return (x.device.index, str(x.dtype), tuple(x.shape), tuple(x.stride()),
+            tuple(w.shape), tuple(w.stride()), b is None, stride, pads, dilation, groups)
+
+
+def _eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+              dilation: tuple[int, ...], groups: int) -> bool:
+    import torch
+
+    return (groups == 1 and x.ndim in (3, 4) and x.is_cuda
+            and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and patch_bytes(x, w, stride, pads, dilation) <= MAX_PATCH_BYTES)
+
+
+def run(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+        dilation: tuple[int, ...], groups: int) -> Any:
+    """The convolution of torch tensors on the GPU, by the faster of cuDNN and the GEMM
+    form for this problem (raced on its first call); cuDNN where the GEMM form does not
+    apply."""
+    if not _eligible(x, w, stride, pads, dilation, groups):
+        return _cudnn(x, w, b, stride, pads, dilation, groups)
+    key = _signature(x, w, b, stride, pads, dilation, groups)
+    with _LOCK:
+        choice = _CHOICES.get(key)
+        if choice is not None:
+            _CHOICES.move_to_end(key)
+    if choice is None:
+        choice = _race(key, x, w, b, stride, pads, dilation, groups)
+        if choice is None:  # inside a capture: cuDNN as the user set it, nothing found
+            return _cudnn(x, w, b, stride, pads, dilation, groups, benchmark=False)
+    if choice["impl"] == "gemm":
+        return gemm_conv(x, w, b, stride, pads, dilation)
+    return _cudnn(x, w, b, stride, pads, dilation, groups)
+
+
+def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
+          pads: tuple[int, ...], dilation: tuple[int, ...],
+          groups: int) -> dict[str, Any] | None:
+    """Time cuDNN and the GEMM form on the caller's tensors and remember the faster; no
+    CuPy to time with leaves the problem to cuDNN; ``None`` inside a CUDA-graph capture
+    (nothing may be timed there: the problem stays undecided)."""
+    import torch
+
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    try:
+        from . import blas_direct
+
+        if blas_direct._capturing(stream):
+            return None
+    except ImportError:  # no CuPy: nothing to time the race with
+        return _remember(key, {"impl": "cudnn", "why": "CuPy is not installed"})
+    cudnn_ms, gemm_ms = blas_direct.race(
+        [lambda: _cudnn(x, w, b, stride, pads, dilation, groups),
+         lambda: gemm_conv(x, w, b, stride, pads, dilation)], stream, ROUNDS)
+    use = gemm_ms <= cudnn_ms * (1.0 - MARGIN)
+    log.info("conv %s: GEMM form %.4f ms against cuDNN %.4f ms -> %s", key[2:5], gemm_ms,
+             cudnn_ms, "GEMM" if use else "cuDNN")
+    return _remember(key, {"impl": "gemm" if use else "cudnn", "cudnn_ms": cudnn_ms,
+                           "gemm_ms": gemm_ms})
+
+
+def _remember(key: tuple, choice: dict[str, Any]) -> dict[str, Any]:
+    with _LOCK:
+        _CHOICES[key] = choice
+        while len(_CHOICES) > MAX_CHOICES:
+            _CHOICES.popitem(last=False)
+    return choice

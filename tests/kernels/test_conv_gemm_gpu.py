@@ -1,0 +1,115 @@
+"""The GEMM form of a convolution (kernels/conv_gemm.py) and the race that picks it or
+cuDNN per problem: against the float64 reference of the CPU tests, on fresh random
+inputs with odd sizes, both memory layouts, bias, NaN and infinity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+from pyc_lab.kernels import conv_gemm
+from tests.kernels.test_conv import reference
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+CASES = [  # x shape, w shape, stride, padding, dilation
+    ((3, 5, 17, 13), (7, 5, 3, 3), 1, 1, 1),
+    ((2, 3, 31, 29), (16, 3, 7, 7), 2, 3, 1),          # a stem: three input channels
+    ((4, 12, 9, 11), (8, 12, 1, 1), 1, 0, 1),          # 1x1
+    ((2, 16, 15, 15), (24, 16, 1, 1), 2, 0, 1),        # 1x1, stride 2
+    ((2, 6, 19, 14), (5, 6, 3, 2), (2, 1), (1, 0), (2, 1)),
+    ((5, 4, 129), (32, 4, 3), 1, 0, 1),                # conv1d (the HEP model's)
+    ((3, 9, 40), (6, 9, 5), 2, 2, 2),
+]
+TOL = {"float16": 2e-2, "bfloat16": 8e-2, "float32": 1e-4}
+
+
+def _tensor(a, dtype, last):
+    t = torch.from_numpy(a).cuda().to(getattr(torch, dtype))
+    if last and t.ndim == 4:
+        t = t.contiguous(memory_format=torch.channels_last)
+    return t
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize(("xs", "ws", "stride", "padding", "dilation"), CASES)
+def test_the_gemm_form_matches_the_reference(xs, ws, stride, padding, dilation, last, dtype):
+    rng = np.random.default_rng()
+    x = rng.standard_normal(xs)
+    w = rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))
+    b = rng.standard_normal(ws[0])
+    x[0, 0, 1], x[-1, -1, -1] = np.nan, np.inf  # both spread to the outputs they touch
+    xd, wd, bd = (_tensor(a, dtype, last) for a in (x, w, b))
+    # the reference sees the values the GPU sees (rounded to the dtype)
+    xr, wr, br = (t.float().cpu().numpy().astype(np.float64) for t in (xd, wd, bd))
+    nd = len(ws) - 2
+    per = (lambda v: (v,) * nd if np.isscalar(v) else tuple(v))  # noqa: E731
+    for bias in (None, bd):
+        y = conv_gemm.gemm_conv(xd, wd, bias, per(stride), per(padding), per(dilation))
+        want = reference(xr, wr, None if bias is None else br, stride, padding, dilation)
+        got = y.float().cpu().numpy().astype(np.float64)
+        assert y.dtype == xd.dtype and tuple(y.shape) == want.shape
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
+        finite = np.isfinite(want)
+        scale = np.abs(want[finite]).max()
+        np.testing.assert_allclose(got[finite], want[finite], rtol=TOL[dtype],
+                                   atol=TOL[dtype] * scale)
+    if last and nd == 2:  # channels last in, channels last out (as cuDNN answers)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.fixture
+def fresh_choices(monkeypatch):
+    monkeypatch.setattr(conv_gemm, "_CHOICES", type(conv_gemm._CHOICES)())
+
+
+@pytest.mark.parametrize(("margin", "impl"), [(-1e9, "gemm"), (0.999, "cudnn")])
+def test_pl_conv_runs_what_the_race_chose(fresh_choices, monkeypatch, margin, impl):
+    """A margin no GEMM can miss, then one none can meet: pl.conv runs the recorded
+    choice, and its answer is right either way."""
+    monkeypatch.setattr(conv_gemm, "MARGIN", margin)
+    rng = np.random.default_rng()
+    x = rng.standard_normal((4, 3, 37, 41)).astype(np.float16)
+    w = (rng.standard_normal((16, 3, 7, 7)) / 12).astype(np.float16)
+    b = rng.standard_normal(16).astype(np.float16)
+    args = [torch.from_numpy(a).cuda() for a in (x, w, b)]
+    for _ in range(2):  # the first call races; the second runs the choice
+        y = pl.conv2d(*args, stride=2, padding=3)
+        want = reference(x, w, b, 2, 3)
+        np.testing.assert_allclose(y.float().cpu().numpy(), want, rtol=2e-2, atol=2e-2)
+    (choice,) = conv_gemm.choices().values()
+    assert choice["impl"] == impl
+    assert choice["cudnn_ms"] > 0 and choice["gemm_ms"] > 0
+
+
+def test_what_the_gemm_form_cannot_take_goes_to_cudnn(fresh_choices):
+    rng = np.random.default_rng()
+    x = torch.from_numpy(rng.standard_normal((2, 8, 12, 12)).astype(np.float32)).cuda()
+    w = torch.from_numpy(rng.standard_normal((8, 1, 3, 3)).astype(np.float32)).cuda()
+    y = pl.conv2d(x, w, padding=1, groups=8)  # depthwise: groups > 1
+    want = reference(x.cpu().numpy(), w.cpu().numpy(), padding=1, groups=8)
+    np.testing.assert_allclose(y.cpu().numpy(), want, rtol=1e-3, atol=1e-3)
+    assert not conv_gemm.choices()
+
+
+def test_an_undecided_problem_inside_a_capture_runs_cudnn_and_stays_undecided(
+        fresh_choices):
+    rng = np.random.default_rng()
+    x = torch.from_numpy(rng.standard_normal((2, 4, 16, 16)).astype(np.float32)).cuda()
+    w = torch.from_numpy(rng.standard_normal((8, 4, 3, 3)).astype(np.float32)).cuda()
+    torch.nn.functional.conv2d(x, w, padding=1)  # cuDNN's own set-up before the capture
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        y = pl.conv2d(x, w, padding=1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not conv_gemm.choices()
+    want = reference(x.cpu().numpy(), w.cpu().numpy(), padding=1)
+    np.testing.assert_allclose(y.cpu().numpy(), want, rtol=1e-3, atol=1e-3)
