@@ -5,18 +5,26 @@ cuDNN is the library a user calls for a convolution, and it is the default here 
 benchmark mode: its own fastest algorithm for the shape). For some problems it is not
 the fastest thing the GPU can do: a 16-bit stem convolution with three input channels,
 say, where cuDNN's bfloat16 kernels reach a third of its float16 speed on the H200. The
-same convolution is a matrix product of the weights ``(O, C*R*S)`` with the patches of
-the input (``torch.nn.functional.unfold``: ``(N, C*R*S, P*Q)``), or, for a 1x1 filter,
-of the (strided) pixels ``(N*P*Q, C)`` — cuBLAS's GEMMs, with the bias added in the
-GEMM's epilogue. :func:`run` races the two on the problem's first call
-(:func:`~.blas_direct.race`: interleaved rounds, the L2 cache flushed before every run)
-and keeps the GEMM only when it is at least :data:`MARGIN` faster; every later call of
-that problem signature runs the winner. This is ``torch.backends.cudnn.benchmark``'s
-idea one level up: one choice per problem, measured where it runs.
+same convolution is a matrix product of its patches and the weights — cuBLAS's GEMMs,
+with the bias added in the GEMM's epilogue where cuBLAS has one:
+
+- a 1x1 filter without padding: the (strided) pixels ``(N*P*Q, C)``, read in place for
+  a channels-last input at stride 1;
+- a channels-last input: its patches gathered by one strided copy from the padded NHWC
+  input into a ``(N*P*Q, R*S*C)`` matrix whose rows are padded to 16 bytes (so cuBLAS
+  takes its aligned kernels), times the weights in the same ``(R, S, C)`` order;
+- otherwise: ``torch.nn.functional.unfold``'s ``(N, C*R*S, P*Q)`` patches.
+
+:func:`run` races the GEMM form against cuDNN on the problem's first call (GPU time by
+:func:`~pyc_lab.profiling.timing.benchmark`, a spin kernel keeping the host's launch
+gaps out, in interleaved rounds) and keeps it only when it is at least :data:`MARGIN`
+faster; every later call of that problem signature runs the winner. This is
+``torch.backends.cudnn.benchmark``'s idea one level up: one choice per problem, measured
+where it runs.
 
 The GEMM form needs ``groups == 1``, one or two spatial axes and a patch matrix of at
 most :data:`MAX_PATCH_BYTES`; anything else, a call inside a CUDA-graph capture before
-its problem was raced, or a machine without CuPy (whose runtime times the race) runs
+its problem was raced, or a machine without CuPy (whose events time the race) runs
 cuDNN.
 """
 
@@ -36,8 +44,9 @@ log = logging.getLogger(__name__)
 MARGIN = 0.03
 #: The largest patch matrix (bytes) the GEMM form may make; beyond it, cuDNN only.
 MAX_PATCH_BYTES = 2 << 30
-#: Interleaved rounds of a race.
-ROUNDS = 7
+#: Interleaved rounds of a race, and timed calls per candidate in each.
+ROUNDS = 3
+REPEATS = 5
 #: Problem signatures remembered (least recently used dropped first).
 MAX_CHOICES = 512
 
@@ -98,12 +107,44 @@ def patch_bytes(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
     return rows * cols * x.element_size()
 
 
+def _patches_nhwc(x: Any, kernel: tuple[int, int], stride: tuple[int, ...],
+                  pads: tuple[int, ...], dilation: tuple[int, ...], out: tuple[int, int],
+                  width: int) -> Any:
+    """The patches of a channels-last ``x`` as a ``(N*P*Q, width)`` matrix: each row one
+    output pixel's ``(R, S, C)`` window, zeros after the first ``R*S*C`` columns."""
+    import torch
+
+    n, c, h, w = (int(v) for v in x.shape)
+    (ph, pw), (p, q), (kh, kw) = pads, out, kernel
+    nhwc = x.permute(0, 2, 3, 1)
+    if ph or pw:
+        padded = x.new_zeros((n, h + 2 * ph, w + 2 * pw, c))
+        padded[:, ph:ph + h, pw:pw + w] = nhwc
+        nhwc = padded
+    sn, sh, sw, sc = nhwc.stride()
+    windows = torch.as_strided(
+        nhwc, (n, p, q, kh, kw, c),
+        (sn, stride[0] * sh, stride[1] * sw, dilation[0] * sh, dilation[1] * sw, sc))
+    k = kh * kw * c
+    patches = x.new_empty((n * p * q, width))
+    patches[:, :k].view(n, p, q, kh, kw, c).copy_(windows)
+    if width > k:
+        patches[:, k:].zero_()
+    return patches
+
+
+def _row_width(k: int, element_size: int) -> int:
+    """``k`` rounded up to a multiple of 16 bytes."""
+    per = max(1, 16 // element_size)
+    return -(-k // per) * per
+
+
 def gemm_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
               dilation: tuple[int, ...]) -> Any:
     """The convolution (``groups == 1``, one or two spatial axes) of torch tensors as one
     GEMM: ``(N, O, *out)`` in ``x``'s dtype (cuBLAS accumulates 16-bit products in
     float32), laid out in memory as ``x`` is (channels last for a channels-last input, as
-    cuDNN answers), so that neither the input nor the result is transposed in memory."""
+    cuDNN answers)."""
     import torch
     import torch.nn.functional as F
 
@@ -126,13 +167,18 @@ def gemm_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, 
             y = torch.addmm(b, pixels, wm.t()) if b is not None else pixels @ wm.t()
         else:
             y = torch.matmul(wm, xs.reshape(n, c, p * q))
-    else:  # the weights times the patches
+    elif last:  # the NHWC patches times the weights in (R, S, C) order
+        k = kh * kw * c
+        width = _row_width(k, x.element_size())
+        patches = _patches_nhwc(x, (kh, kw), stride, pads, dilation, (p, q), width)
+        wm = w.permute(0, 2, 3, 1).reshape(o, k)
+        if width > k:
+            wm = F.pad(wm, (0, width - k))
+        y = torch.addmm(b, patches, wm.t()) if b is not None else patches @ wm.t()
+    else:  # the weights times unfold's patches
         cols = F.unfold(x, (kh, kw), dilation=dilation, padding=pads, stride=stride)
-        wm = w.reshape(o, c * kh * kw)
-        y = torch.matmul(cols.transpose(1, 2), wm.t()) if last else torch.matmul(wm, cols)
+        y = torch.matmul(w.reshape(o, c * kh * kw), cols)
     if last:
-        if b is not None and y.ndim == 3:
-            y.add_(b)
         y = y.view(n, p, q, o).permute(0, 3, 1, 2)
     else:
         if b is not None:
@@ -193,14 +239,39 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
             return None
     except ImportError:  # no CuPy: nothing to time the race with
         return _remember(key, {"impl": "cudnn", "why": "CuPy is not installed"})
-    cudnn_ms, gemm_ms = blas_direct.race(
-        [lambda: _cudnn(x, w, b, stride, pads, dilation, groups),
-         lambda: gemm_conv(x, w, b, stride, pads, dilation)], stream, ROUNDS)
+    cudnn_ms, gemm_ms = _time([lambda: _cudnn(x, w, b, stride, pads, dilation, groups),
+                               lambda: gemm_conv(x, w, b, stride, pads, dilation)],
+                              stream, x.device.index)
     use = gemm_ms <= cudnn_ms * (1.0 - MARGIN)
     log.info("conv %s: GEMM form %.4f ms against cuDNN %.4f ms -> %s", key[2:5], gemm_ms,
              cudnn_ms, "GEMM" if use else "cuDNN")
     return _remember(key, {"impl": "gemm" if use else "cudnn", "cudnn_ms": cudnn_ms,
                            "gemm_ms": gemm_ms})
+
+
+def _time(runs: list[Any], stream: int, device: int) -> list[float]:
+    """Median GPU milliseconds of each of ``runs`` on ``stream``, over :data:`ROUNDS`
+    interleaved rounds of :data:`REPEATS` calls (infinity for one that raises)."""
+    import cupy as cp
+
+    from ..profiling.timing import benchmark
+
+    s = cp.cuda.ExternalStream(stream, device)
+    times: list[list[float]] = [[] for _ in runs]
+    failed = [False] * len(runs)
+    for _ in range(ROUNDS):
+        for i, fn in enumerate(runs):
+            if failed[i]:
+                continue
+            try:
+                t = benchmark(fn, repeats=REPEATS, warmup=1, gpu=True, stream=s)
+            except Exception as exc:  # a candidate that cannot run is not chosen
+                log.debug("conv candidate %d refused: %s", i, exc)
+                failed[i] = True
+                continue
+            times[i].append(t.median_s * 1e3)
+    return [float("inf") if failed[i] or not t else sorted(t)[len(t) // 2]
+            for i, t in enumerate(times)]
 
 
 def _remember(key: tuple, choice: dict[str, Any]) -> dict[str, Any]:

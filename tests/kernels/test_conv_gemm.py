@@ -24,6 +24,8 @@ def test_the_gemm_form_in_float64(xs, ws, stride, padding, dilation, last):
     xt, wt, bt = (torch.from_numpy(a) for a in (x, w, b))
     if last and xt.ndim == 4:
         xt = xt.contiguous(memory_format=torch.channels_last)
+    elif last:  # (N, L, C) in memory, as pl.conv1d's channels_last gives
+        xt = xt.transpose(1, 2).contiguous().transpose(1, 2)
     nd = len(ws) - 2
     per = (lambda v: (v,) * nd if np.isscalar(v) else tuple(v))  # noqa: E731
     for bias in (None, bt):

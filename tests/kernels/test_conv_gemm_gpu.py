@@ -31,6 +31,8 @@ def _tensor(a, dtype, last):
     t = torch.from_numpy(a).cuda().to(getattr(torch, dtype))
     if last and t.ndim == 4:
         t = t.contiguous(memory_format=torch.channels_last)
+    elif last and t.ndim == 3:  # (N, L, C) in memory, as pl.conv1d's channels_last gives
+        t = t.transpose(1, 2).contiguous().transpose(1, 2)
     return t
 
 
