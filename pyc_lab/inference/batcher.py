@@ -18,6 +18,7 @@ stops taking requests and, by default, finishes those already queued.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import threading
@@ -259,8 +260,22 @@ class Batcher:
         specs = self._specs
         if len(arrays) != len(specs):
             return None
-        rows = -1
         max_batch = self.options.max_batch
+        if len(specs) == 1:  # one input (most models): no loop
+            (want, ndim, fixed, finite), a = specs[0], arrays[0]
+            if fixed is None or type(a) is not np.ndarray \
+                    or (a.dtype is not want and a.dtype != want) \
+                    or a.ndim != ndim or not a.flags.c_contiguous:
+                return None
+            shape = a.shape
+            rows = shape[0]
+            if shape[1:] != fixed or not 1 <= rows <= max_batch:
+                return None
+            if finite and not (math.isfinite(sum(a.ravel().tolist())) if a.size <= _SMALL
+                               else _ISFINITE(a).all()):
+                return None
+            return [a], rows, False, self._fixed_trailing
+        rows = -1
         for (want, ndim, fixed, finite), a in zip(specs, arrays, strict=True):
             if fixed is None or type(a) is not np.ndarray \
                     or (a.dtype is not want and a.dtype != want) \
@@ -457,12 +472,15 @@ class Batcher:
                 for o in self.executor(arrays)]
         t1 = time.monotonic()
         results: list[tuple[Any, Any]] = []
-        offset = 0
-        for req in reqs:
-            end = offset + req.rows
-            mine = [o[offset] for o in outs] if req.unbatched else \
-                [o[offset:end] for o in outs]
-            offset = end
+        if rows == len(reqs):  # a row each (the common case): the views made in C
+            per_output = [list(o[:rows, None]) for o in outs]
+            shares: Any = zip(*per_output, strict=True)
+        else:
+            offsets = np.cumsum([0] + [r.rows for r in reqs]).tolist()
+            shares = ([o[a:b] for o in outs] for a, b in itertools.pairwise(offsets))
+        for req, mine in zip(reqs, shares, strict=True):
+            if req.unbatched:
+                mine = [m[0] for m in mine]
             if req.as_dict:
                 results.append((req.future, dict(zip(self.model.output_names, mine,
                                                      strict=True))))

@@ -83,16 +83,22 @@ class QuantileSketch:
             return
         import numpy as np
 
-        a = np.maximum(np.asarray(values, dtype=np.float64), 0.0)
+        a = np.asarray(values, dtype=np.float64)
+        low = float(a.min())
+        if low < 0.0:  # negative values count as 0
+            a = np.maximum(a, 0.0)
+            low = 0.0
         self.count += len(a)
         self.total += float(a.sum())
-        self.min = min(self.min, float(a.min()))
+        self.min = min(self.min, low)
         self.max = max(self.max, float(a.max()))
-        high = a[a > self.min_value]
+        high = a if low > self.min_value else a[a > self.min_value]
         self._low += len(a) - len(high)
         if not len(high):
             return
-        keys = np.ceil(np.log(high) * self._per_log).astype(np.int64)
+        scaled = np.log(high)
+        scaled *= self._per_log
+        keys = np.ceil(scaled, out=scaled).astype(np.int64)
         first = int(keys.min())
         counts = np.bincount(keys - first)  # values cluster: a short array
         seen = np.flatnonzero(counts)
