@@ -17,7 +17,9 @@ the path. Tuned CUTLASS convolutions of pyc_lab's own are not part of this modul
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,10 @@ __all__ = ["LAYOUTS", "conv", "conv1d", "conv2d", "conv_route"]
 #: Where the channels are: after the batch axis, or last.
 LAYOUTS = ("channels_first", "channels_last")
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: Checked calls kept (oldest dropped first): a GPU call of a known key skips its checks.
+MAX_PLANS = 512
+_LOCK = threading.Lock()
+_PLANS: dict[tuple, Callable[[Any, Any, Any], Any]] = {}
 
 
 def _per_axis(value: int | Sequence[int], nd: int, name: str) -> tuple[int, ...]:
@@ -109,6 +115,53 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
         Mixed kinds or dtypes, shapes that do not fit, a window larger than the padded
         input, an unknown layout or padding.
     """
+    key = _plan_key(x, w, bias, stride, padding, dilation, groups, layout)
+    try:
+        plan = _PLANS.get(key) if key is not None else None
+    except TypeError:  # arguments that are not hashable (a list of strides): checked each call
+        key = plan = None
+    if plan is None:
+        plan, final = _plan(x, w, bias, stride, padding, dilation, groups, layout)
+        if key is not None and final:
+            with _LOCK:
+                _PLANS[key] = plan
+                while len(_PLANS) > MAX_PLANS:
+                    del _PLANS[next(iter(_PLANS))]
+    return plan(x, w, bias)
+
+
+def _plan_key(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
+              groups: Any, layout: Any) -> tuple | None:
+    """What a GPU call's checks and choices depend on — every operand's type, dtype,
+    device, shape and strides, and the arguments — or ``None`` where nothing is kept
+    (NumPy: the im2col work dwarfs the checks)."""
+    tx = type(x)
+    if tx is not type(w) or (bias is not None and type(bias) is not tx):
+        return None
+    kind = arrays.kind(x)
+    if kind == "torch":
+        b = None if bias is None else (bias.dtype, bias.get_device(), bias.shape,
+                                       bias.stride())
+        return (tx, x.dtype, x.get_device(), x.shape, x.stride(), w.dtype, w.get_device(),
+                w.shape, w.stride(), b, stride, padding, dilation, groups, layout)
+    if kind == "cupy":
+        b = None if bias is None else (bias.dtype, bias.device.id, bias.shape, bias.strides)
+        return (tx, x.dtype, x.device.id, x.shape, x.strides, w.dtype, w.device.id, w.shape,
+                w.strides, b, stride, padding, dilation, groups, layout)
+    return None
+
+
+def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
+          groups: int, layout: str) -> tuple[Callable[[Any, Any, Any], Any], bool]:
+    """Check a call and make the function that runs it: ``(plan, final)``, ``plan(x, w,
+    bias)`` for every call of the same key (:func:`_plan_key`), ``final`` whether it may
+    be kept (not while the GPU's choice for the problem is still open).
+
+    Raises
+    ------
+    PycLabError
+        See :func:`conv`.
+    """
     for name, a in (("x", x), ("w", w)):
         if not hasattr(a, "shape") or not hasattr(a, "dtype"):
             raise PycLabError(f"pl.conv: {name} is a {type(a).__name__}, not an array")
@@ -126,7 +179,7 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
         raise PycLabError(f"pl.conv: x has shape {tuple(x.shape)} and w {tuple(w.shape)}; "
                           "x needs the batch, channel and as many spatial axes as w")
     kind = arrays.kind(x)
-    if layout == "channels_last":
+    if layout == "channels_last":  # checked (and, on a GPU, raced) as the kernels see it
         order = (0, nd + 1, *range(1, nd + 1))
         x = x.permute(*order) if kind == "torch" else x.transpose(order)
     c, o = int(x.shape[1]), int(w.shape[0])
@@ -147,23 +200,39 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
         raise PycLabError(f"pl.conv: the window {kernel} (dilation {dilation_t}) does not "
                           f"fit the input's spatial shape {spatial} padded by {pads}")
     route = conv_route(x)
+    final = True
     if route == "cudnn" and nd <= 3:
         if kind == "torch":
-            y = conv_gemm.run(x, w, bias, stride_t, pads, dilation_t, groups)
+            run, final = conv_gemm.prepare(x, w, bias, stride_t, pads, dilation_t, groups)
         else:
-            import cupy as cp
-            import torch
-
-            with torch.cuda.stream(arrays.torch_stream_of_cupy()):
-                y = cp.from_dlpack(conv_gemm.run(
-                    *(torch.from_dlpack(a) if a is not None else None
-                      for a in (x, w, bias)), stride_t, pads, dilation_t, groups))
+            run = functools.partial(_through_torch, stride=stride_t, pads=pads,
+                                    dilation=dilation_t, groups=groups)
     else:
-        y = _im2col(kind, x, w, bias, stride_t, pads, dilation_t, groups)
-    if layout == "channels_last":
-        order = (0, *range(2, nd + 2), 1)
-        y = y.permute(*order) if kind == "torch" else y.transpose(order)
-    return y
+        def run(x: Any, w: Any, bias: Any) -> Any:
+            return _im2col(kind, x, w, bias, stride_t, pads, dilation_t, groups)
+    if layout != "channels_last":
+        return run, final
+    to_first = (0, nd + 1, *range(1, nd + 1))
+    to_last = (0, *range(2, nd + 2), 1)
+    if kind == "torch":
+        def plan(x: Any, w: Any, bias: Any) -> Any:
+            return run(x.permute(*to_first), w, bias).permute(*to_last)
+    else:
+        def plan(x: Any, w: Any, bias: Any) -> Any:
+            return run(x.transpose(to_first), w, bias).transpose(to_last)
+    return plan, final
+
+
+def _through_torch(x: Any, w: Any, bias: Any, *, stride: tuple[int, ...],
+                   pads: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Any:
+    """CuPy arrays through DLPack (no copies) to torch on CuPy's current stream."""
+    import cupy as cp
+    import torch
+
+    with torch.cuda.stream(arrays.torch_stream_of_cupy()):
+        return cp.from_dlpack(conv_gemm.run(
+            *(torch.from_dlpack(a) if a is not None else None for a in (x, w, bias)),
+            stride, pads, dilation, groups))
 
 
 def _im2col(kind: str, x: Any, w: Any, bias: Any, stride: tuple[int, ...],

@@ -30,13 +30,16 @@ cuDNN.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
+from .conv_im2col import out_size
+
 __all__ = ["MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices", "gemm_conv", "patch_bytes",
-           "run"]
+           "prepare", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -51,48 +54,70 @@ REPEATS = 5
 MAX_CHOICES = 512
 
 _LOCK = threading.Lock()
-_CHOICES: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
+_CHOICES: dict[tuple, dict[str, Any]] = {}  # oldest first: the first dropped when full
 
 
 def choices() -> dict[tuple, dict[str, Any]]:
     """Problem signature -> what runs (``"impl"``: ``"cudnn"`` or ``"gemm"``) and the
-    race's milliseconds (``"cudnn_ms"``, ``"gemm_ms"``), for the problems seen so far."""
+    race's milliseconds (``"cudnn_ms"``, ``"gemm_ms"``), for the problems raced so far."""
     with _LOCK:
-        return {k: dict(v) for k, v in _CHOICES.items()}
+        return {k: dict(v) for k, v in _CHOICES.items() if "cudnn_ms" in v}
 
 
 def choice_for(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
                dilation: tuple[int, ...], groups: int = 1) -> dict[str, Any] | None:
     """What :func:`run` chose for this problem (see :func:`choices`), or ``None`` while
     it is undecided or not raced (the GEMM form does not apply)."""
-    key = _signature(x, w, b, stride, pads, dilation, groups)
-    with _LOCK:
-        choice = _CHOICES.get(key)
-        return None if choice is None else dict(choice)
+    choice = _CHOICES.get(_signature(x, w, b, stride, pads, dilation, groups))
+    return None if choice is None or "cudnn_ms" not in choice else dict(choice)
 
 
 def _cudnn(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
            dilation: tuple[int, ...], groups: int, benchmark: bool = True) -> Any:
     """torch's convolution, with cuDNN in its benchmark mode unless told otherwise (the
-    user's other cuDNN settings kept)."""
-    import torch
+    user's setting restored after the call; their other cuDNN settings kept)."""
+    fn = _torch_conv(x.ndim - 2)
+    if not benchmark:
+        return fn(x, w, b, stride, pads, dilation, groups)
+    get, put = _benchmark_flag()
+    was = get()
+    if was:
+        return fn(x, w, b, stride, pads, dilation, groups)
+    put(True)
+    try:
+        return fn(x, w, b, stride, pads, dilation, groups)
+    finally:
+        put(was)
+
+
+@functools.cache
+def _torch_conv(nd: int) -> Callable[..., Any]:
     import torch.nn.functional as F
 
-    fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[x.ndim - 2]
-    c = torch.backends.cudnn
-    if not benchmark or c.benchmark:
-        return fn(x, w, b, stride=stride, padding=pads, dilation=dilation, groups=groups)
-    with c.flags(enabled=c.enabled, benchmark=True, deterministic=c.deterministic,
-                 allow_tf32=c.allow_tf32):
-        return fn(x, w, b, stride=stride, padding=pads, dilation=dilation, groups=groups)
+    return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
+
+
+@functools.cache
+def _benchmark_flag() -> tuple[Callable[[], bool], Callable[[bool], None]]:
+    """Reading and setting ``torch.backends.cudnn.benchmark`` (torch's own two C
+    functions where it has them: the module attribute costs microseconds a call)."""
+    import torch
+
+    get = getattr(torch._C, "_get_cudnn_benchmark", None)
+    put = getattr(torch._C, "_set_cudnn_benchmark", None)
+    if get is None or put is None:  # pragma: no cover - older or newer torch
+        def get() -> bool:
+            return bool(torch.backends.cudnn.benchmark)
+
+        def put(value: bool) -> None:
+            torch.backends.cudnn.benchmark = value
+    return get, put
 
 
 def patch_bytes(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
                 dilation: tuple[int, ...]) -> int:
     """Bytes of the patch matrix the GEMM form makes (0 for a 1x1 filter without
     padding, which reads the input's pixels in place or as one strided copy)."""
-    from .conv_im2col import out_size
-
     kernel = tuple(int(k) for k in w.shape[2:])
     out = [out_size(int(n) + 2 * p, k, s, d) for n, p, k, s, d
            in zip(x.shape[2:], pads, kernel, stride, dilation, strict=True)]
@@ -148,8 +173,6 @@ def gemm_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, 
     import torch
     import torch.nn.functional as F
 
-    from .conv_im2col import out_size
-
     one_d = x.ndim == 3
     if one_d:  # as a 2-D problem of height 1
         x, w = x.unsqueeze(2), w.unsqueeze(2)
@@ -202,25 +225,36 @@ def _eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
             and patch_bytes(x, w, stride, pads, dilation) <= MAX_PATCH_BYTES)
 
 
+def prepare(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+            dilation: tuple[int, ...], groups: int) -> tuple[Callable[..., Any], bool]:
+    """What runs this problem: ``(fn, decided)``, ``fn(x, w, b)`` computing the
+    convolution of torch tensors on the GPU by the faster of cuDNN and the GEMM form
+    (raced now, on the caller's tensors, if this problem signature is new), or by cuDNN
+    where the GEMM form does not apply. ``decided`` is false only inside a CUDA-graph
+    capture of an unraced problem (cuDNN runs, as the user set it, and the next call
+    outside a capture races)."""
+    key = _signature(x, w, b, stride, pads, dilation, groups)
+    choice = _CHOICES.get(key)
+    if choice is None:
+        if not _eligible(x, w, stride, pads, dilation, groups):
+            choice = _remember(key, {"impl": "cudnn"})
+        else:
+            choice = _race(key, x, w, b, stride, pads, dilation, groups)
+            if choice is None:
+                return functools.partial(_cudnn, stride=stride, pads=pads,
+                                         dilation=dilation, groups=groups,
+                                         benchmark=False), False
+    if choice["impl"] == "gemm":
+        return functools.partial(gemm_conv, stride=stride, pads=pads, dilation=dilation), True
+    return functools.partial(_cudnn, stride=stride, pads=pads, dilation=dilation,
+                             groups=groups), True
+
+
 def run(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
         dilation: tuple[int, ...], groups: int) -> Any:
-    """The convolution of torch tensors on the GPU, by the faster of cuDNN and the GEMM
-    form for this problem (raced on its first call); cuDNN where the GEMM form does not
-    apply."""
-    if not _eligible(x, w, stride, pads, dilation, groups):
-        return _cudnn(x, w, b, stride, pads, dilation, groups)
-    key = _signature(x, w, b, stride, pads, dilation, groups)
-    with _LOCK:
-        choice = _CHOICES.get(key)
-        if choice is not None:
-            _CHOICES.move_to_end(key)
-    if choice is None:
-        choice = _race(key, x, w, b, stride, pads, dilation, groups)
-        if choice is None:  # inside a capture: cuDNN as the user set it, nothing found
-            return _cudnn(x, w, b, stride, pads, dilation, groups, benchmark=False)
-    if choice["impl"] == "gemm":
-        return gemm_conv(x, w, b, stride, pads, dilation)
-    return _cudnn(x, w, b, stride, pads, dilation, groups)
+    """The convolution of torch tensors on the GPU as :func:`prepare` chose it."""
+    fn, _ = prepare(x, w, b, stride, pads, dilation, groups)
+    return fn(x, w, b)
 
 
 def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
@@ -278,5 +312,5 @@ def _remember(key: tuple, choice: dict[str, Any]) -> dict[str, Any]:
     with _LOCK:
         _CHOICES[key] = choice
         while len(_CHOICES) > MAX_CHOICES:
-            _CHOICES.popitem(last=False)
+            del _CHOICES[next(iter(_CHOICES))]
     return choice

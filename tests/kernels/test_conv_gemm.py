@@ -42,3 +42,25 @@ def test_patch_bytes_counts_the_patch_matrix():
     # out 16 x 15 at stride 2, padding 3: 2 * 16 * 15 rows of 3 * 49 values
     assert conv_gemm.patch_bytes(x, w, (2, 2), (3, 3), (1, 1)) == 2 * 16 * 15 * 147 * 2
     assert conv_gemm.patch_bytes(x, torch.empty(8, 3, 1, 1), (2, 2), (0, 0), (1, 1)) == 0
+
+
+def test_a_kept_plan_never_serves_a_different_call():
+    """On the CPU, torch tensors take im2col through the same kept checks: a call that
+    differs in shape, stride, padding or bias is checked and answered anew."""
+    import pyc_lab as pl
+    from pyc_lab.errors import PycLabError
+
+    rng = np.random.default_rng()
+    w, b = torch.from_numpy(rng.standard_normal((6, 4, 3, 3))), torch.from_numpy(
+        rng.standard_normal(6))
+    for shape, stride, padding in [((2, 4, 9, 9), 1, 1), ((2, 4, 9, 9), 1, 1),
+                                   ((3, 4, 11, 7), 1, 1), ((2, 4, 9, 9), 2, 1),
+                                   ((2, 4, 9, 9), 1, 0)]:
+        x = torch.from_numpy(rng.standard_normal(shape))
+        y = pl.conv2d(x, w, b, stride=stride, padding=padding)
+        want = reference(x.numpy(), w.numpy(), b.numpy(), stride, padding)
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-10, atol=1e-10)
+    with pytest.raises(PycLabError, match="bias has shape"):
+        pl.conv2d(x, w, b[:5], padding=1)
+    with pytest.raises(PycLabError, match="fit"):
+        pl.conv2d(x[:, :3], w, b, padding=1)

@@ -115,3 +115,26 @@ def test_an_undecided_problem_inside_a_capture_runs_cudnn_and_stays_undecided(
     assert not conv_gemm.choices()
     want = reference(x.cpu().numpy(), w.cpu().numpy(), padding=1)
     np.testing.assert_allclose(y.cpu().numpy(), want, rtol=1e-3, atol=1e-3)
+
+
+def test_a_kept_plan_never_serves_a_different_call():
+    """pl.conv keeps each GPU call's checks and choice by its operands' metadata and
+    arguments: calls that differ in any of them are checked and answered anew."""
+    from pyc_lab.errors import PycLabError
+
+    rng = np.random.default_rng()
+    w = torch.from_numpy(rng.standard_normal((6, 4, 3, 3)).astype(np.float32)).cuda()
+    b = torch.from_numpy(rng.standard_normal(6).astype(np.float32)).cuda()
+    for shape, kw in [((2, 4, 9, 9), {"padding": 1}), ((2, 4, 9, 9), {"padding": 1}),
+                      ((3, 4, 11, 7), {"padding": 1}), ((2, 4, 9, 9), {"stride": 2}),
+                      ((2, 4, 9, 9), {"padding": [1, 0]})]:  # a list: not kept, still right
+        x = torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).cuda()
+        y = pl.conv2d(x, w, b, **kw)
+        pad = kw.get("padding", 0)
+        want = reference(x.cpu().numpy(), w.cpu().numpy(), b.cpu().numpy(),
+                         kw.get("stride", 1), tuple(pad) if isinstance(pad, list) else pad)
+        np.testing.assert_allclose(y.cpu().numpy(), want, rtol=1e-3, atol=1e-3)
+    with pytest.raises(PycLabError, match="bias has shape"):
+        pl.conv2d(x, w, b[:5], padding=1)
+    with pytest.raises(PycLabError, match="different array types"):
+        pl.conv2d(x, w.cpu(), padding=1)
