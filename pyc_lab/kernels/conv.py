@@ -170,6 +170,10 @@ def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
     parts = [x, w] + ([bias] if bias is not None else [])
     if len({arrays.kind(a) for a in parts}) != 1:
         raise PycLabError("pl.conv: x, w (and bias) are of different array types")
+    kind = arrays.kind(x)
+    if kind in ("torch", "cupy") and len({str(a.device) for a in parts}) != 1:
+        raise PycLabError(f"pl.conv: x, w (and bias) are on different devices "
+                          f"({', '.join(str(a.device) for a in parts)}); move them to one")
     names = {arrays.dtype_name(a.dtype) for a in parts}
     if len(names) != 1 or next(iter(names)) not in _DTYPES:
         raise PycLabError(f"pl.conv: dtypes {sorted(names)}; x, w and bias take one of "
@@ -178,7 +182,6 @@ def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
     if nd < 1 or len(x.shape) != nd + 2:
         raise PycLabError(f"pl.conv: x has shape {tuple(x.shape)} and w {tuple(w.shape)}; "
                           "x needs the batch, channel and as many spatial axes as w")
-    kind = arrays.kind(x)
     if layout == "channels_last":  # checked (and, on a GPU, raced) as the kernels see it
         order = (0, nd + 1, *range(1, nd + 1))
         x = x.permute(*order) if kind == "torch" else x.transpose(order)

@@ -275,7 +275,7 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
         return _remember(key, {"impl": "cudnn", "why": "CuPy is not installed"})
     cudnn_ms, gemm_ms = _time([lambda: _cudnn(x, w, b, stride, pads, dilation, groups),
                                lambda: gemm_conv(x, w, b, stride, pads, dilation)],
-                              stream, x.device.index)
+                              x.device.index)
     use = gemm_ms <= cudnn_ms * (1.0 - MARGIN)
     log.info("conv %s: GEMM form %.4f ms against cuDNN %.4f ms -> %s", key[2:5], gemm_ms,
              cudnn_ms, "GEMM" if use else "cuDNN")
@@ -283,14 +283,14 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
                            "gemm_ms": gemm_ms})
 
 
-def _time(runs: list[Any], stream: int, device: int) -> list[float]:
-    """Median GPU milliseconds of each of ``runs`` on ``stream``, over :data:`ROUNDS`
-    interleaved rounds of :data:`REPEATS` calls (infinity for one that raises)."""
-    import cupy as cp
-
+def _time(runs: list[Any], device: int) -> list[float]:
+    """Median GPU milliseconds of each of ``runs`` on torch's current stream of
+    ``device``, over :data:`ROUNDS` interleaved rounds of :data:`REPEATS` calls
+    (infinity for one that raises)."""
     from ..profiling.timing import benchmark
+    from .arrays import torch_stream
 
-    s = cp.cuda.ExternalStream(stream, device)
+    s = torch_stream(device)
     times: list[list[float]] = [[] for _ in runs]
     failed = [False] * len(runs)
     for _ in range(ROUNDS):

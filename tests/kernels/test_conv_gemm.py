@@ -64,3 +64,5 @@ def test_a_kept_plan_never_serves_a_different_call():
         pl.conv2d(x, w, b[:5], padding=1)
     with pytest.raises(PycLabError, match="fit"):
         pl.conv2d(x[:, :3], w, b, padding=1)
+    with pytest.raises(PycLabError, match="different devices"):
+        pl.conv2d(x, w.to("meta"), padding=1)

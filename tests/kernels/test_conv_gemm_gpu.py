@@ -12,7 +12,7 @@ from pyc_lab.kernels import conv_gemm
 from tests.kernels.test_conv import reference
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("cupy")
+cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
 
 CASES = [  # x shape, w shape, stride, padding, dilation
@@ -67,7 +67,11 @@ def test_the_gemm_form_matches_the_reference(xs, ws, stride, padding, dilation, 
 
 @pytest.fixture
 def fresh_choices(monkeypatch):
-    monkeypatch.setattr(conv_gemm, "_CHOICES", type(conv_gemm._CHOICES)())
+    """No problem raced and no call kept yet."""
+    from pyc_lab.kernels import conv
+
+    monkeypatch.setattr(conv_gemm, "_CHOICES", {})
+    monkeypatch.setattr(conv, "_PLANS", {})
 
 
 @pytest.mark.parametrize(("margin", "impl"), [(-1e9, "gemm"), (0.999, "cudnn")])
@@ -136,5 +140,7 @@ def test_a_kept_plan_never_serves_a_different_call():
         np.testing.assert_allclose(y.cpu().numpy(), want, rtol=1e-3, atol=1e-3)
     with pytest.raises(PycLabError, match="bias has shape"):
         pl.conv2d(x, w, b[:5], padding=1)
-    with pytest.raises(PycLabError, match="different array types"):
+    with pytest.raises(PycLabError, match="different devices"):
         pl.conv2d(x, w.cpu(), padding=1)
+    with pytest.raises(PycLabError, match="different array types"):
+        pl.conv2d(cp.asarray(x), w, padding=1)
