@@ -136,11 +136,17 @@ def _patches_nhwc(x: Any, kernel: tuple[int, int], stride: tuple[int, ...],
                   pads: tuple[int, ...], dilation: tuple[int, ...], out: tuple[int, int],
                   width: int) -> Any:
     """The patches of a channels-last ``x`` as a ``(N*P*Q, width)`` matrix: each row one
-    output pixel's ``(R, S, C)`` window, zeros after the first ``R*S*C`` columns."""
+    output pixel's ``(R, S, C)`` window, zeros after the first ``R*S*C`` columns — by
+    ``native/conv_patches.cuh`` on a GPU (one pass, 16-byte stores), else by one strided
+    copy."""
     import torch
 
     n, c, h, w = (int(v) for v in x.shape)
     (ph, pw), (p, q), (kh, kw) = pads, out, kernel
+    patches = x.new_empty((n * p * q, width))
+    if x.is_cuda and x.stride(1) == 1 and x.element_size() in _ELEMENTS:
+        _gather(x, patches, (n, h, w, c, p, q, kh, kw, *stride, ph, pw, *dilation), width)
+        return patches
     nhwc = x.permute(0, 2, 3, 1)
     if ph or pw:
         padded = x.new_zeros((n, h + 2 * ph, w + 2 * pw, c))
@@ -151,11 +157,45 @@ def _patches_nhwc(x: Any, kernel: tuple[int, int], stride: tuple[int, ...],
         nhwc, (n, p, q, kh, kw, c),
         (sn, stride[0] * sh, stride[1] * sw, dilation[0] * sh, dilation[1] * sw, sc))
     k = kh * kw * c
-    patches = x.new_empty((n * p * q, width))
     patches[:, :k].view(n, p, q, kh, kw, c).copy_(windows)
     if width > k:
         patches[:, k:].zero_()
     return patches
+
+
+#: Element sizes the gather kernel moves, and the unsigned type it moves them as.
+_ELEMENTS = {2: "unsigned short", 4: "unsigned int"}
+_KERNELS: dict[tuple[int, int], Any] = {}
+
+
+def _gather(x: Any, patches: Any, geometry: tuple[int, ...], width: int) -> None:
+    """Launch ``pyc_conv_patches`` on torch's current stream of ``x``'s device."""
+    import numpy as np
+
+    from ..paths import native_source
+    from .arrays import torch_stream
+
+    device = x.device.index
+    key = (device, x.element_size())
+    fn = _KERNELS.get(key)
+    if fn is None:
+        import cupy as cp
+
+        name = f"pyc_conv_patches<{_ELEMENTS[key[1]]}>"
+        with _LOCK:
+            module = cp.RawModule(code=native_source("conv_patches.cuh"),
+                                  options=("-std=c++17",), name_expressions=[name])
+            module.compile()
+            fn = _KERNELS[key] = module.get_function(name)
+    sn, _, sh, sw = x.stride()
+    total = patches.shape[0] * (width * x.element_size() // 16)
+    blocks = max(1, min(-(-total // _THREADS), 65535 * 8))
+    fn((blocks,), (_THREADS,), (np.uint64(x.data_ptr()), np.uint64(patches.data_ptr()),
+                                *(np.int32(v) for v in geometry), np.int64(sn), np.int64(sh),
+                                np.int64(sw), np.int32(width)), stream=torch_stream(device))
+
+
+_THREADS = 256
 
 
 def _row_width(k: int, element_size: int) -> int:
