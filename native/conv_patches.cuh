@@ -24,23 +24,25 @@ __global__ void pyc_conv_patches(const T* __restrict__ x, T* __restrict__ out, i
                                  int ph, int pw, int dh, int dw, long long xs_n,
                                  long long xs_h, long long xs_w, int width) {
   constexpr int V = 16 / sizeof(T);
-  const int chunks = width / V;
-  const long long total = (long long)n * p * q * chunks;
+  // 32-bit index arithmetic (64-bit division costs several times more): the caller
+  // keeps rows * chunks and every row's offset below 2^31 (MAX_PATCH_BYTES)
+  const unsigned chunks = (unsigned)width / V;
+  const unsigned total = (unsigned)n * p * q * chunks;
   const int k = kh * kw * c;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    const long long m = i / chunks;
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += gridDim.x * blockDim.x) {
+    const unsigned m = i / chunks;
     const int col0 = (int)(i - m * chunks) * V;
-    const int qq = (int)(m % q);
-    const long long t = m / q;
-    const int pp = (int)(t % p);
-    const long long nn = t / p;
+    const unsigned t = m / q;
+    const int qq = (int)(m - t * q);
+    const unsigned nn = t / p;
+    const int pp = (int)(t - nn * p);
     const int h0 = pp * sh - ph, w0 = qq * sw - pw;
     const T* xn = x + nn * xs_n;
-    int cc = col0 % c;
     int rs = col0 / c;
-    int s = rs % kw;
+    int cc = col0 - rs * c;
     int r = rs / kw;
+    int s = rs - r * kw;
     pyc_patch_vec<T> u;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -58,6 +60,6 @@ __global__ void pyc_conv_patches(const T* __restrict__ x, T* __restrict__ out, i
         }
       }
     }
-    *reinterpret_cast<uint4*>(out + m * width + col0) = u.v;
+    *reinterpret_cast<uint4*>(out + (long long)m * width + col0) = u.v;
   }
 }

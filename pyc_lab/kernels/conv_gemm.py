@@ -144,7 +144,8 @@ def _patches_nhwc(x: Any, kernel: tuple[int, int], stride: tuple[int, ...],
     n, c, h, w = (int(v) for v in x.shape)
     (ph, pw), (p, q), (kh, kw) = pads, out, kernel
     patches = x.new_empty((n * p * q, width))
-    if x.is_cuda and x.stride(1) == 1 and x.element_size() in _ELEMENTS:
+    if x.is_cuda and x.stride(1) == 1 and x.element_size() in _ELEMENTS \
+            and patches.numel() * x.element_size() // 16 < 2**31:  # the kernel's 32-bit indices
         _gather(x, patches, (n, h, w, c, p, q, kh, kw, *stride, ph, pw, *dilation), width)
         return patches
     nhwc = x.permute(0, 2, 3, 1)
