@@ -15,10 +15,12 @@ with the bias added in the GEMM's epilogue where cuBLAS has one:
   takes its aligned kernels), times the weights in the same ``(R, S, C)`` order;
 - otherwise: ``torch.nn.functional.unfold``'s ``(N, C*R*S, P*Q)`` patches.
 
-:func:`run` races the GEMM form against cuDNN on the problem's first call (GPU time by
-:func:`~pyc_lab.profiling.timing.benchmark`, a spin kernel keeping the host's launch
-gaps out, in interleaved rounds) and keeps it only when it is at least :data:`MARGIN`
-faster; every later call of that problem signature runs the winner. This is
+:func:`run` races the GEMM form against cuDNN on the problem's first call
+(:func:`~pyc_lab.profiling.timing.benchmark` in interleaved rounds: the GPU's time, a
+spin kernel keeping the host's launch gaps out of it, and the host's time to issue the
+call; a candidate costs the larger of the two, which is what back-to-back calls
+sustain) and keeps it only when it is at least :data:`MARGIN` cheaper; every later call
+of that problem signature runs the winner. This is
 ``torch.backends.cudnn.benchmark``'s idea one level up: one choice per problem, measured
 where it runs.
 
@@ -59,7 +61,9 @@ _CHOICES: dict[tuple, dict[str, Any]] = {}  # oldest first: the first dropped wh
 
 def choices() -> dict[tuple, dict[str, Any]]:
     """Problem signature -> what runs (``"impl"``: ``"cudnn"`` or ``"gemm"``) and the
-    race's milliseconds (``"cudnn_ms"``, ``"gemm_ms"``), for the problems raced so far."""
+    race's milliseconds per call (``"cudnn_ms"``, ``"gemm_ms"``: the larger of GPU and
+    host time, each also given as ``"*_gpu_ms"`` and ``"*_host_ms"``), for the problems
+    raced so far."""
     with _LOCK:
         return {k: dict(v) for k, v in _CHOICES.items() if "cudnn_ms" in v}
 
@@ -314,25 +318,30 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
             return None
     except ImportError:  # no CuPy: nothing to time the race with
         return _remember(key, {"impl": "cudnn", "why": "CuPy is not installed"})
-    cudnn_ms, gemm_ms = _time([lambda: _cudnn(x, w, b, stride, pads, dilation, groups),
-                               lambda: gemm_conv(x, w, b, stride, pads, dilation)],
-                              x.device.index)
-    use = gemm_ms <= cudnn_ms * (1.0 - MARGIN)
-    log.info("conv %s: GEMM form %.4f ms against cuDNN %.4f ms -> %s", key[2:5], gemm_ms,
-             cudnn_ms, "GEMM" if use else "cuDNN")
-    return _remember(key, {"impl": "gemm" if use else "cudnn", "cudnn_ms": cudnn_ms,
-                           "gemm_ms": gemm_ms})
+    cudnn, gemm = _time([lambda: _cudnn(x, w, b, stride, pads, dilation, groups),
+                         lambda: gemm_conv(x, w, b, stride, pads, dilation)],
+                        x.device.index)
+    use = gemm[0] <= cudnn[0] * (1.0 - MARGIN)
+    log.info("conv %s: GEMM form %.4f ms against cuDNN %.4f ms -> %s", key[2:5], gemm[0],
+             cudnn[0], "GEMM" if use else "cuDNN")
+    return _remember(key, {"impl": "gemm" if use else "cudnn", "cudnn_ms": cudnn[0],
+                           "gemm_ms": gemm[0], "cudnn_gpu_ms": cudnn[1],
+                           "gemm_gpu_ms": gemm[1], "cudnn_host_ms": cudnn[2],
+                           "gemm_host_ms": gemm[2]})
 
 
-def _time(runs: list[Any], device: int) -> list[float]:
-    """Median GPU milliseconds of each of ``runs`` on torch's current stream of
-    ``device``, over :data:`ROUNDS` interleaved rounds of :data:`REPEATS` calls
-    (infinity for one that raises)."""
+def _time(runs: list[Any], device: int) -> list[tuple[float, float, float]]:
+    """Each of ``runs`` on torch's current stream of ``device``, over :data:`ROUNDS`
+    interleaved rounds of :data:`REPEATS` calls: ``(cost, gpu, host)`` milliseconds per
+    call, medians of the rounds' medians, ``cost`` the larger of the GPU's time and the
+    host's time to issue the call (what back-to-back calls sustain: a small problem is
+    bound by the host, a large one by the GPU); infinities for one that raises."""
     from ..profiling.timing import benchmark
     from .arrays import torch_stream
 
     s = torch_stream(device)
-    times: list[list[float]] = [[] for _ in runs]
+    gpu: list[list[float]] = [[] for _ in runs]
+    host: list[list[float]] = [[] for _ in runs]
     failed = [False] * len(runs)
     for _ in range(ROUNDS):
         for i, fn in enumerate(runs):
@@ -344,9 +353,16 @@ def _time(runs: list[Any], device: int) -> list[float]:
                 log.debug("conv candidate %d refused: %s", i, exc)
                 failed[i] = True
                 continue
-            times[i].append(t.median_s * 1e3)
-    return [float("inf") if failed[i] or not t else sorted(t)[len(t) // 2]
-            for i, t in enumerate(times)]
+            gpu[i].append(t.median_s * 1e3)
+            host[i].append(t.cpu_median_s * 1e3)
+    out = []
+    for i in range(len(runs)):
+        if failed[i] or not gpu[i]:
+            out.append((float("inf"),) * 3)
+            continue
+        g, h = sorted(gpu[i])[len(gpu[i]) // 2], sorted(host[i])[len(host[i]) // 2]
+        out.append((max(g, h), g, h))
+    return out
 
 
 def _remember(key: tuple, choice: dict[str, Any]) -> dict[str, Any]:
