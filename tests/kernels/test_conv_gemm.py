@@ -66,3 +66,23 @@ def test_a_kept_plan_never_serves_a_different_call():
         pl.conv2d(x[:, :3], w, b, padding=1)
     with pytest.raises(PycLabError, match="different devices"):
         pl.conv2d(x, w.to("meta"), padding=1)
+
+
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize(("xs", "ws", "stride", "padding", "dilation"), CASES)
+def test_the_runner_a_problem_keeps_computes_the_same(xs, ws, stride, padding, dilation,
+                                                      last):
+    """What a problem that chose the GEMM form runs from then on (a 1x1 filter on a
+    channels-last input has its own shapes worked out once; the rest is gemm_conv)."""
+    rng = np.random.default_rng()
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    xt, wt, bt = (torch.from_numpy(a) for a in (x, w, b))
+    if last and xt.ndim == 4:
+        xt = xt.contiguous(memory_format=torch.channels_last)
+    nd = len(ws) - 2
+    per = (lambda v: (v,) * nd if np.isscalar(v) else tuple(v))  # noqa: E731
+    run = conv_gemm._gemm_runner(xt, wt, per(stride), per(padding), per(dilation))
+    for bias in (None, bt):
+        y = run(xt, wt, bias)
+        want = reference(x, w, None if bias is None else b, stride, padding, dilation)
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-12, atol=1e-12)

@@ -50,8 +50,10 @@ def test_the_gemm_form_matches_the_reference(xs, ws, stride, padding, dilation, 
     xr, wr, br = (t.float().cpu().numpy().astype(np.float64) for t in (xd, wd, bd))
     nd = len(ws) - 2
     per = (lambda v: (v,) * nd if np.isscalar(v) else tuple(v))  # noqa: E731
-    for bias in (None, bd):
-        y = conv_gemm.gemm_conv(xd, wd, bias, per(stride), per(padding), per(dilation))
+    kept = conv_gemm._gemm_runner(xd, wd, per(stride), per(padding), per(dilation))
+    for bias, form in ((None, "gemm_conv"), (bd, "gemm_conv"), (None, "kept"), (bd, "kept")):
+        y = kept(xd, wd, bias) if form == "kept" else \
+            conv_gemm.gemm_conv(xd, wd, bias, per(stride), per(padding), per(dilation))
         want = reference(xr, wr, None if bias is None else br, stride, padding, dilation)
         got = y.float().cpu().numpy().astype(np.float64)
         assert y.dtype == xd.dtype and tuple(y.shape) == want.shape
