@@ -7,6 +7,7 @@ fusion, memory planning) -> :mod:`.policy` (an implementation per node, with a r
 cuBLAS, optional CUDA-graph replay).
 """
 
+from . import conv_op  # noqa: F401  (registers the conv op and pl.conv's tracing)
 from .errors import (
     CastingError,
     DynamicShapeError,

@@ -66,6 +66,9 @@ REASONS = {
     "ATTENTION": "attention: pl.attention's path (torch's scaled_dot_product_attention "
                  "where torch is installed, else the blocked online softmax); a library "
                  "call between CUDA graphs",
+    "CONV": "convolution: pl.conv's path (cuDNN or the GEMM form, whichever its first "
+            "call measured faster, through torch where torch is installed, else im2col); "
+            "a library call between CUDA graphs",
 }
 
 def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str]:
@@ -190,6 +193,8 @@ def choose(graph: Graph, backend: str, mode: str = "balanced",
             decisions.append(_matmul(node, graph, mode))
         elif kind == "attention":
             decisions.append(Decision(node.id, label, "attention", "ATTENTION"))
+        elif kind == "conv":
+            decisions.append(Decision(node.id, label, "conv", "CONV"))
         else:
             ok, why = supports(node, graph) if supports else (False, "no code generator")
             if ok:

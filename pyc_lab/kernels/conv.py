@@ -28,7 +28,7 @@ from ..errors import PycLabError
 from . import arrays, conv_gemm
 from .conv_im2col import conv_im2col, out_size
 
-__all__ = ["LAYOUTS", "conv", "conv1d", "conv2d", "conv_route"]
+__all__ = ["LAYOUTS", "conv", "conv1d", "conv2d", "conv_geometry", "conv_route", "set_tracer"]
 
 #: Where the channels are: after the batch axis, or last.
 LAYOUTS = ("channels_first", "channels_last")
@@ -37,6 +37,15 @@ _DTYPES = ("float16", "bfloat16", "float32", "float64")
 MAX_PLANS = 512
 _LOCK = threading.Lock()
 _PLANS: dict[tuple, Callable[[Any, Any, Any], Any]] = {}
+#: How a call on values ``pl.compile`` is tracing is recorded (set by the compiler, which
+#: this layer does not import): ``fn(x, w, bias, **arguments) -> traced result``.
+_TRACE: Callable[..., Any] | None = None
+
+
+def set_tracer(fn: Callable[..., Any] | None) -> None:
+    """Install how ``pl.conv`` on traced values becomes a node (the compiler's hook)."""
+    global _TRACE
+    _TRACE = fn
 
 
 def _per_axis(value: int | Sequence[int], nd: int, name: str) -> tuple[int, ...]:
@@ -115,6 +124,10 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
         Mixed kinds or dtypes, shapes that do not fit, a window larger than the padded
         input, an unknown layout or padding.
     """
+    if _TRACE is not None and any(getattr(type(a), "__pyc_traced__", False)
+                                  for a in (x, w, bias)):
+        return _TRACE(x, w, bias, stride=stride, padding=padding, dilation=dilation,
+                      groups=groups, layout=layout)
     key = _plan_key(x, w, bias, stride, padding, dilation, groups, layout)
     try:
         plan = _PLANS.get(key) if key is not None else None
@@ -151,6 +164,51 @@ def _plan_key(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: An
     return None
 
 
+def conv_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
+                  bias_shape: tuple[int, ...] | None, *, stride: Any = 1, padding: Any = 0,
+                  dilation: Any = 1, groups: int = 1, layout: str = "channels_first",
+                  ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                             tuple[int, ...]]:
+    """Check a convolution's shapes and arguments: the result's shape (in ``layout``) and
+    the per-axis stride, padding and dilation — what :func:`conv` checks of its operands,
+    and what ``pl.compile`` infers for a traced ``pl.conv``.
+
+    Raises
+    ------
+    PycLabError
+        Shapes that do not fit, bad arguments (see :func:`conv`).
+    """
+    if layout not in LAYOUTS:
+        raise PycLabError(f"pl.conv: layout {layout!r} is not one of {LAYOUTS}")
+    nd = len(w_shape) - 2
+    if nd < 1 or len(x_shape) != nd + 2:
+        raise PycLabError(f"pl.conv: x has shape {x_shape} and w {w_shape}; x needs the "
+                          "batch, channel and as many spatial axes as w")
+    if layout == "channels_last":
+        x_shape = (x_shape[0], x_shape[-1], *x_shape[1:-1])
+    c, o = int(x_shape[1]), int(w_shape[0])
+    if groups < 1 or c % groups or o % groups or int(w_shape[1]) * groups != c:
+        raise PycLabError(f"pl.conv: {c} input channels, weights {w_shape} and "
+                          f"groups={groups} do not fit (w must be (O, C // groups, ...))")
+    if bias_shape is not None and tuple(bias_shape) != (o,):
+        raise PycLabError(f"pl.conv: bias has shape {tuple(bias_shape)}, expected ({o},)")
+    kernel = tuple(int(k) for k in w_shape[2:])
+    stride_t = _per_axis(stride, nd, "stride")
+    dilation_t = _per_axis(dilation, nd, "dilation")
+    if any(s < 1 for s in stride_t) or any(d < 1 for d in dilation_t):
+        raise PycLabError("pl.conv: stride and dilation must be positive")
+    pads = _padding(padding, nd, kernel, stride_t, dilation_t)
+    spatial = tuple(int(s) for s in x_shape[2:])
+    out = tuple(out_size(n + 2 * p, k, s, d) for n, p, k, s, d
+                in zip(spatial, pads, kernel, stride_t, dilation_t, strict=True))
+    if any(n <= 0 for n in out):
+        raise PycLabError(f"pl.conv: the window {kernel} (dilation {dilation_t}) does not "
+                          f"fit the input's spatial shape {spatial} padded by {pads}")
+    shape = (int(x_shape[0]), o, *out) if layout == "channels_first" \
+        else (int(x_shape[0]), *out, o)
+    return shape, stride_t, pads, dilation_t
+
+
 def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
           groups: int, layout: str) -> tuple[Callable[[Any, Any, Any], Any], bool]:
     """Check a call and make the function that runs it: ``(plan, final)``, ``plan(x, w,
@@ -165,8 +223,6 @@ def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
     for name, a in (("x", x), ("w", w)):
         if not hasattr(a, "shape") or not hasattr(a, "dtype"):
             raise PycLabError(f"pl.conv: {name} is a {type(a).__name__}, not an array")
-    if layout not in LAYOUTS:
-        raise PycLabError(f"pl.conv: layout {layout!r} is not one of {LAYOUTS}")
     parts = [x, w] + ([bias] if bias is not None else [])
     if len({arrays.kind(a) for a in parts}) != 1:
         raise PycLabError("pl.conv: x, w (and bias) are of different array types")
@@ -178,30 +234,13 @@ def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
     if len(names) != 1 or next(iter(names)) not in _DTYPES:
         raise PycLabError(f"pl.conv: dtypes {sorted(names)}; x, w and bias take one of "
                           f"{_DTYPES}")
+    _, stride_t, pads, dilation_t = conv_geometry(
+        tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
+        stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
     nd = len(w.shape) - 2
-    if nd < 1 or len(x.shape) != nd + 2:
-        raise PycLabError(f"pl.conv: x has shape {tuple(x.shape)} and w {tuple(w.shape)}; "
-                          "x needs the batch, channel and as many spatial axes as w")
-    if layout == "channels_last":  # checked (and, on a GPU, raced) as the kernels see it
+    if layout == "channels_last":  # raced (on a GPU) and run as the kernels see it
         order = (0, nd + 1, *range(1, nd + 1))
         x = x.permute(*order) if kind == "torch" else x.transpose(order)
-    c, o = int(x.shape[1]), int(w.shape[0])
-    if groups < 1 or c % groups or o % groups or int(w.shape[1]) * groups != c:
-        raise PycLabError(f"pl.conv: {c} input channels, weights {tuple(w.shape)} and "
-                          f"groups={groups} do not fit (w must be (O, C // groups, ...))")
-    if bias is not None and tuple(bias.shape) != (o,):
-        raise PycLabError(f"pl.conv: bias has shape {tuple(bias.shape)}, expected ({o},)")
-    kernel = tuple(int(k) for k in w.shape[2:])
-    stride_t = _per_axis(stride, nd, "stride")
-    dilation_t = _per_axis(dilation, nd, "dilation")
-    if any(s < 1 for s in stride_t) or any(d < 1 for d in dilation_t):
-        raise PycLabError("pl.conv: stride and dilation must be positive")
-    pads = _padding(padding, nd, kernel, stride_t, dilation_t)
-    spatial = tuple(int(s) for s in x.shape[2:])
-    if any(out_size(n + 2 * p, k, s, d) <= 0 for n, p, k, s, d
-           in zip(spatial, pads, kernel, stride_t, dilation_t, strict=True)):
-        raise PycLabError(f"pl.conv: the window {kernel} (dilation {dilation_t}) does not "
-                          f"fit the input's spatial shape {spatial} padded by {pads}")
     route = conv_route(x)
     final = True
     if route == "cudnn" and nd <= 3:

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+import pyc_lab as pl
 from pyc_lab.compiler import REGISTRY, Graph, ShapeError
 from pyc_lab.compiler.ops import DTypeError, infer, normalize_axis, run_graph
 
@@ -318,7 +319,8 @@ def test_every_registered_op_is_covered_by_a_test_here():
         "where", "astype", "sum", "mean", "max", "min", "var", "std", "prod", "argmax",
         "argmin", "any", "all", "matmul", "softmax", "layer_norm", "reshape", "transpose",
         "broadcast_to", "expand_dims", "squeeze", "concatenate", "slice", "setitem",
-        "input", "constant", "fused", "fused_rows", "fused_extra", "eager", "attention"}
+        "input", "constant", "fused", "fused_rows", "fused_extra", "eager", "attention",
+        "conv"}
     assert set(REGISTRY) <= covered, set(REGISTRY) - covered
 
 
@@ -339,6 +341,19 @@ def test_attention_op_broadcasts_its_operands_and_casts_to_its_dtype(rng):
     want = (e / e.sum(-1, keepdims=True)) @ v
     assert out.dtype == np.float16  # computed in float32, given in the node's dtype
     np.testing.assert_allclose(out.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+
+
+def test_conv_op_is_pl_conv_with_its_shape_checked(rng):
+    # (against float64 loops and inside pl.compile: tests/compiler/test_conv_op.py)
+    x = rng.standard_normal((2, 3, 9, 7)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    attrs = {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 1), "groups": 1,
+             "layout": "channels_first"}
+    node, out = run_op("conv", [x, w], attrs)
+    assert node.shape == (2, 4, 5, 5) and node.dtype == np.float32
+    np.testing.assert_array_equal(out, pl.conv2d(x, w, stride=(2, 1), padding=(1, 0)))
+    with pytest.raises(ShapeError, match="groups=2 do not fit"):
+        run_op("conv", [x, w], {**attrs, "groups": 2})
 
 
 def test_fused_rows_runs_its_body_as_written(rng):

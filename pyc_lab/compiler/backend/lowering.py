@@ -73,11 +73,11 @@ log = logging.getLogger(__name__)
 #: Implementations the executable understands (``source`` for inputs and constants;
 #: ``numpy``/``view`` run as ``cupy``).
 IMPLS = ("fused_kernel", "reduction_kernel", "cublas", "cublaslt", "cutlass", "cupy", "eager",
-         "source", "attention",
+         "source", "attention", "conv",
          "numpy", "view")
 
 #: Ops whose CuPy result is always a new array (never a view of an input).
-_FRESH_KINDS = frozenset({"norm", "reduction", "matmul", "attention"})
+_FRESH_KINDS = frozenset({"norm", "reduction", "matmul", "attention", "conv"})
 
 _VIEW_OPS = frozenset({"reshape", "expand_dims", "squeeze"})
 
@@ -460,5 +460,11 @@ class _Lowering:
                 "pl.attention: torch's scaled_dot_product_attention where torch is "
                 "installed, else the blocked online softmax (a call between CUDA graphs)"))
             return _LibraryStep(node, "attention", materialize, out_buffer, describe)
+        if choice == "conv":
+            describe.update(kind="library", implementation=(
+                "pl.conv: cuDNN or the GEMM form (whichever its first call measured "
+                "faster) through torch where torch is installed, else im2col (a call "
+                "between CUDA graphs)"))
+            return _LibraryStep(node, "conv", materialize, out_buffer, describe)
         impl = "eager" if choice == "eager" else "cupy"
         return _CupyStep(node, impl, materialize, out_buffer, describe)

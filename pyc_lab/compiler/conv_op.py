@@ -1,0 +1,74 @@
+"""The ``conv`` op: ``pl.conv`` / ``pl.conv1d`` / ``pl.conv2d`` inside ``pl.compile``, as
+one node.
+
+A call of ``pl.conv`` on traced values records this node: the compiler installs
+:func:`trace_conv` as ``pl.conv``'s tracing hook (:func:`pyc_lab.kernels.conv.set_tracer`;
+the kernels layer does not import the compiler). Its shape comes from
+:func:`~pyc_lab.kernels.conv.conv_geometry`, the checks ``pl.conv`` makes, so a call that
+does not fit fails while tracing with ``pl.conv``'s words. Its reference is ``pl.conv``
+itself on the backend's arrays: im2col on NumPy; on a GPU cuDNN or the GEMM form,
+whichever the problem's first call measured faster, run as a library call between CUDA
+graphs (as ``attention`` is). Inputs: ``x, w[, bias]``, one dtype; attributes: per-axis
+``stride``, ``padding`` and ``dilation``, ``groups``, ``layout``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import PycLabError
+from ..kernels import conv as _conv
+from .ops import REGISTRY, OpDef, ShapeError, _register
+from .values import is_traced
+
+__all__ = ["conv_reference", "trace_conv"]
+
+
+def conv_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    """The conv op on NumPy or CuPy arrays: ``pl.conv`` (see the module docstring)."""
+    x, w = args[:2]
+    bias = args[2] if len(args) > 2 else None
+    return _conv.conv(x, w, bias, stride=attrs["stride"], padding=attrs["padding"],
+                      dilation=attrs["dilation"], groups=attrs["groups"],
+                      layout=attrs["layout"])
+
+
+def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    dtypes = {np.dtype(i.dtype) for i in inputs}
+    if len(dtypes) != 1:
+        raise ShapeError(f"conv: x, w (and bias) must share one dtype, got "
+                         f"{sorted(str(d) for d in dtypes)}; cast them first")
+    x, w = inputs[:2]
+    bias = inputs[2] if len(inputs) > 2 else None
+    try:
+        shape, *_ = _conv.conv_geometry(
+            tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
+            stride=attrs["stride"], padding=attrs["padding"], dilation=attrs["dilation"],
+            groups=attrs["groups"], layout=attrs["layout"])
+    except PycLabError as exc:
+        raise ShapeError(str(exc)) from None
+    return shape
+
+
+def trace_conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
+               dilation: Any = 1, groups: int = 1, layout: str = "channels_first") -> Any:
+    """Record ``pl.conv(x, w, bias, ...)`` on traced values as one ``conv`` node, its
+    arguments resolved per axis now (``padding="same"`` becomes numbers)."""
+    traced = next(a for a in (x, w, bias) if is_traced(a))
+    _, stride_t, pads, dilation_t = _conv.conv_geometry(
+        tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
+        stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
+    args = (x, w) if bias is None else (x, w, bias)
+    return traced.tracer.op("conv", args, {"stride": stride_t, "padding": pads,
+                                           "dilation": dilation_t, "groups": int(groups),
+                                           "layout": layout})
+
+
+if "conv" not in REGISTRY:
+    _register(OpDef("conv", "conv", None, _shape, conv_reference,
+                    dtype=lambda inputs, attrs: np.dtype(inputs[0].dtype),
+                    doc="pl.conv's convolution (cross-correlation, torch's semantics)"))
+_conv.set_tracer(trace_conv)

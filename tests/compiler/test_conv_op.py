@@ -1,0 +1,93 @@
+"""``pl.conv`` inside ``pl.compile``: one ``conv`` node (compiler/conv_op.py) whose shape
+comes from pl.conv's own checks and whose reference is pl.conv, against the eager calls
+and the float64 loops of tests/kernels/test_conv.py, on fresh random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+from pyc_lab.compiler import Graph, ShapeError, policy
+from pyc_lab.compiler.codegen import supports
+from pyc_lab.errors import PycLabError
+from tests.kernels.test_conv import reference
+
+
+def _conv_nodes(f):
+    graph = f._cache[next(iter(f._cache))][0].graph
+    return [n for n in graph if n.op == "conv"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("xs", "ws", "kw"), [
+    ((2, 3, 17, 15), (8, 3, 3, 3), {"padding": 1}),
+    ((2, 4, 19, 14), (6, 2, 3, 2), {"stride": (2, 1), "dilation": (1, 2), "groups": 2}),
+    ((3, 4, 33), (5, 4, 3), {"padding": "same"}),
+])
+def test_a_compiled_conv_block_is_the_eager_one(dtype, xs, ws, kw):
+    rng = np.random.default_rng()
+    x = rng.standard_normal(xs).astype(dtype)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    x.flat[3] = np.nan  # spreads to the outputs whose windows hold it
+
+    def block(x, w, b):
+        return np.maximum(pl.conv(x, w, b, **kw), 0) * dtype(2) + dtype(1)
+
+    f = pl.compile(block)
+    got = f(x, w, b)
+    eager = block(x, w, b)
+    assert got.dtype == eager.dtype == dtype and got.shape == eager.shape
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(eager))
+    np.testing.assert_allclose(got, eager, rtol=1e-6, atol=1e-6)
+    pad = kw.get("padding", 0)
+    if pad == "same":
+        pad = (ws[-1] - 1) // 2
+    want = np.maximum(reference(x, w, b, kw.get("stride", 1), pad, kw.get("dilation", 1),
+                                kw.get("groups", 1)), 0) * 2 + 1
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    (node,) = _conv_nodes(f)
+    nd = len(ws) - 2
+    assert len(node.attrs["padding"]) == len(node.attrs["stride"]) == nd  # resolved
+
+
+def test_channels_last_and_weights_from_the_closure():
+    rng = np.random.default_rng()
+    w = (rng.standard_normal((6, 3, 5, 5)) / 9).astype(np.float32)  # a constant of f
+
+    def f(x):
+        return pl.conv2d(x, w, stride=2, padding=2, layout="channels_last")
+
+    x = rng.standard_normal((2, 20, 18, 3)).astype(np.float32)    # (N, H, W, C)
+    got = pl.compile(f)(x)
+    want = reference(x.transpose(0, 3, 1, 2), w, stride=2, padding=2).transpose(0, 2, 3, 1)
+    assert got.shape == (2, 10, 9, 6)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_that_does_not_fit_fails_while_tracing_in_pl_convs_words():
+    rng = np.random.default_rng()
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    with pytest.raises(PycLabError, match="groups=3 do not fit"):
+        pl.compile(lambda x: pl.conv2d(x, np.ones((4, 1, 3, 3), np.float32), groups=3))(x)
+    with pytest.raises(ShapeError, match="share one dtype"):
+        pl.compile(lambda x: pl.conv2d(x, np.ones((4, 4, 3, 3), np.float64)))(x)
+    with pytest.raises(PycLabError, match="does not fit the input"):
+        pl.compile(lambda x: pl.conv2d(x, np.ones((2, 4, 9, 9), np.float32)))(x)
+
+
+def test_on_the_gpu_backend_it_runs_as_pl_convs_library_call():
+    g = Graph(name="g")
+    x = g.add("input", shape=(2, 3, 16, 16), dtype=np.float16)
+    w = g.add("input", shape=(8, 3, 3, 3), dtype=np.float16)
+    node = g.add("conv", [x.id, w.id], {"stride": (1, 1), "padding": (1, 1),
+                                        "dilation": (1, 1), "groups": 1,
+                                        "layout": "channels_first"})
+    g.outputs = [node.id]
+    g.verify()
+    assert node.shape == (2, 8, 16, 16) and node.dtype == np.float16
+    (d,) = [d for d in policy.choose(g, "cupy", "balanced", supports) if d.node == node.id]
+    assert (d.choice, d.reason) == ("conv", "CONV")
+    assert "cuDNN or the GEMM form" in policy.REASONS["CONV"]
