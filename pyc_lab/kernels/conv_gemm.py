@@ -10,12 +10,13 @@ with the bias added in the GEMM's epilogue where cuBLAS has one:
 
 - a 1x1 filter without padding: the (strided) pixels ``(N*P*Q, C)``, read in place for
   a channels-last input at stride 1;
-- a channels-last input: its patches gathered by one strided copy from the padded NHWC
-  input into a ``(N*P*Q, R*S*C)`` matrix whose rows are padded to 16 bytes (so cuBLAS
+- a channels-last input: its patches gathered by pyc_lab's kernel
+  (``native/conv_patches.cuh``, one pass of 16-byte stores; one strided copy off the
+  GPU) into a ``(N*P*Q, R*S*C)`` matrix whose rows are padded to 16 bytes (so cuBLAS
   takes its aligned kernels), times the weights in the same ``(R, S, C)`` order;
 - otherwise: ``torch.nn.functional.unfold``'s ``(N, C*R*S, P*Q)`` patches.
 
-:func:`run` races the GEMM form against cuDNN on the problem's first call
+:func:`prepare` races the GEMM form against cuDNN on the problem's first call
 (:func:`~pyc_lab.profiling.timing.benchmark` in interleaved rounds: the GPU's time, a
 spin kernel keeping the host's launch gaps out of it, and the host's time to issue the
 call; a candidate costs the larger of the two, which is what back-to-back calls
@@ -52,7 +53,7 @@ MAX_PATCH_BYTES = 2 << 30
 #: Interleaved rounds of a race, and timed calls per candidate in each.
 ROUNDS = 3
 REPEATS = 5
-#: Problem signatures remembered (least recently used dropped first).
+#: Problem signatures remembered (the oldest dropped first).
 MAX_CHOICES = 512
 
 _LOCK = threading.Lock()
