@@ -176,6 +176,7 @@ _KERNELS: dict[tuple[int, int], Any] = {}
 
 def _gather(x: Any, patches: Any, geometry: tuple[int, ...], width: int) -> None:
     """Launch ``pyc_conv_patches`` on torch's current stream of ``x``'s device."""
+    import cupy as cp
     import numpy as np
 
     from ..paths import native_source
@@ -183,22 +184,22 @@ def _gather(x: Any, patches: Any, geometry: tuple[int, ...], width: int) -> None
 
     device = x.device.index
     key = (device, x.element_size())
-    fn = _KERNELS.get(key)
-    if fn is None:
-        import cupy as cp
-
-        name = f"pyc_conv_patches<{_ELEMENTS[key[1]]}>"
-        with _LOCK:
-            module = cp.RawModule(code=native_source("conv_patches.cuh"),
-                                  options=("-std=c++17",), name_expressions=[name])
-            module.compile()
-            fn = _KERNELS[key] = module.get_function(name)
     sn, _, sh, sw = x.stride()
     total = patches.shape[0] * (width * x.element_size() // 16)
     blocks = max(1, min(-(-total // _THREADS), 65535 * 8))
-    fn((blocks,), (_THREADS,), (np.uint64(x.data_ptr()), np.uint64(patches.data_ptr()),
-                                *(np.int32(v) for v in geometry), np.int64(sn), np.int64(sh),
-                                np.int64(sw), np.int32(width)), stream=torch_stream(device))
+    with cp.cuda.Device(device):  # the tensor's device, whichever is current
+        fn = _KERNELS.get(key)
+        if fn is None:
+            name = f"pyc_conv_patches<{_ELEMENTS[key[1]]}>"
+            with _LOCK:
+                module = cp.RawModule(code=native_source("conv_patches.cuh"),
+                                      options=("-std=c++17",), name_expressions=[name])
+                module.compile()
+                fn = _KERNELS[key] = module.get_function(name)
+        fn((blocks,), (_THREADS,),
+           (np.uint64(x.data_ptr()), np.uint64(patches.data_ptr()),
+            *(np.int32(v) for v in geometry), np.int64(sn), np.int64(sh), np.int64(sw),
+            np.int32(width)), stream=torch_stream(device))
 
 
 _THREADS = 256
