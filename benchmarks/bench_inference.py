@@ -14,8 +14,9 @@
    and outputs) when it has one, else its CPU provider (the provider is recorded);
    torch runs the same ONNX graph op by op in eager mode (``torch.nn.functional``) and,
    on a GPU, the same function through ``torch.compile(mode="reduce-overhead")``
-   (Inductor kernels replayed from CUDA graphs; onnxruntime's CUDA provider is a wheel
-   too large to reach the GPU machine here, GPU_NOTES).
+   (Inductor kernels replayed from CUDA graphs). onnxruntime's CUDA provider runs twice:
+   with IOBinding, and with IOBinding and its CUDA graphs (one per input shape) where the
+   model allows them; the better of the two is the baseline.
 3. **Dynamic batching** under 64 concurrent clients (``pl.inference.load_test``):
    throughput and p99 with ``max_delay_ms=2`` at ``max_batch`` 64, 32 and 16 (the
    sweep Triton's model analyzer makes: with as many clients as one batch holds, the
@@ -240,44 +241,7 @@ def implementations(m: Any, gpu: bool) -> dict[str, Any]:
     except ImportError:
         ort = None
     if ort is not None:
-        providers = ort.get_available_providers()
-        use_cuda = gpu and "CUDAExecutionProvider" in providers
-        prov = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else \
-            ["CPUExecutionProvider"]
-        sess = ort.InferenceSession(m.SerializeToString(), providers=prov)
-        outs_names = [o.name for o in sess.get_outputs()]
-        if use_cuda:
-            def ort_prep(feeds):
-                binding = sess.io_binding()
-                keep = []
-                for k, v in feeds.items():
-                    ov = ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
-                    keep.append(ov)
-                    binding.bind_ortvalue_input(k, ov)
-                for o in outs_names:
-                    binding.bind_output(o, "cuda")
-                return binding, keep
-
-            def ort_call(state):
-                binding, _ = state
-                sess.run_with_iobinding(binding)
-                binding.synchronize_outputs()
-                return binding
-
-            def ort_host(binding):
-                return binding.copy_outputs_to_cpu()
-        else:
-            def ort_prep(feeds):
-                return feeds
-
-            def ort_call(state):
-                return sess.run(None, state)
-
-            def ort_host(outs):
-                return outs
-        out["onnxruntime"] = (ort_prep, ort_call, ort_host,
-                              {"provider": sess.get_providers()[0],
-                               "version": ort.__version__, "io_binding": use_cuda})
+        out.update(onnxruntime_implementations(ort, m, gpu))
 
     try:
         import torch
@@ -318,6 +282,90 @@ def implementations(m: Any, gpu: bool) -> dict[str, Any]:
                                     {"device": device, "mode": "reduce-overhead",
                                      "version": torch.__version__})
     return out
+
+
+def onnxruntime_implementations(ort: Any, m: Any, gpu: bool) -> dict[str, Any]:
+    """onnxruntime's runs of ``m``: on a GPU its CUDA execution provider with IOBinding
+    (device-resident inputs and outputs), and the same with the provider's CUDA graphs
+    where the model allows them (every node on the CUDA provider); else its CPU provider.
+
+    Both CUDA runs keep full float32 (``use_tf32=0``), as pyc_lab does.
+    """
+    providers = ort.get_available_providers()
+    if not (gpu and "CUDAExecutionProvider" in providers):
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+
+        def cpu_call(state):
+            return sess.run(None, state)
+
+        return {"onnxruntime": (lambda feeds: feeds, cpu_call, lambda outs: outs,
+                                {"provider": sess.get_providers()[0],
+                                 "version": ort.__version__, "io_binding": False})}
+    if hasattr(ort, "preload_dlls"):  # the CUDA, cuDNN libraries of the nvidia wheels
+        try:
+            ort.preload_dlls()
+        except Exception as exc:
+            log.warning("onnxruntime.preload_dlls: %s", exc)
+    out: dict[str, Any] = {}
+    for name, graphs in (("onnxruntime_cuda", False), ("onnxruntime_cuda_graph", True)):
+        opts = {"use_tf32": "0", "enable_cuda_graph": "1" if graphs else "0"}
+        try:
+            sess = ort.InferenceSession(m.SerializeToString(),
+                                        providers=[("CUDAExecutionProvider", opts),
+                                                   "CPUExecutionProvider"])
+        except Exception as exc:  # a model the CUDA graph mode refuses: recorded
+            log.warning("%s: %s refused: %s", m.graph.name, name, exc)
+            continue
+        if sess.get_providers()[0] != "CUDAExecutionProvider":
+            log.warning("%s: %s fell back to %s", m.graph.name, name, sess.get_providers())
+            continue
+        out[name] = _ort_cuda_runner(ort, sess, graphs, m)
+    return out
+
+
+def _ort_cuda_runner(ort: Any, sess: Any, graphs: bool, m: Any) -> tuple[Any, Any, Any, dict]:
+    """(prep, call, host, info) for an onnxruntime CUDA session with IOBinding; with CUDA
+    graphs the outputs are bound to arrays made once (their shapes from a CPU run), as
+    the provider's graphs need fixed addresses."""
+    outs_names = [o.name for o in sess.get_outputs()]
+    shaper: list[Any] = []
+    graph_ids = iter(range(1 << 30))  # one captured graph per binding (its addresses)
+
+    def prep(feeds):
+        options = ort.RunOptions()
+        if graphs:
+            options.add_run_config_entry("gpu_graph_id", str(next(graph_ids)))
+        binding = sess.io_binding()
+        keep = []
+        for k, v in feeds.items():
+            ov = ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
+            keep.append(ov)
+            binding.bind_ortvalue_input(k, ov)
+        if graphs:
+            if not shaper:
+                shaper.append(ort.InferenceSession(m.SerializeToString(),
+                                                   providers=["CPUExecutionProvider"]))
+            for o, like in zip(outs_names, shaper[0].run(None, feeds), strict=True):
+                ov = ort.OrtValue.ortvalue_from_shape_and_type(like.shape, like.dtype,
+                                                               "cuda", 0)
+                keep.append(ov)
+                binding.bind_ortvalue_output(o, ov)
+        else:
+            for o in outs_names:
+                binding.bind_output(o, "cuda")
+        return binding, keep, options
+
+    def call(state):
+        binding, _, options = state
+        sess.run_with_iobinding(binding, options)
+        binding.synchronize_outputs()
+        return binding
+
+    def host(binding):
+        return binding.copy_outputs_to_cpu()
+
+    return prep, call, host, {"provider": sess.get_providers()[0], "version": ort.__version__,
+                              "io_binding": True, "cuda_graph": graphs, "use_tf32": False}
 
 
 def check(impls: dict[str, Any], feeds: dict[str, np.ndarray], want: list[np.ndarray]) -> dict:
@@ -364,7 +412,34 @@ def time_model(m: Any, inputs: Any, batches: tuple[int, ...], gpu: bool,
                 result["rows"].append({"impl": name, "batch": batch,
                                        "error": f"{type(exc).__name__}: {exc}"[:300]})
         log.info("%s batch %d done", m.graph.name, batch)
+    result["vs_onnxruntime_cuda"] = against_onnxruntime_cuda(result["rows"])
     return result
+
+
+def against_onnxruntime_cuda(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """pyc_lab against the better onnxruntime CUDA run at each batch: the throughput
+    ratio (target >= 1.5) and, at batch 1, both p99 latencies (target: pyc_lab's is not
+    above onnxruntime's). ``None`` where onnxruntime's CUDA provider did not run."""
+    by: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        if "median_ms" in r:
+            by.setdefault(r["batch"], {})[r["impl"]] = r
+    ratios = {}
+    p99 = None
+    for batch, impls in sorted(by.items()):
+        ort = [impls[k] for k in ("onnxruntime_cuda", "onnxruntime_cuda_graph") if k in impls]
+        if not ort or "pyc_lab" not in impls:
+            continue
+        best = max(ort, key=lambda r: r["rows_per_s"])
+        ratios[str(batch)] = impls["pyc_lab"]["rows_per_s"] / best["rows_per_s"]
+        if batch == 1:
+            low = min(ort, key=lambda r: r["p99_ms"])
+            p99 = {"pyc_lab_ms": impls["pyc_lab"]["p99_ms"], "onnxruntime_ms": low["p99_ms"],
+                   "within_target": impls["pyc_lab"]["p99_ms"] <= low["p99_ms"]}
+    if not ratios:
+        return None
+    return {"throughput_ratio": ratios, "min_ratio": min(ratios.values()),
+            "throughput_within_target": min(ratios.values()) >= 1.5, "batch1_p99": p99}
 
 
 #: The batched settings measured under 64 clients: (max_batch, max_delay_ms).
@@ -471,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {name: {r["impl"]: round(r["median_ms"], 4) for r in res["rows"]
                       if r.get("batch") == 1 and "median_ms" in r}
                for name, res in models.items()}
-    print(json.dumps({"batch1_latency_ms": summary,
+    vs_ort = {name: res.get("vs_onnxruntime_cuda") for name, res in models.items()}
+    print(json.dumps({"batch1_latency_ms": summary, "vs_onnxruntime_cuda": vs_ort,
                       "dynamic_batching_ratio": round(batching["throughput_ratio"], 2)},
                      indent=1))
     if args.out:

@@ -241,7 +241,7 @@ def _specs(spec: Mapping[str, Any] | Sequence[TensorSpec], what: str) -> list[Te
 def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | None = None,
          outputs: Sequence[str] | None = None, backend: str = "auto",
          mode: str = "balanced", cuda_graph: bool = False,
-         onnxruntime_fallback: bool = True) -> CompiledModel:
+         onnxruntime_fallback: bool = True, conv: str = "auto") -> CompiledModel:
     """Import and compile a model for serving.
 
     Parameters
@@ -262,6 +262,10 @@ def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | Non
         Passed to ``pl.compile`` (see :func:`pyc_lab.compile`).
     onnxruntime_fallback
         Run ONNX ops the importer does not map through onnxruntime (graph breaks).
+    conv
+        How an ONNX model's convolutions run: ``"auto"`` (``pl.conv`` for large ones,
+        im2col inside the program for small ones), ``"library"`` or ``"im2col"`` (see
+        :func:`~pyc_lab.inference.onnx_import.import_onnx`).
 
     Returns
     -------
@@ -275,7 +279,7 @@ def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | Non
         If a function comes without ``inputs``.
     """
     if isinstance(model, (str, Path, bytes, bytearray)) or type(model).__name__ == "ModelProto":
-        imported = import_onnx(model, onnxruntime_fallback=onnxruntime_fallback)
+        imported = import_onnx(model, onnxruntime_fallback=onnxruntime_fallback, conv=conv)
         compiled = pl_compile(imported.function, backend=backend, mode=mode,
                               cuda_graph=cuda_graph)
         log.debug("loaded ONNX model %r", imported.name)

@@ -74,11 +74,12 @@ def _no_auto_pad(attrs: dict[str, Any], op: str, node: str) -> None:
                                  "not supported; export the model with explicit pads")
 
 
-def _conv(args, attrs, op, node, opset):
+def _conv(args, attrs, op, node, opset, route="im2col"):
     _no_auto_pad(attrs, op, node)
     return ops.conv(args[0], args[1], args[2] if len(args) > 2 else None,
                     strides=attrs.get("strides"), pads=attrs.get("pads"),
-                    dilations=attrs.get("dilations"), group=int(attrs.get("group", 1)))
+                    dilations=attrs.get("dilations"), group=int(attrs.get("group", 1)),
+                    route=route)
 
 
 def _gemm(args, attrs, op, node, opset):

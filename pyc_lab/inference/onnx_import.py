@@ -19,6 +19,7 @@ function (:mod:`.onnx_fallback`), and ``explain()`` says so.
 
 from __future__ import annotations
 
+import functools
 import keyword
 import logging
 import re
@@ -33,6 +34,7 @@ import numpy as np
 from .errors import ModelImportError, UnsupportedOpError
 from .onnx_fallback import graph_break, onnxruntime_module, ort_runner
 from .onnx_handlers import HANDLERS, STATIC_INPUTS, SUPPORTED_OPS, bn_scale_shift, np_dtype
+from .onnx_ops import CONV_LIBRARY_FLOPS, CONV_ROUTES
 
 __all__ = ["SUPPORTED_OPS", "ImportedGraph", "TensorSpec", "bn_scale_shift", "import_onnx",
            "read_model"]
@@ -290,7 +292,8 @@ def _param_name(name: str, taken: set[str]) -> str:
     return out
 
 
-def import_onnx(model: Any, *, onnxruntime_fallback: bool = True) -> ImportedGraph:
+def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
+                conv: str = "auto") -> ImportedGraph:
     """Import an ONNX model as a NumPy-style function with its weights bound.
 
     Parameters
@@ -300,6 +303,12 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True) -> ImportedGra
     onnxruntime_fallback
         Run nodes whose op has no mapping through onnxruntime (a graph break), when
         onnxruntime is installed. ``False``: such a node is an error.
+    conv
+        How ``Conv`` nodes run (:data:`~pyc_lab.inference.onnx_ops.CONV_ROUTES`):
+        ``"im2col"`` inside the compiled program, ``"library"`` through ``pl.conv``
+        (cuDNN or the GEMM form on a GPU, between CUDA graphs), ``"auto"`` (default)
+        ``pl.conv`` for a convolution of at least
+        :data:`~pyc_lab.inference.onnx_ops.CONV_LIBRARY_FLOPS` at the traced batch.
 
     Returns
     -------
@@ -315,6 +324,8 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True) -> ImportedGra
     """
     from onnx import numpy_helper
 
+    if conv not in CONV_ROUTES:
+        raise ModelImportError(f"conv must be one of {CONV_ROUTES}, got {conv!r}")
     proto = read_model(model)
     graph = proto.graph
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -335,6 +346,8 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True) -> ImportedGra
         name = node.name or f"{node.op_type}_{index}"
         op = node.op_type
         fn = None if node.domain not in ("", "ai.onnx") else HANDLERS.get(op)
+        if op == "Conv" and fn is not None:
+            fn = functools.partial(fn, route=conv)
         attrs = _attrs(node)
         if fn is None:
             ort = onnxruntime_module() if onnxruntime_fallback else None
@@ -371,6 +384,13 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True) -> ImportedGra
         steps.append(_Step(op, name, bound, ins, [o for o in node.output]))
     if folded:
         notes.append(f"{folded} node(s) computed at import (their inputs are constants)")
+    if counts.get("Conv"):
+        notes.append({"auto": f"Conv: pl.conv (cuDNN or the GEMM form on a GPU, between CUDA "
+                              f"graphs) for a convolution of at least {CONV_LIBRARY_FLOPS:,} "
+                              "flops at the traced batch, im2col inside the program below",
+                      "library": "Conv: pl.conv (cuDNN or the GEMM form on a GPU, between "
+                                 "CUDA graphs)",
+                      "im2col": "Conv: im2col inside the compiled program"}[conv])
 
     # weights: float constants read by steps at positions that are not static-only
     weight_names: list[str] = []

@@ -6,11 +6,13 @@ proxies) plus Python attributes, and uses only what pyc_lab's compiler has ops f
 basic slicing, and the compiler's ``softmax``/``layer_norm``/``relu``/``gelu``/
 ``sigmoid``), so an imported model compiles into one graph with no graph break.
 
-Convolutions and pooling are written as *im2col* over strided slices followed by one
-matrix product (or an elementwise max/sum; :mod:`pyc_lab.kernels.conv_im2col`, which
-``pl.conv`` runs on NumPy arrays too): a clean reference that a lowering to ``pl.conv``'s
-library path (cuDNN) would replace in :func:`conv` alone; imported models do not take
-that path yet. Shapes are static: a shape-like input
+Pooling is written as strided slices and an elementwise max/sum. A convolution is either
+*im2col* over strided slices and one matrix product (:mod:`pyc_lab.kernels.conv_im2col`),
+which stays inside the compiled program (its CUDA graph included), or a call of
+``pl.conv`` (one ``conv`` node: cuDNN or the GEMM form on a GPU, the same im2col on
+NumPy arrays), which a CUDA graph cannot record and so runs between graphs. :func:`conv`
+chooses per convolution by its size at the traced batch (:func:`conv_route`). Shapes are
+static: a shape-like input
 (``Reshape``'s target, ``ReduceMean``'s axes ...) must be known when the model is
 imported or traced.
 """
@@ -24,12 +26,16 @@ from typing import Any
 import numpy as np
 
 from ..compiler import functions as F
-from ..kernels.conv_im2col import conv_im2col, filled, pad_spatial, windows
+from ..kernels.conv_im2col import conv_im2col, filled, out_size, pad_spatial, windows
 
 __all__ = [
+    "CONV_LIBRARY_FLOPS",
+    "CONV_ROUTES",
     "average_pool",
     "batch_norm",
     "conv",
+    "conv_flops",
+    "conv_route",
     "erf",
     "flatten",
     "gelu",
@@ -47,13 +53,58 @@ __all__ = [
 ]
 
 
+#: How an imported ``Conv`` runs: chosen by size, always ``pl.conv``, or always im2col.
+CONV_ROUTES = ("auto", "library", "im2col")
+#: ``route="auto"``: a convolution of at least this many floating-point operations (at
+#: the traced batch) calls ``pl.conv``; smaller ones stay im2col inside the program.
+CONV_LIBRARY_FLOPS = 1 << 26
+
+
+def conv_flops(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+               pads: Sequence[int], dilations: Sequence[int]) -> int:
+    """Multiply-adds x 2 of a convolution of ``x (N, C, *spatial)`` with
+    ``w (O, C // group, *kernel)``."""
+    nd = len(w_shape) - 2
+    outs = [out_size(int(x_shape[2 + i]) + int(pads[i]) + int(pads[i + nd]), int(w_shape[2 + i]),
+                     int(strides[i]), int(dilations[i])) for i in range(nd)]
+    return 2 * int(x_shape[0]) * math.prod(int(v) for v in w_shape) * math.prod(max(o, 0)
+                                                                               for o in outs)
+
+
+def conv_route(route: str, flops: int) -> str:
+    """``"library"`` (``pl.conv``) or ``"im2col"`` for a convolution of ``flops``."""
+    if route == "auto":
+        return "library" if flops >= CONV_LIBRARY_FLOPS else "im2col"
+    return route
+
+
 def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
          pads: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
-         group: int = 1) -> Any:
-    """ONNX ``Conv``: :func:`~pyc_lab.kernels.conv_im2col.conv_im2col` on NumPy (or the
-    compiler's traced) arrays; ``x (N, C, *spatial)``, ``w (O, C // group, *kernel)``."""
-    return conv_im2col(x, w, b, strides=strides, pads=pads, dilations=dilations,
-                       group=group)
+         group: int = 1, route: str = "im2col") -> Any:
+    """ONNX ``Conv`` on NumPy (or the compiler's traced) arrays; ``x (N, C, *spatial)``,
+    ``w (O, C // group, *kernel)``.
+
+    ``route`` (:data:`CONV_ROUTES`): ``"im2col"`` runs
+    :func:`~pyc_lab.kernels.conv_im2col.conv_im2col`; ``"library"`` calls ``pl.conv``
+    (unequal pads are added first, as zeros); ``"auto"`` takes ``pl.conv`` for a
+    convolution of at least :data:`CONV_LIBRARY_FLOPS`.
+    """
+    if route not in CONV_ROUTES:
+        raise ValueError(f"conv route must be one of {CONV_ROUTES}, got {route!r}")
+    nd = w.ndim - 2
+    strides = list(strides or [1] * nd)
+    pads = list(pads or [0] * 2 * nd)
+    dilations = list(dilations or [1] * nd)
+    if conv_route(route, conv_flops(x.shape, w.shape, strides, pads, dilations)) == "im2col":
+        return conv_im2col(x, w, b, strides=strides, pads=pads, dilations=dilations,
+                           group=group)
+    from ..kernels.conv import conv as pl_conv
+
+    if pads[:nd] != pads[nd:]:
+        x = pad_spatial(x, pads)
+        pads = [0] * 2 * nd
+    return pl_conv(x, w, b, stride=tuple(strides), padding=tuple(pads[:nd]),
+                   dilation=tuple(dilations), groups=int(group))
 
 
 def _pool_separably(x: Any, kernel: Sequence[int], strides: Sequence[int],

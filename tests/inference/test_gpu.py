@@ -73,3 +73,41 @@ def test_compiled_model_takes_cupy_arrays():
     np.testing.assert_allclose(cp.asnumpy(got[0]), load(zoo.build("materials_vae"),
                                                          backend="numpy")(x)[0],
                                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("route", ["library", "im2col", "auto"])
+def test_imported_convolutions_on_the_gpu_match_onnxruntime(route):
+    """Each conv route on the cupy backend with CUDA graphs (a pl.conv node runs between
+    the graphs): the 1-D CNN at batches on both sides of the auto threshold, and a 2-D
+    conv with unequal pads and a stride, against onnxruntime (CPU)."""
+    import cupy as cp
+    from onnx import TensorProto, helper, numpy_helper
+
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((8, 3, 3, 2)).astype(np.float32)
+    conv2d = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "W", "B"], ["h"], pads=[1, 0, 1, 2], strides=[2, 1]),
+         helper.make_node("Relu", ["h"], ["y"])], "conv2d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 33, 17])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 17, 18])],
+        [numpy_helper.from_array(w, "W"),
+         numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "B")]),
+        opset_imports=[helper.make_opsetid("", 20)])
+    conv2d.ir_version = 9
+    cases = [(zoo.build("particle_cnn"), lambda b: zoo.example_inputs("particle_cnn", b, b),
+              (1, 5, 2048)),
+             (conv2d, lambda b: {"x": rng.standard_normal((b, 3, 33, 17)).astype(np.float32)},
+              (1, 7, 256))]
+    for m, inputs, batches in cases:
+        model = load(m, backend="cupy", cuda_graph=True, conv=route)
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        for batch in batches:
+            feeds = inputs(batch)
+            want = sess.run(None, feeds)
+            for _ in range(3):  # launched, captured, replayed
+                got = model.run([cp.asarray(feeds[n]) for n in model.input_names])
+                for g, w_ in zip(got, want, strict=True):
+                    np.testing.assert_allclose(cp.asnumpy(g), w_, rtol=0,
+                                               atol=1e-4 * float(np.abs(w_).max()))

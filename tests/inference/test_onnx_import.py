@@ -289,3 +289,51 @@ def test_function_models_load_with_inputs():
     again = load(compiled, inputs={"x": ("float32", (None, 5))}, outputs=["h"], name="m2")
     assert again.compiled is compiled and again.output_names == ["h"]
     _close(again(x), np.tanh(x @ w))
+
+
+CONV_CASES = [c for c in CASES if c[0].startswith("Conv")]
+
+
+def _conv_ops(model: Any, batch: int = 1) -> list[str]:
+    return [op for op in model.explain(batch).compiled.decisions["op"] if op == "conv"]
+
+
+@pytest.mark.parametrize("route", ["library", "im2col"])
+@pytest.mark.parametrize("case", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_conv_routes_match_onnxruntime(case, route):
+    ort = pytest.importorskip("onnxruntime")
+    _, nodes, shapes, inits = case
+    m = _model(nodes, shapes, ["y"], inits)
+    model = load(m, conv=route)
+    # "library" is one pl.conv node per Conv; "im2col" leaves none
+    assert len(_conv_ops(model)) == (len(nodes) if route == "library" else 0)
+    feeds = _inputs(shapes, seed=7)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    _close(model(feeds)["y"], sess.run(None, feeds)[0])
+    _close(model(feeds)["y"], ReferenceEvaluator(m).run(None, feeds)[0])
+
+
+def test_conv_auto_route_goes_by_size(monkeypatch):
+    from pyc_lab.inference import onnx_ops
+
+    nodes = [node("Conv", ["x", "W", "B"], pads=[1, 2], strides=[1])]
+    m = _model(nodes, {"x": (2, 4, 9)}, ["y"], {"W": _w(5, 4, 3), "B": _w(5)})
+    flops = onnx_ops.conv_flops((2, 4, 9), (5, 4, 3), [1], [1, 2], [1])
+    out = (9 + 3 - 3) + 1
+    assert flops == 2 * 2 * 5 * 4 * 3 * out
+    assert not _conv_ops(load(m), batch=2)  # far below the default threshold: im2col
+    monkeypatch.setattr(onnx_ops, "CONV_LIBRARY_FLOPS", flops)
+    model = load(m)
+    # the size is the traced batch's: batch 2 reaches the threshold, batch 1 does not
+    assert _conv_ops(model, batch=2) == ["conv"]
+    assert _conv_ops(model, batch=1) == []
+    assert any("pl.conv" in n for n in model.explain().notes)
+    for batch in (1, 2, 3):
+        feeds = _inputs({"x": (batch, 4, 9)}, seed=batch)
+        _close(model(feeds)["y"], ReferenceEvaluator(m).run(None, feeds)[0])
+
+
+def test_conv_route_must_be_known():
+    m = _model([node("Conv", ["x", "W"])], {"x": (1, 2, 5)}, ["y"], {"W": _w(3, 2, 3)})
+    with pytest.raises(ModelImportError, match="conv must be one of"):
+        load(m, conv="cudnn")
