@@ -61,8 +61,18 @@ CNN_BATCHES = (1, 8, 32, 128)
 
 # -- the shipped CNN ------------------------------------------------------------------------------
 def shipped_cnn() -> Any:
-    """``light_resnet50`` from the onnx package, with a free batch axis."""
+    """``light_resnet50`` from the onnx package, with a free batch axis and random weights.
+
+    The shipped graph makes every weight with ``ConstantOfShape`` (one value repeated),
+    so every output row is the same and a wrong convolution could still match the
+    reference. Each such weight becomes a seeded random initializer of its shape:
+    filters and the classifier ``N(0, 1/fan_in)``, batch-norm scales and variances
+    ``U(0.5, 1.5)`` (a residual branch's last scale ``U(0.05, 0.15)``), biases and means
+    ``U(-0.1, 0.1)``, so that the logits stay in a range where the softmax tells the
+    inputs apart.
+    """
     import onnx
+    from onnx import numpy_helper
 
     path = Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx"
     m = onnx.load(str(path))
@@ -72,14 +82,33 @@ def shipped_cnn() -> Any:
             inp.type.tensor_type.shape.dim[0].dim_param = "N"
     for out in m.graph.output:
         out.type.tensor_type.shape.dim[0].dim_param = "N"
+    inits = {i.name: i for i in m.graph.initializer}
     # the final Reshape's target [1, 2048] -> [0, 2048] (keep the batch)
-    for init in m.graph.initializer:
-        if init.name == "OC2_DUMMY_1":
-            from onnx import numpy_helper
-
-            v = numpy_helper.to_array(init).copy()
-            v[0] = 0
-            init.CopyFrom(numpy_helper.from_array(v, init.name))
+    if "OC2_DUMMY_1" in inits:
+        v = numpy_helper.to_array(inits["OC2_DUMMY_1"]).copy()
+        v[0] = 0
+        inits["OC2_DUMMY_1"].CopyFrom(numpy_helper.from_array(v, "OC2_DUMMY_1"))
+    rng = np.random.default_rng(2026)
+    keep = []
+    for n in m.graph.node:
+        if n.op_type == "ConstantOfShape" and n.input and n.input[0] in inits:
+            shape = [int(d) for d in numpy_helper.to_array(inits[n.input[0]])]
+            name = n.output[0]
+            if len(shape) >= 2:
+                w = rng.standard_normal(shape) / np.sqrt(int(np.prod(shape[1:])))
+            elif name.endswith(("_b_0", "_rm_0")):
+                w = rng.uniform(-0.1, 0.1, shape)
+            elif name.endswith("branch2c_bn_s_0"):  # small residual branches
+                w = rng.uniform(0.05, 0.15, shape)
+            else:
+                w = rng.uniform(0.5, 1.5, shape)
+            m.graph.initializer.append(numpy_helper.from_array(w.astype(np.float32), name))
+            m.graph.input.append(onnx.helper.make_tensor_value_info(  # IR < 4 wants it
+                name, onnx.TensorProto.FLOAT, shape))
+        else:
+            keep.append(n)
+    del m.graph.node[:]
+    m.graph.node.extend(keep)
     m.graph.name = "resnet50_light"
     return m
 

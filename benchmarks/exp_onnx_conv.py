@@ -44,7 +44,7 @@ def conv_sizes(m: Any) -> list[dict[str, Any]]:
     inits = {t.name: list(t.dims) for t in m.graph.initializer}
     out = []
     for n in m.graph.node:
-        if n.op_type != "Conv" or n.input[0] not in shapes:
+        if n.op_type != "Conv" or n.input[0] not in shapes or n.input[1] not in inits:
             continue
         a = {x.name: list(x.ints) or x.i for x in n.attribute}
         w = inits[n.input[1]]
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="write onnx-conv.json into this folder")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--models", nargs="*", help="particle_cnn and/or resnet50_light")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from pyc_lab.inference import zoo
@@ -140,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                                          "median; pl.inference.load(cupy, cuda_graph=True)",
                                "models": {}}
     for name, (m, inputs, batches) in models.items():
+        if args.models and name not in args.models:
+            continue
         entry: dict[str, Any] = {"convs": conv_sizes(m), "rows": []}
         payload["models"][name] = entry
         for route in ("im2col", "library", "auto"):

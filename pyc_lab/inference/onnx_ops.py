@@ -56,8 +56,13 @@ __all__ = [
 #: How an imported ``Conv`` runs: chosen by size, always ``pl.conv``, or always im2col.
 CONV_ROUTES = ("auto", "library", "im2col")
 #: ``route="auto"``: a convolution of at least this many floating-point operations (at
-#: the traced batch) calls ``pl.conv``; smaller ones stay im2col inside the program.
-CONV_LIBRARY_FLOPS = 1 << 26
+#: the traced batch) calls ``pl.conv``; smaller ones stay im2col inside the program. A
+#: ``pl.conv`` call between CUDA graphs costs a few hundred microseconds on the H200 (the
+#: light ResNet-50 at batch 1: 1.7 ms with every convolution im2col, 19 ms with every one
+#: through ``pl.conv``; the 1-D CNN at batch 4096: 0.27 against 1.07 ms;
+#: benchmarks/results/h200/issue15-e3ededb/onnx-conv*.json), so only convolutions whose
+#: im2col costs more than that take it.
+CONV_LIBRARY_FLOPS = 1 << 33
 
 
 def conv_flops(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
