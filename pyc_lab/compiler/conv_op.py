@@ -24,7 +24,7 @@ from ..kernels import conv as _conv
 from .ops import REGISTRY, OpDef, ShapeError, _register
 from .values import is_traced
 
-__all__ = ["conv_reference", "trace_conv"]
+__all__ = ["conv_bind", "conv_reference", "trace_conv"]
 
 
 def conv_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
@@ -34,6 +34,20 @@ def conv_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
     return _conv.conv(x, w, bias, stride=attrs["stride"], padding=attrs["padding"],
                       dilation=attrs["dilation"], groups=attrs["groups"],
                       layout=attrs["layout"])
+
+
+def conv_bind(xp: Any, args: Sequence[Any], attrs: dict[str, Any],
+              out: Any) -> Any:
+    """The conv op between CUDA graphs with its operands' torch views made once
+    (:func:`pyc_lab.kernels.conv.bound_conv`), or ``None`` (NumPy, or where that does not
+    apply)."""
+    if xp is np:
+        return None
+    x, w = args[:2]
+    bias = args[2] if len(args) > 2 else None
+    return _conv.bound_conv(x, w, bias, out, stride=attrs["stride"], padding=attrs["padding"],
+                            dilation=attrs["dilation"], groups=attrs["groups"],
+                            layout=attrs["layout"])
 
 
 def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
@@ -70,5 +84,6 @@ def trace_conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: An
 if "conv" not in REGISTRY:
     _register(OpDef("conv", "conv", None, _shape, conv_reference,
                     dtype=lambda inputs, attrs: np.dtype(inputs[0].dtype),
-                    doc="pl.conv's convolution (cross-correlation, torch's semantics)"))
+                    doc="pl.conv's convolution (cross-correlation, torch's semantics)",
+                    bind=conv_bind))
 _conv.set_tracer(trace_conv)

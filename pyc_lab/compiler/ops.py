@@ -60,6 +60,12 @@ class OpDef:
     dtype: Callable[[Sequence[Any], dict[str, Any]], np.dtype] | None = None
     doc: str = ""
     ufunc: str | None = None
+    #: For a library op run between CUDA graphs: ``bind(xp, inputs, attrs, out)`` gives a
+    #: call computing the op into ``out`` from ``inputs`` at their fixed addresses (a
+    #: replay program's), with per-call conversions done once — or ``None`` to fall back
+    #: to the reference each replay.
+    bind: Callable[[Any, Sequence[Any], dict[str, Any], Any], Callable[[], None] | None] \
+        | None = None
 
 
 REGISTRY: dict[str, OpDef] = {}

@@ -28,7 +28,8 @@ from ..errors import PycLabError
 from . import arrays, conv_gemm
 from .conv_im2col import conv_im2col, out_size
 
-__all__ = ["LAYOUTS", "conv", "conv1d", "conv2d", "conv_geometry", "conv_route", "set_tracer"]
+__all__ = ["LAYOUTS", "bound_conv", "conv", "conv1d", "conv2d", "conv_geometry", "conv_route",
+           "set_tracer"]
 
 #: Where the channels are: after the batch axis, or last.
 LAYOUTS = ("channels_first", "channels_last")
@@ -275,6 +276,49 @@ def _through_torch(x: Any, w: Any, bias: Any, *, stride: tuple[int, ...],
         return cp.from_dlpack(conv_gemm.run(
             *(torch.from_dlpack(a) if a is not None else None for a in (x, w, bias)),
             stride, pads, dilation, groups))
+
+
+def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding: Any = 0,
+               dilation: Any = 1, groups: int = 1,
+               layout: str = "channels_first") -> Callable[[], None] | None:
+    """A call computing ``pl.conv(x, w, bias, ...)`` into ``out``, for CuPy arrays that
+    keep their addresses between calls (a CUDA-graph replay program's static arrays).
+
+    The torch views of the operands and of ``out`` (DLPack) and the problem's choice
+    (cuDNN or the GEMM form) are made once here; each call issues the convolution on
+    CuPy's current stream and copies its result into ``out``. ``None`` where that does
+    not apply — not CuPy arrays, no torch, channels-last, a CUDA-graph capture under
+    way, or ``out`` of another dtype or not contiguous: the caller then calls
+    :func:`conv` each time. A problem seen for the first time is raced here (call
+    :func:`conv` once first to race it elsewhere).
+    """
+    if arrays.kind(x) != "cupy" or layout != "channels_first" or conv_route(x) != "cudnn":
+        return None
+    _, stride_t, pads, dilation_t = conv_geometry(
+        tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
+        stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
+    if len(w.shape) - 2 > 3:
+        return None
+    import torch
+
+    xt, wt, ot = (torch.from_dlpack(a) for a in (x, w, out))
+    bt = None if bias is None else torch.from_dlpack(bias)
+    if ot.dtype != xt.dtype or not ot.is_contiguous():
+        return None
+    run, final = conv_gemm.prepare(xt, wt, bt, stride_t, pads, dilation_t, groups)
+    if not final:
+        return None
+    stream_of_cupy = arrays.torch_stream_of_cupy
+
+    def call() -> None:
+        with torch.cuda.stream(stream_of_cupy()):
+            y = run(xt, wt, bt)
+            if tuple(y.shape) != tuple(ot.shape):
+                raise PycLabError(f"pl.conv: a bound call gave shape {tuple(y.shape)}, "
+                                  f"its output is {tuple(ot.shape)}")
+            ot.copy_(y)
+
+    return call
 
 
 def _im2col(kind: str, x: Any, w: Any, bias: Any, stride: tuple[int, ...],

@@ -40,7 +40,7 @@ from ...errors import PycLabError
 from ..codegen.cache import compile_kernel
 from ..codegen.cuda_types import KernelSource
 from ..ir import Graph, Node
-from ..ops import check_eager_result, evaluate
+from ..ops import REGISTRY, check_eager_result, evaluate
 from .launch import ColumnLaunch, alignment_plan, launch_elementwise, launch_rows
 
 __all__ = ["batched_gemm", "contiguous_operand"]
@@ -522,6 +522,10 @@ class _LibraryStep(_CupyStep):
         node = self.node
         result = values[node.id]
         ins = [values[i] for i in node.inputs]
+        bind = REGISTRY[node.op].bind
+        bound = bind(cp, ins, node.attrs, result) if bind is not None else None
+        if bound is not None:  # the operands' conversions made once, not at each replay
+            return bound
 
         def call() -> None:
             out = evaluate(node.op, cp, ins, node.attrs)

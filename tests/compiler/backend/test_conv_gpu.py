@@ -37,3 +37,48 @@ def test_a_compiled_conv_block_on_the_gpu(dtype, cuda_graph):
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
     ex = f.explain(*args)
     assert "conv" in set(ex.decisions["choice"])
+
+
+@pytest.mark.parametrize("nd", [1, 2])
+def test_replayed_conv_is_bound_once_and_sees_new_inputs(nd, monkeypatch):
+    """With CUDA graphs forced, the conv between the graphs is a bound call (its torch
+    views made once; pl.conv is not called again) that computes each replay's new
+    input, never the captured one."""
+    from pyc_lab.kernels import conv as kconv
+
+    calls = {"conv": 0, "bound": []}
+    conv, bound_conv = kconv.conv, kconv.bound_conv
+
+    def counting_conv(*a, **k):
+        calls["conv"] += 1
+        return conv(*a, **k)
+
+    def recording_bound_conv(*a, **k):
+        out = bound_conv(*a, **k)
+        calls["bound"].append(out)
+        return out
+
+    monkeypatch.setattr(kconv, "conv", counting_conv)
+    monkeypatch.setattr(kconv, "bound_conv", recording_bound_conv)
+    rng = np.random.default_rng()
+    shape = (3, 5, 37) if nd == 1 else (2, 5, 19, 23)
+    w = (rng.standard_normal((7, 5, *(3,) * nd)) / 6).astype(np.float32)
+    b = rng.standard_normal(7).astype(np.float32)
+
+    def block(x, w, b):
+        return np.tanh(pl.conv(x * np.float32(0.5), w, b, padding=1)) + np.float32(1)
+
+    f = pl.compile(block, backend="cupy", cuda_graph=True)
+    wc, bc = cp.asarray(w), cp.asarray(b)
+    seen = []
+    for k in range(5):
+        x = rng.standard_normal(shape).astype(np.float32)
+        if k == 4:
+            x[0, 0, 0] = np.nan  # flows through the conv's windows, as in float64
+        got = cp.asnumpy(f(cp.asarray(x), wc, bc))
+        want = np.tanh(reference(x * 0.5, w, b, 1, 1)) + 1
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+        assert np.isnan(got).any() == (k == 4)
+        seen.append(calls["conv"])
+    assert len(calls["bound"]) == 1 and calls["bound"][0] is not None
+    assert seen[2] == seen[3] == seen[4], "a replay called pl.conv instead of the bound call"
