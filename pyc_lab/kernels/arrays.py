@@ -2,7 +2,7 @@
 
 Three kinds of array reach a GEMM here: NumPy arrays (computed on the CPU), CuPy arrays
 (on the GPU) and torch tensors. A CUDA torch tensor is viewed as a CuPy array through
-DLPack (no copy), computed on torch's current stream (a CuPy ``ExternalStream`` over
+DLPack (no copy), computed on torch's current stream (a CuPy stream over
 ``torch.cuda.current_stream().cuda_stream``) and handed back as a torch tensor; a CPU
 tensor goes through NumPy the same way.
 
@@ -48,7 +48,7 @@ BF16 = "bfloat16"
 #: Real floating dtypes, narrowest first, by name.
 FLOATS = ("float16", BF16, "float32", "float64")
 
-_STREAMS: dict[int, Any] = {}
+_STREAMS: dict[tuple[int, int], Any] = {}
 
 
 def kind(x: Any) -> str:
@@ -117,20 +117,45 @@ def numpy_dtype(name: str) -> np.dtype:
     return bf16_dtype() if name == BF16 else np.dtype(name)
 
 
-def torch_stream(device_index: int) -> Any:
-    """A CuPy ``ExternalStream`` over torch's current stream on a device (memoised per
-    stream handle, so a call costs a dictionary look-up)."""
-    import torch
+class _StreamHandle:
+    """A ``cudaStream_t`` as the CUDA stream protocol hands it over (``__cuda_stream__``)."""
 
-    ptr = torch.cuda.current_stream(device_index).cuda_stream
-    stream = _STREAMS.get(ptr)
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
+def cupy_stream(ptr: int, device_index: int) -> Any:
+    """A CuPy stream over a ``cudaStream_t`` of a device (memoised per handle and device,
+    so a call costs a dictionary look-up): ``cupy.cuda.Stream.from_external`` (the CUDA
+    stream protocol) where CuPy has it, else its older ``ExternalStream``."""
+    key = (ptr, device_index)
+    stream = _STREAMS.get(key)
     if stream is None:
         import cupy as cp
 
         if len(_STREAMS) > 64:
             _STREAMS.clear()
-        stream = _STREAMS[ptr] = cp.cuda.ExternalStream(ptr, device_index)
+        if ptr == 0:  # the legacy default stream
+            stream = cp.cuda.Stream.null
+        elif hasattr(cp.cuda.Stream, "from_external"):
+            with cp.cuda.Device(device_index):
+                stream = cp.cuda.Stream.from_external(_StreamHandle(ptr))
+        else:
+            stream = cp.cuda.ExternalStream(ptr, device_index)
+        _STREAMS[key] = stream
     return stream
+
+
+def torch_stream(device_index: int) -> Any:
+    """A CuPy stream over torch's current stream on a device (:func:`cupy_stream`)."""
+    import torch
+
+    return cupy_stream(torch.cuda.current_stream(device_index).cuda_stream, device_index)
 
 
 _TORCH_STREAMS: dict[tuple[int, int], Any] = {}

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PycLabError
+from . import arrays
 from .blas_layout import OP_N, OP_T, BlasGemm
 
 __all__ = ["CUDA_DTYPES", "OPERAND_DTYPES", "WORKSPACE_BYTES", "CublasGemm", "LtGemm",
@@ -158,7 +159,7 @@ def _synchronise(device: int, stream: int) -> None:
 
     try:
         with cp.cuda.Device(device):
-            cp.cuda.ExternalStream(stream, device).synchronize()
+            arrays.cupy_stream(stream, device).synchronize()
     except Exception as exc:
         log.debug("synchronising stream %#x before freeing its workspace: %s", stream, exc)
 

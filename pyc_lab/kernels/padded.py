@@ -46,7 +46,7 @@ from typing import Any
 
 from ..errors import PycLabError
 from ..paths import native_source
-from . import blas_direct
+from . import arrays, blas_direct
 from .blas_layout import describe, matrix_form
 
 __all__ = ["MARGIN", "MIN_MS", "VEC_BYTES", "Copy", "PadPlan", "PaddedGemm", "Part", "Unpad",
@@ -68,7 +68,6 @@ ELEMENT_TYPES = {2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"
 _ALIGN_SCRATCH = 256
 
 _FUNCTIONS: dict[tuple[int, str], tuple[Any, Any, Any]] = {}
-_STREAMS: dict[tuple[int, int], Any] = {}
 _LOCK = threading.Lock()
 
 #: Where a matrix of a plan lives: ``("a" | "b" | "out", element offset)`` into the
@@ -273,15 +272,7 @@ def _functions(device: int, element: str) -> tuple[Any, Any, Any]:
 
 def _stream(device: int, ptr: int) -> Any:
     """A CuPy stream object over a ``cudaStream_t`` (memoised)."""
-    key = (device, ptr)
-    s = _STREAMS.get(key)
-    if s is None:
-        import cupy as cp
-
-        if len(_STREAMS) > 64:
-            _STREAMS.clear()
-        s = _STREAMS[key] = cp.cuda.ExternalStream(ptr, device)
-    return s
+    return arrays.cupy_stream(ptr, device)
 
 
 def _threads(length: int, v: int) -> int:
