@@ -1,0 +1,92 @@
+"""Experiment: the GPU work of one inference call, pyc_lab against onnxruntime (GPU lane).
+
+For each zoo model at a small and a large batch, the GPU kernels and copies that one call
+of each implementation of ``bench_inference`` issues (pyc_lab's compiled model with CUDA
+graphs, onnxruntime's CUDA provider with and without its CUDA graphs), from torch's
+profiler (CUPTI sees every library's kernels in the process): per call, how many kernels
+and copies, their summed GPU time, and the host wall time of the profiled calls. It says
+where a call's time goes when pyc_lab is slower: more launches, slower kernels, or host.
+
+    python benchmarks/exp_inference_kernels.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_inference import implementations
+from common import write_result
+
+log = logging.getLogger("exp_inference_kernels")
+
+CALLS = 20
+
+
+def profile_calls(call: Any, state: Any) -> dict[str, Any]:
+    """Kernels and copies of :data:`CALLS` calls, per call."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        call(state)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            call(state)
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / CALLS
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        dev = getattr(e, "device_type", None)
+        if dev is None or "CUDA" not in str(dev):
+            continue
+        k = kernels.setdefault(e.name[:120], [0, 0.0])
+        k[0] += 1
+        k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    rows = sorted(({"name": n, "per_call": c / CALLS, "us_per_call": t / CALLS}
+                   for n, (c, t) in kernels.items()), key=lambda r: -r["us_per_call"])
+    return {"wall_us_per_call": wall * 1e6,
+            "launches_per_call": sum(r["per_call"] for r in rows),
+            "gpu_us_per_call": sum(r["us_per_call"] for r in rows), "kernels": rows[:20]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", help="write inference-kernels.json into this folder")
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 1024])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from pyc_lab.inference import zoo
+
+    payload: dict[str, Any] = {"calls_profiled": CALLS, "models": {}}
+    for name in zoo.names():
+        m = zoo.build(name)
+        impls = {k: v for k, v in implementations(m, gpu=True).items()
+                 if k in ("pyc_lab", "onnxruntime_cuda", "onnxruntime_cuda_graph")}
+        entry = payload["models"][name] = {}
+        for batch in args.batches:
+            feeds = zoo.example_inputs(name, batch, batch)
+            for impl, (prep, call, _, _) in impls.items():
+                try:
+                    entry[f"{impl}@{batch}"] = profile_calls(call, prep(feeds))
+                except Exception as exc:  # keep the others
+                    entry[f"{impl}@{batch}"] = {"error": f"{type(exc).__name__}: {exc}"}
+                r = entry[f"{impl}@{batch}"]
+                log.info("%s %s batch %d: %s launches, %.1f us GPU, %.1f us wall", name, impl,
+                         batch, r.get("launches_per_call"), r.get("gpu_us_per_call", 0),
+                         r.get("wall_us_per_call", 0))
+        if args.out:
+            write_result(args.out, "inference-kernels", payload)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
