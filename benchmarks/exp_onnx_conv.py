@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write onnx-conv.json into this folder")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--models", nargs="*", help="particle_cnn and/or resnet50_light")
+    parser.add_argument("--routes", nargs="*", default=["im2col", "library", "auto"])
+    parser.add_argument("--no-profile", action="store_true", help="skip the kernel list")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from pyc_lab.inference import zoo
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         entry: dict[str, Any] = {"convs": conv_sizes(m), "rows": []}
         payload["models"][name] = entry
-        for route in ("im2col", "library", "auto"):
+        for route in args.routes:
             try:
                 entry["rows"] += time_route(m, inputs, route, batches, args.repeats)
             except Exception as exc:  # keep the other routes' figures
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                 entry["rows"].append({"route": route, "error": f"{type(exc).__name__}: {exc}"})
         if args.out:
             write_result(args.out, "onnx-conv", payload)
+    if args.no_profile:
+        return 0
     try:
         payload["resnet_batch1_im2col_kernels"] = top_kernels(cnn, cnn_inputs, "im2col", 1)
     except Exception as exc:

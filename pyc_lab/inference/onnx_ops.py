@@ -57,12 +57,14 @@ __all__ = [
 CONV_ROUTES = ("auto", "library", "im2col")
 #: ``route="auto"``: a convolution of at least this many floating-point operations (at
 #: the traced batch) calls ``pl.conv``; smaller ones stay im2col inside the program. A
-#: ``pl.conv`` call between CUDA graphs costs a few hundred microseconds on the H200 (the
-#: light ResNet-50 at batch 1: 1.7 ms with every convolution im2col, 19 ms with every one
-#: through ``pl.conv``; the 1-D CNN at batch 4096: 0.27 against 1.07 ms;
-#: benchmarks/results/h200/issue15-e3ededb/onnx-conv*.json), so only convolutions whose
-#: im2col costs more than that take it.
-CONV_LIBRARY_FLOPS = 1 << 33
+#: ``pl.conv`` node between CUDA graphs costs about 60 us a convolution on the H200 on
+#: top of its GPU time (a bound call, its torch views made once), which an im2col of a
+#: few hundred megaflops costs too: the light ResNet-50 ran in 2.05 ms at batch 1 all
+#: im2col against 5.1 ms all through ``pl.conv`` (0.1-0.2 Gflop a convolution), 6.0
+#: against 4.4 ms at batch 8 (0.8-1.9 Gflop) and 17.3 against 6.0 ms at batch 32, and the
+#: 1-D particle CNN at batch 4096 (0.8 Gflop) 0.28 against 0.53 ms
+#: (benchmarks/results/h200/issue15-fe42720/onnx-conv.json).
+CONV_LIBRARY_FLOPS = 1 << 30
 
 
 def conv_flops(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
