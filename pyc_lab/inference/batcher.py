@@ -143,7 +143,7 @@ Executor = Callable[[list[np.ndarray]], list[np.ndarray]]
 
 
 class Batcher:
-    """The queue and the worker thread of one served model.
+    """The queue and the worker threads of one served model.
 
     Parameters
     ----------
@@ -153,14 +153,28 @@ class Batcher:
         The settings.
     executor
         ``executor(arrays) -> outputs`` for one padded batch (default: the model's own
-        call; a GPU server passes :class:`~pyc_lab.inference.gpu.BucketExecutor`).
+        call; a GPU server passes :class:`~pyc_lab.inference.gpu.BucketExecutor`), or a
+        sequence of them: model *replicas* (one per GPU, say, as Triton's instance
+        groups), each run by a worker thread of its own that takes the next batch from
+        the one queue, so batches run on the replicas at once.
     """
 
     def __init__(self, model: CompiledModel, options: ServeOptions,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | Sequence[Executor] | None = None) -> None:
         self.model = model
         self.options = options
-        self.executor: Executor = executor or model.run
+        if executor is None:
+            executors: list[Executor] = [model.run]
+        elif callable(executor):
+            executors = [executor]
+        else:
+            executors = list(executor)
+            if not executors or not all(callable(e) for e in executors):
+                raise InferenceError("executor must be a callable or a non-empty sequence of "
+                                     "callables (one per replica)")
+        #: The replicas' executors; :attr:`executor` is the first.
+        self.executors: list[Executor] = executors
+        self.executor: Executor = executors[0]
         self.stats = ModelStats(options.max_batch)
         #: Per input, what :meth:`_fast_check` compares: dtype, rank, the dimensions
         #: after the batch axis (None when one is free) and, for a floating input under
@@ -173,9 +187,13 @@ class Batcher:
         self._cond = threading.Condition(self._lock)
         self._closing = False
         self._drain = True
-        self._thread = threading.Thread(target=self._loop, name=f"pyc-lab-batcher-{model.name}",
-                                        daemon=True)
-        self._thread.start()
+        name = f"pyc-lab-batcher-{model.name}"
+        self._threads = [
+            threading.Thread(target=self._loop, args=(ex,), daemon=True,
+                             name=name if len(executors) == 1 else f"{name}-{k}")
+            for k, ex in enumerate(executors)]
+        for thread in self._threads:
+            thread.start()
 
     # -- the caller's side -------------------------------------------------------------------
     def check(self, arrays: Sequence[Any]) -> tuple[list[np.ndarray], int, bool, tuple]:
@@ -341,27 +359,35 @@ class Batcher:
 
     # -- the worker's side ---------------------------------------------------------------------
     def _take(self) -> list[Request] | None:
-        """Wait for the next batch (Triton's rule); ``None`` when closed and drained."""
+        """Wait for the next batch (Triton's rule); ``None`` when closed and drained.
+
+        Several replicas' workers wait here together: the one that finds rows takes
+        them, one that woke to an empty queue waits again, and a worker leaving rows
+        behind wakes another for them.
+        """
         opts = self.options
         delay = opts.max_delay_ms / 1e3
+        max_batch = opts.max_batch
+        queue = self._queue
         with self._cond:
-            while not self._queue:
-                if self._closing:
+            while True:
+                while not queue:
+                    if self._closing:
+                        return None
+                    self._cond.wait()
+                if self._closing and not self._drain:
                     return None
-                self._cond.wait()
-            if self._closing and not self._drain:
-                return None
-            hold_until = self._queue[0].t_submit + delay
-            max_batch = opts.max_batch
-            while not self._closing:
-                # fewer rows queued than a batch: no need to count those that fit together
-                if self._queued_rows >= max_batch and self._rows_ready() >= max_batch:
+                hold_until = queue[0].t_submit + delay
+                while not self._closing and queue:
+                    # fewer rows queued than a batch: no need to count those that fit
+                    if self._queued_rows >= max_batch and self._rows_ready() >= max_batch:
+                        break
+                    remaining = hold_until - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                if queue:  # another replica may have taken them while this one waited
                     break
-                remaining = hold_until - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            queue = self._queue
             batch = [queue.popleft()]
             rows = batch[0].rows
             first = batch[0].trailing
@@ -371,6 +397,8 @@ class Batcher:
                 batch.append(req)
                 rows += req.rows
             self._queued_rows -= rows
+            if queue and len(self._threads) > 1:
+                self._cond.notify()  # the rest for another replica
             return batch
 
     def _rows_ready(self) -> int:
@@ -388,13 +416,13 @@ class Batcher:
                 break
         return rows
 
-    def _loop(self) -> None:
+    def _loop(self, executor: Executor) -> None:
         while True:
             batch = self._take()
             if batch is None:
                 break
             try:
-                self._run(batch)
+                self._run(batch, executor)
             except BaseException as exc:  # pragma: no cover - a bug in the batcher itself
                 log.exception("batcher of %r failed", self.model.name)
                 for req in batch:
@@ -411,7 +439,7 @@ class Batcher:
             if req.future.set_running_or_notify_cancel():
                 req.future.set_exception(exc)
 
-    def _run(self, batch: list[Request]) -> None:
+    def _run(self, batch: list[Request], executor: Executor) -> None:
         now = time.monotonic()
         live: list[Request] = []
         for req in batch:
@@ -428,7 +456,7 @@ class Batcher:
         if not live:
             return
         try:
-            self._compute(live)
+            self._compute(live, executor)
         except Exception as exc:
             if len(live) == 1:
                 self._fail(live[0], exc)
@@ -437,7 +465,7 @@ class Batcher:
                           len(live), exc)
                 for req in live:
                     try:
-                        self._compute([req])
+                        self._compute([req], executor)
                     except Exception as one:
                         self._fail(req, one)
 
@@ -451,7 +479,7 @@ class Batcher:
         waited = np.array([now - req.t_submit])
         self.stats.record_failed(BatchRecord(waited, 0.0, waited, req.rows, req.rows, ok=False))
 
-    def _compute(self, reqs: list[Request]) -> None:
+    def _compute(self, reqs: list[Request], executor: Executor) -> None:
         t0 = time.monotonic()
         rows = sum(r.rows for r in reqs)
         bucket = self.options.bucket_for(rows)
@@ -469,7 +497,7 @@ class Batcher:
         # one copy of each output per batch (the executor may reuse its buffers), each
         # request a view of its own rows in it
         outs = [np.array(o) if not hasattr(o, "get") else o.get()
-                for o in self.executor(arrays)]
+                for o in executor(arrays)]
         t1 = time.monotonic()
         results: list[tuple[Any, Any]] = []
         if rows == len(reqs):  # a row each (the common case): the views made in C
@@ -502,12 +530,17 @@ class Batcher:
         if not drain:
             self._fail_left(ServerClosedError(f"model {self.model.name!r}: the server was "
                                               "closed without draining its queue"))
-        self._thread.join(timeout_s)
-        release = getattr(self.executor, "close", None)
-        if release is not None and not self._thread.is_alive():
-            release()  # a GPU executor gives its pinned buffers back
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self.alive:
+            return
+        for executor in self.executors:
+            release = getattr(executor, "close", None)
+            if release is not None:
+                release()  # a GPU executor gives its pinned buffers back
 
     @property
     def alive(self) -> bool:
-        """Whether the worker thread runs."""
-        return self._thread.is_alive()
+        """Whether a worker thread runs."""
+        return any(thread.is_alive() for thread in self._threads)

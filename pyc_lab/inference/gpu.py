@@ -13,13 +13,16 @@ shapes. For each bucket a :class:`BucketExecutor` keeps
 Whether a GPU is used is the device gate's answer
 (:func:`pyc_lab.hardware.device.cupy_status`); without one, the server runs the model's
 own call on host arrays and says nothing, unless ``device="gpu"`` was asked for.
+:func:`replica_executors` makes one executor per GPU asked for (each with its own pinned
+pool on that GPU's NUMA node, stream, device buffers, weights and graphs), the replicas
+one batcher feeds.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +32,7 @@ from ..hardware.device import cupy_status, require_cupy
 from .batcher import ServeOptions
 from .model import CompiledModel
 
-__all__ = ["BucketExecutor", "bucket_executor"]
+__all__ = ["BucketExecutor", "bucket_executor", "replica_executors"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,35 @@ def bucket_executor(model: CompiledModel, options: ServeOptions,
     return BucketExecutor(model, options)  # pragma: no cover - needs a GPU
 
 
+def replica_executors(model: CompiledModel, options: ServeOptions, devices: Sequence[int],
+                      replicas: int = 1) -> list[Any]:
+    """``replicas`` executors on each GPU of ``devices``, for one batcher to feed.
+
+    Raises
+    ------
+    InferenceError
+        A model compiled for the numpy backend, or a device index that is not a GPU
+        here (the message says how many there are).
+    DeviceUnavailableError
+        No usable GPU.
+    """
+    if model.compiled.backend == "numpy":
+        from .errors import InferenceError
+
+        raise InferenceError(f"model {model.name!r} was compiled for the numpy backend; load "
+                             "it with backend='auto' or 'cupy' to serve it on GPUs")
+    cp = require_cupy(f"serving {model.name!r} on GPUs {list(devices)}")
+    count = cp.cuda.runtime.getDeviceCount()  # pragma: no cover - needs a GPU
+    bad = [d for d in devices if not 0 <= int(d) < count]  # pragma: no cover
+    if bad:  # pragma: no cover - needs a GPU
+        from .errors import InferenceError
+
+        raise InferenceError(f"devices {bad} are not GPUs here: this machine has {count} "
+                             f"(0..{count - 1})")
+    return [BucketExecutor(model, options, device=int(d))  # pragma: no cover - needs a GPU
+            for d in devices for _ in range(replicas)]
+
+
 class BucketExecutor:  # pragma: no cover - needs a GPU (tests/inference/test_gpu.py)
     """Run padded batches on the GPU through per-bucket staging buffers and CUDA graphs.
 
@@ -76,16 +108,21 @@ class BucketExecutor:  # pragma: no cover - needs a GPU (tests/inference/test_gp
     options
         The server's settings (the buckets to prepare).
     pool
-        The pinned pool to stage from (default: a new one on device 0).
+        The pinned pool to stage from (default: a new one for ``device``, on its NUMA
+        node).
+    device
+        The GPU it runs on: its buffers, weights, stream and graphs are made there and
+        every call runs under it.
 
     Notes
     -----
-    One executor serves one batcher (one worker thread), so a bucket's buffers are never
+    One executor serves one worker thread of a batcher, so a bucket's buffers are never
     in use twice at once; the outputs it returns are views of its pinned output buffers,
     valid until the next call (the batcher copies each request's rows out at once).
     """
 
-    def __init__(self, model: CompiledModel, options: ServeOptions, pool: Any = None) -> None:
+    def __init__(self, model: CompiledModel, options: ServeOptions, pool: Any = None,
+                 device: int = 0) -> None:
         import cupy as cp
 
         from ..runtime.pinned import PinnedPool
@@ -93,12 +130,14 @@ class BucketExecutor:  # pragma: no cover - needs a GPU (tests/inference/test_gp
         self.cp = cp
         self.model = model
         self.options = options
+        self.device = int(device)
         self._own_pool = pool is None
-        self.pool = pool or PinnedPool(device=0, mode="gpu")
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        self.fn = pl_compile(model.compiled.fn, backend="cupy", mode=model.compiled.mode,
-                             cuda_graph=True)
-        self.weights = [cp.asarray(w) for w in model.weights]
+        with cp.cuda.Device(self.device):
+            self.pool = pool or PinnedPool(device=self.device, mode="gpu")
+            self.stream = cp.cuda.Stream(non_blocking=True)
+            self.fn = pl_compile(model.compiled.fn, backend="cupy",
+                                 mode=model.compiled.mode, cuda_graph=True)
+            self.weights = [cp.asarray(w) for w in model.weights]
         self._buckets: dict[tuple, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
@@ -119,7 +158,7 @@ class BucketExecutor:  # pragma: no cover - needs a GPU (tests/inference/test_gp
         return b
 
     def __call__(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        with self._lock:
+        with self._lock, self.cp.cuda.Device(self.device):
             b = self._bucket(arrays)
             with self.stream:
                 for src, host, dev in zip(arrays, b["in_host"], b["in_dev"], strict=True):

@@ -11,7 +11,9 @@
 
 Several models at once: ``pl.serve({"a": model_a, "b": model_b})`` and
 ``server.predict(x, model="a")``. Each model has its own :class:`~.batcher.Batcher`
-(queue and worker thread) and statistics. Running servers are listed by
+(queue and worker threads) and statistics. ``pl.serve(model, devices=[0, 1])`` places a
+replica of each model on every GPU listed (``replicas=`` of them on each) behind its one
+batcher: batches run on the GPUs at once. Running servers are listed by
 :func:`running_servers` (what ``%pyc_serve`` shows).
 """
 
@@ -23,7 +25,7 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -78,13 +80,17 @@ class Server:
     """
 
     def __init__(self, models: Mapping[str, CompiledModel], options: ServeOptions, *,
-                 name: str | None = None, device: str = "auto") -> None:
+                 name: str | None = None, device: str = "auto",
+                 devices: Sequence[int] | None = None, replicas: int = 1) -> None:
         if not models:
             raise InferenceError("serve needs at least one model")
         self.id = next(_IDS)
         self.name = name or f"server-{self.id}"
         self.options = options
         self.device = device
+        #: The GPUs each model has replicas on (``None``: one executor, as ``device`` says).
+        self.devices = None if devices is None else [int(d) for d in devices]
+        self.replicas = int(replicas)
         self.models: dict[str, CompiledModel] = {}
         self._batchers: dict[str, Batcher] = {}
         self._http: Any = None
@@ -108,8 +114,12 @@ class Server:
         if served != cm.name:
             cm = CompiledModel(served, cm.compiled, cm.inputs, cm.outputs, cm.weights,
                                source=cm.source, imported=cm.imported)
-        executor = None
-        if self.device != "cpu":
+        executor: Any = None
+        if self.devices is not None:
+            from .gpu import replica_executors
+
+            executor = replica_executors(cm, self.options, self.devices, self.replicas)
+        elif self.device != "cpu":
             from .gpu import bucket_executor
 
             executor = bucket_executor(cm, self.options, self.device)
@@ -335,7 +345,8 @@ def serve(model: Any, *, max_batch: int = ServeOptions.max_batch,
           max_queue: int = ServeOptions.max_queue,
           timeout_s: float | None = ServeOptions.timeout_s,
           nan_policy: str = ServeOptions.nan_policy, name: str | None = None,
-          device: str = "auto") -> Server:
+          device: str = "auto", devices: Sequence[int] | None = None,
+          replicas: int = 1) -> Server:
     """Serve one model, or several, behind dynamic batchers in this process.
 
     Parameters
@@ -352,13 +363,41 @@ def serve(model: Any, *, max_batch: int = ServeOptions.max_batch,
         ``"auto"``: batches of a model compiled for the GPU run on it through per-bucket
         CUDA graphs and pinned staging buffers where a GPU is usable, else on the CPU;
         ``"cpu"``: always the model's own call on host arrays; ``"gpu"``: require a GPU.
+    devices
+        GPU indices to place model replicas on, each with its own pinned staging, device
+        buffers, weights and CUDA graphs, all fed by the model's one batcher (Triton's
+        instance groups): a batch runs on whichever replica is free. Needs GPUs and a
+        model compiled for them.
+    replicas
+        Replicas on each GPU of ``devices`` (batches overlap on one GPU when the host
+        side of a batch is the bottleneck).
 
     Returns
     -------
     Server
+
+    Raises
+    ------
+    InferenceError
+        An unknown ``device``, ``devices`` with ``device="cpu"``, an empty ``devices``,
+        ``replicas`` below 1, or a device index that is not a GPU here.
+    DeviceUnavailableError
+        ``devices`` on a machine without a usable GPU.
     """
     if device not in ("auto", "cpu", "gpu"):
         raise InferenceError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
+    if devices is not None:
+        if device == "cpu":
+            raise InferenceError("devices= places replicas on GPUs; leave device='auto' (or "
+                                 "'gpu') with it, or drop devices= to serve on the CPU")
+        if isinstance(devices, (int, str)) or not list(devices):
+            raise InferenceError(f"devices must be a non-empty list of GPU indices, e.g. "
+                                 f"[0, 1], got {devices!r}")
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise InferenceError(f"replicas must be a whole number >= 1, got {replicas!r}")
+    if replicas > 1 and devices is None:
+        raise InferenceError("replicas= counts replicas on each GPU of devices=; pass "
+                             "devices too (e.g. devices=[0], replicas=2)")
     options = ServeOptions(max_batch=max_batch, max_delay_ms=max_delay_ms, buckets=buckets,
                            max_queue=max_queue, timeout_s=timeout_s, nan_policy=nan_policy)
     models = dict(model) if isinstance(model, Mapping) else {None: model}
@@ -366,4 +405,5 @@ def serve(model: Any, *, max_batch: int = ServeOptions.max_batch,
     for key, m in models.items():
         cm = as_model(m)
         resolved[key or cm.name] = cm
-    return Server(resolved, options, name=name, device=device)
+    return Server(resolved, options, name=name, device=device, devices=devices,
+                  replicas=replicas)

@@ -9,6 +9,7 @@ close.
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from concurrent.futures import ThreadPoolExecutor
 
@@ -51,10 +52,37 @@ class Stream:
         self.synced += 1
 
 
+class Device:
+    """CuPy's device context: which device each thread has current (a stack per thread)."""
+
+    count = 2
+    _current = threading.local()
+
+    def __init__(self, index=0):
+        self.id = index
+
+    @classmethod
+    def current(cls):
+        stack = getattr(cls._current, "stack", None)
+        return stack[-1] if stack else 0
+
+    def __enter__(self):
+        if not hasattr(Device._current, "stack"):
+            Device._current.stack = []
+        Device._current.stack.append(self.id)
+        return self
+
+    def __exit__(self, *exc):
+        Device._current.stack.pop()
+        return False
+
+
 @pytest.fixture
 def fake_cupy(monkeypatch):
     cp = types.ModuleType("cupy")
-    cp.cuda = types.SimpleNamespace(Stream=Stream)
+    cp.cuda = types.SimpleNamespace(
+        Stream=Stream, Device=Device,
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: Device.count))
     cp.asarray = lambda a: np.array(a).view(DeviceArray)
     cp.empty = lambda shape, dtype: np.empty(shape, dtype).view(DeviceArray)
     monkeypatch.setitem(sys.modules, "cupy", cp)
