@@ -9,7 +9,9 @@ does not fit fails while tracing with ``pl.conv``'s words. Its reference is ``pl
 itself on the backend's arrays: im2col on NumPy; on a GPU cuDNN or the GEMM form,
 whichever the problem's first call measured faster, run as a library call between CUDA
 graphs (as ``attention`` is). Inputs: ``x, w[, bias]``, one dtype; attributes: per-axis
-``stride``, ``padding`` and ``dilation``, ``groups``, ``layout``.
+``stride``, ``padding`` and ``dilation``, ``groups``, ``layout`` and ``activation`` (applied
+in the same call: a ``relu``/``gelu``/``silu`` after the convolution is folded into it by
+:mod:`.passes.epilogue`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def conv_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
     bias = args[2] if len(args) > 2 else None
     return _conv.conv(x, w, bias, stride=attrs["stride"], padding=attrs["padding"],
                       dilation=attrs["dilation"], groups=attrs["groups"],
-                      layout=attrs["layout"])
+                      layout=attrs["layout"], activation=attrs.get("activation"))
 
 
 def conv_bind(xp: Any, args: Sequence[Any], attrs: dict[str, Any],
@@ -47,7 +49,7 @@ def conv_bind(xp: Any, args: Sequence[Any], attrs: dict[str, Any],
     bias = args[2] if len(args) > 2 else None
     return _conv.bound_conv(x, w, bias, out, stride=attrs["stride"], padding=attrs["padding"],
                             dilation=attrs["dilation"], groups=attrs["groups"],
-                            layout=attrs["layout"])
+                            layout=attrs["layout"], activation=attrs.get("activation"))
 
 
 def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
@@ -68,7 +70,8 @@ def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
 
 
 def trace_conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
-               dilation: Any = 1, groups: int = 1, layout: str = "channels_first") -> Any:
+               dilation: Any = 1, groups: int = 1, layout: str = "channels_first",
+               activation: str | None = None) -> Any:
     """Record ``pl.conv(x, w, bias, ...)`` on traced values as one ``conv`` node, its
     arguments resolved per axis now (``padding="same"`` becomes numbers)."""
     traced = next(a for a in (x, w, bias) if is_traced(a))
@@ -76,9 +79,11 @@ def trace_conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: An
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
     args = (x, w) if bias is None else (x, w, bias)
-    return traced.tracer.op("conv", args, {"stride": stride_t, "padding": pads,
-                                           "dilation": dilation_t, "groups": int(groups),
-                                           "layout": layout})
+    attrs = {"stride": stride_t, "padding": pads, "dilation": dilation_t,
+             "groups": int(groups), "layout": layout}
+    if activation is not None:
+        attrs["activation"] = activation
+    return traced.tracer.op("conv", args, attrs)
 
 
 if "conv" not in REGISTRY:

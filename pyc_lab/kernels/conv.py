@@ -27,13 +27,17 @@ import numpy as np
 from ..errors import PycLabError
 from . import arrays, conv_gemm
 from .conv_im2col import conv_im2col, out_size
+from .matmul_launch import apply_epilogue
 
-__all__ = ["LAYOUTS", "bound_conv", "conv", "conv1d", "conv2d", "conv_geometry", "conv_route",
-           "set_tracer"]
+__all__ = ["ACTIVATIONS", "LAYOUTS", "bound_conv", "conv", "conv1d", "conv2d", "conv_geometry",
+           "conv_route", "set_tracer", "torch_activation"]
 
 #: Where the channels are: after the batch axis, or last.
 LAYOUTS = ("channels_first", "channels_last")
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: Activations applied to the convolution's result (bias included) in the same call —
+#: the ones ``pl.matmul``'s epilogues take (gelu is the tanh form).
+ACTIVATIONS = ("relu", "gelu", "silu")
 #: Checked calls kept (oldest dropped first): a GPU call of a known key skips its checks.
 MAX_PLANS = 512
 _LOCK = threading.Lock()
@@ -94,7 +98,8 @@ def conv_route(x: Any) -> str:
 
 def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
          padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1,
-         groups: int = 1, layout: str = "channels_first") -> Any:
+         groups: int = 1, layout: str = "channels_first",
+         activation: str | None = None) -> Any:
     """N-D convolution (cross-correlation, as torch's ``conv*d``).
 
     Parameters
@@ -113,6 +118,10 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
         Channel groups (``C`` and ``O`` multiples of it).
     layout : {"channels_first", "channels_last"}
         Where ``x``'s and the result's channels are.
+    activation : {None, "relu", "gelu", "silu"}
+        Applied to the result (after the bias) in the same call: on a GPU to the
+        library's output before it is handed back, on the CPU in float32 before the
+        result is rounded to ``x``'s dtype. gelu is the tanh form, as ``pl.matmul``'s.
 
     Returns
     -------
@@ -125,17 +134,21 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
         Mixed kinds or dtypes, shapes that do not fit, a window larger than the padded
         input, an unknown layout or padding.
     """
+    if activation is not None and activation not in ACTIVATIONS:
+        raise PycLabError(f"pl.conv: activation {activation!r} is not one of "
+                          f"{ACTIVATIONS} (or None)")
     if _TRACE is not None and any(getattr(type(a), "__pyc_traced__", False)
                                   for a in (x, w, bias)):
         return _TRACE(x, w, bias, stride=stride, padding=padding, dilation=dilation,
-                      groups=groups, layout=layout)
-    key = _plan_key(x, w, bias, stride, padding, dilation, groups, layout)
+                      groups=groups, layout=layout, activation=activation)
+    key = _plan_key(x, w, bias, stride, padding, dilation, groups, layout, activation)
     try:
         plan = _PLANS.get(key) if key is not None else None
     except TypeError:  # arguments that are not hashable (a list of strides): checked each call
         key = plan = None
     if plan is None:
-        plan, final = _plan(x, w, bias, stride, padding, dilation, groups, layout)
+        plan, final = _plan(x, w, bias, stride, padding, dilation, groups, layout,
+                            activation)
         if key is not None and final:
             with _LOCK:
                 _PLANS[key] = plan
@@ -145,7 +158,7 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
 
 
 def _plan_key(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
-              groups: Any, layout: Any) -> tuple | None:
+              groups: Any, layout: Any, activation: Any = None) -> tuple | None:
     """What a GPU call's checks and choices depend on — every operand's type, dtype,
     device, shape and strides, and the arguments — or ``None`` where nothing is kept
     (NumPy: the im2col work dwarfs the checks)."""
@@ -157,11 +170,11 @@ def _plan_key(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: An
         b = None if bias is None else (bias.dtype, bias.get_device(), bias.shape,
                                        bias.stride())
         return (tx, x.dtype, x.get_device(), x.shape, x.stride(), w.dtype, w.get_device(),
-                w.shape, w.stride(), b, stride, padding, dilation, groups, layout)
+                w.shape, w.stride(), b, stride, padding, dilation, groups, layout, activation)
     if kind == "cupy":
         b = None if bias is None else (bias.dtype, bias.device.id, bias.shape, bias.strides)
         return (tx, x.dtype, x.device.id, x.shape, x.strides, w.dtype, w.device.id, w.shape,
-                w.strides, b, stride, padding, dilation, groups, layout)
+                w.strides, b, stride, padding, dilation, groups, layout, activation)
     return None
 
 
@@ -211,7 +224,8 @@ def conv_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
 
 
 def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
-          groups: int, layout: str) -> tuple[Callable[[Any, Any, Any], Any], bool]:
+          groups: int, layout: str,
+          activation: str | None = None) -> tuple[Callable[[Any, Any, Any], Any], bool]:
     """Check a call and make the function that runs it: ``(plan, final)``, ``plan(x, w,
     bias)`` for every call of the same key (:func:`_plan_key`), ``final`` whether it may
     be kept (not while the GPU's choice for the problem is still open).
@@ -246,13 +260,15 @@ def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
     final = True
     if route == "cudnn" and nd <= 3:
         if kind == "torch":
-            run, final = conv_gemm.prepare(x, w, bias, stride_t, pads, dilation_t, groups)
+            library, final = conv_gemm.prepare(x, w, bias, stride_t, pads, dilation_t, groups)
+            run = library if activation is None else \
+                lambda x, w, bias: torch_activation(library(x, w, bias), activation)
         else:
             run = functools.partial(_through_torch, stride=stride_t, pads=pads,
-                                    dilation=dilation_t, groups=groups)
+                                    dilation=dilation_t, groups=groups, activation=activation)
     else:
         def run(x: Any, w: Any, bias: Any) -> Any:
-            return _im2col(kind, x, w, bias, stride_t, pads, dilation_t, groups)
+            return _im2col(kind, x, w, bias, stride_t, pads, dilation_t, groups, activation)
     if layout != "channels_last":
         return run, final
     to_first = (0, nd + 1, *range(1, nd + 1))
@@ -267,20 +283,35 @@ def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
 
 
 def _through_torch(x: Any, w: Any, bias: Any, *, stride: tuple[int, ...],
-                   pads: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Any:
+                   pads: tuple[int, ...], dilation: tuple[int, ...], groups: int,
+                   activation: str | None = None) -> Any:
     """CuPy arrays through DLPack (no copies) to torch on CuPy's current stream."""
     import cupy as cp
     import torch
 
     with torch.cuda.stream(arrays.torch_stream_of_cupy()):
-        return cp.from_dlpack(conv_gemm.run(
+        y = conv_gemm.run(
             *(torch.from_dlpack(a) if a is not None else None for a in (x, w, bias)),
-            stride, pads, dilation, groups))
+            stride, pads, dilation, groups)
+        return cp.from_dlpack(torch_activation(y, activation))
+
+
+def torch_activation(y: Any, activation: str | None) -> Any:
+    """``activation`` applied to a fresh torch tensor, in place where torch can."""
+    if activation is None:
+        return y
+    import torch.nn.functional as F
+
+    if activation == "relu":
+        return y.relu_()
+    if activation == "silu":
+        return F.silu(y, inplace=True)
+    return F.gelu(y, approximate="tanh")
 
 
 def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding: Any = 0,
-               dilation: Any = 1, groups: int = 1,
-               layout: str = "channels_first") -> Callable[[], None] | None:
+               dilation: Any = 1, groups: int = 1, layout: str = "channels_first",
+               activation: str | None = None) -> Callable[[], None] | None:
     """A call computing ``pl.conv(x, w, bias, ...)`` into ``out``, for CuPy arrays that
     keep their addresses between calls (a CUDA-graph replay program's static arrays).
 
@@ -312,7 +343,7 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
 
     def call() -> None:
         with torch.cuda.stream(stream_of_cupy()):
-            y = run(xt, wt, bt)
+            y = torch_activation(run(xt, wt, bt), activation)
             if tuple(y.shape) != tuple(ot.shape):
                 raise PycLabError(f"pl.conv: a bound call gave shape {tuple(y.shape)}, "
                                   f"its output is {tuple(ot.shape)}")
@@ -322,12 +353,14 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
 
 
 def _im2col(kind: str, x: Any, w: Any, bias: Any, stride: tuple[int, ...],
-            pads: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Any:
-    """The im2col path in float32 (float64 for float64), cast back to ``x``'s dtype."""
+            pads: tuple[int, ...], dilation: tuple[int, ...], groups: int,
+            activation: str | None = None) -> Any:
+    """The im2col path (and the activation) in float32 (float64 for float64), cast back
+    to ``x``'s dtype."""
     if kind == "torch":
         out = _im2col("numpy", *(arrays.numpy_of_torch(a.detach().cpu())
                                  if a is not None else None for a in (x, w, bias)),
-                      stride, pads, dilation, groups)
+                      stride, pads, dilation, groups, activation)
         return arrays.torch_of(np.ascontiguousarray(out)).to(x.device)
     if kind == "cupy":
         import cupy as xp
@@ -338,6 +371,8 @@ def _im2col(kind: str, x: Any, w: Any, bias: Any, stride: tuple[int, ...],
     y = conv_im2col(x.astype(work), w.astype(work),
                     None if bias is None else bias.astype(work), strides=stride,
                     pads=pads + pads, dilations=dilation, group=groups, xp=xp)
+    if activation is not None:
+        y = apply_epilogue(xp, y, None, activation)
     return y.astype(dt)
 
 

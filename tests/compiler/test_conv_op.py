@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import pyc_lab as pl
-from pyc_lab.compiler import Graph, ShapeError, policy
+from pyc_lab.compiler import Graph, ShapeError, gelu, policy, relu, sigmoid, silu
 from pyc_lab.compiler.codegen import supports
 from pyc_lab.errors import PycLabError
-from tests.kernels.test_conv import reference
+from tests.kernels.test_conv import _act64, reference
 
 
 def _conv_nodes(f):
@@ -91,3 +91,69 @@ def test_on_the_gpu_backend_it_runs_as_pl_convs_library_call():
     (d,) = [d for d in policy.choose(g, "cupy", "balanced", supports) if d.node == node.id]
     assert (d.choice, d.reason) == ("conv", "CONV")
     assert "cuDNN or the GEMM form" in policy.REASONS["CONV"]
+
+
+@pytest.mark.parametrize(("tail", "folded"), [
+    (lambda y: np.maximum(y, np.float32(0)), "relu"),
+    (lambda y: relu(y), "relu"),
+    (lambda y: gelu(y), "gelu"),
+    (lambda y: silu(y), "silu"),
+])
+def test_an_activation_after_a_conv_folds_into_it(tail, folded):
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 3, 15, 13)).astype(np.float32)
+    w = (rng.standard_normal((6, 3, 3, 3)) / 5).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    x.flat[7] = np.nan
+
+    def block(x, w, b):
+        return tail(pl.conv2d(x, w, b, padding=1)) * np.float32(3)
+
+    f = pl.compile(block)
+    got = f(x, w, b)
+    (node,) = _conv_nodes(f)
+    assert node.attrs["activation"] == folded
+    assert not [n for n in f._cache[next(iter(f._cache))][0].graph if n.op == folded]
+    eager = block(x, w, b)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(eager))
+    np.testing.assert_allclose(got, eager, rtol=1e-6, atol=1e-6)
+    want = _act64(folded, reference(x, w, b, 1, 1)) * 3
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert any(f"folded {folded}" in note for note in f.explain(x, w, b).notes)
+
+
+def test_a_conv_read_twice_or_by_another_op_keeps_its_tail():
+    rng = np.random.default_rng()
+    x = rng.standard_normal((1, 2, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+
+    def twice(x, w):
+        y = pl.conv2d(x, w)
+        return np.maximum(y, 0) + y  # the conv's result is read by the add too
+
+    def sigmoid_tail(x, w):
+        return sigmoid(pl.conv2d(x, w))  # not an activation a conv takes
+
+    for fn in (twice, sigmoid_tail):
+        f = pl.compile(fn)
+        got = f(x, w)
+        (node,) = _conv_nodes(f)
+        assert "activation" not in node.attrs
+        np.testing.assert_allclose(got, fn(x, w), rtol=1e-6, atol=1e-6)
+
+
+def test_the_traced_activation_argument_is_the_eager_one():
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 4, 17)).astype(np.float32)
+    w = rng.standard_normal((3, 4, 3)).astype(np.float32)
+
+    def f(x, w):
+        return pl.conv1d(x, w, padding=1, activation="silu")
+
+    g = pl.compile(f)
+    got = g(x, w)
+    (node,) = _conv_nodes(g)
+    assert node.attrs["activation"] == "silu"
+    np.testing.assert_allclose(got, f(x, w), rtol=1e-6, atol=1e-6)
+    with pytest.raises(PycLabError, match="activation 'elu'"):
+        pl.compile(lambda x, w: pl.conv1d(x, w, activation="elu"))(x, w)

@@ -143,3 +143,43 @@ def test_bad_dtypes_bias_and_kinds_are_refused():
         pl.conv(x, w, rand(rng, (3,)))
     with pytest.raises(PycLabError, match="not an array"):
         pl.conv([[1.0]], w)
+
+
+def _act64(name, y):
+    if name == "relu":
+        return np.where(np.isnan(y), y, np.maximum(y, 0))
+    if name == "silu":
+        return y / (1 + np.exp(-y))
+    return 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+@pytest.mark.parametrize(("dtype", "tol"), [(np.float32, 1e-5), (np.float16, 4e-3)])
+def test_activation_after_the_bias_rounded_once(activation, dtype, tol):
+    rng = np.random.default_rng()
+    for xs, ws, kw in [((2, 3, 13, 11), (5, 3, 3, 3), {"padding": 1, "stride": (2, 1)}),
+                       ((3, 4, 21), (6, 4, 5), {"padding": 2, "dilation": 2})]:
+        x = rng.standard_normal(xs).astype(dtype)
+        w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(dtype)
+        b = rng.standard_normal(ws[0]).astype(dtype)
+        x.flat[5] = np.nan
+        got = pl.conv(x, w, b, activation=activation, **kw)
+        want = _act64(activation, reference(x, w, b, kw.get("stride", 1), kw["padding"],
+                                            kw.get("dilation", 1)))
+        assert got.dtype == dtype and got.shape == want.shape
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol,
+                                   equal_nan=True)
+        # the same numbers as the activation applied after the plain call, in float32
+        plain = pl.conv(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32),
+                        **kw)
+        assert not np.array_equal(got, pl.conv(x, w, b, **kw), equal_nan=True)
+        np.testing.assert_allclose(got.astype(np.float32), _act64(activation, plain),
+                                   rtol=tol, atol=tol, equal_nan=True)
+
+
+def test_an_unknown_activation_is_refused():
+    x = np.ones((1, 2, 5, 5), np.float32)
+    w = np.ones((3, 2, 3, 3), np.float32)
+    with pytest.raises(PycLabError, match="activation 'tanh' is not one of"):
+        pl.conv(x, w, activation="tanh")

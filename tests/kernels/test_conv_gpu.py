@@ -46,3 +46,23 @@ def test_torch_tensors_channels_last():
     assert isinstance(y, torch.Tensor) and y.is_cuda and tuple(y.shape) == (2, 14, 14, 16)
     want = reference(x.transpose(0, 3, 1, 2), w, padding=1).transpose(0, 2, 3, 1)
     np.testing.assert_allclose(y.float().cpu().numpy(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+def test_activation_on_cupy_arrays_and_torch_tensors(activation):
+    torch = pytest.importorskip("torch")
+    from tests.kernels.test_conv import _act64
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((3, 5, 17, 16)).astype(np.float32)
+    w = (rng.standard_normal((7, 5, 3, 3)) / 7).astype(np.float32)
+    b = rng.standard_normal(7).astype(np.float32)
+    x[0, 0, 3, 3] = np.nan
+    want = _act64(activation, reference(x, w, b, 2, 1))
+    got = cp.asnumpy(pl.conv2d(cp.asarray(x), cp.asarray(w), cp.asarray(b), stride=2,
+                               padding=1, activation=activation))
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3, equal_nan=True)
+    xt, wt, bt = (torch.from_numpy(a).cuda() for a in (x, w, b))
+    got_t = pl.conv2d(xt, wt, bt, stride=2, padding=1, activation=activation)
+    np.testing.assert_allclose(got_t.cpu().numpy(), want, rtol=2e-3, atol=2e-3,
+                               equal_nan=True)

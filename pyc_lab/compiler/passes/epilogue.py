@@ -1,4 +1,5 @@
-"""Epilogue fusion: ``matmul -> + bias -> activation`` becomes one matmul node.
+"""Epilogue fusion: ``matmul -> + bias -> activation`` becomes one matmul node, and
+``conv -> activation`` one conv node.
 
 ``add(matmul(a, b), bias)`` (bias on either side) becomes ``matmul(a, b, bias)``, and an
 activation (relu, gelu, sigmoid, silu, tanh — or ``maximum(h, 0)`` as relu) applied to
@@ -9,6 +10,10 @@ Conditions: the product is floating point; the bias broadcasts along rows only (
 ``(N,)`` or ``(1, ..., 1, N)`` with ``N`` the product's last dimension) and the sum has the
 product's shape; every folded intermediate has exactly one reader and is not a graph
 output; the fused node's inferred type equals the replaced node's.
+
+A convolution (``pl.conv``'s node) takes relu, gelu and silu the same way (its bias is
+already an input); its library call applies the activation to its output before the
+program reads it, instead of a kernel of its own after the call.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ NAME = "epilogue_fusion"
 
 #: Activation ops that can become an epilogue.
 ACTIVATION_OPS = frozenset(a for a in ACTIVATIONS if a in REGISTRY)
+#: Those a convolution takes (``pl.conv``'s ``activation``).
+CONV_ACTIVATIONS = frozenset({"relu", "gelu", "silu"})
 
 
 def _row_bias(product: Node, bias: Node) -> bool:
@@ -65,7 +72,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
     bool
         Whether anything changed.
     """
-    changed = False
+    changed = _fold_conv_activations(graph, ctx)
     users = graph.users()
     for mm in graph:
         if mm.id not in graph.nodes or mm.op != "matmul" or mm.attrs.get("activation"):
@@ -115,5 +122,33 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         users = graph.users()
         ctx.note(f"{NAME}: folded {' and '.join(what)} into matmul %{mm.id} "
                  f"(now %{new.id})")
+        changed = True
+    return changed
+
+
+def _fold_conv_activations(graph: Graph, ctx: PassContext) -> bool:
+    """``act(conv(...))`` -> ``conv(..., activation=act)`` where the conv's result has
+    that one reader and the activation keeps its shape and dtype."""
+    changed = False
+    users = graph.users()
+    for cv in graph:
+        if cv.id not in graph.nodes or cv.op != "conv" or cv.attrs.get("activation") \
+                or cv.dtype.kind != "f":
+            continue
+        user = sole_user(graph, cv.id, users)
+        if user is None:
+            continue
+        act = _activation(graph, cv, user)
+        if act not in CONV_ACTIVATIONS or (user.shape, user.dtype) != (cv.shape, cv.dtype):
+            continue
+        attrs = {**cv.attrs, "activation": act}
+        if try_infer("conv", [graph.nodes[i] for i in cv.inputs], attrs) \
+                != (user.shape, user.dtype):
+            continue
+        new = graph.insert_before(user.id, "conv", list(cv.inputs), attrs)
+        graph.replace_uses(user.id, new.id)
+        prune(graph, [user.id, cv.id])
+        users = graph.users()
+        ctx.note(f"{NAME}: folded {act} %{user.id} into conv %{cv.id} (now %{new.id})")
         changed = True
     return changed

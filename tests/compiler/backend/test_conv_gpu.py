@@ -84,3 +84,35 @@ def test_replayed_conv_is_bound_once_and_sees_new_inputs(nd, monkeypatch):
         seen.append(calls["conv"])
     assert len(calls["bound"]) == 1 and calls["bound"][0] is not None
     assert seen[2] == seen[3] == seen[4], "a replay called pl.conv instead of the bound call"
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+@pytest.mark.parametrize("cuda_graph", [True, False])
+def test_a_folded_activation_runs_in_the_conv_call(activation, cuda_graph):
+    """conv -> activation is one conv node on the GPU too (the library call applies it),
+    with and without the replayed graphs around it."""
+    from pyc_lab.compiler import gelu, relu, silu
+    from tests.kernels.test_conv import _act64
+
+    tail = {"relu": relu, "gelu": gelu, "silu": silu}[activation]
+    rng = np.random.default_rng()
+    w = (rng.standard_normal((8, 4, 3, 3)) / 6).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+
+    def block(x, w, b):
+        return tail(pl.conv2d(x, w, b, padding=1)) + np.float32(0.5)
+
+    f = pl.compile(block, backend="cupy", cuda_graph=cuda_graph)
+    wc, bc = cp.asarray(w), cp.asarray(b)
+    xc = cp.empty((2, 4, 21, 19), np.float32)
+    for k in range(4):
+        x = rng.standard_normal((2, 4, 21, 19)).astype(np.float32)
+        if k == 3:
+            x[1, 2, 4, 4] = np.nan
+        xc.set(x)
+        got = cp.asnumpy(f(xc, wc, bc))
+        want = _act64(activation, reference(x, w, b, 1, 1)) + 0.5
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3, equal_nan=True)
+        assert np.isnan(got).any() == (k == 3)
+    ex = f.explain(xc, wc, bc)
+    assert any(f"folded {activation}" in note for note in ex.notes)
