@@ -77,6 +77,9 @@ class Server:
         The :class:`~pyc_lab.inference.batcher.ServeOptions` of every model.
     models
         Served name -> :class:`~pyc_lab.inference.model.CompiledModel`.
+    devices, replicas
+        The GPUs every model has replicas on and how many on each (``None``: one
+        executor, as ``device`` says); see :func:`serve`.
     """
 
     def __init__(self, models: Mapping[str, CompiledModel], options: ServeOptions, *,
@@ -88,7 +91,6 @@ class Server:
         self.name = name or f"server-{self.id}"
         self.options = options
         self.device = device
-        #: The GPUs each model has replicas on (``None``: one executor, as ``device`` says).
         self.devices = None if devices is None else [int(d) for d in devices]
         self.replicas = int(replicas)
         self.models: dict[str, CompiledModel] = {}
