@@ -9,6 +9,7 @@ import struct
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
@@ -46,7 +47,7 @@ def _library(tmp_path: Path, blob: bytes) -> Path:
 
 
 def test_only_the_kept_architecture_survives(tmp_path):
-    rng = __import__("numpy").random.default_rng(3)
+    rng = np.random.default_rng(3)
     code = {arch: rng.integers(1, 255, size=40 + arch, dtype="uint8").tobytes()
             for arch in (80, 90, 120)}
     blob = _fatbin([(80, code[80]), (90, code[90])]) + bytes(8) + _fatbin([(120, code[120])])
