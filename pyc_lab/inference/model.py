@@ -113,7 +113,7 @@ class CompiledModel:
         self.weights = list(weights)
         self.source = source
         self.imported = imported
-        self._device_weights: dict[str, list[Any]] = {}
+        self._device_weights: dict[type, list[Any]] = {}
         # one run at a time: a model served under two names (two batcher threads) or
         # called from the notebook while served shares one compiled function's caches
         self._run_lock = threading.Lock()
@@ -130,14 +130,19 @@ class CompiledModel:
         return [s.name for s in self.outputs]
 
     def _weights_for(self, arrays: Sequence[Any]) -> list[Any]:
-        if not self.weights or not arrays or not type(arrays[0]).__module__.startswith("cupy"):
+        """The weights as the inputs' kind of array (CuPy copies made once per kind)."""
+        if not self.weights or not arrays:
             return self.weights
-        key = "cupy"
-        if key not in self._device_weights:  # pragma: no cover - needs a GPU
-            import cupy
+        kind = type(arrays[0])
+        weights = self._device_weights.get(kind)
+        if weights is None:
+            weights = self.weights
+            if kind.__module__.startswith("cupy"):  # pragma: no cover - needs a GPU
+                import cupy
 
-            self._device_weights[key] = [cupy.asarray(w) for w in self.weights]
-        return self._device_weights[key]  # pragma: no cover - needs a GPU
+                weights = [cupy.asarray(w) for w in self.weights]
+            self._device_weights[kind] = weights
+        return weights
 
     def run(self, arrays: Sequence[Any]) -> list[Any]:
         """Run on positional arrays (the inputs' order); every output, as a list."""

@@ -185,3 +185,39 @@ def test_gemm_problems_lists_the_matmuls_the_tuner_can_take():
     assert len(problems) == len({tuple(p.items()) for p in problems})
     labels = {p.label for p in parse_problems(problems)}
     assert "f16 tn 8x128x64 +bias_gelu" in labels and "f16 tn 8x64x128" in labels
+
+
+def test_a_call_like_the_last_one_takes_the_fast_path_and_stays_right():
+    """The fast path (the last call's artifact for arguments of the same kinds) never
+    serves a call the full path would have compiled or chosen differently."""
+    scale = {"k": np.float32(2)}
+
+    def f(x, w):
+        return x * w + scale["k"]
+
+    g = pl.compile(f, backend="numpy")
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((3, 4)).astype(np.float32), np.float32(3) * np.ones(4, np.float32)
+    np.testing.assert_array_equal(g(x, w), f(x, w))
+    hits = g.cache_info()["hits"]
+    for _ in range(3):  # the same kinds: the fast path, each a hit
+        x = rng.standard_normal((3, 4)).astype(np.float32)
+        np.testing.assert_array_equal(g(x, w), f(x, w))
+    assert g.cache_info()["hits"] == hits + 3 and g.cache_info()["misses"] == 1
+    # another dtype, shape, contiguity or kind: the full path, its own artifact
+    for other in (x.astype(np.float64), x[:2], np.asfortranarray(rng.standard_normal((4, 3)))
+                  .T.copy(order="F"), x[:, ::2].repeat(2, axis=1)[:, :4]):
+        np.testing.assert_array_equal(g(other, w), f(other, w))
+    t = rng.standard_normal((3, 4)).astype(np.float32)
+    t.shape = (4, 3)  # the same object reshaped in place
+    w3 = np.ones(3, np.float32)
+    np.testing.assert_array_equal(g(t, w3), f(t, w3))
+    np.testing.assert_array_equal(g(x, w), f(x, w))
+    # a guarded value changed: traced again, never the stale artifact
+    scale["k"] = np.float32(-5)
+    np.testing.assert_array_equal(g(x, w), f(x, w))
+    # a static argument where an array was: the full path (no AttributeError)
+    np.testing.assert_array_equal(g(x, 2.0), f(x, 2.0))
+    g.clear_cache()
+    assert g._fast is None
+    np.testing.assert_array_equal(g(x, w), f(x, w))
