@@ -202,8 +202,9 @@ class CompiledFunction:
 
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._fast is not None and not kwargs:
-            art = self._fast_artifact(args)
+        fast = self._fast  # read once: another thread may replace it
+        if fast is not None and not kwargs:
+            art = self._fast_artifact(args, fast)
             if art is not None:  # the last call's kind: nothing to add around the run
                 art.calls += 1
                 return _pack(art.runner(list(args)), art.graph.output_tree)
@@ -280,7 +281,8 @@ class CompiledFunction:
                 problems.append(item)
         return problems
 
-    def _fast_artifact(self, args: tuple) -> Artifact | None:
+    def _fast_artifact(self, args: tuple, fast: tuple[tuple[tuple[Any, ...], ...], Artifact],
+                       ) -> Artifact | None:
         """The last call's artifact when ``args`` are arrays of the same types, shapes,
         dtypes and contiguity and its guards still hold, else ``None`` (the full path).
 
@@ -288,7 +290,7 @@ class CompiledFunction:
         the artifact of that key whose guards hold — is the same as for the last call
         then, so only the comparison and the guards are paid.
         """
-        parts, art = self._fast  # type: ignore[misc]
+        parts, art = fast
         if len(args) != len(parts):
             return None
         try:

@@ -221,3 +221,20 @@ def test_a_call_like_the_last_one_takes_the_fast_path_and_stays_right():
     g.clear_cache()
     assert g._fast is None
     np.testing.assert_array_equal(g(x, w), f(x, w))
+
+
+def test_the_fast_path_under_threads_of_alternating_kinds():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def f(x, y):
+        return x * y + 1
+
+    g = pl.compile(f, backend="numpy")
+    rng = np.random.default_rng()
+    cases = [(rng.standard_normal((5, 3)).astype(dt), rng.standard_normal(3).astype(dt))
+             for dt in (np.float32, np.float64, np.float32, np.float16)] * 50
+    with ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(lambda c: g(*c), cases))
+    for (x, y), out in zip(cases, outs, strict=True):
+        assert out.dtype == x.dtype
+        np.testing.assert_array_equal(out, f(x, y))
