@@ -294,11 +294,9 @@ class CompiledFunction:
         if len(args) != len(parts):
             return None
         try:
-            same = tuple([(type(v), v.shape, v.dtype, v.flags.c_contiguous)
-                          for v in args]) == parts
+            if _kinds(args) != parts:
+                return None
         except AttributeError:  # not an array this time
-            return None
-        if not same:
             return None
         if art.guards.guards and art.guards.failing() is not None:
             return None
@@ -562,13 +560,16 @@ def _fast_entry(art: Artifact, args: tuple) -> tuple[tuple[tuple[Any, ...], ...]
     if art.dynamic is not None or art.breaks or art.captured or art.returns_input \
             or art.graph.writeback or art.graph.scalar_outputs:
         return None
-    parts = []
     for value in args:
         module = _ARRAY_MODULE.get(type(value))
         if not (_array_module(value) if module is None else module):
             return None
-        parts.append((type(value), value.shape, value.dtype, value.flags.c_contiguous))
-    return tuple(parts), art
+    return _kinds(args), art
+
+
+def _kinds(args: tuple) -> tuple[tuple[Any, ...], ...]:
+    """Per array argument, what selects its artifact: type, shape, dtype, contiguity."""
+    return tuple([(type(v), v.shape, v.dtype, v.flags.c_contiguous) for v in args])
 
 
 def _pack(outs: list[Any], tree: Any) -> Any:

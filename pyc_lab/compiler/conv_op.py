@@ -29,13 +29,21 @@ from .values import is_traced
 __all__ = ["conv_bind", "conv_reference", "trace_conv"]
 
 
+def _operands(args: Sequence[Any]) -> tuple[Any, Any, Any]:
+    """``x, w, bias`` (``None`` when the node has no bias input)."""
+    return args[0], args[1], args[2] if len(args) > 2 else None
+
+
+def _arguments(attrs: dict[str, Any]) -> dict[str, Any]:
+    """``pl.conv``'s keyword arguments from the node's attributes."""
+    return {"stride": attrs["stride"], "padding": attrs["padding"],
+            "dilation": attrs["dilation"], "groups": attrs["groups"],
+            "layout": attrs["layout"], "activation": attrs.get("activation")}
+
+
 def conv_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
     """The conv op on NumPy or CuPy arrays: ``pl.conv`` (see the module docstring)."""
-    x, w = args[:2]
-    bias = args[2] if len(args) > 2 else None
-    return _conv.conv(x, w, bias, stride=attrs["stride"], padding=attrs["padding"],
-                      dilation=attrs["dilation"], groups=attrs["groups"],
-                      layout=attrs["layout"], activation=attrs.get("activation"))
+    return _conv.conv(*_operands(args), **_arguments(attrs))
 
 
 def conv_bind(xp: Any, args: Sequence[Any], attrs: dict[str, Any],
@@ -45,11 +53,7 @@ def conv_bind(xp: Any, args: Sequence[Any], attrs: dict[str, Any],
     apply)."""
     if xp is np:
         return None
-    x, w = args[:2]
-    bias = args[2] if len(args) > 2 else None
-    return _conv.bound_conv(x, w, bias, out, stride=attrs["stride"], padding=attrs["padding"],
-                            dilation=attrs["dilation"], groups=attrs["groups"],
-                            layout=attrs["layout"], activation=attrs.get("activation"))
+    return _conv.bound_conv(*_operands(args), out, **_arguments(attrs))
 
 
 def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
@@ -57,8 +61,7 @@ def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
     if len(dtypes) != 1:
         raise ShapeError(f"conv: x, w (and bias) must share one dtype, got "
                          f"{sorted(str(d) for d in dtypes)}; cast them first")
-    x, w = inputs[:2]
-    bias = inputs[2] if len(inputs) > 2 else None
+    x, w, bias = _operands(inputs)
     try:
         shape, *_ = _conv.conv_geometry(
             tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),

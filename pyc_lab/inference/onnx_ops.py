@@ -11,7 +11,7 @@ Pooling is written as strided slices and an elementwise max/sum. A convolution i
 which stays inside the compiled program (its CUDA graph included), or a call of
 ``pl.conv`` (one ``conv`` node: cuDNN or the GEMM form on a GPU, the same im2col on
 NumPy arrays), which a CUDA graph cannot record and so runs between graphs. :func:`conv`
-chooses per convolution by its size at the traced batch (:func:`conv_route`). Shapes are
+chooses per convolution by its size at the traced batch (:data:`CONV_LIBRARY_FLOPS`). Shapes are
 static: a shape-like input
 (``Reshape``'s target, ``ReduceMean``'s axes ...) must be known when the model is
 imported or traced.
@@ -35,7 +35,6 @@ __all__ = [
     "batch_norm",
     "conv",
     "conv_flops",
-    "conv_route",
     "erf",
     "flatten",
     "gelu",
@@ -78,13 +77,6 @@ def conv_flops(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence
                                                                                for o in outs)
 
 
-def conv_route(route: str, flops: int) -> str:
-    """``"library"`` (``pl.conv``) or ``"im2col"`` for a convolution of ``flops``."""
-    if route == "auto":
-        return "library" if flops >= CONV_LIBRARY_FLOPS else "im2col"
-    return route
-
-
 def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
          pads: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
          group: int = 1, route: str = "im2col") -> Any:
@@ -102,7 +94,10 @@ def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
     strides = list(strides or [1] * nd)
     pads = list(pads or [0] * 2 * nd)
     dilations = list(dilations or [1] * nd)
-    if conv_route(route, conv_flops(x.shape, w.shape, strides, pads, dilations)) == "im2col":
+    if route == "auto":
+        big = conv_flops(x.shape, w.shape, strides, pads, dilations) >= CONV_LIBRARY_FLOPS
+        route = "library" if big else "im2col"
+    if route == "im2col":
         return conv_im2col(x, w, b, strides=strides, pads=pads, dilations=dilations,
                            group=group)
     from ..kernels.conv import conv as pl_conv

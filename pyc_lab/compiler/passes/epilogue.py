@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...kernels.conv import ACTIVATIONS as CONV_ACTIVATION_NAMES
 from ..ir import Graph, Node
 from ..ops import ACTIVATIONS, REGISTRY
 from .rewrite import const_is, prune, sole_user, try_infer
@@ -32,7 +33,7 @@ NAME = "epilogue_fusion"
 #: Activation ops that can become an epilogue.
 ACTIVATION_OPS = frozenset(a for a in ACTIVATIONS if a in REGISTRY)
 #: Those a convolution takes (``pl.conv``'s ``activation``).
-CONV_ACTIVATIONS = frozenset({"relu", "gelu", "silu"})
+CONV_ACTIVATIONS = frozenset(CONV_ACTIVATION_NAMES)
 
 
 def _row_bias(product: Node, bias: Node) -> bool:
