@@ -12,7 +12,8 @@ Python::
     res = pl.replay_autotune(4096, 4096, 4096, dtype="f16")  # the same search, replayed
     y = pl.matmul(a, b)                # a tuned kernel where it won, else the library
     o = pl.attention(q, k, v, causal=True)  # SDPA: torch's library on a GPU, else blocked
-    y = pl.conv2d(x, w, padding=1)     # cuDNN through torch on a GPU, else im2col
+    y = pl.conv2d(x, w, padding=1)     # cuDNN, the GEMM form or a tuned CUTLASS kernel
+    res = pl.autotune_conv((128, 64, 56, 56), (64, 64, 3, 3), padding=1)  # vs cuDNN
     plan = pl.matmul_plan(a, b, out=y)  # the same choice, made once: plan(a, b)
     pipe = pl.Pipeline(prepare, compute, depth=3)            # the conveyor belt
     server = pl.serve(pl.inference.load("model.onnx"), max_batch=64, max_delay_ms=2)
@@ -51,6 +52,7 @@ _EXPORTS = {
     "matmul_plan": "kernels.matmul",
     "MatmulPlan": "kernels.matmul_plan",
     "autotune_gemm": "kernels.tuning.autotune",
+    "autotune_conv": "kernels.tuning.conv_tune",
     "TuneResult": "kernels.tuning.autotune",
     "replay_autotune": "kernels.tuning.autotune",
     "autotune_many": "distributed.tuning",
@@ -71,6 +73,7 @@ __all__ = [
     "TuneResult",
     "__version__",
     "attention",
+    "autotune_conv",
     "autotune_gemm",
     "autotune_many",
     "cluster",

@@ -12,7 +12,9 @@ faster, to the same convolution as one cuBLAS GEMM over its patches
 (:mod:`.conv_gemm`); CuPy arrays travel through DLPack without copies, on CuPy's
 current stream. Elsewhere it is im2col and one matrix product per group
 (:mod:`.conv_im2col`, float32 arithmetic for 16-bit inputs). :func:`conv_route` names
-the path. Tuned CUTLASS convolutions of pyc_lab's own are not part of this module yet.
+the path. Where ``pl.autotune_conv`` has tuned one of pyc_lab's own CUTLASS 3
+convolutions for the problem (channels-last input, ``groups == 1``), it is a third
+candidate of the first call's race (:mod:`.conv_cutlass`), kept only when it beats cuDNN.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 from ..errors import PycLabError
 from . import arrays, conv_gemm
+from .conv_gemm import torch_activation
 from .conv_im2col import conv_im2col, out_size
 from .matmul_launch import apply_epilogue
 
@@ -260,9 +263,8 @@ def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
     final = True
     if route == "cudnn" and nd <= 3:
         if kind == "torch":
-            library, final = conv_gemm.prepare(x, w, bias, stride_t, pads, dilation_t, groups)
-            run = library if activation is None else \
-                lambda x, w, bias: torch_activation(library(x, w, bias), activation)
+            run, final = conv_gemm.prepare(x, w, bias, stride_t, pads, dilation_t, groups,
+                                           activation)
         else:
             run = functools.partial(_through_torch, stride=stride_t, pads=pads,
                                     dilation=dilation_t, groups=groups, activation=activation)
@@ -292,21 +294,8 @@ def _through_torch(x: Any, w: Any, bias: Any, *, stride: tuple[int, ...],
     with torch.cuda.stream(arrays.torch_stream_of_cupy()):
         y = conv_gemm.run(
             *(torch.from_dlpack(a) if a is not None else None for a in (x, w, bias)),
-            stride, pads, dilation, groups)
-        return cp.from_dlpack(torch_activation(y, activation))
-
-
-def torch_activation(y: Any, activation: str | None) -> Any:
-    """``activation`` applied to a fresh torch tensor, in place where torch can."""
-    if activation is None:
-        return y
-    import torch.nn.functional as F
-
-    if activation == "relu":
-        return y.relu_()
-    if activation == "silu":
-        return F.silu(y, inplace=True)
-    return F.gelu(y, approximate="tanh")
+            stride, pads, dilation, groups, activation)
+        return cp.from_dlpack(y)
 
 
 def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding: Any = 0,
@@ -336,14 +325,14 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
     bt = None if bias is None else torch.from_dlpack(bias)
     if ot.dtype != xt.dtype or not ot.is_contiguous():
         return None
-    run, final = conv_gemm.prepare(xt, wt, bt, stride_t, pads, dilation_t, groups)
+    run, final = conv_gemm.prepare(xt, wt, bt, stride_t, pads, dilation_t, groups, activation)
     if not final:
         return None
     stream_of_cupy = arrays.torch_stream_of_cupy
 
     def call() -> None:
         with torch.cuda.stream(stream_of_cupy()):
-            y = torch_activation(run(xt, wt, bt), activation)
+            y = run(xt, wt, bt)
             if tuple(y.shape) != tuple(ot.shape):
                 raise PycLabError(f"pl.conv: a bound call gave shape {tuple(y.shape)}, "
                                   f"its output is {tuple(ot.shape)}")

@@ -25,6 +25,10 @@ of that problem signature runs the winner. This is
 ``torch.backends.cudnn.benchmark``'s idea one level up: one choice per problem, measured
 where it runs.
 
+A CUTLASS 3 convolution tuned for the problem by ``pl.autotune_conv`` (found in the
+tuning database and the kernel cache by :mod:`.conv_cutlass`) runs in the same race as a
+third candidate, under the same margin.
+
 The GEMM form needs ``groups == 1``, one or two spatial axes and a patch matrix of at
 most :data:`MAX_PATCH_BYTES`; anything else, a call inside a CUDA-graph capture before
 its problem was raced, or a machine without CuPy (whose events time the race) runs
@@ -41,7 +45,8 @@ from typing import Any
 
 from .conv_im2col import out_size
 
-__all__ = ["MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices", "gemm_conv", "patch_bytes",
+__all__ = ["MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices", "cudnn_conv", "gemm_conv",
+           "patch_bytes",
            "prepare", "run"]
 
 log = logging.getLogger(__name__)
@@ -58,6 +63,8 @@ MAX_CHOICES = 512
 
 _LOCK = threading.Lock()
 _CHOICES: dict[tuple, dict[str, Any]] = {}  # oldest first: the first dropped when full
+#: The tuned CUTLASS kernels that won their problem's race (dropped with the choice).
+_RUNNERS: dict[tuple, Callable[..., Any]] = {}
 
 
 def choices() -> dict[tuple, dict[str, Any]]:
@@ -70,14 +77,15 @@ def choices() -> dict[tuple, dict[str, Any]]:
 
 
 def choice_for(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-               dilation: tuple[int, ...], groups: int = 1) -> dict[str, Any] | None:
+               dilation: tuple[int, ...], groups: int = 1,
+               activation: str | None = None) -> dict[str, Any] | None:
     """What :func:`run` chose for this problem (see :func:`choices`), or ``None`` while
-    it is undecided or not raced (the GEMM form does not apply)."""
-    choice = _CHOICES.get(_signature(x, w, b, stride, pads, dilation, groups))
+    it is undecided or not raced (neither the GEMM form nor a tuned kernel applies)."""
+    choice = _CHOICES.get(_signature(x, w, b, stride, pads, dilation, groups, activation))
     return None if choice is None or "cudnn_ms" not in choice else dict(choice)
 
 
-def _cudnn(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+def cudnn_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
            dilation: tuple[int, ...], groups: int, benchmark: bool = True) -> Any:
     """torch's convolution, with cuDNN in its benchmark mode unless told otherwise (the
     user's setting restored after the call; their other cuDNN settings kept)."""
@@ -258,9 +266,10 @@ def gemm_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, 
 
 
 def _signature(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-               dilation: tuple[int, ...], groups: int) -> tuple:
+               dilation: tuple[int, ...], groups: int, activation: str | None) -> tuple:
     return (x.device.index, str(x.dtype), tuple(x.shape), tuple(x.stride()),
-            tuple(w.shape), tuple(w.stride()), b is None, stride, pads, dilation, groups)
+            tuple(w.shape), tuple(w.stride()), b is None, stride, pads, dilation, groups,
+            activation)
 
 
 def _eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
@@ -273,28 +282,81 @@ def _eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
 
 
 def prepare(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-            dilation: tuple[int, ...], groups: int) -> tuple[Callable[..., Any], bool]:
+            dilation: tuple[int, ...], groups: int,
+            activation: str | None = None) -> tuple[Callable[..., Any], bool]:
     """What runs this problem: ``(fn, decided)``, ``fn(x, w, b)`` computing the
-    convolution of torch tensors on the GPU by the faster of cuDNN and the GEMM form
-    (raced now, on the caller's tensors, if this problem signature is new), or by cuDNN
-    where the GEMM form does not apply. ``decided`` is false only inside a CUDA-graph
-    capture of an unraced problem (cuDNN runs, as the user set it, and the next call
-    outside a capture races)."""
-    key = _signature(x, w, b, stride, pads, dilation, groups)
+    convolution of torch tensors on the GPU, and ``activation`` after its bias, by the
+    fastest of cuDNN, the GEMM form and a tuned CUTLASS kernel (raced now, on the
+    caller's tensors, if this problem signature is new), or by cuDNN where neither of
+    the others applies. A tuned kernel with the activation in its epilogue runs it in the
+    same kernel; every other path applies it to the result (:func:`torch_activation`).
+    ``decided`` is false only inside a CUDA-graph capture of an unraced problem (cuDNN
+    runs, as the user set it, and the next call outside a capture races)."""
+    key = _signature(x, w, b, stride, pads, dilation, groups, activation)
     choice = _CHOICES.get(key)
     if choice is None:
-        if not _eligible(x, w, stride, pads, dilation, groups):
+        gemm_ok = _eligible(x, w, stride, pads, dilation, groups)
+        tuned, why = _tuned(x, w, b, stride, pads, dilation, groups, activation)
+        if not gemm_ok and tuned is None:
             choice = _remember(key, {"impl": "cudnn"})
         else:
-            choice = _race(key, x, w, b, stride, pads, dilation, groups)
+            choice = _race(key, x, w, b, stride, pads, dilation, groups, gemm_ok, tuned, why,
+                           activation)
             if choice is None:
-                return functools.partial(_cudnn, stride=stride, pads=pads,
-                                         dilation=dilation, groups=groups,
-                                         benchmark=False), False
+                return _then(functools.partial(cudnn_conv, stride=stride, pads=pads,
+                                               dilation=dilation, groups=groups,
+                                               benchmark=False), activation), False
     if choice["impl"] == "gemm":
-        return _gemm_runner(x, w, stride, pads, dilation), True
-    return functools.partial(_cudnn, stride=stride, pads=pads, dilation=dilation,
-                             groups=groups), True
+        return _then(_gemm_runner(x, w, stride, pads, dilation), activation), True
+    if choice["impl"] == "cutlass":
+        return _RUNNERS[key], True
+    return _then(functools.partial(cudnn_conv, stride=stride, pads=pads, dilation=dilation,
+                                   groups=groups), activation), True
+
+
+def torch_activation(y: Any, activation: str | None) -> Any:
+    """``activation`` applied to a fresh torch tensor, in place where torch can."""
+    if activation is None:
+        return y
+    import torch.nn.functional as F
+
+    if activation == "relu":
+        return y.relu_()
+    if activation == "silu":
+        return F.silu(y, inplace=True)
+    return F.gelu(y, approximate="tanh")
+
+
+def _then(fn: Callable[..., Any], activation: str | None) -> Callable[..., Any]:
+    """``fn`` followed by ``activation`` (``fn`` itself when there is none)."""
+    if activation is None:
+        return fn
+
+    def run(x: Any, w: Any, b: Any) -> Any:
+        return torch_activation(fn(x, w, b), activation)
+
+    return run
+
+
+def _tuned(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+           dilation: tuple[int, ...], groups: int,
+           activation: str | None = None) -> tuple[Callable[..., Any] | None, str]:
+    """The tuned CUTLASS kernel of :mod:`.conv_cutlass` for the problem, if there is one:
+    with ``activation`` fused where such a kernel was tuned, else followed by it."""
+    if groups != 1 or not getattr(x, "is_cuda", False):
+        return None, "grouped, or not on a GPU"
+    try:
+        from .conv_cutlass import tuned_runner
+
+        if activation is not None:
+            fused, why = tuned_runner(x, w, b, stride, pads, dilation, activation)
+            if fused is not None:
+                return fused, why
+        plain, why = tuned_runner(x, w, b, stride, pads, dilation)
+        return (None if plain is None else _then(plain, activation)), why
+    except Exception as exc:  # a tuned kernel must never break a convolution
+        log.warning("tuned convolution lookup failed: %s", exc)
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def _gemm_runner(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
@@ -324,18 +386,22 @@ def _gemm_runner(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
 
 
 def run(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-        dilation: tuple[int, ...], groups: int) -> Any:
-    """The convolution of torch tensors on the GPU as :func:`prepare` chose it."""
-    fn, _ = prepare(x, w, b, stride, pads, dilation, groups)
+        dilation: tuple[int, ...], groups: int, activation: str | None = None) -> Any:
+    """The convolution (and activation) of torch tensors on the GPU as :func:`prepare`
+    chose it."""
+    fn, _ = prepare(x, w, b, stride, pads, dilation, groups, activation)
     return fn(x, w, b)
 
 
 def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
-          pads: tuple[int, ...], dilation: tuple[int, ...],
-          groups: int) -> dict[str, Any] | None:
-    """Time cuDNN and the GEMM form on the caller's tensors and remember the faster; no
-    CuPy to time with leaves the problem to cuDNN; ``None`` inside a CUDA-graph capture
-    (nothing may be timed there: the problem stays undecided)."""
+          pads: tuple[int, ...], dilation: tuple[int, ...], groups: int,
+          gemm_ok: bool = True, tuned: Callable[..., Any] | None = None,
+          tuned_why: str = "", activation: str | None = None) -> dict[str, Any] | None:
+    """Time cuDNN, the GEMM form (where ``gemm_ok``) and a tuned CUTLASS kernel (where
+    there is one) on the caller's tensors and remember the fastest, kept over cuDNN only
+    when at least :data:`MARGIN` cheaper; no CuPy to time with leaves the problem to
+    cuDNN; ``None`` inside a CUDA-graph capture (nothing may be timed there: the problem
+    stays undecided)."""
     import torch
 
     stream = torch.cuda.current_stream(x.device).cuda_stream
@@ -346,16 +412,29 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
             return None
     except ImportError:  # no CuPy: nothing to time the race with
         return _remember(key, {"impl": "cudnn", "why": "CuPy is not installed"})
-    runner = _gemm_runner(x, w, stride, pads, dilation)  # what runs if it wins
-    cudnn, gemm = _time([lambda: _cudnn(x, w, b, stride, pads, dilation, groups),
-                         lambda: runner(x, w, b)], x.device.index)
-    use = gemm[0] <= cudnn[0] * (1.0 - MARGIN)
-    log.info("conv %s: GEMM form %.4f ms against cuDNN %.4f ms -> %s", key[2:5], gemm[0],
-             cudnn[0], "GEMM" if use else "cuDNN")
-    return _remember(key, {"impl": "gemm" if use else "cudnn", "cudnn_ms": cudnn[0],
-                           "gemm_ms": gemm[0], "cudnn_gpu_ms": cudnn[1],
-                           "gemm_gpu_ms": gemm[1], "cudnn_host_ms": cudnn[2],
-                           "gemm_host_ms": gemm[2]})
+    lib = _then(functools.partial(cudnn_conv, stride=stride, pads=pads, dilation=dilation,
+                                  groups=groups), activation)
+    runs: dict[str, Callable[[], Any]] = {"cudnn": lambda: lib(x, w, b)}
+    if gemm_ok:
+        runner = _then(_gemm_runner(x, w, stride, pads, dilation), activation)
+        runs["gemm"] = lambda: runner(x, w, b)
+    if tuned is not None:
+        runs["cutlass"] = lambda: tuned(x, w, b)
+    timed = dict(zip(runs, _time(list(runs.values()), x.device.index), strict=True))
+    cudnn = timed["cudnn"][0]
+    best = min((name for name in timed if name != "cudnn"), key=lambda n: timed[n][0])
+    impl = best if timed[best][0] <= cudnn * (1.0 - MARGIN) else "cudnn"
+    log.info("conv %s: %s -> %s", key[2:5],
+             ", ".join(f"{n} {t[0]:.4f} ms" for n, t in timed.items()), impl)
+    choice: dict[str, Any] = {"impl": impl}
+    for name, (cost, gpu, host) in timed.items():
+        choice.update({f"{name}_ms": cost, f"{name}_gpu_ms": gpu, f"{name}_host_ms": host})
+    if tuned is not None:
+        choice["cutlass_kernel"] = tuned_why
+        if impl == "cutlass":
+            with _LOCK:
+                _RUNNERS[key] = tuned
+    return _remember(key, choice)
 
 
 def _time(runs: list[Any], device: int) -> list[tuple[float, float, float]]:
@@ -397,5 +476,6 @@ def _remember(key: tuple, choice: dict[str, Any]) -> dict[str, Any]:
     with _LOCK:
         _CHOICES[key] = choice
         while len(_CHOICES) > MAX_CHOICES:
+            _RUNNERS.pop(next(iter(_CHOICES)), None)
             del _CHOICES[next(iter(_CHOICES))]
     return choice

@@ -125,7 +125,7 @@ def forget() -> None:
         _STAMP.update(at=-1e9, stamp=None)
 
 
-def _db_stamp() -> tuple:
+def db_stamp() -> tuple:
     """What the memo is valid for: this process's database writes, and the default
     database file's path and modification times (file and WAL), the latter looked at
     no more than every :data:`RECHECK_S` seconds."""
@@ -201,7 +201,7 @@ def tuned_kernel(m: int, n: int, k: int, dtype: str, layout: str,
         The kernel and where it comes from, or ``None`` and why there is none.
     """
     epilogue = epilogue or cg.Epilogue()
-    key = (m, n, k, dtype, layout, epilogue, _db_stamp())
+    key = (m, n, k, dtype, layout, epilogue, db_stamp())
     hit = _MEMO.get(key)
     if hit is not None:
         return hit
@@ -296,7 +296,7 @@ def winning_kernel(m: int, n: int, k: int, dtype: str, layout: str,
         0.398 ms in its tuning run"), and ``{"match": ...}`` when an entry was found.
     """
     epilogue = epilogue or cg.Epilogue()
-    key = (m, n, k, dtype, layout, epilogue, _db_stamp())
+    key = (m, n, k, dtype, layout, epilogue, db_stamp())
     hit = _WINNERS.get(key)
     if hit is not None:
         return hit
@@ -454,9 +454,9 @@ def _launch_for(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
     """The memoised :class:`Launch` for validated arrays (made on a miss)."""
     if key is not None:
         hit = _LAUNCHES.get(key)
-        if hit is not None and (hit.stamp is None or hit.stamp == _db_stamp()):
+        if hit is not None and (hit.stamp is None or hit.stamp == db_stamp()):
             return hit
-    made = build_launch(a, b, out, alpha, beta, bias, activation, tf32, _tuned, _db_stamp,
+    made = build_launch(a, b, out, alpha, beta, bias, activation, tf32, _tuned, db_stamp,
                         cg.Epilogue)
     if key is not None:
         with _LOCK:
@@ -484,7 +484,7 @@ def _call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
         launch = _LAUNCHES.get(key)
     except (AttributeError, TypeError):  # not arrays, or unhashable scales: the checks say
         key = launch = None
-    if launch is None or (launch.stamp is not None and launch.stamp != _db_stamp()):
+    if launch is None or (launch.stamp is not None and launch.stamp != db_stamp()):
         bias = check_inputs(a, b, out, alpha, beta, bias, activation, ACTIVATIONS)
         if bias is not None and kind(a) == "cupy" and kind(bias) != "cupy":
             import cupy as cp
@@ -591,7 +591,7 @@ def _torch_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
             hit = _TORCH_LAUNCHES.get(key)
         except (AttributeError, TypeError):  # b or out not a tensor, unhashable scales
             key = hit = None
-        if hit is not None and (hit.stamp is None or hit.stamp == _db_stamp()):
+        if hit is not None and (hit.stamp is None or hit.stamp == db_stamp()):
             last_choice.launch = hit
             y = hit.direct.torch(a, b, out)
             if y is not None:

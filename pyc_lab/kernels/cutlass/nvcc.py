@@ -21,14 +21,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from ...errors import DeviceUnavailableError, PycLabError
 from ..cache import KernelCache, cache_key
 from .config import Epilogue, GemmConfig
 from .emit import emit_source
 
-__all__ = ["NVCC_FLAGS", "BuildResult", "build", "build_many", "cached", "nvcc_path",
-           "toolchain"]
+__all__ = ["NVCC_FLAGS", "BuildResult", "build", "build_many", "build_source", "cached",
+           "nvcc_path", "toolchain"]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def _include_dirs() -> list[str]:
 class BuildResult:
     """What building one configuration gave."""
 
-    config: GemmConfig
+    config: Any  # a GemmConfig, or a ConvConfig for a convolution
     key: str
     library: Path | None
     status: str  # "built", "cached" or "compile_error"
@@ -111,11 +112,24 @@ def build(config: GemmConfig, dtype: str = "f16", layout: str = "tn", cc: int = 
           cache: KernelCache | None = None, timeout_s: float = 600.0,
           epilogue: Epilogue | None = None) -> BuildResult:
     """Build one kernel (or take it from the cache); a failure is a result, not a raise."""
-    cache = cache if cache is not None else KernelCache()
-    arch = _arch(cc)
     epilogue = epilogue or Epilogue()
     try:
         source = emit_source(config, dtype, layout, cc, epilogue)
+    except PycLabError as exc:
+        return BuildResult(config, "", None, "compile_error", 0.0, str(exc))
+    return build_source(config, source, cc, cache, timeout_s,
+                        meta={"config": config.to_dict(), "dtype": dtype, "layout": layout,
+                              "epilogue": epilogue.name})
+
+
+def build_source(config: Any, source: str, cc: int = 90, cache: KernelCache | None = None,
+                 timeout_s: float = 600.0, meta: dict[str, Any] | None = None) -> BuildResult:
+    """Build one complete CUTLASS translation unit into the kernel cache (or take it from
+    there): the one nvcc path of every CUTLASS kernel pyc_lab makes (GEMMs and
+    convolutions); a failure is a result, not a raise."""
+    cache = cache if cache is not None else KernelCache()
+    arch = _arch(cc)
+    try:
         key = cache_key(source, arch, toolchain())
     except PycLabError as exc:
         return BuildResult(config, "", None, "compile_error", 0.0, str(exc))
@@ -141,9 +155,7 @@ def build(config: GemmConfig, dtype: str = "f16", layout: str = "tn", cc: int = 
             message = "\n".join(errors[:8]) or run.stderr[-2000:]
             return BuildResult(config, key, None, "compile_error", seconds, message)
         entry = cache.put(key, {"kernel.so": lib, "kernel.cu": source},
-                          meta={"config": config.to_dict(), "dtype": dtype, "layout": layout,
-                                "epilogue": epilogue.name, "arch": arch,
-                                "seconds": round(seconds, 1)})
+                          meta={**(meta or {}), "arch": arch, "seconds": round(seconds, 1)})
     return BuildResult(config, key, entry.files["kernel.so"], "built", seconds)
 
 

@@ -12,6 +12,8 @@
 - :mod:`.recording`, :mod:`.replay` — tunings recorded elsewhere, and the runner that
   replays them;
 - :mod:`.autotune` — ``autotune_gemm`` and ``replay_autotune``: one session each;
+- :mod:`.conv_runner`, :mod:`.conv_tune` — ``autotune_conv``: pyc_lab's CUTLASS
+  convolutions built, checked and timed against cuDNN on the same session;
 - :mod:`.many`, :mod:`.builds` — ``autotune_many``: a list of problems, builds shared
   and deduplicated, one total budget, a summary table;
 - :mod:`.result` — :class:`TuneResult`, :class:`ReplayResult`;
@@ -28,6 +30,7 @@ _EXPORTS = {
     "GemmTuneOptions": "options",
     "TuneResult": "result", "ReplayResult": "result", "ReplayInfo": "result",
     "autotune_gemm": "autotune", "replay_autotune": "autotune",
+    "autotune_conv": "conv_tune",
     "autotune_many": "many", "ManyResult": "many", "GemmProblem": "many",
     **dict.fromkeys(("recorded_db", "recorded_problems", "recorded_result",
                      "recorded_results", "recording_path"), "recording"),

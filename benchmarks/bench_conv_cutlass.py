@@ -1,0 +1,206 @@
+"""pyc_lab's own CUTLASS 3 convolutions, tuned per problem, against cuDNN on the
+convolution issue's ResNet-50 layers.
+
+For each layer of the issue's table at batch 128, float16 and bfloat16, channels last,
+no bias (as in the network):
+
+1. ``pl.autotune_conv`` builds (or takes from the kernel cache) the CUTLASS candidates
+   of :data:`BENCH_TILES` x clusters (1, 1) and (2, 1) that the problem's ranking keeps,
+   checks each against the convolution in float32 and times it with the tuner's timing
+   (CUDA events, L2 flushed); cuDNN (torch, benchmark mode) is timed the same way in the
+   same run. The row keeps the best CUTLASS time, cuDNN's, and their ratio.
+2. ``pl.conv2d`` on fresh channels-last tensors: its first call races cuDNN, the GEMM
+   form and the tuned CUTLASS kernel on the caller's tensors (the choice is recorded),
+   then pl.conv and ``F.conv2d`` are timed in interleaved rounds of CUDA-event medians
+   (:func:`common.gpu_time`) — the never-slower rule measured from the user's side.
+
+A layer the kernels cannot take (the stem's three input channels are not a multiple of
+8) is recorded with the reason and runs cuDNN or the GEMM form in ``pl.conv``. TFLOP/s
+count ``2 N K P Q C R S``. Writes ``conv-cutlass.json`` to ``--out``.
+
+    python benchmarks/bench_conv_cutlass.py --out benchmarks/results/h200
+    python benchmarks/bench_conv_cutlass.py --prebuild .kcache    # nvcc only, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import cupy_and_torch, gpu_time, write_result
+
+import pyc_lab as pl
+from pyc_lab.kernels.cutlass.conv import TILES, ConvConfig, ConvKernel
+
+#: The issue's ResNet-50 layers: (C, K, H (= W), kernel, stride); padding kernel // 2.
+LAYERS = ((64, 64, 56, 3, 1), (128, 128, 28, 3, 1), (256, 256, 14, 3, 1),
+          (512, 512, 7, 3, 1), (256, 64, 56, 1, 1), (64, 256, 56, 1, 1), (3, 64, 224, 7, 2),
+          (1024, 2048, 14, 1, 2))
+BATCH = 128
+DTYPES = (("f16", "float16"), ("bf16", "bfloat16"))
+BENCH_TILES = TILES
+BENCH_CLUSTERS = ((1, 1), (2, 1))
+
+
+def in_bench_space(cfg: ConvConfig) -> bool:
+    """The configurations this benchmark tunes over (what ``--prebuild`` builds)."""
+    return cfg.tile[:2] in BENCH_TILES and cfg.cluster in BENCH_CLUSTERS
+
+
+def prebuild(directory: str) -> None:
+    """Build every configuration of the benchmark's space for both dtypes into
+    ``directory`` (no GPU needed; the GPU lane carries it as ``.kcache``)."""
+    import concurrent.futures as cf
+    import os
+
+    from pyc_lab.kernels.cache import KernelCache
+    from pyc_lab.kernels.cutlass.conv import build_conv
+
+    cache = KernelCache(directory)
+    jobs = [(ConvConfig((m, n, 64), cl), ConvKernel(dt, 2))
+            for dt, _ in DTYPES for m, n in BENCH_TILES for cl in BENCH_CLUSTERS]
+    with cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 2))) as pool:
+        for (cfg, kern), res in zip(jobs, pool.map(lambda j: build_conv(*j, cache=cache),
+                                                   jobs), strict=True):
+            print(res.status, kern.op, kern.dtype, cfg.id, f"{res.seconds:.0f} s",
+                  res.message[:200], flush=True)
+
+
+def one_layer(torch: Any, layer: tuple[int, ...], dtype: str, tname: str, rounds: int,
+              repeats: int, budget_s: float) -> dict[str, Any]:
+    import torch.nn.functional as F
+
+    from pyc_lab.kernels import conv_gemm
+
+    c, k, size, r, s = layer
+    pad = r // 2
+    row: dict[str, Any] = {"layer": f"resnet50 {c}->{k} {size}x{size} {r}x{r} s{s}",
+                           "dtype": tname, "n": BATCH, "c": c, "k": k, "size": size,
+                           "kernel": r, "stride": s}
+    out = (size + 2 * pad - r) // s + 1
+    flop = 2 * BATCH * k * out * out * c * r * r
+    try:
+        res = pl.autotune_conv((BATCH, c, size, size), (k, c, r, r), stride=s, padding=pad,
+                               dtype=dtype, restrict=in_bench_space, max_candidates=None,
+                               repeats=repeats, budget_s=budget_s)
+        best = res.best
+        row["tune"] = {"seconds": res.seconds, "stopped_by": res.stopped_by,
+                       "cudnn_ms": res.baselines["cudnn"],
+                       "best": best.config if best is not None else None,
+                       "best_ms": best.time_ms if best is not None and best.ok else None,
+                       "candidates": res.table.to_dict("records")
+                       if hasattr(res.table, "to_dict") else res.table}
+        if best is not None and best.ok:
+            row["tune"]["cutlass_vs_cudnn"] = res.baselines["cudnn"] / best.time_ms
+            row["tune"]["cutlass_tflops"] = flop / best.time_ms / 1e9
+        row["tune"]["cudnn_tflops"] = flop / res.baselines["cudnn"] / 1e9
+    except pl.PycLabError as exc:
+        row["tune"] = {"not_taken": str(exc)}
+    tdt = getattr(torch, tname)
+    x = torch.randn(BATCH, c, size, size, device="cuda", dtype=tdt).contiguous(
+        memory_format=torch.channels_last)
+    w = (torch.randn(k, c, r, r, device="cuda", dtype=tdt) / (c * r * r) ** 0.5
+         ).contiguous(memory_format=torch.channels_last)
+    lib = lambda: F.conv2d(x, w, stride=s, padding=pad)  # noqa: E731
+    ours = lambda: pl.conv2d(x, w, stride=s, padding=pad)  # noqa: E731
+    want = lib().float()
+    got = ours()  # the race: cuDNN, the GEMM form and the tuned kernel
+    err = float((got.float() - want).abs().max() / (want.abs().max() + 1e-30))
+    row["rel_err_vs_cudnn"] = err
+    if not err <= 2e-2 * (4 if dtype == "bf16" else 1):
+        row["error"] = f"pl.conv differs from cuDNN: {err:.3g} of the largest value"
+        return row
+    row["choice"] = conv_gemm.choice_for(x, w, None, (s, s), (pad, pad), (1, 1))
+    times: dict[str, list[float]] = {"cudnn": [], "pl.conv": []}
+    for _ in range(rounds):
+        for name, fn in (("cudnn", lib), ("pl.conv", ours)):
+            times[name].append(gpu_time(fn, repeats=repeats, warmup=1) * 1e3)
+    ms = {name: statistics.median(v) for name, v in times.items()}
+    row["ms"] = ms
+    row["tflops"] = {name: flop / t / 1e9 for name, t in ms.items()}
+    row["ratio_vs_cudnn"] = ms["cudnn"] / ms["pl.conv"]
+    return row
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    tuned = [r["tune"]["cutlass_vs_cudnn"] for r in rows
+             if "cutlass_vs_cudnn" in r.get("tune", {})]
+    ratios = [r["ratio_vs_cudnn"] for r in rows if "ratio_vs_cudnn" in r]
+    return {
+        "cutlass_vs_cudnn": {"problems": len(tuned),
+                             "median": statistics.median(tuned) if tuned else None,
+                             "max": max(tuned) if tuned else None,
+                             "wins": sum(t > 1.0 for t in tuned)},
+        "pl_conv_vs_cudnn": {"problems": len(ratios),
+                             "median": statistics.median(ratios) if ratios else None,
+                             "min": min(ratios) if ratios else None},
+        "cutlass_chosen": [f"{r['layer']} {r['dtype']}" for r in rows
+                           if (r.get("choice") or {}).get("impl") == "cutlass"],
+        "errors": [f"{r['layer']} {r['dtype']}: {r['error']}" for r in rows if "error" in r]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--tune-budget-s", type=float, default=120.0,
+                        help="per problem: stop starting candidates (and waiting for "
+                             "builds) after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=420.0,
+                        help="stop starting new problems after this many seconds")
+    parser.add_argument("--prebuild", metavar="DIR",
+                        help="only build the kernels into DIR (no GPU needed)")
+    args = parser.parse_args(argv)
+    if args.prebuild:
+        prebuild(args.prebuild)
+        return 0
+    libs = cupy_and_torch("bench_conv_cutlass")
+    if libs is None:
+        return 0
+    _, torch = libs
+    torch.backends.cudnn.benchmark = True
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    not_run: list[str] = []
+
+    def save() -> None:
+        write_result(args.out, "conv-cutlass", {
+            "method": "per layer: pl.autotune_conv over the benchmark's CUTLASS space "
+                      "(tuner timing: CUDA events, L2 flushed, --repeats) with cuDNN timed "
+                      "in the same run; then pl.conv2d (its first call races cuDNN, the "
+                      "GEMM form and the tuned kernel) against F.conv2d in --rounds "
+                      "interleaved rounds of CUDA-event medians; channels last, batch 128",
+            "results": rows, "not_run": not_run, "summary": summarise(rows),
+            "wall_s": time.perf_counter() - t0})
+
+    for dtype, tname in DTYPES:
+        for layer in LAYERS:
+            if time.perf_counter() - t0 > args.budget_s:
+                not_run.append(f"{layer} {tname}")
+                continue
+            try:
+                row = one_layer(torch, layer, dtype, tname, args.rounds, args.repeats,
+                                args.tune_budget_s)
+            except Exception as exc:  # one failing problem must not end the run
+                row = {"layer": str(layer), "dtype": tname,
+                       "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            rows.append(row)
+            print(row["layer"], tname, row.get("tune", {}).get("cutlass_vs_cudnn"),
+                  row.get("ratio_vs_cudnn"), (row.get("choice") or {}).get("impl"),
+                  row.get("error", ""), flush=True)
+            torch.cuda.empty_cache()
+            save()
+    save()
+    print(summarise(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""A tuned CUTLASS convolution as a candidate of ``pl.conv``'s race.
+
+:func:`tuned_runner` looks up the tuning database's winner for a problem
+(:func:`pyc_lab.autotune_conv` put it there, with cuDNN's time beside it), finds its
+library in the kernel cache (never builds: nvcc takes a minute), and returns a function
+computing the convolution of torch tensors with it. :mod:`.conv_gemm` times that
+function beside cuDNN and the GEMM form on the problem's first call and keeps it only
+when it is faster — the never-slower rule of ``pl.matmul``, here with cuDNN as the
+library.
+
+What the kernels take: a channels-last input (``torch.channels_last`` for 2-D,
+``channels_last_3d`` for 3-D, ``(N, C, L)`` with unit channel stride for 1-D),
+``groups == 1``, float16 or bfloat16 (float32 as TF32 only while
+``torch.backends.cudnn.allow_tf32`` allows cuDNN the same), channel counts that are
+multiples of 16 bytes. The filter is handed over as ``(K, *kernel, C)``: a filter
+already in torch's channels-last memory format is read in place, any other is copied
+to that order on each call (the race times that copy too).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["tuned_runner"]
+
+log = logging.getLogger(__name__)
+
+_LOCK = threading.Lock()
+_MEMO: dict[tuple, tuple[Any, str]] = {}
+MAX_MEMO = 256
+
+
+def _dtype(x: Any) -> str | None:
+    import torch
+
+    if x.dtype == torch.float16:
+        return "f16"
+    if x.dtype == torch.bfloat16:
+        return "bf16"
+    if x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32:
+        return "tf32"
+    return None
+
+
+def _channels_last(x: Any) -> bool:
+    """Whether ``x``'s memory is ``(N, *spatial, C)`` contiguous."""
+    nd = x.ndim - 2
+    return x.permute(0, *range(2, nd + 2), 1).is_contiguous()
+
+
+def tuned_runner(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+                 dilation: tuple[int, ...], activation: str | None = None
+                 ) -> tuple[Callable[[Any, Any, Any], Any] | None, str]:
+    """The tuned CUTLASS kernel for this problem, with ``activation`` in its epilogue, as
+    ``fn(x, w, b) -> y`` on torch tensors (``y`` channels last, shaped ``(N, K, *out)``
+    as cuDNN answers), or ``None`` and why there is none. ``groups`` must be 1 (the
+    caller's check)."""
+    dtype = _dtype(x)
+    if dtype is None:
+        return None, f"{x.dtype} (or TF32 disallowed) is not a CUTLASS convolution dtype"
+    if not x.is_cuda or not _channels_last(x) or x.ndim - 2 not in (1, 2, 3):
+        return None, "the input is not a channels-last GPU tensor"
+    from .cutlass.conv import ConvGeometry, ConvKernel
+
+    geometry = ConvGeometry.from_channels_first(x.shape, w.shape, stride, pads, dilation)
+    kernel = ConvKernel(dtype, geometry.spatial, b is not None, activation)
+    why = geometry.issue(kernel)
+    if why:
+        return None, why
+    from .matmul import db_stamp
+
+    key = (geometry, kernel, x.device.index, db_stamp())
+    hit = _MEMO.get(key)
+    if hit is None:
+        hit = _find(geometry, kernel, x.device.index)
+        with _LOCK:
+            _MEMO[key] = hit
+            while len(_MEMO) > MAX_MEMO:
+                del _MEMO[next(iter(_MEMO))]
+    conv, why = hit
+    if conv is None:
+        return None, why
+    return _runner(conv, geometry), why
+
+
+def _find(geometry: Any, kernel: Any, device: int) -> tuple[Any, str]:
+    """The database's winner for the problem, loaded, or ``None`` and why."""
+    try:
+        from .cutlass.conv import ConvConfig, CutlassConv, cached_conv
+        from .tuning import database
+        from .tuning.conv_runner import conv_problem_key
+        from .tuning.keys import device_key
+
+        dev, cc, sm_count = device_key(device)
+        with database.TuningDB() as db:
+            found = db.lookup(dev, conv_problem_key(geometry, kernel))
+        if found is None:
+            return None, f"no tuned {kernel.op} kernel for {geometry.gemm} on this GPU"
+        config = ConvConfig.from_dict(found.measurement.config)
+        library = cached_conv(config, kernel, cc)
+        if library is None:
+            return None, (f"the tuned {config.id} is not in the kernel cache; run "
+                          "pl.autotune_conv for the problem again")
+        conv = CutlassConv(library, config, kernel, sm_count)
+        if not conv.can_implement(geometry):
+            return None, f"the tuned {config.id} ({found.match} match) cannot take it"
+        return conv, f"tuned {config.id} ({found.match} match)"
+    except Exception as exc:  # a tuned entry must never break a convolution
+        log.warning("tuned convolution for %s unusable: %s", geometry, exc)
+        return None, f"tuning database: {exc}"
+
+
+def _runner(conv: Any, geometry: Any) -> Callable[[Any, Any, Any], Any]:
+    import torch
+
+    nd = geometry.spatial
+    to_last = (0, *range(2, nd + 2), 1)
+    to_first = (0, nd + 1, *range(1, nd + 1))
+    out_shape = geometry.out_shape
+
+    def run(x: Any, w: Any, b: Any) -> Any:
+        if b is not None and not b.is_contiguous():
+            b = b.contiguous()
+        wl = w.permute(*to_last)
+        if not wl.is_contiguous():
+            wl = wl.contiguous()
+        y = torch.empty(out_shape, device=x.device, dtype=x.dtype)
+        conv.run(geometry, x.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
+                 y.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
+        return y.permute(*to_first)
+
+    return run

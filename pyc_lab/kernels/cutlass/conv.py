@@ -1,0 +1,410 @@
+"""pyc_lab's CUTLASS 3 convolutions for Hopper: configurations, sources, builds, launches.
+
+One kernel is CUTLASS's implicit-GEMM forward convolution for sm_90a
+(``cutlass::conv::collective::CollectiveBuilder`` with ``Operator::kFprop``): the
+activations read by TMA in its im2col mode (no patch matrix in memory), the filter by
+plain TMA, warpgroup MMAs in a warp-specialised pipeline, and a TMA epilogue that adds
+the bias and applies the activation before the one store. The source is fixed text,
+``native/cutlass_conv_3x.cuh``, under a few ``#define`` s that :func:`emit_conv_source`
+writes; it is built by the GEMMs' nvcc path into the hash-verified kernel cache
+(:func:`~pyc_lab.kernels.cutlass.nvcc.build_source`) and loaded with ctypes
+(:class:`CutlassConv`).
+
+The implicit GEMM of a convolution with activations ``(N, *spatial, C)`` (channels
+last), filter ``(K, *kernel, C)`` and output ``(N, *out, K)`` has ``M = N * prod(out)``
+rows, ``N = K`` columns and a reduction of ``C * prod(kernel)``. CUTLASS 4.2 has one
+Hopper convolution schedule (``KernelImplicitTmaWarpSpecializedSm90``: not persistent,
+one consumer warpgroup) and its fused epilogues need the TMA epilogue schedule, so a
+configuration is the CTA tile and the thread-block cluster (:class:`ConvConfig`); the
+kernel itself is fixed by :class:`ConvKernel` (dtype, spatial rank, bias, activation).
+A kernel does not depend on the problem's sizes: one build serves every layer of a
+network that shares its dtype and epilogue.
+
+Constraints (CUTLASS's, checked by :meth:`ConvGeometry.issue` before
+``can_implement``): ``groups == 1``; ``C`` and ``K`` multiples of 8 elements (4 for tf32:
+TMA's 16-byte alignment); activations and output channels-last and contiguous, the
+filter ``(K, *kernel, C)`` contiguous.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import ctypes
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from math import prod
+from pathlib import Path
+from typing import Any
+
+from ...errors import PycLabError
+from ...paths import native_source
+from ..cache import KernelCache, cache_key
+from .config import ACTIVATIONS
+from .nvcc import BuildResult, build_source, toolchain
+
+__all__ = ["CONV_DTYPES", "ConvConfig", "ConvGeometry", "ConvKernel", "CutlassConv",
+           "build_conv", "build_conv_many", "cached_conv", "conv_configs", "emit_conv_source"]
+
+#: Element types the convolution kernels take (float32 runs as tf32 MMAs, as cuDNN's
+#: float32 convolutions do under torch's default ``allow_tf32``) and their C++ types.
+CONV_DTYPES = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "tf32": "float"}
+#: Elements per 16-byte TMA access.
+_ALIGN = {"f16": 8, "bf16": 8, "tf32": 4}
+_BYTES = {"f16": 2, "bf16": 2, "tf32": 4}
+#: CTA tiles (M, N) the space offers and clusters (M, N); the K tile is 128 bytes.
+TILES = ((64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 256))
+CLUSTERS = ((1, 1), (2, 1), (1, 2))
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """A CUTLASS convolution configuration: CTA tile ``(M, N, K)`` and cluster ``(M, N)``."""
+
+    tile: tuple[int, int, int] = (128, 128, 64)
+    cluster: tuple[int, int] = (1, 1)
+
+    @property
+    def id(self) -> str:
+        """``conv_t128x128x64_c1x1``: the tuning database's config id."""
+        return (f"conv_t{'x'.join(map(str, self.tile))}_c{'x'.join(map(str, self.cluster))}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as the tuning database stores it."""
+        return {"tile": "x".join(map(str, self.tile)),
+                "cluster": "x".join(map(str, self.cluster))}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ConvConfig:
+        """Inverse of :meth:`to_dict`."""
+        try:
+            tile = tuple(int(v) for v in str(d["tile"]).split("x"))
+            cluster = tuple(int(v) for v in str(d["cluster"]).split("x"))
+        except (KeyError, ValueError) as exc:
+            raise PycLabError(f"not a convolution configuration: {d!r}") from exc
+        if len(tile) != 3 or len(cluster) != 2:
+            raise PycLabError(f"not a convolution configuration: {d!r}")
+        return cls(tile, cluster)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ConvKernel:
+    """What a convolution kernel is built for (everything but the configuration)."""
+
+    dtype: str = "f16"
+    spatial: int = 2
+    bias: bool = False
+    activation: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in CONV_DTYPES:
+            raise PycLabError(f"CUTLASS convolutions take {sorted(CONV_DTYPES)}, not "
+                              f"{self.dtype!r}")
+        if self.spatial not in (1, 2, 3):
+            raise PycLabError(f"CUTLASS convolutions have 1-3 spatial axes, not "
+                              f"{self.spatial}")
+        if self.activation is not None and self.activation not in ACTIVATIONS:
+            raise PycLabError(f"activation {self.activation!r} is not one of "
+                              f"{sorted(ACTIVATIONS)}")
+
+    @property
+    def op(self) -> str:
+        """The tuning database's op: ``conv2d_fprop``, ``conv2d_fprop_bias_relu``, ..."""
+        tail = "_".join(p for p in ("bias" if self.bias else "", self.activation or "") if p)
+        return f"conv{self.spatial}d_fprop" + (f"_{tail}" if tail else "")
+
+    @property
+    def align(self) -> int:
+        """Elements per 16-byte access: what ``C`` and ``K`` must be multiples of."""
+        return _ALIGN[self.dtype]
+
+
+def emit_conv_source(config: ConvConfig, kernel: ConvKernel) -> str:
+    """The complete CUDA C++ of one convolution kernel and its ``extern "C"`` wrapper."""
+    m, n, k = config.tile
+    cm, cn = config.cluster
+    act = ACTIVATIONS[kernel.activation] if kernel.activation else \
+        "cutlass::epilogue::thread::Identity"
+    defines = {"PYC_ELEMENT": CONV_DTYPES[kernel.dtype], "PYC_ALIGN": kernel.align,
+               "PYC_SPATIAL": kernel.spatial, "PYC_TILE_M": m, "PYC_TILE_N": n,
+               "PYC_TILE_K": k, "PYC_CLUSTER_M": cm, "PYC_CLUSTER_N": cn,
+               "PYC_BIAS": int(kernel.bias), "PYC_ACT": act}
+    head = f"// pyc_lab CUTLASS convolution {kernel.op} {kernel.dtype}: {config.id}\n"
+    return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + \
+        native_source("cutlass_conv_3x.cuh")
+
+
+def build_conv(config: ConvConfig, kernel: ConvKernel, cc: int = 90,
+               cache: KernelCache | None = None, timeout_s: float = 900.0) -> BuildResult:
+    """Build one convolution kernel into the kernel cache (or take it from there); a
+    failure is a result carrying nvcc's message, never a raise."""
+    if cc < 90:
+        return BuildResult(config, "", None, "compile_error", 0.0,
+                           f"CUTLASS 3 convolutions need Hopper (sm_90a); this is sm_{cc}")
+    return build_source(config, emit_conv_source(config, kernel), cc, cache, timeout_s,
+                        meta={"config": config.to_dict(), "op": kernel.op,
+                              "dtype": kernel.dtype})
+
+
+def cached_conv(config: ConvConfig, kernel: ConvKernel, cc: int = 90,
+                cache: KernelCache | None = None) -> Path | None:
+    """The kernel's library if it is in the kernel cache, else ``None``; never builds
+    (what a first call of ``pl.conv`` may afford)."""
+    cache = cache if cache is not None else KernelCache()
+    key = cache_key(emit_conv_source(config, kernel), f"sm_{cc}a", toolchain())
+    entry = cache.get(key)
+    return entry.files["kernel.so"] if entry is not None and "kernel.so" in entry.files \
+        else None
+
+
+def build_conv_many(configs: Sequence[ConvConfig], kernel: ConvKernel, cc: int = 90,
+                    workers: int | None = None, cache: KernelCache | None = None,
+                    on_done: Callable[[BuildResult], None] | None = None
+                    ) -> dict[ConvConfig, cf.Future]:
+    """Start building ``configs`` on ``workers`` threads (one nvcc each); a future per
+    configuration, in the order given."""
+    workers = workers or max(1, min(len(configs), os.cpu_count() or 1))
+    pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pyc-nvcc-conv")
+
+    def job(cfg: ConvConfig) -> BuildResult:
+        try:
+            res = build_conv(cfg, kernel, cc, cache)
+        except Exception as exc:
+            res = BuildResult(cfg, "", None, "compile_error", 0.0,
+                              f"{type(exc).__name__}: {exc}")
+        if on_done is not None:
+            on_done(res)
+        return res
+
+    futures = {cfg: pool.submit(job, cfg) for cfg in configs}
+    pool.shutdown(wait=False)
+    return futures
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A forward convolution's sizes as the kernel takes them (channels last).
+
+    ``act`` is ``(N, *spatial, C)``, ``flt`` ``(K, *kernel, C)``; ``pad``, ``stride`` and
+    ``dilation`` have one entry per spatial axis (outermost first).
+    """
+
+    act: tuple[int, ...]
+    flt: tuple[int, ...]
+    pad: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+    @classmethod
+    def from_channels_first(cls, x_shape: Sequence[int], w_shape: Sequence[int],
+                            stride: Sequence[int], pads: Sequence[int],
+                            dilation: Sequence[int]) -> ConvGeometry:
+        """From ``pl.conv``'s shapes: ``x (N, C, *spatial)``, ``w (K, C, *kernel)``."""
+        n, c, *spatial = (int(v) for v in x_shape)
+        k, _, *kernel = (int(v) for v in w_shape)
+        return cls((n, *spatial, c), (k, *kernel, c), tuple(int(p) for p in pads),
+                   tuple(int(s) for s in stride), tuple(int(d) for d in dilation))
+
+    @property
+    def spatial(self) -> int:
+        """Spatial axes."""
+        return len(self.act) - 2
+
+    @property
+    def out(self) -> tuple[int, ...]:
+        """The output's spatial extents."""
+        return tuple((n + 2 * p - d * (r - 1) - 1) // s + 1 for n, r, p, s, d in
+                     zip(self.act[1:-1], self.flt[1:-1], self.pad, self.stride,
+                         self.dilation, strict=True))
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """``(N, *out, K)``: the output, channels last."""
+        return (self.act[0], *self.out, self.flt[0])
+
+    @property
+    def gemm(self) -> tuple[int, int, int]:
+        """The implicit GEMM's ``(M, N, K)``."""
+        return (self.act[0] * prod(self.out), self.flt[0],
+                self.act[-1] * prod(self.flt[1:-1]))
+
+    @property
+    def flops(self) -> int:
+        """``2 M N K``."""
+        m, n, k = self.gemm
+        return 2 * m * n * k
+
+    @property
+    def layout(self) -> str:
+        """The tuning database's layout of the problem family: the window and how it
+        moves (``"nhwc r3x3 s1x1 p1x1 d1x1"``); the sizes are ``(M, N, K)``."""
+        names = {1: "nwc", 2: "nhwc", 3: "ndhwc"}[self.spatial]
+        def join(v: Sequence[int]) -> str:
+            return "x".join(map(str, v))
+        return (f"{names} r{join(self.flt[1:-1])} s{join(self.stride)} p{join(self.pad)} "
+                f"d{join(self.dilation)}")
+
+    def issue(self, kernel: ConvKernel) -> str:
+        """Why ``kernel`` cannot take this problem (``""`` when it can, as far as pyc_lab
+        can tell before CUTLASS's own ``can_implement``)."""
+        if self.spatial != kernel.spatial:
+            return f"{self.spatial} spatial axes, the kernel has {kernel.spatial}"
+        c, k = self.act[-1], self.flt[0]
+        if c % kernel.align or k % kernel.align:
+            return (f"{c} input and {k} output channels; {kernel.dtype} kernels need "
+                    f"multiples of {kernel.align} (16-byte TMA rows)")
+        if any(v <= 0 for v in self.out):
+            return f"the window does not fit (output {self.out})"
+        if max(self.gemm[0], self.act[0] * prod(self.act[1:])) >= 2**31:
+            return "more than 2^31 output or input pixels"
+        return ""
+
+    def arrays(self) -> tuple[Any, ...]:
+        """The five int arrays the C functions take."""
+        return tuple((ctypes.c_int * len(v))(*v) for v in
+                     (self.act, self.flt, self.pad, self.stride, self.dilation))
+
+
+def conv_configs(geometry: ConvGeometry, kernel: ConvKernel, sm_count: int = 132
+                 ) -> list[ConvConfig]:
+    """The configurations worth building for a problem, best first by a cheap model.
+
+    Tiles wider than the output channels rounded up to 64 are dropped (they compute
+    padding); the rest are ranked by the fraction of the last wave's CTAs that do work
+    and, among equals, by larger tiles (more reuse per byte); the 2-CTA clusters
+    (multicast of the filter along M, of the activations along N) follow each tile.
+    """
+    m, n, _ = geometry.gemm
+    k_tile = 128 // _BYTES[kernel.dtype]
+    widest = max(64, -(-n // 64) * 64)
+    scored = []
+    for tm, tn in TILES:
+        if tn > widest:
+            continue
+        ctas = -(-m // tm) * -(-n // tn)
+        waves = -(-ctas // sm_count)
+        fill = ctas / (waves * sm_count)
+        waste = (-(-n // tn) * tn - n) / (-(-n // tn) * tn)
+        score = fill * (1 - waste) * (1.0 if ctas >= sm_count else 0.8) \
+            + 0.02 * (tm * tn) / (128 * 256)
+        for ci, (cm, cn) in enumerate(CLUSTERS):
+            if -(-m // tm) % cm or -(-n // tn) % cn:
+                continue
+            scored.append((score - 0.01 * ci, ConvConfig((tm, tn, k_tile), (cm, cn))))
+    scored.sort(key=lambda t: -t[0])
+    return [cfg for _, cfg in scored]
+
+
+_LIBS: dict[str, ctypes.CDLL] = {}
+_LIBS_LOCK = threading.Lock()
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    digest = hashlib.sha256(str(path).encode()).hexdigest()
+    with _LIBS_LOCK:
+        lib = _LIBS.get(digest)
+        if lib is None:
+            lib = ctypes.CDLL(str(path))
+            vp, ip, c_int = ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.c_int
+            geo = [ip] * 5
+            lib.pyc_conv_can_implement.argtypes = geo
+            lib.pyc_conv_can_implement.restype = c_int
+            lib.pyc_conv_workspace_size.argtypes = [*geo, c_int]
+            lib.pyc_conv_workspace_size.restype = ctypes.c_ulonglong
+            lib.pyc_conv_create.restype = vp
+            lib.pyc_conv_destroy.argtypes = [vp]
+            lib.pyc_conv_initialize.argtypes = [vp, *geo, vp, vp, vp, vp, vp, c_int, vp]
+            lib.pyc_conv_initialize.restype = c_int
+            lib.pyc_conv_run.argtypes = [vp, vp]
+            lib.pyc_conv_run.restype = c_int
+            lib.pyc_conv_has_bias.restype = c_int
+            lib.pyc_conv_spatial.restype = c_int
+            _LIBS[digest] = lib
+        return lib
+
+
+@dataclass
+class CutlassConv:
+    """A built convolution kernel, launched on device pointers.
+
+    ``conv.run(geometry, x, w, bias, y, stream)`` binds the problem and its pointers on
+    the first call with them (TMA descriptors are made on the host then) and afterwards
+    only launches; the pointers are raw device addresses (``int``), so CuPy arrays and
+    torch tensors go through the same call. ``x`` is ``(N, *spatial, C)``, ``w``
+    ``(K, *kernel, C)`` and ``y`` ``(N, *out, K)``, all contiguous in the kernel's dtype;
+    ``bias`` a ``(K,)`` vector when the kernel has one.
+    """
+
+    library: Path
+    config: ConvConfig | None = None
+    kernel: ConvKernel = field(default_factory=ConvKernel)
+    sm_count: int = 0
+    _lib: Any = field(default=None, repr=False)
+    _handle: Any = field(default=None, repr=False)
+    _bound: tuple | None = field(default=None, repr=False)
+    _workspace: Any = field(default=None, repr=False)
+    _lock: Any = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self._lib = _load(Path(self.library))
+        if self._lib.pyc_conv_spatial() != self.kernel.spatial or \
+                bool(self._lib.pyc_conv_has_bias()) != self.kernel.bias:
+            raise PycLabError(f"{self.library} is not a {self.kernel.op} kernel")
+        if not self.sm_count:
+            from ...hardware.device import require_cupy
+
+            cp = require_cupy("CutlassConv")
+            self.sm_count = int(cp.cuda.Device().attributes["MultiProcessorCount"])
+        self._handle = self._lib.pyc_conv_create()
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order
+        lib, handle = getattr(self, "_lib", None), getattr(self, "_handle", None)
+        if lib is not None and handle:
+            lib.pyc_conv_destroy(handle)
+
+    def can_implement(self, geometry: ConvGeometry) -> bool:
+        """Whether the kernel takes the problem (pyc_lab's checks, then CUTLASS's)."""
+        if geometry.issue(self.kernel):
+            return False
+        return self._lib.pyc_conv_can_implement(*geometry.arrays()) == 0
+
+    def run(self, geometry: ConvGeometry, x: int, w: int, bias: int | None, y: int,
+            stream: int) -> None:
+        """Compute ``y = act(conv(x, w) + bias)`` on ``stream``.
+
+        Raises
+        ------
+        PycLabError
+            A bias missing or given where the kernel has none, a problem the kernel
+            cannot take, or CUTLASS refusing to initialise or launch.
+        """
+        if (bias is not None) != self.kernel.bias:
+            need = "needed" if self.kernel.bias else "not taken"
+            raise PycLabError(f"{self.kernel.op}: a bias is {need}")
+        key = (geometry, x, w, bias, y)
+        with self._lock:
+            if key != self._bound:
+                why = geometry.issue(self.kernel)
+                if why:
+                    raise PycLabError(f"CUTLASS {self.kernel.op}: {why}")
+                arrays = geometry.arrays()
+                size = self._lib.pyc_conv_workspace_size(*arrays, self.sm_count)
+                workspace = 0
+                if size:
+                    import cupy as cp
+
+                    self._workspace = cp.empty(int(size), dtype=cp.uint8)
+                    workspace = self._workspace.data.ptr
+                st = self._lib.pyc_conv_initialize(self._handle, *arrays, x, w, bias or 0,
+                                                   y, workspace, self.sm_count, stream)
+                if st != 0:
+                    self._bound = None
+                    name = self.config.id if self.config else self.library
+                    raise PycLabError(f"CUTLASS {self.kernel.op} {name} refused the problem "
+                                      f"{geometry} (status {st})")
+                self._bound = key
+            st = self._lib.pyc_conv_run(self._handle, stream)
+        if st != 0:
+            raise PycLabError(f"CUTLASS {self.kernel.op} launch failed (status {st})")

@@ -1,0 +1,298 @@
+"""The live convolution runner: CUTLASS 3 candidates built, checked against cuDNN and timed.
+
+For one forward convolution (channels last, ``groups == 1``) in f16, bf16 or tf32 on
+this machine's GPU:
+
+1. the candidates — :func:`~pyc_lab.kernels.cutlass.conv.conv_configs`, the CTA tiles
+   and clusters worth building for the problem, best-ranked first, cut to
+   ``max_candidates`` — are built in parallel into the kernel cache (a kernel depends
+   on the dtype and epilogue, not on the sizes, so the layers of a network share them);
+2. each runs on inputs uniform in [-1, 1] into a NaN-poisoned output, twice, each launch
+   watched for a hang, and is compared with the convolution in float32 (cuDNN with TF32
+   off; the bias and activation applied in float32); NaN/Inf or an error above the
+   dtype's tolerance rejects it, with the reason;
+3. correct ones are timed with the tuner's one timing
+   (:func:`~pyc_lab.kernels.tuning.gemm_runner.gpu_ms`: CUDA events, L2 flushed, launch
+   gaps kept out);
+4. cuDNN (torch's convolution in its benchmark mode, channels last, the bias and
+   activation applied by torch as a user would) is timed the same way in the same run
+   and recorded as the ``"cudnn"`` baseline row; the run's winner is the faster of the
+   best CUTLASS candidate and cuDNN.
+
+Needs CuPy and torch (the inputs, the reference and the baseline are torch tensors on
+the GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ...errors import PycLabError
+from ...hardware.device import require_cupy
+from ...search import Outcome, SearchSpace, StopSearch
+from ...units import tflops
+from ..conv_gemm import cudnn_conv
+from ..cutlass.conv import (
+    ConvConfig,
+    ConvGeometry,
+    ConvKernel,
+    CutlassConv,
+    build_conv_many,
+    conv_configs,
+)
+from ..cutlass.nvcc import BuildResult
+from .builds import wait_for_build
+from .gemm_reference import TOLERANCE
+from .gemm_runner import gpu_ms
+from .keys import DeviceKey, Measurement, ProblemKey, device_key
+from .options import GemmTuneOptions
+
+__all__ = ["ConvRunner", "conv_problem_key", "torch_dtype"]
+
+log = logging.getLogger(__name__)
+
+
+def torch_dtype(dtype: str) -> Any:
+    """The torch dtype of a kernel dtype (tf32 kernels take float32 tensors)."""
+    import torch
+
+    return {"f16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32}[dtype]
+
+
+def conv_problem_key(geometry: ConvGeometry, kernel: ConvKernel) -> ProblemKey:
+    """The tuning database's key of a convolution: op ``conv2d_fprop[_bias][_act]``, the
+    window as the layout (:attr:`ConvGeometry.layout`) and the implicit GEMM's sizes."""
+    m, n, k = geometry.gemm
+    return ProblemKey(kernel.op, kernel.dtype, kernel.dtype, kernel.dtype, geometry.layout,
+                      m, n, k)
+
+
+def _conv_space(configs: list[ConvConfig]) -> SearchSpace:
+    keys = {(c.to_dict()["tile"], c.to_dict()["cluster"]) for c in configs}
+    params = {"tile": sorted({k[0] for k in keys}), "cluster": sorted({k[1] for k in keys})}
+
+    def exists(cand: Mapping[str, Any]) -> bool:
+        return (cand["tile"], cand["cluster"]) in keys
+
+    return SearchSpace(params, restrictions=[exists])
+
+
+class ConvRunner:
+    """Measures CUTLASS convolution candidates for one problem on this GPU.
+
+    Parameters
+    ----------
+    geometry
+        The problem, channels last.
+    options
+        dtype (``f16``, ``bf16`` or ``tf32``), bias, activation, candidate cut, repeats,
+        workers, hang limit (a :class:`~pyc_lab.kernels.tuning.options.GemmTuneOptions`).
+    restrict
+        ``restrict(config) -> bool``: only configurations it accepts are considered.
+    cache
+        The kernel cache builds go to (the user's by default).
+
+    Attributes
+    ----------
+    problem, device
+        The tuning-database keys.
+    configs
+        The ranked configurations the search may evaluate.
+    baselines
+        ``{"cudnn": ms}``, timed in the same run.
+    rows
+        ``config id -> the table row`` of every candidate evaluated.
+
+    Raises
+    ------
+    PycLabError
+        No GPU or torch, a GPU that is not Hopper, or a problem the kernels cannot take.
+    """
+
+    def __init__(self, geometry: ConvGeometry, options: GemmTuneOptions, *,
+                 restrict: Callable[[ConvConfig], bool] | None = None,
+                 cache: Any = None) -> None:
+        cp = require_cupy("autotune_conv")
+        try:
+            import torch
+        except ImportError:
+            raise PycLabError("autotune_conv needs torch: cuDNN, through torch, is the "
+                              "reference and the baseline") from None
+        opts = options
+        if opts.dtype not in ("f16", "bf16", "tf32"):
+            raise PycLabError(f"autotune_conv: dtype {opts.dtype!r}; CUTLASS convolutions "
+                              "take f16, bf16 or tf32")
+        kernel = ConvKernel(opts.dtype, geometry.spatial, opts.bias, opts.activation)
+        why = geometry.issue(kernel)
+        if why:
+            raise PycLabError(f"autotune_conv {geometry}: {why}; pl.conv uses cuDNN for it")
+        device, cc, sm_count = device_key()
+        if cc < 90:
+            raise PycLabError(f"CUTLASS convolutions here are built for Hopper (sm_90a); this "
+                              f"GPU is sm_{cc}")
+        self._deadline = time.perf_counter() + opts.budget_s if opts.budget_s else None
+        self.geometry, self.kernel, self.options = geometry, kernel, opts
+        self.device: DeviceKey = device
+        self.sm_count = sm_count
+        self.problem = conv_problem_key(geometry, kernel)
+        ranked = conv_configs(geometry, kernel, sm_count)
+        if restrict is not None:
+            ranked = [c for c in ranked if restrict(c)]
+        if not ranked:
+            raise PycLabError(f"autotune_conv {geometry}: every configuration excluded")
+        if opts.max_candidates is not None:
+            ranked = ranked[:opts.max_candidates]
+        self.configs = ranked
+        self._cp, self._torch = cp, torch
+        self._make_inputs(opts.seed)
+        self.baselines = {"cudnn": gpu_ms(self._cudnn, opts.repeats)}
+        self._builds: dict[ConvConfig, BuildResult] = {}
+        self._futures = build_conv_many(ranked, kernel, cc, opts.workers, cache,
+                                        on_done=lambda r: self._builds.__setitem__(r.config, r))
+        self._loaded: dict[ConvConfig, CutlassConv] = {}
+        self.rows: dict[str, dict[str, Any]] = {}
+        self._measurements: dict[str, Measurement] = {}
+        self._hung: str | None = None
+
+    def _make_inputs(self, seed: int) -> None:
+        """Inputs uniform in [-1, 1], the float32 reference, and cuDNN's call."""
+        torch = self._torch
+        g = self.geometry
+        dt = torch_dtype(self.kernel.dtype)
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        def uniform(*shape: int) -> Any:
+            return torch.rand(shape, device="cuda", generator=gen).mul_(2).sub_(1).to(dt)
+        self._x = uniform(*g.act)                      # (N, *spatial, C)
+        self._w = uniform(*g.flt)                      # (K, *kernel, C)
+        self._b = uniform(g.flt[0]) if self.kernel.bias else None
+        self._y = torch.empty(g.out_shape, device="cuda", dtype=dt)
+        nd = g.spatial
+        to_first = (0, nd + 1, *range(1, nd + 1))
+        xf, wf = self._x.permute(*to_first), self._w.permute(*to_first)
+        fn = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d,
+              3: torch.nn.functional.conv3d}[nd]
+        args = dict(stride=g.stride, padding=g.pad, dilation=g.dilation)
+        was = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = False
+        try:
+            ref = fn(xf.float(), wf.float(), None if self._b is None else self._b.float(),
+                     **args)
+        finally:
+            torch.backends.cudnn.allow_tf32 = was
+        self._ref = _activation(ref, self.kernel.activation).permute(
+            0, *range(2, nd + 2), 1).contiguous()
+        self._ref_max = float(self._ref.abs().max()) or 1.0
+        act = self.kernel.activation
+
+        def cudnn() -> Any:
+            return _activation(cudnn_conv(xf, wf, self._b, g.stride, g.pad, g.dilation, 1),
+                               act)
+
+        self._cudnn = cudnn
+
+    # -- the runner protocol ----------------------------------------------------------
+    def space(self) -> SearchSpace:
+        """The ranked configurations as a search space."""
+        return _conv_space(self.configs)
+
+    def evaluate(self, candidate: Mapping[str, Any], fidelity: int) -> Outcome:
+        """Build (wait for), run twice, check and time one configuration."""
+        if self._hung is not None:
+            raise StopSearch(f"{self._hung} hung; the GPU context is unusable")
+        cfg = ConvConfig.from_dict(dict(candidate))
+        res = wait_for_build(self._futures[cfg], self._deadline)
+        if res is None:
+            return self._finish(cfg, "skipped", message="its build did not finish within "
+                                "the tuning budget")
+        if not res.ok:
+            return self._finish(cfg, "compile_error", message=res.message)
+        try:
+            conv = self._loaded.get(cfg) or CutlassConv(res.library, cfg, self.kernel,
+                                                        self.sm_count)
+            self._loaded[cfg] = conv
+            if not conv.can_implement(self.geometry):
+                return self._finish(cfg, "skipped", message="can_implement refused the problem")
+        except Exception as exc:
+            return self._finish(cfg, "wrong_result", message=f"{type(exc).__name__}: {exc}")
+        stream = self._torch.cuda.current_stream().cuda_stream
+        ptrs = (self._x.data_ptr(), self._w.data_ptr(),
+                None if self._b is None else self._b.data_ptr(), self._y.data_ptr())
+
+        def launch() -> None:
+            conv.run(self.geometry, *ptrs, stream)
+
+        status, ms, err, msg = self._check_and_time(launch, cfg.id, fidelity)
+        return self._finish(cfg, status, ms, err, msg)
+
+    def _check_and_time(self, launch: Callable[[], None], name: str, repeats: int
+                        ) -> tuple[str, float | None, float | None, str]:
+        torch = self._torch
+        try:
+            self._y.fill_(float("nan"))
+            for _ in range(2):
+                launch()
+                if not self._finished_within(self.options.hang_s):
+                    self._hung = name
+                    return "timeout", None, None, (
+                        f"still running after {self.options.hang_s:.0f} s; the GPU context "
+                        "is unusable, tuning stopped")
+        except Exception as exc:
+            return "wrong_result", None, None, f"{type(exc).__name__}: {exc}"
+        got = self._y.float()
+        if not bool(torch.isfinite(got).all()):
+            return "nan", None, None, "NaN or Inf in the output"
+        err = float((got - self._ref).abs().max()) / self._ref_max
+        tol = TOLERANCE[self.kernel.dtype]
+        if err > tol:
+            return "wrong_result", None, err, f"max error {err:.3g} > {tol} vs float32"
+        return "ok", gpu_ms(launch, repeats), err, ""
+
+    def _finished_within(self, seconds: float) -> bool:
+        done = self._torch.cuda.Event()
+        done.record()
+        t0 = time.perf_counter()
+        while not done.query():
+            if time.perf_counter() - t0 > seconds:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def _finish(self, cfg: ConvConfig, status: str, ms: float | None = None,
+                error: float | None = None, message: str = "") -> Outcome:
+        res = self._builds.get(cfg)
+        rate = tflops(self.geometry.flops, ms)
+        row = {"config": cfg.id, "status": status, "ms": ms, "tflops": rate, "error": error,
+               "build_s": round(res.seconds, 1) if res else None,
+               "build": res.status if res else None, "message": message[:500],
+               **cfg.to_dict()}
+        self.rows[cfg.id] = row
+        self._measurements[cfg.id] = Measurement(cfg.to_dict(), status, ms, rate, error,
+                                                 message)
+        return Outcome(status, ms, message, {**row, "built": len(self._builds),
+                                             "total": len(self.configs)})
+
+    def measurement(self, candidate: Mapping[str, Any]) -> Measurement | None:
+        """The recorded measurement of a candidate."""
+        return self._measurements.get(ConvConfig.from_dict(dict(candidate)).id)
+
+    def measurements(self) -> list[Measurement]:
+        """Every candidate measured, failed builds, and the cuDNN baseline row."""
+        for cfg, fut in self._futures.items():
+            if cfg.id not in self.rows and fut.done() and not fut.result().ok:
+                self._finish(cfg, "compile_error", message=fut.result().message)
+        return [*self._measurements.values(), *(
+            Measurement({"baseline": name}, "baseline", ms, tflops(self.geometry.flops, ms))
+            for name, ms in self.baselines.items())]
+
+
+def _activation(y: Any, activation: str | None) -> Any:
+    """torch's activation on a fresh tensor (gelu in the tanh form, as the kernels')."""
+    if activation is None:
+        return y
+    import torch.nn.functional as F
+
+    return {"relu": F.relu, "silu": F.silu,
+            "gelu": lambda t: F.gelu(t, approximate="tanh")}[activation](y)

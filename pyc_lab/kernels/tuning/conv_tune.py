@@ -1,0 +1,115 @@
+"""``autotune_conv``: tune pyc_lab's CUTLASS convolutions for one problem, against cuDNN.
+
+The candidates of :class:`~pyc_lab.kernels.tuning.conv_runner.ConvRunner` go through the
+shared :class:`~pyc_lab.search.session.TuningSession` (strategy, budget, seed and
+observers as for GEMMs); every candidate, the cuDNN baseline of the same run and the
+winner go to the tuning database, where ``pl.conv`` finds the winner and races it
+against cuDNN on the problem's first call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..conv import conv_geometry
+from ..cutlass.conv import ConvConfig, ConvGeometry
+from .autotune import _search
+from .conv_runner import ConvRunner
+from .database import TuningDB
+from .options import GemmTuneOptions
+from .result import TuneResult, candidate_table
+
+__all__ = ["autotune_conv", "conv_geometry_of"]
+
+log = logging.getLogger(__name__)
+
+#: What a convolution tuning changes from the GEMM tuning's defaults: the space is a
+#: few tiles and clusters, so it is searched in rank order, best-ranked first.
+CONV_DEFAULTS = {"strategy": "exhaustive", "max_candidates": 6}
+
+
+def conv_geometry_of(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any = 1,
+                     padding: Any = 0, dilation: Any = 1,
+                     layout: str = "channels_first") -> ConvGeometry:
+    """The kernels' geometry of a ``pl.conv`` problem given as shapes (checked as
+    ``pl.conv`` checks them, with ``groups=1``: CUTLASS's Hopper convolutions are not
+    grouped, and ``pl.conv`` runs grouped ones on cuDNN)."""
+    x_shape, w_shape = tuple(int(v) for v in x_shape), tuple(int(v) for v in w_shape)
+    _, stride_t, pads, dilation_t = conv_geometry(x_shape, w_shape, None, stride=stride,
+                                                  padding=padding, dilation=dilation,
+                                                  layout=layout)
+    if layout == "channels_last":
+        x_shape = (x_shape[0], x_shape[-1], *x_shape[1:-1])
+    return ConvGeometry.from_channels_first(x_shape, w_shape, stride_t, pads, dilation_t)
+
+
+def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any = 1,
+                  padding: Any = 0, dilation: Any = 1, layout: str = "channels_first",
+                  options: GemmTuneOptions | None = None,
+                  restrict: Callable[[ConvConfig], bool] | None = None,
+                  db: TuningDB | None = None,
+                  cache: Any = None, observer: Callable[[dict[str, Any]], None] | None = None,
+                  stop: threading.Event | None = None, **settings: Any) -> TuneResult:
+    """Tune a forward convolution on this GPU and record the result.
+
+    Parameters
+    ----------
+    x_shape, w_shape
+        The problem as ``pl.conv`` takes it: ``x (N, C, *spatial)`` (or
+        ``(N, *spatial, C)`` with ``layout="channels_last"``), ``w (K, C, *kernel)``.
+        The kernels read the activations channels last; ``pl.conv`` offers them for
+        channels-last inputs.
+    stride, padding, dilation
+        As for ``pl.conv``.
+    options, **settings
+        A :class:`~pyc_lab.kernels.tuning.options.GemmTuneOptions` and fields over it:
+        ``dtype`` (``"f16"``, ``"bf16"`` or ``"tf32"``), ``bias``, ``activation``,
+        ``strategy`` (default ``"exhaustive"``), ``budget_s``, ``max_candidates``
+        (default 6), ``repeats``, ``seed``, ``workers``, ``hang_s``.
+    restrict
+        ``restrict(config) -> bool``: only configurations it accepts are considered
+        (before the ``max_candidates`` cut).
+    db, cache
+        Tuning database and kernel cache (the user's by default).
+    observer, stop
+        As for :func:`~pyc_lab.kernels.tuning.autotune.autotune_gemm`.
+
+    Returns
+    -------
+    TuneResult
+        ``.best`` (the fastest correct CUTLASS configuration), ``.table``,
+        ``.baselines`` (``{"cudnn": ms}``), ``.speedup`` against cuDNN.
+
+    Raises
+    ------
+    PycLabError
+        No GPU or torch, not Hopper, no nvcc, a grouped convolution, channel counts the
+        kernels cannot take, or a bad setting.
+    """
+    merged = {**{k: v for k, v in CONV_DEFAULTS.items() if options is None}, **settings}
+    opts = GemmTuneOptions.resolve(options, merged)
+    geometry = conv_geometry_of(x_shape, w_shape, stride=stride, padding=padding,
+                                dilation=dilation, layout=layout)
+    t_start = time.perf_counter()
+    runner = ConvRunner(geometry, opts, restrict=restrict, cache=cache)
+    result = _search(runner, opts, observer, stop) if runner.configs else None
+    best = (runner.measurement(result.best.candidate)
+            if result is not None and result.best is not None else None)
+    recorded = False
+    db = db if db is not None else TuningDB()
+    try:
+        db.record_many(runner.device, runner.problem, runner.measurements())
+        if best is not None and best.ok:
+            db.set_winner(runner.device, runner.problem, best.config_id)
+        recorded = True
+    except Exception as exc:
+        log.warning("could not record the tuning in %s: %s", getattr(db, "path", db), exc)
+    return TuneResult(runner.problem, runner.device, best, candidate_table(runner.rows.values()),
+                      dict(runner.baselines), time.perf_counter() - t_start,
+                      result.stopped_by if result is not None else "no candidates",
+                      opts.strategy, recorded)
+
