@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from .ops import FUSED_OPS, VIEW_RESULT_OPS, ShapeError, evaluate, run_graph
 from .policy import MODES, Decision, choose
 from .signature import check_argument, check_signature_type, parse_spec
 from .tracer import is_array, trace
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .bound import BoundCall
 
 __all__ = ["BACKENDS", "CompiledFunction", "compile"]
 
@@ -302,6 +305,47 @@ class CompiledFunction:
             return None
         self.stats["hits"] += 1
         return art
+
+    def bind(self, *args: Any) -> BoundCall:
+        """Bind arrays for repeated runs without copies (onnxruntime's IOBinding idea).
+
+        ``bound = f.bind(x, w)`` compiles, warms up and captures ``f`` on these arrays;
+        each ``bound()`` then runs it on what they hold at that moment. With CUDA graphs
+        on the CuPy backend that is one launch per graph, reading the arrays in place and
+        returning the program's own output arrays (overwritten by its next run);
+        elsewhere it is the ordinary call. See :mod:`pyc_lab.compiler.bound`.
+
+        Raises
+        ------
+        PycLabError
+            As the ordinary call does.
+        """
+        from .bound import BoundCall
+
+        return BoundCall(self, args)
+
+    def _bound_launch(self, args: tuple) -> tuple[Any, Any, str]:
+        """``(launch, artifact, "")`` for a zero-copy replay of ``args``, or
+        ``(None, None, why not)``."""
+        fast = self._fast
+        if fast is None:
+            return None, None, ("the call needs work around its run (a graph break, an "
+                                "argument written or returned, a scalar result or "
+                                "non-array arguments)")
+        art = self._fast_artifact(args, fast)
+        if art is None:
+            return None, None, "the arguments do not select the last call's artifact"
+        bind = getattr(art.runner, "bind", None)
+        if bind is None:
+            return None, None, f"the {art.backend} backend has no captured program"
+        launch = bind(list(args))
+        if launch is None:
+            exe = art.runner
+            why = getattr(exe, "graph_capture_error", None) or getattr(
+                exe, "graph_decision", None) or ("no CUDA graph captured, or an argument "
+                                                 "the graphs copy")
+            return None, None, str(why)
+        return launch, art, ""
 
     def cache_info(self) -> dict[str, int]:
         """Hits, misses and the number of cached signatures."""

@@ -8,7 +8,10 @@ shapes. For each bucket a :class:`BucketExecutor` keeps
   host never allocates per batch);
 - the device input buffers, filled by asynchronous copies on the executor's stream;
 - the model compiled by ``pl.compile(..., backend="cupy", cuda_graph=True)``, which
-  traces once per bucket shape and replays the bucket's launch list as CUDA graphs.
+  traces once per bucket shape and replays the bucket's launch list as CUDA graphs,
+  bound to the bucket's device buffers and the weights
+  (:meth:`~pyc_lab.compiler.api.CompiledFunction.bind`): the graphs read them in place
+  and the outputs are copied to the pinned buffers straight from the graphs' own arrays.
 
 Whether a GPU is used is the device gate's answer
 (:func:`pyc_lab.hardware.device.cupy_status`); without one, the server runs the model's
@@ -164,7 +167,10 @@ class BucketExecutor:  # pragma: no cover - needs a GPU (tests/inference/test_gp
                 for src, host, dev in zip(arrays, b["in_host"], b["in_dev"], strict=True):
                     np.copyto(host, src)
                     dev.set(host, stream=self.stream)
-                outs = self.fn(*b["in_dev"], *self.weights)
+                call = b.get("call")
+                if call is None:  # compiled, warmed and captured on this batch's data
+                    call = b["call"] = self.fn.bind(*b["in_dev"], *self.weights)
+                outs = call()
                 outs = list(outs) if isinstance(outs, tuple) else [outs]
                 if b["out_host"] is None:
                     b["out_host"] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,6 +149,30 @@ class CompiledModel:
         with self._run_lock:
             out = self.compiled(*arrays, *self._weights_for(arrays))
         return list(out) if isinstance(out, tuple) else [out]
+
+    def io_binding(self, arrays: Sequence[Any]) -> Callable[[], list[Any]]:
+        """Bind input arrays for repeated runs without copies: ``run = model.io_binding(
+        inputs)``, then write new values into ``inputs`` and call ``run()`` for every
+        output, as a list.
+
+        onnxruntime's IOBinding for pyc_lab: on the CuPy backend with CUDA graphs the
+        captured graphs read the bound arrays (and the weights) in place and ``run()``
+        returns the program's own output arrays — valid until its next run — so a call
+        is one launch per graph; elsewhere ``run()`` is :meth:`run` on the arrays.
+        ``run.bound`` is the :class:`~pyc_lab.compiler.bound.BoundCall` underneath
+        (``.zero_copy``, ``.why``).
+        """
+        arrays = list(arrays)
+        bound = self.compiled.bind(*arrays, *self._weights_for(arrays))
+        lock = self._run_lock
+
+        def run() -> list[Any]:
+            with lock:
+                out = bound()
+            return list(out) if isinstance(out, tuple) else [out]
+
+        run.bound = bound  # type: ignore[attr-defined]
+        return run
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``model(x)``, ``model(x1, x2)``, ``model(name=x)`` or ``model({name: x})``.

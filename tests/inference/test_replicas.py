@@ -172,6 +172,7 @@ def test_per_gpu_replicas_are_made_and_run_on_their_device(fake_cupy, affine,  #
             ran_on.append((e.device, Device.current()))
             return fn(*arrays)
 
+        on_device.bind = lambda *bound, run=on_device: (lambda: run(*bound))
         e.fn = on_device
     batcher = Batcher(affine, options, executors)
     try:

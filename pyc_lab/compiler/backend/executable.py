@@ -24,7 +24,7 @@ reason is kept in :attr:`CupyExecutable.graph_capture_error`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -272,6 +272,16 @@ class CupyExecutable:
                     if self._program is not None:
                         return self._program.replay(args)
         return self._finish(self._execute(args))
+
+    def bind(self, args: Sequence[Any]) -> Callable[[], list[Any]] | None:
+        """The captured replay program as a call on ``args`` read in place — one launch
+        per graph and library call, no copies in or out, the outputs the program's own
+        arrays (overwritten by its next run) — or ``None`` where that does not hold:
+        nothing captured yet, or an argument not read in place at its address."""
+        program = self._program
+        if program is None or not program.reads_in_place(list(args)):
+            return None
+        return program.launch
 
     # -- CUDA graph ----------------------------------------------------------------------------
     def _capture(self, args: Sequence[Any], places: list[tuple[int, tuple]]) -> None:

@@ -144,11 +144,7 @@ class GraphProgram:
                 dst.data.copy_from_device_async(src.data, src.nbytes, stream)
             else:
                 cp.copyto(dst, src)
-        for kind, item in self.program:
-            if kind == "graph":
-                item.launch(stream=stream)
-            else:
-                item()
+        self._run(stream)
         outs = []
         for o in self.outputs:
             v = self.values[o]
@@ -159,6 +155,28 @@ class GraphProgram:
                 out = v.copy()
             outs.append(out)
         return outs
+
+
+    def _run(self, stream: Any) -> None:
+        for kind, item in self.program:
+            if kind == "graph":
+                item.launch(stream=stream)
+            else:
+                item()
+
+    def reads_in_place(self, args: Sequence[Any]) -> bool:
+        """Whether every one of ``args`` is an input the graphs read in place, at the
+        address and strides it was captured at (so a run needs no copy of any)."""
+        if len(self.bound) != len(args) or len(args) != len(self.static_inputs):
+            return False
+        return all(self.bound.get(i) == (a.data.ptr, a.strides) for i, a in enumerate(args))
+
+    def launch(self) -> list[Any]:
+        """Run the program on the current stream with every input read in place (see
+        :meth:`reads_in_place`): no copy in, no copy out — the outputs are the program's
+        own arrays, overwritten by its next run."""
+        self._run(self.cp.cuda.get_current_stream())
+        return [self.values[o] for o in self.outputs]
 
 
 def capture(exe: GraphHost, args: Sequence[Any] | None = None,
