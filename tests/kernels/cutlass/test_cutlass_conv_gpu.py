@@ -23,6 +23,7 @@ from pyc_lab.kernels.cutlass.conv import (
     ConvKernel,
     CutlassConv,
     build_conv,
+    build_conv_many,
     conv_configs,
 )
 from pyc_lab.kernels.tuning.conv_tune import conv_geometry_of
@@ -71,11 +72,13 @@ def prebuild(directory: str) -> None:
 def kernels(tmp_path_factory):
     cache = KernelCache(os.environ.get("PYC_LAB_TEST_KERNEL_CACHE")
                         or tmp_path_factory.mktemp("kernels"))
+    futures = {name: build_conv_many([cfg], kern, cache=cache, workers=1)[cfg]
+               for name, (cfg, kern) in KERNELS.items()}  # in parallel where not cached
     out = {}
-    for name, (cfg, kern) in KERNELS.items():
-        res = build_conv(cfg, kern, cache=cache)
+    for name, fut in futures.items():
+        res = fut.result()
         assert res.ok, res.message
-        out[name] = CutlassConv(res.library, cfg, kern)
+        out[name] = CutlassConv(res.library, res.config, KERNELS[name][1])
     return out
 
 
