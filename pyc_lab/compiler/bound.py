@@ -3,10 +3,12 @@
 ``bound = f.bind(*arrays)`` is to a compiled function what onnxruntime's IOBinding is to
 a session: the arrays are given once, and each ``bound()`` runs ``f`` on whatever they
 hold then. On the CuPy backend with CUDA graphs the arrays are exactly what the captured
-graphs read (inputs read in place, see :mod:`.backend.graphs`), so a run is one launch
-per graph and per library call between graphs — no copy into static buffers, no output
-allocated or copied out: the results are the program's own arrays, overwritten by its
-next run (``bound()`` again, or a call of ``f`` on the same arrays). Write new values
+graphs read (inputs read in place, see :mod:`.backend.graphs`; the binding captures a
+program of its own where ``f``'s copies an input), so a run is one launch per graph and
+per library call between graphs — no copy into static buffers, no output allocated or
+copied out: the results are the program's own arrays, overwritten by its next run
+(``bound()`` again, or a call of ``f`` on the same arrays when the binding shares ``f``'s
+program). Write new values
 into the bound arrays between runs (``x[...] = ...``), never rebind them.
 
 Where that does not hold — the NumPy backend, no CUDA graph (not captured, or refused),
@@ -26,8 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["WARM_CALLS", "BoundCall"]
 
-#: Calls made at binding to compile, warm up and capture (the capture is at the second).
-WARM_CALLS = 3
+#: Ordinary calls made at most while binding (compile and warm up) before the capture.
+WARM_CALLS = 2
 
 
 class BoundCall:
@@ -54,10 +56,10 @@ class BoundCall:
         self._launch: Callable[[], list[Any]] | None = None
         self._art: Artifact | None = None
         self.why = ""
-        for _ in range(WARM_CALLS):
+        for _ in range(WARM_CALLS):  # compile and warm up; then the binding's capture
             fn(*args)
             self._launch, self._art, self.why = fn._bound_launch(args)
-            if self._launch is not None:
+            if self._launch is not None or "no captured program" in self.why:
                 break
 
     @property

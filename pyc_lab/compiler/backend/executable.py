@@ -274,13 +274,28 @@ class CupyExecutable:
         return self._finish(self._execute(args))
 
     def bind(self, args: Sequence[Any]) -> Callable[[], list[Any]] | None:
-        """The captured replay program as a call on ``args`` read in place — one launch
-        per graph and library call, no copies in or out, the outputs the program's own
-        arrays (overwritten by its next run) — or ``None`` where that does not hold:
-        nothing captured yet, or an argument not read in place at its address."""
-        program = self._program
-        if program is None or not program.reads_in_place(list(args)):
+        """A replay program reading ``args`` in place as a call — one launch per graph and
+        library call, no copies in or out, the outputs the program's own arrays
+        (overwritten by its next run) — or ``None`` where CUDA graphs are off or cannot
+        be captured.
+
+        The executable's own program serves when it already reads every one of ``args``
+        in place; otherwise the binding gets a program of its own, captured now with
+        every argument read in place (the executable's own keeps copying the inputs it
+        has seen move). Call the executable once on ``args`` first (compiling and
+        warming up what the capture records).
+        """
+        if not self.cuda_graph or self.graph_capture_error is not None or self.calls < 1:
             return None
+        args = list(args)
+        program = self._program
+        if program is None or not program.reads_in_place(args):
+            try:
+                program = capture(self, args, list(range(len(args))))
+            except CaptureError as exc:
+                log.debug("binding %s: capture failed (%s)", self.graph.name, exc)
+                return None
+            self.captures += 1
         return program.launch
 
     # -- CUDA graph ----------------------------------------------------------------------------
