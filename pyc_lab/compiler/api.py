@@ -325,16 +325,13 @@ class CompiledFunction:
         return BoundCall(self, args)
 
     def _bound_launch(self, args: tuple) -> tuple[Any, Any, str]:
-        """``(launch, artifact, "")`` for a zero-copy replay of ``args``, or
-        ``(None, None, why not)``."""
-        fast = self._fast
-        if fast is None:
+        """``(launch, artifact, "")`` for a zero-copy replay of ``args`` (compiling the
+        artifact if need be, without calling it), or ``(None, None, why not)``."""
+        art, _ = self._artifact(args, {})
+        if _fast_entry(art, args) is None:
             return None, None, ("the call needs work around its run (a graph break, an "
-                                "argument written or returned, a scalar result or "
-                                "non-array arguments)")
-        art = self._fast_artifact(args, fast)
-        if art is None:
-            return None, None, "the arguments do not select the last call's artifact"
+                                "argument written or returned, a scalar result, captured "
+                                "arrays or non-array arguments)")
         bind = getattr(art.runner, "bind", None)
         if bind is None:
             return None, None, f"the {art.backend} backend has no captured program"
@@ -342,8 +339,7 @@ class CompiledFunction:
         if launch is None:
             exe = art.runner
             why = getattr(exe, "graph_capture_error", None) or getattr(
-                exe, "graph_decision", None) or ("no CUDA graph captured, or an argument "
-                                                 "the graphs copy")
+                exe, "graph_decision", None) or "CUDA graphs are off for this function"
             return None, None, str(why)
         return launch, art, ""
 

@@ -8,7 +8,8 @@ program of its own where ``f``'s copies an input), so a run is one launch per gr
 per library call between graphs — no copy into static buffers, no output allocated or
 copied out: the results are the program's own arrays, overwritten by its next run
 (``bound()`` again, or a call of ``f`` on the same arrays when the binding shares ``f``'s
-program). Write new values
+program). Binding compiles ``f`` for the arrays if need be but does not call it: what
+``f``'s own calls read in place is left as it was. Write new values
 into the bound arrays between runs (``x[...] = ...``), never rebind them.
 
 Where that does not hold — the NumPy backend, no CUDA graph (not captured, or refused),
@@ -26,10 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from .api import Artifact, CompiledFunction
 
-__all__ = ["WARM_CALLS", "BoundCall"]
-
-#: Ordinary calls made at most while binding (compile and warm up) before the capture.
-WARM_CALLS = 2
+__all__ = ["BoundCall"]
 
 
 class BoundCall:
@@ -56,11 +54,7 @@ class BoundCall:
         self._launch: Callable[[], list[Any]] | None = None
         self._art: Artifact | None = None
         self.why = ""
-        for _ in range(WARM_CALLS):  # compile and warm up; then the binding's capture
-            fn(*args)
-            self._launch, self._art, self.why = fn._bound_launch(args)
-            if self._launch is not None or "no captured program" in self.why:
-                break
+        self._launch, self._art, self.why = fn._bound_launch(args)
 
     @property
     def zero_copy(self) -> bool:

@@ -155,6 +155,8 @@ class CupyExecutable:
         self._fallbacks: dict[int, str] = launch.fallbacks
         #: Why calls replay CUDA graphs or do not (``cuda_graph="auto"``), else None.
         self.graph_decision: str | None = None
+        #: Whether the launch list has run once (what a capture needs before it).
+        self._warm = False
         if auto:
             refusal = auto_graph_refusal(graph, self._steps)
             self.cuda_graph = not refusal
@@ -257,6 +259,7 @@ class CupyExecutable:
         self._prepare()
         args = self._check_args(list(args))
         self.calls += 1
+        self._warm = True
         if self.cuda_graph and self.graph_capture_error is None:
             places = [(a.data.ptr, a.strides) for a in args]
             if self.calls >= 2 and self._program is None:
@@ -281,21 +284,26 @@ class CupyExecutable:
 
         The executable's own program serves when it already reads every one of ``args``
         in place; otherwise the binding gets a program of its own, captured now with
-        every argument read in place (the executable's own keeps copying the inputs it
-        has seen move). Call the executable once on ``args`` first (compiling and
-        warming up what the capture records).
+        every argument read in place. Binding is not a call: it neither counts as one nor
+        moves what the executable's own capture reads in place (an executable never run
+        runs its launch list once on ``args`` first, to warm up what the capture records).
         """
-        if not self.cuda_graph or self.graph_capture_error is not None or self.calls < 1:
+        if not self.cuda_graph or self.graph_capture_error is not None:
             return None
-        args = list(args)
+        self._prepare()
+        args = self._check_args(list(args))
         program = self._program
-        if program is None or not program.reads_in_place(args):
-            try:
-                program = capture(self, args, list(range(len(args))))
-            except CaptureError as exc:
-                log.debug("binding %s: capture failed (%s)", self.graph.name, exc)
-                return None
-            self.captures += 1
+        if program is not None and program.reads_in_place(args):
+            return program.launch
+        if not self._warm:
+            self._execute(args)
+            self._warm = True
+        try:
+            program = capture(self, args, list(range(len(args))))
+        except CaptureError as exc:
+            log.debug("binding %s: capture failed (%s)", self.graph.name, exc)
+            return None
+        self.captures += 1
         return program.launch
 
     # -- CUDA graph ----------------------------------------------------------------------------

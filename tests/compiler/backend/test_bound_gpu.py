@@ -66,3 +66,22 @@ def test_a_model_binding_on_the_gpu_matches_its_run(name):
         want = [cp.asnumpy(o) for o in model.run([a.copy() for a in inputs])]
         for g, w_ in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-6)
+
+
+def test_binding_leaves_what_the_function_reads_in_place_alone():
+    """A binding on other arrays captures its own program; the function's calls on their
+    arrays keep replaying theirs with every input read in place."""
+    mk = lambda *s: cp.random.standard_normal(s, dtype=cp.float32)  # noqa: E731
+    own = [mk(16, 8), mk(8, 8), mk(8)]
+    f = pl.compile(block, backend="cupy", cuda_graph=True)
+    for _ in range(3):
+        f(*own)
+    exe = f._fast[1].runner
+    assert exe._program.reads_in_place(own) and exe.captures == 1
+    other = [mk(16, 8), mk(8, 8), mk(8)]
+    bound = f.bind(*other)
+    assert bound.zero_copy and exe.captures == 2
+    assert exe._program.reads_in_place(own)  # untouched by the binding
+    np.testing.assert_allclose(cp.asnumpy(f(*own)), cp.asnumpy(block(*own)), rtol=1e-5)
+    np.testing.assert_allclose(cp.asnumpy(bound()), cp.asnumpy(block(*other)), rtol=1e-5)
+    assert exe.captures == 2
