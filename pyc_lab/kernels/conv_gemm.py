@@ -45,14 +45,20 @@ from typing import Any
 
 from .conv_im2col import out_size
 
-__all__ = ["MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices", "cudnn_conv", "gemm_conv",
-           "patch_bytes",
-           "prepare", "run"]
+__all__ = ["GPU_SLACK", "MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices", "cudnn_conv",
+           "gemm_conv", "patch_bytes", "prepare", "run", "torch_activation"]
 
 log = logging.getLogger(__name__)
 
-#: How much faster the GEMM form must measure to be kept over cuDNN.
+#: How much cheaper (the larger of GPU and host time a call) another candidate must
+#: measure to be kept over cuDNN ...
 MARGIN = 0.03
+#: ... while its GPU time is at most cuDNN's times ``1 + GPU_SLACK``: where the host's
+#: time to issue a call decides the cost (both above their GPU time), a candidate that
+#: is cheaper to issue but slower on the GPU would lose wherever calls queue up (CUDA
+#: graphs, a busy stream) — measured so at 41bf6f1 (a CUTLASS kernel kept for 8 % less
+#: host time ran 0.87x cuDNN on the GPU).
+GPU_SLACK = 0.0
 #: The largest patch matrix (bytes) the GEMM form may make; beyond it, cuDNN only.
 MAX_PATCH_BYTES = 2 << 30
 #: Interleaved rounds of a race, and timed calls per candidate in each.
@@ -399,9 +405,9 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
           tuned_why: str = "", activation: str | None = None) -> dict[str, Any] | None:
     """Time cuDNN, the GEMM form (where ``gemm_ok``) and a tuned CUTLASS kernel (where
     there is one) on the caller's tensors and remember the fastest, kept over cuDNN only
-    when at least :data:`MARGIN` cheaper; no CuPy to time with leaves the problem to
-    cuDNN; ``None`` inside a CUDA-graph capture (nothing may be timed there: the problem
-    stays undecided)."""
+    when at least :data:`MARGIN` cheaper and not slower on the GPU (:data:`GPU_SLACK`);
+    no CuPy to time with leaves the problem to cuDNN; ``None`` inside a CUDA-graph capture
+    (nothing may be timed there: the problem stays undecided)."""
     import torch
 
     stream = torch.cuda.current_stream(x.device).cuda_stream
@@ -423,7 +429,8 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
     timed = dict(zip(runs, _time(list(runs.values()), x.device.index), strict=True))
     cudnn = timed["cudnn"][0]
     best = min((name for name in timed if name != "cudnn"), key=lambda n: timed[n][0])
-    impl = best if timed[best][0] <= cudnn * (1.0 - MARGIN) else "cudnn"
+    impl = best if (timed[best][0] <= cudnn * (1.0 - MARGIN)
+                    and timed[best][1] <= timed["cudnn"][1] * (1.0 + GPU_SLACK)) else "cudnn"
     log.info("conv %s: %s -> %s", key[2:5],
              ", ".join(f"{n} {t[0]:.4f} ms" for n, t in timed.items()), impl)
     choice: dict[str, Any] = {"impl": impl}
