@@ -5,8 +5,7 @@ For each layer of the issue's table at batch 128, float16 and bfloat16, channels
 no bias (as in the network):
 
 1. ``pl.autotune_conv`` builds (or takes from the kernel cache) the CUTLASS candidates
-   of :data:`BENCH_TILES` x clusters (1, 1) and (2, 1), and the 256-byte K step without
-   a cluster (:func:`in_bench_space`), that the problem's ranking keeps,
+   of :data:`BENCH_TILES` x clusters (1, 1) and (2, 1) that the problem's ranking keeps,
    checks each against the convolution in float32 and times it with the tuner's timing
    (CUDA events, L2 flushed); cuDNN (torch, benchmark mode) is timed the same way in the
    same run. The row keeps the best CUTLASS time, cuDNN's, and their ratio.
@@ -50,12 +49,8 @@ BENCH_CLUSTERS = ((1, 1), (2, 1))
 
 
 def in_bench_space(cfg: ConvConfig) -> bool:
-    """The configurations this benchmark tunes over (what ``--prebuild`` builds): the
-    tiles with a 128-byte K step and both clusters, and with a 256-byte K step (16-bit:
-    128 elements) without a cluster."""
-    if cfg.tile[:2] not in BENCH_TILES:
-        return False
-    return cfg.cluster in BENCH_CLUSTERS if cfg.tile[2] == 64 else cfg.cluster == (1, 1)
+    """The configurations this benchmark tunes over (what ``--prebuild`` builds)."""
+    return cfg.tile[:2] in BENCH_TILES and cfg.cluster in BENCH_CLUSTERS
 
 
 def prebuild(directory: str) -> None:
@@ -70,8 +65,6 @@ def prebuild(directory: str) -> None:
     cache = KernelCache(directory)
     jobs = [(ConvConfig((m, n, 64), cl), ConvKernel(dt, 2))
             for dt, _ in DTYPES for m, n in BENCH_TILES for cl in BENCH_CLUSTERS]
-    jobs += [(ConvConfig((m, n, 128), (1, 1)), ConvKernel(dt, 2))
-             for dt, _ in DTYPES for m, n in BENCH_TILES if m * n <= 128 * 128]
     with cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 2))) as pool:
         for (cfg, kern), res in zip(jobs, pool.map(lambda j: build_conv(*j, cache=cache),
                                                    jobs), strict=True):

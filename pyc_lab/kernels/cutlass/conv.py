@@ -57,9 +57,10 @@ _BYTES = {"f16": 2, "bf16": 2, "tf32": 4}
 #: CTA tiles (M, N) the space offers and clusters (M, N).
 TILES = ((64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 256))
 CLUSTERS = ((1, 1), (2, 1), (1, 2))
-#: K tiles in bytes of a row: 128 (every tile) and 256 (tiles of at most 128 x 128, whose
-#: stages still fit three or more deep in shared memory): fewer, longer mainloop steps.
-K_BYTES = (128, 256)
+#: The K tile, in bytes of a row. A 256-byte step (fewer, longer mainloop steps, fewer
+#: stages) was measured at 0.2-0.7x the 128-byte one on every ResNet-50 layer tried
+#: (benchmarks/results/h200/issue18-92bac62), so it is not in the space.
+K_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -277,11 +278,10 @@ def conv_configs(geometry: ConvGeometry, kernel: ConvKernel, sm_count: int = 132
     Tiles wider than the output channels rounded up to 64 are dropped (they compute
     padding); the rest are ranked by the fraction of the last wave's CTAs that do work
     and, among equals, by larger tiles (more reuse per byte); the 2-CTA clusters
-    (multicast of the filter along M, of the activations along N) and the 256-byte K
-    tile (:data:`K_BYTES`, where the reduction has two such steps or more) follow each
-    tile.
+    (multicast of the filter along M, of the activations along N) follow each tile.
     """
-    m, n, k = geometry.gemm
+    m, n, _ = geometry.gemm
+    k_tile = K_BYTES // _BYTES[kernel.dtype]
     widest = max(64, -(-n // 64) * 64)
     scored = []
     for tm, tn in TILES:
@@ -293,15 +293,10 @@ def conv_configs(geometry: ConvGeometry, kernel: ConvKernel, sm_count: int = 132
         waste = (-(-n // tn) * tn - n) / (-(-n // tn) * tn)
         score = fill * (1 - waste) * (1.0 if ctas >= sm_count else 0.8) \
             + 0.02 * (tm * tn) / (128 * 256)
-        for ki, k_bytes in enumerate(K_BYTES):
-            k_tile = k_bytes // _BYTES[kernel.dtype]
-            if ki and (tm * tn > 128 * 128 or k < 2 * k_tile):
+        for ci, (cm, cn) in enumerate(CLUSTERS):
+            if -(-m // tm) % cm or -(-n // tn) % cn:
                 continue
-            for ci, (cm, cn) in enumerate(CLUSTERS):
-                if -(-m // tm) % cm or -(-n // tn) % cn:
-                    continue
-                scored.append((score - 0.01 * ci - 0.005 * ki,
-                               ConvConfig((tm, tn, k_tile), (cm, cn))))
+            scored.append((score - 0.01 * ci, ConvConfig((tm, tn, k_tile), (cm, cn))))
     scored.sort(key=lambda t: -t[0])
     return [cfg for _, cfg in scored]
 

@@ -104,10 +104,7 @@ def test_configurations_fit_the_problem(k_out, widest):
         assert cfgs and len(set(cfgs)) == len(cfgs)
         m_tiles = {c.tile[0] for c in cfgs}
         assert max(c.tile[1] for c in cfgs) == widest and m_tiles <= {64, 128}
-        for c in cfgs:  # a 128-byte K step, or 256 bytes for tiles up to 128 x 128
-            assert c.tile[2] == k_tile or (c.tile[2] == 2 * k_tile
-                                           and c.tile[0] * c.tile[1] <= 128 * 128)
-        assert any(c.tile[2] == 2 * k_tile for c in cfgs)  # the reduction is 576 long
+        assert all(c.tile[2] == k_tile for c in cfgs)  # a 128-byte K step
         for c in cfgs:  # a cluster divides the CTA grid
             assert -(-g.gemm[0] // c.tile[0]) % c.cluster[0] == 0
             assert -(-g.gemm[1] // c.tile[1]) % c.cluster[1] == 0
