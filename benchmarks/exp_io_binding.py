@@ -13,26 +13,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_result
+from exp_dispatch import median_us
 
 ROUNDS = 5
 CALLS = 1000
-
-
-def median_us(fn: Any, sync: Any, calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:

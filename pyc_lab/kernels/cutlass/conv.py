@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -43,6 +42,7 @@ from ...errors import PycLabError
 from ...paths import native_source
 from ..cache import KernelCache, cache_key
 from .config import ACTIVATIONS
+from .launch import load_library
 from .nvcc import BuildResult, build_source, toolchain
 
 __all__ = ["CONV_DTYPES", "ConvConfig", "ConvGeometry", "ConvKernel", "CutlassConv",
@@ -301,32 +301,21 @@ def conv_configs(geometry: ConvGeometry, kernel: ConvKernel, sm_count: int = 132
     return [cfg for _, cfg in scored]
 
 
-_LIBS: dict[str, ctypes.CDLL] = {}
-_LIBS_LOCK = threading.Lock()
-
-
-def _load(path: Path) -> ctypes.CDLL:
-    digest = hashlib.sha256(str(path).encode()).hexdigest()
-    with _LIBS_LOCK:
-        lib = _LIBS.get(digest)
-        if lib is None:
-            lib = ctypes.CDLL(str(path))
-            vp, ip, c_int = ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.c_int
-            geo = [ip] * 5
-            lib.pyc_conv_can_implement.argtypes = geo
-            lib.pyc_conv_can_implement.restype = c_int
-            lib.pyc_conv_workspace_size.argtypes = [*geo, c_int]
-            lib.pyc_conv_workspace_size.restype = ctypes.c_ulonglong
-            lib.pyc_conv_create.restype = vp
-            lib.pyc_conv_destroy.argtypes = [vp]
-            lib.pyc_conv_initialize.argtypes = [vp, *geo, vp, vp, vp, vp, vp, c_int, vp]
-            lib.pyc_conv_initialize.restype = c_int
-            lib.pyc_conv_run.argtypes = [vp, vp]
-            lib.pyc_conv_run.restype = c_int
-            lib.pyc_conv_has_bias.restype = c_int
-            lib.pyc_conv_spatial.restype = c_int
-            _LIBS[digest] = lib
-        return lib
+def _declare_conv(lib: ctypes.CDLL) -> None:
+    vp, ip, c_int = ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.c_int
+    geo = [ip] * 5
+    lib.pyc_conv_can_implement.argtypes = geo
+    lib.pyc_conv_can_implement.restype = c_int
+    lib.pyc_conv_workspace_size.argtypes = [*geo, c_int]
+    lib.pyc_conv_workspace_size.restype = ctypes.c_ulonglong
+    lib.pyc_conv_create.restype = vp
+    lib.pyc_conv_destroy.argtypes = [vp]
+    lib.pyc_conv_initialize.argtypes = [vp, *geo, vp, vp, vp, vp, vp, c_int, vp]
+    lib.pyc_conv_initialize.restype = c_int
+    lib.pyc_conv_run.argtypes = [vp, vp]
+    lib.pyc_conv_run.restype = c_int
+    lib.pyc_conv_has_bias.restype = c_int
+    lib.pyc_conv_spatial.restype = c_int
 
 
 @dataclass
@@ -352,7 +341,7 @@ class CutlassConv:
     _lock: Any = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
-        self._lib = _load(Path(self.library))
+        self._lib = load_library(Path(self.library), _declare_conv)
         if self._lib.pyc_conv_spatial() != self.kernel.spatial or \
                 bool(self._lib.pyc_conv_has_bias()) != self.kernel.bias:
             raise PycLabError(f"{self.library} is not a {self.kernel.op} kernel")

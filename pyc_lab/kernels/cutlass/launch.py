@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,34 +18,44 @@ from typing import Any
 from ...errors import PycLabError
 from .config import DTYPES, Epilogue, GemmConfig
 
-__all__ = ["CutlassGemm"]
+__all__ = ["CutlassGemm", "load_library"]
 
 _LIBS: dict[str, ctypes.CDLL] = {}
 _LIBS_LOCK = threading.Lock()
 
 
-def _load(path: Path) -> ctypes.CDLL:
+def load_library(path: Path, declare: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL:
+    """A built kernel's shared library, loaded once per path; ``declare(lib)`` sets its
+    functions' argument and result types when it is first loaded."""
     digest = hashlib.sha256(str(path).encode()).hexdigest()
     with _LIBS_LOCK:
         lib = _LIBS.get(digest)
         if lib is None:
             lib = ctypes.CDLL(str(path))
-            vp, c_int = ctypes.c_void_p, ctypes.c_int
-            lib.pyc_can_implement.argtypes = [c_int, c_int, c_int]
-            lib.pyc_can_implement.restype = c_int
-            lib.pyc_workspace_size.argtypes = [c_int, c_int, c_int, c_int]
-            lib.pyc_workspace_size.restype = ctypes.c_ulonglong
-            lib.pyc_create.restype = vp
-            lib.pyc_destroy.argtypes = [vp]
-            lib.pyc_initialize.argtypes = [vp, c_int, c_int, c_int, vp, vp, vp, vp,
-                                           ctypes.c_float, ctypes.c_float, vp, vp, c_int, vp]
-            lib.pyc_initialize.restype = c_int
-            lib.pyc_run.argtypes = [vp, vp]
-            lib.pyc_run.restype = c_int
-            lib.pyc_kernel_name.restype = ctypes.c_char_p
-            lib.pyc_has_bias.restype = c_int
+            declare(lib)
             _LIBS[digest] = lib
         return lib
+
+
+def _declare_gemm(lib: ctypes.CDLL) -> None:
+    vp, c_int = ctypes.c_void_p, ctypes.c_int
+    lib.pyc_can_implement.argtypes = [c_int, c_int, c_int]
+    lib.pyc_can_implement.restype = c_int
+    lib.pyc_workspace_size.argtypes = [c_int, c_int, c_int, c_int]
+    lib.pyc_workspace_size.restype = ctypes.c_ulonglong
+    lib.pyc_create.restype = vp
+    lib.pyc_destroy.argtypes = [vp]
+    lib.pyc_initialize.argtypes = [vp, c_int, c_int, c_int, vp, vp, vp, vp,
+                                   ctypes.c_float, ctypes.c_float, vp, vp, c_int, vp]
+    lib.pyc_initialize.restype = c_int
+    lib.pyc_run.argtypes = [vp, vp]
+    lib.pyc_run.restype = c_int
+    lib.pyc_kernel_name.restype = ctypes.c_char_p
+    lib.pyc_has_bias.restype = c_int
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    return load_library(path, _declare_gemm)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from .recording import Recording, check_problem
 from .replay import ReplayRunner
 from .result import ReplayResult, TuneResult, candidate_table
 
-__all__ = ["TuneResult", "autotune_gemm", "replay_autotune"]
+__all__ = ["TuneResult", "autotune_gemm", "record_tuning", "replay_autotune"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,22 @@ def _search(runner: GemmRunner | ReplayRunner, options: GemmTuneOptions,
                             budget=options.budget(), observers=observers, stop=stop,
                             seed=options.seed)
     return session.run()
+
+
+def record_tuning(db: TuningDB | None, device: Any, problem: Any,
+                  measurements: list[Any], best: Any) -> bool:
+    """Record a tuning's measurements and, where the best one is correct, its winner
+    (in the user's database when ``db`` is None); whether that worked — a database that
+    cannot be written is a warning, never a lost tuning result."""
+    db = db if db is not None else TuningDB()
+    try:
+        db.record_many(device, problem, measurements)
+        if best is not None and best.ok:
+            db.set_winner(device, problem, best.config_id)
+    except Exception as exc:
+        log.warning("could not record the tuning in %s: %s", getattr(db, "path", db), exc)
+        return False
+    return True
 
 
 def autotune_gemm(m: int, n: int, k: int, *, options: GemmTuneOptions | None = None,
@@ -116,15 +132,7 @@ def autotune_gemm(m: int, n: int, k: int, *, options: GemmTuneOptions | None = N
     searched = (runner.measurement(result.best.candidate)
                 if result is not None and result.best is not None else None)
     best = runner.best(searched)
-    recorded = False
-    db = db if db is not None else TuningDB()
-    try:
-        db.record_many(runner.device, runner.problem, measurements)
-        if best is not None:
-            db.set_winner(runner.device, runner.problem, best.config_id)
-        recorded = True
-    except Exception as exc:
-        log.warning("could not record the tuning in %s: %s", getattr(db, "path", db), exc)
+    recorded = record_tuning(db, runner.device, runner.problem, measurements, best)
     return TuneResult(runner.problem, runner.device, best, candidate_table(runner.rows.values()),
                       dict(runner.baselines), time.perf_counter() - t_start,
                       result.stopped_by if result is not None else "no CUTLASS candidates",

@@ -34,6 +34,7 @@ from ...errors import PycLabError
 from ...hardware.device import require_cupy
 from ...search import Outcome, SearchSpace, StopSearch
 from ...units import tflops
+from ..arrays import torch_stream
 from ..conv_gemm import cudnn_conv
 from ..cutlass.conv import (
     ConvConfig,
@@ -46,7 +47,7 @@ from ..cutlass.conv import (
 from ..cutlass.nvcc import BuildResult
 from .builds import wait_for_build
 from .gemm_reference import TOLERANCE
-from .gemm_runner import gpu_ms
+from .gemm_runner import gpu_ms, run_watched
 from .keys import DeviceKey, Measurement, ProblemKey, device_key
 from .options import GemmTuneOptions
 
@@ -232,13 +233,12 @@ class ConvRunner:
         torch = self._torch
         try:
             self._y.fill_(float("nan"))
-            for _ in range(2):
-                launch()
-                if not self._finished_within(self.options.hang_s):
-                    self._hung = name
-                    return "timeout", None, None, (
-                        f"still running after {self.options.hang_s:.0f} s; the GPU context "
-                        "is unusable, tuning stopped")
+            # the watch's event goes on the stream the launches use (torch's current)
+            with torch_stream(self._torch.cuda.current_device()):
+                hung = run_watched((launch, launch), self._cp, self.options.hang_s)
+            if hung:
+                self._hung = name
+                return "timeout", None, None, hung
         except Exception as exc:
             return "wrong_result", None, None, f"{type(exc).__name__}: {exc}"
         got = self._y.float()
@@ -249,16 +249,6 @@ class ConvRunner:
         if err > tol:
             return "wrong_result", None, err, f"max error {err:.3g} > {tol} vs float32"
         return "ok", gpu_ms(launch, repeats), err, ""
-
-    def _finished_within(self, seconds: float) -> bool:
-        done = self._torch.cuda.Event()
-        done.record()
-        t0 = time.perf_counter()
-        while not done.query():
-            if time.perf_counter() - t0 > seconds:
-                return False
-            time.sleep(0.001)
-        return True
 
     def _finish(self, cfg: ConvConfig, status: str, ms: float | None = None,
                 error: float | None = None, message: str = "") -> Outcome:

@@ -9,7 +9,6 @@ against cuDNN on the problem's first call.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,15 +16,13 @@ from typing import Any
 
 from ..conv import conv_geometry
 from ..cutlass.conv import ConvConfig, ConvGeometry
-from .autotune import _search
+from .autotune import _search, record_tuning
 from .conv_runner import ConvRunner
 from .database import TuningDB
 from .options import GemmTuneOptions
 from .result import TuneResult, candidate_table
 
 __all__ = ["autotune_conv", "conv_geometry_of"]
-
-log = logging.getLogger(__name__)
 
 #: What a convolution tuning changes from the GEMM tuning's defaults: the space is a
 #: few tiles and clusters, so it is searched in rank order, best-ranked first.
@@ -99,15 +96,7 @@ def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any
     result = _search(runner, opts, observer, stop) if runner.configs else None
     best = (runner.measurement(result.best.candidate)
             if result is not None and result.best is not None else None)
-    recorded = False
-    db = db if db is not None else TuningDB()
-    try:
-        db.record_many(runner.device, runner.problem, runner.measurements())
-        if best is not None and best.ok:
-            db.set_winner(runner.device, runner.problem, best.config_id)
-        recorded = True
-    except Exception as exc:
-        log.warning("could not record the tuning in %s: %s", getattr(db, "path", db), exc)
+    recorded = record_tuning(db, runner.device, runner.problem, runner.measurements(), best)
     return TuneResult(runner.problem, runner.device, best, candidate_table(runner.rows.values()),
                       dict(runner.baselines), time.perf_counter() - t_start,
                       result.stopped_by if result is not None else "no candidates",

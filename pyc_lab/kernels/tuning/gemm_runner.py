@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...errors import PycLabError
@@ -64,7 +64,7 @@ from .gemm_space import config_of, gemm_space, problem_configs
 from .keys import DeviceKey, Measurement, ProblemKey, device_key
 from .options import GemmTuneOptions
 
-__all__ = ["CONFIRM_ROUNDS", "CONFIRM_TOP", "GemmRunner", "candidates_for"]
+__all__ = ["CONFIRM_ROUNDS", "CONFIRM_TOP", "GemmRunner", "candidates_for", "run_watched"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,23 @@ def gpu_ms(fn: Callable[[], Any], repeats: int) -> float:
     timing = benchmark(fn, repeats=max(2, repeats), warmup=2, flush_l2=True, spin=True,
                        gpu=True)
     return float(timing.gpu_median_s) * 1e3
+
+
+def run_watched(launches: Sequence[Callable[[], Any]], cp: Any, hang_s: float) -> str:
+    """Run each launch and wait at most ``hang_s`` for it to finish (on CuPy's current
+    stream): a candidate that never finishes must not hang the tuner. The message when
+    one did not finish (the GPU context is then unusable), else ``""``."""
+    for launch in launches:
+        launch()
+        done = cp.cuda.Event()
+        done.record()
+        t0 = time.perf_counter()
+        while not done.done:
+            if time.perf_counter() - t0 > hang_s:
+                return (f"still running after {hang_s:.0f} s; the GPU context is unusable, "
+                        "tuning stopped")
+            time.sleep(0.001)
+    return ""
 
 
 def candidates_for(m: int, n: int, k: int, options: GemmTuneOptions, cc: int, sm_count: int,
@@ -273,13 +290,10 @@ class GemmRunner:
             # two launches, each watched: a kernel that never finishes (the first launch,
             # or a later one, as a split kernel whose counters are not reset would) must
             # not hang the tuner
-            for launch in (first, again):
-                launch()
-                if not self._finished_within(self.options.hang_s):
-                    self._hung = name
-                    return "timeout", None, None, (
-                        f"still running after {self.options.hang_s:.0f} s; the GPU context "
-                        "is unusable, tuning stopped")
+            hung = run_watched((first, again), self._cp, self.options.hang_s)
+            if hung:
+                self._hung = name
+                return "timeout", None, None, hung
         except Exception as exc:
             return "wrong_result", None, None, f"{type(exc).__name__}: {exc}"
         got = as_float32(self._out, self.options.dtype)
@@ -331,16 +345,6 @@ class GemmRunner:
         return self._finish(cfg, status, ms, err, msg)
 
     # -- what was measured ------------------------------------------------------------
-    def _finished_within(self, seconds: float) -> bool:
-        done = self._cp.cuda.Event()
-        done.record()
-        t0 = time.perf_counter()
-        while not done.done:
-            if time.perf_counter() - t0 > seconds:
-                return False
-            time.sleep(0.001)
-        return True
-
     def _finish(self, cfg: GemmConfig, status: str, ms: float | None = None,
                 error: float | None = None, message: str = "") -> Outcome:
         res = self._builds.get(cfg)
