@@ -325,8 +325,9 @@ class CompiledFunction:
         return BoundCall(self, args)
 
     def _bound_launch(self, args: tuple) -> tuple[Any, Any, str]:
-        """``(launch, artifact, "")`` for a zero-copy replay of ``args`` (compiling the
-        artifact if need be, without calling it), or ``(None, None, why not)``."""
+        """``(run, holds, "")`` for a zero-copy replay of ``args`` (compiling the artifact
+        if need be, without calling it) — ``run()`` the packed result, ``holds()``
+        whether the artifact's guards still hold — or ``(None, None, why not)``."""
         art, _ = self._artifact(args, {})
         if _fast_entry(art, args) is None:
             return None, None, ("the call needs work around its run (a graph break, an "
@@ -341,7 +342,16 @@ class CompiledFunction:
             why = getattr(exe, "graph_capture_error", None) or getattr(
                 exe, "graph_decision", None) or "CUDA graphs are off for this function"
             return None, None, str(why)
-        return launch, art, ""
+        tree = art.graph.output_tree
+        guards = art.guards
+
+        def run() -> Any:
+            return _pack(launch(), tree)
+
+        def holds() -> bool:
+            return not guards.guards or guards.failing() is None
+
+        return run, holds, ""
 
     def cache_info(self) -> dict[str, int]:
         """Hits, misses and the number of cached signatures."""

@@ -22,10 +22,7 @@ results, fresh arrays, the full path's cost; :attr:`BoundCall.zero_copy` and
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .api import Artifact, CompiledFunction
+from typing import Any
 
 __all__ = ["BoundCall"]
 
@@ -48,29 +45,25 @@ class BoundCall:
         Why not, when they do not (``""`` when they do).
     """
 
-    def __init__(self, fn: CompiledFunction, args: tuple[Any, ...]) -> None:
+    def __init__(self, fn: Any, args: tuple[Any, ...]) -> None:
         self.fn = fn
         self.args = args
-        self._launch: Callable[[], list[Any]] | None = None
-        self._art: Artifact | None = None
-        self.why = ""
-        self._launch, self._art, self.why = fn._bound_launch(args)
+        self._run: Callable[[], Any] | None
+        self._holds: Callable[[], bool] | None
+        self._run, self._holds, self.why = fn._bound_launch(args)
 
     @property
     def zero_copy(self) -> bool:
         """Whether runs launch the captured program on the bound arrays in place."""
-        return self._launch is not None
+        return self._run is not None
 
     def __call__(self) -> Any:
         """Run ``f`` on the bound arrays: its result, as ``f`` returns it (on the
         zero-copy path, views of the program's arrays, valid until its next run)."""
-        art, launch = self._art, self._launch
-        if launch is None or art is None or (art.guards.guards
-                                             and art.guards.failing() is not None):
+        run, holds = self._run, self._holds
+        if run is None or holds is None or not holds():
             return self.fn(*self.args)
-        from .api import _pack
-
-        return _pack(launch(), art.graph.output_tree)
+        return run()
 
     def __repr__(self) -> str:
         how = "zero-copy replay" if self.zero_copy else f"full calls ({self.why})"

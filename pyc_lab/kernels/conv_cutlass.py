@@ -24,13 +24,24 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["tuned_runner"]
+__all__ = ["conv_problem_key", "tuned_runner"]
 
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
 _MEMO: dict[tuple, tuple[Any, str]] = {}
 MAX_MEMO = 256
+
+
+def conv_problem_key(geometry: Any, kernel: Any) -> Any:
+    """The tuning database's key of a convolution
+    (:class:`~pyc_lab.kernels.tuning.keys.ProblemKey`): op ``conv2d_fprop[_bias][_act]``,
+    the window as the layout (``ConvGeometry.layout``) and the implicit GEMM's sizes."""
+    from .tuning.keys import ProblemKey
+
+    m, n, k = geometry.gemm
+    return ProblemKey(kernel.op, kernel.dtype, kernel.dtype, kernel.dtype, geometry.layout,
+                      m, n, k)
 
 
 def _dtype(x: Any) -> str | None:
@@ -91,7 +102,6 @@ def _find(geometry: Any, kernel: Any, device: int) -> tuple[Any, str]:
     try:
         from .cutlass.conv import ConvConfig, CutlassConv, cached_conv
         from .tuning import database
-        from .tuning.conv_runner import conv_problem_key
         from .tuning.keys import device_key
 
         dev, cc, sm_count = device_key(device)

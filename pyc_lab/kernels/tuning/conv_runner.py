@@ -35,6 +35,7 @@ from ...hardware.device import require_cupy
 from ...search import Outcome, SearchSpace, StopSearch
 from ...units import tflops
 from ..arrays import torch_stream
+from ..conv_cutlass import conv_problem_key
 from ..conv_gemm import cudnn_conv
 from ..cutlass.conv import (
     ConvConfig,
@@ -48,10 +49,10 @@ from ..cutlass.nvcc import BuildResult
 from .builds import wait_for_build
 from .gemm_reference import TOLERANCE
 from .gemm_runner import gpu_ms, run_watched
-from .keys import DeviceKey, Measurement, ProblemKey, device_key
+from .keys import DeviceKey, Measurement, device_key
 from .options import GemmTuneOptions
 
-__all__ = ["ConvRunner", "conv_problem_key", "torch_dtype"]
+__all__ = ["ConvRunner", "torch_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +62,6 @@ def torch_dtype(dtype: str) -> Any:
     import torch
 
     return {"f16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32}[dtype]
-
-
-def conv_problem_key(geometry: ConvGeometry, kernel: ConvKernel) -> ProblemKey:
-    """The tuning database's key of a convolution: op ``conv2d_fprop[_bias][_act]``, the
-    window as the layout (:attr:`ConvGeometry.layout`) and the implicit GEMM's sizes."""
-    m, n, k = geometry.gemm
-    return ProblemKey(kernel.op, kernel.dtype, kernel.dtype, kernel.dtype, geometry.layout,
-                      m, n, k)
 
 
 def _conv_space(configs: list[ConvConfig]) -> SearchSpace:

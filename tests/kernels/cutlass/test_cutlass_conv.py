@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pyc_lab.errors import PycLabError
+from pyc_lab.kernels.conv_cutlass import conv_problem_key
 from pyc_lab.kernels.conv_im2col import out_size
 from pyc_lab.kernels.cutlass.conv import (
     ConvConfig,
@@ -19,7 +20,6 @@ from pyc_lab.kernels.cutlass.conv import (
     conv_configs,
     emit_conv_source,
 )
-from pyc_lab.kernels.tuning.conv_runner import conv_problem_key
 from pyc_lab.kernels.tuning.conv_tune import conv_geometry_of
 
 
