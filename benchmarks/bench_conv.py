@@ -54,7 +54,7 @@ HEP_BATCHES = (1, 64, 1024, 4096)
 TOL = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 2e-3}
 
 
-def _median_rounds(fns: dict[str, Any], rounds: int, repeats: int) -> dict[str, float]:
+def median_rounds(fns: dict[str, Any], rounds: int, repeats: int) -> dict[str, float]:
     """Median milliseconds of each of ``fns`` over interleaved rounds."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
@@ -107,7 +107,7 @@ def one_problem(cp: Any, torch: Any, problem: dict[str, Any], rounds: int,
     fns = {"cudnn": lib, "pl.conv": ours}
     if conv_gemm.patch_bytes(x, w, *geometry) <= conv_gemm.MAX_PATCH_BYTES:
         fns["gemm form"] = gemm
-    ms = _median_rounds(fns, rounds, repeats)
+    ms = median_rounds(fns, rounds, repeats)
     row["ms"] = ms
     row["tflops"] = {name: flop / t / 1e9 for name, t in ms.items()}
     row["ratio_vs_cudnn"] = ms["cudnn"] / ms["pl.conv"]

@@ -33,7 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import cupy_and_torch, gpu_time, write_result
+from bench_conv import median_rounds
+from common import cupy_and_torch, write_result
 
 import pyc_lab as pl
 from pyc_lab.kernels.cutlass.conv import TILES, ConvConfig, ConvKernel
@@ -117,11 +118,7 @@ def one_layer(torch: Any, layer: tuple[int, ...], dtype: str, tname: str, rounds
         row["error"] = f"pl.conv differs from cuDNN: {err:.3g} of the largest value"
         return row
     row["choice"] = conv_gemm.choice_for(x, w, None, (s, s), (pad, pad), (1, 1))
-    times: dict[str, list[float]] = {"cudnn": [], "pl.conv": []}
-    for _ in range(rounds):
-        for name, fn in (("cudnn", lib), ("pl.conv", ours)):
-            times[name].append(gpu_time(fn, repeats=repeats, warmup=1) * 1e3)
-    ms = {name: statistics.median(v) for name, v in times.items()}
+    ms = median_rounds({"cudnn": lib, "pl.conv": ours}, rounds, repeats)
     row["ms"] = ms
     row["tflops"] = {name: flop / t / 1e9 for name, t in ms.items()}
     row["ratio_vs_cudnn"] = ms["cudnn"] / ms["pl.conv"]

@@ -148,7 +148,7 @@ class CompiledModel:
         """Run on positional arrays (the inputs' order); every output, as a list."""
         with self._run_lock:
             out = self.compiled(*arrays, *self._weights_for(arrays))
-        return list(out) if isinstance(out, tuple) else [out]
+        return _as_list(out)
 
     def io_binding(self, arrays: Sequence[Any]) -> Callable[[], list[Any]]:
         """Bind input arrays for repeated runs without copies: ``run = model.io_binding(
@@ -169,7 +169,7 @@ class CompiledModel:
         def run() -> list[Any]:
             with lock:
                 out = bound()
-            return list(out) if isinstance(out, tuple) else [out]
+            return _as_list(out)
 
         run.bound = bound  # type: ignore[attr-defined]
         return run
@@ -340,3 +340,7 @@ def as_model(model: Any) -> CompiledModel:
     """``model`` if it is a :class:`CompiledModel`, else :func:`load` of it."""
     return model if isinstance(model, CompiledModel) else load(model)
 
+
+def _as_list(out: Any) -> list[Any]:
+    """A compiled model's result (one array or a tuple of them) as a list."""
+    return list(out) if isinstance(out, tuple) else [out]

@@ -156,7 +156,6 @@ class GraphProgram:
             outs.append(out)
         return outs
 
-
     def _run(self, stream: Any) -> None:
         for kind, item in self.program:
             if kind == "graph":

@@ -338,6 +338,8 @@ class CutlassConv:
     _handle: Any = field(default=None, repr=False)
     _bound: tuple | None = field(default=None, repr=False)
     _workspace: Any = field(default=None, repr=False)
+    _problem: tuple[ConvGeometry, tuple[Any, ...], int] | None = field(default=None,
+                                                                       repr=False)
     _lock: Any = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -356,6 +358,25 @@ class CutlassConv:
         lib, handle = getattr(self, "_lib", None), getattr(self, "_handle", None)
         if lib is not None and handle:
             lib.pyc_conv_destroy(handle)
+
+    def _problem_of(self, geometry: ConvGeometry) -> tuple[tuple[Any, ...], int]:
+        """The C arrays of ``geometry`` and its workspace pointer, checked and made once
+        per problem (a call with new pointers only binds them)."""
+        if self._problem is not None and self._problem[0] == geometry:
+            return self._problem[1], self._problem[2]
+        why = geometry.issue(self.kernel)
+        if why:
+            raise PycLabError(f"CUTLASS {self.kernel.op}: {why}")
+        arrays = geometry.arrays()
+        size = self._lib.pyc_conv_workspace_size(*arrays, self.sm_count)
+        workspace = 0
+        if size:
+            import cupy as cp
+
+            self._workspace = cp.empty(int(size), dtype=cp.uint8)
+            workspace = self._workspace.data.ptr
+        self._problem = (geometry, arrays, workspace)
+        return arrays, workspace
 
     def can_implement(self, geometry: ConvGeometry) -> bool:
         """Whether the kernel takes the problem (pyc_lab's checks, then CUTLASS's)."""
@@ -379,17 +400,7 @@ class CutlassConv:
         key = (geometry, x, w, bias, y)
         with self._lock:
             if key != self._bound:
-                why = geometry.issue(self.kernel)
-                if why:
-                    raise PycLabError(f"CUTLASS {self.kernel.op}: {why}")
-                arrays = geometry.arrays()
-                size = self._lib.pyc_conv_workspace_size(*arrays, self.sm_count)
-                workspace = 0
-                if size:
-                    import cupy as cp
-
-                    self._workspace = cp.empty(int(size), dtype=cp.uint8)
-                    workspace = self._workspace.data.ptr
+                arrays, workspace = self._problem_of(geometry)
                 st = self._lib.pyc_conv_initialize(self._handle, *arrays, x, w, bias or 0,
                                                    y, workspace, self.sm_count, stream)
                 if st != 0:
