@@ -5,7 +5,9 @@ bfloat16 and float16, causal and not: the forward pass of ``pl.attention`` on to
 tensors and on CuPy arrays (DLPack), and torch's ``scaled_dot_product_attention`` with
 its default choice and with each backend forced (cuDNN, FlashAttention-2, memory
 efficient; a backend that refuses a shape is recorded as such). Every candidate's output
-is first checked against the float32 math backend on the first batch entry. Times are
+is first checked against the float32 math backend on the first batch entry. pyc_lab's
+own Hopper kernel is also timed directly in every configuration the kernel cache holds
+(``pyc kernel <config>``), beside ``pl.attention``'s raced choice. Times are
 medians of CUDA-event rounds (:func:`common.gpu_time`); TFLOP/s count ``4 B H S^2 D``,
 halved for causal. Writes ``attention.json`` to ``--out``.
 
@@ -41,6 +43,37 @@ def _reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
             *(x[:1].float() for x in (q, k, v)), is_causal=causal)
 
 
+def own_kernels(torch: Any, q: Any, k: Any, v: Any, dtype: str, causal: bool
+                ) -> dict[str, Any]:
+    """pyc_lab's own kernel in every configuration the kernel cache holds, launched
+    directly (no race, no choice): ``{"pyc kernel <config id>": fn}``."""
+    from pyc_lab.kernels import attention_sm90
+    from pyc_lab.kernels.cutlass.attention import (
+        AttnKernel,
+        FusedAttention,
+        attention_configs,
+        cached_attention,
+    )
+
+    d = int(q.shape[-1])
+    kernel = AttnKernel({"float16": "f16", "bfloat16": "bf16"}[dtype], d)
+    o = torch.empty_like(q)
+    geometry = attention_sm90.geometry_of(q, k, v, o, causal, d ** -0.5)
+    found: dict[str, Any] = {}
+    for cfg in attention_configs(kernel, causal):
+        library = cached_attention(cfg, kernel)
+        if library is None:
+            continue
+        fa = FusedAttention(library, cfg, kernel)
+
+        def run(fa: Any = fa) -> Any:
+            attention_sm90.run_fused(fa, geometry, q, k, v, o)
+            return o
+
+        found[f"pyc kernel {cfg.id}"] = run
+    return found
+
+
 def one_problem(cp: Any, torch: Any, shape: tuple[int, ...], dtype: str, causal: bool,
                 repeats: int) -> dict[str, Any]:
     """Every candidate on one problem: ms, TFLOP/s and the error against float32."""
@@ -65,6 +98,7 @@ def one_problem(cp: Any, torch: Any, shape: tuple[int, ...], dtype: str, causal:
                 return sdpa(q, k, v, is_causal=causal)
 
         cands[f"sdpa {name.lower()}"] = forced
+    cands.update(own_kernels(torch, q, k, v, dtype, causal))
     flop = 4 * b * h * s * s * d / (2 if causal else 1)
     rows: dict[str, Any] = {}
     for name, fn in cands.items():
@@ -83,7 +117,11 @@ def one_problem(cp: Any, torch: Any, shape: tuple[int, ...], dtype: str, causal:
     libs = {n: r["ms"] for n, r in rows.items() if n.startswith("sdpa") and "ms" in r}
     best = min(libs, key=libs.get) if libs else None
     pl_ms = rows.get("pl.attention (torch)", {}).get("ms")
-    return {"shape": list(shape), "dtype": dtype, "causal": causal, "candidates": rows,
+    own = {n: r["ms"] for n, r in rows.items() if n.startswith("pyc kernel") and "ms" in r}
+    own_best = min(own, key=own.get) if own else None
+    return {"own_best": own_best,
+            "own_vs_best": (libs[best] / own[own_best]) if best and own_best else None,
+            "shape": list(shape), "dtype": dtype, "causal": causal, "candidates": rows,
             "best_library": best,
             "ratio_vs_best": (libs[best] / pl_ms) if best and pl_ms else None,
             "ratio_vs_flash": (libs["sdpa flash_attention"] / pl_ms)
@@ -112,10 +150,14 @@ def main(argv: list[str] | None = None) -> int:
                 row = one_problem(cp, torch, shape, dtype, causal, args.repeats)
                 results.append(row)
                 print(shape, dtype, "causal" if causal else "full", row["best_library"],
-                      "pl/best", row["ratio_vs_best"])
+                      "pl/best", row["ratio_vs_best"], row["own_best"], "own/best",
+                      row["own_vs_best"], flush=True)
                 torch.cuda.empty_cache()
     ratios = [r["ratio_vs_best"] for r in results if r["ratio_vs_best"]]
+    own = [r["own_vs_best"] for r in results if r["own_vs_best"]]
     summary = {"problems": len(results), "not_run": not_run,
+               "own_kernel_median_vs_best_library": statistics.median(own) if own else None,
+               "own_kernel_min_vs_best_library": min(own) if own else None,
                "median_vs_best_library": statistics.median(ratios) if ratios else None,
                "min_vs_best_library": min(ratios) if ratios else None,
                "failed": [[r["shape"], r["dtype"], r["causal"]] for r in results

@@ -4,14 +4,17 @@
 boolean) mask, grouped-query attention (fewer key/value heads than query heads) and the
 (B, H, S, D) or (B, S, H, D) layout. On a GPU the computation goes to the attention
 library a user would otherwise call, torch's ``scaled_dot_product_attention`` (cuDNN,
-FlashAttention or its memory-efficient kernel, as torch picks), with CuPy arrays passed
-through DLPack without copies on CuPy's current stream. Without torch, without a GPU,
-or when the log-sum-exp is asked for, it runs :func:`~.attention_blocked.blocked_attention`,
-whose memory is bounded by its block size. :func:`attention_route` names the path.
+FlashAttention or its memory-efficient kernel, as torch picks) or pyc_lab's own Hopper
+kernel (:mod:`.attention_sm90`), whichever was faster on the problem's first call, with
+CuPy arrays passed through DLPack without copies on CuPy's current stream. The
+log-sum-exp comes from pyc_lab's kernel where it can run. Without torch, without a GPU,
+or for a log-sum-exp the kernel cannot give, it runs
+:func:`~.attention_blocked.blocked_attention`, whose memory is bounded by its block
+size. :func:`attention_route` names the path, :func:`attention_explain` says why.
 
 The semantics are those of :mod:`.attention_blocked` (causal aligned at the top left as
 torch's ``is_causal``; a row with every score masked gives NaN, as the NumPy expression
-does). A fused attention kernel of pyc_lab's own is not part of this module yet.
+does).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ..errors import PycLabError
 from . import arrays
 from .attention_blocked import blocked_attention, default_scale
 
-__all__ = ["LAYOUTS", "attention", "attention_route", "attention_xp"]
+__all__ = ["LAYOUTS", "attention", "attention_explain", "attention_route", "attention_xp"]
 
 #: Operand layouts: batch, heads, sequence, head dimension in that order, or the
 #: sequence before the heads (as most models keep their projections).
@@ -81,17 +84,20 @@ def _check(q: Any, k: Any, v: Any, mask: Any, layout: str) -> tuple[Any, Any, An
 
 
 def attention_route(q: Any, *, return_lse: bool = False) -> str:
-    """Which path :func:`attention` takes for operands like ``q``.
+    """Which family of paths :func:`attention` takes for operands like ``q``.
 
     Returns
     -------
     str
-        ``"torch-sdpa"`` (torch's scaled_dot_product_attention: a CUDA tensor, or a CuPy
-        array through DLPack when torch is installed) or ``"blocked"`` (the blocked
-        online softmax on NumPy or CuPy).
+        ``"torch-sdpa"`` (a CUDA tensor, or a CuPy array through DLPack when torch is
+        installed: torch's scaled_dot_product_attention or pyc_lab's own kernel, raced
+        on the first call; :func:`attention_explain` says which) or ``"blocked"`` (the
+        blocked online softmax on NumPy or CuPy, and the log-sum-exp where pyc_lab's
+        kernel cannot give it).
     """
     kind = arrays.kind(q)
-    if return_lse or kind == "numpy":
+    if kind == "numpy" or (return_lse and arrays.dtype_name(q.dtype) not in
+                           ("float16", "bfloat16")):
         return "blocked"
     if kind == "torch":
         return "torch-sdpa" if q.is_cuda else "blocked"
@@ -122,6 +128,64 @@ def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any) -> Any:
     return out
 
 
+def _torch_gpu(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
+               return_lse: bool, layout: str) -> tuple[tuple[Any, ...] | None, Any]:
+    """pyc_lab's kernel or SDPA on (B, H, S, D) CUDA tensors: the outputs (``None`` when
+    the log-sum-exp is asked for and the kernel cannot give it) and the choice made.
+
+    The output is allocated in the caller's layout, so a ``"bshd"`` result is a plain
+    transpose of contiguous memory either way.
+    """
+    import torch
+
+    from .attention_sm90 import fused_choice, run_fused
+
+    b, hq, sq, _ = q.shape
+    shape = (b, sq, hq, v.shape[-1]) if layout == "bshd" else (b, hq, sq, v.shape[-1])
+    o = torch.empty(shape, dtype=q.dtype, device=q.device)
+    o = o.transpose(1, 2) if layout == "bshd" else o
+    choice = fused_choice(q, k, v, o, causal, scale, mask,
+                          lambda: _sdpa(q, k, v, causal, scale, mask), need_lse=return_lse)
+    if choice.kernel is not None:
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) \
+            if return_lse else None
+        run_fused(choice.kernel, choice.geometry, q, k, v, o, lse)
+        return ((o, lse) if return_lse else (o,)), choice
+    if return_lse:
+        return None, choice
+    return (_sdpa(q, k, v, causal, scale, mask),), choice
+
+
+def attention_explain(q: Any, k: Any, v: Any, *, causal: bool = False,
+                      scale: float | None = None, mask: Any = None, layout: str = "bhsd",
+                      return_lse: bool = False) -> str:
+    """Which path :func:`attention` takes for these operands, and why: for CUDA tensors
+    and CuPy arrays, the choice between pyc_lab's kernel and torch's SDPA (made, with its
+    first-call race, if it was not made yet), e.g. ``"pyc-fused: tuned attn_n128_s2_w2
+    (exact match): 0.51 ms against torch SDPA's 0.55 ms on the first call"``.
+    """
+    q, k, v = _check(q, k, v, mask, layout)
+    scale = default_scale(int(q.shape[-1])) if scale is None else float(scale)
+    route = attention_route(q, return_lse=return_lse)
+    kind = arrays.kind(q)
+    if kind == "numpy" or (kind == "torch" and not q.is_cuda) or \
+            (kind == "cupy" and not arrays.torch_installed()):
+        return f"{route}: no CUDA tensors for torch's SDPA or pyc_lab's kernel"
+    import torch
+
+    from .attention_sm90 import fused_choice
+
+    if kind == "cupy":
+        q, k, v = (torch.from_dlpack(x) for x in (q, k, v))
+        mask = None if mask is None else torch.from_dlpack(mask)
+    o = torch.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype, device=q.device)
+    choice = fused_choice(q, k, v, o, causal, scale, mask,
+                          lambda: _sdpa(q, k, v, causal, scale, mask), need_lse=return_lse)
+    if choice.kernel is None and return_lse:
+        return f"blocked: the log-sum-exp, and pyc_lab's kernel cannot run ({choice.why})"
+    return f"{choice.route}: {choice.why}"
+
+
 def _grouped(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any, Any, Any]:
     """(B, Hkv, G, S, D) query groups against (B, Hkv, 1, S, D) keys and values (views)."""
     b, hq, sq, d = q.shape
@@ -138,13 +202,16 @@ def _grouped(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any, Any, Any]:
 def attention_xp(xp: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: float, mask: Any,
                  return_lse: bool) -> Any:
     """:func:`attention` on (B, H, S, D) NumPy or CuPy arrays, already checked."""
-    if xp is not np and not return_lse and arrays.torch_installed():
+    if xp is not np and arrays.torch_installed():
         import torch
 
         with torch.cuda.stream(arrays.torch_stream_of_cupy()):
             tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
             tm = torch.from_dlpack(mask) if mask is not None else None
-            return xp.from_dlpack(_sdpa(tq, tk, tv, causal, scale, tm))
+            outs, _ = _torch_gpu(tq, tk, tv, causal, scale, tm, return_lse, "bhsd")
+            if outs is not None:
+                res = tuple(xp.from_dlpack(t) for t in outs)
+                return res if return_lse else res[0]
     qg, kg, vg, mg = _grouped(q, k, v, mask)
     res = blocked_attention(xp, qg, kg, vg, scale=scale, causal=causal, mask=mg,
                             return_lse=return_lse)
@@ -198,9 +265,12 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     if kind == "torch" and any(x.requires_grad for x in (q, k, v)):
         raise PycLabError("pl.attention does not record gradients; pass tensor.detach() "
                           "(or use torch's scaled_dot_product_attention for training)")
-    if kind == "torch" and q.is_cuda and not return_lse:
-        outs: tuple[Any, ...] = (_sdpa(q, k, v, causal, scale, mask),)
-    elif kind == "torch":  # a CPU tensor (or the log-sum-exp): the blocked path on NumPy
+    outs: tuple[Any, ...] | None = None
+    if kind == "torch" and q.is_cuda:
+        outs, _ = _torch_gpu(q, k, v, causal, scale, mask, return_lse, layout)
+    if outs is not None:
+        pass  # pyc_lab's kernel or SDPA answered
+    elif kind == "torch":  # a CPU tensor, or a log-sum-exp the kernel cannot give
         res = attention_xp(np, *(arrays.numpy_of_torch(x.cpu()) for x in (q, k, v)),
                            causal=causal, scale=scale,
                            mask=None if mask is None

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
-import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from ...paths import native_source
 from ..cache import KernelCache, cache_key
 from .config import ACTIVATIONS
 from .launch import load_library
-from .nvcc import BuildResult, build_source, toolchain
+from .nvcc import BuildResult, build_parallel, build_source, toolchain
 
 __all__ = ["CONV_DTYPES", "ConvConfig", "ConvGeometry", "ConvKernel", "CutlassConv",
            "build_conv", "build_conv_many", "cached_conv", "conv_configs", "emit_conv_source"]
@@ -169,22 +168,8 @@ def build_conv_many(configs: Sequence[ConvConfig], kernel: ConvKernel, cc: int =
                     ) -> dict[ConvConfig, cf.Future]:
     """Start building ``configs`` on ``workers`` threads (one nvcc each); a future per
     configuration, in the order given."""
-    workers = workers or max(1, min(len(configs), os.cpu_count() or 1))
-    pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pyc-nvcc-conv")
-
-    def job(cfg: ConvConfig) -> BuildResult:
-        try:
-            res = build_conv(cfg, kernel, cc, cache)
-        except Exception as exc:
-            res = BuildResult(cfg, "", None, "compile_error", 0.0,
-                              f"{type(exc).__name__}: {exc}")
-        if on_done is not None:
-            on_done(res)
-        return res
-
-    futures = {cfg: pool.submit(job, cfg) for cfg in configs}
-    pool.shutdown(wait=False)
-    return futures
+    return build_parallel(configs, lambda cfg: build_conv(cfg, kernel, cc, cache), workers,
+                          on_done, "pyc-nvcc-conv")
 
 
 @dataclass(frozen=True)

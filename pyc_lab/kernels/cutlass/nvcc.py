@@ -28,7 +28,8 @@ from ..cache import KernelCache, cache_key
 from .config import Epilogue, GemmConfig
 from .emit import emit_source
 
-__all__ = ["NVCC_FLAGS", "BuildResult", "build", "build_many", "build_source", "cached",
+__all__ = ["NVCC_FLAGS", "BuildResult", "build", "build_many", "build_parallel",
+           "build_source", "cached",
            "nvcc_path", "toolchain"]
 
 log = logging.getLogger(__name__)
@@ -159,22 +160,22 @@ def build_source(config: Any, source: str, cc: int = 90, cache: KernelCache | No
     return BuildResult(config, key, entry.files["kernel.so"], "built", seconds)
 
 
-def build_many(configs: Sequence[GemmConfig], dtype: str = "f16", layout: str = "tn",
-               cc: int = 90, workers: int | None = None, cache: KernelCache | None = None,
-               on_done: Callable[[BuildResult], None] | None = None,
-               epilogue: Epilogue | None = None) -> dict[GemmConfig, cf.Future]:
-    """Start building ``configs`` on ``workers`` threads (each runs one nvcc); returns
-    a future per configuration, in the order given (the best-ranked first).
+def build_parallel(configs: Sequence[Any], build_one: Callable[[Any], BuildResult],
+                   workers: int | None = None,
+                   on_done: Callable[[BuildResult], None] | None = None,
+                   name: str = "pyc-nvcc") -> dict[Any, cf.Future]:
+    """Run ``build_one(config)`` for each configuration on ``workers`` threads (each runs
+    one nvcc); a future per configuration, in the order given (the best-ranked first).
 
-    ``on_done(result)`` is called from the worker thread as each build ends.
+    An exception from ``build_one`` becomes a ``compile_error`` result; ``on_done(result)``
+    is called from the worker thread as each build ends.
     """
-    cache = cache if cache is not None else KernelCache()
     workers = workers or max(1, min(len(configs), os.cpu_count() or 1))
-    pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pyc-nvcc")
+    pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
 
-    def job(cfg: GemmConfig) -> BuildResult:
+    def job(cfg: Any) -> BuildResult:
         try:
-            res = build(cfg, dtype, layout, cc, cache, epilogue=epilogue)
+            res = build_one(cfg)
         except Exception as exc:
             res = BuildResult(cfg, "", None, "compile_error", 0.0,
                               f"{type(exc).__name__}: {exc}")
@@ -188,3 +189,18 @@ def build_many(configs: Sequence[GemmConfig], dtype: str = "f16", layout: str = 
     futures = {cfg: pool.submit(job, cfg) for cfg in configs}
     pool.shutdown(wait=False)
     return futures
+
+
+def build_many(configs: Sequence[GemmConfig], dtype: str = "f16", layout: str = "tn",
+               cc: int = 90, workers: int | None = None, cache: KernelCache | None = None,
+               on_done: Callable[[BuildResult], None] | None = None,
+               epilogue: Epilogue | None = None) -> dict[GemmConfig, cf.Future]:
+    """Start building ``configs`` on ``workers`` threads (each runs one nvcc); returns
+    a future per configuration, in the order given (the best-ranked first).
+
+    ``on_done(result)`` is called from the worker thread as each build ends.
+    """
+    cache = cache if cache is not None else KernelCache()
+    return build_parallel(configs, lambda cfg: build(cfg, dtype, layout, cc, cache,
+                                                      epilogue=epilogue),
+                          workers, on_done)

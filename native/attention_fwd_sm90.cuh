@@ -1,0 +1,396 @@
+// pyc_lab's fused attention forward for Hopper (sm_90a).
+//
+// One CTA computes BLOCK_M = 64 * MMA_WG query rows of one (batch, query head) against
+// every key block it needs: O = softmax(Q K^T * scale [causal]) V and the rows'
+// log-sum-exp. The design is the FlashAttention-3 one, written here with CuTe's building
+// blocks:
+//   * warp specialisation: warpgroup 0 is the producer (one thread issues every TMA load
+//     and gives its registers away with setmaxnreg); warpgroups 1..MMA_WG are consumers,
+//     each owning 64 query rows;
+//   * Q arrives once by TMA; K and V blocks stream through two TMA pipelines of STAGES
+//     shared-memory buffers each (mbarrier full/empty pairs), so the producer loads block
+//     n-1 while the consumers compute block n, and S = Q K^T of a block can start before
+//     its V has landed;
+//   * both GEMMs are warpgroup MMAs (wgmma): S from Q and K in shared memory, O += P V
+//     with P taken straight from the registers S was accumulated in (converted to the
+//     16-bit type in place: no shared-memory round trip), V read through a transposed
+//     (MN-major) view of the same buffer TMA wrote;
+//   * the online softmax is float32 in registers, in base 2 (one FFMA + EX2 per score),
+//     rows reduced across the quad of threads that share them;
+//   * key blocks are visited last to first, so the blocks that need masking (the causal
+//     diagonal, keys past the end) come first and every later block runs unmasked.
+// Sequence lengths need not be multiples of the tiles: TMA fills rows past the end with
+// zeros, their scores are masked to -inf, and rows past the query length are not stored.
+//
+// The #defines before this text pick one kernel:
+//   PYC_ELEMENT    cutlass::half_t or cutlass::bfloat16_t
+//   PYC_HEAD_DIM   64 or 128
+//   PYC_BLOCK_N    keys per block (a multiple of 16, at most 256)
+//   PYC_STAGES     shared-memory buffers per K and V pipeline
+//   PYC_MMA_WG     consumer warpgroups (2 or 3): BLOCK_M = 64 * PYC_MMA_WG
+// The extern "C" functions at the end are what pyc_lab.kernels.attention_sm90 loads.
+#include <cstdint>
+#include <cuda_runtime.h>
+#include "cutlass/cutlass.h"
+#include "cutlass/numeric_types.h"
+#include "cutlass/numeric_conversion.h"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/pipeline/pipeline.hpp"
+#include "cute/tensor.hpp"
+#include "cute/atom/mma_atom.hpp"
+#include "cute/atom/copy_atom.hpp"
+#include "cute/arch/copy_sm90_tma.hpp"
+
+namespace pyc_attn {
+using namespace cute;
+
+using Element = PYC_ELEMENT;
+constexpr int kD = PYC_HEAD_DIM;
+constexpr int kBlockN = PYC_BLOCK_N;
+constexpr int kStages = PYC_STAGES;
+constexpr int kMmaWG = PYC_MMA_WG;
+constexpr int kBlockM = 64 * kMmaWG;
+constexpr int kMmaThreads = 128 * kMmaWG;
+constexpr int kThreads = kMmaThreads + 128;
+// Registers per thread after setmaxnreg: the producer keeps the minimum, the consumers
+// share the rest of the 64K register file (multiples of 8, at most 256).
+constexpr int kProducerRegs = kMmaWG == 2 ? 24 : 32;
+constexpr int kConsumerRegs = kMmaWG == 2 ? 240 : 160;
+static_assert(kD == 64 || kD == 128, "head dimension 64 or 128");
+static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block a multiple of 16, <= 256");
+static_assert(kMmaWG == 2 || kMmaWG == 3, "2 or 3 consumer warpgroups");
+
+using TileShape = Shape<Int<kBlockM>, Int<kBlockN>, Int<kD>>;
+using AtomLayout = Layout<Shape<Int<kMmaWG>, _1, _1>>;
+// S = Q K^T: both operands in shared memory, K-major (the head dimension is contiguous).
+using TiledMmaS = decltype(make_tiled_mma(
+    GMMA::ss_op_selector<Element, Element, float, TileShape>(), AtomLayout{}));
+// O += P V: P from registers, V MN-major (its rows are keys, the head dimension contiguous).
+using TiledMmaO = decltype(make_tiled_mma(
+    GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kD>, Int<kBlockN>>,
+                         GMMA::Major::K, GMMA::Major::MN>(),
+    AtomLayout{}));
+
+// 128-byte swizzled tiles: what TMA writes and wgmma reads without bank conflicts.
+using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kD>>{}));
+using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{},
+                                            Shape<Int<kBlockN>, Int<kD>, Int<kStages>>{}));
+using SmemLayoutKV1 = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kD>>{}));
+// The same V buffers seen as (head dim, keys, stage): the B operand of O += P V.
+using SmemLayoutVt = decltype(composition(
+    SmemLayoutKV{}, make_ordered_layout(Shape<Int<kD>, Int<kBlockN>, Int<kStages>>{},
+                                        Step<_2, _1, _3>{})));
+
+using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+using PipeState = typename cutlass::PipelineState<kStages>;
+using Barrier = cutlass::arch::ClusterTransactionBarrier;
+
+struct SharedStorage {
+  cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+  cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> k;
+  cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> v;
+  alignas(16) uint64_t barrier_q;
+  typename Pipeline::SharedStorage pipe_k;
+  typename Pipeline::SharedStorage pipe_v;
+};
+
+// Global tensors as (sequence, head dim, head, batch) with element strides.
+using GShape = Shape<int32_t, Int<kD>, int32_t, int32_t>;
+using GStride = Stride<int64_t, _1, int64_t, int64_t>;
+using GTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)),
+                                     GShape{}, GStride{}));
+using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, std::declval<GTensor>(), SmemLayoutQ{},
+                                    Shape<Int<kBlockM>, Int<kD>>{}, _1{}));
+using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, std::declval<GTensor>(),
+                                     SmemLayoutKV1{},
+                                     Shape<Int<kBlockN>, Int<kD>>{}, _1{}));
+
+struct Params {
+  TmaQ tma_q;
+  TmaKV tma_k;
+  TmaKV tma_v;
+  Element* o;
+  float* lse;            // (batch, query head, query) contiguous, or null
+  int64_t o_row, o_head, o_batch;
+  int batch, heads_q, heads_kv, group, len_q, len_k;
+  float scale;           // multiplies the scores
+  float scale_log2;      // scale * log2(e)
+  int causal;            // top-left aligned: query i sees keys j <= i
+};
+
+// An accumulator's layout ((2, 2, N/8), MMA_M, MMA_N) seen as (rows, columns): each
+// thread holds two rows (r and r + 8 of its warp's 16) and pairs of adjacent columns.
+template <class L>
+CUTE_HOST_DEVICE auto rowcol(L const& l) {
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)),
+                     make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
+}
+
+// The S accumulator's layout reread as the register A operand of O += P V: a k16 step
+// of that MMA holds two consecutive 8-column groups of S, so (2, 2, N/8) splits into
+// ((2, 2, 2), N/16) with the N/16 groups as the MMA's K mode.
+template <class L>
+CUTE_HOST_DEVICE auto acc_as_a(L const& l) {
+  static_assert(decltype(size<2>(l))::value == 1, "one MMA atom across the key block");
+  auto v = logical_divide(get<0>(l), Shape<Underscore, Underscore, _2>{});
+  return make_layout(make_layout(get<0>(v), get<1>(v), get<2, 0>(v)), get<1>(l),
+                     get<2, 1>(v));
+}
+
+// One warpgroup GEMM over the K mode of a and b (a in registers when kRegA), waited for.
+template <bool kZero, bool kRegA, class Mma, class TA, class TB, class TC>
+CUTLASS_DEVICE void wg_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
+  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  if constexpr (kZero) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTLASS_PRAGMA_UNROLL
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
+}
+
+CUTLASS_DEVICE float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT Params const p) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
+
+  int const warp_group = cutlass::canonical_warp_group_idx();
+  // Causal blocks near the end of the sequence do the most work: start them first.
+  int const m_block = p.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  int const head = blockIdx.y;
+  int const batch = blockIdx.z;
+  int const kv_head = head / p.group;
+  int n_blocks = (p.len_k + kBlockN - 1) / kBlockN;
+  if (p.causal) {
+    int const last_row = min((m_block + 1) * kBlockM, p.len_q);
+    n_blocks = min(n_blocks, (last_row + kBlockN - 1) / kBlockN);
+  }
+
+  typename Pipeline::Params pp;
+  pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer
+                            : Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == 0;
+  pp.num_consumers = kMmaThreads;
+  pp.transaction_bytes = kBlockN * kD * sizeof(Element);
+  if (threadIdx.x == 0) {
+    Barrier::init(&smem.barrier_q, 1);
+    cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+  }
+  Pipeline pipe_k(smem.pipe_k, pp, Shape<_1, _1, _1>{});
+  Pipeline pipe_v(smem.pipe_v, pp, Shape<_1, _1, _1>{});
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{});
+
+  if (warp_group == 0) {  // producer
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.len_q, Int<kD>{}, p.heads_q, p.batch));
+      Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.len_k, Int<kD>{}, p.heads_kv, p.batch));
+      Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.len_k, Int<kD>{}, p.heads_kv, p.batch));
+      Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kD>>{},
+                             make_coord(m_block, 0));
+      Tensor gK = local_tile(mK(_, _, kv_head, batch), Shape<Int<kBlockN>, Int<kD>>{},
+                             make_coord(_, 0));
+      Tensor gV = local_tile(mV(_, _, kv_head, batch), Shape<Int<kBlockN>, Int<kD>>{},
+                             make_coord(_, 0));
+      auto cta_q = p.tma_q.get_slice(0);
+      auto cta_k = p.tma_k.get_slice(0);
+      auto cta_v = p.tma_v.get_slice(0);
+      Tensor tQgQ = cta_q.partition_S(gQ);
+      Tensor tQsQ = cta_q.partition_D(sQ);
+      Tensor tKgK = cta_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, n)
+      Tensor tKsK = cta_k.partition_D(sK);  // (TMA, TMA_N, TMA_D, stage)
+      Tensor tVgV = cta_v.partition_S(gV);
+      Tensor tVsV = cta_v.partition_D(sV);
+      Barrier::arrive_and_expect_tx(&smem.barrier_q, kBlockM * kD * sizeof(Element));
+      copy(p.tma_q.with(smem.barrier_q), tQgQ, tQsQ);
+      PipeState write = cutlass::make_producer_start_state<Pipeline>();
+      for (int n = n_blocks - 1; n >= 0; --n) {
+        pipe_k.producer_acquire(write);
+        copy(p.tma_k.with(*pipe_k.producer_get_barrier(write)), tKgK(_, _, _, n),
+             tKsK(_, _, _, write.index()));
+        pipe_v.producer_acquire(write);
+        copy(p.tma_v.with(*pipe_v.producer_get_barrier(write)), tVgV(_, _, _, n),
+             tVsV(_, _, _, write.index()));
+        ++write;
+      }
+    }
+    return;
+  }
+
+  // consumers
+  cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+  int const tid = threadIdx.x - 128;
+  TiledMmaS mma_s;
+  TiledMmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  auto thr_o = mma_o.get_thread_slice(tid);
+  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
+  Tensor tSrQ = thr_s.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_s.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
+  Tensor tOrV = thr_o.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
+  Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<kD>>{});
+  clear(tOrO);
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tScS = thr_s.partition_C(cS);
+  Tensor O = make_tensor(tOrO.data(), rowcol(tOrO.layout()));
+  constexpr int kRows = decltype(size<0>(rowcol(tOrO.layout())))::value;
+  float row_max[kRows];
+  float row_sum[kRows];
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.f;
+  }
+  int const row0 = m_block * kBlockM;
+
+  Barrier::wait(&smem.barrier_q, 0);
+  PipeState read;
+  for (int n = n_blocks - 1; n >= 0; --n) {
+    Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    pipe_k.consumer_wait(read);
+    wg_gemm<true, false>(mma_s, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+    pipe_k.consumer_release(read);
+
+    Tensor S = make_tensor(tSrS.data(), rowcol(tSrS.layout()));
+    Tensor C = make_tensor(tScS.data(), rowcol(tScS.layout()));
+    int const col0 = n * kBlockN;
+    bool const edge = col0 + kBlockN > p.len_k;
+    bool const diagonal = p.causal && col0 + kBlockN - 1 > row0;
+    if (edge || diagonal) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size<0>(S); ++i) {
+        int const row = row0 + get<0>(C(i, 0));
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < size<1>(S); ++j) {
+          int const col = col0 + get<1>(C(i, j));
+          if (col >= p.len_k || (p.causal && col > row)) S(i, j) = -INFINITY;
+        }
+      }
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size<0>(S); ++i) {
+      float mx = row_max[i];
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < size<1>(S); ++j) mx = fmaxf(mx, S(i, j));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      // A row with every score so far masked keeps -inf; subtract 0 from it instead.
+      float const shift = mx == -INFINITY ? 0.f : mx * p.scale_log2;
+      float const corr = mx == -INFINITY ? 1.f : fast_exp2(row_max[i] * p.scale_log2 - shift);
+      float sum = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < size<1>(S); ++j) {
+        S(i, j) = fast_exp2(S(i, j) * p.scale_log2 - shift);
+        sum += S(i, j);
+      }
+      row_sum[i] = row_sum[i] * corr + sum;
+      row_max[i] = mx;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < size<1>(O); ++j) O(i, j) *= corr;
+    }
+    // P in the 16-bit type, in the registers it was computed in.
+    constexpr int kFrag = decltype(size(tSrS))::value;
+    cutlass::NumericArrayConverter<Element, float, kFrag> convert;
+    auto p16 = convert(*reinterpret_cast<cutlass::Array<float, kFrag> const*>(tSrS.data()));
+    Tensor tOrP = make_tensor(make_rmem_ptr<Element>(p16.data()), acc_as_a(tSrS.layout()));
+    pipe_v.consumer_wait(read);
+    wg_gemm<false, true>(mma_o, tOrP, tOrV(_, _, _, read.index()), tOrO);
+    pipe_v.consumer_release(read);
+    ++read;
+  }
+
+  // Rows: the quad's partial sums, 1 / sum (0 for a row that saw no key: NaN, as the
+  // softmax of an empty or fully masked row is), the 16-bit store in column pairs.
+  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
+  Tensor CO = make_tensor(thr_o.partition_C(cO).data(), rowcol(thr_o.partition_C(cO).layout()));
+  int const lane = threadIdx.x % 32;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size<0>(O); ++i) {
+    float sum = row_sum[i];
+    sum += __shfl_xor_sync(0xffffffff, sum, 1);
+    sum += __shfl_xor_sync(0xffffffff, sum, 2);
+    float const inv = 1.f / sum;
+    int const row = row0 + get<0>(CO(i, 0));
+    if (row >= p.len_q) continue;
+    Element* out = p.o + batch * p.o_batch + head * p.o_head + row * p.o_row;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < size<1>(O); j += 2) {
+      int const col = get<1>(CO(i, j));
+      cutlass::Array<Element, 2> pair;
+      pair[0] = Element(O(i, j) * inv);
+      pair[1] = Element(O(i, j + 1) * inv);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(out + col) = pair;
+    }
+    if (p.lse != nullptr && lane % 4 == 0) {
+      p.lse[(int64_t(batch) * p.heads_q + head) * p.len_q + row] =
+          row_max[i] * p.scale + logf(sum);
+    }
+  }
+}
+
+// Global tensor of an operand: (sequence, head dim, head, batch).
+inline GTensor gtensor(void const* ptr, int len, int heads, int batch, long long const* st) {
+  return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+                     make_shape(len, Int<kD>{}, heads, batch),
+                     make_stride(int64_t(st[2]), _1{}, int64_t(st[1]), int64_t(st[0])));
+}
+}  // namespace pyc_attn
+
+extern "C" {
+// Shared memory one CTA takes (bytes).
+int pyc_attn_smem_bytes() { return int(sizeof(pyc_attn::SharedStorage)); }
+int pyc_attn_head_dim() { return pyc_attn::kD; }
+int pyc_attn_block_m() { return pyc_attn::kBlockM; }
+
+// Launch the forward on a stream. Strides are in elements, (batch, head, row) per operand;
+// the head dimension is contiguous. lse (float32, (batch, heads_q, len_q) contiguous) may
+// be null. Returns a cudaError_t.
+int pyc_attn_fwd(void const* q, void const* k, void const* v, void* o, float* lse, int batch,
+                 int heads_q, int heads_kv, int len_q, int len_k, long long const* q_stride,
+                 long long const* k_stride, long long const* v_stride,
+                 long long const* o_stride, float scale, int causal, void* stream) {
+  using namespace pyc_attn;
+  static bool configured = false;
+  int const smem = int(sizeof(SharedStorage));
+  if (!configured) {
+    cudaError_t st = cudaFuncSetAttribute(attention_fwd,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (st != cudaSuccess) return int(st);
+    configured = true;
+  }
+  Params p{
+      make_tma_copy(SM90_TMA_LOAD{}, gtensor(q, len_q, heads_q, batch, q_stride),
+                    SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kD>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, gtensor(k, len_k, heads_kv, batch, k_stride),
+                    SmemLayoutKV1{}, Shape<Int<kBlockN>, Int<kD>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, gtensor(v, len_k, heads_kv, batch, v_stride),
+                    SmemLayoutKV1{}, Shape<Int<kBlockN>, Int<kD>>{}, _1{}),
+      static_cast<Element*>(o),
+      lse,
+      int64_t(o_stride[2]), int64_t(o_stride[1]), int64_t(o_stride[0]),
+      batch, heads_q, heads_kv, heads_q / heads_kv, len_q, len_k,
+      scale, scale * 1.4426950408889634f, causal};
+  dim3 grid(ceil_div(len_q, kBlockM), heads_q, batch);
+  attention_fwd<<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+  return int(cudaGetLastError());
+}
+}
