@@ -147,7 +147,7 @@ def test_every_carried_configuration(cache):
     gen = torch.Generator(device="cuda").manual_seed(3)
     tried = 0
     for dtype, d, cfg in (("bf16", 64, AttnConfig(128, 2, 3)),
-                          ("bf16", 128, AttnConfig(176, 2, 2)),
+                          ("bf16", 128, AttnConfig(192, 2, 2)),
                           ("bf16", 128, AttnConfig(64, 3, 2))):
         kern = _kernel(cache, dtype, d, cfg)
         for causal in (False, True):

@@ -125,7 +125,7 @@ class AttnKernel:
 
 
 #: The space searched, before each configuration's own check for a head dimension.
-SPACE = tuple(AttnConfig(n, s, w) for w in (2, 3) for n in (64, 128, 176, 192)
+SPACE = tuple(AttnConfig(n, s, w) for w in (2, 3) for n in (64, 128, 192)
               for s in (2, 3))
 
 

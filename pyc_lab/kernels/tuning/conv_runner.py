@@ -33,7 +33,6 @@ from typing import Any
 from ...errors import PycLabError
 from ...hardware.device import require_cupy
 from ...search import Outcome, SearchSpace, StopSearch
-from ...units import tflops
 from ..arrays import torch_stream
 from ..conv_cutlass import conv_problem_key
 from ..conv_gemm import cudnn_conv
@@ -49,7 +48,8 @@ from ..cutlass.nvcc import BuildResult
 from .builds import wait_for_build
 from .gemm_reference import TOLERANCE
 from .gemm_runner import gpu_ms, run_watched
-from .keys import DeviceKey, Measurement, device_key
+from .kernel_rows import CandidateRows, listed_space
+from .keys import DeviceKey, device_key
 from .options import GemmTuneOptions
 
 __all__ = ["ConvRunner", "torch_dtype"]
@@ -64,17 +64,7 @@ def torch_dtype(dtype: str) -> Any:
     return {"f16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32}[dtype]
 
 
-def _conv_space(configs: list[ConvConfig]) -> SearchSpace:
-    keys = {(c.to_dict()["tile"], c.to_dict()["cluster"]) for c in configs}
-    params = {"tile": sorted({k[0] for k in keys}), "cluster": sorted({k[1] for k in keys})}
-
-    def exists(cand: Mapping[str, Any]) -> bool:
-        return (cand["tile"], cand["cluster"]) in keys
-
-    return SearchSpace(params, restrictions=[exists])
-
-
-class ConvRunner:
+class ConvRunner(CandidateRows):
     """Measures CUTLASS convolution candidates for one problem on this GPU.
 
     Parameters
@@ -129,6 +119,7 @@ class ConvRunner:
                               f"GPU is sm_{cc}")
         self._deadline = time.perf_counter() + opts.budget_s if opts.budget_s else None
         self.geometry, self.kernel, self.options = geometry, kernel, opts
+        self.config_type, self.flops = ConvConfig, geometry.flops
         self.device: DeviceKey = device
         self.sm_count = sm_count
         self.problem = conv_problem_key(geometry, kernel)
@@ -147,8 +138,7 @@ class ConvRunner:
         self._futures = build_conv_many(ranked, kernel, cc, opts.workers, cache,
                                         on_done=lambda r: self._builds.__setitem__(r.config, r))
         self._loaded: dict[ConvConfig, CutlassConv] = {}
-        self.rows: dict[str, dict[str, Any]] = {}
-        self._measurements: dict[str, Measurement] = {}
+        self._init_rows()
         self._hung: str | None = None
 
     def _make_inputs(self, seed: int) -> None:
@@ -190,7 +180,7 @@ class ConvRunner:
     # -- the runner protocol ----------------------------------------------------------
     def space(self) -> SearchSpace:
         """The ranked configurations as a search space."""
-        return _conv_space(self.configs)
+        return listed_space(self.configs)
 
     def evaluate(self, candidate: Mapping[str, Any], fidelity: int) -> Outcome:
         """Build (wait for), run twice, check and time one configuration."""
@@ -242,33 +232,6 @@ class ConvRunner:
         if err > tol:
             return "wrong_result", None, err, f"max error {err:.3g} > {tol} vs float32"
         return "ok", gpu_ms(launch, repeats), err, ""
-
-    def _finish(self, cfg: ConvConfig, status: str, ms: float | None = None,
-                error: float | None = None, message: str = "") -> Outcome:
-        res = self._builds.get(cfg)
-        rate = tflops(self.geometry.flops, ms)
-        row = {"config": cfg.id, "status": status, "ms": ms, "tflops": rate, "error": error,
-               "build_s": round(res.seconds, 1) if res else None,
-               "build": res.status if res else None, "message": message[:500],
-               **cfg.to_dict()}
-        self.rows[cfg.id] = row
-        self._measurements[cfg.id] = Measurement(cfg.to_dict(), status, ms, rate, error,
-                                                 message)
-        return Outcome(status, ms, message, {**row, "built": len(self._builds),
-                                             "total": len(self.configs)})
-
-    def measurement(self, candidate: Mapping[str, Any]) -> Measurement | None:
-        """The recorded measurement of a candidate."""
-        return self._measurements.get(ConvConfig.from_dict(dict(candidate)).id)
-
-    def measurements(self) -> list[Measurement]:
-        """Every candidate measured, failed builds, and the cuDNN baseline row."""
-        for cfg, fut in self._futures.items():
-            if cfg.id not in self.rows and fut.done() and not fut.result().ok:
-                self._finish(cfg, "compile_error", message=fut.result().message)
-        return [*self._measurements.values(), *(
-            Measurement({"baseline": name}, "baseline", ms, tflops(self.geometry.flops, ms))
-            for name, ms in self.baselines.items())]
 
 
 def _activation(y: Any, activation: str | None) -> Any:

@@ -1,0 +1,79 @@
+"""What the live runners of pyc_lab's own kernels share: the search space of a ranked
+configuration list, and the candidate table with its tuning-database measurements.
+
+A configuration is any frozen object with ``id`` and ``to_dict()`` (a convolution's
+tile and cluster, an attention kernel's key block, stages and warpgroups); its
+``from_dict`` class method reads a candidate back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...search import Outcome, SearchSpace
+from ...units import tflops
+from .keys import Measurement
+
+__all__ = ["CandidateRows", "listed_space"]
+
+
+def listed_space(configs: Sequence[Any]) -> SearchSpace:
+    """The configurations as a search space: one parameter per ``to_dict`` field, and a
+    restriction to the combinations listed."""
+    dicts = [c.to_dict() for c in configs]
+    names = list(dicts[0]) if dicts else []
+    listed = {tuple(d[n] for n in names) for d in dicts}
+    params = {n: sorted({d[n] for d in dicts}) for n in names}
+
+    def exists(cand: Mapping[str, Any]) -> bool:
+        return tuple(cand[n] for n in names) in listed
+
+    return SearchSpace(params, restrictions=[exists])
+
+
+class CandidateRows:
+    """The table of a tuning run's candidates and their database measurements.
+
+    Subclasses set ``config_type`` (with ``from_dict``), ``configs``, ``flops``,
+    ``baselines``, ``_builds`` (config -> BuildResult) and ``_futures`` (config ->
+    build future) before recording.
+    """
+
+    config_type: Any
+    configs: list[Any]
+    flops: int
+    baselines: dict[str, float]
+    _builds: dict[Any, Any]
+    _futures: dict[Any, Any]
+
+    def _init_rows(self) -> None:
+        self.rows: dict[str, dict[str, Any]] = {}
+        self._measurements: dict[str, Measurement] = {}
+
+    def _finish(self, cfg: Any, status: str, ms: float | None = None,
+                error: float | None = None, message: str = "") -> Outcome:
+        res = self._builds.get(cfg)
+        rate = tflops(self.flops, ms)
+        row = {"config": cfg.id, "status": status, "ms": ms, "tflops": rate, "error": error,
+               "build_s": round(res.seconds, 1) if res else None,
+               "build": res.status if res else None, "message": message[:500],
+               **cfg.to_dict()}
+        self.rows[cfg.id] = row
+        self._measurements[cfg.id] = Measurement(cfg.to_dict(), status, ms, rate, error,
+                                                 message)
+        return Outcome(status, ms, message, {**row, "built": len(self._builds),
+                                             "total": len(self.configs)})
+
+    def measurement(self, candidate: Mapping[str, Any]) -> Measurement | None:
+        """The recorded measurement of a candidate."""
+        return self._measurements.get(self.config_type.from_dict(dict(candidate)).id)
+
+    def measurements(self) -> list[Measurement]:
+        """Every candidate measured, failed builds, and the baseline rows."""
+        for cfg, fut in self._futures.items():
+            if cfg.id not in self.rows and fut.done() and not fut.result().ok:
+                self._finish(cfg, "compile_error", message=fut.result().message)
+        return [*self._measurements.values(), *(
+            Measurement({"baseline": name}, "baseline", ms, tflops(self.flops, ms))
+            for name, ms in self.baselines.items())]
