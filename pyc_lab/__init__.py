@@ -11,7 +11,8 @@ Python::
     res = pl.autotune_gemm(4096, 4096, 4096, dtype="f16")    # CUTLASS vs cuBLAS, recorded
     res = pl.replay_autotune(4096, 4096, 4096, dtype="f16")  # the same search, replayed
     y = pl.matmul(a, b)                # a tuned kernel where it won, else the library
-    o = pl.attention(q, k, v, causal=True)  # SDPA: torch's library on a GPU, else blocked
+    o = pl.attention(q, k, v, causal=True)  # pyc_lab's Hopper kernel or SDPA, else blocked
+    res = pl.autotune_attention(4, 16, 4096, 128, causal=True)  # vs every SDPA backend
     y = pl.conv2d(x, w, padding=1)     # cuDNN, the GEMM form or a tuned CUTLASS kernel
     res = pl.autotune_conv((128, 64, 56, 56), (64, 64, 3, 3), padding=1)  # vs cuDNN
     plan = pl.matmul_plan(a, b, out=y)  # the same choice, made once: plan(a, b)
@@ -53,6 +54,7 @@ _EXPORTS = {
     "MatmulPlan": "kernels.matmul_plan",
     "autotune_gemm": "kernels.tuning.autotune",
     "autotune_conv": "kernels.tuning.conv_tune",
+    "autotune_attention": "kernels.tuning.attention_tune",
     "TuneResult": "kernels.tuning.autotune",
     "replay_autotune": "kernels.tuning.autotune",
     "autotune_many": "distributed.tuning",
@@ -73,6 +75,7 @@ __all__ = [
     "TuneResult",
     "__version__",
     "attention",
+    "autotune_attention",
     "autotune_conv",
     "autotune_gemm",
     "autotune_many",

@@ -14,6 +14,9 @@
 - :mod:`.autotune` — ``autotune_gemm`` and ``replay_autotune``: one session each;
 - :mod:`.conv_runner`, :mod:`.conv_tune` — ``autotune_conv``: pyc_lab's CUTLASS
   convolutions built, checked and timed against cuDNN on the same session;
+- :mod:`.attention_runner`, :mod:`.attention_tune` — ``autotune_attention``: pyc_lab's
+  Hopper attention kernel built, checked and timed against torch's SDPA;
+- :mod:`.kernel_rows` — the candidate table and search space those runners share;
 - :mod:`.many`, :mod:`.builds` — ``autotune_many``: a list of problems, builds shared
   and deduplicated, one total budget, a summary table;
 - :mod:`.result` — :class:`TuneResult`, :class:`ReplayResult`;
@@ -31,6 +34,7 @@ _EXPORTS = {
     "TuneResult": "result", "ReplayResult": "result", "ReplayInfo": "result",
     "autotune_gemm": "autotune", "replay_autotune": "autotune",
     "autotune_conv": "conv_tune",
+    "autotune_attention": "attention_tune",
     "autotune_many": "many", "ManyResult": "many", "GemmProblem": "many",
     **dict.fromkeys(("recorded_db", "recorded_problems", "recorded_result",
                      "recorded_results", "recording_path"), "recording"),
