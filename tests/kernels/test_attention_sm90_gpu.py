@@ -226,3 +226,19 @@ def test_a_slower_kernel_is_never_kept(default_kernels_cached, monkeypatch):
     out = pl.attention(q, k, v)
     ref, _ = reference(q, k, v, False, 0.125)
     assert float((out.double() - ref).abs().max()) / float(ref.abs().max()) <= TOL["bf16"]
+
+
+def test_autotune_records_a_winner_that_pl_attention_then_uses(default_kernels_cached, cache):
+    keep = {AttnConfig(), AttnConfig(128, 2, 3)}  # both carried: nothing is built
+    res = pl.autotune_attention(1, 4, 300, 64, causal=True, dtype="bf16", repeats=3,
+                                restrict=lambda c: c in keep, cache=cache)
+    assert set(res.baselines) >= {"sdpa"} and all(ms > 0 for ms in res.baselines.values())
+    rows = {r["config"]: r for r in res.table.to_dict("records")}
+    assert set(rows) == {c.id for c in keep}
+    assert all(r["status"] == "ok" and r["error"] <= TOL["bf16"] for r in rows.values())
+    assert res.best is not None and res.recorded
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    q, k, v = _inputs(1, 4, 4, 300, 300, 64, "bf16", gen)
+    why = attention_explain(q, k, v, causal=True)
+    assert why.startswith(("pyc-fused: tuned attn_n", "torch-sdpa: torch SDPA")), why
+    assert "(exact match)" in why, why
