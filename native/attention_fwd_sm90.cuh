@@ -17,6 +17,10 @@
 //     (MN-major) view of the same buffer TMA wrote;
 //   * the online softmax is float32 in registers, in base 2 (one FFMA + EX2 per score),
 //     rows reduced across the quad of threads that share them;
+//   * with PYC_OVERLAP, FlashAttention-3's two overlaps: within a warpgroup, block n's
+//     S = Q K^T is issued with block n+1's O += P V and its softmax runs while P V is in
+//     flight; across warpgroups, named barriers make the consumers take turns issuing
+//     MMAs, so one's softmax (exp2 on the SFU) hides behind another's tensor-core work;
 //   * key blocks are visited last to first, so the blocks that need masking (the causal
 //     diagonal, keys past the end) come first and every later block runs unmasked.
 // Sequence lengths need not be multiples of the tiles: TMA fills rows past the end with
@@ -28,6 +32,7 @@
 //   PYC_BLOCK_N    keys per block (a multiple of 16, at most 256)
 //   PYC_STAGES     shared-memory buffers per K and V pipeline
 //   PYC_MMA_WG     consumer warpgroups (2 or 3): BLOCK_M = 64 * PYC_MMA_WG
+//   PYC_OVERLAP    1: the software-pipelined consumer loop (below), 0: one block at a time
 // The extern "C" functions at the end are what pyc_lab.kernels.attention_sm90 loads.
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -139,9 +144,10 @@ CUTE_HOST_DEVICE auto acc_as_a(L const& l) {
                      get<2, 1>(v));
 }
 
-// One warpgroup GEMM over the K mode of a and b (a in registers when kRegA), waited for.
+// Issue one warpgroup GEMM over the K mode of a and b (a in registers when kRegA) as one
+// batch of wgmma, without waiting for it.
 template <bool kZero, bool kRegA, class Mma, class TA, class TB, class TC>
-CUTLASS_DEVICE void wg_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
+CUTLASS_DEVICE void wg_issue(Mma& mma, TA const& a, TB const& b, TC& c) {
   if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
   warpgroup_fence_operand(c);
   warpgroup_arrive();
@@ -152,6 +158,12 @@ CUTLASS_DEVICE void wg_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
+}
+
+// The same GEMM, waited for.
+template <bool kZero, bool kRegA, class Mma, class TA, class TB, class TC>
+CUTLASS_DEVICE void wg_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
+  wg_issue<kZero, kRegA>(mma, a, b, c);
   warpgroup_wait<0>();
   warpgroup_fence_operand(c);
   if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
@@ -262,14 +274,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   }
   int const row0 = m_block * kBlockM;
 
-  Barrier::wait(&smem.barrier_q, 0);
-  PipeState read;
-  for (int n = n_blocks - 1; n >= 0; --n) {
-    Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    pipe_k.consumer_wait(read);
-    wg_gemm<true, false>(mma_s, tSrQ, tSrK(_, _, _, read.index()), tSrS);
-    pipe_k.consumer_release(read);
-
+  // Key block n's scores: masked where the block needs it (the causal diagonal, keys
+  // past the end), then the online softmax in place: each row's new maximum, the factor
+  // corr that rescales what was accumulated before, P = exp2(s * scale_log2 - max), and
+  // the running row sums.
+  auto softmax_block = [&](auto& tSrS, int n, float (&corr)[kRows]) {
     Tensor S = make_tensor(tSrS.data(), rowcol(tSrS.layout()));
     Tensor C = make_tensor(tScS.data(), rowcol(tScS.layout()));
     int const col0 = n * kBlockN;
@@ -295,28 +304,104 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
       // A row with every score so far masked keeps -inf; subtract 0 from it instead.
       float const shift = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-      float const corr = mx == -INFINITY ? 1.f : fast_exp2(row_max[i] * p.scale_log2 - shift);
+      corr[i] = mx == -INFINITY ? 1.f : fast_exp2(row_max[i] * p.scale_log2 - shift);
       float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < size<1>(S); ++j) {
         S(i, j) = fast_exp2(S(i, j) * p.scale_log2 - shift);
         sum += S(i, j);
       }
-      row_sum[i] = row_sum[i] * corr + sum;
+      row_sum[i] = row_sum[i] * corr[i] + sum;
       row_max[i] = mx;
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < size<1>(O); ++j) O(i, j) *= corr;
     }
-    // P in the 16-bit type, in the registers it was computed in.
-    constexpr int kFrag = decltype(size(tSrS))::value;
+  };
+  auto rescale = [&](float const (&corr)[kRows]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size<0>(O); ++i) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < size<1>(O); ++j) O(i, j) *= corr[i];
+    }
+  };
+  // P in the 16-bit type, in the registers it was computed in.
+  using FragS = decltype(partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  constexpr int kFrag = decltype(size(FragS{}))::value;
+  using FragP = cutlass::Array<Element, kFrag>;
+  auto to_p = [&](auto const& tSrS) {
     cutlass::NumericArrayConverter<Element, float, kFrag> convert;
-    auto p16 = convert(*reinterpret_cast<cutlass::Array<float, kFrag> const*>(tSrS.data()));
-    Tensor tOrP = make_tensor(make_rmem_ptr<Element>(p16.data()), acc_as_a(tSrS.layout()));
-    pipe_v.consumer_wait(read);
-    wg_gemm<false, true>(mma_o, tOrP, tOrV(_, _, _, read.index()), tOrO);
-    pipe_v.consumer_release(read);
-    ++read;
+    return convert(*reinterpret_cast<cutlass::Array<float, kFrag> const*>(tSrS.data()));
+  };
+  auto p_operand = [&](FragP& p16) {
+    return make_tensor(make_rmem_ptr<Element>(p16.data()), acc_as_a(FragS{}.layout()));
+  };
+
+  float corr[kRows];
+  Barrier::wait(&smem.barrier_q, 0);
+  PipeState read_k, read_v;
+#if PYC_OVERLAP
+  // Software-pipelined: block n's S = Q K^T is issued together with the previous block's
+  // O += P V, and the softmax of block n runs while P V is still on the tensor cores.
+  // The consumer warpgroups also take turns issuing their MMAs (named barriers, round
+  // robin), so one warpgroup's softmax overlaps another's MMAs.
+  using cutlass::arch::NamedBarrier;
+  int const consumer = warp_group - 1;
+  FragP p16;
+  {
+    FragS tSrS;
+    pipe_k.consumer_wait(read_k);
+    wg_gemm<true, false>(mma_s, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+    pipe_k.consumer_release(read_k);
+    ++read_k;
+    softmax_block(tSrS, n_blocks - 1, corr);  // O is still zero: nothing to rescale
+    p16 = to_p(tSrS);
   }
+  // Every sync below pairs with one arrive; the last consumer lets the first start, and
+  // skips its final arrive, which no one would wait for.
+  if (n_blocks > 1 && consumer == kMmaWG - 1) NamedBarrier::arrive(256, 0);
+  for (int n = n_blocks - 2; n >= 0; --n) {
+    FragS tSrS;
+    Tensor tOrP = p_operand(p16);
+    pipe_k.consumer_wait(read_k);
+    pipe_v.consumer_wait(read_v);
+    NamedBarrier::sync(256, consumer);
+    wg_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+    wg_issue<false, true>(mma_o, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+    if (n > 0 || consumer != kMmaWG - 1) NamedBarrier::arrive(256, (consumer + 1) % kMmaWG);
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tSrS);
+    pipe_k.consumer_release(read_k);
+    ++read_k;
+    softmax_block(tSrS, n, corr);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+    pipe_v.consumer_release(read_v);
+    ++read_v;
+    rescale(corr);
+    p16 = to_p(tSrS);
+  }
+  {
+    Tensor tOrP = p_operand(p16);
+    pipe_v.consumer_wait(read_v);
+    wg_gemm<false, true>(mma_o, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+    pipe_v.consumer_release(read_v);
+  }
+#else
+  for (int n = n_blocks - 1; n >= 0; --n) {
+    FragS tSrS;
+    pipe_k.consumer_wait(read_k);
+    wg_gemm<true, false>(mma_s, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+    pipe_k.consumer_release(read_k);
+    ++read_k;
+    softmax_block(tSrS, n, corr);
+    rescale(corr);
+    FragP p16 = to_p(tSrS);
+    Tensor tOrP = p_operand(p16);
+    pipe_v.consumer_wait(read_v);
+    wg_gemm<false, true>(mma_o, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+    pipe_v.consumer_release(read_v);
+    ++read_v;
+  }
+#endif
 
   // Rows: the quad's partial sums, 1 / sum (0 for a row that saw no key: NaN, as the
   // softmax of an empty or fully masked row is), the 16-bit store in column pairs.

@@ -12,8 +12,8 @@ off the GPU and carried), and a launch is one ctypes call.
 
 A kernel is fixed by :class:`AttnKernel` (dtype, head dimension); a configuration
 (:class:`AttnConfig`) is what the tuner searches: the key block, the pipeline depth and
-the number of consumer warpgroups (64 query rows each). One build serves every batch,
-head count and sequence length.
+the number of consumer warpgroups (64 query rows each) and whether the consumer loop is
+software-pipelined. One build serves every batch, head count and sequence length.
 
 What it takes (:meth:`AttnGeometry.issue` says what is wrong otherwise): float16 or
 bfloat16 operands viewed as ``(B, H, S, D)`` with the head dimension contiguous, every
@@ -52,11 +52,15 @@ _BARRIERS = 1024  # the pipelines' and Q's mbarriers, padded to the next 1024-by
 
 @dataclass(frozen=True)
 class AttnConfig:
-    """A configuration: keys per block, buffers per K/V pipeline, consumer warpgroups."""
+    """A configuration: keys per block, buffers per K/V pipeline, consumer warpgroups,
+    and the consumer loop: software-pipelined (``overlap``: a block's S = Q K^T issued
+    with the previous block's P V, its softmax while P V runs, the consumer warpgroups
+    taking turns at the tensor cores) or one block at a time."""
 
     block_n: int = 128
     stages: int = 2
     warpgroups: int = 2
+    overlap: bool = True
 
     @property
     def block_m(self) -> int:
@@ -65,19 +69,21 @@ class AttnConfig:
 
     @property
     def id(self) -> str:
-        """``attn_n128_s2_w2``: the tuning database's config id."""
-        return f"attn_n{self.block_n}_s{self.stages}_w{self.warpgroups}"
+        """``attn_n128_s2_w2_o`` (``_o``: overlapped): the tuning database's config id."""
+        tail = "_o" if self.overlap else ""
+        return f"attn_n{self.block_n}_s{self.stages}_w{self.warpgroups}{tail}"
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as the tuning database stores it."""
         return {"block_n": self.block_n, "stages": self.stages,
-                "warpgroups": self.warpgroups}
+                "warpgroups": self.warpgroups, "overlap": int(self.overlap)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttnConfig:
         """Inverse of :meth:`to_dict`."""
         try:
-            return cls(int(d["block_n"]), int(d["stages"]), int(d["warpgroups"]))
+            return cls(int(d["block_n"]), int(d["stages"]), int(d["warpgroups"]),
+                       bool(int(d["overlap"])))
         except (KeyError, TypeError, ValueError) as exc:
             raise PycLabError(f"not an attention configuration: {d!r}") from exc
 
@@ -125,24 +131,25 @@ class AttnKernel:
 
 
 #: The space searched, before each configuration's own check for a head dimension.
-SPACE = tuple(AttnConfig(n, s, w) for w in (2, 3) for n in (64, 128, 192)
-              for s in (2, 3))
+SPACE = tuple(AttnConfig(n, s, w, o) for o in (True, False) for w in (2, 3)
+              for n in (64, 128, 192) for s in (2, 3))
 
 
 def attention_configs(kernel: AttnKernel, causal: bool = False) -> list[AttnConfig]:
     """The configurations worth building for ``kernel``, best first by a cheap rule.
 
     Every configuration that fits (:meth:`AttnConfig.issue`) is kept. Ranking: the
-    128-key block with two stages first (FlashAttention-3's choice at both head
-    dimensions), then the wider blocks (fewer softmax rescales per key, more MMA work
-    per barrier) before the narrower ones, deeper pipelines after shallower ones of
+    overlapped loop before the one-block-at-a-time one; within each, the 128-key block
+    with two stages and two consumer warpgroups first (FlashAttention-3's choice at both
+    head dimensions), then the wider blocks (fewer softmax rescales per key, more MMA
+    work per barrier) before the narrower ones, deeper pipelines after shallower ones of
     the same block; for causal problems the 64-key block moves up (less work masked
     away on the diagonal).
     """
     def rank(c: AttnConfig) -> tuple:
         default = (c.block_n, c.stages, c.warpgroups) == (128, 2, 2)
         wide = -c.block_n if not causal else abs(c.block_n - 96)
-        return (not default, c.warpgroups != 2, wide, c.stages)
+        return (not c.overlap, not default, c.warpgroups != 2, wide, c.stages)
 
     return sorted((c for c in SPACE if not c.issue(kernel.head_dim)), key=rank)
 
@@ -154,7 +161,7 @@ def emit_attention_source(config: AttnConfig, kernel: AttnKernel) -> str:
         raise PycLabError(f"attention {config.id} for D={kernel.head_dim}: {why}")
     defines = {"PYC_ELEMENT": ATTN_DTYPES[kernel.dtype], "PYC_HEAD_DIM": kernel.head_dim,
                "PYC_BLOCK_N": config.block_n, "PYC_STAGES": config.stages,
-               "PYC_MMA_WG": config.warpgroups}
+               "PYC_MMA_WG": config.warpgroups, "PYC_OVERLAP": int(config.overlap)}
     head = (f"// pyc_lab attention forward {kernel.dtype} D={kernel.head_dim}: "
             f"{config.id}\n")
     return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + \

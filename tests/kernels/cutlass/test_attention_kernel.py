@@ -27,8 +27,10 @@ from pyc_lab.kernels.tuning.kernel_rows import listed_space
 
 def test_config_ids_dicts_and_rows():
     c = AttnConfig(192, 3, 2)
-    assert c.id == "attn_n192_s3_w2" and c.block_m == 128
-    assert AttnConfig.from_dict(c.to_dict()) == c
+    assert c.id == "attn_n192_s3_w2_o" and c.block_m == 128 and c.overlap
+    assert AttnConfig(64, 2, 3, overlap=False).id == "attn_n64_s2_w3"
+    for cfg in (c, AttnConfig(64, 2, 3, False)):
+        assert AttnConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(pl.PycLabError, match="not an attention configuration"):
         AttnConfig.from_dict({"block_n": 128})
 
@@ -57,6 +59,9 @@ def test_the_space_fits_and_starts_with_the_default(d, causal):
         assert all(c.warpgroups == 2 for c in configs)
     if causal:  # the 64-key block comes right after the default
         assert configs[1].block_n == 64
+    overlapped = [c.overlap for c in configs]
+    assert overlapped == sorted(overlapped, reverse=True) and any(overlapped) \
+        and not all(overlapped)
 
 
 def test_kernels_refuse_what_the_source_does_not_take():
@@ -68,9 +73,10 @@ def test_kernels_refuse_what_the_source_does_not_take():
 
 
 def test_the_source_is_the_native_text_under_its_defines():
-    src = emit_attention_source(AttnConfig(64, 3, 3), AttnKernel("f16", 64))
+    src = emit_attention_source(AttnConfig(64, 3, 3, False), AttnKernel("f16", 64))
     for line in ("#define PYC_ELEMENT cutlass::half_t", "#define PYC_HEAD_DIM 64",
-                 "#define PYC_BLOCK_N 64", "#define PYC_STAGES 3", "#define PYC_MMA_WG 3"):
+                 "#define PYC_BLOCK_N 64", "#define PYC_STAGES 3", "#define PYC_MMA_WG 3",
+                 "#define PYC_OVERLAP 0"):
         assert line in src
     assert "extern \"C\"" in src and "pyc_attn_fwd" in src
 
@@ -103,12 +109,12 @@ def test_problem_keys_bucket_by_sequence_lengths_and_work():
 
 
 def test_the_listed_space_admits_exactly_the_configurations():
-    configs = [AttnConfig(128, 2, 2), AttnConfig(64, 3, 2)]
+    configs = [AttnConfig(128, 2, 2), AttnConfig(64, 3, 2, False)]
     space = listed_space(configs)
     assert sorted(AttnConfig.from_dict(dict(c)).id for c in space) == sorted(
         c.id for c in configs)
-    assert {"block_n": 64, "stages": 3, "warpgroups": 2} in space
-    assert {"block_n": 64, "stages": 2, "warpgroups": 2} not in space
+    assert {"block_n": 64, "stages": 3, "warpgroups": 2, "overlap": 0} in space
+    assert {"block_n": 64, "stages": 3, "warpgroups": 2, "overlap": 1} not in space
 
 
 def test_an_older_gpu_gets_a_result_not_a_raise(tmp_path):
