@@ -7,11 +7,13 @@ its default choice and with each backend forced (cuDNN, FlashAttention-2, memory
 efficient; a backend that refuses a shape is recorded as such). Every candidate's output
 is first checked against the float32 math backend on the first batch entry. pyc_lab's
 own Hopper kernel is also timed directly in every configuration the kernel cache holds
-(``pyc kernel <config>``), beside ``pl.attention``'s raced choice. Times are
+(``pyc kernel <config>``), beside ``pl.attention``'s raced choice; with ``--tune``,
+``pl.autotune_attention`` first tunes each problem over those configurations and records
+its winner, which ``pl.attention`` then races against SDPA. Times are
 medians of CUDA-event rounds (:func:`common.gpu_time`); TFLOP/s count ``4 B H S^2 D``,
 halved for causal. Writes ``attention.json`` to ``--out``.
 
-    python benchmarks/bench_attention.py --out benchmarks/results/h200
+    python benchmarks/bench_attention.py --out benchmarks/results/h200 [--tune]
 """
 
 from __future__ import annotations
@@ -74,11 +76,38 @@ def own_kernels(torch: Any, q: Any, k: Any, v: Any, dtype: str, causal: bool
     return found
 
 
+def tune(shape: tuple[int, ...], dtype: str, causal: bool) -> dict[str, Any]:
+    """``pl.autotune_attention`` over the configurations the kernel cache holds (nothing
+    is built): its winner, speed-up over the best SDPA baseline and wall time."""
+    from pyc_lab.kernels.cutlass.attention import AttnKernel, cached_attention
+
+    b, h, s, d = shape
+    dt = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+    kernel = AttnKernel(dt, d)
+    t0 = time.perf_counter()
+    try:
+        res = pl.autotune_attention(b, h, s, d, causal=causal, dtype=dt, repeats=5,
+                                    max_candidates=None,
+                                    restrict=lambda c: cached_attention(c, kernel) is not None)
+    except Exception as exc:  # a refused tuning is a row, not the end of the run
+        return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    best = res.best
+    base = min(res.baselines.values()) if res.baselines else None
+    return {"seconds": time.perf_counter() - t0, "candidates": len(res.table),
+            "winner": best.config if best else None,
+            "winner_ms": best.time_ms if best else None,
+            "baselines_ms": dict(res.baselines),
+            "speedup_vs_best_baseline": (base / best.time_ms) if best and base else None}
+
+
 def one_problem(cp: Any, torch: Any, shape: tuple[int, ...], dtype: str, causal: bool,
-                repeats: int) -> dict[str, Any]:
-    """Every candidate on one problem: ms, TFLOP/s and the error against float32."""
+                repeats: int, tuned: bool = False) -> dict[str, Any]:
+    """Every candidate on one problem: ms, TFLOP/s and the error against float32
+    (``tuned``: ``pl.autotune_attention`` runs first, so ``pl.attention`` races its
+    winner)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    tuning = tune(shape, dtype, causal) if tuned else None
     b, h, s, d = shape
     tdt = getattr(torch, dtype)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=tdt) for _ in range(3))
@@ -119,7 +148,7 @@ def one_problem(cp: Any, torch: Any, shape: tuple[int, ...], dtype: str, causal:
     pl_ms = rows.get("pl.attention (torch)", {}).get("ms")
     own = {n: r["ms"] for n, r in rows.items() if n.startswith("pyc kernel") and "ms" in r}
     own_best = min(own, key=own.get) if own else None
-    return {"own_best": own_best,
+    return {"tuning": tuning, "own_best": own_best,
             "own_vs_best": (libs[best] / own[own_best]) if best and own_best else None,
             "shape": list(shape), "dtype": dtype, "causal": causal, "candidates": rows,
             "best_library": best,
@@ -132,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--tune", action="store_true",
+                        help="run pl.autotune_attention (over the cached configurations) "
+                             "before each problem")
     parser.add_argument("--budget-s", type=float, default=200.0,
                         help="stop starting new problems after this many seconds")
     args = parser.parse_args(argv)
@@ -147,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 if time.perf_counter() - t0 > args.budget_s:
                     not_run.append([list(shape), dtype, causal])
                     continue
-                row = one_problem(cp, torch, shape, dtype, causal, args.repeats)
+                row = one_problem(cp, torch, shape, dtype, causal, args.repeats, args.tune)
                 results.append(row)
                 print(shape, dtype, "causal" if causal else "full", row["best_library"],
                       "pl/best", row["ratio_vs_best"], row["own_best"], "own/best",
@@ -158,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"problems": len(results), "not_run": not_run,
                "own_kernel_median_vs_best_library": statistics.median(own) if own else None,
                "own_kernel_min_vs_best_library": min(own) if own else None,
+               "own_kernel_max_vs_best_library": max(own) if own else None,
+               "tuning_seconds": sum(r["tuning"].get("seconds", 0) for r in results
+                                     if r.get("tuning")),
                "median_vs_best_library": statistics.median(ratios) if ratios else None,
                "min_vs_best_library": min(ratios) if ratios else None,
                "failed": [[r["shape"], r["dtype"], r["causal"]] for r in results

@@ -2,8 +2,9 @@
 
 :mod:`.passes.attention_find` rewrites a hand-written attention into it. Its reference
 is :func:`pyc_lab.kernels.attention.attention_xp` on operands of any rank: leading axes
-that broadcast are viewed as (batch, heads) = (1, N); on a GPU it runs torch's
-``scaled_dot_product_attention`` through DLPack where torch is installed, elsewhere the
+that broadcast are viewed as (batch, heads) = (1, N); on a GPU where torch is installed
+it runs what ``pl.attention`` chose (pyc_lab's Hopper kernel or torch's
+``scaled_dot_product_attention``, through DLPack), elsewhere the
 blocked online softmax, whose memory is bounded by its blocks instead of the score
 matrix. Inputs: ``q, k, v[, mask]``; attributes: ``scale`` (a float) and ``causal``.
 The operands go in their own dtype (the library's fused kernels take float16 and

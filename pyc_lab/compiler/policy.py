@@ -63,7 +63,8 @@ REASONS = {
                          "(nvmath-python): the product is written once",
     "EPILOGUE_KERNEL": "bias/activation epilogue applied in place by a generated kernel",
     "GRAPH_BREAK": "op not in pyc_lab's registry: runs eagerly as the original call",
-    "ATTENTION": "attention: pl.attention's path (torch's scaled_dot_product_attention "
+    "ATTENTION": "attention: pl.attention's path (pyc_lab's Hopper kernel or torch's "
+                 "scaled_dot_product_attention, whichever its first call measured faster, "
                  "where torch is installed, else the blocked online softmax); a library "
                  "call between CUDA graphs",
     "CONV": "convolution: pl.conv's path (cuDNN or the GEMM form, whichever its first "

@@ -5,7 +5,8 @@ matmul whose left operand is a last-axis softmax of ``q @ k^T`` (``k`` transpose
 matmul: :mod:`.transpose_fold` folded the ``swapaxes``), scaled by a scalar constant
 (``*`` or ``/``) and optionally plus a floating-point mask, is attention. :func:`find`
 returns what it found. The pass rewrites each one whose intermediate values nobody else
-reads into one ``attention`` node (:mod:`..attention_op`: the library's SDPA on a GPU
+reads into one ``attention`` node (:mod:`..attention_op`: pyc_lab's Hopper kernel or
+the library's SDPA, whichever ``pl.attention``'s first call measured faster, on a GPU
 where torch is installed, else the blocked online softmax; either way the score matrix
 is never materialised) and notes it for ``explain()``; one it cannot rewrite is noted
 with the reason and runs as written (two batched GEMMs and a row softmax).
@@ -176,8 +177,8 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         graph.replace_uses(att.output, new.id)
         prune(graph, [att.output])
         changed = True
-        ctx.note(f"{what}; one attention node %{new.id} (pl.attention's semantics: torch's "
-                 "scaled_dot_product_attention on a GPU where torch is installed, else the "
-                 f"blocked online softmax): the {list(s.shape)} scores ({size_text}) are "
-                 "never materialised")
+        ctx.note(f"{what}; one attention node %{new.id} (pl.attention's semantics and path: "
+                 "pyc_lab's Hopper kernel or torch's scaled_dot_product_attention on a GPU "
+                 "where torch is installed, else the blocked online softmax): the "
+                 f"{list(s.shape)} scores ({size_text}) are never materialised")
     return changed
