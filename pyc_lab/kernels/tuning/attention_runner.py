@@ -163,16 +163,23 @@ class AttentionRunner(CandidateRows):
         self.scale = p.head_dim ** -0.5
         self.geometry = geometry_of(self._q, self._k, self._v, self._o, p.causal, self.scale)
         g = p.heads_q // p.heads_kv
-        kf = self._k.float().repeat_interleave(g, dim=1)
-        vf = self._v.float().repeat_interleave(g, dim=1)
         ref = torch.empty_like(self._q, dtype=torch.float32)
-        for b in range(p.batch):  # one batch entry at a time bounds the score memory
-            s = (self._q[b].float() @ kf[b].transpose(-1, -2)).double() * self.scale
-            if p.causal:
-                keep = torch.ones(p.len_q, p.len_k, dtype=torch.bool, device="cuda").tril()
-                s = s.masked_fill(~keep, float("-inf"))
-            ref[b] = (torch.softmax(s, dim=-1) @ vf[b].double()).float()
-            del s
+        # one (batch, head, block of query rows) at a time: the float64 scores stay
+        # under 256 MiB whatever the sequence lengths
+        rows = max(1, (1 << 25) // p.len_k)
+        for b in range(p.batch):
+            for h in range(p.heads_q):
+                kh = self._k[b, h // g].float()
+                vh = self._v[b, h // g].double()
+                for r0 in range(0, p.len_q, rows):
+                    r1 = min(p.len_q, r0 + rows)
+                    s = (self._q[b, h, r0:r1].float() @ kh.T).double() * self.scale
+                    if p.causal:
+                        i = torch.arange(r0, r1, device="cuda")[:, None]
+                        j = torch.arange(p.len_k, device="cuda")[None, :]
+                        s = s.masked_fill(j > i, float("-inf"))
+                    ref[b, h, r0:r1] = (torch.softmax(s, dim=-1) @ vh).float()
+                    del s
         self._ref = ref
         self._ref_max = float(ref.abs().max()) or 1.0
 
