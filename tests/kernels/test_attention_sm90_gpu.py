@@ -120,6 +120,20 @@ def test_kernel_matches_the_reference(cache, dtype, d, causal, case):
 
 
 @pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_more_query_blocks_than_sms(cache, d, causal):
+    """256 query blocks (more than the H200's 132 SMs), so a CTA's work never fits one
+    wave: the case a persistent variant of the kernel hung on."""
+    kern = _kernel(cache, "bf16", d)
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    q, k, v = _inputs(2, 4, 4, 4096, 4096, d, "bf16", gen)
+    o, lse = _launch(kern, q, k, v, causal, d ** -0.5)
+    ref, ref_lse = reference(q[:, :1], k[:, :1], v[:, :1], causal, d ** -0.5)
+    _check(o[:, :1], lse[:, :1], ref, ref_lse, "bf16")
+    assert not torch.isnan(o).any()
+
+
+@pytest.mark.parametrize("d", [64, 128])
 def test_large_scores_stay_stable(cache, d):
     kern = _kernel(cache, "bf16", d)
     gen = torch.Generator(device="cuda").manual_seed(7)

@@ -1,9 +1,8 @@
 """pyc_lab's fused attention forward for Hopper: configurations, sources, builds, launches.
 
 The kernel (``native/attention_fwd_sm90.cuh``) is pyc_lab's own FlashAttention-3-style
-forward written with CuTe's building blocks: persistent CTAs (one per SM) taking query
-blocks in turn, a producer warpgroup issuing TMA loads of each block's Q and of K and V
-through two shared-memory pipelines, consumer warpgroups of 64
+forward written with CuTe's building blocks: a producer warpgroup issuing TMA loads of
+Q once and of K and V through two shared-memory pipelines, consumer warpgroups of 64
 query rows each running both GEMMs as warpgroup MMAs (``wgmma``; P stays in the
 registers S was accumulated in), and a float32 online softmax in base 2. It is written
 in CUDA C++ and built by the same nvcc path and hash-verified kernel cache as the
@@ -307,10 +306,6 @@ class FusedAttention:
                     raise PycLabError(f"pyc_lab attention {self.config.id}: {why}")
                 self._arrays = (geometry, geometry.arrays())
             arrays = self._arrays[1]
-        tiles = -(-geometry.len_q // self.config.block_m) * geometry.heads_q * geometry.batch
-        if tiles >= 2**31:
-            raise PycLabError(f"pyc_lab attention {self.config.id}: {tiles} query blocks "
-                              "(batch x heads x blocks) is more than a launch counts")
         if any(p % 16 for p in (q, k, v)) or o % 4 or lse % 4:
             raise PycLabError("pyc_lab attention: q, k and v must start on 16-byte "
                               "boundaries (TMA), the output on 4")
