@@ -28,7 +28,7 @@ from typing import Any
 
 from ...errors import PycLabError
 from ...hardware.device import require_cupy
-from ...search import Outcome, SearchSpace, StopSearch
+from ...search import Outcome, StopSearch
 from ..arrays import torch_stream
 from ..attention_sm90 import attention_problem_key, geometry_of, run_fused
 from ..cutlass.attention import (
@@ -41,7 +41,7 @@ from ..cutlass.attention import (
 from ..cutlass.nvcc import BuildResult
 from .builds import wait_for_build
 from .gemm_runner import gpu_ms, run_watched
-from .kernel_rows import CandidateRows, listed_space
+from .kernel_rows import CandidateRows
 from .keys import DeviceKey, device_key
 from .options import GemmTuneOptions
 
@@ -208,11 +208,7 @@ class AttentionRunner(CandidateRows):
                 log.info("SDPA backend %s refused %s: %s", backend, self.attn, exc)
         return times
 
-    # -- the runner protocol ----------------------------------------------------------
-    def space(self) -> SearchSpace:
-        """The ranked configurations as a search space."""
-        return listed_space(self.configs)
-
+    # -- the runner protocol (space() comes from CandidateRows) -----------------------
     def evaluate(self, candidate: Mapping[str, Any], fidelity: int) -> Outcome:
         """Build (wait for), run twice, check and time one configuration."""
         if self._hung is not None:

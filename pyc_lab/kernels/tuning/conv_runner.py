@@ -32,7 +32,7 @@ from typing import Any
 
 from ...errors import PycLabError
 from ...hardware.device import require_cupy
-from ...search import Outcome, SearchSpace, StopSearch
+from ...search import Outcome, StopSearch
 from ..arrays import torch_stream
 from ..conv_cutlass import conv_problem_key
 from ..conv_gemm import cudnn_conv
@@ -48,7 +48,7 @@ from ..cutlass.nvcc import BuildResult
 from .builds import wait_for_build
 from .gemm_reference import TOLERANCE
 from .gemm_runner import gpu_ms, run_watched
-from .kernel_rows import CandidateRows, listed_space
+from .kernel_rows import CandidateRows
 from .keys import DeviceKey, device_key
 from .options import GemmTuneOptions
 
@@ -177,11 +177,7 @@ class ConvRunner(CandidateRows):
 
         self._cudnn = cudnn
 
-    # -- the runner protocol ----------------------------------------------------------
-    def space(self) -> SearchSpace:
-        """The ranked configurations as a search space."""
-        return listed_space(self.configs)
-
+    # -- the runner protocol (space() comes from CandidateRows) -----------------------
     def evaluate(self, candidate: Mapping[str, Any], fidelity: int) -> Outcome:
         """Build (wait for), run twice, check and time one configuration."""
         if self._hung is not None:

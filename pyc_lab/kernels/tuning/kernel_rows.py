@@ -1,5 +1,6 @@
-"""What the live runners of pyc_lab's own kernels share: the search space of a ranked
-configuration list, and the candidate table with its tuning-database measurements.
+"""What the live runners of pyc_lab's own kernels share (the convolutions' and the
+attention kernel's): the search space of a ranked configuration list, and the candidate
+table with its tuning-database measurements.
 
 A configuration is any frozen object with ``id`` and ``to_dict()`` (a convolution's
 tile and cluster, an attention kernel's key block, stages and warpgroups); its
@@ -46,6 +47,10 @@ class CandidateRows:
     baselines: dict[str, float]
     _builds: dict[Any, Any]
     _futures: dict[Any, Any]
+
+    def space(self) -> SearchSpace:
+        """The ranked configurations as a search space."""
+        return listed_space(self.configs)
 
     def _init_rows(self) -> None:
         self.rows: dict[str, dict[str, Any]] = {}
