@@ -128,32 +128,44 @@ def _sdpa(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any) -> Any:
     return out
 
 
-def _torch_gpu(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
-               return_lse: bool, layout: str) -> tuple[tuple[Any, ...] | None, Any]:
-    """pyc_lab's kernel or SDPA on (B, H, S, D) CUDA tensors: the outputs (``None`` when
-    the log-sum-exp is asked for and the kernel cannot give it) and the choice made.
+def _choose(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
+            return_lse: bool, layout: str) -> tuple[Any, Any]:
+    """The output view pyc_lab's kernel would write, and the choice between the kernel and
+    SDPA for these (B, H, S, D) CUDA tensors (made, with its race, on first sight).
 
     The output is allocated in the caller's layout, so a ``"bshd"`` result is a plain
     transpose of contiguous memory either way.
     """
     import torch
 
-    from .attention_sm90 import fused_choice, run_fused
+    from .attention_sm90 import fused_choice
 
     b, hq, sq, _ = q.shape
     shape = (b, sq, hq, v.shape[-1]) if layout == "bshd" else (b, hq, sq, v.shape[-1])
     o = torch.empty(shape, dtype=q.dtype, device=q.device)
     o = o.transpose(1, 2) if layout == "bshd" else o
-    choice = fused_choice(q, k, v, o, causal, scale, mask,
-                          lambda: _sdpa(q, k, v, causal, scale, mask), need_lse=return_lse)
+    return o, fused_choice(q, k, v, o, causal, scale, mask,
+                           lambda: _sdpa(q, k, v, causal, scale, mask), need_lse=return_lse)
+
+
+def _torch_gpu(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
+               return_lse: bool, layout: str) -> tuple[Any, ...] | None:
+    """pyc_lab's kernel or SDPA on (B, H, S, D) CUDA tensors: the outputs, or ``None``
+    when the log-sum-exp is asked for and the kernel cannot give it."""
+    import torch
+
+    from .attention_sm90 import run_fused
+
+    o, choice = _choose(q, k, v, causal, scale, mask, return_lse, layout)
     if choice.kernel is not None:
+        b, hq, sq, _ = q.shape
         lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) \
             if return_lse else None
         run_fused(choice.kernel, choice.geometry, q, k, v, o, lse)
-        return ((o, lse) if return_lse else (o,)), choice
+        return (o, lse) if return_lse else (o,)
     if return_lse:
-        return None, choice
-    return (_sdpa(q, k, v, causal, scale, mask),), choice
+        return None
+    return (_sdpa(q, k, v, causal, scale, mask),)
 
 
 def attention_explain(q: Any, k: Any, v: Any, *, causal: bool = False,
@@ -173,14 +185,10 @@ def attention_explain(q: Any, k: Any, v: Any, *, causal: bool = False,
         return f"{route}: no CUDA tensors for torch's SDPA or pyc_lab's kernel"
     import torch
 
-    from .attention_sm90 import fused_choice
-
     if kind == "cupy":
         q, k, v = (torch.from_dlpack(x) for x in (q, k, v))
         mask = None if mask is None else torch.from_dlpack(mask)
-    o = torch.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype, device=q.device)
-    choice = fused_choice(q, k, v, o, causal, scale, mask,
-                          lambda: _sdpa(q, k, v, causal, scale, mask), need_lse=return_lse)
+    _, choice = _choose(q, k, v, causal, scale, mask, return_lse, layout)
     if choice.kernel is None and return_lse:
         return f"blocked: the log-sum-exp, and pyc_lab's kernel cannot run ({choice.why})"
     return f"{choice.route}: {choice.why}"
@@ -208,7 +216,7 @@ def attention_xp(xp: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: float,
         with torch.cuda.stream(arrays.torch_stream_of_cupy()):
             tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
             tm = torch.from_dlpack(mask) if mask is not None else None
-            outs, _ = _torch_gpu(tq, tk, tv, causal, scale, tm, return_lse, "bhsd")
+            outs = _torch_gpu(tq, tk, tv, causal, scale, tm, return_lse, "bhsd")
             if outs is not None:
                 res = tuple(xp.from_dlpack(t) for t in outs)
                 return res if return_lse else res[0]
@@ -265,12 +273,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     if kind == "torch" and any(x.requires_grad for x in (q, k, v)):
         raise PycLabError("pl.attention does not record gradients; pass tensor.detach() "
                           "(or use torch's scaled_dot_product_attention for training)")
-    outs: tuple[Any, ...] | None = None
-    if kind == "torch" and q.is_cuda:
-        outs, _ = _torch_gpu(q, k, v, causal, scale, mask, return_lse, layout)
-    if outs is not None:
-        pass  # pyc_lab's kernel or SDPA answered
-    elif kind == "torch":  # a CPU tensor, or a log-sum-exp the kernel cannot give
+    outs = _torch_gpu(q, k, v, causal, scale, mask, return_lse, layout) \
+        if kind == "torch" and q.is_cuda else None
+    if outs is None and kind == "torch":  # a CPU tensor, or a log-sum-exp not given
         res = attention_xp(np, *(arrays.numpy_of_torch(x.cpu()) for x in (q, k, v)),
                            causal=causal, scale=scale,
                            mask=None if mask is None
@@ -278,7 +283,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
                            return_lse=return_lse)
         outs = tuple(arrays.torch_of(np.ascontiguousarray(o)).to(q.device)
                      for o in (res if return_lse else (res,)))
-    else:
+    elif outs is None:  # NumPy or CuPy arrays
         xp = np
         if kind == "cupy":
             import cupy as xp

@@ -22,6 +22,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from .memo import remember
+
 __all__ = [
     "FusedChoice",
     "attention_problem_key",
@@ -134,10 +136,7 @@ def _kernel_for(geometry: Any, dtype: str, device: int) -> tuple[Any, str]:
     hit = _KERNELS.get(key)
     if hit is None:
         hit = _find(geometry, dtype, device)
-        with _LOCK:
-            _KERNELS[key] = hit
-            while len(_KERNELS) > MAX_MEMO:
-                del _KERNELS[next(iter(_KERNELS))]
+        remember(_KERNELS, key, hit, MAX_MEMO, _LOCK)
     return hit
 
 
@@ -198,10 +197,7 @@ def fused_choice(q: Any, k: Any, v: Any, o: Any, causal: bool, scale: float, mas
                              geometry=geometry)
     else:
         choice = _race(kernel, how, geometry, q, k, v, o, sdpa)
-    with _LOCK:
-        _CHOICES[sig] = choice
-        while len(_CHOICES) > MAX_MEMO:
-            del _CHOICES[next(iter(_CHOICES))]
+    remember(_CHOICES, sig, choice, MAX_MEMO, _LOCK)
     return choice
 
 

@@ -31,6 +31,7 @@ from . import arrays, conv_gemm
 from .conv_gemm import torch_activation
 from .conv_im2col import conv_im2col, out_size
 from .matmul_launch import apply_epilogue
+from .memo import remember
 
 __all__ = ["ACTIVATIONS", "LAYOUTS", "bound_conv", "conv", "conv1d", "conv2d", "conv_geometry",
            "conv_route", "set_tracer", "torch_activation"]
@@ -153,10 +154,7 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
         plan, final = _plan(x, w, bias, stride, padding, dilation, groups, layout,
                             activation)
         if key is not None and final:
-            with _LOCK:
-                _PLANS[key] = plan
-                while len(_PLANS) > MAX_PLANS:
-                    del _PLANS[next(iter(_PLANS))]
+            remember(_PLANS, key, plan, MAX_PLANS, _LOCK)
     return plan(x, w, bias)
 
 

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .memo import remember
+
 __all__ = ["conv_problem_key", "tuned_runner"]
 
 log = logging.getLogger(__name__)
@@ -87,10 +89,7 @@ def tuned_runner(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[in
     hit = _MEMO.get(key)
     if hit is None:
         hit = _find(geometry, kernel, x.device.index)
-        with _LOCK:
-            _MEMO[key] = hit
-            while len(_MEMO) > MAX_MEMO:
-                del _MEMO[next(iter(_MEMO))]
+        remember(_MEMO, key, hit, MAX_MEMO, _LOCK)
     conv, why = hit
     if conv is None:
         return None, why

@@ -28,7 +28,7 @@ from typing import Any
 
 from ...errors import PycLabError
 from ...hardware.device import require_cupy
-from ...search import Outcome, StopSearch
+from ...search import Outcome
 from ..arrays import torch_stream
 from ..attention_sm90 import attention_problem_key, geometry_of, run_fused
 from ..cutlass.attention import (
@@ -39,7 +39,6 @@ from ..cutlass.attention import (
     build_attention_many,
 )
 from ..cutlass.nvcc import BuildResult
-from .builds import wait_for_build
 from .gemm_runner import gpu_ms, run_watched
 from .kernel_rows import CandidateRows
 from .keys import DeviceKey, device_key
@@ -211,17 +210,12 @@ class AttentionRunner(CandidateRows):
     # -- the runner protocol (space() comes from CandidateRows) -----------------------
     def evaluate(self, candidate: Mapping[str, Any], fidelity: int) -> Outcome:
         """Build (wait for), run twice, check and time one configuration."""
-        if self._hung is not None:
-            raise StopSearch(f"{self._hung} hung; the GPU context is unusable")
         cfg = AttnConfig.from_dict(dict(candidate))
-        res = wait_for_build(self._futures[cfg], self._deadline)
-        if res is None:
-            return self._finish(cfg, "skipped", message="its build did not finish within "
-                                "the tuning budget")
-        if not res.ok:
-            return self._finish(cfg, "compile_error", message=res.message)
+        library, outcome = self._library_of(cfg)
+        if outcome is not None:
+            return outcome
         try:
-            attn = self._loaded.get(cfg) or FusedAttention(res.library, cfg, self.kernel)
+            attn = self._loaded.get(cfg) or FusedAttention(library, cfg, self.kernel)
             self._loaded[cfg] = attn
         except Exception as exc:
             return self._finish(cfg, "wrong_result", message=f"{type(exc).__name__}: {exc}")

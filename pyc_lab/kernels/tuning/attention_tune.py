@@ -18,10 +18,10 @@ from typing import Any
 
 from ..cutlass.attention import AttnConfig
 from .attention_runner import AttentionProblem, AttentionRunner
-from .autotune import _search, record_tuning
+from .autotune import tune_runner
 from .database import TuningDB
 from .options import GemmTuneOptions
-from .result import TuneResult, candidate_table
+from .result import TuneResult
 
 __all__ = ["autotune_attention"]
 
@@ -78,15 +78,9 @@ def autotune_attention(batch: int, heads: int, seq_len: int, head_dim: int, *,
                                heads_kv=heads_kv, causal=causal)
     t_start = time.perf_counter()
     runner = AttentionRunner(problem, opts, restrict=restrict, cache=cache)
-    result = _search(runner, opts, observer, stop) if runner.configs else None
-    best = (runner.measurement(result.best.candidate)
-            if result is not None and result.best is not None else None)
-    recorded = record_tuning(db, runner.device, runner.problem, runner.measurements(), best)
-    if recorded:
+    result = tune_runner(runner, opts, observer, stop, db, t_start)
+    if result.recorded:
         from ..attention_sm90 import clear
 
         clear()
-    return TuneResult(runner.problem, runner.device, best, candidate_table(runner.rows.values()),
-                      dict(runner.baselines), time.perf_counter() - t_start,
-                      result.stopped_by if result is not None else "no candidates",
-                      opts.strategy, recorded)
+    return result

@@ -28,7 +28,7 @@ from .recording import Recording, check_problem
 from .replay import ReplayRunner
 from .result import ReplayResult, TuneResult, candidate_table
 
-__all__ = ["TuneResult", "autotune_gemm", "record_tuning", "replay_autotune"]
+__all__ = ["TuneResult", "autotune_gemm", "record_tuning", "replay_autotune", "tune_runner"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,21 @@ def record_tuning(db: TuningDB | None, device: Any, problem: Any,
         log.warning("could not record the tuning in %s: %s", getattr(db, "path", db), exc)
         return False
     return True
+
+
+def tune_runner(runner: Any, options: GemmTuneOptions, observer: RowObserver | None,
+                stop: threading.Event | None, db: TuningDB | None, t_start: float
+                ) -> TuneResult:
+    """Search a live runner of pyc_lab's own kernels (a convolution's, the attention
+    kernel's) whose best is the searched best, record the run, and make its result."""
+    result = _search(runner, options, observer, stop) if runner.configs else None
+    best = (runner.measurement(result.best.candidate)
+            if result is not None and result.best is not None else None)
+    recorded = record_tuning(db, runner.device, runner.problem, runner.measurements(), best)
+    return TuneResult(runner.problem, runner.device, best, candidate_table(runner.rows.values()),
+                      dict(runner.baselines), time.perf_counter() - t_start,
+                      result.stopped_by if result is not None else "no candidates",
+                      options.strategy, recorded)
 
 
 def autotune_gemm(m: int, n: int, k: int, *, options: GemmTuneOptions | None = None,

@@ -32,7 +32,7 @@ from typing import Any
 
 from ...errors import PycLabError
 from ...hardware.device import require_cupy
-from ...search import Outcome, StopSearch
+from ...search import Outcome
 from ..arrays import torch_stream
 from ..conv_cutlass import conv_problem_key
 from ..conv_gemm import cudnn_conv
@@ -45,7 +45,6 @@ from ..cutlass.conv import (
     conv_configs,
 )
 from ..cutlass.nvcc import BuildResult
-from .builds import wait_for_build
 from .gemm_reference import TOLERANCE
 from .gemm_runner import gpu_ms, run_watched
 from .kernel_rows import CandidateRows
@@ -180,17 +179,12 @@ class ConvRunner(CandidateRows):
     # -- the runner protocol (space() comes from CandidateRows) -----------------------
     def evaluate(self, candidate: Mapping[str, Any], fidelity: int) -> Outcome:
         """Build (wait for), run twice, check and time one configuration."""
-        if self._hung is not None:
-            raise StopSearch(f"{self._hung} hung; the GPU context is unusable")
         cfg = ConvConfig.from_dict(dict(candidate))
-        res = wait_for_build(self._futures[cfg], self._deadline)
-        if res is None:
-            return self._finish(cfg, "skipped", message="its build did not finish within "
-                                "the tuning budget")
-        if not res.ok:
-            return self._finish(cfg, "compile_error", message=res.message)
+        library, outcome = self._library_of(cfg)
+        if outcome is not None:
+            return outcome
         try:
-            conv = self._loaded.get(cfg) or CutlassConv(res.library, cfg, self.kernel,
+            conv = self._loaded.get(cfg) or CutlassConv(library, cfg, self.kernel,
                                                         self.sm_count)
             self._loaded[cfg] = conv
             if not conv.can_implement(self.geometry):

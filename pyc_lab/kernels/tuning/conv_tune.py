@@ -16,11 +16,11 @@ from typing import Any
 
 from ..conv import conv_geometry
 from ..cutlass.conv import ConvConfig, ConvGeometry
-from .autotune import _search, record_tuning
+from .autotune import tune_runner
 from .conv_runner import ConvRunner
 from .database import TuningDB
 from .options import GemmTuneOptions
-from .result import TuneResult, candidate_table
+from .result import TuneResult
 
 __all__ = ["autotune_conv", "conv_geometry_of"]
 
@@ -93,12 +93,5 @@ def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any
                                 dilation=dilation, layout=layout)
     t_start = time.perf_counter()
     runner = ConvRunner(geometry, opts, restrict=restrict, cache=cache)
-    result = _search(runner, opts, observer, stop) if runner.configs else None
-    best = (runner.measurement(result.best.candidate)
-            if result is not None and result.best is not None else None)
-    recorded = record_tuning(db, runner.device, runner.problem, runner.measurements(), best)
-    return TuneResult(runner.problem, runner.device, best, candidate_table(runner.rows.values()),
-                      dict(runner.baselines), time.perf_counter() - t_start,
-                      result.stopped_by if result is not None else "no candidates",
-                      opts.strategy, recorded)
+    return tune_runner(runner, opts, observer, stop, db, t_start)
 

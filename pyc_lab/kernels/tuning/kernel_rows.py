@@ -10,10 +10,12 @@ tile and cluster, an attention kernel's key block, stages and warpgroups); its
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from ...search import Outcome, SearchSpace
+from ...search import Outcome, SearchSpace, StopSearch
 from ...units import tflops
+from .builds import wait_for_build
 from .keys import Measurement
 
 __all__ = ["CandidateRows", "listed_space"]
@@ -37,8 +39,9 @@ class CandidateRows:
     """The table of a tuning run's candidates and their database measurements.
 
     Subclasses set ``config_type`` (with ``from_dict``), ``configs``, ``flops``,
-    ``baselines``, ``_builds`` (config -> BuildResult) and ``_futures`` (config ->
-    build future) before recording.
+    ``baselines``, ``_builds`` (config -> BuildResult), ``_futures`` (config -> build
+    future), ``_deadline`` (the budget's end, or None) and ``_hung`` (the candidate that
+    hung the GPU, or None) before evaluating.
     """
 
     config_type: Any
@@ -47,10 +50,25 @@ class CandidateRows:
     baselines: dict[str, float]
     _builds: dict[Any, Any]
     _futures: dict[Any, Any]
+    _deadline: float | None
+    _hung: str | None
 
     def space(self) -> SearchSpace:
         """The ranked configurations as a search space."""
         return listed_space(self.configs)
+
+    def _library_of(self, cfg: Any) -> tuple[Path | None, Outcome | None]:
+        """``cfg``'s built library, or the outcome recorded instead (its build did not
+        finish within the budget, or failed). A candidate that hung stops the search."""
+        if self._hung is not None:
+            raise StopSearch(f"{self._hung} hung; the GPU context is unusable")
+        res = wait_for_build(self._futures[cfg], self._deadline)
+        if res is None:
+            return None, self._finish(cfg, "skipped", message="its build did not finish "
+                                      "within the tuning budget")
+        if not res.ok:
+            return None, self._finish(cfg, "compile_error", message=res.message)
+        return res.library, None
 
     def _init_rows(self) -> None:
         self.rows: dict[str, dict[str, Any]] = {}
