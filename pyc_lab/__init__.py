@@ -12,6 +12,7 @@ Python::
     res = pl.replay_autotune(4096, 4096, 4096, dtype="f16")  # the same search, replayed
     y = pl.matmul(a, b)                # a tuned kernel where it won, else the library
     o = pl.attention(q, k, v, causal=True)  # pyc_lab's Hopper kernel or SDPA, else blocked
+    dq, dk, dv = pl.attention_backward(q, k, v, do, causal=True)  # torch: loss.backward()
     res = pl.autotune_attention(4, 16, 4096, 128, causal=True)  # vs every SDPA backend
     y = pl.conv2d(x, w, padding=1)     # cuDNN, the GEMM form or a tuned CUTLASS kernel
     res = pl.autotune_conv((128, 64, 56, 56), (64, 64, 3, 3), padding=1)  # vs cuDNN
@@ -47,6 +48,7 @@ _EXPORTS = {
     "tune_pipeline": "runtime.belt_tuning",
     "matmul": "kernels.matmul",
     "attention": "kernels.attention",
+    "attention_backward": "kernels.attention",
     "conv": "kernels.conv",
     "conv1d": "kernels.conv",
     "conv2d": "kernels.conv",
@@ -75,6 +77,7 @@ __all__ = [
     "TuneResult",
     "__version__",
     "attention",
+    "attention_backward",
     "autotune_attention",
     "autotune_conv",
     "autotune_gemm",

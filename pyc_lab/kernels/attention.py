@@ -25,9 +25,10 @@ import numpy as np
 
 from ..errors import PycLabError
 from . import arrays
-from .attention_blocked import blocked_attention, default_scale
+from .attention_blocked import blocked_attention, blocked_attention_backward, default_scale
 
-__all__ = ["LAYOUTS", "attention", "attention_explain", "attention_route", "attention_xp"]
+__all__ = ["LAYOUTS", "attention", "attention_backward", "attention_explain", "attention_route",
+           "attention_xp"]
 
 #: Operand layouts: batch, heads, sequence, head dimension in that order, or the
 #: sequence before the heads (as most models keep their projections).
@@ -271,19 +272,11 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     scale = default_scale(int(q.shape[-1])) if scale is None else float(scale)
     kind = arrays.kind(q)
     if kind == "torch" and any(x.requires_grad for x in (q, k, v)):
-        raise PycLabError("pl.attention does not record gradients; pass tensor.detach() "
-                          "(or use torch's scaled_dot_product_attention for training)")
-    outs = _torch_gpu(q, k, v, causal, scale, mask, return_lse, layout) \
-        if kind == "torch" and q.is_cuda else None
-    if outs is None and kind == "torch":  # a CPU tensor, or a log-sum-exp not given
-        res = attention_xp(np, *(arrays.numpy_of_torch(x.cpu()) for x in (q, k, v)),
-                           causal=causal, scale=scale,
-                           mask=None if mask is None
-                           else arrays.numpy_of_torch(mask.detach().cpu()),
-                           return_lse=return_lse)
-        outs = tuple(arrays.torch_of(np.ascontiguousarray(o)).to(q.device)
-                     for o in (res if return_lse else (res,)))
-    elif outs is None:  # NumPy or CuPy arrays
+        outs = _with_grad(q, k, v, causal, scale, mask, return_lse, layout)
+    elif kind == "torch":
+        outs = _torch_lse(q, k, v, causal, scale, mask, layout) if return_lse else \
+            _torch_out(q, k, v, causal, scale, mask, layout)
+    else:  # NumPy or CuPy arrays
         xp = np
         if kind == "cupy":
             import cupy as xp
@@ -294,3 +287,197 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     if layout == "bshd":
         out = out.transpose(1, 2) if kind == "torch" else out.swapaxes(1, 2)
     return (out, outs[1]) if return_lse else out
+
+
+def _torch_blocked(q: Any, k: Any, v: Any, causal: bool, scale: float,
+                   mask: Any) -> tuple[Any, Any]:
+    """The output and log-sum-exp of (B, H, S, D) torch tensors on the blocked path (on
+    the host, the results moved back to the operands' device)."""
+    res = attention_xp(np, *(arrays.numpy_of_torch(x.detach().cpu()) for x in (q, k, v)),
+                       causal=causal, scale=scale,
+                       mask=None if mask is None
+                       else arrays.numpy_of_torch(mask.detach().cpu()), return_lse=True)
+    return tuple(arrays.torch_of(np.ascontiguousarray(o)).to(q.device) for o in res)
+
+
+def _torch_lse(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
+               layout: str) -> tuple[Any, Any]:
+    """Output and log-sum-exp of (B, H, S, D) torch tensors: pyc_lab's kernel where it
+    runs, else the blocked path."""
+    outs = _torch_gpu(q, k, v, causal, scale, mask, True, layout) if q.is_cuda else None
+    return outs if outs is not None else _torch_blocked(q, k, v, causal, scale, mask)
+
+
+def _torch_out(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
+               layout: str) -> tuple[Any]:
+    """The output of (B, H, S, D) torch tensors (no gradients recorded)."""
+    if q.is_cuda:
+        return _torch_gpu(q, k, v, causal, scale, mask, False, layout)
+    return _torch_blocked(q, k, v, causal, scale, mask)[:1]
+
+
+def _torch_grads(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool,
+                 scale: float, mask: Any) -> tuple[Any, Any, Any]:
+    """``(dq, dk, dv)`` of (B, H, S, D) torch tensors (no autograd state) from the
+    forward's output and log-sum-exp: the fastest correct library backward on a GPU
+    (:func:`~.attention_grad.library_backward`), SDPA's recompute where a mask or a
+    dtype rules the others out, the blocked backward on the host."""
+    from .attention_grad import library_backward, recompute_backward
+
+    if q.is_cuda:
+        def forward(a: Any, b: Any, c: Any) -> Any:
+            return _sdpa(a, b, c, causal, scale, mask)
+
+        if mask is None and arrays.dtype_name(q.dtype) in ("float16", "bfloat16"):
+            return library_backward(q, k, v, o, lse, do, causal, scale, forward)
+        return recompute_backward(forward, q, k, v, do)
+    host = [arrays.numpy_of_torch(x.detach().cpu()) for x in (q, k, v, o, lse, do)]
+    m = None if mask is None else arrays.numpy_of_torch(mask.detach().cpu())
+    grads = _blocked_grads(np, *host, causal=causal, scale=scale, mask=m)
+    return tuple(arrays.torch_of(np.ascontiguousarray(g)).to(q.device) for g in grads)
+
+
+def _with_grad(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
+               return_lse: bool, layout: str) -> tuple[Any, ...]:
+    """Attention of (B, H, S, D) torch tensors that require gradients.
+
+    Where torch's SDPA wins the forward's race (or takes the mask), torch's autograd
+    records SDPA itself. Where pyc_lab's kernel wins, it runs the forward and saves its
+    log-sum-exp, and the backward is the fastest correct library backward given both.
+    """
+    from .attention_grad import AttentionFunction
+
+    if mask is not None and getattr(mask, "requires_grad", False) and \
+            not (q.is_cuda and not return_lse):
+        raise PycLabError("pl.attention: gradients with respect to the mask are taken "
+                          "through torch's SDPA on a GPU only; detach the mask "
+                          "(mask.detach()) or run on CUDA tensors without return_lse")
+    qd, kd, vd = (x.detach() for x in (q, k, v))
+    if q.is_cuda and not return_lse:
+        o, choice = _choose(qd, kd, vd, causal, scale, mask, False, layout)
+        if choice.kernel is None:
+            return (_sdpa(q, k, v, causal, scale, mask),)
+
+        def forward() -> tuple[Any, Any]:
+            import torch
+
+            from .attention_sm90 import run_fused
+
+            b, hq, sq, _ = q.shape
+            lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+            run_fused(choice.kernel, choice.geometry, qd, kd, vd, o, lse)
+            return o, lse
+    else:
+        def forward() -> tuple[Any, Any]:
+            return _torch_lse(qd, kd, vd, causal, scale, mask, layout)
+
+    def backward(q_: Any, k_: Any, v_: Any, o_: Any, lse_: Any, do: Any) -> Any:
+        return _torch_grads(q_, k_, v_, o_, lse_, do, causal, scale, mask)
+
+    res = AttentionFunction.apply(q, k, v, forward, backward, return_lse)
+    return res if return_lse else (res,)
+
+
+def _blocked_grads(xp: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, *,
+                   causal: bool, scale: float, mask: Any) -> tuple[Any, Any, Any]:
+    """:func:`~.attention_blocked.blocked_attention_backward` on (B, H, S, D) arrays with
+    whole query groups against their key/value heads."""
+    qg, kg, vg, mg = _grouped(q, k, v, mask)
+    lead = qg.shape[:3]
+    og = o.reshape(*lead, *o.shape[2:])
+    dog = do.reshape(*lead, *do.shape[2:])
+    lseg = lse.reshape(*lead, lse.shape[-1])
+    dq, dk, dv = blocked_attention_backward(xp, qg, kg, vg, og, lseg, dog, scale=scale,
+                                            causal=causal, mask=mg)
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+def attention_backward(q: Any, k: Any, v: Any, dout: Any, *, out: Any = None,
+                       lse: Any = None, causal: bool = False, scale: float | None = None,
+                       mask: Any = None, layout: str = "bhsd") -> tuple[Any, Any, Any]:
+    """Gradients of :func:`attention` with respect to ``q``, ``k`` and ``v``.
+
+    For arrays without an autograd of their own (NumPy, CuPy) and for a training step
+    written by hand; torch tensors that require gradients get them from
+    ``loss.backward()`` through :func:`attention` itself.
+
+    Parameters
+    ----------
+    q, k, v, causal, scale, mask, layout
+        As for :func:`attention` (the same operands and options as the forward).
+    dout : array
+        The gradient of the loss with respect to the attention's output: its shape and
+        kind, and the operands' dtype.
+    out, lse : arrays, optional
+        The forward's output and log-sum-exp (``attention(..., return_lse=True)``). When
+        either is missing the forward runs again to give them.
+
+    Returns
+    -------
+    (array, array, array)
+        ``dq, dk, dv`` of the shapes, layout, dtype and kind of ``q``, ``k``, ``v``
+        (a key/value head shared by a query group gets its group's summed gradient). A
+        row with every key masked passes no gradient.
+
+    Raises
+    ------
+    PycLabError
+        As :func:`attention`; or ``dout``, ``out`` or ``lse`` of the wrong shape or kind.
+
+    Notes
+    -----
+    On a GPU the gradients come from the fastest correct library backward for the
+    problem (cuDNN's, FlashAttention-2's, or torch's SDPA run again under autograd;
+    checked against the last and raced on the first call, :mod:`.attention_grad`); on
+    the host, and on CuPy without torch, from the blocked backward
+    (:func:`~.attention_blocked.blocked_attention_backward`), whose memory is bounded by
+    its blocks.
+    """
+    q, k, v = _check(q, k, v, mask, layout)
+    scale = default_scale(int(q.shape[-1])) if scale is None else float(scale)
+    b, hq, sq, _ = q.shape
+    want = (b, sq, hq, v.shape[-1]) if layout == "bshd" else (b, hq, sq, v.shape[-1])
+    kind = arrays.kind(q)
+    for name, x, shape in (("dout", dout, want), ("out", out, want), ("lse", lse, (b, hq, sq))):
+        if x is None and name != "dout":
+            continue
+        if not hasattr(x, "shape") or arrays.kind(x) != kind or tuple(x.shape) != shape:
+            raise PycLabError(f"pl.attention_backward: {name} must be a {kind} array of "
+                              f"shape {shape} (the forward's); got "
+                              f"{getattr(x, 'shape', type(x).__name__)}")
+    if layout == "bshd":
+        dout, out = (None if x is None else (x.transpose(1, 2) if kind == "torch"
+                                             else x.swapaxes(1, 2)) for x in (dout, out))
+    grads = _grads_of(kind, q, k, v, out, lse, dout, causal, scale, mask)
+    if layout == "bshd":
+        grads = tuple(g.transpose(1, 2) if kind == "torch" else g.swapaxes(1, 2)
+                      for g in grads)
+    return grads
+
+
+def _grads_of(kind: str, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
+              causal: bool, scale: float, mask: Any) -> tuple[Any, Any, Any]:
+    """:func:`attention_backward` on checked (B, H, S, D) operands."""
+    if kind == "torch":
+        q, k, v, dout = (x.detach() for x in (q, k, v, dout))
+        if out is None or lse is None:
+            out, lse = _torch_lse(q, k, v, causal, scale, mask, "bhsd")
+        return _torch_grads(q, k, v, out.detach(), lse.detach(), dout, causal, scale,
+                            mask)
+    xp = np
+    if kind == "cupy":
+        import cupy as xp
+
+        if arrays.torch_installed():
+            import torch
+
+            with torch.cuda.stream(arrays.torch_stream_of_cupy()):
+                t = [None if x is None else torch.from_dlpack(x)
+                     for x in (q, k, v, out, lse, dout, mask)]
+                grads = _grads_of("torch", *t[:6], causal, scale, t[6])
+                return tuple(xp.from_dlpack(g) for g in grads)
+    if out is None or lse is None:
+        out, lse = attention_xp(xp, q, k, v, causal=causal, scale=scale, mask=mask,
+                                return_lse=True)
+    return _blocked_grads(xp, q, k, v, out, lse, dout, causal=causal, scale=scale,
+                          mask=mask)
