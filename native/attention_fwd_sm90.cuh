@@ -1,9 +1,11 @@
 // pyc_lab's fused attention forward for Hopper (sm_90a).
 //
-// One CTA computes BLOCK_M = 64 * MMA_WG query rows of one (batch, query head) against
-// every key block it needs: O = softmax(Q K^T * scale [causal]) V and the rows'
-// log-sum-exp. The design is the FlashAttention-3 one, written here with CuTe's building
-// blocks:
+// A tile is BLOCK_M = 64 * MMA_WG query rows of one (batch, query head) against every key
+// block it needs: O = softmax(Q K^T * scale [causal]) V and the rows' log-sum-exp. One
+// CTA computes one tile, or (PYC_PERSISTENT) one CTA per SM takes tiles in a static round
+// robin, and while its consumers finish a tile (the last P V, the stores) the producer
+// already loads the next tile's Q, K and V. The design is the FlashAttention-3 one,
+// written here with CuTe's building blocks:
 //   * warp specialisation: warpgroup 0 is the producer (one thread issues every TMA load
 //     and gives its registers away with setmaxnreg); warpgroups 1..MMA_WG are consumers,
 //     each owning 64 query rows;
@@ -33,6 +35,7 @@
 //   PYC_STAGES     shared-memory buffers per K and V pipeline
 //   PYC_MMA_WG     consumer warpgroups (2 or 3): BLOCK_M = 64 * PYC_MMA_WG
 //   PYC_OVERLAP    1: the software-pipelined consumer loop (below), 0: one block at a time
+//   PYC_PERSISTENT 1: one CTA per SM looping over tiles, 0: one CTA per tile
 // The extern "C" functions at the end are what pyc_lab.kernels.attention_sm90 loads.
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -96,7 +99,8 @@ struct SharedStorage {
   cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
   cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> k;
   cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> v;
-  alignas(16) uint64_t barrier_q;
+  alignas(16) uint64_t barrier_q;        // Q landed (TMA transaction barrier)
+  alignas(16) uint64_t barrier_q_free;   // the consumers are done reading Q
   typename Pipeline::SharedStorage pipe_k;
   typename Pipeline::SharedStorage pipe_v;
 };
@@ -123,6 +127,8 @@ struct Params {
   float scale;           // multiplies the scores
   float scale_log2;      // scale * log2(e)
   int causal;            // top-left aligned: query i sees keys j <= i
+  int m_blocks;          // query blocks per (batch, head)
+  int tiles;             // m_blocks * heads_q * batch: the work items
 };
 
 // An accumulator's layout ((2, 2, N/8), MMA_M, MMA_N) seen as (rows, columns): each
@@ -180,16 +186,28 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
 
   int const warp_group = cutlass::canonical_warp_group_idx();
-  // Causal blocks near the end of the sequence do the most work: start them first.
-  int const m_block = p.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  int const head = blockIdx.y;
-  int const batch = blockIdx.z;
-  int const kv_head = head / p.group;
-  int n_blocks = (p.len_k + kBlockN - 1) / kBlockN;
-  if (p.causal) {
-    int const last_row = min((m_block + 1) * kBlockM, p.len_q);
-    n_blocks = min(n_blocks, (last_row + kBlockN - 1) / kBlockN);
-  }
+  // Tile t is query block t % m_blocks of head (t / m_blocks) % heads_q of batch
+  // t / (m_blocks * heads_q): consecutive tiles share a head (its K and V stay in L2).
+  // Causal blocks near the end of the sequence do the most work: they come first.
+  auto tile = [&](int t, int& m_block, int& head, int& batch, int& n_blocks) {
+    int const hb = t / p.m_blocks;
+    int const m = t % p.m_blocks;
+    m_block = p.causal ? p.m_blocks - 1 - m : m;
+    head = hb % p.heads_q;
+    batch = hb / p.heads_q;
+    n_blocks = (p.len_k + kBlockN - 1) / kBlockN;
+    if (p.causal) {
+      int const last_row = min((m_block + 1) * kBlockM, p.len_q);
+      n_blocks = min(n_blocks, (last_row + kBlockN - 1) / kBlockN);
+    }
+  };
+#if PYC_PERSISTENT
+  int const first_tile = blockIdx.x;
+  int const tile_step = gridDim.x;
+#else
+  int const first_tile = blockIdx.x + p.m_blocks * (blockIdx.y + p.heads_q * blockIdx.z);
+  int const tile_step = p.tiles;  // one tile
+#endif
 
   typename Pipeline::Params pp;
   pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer
@@ -199,6 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   pp.transaction_bytes = kBlockN * kD * sizeof(Element);
   if (threadIdx.x == 0) {
     Barrier::init(&smem.barrier_q, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.barrier_q_free, kMmaThreads);
     cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
@@ -217,32 +236,41 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
       Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.len_q, Int<kD>{}, p.heads_q, p.batch));
       Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.len_k, Int<kD>{}, p.heads_kv, p.batch));
       Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.len_k, Int<kD>{}, p.heads_kv, p.batch));
-      Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kD>>{},
-                             make_coord(m_block, 0));
-      Tensor gK = local_tile(mK(_, _, kv_head, batch), Shape<Int<kBlockN>, Int<kD>>{},
-                             make_coord(_, 0));
-      Tensor gV = local_tile(mV(_, _, kv_head, batch), Shape<Int<kBlockN>, Int<kD>>{},
-                             make_coord(_, 0));
       auto cta_q = p.tma_q.get_slice(0);
       auto cta_k = p.tma_k.get_slice(0);
       auto cta_v = p.tma_v.get_slice(0);
-      Tensor tQgQ = cta_q.partition_S(gQ);
       Tensor tQsQ = cta_q.partition_D(sQ);
-      Tensor tKgK = cta_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, n)
       Tensor tKsK = cta_k.partition_D(sK);  // (TMA, TMA_N, TMA_D, stage)
-      Tensor tVgV = cta_v.partition_S(gV);
       Tensor tVsV = cta_v.partition_D(sV);
-      Barrier::arrive_and_expect_tx(&smem.barrier_q, kBlockM * kD * sizeof(Element));
-      copy(p.tma_q.with(smem.barrier_q), tQgQ, tQsQ);
       PipeState write = cutlass::make_producer_start_state<Pipeline>();
-      for (int n = n_blocks - 1; n >= 0; --n) {
-        pipe_k.producer_acquire(write);
-        copy(p.tma_k.with(*pipe_k.producer_get_barrier(write)), tKgK(_, _, _, n),
-             tKsK(_, _, _, write.index()));
-        pipe_v.producer_acquire(write);
-        copy(p.tma_v.with(*pipe_v.producer_get_barrier(write)), tVgV(_, _, _, n),
-             tVsV(_, _, _, write.index()));
-        ++write;
+      int iter = 0;
+      for (int t = first_tile; t < p.tiles; t += tile_step, ++iter) {
+        int m_block, head, batch, n_blocks;
+        tile(t, m_block, head, batch, n_blocks);
+        int const kv_head = head / p.group;
+        Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kD>>{},
+                               make_coord(m_block, 0));
+        Tensor gK = local_tile(mK(_, _, kv_head, batch), Shape<Int<kBlockN>, Int<kD>>{},
+                               make_coord(_, 0));
+        Tensor gV = local_tile(mV(_, _, kv_head, batch), Shape<Int<kBlockN>, Int<kD>>{},
+                               make_coord(_, 0));
+        Tensor tKgK = cta_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, n)
+        Tensor tVgV = cta_v.partition_S(gV);
+        // The previous tile's Q must be read to the end before this one overwrites it.
+        if (iter > 0) {
+          cutlass::arch::ClusterBarrier::wait(&smem.barrier_q_free, (iter - 1) & 1);
+        }
+        Barrier::arrive_and_expect_tx(&smem.barrier_q, kBlockM * kD * sizeof(Element));
+        copy(p.tma_q.with(smem.barrier_q), cta_q.partition_S(gQ), tQsQ);
+        for (int n = n_blocks - 1; n >= 0; --n) {
+          pipe_k.producer_acquire(write);
+          copy(p.tma_k.with(*pipe_k.producer_get_barrier(write)), tKgK(_, _, _, n),
+               tKsK(_, _, _, write.index()));
+          pipe_v.producer_acquire(write);
+          copy(p.tma_v.with(*pipe_v.producer_get_barrier(write)), tVgV(_, _, _, n),
+               tVsV(_, _, _, write.index()));
+          ++write;
+        }
       }
     }
     return;
@@ -260,19 +288,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   Tensor tSrK = thr_s.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
   Tensor tOrV = thr_o.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
   Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<kD>>{});
-  clear(tOrO);
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor tScS = thr_s.partition_C(cS);
   Tensor O = make_tensor(tOrO.data(), rowcol(tOrO.layout()));
   constexpr int kRows = decltype(size<0>(rowcol(tOrO.layout())))::value;
   float row_max[kRows];
   float row_sum[kRows];
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    row_max[i] = -INFINITY;
-    row_sum[i] = 0.f;
-  }
-  int const row0 = m_block * kBlockM;
+  int row0 = 0;  // the tile's first query row
 
   // Key block n's scores: masked where the block needs it (the causal diagonal, keys
   // past the end), then the online softmax in place: each row's new maximum, the factor
@@ -335,8 +357,22 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   };
 
   float corr[kRows];
-  Barrier::wait(&smem.barrier_q, 0);
   PipeState read_k, read_v;
+  int const lane = threadIdx.x % 32;
+  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
+  Tensor CO = make_tensor(thr_o.partition_C(cO).data(), rowcol(thr_o.partition_C(cO).layout()));
+  int iter = 0;
+  for (int t = first_tile; t < p.tiles; t += tile_step, ++iter) {
+  int m_block, head, batch, n_blocks;
+  tile(t, m_block, head, batch, n_blocks);
+  row0 = m_block * kBlockM;
+  clear(tOrO);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.f;
+  }
+  Barrier::wait(&smem.barrier_q, iter & 1);
 #if PYC_OVERLAP
   // Software-pipelined: block n's S = Q K^T is issued together with the previous block's
   // O += P V, and the softmax of block n runs while P V is still on the tensor cores.
@@ -379,11 +415,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
     rescale(corr);
     p16 = to_p(tSrS);
   }
+  cutlass::arch::ClusterBarrier::arrive(&smem.barrier_q_free);  // every S = Q K^T is done
   {
     Tensor tOrP = p_operand(p16);
     pipe_v.consumer_wait(read_v);
     wg_gemm<false, true>(mma_o, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
     pipe_v.consumer_release(read_v);
+    ++read_v;  // the next tile reads the next stage
   }
 #else
   for (int n = n_blocks - 1; n >= 0; --n) {
@@ -401,13 +439,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
     pipe_v.consumer_release(read_v);
     ++read_v;
   }
+  cutlass::arch::ClusterBarrier::arrive(&smem.barrier_q_free);
 #endif
 
   // Rows: the quad's partial sums, 1 / sum (0 for a row that saw no key: NaN, as the
   // softmax of an empty or fully masked row is), the 16-bit store in column pairs.
-  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
-  Tensor CO = make_tensor(thr_o.partition_C(cO).data(), rowcol(thr_o.partition_C(cO).layout()));
-  int const lane = threadIdx.x % 32;
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size<0>(O); ++i) {
     float sum = row_sum[i];
@@ -430,6 +466,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
           row_max[i] * p.scale + logf(sum);
     }
   }
+  }  // tiles
 }
 
 // Global tensor of an operand: (sequence, head dim, head, batch).
@@ -455,13 +492,20 @@ int pyc_attn_fwd(void const* q, void const* k, void const* v, void* o, float* ls
                  long long const* o_stride, float scale, int causal, void* stream) {
   using namespace pyc_attn;
   static bool configured = false;
+  static int sm_count = 0;
   int const smem = int(sizeof(SharedStorage));
   if (!configured) {
     cudaError_t st = cudaFuncSetAttribute(attention_fwd,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    int device = 0;
+    if (st == cudaSuccess) st = cudaGetDevice(&device);
+    if (st == cudaSuccess) {
+      st = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+    }
     if (st != cudaSuccess) return int(st);
     configured = true;
   }
+  int const m_blocks = ceil_div(len_q, kBlockM);
   Params p{
       make_tma_copy(SM90_TMA_LOAD{}, gtensor(q, len_q, heads_q, batch, q_stride),
                     SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kD>>{}, _1{}),
@@ -473,8 +517,12 @@ int pyc_attn_fwd(void const* q, void const* k, void const* v, void* o, float* ls
       lse,
       int64_t(o_stride[2]), int64_t(o_stride[1]), int64_t(o_stride[0]),
       batch, heads_q, heads_kv, heads_q / heads_kv, len_q, len_k,
-      scale, scale * 1.4426950408889634f, causal};
-  dim3 grid(ceil_div(len_q, kBlockM), heads_q, batch);
+      scale, scale * 1.4426950408889634f, causal, m_blocks, m_blocks * heads_q * batch};
+#if PYC_PERSISTENT
+  dim3 grid(min(p.tiles, sm_count));
+#else
+  dim3 grid(m_blocks, heads_q, batch);
+#endif
   attention_fwd<<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
   return int(cudaGetLastError());
 }

@@ -106,12 +106,13 @@ CASES = [  # b, hq, hk, sq, sk
 ]
 
 
+@pytest.mark.parametrize("schedule", ["one-cta-per-block", "persistent"])
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("case", CASES)
-def test_kernel_matches_the_reference(cache, dtype, d, causal, case):
-    kern = _kernel(cache, dtype, d)
+def test_kernel_matches_the_reference(cache, dtype, d, causal, case, schedule):
+    kern = _kernel(cache, dtype, d, AttnConfig(persistent=schedule == "persistent"))
     gen = torch.Generator(device="cuda").manual_seed(hash((dtype, d, causal, case)) % 2**31)
     q, k, v = _inputs(*case[:3], *case[3:], d, dtype, gen)
     scale = d ** -0.5
@@ -119,18 +120,34 @@ def test_kernel_matches_the_reference(cache, dtype, d, causal, case):
     _check(o, lse, *reference(q, k, v, causal, scale), dtype)
 
 
+@pytest.mark.parametrize("schedule", ["one-cta-per-block", "persistent"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_more_query_blocks_than_sms(cache, d, causal):
-    """256 query blocks (more than the H200's 132 SMs), so a CTA's work never fits one
-    wave: the case a persistent variant of the kernel hung on."""
-    kern = _kernel(cache, "bf16", d)
+def test_more_query_blocks_than_sms(cache, d, causal, schedule):
+    """256 query blocks (more than the H200's 132 SMs), so the grid never fits one wave
+    and a persistent CTA takes two tiles or more: the hand-over from one tile to the next
+    (Q reloaded after the consumers are done with it, the K/V pipelines' stages carried
+    on) is what this checks."""
+    kern = _kernel(cache, "bf16", d, AttnConfig(persistent=schedule == "persistent"))
     gen = torch.Generator(device="cuda").manual_seed(23)
     q, k, v = _inputs(2, 4, 4, 4096, 4096, d, "bf16", gen)
     o, lse = _launch(kern, q, k, v, causal, d ** -0.5)
-    ref, ref_lse = reference(q[:, :1], k[:, :1], v[:, :1], causal, d ** -0.5)
-    _check(o[:, :1], lse[:, :1], ref, ref_lse, "bf16")
+    for h in (0, 3):  # the first and the last tiles of a persistent CTA's round robin
+        ref, ref_lse = reference(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], causal,
+                                 d ** -0.5)
+        _check(o[:, h:h + 1], lse[:, h:h + 1], ref, ref_lse, "bf16")
     assert not torch.isnan(o).any()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_persistent_cta_with_many_short_tiles(cache, causal):
+    """Thousands of one- and two-key-block tiles per launch: every CTA runs tens of
+    tiles, with uneven causal work, and must hand each one over cleanly."""
+    kern = _kernel(cache, "f16", 64, AttnConfig(persistent=True))
+    gen = torch.Generator(device="cuda").manual_seed(29)
+    q, k, v = _inputs(64, 16, 4, 200, 200, 64, "f16", gen)
+    o, lse = _launch(kern, q, k, v, causal, 0.125)
+    _check(o, lse, *reference(q, k, v, causal, 0.125), "f16")
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -165,14 +182,16 @@ def test_every_carried_configuration(cache):
                           ("bf16", 128, AttnConfig(192, 2, 2)),
                           ("bf16", 128, AttnConfig(64, 3, 2)),
                           ("bf16", 128, AttnConfig(128, 2, 2, overlap=False)),
-                          ("f16", 64, AttnConfig(128, 2, 3, overlap=False))):
+                          ("f16", 64, AttnConfig(128, 2, 3, overlap=False)),
+                          ("bf16", 64, AttnConfig(128, 2, 3, persistent=True)),
+                          ("f16", 64, AttnConfig(128, 2, 3, persistent=True))):
         kern = _kernel(cache, dtype, d, cfg)
         for causal in (False, True):
             q, k, v = _inputs(2, 4, 2, 333, 401, d, dtype, gen)
             o, lse = _launch(kern, q, k, v, causal, d ** -0.5)
             _check(o, lse, *reference(q, k, v, causal, d ** -0.5), dtype)
             tried += 1
-    assert tried == 10
+    assert tried == 14
 
 
 def test_unaligned_or_unsupported_operands_are_refused(cache):

@@ -53,14 +53,17 @@ _BARRIERS = 1024  # the pipelines' and Q's mbarriers, padded to the next 1024-by
 @dataclass(frozen=True)
 class AttnConfig:
     """A configuration: keys per block, buffers per K/V pipeline, consumer warpgroups,
-    and the consumer loop: software-pipelined (``overlap``: a block's S = Q K^T issued
+    the consumer loop: software-pipelined (``overlap``: a block's S = Q K^T issued
     with the previous block's P V, its softmax while P V runs, the consumer warpgroups
-    taking turns at the tensor cores) or one block at a time."""
+    taking turns at the tensor cores) or one block at a time; and the schedule: one CTA
+    per query block, or ``persistent`` (one CTA per SM looping over query blocks, the
+    next block's Q, K and V loaded while the last one's P V and stores finish)."""
 
     block_n: int = 128
     stages: int = 2
     warpgroups: int = 2
     overlap: bool = True
+    persistent: bool = False
 
     @property
     def block_m(self) -> int:
@@ -69,21 +72,23 @@ class AttnConfig:
 
     @property
     def id(self) -> str:
-        """``attn_n128_s2_w2_o`` (``_o``: overlapped): the tuning database's config id."""
-        tail = "_o" if self.overlap else ""
+        """``attn_n128_s2_w2_o`` (``_o``: overlapped, ``_p``: persistent): the tuning
+        database's config id."""
+        tail = ("_o" if self.overlap else "") + ("_p" if self.persistent else "")
         return f"attn_n{self.block_n}_s{self.stages}_w{self.warpgroups}{tail}"
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as the tuning database stores it."""
         return {"block_n": self.block_n, "stages": self.stages,
-                "warpgroups": self.warpgroups, "overlap": int(self.overlap)}
+                "warpgroups": self.warpgroups, "overlap": int(self.overlap),
+                "persistent": int(self.persistent)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttnConfig:
         """Inverse of :meth:`to_dict`."""
         try:
             return cls(int(d["block_n"]), int(d["stages"]), int(d["warpgroups"]),
-                       bool(int(d["overlap"])))
+                       bool(int(d["overlap"])), bool(int(d.get("persistent", 0))))
         except (KeyError, TypeError, ValueError) as exc:
             raise PycLabError(f"not an attention configuration: {d!r}") from exc
 
@@ -131,8 +136,8 @@ class AttnKernel:
 
 
 #: The space searched, before each configuration's own check for a head dimension.
-SPACE = tuple(AttnConfig(n, s, w, o) for o in (True, False) for w in (2, 3)
-              for n in (64, 128, 192) for s in (2, 3))
+SPACE = tuple(AttnConfig(n, s, w, o, p) for o in (True, False) for w in (2, 3)
+              for n in (64, 128, 192) for s in (2, 3) for p in (False, True))
 
 
 def attention_configs(kernel: AttnKernel, causal: bool = False) -> list[AttnConfig]:
@@ -144,12 +149,13 @@ def attention_configs(kernel: AttnKernel, causal: bool = False) -> list[AttnConf
     head dimensions), then the wider blocks (fewer softmax rescales per key, more MMA
     work per barrier) before the narrower ones, deeper pipelines after shallower ones of
     the same block; for causal problems the 64-key block moves up (less work masked
-    away on the diagonal).
+    away on the diagonal); each persistent configuration right after its one-CTA-per-block
+    twin.
     """
     def rank(c: AttnConfig) -> tuple:
         default = (c.block_n, c.stages, c.warpgroups) == (128, 2, 2)
         wide = -c.block_n if not causal else abs(c.block_n - 96)
-        return (not c.overlap, not default, c.warpgroups != 2, wide, c.stages)
+        return (not c.overlap, not default, c.warpgroups != 2, wide, c.stages, c.persistent)
 
     return sorted((c for c in SPACE if not c.issue(kernel.head_dim)), key=rank)
 
@@ -161,7 +167,8 @@ def emit_attention_source(config: AttnConfig, kernel: AttnKernel) -> str:
         raise PycLabError(f"attention {config.id} for D={kernel.head_dim}: {why}")
     defines = {"PYC_ELEMENT": ATTN_DTYPES[kernel.dtype], "PYC_HEAD_DIM": kernel.head_dim,
                "PYC_BLOCK_N": config.block_n, "PYC_STAGES": config.stages,
-               "PYC_MMA_WG": config.warpgroups, "PYC_OVERLAP": int(config.overlap)}
+               "PYC_MMA_WG": config.warpgroups, "PYC_OVERLAP": int(config.overlap),
+               "PYC_PERSISTENT": int(config.persistent)}
     head = (f"// pyc_lab attention forward {kernel.dtype} D={kernel.head_dim}: "
             f"{config.id}\n")
     return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + \

@@ -29,8 +29,13 @@ def test_config_ids_dicts_and_rows():
     c = AttnConfig(192, 3, 2)
     assert c.id == "attn_n192_s3_w2_o" and c.block_m == 128 and c.overlap
     assert AttnConfig(64, 2, 3, overlap=False).id == "attn_n64_s2_w3"
-    for cfg in (c, AttnConfig(64, 2, 3, False)):
+    p = AttnConfig(persistent=True)
+    assert p.id == "attn_n128_s2_w2_o_p" and p.smem_bytes(128) == AttnConfig().smem_bytes(128)
+    for cfg in (c, AttnConfig(64, 2, 3, False), p):
         assert AttnConfig.from_dict(cfg.to_dict()) == cfg
+    # entries recorded before the schedule was a dimension read as one CTA per block
+    old = {k: v for k, v in c.to_dict().items() if k != "persistent"}
+    assert AttnConfig.from_dict(old) == c
     with pytest.raises(pl.PycLabError, match="not an attention configuration"):
         AttnConfig.from_dict({"block_n": 128})
 
@@ -57,8 +62,11 @@ def test_the_space_fits_and_starts_with_the_default(d, causal):
     assert all(c.issue(d) == "" and c.smem_bytes(d) <= SMEM_LIMIT for c in configs)
     if d == 128:
         assert all(c.warpgroups == 2 for c in configs)
-    if causal:  # the 64-key block comes right after the default
-        assert configs[1].block_n == 64
+    assert configs[1] == AttnConfig(persistent=True)  # the default's persistent twin
+    if causal:  # then the 64-key block
+        assert configs[2].block_n == 64
+    for c in configs:  # every persistent configuration has its one-CTA-per-block twin
+        assert AttnConfig(c.block_n, c.stages, c.warpgroups, c.overlap, False) in configs
     overlapped = [c.overlap for c in configs]
     assert overlapped == sorted(overlapped, reverse=True) and any(overlapped) \
         and not all(overlapped)
@@ -76,8 +84,10 @@ def test_the_source_is_the_native_text_under_its_defines():
     src = emit_attention_source(AttnConfig(64, 3, 3, False), AttnKernel("f16", 64))
     for line in ("#define PYC_ELEMENT cutlass::half_t", "#define PYC_HEAD_DIM 64",
                  "#define PYC_BLOCK_N 64", "#define PYC_STAGES 3", "#define PYC_MMA_WG 3",
-                 "#define PYC_OVERLAP 0"):
+                 "#define PYC_OVERLAP 0", "#define PYC_PERSISTENT 0"):
         assert line in src
+    assert "#define PYC_PERSISTENT 1" in emit_attention_source(AttnConfig(persistent=True),
+                                                               AttnKernel("f16", 64))
     assert "extern \"C\"" in src and "pyc_attn_fwd" in src
 
 
@@ -113,8 +123,10 @@ def test_the_listed_space_admits_exactly_the_configurations():
     space = listed_space(configs)
     assert sorted(AttnConfig.from_dict(dict(c)).id for c in space) == sorted(
         c.id for c in configs)
-    assert {"block_n": 64, "stages": 3, "warpgroups": 2, "overlap": 0} in space
-    assert {"block_n": 64, "stages": 3, "warpgroups": 2, "overlap": 1} not in space
+    assert {"block_n": 64, "stages": 3, "warpgroups": 2, "overlap": 0, "persistent": 0} \
+        in space
+    assert {"block_n": 64, "stages": 3, "warpgroups": 2, "overlap": 1, "persistent": 0} \
+        not in space
 
 
 def test_an_older_gpu_gets_a_result_not_a_raise(tmp_path):
