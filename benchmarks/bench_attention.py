@@ -22,6 +22,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,18 @@ def one_problem(cp: Any, torch: Any, shape: tuple[int, ...], dtype: str, causal:
             if pl_ms and "sdpa flash_attention" in libs else None}
 
 
+def problems(budget_s: float, t0: float, not_run: list) -> Iterator[tuple]:
+    """The issue's problems (shape, dtype, causal) in order while ``budget_s`` seconds
+    since ``t0`` last; those left are appended to ``not_run``."""
+    for shape in SHAPES:
+        for dtype in ("bfloat16", "float16"):
+            for causal in (False, True):
+                if time.perf_counter() - t0 > budget_s:
+                    not_run.append([list(shape), dtype, causal])
+                    continue
+                yield shape, dtype, causal
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
@@ -173,18 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     cp, torch = libs
     t0 = time.perf_counter()
     results, not_run = [], []
-    for shape in SHAPES:
-        for dtype in ("bfloat16", "float16"):
-            for causal in (False, True):
-                if time.perf_counter() - t0 > args.budget_s:
-                    not_run.append([list(shape), dtype, causal])
-                    continue
-                row = one_problem(cp, torch, shape, dtype, causal, args.repeats, args.tune)
-                results.append(row)
-                print(shape, dtype, "causal" if causal else "full", row["best_library"],
-                      "pl/best", row["ratio_vs_best"], row["own_best"], "own/best",
-                      row["own_vs_best"], flush=True)
-                torch.cuda.empty_cache()
+    for shape, dtype, causal in problems(args.budget_s, t0, not_run):
+        row = one_problem(cp, torch, shape, dtype, causal, args.repeats, args.tune)
+        results.append(row)
+        print(shape, dtype, "causal" if causal else "full", row["best_library"],
+              "pl/best", row["ratio_vs_best"], row["own_best"], "own/best",
+              row["own_vs_best"], flush=True)
+        torch.cuda.empty_cache()
     ratios = [r["ratio_vs_best"] for r in results if r["ratio_vs_best"]]
     own = [r["own_vs_best"] for r in results if r["own_vs_best"]]
     summary = {"problems": len(results), "not_run": not_run,

@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_attention import BACKENDS, SHAPES
+from bench_attention import BACKENDS, problems
 from common import cupy_and_torch, gpu_time, write_result
 
 import pyc_lab as pl
@@ -134,18 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     _, torch = libs
     t0 = time.perf_counter()
     results, not_run = [], []
-    for shape in SHAPES:
-        for dtype in ("bfloat16", "float16"):
-            for causal in (False, True):
-                if time.perf_counter() - t0 > args.budget_s:
-                    not_run.append([list(shape), dtype, causal])
-                    continue
-                row = one_problem(torch, shape, dtype, causal, args.repeats)
-                results.append(row)
-                print(shape, dtype, "causal" if causal else "full", row["best_library"],
-                      "backward pl/best", row["backward_ratio_vs_best"], "step pl/best",
-                      row["step_ratio_vs_best"], flush=True)
-                torch.cuda.empty_cache()
+    for shape, dtype, causal in problems(args.budget_s, t0, not_run):
+        row = one_problem(torch, shape, dtype, causal, args.repeats)
+        results.append(row)
+        print(shape, dtype, "causal" if causal else "full", row["best_library"],
+              "backward pl/best", row["backward_ratio_vs_best"], "step pl/best",
+              row["step_ratio_vs_best"], flush=True)
+        torch.cuda.empty_cache()
     back = [r["backward_ratio_vs_best"] for r in results if r["backward_ratio_vs_best"]]
     step = [r["step_ratio_vs_best"] for r in results if r["step_ratio_vs_best"]]
     summary = {"problems": len(results), "not_run": not_run,

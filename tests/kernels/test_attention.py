@@ -17,12 +17,8 @@ from pyc_lab.kernels.attention import attention_route
 from pyc_lab.kernels.attention_blocked import BLOCK_K, BLOCK_Q, blocked_attention
 
 
-def reference(q, k, v, *, scale=None, causal=False, mask=None):
-    """float64 softmax(q k^T s + mask) v on (B, H, S, D), GQA by repeating heads."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    g = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
-    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+def scores(q, k, scale, causal, mask):
+    """The scaled, masked float64 scores q k^T (``-inf`` where masked)."""
     s = q @ np.swapaxes(k, -1, -2) * scale
     if mask is not None:
         s = s + (np.where(mask, 0.0, -np.inf) if mask.dtype == np.bool_ else mask)
@@ -30,6 +26,16 @@ def reference(q, k, v, *, scale=None, causal=False, mask=None):
         i = np.arange(s.shape[-2])[:, None]
         j = np.arange(s.shape[-1])[None]
         s = np.where(j > i, -np.inf, s)
+    return s
+
+
+def reference(q, k, v, *, scale=None, causal=False, mask=None):
+    """float64 softmax(q k^T s + mask) v on (B, H, S, D), GQA by repeating heads."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    s = scores(q, k, scale, causal, mask)
     m = s.max(-1, keepdims=True)
     with np.errstate(invalid="ignore"):
         e = np.exp(s - m)

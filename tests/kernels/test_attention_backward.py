@@ -15,17 +15,7 @@ import pytest
 import pyc_lab as pl
 from pyc_lab.errors import PycLabError
 from pyc_lab.kernels.attention_blocked import BLOCK_K, BLOCK_Q, blocked_attention_backward
-
-
-def _scores(q, k, scale, causal, mask):
-    s = q @ np.swapaxes(k, -1, -2) * scale
-    if mask is not None:
-        s = s + (np.where(mask, 0.0, -np.inf) if mask.dtype == np.bool_ else mask)
-    if causal:
-        i = np.arange(s.shape[-2])[:, None]
-        j = np.arange(s.shape[-1])[None]
-        s = np.where(j > i, -np.inf, s)
-    return s
+from tests.kernels.test_attention import scores
 
 
 def dense_grads(q, k, v, do, *, scale=None, causal=False, mask=None):
@@ -36,7 +26,7 @@ def dense_grads(q, k, v, do, *, scale=None, causal=False, mask=None):
     g = q.shape[1] // k.shape[1]
     kr, vr = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
     scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
-    s = _scores(q, kr, scale, causal, mask)
+    s = scores(q, kr, scale, causal, mask)
     m = s.max(-1, keepdims=True)
     with np.errstate(invalid="ignore"):
         e = np.exp(s - m)
@@ -59,7 +49,7 @@ def loss(q, k, v, do, **kw):
     g = q.shape[1] // k.shape[1]
     kr, vr = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
     scale = kw.get("scale") or 1 / np.sqrt(q.shape[-1])
-    s = _scores(q, kr, scale, kw.get("causal", False), kw.get("mask"))
+    s = scores(q, kr, scale, kw.get("causal", False), kw.get("mask"))
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     return float(((p @ vr) * do).sum())
