@@ -129,6 +129,7 @@ struct Params {
   int causal;            // top-left aligned: query i sees keys j <= i
   int m_blocks;          // query blocks per (batch, head)
   int tiles;             // m_blocks * heads_q * batch: the work items
+  int unit;              // tiles a persistent CTA takes at a time (1, or 2: causal pairs)
 };
 
 // An accumulator's layout ((2, 2, N/8), MMA_M, MMA_N) seen as (rows, columns): each
@@ -186,13 +187,18 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
 
   int const warp_group = cutlass::canonical_warp_group_idx();
-  // Tile t is query block t % m_blocks of head (t / m_blocks) % heads_q of batch
-  // t / (m_blocks * heads_q): consecutive tiles share a head (its K and V stay in L2).
-  // Causal blocks near the end of the sequence do the most work: they come first.
+  // Tile t is the (t % m_blocks)-th query block of head (t / m_blocks) % heads_q of
+  // batch t / (m_blocks * heads_q): consecutive tiles share a head (its K and V stay in
+  // L2). Causal blocks near the end of the sequence do the most work: they come first;
+  // with p.unit == 2 (persistent, causal) they alternate with the shortest instead
+  // (last, first, second last, second, ...), so that each pair of tiles a CTA takes
+  // holds the same number of key blocks and a static round robin stays balanced.
   auto tile = [&](int t, int& m_block, int& head, int& batch, int& n_blocks) {
     int const hb = t / p.m_blocks;
     int const m = t % p.m_blocks;
-    m_block = p.causal ? p.m_blocks - 1 - m : m;
+    int const longest_first = p.m_blocks - 1 - m;
+    int const zigzag = (m & 1) ? m / 2 : p.m_blocks - 1 - m / 2;
+    m_block = !p.causal ? m : p.unit == 2 ? zigzag : longest_first;
     head = hb % p.heads_q;
     batch = hb / p.heads_q;
     n_blocks = (p.len_k + kBlockN - 1) / kBlockN;
@@ -201,12 +207,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
       n_blocks = min(n_blocks, (last_row + kBlockN - 1) / kBlockN);
     }
   };
+  // A persistent CTA takes units of p.unit consecutive tiles: units blockIdx.x,
+  // + gridDim.x, ...; otherwise a CTA takes its one tile.
 #if PYC_PERSISTENT
-  int const first_tile = blockIdx.x;
-  int const tile_step = gridDim.x;
+  int const first_tile = blockIdx.x * p.unit;
+  auto next_tile = [&](int t) {
+    return (t + 1) % p.unit ? t + 1 : (t / p.unit + int(gridDim.x)) * p.unit;
+  };
 #else
   int const first_tile = blockIdx.x + p.m_blocks * (blockIdx.y + p.heads_q * blockIdx.z);
-  int const tile_step = p.tiles;  // one tile
+  auto next_tile = [&](int) { return p.tiles; };
 #endif
 
   typename Pipeline::Params pp;
@@ -244,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
       Tensor tVsV = cta_v.partition_D(sV);
       PipeState write = cutlass::make_producer_start_state<Pipeline>();
       int iter = 0;
-      for (int t = first_tile; t < p.tiles; t += tile_step, ++iter) {
+      for (int t = first_tile; t < p.tiles; t = next_tile(t), ++iter) {
         int m_block, head, batch, n_blocks;
         tile(t, m_block, head, batch, n_blocks);
         int const kv_head = head / p.group;
@@ -362,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
   Tensor CO = make_tensor(thr_o.partition_C(cO).data(), rowcol(thr_o.partition_C(cO).layout()));
   int iter = 0;
-  for (int t = first_tile; t < p.tiles; t += tile_step, ++iter) {
+  for (int t = first_tile; t < p.tiles; t = next_tile(t), ++iter) {
   int m_block, head, batch, n_blocks;
   tile(t, m_block, head, batch, n_blocks);
   row0 = m_block * kBlockM;
@@ -517,9 +527,11 @@ int pyc_attn_fwd(void const* q, void const* k, void const* v, void* o, float* ls
       lse,
       int64_t(o_stride[2]), int64_t(o_stride[1]), int64_t(o_stride[0]),
       batch, heads_q, heads_kv, heads_q / heads_kv, len_q, len_k,
-      scale, scale * 1.4426950408889634f, causal, m_blocks, m_blocks * heads_q * batch};
+      scale, scale * 1.4426950408889634f, causal, m_blocks, m_blocks * heads_q * batch, 1};
 #if PYC_PERSISTENT
-  dim3 grid(min(p.tiles, sm_count));
+  // Causal tiles go in equal-work pairs once there are enough to fill every SM with them.
+  if (causal && p.tiles >= 2 * sm_count) p.unit = 2;
+  dim3 grid(min(ceil_div(p.tiles, p.unit), sm_count));
 #else
   dim3 grid(m_blocks, heads_q, batch);
 #endif

@@ -140,12 +140,15 @@ def test_more_query_blocks_than_sms(cache, d, causal, schedule):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_a_persistent_cta_with_many_short_tiles(cache, causal):
-    """Thousands of one- and two-key-block tiles per launch: every CTA runs tens of
-    tiles, with uneven causal work, and must hand each one over cleanly."""
+@pytest.mark.parametrize("case", [(64, 16, 4, 200), (8, 8, 2, 1100)])
+def test_a_persistent_cta_with_many_tiles(cache, causal, case):
+    """Hundreds to thousands of tiles per launch, so every CTA runs many and must hand
+    each one over cleanly; causal ones go in equal-work pairs (2 query blocks per head,
+    and 9, an odd count, so that pairs straddle heads)."""
     kern = _kernel(cache, "f16", 64, AttnConfig(persistent=True))
     gen = torch.Generator(device="cuda").manual_seed(29)
-    q, k, v = _inputs(64, 16, 4, 200, 200, 64, "f16", gen)
+    b, hq, hk, s = case
+    q, k, v = _inputs(b, hq, hk, s, s, 64, "f16", gen)
     o, lse = _launch(kern, q, k, v, causal, 0.125)
     _check(o, lse, *reference(q, k, v, causal, 0.125), "f16")
 
