@@ -36,6 +36,9 @@
 //   PYC_MMA_WG     consumer warpgroups (2 or 3): BLOCK_M = 64 * PYC_MMA_WG
 //   PYC_OVERLAP    1: the software-pipelined consumer loop (below), 0: one block at a time
 //   PYC_PERSISTENT 1: one CTA per SM looping over tiles, 0: one CTA per tile
+//   PYC_STORE_O    1: the output is staged in shared memory and stored by TMA, off the
+//                  consumers' path (where shared memory has room for it), 0: each
+//                  thread stores its own output registers
 // The extern "C" functions at the end are what pyc_lab.kernels.attention_sm90 loads.
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -99,6 +102,9 @@ struct SharedStorage {
   cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
   cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> k;
   cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> v;
+#if PYC_STORE_O
+  cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> o;  // the output tile, staged
+#endif
   alignas(16) uint64_t barrier_q;        // Q landed (TMA transaction barrier)
   alignas(16) uint64_t barrier_q_free;   // the consumers are done reading Q
   typename Pipeline::SharedStorage pipe_k;
@@ -115,11 +121,16 @@ using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, std::declval<GTensor>(), Sm
 using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, std::declval<GTensor>(),
                                      SmemLayoutKV1{},
                                      Shape<Int<kBlockN>, Int<kD>>{}, _1{}));
+using GTensorO = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
+                                      GShape{}, GStride{}));
+using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, std::declval<GTensorO>(), SmemLayoutQ{},
+                                    Shape<Int<kBlockM>, Int<kD>>{}, _1{}));
 
 struct Params {
   TmaQ tma_q;
   TmaKV tma_k;
   TmaKV tma_v;
+  TmaO tma_o;            // used with PYC_STORE_O
   Element* o;
   float* lse;            // (batch, query head, query) contiguous, or null
   int64_t o_row, o_head, o_batch;
@@ -231,6 +242,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
     cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+#if PYC_STORE_O
+    cute::prefetch_tma_descriptor(p.tma_o.get_tma_descriptor());
+#endif
   }
   Pipeline pipe_k(smem.pipe_k, pp, Shape<_1, _1, _1>{});
   Pipeline pipe_v(smem.pipe_v, pp, Shape<_1, _1, _1>{});
@@ -371,6 +385,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   int const lane = threadIdx.x % 32;
   Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
   Tensor CO = make_tensor(thr_o.partition_C(cO).data(), rowcol(thr_o.partition_C(cO).layout()));
+#if PYC_STORE_O
+  Tensor sO = make_tensor(make_smem_ptr(smem.o.data()), SmemLayoutQ{});
+  Tensor tOsO = thr_o.partition_C(sO);
+  Tensor OS = make_tensor(tOsO.data(), rowcol(tOsO.layout()));
+  bool const store_thread = threadIdx.x == 128;
+#endif
   int iter = 0;
   for (int t = first_tile; t < p.tiles; t = next_tile(t), ++iter) {
   int m_block, head, batch, n_blocks;
@@ -453,7 +473,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
 #endif
 
   // Rows: the quad's partial sums, 1 / sum (0 for a row that saw no key: NaN, as the
-  // softmax of an empty or fully masked row is), the 16-bit store in column pairs.
+  // softmax of an empty or fully masked row is), then the 16-bit output: staged in
+  // shared memory for one TMA store (PYC_STORE_O), else stored in column pairs.
+#if PYC_STORE_O
+  // The last tile's TMA store must have read the staging tile before it is rewritten.
+  if (store_thread) tma_store_wait<0>();
+  cutlass::arch::NamedBarrier::sync(kMmaThreads, kMmaWG);
+#endif
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size<0>(O); ++i) {
     float sum = row_sum[i];
@@ -461,6 +487,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
     sum += __shfl_xor_sync(0xffffffff, sum, 2);
     float const inv = 1.f / sum;
     int const row = row0 + get<0>(CO(i, 0));
+#if PYC_STORE_O
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < size<1>(O); ++j) OS(i, j) = Element(O(i, j) * inv);
+    if (row >= p.len_q) continue;
+#else
     if (row >= p.len_q) continue;
     Element* out = p.o + batch * p.o_batch + head * p.o_head + row * p.o_row;
     CUTLASS_PRAGMA_UNROLL
@@ -471,18 +502,36 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
       pair[1] = Element(O(i, j + 1) * inv);
       *reinterpret_cast<cutlass::Array<Element, 2>*>(out + col) = pair;
     }
+#endif
     if (p.lse != nullptr && lane % 4 == 0) {
       p.lse[(int64_t(batch) * p.heads_q + head) * p.len_q + row] =
           row_max[i] * p.scale + logf(sum);
     }
   }
+#if PYC_STORE_O
+  // Every consumer's writes reach the async proxy, then one thread stores the tile (TMA
+  // clips the rows past the query length).
+  cutlass::arch::fence_view_async_shared();
+  cutlass::arch::NamedBarrier::sync(kMmaThreads, kMmaWG);
+  if (store_thread) {
+    Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.len_q, Int<kD>{}, p.heads_q, p.batch));
+    Tensor gO = local_tile(mO(_, _, head, batch), Shape<Int<kBlockM>, Int<kD>>{},
+                           make_coord(m_block, 0));
+    auto cta_o = p.tma_o.get_slice(0);
+    copy(p.tma_o, cta_o.partition_S(sO), cta_o.partition_D(gO));
+    tma_store_arrive();
+  }
+#endif
   }  // tiles
+#if PYC_STORE_O
+  if (store_thread) tma_store_wait<0>();  // shared memory lives until the store has read it
+#endif
 }
 
 // Global tensor of an operand: (sequence, head dim, head, batch).
-inline GTensor gtensor(void const* ptr, int len, int heads, int batch, long long const* st) {
-  return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
-                     make_shape(len, Int<kD>{}, heads, batch),
+template <class T>
+inline auto gtensor(T* ptr, int len, int heads, int batch, long long const* st) {
+  return make_tensor(make_gmem_ptr(ptr), make_shape(len, Int<kD>{}, heads, batch),
                      make_stride(int64_t(st[2]), _1{}, int64_t(st[1]), int64_t(st[0])));
 }
 }  // namespace pyc_attn
@@ -517,12 +566,18 @@ int pyc_attn_fwd(void const* q, void const* k, void const* v, void* o, float* ls
   }
   int const m_blocks = ceil_div(len_q, kBlockM);
   Params p{
-      make_tma_copy(SM90_TMA_LOAD{}, gtensor(q, len_q, heads_q, batch, q_stride),
+      make_tma_copy(SM90_TMA_LOAD{}, gtensor(static_cast<Element const*>(q), len_q, heads_q,
+                                             batch, q_stride),
                     SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kD>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, gtensor(k, len_k, heads_kv, batch, k_stride),
+      make_tma_copy(SM90_TMA_LOAD{}, gtensor(static_cast<Element const*>(k), len_k, heads_kv,
+                                             batch, k_stride),
                     SmemLayoutKV1{}, Shape<Int<kBlockN>, Int<kD>>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, gtensor(v, len_k, heads_kv, batch, v_stride),
+      make_tma_copy(SM90_TMA_LOAD{}, gtensor(static_cast<Element const*>(v), len_k, heads_kv,
+                                             batch, v_stride),
                     SmemLayoutKV1{}, Shape<Int<kBlockN>, Int<kD>>{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, gtensor(static_cast<Element*>(o), len_q, heads_q, batch,
+                                              o_stride),
+                    SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kD>>{}, _1{}),
       static_cast<Element*>(o),
       lse,
       int64_t(o_stride[2]), int64_t(o_stride[1]), int64_t(o_stride[0]),

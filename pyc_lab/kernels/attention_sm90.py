@@ -180,7 +180,7 @@ def fused_choice(q: Any, k: Any, v: Any, o: Any, causal: bool, scale: float, mas
 
     dtype = _dtype(q)
     geometry = geometry_of(q, k, v, o, causal, scale)
-    aligned = all(t.data_ptr() % 16 == 0 for t in (q, k, v))
+    aligned = all(t.data_ptr() % 16 == 0 for t in (q, k, v, o))
     sig = (geometry, dtype, q.device.index, need_lse, aligned, db_stamp())
     hit = _CHOICES.get(sig)
     if hit is not None:
@@ -191,7 +191,7 @@ def fused_choice(q: Any, k: Any, v: Any, o: Any, causal: bool, scale: float, mas
     elif why := geometry.issue(kernel.kernel):
         choice = FusedChoice(None, why)
     elif not aligned:
-        choice = FusedChoice(None, "an operand does not start on 16 bytes (TMA)")
+        choice = FusedChoice(None, "an operand or the output does not start on 16 bytes (TMA)")
     elif need_lse:
         choice = FusedChoice(kernel, f"{how}; the log-sum-exp comes from the same pass",
                              geometry=geometry)

@@ -50,6 +50,11 @@ SMEM_LIMIT = 232448
 _BARRIERS = 1024  # the pipelines' and Q's mbarriers, padded to the next 1024-byte line
 
 
+def _line(n: int) -> int:
+    """``n`` bytes rounded up to the 1024-byte alignment of a shared-memory buffer."""
+    return -(-n // 1024) * 1024
+
+
 @dataclass(frozen=True)
 class AttnConfig:
     """A configuration: keys per block, buffers per K/V pipeline, consumer warpgroups,
@@ -92,12 +97,23 @@ class AttnConfig:
         except (KeyError, TypeError, ValueError) as exc:
             raise PycLabError(f"not an attention configuration: {d!r}") from exc
 
+    def _pipelines_bytes(self, head_dim: int) -> int:
+        """Q, the K and V rings (2-byte elements) and the barriers."""
+        return (_line(self.block_m * head_dim * 2)
+                + 2 * _line(self.stages * self.block_n * head_dim * 2) + _BARRIERS)
+
+    def stores_through_smem(self, head_dim: int) -> bool:
+        """Whether the output tile is staged in shared memory and stored by TMA (when
+        there is room beside the pipelines; else each thread stores its registers)."""
+        return self._pipelines_bytes(head_dim) + _line(self.block_m * head_dim * 2) \
+            <= SMEM_LIMIT
+
     def smem_bytes(self, head_dim: int) -> int:
-        """Shared memory of one CTA: Q, the K and V rings (2-byte elements), barriers."""
-        def line(n: int) -> int:
-            return -(-n // 1024) * 1024
-        return (line(self.block_m * head_dim * 2)
-                + 2 * line(self.stages * self.block_n * head_dim * 2) + _BARRIERS)
+        """Shared memory of one CTA: Q, the K and V rings, the barriers, and the output's
+        staging tile where :meth:`stores_through_smem`."""
+        staged = _line(self.block_m * head_dim * 2) if self.stores_through_smem(head_dim) \
+            else 0
+        return self._pipelines_bytes(head_dim) + staged
 
     def issue(self, head_dim: int) -> str:
         """Why this configuration cannot be built for ``head_dim`` (``""`` when it can)."""
@@ -168,7 +184,8 @@ def emit_attention_source(config: AttnConfig, kernel: AttnKernel) -> str:
     defines = {"PYC_ELEMENT": ATTN_DTYPES[kernel.dtype], "PYC_HEAD_DIM": kernel.head_dim,
                "PYC_BLOCK_N": config.block_n, "PYC_STAGES": config.stages,
                "PYC_MMA_WG": config.warpgroups, "PYC_OVERLAP": int(config.overlap),
-               "PYC_PERSISTENT": int(config.persistent)}
+               "PYC_PERSISTENT": int(config.persistent),
+               "PYC_STORE_O": int(config.stores_through_smem(kernel.head_dim))}
     head = (f"// pyc_lab attention forward {kernel.dtype} D={kernel.head_dim}: "
             f"{config.id}\n")
     return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + \

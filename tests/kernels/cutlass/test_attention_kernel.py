@@ -91,6 +91,17 @@ def test_the_source_is_the_native_text_under_its_defines():
     assert "extern \"C\"" in src and "pyc_attn_fwd" in src
 
 
+def test_the_output_is_staged_in_shared_memory_where_there_is_room():
+    # 128 x 128 bf16: Q 32 KiB + K/V rings 128 KiB + barriers leave room for a 32 KiB tile
+    assert AttnConfig().stores_through_smem(128)
+    assert AttnConfig().smem_bytes(128) == (32 + 128 + 32 + 1) * 1024
+    assert "#define PYC_STORE_O 1" in emit_attention_source(AttnConfig(), AttnKernel("bf16", 128))
+    # 192-key blocks fill shared memory with their rings: the threads store directly
+    wide = AttnConfig(192, 2, 2)
+    assert not wide.stores_through_smem(128) and wide.smem_bytes(128) == (32 + 192 + 1) * 1024
+    assert "#define PYC_STORE_O 0" in emit_attention_source(wide, AttnKernel("bf16", 128))
+
+
 def _geometry(**kw):
     base = dict(batch=2, heads_q=8, heads_kv=2, len_q=100, len_k=300, head_dim=128,
                 strides=((8 * 100 * 128, 100 * 128, 128), (2 * 300 * 128, 300 * 128, 128),
