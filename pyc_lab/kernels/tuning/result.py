@@ -247,9 +247,11 @@ class ReplayResult(TuneResult):
 
     def __repr__(self) -> str:
         p = self.problem
-        cublas = self.baselines.get("cublas")
-        cublas_text = f"cublas {cublas:.4g} ms" if cublas else "no cublas time recorded"
+        name = "cublas" if "cublas" in self.baselines or not self.baselines \
+            else next(iter(self.baselines))
+        base = self.baselines.get(name)
+        base_text = f"{name} {base:.4g} ms" if base else f"no {name} time recorded"
         where = self.replay.label if self.replay else "recorded"
         return (f"ReplayResult({p.dtype_a} {p.layout} {'x'.join(map(str, p.shape))}: "
-                f"best {self._best_text()}, {len(self.table)} candidates, {cublas_text}; "
+                f"best {self._best_text()}, {len(self.table)} candidates, {base_text}; "
                 f"{self.strategy}, stopped by {self.stopped_by}; {where})")
