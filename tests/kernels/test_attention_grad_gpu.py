@@ -43,7 +43,9 @@ def kernels(cache, monkeypatch):
         pytest.skip("pyc_lab's attention kernel is for Hopper (sm_90a)")
     for dtype in ("bf16", "f16"):
         for d in (64, 128):
-            assert build_attention(AttnConfig(), AttnKernel(dtype, d), cache=cache).ok
+            for persistent in (True, False):
+                assert build_attention(AttnConfig(persistent=persistent), AttnKernel(dtype, d),
+                                       cache=cache).ok
     monkeypatch.setattr("pyc_lab.kernels.cutlass.attention.KernelCache", lambda: cache)
     attention_sm90.clear()
     attention_grad.clear()

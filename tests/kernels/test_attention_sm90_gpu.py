@@ -215,7 +215,8 @@ def default_kernels_cached(cache, monkeypatch):
     """The default kernels in the user's kernel cache, where ``pl.attention`` looks."""
     for dtype in ("bf16", "f16"):
         for d in (64, 128):
-            _kernel(cache, dtype, d)
+            for persistent in (True, False):  # the untuned default and its twin
+                _kernel(cache, dtype, d, AttnConfig(persistent=persistent))
     monkeypatch.setattr("pyc_lab.kernels.cutlass.attention.KernelCache", lambda: cache)
     attention_sm90.clear()
     yield

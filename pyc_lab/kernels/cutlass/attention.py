@@ -165,13 +165,16 @@ def attention_configs(kernel: AttnKernel, causal: bool = False) -> list[AttnConf
     head dimensions), then the wider blocks (fewer softmax rescales per key, more MMA
     work per barrier) before the narrower ones, deeper pipelines after shallower ones of
     the same block; for causal problems the 64-key block moves up (less work masked
-    away on the diagonal); each persistent configuration right after its one-CTA-per-block
-    twin.
+    away on the diagonal); each persistent configuration right before its
+    one-CTA-per-block twin (it hides a query block's first loads and its stores behind
+    the previous block's work), so the first configuration — what an untuned problem
+    runs — is the persistent ``attn_n128_s2_w2_o_p``.
     """
     def rank(c: AttnConfig) -> tuple:
         default = (c.block_n, c.stages, c.warpgroups) == (128, 2, 2)
         wide = -c.block_n if not causal else abs(c.block_n - 96)
-        return (not c.overlap, not default, c.warpgroups != 2, wide, c.stages, c.persistent)
+        return (not c.overlap, not default, c.warpgroups != 2, wide, c.stages,
+                not c.persistent)
 
     return sorted((c for c in SPACE if not c.issue(kernel.head_dim)), key=rank)
 
