@@ -345,7 +345,7 @@ def _with_grad(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
     records SDPA itself. Where pyc_lab's kernel wins, it runs the forward and saves its
     log-sum-exp, and the backward is the fastest correct library backward given both.
     """
-    from .attention_grad import AttentionFunction
+    from .autograd import differentiable
 
     if mask is not None and getattr(mask, "requires_grad", False) and \
             not (q.is_cuda and not return_lse):
@@ -371,11 +371,11 @@ def _with_grad(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
         def forward() -> tuple[Any, Any]:
             return _torch_lse(qd, kd, vd, causal, scale, mask, layout)
 
-    def backward(q_: Any, k_: Any, v_: Any, o_: Any, lse_: Any, do: Any) -> Any:
-        return _torch_grads(q_, k_, v_, o_, lse_, do, causal, scale, mask)
+    def backward(inputs: tuple, outputs: tuple, grads: tuple) -> Any:
+        return _torch_grads(*inputs, *outputs, grads[0], causal, scale, mask)
 
-    res = AttentionFunction.apply(q, k, v, forward, backward, return_lse)
-    return res if return_lse else (res,)
+    res = differentiable((q, k, v), forward, backward, non_differentiable=(1,))
+    return res if return_lse else res[:1]
 
 
 def _blocked_grads(xp: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, *,

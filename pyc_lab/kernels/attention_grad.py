@@ -1,19 +1,17 @@
 """The backward pass of ``pl.attention``: gradients for training.
 
-Two pieces, shared by :func:`~.attention.attention` (torch tensors that require
-gradients) and :func:`~.attention.attention_backward` (any arrays):
-
-- :class:`AttentionFunction`, a ``torch.autograd.Function`` around a forward that saves
-  the output and its log-sum-exp and a backward that takes them (FlashAttention's
-  contract: the softmax is recomputed from the log-sum-exp, never stored);
-- :func:`library_backward`, the gradients of ``(B, H, S, D)`` CUDA tensors given the
-  forward's output and log-sum-exp. The candidates are the backward kernels of the
-  attention library a user would call: cuDNN's and FlashAttention-2's (torch's
-  ``_scaled_dot_product_{cudnn,flash}_attention_backward``, fed pyc_lab's output and
-  log-sum-exp), and torch's SDPA run again under autograd (which needs neither). On the
-  first backward of each signature every candidate runs once and is checked against the
-  SDPA recompute; the correct ones are raced (:func:`~.blas_direct.race`) and the
-  fastest is kept — the never-slower rule of ``pl.matmul``, applied to the backward.
+:func:`library_backward`, used by :func:`~.attention.attention` (torch tensors that
+require gradients, through :func:`~.autograd.differentiable`) and
+:func:`~.attention.attention_backward` (any arrays), gives the gradients of
+``(B, H, S, D)`` CUDA tensors from the forward's output and log-sum-exp (FlashAttention's
+contract: the softmax is recomputed from the log-sum-exp, never stored). The candidates
+are the backward kernels of the attention library a user would call: cuDNN's and
+FlashAttention-2's (torch's ``_scaled_dot_product_{cudnn,flash}_attention_backward``, fed
+pyc_lab's output and log-sum-exp), and torch's SDPA run again under autograd (which
+needs neither). On the first backward of each signature every candidate runs once and is
+checked against the SDPA recompute; the correct ones are raced
+(:func:`~.blas_direct.race`) and the fastest is kept — the never-slower rule of
+``pl.matmul``, applied to the backward.
 
 pyc_lab's own Hopper kernel computes the forward only; the backward runs on these
 library kernels.
@@ -29,8 +27,8 @@ from typing import Any
 
 from .memo import remember
 
-__all__ = ["AttentionFunction", "BackwardChoice", "backward_choice", "clear",
-           "library_backward"]
+__all__ = ["BackwardChoice", "backward_choice", "clear", "library_backward",
+           "recompute_backward"]
 
 log = logging.getLogger(__name__)
 
@@ -200,44 +198,3 @@ def library_backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: 
     if choice.name == "sdpa-recompute":
         return recompute_backward(forward, q, k, v, do)
     return _LIBRARY[choice.name](q, k, v, o, lse, do, causal, scale)
-
-
-class AttentionFunction:
-    """``torch.autograd.Function`` plumbing: :meth:`apply` runs ``forward()`` (which
-    returns the output and its log-sum-exp) and records ``backward(q, k, v, o, lse, do)``
-    as the gradient of ``q``, ``k`` and ``v``.
-
-    The class is made on first use so that importing this module never imports torch.
-    """
-
-    _cls: Any = None
-
-    @classmethod
-    def apply(cls, q: Any, k: Any, v: Any, forward: Callable[[], tuple[Any, Any]],
-              backward: Callable[..., Grads], return_lse: bool) -> Any:
-        """The output (and the log-sum-exp, not differentiable, with ``return_lse``)."""
-        if cls._cls is None:
-            cls._cls = _make_function()
-        o, lse = cls._cls.apply(q, k, v, forward, backward)
-        return (o, lse) if return_lse else o
-
-
-def _make_function() -> Any:
-    import torch
-
-    class _Attention(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, q: Any, k: Any, v: Any, forward: Any, backward: Any) -> Any:
-            o, lse = forward()
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.backward_fn = backward
-            ctx.mark_non_differentiable(lse)
-            return o, lse
-
-        @staticmethod
-        def backward(ctx: Any, do: Any, _dlse: Any) -> Any:
-            q, k, v, o, lse = ctx.saved_tensors
-            dq, dk, dv = ctx.backward_fn(q, k, v, o, lse, do)
-            return dq, dk, dv, None, None
-
-    return _Attention
