@@ -33,8 +33,8 @@ from .conv_im2col import conv_im2col, out_size
 from .matmul_launch import apply_epilogue
 from .memo import remember
 
-__all__ = ["ACTIVATIONS", "LAYOUTS", "bound_conv", "conv", "conv1d", "conv2d", "conv_geometry",
-           "conv_route", "set_tracer", "torch_activation"]
+__all__ = ["ACTIVATIONS", "LAYOUTS", "bound_conv", "conv", "conv1d", "conv2d", "conv_backward",
+           "conv_geometry", "conv_route", "set_tracer", "torch_activation"]
 
 #: Where the channels are: after the batch axis, or last.
 LAYOUTS = ("channels_first", "channels_last")
@@ -145,6 +145,9 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
                                   for a in (x, w, bias)):
         return _TRACE(x, w, bias, stride=stride, padding=padding, dilation=dilation,
                       groups=groups, layout=layout, activation=activation)
+    if arrays.kind(x) == "torch" and any(getattr(a, "requires_grad", False)
+                                         for a in (x, w, bias)):
+        return _with_grad(x, w, bias, stride, padding, dilation, groups, layout, activation)
     key = _plan_key(x, w, bias, stride, padding, dilation, groups, layout, activation)
     try:
         plan = _PLANS.get(key) if key is not None else None
@@ -224,6 +227,23 @@ def conv_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
     return shape, stride_t, pads, dilation_t
 
 
+def _check_operands(x: Any, w: Any, bias: Any) -> None:
+    """Arrays of one kind, device and floating dtype, or a clear error."""
+    for name, a in (("x", x), ("w", w)):
+        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            raise PycLabError(f"pl.conv: {name} is a {type(a).__name__}, not an array")
+    parts = [x, w] + ([bias] if bias is not None else [])
+    if len({arrays.kind(a) for a in parts}) != 1:
+        raise PycLabError("pl.conv: x, w (and bias) are of different array types")
+    if arrays.kind(x) in ("torch", "cupy") and len({str(a.device) for a in parts}) != 1:
+        raise PycLabError(f"pl.conv: x, w (and bias) are on different devices "
+                          f"({', '.join(str(a.device) for a in parts)}); move them to one")
+    names = {arrays.dtype_name(a.dtype) for a in parts}
+    if len(names) != 1 or next(iter(names)) not in _DTYPES:
+        raise PycLabError(f"pl.conv: dtypes {sorted(names)}; x, w and bias take one of "
+                          f"{_DTYPES}")
+
+
 def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
           groups: int, layout: str,
           activation: str | None = None) -> tuple[Callable[[Any, Any, Any], Any], bool]:
@@ -236,20 +256,8 @@ def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
     PycLabError
         See :func:`conv`.
     """
-    for name, a in (("x", x), ("w", w)):
-        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-            raise PycLabError(f"pl.conv: {name} is a {type(a).__name__}, not an array")
-    parts = [x, w] + ([bias] if bias is not None else [])
-    if len({arrays.kind(a) for a in parts}) != 1:
-        raise PycLabError("pl.conv: x, w (and bias) are of different array types")
+    _check_operands(x, w, bias)
     kind = arrays.kind(x)
-    if kind in ("torch", "cupy") and len({str(a.device) for a in parts}) != 1:
-        raise PycLabError(f"pl.conv: x, w (and bias) are on different devices "
-                          f"({', '.join(str(a.device) for a in parts)}); move them to one")
-    names = {arrays.dtype_name(a.dtype) for a in parts}
-    if len(names) != 1 or next(iter(names)) not in _DTYPES:
-        raise PycLabError(f"pl.conv: dtypes {sorted(names)}; x, w and bias take one of "
-                          f"{_DTYPES}")
     _, stride_t, pads, dilation_t = conv_geometry(
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
@@ -361,6 +369,167 @@ def _im2col(kind: str, x: Any, w: Any, bias: Any, stride: tuple[int, ...],
     if activation is not None:
         y = apply_epilogue(xp, y, None, activation)
     return y.astype(dt)
+
+
+def _to_first(a: Any, nd: int) -> Any:
+    """A channels-last ``(N, *spatial, C)`` array viewed channels first."""
+    order = (0, nd + 1, *range(1, nd + 1))
+    return a.permute(*order) if arrays.kind(a) == "torch" else a.transpose(order)
+
+
+def _to_last(a: Any, nd: int) -> Any:
+    """A channels-first ``(N, C, *spatial)`` array viewed channels last."""
+    order = (0, *range(2, nd + 2), 1)
+    return a.permute(*order) if arrays.kind(a) == "torch" else a.transpose(order)
+
+
+def _with_grad(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
+               groups: int, layout: str, activation: str | None) -> Any:
+    """:func:`conv` of torch tensors that require gradients: the forward as ``pl.conv``
+    runs it, recorded with :func:`conv_backward`'s gradients; an activation is applied
+    by torch after it (so torch differentiates it)."""
+    import torch.nn.functional as F
+
+    from .autograd import differentiable
+
+    _, stride_t, pads, dilation_t = conv_geometry(
+        tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
+        stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
+    nd = len(w.shape) - 2
+    xf = _to_first(x, nd) if layout == "channels_last" else x
+    args = {"stride": stride_t, "padding": pads, "dilation": dilation_t, "groups": groups}
+
+    def forward() -> tuple[Any]:
+        return (conv(xf.detach(), w.detach(), None if bias is None else bias.detach(),
+                     **args),)
+
+    def backward(inputs: tuple, outputs: tuple, grads: tuple) -> tuple:
+        xi, wi, bi = inputs
+        return _grads("torch", xi.detach(), wi.detach(), grads[0], bi is not None,
+                      stride_t, pads, dilation_t, groups)
+
+    (y,) = differentiable((xf, w, bias), forward, backward)
+    if activation == "relu":
+        y = F.relu(y)
+    elif activation == "silu":
+        y = F.silu(y)
+    elif activation == "gelu":
+        y = F.gelu(y, approximate="tanh")
+    return _to_last(y, nd) if layout == "channels_last" else y
+
+
+def _grads(kind: str, x: Any, w: Any, dy: Any, has_bias: bool, stride: tuple[int, ...],
+           pads: tuple[int, ...], dilation: tuple[int, ...],
+           groups: int) -> tuple[Any, Any, Any]:
+    """``(dx, dw, db)`` of channels-first operands: cuDNN's backward convolutions on a
+    GPU, the im2col backward elsewhere (float32 arithmetic for 16-bit operands)."""
+    from .conv_grad import conv_backward_im2col, torch_conv_backward
+
+    geo = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups}
+    if kind == "torch" and x.is_cuda:
+        return torch_conv_backward(x, w, dy.to(x.dtype), bias=has_bias, **geo)
+    if kind == "cupy" and arrays.torch_installed():
+        import cupy as cp
+        import torch
+
+        with torch.cuda.stream(arrays.torch_stream_of_cupy()):
+            res = torch_conv_backward(*(torch.from_dlpack(a) for a in (x, w, dy)),
+                                      bias=has_bias, **geo)
+            return tuple(None if r is None else cp.from_dlpack(r) for r in res)
+    if kind == "torch":
+        host = [arrays.numpy_of_torch(a.detach().cpu()) for a in (x, w, dy)]
+        res = _grads("numpy", *host, has_bias, stride, pads, dilation, groups)
+        return tuple(None if r is None else arrays.torch_of(np.ascontiguousarray(r))
+                     .to(x.device) for r in res)
+    xp = np
+    if kind == "cupy":
+        import cupy as xp
+    dt = np.dtype(x.dtype)
+    work = np.float64 if dt == np.float64 else np.float32
+    dx, dw, db = conv_backward_im2col(x.astype(work), w.astype(work), dy.astype(work),
+                                      bias=has_bias, xp=xp, **geo)
+    return dx.astype(dt), dw.astype(dt), None if db is None else db.astype(dt)
+
+
+def conv_backward(x: Any, w: Any, dy: Any, bias: Any = None, *,
+                  stride: int | Sequence[int] = 1, padding: int | Sequence[int] | str = 0,
+                  dilation: int | Sequence[int] = 1, groups: int = 1,
+                  layout: str = "channels_first",
+                  activation: str | None = None) -> tuple[Any, Any, Any]:
+    """Gradients of :func:`conv` with respect to ``x``, ``w`` and ``bias``.
+
+    For arrays without an autograd of their own (NumPy, CuPy) and for a training step
+    written by hand; torch tensors that require gradients get them from
+    ``loss.backward()`` through :func:`conv` itself.
+
+    Parameters
+    ----------
+    x, w, bias, stride, padding, dilation, groups, layout, activation
+        The forward's operands and arguments, as for :func:`conv`.
+    dy : array
+        The gradient of the loss with respect to the forward's result: its shape (in
+        ``layout``), kind and dtype.
+
+    Returns
+    -------
+    (array, array, array or None)
+        ``dx`` (``x``'s shape and layout), ``dw`` (``w``'s shape), ``db`` (``(O,)``;
+        ``None`` without a bias), in the operands' dtype and kind.
+
+    Raises
+    ------
+    PycLabError
+        As :func:`conv`; or ``dy`` of the wrong shape or kind.
+
+    Notes
+    -----
+    On a GPU these are cuDNN's backward convolutions (dgrad, wgrad) through torch, CuPy
+    arrays handed over by DLPack; elsewhere the transpose of the im2col forward
+    (:func:`~.conv_grad.conv_backward_im2col`). A fused activation is differentiated at
+    the pre-activation, which is computed again.
+    """
+    if activation is not None and activation not in ACTIVATIONS:
+        raise PycLabError(f"pl.conv_backward: activation {activation!r} is not one of "
+                          f"{ACTIVATIONS} (or None)")
+    _check_operands(x, w, bias)
+    shape, stride_t, pads, dilation_t = conv_geometry(
+        tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
+        stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
+    kind = arrays.kind(x)
+    if not hasattr(dy, "shape") or arrays.kind(dy) != kind or tuple(dy.shape) != shape:
+        raise PycLabError(f"pl.conv_backward: dy must be a {kind} array of the result's "
+                          f"shape {shape}; got {getattr(dy, 'shape', type(dy).__name__)}")
+    nd = len(w.shape) - 2
+    if kind == "torch":
+        x, w, dy = (a.detach() for a in (x, w, dy))
+        bias = None if bias is None else bias.detach()
+    if activation is not None:
+        z = conv(x, w, bias, stride=stride_t, padding=pads, dilation=dilation_t,
+                 groups=groups, layout=layout)
+        dy = _activation_grad(kind, z, dy, activation)
+    if layout == "channels_last":
+        x, dy = _to_first(x, nd), _to_first(dy, nd)
+    dx, dw, db = _grads(kind, x, w, dy, bias is not None, stride_t, pads, dilation_t,
+                        groups)
+    return (_to_last(dx, nd) if layout == "channels_last" else dx), dw, db
+
+
+def _activation_grad(kind: str, z: Any, dy: Any, activation: str) -> Any:
+    """``dy`` times the activation's derivative at ``z``, in float32 (float64 for
+    float64) and rounded back to ``dy``'s dtype."""
+    from .conv_grad import activation_grad
+
+    if kind == "torch":
+        import torch
+
+        work = torch.float64 if z.dtype == torch.float64 else torch.float32
+        return activation_grad(torch, z.to(work), dy.to(work), activation).to(dy.dtype)
+    xp = np
+    if kind == "cupy":
+        import cupy as xp
+    dt = np.dtype(dy.dtype)
+    work = np.float64 if dt == np.float64 else np.float32
+    return activation_grad(xp, z.astype(work), dy.astype(work), activation).astype(dt)
 
 
 def conv1d(x: Any, w: Any, bias: Any = None, **kwargs: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["conv_im2col", "filled", "out_size", "pad_spatial", "windows"]
+__all__ = ["conv_im2col", "filled", "out_size", "pad_spatial", "window_slices", "windows"]
 
 
 def filled(x: Any, shape: Sequence[int], value: float = 0.0, xp: Any = np) -> Any:
@@ -67,13 +67,18 @@ def windows(x: Any, kernel: Sequence[int], strides: Sequence[int],
     if any(o <= 0 for o in out):
         raise ValueError(f"the window {tuple(kernel)} does not fit the input's spatial "
                          f"shape {tuple(spatial)}")
-    views = []
-    for offs in itertools.product(*[range(k) for k in kernel]):
-        index = (slice(None), slice(None),
-                 *(slice(o * d, o * d + s * (n - 1) + 1, s)
-                   for o, d, s, n in zip(offs, dilations, strides, out, strict=True)))
-        views.append(x[index])
-    return views, out
+    return [x[index] for index in window_slices(kernel, strides, dilations, out)], out
+
+
+def window_slices(kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
+                  out: Sequence[int]) -> list[tuple[slice, ...]]:
+    """The index of each kernel offset's strided slice of a padded ``(N, C, *spatial)``
+    array, in the kernel's row-major order (what :func:`windows` reads, and what a
+    convolution's input gradient adds back into)."""
+    return [(slice(None), slice(None),
+             *(slice(o * d, o * d + s * (n - 1) + 1, s)
+               for o, d, s, n in zip(offs, dilations, strides, out, strict=True)))
+            for offs in itertools.product(*[range(k) for k in kernel])]
 
 
 def conv_im2col(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
