@@ -2,10 +2,12 @@
 
 ``bench_pipeline``'s workload — 16 chunks of 64 MiB float32, each copied to a GPU, put
 through 30 passes of ``sin`` and copied back, ``prepare(i, out)`` filling the slot's
-pinned buffer from ordinary NumPy memory — through ``pl.Pipeline(..., devices=[0])``
-and through ``pl.Pipeline(..., devices=[0, ..., n-1])``, the same depth and workers per
-GPU. Every result of a first, untimed run of each is checked against the GPU's answer;
-then host wall time per run, median of ``--repeats``, the two interleaved. Writes
+pinned buffer from ordinary NumPy memory (``--feed pinned``: ``prepare(i)`` returning
+the chunk already pinned, so that no host copy bounds the belt) — through
+``pl.Pipeline(..., devices=[0])`` and through
+``pl.Pipeline(..., devices=[0, ..., n-1])``, the same depth and workers per GPU. Every
+result of a first, untimed run of each is checked against the GPU's answer; then host
+wall time per run, median of ``--repeats``, the two interleaved. Writes
 ``pipeline_devices.json`` to ``--out``; with fewer than two GPUs it says so and writes
 nothing.
 
@@ -38,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--feed", choices=("pageable", "pinned"), default="pageable",
+                        help="prepare copies each chunk into the slot's pinned buffer "
+                             "(pageable), or returns it already pinned (pinned)")
     args = parser.parse_args(argv)
     from pyc_lab.hardware.device import cupy_status
 
@@ -50,7 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     chunks = [rng.uniform(-3, 3, CHUNK_MIB << 18).astype(np.float32) for _ in range(CHUNKS)]
     want = [cp.asnumpy(sin30(cp, cp.asarray(c))) for c in chunks]
-    prepare, opts = feed("pageable", chunks, None)
+    pinned_in = None
+    if args.feed == "pinned":  # cudaHostAlloc'd, portable: every GPU can read it
+        pinned_in = []
+        for c in chunks:
+            mem = cp.cuda.alloc_pinned_memory(c.nbytes)
+            a = np.frombuffer(mem, dtype=np.float32, count=c.size)
+            a[:] = c
+            pinned_in.append(a)
+    prepare, opts = feed(args.feed, chunks, pinned_in)
     configs = {"1 GPU": [0], f"{gpus} GPUs": list(range(gpus))}
     belts = {name: pl.Pipeline(prepare, compute_sin, depth=args.depth, workers=args.workers,
                                mode="gpu", devices=devs, **opts)
@@ -77,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"gpus": gpus, "speedup": one["median_s"] / many["median_s"],
                "all_checked": all(r["checked"] for r in rows.values())}
     write_result(args.out, "pipeline_devices", {
-        "method": f"{CHUNKS} x {CHUNK_MIB} MiB float32, H2D -> 30 x sin -> D2H, prepare "
-                  "into the slot's pinned buffer; depth and workers per GPU as given; host "
+        "method": f"{CHUNKS} x {CHUNK_MIB} MiB float32, H2D -> 30 x sin -> D2H, fed "
+                  f"{args.feed}; depth and workers per GPU as given; host "
                   "wall per run, median of --repeats, interleaved; first run fully checked",
-        "depth": args.depth, "workers": args.workers, "results": rows, "summary": summary,
+        "depth": args.depth, "workers": args.workers, "feed": args.feed, "results": rows,
+        "summary": summary,
         "wall_s": time.perf_counter() - t0})
     print(summary)
     return 0
