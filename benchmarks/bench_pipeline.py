@@ -116,6 +116,18 @@ def four_streams(cp, chunks, results, n_streams: int = 4) -> float:
 SAMPLE = 4099  # the timed runs check every SAMPLE-th element of every result
 
 
+def pinned_copies(cp, chunks, fill: bool = True) -> list:
+    """A page-locked (``cudaHostAlloc``) array per chunk, holding a copy of it (or
+    uninitialised, for results)."""
+    out = []
+    for c in chunks:
+        a = np.frombuffer(cp.cuda.alloc_pinned_memory(c.nbytes), dtype=c.dtype, count=c.size)
+        if fill:
+            a[:] = c
+        out.append(a)
+    return out
+
+
 def compute_sin(x, stream):
     import cupy as cp
 
@@ -235,15 +247,8 @@ def main() -> None:
     bw = bandwidth(cp, (64 if args.small else 1024) << 20)
     print("bandwidth", bw["gbps"], "pool/raw", round(bw["pool_vs_raw_pinned"], 3), flush=True)
 
-    pinned_in = []
-    pinned_out = []
-    for c in chunks:
-        m = cp.cuda.alloc_pinned_memory(c.nbytes)
-        a = np.frombuffer(m, dtype=np.float32, count=c.size)
-        a[:] = c
-        pinned_in.append(a)
-        m2 = cp.cuda.alloc_pinned_memory(c.nbytes)
-        pinned_out.append(np.frombuffer(m2, dtype=np.float32, count=c.size))
+    pinned_in = pinned_copies(cp, chunks)
+    pinned_out = pinned_copies(cp, chunks, fill=False)
     depths = (2, 4) if args.small else (3, 4, 6, 8)
     grid = {"pinned": ((1, 2), (1, 2)), "pageable": ((2, 4, 8), (1, 2))}  # workers, streams
     sweeps = {v: sweep(v, chunks, pinned_in, depths, *grid[v]) for v in grid}

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_pipeline import belt_run, compute_sin, feed, sin30
+from bench_pipeline import belt_run, compute_sin, feed, pinned_copies, sin30
 from common import write_result
 
 import pyc_lab as pl
@@ -55,14 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     chunks = [rng.uniform(-3, 3, CHUNK_MIB << 18).astype(np.float32) for _ in range(CHUNKS)]
     want = [cp.asnumpy(sin30(cp, cp.asarray(c))) for c in chunks]
-    pinned_in = None
-    if args.feed == "pinned":  # cudaHostAlloc'd, portable: every GPU can read it
-        pinned_in = []
-        for c in chunks:
-            mem = cp.cuda.alloc_pinned_memory(c.nbytes)
-            a = np.frombuffer(mem, dtype=np.float32, count=c.size)
-            a[:] = c
-            pinned_in.append(a)
+    pinned_in = pinned_copies(cp, chunks) if args.feed == "pinned" else None
     prepare, opts = feed(args.feed, chunks, pinned_in)
     configs = {"1 GPU": [0], f"{gpus} GPUs": list(range(gpus))}
     belts = {name: pl.Pipeline(prepare, compute_sin, depth=args.depth, workers=args.workers,
