@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .ops import REGISTRY, OpDef, _register
+from .op_registry import REGISTRY, OpDef, register
 
 __all__ = ["attention_reference"]
 
@@ -75,6 +75,6 @@ def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
 
 
 if "attention" not in REGISTRY:
-    _register(OpDef("attention", "attention", None, _shape, attention_reference,
+    register(OpDef("attention", "attention", None, _shape, attention_reference,
                     dtype=lambda inputs, attrs: np.dtype(attrs["dtype"]),
                     doc="softmax(q @ k^T * scale [+ mask]) @ v (pl.attention's semantics)"))

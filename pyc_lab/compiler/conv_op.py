@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import PycLabError
 from ..kernels import conv as _conv
-from .ops import REGISTRY, OpDef, ShapeError, _register
+from .op_registry import REGISTRY, OpDef, ShapeError, register
 from .values import is_traced
 
 __all__ = ["conv_bind", "conv_reference", "trace_conv"]
@@ -90,7 +90,7 @@ def trace_conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: An
 
 
 if "conv" not in REGISTRY:
-    _register(OpDef("conv", "conv", None, _shape, conv_reference,
+    register(OpDef("conv", "conv", None, _shape, conv_reference,
                     dtype=lambda inputs, attrs: np.dtype(inputs[0].dtype),
                     doc="pl.conv's convolution (cross-correlation, torch's semantics)",
                     bind=conv_bind))

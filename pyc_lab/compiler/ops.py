@@ -1,124 +1,42 @@
-"""The op registry: every op's shape/dtype inference, checks and array reference.
+"""The compiler's computing ops: elementwise (with their CUDA expressions), reductions,
+matmul with its epilogue, normalisations, sources, fused groups and graph breaks —
+registered in :mod:`.op_registry` with their shape/dtype inference and NumPy references.
 
-Each :class:`OpDef` declares
-
-- ``kind``: ``elementwise``, ``reduction``, ``matmul``, ``norm``, ``shape``, ``source``
-  (inputs and constants), ``fused`` or ``eager`` (a graph break);
-- ``shape(inputs, attrs)``: the result shape, raising :class:`ShapeError` with a readable
-  message when the inputs do not fit;
-- ``reference(xp, args, attrs)``: the result computed with an array module ``xp``
-  (NumPy on the CPU, CuPy on the GPU) — this is both the semantics of the op and the
-  NumPy backend's implementation;
-- for elementwise ops, ``cuda``: a C expression template over ``{0}``, ``{1}``, ... used by
-  the code generator (``None``: no generated kernel; CuPy runs the reference);
-- ``ufunc``: the name of the NumPy ufunc whose semantics the op has, if any. The tracer
-  maps ``np.<ufunc>`` calls to the op through it and asks the ufunc how Python scalars
-  and ``dtype=`` are resolved (NEP 50).
-
-Result dtypes follow NumPy exactly: they are found by running the reference on
-one-element arrays of the input dtypes (NEP 50 promotion, integer division, bool
-comparisons included).
+Importing this module registers every op (the shape ops through :mod:`.ops_shape`); it
+also re-exports the registry's names, so ``from .ops import REGISTRY, run_graph`` keeps
+working.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..errors import PycLabError
-from .errors import DynamicShapeError
+from .op_registry import (
+    REGISTRY,
+    DTypeError,
+    OpDef,
+    ShapeError,
+    broadcast_shape,
+    check_eager_result,
+    evaluate,
+    infer,
+    normalize_axis,
+    register,
+    run_graph,
+    same_shape,
+    tiny,
+)
+from .ops_shape import VIEW_RESULT_OPS, basic_index
 
 __all__ = ["ACTIVATIONS", "REDUCTIONS", "REGISTRY", "UFUNC_OPS", "VIEW_RESULT_OPS",
            "DTypeError", "OpDef", "ShapeError", "basic_index", "check_eager_result",
            "evaluate", "infer", "is_plain_reduction", "normalize_axis", "reduction_kwargs",
            "run_graph"]
-
-
-class ShapeError(PycLabError):
-    """Operands whose shapes or dtypes do not fit the op."""
-
-
-class DTypeError(ShapeError, TypeError):
-    """Operand dtypes the op (NumPy itself) does not take, e.g. ``-x`` on a bool array."""
-
-
-@dataclass(frozen=True)
-class OpDef:
-    """What the compiler knows about one op."""
-
-    name: str
-    kind: str
-    arity: int | None
-    shape: Callable[[Sequence[Any], dict[str, Any]], tuple[int, ...]]
-    reference: Callable[[Any, Sequence[Any], dict[str, Any]], Any]
-    cuda: str | None = None
-    dtype: Callable[[Sequence[Any], dict[str, Any]], np.dtype] | None = None
-    doc: str = ""
-    ufunc: str | None = None
-    #: For a library op run between CUDA graphs: ``bind(xp, inputs, attrs, out)`` gives a
-    #: call computing the op into ``out`` from ``inputs`` at their fixed addresses (a
-    #: replay program's), with per-call conversions done once — or ``None`` to fall back
-    #: to the reference each replay.
-    bind: Callable[[Any, Sequence[Any], dict[str, Any], Any], Callable[[], None] | None] \
-        | None = None
-
-
-REGISTRY: dict[str, OpDef] = {}
-
-
-def _register(opdef: OpDef) -> OpDef:
-    REGISTRY[opdef.name] = opdef
-    return opdef
-
-
-# -- helpers -------------------------------------------------------------------------------
-def normalize_axis(axis: Any, ndim: int) -> tuple[int, ...]:
-    """``None`` -> all axes; ints -> sorted non-negative tuple; out of range -> ShapeError."""
-    if axis is None:
-        return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    out = []
-    for a in axes:
-        a = int(a)
-        if not -ndim <= a < max(ndim, 1):
-            raise ShapeError(f"axis {a} is out of range for an array of rank {ndim}")
-        out.append(a % ndim if ndim else 0)
-    if len(set(out)) != len(out):
-        raise ShapeError(f"repeated axis in {axis!r}")
-    return tuple(sorted(out))
-
-
-def _broadcast(inputs: Sequence[Any], _attrs: dict) -> tuple[int, ...]:
-    try:
-        return tuple(np.broadcast_shapes(*[tuple(n.shape) for n in inputs]))
-    except ValueError:
-        shapes = " and ".join(str(tuple(n.shape)) for n in inputs)
-        raise ShapeError(f"shapes {shapes} do not broadcast together") from None
-
-
-def _same(inputs: Sequence[Any], _attrs: dict) -> tuple[int, ...]:
-    return tuple(inputs[0].shape)
-
-
-def _tiny(dtype: np.dtype, ndim: int = 1) -> np.ndarray:
-    return np.ones((1,) * ndim, dtype=dtype)
-
-
-def _reference_dtype(op: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
-    try:
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. var(ddof=1) of one element
-            out = REGISTRY[op].reference(np, [_tiny(n.dtype, len(n.shape)) for n in inputs],
-                                         attrs)
-    except (TypeError, ValueError) as exc:
-        dtypes = ", ".join(np.dtype(n.dtype).name for n in inputs)
-        raise DTypeError(f"{op} does not take ({dtypes}): NumPy says: {exc}") from None
-    return np.asarray(out).dtype
 
 
 # -- elementwise ---------------------------------------------------------------------------
@@ -201,30 +119,30 @@ _UNARY = {
 }
 
 for _name, (_ref, _cuda, _ufunc) in _BINARY.items():
-    _register(OpDef(_name, "elementwise", 2, _broadcast,
+    register(OpDef(_name, "elementwise", 2, broadcast_shape,
                     (lambda f: lambda xp, args, attrs: f(xp, *args))(_ref), _cuda,
                     ufunc=_ufunc))
 for _name, (_ref, _cuda, _ufunc) in _UNARY.items():
-    _register(OpDef(_name, "elementwise", 1, _same,
+    register(OpDef(_name, "elementwise", 1, same_shape,
                     (lambda f: lambda xp, args, attrs: f(xp, *args))(_ref), _cuda,
                     ufunc=_ufunc))
 
-_register(OpDef(
+register(OpDef(
     # np.clip: NaN in any operand gives NaN; otherwise max(x, lo) then min(., hi), the
     # first operand kept on ties (so clip(-0.0, 0.0, 1.0) is -0.0, as in NumPy)
-    "clip", "elementwise", 3, _broadcast,
+    "clip", "elementwise", 3, broadcast_shape,
     lambda xp, args, attrs: xp.clip(*args),
     "(({1}) != ({1}) ? ({1}) : (({2}) != ({2}) ? ({2}) : "
     "(((({0}) < ({1})) ? ({1}) : ({0})) > ({2}) ? ({2}) : "
     "((({0}) < ({1})) ? ({1}) : ({0})))))",
     ufunc="clip",
 ))
-_register(OpDef(
-    "where", "elementwise", 3, _broadcast,
+register(OpDef(
+    "where", "elementwise", 3, broadcast_shape,
     lambda xp, args, attrs: xp.where(*args), "({0} ? {1} : {2})",
 ))
-_register(OpDef(
-    "astype", "elementwise", 1, _same,
+register(OpDef(
+    "astype", "elementwise", 1, same_shape,
     lambda xp, args, attrs: args[0].astype(attrs["dtype"]), "{0}",
     dtype=lambda inputs, attrs: np.dtype(attrs["dtype"]),
 ))
@@ -310,7 +228,7 @@ def _reduction(name: str) -> None:
             return xp.asarray(host)
         return xp.asarray(getattr(xp, name)(x, **kw))
 
-    _register(OpDef(name, "reduction", None, _reduce_shape, reference))
+    register(OpDef(name, "reduction", None, _reduce_shape, reference))
 
 
 for _name in REDUCTIONS:
@@ -375,11 +293,11 @@ def _matmul_dtype(inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
         dt = np.result_type(dt, inputs[2].dtype)
     if attrs.get("activation"):
         with np.errstate(all="ignore"):
-            dt = ACTIVATIONS[attrs["activation"]](np, _tiny(dt)).dtype
+            dt = ACTIVATIONS[attrs["activation"]](np, tiny(dt)).dtype
     return dt
 
 
-_register(OpDef("matmul", "matmul", None, _matmul_shape, _matmul_reference,
+register(OpDef("matmul", "matmul", None, _matmul_shape, _matmul_reference,
                 dtype=_matmul_dtype))
 
 
@@ -401,7 +319,7 @@ def _softmax_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, .
     return tuple(inputs[0].shape)
 
 
-_register(OpDef("softmax", "norm", 1, _softmax_shape, _softmax_reference,
+register(OpDef("softmax", "norm", 1, _softmax_shape, _softmax_reference,
                 dtype=lambda inputs, attrs: _float_of(inputs[0].dtype)))
 
 
@@ -439,156 +357,8 @@ def _layer_norm_dtype(inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
     return dt
 
 
-_register(OpDef("layer_norm", "norm", None, _layer_norm_shape, _layer_norm_reference,
+register(OpDef("layer_norm", "norm", None, _layer_norm_shape, _layer_norm_reference,
                 dtype=_layer_norm_dtype))
-
-
-# -- shape ops -----------------------------------------------------------------------------
-def _reshape_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
-    src = tuple(inputs[0].shape)
-    want = tuple(int(d) for d in attrs["shape"])
-    size = int(np.prod(src, dtype=np.int64))
-    if want.count(-1) > 1:
-        raise ShapeError(f"reshape {want}: at most one -1")
-    known = int(np.prod([d for d in want if d != -1], dtype=np.int64))
-    if -1 in want:
-        if known == 0 or size % known:
-            raise ShapeError(f"cannot reshape {src} into {want}")
-        want = tuple(size // known if d == -1 else d for d in want)
-    if int(np.prod(want, dtype=np.int64)) != size:
-        raise ShapeError(f"cannot reshape an array of shape {src} (size {size}) into {want}")
-    return want
-
-
-def _transpose_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
-    src = tuple(inputs[0].shape)
-    axes = tuple(attrs["axes"])
-    if sorted(axes) != list(range(len(src))):
-        raise ShapeError(f"transpose axes {axes} are not a permutation of {len(src)} axes")
-    return tuple(src[a] for a in axes)
-
-
-def _broadcast_to_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
-    src, want = tuple(inputs[0].shape), tuple(attrs["shape"])
-    try:
-        if np.broadcast_shapes(src, want) != want:
-            raise ValueError
-    except ValueError:
-        raise ShapeError(f"cannot broadcast {src} to {want}") from None
-    return want
-
-
-def _expand_dims_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
-    src = list(inputs[0].shape)
-    axes = normalize_axis(attrs["axis"], len(src) + len(tuple(np.atleast_1d(attrs["axis"]))))
-    for a in axes:
-        src.insert(a, 1)
-    return tuple(src)
-
-
-def _squeeze_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
-    src = tuple(inputs[0].shape)
-    axes = normalize_axis(attrs["axis"], len(src))
-    for a in axes:
-        if src[a] != 1:
-            raise ShapeError(f"cannot squeeze axis {a} of size {src[a]}")
-    return tuple(d for i, d in enumerate(src) if i not in axes)
-
-
-def _concat_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
-    shapes = [tuple(n.shape) for n in inputs]
-    if not shapes:
-        raise ShapeError("concatenate needs at least one array")
-    rank = len(shapes[0])
-    if rank == 0 or any(len(s) != rank for s in shapes):
-        raise ShapeError(f"concatenate needs arrays of one rank >= 1, got {shapes}")
-    (axis,) = normalize_axis(attrs["axis"], rank)
-    for s in shapes[1:]:
-        if any(s[i] != shapes[0][i] for i in range(rank) if i != axis):
-            raise ShapeError(f"concatenate along axis {axis}: shapes {shapes} differ "
-                             "elsewhere")
-    out = list(shapes[0])
-    out[axis] = sum(s[axis] for s in shapes)
-    return tuple(out)
-
-
-def _concat_dtype(inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
-    return np.result_type(*[n.dtype for n in inputs])
-
-
-def _slice_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
-    return tuple(np.empty(tuple(inputs[0].shape), dtype=np.uint8)[basic_index(attrs)].shape) \
-        if int(np.prod(inputs[0].shape, dtype=np.int64)) < 2**20 else \
-        _slice_shape_big(tuple(inputs[0].shape), attrs)
-
-
-def _slice_shape_big(shape: tuple[int, ...], attrs: dict[str, Any]) -> tuple[int, ...]:
-    probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape, (0,) * len(shape))
-    return tuple(probe[basic_index(attrs)].shape)
-
-
-def basic_index(attrs: dict[str, Any]) -> tuple:
-    """The NumPy index of a ``slice``/``setitem`` node (its ``index`` attribute)."""
-    out: list[Any] = []
-    for part in attrs["index"]:
-        kind = part[0]
-        if kind == "s":
-            out.append(slice(part[1], part[2], part[3]))
-        elif kind == "i":
-            out.append(int(part[1]))
-        elif kind == "n":
-            out.append(None)
-        elif kind == "e":
-            out.append(Ellipsis)
-    return tuple(out)
-
-
-def _setitem_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
-    base = tuple(inputs[0].shape)
-    region = _slice_shape([inputs[0]], attrs)
-    value = list(inputs[1].shape)
-    while len(value) > len(region) and value and value[0] == 1:
-        value.pop(0)  # NumPy drops leading size-1 dims of the value
-    try:
-        if tuple(np.broadcast_shapes(tuple(value), region)) != region:
-            raise ValueError
-    except ValueError:
-        raise ShapeError(f"could not broadcast a value of shape {tuple(inputs[1].shape)} "
-                         f"into the region {region} of an array of shape {base}") from None
-    return base
-
-
-def _setitem_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
-    out = xp.array(args[0], copy=True)
-    out[basic_index(attrs)] = args[1]
-    return out
-
-
-_register(OpDef("reshape", "shape", 1, _reshape_shape,
-                lambda xp, args, attrs: xp.reshape(args[0], tuple(attrs["shape"])),
-                dtype=lambda inputs, attrs: inputs[0].dtype))
-_register(OpDef("transpose", "shape", 1, _transpose_shape,
-                lambda xp, args, attrs: xp.transpose(args[0], tuple(attrs["axes"])),
-                dtype=lambda inputs, attrs: inputs[0].dtype))
-_register(OpDef("broadcast_to", "shape", 1, _broadcast_to_shape,
-                lambda xp, args, attrs: xp.broadcast_to(args[0], tuple(attrs["shape"])),
-                dtype=lambda inputs, attrs: inputs[0].dtype))
-_register(OpDef("expand_dims", "shape", 1, _expand_dims_shape,
-                lambda xp, args, attrs: xp.expand_dims(args[0], attrs["axis"]),
-                dtype=lambda inputs, attrs: inputs[0].dtype))
-_register(OpDef("squeeze", "shape", 1, _squeeze_shape,
-                lambda xp, args, attrs: xp.squeeze(args[0], tuple(attrs["axis"])),
-                dtype=lambda inputs, attrs: inputs[0].dtype))
-_register(OpDef("concatenate", "shape", None, _concat_shape,
-                lambda xp, args, attrs: xp.concatenate(list(args), axis=attrs["axis"]),
-                dtype=_concat_dtype))
-_register(OpDef("slice", "shape", 1, _slice_shape,
-                lambda xp, args, attrs: args[0][basic_index(attrs)],
-                dtype=lambda inputs, attrs: inputs[0].dtype))
-# ``base[index] = value`` as a new array (in-place writes are traced functionally: the
-# written array's later readers read this node); ``value`` is cast to the base's dtype
-_register(OpDef("setitem", "shape", 2, _setitem_shape, _setitem_reference,
-                dtype=lambda inputs, attrs: inputs[0].dtype))
 
 
 # -- sources, fused groups and graph breaks ------------------------------------------------
@@ -600,10 +370,10 @@ def _constant_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> 
     return xp.asarray(attrs["value"])
 
 
-_register(OpDef("input", "source", 0, _no_shape,
+register(OpDef("input", "source", 0, _no_shape,
                 lambda xp, args, attrs: (_ for _ in ()).throw(
                     PycLabError("an input node has no reference"))))
-_register(OpDef("constant", "source", 0,
+register(OpDef("constant", "source", 0,
                 lambda inputs, attrs: tuple(np.shape(attrs["value"])), _constant_reference,
                 dtype=lambda inputs, attrs: np.asarray(attrs["value"]).dtype))
 
@@ -626,30 +396,25 @@ def _fused_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...
     return tuple(body.nodes[body.outputs[0]].shape)
 
 
-_register(OpDef("fused", "fused", None, _fused_shape, _fused_reference,
+register(OpDef("fused", "fused", None, _fused_shape, _fused_reference,
                 dtype=lambda inputs, attrs: attrs["body"].nodes[attrs["body"].outputs[0]].dtype))
 
 
 # ``fused_rows``: a row program (row fusion) — elementwise prologue, reductions over the
 # last axis of its row space ``attrs["space"]`` and an elementwise epilogue, one body graph
 # with one output, computed as written (its reference runs the body op by op).
-_register(OpDef("fused_rows", "norm", None, _fused_shape, _fused_reference,
+register(OpDef("fused_rows", "norm", None, _fused_shape, _fused_reference,
                 dtype=lambda inputs, attrs: attrs["body"].nodes[attrs["body"].outputs[0]].dtype))
 
 # ``fused_extra``: output ``attrs["output"]`` (>= 1) of a fused node whose body has several
 # outputs (its input 0, which the generated kernel writes in the same pass); its other
 # inputs are the fused node's, so that its reference can compute it alone.
-_register(OpDef("fused_extra", "extra", None, _fused_extra_shape, _fused_extra_reference,
+register(OpDef("fused_extra", "extra", None, _fused_extra_shape, _fused_extra_reference,
                 dtype=lambda inputs, attrs: attrs["body"].nodes[
                     attrs["body"].outputs[attrs["output"]]].dtype))
 
 #: Ops whose ``attrs["body"]`` is a graph computed as one kernel.
 FUSED_OPS = ("fused", "fused_rows")
-
-#: Ops whose NumPy result is a view of their operand (no data is computed).
-VIEW_RESULT_OPS = frozenset({"slice", "transpose", "reshape", "expand_dims", "squeeze",
-                             "broadcast_to"})
-
 
 def _eager_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
     fn = attrs["_fn"]
@@ -657,81 +422,8 @@ def _eager_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any
     return fn(*call_args, **call_kwargs)
 
 
-_register(OpDef("eager", "eager", None, _no_shape, _eager_reference))
+register(OpDef("eager", "eager", None, _no_shape, _eager_reference))
 
 
 #: NumPy ufunc name -> the op with its semantics (``np.true_divide`` is ``"divide"``).
 UFUNC_OPS: dict[str, str] = {d.ufunc: name for name, d in REGISTRY.items() if d.ufunc}
-
-
-# -- entry points --------------------------------------------------------------------------
-def infer(op: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[tuple[int, ...],
-                                                                           np.dtype]:
-    """Shape and dtype of ``op`` applied to nodes (anything with .shape and .dtype)."""
-    opdef = REGISTRY.get(op)
-    if opdef is None:
-        raise ShapeError(f"unknown op {op!r}")
-    if opdef.arity is not None and len(inputs) != opdef.arity:
-        raise ShapeError(f"{op} takes {opdef.arity} input(s), got {len(inputs)}")
-    shape = opdef.shape(inputs, attrs)
-    if opdef.dtype is not None:
-        dtype = np.dtype(opdef.dtype(inputs, attrs))
-    else:
-        dtype = _reference_dtype(op, inputs, attrs)
-    return tuple(int(d) for d in shape), dtype
-
-
-def evaluate(op: str, xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
-    """Run ``op``'s reference with array module ``xp``."""
-    return REGISTRY[op].reference(xp, args, attrs)
-
-
-def check_eager_result(node: Any, out: Any) -> None:
-    """Raise :class:`~pyc_lab.compiler.errors.DynamicShapeError` when a graph break's result
-    has a shape or dtype other than the one seen while tracing: everything after it was
-    specialised to that shape (sizes read from it became constants), so the compiled
-    graph cannot be trusted for these inputs."""
-    if tuple(out.shape) != tuple(node.shape) or out.dtype != node.dtype:
-        raise DynamicShapeError(
-            f"graph break %{node.id} ({node.attrs.get('fn', 'eager')}) returned "
-            f"{replace(node, shape=tuple(out.shape), dtype=np.dtype(out.dtype)).type_text} "
-            "where the trace saw "
-            f"{node.type_text}: its result depends on the input values")
-
-
-def run_graph(graph: Any, args: Sequence[Any], xp: Any) -> list[Any]:
-    """Evaluate a :class:`~pyc_lab.compiler.ir.Graph` on ``args`` (one per graph input)
-    with array module ``xp``, node by node through the references: the NumPy backend,
-    eager segments and the meaning of a fused node's body.
-
-    Values are dropped as soon as their last reader has run, so peak memory follows the
-    graph's liveness rather than its size.
-    """
-    values: dict[int, Any] = dict(zip(graph.inputs, args, strict=True))
-    last_use: dict[int, int] = {}
-    for pos, n in enumerate(graph.nodes.values()):
-        for i in n.inputs:
-            last_use[i] = pos
-    keep = set(graph.outputs)
-    several: dict[int, list[Any]] = {}  # a fused node's outputs, for its fused_extra nodes
-    for pos, n in enumerate(graph.nodes.values()):
-        if n.op == "input":
-            continue
-        body = n.attrs.get("body")
-        if n.op == "fused" and len(body.outputs) > 1:
-            several[n.id] = run_graph(body, [values[i] for i in n.inputs], xp)
-            out = xp.asarray(several[n.id][0])
-        elif n.op == "fused_extra" and n.inputs[0] in several:
-            out = xp.asarray(several[n.inputs[0]][n.attrs["output"]])  # computed once
-        else:
-            out = xp.asarray(evaluate(n.op, xp, [values[i] for i in n.inputs], n.attrs))
-        if n.op == "eager":
-            check_eager_result(n, out)
-        if out.dtype != n.dtype:
-            out = out.astype(n.dtype)
-        values[n.id] = out
-        for i in set(n.inputs):
-            if last_use.get(i) == pos and i not in keep:
-                values.pop(i, None)
-                several.pop(i, None)
-    return [values[o] for o in graph.outputs]
