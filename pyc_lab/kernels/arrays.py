@@ -214,6 +214,18 @@ def numpy_of_torch(t: Any) -> np.ndarray:
     return t.numpy()
 
 
+def host_of(t: Any) -> np.ndarray | None:
+    """A NumPy copy of a torch tensor on any device, outside autograd (``None`` stays
+    ``None``): what a host-side path computes on."""
+    return None if t is None else numpy_of_torch(t.detach().cpu())
+
+
+def torch_on(y: Any, device: Any) -> Any:
+    """A host result (NumPy) as a torch tensor on ``device`` (``None`` stays ``None``):
+    the way back from :func:`host_of`."""
+    return None if y is None else torch_of(np.ascontiguousarray(y)).to(device)
+
+
 def torch_of(y: Any) -> Any:
     """A torch tensor of a CuPy or NumPy result (DLPack, no copy; bfloat16 through its
     bits for NumPy)."""

@@ -153,20 +153,28 @@ def _torch_gpu(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
                return_lse: bool, layout: str) -> tuple[Any, ...] | None:
     """pyc_lab's kernel or SDPA on (B, H, S, D) CUDA tensors: the outputs, or ``None``
     when the log-sum-exp is asked for and the kernel cannot give it."""
+    o, choice = _choose(q, k, v, causal, scale, mask, return_lse, layout)
+    if choice.kernel is not None:
+        outs = _run_kernel(choice, q, k, v, o, return_lse)
+        return outs if return_lse else outs[:1]
+    if return_lse:
+        return None
+    return (_sdpa(q, k, v, causal, scale, mask),)
+
+
+def _run_kernel(choice: Any, q: Any, k: Any, v: Any, o: Any,
+                with_lse: bool) -> tuple[Any, Any]:
+    """pyc_lab's kernel of ``choice`` into ``o`` (and a fresh float32 log-sum-exp with
+    ``with_lse``, else ``None``): ``(o, lse)``."""
     import torch
 
     from .attention_sm90 import run_fused
 
-    o, choice = _choose(q, k, v, causal, scale, mask, return_lse, layout)
-    if choice.kernel is not None:
-        b, hq, sq, _ = q.shape
-        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) \
-            if return_lse else None
-        run_fused(choice.kernel, choice.geometry, q, k, v, o, lse)
-        return (o, lse) if return_lse else (o,)
-    if return_lse:
-        return None
-    return (_sdpa(q, k, v, causal, scale, mask),)
+    b, hq, sq, _ = q.shape
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) \
+        if with_lse else None
+    run_fused(choice.kernel, choice.geometry, q, k, v, o, lse)
+    return o, lse
 
 
 def attention_explain(q: Any, k: Any, v: Any, *, causal: bool = False,
@@ -293,11 +301,9 @@ def _torch_blocked(q: Any, k: Any, v: Any, causal: bool, scale: float,
                    mask: Any) -> tuple[Any, Any]:
     """The output and log-sum-exp of (B, H, S, D) torch tensors on the blocked path (on
     the host, the results moved back to the operands' device)."""
-    res = attention_xp(np, *(arrays.numpy_of_torch(x.detach().cpu()) for x in (q, k, v)),
-                       causal=causal, scale=scale,
-                       mask=None if mask is None
-                       else arrays.numpy_of_torch(mask.detach().cpu()), return_lse=True)
-    return tuple(arrays.torch_of(np.ascontiguousarray(o)).to(q.device) for o in res)
+    res = attention_xp(np, *(arrays.host_of(x) for x in (q, k, v)), causal=causal,
+                       scale=scale, mask=arrays.host_of(mask), return_lse=True)
+    return tuple(arrays.torch_on(o, q.device) for o in res)
 
 
 def _torch_lse(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
@@ -331,10 +337,9 @@ def _torch_grads(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool
         if mask is None and arrays.dtype_name(q.dtype) in ("float16", "bfloat16"):
             return library_backward(q, k, v, o, lse, do, causal, scale, forward)
         return recompute_backward(forward, q, k, v, do)
-    host = [arrays.numpy_of_torch(x.detach().cpu()) for x in (q, k, v, o, lse, do)]
-    m = None if mask is None else arrays.numpy_of_torch(mask.detach().cpu())
-    grads = _blocked_grads(np, *host, causal=causal, scale=scale, mask=m)
-    return tuple(arrays.torch_of(np.ascontiguousarray(g)).to(q.device) for g in grads)
+    grads = _blocked_grads(np, *(arrays.host_of(x) for x in (q, k, v, o, lse, do)),
+                           causal=causal, scale=scale, mask=arrays.host_of(mask))
+    return tuple(arrays.torch_on(g, q.device) for g in grads)
 
 
 def _with_grad(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
@@ -359,14 +364,7 @@ def _with_grad(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any,
             return (_sdpa(q, k, v, causal, scale, mask),)
 
         def forward() -> tuple[Any, Any]:
-            import torch
-
-            from .attention_sm90 import run_fused
-
-            b, hq, sq, _ = q.shape
-            lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-            run_fused(choice.kernel, choice.geometry, qd, kd, vd, o, lse)
-            return o, lse
+            return _run_kernel(choice, qd, kd, vd, o, True)
     else:
         def forward() -> tuple[Any, Any]:
             return _torch_lse(qd, kd, vd, causal, scale, mask, layout)

@@ -58,10 +58,19 @@ def clear() -> None:
         _CHOICES.clear()
 
 
-def _seed(q: Any) -> Any:
-    import torch
+_SEEDS: dict[Any, Any] = {}
 
-    return torch.zeros((), dtype=torch.long, device=q.device)
+
+def _seed(q: Any) -> Any:
+    """The dropout seed/offset tensor the library backwards take (never read without
+    dropout): one per device, made once."""
+    seed = _SEEDS.get(q.device)
+    if seed is None:
+        import torch
+
+        seed = _SEEDS.setdefault(q.device, torch.zeros((), dtype=torch.long,
+                                                       device=q.device))
+    return seed
 
 
 def _cudnn(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool,

@@ -263,8 +263,7 @@ def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
     nd = len(w.shape) - 2
     if layout == "channels_last":  # raced (on a GPU) and run as the kernels see it
-        order = (0, nd + 1, *range(1, nd + 1))
-        x = x.permute(*order) if kind == "torch" else x.transpose(order)
+        x = _to_first(x, nd)
     route = conv_route(x)
     final = True
     if route == "cudnn" and nd <= 3:
@@ -353,10 +352,9 @@ def _im2col(kind: str, x: Any, w: Any, bias: Any, stride: tuple[int, ...],
     """The im2col path (and the activation) in float32 (float64 for float64), cast back
     to ``x``'s dtype."""
     if kind == "torch":
-        out = _im2col("numpy", *(arrays.numpy_of_torch(a.detach().cpu())
-                                 if a is not None else None for a in (x, w, bias)),
+        out = _im2col("numpy", *(arrays.host_of(a) for a in (x, w, bias)),
                       stride, pads, dilation, groups, activation)
-        return arrays.torch_of(np.ascontiguousarray(out)).to(x.device)
+        return arrays.torch_on(out, x.device)
     if kind == "cupy":
         import cupy as xp
     else:
@@ -388,8 +386,6 @@ def _with_grad(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: A
     """:func:`conv` of torch tensors that require gradients: the forward as ``pl.conv``
     runs it, recorded with :func:`conv_backward`'s gradients; an activation is applied
     by torch after it (so torch differentiates it)."""
-    import torch.nn.functional as F
-
     from .autograd import differentiable
 
     _, stride_t, pads, dilation_t = conv_geometry(
@@ -409,12 +405,7 @@ def _with_grad(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: A
                       stride_t, pads, dilation_t, groups)
 
     (y,) = differentiable((xf, w, bias), forward, backward)
-    if activation == "relu":
-        y = F.relu(y)
-    elif activation == "silu":
-        y = F.silu(y)
-    elif activation == "gelu":
-        y = F.gelu(y, approximate="tanh")
+    y = torch_activation(y, activation, inplace=False)
     return _to_last(y, nd) if layout == "channels_last" else y
 
 
@@ -437,10 +428,9 @@ def _grads(kind: str, x: Any, w: Any, dy: Any, has_bias: bool, stride: tuple[int
                                       bias=has_bias, **geo)
             return tuple(None if r is None else cp.from_dlpack(r) for r in res)
     if kind == "torch":
-        host = [arrays.numpy_of_torch(a.detach().cpu()) for a in (x, w, dy)]
-        res = _grads("numpy", *host, has_bias, stride, pads, dilation, groups)
-        return tuple(None if r is None else arrays.torch_of(np.ascontiguousarray(r))
-                     .to(x.device) for r in res)
+        res = _grads("numpy", *(arrays.host_of(a) for a in (x, w, dy)), has_bias, stride,
+                     pads, dilation, groups)
+        return tuple(arrays.torch_on(r, x.device) for r in res)
     xp = np
     if kind == "cupy":
         import cupy as xp

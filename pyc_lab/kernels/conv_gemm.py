@@ -320,16 +320,17 @@ def prepare(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ..
                                    groups=groups), activation), True
 
 
-def torch_activation(y: Any, activation: str | None) -> Any:
-    """``activation`` applied to a fresh torch tensor, in place where torch can."""
+def torch_activation(y: Any, activation: str | None, inplace: bool = True) -> Any:
+    """``activation`` applied to a torch tensor: in place where torch can (a fresh
+    result), or out of place (``inplace=False``: a result autograd keeps)."""
     if activation is None:
         return y
     import torch.nn.functional as F
 
     if activation == "relu":
-        return y.relu_()
+        return y.relu_() if inplace else F.relu(y)
     if activation == "silu":
-        return F.silu(y, inplace=True)
+        return F.silu(y, inplace=inplace)
     return F.gelu(y, approximate="tanh")
 
 

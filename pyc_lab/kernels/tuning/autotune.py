@@ -70,18 +70,27 @@ def record_tuning(db: TuningDB | None, device: Any, problem: Any,
     return True
 
 
+def search_best(runner: Any, options: GemmTuneOptions, observer: RowObserver | None,
+                stop: threading.Event | None) -> tuple[str, Any]:
+    """Search a runner whose best is the searched best (pyc_lab's own kernels, live or
+    replayed): why the search stopped, and the best candidate's measurement (``None``
+    without one)."""
+    if not runner.configs:
+        return "no candidates", None
+    result = _search(runner, options, observer, stop)
+    best = runner.measurement(result.best.candidate) if result.best is not None else None
+    return result.stopped_by, best
+
+
 def tune_runner(runner: Any, options: GemmTuneOptions, observer: RowObserver | None,
                 stop: threading.Event | None, db: TuningDB | None, t_start: float
                 ) -> TuneResult:
     """Search a live runner of pyc_lab's own kernels (a convolution's, the attention
     kernel's) whose best is the searched best, record the run, and make its result."""
-    result = _search(runner, options, observer, stop) if runner.configs else None
-    best = (runner.measurement(result.best.candidate)
-            if result is not None and result.best is not None else None)
+    stopped_by, best = search_best(runner, options, observer, stop)
     recorded = record_tuning(db, runner.device, runner.problem, runner.measurements(), best)
     return TuneResult(runner.problem, runner.device, best, candidate_table(runner.rows.values()),
-                      dict(runner.baselines), time.perf_counter() - t_start,
-                      result.stopped_by if result is not None else "no candidates",
+                      dict(runner.baselines), time.perf_counter() - t_start, stopped_by,
                       options.strategy, recorded)
 
 

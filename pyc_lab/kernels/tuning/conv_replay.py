@@ -33,11 +33,12 @@ from ...paths import data_path
 from ...search import Outcome, StopSearch
 from ..conv_cutlass import conv_problem_key
 from ..cutlass.conv import ConvConfig, ConvKernel
-from .autotune import _search
+from .autotune import search_best
 from .conv_tune import CONV_DEFAULTS, conv_geometry_of
 from .kernel_rows import CandidateRows
 from .keys import DeviceKey
 from .options import GemmTuneOptions
+from .replay import check_pace, pace
 from .result import ReplayInfo, ReplayResult, candidate_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -123,9 +124,7 @@ class ConvReplayRunner(CandidateRows):
     def __init__(self, recorded: RecordedLayer, device: DeviceKey,
                  options: GemmTuneOptions, *, pace_s: float = 0.0,
                  stop: threading.Event | None = None) -> None:
-        if isinstance(pace_s, bool) or not isinstance(pace_s, (int, float)) or \
-                not pace_s >= 0:
-            raise PycLabError(f"replay_autotune_conv: pace_s={pace_s!r}; give seconds >= 0")
+        check_pace(pace_s, "replay_autotune_conv")
         geometry = conv_geometry_of(recorded.x_shape, recorded.w_shape,
                                     stride=recorded.stride, padding=recorded.padding)
         kernel = ConvKernel(recorded.dtype, geometry.spatial)
@@ -149,11 +148,7 @@ class ConvReplayRunner(CandidateRows):
             raise StopSearch(f"{self._hung} was recorded as hung")
         cfg = ConvConfig.from_dict(dict(candidate))
         rec = self.recorded[cfg]
-        if self.pace_s:
-            if self.stop is not None:
-                self.stop.wait(self.pace_s)
-            else:
-                time.sleep(self.pace_s)
+        pace(self.pace_s, self.stop)
         if rec["status"] == "timeout":
             self._hung = cfg.id
         return self._finish(cfg, rec["status"], rec.get("ms"), rec.get("error"),
@@ -212,13 +207,10 @@ def replay_autotune_conv(layer: str, *, dtype: str = "f16",
     device = DeviceKey(data["device"], str(data.get("compute_capability", "9.0")),
                        data["driver"], data["cuda"])
     runner = ConvReplayRunner(found[0], device, opts, pace_s=pace_s, stop=stop)
-    result = _search(runner, opts, observer, stop) if runner.configs else None
-    best = (runner.measurement(result.best.candidate)
-            if result is not None and result.best is not None else None)
+    stopped_by, best = search_best(runner, opts, observer, stop)
     info = ReplayInfo(device.gpu_name, device.compute_capability, device.driver,
                       device.cuda, str(data["date"])[:10], str(path), label,
                       (str(data.get("git_sha", "")),))
     return ReplayResult(runner.problem, device, best, candidate_table(runner.rows.values()),
-                        dict(runner.baselines), time.perf_counter() - t_start,
-                        result.stopped_by if result is not None else "no candidates",
+                        dict(runner.baselines), time.perf_counter() - t_start, stopped_by,
                         opts.strategy, False, replay=info)

@@ -22,7 +22,24 @@ from .keys import Measurement
 from .options import GemmTuneOptions
 from .recording import RecordedProblem, candidate_row
 
-__all__ = ["ReplayRunner"]
+__all__ = ["ReplayRunner", "check_pace", "pace"]
+
+
+def check_pace(pace_s: Any, who: str) -> None:
+    """``pace_s`` as a replay takes it (seconds >= 0), or a clear error naming ``who``."""
+    if isinstance(pace_s, bool) or not isinstance(pace_s, (int, float)) or \
+            not pace_s >= 0:
+        raise PycLabError(f"{who}: pace_s={pace_s!r}; give seconds >= 0")
+
+
+def pace(pace_s: float, stop: threading.Event | None) -> None:
+    """Wait ``pace_s`` seconds between replayed evaluations (cut short by ``stop``)."""
+    if not pace_s:
+        return
+    if stop is not None:
+        stop.wait(pace_s)
+    else:
+        time.sleep(pace_s)
 
 
 class ReplayRunner:
@@ -42,9 +59,7 @@ class ReplayRunner:
 
     def __init__(self, recorded: RecordedProblem, options: GemmTuneOptions, *, pace_s: float = 0.0,
                  stop: threading.Event | None = None) -> None:
-        if isinstance(pace_s, bool) or not isinstance(pace_s, (int, float)) or \
-                not pace_s >= 0:
-            raise PycLabError(f"replay_autotune: pace_s={pace_s!r}; give seconds >= 0")
+        check_pace(pace_s, "replay_autotune")
         self.recorded = recorded
         self.problem = recorded.problem
         self.device = recorded.device
@@ -74,11 +89,7 @@ class ReplayRunner:
             raise StopSearch(f"{self._hung} was recorded as hung")
         cfg = config_of(candidate)
         meas = self.recorded.candidates[cfg]
-        if self.pace_s:
-            if self.stop is not None:
-                self.stop.wait(self.pace_s)
-            else:
-                time.sleep(self.pace_s)
+        pace(self.pace_s, self.stop)
         row = candidate_row(self.problem, cfg, meas)
         self.rows[cfg.id] = row
         self._measured[cfg.id] = meas
