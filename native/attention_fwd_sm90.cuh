@@ -39,6 +39,10 @@
 //   PYC_STORE_O    1: the output is staged in shared memory and stored by TMA, off the
 //                  consumers' path (where shared memory has room for it), 0: each
 //                  thread stores its own output registers
+//   PYC_Q_STAGES   Q buffers: 2 lets a persistent CTA's producer load the next tile's Q
+//                  (and then its K and V) while the consumers still read this tile's,
+//                  so a tile's first S = Q K^T does not wait for a load; 1 where shared
+//                  memory has no room for the second
 // The extern "C" functions at the end are what pyc_lab.kernels.attention_sm90 loads.
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -61,6 +65,7 @@ constexpr int kD = PYC_HEAD_DIM;
 constexpr int kBlockN = PYC_BLOCK_N;
 constexpr int kStages = PYC_STAGES;
 constexpr int kMmaWG = PYC_MMA_WG;
+constexpr int kQStages = PYC_Q_STAGES;
 constexpr int kBlockM = 64 * kMmaWG;
 constexpr int kMmaThreads = 128 * kMmaWG;
 constexpr int kThreads = kMmaThreads + 128;
@@ -71,6 +76,7 @@ constexpr int kConsumerRegs = kMmaWG == 2 ? 240 : 160;
 static_assert(kD == 64 || kD == 128, "head dimension 64 or 128");
 static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block a multiple of 16, <= 256");
 static_assert(kMmaWG == 2 || kMmaWG == 3, "2 or 3 consumer warpgroups");
+static_assert(kQStages == 1 || kQStages == 2, "1 or 2 Q buffers");
 
 using TileShape = Shape<Int<kBlockM>, Int<kBlockN>, Int<kD>>;
 using AtomLayout = Layout<Shape<Int<kMmaWG>, _1, _1>>;
@@ -86,6 +92,8 @@ using TiledMmaO = decltype(make_tiled_mma(
 // 128-byte swizzled tiles: what TMA writes and wgmma reads without bank conflicts.
 using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
 using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kD>>{}));
+using SmemLayoutQS = decltype(tile_to_shape(SmemAtom{},
+                                            Shape<Int<kBlockM>, Int<kD>, Int<kQStages>>{}));
 using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{},
                                             Shape<Int<kBlockN>, Int<kD>, Int<kStages>>{}));
 using SmemLayoutKV1 = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kD>>{}));
@@ -99,14 +107,14 @@ using PipeState = typename cutlass::PipelineState<kStages>;
 using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
 struct SharedStorage {
-  cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+  cute::array_aligned<Element, cosize_v<SmemLayoutQS>, 1024> q;
   cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> k;
   cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> v;
 #if PYC_STORE_O
   cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> o;  // the output tile, staged
 #endif
-  alignas(16) uint64_t barrier_q;        // Q landed (TMA transaction barrier)
-  alignas(16) uint64_t barrier_q_free;   // the consumers are done reading Q
+  alignas(16) uint64_t barrier_q[kQStages];       // Q landed (TMA transaction barrier)
+  alignas(16) uint64_t barrier_q_free[kQStages];  // the consumers are done reading Q
   typename Pipeline::SharedStorage pipe_k;
   typename Pipeline::SharedStorage pipe_v;
 };
@@ -237,8 +245,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   pp.num_consumers = kMmaThreads;
   pp.transaction_bytes = kBlockN * kD * sizeof(Element);
   if (threadIdx.x == 0) {
-    Barrier::init(&smem.barrier_q, 1);
-    cutlass::arch::ClusterBarrier::init(&smem.barrier_q_free, kMmaThreads);
+    for (int s = 0; s < kQStages; ++s) {
+      Barrier::init(&smem.barrier_q[s], 1);
+      cutlass::arch::ClusterBarrier::init(&smem.barrier_q_free[s], kMmaThreads);
+    }
     cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
@@ -250,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   Pipeline pipe_v(smem.pipe_v, pp, Shape<_1, _1, _1>{});
   __syncthreads();
 
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQS{});  // (M, D, stage)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{});
 
@@ -263,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
       auto cta_q = p.tma_q.get_slice(0);
       auto cta_k = p.tma_k.get_slice(0);
       auto cta_v = p.tma_v.get_slice(0);
-      Tensor tQsQ = cta_q.partition_D(sQ);
+      Tensor tQsQ = cta_q.partition_D(sQ);  // (TMA, TMA_M, TMA_D, stage)
       Tensor tKsK = cta_k.partition_D(sK);  // (TMA, TMA_N, TMA_D, stage)
       Tensor tVsV = cta_v.partition_D(sV);
       PipeState write = cutlass::make_producer_start_state<Pipeline>();
@@ -280,12 +290,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
                                make_coord(_, 0));
         Tensor tKgK = cta_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, n)
         Tensor tVgV = cta_v.partition_S(gV);
-        // The previous tile's Q must be read to the end before this one overwrites it.
-        if (iter > 0) {
-          cutlass::arch::ClusterBarrier::wait(&smem.barrier_q_free, (iter - 1) & 1);
+        // Tile iter's Q goes to buffer iter % kQStages, once the consumers have read to
+        // the end the Q of the tile that used that buffer before.
+        int const qs = iter % kQStages;
+        int const use = iter / kQStages;
+        if (use > 0) {
+          cutlass::arch::ClusterBarrier::wait(&smem.barrier_q_free[qs], (use - 1) & 1);
         }
-        Barrier::arrive_and_expect_tx(&smem.barrier_q, kBlockM * kD * sizeof(Element));
-        copy(p.tma_q.with(smem.barrier_q), cta_q.partition_S(gQ), tQsQ);
+        Barrier::arrive_and_expect_tx(&smem.barrier_q[qs], kBlockM * kD * sizeof(Element));
+        copy(p.tma_q.with(smem.barrier_q[qs]), cta_q.partition_S(gQ), tQsQ(_, _, _, qs));
         for (int n = n_blocks - 1; n >= 0; --n) {
           pipe_k.producer_acquire(write);
           copy(p.tma_k.with(*pipe_k.producer_get_barrier(write)), tKgK(_, _, _, n),
@@ -308,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   auto thr_s = mma_s.get_thread_slice(tid);
   auto thr_o = mma_o.get_thread_slice(tid);
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
-  Tensor tSrQ = thr_s.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K)
+  Tensor tSrQs = thr_s.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K, stage)
   Tensor tSrK = thr_s.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
   Tensor tOrV = thr_o.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
   Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<kD>>{});
@@ -402,7 +415,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
     row_max[i] = -INFINITY;
     row_sum[i] = 0.f;
   }
-  Barrier::wait(&smem.barrier_q, iter & 1);
+  int const qs = iter % kQStages;
+  Barrier::wait(&smem.barrier_q[qs], (iter / kQStages) & 1);
+  Tensor tSrQ = tSrQs(_, _, _, qs);
 #if PYC_OVERLAP
   // Software-pipelined: block n's S = Q K^T is issued together with the previous block's
   // O += P V, and the softmax of block n runs while P V is still on the tensor cores.
@@ -445,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
     rescale(corr);
     p16 = to_p(tSrS);
   }
-  cutlass::arch::ClusterBarrier::arrive(&smem.barrier_q_free);  // every S = Q K^T is done
+  cutlass::arch::ClusterBarrier::arrive(&smem.barrier_q_free[qs]);  // every Q K^T is done
   {
     Tensor tOrP = p_operand(p16);
     pipe_v.consumer_wait(read_v);
@@ -469,7 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
     pipe_v.consumer_release(read_v);
     ++read_v;
   }
-  cutlass::arch::ClusterBarrier::arrive(&smem.barrier_q_free);
+  cutlass::arch::ClusterBarrier::arrive(&smem.barrier_q_free[qs]);
 #endif
 
   // Rows: the quad's partial sums, 1 / sum (0 for a row that saw no key: NaN, as the

@@ -108,12 +108,28 @@ class AttnConfig:
         return self._pipelines_bytes(head_dim) + _line(self.block_m * head_dim * 2) \
             <= SMEM_LIMIT
 
-    def smem_bytes(self, head_dim: int) -> int:
-        """Shared memory of one CTA: Q, the K and V rings, the barriers, and the output's
-        staging tile where :meth:`stores_through_smem`."""
+    def q_buffers(self, head_dim: int) -> int:
+        """Q buffers: 2 for a persistent configuration where shared memory has room for
+        a second one beside the output's staging tile (the producer then loads the next
+        tile's Q, K and V while the consumers still read this tile's Q), else 1."""
+        if not self.persistent:
+            return 1
+        second = self._base_bytes(head_dim) + _line(self.block_m * head_dim * 2)
+        return 2 if second <= SMEM_LIMIT else 1
+
+    def _base_bytes(self, head_dim: int) -> int:
+        """One Q buffer, the K and V rings, the barriers and the output's staging tile
+        where :meth:`stores_through_smem`."""
         staged = _line(self.block_m * head_dim * 2) if self.stores_through_smem(head_dim) \
             else 0
         return self._pipelines_bytes(head_dim) + staged
+
+    def smem_bytes(self, head_dim: int) -> int:
+        """Shared memory of one CTA: the Q buffers (:meth:`q_buffers`), the K and V
+        rings, the barriers, and the output's staging tile where
+        :meth:`stores_through_smem`."""
+        extra = (self.q_buffers(head_dim) - 1) * _line(self.block_m * head_dim * 2)
+        return self._base_bytes(head_dim) + extra
 
     def issue(self, head_dim: int) -> str:
         """Why this configuration cannot be built for ``head_dim`` (``""`` when it can)."""
@@ -188,7 +204,8 @@ def emit_attention_source(config: AttnConfig, kernel: AttnKernel) -> str:
                "PYC_BLOCK_N": config.block_n, "PYC_STAGES": config.stages,
                "PYC_MMA_WG": config.warpgroups, "PYC_OVERLAP": int(config.overlap),
                "PYC_PERSISTENT": int(config.persistent),
-               "PYC_STORE_O": int(config.stores_through_smem(kernel.head_dim))}
+               "PYC_STORE_O": int(config.stores_through_smem(kernel.head_dim)),
+               "PYC_Q_STAGES": config.q_buffers(kernel.head_dim)}
     head = (f"// pyc_lab attention forward {kernel.dtype} D={kernel.head_dim}: "
             f"{config.id}\n")
     return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + \

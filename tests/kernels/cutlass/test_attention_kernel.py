@@ -30,7 +30,7 @@ def test_config_ids_dicts_and_rows():
     assert c.id == "attn_n192_s3_w2_o" and c.block_m == 128 and c.overlap
     assert AttnConfig(64, 2, 3, overlap=False).id == "attn_n64_s2_w3"
     p = AttnConfig(persistent=True)
-    assert p.id == "attn_n128_s2_w2_o_p" and p.smem_bytes(128) == AttnConfig().smem_bytes(128)
+    assert p.id == "attn_n128_s2_w2_o_p"
     for cfg in (c, AttnConfig(64, 2, 3, False), p):
         assert AttnConfig.from_dict(cfg.to_dict()) == cfg
     # entries recorded before the schedule was a dimension read as one CTA per block
@@ -100,6 +100,21 @@ def test_the_output_is_staged_in_shared_memory_where_there_is_room():
     wide = AttnConfig(192, 2, 2)
     assert not wide.stores_through_smem(128) and wide.smem_bytes(128) == (32 + 192 + 1) * 1024
     assert "#define PYC_STORE_O 0" in emit_attention_source(wide, AttnKernel("bf16", 128))
+
+
+def test_a_persistent_cta_double_buffers_q_where_there_is_room():
+    # one CTA per block loads one Q: one buffer
+    assert AttnConfig().q_buffers(128) == 1
+    assert "#define PYC_Q_STAGES 1" in emit_attention_source(AttnConfig(), AttnKernel("f16", 128))
+    # persistent, 128 x 128: a second 32 KiB Q beside the staged output still fits
+    p = AttnConfig(persistent=True)
+    assert p.q_buffers(128) == 2 and p.smem_bytes(128) == (2 * 32 + 128 + 32 + 1) * 1024
+    assert p.smem_bytes(128) <= SMEM_LIMIT
+    assert "#define PYC_Q_STAGES 2" in emit_attention_source(p, AttnKernel("bf16", 128))
+    # 192-key blocks leave no room: one Q, and the threads store directly
+    wide = AttnConfig(192, 2, 2, persistent=True)
+    assert wide.q_buffers(128) == 1 and wide.smem_bytes(128) == (32 + 192 + 1) * 1024
+    assert AttnConfig(64, 2, 3, persistent=True).q_buffers(64) == 2
 
 
 def _geometry(**kw):
