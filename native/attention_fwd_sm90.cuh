@@ -94,6 +94,10 @@ using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
 using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kD>>{}));
 using SmemLayoutQS = decltype(tile_to_shape(SmemAtom{},
                                             Shape<Int<kBlockM>, Int<kD>, Int<kQStages>>{}));
+// The output's staging tile: one 64-row tile per consumer warpgroup, each contiguous, so
+// that every warpgroup stores its own rows by TMA without waiting for the others.
+using SmemLayoutO64 = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kD>>{}));
+using SmemLayoutO = decltype(tile_to_shape(SmemLayoutO64{}, Shape<Int<kBlockM>, Int<kD>>{}));
 using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{},
                                             Shape<Int<kBlockN>, Int<kD>, Int<kStages>>{}));
 using SmemLayoutKV1 = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kD>>{}));
@@ -111,7 +115,7 @@ struct SharedStorage {
   cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> k;
   cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> v;
 #if PYC_STORE_O
-  cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> o;  // the output tile, staged
+  cute::array_aligned<Element, cosize_v<SmemLayoutO>, 1024> o;  // the output tile, staged
 #endif
   alignas(16) uint64_t barrier_q[kQStages];       // Q landed (TMA transaction barrier)
   alignas(16) uint64_t barrier_q_free[kQStages];  // the consumers are done reading Q
@@ -131,14 +135,14 @@ using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, std::declval<GTensor>(),
                                      Shape<Int<kBlockN>, Int<kD>>{}, _1{}));
 using GTensorO = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
                                       GShape{}, GStride{}));
-using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, std::declval<GTensorO>(), SmemLayoutQ{},
-                                    Shape<Int<kBlockM>, Int<kD>>{}, _1{}));
+using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, std::declval<GTensorO>(),
+                                    SmemLayoutO64{}, Shape<_64, Int<kD>>{}, _1{}));
 
 struct Params {
   TmaQ tma_q;
   TmaKV tma_k;
   TmaKV tma_v;
-  TmaO tma_o;            // used with PYC_STORE_O
+  TmaO tma_o;            // used with PYC_STORE_O: one consumer warpgroup's 64 rows
   Element* o;
   float* lse;            // (batch, query head, query) contiguous, or null
   int64_t o_row, o_head, o_batch;
@@ -316,6 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   // consumers
   cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
   int const tid = threadIdx.x - 128;
+  int const consumer = warp_group - 1;
   TiledMmaS mma_s;
   TiledMmaO mma_o;
   auto thr_s = mma_s.get_thread_slice(tid);
@@ -399,10 +404,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
   Tensor CO = make_tensor(thr_o.partition_C(cO).data(), rowcol(thr_o.partition_C(cO).layout()));
 #if PYC_STORE_O
-  Tensor sO = make_tensor(make_smem_ptr(smem.o.data()), SmemLayoutQ{});
+  Tensor sO = make_tensor(make_smem_ptr(smem.o.data()), SmemLayoutO{});
   Tensor tOsO = thr_o.partition_C(sO);
   Tensor OS = make_tensor(tOsO.data(), rowcol(tOsO.layout()));
-  bool const store_thread = threadIdx.x == 128;
+  // This warpgroup's 64 rows of the staging tile, stored by its first thread.
+  Tensor sOw = make_tensor(make_smem_ptr(smem.o.data() + consumer * 64 * kD), SmemLayoutO64{});
+  bool const store_thread = tid % 128 == 0;
+  int const o_barrier = kMmaWG + consumer;  // this warpgroup's threads
 #endif
   int iter = 0;
   for (int t = first_tile; t < p.tiles; t = next_tile(t), ++iter) {
@@ -424,7 +432,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
   // The consumer warpgroups also take turns issuing their MMAs (named barriers, round
   // robin), so one warpgroup's softmax overlaps another's MMAs.
   using cutlass::arch::NamedBarrier;
-  int const consumer = warp_group - 1;
   FragP p16;
   {
     FragS tSrS;
@@ -489,11 +496,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
 
   // Rows: the quad's partial sums, 1 / sum (0 for a row that saw no key: NaN, as the
   // softmax of an empty or fully masked row is), then the 16-bit output: staged in
-  // shared memory for one TMA store (PYC_STORE_O), else stored in column pairs.
+  // shared memory for a TMA store per warpgroup (PYC_STORE_O), else stored in column
+  // pairs. A warpgroup never waits for another here: the one that finished its last
+  // P V first stores and starts its next tile's S = Q K^T while the others still work
+  // on the tensor cores.
 #if PYC_STORE_O
-  // The last tile's TMA store must have read the staging tile before it is rewritten.
+  // This warpgroup's last TMA store must have read its rows before they are rewritten.
   if (store_thread) tma_store_wait<0>();
-  cutlass::arch::NamedBarrier::sync(kMmaThreads, kMmaWG);
+  cutlass::arch::NamedBarrier::sync(128, o_barrier);
 #endif
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size<0>(O); ++i) {
@@ -524,16 +534,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fwd(CUTE_GRID_CONSTANT 
     }
   }
 #if PYC_STORE_O
-  // Every consumer's writes reach the async proxy, then one thread stores the tile (TMA
-  // clips the rows past the query length).
+  // The warpgroup's writes reach the async proxy, then its first thread stores its rows
+  // (TMA clips the rows past the query length; rows that all lie past it are skipped).
   cutlass::arch::fence_view_async_shared();
-  cutlass::arch::NamedBarrier::sync(kMmaThreads, kMmaWG);
-  if (store_thread) {
+  cutlass::arch::NamedBarrier::sync(128, o_barrier);
+  if (store_thread && row0 + 64 * consumer < p.len_q) {
     Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.len_q, Int<kD>{}, p.heads_q, p.batch));
-    Tensor gO = local_tile(mO(_, _, head, batch), Shape<Int<kBlockM>, Int<kD>>{},
-                           make_coord(m_block, 0));
+    Tensor gO = local_tile(mO(_, _, head, batch), Shape<_64, Int<kD>>{},
+                           make_coord(m_block * kMmaWG + consumer, 0));
     auto cta_o = p.tma_o.get_slice(0);
-    copy(p.tma_o, cta_o.partition_S(sO), cta_o.partition_D(gO));
+    copy(p.tma_o, cta_o.partition_S(sOw), cta_o.partition_D(gO));
     tma_store_arrive();
   }
 #endif
@@ -592,7 +602,7 @@ int pyc_attn_fwd(void const* q, void const* k, void const* v, void* o, float* ls
                     SmemLayoutKV1{}, Shape<Int<kBlockN>, Int<kD>>{}, _1{}),
       make_tma_copy(SM90_TMA_STORE{}, gtensor(static_cast<Element*>(o), len_q, heads_q, batch,
                                               o_stride),
-                    SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kD>>{}, _1{}),
+                    SmemLayoutO64{}, Shape<_64, Int<kD>>{}, _1{}),
       static_cast<Element*>(o),
       lse,
       int64_t(o_stride[2]), int64_t(o_stride[1]), int64_t(o_stride[0]),
