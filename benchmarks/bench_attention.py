@@ -10,8 +10,10 @@ own Hopper kernel is also timed directly in every configuration the kernel cache
 (``pyc kernel <config>``), beside ``pl.attention``'s raced choice; with ``--tune``,
 ``pl.autotune_attention`` first tunes each problem over those configurations and records
 its winner, which ``pl.attention`` then races against SDPA. Times are
-medians of CUDA-event rounds (:func:`common.gpu_time`), taken in three rounds interleaved
-across the candidates (the median round is reported); TFLOP/s count ``4 B H S^2 D``,
+medians of CUDA-event rounds (:func:`common.gpu_time`), taken in five rounds interleaved
+across the candidates, each round starting one candidate further on (the median round is
+reported); "sdpa default" and the backend it picks run the same kernel, so their
+difference shows the run's noise; TFLOP/s count ``4 B H S^2 D``,
 halved for causal. Writes ``attention.json`` to ``--out``.
 
     python benchmarks/bench_attention.py --out benchmarks/results/h200 [--tune]
@@ -36,7 +38,7 @@ import pyc_lab as pl
 SHAPES = ((4, 16, 4096, 128), (8, 16, 2048, 64), (16, 32, 1024, 128), (1, 32, 16384, 128))
 BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
 TOL = {"float16": 1e-2, "bfloat16": 4e-2}
-ROUNDS = 3  # interleaved timing rounds per candidate (the median is reported)
+ROUNDS = 5  # interleaved timing rounds per candidate (the median is reported)
 
 
 def _reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
@@ -147,12 +149,14 @@ def one_problem(cp: Any, torch: Any, shape: tuple[int, ...], dtype: str, causal:
             rows[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     del ref
     torch.cuda.empty_cache()
-    # Interleaved rounds: a drift of the clocks (after the float32 reference, or over the
-    # run) falls on every candidate alike instead of on whichever was timed first.
-    for _ in range(ROUNDS):
-        for name, row in rows.items():
-            if "rounds_ms" in row:
-                row["rounds_ms"].append(gpu_time(cands[name], repeats=repeats) * 1e3)
+    # Interleaved rounds, each starting one candidate further on: a drift of the clocks
+    # (after the float32 reference, or as a long problem heats the GPU) falls on every
+    # candidate alike instead of on whichever was timed first or last.
+    timed = [name for name, row in rows.items() if "rounds_ms" in row]
+    for i in range(ROUNDS if timed else 0):
+        start = i % len(timed)
+        for name in timed[start:] + timed[:start]:
+            rows[name]["rounds_ms"].append(gpu_time(cands[name], repeats=repeats) * 1e3)
     for row in rows.values():
         if "rounds_ms" in row:
             row["ms"] = statistics.median(row["rounds_ms"])
@@ -223,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                           if "ms" not in r["candidates"].get("pl.attention (torch)", {})]}
     write_result(args.out, "attention", {
         "method": "forward only; each candidate checked against the float32 math backend "
-                  "on batch entry 0, then timed in 3 interleaved rounds of CUDA-event "
-                  "medians (common.gpu_time, --repeats each); the median round is "
-                  "reported",
+                  f"on batch entry 0, then timed in {ROUNDS} interleaved rounds of "
+                  "CUDA-event medians (common.gpu_time, --repeats each), each round "
+                  "starting one candidate further on; the median round is reported",
         "results": results, "summary": summary, "wall_s": time.perf_counter() - t0})
     print(summary)
     return 0

@@ -135,6 +135,8 @@ class AttentionRunner(CandidateRows):
         self._make_inputs(opts.seed)
         self.flops = self.geometry.flops
         self.problem = attention_problem_key(self.geometry, opts.dtype)
+        self._libraries = {"sdpa": self._sdpa(None),
+                           **{name: self._sdpa(b) for name, b in BACKENDS.items()}}
         self.baselines = self._time_sdpa(opts.repeats)
         self._builds: dict[AttnConfig, BuildResult] = {}
         self._futures = build_attention_many(
@@ -199,12 +201,17 @@ class AttentionRunner(CandidateRows):
         return run
 
     def _time_sdpa(self, repeats: int) -> dict[str, float]:
-        times = {"sdpa": gpu_ms(self._sdpa(None), repeats)}
-        for name, backend in BACKENDS.items():
+        """Time SDPA's default and each backend; a backend that refuses the shape is no
+        baseline (and leaves :attr:`_libraries`)."""
+        times = {}
+        for name, run in list(self._libraries.items()):
             try:
-                times[name] = gpu_ms(self._sdpa(backend), repeats)
-            except Exception as exc:  # a backend that refuses the shape is no baseline
-                log.info("SDPA backend %s refused %s: %s", backend, self.attn, exc)
+                times[name] = gpu_ms(run, repeats)
+            except Exception as exc:
+                if name == "sdpa":
+                    raise
+                log.info("SDPA backend %s refused %s: %s", BACKENDS[name], self.attn, exc)
+                del self._libraries[name]
         return times
 
     # -- the runner protocol (space() comes from CandidateRows) -----------------------
@@ -227,6 +234,8 @@ class AttentionRunner(CandidateRows):
             run_fused(attn, self.geometry, self._q, self._k, self._v, self._o)
 
         status, ms, err, msg = self._check_and_time(checked, timed, cfg.id, fidelity)
+        if status == "ok":
+            self._launches[cfg.id] = (cfg, timed)
         return self._finish(cfg, status, ms, err, msg)
 
     def _check_and_time(self, launch: Callable[[], None], timed: Callable[[], None],

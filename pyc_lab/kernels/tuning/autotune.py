@@ -86,8 +86,11 @@ def tune_runner(runner: Any, options: GemmTuneOptions, observer: RowObserver | N
                 stop: threading.Event | None, db: TuningDB | None, t_start: float
                 ) -> TuneResult:
     """Search a live runner of pyc_lab's own kernels (a convolution's, the attention
-    kernel's) whose best is the searched best, record the run, and make its result."""
+    kernel's), confirm its fastest candidates against the libraries in interleaved
+    rounds (unless stopped), record the run, and make its result."""
     stopped_by, best = search_best(runner, options, observer, stop)
+    if best is not None and not (stop is not None and stop.is_set()):
+        best = runner.confirm(options.repeats) or best
     recorded = record_tuning(db, runner.device, runner.problem, runner.measurements(), best)
     return TuneResult(runner.problem, runner.device, best, candidate_table(runner.rows.values()),
                       dict(runner.baselines), time.perf_counter() - t_start, stopped_by,

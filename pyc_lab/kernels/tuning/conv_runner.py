@@ -132,6 +132,7 @@ class ConvRunner(CandidateRows):
         self.configs = ranked
         self._cp, self._torch = cp, torch
         self._make_inputs(opts.seed)
+        self._libraries = {"cudnn": self._cudnn}
         self.baselines = {"cudnn": gpu_ms(self._cudnn, opts.repeats)}
         self._builds: dict[ConvConfig, BuildResult] = {}
         self._futures = build_conv_many(ranked, kernel, cc, opts.workers, cache,
@@ -199,6 +200,8 @@ class ConvRunner(CandidateRows):
             conv.run(self.geometry, *ptrs, stream)
 
         status, ms, err, msg = self._check_and_time(launch, cfg.id, fidelity)
+        if status == "ok":
+            self._launches[cfg.id] = (cfg, launch)
         return self._finish(cfg, status, ms, err, msg)
 
     def _check_and_time(self, launch: Callable[[], None], name: str, repeats: int

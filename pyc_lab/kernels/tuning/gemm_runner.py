@@ -64,11 +64,12 @@ from .gemm_space import config_of, gemm_space, problem_configs
 from .keys import DeviceKey, Measurement, ProblemKey, device_key
 from .options import GemmTuneOptions
 
-__all__ = ["CONFIRM_ROUNDS", "CONFIRM_TOP", "GemmRunner", "candidates_for", "run_watched"]
+__all__ = ["CONFIRM_ROUNDS", "CONFIRM_TOP", "GemmRunner", "candidates_for", "gpu_ms",
+           "interleaved_ms", "run_watched"]
 
 log = logging.getLogger(__name__)
 
-#: The skinny GEMM's fastest configurations timed again beside the libraries ...
+#: The fastest configurations timed again beside the libraries ...
 CONFIRM_TOP = 3
 #: ... in this many interleaved rounds (the medians are kept).
 CONFIRM_ROUNDS = 3
@@ -79,6 +80,18 @@ def gpu_ms(fn: Callable[[], Any], repeats: int) -> float:
     timing = benchmark(fn, repeats=max(2, repeats), warmup=2, flush_l2=True, spin=True,
                        gpu=True)
     return float(timing.gpu_median_s) * 1e3
+
+
+def interleaved_ms(fns: Mapping[str, Callable[[], Any]], repeats: int,
+                   rounds: int = CONFIRM_ROUNDS) -> dict[str, float]:
+    """Each function's median over ``rounds`` interleaved rounds of :func:`gpu_ms`: one
+    timing each, taken seconds apart, would let a drift of the clocks decide close calls
+    (a 6 % win at tuning measured 3 % slower in a later sweep)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(gpu_ms(fn, repeats))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def run_watched(launches: Sequence[Callable[[], Any]], cp: Any, hang_s: float) -> str:
@@ -255,24 +268,18 @@ class GemmRunner:
 
     def _confirm(self, launches: dict[str, tuple[SkinnyConfig, Callable[[], Any]]]) -> None:
         """Time the :data:`CONFIRM_TOP` fastest skinny configurations and the libraries
-        again in :data:`CONFIRM_ROUNDS` interleaved rounds and keep the medians of the
-        rounds: one timing each, taken a few seconds apart, let clock drift decide close
-        calls (a 6 % win at tuning measured 3 % slower in the sweep)."""
+        again (:func:`interleaved_ms`) and keep the medians of the rounds."""
         ok = sorted((self._measurements[cid].time_ms, cid) for cid in launches)
         top = [cid for _ms, cid in ok[:CONFIRM_TOP]]
         if not top:
             return
-        fns = {**{cid: launches[cid][1] for cid in top}, **self._libraries}
-        rounds: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(CONFIRM_ROUNDS):
-            for name, fn in fns.items():
-                rounds[name].append(gpu_ms(fn, self.options.repeats))
+        ms = interleaved_ms({**{cid: launches[cid][1] for cid in top}, **self._libraries},
+                            self.options.repeats)
         for name in self._libraries:
-            self.baselines[name] = statistics.median(rounds[name])
+            self.baselines[name] = ms[name]
         for cid in top:
             m = self._measurements[cid]
-            self._record(cid, launches[cid][0].to_dict(), "ok", statistics.median(rounds[cid]),
-                         m.error, m.message)
+            self._record(cid, launches[cid][0].to_dict(), "ok", ms[cid], m.error, m.message)
             self.skinny[cid] = self.rows[cid]
 
     def _check_and_time(self, first: Callable[[], Any], again: Callable[[], Any], name: str,

@@ -1,6 +1,7 @@
 """What the live runners of pyc_lab's own kernels share (the convolutions' and the
-attention kernel's): the search space of a ranked configuration list, and the candidate
-table with its tuning-database measurements.
+attention kernel's): the search space of a ranked configuration list, the candidate
+table with its tuning-database measurements, and the confirmation of the fastest
+candidates against the libraries in interleaved rounds.
 
 A configuration is any frozen object with ``id`` and ``to_dict()`` (a convolution's
 tile and cluster, an attention kernel's key block, stages and warpgroups); its
@@ -16,6 +17,7 @@ from typing import Any
 from ...search import Outcome, SearchSpace, StopSearch
 from ...units import tflops
 from .builds import wait_for_build
+from .gemm_runner import CONFIRM_TOP, interleaved_ms
 from .keys import Measurement
 
 __all__ = ["CandidateRows", "listed_space"]
@@ -41,7 +43,9 @@ class CandidateRows:
     Subclasses set ``config_type`` (with ``from_dict``), ``configs``, ``flops``,
     ``baselines``, ``_builds`` (config -> BuildResult), ``_futures`` (config -> build
     future), ``_deadline`` (the budget's end, or None) and ``_hung`` (the candidate that
-    hung the GPU, or None) before evaluating.
+    hung the GPU, or None) before evaluating, and ``_libraries`` (baseline name -> a
+    call of that library); ``evaluate`` puts each correct candidate's timed launch in
+    ``_launches`` (config id -> (config, launch)) for :meth:`confirm`.
     """
 
     config_type: Any
@@ -73,6 +77,28 @@ class CandidateRows:
     def _init_rows(self) -> None:
         self.rows: dict[str, dict[str, Any]] = {}
         self._measurements: dict[str, Measurement] = {}
+        self._launches: dict[str, tuple[Any, Any]] = {}
+
+    def confirm(self, repeats: int, top: int = CONFIRM_TOP) -> Measurement | None:
+        """Time the ``top`` fastest correct candidates and the libraries again in
+        interleaved rounds (:func:`~pyc_lab.kernels.tuning.gemm_runner.interleaved_ms`),
+        keep the medians as their measurements and baselines, and return the fastest
+        candidate's measurement (``None`` when none was correct). A search times each
+        candidate once, seconds apart from the others; a drift of the clocks in between
+        must not pick the winner."""
+        ok = sorted((self._measurements[cid].time_ms, cid) for cid in self._launches
+                    if self._measurements[cid].status == "ok")
+        best = [cid for _ms, cid in ok[:top]]
+        if not best:
+            return None
+        ms = interleaved_ms({**{cid: self._launches[cid][1] for cid in best},
+                             **self._libraries}, repeats)
+        for name in self._libraries:
+            self.baselines[name] = ms[name]
+        for cid in best:
+            m = self._measurements[cid]
+            self._finish(self._launches[cid][0], "ok", ms[cid], m.error, m.message)
+        return self._measurements[min(best, key=ms.__getitem__)]
 
     def _finish(self, cfg: Any, status: str, ms: float | None = None,
                 error: float | None = None, message: str = "") -> Outcome:
