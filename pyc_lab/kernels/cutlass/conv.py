@@ -23,7 +23,8 @@ network that shares its dtype and epilogue.
 Constraints (CUTLASS's, checked by :meth:`ConvGeometry.issue` before
 ``can_implement``): ``groups == 1``; ``C`` and ``K`` multiples of 8 elements (4 for tf32:
 TMA's 16-byte alignment); activations and output channels-last and contiguous, the
-filter ``(K, *kernel, C)`` contiguous.
+filter ``(K, *kernel, C)`` contiguous. Channels TMA cannot load (a stem's ``C = 3``) go to
+the CUTLASS 2 family of :mod:`.conv_2x`, whose libraries :class:`CutlassConv` drives too.
 """
 
 from __future__ import annotations
@@ -349,7 +350,7 @@ class CutlassConv:
         per problem (a call with new pointers only binds them)."""
         if self._problem is not None and self._problem[0] == geometry:
             return self._problem[1], self._problem[2]
-        why = geometry.issue(self.kernel)
+        why = self._issue(geometry)
         if why:
             raise PycLabError(f"CUTLASS {self.kernel.op}: {why}")
         arrays = geometry.arrays()
@@ -363,9 +364,14 @@ class CutlassConv:
         self._problem = (geometry, arrays, workspace)
         return arrays, workspace
 
+    def _issue(self, geometry: ConvGeometry) -> str:
+        """Why the kernel cannot take ``geometry`` (``""`` when it can), by pyc_lab's
+        checks; a kernel family with other constraints overrides this."""
+        return geometry.issue(self.kernel)
+
     def can_implement(self, geometry: ConvGeometry) -> bool:
         """Whether the kernel takes the problem (pyc_lab's checks, then CUTLASS's)."""
-        if geometry.issue(self.kernel):
+        if self._issue(geometry):
             return False
         return self._lib.pyc_conv_can_implement(*geometry.arrays()) == 0
 

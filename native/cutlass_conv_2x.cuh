@@ -1,0 +1,152 @@
+// pyc_lab's CUTLASS 2 implicit-GEMM convolution (forward), Ampere-class: mma.sync tensor
+// cores fed by cp.async (or, with two stages, by register-staged loads), built for sm_80
+// and up, sm_90a included. It is the family for what the Hopper kernel
+// (cutlass_conv_3x.cuh) cannot take: TMA's im2col mode needs every channel row to be a
+// multiple of 16 bytes, so a stem convolution (C = 3 RGB pixels) or any C that is not a
+// multiple of 8 half-precision elements has no TMA descriptor. CUTLASS 2's activation
+// iterators gather the channels in accesses of PYC_ALIGN elements instead, down to one,
+// and its few-channels and fixed-channels iterators fold the filter window into the
+// reduction so a C of 3 or 4 does not waste a whole K tile per filter tap.
+// The #defines before this text pick one kernel:
+//   PYC_ELEMENT        cutlass::half_t, cutlass::bfloat16_t or float (tf32 MMA)
+//   PYC_ALIGN          elements per activation / filter access (8, 4, 2 or 1; divides C;
+//                      with PYC_STAGES > 2 an access is a cp.async of 4, 8 or 16 bytes)
+//   PYC_ALIGN_OUT      elements per output (and bias) access of the epilogue; divides K
+//   PYC_SPATIAL        1 or 2 spatial axes (NWC runs as NHWC with H = 1; K*C filter)
+//   PYC_TILE_M/N/K     CTA tile (output pixels x output channels x reduction)
+//   PYC_WARP_M/N/K     warp tile (the CTA tile over it is the warp count)
+//   PYC_STAGES         2: ImplicitGemmPipelined (any alignment); 3+: ImplicitGemmMultistage
+//   PYC_ITERATOR       cutlass::conv::IteratorAlgorithm::k{Analytic,Optimized,FewChannels,
+//                      FixedChannels} (fixed channels: C must equal PYC_ALIGN)
+//   PYC_BIAS           1: a per-output-channel bias vector (read as the C operand with a
+//                      zero stride, so every output pixel adds the same K values)
+//   PYC_ACT            the activation functor (cutlass::epilogue::thread::Identity for none)
+// The epilogue is LinearCombinationGeneric: D = act(acc + bias) (NoBetaScaling reads the
+// bias), or D = act(acc) without one (OnlyAlphaScaling never reads C).
+// The extern "C" functions are the same, with the same packed geometry, as those of
+// cutlass_conv_3x.cuh, so pyc_lab.kernels.cutlass.conv.CutlassConv drives either family.
+#include <cstdint>
+#include "cutlass/cutlass.h"
+#include "cutlass/numeric_types.h"
+#include "cutlass/arch/arch.h"
+#include "cutlass/arch/mma.h"
+#include "cutlass/gemm/gemm.h"
+#include "cutlass/gemm/threadblock/threadblock_swizzle.h"
+#include "cutlass/conv/convolution.h"
+#include "cutlass/conv/conv2d_problem_size.h"
+#include "cutlass/conv/kernel/default_conv2d_fprop.h"
+#include "cutlass/conv/device/implicit_gemm_convolution.h"
+#include "cutlass/epilogue/thread/activation.h"
+#include "cutlass/epilogue/thread/linear_combination_generic.h"
+
+#if PYC_SPATIAL != 1 && PYC_SPATIAL != 2
+#error "cutlass_conv_2x.cuh takes 1 or 2 spatial axes"
+#endif
+
+namespace pyc {
+using Element = PYC_ELEMENT;
+using ElementAcc = float;
+using ElementCompute = float;
+using Layout = cutlass::layout::TensorNHWC;  // activations NHWC, filter KRSC, output NPQK
+// tf32 MMAs are m16n8k8; half and bfloat16 ones m16n8k16.
+using Instruction = cutlass::gemm::GemmShape<16, 8, (sizeof(Element) == 4 ? 8 : 16)>;
+constexpr auto kScale = PYC_BIAS ? cutlass::epilogue::thread::ScaleType::NoBetaScaling
+                                 : cutlass::epilogue::thread::ScaleType::OnlyAlphaScaling;
+using OutputOp = cutlass::epilogue::thread::LinearCombinationGeneric<
+    PYC_ACT, Element, PYC_ALIGN_OUT, ElementAcc, ElementCompute, kScale>;
+using Kernel = typename cutlass::conv::kernel::DefaultConv2dFprop<
+    Element, Layout, Element, Layout, Element, Layout, ElementAcc,
+    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+    cutlass::gemm::GemmShape<PYC_TILE_M, PYC_TILE_N, PYC_TILE_K>,
+    cutlass::gemm::GemmShape<PYC_WARP_M, PYC_WARP_N, PYC_WARP_K>, Instruction, OutputOp,
+    cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<4>, PYC_STAGES,
+    cutlass::arch::OpMultiplyAdd, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
+    PYC_ALIGN, PYC_ALIGN>::Kernel;
+using Conv = cutlass::conv::device::ImplicitGemmConvolution<Kernel>;
+using Problem = cutlass::conv::Conv2dProblemSize;
+
+static int out_extent(int n, int r, int pad, int stride, int dilation) {
+  return (n + 2 * pad - dilation * (r - 1) - 1) / stride + 1;
+}
+
+// The problem from pyc_lab's packed geometry: activations (N, *spatial, C), filter
+// (K, *kernel, C), per spatial axis the padding, stride and dilation (outermost first).
+// One spatial axis is the width of a height-1 image. The output extent is computed here
+// (CUTLASS's own formula for it is off by dilation - 1 when dilation > 1).
+static Problem make_problem(const int* act, const int* flt, const int* pad, const int* stride,
+                            const int* dilation) {
+#if PYC_SPATIAL == 1
+  const int n = act[0], h = 1, w = act[1], c = act[2];
+  const int k = flt[0], r = 1, s = flt[1];
+  const int ph = 0, pw = pad[0], sh = 1, sw = stride[0], dh = 1, dw = dilation[0];
+#else
+  const int n = act[0], h = act[1], w = act[2], c = act[3];
+  const int k = flt[0], r = flt[1], s = flt[2];
+  const int ph = pad[0], pw = pad[1], sh = stride[0], sw = stride[1];
+  const int dh = dilation[0], dw = dilation[1];
+#endif
+  return Problem(n, h, w, c, k, r, s, out_extent(h, r, ph, sh, dh), out_extent(w, s, pw, sw, dw),
+                 ph, pw, sh, sw, dh, dw, cutlass::conv::Mode::kCrossCorrelation, 1, 1);
+}
+
+static typename Conv::Arguments make_arguments(const Problem& p, const void* x, const void* w,
+                                               const void* bias, void* y) {
+  using Ref = cutlass::TensorRef<Element, Layout>;
+  Ref ref_x(static_cast<Element*>(const_cast<void*>(x)),
+            Layout::packed(p.activation_extent()));
+  Ref ref_w(static_cast<Element*>(const_cast<void*>(w)), Layout::packed(p.filter_extent()));
+  Ref ref_y(static_cast<Element*>(y), Layout::packed(p.output_extent()));
+  // The bias as the C operand: a zero stride over N, P and Q leaves the K offset only.
+  Ref ref_bias(static_cast<Element*>(const_cast<void*>(bias)), Layout(Layout::Stride(0)));
+  typename OutputOp::Params epilogue(ElementCompute(1), ElementCompute(PYC_BIAS ? 1 : 0));
+  return typename Conv::Arguments(p, ref_x, ref_w, PYC_BIAS ? ref_bias : ref_y, ref_y,
+                                  epilogue, cutlass::conv::SplitKMode::kSerial);
+}
+
+struct Handle {
+  Conv op;
+  typename Conv::Arguments args;
+};
+}  // namespace pyc
+
+extern "C" {
+// 0 (cutlass::Status::kSuccess) when the kernel can run the problem.
+int pyc_conv_can_implement(const int* act, const int* flt, const int* pad, const int* stride,
+                           const int* dilation) {
+  auto problem = pyc::make_problem(act, flt, pad, stride, dilation);
+  auto args = pyc::make_arguments(problem, nullptr, nullptr, nullptr, nullptr);
+  return static_cast<int>(pyc::Conv::can_implement(args));
+}
+// Bytes of workspace (none: no split-k); sm_count is taken for the 3x kernels' signature.
+unsigned long long pyc_conv_workspace_size(const int* act, const int* flt, const int* pad,
+                                           const int* stride, const int* dilation,
+                                           int sm_count) {
+  (void)sm_count;
+  auto problem = pyc::make_problem(act, flt, pad, stride, dilation);
+  auto args = pyc::make_arguments(problem, nullptr, nullptr, nullptr, nullptr);
+  return static_cast<unsigned long long>(pyc::Conv::get_workspace_size(args));
+}
+void* pyc_conv_create() { return new pyc::Handle(); }
+void pyc_conv_destroy(void* h) { delete static_cast<pyc::Handle*>(h); }
+// Bind a problem and its pointers (kernel parameters, shared-memory attribute); 0 on
+// success.
+int pyc_conv_initialize(void* h, const int* act, const int* flt, const int* pad,
+                        const int* stride, const int* dilation, const void* x, const void* w,
+                        const void* bias, void* y, void* workspace, int sm_count,
+                        void* stream) {
+  (void)sm_count;
+  auto* p = static_cast<pyc::Handle*>(h);
+  auto problem = pyc::make_problem(act, flt, pad, stride, dilation);
+  p->args = pyc::make_arguments(problem, x, w, bias, y);
+  auto st = p->op.can_implement(p->args);
+  if (st != cutlass::Status::kSuccess) return static_cast<int>(st);
+  return static_cast<int>(p->op.initialize(p->args, workspace,
+                                            static_cast<cudaStream_t>(stream)));
+}
+// Launch the bound problem on a stream.
+int pyc_conv_run(void* h, void* stream) {
+  return static_cast<int>(static_cast<pyc::Handle*>(h)->op.run(static_cast<cudaStream_t>(stream)));
+}
+int pyc_conv_has_bias() { return PYC_BIAS; }
+int pyc_conv_spatial() { return PYC_SPATIAL; }
+}

@@ -1,0 +1,334 @@
+"""pyc_lab's CUTLASS 2 convolutions (Ampere-class): the family for what TMA cannot load.
+
+The Hopper kernels of :mod:`.conv` read the activations with TMA's im2col mode, which
+needs every channel row to be a multiple of 16 bytes: ``C`` a multiple of 8 half-precision
+elements. A network's stem (``C = 3`` RGB pixels) and any layer with unaligned channels
+has no TMA descriptor, so this family runs them: CUTLASS 2's implicit-GEMM forward
+convolution (``cutlass::conv::kernel::DefaultConv2dFprop`` under
+``cutlass::conv::device::ImplicitGemmConvolution``) with ``mma.sync`` tensor cores fed by
+``cp.async`` multistage pipelines (or, with two stages, by register-staged loads), built
+for ``cutlass::arch::Sm80`` and compiled for sm_90a (or sm_80 and up) like every other
+CUTLASS kernel here. Its activation iterators load ``align`` elements per access, down to
+one, and the ``few_channels`` / ``fixed_channels`` iterators fold the filter window into
+the reduction so that a ``C`` of 3 does not spend a whole K tile per filter tap.
+
+The source is fixed text, ``native/cutlass_conv_2x.cuh``, under ``#define`` s that
+:func:`emit_conv2x_source` writes; it is built by the one nvcc path
+(:func:`~pyc_lab.kernels.cutlass.nvcc.build_source`) into the hash-verified kernel cache,
+and its ``extern "C"`` functions are those of the Hopper kernels, so
+:class:`~pyc_lab.kernels.cutlass.conv.CutlassConv` loads and launches it;
+:class:`CutlassConv2x` only swaps pyc_lab's pre-checks (channels a multiple of ``align``,
+not of 8). The kernel is :class:`~pyc_lab.kernels.cutlass.conv.ConvKernel` (dtype, 1 or 2
+spatial axes, bias, activation) plus the access widths, which depend on the problem's
+channels rather than on the dtype: they are carried explicitly (``align`` for the
+activations and filter, ``align_out`` for the output and bias). A configuration is
+:class:`Conv2xConfig`: CTA and warp tiles, pipeline stages, iterator.
+
+Constraints (CUTLASS's, checked by :meth:`Conv2xConfig.issue` before nvcc or
+``can_implement``): ``align`` divides ``C``; ``fixed_channels`` needs ``C == align``;
+more than two stages use ``cp.async``, which moves 4, 8 or 16 bytes, so one-element
+accesses of a 16-bit type need two stages; ``align_out`` divides ``K``; ``groups == 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+from ...errors import PycLabError
+from ...paths import native_source
+from ..cache import KernelCache
+from .config import ACTIVATIONS
+from .conv import CONV_DTYPES, ConvGeometry, ConvKernel, CutlassConv
+from .nvcc import BuildResult, build_source
+
+__all__ = ["ITERATORS", "Conv2xConfig", "CutlassConv2x", "build_conv2x", "conv2x_align",
+           "conv2x_configs", "emit_conv2x_source"]
+
+#: The iterator algorithms (CUTLASS 2's ``cutlass::conv::IteratorAlgorithm``).
+ITERATORS = {"analytic": "kAnalytic", "optimized": "kOptimized",
+             "few_channels": "kFewChannels", "fixed_channels": "kFixedChannels"}
+_BYTES = {"f16": 2, "bf16": 2, "tf32": 4}
+#: The K of one ``mma.sync``: m16n8k16 for 16-bit types, m16n8k8 for tf32.
+_MMA_K = {"f16": 16, "bf16": 16, "tf32": 8}
+#: Shared memory a CTA may use: sm_80's opt-in maximum (163 KiB), so that a kernel built
+#: here also fits an A100 (sm_90 allows 227 KiB).
+_SMEM_BYTES = 163 * 1024
+#: The K tile, in bytes of a row (32 half or 16 tf32 elements), as CUTLASS 2's own sm80
+#: convolutions mostly use.
+K_BYTES = 64
+
+
+def _vector(dtype: str) -> int:
+    """Elements in 16 bytes: the widest access."""
+    return 16 // _BYTES[dtype]
+
+
+def conv2x_align(dtype: str, channels: int) -> int:
+    """The widest access (elements, at most 16 bytes) that divides ``channels``.
+
+    Parameters
+    ----------
+    dtype
+        ``"f16"``, ``"bf16"`` or ``"tf32"``.
+    channels
+        The input channels ``C`` (or, for the epilogue's width, the output channels).
+
+    Returns
+    -------
+    int
+        8, 4, 2 or 1 (at most 4 for tf32): what the kernel's ``PYC_ALIGN`` should be for
+        the fastest loads the problem allows.
+    """
+    return next(a for a in (8, 4, 2, 1) if a <= _vector(dtype) and channels % a == 0)
+
+
+@dataclass(frozen=True)
+class Conv2xConfig:
+    """A CUTLASS 2 convolution configuration: CTA tile ``(M, N, K)``, warp tile
+    ``(M, N, K)``, pipeline stages and activation iterator."""
+
+    tile: tuple[int, int, int] = (128, 128, 32)
+    warp: tuple[int, int, int] = (64, 64, 32)
+    stages: int = 3
+    iterator: str = "optimized"
+
+    @property
+    def id(self) -> str:
+        """``conv2x_t128x128x32_w64x64x32_s3_optimized``: the tuning database's config id."""
+        return (f"conv2x_t{'x'.join(map(str, self.tile))}_w{'x'.join(map(str, self.warp))}"
+                f"_s{self.stages}_{self.iterator}")
+
+    @property
+    def warps(self) -> int:
+        """Warps per CTA (the CTA tile over the warp tile)."""
+        return prod(t // w for t, w in zip(self.tile, self.warp, strict=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as the tuning database stores it."""
+        return {"tile": "x".join(map(str, self.tile)), "warp": "x".join(map(str, self.warp)),
+                "stages": self.stages, "iterator": self.iterator}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Conv2xConfig:
+        """Inverse of :meth:`to_dict`.
+
+        Raises
+        ------
+        PycLabError
+            ``d`` is not such a configuration.
+        """
+        try:
+            tile = tuple(int(v) for v in str(d["tile"]).split("x"))
+            warp = tuple(int(v) for v in str(d["warp"]).split("x"))
+            stages, iterator = int(d["stages"]), str(d["iterator"])
+        except (KeyError, ValueError) as exc:
+            raise PycLabError(f"not a CUTLASS 2 convolution configuration: {d!r}") from exc
+        if len(tile) != 3 or len(warp) != 3 or iterator not in ITERATORS:
+            raise PycLabError(f"not a CUTLASS 2 convolution configuration: {d!r}")
+        return cls(tile, warp, stages, iterator)  # type: ignore[arg-type]
+
+    def build_issue(self, kernel: ConvKernel, align: int, align_out: int | None = None
+                    ) -> str:
+        """Why this configuration cannot be compiled for ``kernel`` with accesses of
+        ``align`` elements (``""`` when it can): what nvcc would otherwise spend a minute
+        or two to refuse."""
+        if kernel.spatial not in (1, 2):
+            return (f"CUTLASS 2 convolutions here take 1 or 2 spatial axes, not "
+                    f"{kernel.spatial}")
+        if self.iterator not in ITERATORS:
+            return f"iterator {self.iterator!r} is not one of {sorted(ITERATORS)}"
+        size, vector = _BYTES[kernel.dtype], _vector(kernel.dtype)
+        align_out = align_out or vector
+        for name, a in (("align", align), ("align_out", align_out)):
+            if a not in (1, 2, 4, 8) or a > vector:
+                return (f"{name} {a}: an access is 1, 2, 4 or 8 {kernel.dtype} elements "
+                        f"of at most 16 bytes")
+        if any(v <= 0 for v in (*self.tile, *self.warp)) or \
+                any(t % w for t, w in zip(self.tile, self.warp, strict=True)):
+            return f"warp tile {self.warp} does not divide CTA tile {self.tile}"
+        wm, wn, wk = self.warp
+        if wm % 16 or wn % 8 or wk % _MMA_K[kernel.dtype]:
+            return (f"warp tile {self.warp}: mma.sync needs M a multiple of 16, N of 8 and "
+                    f"K of {_MMA_K[kernel.dtype]} for {kernel.dtype}")
+        if not 1 <= self.warps <= 8:
+            return f"{self.warps} warps per CTA; 1 to 8 are supported"
+        if not 2 <= self.stages <= 8:
+            return f"{self.stages} stages; 2 to 8 are supported"
+        if self.stages > 2 and align * size < 4:
+            return (f"{self.stages} stages load by cp.async (4, 8 or 16 bytes); accesses of "
+                    f"{align * size} bytes ({align} {kernel.dtype}) need 2 stages")
+        tm, tn, tk = self.tile
+        smem = self.stages * (tm + tn) * tk * size
+        if smem > _SMEM_BYTES:
+            return f"{smem} bytes of shared memory; at most {_SMEM_BYTES}"
+        return ""
+
+    def issue(self, kernel: ConvKernel, channels: int, align: int | None = None,
+              out_channels: int | None = None, align_out: int | None = None) -> str:
+        """Why this configuration cannot run ``kernel`` on ``channels`` input channels
+        (``""`` when it can, as far as pyc_lab can tell before CUTLASS's
+        ``can_implement``).
+
+        Parameters
+        ----------
+        kernel
+            The dtype, spatial axes, bias and activation.
+        channels
+            The activations' ``C``.
+        align
+            Elements per activation and filter access; the widest that divides
+            ``channels`` (:func:`conv2x_align`) when not given.
+        out_channels, align_out
+            The filter's ``K`` and the epilogue's access width (16 bytes when not given),
+            checked when ``out_channels`` is given.
+        """
+        align = align or conv2x_align(kernel.dtype, channels)
+        why = self.build_issue(kernel, align, align_out)
+        if why:
+            return why
+        if channels <= 0 or channels % align:
+            return f"{channels} input channels are not a multiple of align {align}"
+        if self.iterator == "fixed_channels" and channels != align:
+            return (f"the fixed_channels iterator needs C == align; C is {channels}, align "
+                    f"{align}")
+        align_out = align_out or _vector(kernel.dtype)
+        if out_channels is not None and out_channels % align_out:
+            return (f"{out_channels} output channels are not a multiple of align_out "
+                    f"{align_out}")
+        return ""
+
+
+def conv2x_configs(kernel: ConvKernel, channels: int, out_channels: int | None = None
+                   ) -> list[Conv2xConfig]:
+    """A short ranked list of configurations worth building for ``channels`` inputs.
+
+    Few channels (less than 16 bytes of them per pixel, the stem's case) take the
+    ``fixed_channels`` iterator first when ``C`` is itself an access width, then
+    ``few_channels`` (both fold the filter window into the reduction), on tiles of 64
+    output channels (a stem's ``K``); wider channels take the ``optimized`` iterator
+    (precomputed masks, the fastest of CUTLASS 2's). Accesses narrower than 4 bytes cannot
+    use ``cp.async`` and run with two stages. Configurations :meth:`Conv2xConfig.issue`
+    refuses are left out.
+
+    Parameters
+    ----------
+    kernel
+        The dtype, spatial axes, bias and activation.
+    channels
+        The activations' ``C``; the access width is :func:`conv2x_align` of it.
+    out_channels
+        The filter's ``K``, when known: tiles wider than it rounded up to 64 are dropped.
+    """
+    align = conv2x_align(kernel.dtype, channels)
+    tk = K_BYTES // _BYTES[kernel.dtype]
+    deep = (3, 4) if align * _BYTES[kernel.dtype] >= 4 else (2,)
+    if channels < _vector(kernel.dtype):
+        iterators = (("fixed_channels",) if channels == align else ()) + ("few_channels",)
+        shapes = (((128, 64), (64, 32)), ((64, 64), (32, 32)), ((128, 128), (64, 64)))
+    else:
+        iterators = ("optimized",)
+        shapes = (((128, 128), (64, 64)), ((128, 64), (64, 32)), ((64, 64), (32, 32)),
+                  ((256, 128), (64, 64)))
+    widest = max(64, -(-out_channels // 64) * 64) if out_channels else None
+    configs = []
+    for iterator in iterators:
+        for (tm, tn), (wm, wn) in shapes:
+            if widest is not None and tn > widest:
+                continue
+            for stages in deep:
+                cfg = Conv2xConfig((tm, tn, tk), (wm, wn, tk), stages, iterator)
+                if not cfg.issue(kernel, channels, align, out_channels):
+                    configs.append(cfg)
+    return configs
+
+
+def emit_conv2x_source(config: Conv2xConfig, kernel: ConvKernel, align: int,
+                       align_out: int | None = None) -> str:
+    """The complete CUDA C++ of one CUTLASS 2 convolution and its ``extern "C"`` wrapper.
+
+    Parameters
+    ----------
+    config
+        Tiles, stages and iterator.
+    kernel
+        The dtype, spatial axes, bias and activation.
+    align
+        Elements per activation and filter access (must divide the problems' ``C``).
+    align_out
+        Elements per output and bias access (must divide ``K``); 16 bytes when not given.
+
+    Raises
+    ------
+    PycLabError
+        The configuration cannot be compiled (:meth:`Conv2xConfig.build_issue`).
+    """
+    align_out = align_out or _vector(kernel.dtype)
+    why = config.build_issue(kernel, align, align_out)
+    if why:
+        raise PycLabError(f"CUTLASS 2 convolution {config.id}: {why}")
+    act = ACTIVATIONS[kernel.activation] if kernel.activation else \
+        "cutlass::epilogue::thread::Identity"
+    defines = {"PYC_ELEMENT": CONV_DTYPES[kernel.dtype], "PYC_ALIGN": align,
+               "PYC_ALIGN_OUT": align_out, "PYC_SPATIAL": kernel.spatial,
+               **{f"PYC_TILE_{a}": v for a, v in zip("MNK", config.tile, strict=True)},
+               **{f"PYC_WARP_{a}": v for a, v in zip("MNK", config.warp, strict=True)},
+               "PYC_STAGES": config.stages,
+               "PYC_ITERATOR": f"cutlass::conv::IteratorAlgorithm::{ITERATORS[config.iterator]}",
+               "PYC_BIAS": int(kernel.bias), "PYC_ACT": act}
+    head = (f"// pyc_lab CUTLASS 2 convolution {kernel.op} {kernel.dtype} align {align}/"
+            f"{align_out}: {config.id}\n")
+    return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + \
+        native_source("cutlass_conv_2x.cuh")
+
+
+def build_conv2x(config: Conv2xConfig, kernel: ConvKernel, align: int, cc: int = 90,
+                 cache: KernelCache | None = None, timeout_s: float = 900.0,
+                 align_out: int | None = None) -> BuildResult:
+    """Build one CUTLASS 2 convolution into the kernel cache (or take it from there).
+
+    The one nvcc path of every CUTLASS kernel (:func:`~.nvcc.build_source`: sm_90a for
+    ``cc >= 90``, else ``sm_<cc>``); the kernels are Sm80 code, so ``cc`` must be 80 or
+    more. A failure, a configuration that cannot compile included, is a result carrying
+    the reason, never a raise.
+    """
+    if cc < 80:
+        return BuildResult(config, "", None, "compile_error", 0.0,
+                           f"CUTLASS 2 convolutions need sm_80 or newer; this is sm_{cc}")
+    try:
+        source = emit_conv2x_source(config, kernel, align, align_out)
+    except PycLabError as exc:
+        return BuildResult(config, "", None, "compile_error", 0.0, str(exc))
+    return build_source(config, source, cc, cache, timeout_s,
+                        meta={"config": config.to_dict(), "op": kernel.op,
+                              "dtype": kernel.dtype, "family": "cutlass2x", "align": align,
+                              "align_out": align_out or _vector(kernel.dtype)})
+
+
+@dataclass
+class CutlassConv2x(CutlassConv):
+    """A built CUTLASS 2 convolution, launched as :class:`~.conv.CutlassConv` launches the
+    Hopper ones (same ``extern "C"`` functions, same ``run``), with the pre-checks of this
+    family: ``C`` a multiple of ``align`` and ``K`` of ``align_out`` (the widths the
+    library was built with), not TMA's multiples of 8.
+    """
+
+    align: int = 1
+    align_out: int = 0
+
+    def _issue(self, geometry: ConvGeometry) -> str:
+        if geometry.spatial != self.kernel.spatial:
+            return f"{geometry.spatial} spatial axes, the kernel has {self.kernel.spatial}"
+        c, k = geometry.act[-1], geometry.flt[0]
+        align_out = self.align_out or _vector(self.kernel.dtype)
+        if isinstance(self.config, Conv2xConfig):
+            why = self.config.issue(self.kernel, c, self.align, k, align_out)
+            if why:
+                return why
+        elif c % self.align or k % align_out:
+            return (f"{c} input and {k} output channels; the kernel needs multiples of "
+                    f"{self.align} and {align_out}")
+        if any(v <= 0 for v in geometry.out):
+            return f"the window does not fit (output {geometry.out})"
+        return ""

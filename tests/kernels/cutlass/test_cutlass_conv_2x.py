@@ -1,0 +1,158 @@
+"""pyc_lab's CUTLASS 2 (Ampere-class) convolutions without a GPU: configurations, their
+refusals, candidate lists, sources, and (with nvcc) that a stem kernel for three input
+channels builds into a library with the Hopper kernels' ``extern "C"`` functions, whose
+host-side ``can_implement`` takes ``C = 3``."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+
+from pyc_lab.errors import PycLabError
+from pyc_lab.kernels.cache import KernelCache
+from pyc_lab.kernels.cutlass.conv import ConvGeometry, ConvKernel, _declare_conv
+from pyc_lab.kernels.cutlass.conv_2x import (
+    Conv2xConfig,
+    CutlassConv2x,
+    build_conv2x,
+    conv2x_align,
+    conv2x_configs,
+    emit_conv2x_source,
+)
+
+SYMBOLS = ("pyc_conv_can_implement", "pyc_conv_workspace_size", "pyc_conv_create",
+           "pyc_conv_destroy", "pyc_conv_initialize", "pyc_conv_run", "pyc_conv_has_bias",
+           "pyc_conv_spatial")
+STEM = Conv2xConfig((64, 64, 32), (32, 32, 32), 2, "few_channels")
+
+
+def test_config_ids_and_dicts_round_trip():
+    cfg = Conv2xConfig((128, 64, 32), (64, 32, 32), 4, "few_channels")
+    assert cfg.id == "conv2x_t128x64x32_w64x32x32_s4_few_channels"
+    assert cfg.warps == 4
+    assert Conv2xConfig.from_dict(cfg.to_dict()) == cfg
+    assert Conv2xConfig.from_dict(Conv2xConfig().to_dict()) == Conv2xConfig()
+    for bad in ({}, {"tile": "64x64", "warp": "32x32x32", "stages": 3, "iterator": "optimized"},
+                {"tile": "a", "warp": "32x32x32", "stages": 3, "iterator": "optimized"},
+                {"tile": "64x64x32", "warp": "32x32x32", "stages": 3, "iterator": "fast"}):
+        with pytest.raises(PycLabError, match="not a CUTLASS 2 convolution configuration"):
+            Conv2xConfig.from_dict(bad)
+
+
+def test_the_widest_access_that_divides_the_channels():
+    assert [conv2x_align("f16", c) for c in (3, 4, 6, 8, 12, 64)] == [1, 4, 2, 8, 4, 8]
+    assert [conv2x_align("tf32", c) for c in (3, 6, 8)] == [1, 2, 4]
+
+
+def test_issue_refuses_what_cannot_compile_or_run():
+    f16 = ConvKernel("f16", 2)
+    assert Conv2xConfig().issue(f16, 64) == ""
+    assert Conv2xConfig().issue(f16, 12) == ""  # align 4: 8-byte cp.async
+    assert "not a multiple of align 8" in Conv2xConfig().issue(f16, 12, align=8)
+    # one 2-byte element per access cannot be a cp.async: two stages only
+    assert "need 2 stages" in Conv2xConfig(stages=3, iterator="few_channels").issue(f16, 3)
+    assert Conv2xConfig(stages=3, iterator="few_channels").issue(f16, 6) == ""  # 4 bytes
+    assert STEM.issue(f16, 3) == "" and STEM.issue(ConvKernel("tf32", 2), 3) == ""
+    assert "C == align" in Conv2xConfig(stages=2, iterator="fixed_channels").issue(f16, 3)
+    assert Conv2xConfig(iterator="fixed_channels").issue(f16, 4) == ""
+    assert "align_out" in Conv2xConfig().issue(f16, 64, out_channels=12)
+    assert Conv2xConfig().issue(f16, 64, out_channels=12, align_out=4) == ""
+    assert "1, 2, 4 or 8" in Conv2xConfig().issue(ConvKernel("tf32", 2), 64, align=8)
+    assert "does not divide" in Conv2xConfig((128, 128, 32), (48, 64, 32)).issue(f16, 64)
+    assert "mma.sync" in Conv2xConfig((64, 64, 32), (32, 32, 8)).issue(f16, 64)
+    assert "warps" in Conv2xConfig((256, 128, 32), (32, 32, 32)).issue(f16, 64)
+    assert "shared memory" in Conv2xConfig((256, 256, 64), (128, 64, 64), 8).issue(f16, 64)
+    assert "stages" in Conv2xConfig(stages=1).issue(f16, 64)
+    assert "spatial" in Conv2xConfig().issue(ConvKernel("f16", 3), 64)
+    assert "iterator" in Conv2xConfig(iterator="fast").issue(f16, 64)
+
+
+def test_candidates_for_few_channels_and_for_wide_ones():
+    stem = conv2x_configs(ConvKernel("bf16", 2, True, "relu"), 3, 64)
+    assert stem and len(set(stem)) == len(stem)
+    assert {c.iterator for c in stem} == {"few_channels"}  # 3 is not an access width
+    assert {c.stages for c in stem} == {2} and max(c.tile[1] for c in stem) == 64
+    four = conv2x_configs(ConvKernel("f16", 2), 4)
+    assert four[0].iterator == "fixed_channels" and four[-1].iterator == "few_channels"
+    assert {c.stages for c in four} == {3, 4}
+    wide = conv2x_configs(ConvKernel("f16", 2), 64, 256)
+    assert {c.iterator for c in wide} == {"optimized"} and wide[0].tile == (128, 128, 32)
+    assert all(c.tile[2] == 16 for c in conv2x_configs(ConvKernel("tf32", 2), 64))
+    for kernel, c in ((ConvKernel("f16", 1), 3), (ConvKernel("tf32", 2), 6)):
+        assert all(not cfg.issue(kernel, c) for cfg in conv2x_configs(kernel, c))
+
+
+def test_the_source_is_the_native_text_under_its_defines():
+    src = emit_conv2x_source(STEM, ConvKernel("bf16", 2, True, "gelu"), 1)
+    for line in ("#define PYC_ELEMENT cutlass::bfloat16_t", "#define PYC_ALIGN 1",
+                 "#define PYC_ALIGN_OUT 8", "#define PYC_SPATIAL 2", "#define PYC_TILE_M 64",
+                 "#define PYC_WARP_K 32", "#define PYC_STAGES 2",
+                 "#define PYC_ITERATOR cutlass::conv::IteratorAlgorithm::kFewChannels",
+                 "#define PYC_BIAS 1",
+                 "#define PYC_ACT cutlass::epilogue::thread::GELU_taylor",
+                 "DefaultConv2dFprop", "ImplicitGemmConvolution", 'extern "C"',
+                 *SYMBOLS):
+        assert line in src
+    plain = emit_conv2x_source(Conv2xConfig(), ConvKernel("f16", 1), 8, 4)
+    assert "#define PYC_ACT cutlass::epilogue::thread::Identity" in plain
+    assert "#define PYC_ALIGN_OUT 4" in plain and "#define PYC_SPATIAL 1" in plain
+    assert emit_conv2x_source(Conv2xConfig(), ConvKernel("f16", 1), 8, 4) == plain
+    with pytest.raises(PycLabError, match="need 2 stages"):
+        emit_conv2x_source(Conv2xConfig(iterator="few_channels"), ConvKernel("f16", 2), 1)
+
+
+def test_builds_that_cannot_happen_are_results_not_raises(tmp_path):
+    cache = KernelCache(tmp_path)
+    old = build_conv2x(STEM, ConvKernel(), 1, cc=75, cache=cache)
+    assert old.status == "compile_error" and not old.ok and "sm_80" in old.message
+    bad = build_conv2x(Conv2xConfig(stages=3), ConvKernel(), 1, cache=cache)
+    assert bad.status == "compile_error" and "need 2 stages" in bad.message
+
+
+def test_the_pre_checks_are_this_familys_not_tmas():
+    conv = CutlassConv2x.__new__(CutlassConv2x)  # no library: only the checks
+    conv.kernel, conv.config, conv.align, conv.align_out = ConvKernel("f16", 2), STEM, 1, 0
+    stem = ConvGeometry.from_channels_first((2, 3, 32, 32), (64, 3, 7, 7), (2, 2), (3, 3),
+                                            (1, 1))
+    assert "multiples of 8" in stem.issue(conv.kernel)  # what the Hopper kernels say
+    assert conv._issue(stem) == ""
+    odd_k = ConvGeometry.from_channels_first((2, 3, 32, 32), (12, 3, 7, 7), (2, 2), (3, 3),
+                                             (1, 1))
+    assert "align_out" in conv._issue(odd_k)
+    tiny = ConvGeometry.from_channels_first((2, 3, 4, 4), (64, 3, 7, 7), (1, 1), (0, 0),
+                                            (1, 1))
+    assert "does not fit" in conv._issue(tiny)
+    conv.config = None
+    assert conv._issue(stem) == "" and "multiples of 1 and 8" in conv._issue(odd_k)
+
+
+@pytest.mark.nvcc
+def test_a_stem_kernel_builds_with_the_hopper_kernels_c_functions(tmp_path):
+    """bf16, three input channels (one-element accesses, few-channels iterator, two
+    stages), bias + ReLU: nvcc builds it for sm_90a through the kernel cache, the library
+    exports the same ``extern "C"`` functions as the CUTLASS 3 kernels, and its host-side
+    ``can_implement`` (no GPU needed) takes the stem and refuses what it must."""
+    kernel = ConvKernel("bf16", 2, True, "relu")
+    res = build_conv2x(STEM, kernel, 1, cc=90, cache=KernelCache(tmp_path))
+    assert res.ok and res.status == "built", res.message
+    if shutil.which("nm"):
+        out = subprocess.run(["nm", "-D", "--defined-only", str(res.library)],
+                             capture_output=True, text=True, check=True).stdout
+        exported = {ln.split()[-1] for ln in out.splitlines() if ln.strip()}
+        assert set(SYMBOLS) <= exported
+    lib = ctypes.CDLL(str(res.library))
+    _declare_conv(lib)  # the Hopper kernels' signatures
+    assert lib.pyc_conv_has_bias() == 1 and lib.pyc_conv_spatial() == 2
+    stem = ConvGeometry.from_channels_first((8, 3, 224, 224), (64, 3, 7, 7), (2, 2),
+                                            (3, 3), (1, 1))
+    assert lib.pyc_conv_can_implement(*stem.arrays()) == 0
+    assert lib.pyc_conv_workspace_size(*stem.arrays(), 132) == 0
+    odd_k = ConvGeometry.from_channels_first((8, 3, 224, 224), (12, 3, 7, 7), (2, 2),
+                                             (3, 3), (1, 1))
+    assert lib.pyc_conv_can_implement(*odd_k.arrays()) != 0  # K not a multiple of 8
+    handle = lib.pyc_conv_create()
+    assert handle
+    lib.pyc_conv_destroy(handle)

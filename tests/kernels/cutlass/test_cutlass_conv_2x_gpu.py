@@ -1,0 +1,147 @@
+"""pyc_lab's CUTLASS 2 (Ampere-class) convolutions on a GPU: a network stem's three input
+channels, which TMA cannot load, and an aligned layer, against the convolution in
+float64 (odd sizes, strides, padding, bias + relu, NaN), with poisoned outputs and
+re-bound pointers.
+
+The kernels go to the session's kernel cache (``$PYC_LAB_TEST_KERNEL_CACHE`` when set);
+``python tests/kernels/cutlass/test_cutlass_conv_2x_gpu.py DIR`` builds them there
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+from pyc_lab.kernels.cache import KernelCache
+from pyc_lab.kernels.cutlass.conv import ConvGeometry, ConvKernel
+from pyc_lab.kernels.cutlass.conv_2x import (
+    CutlassConv2x,
+    build_conv2x,
+    conv2x_align,
+    conv2x_configs,
+)
+
+torch = pytest.importorskip("torch")
+cp = pytest.importorskip("cupy")
+pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
+
+#: name -> (kernel, input channels, output channels): each runs the first configuration
+#: conv2x_configs ranks for its channels.
+KERNELS = {
+    "f16_stem_bias_relu": (ConvKernel("f16", 2, True, "relu"), 3, 64),
+    "bf16_stem": (ConvKernel("bf16", 2), 3, 64),
+    "f16_aligned": (ConvKernel("f16", 2), 64, 64),
+}
+
+
+def planned_builds() -> list[tuple]:
+    """(config, kernel, align) of every kernel the tests use."""
+    return [(conv2x_configs(k, c, o)[0], k, conv2x_align(k.dtype, c))
+            for k, c, o in KERNELS.values()]
+
+
+def prebuild(directory: str) -> None:
+    """Build :func:`planned_builds` into ``directory`` (no GPU needed)."""
+    cache = KernelCache(directory)
+    for cfg, kern, align in planned_builds():
+        res = build_conv2x(cfg, kern, align, cache=cache)
+        print(res.status, kern.op, kern.dtype, cfg.id, res.message[:200], flush=True)
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    cache = KernelCache(os.environ.get("PYC_LAB_TEST_KERNEL_CACHE")
+                        or tmp_path_factory.mktemp("kernels"))
+    out = {}
+    for name, (cfg, kern, align) in zip(KERNELS, planned_builds(), strict=True):
+        res = build_conv2x(cfg, kern, align, cache=cache)
+        assert res.ok, res.message
+        out[name] = CutlassConv2x(res.library, cfg, kern, align=align)
+    return out
+
+
+def _reference(x, w, b, stride, pad, activation):
+    """The convolution in float64 on the CPU, channels first in, channels last out."""
+    import torch.nn.functional as F
+
+    y = F.conv2d(x.double().cpu(), w.double().cpu(), None if b is None else b.double().cpu(),
+                 stride=stride, padding=pad)
+    if activation == "relu":
+        y = torch.relu(y)
+    return y.permute(0, 2, 3, 1).numpy()
+
+
+def _run(conv, x, w, b, stride, pad):
+    """Run ``conv`` on channels-first tensors into a NaN-poisoned output."""
+    g = ConvGeometry.from_channels_first(x.shape, w.shape, stride, pad, (1, 1))
+    xl = x.permute(0, 2, 3, 1).contiguous()
+    wl = w.permute(0, 2, 3, 1).contiguous()
+    y = torch.full(g.out_shape, float("nan"), device="cuda", dtype=x.dtype)
+    conv.run(g, xl.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
+             y.data_ptr(), torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    return y.float().cpu().numpy()
+
+
+TOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
+CASES = [  # name, x shape (channels first), w shape, stride, padding
+    ("f16_stem_bias_relu", (2, 3, 37, 45), (64, 3, 7, 7), (2, 2), (3, 3)),
+    ("f16_stem_bias_relu", (3, 3, 16, 9), (8, 3, 3, 3), (1, 1), (1, 1)),
+    ("bf16_stem", (2, 3, 33, 31), (64, 3, 7, 7), (2, 2), (3, 3)),
+    ("bf16_stem", (1, 3, 11, 13), (24, 3, 5, 3), (1, 2), (2, 0)),
+    ("f16_aligned", (2, 64, 15, 13), (64, 64, 3, 3), (1, 1), (1, 1)),
+    ("f16_aligned", (3, 64, 9, 9), (72, 64, 1, 1), (2, 2), (0, 0)),
+]
+
+
+@pytest.mark.parametrize(("name", "xs", "ws", "stride", "pad"), CASES)
+def test_kernels_match_float64(kernels, name, xs, ws, stride, pad):
+    conv = kernels[name]
+    dt = {"f16": torch.float16, "bf16": torch.bfloat16}[conv.kernel.dtype]
+    x = (torch.rand(xs, device="cuda") * 2 - 1).to(dt)
+    w = (torch.rand(ws, device="cuda") * 2 - 1).div(np.sqrt(np.prod(ws[1:]))).to(dt)
+    b = (torch.rand(ws[0], device="cuda") * 2 - 1).to(dt) if conv.kernel.bias else None
+    got = _run(conv, x, w, b, stride, pad)
+    want = _reference(x, w, b, stride, pad, conv.kernel.activation)
+    assert got.shape == want.shape and np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=TOL[dt], atol=TOL[dt] * np.abs(want).max())
+
+
+def test_nan_reaches_exactly_the_outputs_that_read_it(kernels):
+    conv = kernels["bf16_stem"]
+    x = (torch.rand((2, 3, 20, 22), device="cuda") * 2 - 1).to(torch.bfloat16)
+    w = (torch.rand((64, 3, 7, 7), device="cuda") * 2 - 1).to(torch.bfloat16) / 12
+    x[0, 1, 9, 10] = float("nan")
+    x[1, 2, 0, 0] = float("inf")
+    got = _run(conv, x, w, None, (2, 2), (3, 3))
+    want = _reference(x, w, None, (2, 2), (3, 3), None)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    assert np.isnan(got).any()
+
+
+def test_rebinding_and_refusals(kernels):
+    conv = kernels["f16_stem_bias_relu"]
+    for _ in range(2):  # new tensors each call: the problem is bound again
+        x = torch.randn((2, 3, 12, 12), device="cuda", dtype=torch.float16)
+        w = torch.randn((64, 3, 3, 3), device="cuda", dtype=torch.float16) / 5
+        b = torch.randn(64, device="cuda", dtype=torch.float16)
+        got = _run(conv, x, w, b, (1, 1), (1, 1))
+        want = _reference(x, w, b, (1, 1), (1, 1), "relu")
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+    odd_k = ConvGeometry.from_channels_first((2, 3, 8, 8), (12, 3, 3, 3), (1, 1), (1, 1),
+                                             (1, 1))
+    assert not conv.can_implement(odd_k)  # K = 12: not a multiple of the 8-wide stores
+    with pytest.raises(pl.PycLabError, match="align_out"):
+        conv.run(odd_k, 1, 1, 1, 1, 0)
+    assert not kernels["f16_aligned"].can_implement(
+        ConvGeometry.from_channels_first((2, 3, 8, 8), (64, 3, 3, 3), (1, 1), (1, 1), (1, 1)))
+
+
+if __name__ == "__main__":
+    prebuild(sys.argv[1] if len(sys.argv) > 1 else ".kcache")
