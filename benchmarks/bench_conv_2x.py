@@ -4,8 +4,10 @@ cuDNN and ``pl.conv``.
 The ResNet-50 stem (3 -> 64 channels, 224 x 224, 7 x 7, stride 2, padding 3) at batch 32
 and 128, channels last: float16 with the bias and relu fused (against ``F.conv2d`` with
 its bias, then ``relu``) and bfloat16 without (against ``F.conv2d``), cuDNN in benchmark
-mode. The kernel is the first configuration ``conv2x_configs`` ranks (few-channels
-iterator, one-element accesses, two stages), taken from the kernel cache (the tests'
+mode. Two kernels each: the first configuration ``conv2x_configs`` ranks for 3 channels
+(few-channels iterator, one-element accesses, two stages) and for the input padded to 4
+channels with a zero filter channel (fixed-channels iterator, 8-byte ``cp.async``, three
+stages; the padding copy is timed with it), taken from the kernel cache (the tests'
 prebuild: ``python tests/kernels/cutlass/test_cutlass_conv_2x_gpu.py .kcache``). Its
 output is checked against cuDNN's first; then the kernel, cuDNN and ``pl.conv2d`` (its
 race: cuDNN or the GEMM form) are timed in interleaved rounds of CUDA-event medians
@@ -46,14 +48,24 @@ def one(torch: Any, conv: Any, n: int, bias: bool, rounds: int, repeats: int
     w = (torch.randn(64, 3, 7, 7, device="cuda", dtype=tdt) / 12).contiguous(
         memory_format=torch.channels_last)
     b = torch.randn(64, device="cuda", dtype=tdt) if bias else None
-    g = ConvGeometry.from_channels_first(x.shape, w.shape, (2, 2), (3, 3), (1, 1))
+    channels = conv.align if conv.config.iterator == "fixed_channels" else 3
+    xp = torch.zeros(n, 224, 224, channels, device="cuda", dtype=tdt)  # NHWC, padded
+    wp = torch.zeros(64, 7, 7, channels, device="cuda", dtype=tdt)
+    wp[..., :3] = w.permute(0, 2, 3, 1)
+    g = ConvGeometry.from_channels_first((n, channels, 224, 224), (64, channels, 7, 7),
+                                         (2, 2), (3, 3), (1, 1))
     y = torch.empty((n, 64, 112, 112), device="cuda", dtype=tdt).contiguous(
         memory_format=torch.channels_last)
     stream = torch.cuda.current_stream().cuda_stream
 
     def kernel() -> None:
-        conv.run(g, x.data_ptr(), w.data_ptr(), None if b is None else b.data_ptr(),
-                 y.data_ptr(), stream)
+        if channels == 3:  # channels-last x is already (N, H, W, 3) in memory
+            ptr = x.data_ptr()
+        else:
+            xp[..., :3].copy_(x.permute(0, 2, 3, 1))
+            ptr = xp.data_ptr()
+        conv.run(g, ptr, (w.permute(0, 2, 3, 1) if channels == 3 else wp).data_ptr(),
+                 None if b is None else b.data_ptr(), y.data_ptr(), stream)
 
     def cudnn() -> Any:
         out = F.conv2d(x, w, b, stride=2, padding=3)
@@ -68,7 +80,8 @@ def one(torch: Any, conv: Any, n: int, bias: bool, rounds: int, repeats: int
     want = cudnn().float()
     err = float((y.float() - want).abs().max() / want.abs().max())
     row: dict[str, Any] = {"batch": n, "dtype": conv.kernel.dtype, "bias_relu": bias,
-                           "config": conv.config.id, "max_rel_err_vs_cudnn": err}
+                           "channels": channels, "config": conv.config.id,
+                           "max_rel_err_vs_cudnn": err}
     if not err <= 2e-2:
         row["error"] = f"max relative error {err:.3g} against cuDNN"
         return row

@@ -36,6 +36,9 @@ KERNELS = {
     "f16_stem_bias_relu": (ConvKernel("f16", 2, True, "relu"), 3, 64),
     "bf16_stem": (ConvKernel("bf16", 2), 3, 64),
     "f16_aligned": (ConvKernel("f16", 2), 64, 64),
+    # the stem with its channels padded to 4: the fixed-channels iterator, 8-byte cp.async
+    "f16_stem4_bias_relu": (ConvKernel("f16", 2, True, "relu"), 4, 64),
+    "bf16_stem4": (ConvKernel("bf16", 2), 4, 64),
 }
 
 
@@ -96,6 +99,8 @@ CASES = [  # name, x shape (channels first), w shape, stride, padding
     ("bf16_stem", (1, 3, 11, 13), (24, 3, 5, 3), (1, 2), (2, 0)),
     ("f16_aligned", (2, 64, 15, 13), (64, 64, 3, 3), (1, 1), (1, 1)),
     ("f16_aligned", (3, 64, 9, 9), (72, 64, 1, 1), (2, 2), (0, 0)),
+    ("f16_stem4_bias_relu", (2, 4, 37, 45), (64, 4, 7, 7), (2, 2), (3, 3)),
+    ("bf16_stem4", (3, 4, 19, 17), (32, 4, 3, 5), (1, 2), (1, 2)),
 ]
 
 
