@@ -52,8 +52,9 @@ __all__ = ["CONV_DTYPES", "ConvConfig", "ConvGeometry", "ConvKernel", "CutlassCo
 #: float32 convolutions do under torch's default ``allow_tf32``) and their C++ types.
 CONV_DTYPES = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "tf32": "float"}
 #: Elements per 16-byte TMA access.
-_ALIGN = {"f16": 8, "bf16": 8, "tf32": 4}
-_BYTES = {"f16": 2, "bf16": 2, "tf32": 4}
+#: Elements per 16-byte access, and bytes per element, of each dtype (both families).
+VECTOR_ELEMENTS = {"f16": 8, "bf16": 8, "tf32": 4}
+ELEMENT_BYTES = {"f16": 2, "bf16": 2, "tf32": 4}
 #: CTA tiles (M, N) the space offers and clusters (M, N).
 TILES = ((64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 256))
 CLUSTERS = ((1, 1), (2, 1), (1, 2))
@@ -122,7 +123,7 @@ class ConvKernel:
     @property
     def align(self) -> int:
         """Elements per 16-byte access: what ``C`` and ``K`` must be multiples of."""
-        return _ALIGN[self.dtype]
+        return VECTOR_ELEMENTS[self.dtype]
 
 
 def emit_conv_source(config: ConvConfig, kernel: ConvKernel) -> str:
@@ -267,7 +268,7 @@ def conv_configs(geometry: ConvGeometry, kernel: ConvKernel, sm_count: int = 132
     (multicast of the filter along M, of the activations along N) follow each tile.
     """
     m, n, _ = geometry.gemm
-    k_tile = K_BYTES // _BYTES[kernel.dtype]
+    k_tile = K_BYTES // ELEMENT_BYTES[kernel.dtype]
     widest = max(64, -(-n // 64) * 64)
     scored = []
     for tm, tn in TILES:

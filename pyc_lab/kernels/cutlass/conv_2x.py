@@ -40,7 +40,7 @@ from ...errors import PycLabError
 from ...paths import native_source
 from ..cache import KernelCache
 from .config import ACTIVATIONS
-from .conv import CONV_DTYPES, ConvGeometry, ConvKernel, CutlassConv
+from .conv import CONV_DTYPES, ELEMENT_BYTES, VECTOR_ELEMENTS, ConvGeometry, ConvKernel, CutlassConv
 from .nvcc import BuildResult, build_source
 
 __all__ = ["ITERATORS", "Conv2xConfig", "CutlassConv2x", "build_conv2x", "conv2x_align",
@@ -49,7 +49,6 @@ __all__ = ["ITERATORS", "Conv2xConfig", "CutlassConv2x", "build_conv2x", "conv2x
 #: The iterator algorithms (CUTLASS 2's ``cutlass::conv::IteratorAlgorithm``).
 ITERATORS = {"analytic": "kAnalytic", "optimized": "kOptimized",
              "few_channels": "kFewChannels", "fixed_channels": "kFixedChannels"}
-_BYTES = {"f16": 2, "bf16": 2, "tf32": 4}
 #: The K of one ``mma.sync``: m16n8k16 for 16-bit types, m16n8k8 for tf32.
 _MMA_K = {"f16": 16, "bf16": 16, "tf32": 8}
 #: Shared memory a CTA may use: sm_80's opt-in maximum (163 KiB), so that a kernel built
@@ -59,10 +58,6 @@ _SMEM_BYTES = 163 * 1024
 #: convolutions mostly use.
 K_BYTES = 64
 
-
-def _vector(dtype: str) -> int:
-    """Elements in 16 bytes: the widest access."""
-    return 16 // _BYTES[dtype]
 
 
 def conv2x_align(dtype: str, channels: int) -> int:
@@ -81,7 +76,7 @@ def conv2x_align(dtype: str, channels: int) -> int:
         8, 4, 2 or 1 (at most 4 for tf32): what the kernel's ``PYC_ALIGN`` should be for
         the fastest loads the problem allows.
     """
-    return next(a for a in (8, 4, 2, 1) if a <= _vector(dtype) and channels % a == 0)
+    return next(a for a in (8, 4, 2, 1) if a <= VECTOR_ELEMENTS[dtype] and channels % a == 0)
 
 
 @dataclass(frozen=True)
@@ -139,7 +134,7 @@ class Conv2xConfig:
                     f"{kernel.spatial}")
         if self.iterator not in ITERATORS:
             return f"iterator {self.iterator!r} is not one of {sorted(ITERATORS)}"
-        size, vector = _BYTES[kernel.dtype], _vector(kernel.dtype)
+        size, vector = ELEMENT_BYTES[kernel.dtype], VECTOR_ELEMENTS[kernel.dtype]
         align_out = align_out or vector
         for name, a in (("align", align), ("align_out", align_out)):
             if a not in (1, 2, 4, 8) or a > vector:
@@ -193,7 +188,7 @@ class Conv2xConfig:
         if self.iterator == "fixed_channels" and channels != align:
             return (f"the fixed_channels iterator needs C == align; C is {channels}, align "
                     f"{align}")
-        align_out = align_out or _vector(kernel.dtype)
+        align_out = align_out or VECTOR_ELEMENTS[kernel.dtype]
         if out_channels is not None and out_channels % align_out:
             return (f"{out_channels} output channels are not a multiple of align_out "
                     f"{align_out}")
@@ -222,9 +217,9 @@ def conv2x_configs(kernel: ConvKernel, channels: int, out_channels: int | None =
         The filter's ``K``, when known: tiles wider than it rounded up to 64 are dropped.
     """
     align = conv2x_align(kernel.dtype, channels)
-    tk = K_BYTES // _BYTES[kernel.dtype]
-    deep = (3, 4) if align * _BYTES[kernel.dtype] >= 4 else (2,)
-    if channels < _vector(kernel.dtype):
+    tk = K_BYTES // ELEMENT_BYTES[kernel.dtype]
+    deep = (3, 4) if align * ELEMENT_BYTES[kernel.dtype] >= 4 else (2,)
+    if channels < VECTOR_ELEMENTS[kernel.dtype]:
         iterators = (("fixed_channels",) if channels == align else ()) + ("few_channels",)
         shapes = (((128, 64), (64, 32)), ((64, 64), (32, 32)), ((128, 128), (64, 64)))
     else:
@@ -264,7 +259,7 @@ def emit_conv2x_source(config: Conv2xConfig, kernel: ConvKernel, align: int,
     PycLabError
         The configuration cannot be compiled (:meth:`Conv2xConfig.build_issue`).
     """
-    align_out = align_out or _vector(kernel.dtype)
+    align_out = align_out or VECTOR_ELEMENTS[kernel.dtype]
     why = config.build_issue(kernel, align, align_out)
     if why:
         raise PycLabError(f"CUTLASS 2 convolution {config.id}: {why}")
@@ -303,7 +298,7 @@ def build_conv2x(config: Conv2xConfig, kernel: ConvKernel, align: int, cc: int =
     return build_source(config, source, cc, cache, timeout_s,
                         meta={"config": config.to_dict(), "op": kernel.op,
                               "dtype": kernel.dtype, "family": "cutlass2x", "align": align,
-                              "align_out": align_out or _vector(kernel.dtype)})
+                              "align_out": align_out or VECTOR_ELEMENTS[kernel.dtype]})
 
 
 @dataclass
@@ -321,7 +316,7 @@ class CutlassConv2x(CutlassConv):
         if geometry.spatial != self.kernel.spatial:
             return f"{geometry.spatial} spatial axes, the kernel has {self.kernel.spatial}"
         c, k = geometry.act[-1], geometry.flt[0]
-        align_out = self.align_out or _vector(self.kernel.dtype)
+        align_out = self.align_out or VECTOR_ELEMENTS[self.kernel.dtype]
         if isinstance(self.config, Conv2xConfig):
             why = self.config.issue(self.kernel, c, self.align, k, align_out)
             if why:
