@@ -1,25 +1,29 @@
-"""pyc_lab's own CUTLASS 3 convolutions, tuned per problem, against cuDNN on the
+"""pyc_lab's own CUTLASS convolutions, tuned per problem, against cuDNN on the
 convolution issue's ResNet-50 layers.
 
 For each layer of the issue's table at batch 128, float16 and bfloat16, channels last,
 no bias (as in the network):
 
 1. ``pl.autotune_conv`` builds (or takes from the kernel cache) the CUTLASS candidates
-   of :data:`BENCH_TILES` x clusters (1, 1) and (2, 1) that the problem's ranking keeps,
-   checks each against the convolution in float32 and times it with the tuner's timing
-   (CUDA events, L2 flushed); cuDNN (torch, benchmark mode) is timed the same way in the
-   same run. The row keeps the best CUTLASS time, cuDNN's, and their ratio.
+   of :data:`BENCH_TILES` x clusters (1, 1) and (2, 1) that the problem's ranking keeps
+   (Hopper kernels), or for the stem, whose three channels TMA cannot load, the first
+   :data:`BENCH_2X` CUTLASS 2 configurations ``conv2x_configs`` ranks (with its padded
+   candidates first), checks each against the convolution in float32 and times it with
+   the tuner's timing (CUDA events, L2 flushed); cuDNN (torch, benchmark mode) is timed
+   the same way in the same run. The row keeps the best CUTLASS time, cuDNN's, and their
+   ratio.
 2. ``pl.conv2d`` on fresh channels-last tensors: its first call races cuDNN, the GEMM
    form and the tuned CUTLASS kernel on the caller's tensors (the choice is recorded),
    then pl.conv and ``F.conv2d`` are timed in interleaved rounds of CUDA-event medians
    (:func:`common.gpu_time`) — the never-slower rule measured from the user's side.
 
-A layer the kernels cannot take (the stem's three input channels are not a multiple of
-8) is recorded with the reason and runs cuDNN or the GEMM form in ``pl.conv``. TFLOP/s
-count ``2 N K P Q C R S``. Writes ``conv-cutlass.json`` to ``--out``.
+A layer no kernel can take is recorded with the reason and runs cuDNN or the GEMM form
+in ``pl.conv``. TFLOP/s count ``2 N K P Q C R S``. Writes ``conv-cutlass.json`` to
+``--out``.
 
     python benchmarks/bench_conv_cutlass.py --out benchmarks/results/h200
     python benchmarks/bench_conv_cutlass.py --prebuild .kcache    # nvcc only, no GPU
+    python benchmarks/bench_conv_cutlass.py --prebuild .kcache --family 2x  # the stem's
 """
 
 from __future__ import annotations
@@ -38,43 +42,69 @@ from common import cupy_and_torch, write_result
 
 import pyc_lab as pl
 from pyc_lab.kernels.cutlass.conv import TILES, ConvConfig, ConvKernel
+from pyc_lab.kernels.cutlass.conv_2x import Conv2xConfig, conv2x_configs
 
 #: The issue's ResNet-50 layers: (C, K, H (= W), kernel, stride); padding kernel // 2.
 LAYERS = ((64, 64, 56, 3, 1), (128, 128, 28, 3, 1), (256, 256, 14, 3, 1),
           (512, 512, 7, 3, 1), (256, 64, 56, 1, 1), (64, 256, 56, 1, 1), (3, 64, 224, 7, 2),
           (1024, 2048, 14, 1, 2))
 BATCH = 128
+#: The stem is tuned at batch 32 too (the issue's other batch), so that ``bench_conv``,
+#: run after this in the GPU lane, finds its kernels at both batches.
+EXTRA = (((3, 64, 224, 7, 2), 32),)
 DTYPES = (("f16", "float16"), ("bf16", "bfloat16"))
 BENCH_TILES = TILES
 BENCH_CLUSTERS = ((1, 1), (2, 1))
+#: CUTLASS 2 candidates per problem: the first this many that ``conv2x_configs`` ranks
+#: (nvcc takes one to two minutes each on two cores; the prebuild carries them).
+BENCH_2X = 4
 
 
-def in_bench_space(cfg: ConvConfig) -> bool:
+def stem_2x_configs(dtype: str) -> list[Conv2xConfig]:
+    """The CUTLASS 2 configurations the benchmark tunes the stem over."""
+    return conv2x_configs(ConvKernel(dtype, 2), 3, 64)[:BENCH_2X]
+
+
+def in_bench_space(cfg: ConvConfig | Conv2xConfig) -> bool:
     """The configurations this benchmark tunes over (what ``--prebuild`` builds)."""
+    if isinstance(cfg, Conv2xConfig):
+        return any(cfg in stem_2x_configs(dt) for dt, _ in DTYPES)
     return cfg.tile[:2] in BENCH_TILES and cfg.cluster in BENCH_CLUSTERS
 
 
-def prebuild(directory: str) -> None:
+def prebuild(directory: str, family: str = "all") -> None:
     """Build every configuration of the benchmark's space for both dtypes into
-    ``directory`` (no GPU needed; the GPU lane carries it as ``.kcache``)."""
+    ``directory`` (no GPU needed; the GPU lane carries it as ``.kcache``): the Hopper
+    kernels (``family="3x"``), the stem's CUTLASS 2 ones (``"2x"``) or both."""
     import concurrent.futures as cf
     import os
 
     from pyc_lab.kernels.cache import KernelCache
     from pyc_lab.kernels.cutlass.conv import build_conv
+    from pyc_lab.kernels.cutlass.conv_2x import build_conv2x, conv2x_widths
 
     cache = KernelCache(directory)
     jobs = [(ConvConfig((m, n, 64), cl), ConvKernel(dt, 2))
             for dt, _ in DTYPES for m, n in BENCH_TILES for cl in BENCH_CLUSTERS]
+    jobs += [(cfg, ConvKernel(dt, 2)) for dt, _ in DTYPES for cfg in stem_2x_configs(dt)]
+
+    def build(job: tuple[Any, ConvKernel]) -> Any:
+        cfg, kern = job
+        if isinstance(cfg, ConvConfig):
+            return build_conv(cfg, kern, cache=cache)
+        align, align_out = conv2x_widths(cfg, kern, 3, 64)
+        return build_conv2x(cfg, kern, align, cache=cache, align_out=align_out)
+
+    if family != "all":
+        jobs = [j for j in jobs if isinstance(j[0], Conv2xConfig) == (family == "2x")]
     with cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 2))) as pool:
-        for (cfg, kern), res in zip(jobs, pool.map(lambda j: build_conv(*j, cache=cache),
-                                                   jobs), strict=True):
+        for (cfg, kern), res in zip(jobs, pool.map(build, jobs), strict=True):
             print(res.status, kern.op, kern.dtype, cfg.id, f"{res.seconds:.0f} s",
                   res.message[:200], flush=True)
 
 
 def one_layer(torch: Any, layer: tuple[int, ...], dtype: str, tname: str, rounds: int,
-              repeats: int, budget_s: float) -> dict[str, Any]:
+              repeats: int, budget_s: float, batch: int = BATCH) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from pyc_lab.kernels import conv_gemm
@@ -82,12 +112,12 @@ def one_layer(torch: Any, layer: tuple[int, ...], dtype: str, tname: str, rounds
     c, k, size, r, s = layer
     pad = r // 2
     row: dict[str, Any] = {"layer": f"resnet50 {c}->{k} {size}x{size} {r}x{r} s{s}",
-                           "dtype": tname, "n": BATCH, "c": c, "k": k, "size": size,
+                           "dtype": tname, "n": batch, "c": c, "k": k, "size": size,
                            "kernel": r, "stride": s}
     out = (size + 2 * pad - r) // s + 1
-    flop = 2 * BATCH * k * out * out * c * r * r
+    flop = 2 * batch * k * out * out * c * r * r
     try:
-        res = pl.autotune_conv((BATCH, c, size, size), (k, c, r, r), stride=s, padding=pad,
+        res = pl.autotune_conv((batch, c, size, size), (k, c, r, r), stride=s, padding=pad,
                                dtype=dtype, restrict=in_bench_space, max_candidates=None,
                                repeats=repeats, budget_s=budget_s)
         best = res.best
@@ -104,7 +134,7 @@ def one_layer(torch: Any, layer: tuple[int, ...], dtype: str, tname: str, rounds
     except pl.PycLabError as exc:
         row["tune"] = {"not_taken": str(exc)}
     tdt = getattr(torch, tname)
-    x = torch.randn(BATCH, c, size, size, device="cuda", dtype=tdt).contiguous(
+    x = torch.randn(batch, c, size, size, device="cuda", dtype=tdt).contiguous(
         memory_format=torch.channels_last)
     w = (torch.randn(k, c, r, r, device="cuda", dtype=tdt) / (c * r * r) ** 0.5
          ).contiguous(memory_format=torch.channels_last)
@@ -152,11 +182,13 @@ def main(argv: list[str] | None = None) -> int:
                              "builds) after this many seconds")
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="stop starting new problems after this many seconds")
+    parser.add_argument("--family", choices=("all", "3x", "2x"), default="all",
+                        help="with --prebuild: which kernel family to build")
     parser.add_argument("--prebuild", metavar="DIR",
                         help="only build the kernels into DIR (no GPU needed)")
     args = parser.parse_args(argv)
     if args.prebuild:
-        prebuild(args.prebuild)
+        prebuild(args.prebuild, args.family)
         return 0
     libs = cupy_and_torch("bench_conv_cutlass")
     if libs is None:
@@ -173,23 +205,24 @@ def main(argv: list[str] | None = None) -> int:
                       "(tuner timing: CUDA events, L2 flushed, --repeats) with cuDNN timed "
                       "in the same run; then pl.conv2d (its first call races cuDNN, the "
                       "GEMM form and the tuned kernel) against F.conv2d in --rounds "
-                      "interleaved rounds of CUDA-event medians; channels last, batch 128",
+                      "interleaved rounds of CUDA-event medians; channels last, batch 128 "
+                      "(the stem at 32 too)",
             "results": rows, "not_run": not_run, "summary": summarise(rows),
             "wall_s": time.perf_counter() - t0})
 
     for dtype, tname in DTYPES:
-        for layer in LAYERS:
+        for layer, batch in (*((lay, BATCH) for lay in LAYERS), *EXTRA):
             if time.perf_counter() - t0 > args.budget_s:
-                not_run.append(f"{layer} {tname}")
+                not_run.append(f"{layer} batch {batch} {tname}")
                 continue
             try:
                 row = one_layer(torch, layer, dtype, tname, args.rounds, args.repeats,
-                                args.tune_budget_s)
+                                args.tune_budget_s, batch)
             except Exception as exc:  # one failing problem must not end the run
                 row = {"layer": str(layer), "dtype": tname,
                        "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             rows.append(row)
-            print(row["layer"], tname, row.get("tune", {}).get("cutlass_vs_cudnn"),
+            print(row["layer"], batch, tname, row.get("tune", {}).get("cutlass_vs_cudnn"),
                   row.get("ratio_vs_cudnn"), (row.get("choice") or {}).get("impl"),
                   row.get("error", ""), flush=True)
             torch.cuda.empty_cache()

@@ -11,10 +11,13 @@ library.
 What the kernels take: a channels-last input (``torch.channels_last`` for 2-D,
 ``channels_last_3d`` for 3-D, ``(N, C, L)`` with unit channel stride for 1-D),
 ``groups == 1``, float16 or bfloat16 (float32 as TF32 only while
-``torch.backends.cudnn.allow_tf32`` allows cuDNN the same), channel counts that are
-multiples of 16 bytes. The filter is handed over as ``(K, *kernel, C)``: a filter
-already in torch's channels-last memory format is read in place, any other is copied
-to that order on each call (the race times that copy too).
+``torch.backends.cudnn.allow_tf32`` allows cuDNN the same). The winner is of either
+family: a Hopper kernel (:mod:`.cutlass.conv`: channel counts multiples of 16 bytes) or,
+for the channels TMA cannot load (a stem's three), a CUTLASS 2 kernel
+(:mod:`.cutlass.conv_2x`: 1 or 2 spatial axes), whose input and filter a ``pad_to``
+configuration zero-pads on each call. The filter is handed over as ``(K, *kernel, C)``:
+a filter already in torch's channels-last memory format is read in place, any other is
+copied to that order on each call (the race times that copy, and any padding, too).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 
 from .memo import remember
 
-__all__ = ["conv_problem_key", "tuned_runner"]
+__all__ = ["conv_config_of", "conv_problem_key", "kernel_call", "tuned_runner"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,22 @@ def conv_problem_key(geometry: Any, kernel: Any) -> Any:
     m, n, k = geometry.gemm
     return ProblemKey(kernel.op, kernel.dtype, kernel.dtype, kernel.dtype, geometry.layout,
                       m, n, k)
+
+
+def conv_config_of(d: dict[str, Any]) -> Any:
+    """The configuration a tuning-database entry holds: a CUTLASS 2 one
+    (:class:`~.cutlass.conv_2x.Conv2xConfig`, which has warp tiles) or a Hopper one
+    (:class:`~.cutlass.conv.ConvConfig`).
+
+    Raises
+    ------
+    PycLabError
+        ``d`` is neither.
+    """
+    from .cutlass.conv import ConvConfig
+    from .cutlass.conv_2x import Conv2xConfig
+
+    return (Conv2xConfig if "warp" in d else ConvConfig).from_dict(d)
 
 
 def _dtype(x: Any) -> str | None:
@@ -81,8 +100,8 @@ def tuned_runner(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[in
     geometry = ConvGeometry.from_channels_first(x.shape, w.shape, stride, pads, dilation)
     kernel = ConvKernel(dtype, geometry.spatial, b is not None, activation)
     why = geometry.issue(kernel)
-    if why:
-        return None, why
+    if why and (geometry.spatial == 3 or any(v <= 0 for v in geometry.out)):
+        return None, why  # neither family takes it (CUTLASS 2 ones are 1-D or 2-D)
     from .matmul import db_stamp
 
     key = (geometry, kernel, x.device.index, db_stamp())
@@ -93,13 +112,14 @@ def tuned_runner(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[in
     conv, why = hit
     if conv is None:
         return None, why
-    return _runner(conv, geometry), why
+    return kernel_call(conv, geometry), why
 
 
 def _find(geometry: Any, kernel: Any, device: int) -> tuple[Any, str]:
     """The database's winner for the problem, loaded, or ``None`` and why."""
     try:
         from .cutlass.conv import ConvConfig, CutlassConv, cached_conv
+        from .cutlass.conv_2x import CutlassConv2x, cached_conv2x, conv2x_widths, padded_geometry
         from .tuning import database
         from .tuning.keys import device_key
 
@@ -108,13 +128,22 @@ def _find(geometry: Any, kernel: Any, device: int) -> tuple[Any, str]:
             found = db.lookup(dev, conv_problem_key(geometry, kernel))
         if found is None:
             return None, f"no tuned {kernel.op} kernel for {geometry.gemm} on this GPU"
-        config = ConvConfig.from_dict(found.measurement.config)
-        library = cached_conv(config, kernel, cc)
+        config = conv_config_of(found.measurement.config)
+        c, k = geometry.act[-1], geometry.flt[0]
+        if isinstance(config, ConvConfig):
+            library, read, why = cached_conv(config, kernel, cc), geometry, ""
+        else:
+            align, align_out = conv2x_widths(config, kernel, c, k)
+            library = cached_conv2x(config, kernel, align, cc, align_out=align_out)
+            read = padded_geometry(geometry, config.channels(c))
+            why = config.issue(kernel, c, align, k, align_out)
         if library is None:
             return None, (f"the tuned {config.id} is not in the kernel cache; run "
                           "pl.autotune_conv for the problem again")
-        conv = CutlassConv(library, config, kernel, sm_count)
-        if not conv.can_implement(geometry):
+        conv = CutlassConv(library, config, kernel, sm_count) \
+            if isinstance(config, ConvConfig) else \
+            CutlassConv2x(library, config, kernel, sm_count, align=align, align_out=align_out)
+        if why or not conv.can_implement(read):
             return None, f"the tuned {config.id} ({found.match} match) cannot take it"
         return conv, f"tuned {config.id} ({found.match} match)"
     except Exception as exc:  # a tuned entry must never break a convolution
@@ -122,22 +151,38 @@ def _find(geometry: Any, kernel: Any, device: int) -> tuple[Any, str]:
         return None, f"tuning database: {exc}"
 
 
-def _runner(conv: Any, geometry: Any) -> Callable[[Any, Any, Any], Any]:
+def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
+    """``fn(x, w, b, out=None) -> y``: the convolution of torch tensors by a loaded
+    kernel (:class:`~.cutlass.conv.CutlassConv` or
+    :class:`~.cutlass.conv_2x.CutlassConv2x`) for ``geometry`` (the caller's problem),
+    ``x (N, C, *spatial)`` channels last, ``w (K, C, *kernel)``, ``y (N, K, *out)``
+    channels last, written into ``out`` (``(N, *out, K)`` contiguous) when given. A
+    ``pad_to`` configuration's input and filter are zero-padded to its channels on each
+    call (part of what the race times)."""
     import torch
+    import torch.nn.functional as F
 
     nd = geometry.spatial
     to_last = (0, *range(2, nd + 2), 1)
     to_first = (0, nd + 1, *range(1, nd + 1))
     out_shape = geometry.out_shape
+    pad = getattr(conv.config, "pad_to", 0) - geometry.act[-1]
+    if pad > 0:
+        from .cutlass.conv_2x import padded_geometry
 
-    def run(x: Any, w: Any, b: Any) -> Any:
+        geometry = padded_geometry(geometry, geometry.act[-1] + pad)
+
+    def run(x: Any, w: Any, b: Any, out: Any = None) -> Any:
         if b is not None and not b.is_contiguous():
             b = b.contiguous()
-        wl = w.permute(*to_last)
-        if not wl.is_contiguous():
+        xl, wl = x.permute(*to_last), w.permute(*to_last)
+        if pad > 0:  # zero channels: one small copy each, the filter's a few KiB
+            xl, wl = F.pad(xl, (0, pad)), F.pad(wl, (0, pad))
+        elif not wl.is_contiguous():
             wl = wl.contiguous()
-        y = torch.empty(out_shape, device=x.device, dtype=x.dtype)
-        conv.run(geometry, x.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
+        y = out if out is not None else torch.empty(out_shape, device=x.device,
+                                                    dtype=x.dtype)
+        conv.run(geometry, xl.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
                  y.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
         return y.permute(*to_first)
 

@@ -25,7 +25,7 @@ of that problem signature runs the winner. This is
 ``torch.backends.cudnn.benchmark``'s idea one level up: one choice per problem, measured
 where it runs.
 
-A CUTLASS 3 convolution tuned for the problem by ``pl.autotune_conv`` (found in the
+A CUTLASS convolution tuned for the problem by ``pl.autotune_conv`` (found in the
 tuning database and the kernel cache by :mod:`.conv_cutlass`) runs in the same race as a
 third candidate, under the same margin.
 

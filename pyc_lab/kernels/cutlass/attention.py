@@ -33,9 +33,9 @@ from typing import Any
 
 from ...errors import PycLabError
 from ...paths import native_source
-from ..cache import KernelCache, cache_key
+from ..cache import KernelCache
 from .launch import load_library
-from .nvcc import BuildResult, build_parallel, build_source, toolchain
+from .nvcc import BuildResult, build_parallel, build_source, cached_library
 
 __all__ = ["ATTN_DTYPES", "HEAD_DIMS", "AttnConfig", "AttnGeometry", "AttnKernel",
            "FusedAttention", "attention_configs", "build_attention", "build_attention_many",
@@ -245,11 +245,7 @@ def cached_attention(config: AttnConfig, kernel: AttnKernel, cc: int = 90,
     (what a call of ``pl.attention`` may afford)."""
     if config.issue(kernel.head_dim):
         return None
-    cache = cache if cache is not None else KernelCache()
-    key = cache_key(emit_attention_source(config, kernel), f"sm_{cc}a", toolchain())
-    entry = cache.get(key)
-    return entry.files["kernel.so"] if entry is not None and "kernel.so" in entry.files \
-        else None
+    return cached_library(emit_attention_source(config, kernel), cc, cache)
 
 
 @dataclass(frozen=True)

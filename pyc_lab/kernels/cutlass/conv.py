@@ -40,10 +40,10 @@ from typing import Any
 
 from ...errors import PycLabError
 from ...paths import native_source
-from ..cache import KernelCache, cache_key
+from ..cache import KernelCache
 from .config import ACTIVATIONS
 from .launch import load_library
-from .nvcc import BuildResult, build_parallel, build_source, toolchain
+from .nvcc import BuildResult, build_parallel, build_source, cached_library
 
 __all__ = ["CONV_DTYPES", "ConvConfig", "ConvGeometry", "ConvKernel", "CutlassConv",
            "build_conv", "build_conv_many", "cached_conv", "conv_configs", "emit_conv_source"]
@@ -157,11 +157,7 @@ def cached_conv(config: ConvConfig, kernel: ConvKernel, cc: int = 90,
                 cache: KernelCache | None = None) -> Path | None:
     """The kernel's library if it is in the kernel cache, else ``None``; never builds
     (what a first call of ``pl.conv`` may afford)."""
-    cache = cache if cache is not None else KernelCache()
-    key = cache_key(emit_conv_source(config, kernel), f"sm_{cc}a", toolchain())
-    entry = cache.get(key)
-    return entry.files["kernel.so"] if entry is not None and "kernel.so" in entry.files \
-        else None
+    return cached_library(emit_conv_source(config, kernel), cc, cache)
 
 
 def build_conv_many(configs: Sequence[ConvConfig], kernel: ConvKernel, cc: int = 90,

@@ -32,8 +32,11 @@ accesses of a 16-bit type need two stages; ``align_out`` divides ``K``; ``groups
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import concurrent.futures as cf
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from math import prod
+from pathlib import Path
 from typing import Any
 
 from ...errors import PycLabError
@@ -41,10 +44,11 @@ from ...paths import native_source
 from ..cache import KernelCache
 from .config import ACTIVATIONS
 from .conv import CONV_DTYPES, ELEMENT_BYTES, VECTOR_ELEMENTS, ConvGeometry, ConvKernel, CutlassConv
-from .nvcc import BuildResult, build_source
+from .nvcc import BuildResult, build_parallel, build_source, cached_library
 
-__all__ = ["ITERATORS", "Conv2xConfig", "CutlassConv2x", "build_conv2x", "conv2x_align",
-           "conv2x_configs", "emit_conv2x_source"]
+__all__ = ["ITERATORS", "Conv2xConfig", "CutlassConv2x", "build_conv2x", "build_conv2x_many",
+           "cached_conv2x", "conv2x_align", "conv2x_configs", "conv2x_pad", "conv2x_widths",
+           "emit_conv2x_source", "padded_geometry"]
 
 #: The iterator algorithms (CUTLASS 2's ``cutlass::conv::IteratorAlgorithm``).
 ITERATORS = {"analytic": "kAnalytic", "optimized": "kOptimized",
@@ -82,18 +86,29 @@ def conv2x_align(dtype: str, channels: int) -> int:
 @dataclass(frozen=True)
 class Conv2xConfig:
     """A CUTLASS 2 convolution configuration: CTA tile ``(M, N, K)``, warp tile
-    ``(M, N, K)``, pipeline stages and activation iterator."""
+    ``(M, N, K)``, pipeline stages and activation iterator, and ``pad_to``: the channels
+    the kernel reads, the input and filter zero-padded to them on each call (``0``: as
+    given). Padding a stem's 3 channels to 4 buys 8-byte ``cp.async`` accesses and the
+    fixed-channels iterator for a third more reduction work; it is a search dimension,
+    since whether that pays depends on the problem."""
 
     tile: tuple[int, int, int] = (128, 128, 32)
     warp: tuple[int, int, int] = (64, 64, 32)
     stages: int = 3
     iterator: str = "optimized"
+    pad_to: int = 0
 
     @property
     def id(self) -> str:
-        """``conv2x_t128x128x32_w64x64x32_s3_optimized``: the tuning database's config id."""
+        """``conv2x_t128x128x32_w64x64x32_s3_optimized`` (``..._c4`` with ``pad_to=4``):
+        the tuning database's config id."""
         return (f"conv2x_t{'x'.join(map(str, self.tile))}_w{'x'.join(map(str, self.warp))}"
-                f"_s{self.stages}_{self.iterator}")
+                f"_s{self.stages}_{self.iterator}" + (f"_c{self.pad_to}" if self.pad_to
+                                                      else ""))
+
+    def channels(self, channels: int) -> int:
+        """The channels the kernel reads for a problem with ``channels`` input channels."""
+        return self.pad_to or channels
 
     @property
     def warps(self) -> int:
@@ -103,7 +118,7 @@ class Conv2xConfig:
     def to_dict(self) -> dict[str, Any]:
         """The configuration as the tuning database stores it."""
         return {"tile": "x".join(map(str, self.tile)), "warp": "x".join(map(str, self.warp)),
-                "stages": self.stages, "iterator": self.iterator}
+                "stages": self.stages, "iterator": self.iterator, "pad_to": self.pad_to}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Conv2xConfig:
@@ -118,11 +133,12 @@ class Conv2xConfig:
             tile = tuple(int(v) for v in str(d["tile"]).split("x"))
             warp = tuple(int(v) for v in str(d["warp"]).split("x"))
             stages, iterator = int(d["stages"]), str(d["iterator"])
-        except (KeyError, ValueError) as exc:
+            pad_to = int(d.get("pad_to") or 0)
+        except (KeyError, ValueError, TypeError) as exc:
             raise PycLabError(f"not a CUTLASS 2 convolution configuration: {d!r}") from exc
-        if len(tile) != 3 or len(warp) != 3 or iterator not in ITERATORS:
+        if len(tile) != 3 or len(warp) != 3 or iterator not in ITERATORS or pad_to < 0:
             raise PycLabError(f"not a CUTLASS 2 convolution configuration: {d!r}")
-        return cls(tile, warp, stages, iterator)  # type: ignore[arg-type]
+        return cls(tile, warp, stages, iterator, pad_to)  # type: ignore[arg-type]
 
     def build_issue(self, kernel: ConvKernel, align: int, align_out: int | None = None
                     ) -> str:
@@ -171,14 +187,17 @@ class Conv2xConfig:
         kernel
             The dtype, spatial axes, bias and activation.
         channels
-            The activations' ``C``.
+            The activations' ``C`` (before any ``pad_to``).
         align
-            Elements per activation and filter access; the widest that divides
-            ``channels`` (:func:`conv2x_align`) when not given.
+            Elements per activation and filter access; the widest that divides the
+            channels read (:func:`conv2x_align`) when not given.
         out_channels, align_out
             The filter's ``K`` and the epilogue's access width (16 bytes when not given),
             checked when ``out_channels`` is given.
         """
+        if self.pad_to and self.pad_to <= channels:
+            return f"pad_to {self.pad_to} does not widen {channels} input channels"
+        channels = self.channels(channels)
         align = align or conv2x_align(kernel.dtype, channels)
         why = self.build_issue(kernel, align, align_out)
         if why:
@@ -195,47 +214,71 @@ class Conv2xConfig:
         return ""
 
 
+def conv2x_pad(dtype: str, channels: int) -> int:
+    """The channels to zero-pad a problem's input to (``0``: none): the next power of two
+    for fewer channels than one 16-byte access holds, when that is not ``channels``
+    itself. A power of two is an access width, so the padded problem loads with wider
+    ``cp.async`` accesses and may take the fixed-channels iterator.
+
+    Parameters
+    ----------
+    dtype
+        ``"f16"``, ``"bf16"`` or ``"tf32"``.
+    channels
+        The activations' ``C``.
+    """
+    if channels <= 0 or channels >= VECTOR_ELEMENTS[dtype] or not channels & (channels - 1):
+        return 0
+    return 1 << channels.bit_length()
+
+
 def conv2x_configs(kernel: ConvKernel, channels: int, out_channels: int | None = None
                    ) -> list[Conv2xConfig]:
     """A short ranked list of configurations worth building for ``channels`` inputs.
 
     Few channels (less than 16 bytes of them per pixel, the stem's case) take the
-    ``fixed_channels`` iterator first when ``C`` is itself an access width, then
+    ``fixed_channels`` iterator first when the channels read are an access width, then
     ``few_channels`` (both fold the filter window into the reduction), on tiles of 64
     output channels (a stem's ``K``); wider channels take the ``optimized`` iterator
-    (precomputed masks, the fastest of CUTLASS 2's). Accesses narrower than 4 bytes cannot
-    use ``cp.async`` and run with two stages. Configurations :meth:`Conv2xConfig.issue`
-    refuses are left out.
+    (precomputed masks, the fastest of CUTLASS 2's). Channels that are not a power of two
+    are offered padded (:func:`conv2x_pad`) first — wider accesses — and then as they
+    are. Accesses narrower than 4 bytes cannot use ``cp.async`` and run with two stages.
+    Configurations :meth:`Conv2xConfig.issue` refuses are left out.
 
     Parameters
     ----------
     kernel
         The dtype, spatial axes, bias and activation.
     channels
-        The activations' ``C``; the access width is :func:`conv2x_align` of it.
+        The activations' ``C``.
     out_channels
-        The filter's ``K``, when known: tiles wider than it rounded up to 64 are dropped.
+        The filter's ``K``, when known: tiles wider than it rounded up to 64 are dropped,
+        and the epilogue's access width is the widest that divides it.
     """
-    align = conv2x_align(kernel.dtype, channels)
-    tk = K_BYTES // ELEMENT_BYTES[kernel.dtype]
-    deep = (3, 4) if align * ELEMENT_BYTES[kernel.dtype] >= 4 else (2,)
-    if channels < VECTOR_ELEMENTS[kernel.dtype]:
-        iterators = (("fixed_channels",) if channels == align else ()) + ("few_channels",)
-        shapes = (((128, 64), (64, 32)), ((64, 64), (32, 32)), ((128, 128), (64, 64)))
-    else:
-        iterators = ("optimized",)
-        shapes = (((128, 128), (64, 64)), ((128, 64), (64, 32)), ((64, 64), (32, 32)),
-                  ((256, 128), (64, 64)))
+    size = ELEMENT_BYTES[kernel.dtype]
+    tk = K_BYTES // size
     widest = max(64, -(-out_channels // 64) * 64) if out_channels else None
+    align_out = conv2x_align(kernel.dtype, out_channels) if out_channels else None
     configs = []
-    for iterator in iterators:
-        for (tm, tn), (wm, wn) in shapes:
-            if widest is not None and tn > widest:
-                continue
-            for stages in deep:
-                cfg = Conv2xConfig((tm, tn, tk), (wm, wn, tk), stages, iterator)
-                if not cfg.issue(kernel, channels, align, out_channels):
-                    configs.append(cfg)
+    for pad_to in dict.fromkeys((conv2x_pad(kernel.dtype, channels), 0)):
+        read = pad_to or channels
+        align = conv2x_align(kernel.dtype, read)
+        deep = (3, 4) if align * size >= 4 else (2,)
+        if read < VECTOR_ELEMENTS[kernel.dtype]:
+            iterators = (("fixed_channels",) if read == align else ()) + ("few_channels",)
+            shapes = (((128, 64), (64, 32)), ((64, 64), (32, 32)), ((128, 128), (64, 64)))
+        else:
+            iterators = ("optimized",)
+            shapes = (((128, 128), (64, 64)), ((128, 64), (64, 32)), ((64, 64), (32, 32)),
+                      ((256, 128), (64, 64)))
+        for iterator in iterators:
+            for (tm, tn), (wm, wn) in shapes:
+                if widest is not None and tn > widest:
+                    continue
+                for stages in deep:
+                    cfg = Conv2xConfig((tm, tn, tk), (wm, wn, tk), stages, iterator, pad_to)
+                    if not cfg.issue(kernel, channels, align, out_channels, align_out):
+                        configs.append(cfg)
     return configs
 
 
@@ -272,8 +315,9 @@ def emit_conv2x_source(config: Conv2xConfig, kernel: ConvKernel, align: int,
                "PYC_STAGES": config.stages,
                "PYC_ITERATOR": f"cutlass::conv::IteratorAlgorithm::{ITERATORS[config.iterator]}",
                "PYC_BIAS": int(kernel.bias), "PYC_ACT": act}
+    # the library does not depend on pad_to (the caller pads): one build serves both
     head = (f"// pyc_lab CUTLASS 2 convolution {kernel.op} {kernel.dtype} align {align}/"
-            f"{align_out}: {config.id}\n")
+            f"{align_out}: {replace(config, pad_to=0).id}\n")
     return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + \
         native_source("cutlass_conv_2x.cuh")
 
@@ -301,12 +345,55 @@ def build_conv2x(config: Conv2xConfig, kernel: ConvKernel, align: int, cc: int =
                               "align_out": align_out or VECTOR_ELEMENTS[kernel.dtype]})
 
 
+def conv2x_widths(config: Conv2xConfig, kernel: ConvKernel, channels: int,
+                  out_channels: int) -> tuple[int, int]:
+    """``(align, align_out)``: the access widths a problem with ``channels`` inputs and
+    ``out_channels`` outputs is built with under ``config`` (the widest that divide the
+    channels read and ``out_channels``)."""
+    return (conv2x_align(kernel.dtype, config.channels(channels)),
+            conv2x_align(kernel.dtype, out_channels))
+
+
+def cached_conv2x(config: Conv2xConfig, kernel: ConvKernel, align: int, cc: int = 90,
+                  cache: KernelCache | None = None, align_out: int | None = None
+                  ) -> Path | None:
+    """The kernel's library if it is in the kernel cache, else ``None``; never builds
+    (what a first call of ``pl.conv`` may afford)."""
+    if cc < 80 or config.build_issue(kernel, align, align_out):
+        return None
+    return cached_library(emit_conv2x_source(config, kernel, align, align_out), cc, cache)
+
+
+def build_conv2x_many(configs: Sequence[Conv2xConfig], kernel: ConvKernel, channels: int,
+                      out_channels: int, cc: int = 90, workers: int | None = None,
+                      cache: KernelCache | None = None,
+                      on_done: Callable[[BuildResult], None] | None = None
+                      ) -> dict[Conv2xConfig, cf.Future]:
+    """Start building ``configs`` for a problem with ``channels`` inputs and
+    ``out_channels`` outputs (:func:`conv2x_widths`) on ``workers`` threads; a future
+    per configuration, in the order given."""
+    def one(cfg: Conv2xConfig) -> BuildResult:
+        align, align_out = conv2x_widths(cfg, kernel, channels, out_channels)
+        return build_conv2x(cfg, kernel, align, cc, cache, align_out=align_out)
+
+    return build_parallel(configs, one, workers, on_done, "pyc-nvcc-conv2x")
+
+
+def padded_geometry(geometry: ConvGeometry, channels: int) -> ConvGeometry:
+    """``geometry`` with its input channels widened to ``channels`` (the zero-padded
+    input and filter a ``pad_to`` configuration reads)."""
+    return replace(geometry, act=(*geometry.act[:-1], channels),
+                   flt=(*geometry.flt[:-1], channels))
+
+
 @dataclass
 class CutlassConv2x(CutlassConv):
     """A built CUTLASS 2 convolution, launched as :class:`~.conv.CutlassConv` launches the
     Hopper ones (same ``extern "C"`` functions, same ``run``), with the pre-checks of this
     family: ``C`` a multiple of ``align`` and ``K`` of ``align_out`` (the widths the
-    library was built with), not TMA's multiples of 8.
+    library was built with), not TMA's multiples of 8. Its geometry is the one the
+    kernel reads: a ``pad_to`` configuration's padded channels
+    (:func:`padded_geometry`).
     """
 
     align: int = 1
@@ -317,8 +404,9 @@ class CutlassConv2x(CutlassConv):
             return f"{geometry.spatial} spatial axes, the kernel has {self.kernel.spatial}"
         c, k = geometry.act[-1], geometry.flt[0]
         align_out = self.align_out or VECTOR_ELEMENTS[self.kernel.dtype]
-        if isinstance(self.config, Conv2xConfig):
-            why = self.config.issue(self.kernel, c, self.align, k, align_out)
+        if isinstance(self.config, Conv2xConfig):  # the geometry is what the kernel reads
+            why = replace(self.config, pad_to=0).issue(self.kernel, c, self.align, k,
+                                                       align_out)
             if why:
                 return why
         elif c % self.align or k % align_out:

@@ -29,8 +29,7 @@ from .config import Epilogue, GemmConfig
 from .emit import emit_source
 
 __all__ = ["NVCC_FLAGS", "BuildResult", "build", "build_many", "build_parallel",
-           "build_source", "cached",
-           "nvcc_path", "toolchain"]
+           "build_source", "cached", "cached_library", "nvcc_path", "toolchain"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +87,17 @@ class BuildResult:
 
 def _arch(cc: int) -> str:
     return f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
+
+
+def cached_library(source: str, cc: int = 90, cache: KernelCache | None = None
+                   ) -> Path | None:
+    """The library built from ``source`` for ``cc`` if it is in the kernel cache, else
+    ``None``; never builds (what a first call of ``pl.conv`` or ``pl.attention`` may
+    afford: nvcc takes minutes)."""
+    cache = cache if cache is not None else KernelCache()
+    entry = cache.get(cache_key(source, _arch(cc), toolchain()))
+    return entry.files["kernel.so"] if entry is not None and "kernel.so" in entry.files \
+        else None
 
 
 def cached(config: GemmConfig, dtype: str = "f16", layout: str = "tn", cc: int = 90,

@@ -1,12 +1,16 @@
-"""The live convolution runner: CUTLASS 3 candidates built, checked against cuDNN and timed.
+"""The live convolution runner: CUTLASS candidates built, checked against cuDNN and timed.
 
 For one forward convolution (channels last, ``groups == 1``) in f16, bf16 or tf32 on
 this machine's GPU:
 
-1. the candidates — :func:`~pyc_lab.kernels.cutlass.conv.conv_configs`, the CTA tiles
-   and clusters worth building for the problem, best-ranked first, cut to
-   ``max_candidates`` — are built in parallel into the kernel cache (a kernel depends
-   on the dtype and epilogue, not on the sizes, so the layers of a network share them);
+1. the candidates — the configurations worth building for the problem, best-ranked
+   first, cut to ``max_candidates`` — are built in parallel into the kernel cache (a
+   kernel depends on the dtype and epilogue, not on the sizes, so the layers of a
+   network share them). They are of one family: the Hopper kernels' CTA tiles and
+   clusters (:func:`~pyc_lab.kernels.cutlass.conv.conv_configs`) where TMA can load the
+   channels, else — a stem's three channels, any count that is not a multiple of 16
+   bytes — the CUTLASS 2 kernels' tiles, stages, iterators and channel padding
+   (:func:`~pyc_lab.kernels.cutlass.conv_2x.conv2x_configs`, 1-D and 2-D problems);
 2. each runs on inputs uniform in [-1, 1] into a NaN-poisoned output, twice, each launch
    watched for a hang, and is compared with the convolution in float32 (cuDNN with TF32
    off; the bias and activation applied in float32); NaN/Inf or an error above the
@@ -34,7 +38,7 @@ from ...errors import PycLabError
 from ...hardware.device import require_cupy
 from ...search import Outcome
 from ..arrays import torch_stream
-from ..conv_cutlass import conv_problem_key
+from ..conv_cutlass import conv_problem_key, kernel_call
 from ..conv_gemm import cudnn_conv
 from ..cutlass.conv import (
     ConvConfig,
@@ -43,6 +47,13 @@ from ..cutlass.conv import (
     CutlassConv,
     build_conv_many,
     conv_configs,
+)
+from ..cutlass.conv_2x import (
+    Conv2xConfig,
+    CutlassConv2x,
+    build_conv2x_many,
+    conv2x_configs,
+    conv2x_widths,
 )
 from ..cutlass.nvcc import BuildResult
 from .gemm_reference import TOLERANCE
@@ -110,7 +121,9 @@ class ConvRunner(CandidateRows):
                               "take f16, bf16 or tf32")
         kernel = ConvKernel(opts.dtype, geometry.spatial, opts.bias, opts.activation)
         why = geometry.issue(kernel)
-        if why:
+        c, k = geometry.act[-1], geometry.flt[0]
+        self.family = "cutlass3x" if not why else "cutlass2x"
+        if why and (geometry.spatial == 3 or any(v <= 0 for v in geometry.out)):
             raise PycLabError(f"autotune_conv {geometry}: {why}; pl.conv uses cuDNN for it")
         device, cc, sm_count = device_key()
         if cc < 90:
@@ -118,11 +131,18 @@ class ConvRunner(CandidateRows):
                               f"GPU is sm_{cc}")
         self._deadline = time.perf_counter() + opts.budget_s if opts.budget_s else None
         self.geometry, self.kernel, self.options = geometry, kernel, opts
-        self.config_type, self.flops = ConvConfig, geometry.flops
+        self.flops = geometry.flops
         self.device: DeviceKey = device
         self.sm_count = sm_count
         self.problem = conv_problem_key(geometry, kernel)
-        ranked = conv_configs(geometry, kernel, sm_count)
+        if self.family == "cutlass3x":
+            self.config_type, ranked = ConvConfig, conv_configs(geometry, kernel, sm_count)
+        else:
+            self.config_type, ranked = Conv2xConfig, conv2x_configs(kernel, c, k)
+            if not ranked:
+                raise PycLabError(f"autotune_conv {geometry}: {why}, and no CUTLASS 2 "
+                                  f"configuration takes {c} -> {k} channels; pl.conv uses "
+                                  "cuDNN for it")
         if restrict is not None:
             ranked = [c for c in ranked if restrict(c)]
         if not ranked:
@@ -135,8 +155,12 @@ class ConvRunner(CandidateRows):
         self._libraries = {"cudnn": self._cudnn}
         self.baselines = {"cudnn": gpu_ms(self._cudnn, opts.repeats)}
         self._builds: dict[ConvConfig, BuildResult] = {}
-        self._futures = build_conv_many(ranked, kernel, cc, opts.workers, cache,
-                                        on_done=lambda r: self._builds.__setitem__(r.config, r))
+        def done(r: BuildResult) -> None:
+            self._builds[r.config] = r
+
+        self._futures = build_conv_many(ranked, kernel, cc, opts.workers, cache, done) \
+            if self.family == "cutlass3x" else \
+            build_conv2x_many(ranked, kernel, c, k, cc, opts.workers, cache, done)
         self._loaded: dict[ConvConfig, CutlassConv] = {}
         self._init_rows()
         self._hung: str | None = None
@@ -156,6 +180,7 @@ class ConvRunner(CandidateRows):
         nd = g.spatial
         to_first = (0, nd + 1, *range(1, nd + 1))
         xf, wf = self._x.permute(*to_first), self._w.permute(*to_first)
+        self._first = (xf, wf)
         fn = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d,
               3: torch.nn.functional.conv3d}[nd]
         args = dict(stride=g.stride, padding=g.pad, dilation=g.dilation)
@@ -180,29 +205,55 @@ class ConvRunner(CandidateRows):
     # -- the runner protocol (space() comes from CandidateRows) -----------------------
     def evaluate(self, candidate: Mapping[str, Any], fidelity: int) -> Outcome:
         """Build (wait for), run twice, check and time one configuration."""
-        cfg = ConvConfig.from_dict(dict(candidate))
+        cfg = self.config_type.from_dict(dict(candidate))
         library, outcome = self._library_of(cfg)
         if outcome is not None:
             return outcome
         try:
-            conv = self._loaded.get(cfg) or CutlassConv(library, cfg, self.kernel,
-                                                        self.sm_count)
+            conv = self._loaded.get(cfg) or self._load(cfg, library)
             self._loaded[cfg] = conv
-            if not conv.can_implement(self.geometry):
+            if not conv.can_implement(self._read(cfg)):
                 return self._finish(cfg, "skipped", message="can_implement refused the problem")
         except Exception as exc:
             return self._finish(cfg, "wrong_result", message=f"{type(exc).__name__}: {exc}")
-        stream = self._torch.cuda.current_stream().cuda_stream
-        ptrs = (self._x.data_ptr(), self._w.data_ptr(),
-                None if self._b is None else self._b.data_ptr(), self._y.data_ptr())
-
-        def launch() -> None:
-            conv.run(self.geometry, *ptrs, stream)
+        launch = self._launch(conv)
 
         status, ms, err, msg = self._check_and_time(launch, cfg.id, fidelity)
         if status == "ok":
             self._launches[cfg.id] = (cfg, launch)
         return self._finish(cfg, status, ms, err, msg)
+
+    def _load(self, cfg: Any, library: Any) -> CutlassConv:
+        if isinstance(cfg, ConvConfig):
+            return CutlassConv(library, cfg, self.kernel, self.sm_count)
+        align, align_out = conv2x_widths(cfg, self.kernel, self.geometry.act[-1],
+                                         self.geometry.flt[0])
+        return CutlassConv2x(library, cfg, self.kernel, self.sm_count, align=align,
+                             align_out=align_out)
+
+    def _read(self, cfg: Any) -> ConvGeometry:
+        """The geometry the kernel reads (a ``pad_to`` configuration's padded channels)."""
+        from ..cutlass.conv_2x import padded_geometry
+
+        pad_to = getattr(cfg, "pad_to", 0)
+        return padded_geometry(self.geometry, pad_to) if pad_to else self.geometry
+
+    def _launch(self, conv: CutlassConv) -> Callable[[], None]:
+        """One call of the kernel into the poisoned output: on the tensors' pointers for a
+        Hopper kernel; for a CUTLASS 2 one, as ``pl.conv`` calls it
+        (:func:`~pyc_lab.kernels.conv_cutlass.kernel_call`: any channel padding included)."""
+        if isinstance(conv, CutlassConv2x):
+            call, (xf, wf), b, y = kernel_call(conv, self.geometry), self._first, self._b, \
+                self._y
+
+            def through_pl_conv() -> None:
+                call(xf, wf, b, out=y)
+
+            return through_pl_conv
+        stream = self._torch.cuda.current_stream().cuda_stream
+        ptrs = (self._x.data_ptr(), self._w.data_ptr(),
+                None if self._b is None else self._b.data_ptr(), self._y.data_ptr())
+        return lambda: conv.run(self.geometry, *ptrs, stream)
 
     def _check_and_time(self, launch: Callable[[], None], name: str, repeats: int
                         ) -> tuple[str, float | None, float | None, str]:

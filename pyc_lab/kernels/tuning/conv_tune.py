@@ -1,6 +1,7 @@
 """``autotune_conv``: tune pyc_lab's CUTLASS convolutions for one problem, against cuDNN.
 
-The candidates of :class:`~pyc_lab.kernels.tuning.conv_runner.ConvRunner` go through the
+The candidates of :class:`~pyc_lab.kernels.tuning.conv_runner.ConvRunner` (Hopper
+kernels where TMA can load the channels, CUTLASS 2 kernels where it cannot) go through the
 shared :class:`~pyc_lab.search.session.TuningSession` (strategy, budget, seed and
 observers as for GEMMs); every candidate, the cuDNN baseline of the same run and the
 winner go to the tuning database, where ``pl.conv`` finds the winner and races it
@@ -16,6 +17,7 @@ from typing import Any
 
 from ..conv import conv_geometry
 from ..cutlass.conv import ConvConfig, ConvGeometry
+from ..cutlass.conv_2x import Conv2xConfig
 from .autotune import tune_runner
 from .conv_runner import ConvRunner
 from .database import TuningDB
@@ -33,8 +35,8 @@ def conv_geometry_of(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: 
                      padding: Any = 0, dilation: Any = 1,
                      layout: str = "channels_first") -> ConvGeometry:
     """The kernels' geometry of a ``pl.conv`` problem given as shapes (checked as
-    ``pl.conv`` checks them, with ``groups=1``: CUTLASS's Hopper convolutions are not
-    grouped, and ``pl.conv`` runs grouped ones on cuDNN)."""
+    ``pl.conv`` checks them, with ``groups=1``: CUTLASS's convolutions are not grouped,
+    and ``pl.conv`` runs grouped ones on cuDNN)."""
     x_shape, w_shape = tuple(int(v) for v in x_shape), tuple(int(v) for v in w_shape)
     _, stride_t, pads, dilation_t = conv_geometry(x_shape, w_shape, None, stride=stride,
                                                   padding=padding, dilation=dilation,
@@ -47,7 +49,7 @@ def conv_geometry_of(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: 
 def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any = 1,
                   padding: Any = 0, dilation: Any = 1, layout: str = "channels_first",
                   options: GemmTuneOptions | None = None,
-                  restrict: Callable[[ConvConfig], bool] | None = None,
+                  restrict: Callable[[ConvConfig | Conv2xConfig], bool] | None = None,
                   db: TuningDB | None = None,
                   cache: Any = None, observer: Callable[[dict[str, Any]], None] | None = None,
                   stop: threading.Event | None = None, **settings: Any) -> TuneResult:
@@ -59,7 +61,9 @@ def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any
         The problem as ``pl.conv`` takes it: ``x (N, C, *spatial)`` (or
         ``(N, *spatial, C)`` with ``layout="channels_last"``), ``w (K, C, *kernel)``.
         The kernels read the activations channels last; ``pl.conv`` offers them for
-        channels-last inputs.
+        channels-last inputs. Channels TMA cannot load (not a multiple of 16 bytes, e.g.
+        an RGB stem's 3) are tuned over CUTLASS 2 kernels (1-D and 2-D problems), with
+        the input zero-padded to a power of two as one more candidate.
     stride, padding, dilation
         As for ``pl.conv``.
     options, **settings
@@ -84,8 +88,8 @@ def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any
     Raises
     ------
     PycLabError
-        No GPU or torch, not Hopper, no nvcc, a grouped convolution, channel counts the
-        kernels cannot take, or a bad setting.
+        No GPU or torch, not Hopper, no nvcc, a grouped convolution, a 3-D problem with
+        channels TMA cannot load, or a bad setting.
     """
     merged = {**{k: v for k, v in CONV_DEFAULTS.items() if options is None}, **settings}
     opts = GemmTuneOptions.resolve(options, merged)

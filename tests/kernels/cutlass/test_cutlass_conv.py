@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pyc_lab.errors import PycLabError
-from pyc_lab.kernels.conv_cutlass import conv_problem_key
+from pyc_lab.kernels.conv_cutlass import conv_config_of, conv_problem_key
 from pyc_lab.kernels.conv_im2col import out_size
 from pyc_lab.kernels.cutlass.conv import (
     ConvConfig,
@@ -30,6 +30,19 @@ def test_config_ids_and_dicts_round_trip():
     for bad in ({}, {"tile": "64x64", "cluster": "1x1"}, {"tile": "a", "cluster": "1x1"}):
         with pytest.raises(PycLabError, match="not a convolution configuration"):
             ConvConfig.from_dict(bad)
+
+
+def test_a_database_entry_names_its_family():
+    from pyc_lab.kernels.cutlass.conv_2x import Conv2xConfig
+
+    hopper = ConvConfig((128, 64, 64), (2, 1))
+    ampere = Conv2xConfig((128, 64, 32), (64, 32, 32), 3, "fixed_channels", pad_to=4)
+    assert conv_config_of(hopper.to_dict()) == hopper
+    assert conv_config_of(ampere.to_dict()) == ampere
+    with pytest.raises(PycLabError, match="not a convolution configuration"):
+        conv_config_of({"tile": "128x64x64"})
+    with pytest.raises(PycLabError, match="not a CUTLASS 2 convolution configuration"):
+        conv_config_of({"tile": "128x64x32", "warp": "64x32x32"})
 
 
 def test_kernel_ops_and_bad_kernels():

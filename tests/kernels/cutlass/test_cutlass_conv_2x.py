@@ -18,9 +18,13 @@ from pyc_lab.kernels.cutlass.conv_2x import (
     Conv2xConfig,
     CutlassConv2x,
     build_conv2x,
+    cached_conv2x,
     conv2x_align,
     conv2x_configs,
+    conv2x_pad,
+    conv2x_widths,
     emit_conv2x_source,
+    padded_geometry,
 )
 
 SYMBOLS = ("pyc_conv_can_implement", "pyc_conv_workspace_size", "pyc_conv_create",
@@ -35,9 +39,17 @@ def test_config_ids_and_dicts_round_trip():
     assert cfg.warps == 4
     assert Conv2xConfig.from_dict(cfg.to_dict()) == cfg
     assert Conv2xConfig.from_dict(Conv2xConfig().to_dict()) == Conv2xConfig()
+    padded = Conv2xConfig((128, 64, 32), (64, 32, 32), 3, "fixed_channels", pad_to=4)
+    assert padded.id == "conv2x_t128x64x32_w64x32x32_s3_fixed_channels_c4"
+    assert Conv2xConfig.from_dict(padded.to_dict()) == padded
+    assert padded.channels(3) == 4 and cfg.channels(3) == 3
+    # an entry written before pad_to existed reads back as unpadded
+    old = {k: v for k, v in cfg.to_dict().items() if k != "pad_to"}
+    assert Conv2xConfig.from_dict(old) == cfg
     for bad in ({}, {"tile": "64x64", "warp": "32x32x32", "stages": 3, "iterator": "optimized"},
                 {"tile": "a", "warp": "32x32x32", "stages": 3, "iterator": "optimized"},
-                {"tile": "64x64x32", "warp": "32x32x32", "stages": 3, "iterator": "fast"}):
+                {"tile": "64x64x32", "warp": "32x32x32", "stages": 3, "iterator": "fast"},
+                {**cfg.to_dict(), "pad_to": -4}, {**cfg.to_dict(), "pad_to": "four"}):
         with pytest.raises(PycLabError, match="not a CUTLASS 2 convolution configuration"):
             Conv2xConfig.from_dict(bad)
 
@@ -70,11 +82,39 @@ def test_issue_refuses_what_cannot_compile_or_run():
     assert "iterator" in Conv2xConfig(iterator="fast").issue(f16, 64)
 
 
+def test_padding_widens_channels_that_are_not_an_access_width():
+    assert [conv2x_pad("f16", c) for c in (1, 2, 3, 4, 5, 7, 8, 12, 64)] == \
+        [0, 0, 4, 0, 8, 8, 0, 0, 0]
+    assert [conv2x_pad("tf32", c) for c in (3, 4, 6)] == [4, 0, 0]
+    f16 = ConvKernel("f16", 2)
+    padded = Conv2xConfig((128, 64, 32), (64, 32, 32), 3, "fixed_channels", pad_to=4)
+    assert padded.issue(f16, 3) == ""  # reads 4 channels: 8-byte cp.async, C == align
+    assert "does not widen" in padded.issue(f16, 4)
+    assert "does not widen" in padded.issue(f16, 6)
+    assert conv2x_widths(padded, f16, 3, 64) == (4, 8)
+    assert conv2x_widths(Conv2xConfig(), f16, 12, 36) == (4, 4)
+    stem = ConvGeometry.from_channels_first((2, 3, 9, 11), (64, 3, 7, 7), (2, 2), (3, 3),
+                                            (1, 1))
+    read = padded_geometry(stem, 4)
+    assert read.act == (2, 9, 11, 4) and read.flt == (64, 7, 7, 4)
+    assert read.out == stem.out and read.pad == stem.pad and read.stride == stem.stride
+    # one library serves a padded configuration and the unpadded one on those channels
+    unpadded = Conv2xConfig((128, 64, 32), (64, 32, 32), 3, "fixed_channels")
+    assert emit_conv2x_source(padded, f16, 4) == emit_conv2x_source(unpadded, f16, 4)
+
+
 def test_candidates_for_few_channels_and_for_wide_ones():
     stem = conv2x_configs(ConvKernel("bf16", 2, True, "relu"), 3, 64)
     assert stem and len(set(stem)) == len(stem)
-    assert {c.iterator for c in stem} == {"few_channels"}  # 3 is not an access width
-    assert {c.stages for c in stem} == {2} and max(c.tile[1] for c in stem) == 64
+    # padded to 4 first (fixed- then few-channels, 8-byte cp.async), then as given
+    assert stem[0].pad_to == 4 and stem[0].iterator == "fixed_channels"
+    assert {c.stages for c in stem if c.pad_to} == {3, 4}
+    as_given = [c for c in stem if not c.pad_to]
+    assert as_given and stem.index(as_given[0]) == len(stem) - len(as_given)
+    assert {c.iterator for c in as_given} == {"few_channels"}  # 3 is not an access width
+    assert {c.stages for c in as_given} == {2} and max(c.tile[1] for c in stem) == 64
+    odd_k = conv2x_configs(ConvKernel("f16", 2), 64, 36)  # epilogue accesses of 4
+    assert odd_k and all(not c.issue(ConvKernel("f16", 2), 64, None, 36, 4) for c in odd_k)
     four = conv2x_configs(ConvKernel("f16", 2), 4)
     assert four[0].iterator == "fixed_channels" and four[-1].iterator == "few_channels"
     assert {c.stages for c in four} == {3, 4}
@@ -119,6 +159,12 @@ def test_the_pre_checks_are_this_familys_not_tmas():
                                             (1, 1))
     assert "multiples of 8" in stem.issue(conv.kernel)  # what the Hopper kernels say
     assert conv._issue(stem) == ""
+    # a padded configuration is checked on the channels it reads
+    conv.config, conv.align = Conv2xConfig((128, 64, 32), (64, 32, 32), 3, "fixed_channels",
+                                           pad_to=4), 4
+    assert conv._issue(padded_geometry(stem, 4)) == ""
+    assert "not a multiple of align 4" in conv._issue(stem)
+    conv.config, conv.align = STEM, 1
     odd_k = ConvGeometry.from_channels_first((2, 3, 32, 32), (12, 3, 7, 7), (2, 2), (3, 3),
                                              (1, 1))
     assert "align_out" in conv._issue(odd_k)
@@ -127,6 +173,14 @@ def test_the_pre_checks_are_this_familys_not_tmas():
     assert "does not fit" in conv._issue(tiny)
     conv.config = None
     assert conv._issue(stem) == "" and "multiples of 1 and 8" in conv._issue(odd_k)
+
+
+def test_the_cache_is_asked_never_built_from(tmp_path):
+    cache = KernelCache(tmp_path)
+    assert cached_conv2x(STEM, ConvKernel("bf16", 2), 1, cache=cache) is None  # empty
+    assert cached_conv2x(STEM, ConvKernel("bf16", 2), 1, cc=75, cache=cache) is None
+    assert cached_conv2x(Conv2xConfig(stages=3), ConvKernel(), 1, cache=cache) is None
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.nvcc
@@ -138,6 +192,7 @@ def test_a_stem_kernel_builds_with_the_hopper_kernels_c_functions(tmp_path):
     kernel = ConvKernel("bf16", 2, True, "relu")
     res = build_conv2x(STEM, kernel, 1, cc=90, cache=KernelCache(tmp_path))
     assert res.ok and res.status == "built", res.message
+    assert cached_conv2x(STEM, kernel, 1, cache=KernelCache(tmp_path)) == res.library
     if shutil.which("nm"):
         out = subprocess.run(["nm", "-D", "--defined-only", str(res.library)],
                              capture_output=True, text=True, check=True).stdout

@@ -1,7 +1,8 @@
 """pyc_lab's CUTLASS 2 (Ampere-class) convolutions on a GPU: a network stem's three input
 channels, which TMA cannot load, and an aligned layer, against the convolution in
 float64 (odd sizes, strides, padding, bias + relu, NaN), with poisoned outputs and
-re-bound pointers.
+re-bound pointers; and the stem tuned over this family (its channels padded to 4 as a
+candidate) and raced by ``pl.conv``.
 
 The kernels go to the session's kernel cache (``$PYC_LAB_TEST_KERNEL_CACHE`` when set);
 ``python tests/kernels/cutlass/test_cutlass_conv_2x_gpu.py DIR`` builds them there
@@ -31,7 +32,7 @@ cp = pytest.importorskip("cupy")
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 
 #: name -> (kernel, input channels, output channels): each runs the first configuration
-#: conv2x_configs ranks for its channels.
+#: conv2x_configs ranks for its channels as given (no padding).
 KERNELS = {
     "f16_stem_bias_relu": (ConvKernel("f16", 2, True, "relu"), 3, 64),
     "bf16_stem": (ConvKernel("bf16", 2), 3, 64),
@@ -44,8 +45,8 @@ KERNELS = {
 
 def planned_builds() -> list[tuple]:
     """(config, kernel, align) of every kernel the tests use."""
-    return [(conv2x_configs(k, c, o)[0], k, conv2x_align(k.dtype, c))
-            for k, c, o in KERNELS.values()]
+    return [(next(cfg for cfg in conv2x_configs(k, c, o) if not cfg.pad_to), k,
+             conv2x_align(k.dtype, c)) for k, c, o in KERNELS.values()]
 
 
 def prebuild(directory: str) -> None:
@@ -146,6 +147,85 @@ def test_rebinding_and_refusals(kernels):
         conv.run(odd_k, 1, 1, 1, 1, 0)
     assert not kernels["f16_aligned"].can_implement(
         ConvGeometry.from_channels_first((2, 3, 8, 8), (64, 3, 3, 3), (1, 1), (1, 1), (1, 1)))
+
+
+def _fresh_state(tmp_path, monkeypatch):
+    """A tuning database of the test's own and no remembered conv choices."""
+    from pyc_lab.kernels import conv, conv_cutlass, conv_gemm
+    from pyc_lab.kernels.tuning import database
+
+    monkeypatch.setattr(database, "default_path", lambda: tmp_path / "tuning.sqlite")
+    monkeypatch.setattr(conv_gemm, "_CHOICES", {})
+    monkeypatch.setattr(conv_gemm, "_RUNNERS", {})
+    monkeypatch.setattr(conv, "_PLANS", {})
+    monkeypatch.setattr(conv_cutlass, "_MEMO", {})
+
+
+def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path,
+                                                                         monkeypatch):
+    """autotune_conv on a 3-channel problem (which the Hopper kernels refuse) checks and
+    times CUTLASS 2 candidates — one reading the channels as given, one reading them
+    zero-padded to 4 — against cuDNN and records the winner; pl.conv's lookup returns a
+    call of it whose answer (padding done per call) matches float64, NaN included, and
+    its race offers it."""
+    from pyc_lab.kernels import conv_cutlass, conv_gemm
+
+    _fresh_state(tmp_path, monkeypatch)
+    cache = os.environ.get("PYC_LAB_TEST_KERNEL_CACHE")
+    kern = ConvKernel("f16", 2, True, "relu")
+    ranked = conv2x_configs(kern, 3, 64)
+    plain = next(c for c in ranked if not c.pad_to)
+    padded = ranked[0]
+    assert padded.pad_to == 4 and padded.iterator == "fixed_channels"
+    xs, ws = (3, 3, 29, 31), (64, 3, 7, 7)
+    res = pl.autotune_conv(xs, ws, stride=2, padding=3, dtype="f16", bias=True,
+                           activation="relu", restrict=lambda c: c in (plain, padded),
+                           repeats=5, cache=KernelCache(cache) if cache else None)
+    assert res.recorded and res.best is not None and res.best.ok, res.table
+    rows = {r["config"]: r for r in res.table.to_dict("records")}
+    assert set(rows) == {plain.id, padded.id}
+    assert {r["status"] for r in rows.values()} == {"ok"}, rows
+    assert res.baselines["cudnn"] > 0
+    x = (torch.rand(xs, device="cuda") * 2 - 1).half().contiguous(
+        memory_format=torch.channels_last)
+    w = ((torch.rand(ws, device="cuda") * 2 - 1) / 12).half().contiguous(
+        memory_format=torch.channels_last)
+    b = (torch.rand(64, device="cuda") * 2 - 1).half()
+    x[1, 2, 14, 3] = float("nan")
+    for cfg in (plain, padded):  # each candidate as pl.conv would call it
+        _pin(res, cfg)
+        monkeypatch.setattr(conv_cutlass, "_MEMO", {})
+        fn, why = conv_cutlass.tuned_runner(x, w, b, (2, 2), (3, 3), (1, 1), "relu")
+        assert fn is not None and cfg.id in why, why
+        y = fn(x, w, b)
+        torch.cuda.synchronize()
+        want = _reference(x, w, b, (2, 2), (3, 3), "relu")
+        got = y.permute(0, 2, 3, 1).float().cpu().numpy()
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        assert np.isnan(got).any()
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.nanmax(np.abs(want)))
+    # pl.conv's race offers the tuned winner beside cuDNN and the GEMM form
+    _pin(res, conv_cutlass.conv_config_of(res.best.config))
+    monkeypatch.setattr(conv_cutlass, "_MEMO", {})
+    y = pl.conv2d(x, w, b, stride=2, padding=3, activation="relu")
+    choice = conv_gemm.choice_for(x, w, b, (2, 2), (3, 3), (1, 1), 1, "relu")
+    assert choice is not None and choice["cutlass_ms"] > 0
+    assert res.best.config == conv_cutlass.conv_config_of(res.best.config).to_dict()
+    assert conv_cutlass.conv_config_of(res.best.config).id in choice["cutlass_kernel"]
+    got = y.permute(0, 2, 3, 1).float().cpu().numpy()
+    want = _reference(x, w, b, (2, 2), (3, 3), "relu")
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.nanmax(np.abs(want)))
+
+
+def _pin(res, config):
+    """Make ``config`` (a candidate measured correct) the problem's winner in the test's
+    tuning database, as a user's ``set_winner`` would."""
+    from pyc_lab.kernels.tuning import database
+    from pyc_lab.kernels.tuning.keys import Measurement
+
+    with database.TuningDB() as db:
+        db.set_winner(res.device, res.problem, Measurement(config.to_dict(), "ok").config_id)
 
 
 if __name__ == "__main__":
