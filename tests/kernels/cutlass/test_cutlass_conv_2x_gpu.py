@@ -225,7 +225,8 @@ def _pin(res, config):
     from pyc_lab.kernels.tuning.keys import Measurement
 
     with database.TuningDB() as db:
-        db.set_winner(res.device, res.problem, Measurement(config.to_dict(), "ok").config_id)
+        db.set_winner(res.device, res.problem,
+                      Measurement(config.to_dict(), "skipped").config_id)
 
 
 if __name__ == "__main__":
