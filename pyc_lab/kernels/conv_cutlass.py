@@ -158,7 +158,11 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
     ``x (N, C, *spatial)`` channels last, ``w (K, C, *kernel)``, ``y (N, K, *out)``
     channels last, written into ``out`` (``(N, *out, K)`` contiguous) when given. A
     ``pad_to`` configuration's input and filter are zero-padded to its channels on each
-    call (part of what the race times)."""
+    call (part of what the race times). A kernel that reads pixels outside the filter
+    window (:attr:`~.cutlass.conv_2x.Conv2xConfig.reads_outside_window`) first checks
+    that the input is finite (one reduction and a wait for it, also timed by the race)
+    and hands a non-finite input — or a call inside a CUDA-graph capture, where nothing
+    can be checked — to cuDNN."""
     import torch
     import torch.nn.functional as F
 
@@ -167,12 +171,20 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
     to_first = (0, nd + 1, *range(1, nd + 1))
     out_shape = geometry.out_shape
     pad = getattr(conv.config, "pad_to", 0) - geometry.act[-1]
+    guarded = getattr(conv.config, "reads_outside_window", False)
+    problem = (geometry.stride, geometry.pad, geometry.dilation)
     if pad > 0:
         from .cutlass.conv_2x import padded_geometry
 
         geometry = padded_geometry(geometry, geometry.act[-1] + pad)
 
     def run(x: Any, w: Any, b: Any, out: Any = None) -> Any:
+        if guarded and (torch.cuda.is_current_stream_capturing()
+                        or not bool(torch.isfinite(x).all())):
+            # the kernel would spread a non-finite pixel to outputs whose window lacks
+            # it (Conv2xConfig.reads_outside_window); cuDNN answers exactly. Inside a
+            # CUDA-graph capture nothing can be checked, so cuDNN runs there too.
+            return _exact(x, w, b, out)
         if b is not None and not b.is_contiguous():
             b = b.contiguous()
         xl, wl = x.permute(*to_last), w.permute(*to_last)
@@ -185,5 +197,14 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
         conv.run(geometry, xl.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
                  y.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
         return y.permute(*to_first)
+
+    def _exact(x: Any, w: Any, b: Any, out: Any) -> Any:
+        from .conv_gemm import cudnn_conv, torch_activation
+
+        y = torch_activation(cudnn_conv(x, w, b, *problem, 1), conv.kernel.activation)
+        if out is None:
+            return y
+        out.copy_(y.permute(*to_last))
+        return out.permute(*to_first)
 
     return run

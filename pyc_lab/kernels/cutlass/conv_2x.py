@@ -106,6 +106,17 @@ class Conv2xConfig:
                 f"_s{self.stages}_{self.iterator}" + (f"_c{self.pad_to}" if self.pad_to
                                                       else ""))
 
+    @property
+    def reads_outside_window(self) -> bool:
+        """Whether the kernel reads pixels outside the filter window: the few- and
+        fixed-channels iterators fold the window into the reduction and round it up to
+        the K tile, and CUTLASS masks those extra taps' filter values to zero but not
+        their pixels (their ``valid()`` checks the image bounds only). A finite pixel
+        adds ``0 * x = 0``; a NaN or infinite one turns an output NaN that must not be,
+        so a call must not give such a kernel non-finite inputs
+        (:func:`~pyc_lab.kernels.conv_cutlass.kernel_call` checks)."""
+        return self.iterator in ("few_channels", "fixed_channels")
+
     def channels(self, channels: int) -> int:
         """The channels the kernel reads for a problem with ``channels`` input channels."""
         return self.pad_to or channels

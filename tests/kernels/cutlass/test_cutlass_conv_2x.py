@@ -43,6 +43,10 @@ def test_config_ids_and_dicts_round_trip():
     assert padded.id == "conv2x_t128x64x32_w64x32x32_s3_fixed_channels_c4"
     assert Conv2xConfig.from_dict(padded.to_dict()) == padded
     assert padded.channels(3) == 4 and cfg.channels(3) == 3
+    # the iterators that fold the window into the reduction read pixels past it
+    assert cfg.reads_outside_window and padded.reads_outside_window
+    assert not Conv2xConfig().reads_outside_window  # optimized
+    assert not Conv2xConfig(iterator="analytic").reads_outside_window
     # an entry written before pad_to existed reads back as unpadded
     old = {k: v for k, v in cfg.to_dict().items() if k != "pad_to"}
     assert Conv2xConfig.from_dict(old) == cfg

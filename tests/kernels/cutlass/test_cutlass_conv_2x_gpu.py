@@ -118,17 +118,40 @@ def test_kernels_match_float64(kernels, name, xs, ws, stride, pad):
     np.testing.assert_allclose(got, want, rtol=TOL[dt], atol=TOL[dt] * np.abs(want).max())
 
 
-def test_nan_reaches_exactly_the_outputs_that_read_it(kernels):
-    conv = kernels["bf16_stem"]
-    x = (torch.rand((2, 3, 20, 22), device="cuda") * 2 - 1).to(torch.bfloat16)
-    w = (torch.rand((64, 3, 7, 7), device="cuda") * 2 - 1).to(torch.bfloat16) / 12
-    x[0, 1, 9, 10] = float("nan")
-    x[1, 2, 0, 0] = float("inf")
-    got = _run(conv, x, w, None, (2, 2), (3, 3))
-    want = _reference(x, w, None, (2, 2), (3, 3), None)
+def test_nan_reaches_the_outputs_that_read_it_and_kernel_call_keeps_it_there(kernels):
+    """The aligned kernel (optimized iterator) puts NaN and infinity exactly where the
+    float64 convolution does. The few-channels stem kernel folds the window into a
+    reduction rounded up to the K tile and reads the pixels of those extra taps (their
+    filter values masked to zero): a NaN at row 14 turns output row 5 (window rows
+    7-13, extra tap row 14) NaN as well. kernel_call, what pl.conv runs, checks the input
+    and hands it to cuDNN, so the caller sees exactly the reference's NaN."""
+    from pyc_lab.kernels.conv_cutlass import kernel_call
+
+    aligned = kernels["f16_aligned"]
+    x = (torch.rand((2, 64, 13, 11), device="cuda") * 2 - 1).half()
+    w = ((torch.rand((64, 64, 3, 3), device="cuda") * 2 - 1) / 24).half()
+    x[0, 5, 6, 4] = float("nan")
+    x[1, 60, 0, 10] = float("inf")
+    got = _run(aligned, x, w, None, (1, 1), (1, 1))
+    want = _reference(x, w, None, (1, 1), (1, 1), None)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
-    assert np.isnan(got).any()
+    assert np.isnan(got).any() and not aligned.config.reads_outside_window
+
+    stem = kernels["bf16_stem"]
+    assert stem.config.reads_outside_window
+    x = (torch.rand((2, 3, 29, 31), device="cuda") * 2 - 1).to(torch.bfloat16)
+    w = ((torch.rand((64, 3, 7, 7), device="cuda") * 2 - 1) / 12).to(torch.bfloat16)
+    x[1, 2, 14, 3] = float("nan")
+    want = _reference(x, w, None, (2, 2), (3, 3), None)
+    raw = _run(stem, x, w, None, (2, 2), (3, 3))
+    assert (np.isnan(raw) >= np.isnan(want)).all()  # every output that reads it
+    assert np.isnan(raw[1, 5]).any() and not np.isnan(want[1, 5]).any()  # and more
+    g = ConvGeometry.from_channels_first(x.shape, w.shape, (2, 2), (3, 3), (1, 1))
+    xc = x.contiguous(memory_format=torch.channels_last)
+    got = kernel_call(stem, g)(xc, w, None).permute(0, 2, 3, 1).float().cpu().numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * np.nanmax(np.abs(want)))
 
 
 def test_rebinding_and_refusals(kernels):
@@ -167,7 +190,8 @@ def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path
     times CUTLASS 2 candidates — one reading the channels as given, one reading them
     zero-padded to 4 — against cuDNN and records the winner; pl.conv's lookup returns a
     call of it whose answer (padding done per call) matches float64, NaN included, and
-    its race offers it."""
+    its race offers it. A NaN input goes to cuDNN (these kernels read pixels outside
+    the window), a finite one runs the kernel."""
     from pyc_lab.kernels import conv_cutlass, conv_gemm
 
     _fresh_state(tmp_path, monkeypatch)
@@ -202,9 +226,18 @@ def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path
         want = _reference(x, w, b, (2, 2), (3, 3), "relu")
         got = y.permute(0, 2, 3, 1).float().cpu().numpy()
         assert y.is_contiguous(memory_format=torch.channels_last)
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))  # cuDNN answered
         assert np.isnan(got).any()
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.nanmax(np.abs(want)))
+        # a finite input runs the kernel itself (cuDNN would fail the test here)
+        xf = torch.nan_to_num(x)
+        with monkeypatch.context() as m:
+            m.setattr(conv_gemm, "cudnn_conv", _no_cudnn)
+            y = fn(xf, w, b)
+        torch.cuda.synchronize()
+        want = _reference(xf, w, b, (2, 2), (3, 3), "relu")
+        got = y.permute(0, 2, 3, 1).float().cpu().numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
     # pl.conv's race offers the tuned winner beside cuDNN and the GEMM form
     _pin(res, conv_cutlass.conv_config_of(res.best.config))
     monkeypatch.setattr(conv_cutlass, "_MEMO", {})
@@ -216,6 +249,10 @@ def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path
     got = y.permute(0, 2, 3, 1).float().cpu().numpy()
     want = _reference(x, w, b, (2, 2), (3, 3), "relu")
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.nanmax(np.abs(want)))
+
+
+def _no_cudnn(*args, **kwargs):
+    raise AssertionError("cuDNN ran where the kernel should have")
 
 
 def _pin(res, config):
