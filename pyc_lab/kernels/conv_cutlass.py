@@ -151,6 +151,21 @@ def _find(geometry: Any, kernel: Any, device: int) -> tuple[Any, str]:
         return None, f"tuning database: {exc}"
 
 
+def _finite_flag(x: Any) -> tuple[Any, Any]:
+    """Whether ``x`` is all finite, on its way to the host: a pinned boolean and the
+    event after which it holds the answer. One float32 sum of ``x`` on its stream, NaN
+    or infinite exactly when some element is (a finite input too large for float32's
+    sum reads as non-finite: cuDNN then answers, correct and merely slower); waiting for
+    the event waits for the sum, not for work queued after it."""
+    import torch
+
+    flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+    flag.copy_(torch.isfinite(x.sum(dtype=torch.float32)), non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(x.device))
+    return flag, ready
+
+
 def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
     """``fn(x, w, b, out=None) -> y``: the convolution of torch tensors by a loaded
     kernel (:class:`~.cutlass.conv.CutlassConv` or
@@ -159,10 +174,11 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
     channels last, written into ``out`` (``(N, *out, K)`` contiguous) when given. A
     ``pad_to`` configuration's input and filter are zero-padded to its channels on each
     call (part of what the race times). A kernel that reads pixels outside the filter
-    window (:attr:`~.cutlass.conv_2x.Conv2xConfig.reads_outside_window`) first checks
-    that the input is finite (one reduction and a wait for it, also timed by the race)
-    and hands a non-finite input — or a call inside a CUDA-graph capture, where nothing
-    can be checked — to cuDNN."""
+    window (:attr:`~.cutlass.conv_2x.Conv2xConfig.reads_outside_window`) sums the input
+    first (:func:`_finite_flag`), queues the kernel, then waits for the sum alone (the
+    kernel keeps the GPU busy meanwhile; the race times all of it): a non-finite input
+    gets cuDNN's answer instead, as does a call inside a CUDA-graph capture, where
+    nothing can be checked."""
     import torch
     import torch.nn.functional as F
 
@@ -179,12 +195,12 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
         geometry = padded_geometry(geometry, geometry.act[-1] + pad)
 
     def run(x: Any, w: Any, b: Any, out: Any = None) -> Any:
-        if guarded and (torch.cuda.is_current_stream_capturing()
-                        or not bool(torch.isfinite(x).all())):
-            # the kernel would spread a non-finite pixel to outputs whose window lacks
-            # it (Conv2xConfig.reads_outside_window); cuDNN answers exactly. Inside a
-            # CUDA-graph capture nothing can be checked, so cuDNN runs there too.
-            return _exact(x, w, b, out)
+        finite = None
+        if guarded:
+            if torch.cuda.is_current_stream_capturing():
+                # nothing can be checked inside a capture: cuDNN answers exactly
+                return _exact(x, w, b, out)
+            finite = _finite_flag(x)
         if b is not None and not b.is_contiguous():
             b = b.contiguous()
         xl, wl = x.permute(*to_last), w.permute(*to_last)
@@ -196,6 +212,13 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
                                                     dtype=x.dtype)
         conv.run(geometry, xl.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
                  y.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
+        if finite is not None:
+            flag, ready = finite
+            ready.synchronize()  # the check only: the kernel queued after it runs on
+            if not bool(flag):
+                # the kernel spread a non-finite pixel to outputs whose window lacks it
+                # (Conv2xConfig.reads_outside_window): cuDNN's exact answer replaces it
+                return _exact(x, w, b, out)
         return y.permute(*to_first)
 
     def _exact(x: Any, w: Any, b: Any, out: Any) -> Any:
