@@ -151,19 +151,27 @@ def _find(geometry: Any, kernel: Any, device: int) -> tuple[Any, str]:
         return None, f"tuning database: {exc}"
 
 
-def _finite_flag(x: Any) -> tuple[Any, Any]:
-    """Whether ``x`` is all finite, on its way to the host: a pinned boolean and the
-    event after which it holds the answer. One float32 sum of ``x`` on its stream, NaN
-    or infinite exactly when some element is (a finite input too large for float32's
-    sum reads as non-finite: cuDNN then answers, correct and merely slower); waiting for
-    the event waits for the sum, not for work queued after it."""
-    import torch
+class _FiniteCheck(threading.local):
+    """Whether an input is all finite, on its way to the host, without stalling the
+    stream: one float32 sum of the input (NaN or infinite exactly when some element is;
+    a finite input too large for float32's sum reads as non-finite, and cuDNN then
+    answers, correct and merely slower) copied into a pinned flag behind an event.
+    Waiting for the event waits for the sum, not for the work queued after it. The flag
+    and the event are made once per thread (a pinned allocation per call costs more
+    than the check)."""
 
-    flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-    flag.copy_(torch.isfinite(x.sum(dtype=torch.float32)), non_blocking=True)
-    ready = torch.cuda.Event()
-    ready.record(torch.cuda.current_stream(x.device))
-    return flag, ready
+    def start(self, x: Any) -> None:
+        import torch
+
+        if not hasattr(self, "flag"):
+            self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self.ready = torch.cuda.Event()
+        self.flag.copy_(torch.isfinite(x.sum(dtype=torch.float32)), non_blocking=True)
+        self.ready.record(torch.cuda.current_stream(x.device))
+
+    def finite(self) -> bool:
+        self.ready.synchronize()
+        return bool(self.flag)
 
 
 def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
@@ -175,7 +183,7 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
     ``pad_to`` configuration's input and filter are zero-padded to its channels on each
     call (part of what the race times). A kernel that reads pixels outside the filter
     window (:attr:`~.cutlass.conv_2x.Conv2xConfig.reads_outside_window`) sums the input
-    first (:func:`_finite_flag`), queues the kernel, then waits for the sum alone (the
+    first (:class:`_FiniteCheck`), queues the kernel, then waits for the sum alone (the
     kernel keeps the GPU busy meanwhile; the race times all of it): a non-finite input
     gets cuDNN's answer instead, as does a call inside a CUDA-graph capture, where
     nothing can be checked."""
@@ -194,13 +202,14 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
 
         geometry = padded_geometry(geometry, geometry.act[-1] + pad)
 
+    check = _FiniteCheck() if guarded else None
+
     def run(x: Any, w: Any, b: Any, out: Any = None) -> Any:
-        finite = None
-        if guarded:
+        if check is not None:
             if torch.cuda.is_current_stream_capturing():
                 # nothing can be checked inside a capture: cuDNN answers exactly
                 return _exact(x, w, b, out)
-            finite = _finite_flag(x)
+            check.start(x)
         if b is not None and not b.is_contiguous():
             b = b.contiguous()
         xl, wl = x.permute(*to_last), w.permute(*to_last)
@@ -212,13 +221,10 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
                                                     dtype=x.dtype)
         conv.run(geometry, xl.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
                  y.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
-        if finite is not None:
-            flag, ready = finite
-            ready.synchronize()  # the check only: the kernel queued after it runs on
-            if not bool(flag):
-                # the kernel spread a non-finite pixel to outputs whose window lacks it
-                # (Conv2xConfig.reads_outside_window): cuDNN's exact answer replaces it
-                return _exact(x, w, b, out)
+        if check is not None and not check.finite():  # the kernel runs on meanwhile
+            # the kernel spread a non-finite pixel to outputs whose window lacks it
+            # (Conv2xConfig.reads_outside_window): cuDNN's exact answer replaces it
+            return _exact(x, w, b, out)
         return y.permute(*to_first)
 
     def _exact(x: Any, w: Any, b: Any, out: Any) -> Any:
