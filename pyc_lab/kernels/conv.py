@@ -28,8 +28,8 @@ import numpy as np
 
 from ..errors import PycLabError
 from . import arrays, conv_gemm
-from .conv_gemm import torch_activation
 from .conv_im2col import conv_im2col, out_size
+from .conv_library import torch_activation
 from .matmul_launch import apply_epilogue
 from .memo import remember
 

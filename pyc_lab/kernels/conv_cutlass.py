@@ -228,7 +228,7 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
         return y.permute(*to_first)
 
     def _exact(x: Any, w: Any, b: Any, out: Any) -> Any:
-        from .conv_gemm import cudnn_conv, torch_activation
+        from .conv_library import cudnn_conv, torch_activation
 
         y = torch_activation(cudnn_conv(x, w, b, *problem, 1), conv.kernel.activation)
         if out is None:

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .conv_im2col import out_size
+from .conv_library import cudnn_conv, torch_activation
 
 __all__ = ["GPU_SLACK", "MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices", "cudnn_conv",
            "gemm_conv", "patch_bytes", "prepare", "run", "torch_activation"]
@@ -89,48 +90,6 @@ def choice_for(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int,
     it is undecided or not raced (neither the GEMM form nor a tuned kernel applies)."""
     choice = _CHOICES.get(_signature(x, w, b, stride, pads, dilation, groups, activation))
     return None if choice is None or "cudnn_ms" not in choice else dict(choice)
-
-
-def cudnn_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-           dilation: tuple[int, ...], groups: int, benchmark: bool = True) -> Any:
-    """torch's convolution, with cuDNN in its benchmark mode unless told otherwise (the
-    user's setting restored after the call; their other cuDNN settings kept)."""
-    fn = _torch_conv(x.ndim - 2)
-    if not benchmark:
-        return fn(x, w, b, stride, pads, dilation, groups)
-    get, put = _benchmark_flag()
-    was = get()
-    if was:
-        return fn(x, w, b, stride, pads, dilation, groups)
-    put(True)
-    try:
-        return fn(x, w, b, stride, pads, dilation, groups)
-    finally:
-        put(was)
-
-
-@functools.cache
-def _torch_conv(nd: int) -> Callable[..., Any]:
-    import torch.nn.functional as F
-
-    return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
-
-
-@functools.cache
-def _benchmark_flag() -> tuple[Callable[[], bool], Callable[[bool], None]]:
-    """Reading and setting ``torch.backends.cudnn.benchmark`` (torch's own two C
-    functions where it has them: the module attribute costs microseconds a call)."""
-    import torch
-
-    get = getattr(torch._C, "_get_cudnn_benchmark", None)
-    put = getattr(torch._C, "_set_cudnn_benchmark", None)
-    if get is None or put is None:  # pragma: no cover - older or newer torch
-        def get() -> bool:
-            return bool(torch.backends.cudnn.benchmark)
-
-        def put(value: bool) -> None:
-            torch.backends.cudnn.benchmark = value
-    return get, put
 
 
 def patch_bytes(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
@@ -318,20 +277,6 @@ def prepare(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ..
         return _RUNNERS[key], True
     return _then(functools.partial(cudnn_conv, stride=stride, pads=pads, dilation=dilation,
                                    groups=groups), activation), True
-
-
-def torch_activation(y: Any, activation: str | None, inplace: bool = True) -> Any:
-    """``activation`` applied to a torch tensor: in place where torch can (a fresh
-    result), or out of place (``inplace=False``: a result autograd keeps)."""
-    if activation is None:
-        return y
-    import torch.nn.functional as F
-
-    if activation == "relu":
-        return y.relu_() if inplace else F.relu(y)
-    if activation == "silu":
-        return F.silu(y, inplace=inplace)
-    return F.gelu(y, approximate="tanh")
 
 
 def _then(fn: Callable[..., Any], activation: str | None) -> Callable[..., Any]:

@@ -39,7 +39,7 @@ from ...hardware.device import require_cupy
 from ...search import Outcome
 from ..arrays import torch_stream
 from ..conv_cutlass import conv_problem_key, kernel_call
-from ..conv_gemm import cudnn_conv
+from ..conv_library import cudnn_conv
 from ..cutlass.conv import (
     ConvConfig,
     ConvGeometry,

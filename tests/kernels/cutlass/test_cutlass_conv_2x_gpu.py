@@ -192,7 +192,7 @@ def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path
     call of it whose answer (padding done per call) matches float64, NaN included, and
     its race offers it. A NaN input goes to cuDNN (these kernels read pixels outside
     the window), a finite one runs the kernel."""
-    from pyc_lab.kernels import conv_cutlass, conv_gemm
+    from pyc_lab.kernels import conv_cutlass, conv_gemm, conv_library
 
     _fresh_state(tmp_path, monkeypatch)
     cache = os.environ.get("PYC_LAB_TEST_KERNEL_CACHE")
@@ -232,7 +232,7 @@ def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path
         # a finite input runs the kernel itself (cuDNN would fail the test here)
         xf = torch.nan_to_num(x)
         with monkeypatch.context() as m:
-            m.setattr(conv_gemm, "cudnn_conv", _no_cudnn)
+            m.setattr(conv_library, "cudnn_conv", _no_cudnn)
             y = fn(xf, w, b)
         torch.cuda.synchronize()
         want = _reference(xf, w, b, (2, 2), (3, 3), "relu")
