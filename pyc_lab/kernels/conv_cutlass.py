@@ -236,4 +236,5 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
         out.copy_(y.permute(*to_last))
         return out.permute(*to_first)
 
+    run.waits_for_device = check is not None  # type: ignore[attr-defined]
     return run

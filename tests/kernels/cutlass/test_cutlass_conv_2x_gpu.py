@@ -221,6 +221,7 @@ def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path
         monkeypatch.setattr(conv_cutlass, "_MEMO", {})
         fn, why = conv_cutlass.tuned_runner(x, w, b, (2, 2), (3, 3), (1, 1), "relu")
         assert fn is not None and cfg.id in why, why
+        assert conv_gemm.waits_for_device(fn)  # the race times it without the spin
         y = fn(x, w, b)
         torch.cuda.synchronize()
         want = _reference(x, w, b, (2, 2), (3, 3), "relu")
