@@ -23,7 +23,9 @@ copied to that order on each call (the race times that copy, and any padding, to
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -155,23 +157,53 @@ class _FiniteCheck(threading.local):
     """Whether an input is all finite, on its way to the host, without stalling the
     stream: one float32 sum of the input (NaN or infinite exactly when some element is;
     a finite input too large for float32's sum reads as non-finite, and cuDNN then
-    answers, correct and merely slower) copied into a pinned flag behind an event.
-    Waiting for the event waits for the sum, not for the work queued after it. The flag
-    and the event are made once per thread (a pinned allocation per call costs more
-    than the check)."""
+    answers, correct and merely slower) copied into pinned memory behind an event and
+    tested there. Waiting for the event waits for the sum, not for the work queued after
+    it. The pinned scalar and the event are made once per thread (a pinned allocation
+    per call costs more than the check)."""
 
     def start(self, x: Any) -> None:
         import torch
 
-        if not hasattr(self, "flag"):
-            self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+        if not hasattr(self, "total"):
+            self.total = torch.empty((), dtype=torch.float32, pin_memory=True)
             self.ready = torch.cuda.Event()
-        self.flag.copy_(torch.isfinite(x.sum(dtype=torch.float32)), non_blocking=True)
+        self.total.copy_(x.sum(dtype=torch.float32), non_blocking=True)
         self.ready.record(torch.cuda.current_stream(x.device))
 
     def finite(self) -> bool:
         self.ready.synchronize()
-        return bool(self.flag)
+        return math.isfinite(float(self.total))
+
+
+class _PaddedFilters:
+    """Filters zero-padded to a ``pad_to`` configuration's channels, kept per filter
+    tensor while it lives unchanged: an entry holds a weak reference to the caller's
+    tensor (a freed one, whose memory a new tensor may reuse, never matches) and torch's
+    version counter of it (which every in-place write, an optimiser step's included,
+    bumps), so a call with the same weights pads them once. At most ``limit`` entries,
+    the oldest dropped."""
+
+    def __init__(self, limit: int = 8) -> None:
+        self._kept: list[tuple[Any, tuple, Any]] = []
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def get(self, w: Any, wl: Any, pad: int) -> Any:
+        """``wl`` (``w`` channels last) padded by ``pad`` zero channels."""
+        import torch.nn.functional as F
+
+        version = (w._version, w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype)
+        with self._lock:
+            for ref, seen, padded in self._kept:
+                if ref() is w and seen == version:
+                    return padded
+        padded = F.pad(wl, (0, pad))
+        with self._lock:
+            self._kept = [e for e in self._kept if e[0]() is not None and e[0]() is not w]
+            self._kept.append((weakref.ref(w), version, padded))
+            del self._kept[:-self._limit]
+        return padded
 
 
 def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
@@ -203,6 +235,7 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
         geometry = padded_geometry(geometry, geometry.act[-1] + pad)
 
     check = _FiniteCheck() if guarded else None
+    filters = _PaddedFilters() if pad > 0 else None
 
     def run(x: Any, w: Any, b: Any, out: Any = None) -> Any:
         if check is not None:
@@ -213,8 +246,8 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
         if b is not None and not b.is_contiguous():
             b = b.contiguous()
         xl, wl = x.permute(*to_last), w.permute(*to_last)
-        if pad > 0:  # zero channels: one small copy each, the filter's a few KiB
-            xl, wl = F.pad(xl, (0, pad)), F.pad(wl, (0, pad))
+        if filters is not None:  # zero channels: the input's copied each call
+            xl, wl = F.pad(xl, (0, pad)), filters.get(w, wl, pad)
         elif not wl.is_contiguous():
             wl = wl.contiguous()
         y = out if out is not None else torch.empty(out_shape, device=x.device,

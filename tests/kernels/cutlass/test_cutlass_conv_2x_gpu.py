@@ -239,6 +239,14 @@ def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path
         want = _reference(xf, w, b, (2, 2), (3, 3), "relu")
         got = y.permute(0, 2, 3, 1).float().cpu().numpy()
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+        # the filter written in place (an optimiser step): the next call reads the new one
+        w2 = w.clone().mul_(-0.5)
+        w.copy_(w2)
+        y = fn(xf, w, b)
+        torch.cuda.synchronize()
+        want = _reference(xf, w2, b, (2, 2), (3, 3), "relu")
+        got = y.permute(0, 2, 3, 1).float().cpu().numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
     # pl.conv's race offers the tuned winner beside cuDNN and the GEMM form
     _pin(res, conv_cutlass.conv_config_of(res.best.config))
     monkeypatch.setattr(conv_cutlass, "_MEMO", {})
