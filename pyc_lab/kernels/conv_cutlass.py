@@ -23,7 +23,6 @@ copied to that order on each call (the race times that copy, and any padding, to
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -153,29 +152,6 @@ def _find(geometry: Any, kernel: Any, device: int) -> tuple[Any, str]:
         return None, f"tuning database: {exc}"
 
 
-class _FiniteCheck(threading.local):
-    """Whether an input is all finite, on its way to the host, without stalling the
-    stream: one float32 sum of the input (NaN or infinite exactly when some element is;
-    a finite input too large for float32's sum reads as non-finite, and cuDNN then
-    answers, correct and merely slower) copied into pinned memory behind an event and
-    tested there. Waiting for the event waits for the sum, not for the work queued after
-    it. The pinned scalar and the event are made once per thread (a pinned allocation
-    per call costs more than the check)."""
-
-    def start(self, x: Any) -> None:
-        import torch
-
-        if not hasattr(self, "total"):
-            self.total = torch.empty((), dtype=torch.float32, pin_memory=True)
-            self.ready = torch.cuda.Event()
-        self.total.copy_(x.sum(dtype=torch.float32), non_blocking=True)
-        self.ready.record(torch.cuda.current_stream(x.device))
-
-    def finite(self) -> bool:
-        self.ready.synchronize()
-        return math.isfinite(float(self.total))
-
-
 class _PaddedFilters:
     """Filters zero-padded to a ``pad_to`` configuration's channels, kept per filter
     tensor while it lives unchanged: an entry holds a weak reference to the caller's
@@ -212,13 +188,12 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
     :class:`~.cutlass.conv_2x.CutlassConv2x`) for ``geometry`` (the caller's problem),
     ``x (N, C, *spatial)`` channels last, ``w (K, C, *kernel)``, ``y (N, K, *out)``
     channels last, written into ``out`` (``(N, *out, K)`` contiguous) when given. A
-    ``pad_to`` configuration's input and filter are zero-padded to its channels on each
-    call (part of what the race times). A kernel that reads pixels outside the filter
-    window (:attr:`~.cutlass.conv_2x.Conv2xConfig.reads_outside_window`) sums the input
-    first (:class:`_FiniteCheck`), queues the kernel, then waits for the sum alone (the
-    kernel keeps the GPU busy meanwhile; the race times all of it): a non-finite input
-    gets cuDNN's answer instead, as does a call inside a CUDA-graph capture, where
-    nothing can be checked."""
+    ``pad_to`` configuration reads the input zero-padded to its channels, copied on each
+    call (part of what the race times), and the filter padded once while it lives
+    unchanged. A kernel that reads pixels outside the filter window
+    (:attr:`~.cutlass.conv_2x.Conv2xConfig.reads_outside_window`) runs inside
+    :mod:`.conv_guard`'s check and fix-up, which keep its answer exact for NaN and
+    infinity without waiting for the GPU (so the call stays capturable)."""
     import torch
     import torch.nn.functional as F
 
@@ -228,46 +203,38 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
     out_shape = geometry.out_shape
     pad = getattr(conv.config, "pad_to", 0) - geometry.act[-1]
     guarded = getattr(conv.config, "reads_outside_window", False)
-    problem = (geometry.stride, geometry.pad, geometry.dilation)
+    read = geometry
     if pad > 0:
         from .cutlass.conv_2x import padded_geometry
 
-        geometry = padded_geometry(geometry, geometry.act[-1] + pad)
-
-    check = _FiniteCheck() if guarded else None
+        read = padded_geometry(geometry, geometry.act[-1] + pad)
     filters = _PaddedFilters() if pad > 0 else None
+    activation = conv.kernel.activation
 
     def run(x: Any, w: Any, b: Any, out: Any = None) -> Any:
-        if check is not None:
-            if torch.cuda.is_current_stream_capturing():
-                # nothing can be checked inside a capture: cuDNN answers exactly
-                return _exact(x, w, b, out)
-            check.start(x)
+        from . import conv_guard
+
         if b is not None and not b.is_contiguous():
             b = b.contiguous()
         xl, wl = x.permute(*to_last), w.permute(*to_last)
-        if filters is not None:  # zero channels: the input's copied each call
-            xl, wl = F.pad(xl, (0, pad)), filters.get(w, wl, pad)
+        flag = None
+        if guarded:  # the check (and the padded copy) in one pass
+            flag, padded = conv_guard.pad_check(xl, read.act[-1])
+            xl = padded if padded is not None else xl
+        elif pad > 0:
+            xl = F.pad(xl, (0, pad))
+        if filters is not None:
+            wl = filters.get(w, wl, pad)
         elif not wl.is_contiguous():
             wl = wl.contiguous()
+        if not xl.is_contiguous():
+            xl = xl.contiguous()
         y = out if out is not None else torch.empty(out_shape, device=x.device,
                                                     dtype=x.dtype)
-        conv.run(geometry, xl.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
+        conv.run(read, xl.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
                  y.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
-        if check is not None and not check.finite():  # the kernel runs on meanwhile
-            # the kernel spread a non-finite pixel to outputs whose window lacks it
-            # (Conv2xConfig.reads_outside_window): cuDNN's exact answer replaces it
-            return _exact(x, w, b, out)
+        if flag is not None:  # returns at once unless the input held a NaN or infinity
+            conv_guard.fixup(flag, xl, wl, b, y, read, activation)
         return y.permute(*to_first)
 
-    def _exact(x: Any, w: Any, b: Any, out: Any) -> Any:
-        from .conv_library import cudnn_conv, torch_activation
-
-        y = torch_activation(cudnn_conv(x, w, b, *problem, 1), conv.kernel.activation)
-        if out is None:
-            return y
-        out.copy_(y.permute(*to_last))
-        return out.permute(*to_first)
-
-    run.waits_for_device = check is not None  # type: ignore[attr-defined]
     return run

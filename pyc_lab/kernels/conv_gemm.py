@@ -47,8 +47,7 @@ from .conv_im2col import out_size
 from .conv_library import cudnn_conv, torch_activation
 
 __all__ = ["GPU_SLACK", "MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices", "cudnn_conv",
-           "gemm_conv", "patch_bytes", "prepare", "run", "torch_activation",
-           "waits_for_device"]
+           "gemm_conv", "patch_bytes", "prepare", "run", "torch_activation"]
 
 log = logging.getLogger(__name__)
 
@@ -288,16 +287,7 @@ def _then(fn: Callable[..., Any], activation: str | None) -> Callable[..., Any]:
     def run(x: Any, w: Any, b: Any) -> Any:
         return torch_activation(fn(x, w, b), activation)
 
-    run.waits_for_device = waits_for_device(fn)  # type: ignore[attr-defined]
     return run
-
-
-def waits_for_device(fn: Any) -> bool:
-    """Whether a candidate's call waits for the GPU before it returns (a tuned kernel
-    that checks its input first: :func:`~.conv_cutlass.kernel_call`). Such a call is
-    timed without the benchmark's spin kernel, which it would wait for too: its host
-    time is then what back-to-back calls cost."""
-    return bool(getattr(fn, "waits_for_device", False))
 
 
 def _tuned(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
@@ -382,8 +372,7 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
         runs["gemm"] = lambda: runner(x, w, b)
     if tuned is not None:
         runs["cutlass"] = lambda: tuned(x, w, b)
-    waits = [name == "cutlass" and waits_for_device(tuned) for name in runs]
-    timed = dict(zip(runs, _time(list(runs.values()), x.device.index, waits), strict=True))
+    timed = dict(zip(runs, _time(list(runs.values()), x.device.index), strict=True))
     cudnn = timed["cudnn"][0]
     best = min((name for name in timed if name != "cudnn"), key=lambda n: timed[n][0])
     impl = best if (timed[best][0] <= cudnn * (1.0 - MARGIN)
@@ -401,15 +390,12 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
     return _remember(key, choice)
 
 
-def _time(runs: list[Any], device: int, waits: list[bool] | None = None
-          ) -> list[tuple[float, float, float]]:
+def _time(runs: list[Any], device: int) -> list[tuple[float, float, float]]:
     """Each of ``runs`` on torch's current stream of ``device``, over :data:`ROUNDS`
     interleaved rounds of :data:`REPEATS` calls: ``(cost, gpu, host)`` milliseconds per
     call, medians of the rounds' medians, ``cost`` the larger of the GPU's time and the
     host's time to issue the call (what back-to-back calls sustain: a small problem is
-    bound by the host, a large one by the GPU); infinities for one that raises. A run
-    whose ``waits`` entry is true waits for the GPU inside its call and is timed without
-    the spin kernel (:func:`waits_for_device`)."""
+    bound by the host, a large one by the GPU); infinities for one that raises."""
     from ..profiling.timing import benchmark
     from .arrays import torch_stream
 
@@ -422,8 +408,7 @@ def _time(runs: list[Any], device: int, waits: list[bool] | None = None
             if failed[i]:
                 continue
             try:
-                t = benchmark(fn, repeats=REPEATS, warmup=1, gpu=True, stream=s,
-                              spin=not (waits and waits[i]))
+                t = benchmark(fn, repeats=REPEATS, warmup=1, gpu=True, stream=s)
             except Exception as exc:  # a candidate that cannot run is not chosen
                 log.debug("conv candidate %d refused: %s", i, exc)
                 failed[i] = True

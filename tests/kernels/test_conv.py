@@ -184,15 +184,3 @@ def test_an_unknown_activation_is_refused():
     with pytest.raises(PycLabError, match="activation 'tanh' is not one of"):
         pl.conv(x, w, activation="tanh")
 
-
-def test_a_call_that_waits_for_the_gpu_says_so_through_its_activation():
-    from pyc_lab.kernels.conv_gemm import _then, waits_for_device
-
-    def checked(x, w, b):
-        return x
-
-    checked.waits_for_device = True
-    assert waits_for_device(checked) and not waits_for_device(lambda x, w, b: x)
-    assert _then(checked, None) is checked
-    assert waits_for_device(_then(checked, "relu"))
-    assert not waits_for_device(_then(lambda x, w, b: x, "relu"))

@@ -113,8 +113,8 @@ class Conv2xConfig:
         the K tile, and CUTLASS masks those extra taps' filter values to zero but not
         their pixels (their ``valid()`` checks the image bounds only). A finite pixel
         adds ``0 * x = 0``; a NaN or infinite one turns an output NaN that must not be,
-        so a call must not give such a kernel non-finite inputs
-        (:func:`~pyc_lab.kernels.conv_cutlass.kernel_call` checks)."""
+        so :func:`~pyc_lab.kernels.conv_cutlass.kernel_call` runs such a kernel inside
+        :mod:`~pyc_lab.kernels.conv_guard`'s check and fix-up."""
         return self.iterator in ("few_channels", "fixed_channels")
 
     def channels(self, channels: int) -> int:

@@ -123,8 +123,8 @@ def test_nan_reaches_the_outputs_that_read_it_and_kernel_call_keeps_it_there(ker
     float64 convolution does. The few-channels stem kernel folds the window into a
     reduction rounded up to the K tile and reads the pixels of those extra taps (their
     filter values masked to zero): a NaN at row 14 turns output row 5 (window rows
-    7-13, extra tap row 14) NaN as well. kernel_call, what pl.conv runs, checks the input
-    and hands it to cuDNN, so the caller sees exactly the reference's NaN."""
+    7-13, extra tap row 14) NaN as well. kernel_call, what pl.conv runs, wraps it in
+    conv_guard's check and fix-up, so the caller sees exactly the reference's NaN."""
     from pyc_lab.kernels.conv_cutlass import kernel_call
 
     aligned = kernels["f16_aligned"]
@@ -190,9 +190,9 @@ def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path
     times CUTLASS 2 candidates — one reading the channels as given, one reading them
     zero-padded to 4 — against cuDNN and records the winner; pl.conv's lookup returns a
     call of it whose answer (padding done per call) matches float64, NaN included, and
-    its race offers it. A NaN input goes to cuDNN (these kernels read pixels outside
-    the window), a finite one runs the kernel."""
-    from pyc_lab.kernels import conv_cutlass, conv_gemm, conv_library
+    its race offers it. These kernels read pixels outside the window: a NaN input gets
+    the guard's exact answer (conv_guard's fix-up), a finite one the kernel's."""
+    from pyc_lab.kernels import conv_cutlass, conv_gemm
 
     _fresh_state(tmp_path, monkeypatch)
     cache = os.environ.get("PYC_LAB_TEST_KERNEL_CACHE")
@@ -221,20 +221,17 @@ def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path
         monkeypatch.setattr(conv_cutlass, "_MEMO", {})
         fn, why = conv_cutlass.tuned_runner(x, w, b, (2, 2), (3, 3), (1, 1), "relu")
         assert fn is not None and cfg.id in why, why
-        assert conv_gemm.waits_for_device(fn)  # the race times it without the spin
         y = fn(x, w, b)
         torch.cuda.synchronize()
         want = _reference(x, w, b, (2, 2), (3, 3), "relu")
         got = y.permute(0, 2, 3, 1).float().cpu().numpy()
         assert y.is_contiguous(memory_format=torch.channels_last)
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))  # cuDNN answered
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))  # the fix-up's
         assert np.isnan(got).any()
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.nanmax(np.abs(want)))
-        # a finite input runs the kernel itself (cuDNN would fail the test here)
+        # a finite input: the kernel's answer
         xf = torch.nan_to_num(x)
-        with monkeypatch.context() as m:
-            m.setattr(conv_library, "cudnn_conv", _no_cudnn)
-            y = fn(xf, w, b)
+        y = fn(xf, w, b)
         torch.cuda.synchronize()
         want = _reference(xf, w, b, (2, 2), (3, 3), "relu")
         got = y.permute(0, 2, 3, 1).float().cpu().numpy()
@@ -260,10 +257,6 @@ def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.nanmax(np.abs(want)))
 
 
-def _no_cudnn(*args, **kwargs):
-    raise AssertionError("cuDNN ran where the kernel should have")
-
-
 def _pin(res, config):
     """Make ``config`` (a candidate measured correct) the problem's winner in the test's
     tuning database, as a user's ``set_winner`` would."""
@@ -273,6 +266,85 @@ def _pin(res, config):
     with database.TuningDB() as db:
         db.set_winner(res.device, res.problem,
                       Measurement(config.to_dict(), "skipped").config_id)
+
+
+GUARD_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+@pytest.mark.parametrize("dtype", GUARD_DTYPES)
+def test_the_guard_copies_bits_and_flags_exactly_the_non_finite_inputs(dtype):
+    """pad_check copies a channels-last input (strided, odd sizes) bit for bit into the
+    padded channels with zeros after them, -0.0 included, and sets its flag on a NaN or
+    an infinity, and on nothing else; with as many channels as given it only checks."""
+    from pyc_lab.kernels import conv_guard
+
+    x = (torch.rand((3, 5, 9, 7), device="cuda") * 2 - 1).to(dtype).contiguous(
+        memory_format=torch.channels_last)[:, :3]  # 3 of 5 channels: a strided view
+    x[0, 1, 2, 3] = -0.0
+    xl = x.permute(0, 2, 3, 1)
+    flag, padded = conv_guard.pad_check(xl, 4)
+    torch.cuda.synchronize()
+    assert int(flag) == 0 and padded.shape == (3, 9, 7, 4) and padded.is_contiguous()
+    bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16,
+            torch.float32: torch.int32}[dtype]
+    assert torch.equal(padded[..., :3].view(bits), xl.contiguous().view(bits))
+    assert not padded[..., 3].view(bits).any()
+    flag, none = conv_guard.pad_check(xl, 3)  # the check alone
+    assert none is None and int(flag) == 0
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        y = x.clone()
+        y[2, 2, 8, 6] = bad  # the last pixel of the last image
+        flag, _ = conv_guard.pad_check(y.permute(0, 2, 3, 1), 4)
+        assert int(flag) == 1, bad
+        flag, _ = conv_guard.pad_check(y.permute(0, 2, 3, 1), 3)
+        assert int(flag) == 1, bad
+    big = torch.full((2, 4, 3, 3), torch.finfo(dtype).max, device="cuda", dtype=dtype)
+    flag, _ = conv_guard.pad_check(big.permute(0, 2, 3, 1), 4)  # finite, however large
+    assert int(flag) == 0
+
+
+@pytest.mark.parametrize("dtype", GUARD_DTYPES)
+@pytest.mark.parametrize("one_d", [False, True])
+def test_the_fix_up_leaves_a_clear_flag_alone_and_otherwise_recomputes_exactly(dtype,
+                                                                                one_d):
+    """With the flag clear the fix-up writes nothing (a poisoned output stays
+    poisoned); with it set it recomputes every output directly — bias, relu (NaN kept),
+    stride, padding, dilation, 1-D — matching float64, NaN and infinity exactly where
+    the reference has them."""
+    from pyc_lab.kernels import conv_guard
+
+    if one_d:
+        xs, ws, stride, pad, dil = (2, 4, 23), (8, 4, 5), (2,), (1,), (2,)
+    else:
+        xs, ws, stride, pad, dil = (2, 4, 11, 13), (8, 4, 3, 5), (2, 1), (1, 2), (1, 2)
+    x = (torch.rand(xs, device="cuda") * 2 - 1).to(dtype)
+    w = ((torch.rand(ws, device="cuda") * 2 - 1) / 6).to(dtype).abs()  # positive
+    b = (torch.rand(ws[0], device="cuda") * 2 - 1).to(dtype)
+    x[(0, 1, 4) if one_d else (0, 1, 3, 4)] = float("nan")
+    x[(1, 2, 9) if one_d else (1, 2, 7, 9)] = float("inf")
+    g = ConvGeometry.from_channels_first(xs, ws, stride, pad, dil)
+    to_last = (0, *range(2, x.ndim), 1)
+    xl, wl = x.permute(*to_last).contiguous(), w.permute(*to_last).contiguous()
+    y = torch.full(g.out_shape, 7.0, device="cuda", dtype=dtype)
+    clear = torch.zeros(1, dtype=torch.int32, device="cuda")
+    conv_guard.fixup(clear, xl, wl, b, y, g, "relu")
+    torch.cuda.synchronize()
+    assert bool((y == 7.0).all())
+    conv_guard.fixup(clear + 1, xl, wl, b, y, g, "relu")
+    torch.cuda.synchronize()
+    import torch.nn.functional as F
+
+    fn = F.conv1d if one_d else F.conv2d
+    want = torch.relu(fn(x.double().cpu(), w.double().cpu(), b.double().cpu(),
+                         stride=stride, padding=pad, dilation=dil))
+    want = want.permute(*to_last).numpy()
+    got = y.double().cpu().numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
+    assert np.isnan(got).any() and np.isposinf(got).any()
+    tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-5}[dtype]
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=tol, atol=tol)
 
 
 if __name__ == "__main__":
