@@ -8,7 +8,8 @@
 // pyc_conv_pad_check<KIND> copies the channels-last input x[n, h, w, c] (element strides
 //   xs_n, xs_h, xs_w, 1) into out[n, h, w, 0..cp) with zeros past c (out == nullptr: only
 //   the check), as raw bits, and sets *flag = 1 if any element is NaN or infinite (an
-//   all-ones exponent). The CUTLASS kernel then reads out.
+//   all-ones exponent). The CUTLASS kernel then reads out. cp is at most 16 bytes of
+//   elements (what a padded configuration reads: fewer channels than one access).
 // pyc_conv_fixup<KIND> runs after the CUTLASS kernel: it returns at once when *flag is 0
 //   (the common case: one tiny launch), else recomputes every output directly, in
 //   float32 from the same operands — x as the CUTLASS kernel read it (n, h, w, c
@@ -54,23 +55,45 @@ __global__ void pyc_conv_pad_check(const typename pyc_guard_word<KIND>::type* __
                                    typename pyc_guard_word<KIND>::type* __restrict__ out,
                                    int* __restrict__ flag, int n, int h, int w, int c, int cp,
                                    long long xs_n, long long xs_h, long long xs_w) {
+  // one thread per pixel: c loads, cp stores (one 8- or 16-byte store where cp fills it);
+  // 32-bit index arithmetic (the CUTLASS kernels take fewer than 2^31 pixels)
   typedef typename pyc_guard_word<KIND>::type T;
-  const int width = out != nullptr ? cp : c;
-  const long long total = (long long)n * h * w * width;
+  const unsigned hw = (unsigned)h * w;
+  const unsigned pixels = (unsigned)n * hw;
+  const bool packed = xs_w == c && xs_h == (long long)w * c && xs_n == (long long)hw * c;
   bool bad = false;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    const long long pixel = i / width;
-    const int j = (int)(i - pixel * width);
-    const long long nn = pixel / ((long long)h * w);
-    const long long rest = pixel - nn * h * w;
-    const long long hh = rest / w, ww = rest - hh * w;
-    T v = T(0);
-    if (j < c) {
-      v = x[nn * xs_n + hh * xs_h + ww * xs_w + j];
-      bad |= pyc_guard_nonfinite<KIND>(v);
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < pixels;
+       i += gridDim.x * blockDim.x) {
+    const T* src;
+    if (packed) {
+      src = x + (long long)i * c;
+    } else {
+      const unsigned nn = i / hw, rest = i - nn * hw;
+      const unsigned hh = rest / w, ww = rest - hh * w;
+      src = x + nn * xs_n + hh * xs_h + ww * xs_w;
     }
-    if (out != nullptr) out[i] = v;
+    if (out == nullptr) {
+      for (int j = 0; j < c; ++j) bad |= pyc_guard_nonfinite<KIND>(src[j]);
+      continue;
+    }
+    union {
+      uint4 v;
+      T e[16 / sizeof(T)];
+    } u;
+    u.v = make_uint4(0u, 0u, 0u, 0u);
+    for (int j = 0; j < c; ++j) {
+      u.e[j] = src[j];
+      bad |= pyc_guard_nonfinite<KIND>(u.e[j]);
+    }
+    T* dst = out + (long long)i * cp;
+    const int bytes = cp * (int)sizeof(T);
+    if (bytes == 16) {
+      *reinterpret_cast<uint4*>(dst) = u.v;
+    } else if (bytes == 8) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(u.v.x, u.v.y);
+    } else {
+      for (int j = 0; j < cp; ++j) dst[j] = u.e[j];
+    }
   }
   if (bad) *flag = 1;  // every writer stores the same value
 }

@@ -23,6 +23,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..errors import PycLabError
+
 __all__ = ["fixup", "pad_check"]
 
 #: The kernels' element kinds by torch dtype name, and their C++ words.
@@ -93,7 +95,10 @@ def pad_check(xl: Any, channels: int) -> tuple[Any, Any]:
     flag = torch.zeros(1, dtype=torch.int32, device=xl.device)
     out = torch.empty((n, *spatial, channels), dtype=xl.dtype, device=xl.device) \
         if channels > c else None
-    total = n * h * w * (channels if out is not None else c)
+    if channels * xl.element_size() > 16:
+        raise PycLabError(f"pad_check pads to at most 16 bytes a pixel, not {channels} "
+                          f"{xl.dtype} channels")
+    total = n * h * w
     device = xl.device.index
     fn = _function(device, kind, "pyc_conv_pad_check")
     _launch(fn, device, total,

@@ -320,7 +320,7 @@ def test_the_fix_up_leaves_a_clear_flag_alone_and_otherwise_recomputes_exactly(d
     x = (torch.rand(xs, device="cuda") * 2 - 1).to(dtype)
     w = ((torch.rand(ws, device="cuda") * 2 - 1) / 6).to(dtype).abs()  # positive
     b = (torch.rand(ws[0], device="cuda") * 2 - 1).to(dtype)
-    x[(0, 1, 4) if one_d else (0, 1, 3, 4)] = float("nan")
+    x[(0, 1, 5) if one_d else (0, 1, 3, 4)] = float("nan")  # read by some window
     x[(1, 2, 9) if one_d else (1, 2, 7, 9)] = float("inf")
     g = ConvGeometry.from_channels_first(xs, ws, stride, pad, dil)
     to_last = (0, *range(2, x.ndim), 1)
