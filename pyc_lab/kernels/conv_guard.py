@@ -33,6 +33,11 @@ _WORDS = {0: "unsigned short", 1: "unsigned short", 2: "unsigned int"}
 #: Activation codes of ``pyc_conv_fixup``.
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "silu": 3}
 _THREADS = 256
+#: The fix-up's grid: it reads the flag and returns in the common case, so its blocks are
+#: what it costs then (a grid sized to the output, half a million blocks for a stem at
+#: batch 128, took longer than the convolution's padding copy); grid-stride covers the
+#: rest when it recomputes.
+FIXUP_BLOCKS = 1024
 _MODULES: dict[tuple[int, int], Any] = {}
 _LOCK = threading.Lock()
 
@@ -55,13 +60,14 @@ def _function(device: int, kind: int, name: str) -> Any:
     return module.get_function(f"{name}<{kind}>")
 
 
-def _launch(fn: Any, device: int, total: int, args: tuple) -> None:
-    """``fn`` over ``total`` items (grid-stride) on torch's current stream of ``device``."""
+def _launch(fn: Any, device: int, total: int, args: tuple, most: int = 65535 * 8) -> None:
+    """``fn`` over ``total`` items (grid-stride, at most ``most`` blocks) on torch's
+    current stream of ``device``."""
     import cupy as cp
 
     from .arrays import torch_stream
 
-    blocks = max(1, min(-(-total // _THREADS), 65535 * 8))
+    blocks = max(1, min(-(-total // _THREADS), most))
     with cp.cuda.Device(device):
         fn((blocks,), (_THREADS,), args, stream=torch_stream(device))
 
@@ -147,4 +153,4 @@ def fixup(flag: Any, x: Any, wt: Any, bias: Any, y: Any, geometry: Any,
             np.uint64(0 if bias is None else bias.data_ptr()), np.uint64(y.data_ptr()),
             *(np.int32(v) for v in (n, h, w, c, k, r, s, p, q, sh, sw, ph, pw, dh, dw,
                                     ACTIVATION_CODES[activation])))
-    _launch(fn, device, n * p * q * k, args)
+    _launch(fn, device, n * p * q * k, args, FIXUP_BLOCKS)
