@@ -166,7 +166,9 @@ class _PaddedFilters:
         self._lock = threading.Lock()
 
     def get(self, w: Any, wl: Any, pad: int) -> Any:
-        """``wl`` (``w`` channels last) padded by ``pad`` zero channels."""
+        """``wl`` (``w`` channels last) padded by ``pad`` zero channels (outside autograd:
+        the kernels read raw pointers, and a kept copy must not hold a graph)."""
+        import torch
         import torch.nn.functional as F
 
         version = (w._version, w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype)
@@ -174,7 +176,8 @@ class _PaddedFilters:
             for ref, seen, padded in self._kept:
                 if ref() is w and seen == version:
                     return padded
-        padded = F.pad(wl, (0, pad))
+        with torch.no_grad():
+            padded = F.pad(wl.detach(), (0, pad))
         with self._lock:
             self._kept = [e for e in self._kept if e[0]() is not None and e[0]() is not w]
             self._kept.append((weakref.ref(w), version, padded))

@@ -47,3 +47,10 @@ def test_a_freed_filter_never_matches_and_the_memory_stays_bounded():
         del w
         gc.collect()
     assert len(kept._kept) <= 2
+
+
+def test_a_kept_copy_holds_no_autograd_graph():
+    kept = _PaddedFilters()
+    w = torch.randn(8, 3, 5, 5, requires_grad=True)
+    got = kept.get(w, _last(w), 1)
+    assert not got.requires_grad and got.grad_fn is None
