@@ -29,6 +29,7 @@ in ``pl.conv``. TFLOP/s count ``2 N K P Q C R S``. Writes ``conv-cutlass.json`` 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -60,9 +61,10 @@ BENCH_CLUSTERS = ((1, 1), (2, 1))
 BENCH_2X = 4
 
 
-def stem_2x_configs(dtype: str) -> list[Conv2xConfig]:
+@functools.cache
+def stem_2x_configs(dtype: str) -> tuple[Conv2xConfig, ...]:
     """The CUTLASS 2 configurations the benchmark tunes the stem over."""
-    return conv2x_configs(ConvKernel(dtype, 2), 3, 64)[:BENCH_2X]
+    return tuple(conv2x_configs(ConvKernel(dtype, 2), 3, 64)[:BENCH_2X])
 
 
 def in_bench_space(cfg: ConvConfig | Conv2xConfig) -> bool:

@@ -101,8 +101,11 @@ def tuned_runner(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[in
     geometry = ConvGeometry.from_channels_first(x.shape, w.shape, stride, pads, dilation)
     kernel = ConvKernel(dtype, geometry.spatial, b is not None, activation)
     why = geometry.issue(kernel)
-    if why and (geometry.spatial == 3 or any(v <= 0 for v in geometry.out)):
-        return None, why  # neither family takes it (CUTLASS 2 ones are 1-D or 2-D)
+    if why:
+        from .cutlass.conv_2x import geometry_issue
+
+        if geometry_issue(geometry):
+            return None, why  # neither family takes it
     from .matmul import db_stamp
 
     key = (geometry, kernel, x.device.index, db_stamp())
@@ -214,9 +217,9 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
     filters = _PaddedFilters() if pad > 0 else None
     activation = conv.kernel.activation
 
-    def run(x: Any, w: Any, b: Any, out: Any = None) -> Any:
-        from . import conv_guard
+    from . import conv_guard
 
+    def run(x: Any, w: Any, b: Any, out: Any = None) -> Any:
         if b is not None and not b.is_contiguous():
             b = b.contiguous()
         xl, wl = x.permute(*to_last), w.permute(*to_last)

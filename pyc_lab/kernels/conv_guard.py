@@ -38,7 +38,7 @@ _THREADS = 256
 #: batch 128, took longer than the convolution's padding copy); grid-stride covers the
 #: rest when it recomputes.
 FIXUP_BLOCKS = 1024
-_MODULES: dict[tuple[int, int], Any] = {}
+_FUNCTIONS: dict[tuple[int, int, str], Any] = {}
 _LOCK = threading.Lock()
 
 
@@ -47,17 +47,20 @@ def _function(device: int, kind: int, name: str) -> Any:
 
     from ..paths import native_source
 
-    key = (device, kind)
+    fn = _FUNCTIONS.get((device, kind, name))
+    if fn is not None:
+        return fn
     with _LOCK:
-        module = _MODULES.get(key)
-        if module is None:
+        if (device, kind, name) not in _FUNCTIONS:
             code = "".join(native_source(f) for f in ("f16.cuh", "bf16.cuh", "conv_guard.cuh"))
+            names = ("pyc_conv_pad_check", "pyc_conv_fixup")
             with cp.cuda.Device(device):
-                module = cp.RawModule(code=code, options=("-std=c++17",), name_expressions=[
-                    f"pyc_conv_pad_check<{kind}>", f"pyc_conv_fixup<{kind}>"])
+                module = cp.RawModule(code=code, options=("-std=c++17",),
+                                      name_expressions=[f"{n}<{kind}>" for n in names])
                 module.compile()
-            _MODULES[key] = module
-    return module.get_function(f"{name}<{kind}>")
+                for n in names:
+                    _FUNCTIONS[(device, kind, n)] = module.get_function(f"{n}<{kind}>")
+    return _FUNCTIONS[(device, kind, name)]
 
 
 def _launch(fn: Any, device: int, total: int, args: tuple, most: int = 65535 * 8) -> None:

@@ -48,7 +48,7 @@ from .nvcc import BuildResult, build_parallel, build_source, cached_library
 
 __all__ = ["ITERATORS", "Conv2xConfig", "CutlassConv2x", "build_conv2x", "build_conv2x_many",
            "cached_conv2x", "conv2x_align", "conv2x_configs", "conv2x_pad", "conv2x_widths",
-           "emit_conv2x_source", "padded_geometry"]
+           "emit_conv2x_source", "geometry_issue", "padded_geometry"]
 
 #: The iterator algorithms (CUTLASS 2's ``cutlass::conv::IteratorAlgorithm``).
 ITERATORS = {"analytic": "kAnalytic", "optimized": "kOptimized",
@@ -356,6 +356,17 @@ def build_conv2x(config: Conv2xConfig, kernel: ConvKernel, align: int, cc: int =
                               "align_out": align_out or VECTOR_ELEMENTS[kernel.dtype]})
 
 
+def geometry_issue(geometry: ConvGeometry) -> str:
+    """Why no configuration of this family can take ``geometry`` whatever its channels
+    (``""`` when one may): the kernels have 1 or 2 spatial axes, and the window must fit.
+    Channel counts are each configuration's matter (:meth:`Conv2xConfig.issue`)."""
+    if geometry.spatial not in (1, 2):
+        return f"CUTLASS 2 convolutions here take 1 or 2 spatial axes, not {geometry.spatial}"
+    if any(v <= 0 for v in geometry.out):
+        return f"the window does not fit (output {geometry.out})"
+    return ""
+
+
 def conv2x_widths(config: Conv2xConfig, kernel: ConvKernel, channels: int,
                   out_channels: int) -> tuple[int, int]:
     """``(align, align_out)``: the access widths a problem with ``channels`` inputs and
@@ -423,6 +434,4 @@ class CutlassConv2x(CutlassConv):
         elif c % self.align or k % align_out:
             return (f"{c} input and {k} output channels; the kernel needs multiples of "
                     f"{self.align} and {align_out}")
-        if any(v <= 0 for v in geometry.out):
-            return f"the window does not fit (output {geometry.out})"
-        return ""
+        return geometry_issue(geometry)

@@ -54,6 +54,7 @@ from ..cutlass.conv_2x import (
     build_conv2x_many,
     conv2x_configs,
     conv2x_widths,
+    geometry_issue,
 )
 from ..cutlass.nvcc import BuildResult
 from .gemm_reference import TOLERANCE
@@ -123,7 +124,7 @@ class ConvRunner(CandidateRows):
         why = geometry.issue(kernel)
         c, k = geometry.act[-1], geometry.flt[0]
         self.family = "cutlass3x" if not why else "cutlass2x"
-        if why and (geometry.spatial == 3 or any(v <= 0 for v in geometry.out)):
+        if why and geometry_issue(geometry):  # neither family takes it
             raise PycLabError(f"autotune_conv {geometry}: {why}; pl.conv uses cuDNN for it")
         device, cc, sm_count = device_key()
         if cc < 90:

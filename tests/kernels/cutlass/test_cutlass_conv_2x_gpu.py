@@ -172,20 +172,8 @@ def test_rebinding_and_refusals(kernels):
         ConvGeometry.from_channels_first((2, 3, 8, 8), (64, 3, 3, 3), (1, 1), (1, 1), (1, 1)))
 
 
-def _fresh_state(tmp_path, monkeypatch):
-    """A tuning database of the test's own and no remembered conv choices."""
-    from pyc_lab.kernels import conv, conv_cutlass, conv_gemm
-    from pyc_lab.kernels.tuning import database
-
-    monkeypatch.setattr(database, "default_path", lambda: tmp_path / "tuning.sqlite")
-    monkeypatch.setattr(conv_gemm, "_CHOICES", {})
-    monkeypatch.setattr(conv_gemm, "_RUNNERS", {})
-    monkeypatch.setattr(conv, "_PLANS", {})
-    monkeypatch.setattr(conv_cutlass, "_MEMO", {})
-
-
-def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path,
-                                                                         monkeypatch):
+def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(monkeypatch,
+                                                                         fresh_conv_state):
     """autotune_conv on a 3-channel problem (which the Hopper kernels refuse) checks and
     times CUTLASS 2 candidates — one reading the channels as given, one reading them
     zero-padded to 4 — against cuDNN and records the winner; pl.conv's lookup returns a
@@ -194,7 +182,6 @@ def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(tmp_path
     the guard's exact answer (conv_guard's fix-up), a finite one the kernel's."""
     from pyc_lab.kernels import conv_cutlass, conv_gemm
 
-    _fresh_state(tmp_path, monkeypatch)
     cache = os.environ.get("PYC_LAB_TEST_KERNEL_CACHE")
     kern = ConvKernel("f16", 2, True, "relu")
     ranked = conv2x_configs(kern, 3, 64)

@@ -169,15 +169,10 @@ def test_rebinding_new_pointers_and_refusing_what_it_cannot_take(kernels):
         conv.run(g, 1, 1, None, 1, 0)
 
 
-def test_autotune_records_a_checked_winner_and_pl_conv_races_it(tmp_path, monkeypatch):
-    from pyc_lab.kernels import conv, conv_cutlass, conv_gemm
-    from pyc_lab.kernels.tuning import database
+def test_autotune_records_a_checked_winner_and_pl_conv_races_it(monkeypatch,
+                                                                fresh_conv_state):
+    from pyc_lab.kernels import conv_gemm
 
-    monkeypatch.setattr(database, "default_path", lambda: tmp_path / "tuning.sqlite")
-    monkeypatch.setattr(conv_gemm, "_CHOICES", {})
-    monkeypatch.setattr(conv_gemm, "_RUNNERS", {})
-    monkeypatch.setattr(conv, "_PLANS", {})
-    monkeypatch.setattr(conv_cutlass, "_MEMO", {})
     cache = os.environ.get("PYC_LAB_TEST_KERNEL_CACHE")
     xs, ws, pad = TUNED
     res = pl.autotune_conv(xs, ws, padding=pad, dtype="f16", max_candidates=2,
