@@ -1,13 +1,22 @@
-// pyc_lab's CUTLASS 2 implicit-GEMM convolution (forward), Ampere-class: mma.sync tensor
-// cores fed by cp.async (or, with two stages, by register-staged loads), built for sm_80
-// and up, sm_90a included. It is the family for what the Hopper kernel
-// (cutlass_conv_3x.cuh) cannot take: TMA's im2col mode needs every channel row to be a
-// multiple of 16 bytes, so a stem convolution (C = 3 RGB pixels) or any C that is not a
-// multiple of 8 half-precision elements has no TMA descriptor. CUTLASS 2's activation
-// iterators gather the channels in accesses of PYC_ALIGN elements instead, down to one,
-// and its few-channels and fixed-channels iterators fold the filter window into the
-// reduction so a C of 3 or 4 does not waste a whole K tile per filter tap.
+// pyc_lab's CUTLASS 2 implicit-GEMM convolution, Ampere-class: mma.sync tensor cores fed
+// by cp.async (or, with two stages, by register-staged loads), built for sm_80 and up,
+// sm_90a included. It is the family for what the Hopper kernel (cutlass_conv_3x.cuh)
+// cannot take: TMA's im2col mode needs every channel row to be a multiple of 16 bytes, so
+// a stem convolution (C = 3 RGB pixels) or any C that is not a multiple of 8
+// half-precision elements has no TMA descriptor; CUTLASS 4.2's Hopper dgrad takes unit
+// strides only, and its kernels have no split-K for a wgrad's long reduction. CUTLASS 2's
+// activation iterators gather the channels in accesses of PYC_ALIGN elements instead, down
+// to one, and its few-channels and fixed-channels iterators fold the filter window into
+// the reduction so a C of 3 or 4 does not waste a whole K tile per filter tap.
 // The #defines before this text pick one kernel:
+//   PYC_OP_ID          0 forward, 1 dgrad, 2 wgrad. The problem is always the forward one;
+//                      the pointers the wrapper takes are (x, w) -> y for fprop,
+//                      (dy, w) -> dx for dgrad and (dy, x) -> dw for wgrad (CUTLASS's
+//                      A, B -> D of each operator). Dgrad runs CUTLASS's strided kernel
+//                      (any stride, unit dilation) under its strided-dgrad swizzle.
+//   PYC_SPLIT_K        reduction slices (serial split-K: each slice's CTA adds its part
+//                      into the output in turn, ordered by a semaphore in the workspace);
+//                      1 for none. Not with a strided dgrad.
 //   PYC_ELEMENT        cutlass::half_t, cutlass::bfloat16_t or float (tf32 MMA)
 //   PYC_ALIGN          elements per activation / filter access (8, 4, 2 or 1; divides C;
 //                      with PYC_STAGES > 2 an access is a cp.async of 4, 8 or 16 bytes)
@@ -22,7 +31,9 @@
 //                      zero stride, so every output pixel adds the same K values)
 //   PYC_ACT            the activation functor (cutlass::epilogue::thread::Identity for none)
 // The epilogue is LinearCombinationGeneric: D = act(acc + bias) (NoBetaScaling reads the
-// bias), or D = act(acc) without one (OnlyAlphaScaling never reads C).
+// bias), or D = act(acc) without one (OnlyAlphaScaling never reads C); with split-K the
+// scaling is the default one, whose beta CUTLASS sets to 1 for every slice after the
+// first, so a slice adds to what the earlier ones wrote.
 // The extern "C" functions are the same, with the same packed geometry, as those of
 // cutlass_conv_3x.cuh, so pyc_lab.kernels.cutlass.conv.CutlassConv drives either family.
 #include <cstdint>
@@ -35,6 +46,9 @@
 #include "cutlass/conv/convolution.h"
 #include "cutlass/conv/conv2d_problem_size.h"
 #include "cutlass/conv/kernel/default_conv2d_fprop.h"
+#include "cutlass/conv/kernel/default_conv2d_dgrad.h"
+#include "cutlass/conv/kernel/default_conv2d_wgrad.h"
+#include "cutlass/conv/threadblock/threadblock_swizzle.h"
 #include "cutlass/conv/device/implicit_gemm_convolution.h"
 #include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/epilogue/thread/linear_combination_generic.h"
@@ -50,18 +64,38 @@ using ElementCompute = float;
 using Layout = cutlass::layout::TensorNHWC;  // activations NHWC, filter KRSC, output NPQK
 // tf32 MMAs are m16n8k8; half and bfloat16 ones m16n8k16.
 using Instruction = cutlass::gemm::GemmShape<16, 8, (sizeof(Element) == 4 ? 8 : 16)>;
+#if PYC_SPLIT_K > 1 && PYC_BIAS
+#error "split-K kernels here take no bias"
+#endif
 constexpr auto kScale = PYC_BIAS ? cutlass::epilogue::thread::ScaleType::NoBetaScaling
-                                 : cutlass::epilogue::thread::ScaleType::OnlyAlphaScaling;
+                        : PYC_SPLIT_K > 1 ? cutlass::epilogue::thread::ScaleType::Default
+                                          : cutlass::epilogue::thread::ScaleType::OnlyAlphaScaling;
 using OutputOp = cutlass::epilogue::thread::LinearCombinationGeneric<
     PYC_ACT, Element, PYC_ALIGN_OUT, ElementAcc, ElementCompute, kScale>;
+using Tile = cutlass::gemm::GemmShape<PYC_TILE_M, PYC_TILE_N, PYC_TILE_K>;
+using Warp = cutlass::gemm::GemmShape<PYC_WARP_M, PYC_WARP_N, PYC_WARP_K>;
+#if PYC_OP_ID == 0
 using Kernel = typename cutlass::conv::kernel::DefaultConv2dFprop<
     Element, Layout, Element, Layout, Element, Layout, ElementAcc,
-    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
-    cutlass::gemm::GemmShape<PYC_TILE_M, PYC_TILE_N, PYC_TILE_K>,
-    cutlass::gemm::GemmShape<PYC_WARP_M, PYC_WARP_N, PYC_WARP_K>, Instruction, OutputOp,
+    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile, Warp, Instruction, OutputOp,
     cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<4>, PYC_STAGES,
     cutlass::arch::OpMultiplyAdd, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
     PYC_ALIGN, PYC_ALIGN>::Kernel;
+#elif PYC_OP_ID == 1
+using Kernel = typename cutlass::conv::kernel::DefaultConv2dDgrad<
+    Element, Layout, Element, Layout, Element, Layout, ElementAcc,
+    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile, Warp, Instruction, OutputOp,
+    cutlass::conv::threadblock::StridedDgradIdentityThreadblockSwizzle<1>, PYC_STAGES,
+    cutlass::arch::OpMultiplyAdd, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
+    PYC_ALIGN, PYC_ALIGN>::Kernel;
+#else
+using Kernel = typename cutlass::conv::kernel::DefaultConv2dWgrad<
+    Element, Layout, Element, Layout, Element, Layout, ElementAcc,
+    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile, Warp, Instruction, OutputOp,
+    cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<1>, PYC_STAGES,
+    cutlass::arch::OpMultiplyAdd, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
+    PYC_ALIGN, PYC_ALIGN>::Kernel;
+#endif
 using Conv = cutlass::conv::device::ImplicitGemmConvolution<Kernel>;
 using Problem = cutlass::conv::Conv2dProblemSize;
 
@@ -86,20 +120,25 @@ static Problem make_problem(const int* act, const int* flt, const int* pad, cons
   const int dh = dilation[0], dw = dilation[1];
 #endif
   return Problem(n, h, w, c, k, r, s, out_extent(h, r, ph, sh, dh), out_extent(w, s, pw, sw, dw),
-                 ph, pw, sh, sw, dh, dw, cutlass::conv::Mode::kCrossCorrelation, 1, 1);
+                 ph, pw, sh, sw, dh, dw, cutlass::conv::Mode::kCrossCorrelation, PYC_SPLIT_K, 1);
 }
 
-static typename Conv::Arguments make_arguments(const Problem& p, const void* x, const void* w,
-                                               const void* bias, void* y) {
+// The operands A, B and the output D of the operator (x, w -> y; dy, w -> dx; dy, x -> dw),
+// each packed in the extent CUTLASS gives it.
+static typename Conv::Arguments make_arguments(const Problem& p, const void* a, const void* b,
+                                               const void* bias, void* d) {
   using Ref = cutlass::TensorRef<Element, Layout>;
-  Ref ref_x(static_cast<Element*>(const_cast<void*>(x)),
-            Layout::packed(p.activation_extent()));
-  Ref ref_w(static_cast<Element*>(const_cast<void*>(w)), Layout::packed(p.filter_extent()));
-  Ref ref_y(static_cast<Element*>(y), Layout::packed(p.output_extent()));
+  constexpr auto op = Kernel::kConvolutionalOperator;
+  Ref ref_a(static_cast<Element*>(const_cast<void*>(a)),
+            Layout::packed(cutlass::conv::implicit_gemm_tensor_a_extent(op, p)));
+  Ref ref_b(static_cast<Element*>(const_cast<void*>(b)),
+            Layout::packed(cutlass::conv::implicit_gemm_tensor_b_extent(op, p)));
+  Ref ref_d(static_cast<Element*>(d),
+            Layout::packed(cutlass::conv::implicit_gemm_tensor_c_extent(op, p)));
   // The bias as the C operand: a zero stride over N, P and Q leaves the K offset only.
   Ref ref_bias(static_cast<Element*>(const_cast<void*>(bias)), Layout(Layout::Stride(0)));
   typename OutputOp::Params epilogue(ElementCompute(1), ElementCompute(PYC_BIAS ? 1 : 0));
-  return typename Conv::Arguments(p, ref_x, ref_w, PYC_BIAS ? ref_bias : ref_y, ref_y,
+  return typename Conv::Arguments(p, ref_a, ref_b, PYC_BIAS ? ref_bias : ref_d, ref_d,
                                   epilogue, cutlass::conv::SplitKMode::kSerial);
 }
 
@@ -117,7 +156,8 @@ int pyc_conv_can_implement(const int* act, const int* flt, const int* pad, const
   auto args = pyc::make_arguments(problem, nullptr, nullptr, nullptr, nullptr);
   return static_cast<int>(pyc::Conv::can_implement(args));
 }
-// Bytes of workspace (none: no split-k); sm_count is taken for the 3x kernels' signature.
+// Bytes of workspace (split-K's semaphores; none without); sm_count is taken for the 3x
+// kernels' signature.
 unsigned long long pyc_conv_workspace_size(const int* act, const int* flt, const int* pad,
                                            const int* stride, const int* dilation,
                                            int sm_count) {
@@ -149,4 +189,5 @@ int pyc_conv_run(void* h, void* stream) {
 }
 int pyc_conv_has_bias() { return PYC_BIAS; }
 int pyc_conv_spatial() { return PYC_SPATIAL; }
+int pyc_conv_op() { return PYC_OP_ID; }
 }

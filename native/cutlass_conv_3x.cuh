@@ -1,7 +1,12 @@
-// pyc_lab's CUTLASS 3 implicit-GEMM convolution (forward) for Hopper: TMA im2col loads of
-// the activations, TMA loads of the filter, warpgroup MMA, a warp-specialised mainloop and
-// a TMA epilogue with the bias and activation fused. The #defines before this text pick
-// one kernel:
+// pyc_lab's CUTLASS 3 implicit-GEMM convolution for Hopper: TMA im2col loads of the
+// activations (of the output gradient for dgrad, of the input for wgrad), TMA loads of the
+// other operand, warpgroup MMA, a warp-specialised mainloop and a TMA epilogue with the
+// bias and activation fused (forward only). The #defines before this text pick one kernel:
+//   PYC_OP / PYC_OP_ID cutlass::conv::Operator::kFprop (0), kDgrad (1) or kWgrad (2). The
+//                      problem is always the forward one; the pointers the wrapper takes
+//                      are (x, w) -> y for fprop, (dy, w) -> dx for dgrad and
+//                      (dy, x) -> dw for wgrad (CUTLASS's A, B -> D of each operator).
+//                      CUTLASS 4.2's Hopper dgrad takes unit strides only.
 //   PYC_ELEMENT        cutlass::half_t, cutlass::bfloat16_t or float (tf32 MMA)
 //   PYC_ALIGN          elements per 16-byte access of PYC_ELEMENT
 //   PYC_SPATIAL        1, 2 or 3 spatial axes (NWC / NHWC / NDHWC activations, K*C filter)
@@ -41,7 +46,23 @@ using Layout = cutlass::layout::TensorNHWC;
 #else
 using Layout = cutlass::layout::TensorNDHWC;
 #endif
+// The output's layout: the activations' for fprop and dgrad; wgrad writes the filter,
+// (K, *kernel, C) in memory, which CUTLASS names KCS / KCSR / KCSRT.
+#if PYC_OP_ID != 2
+using LayoutOut = Layout;
+#elif PYC_SPATIAL == 1
+using LayoutOut = cutlass::layout::TensorKCS;
+#elif PYC_SPATIAL == 2
+using LayoutOut = cutlass::layout::TensorKCSR;
+#else
+using LayoutOut = cutlass::layout::TensorKCSRT;
+#endif
+// The K mode is wrapped in a Shape for every convolution; wgrad's N mode (C * kernel) too.
+#if PYC_OP_ID == 2
+using TileShape = Shape<Int<PYC_TILE_M>, Shape<Int<PYC_TILE_N>>, Shape<Int<PYC_TILE_K>>>;
+#else
 using TileShape = Shape<Int<PYC_TILE_M>, Int<PYC_TILE_N>, Shape<Int<PYC_TILE_K>>>;
+#endif
 using ClusterShape = Shape<Int<PYC_CLUSTER_M>, Int<PYC_CLUSTER_N>, _1>;
 using MainSchedule = cutlass::conv::KernelImplicitTmaWarpSpecializedSm90;
 using EpiSchedule = cutlass::epilogue::TmaWarpSpecialized;
@@ -54,15 +75,15 @@ using Fusion = cutlass::epilogue::fusion::LinCombEltAct<PYC_ACT, Element, Elemen
 using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, ElementCompute,
-    void, Layout, PYC_ALIGN, Element, Layout, PYC_ALIGN, EpiSchedule, Fusion>::CollectiveOp;
+    void, LayoutOut, PYC_ALIGN, Element, LayoutOut, PYC_ALIGN, EpiSchedule, Fusion>::CollectiveOp;
 using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop,
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, PYC_OP,
     Element, Layout, PYC_ALIGN, Element, Layout, PYC_ALIGN, ElementAcc, TileShape,
     ClusterShape,
     cutlass::conv::collective::StageCountAutoCarveout<
         static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
     MainSchedule>::CollectiveOp;
-using Problem = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, PYC_SPATIAL>;
+using Problem = cutlass::conv::ConvProblemShape<PYC_OP, PYC_SPATIAL>;
 using Kernel = cutlass::conv::kernel::ConvUniversal<Problem, Mainloop, Epilogue>;
 using Conv = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
 constexpr int kRankT = PYC_SPATIAL + 2;
@@ -92,9 +113,18 @@ static typename Conv::Arguments make_arguments(const Problem& problem, const voi
                                                const void* w, const void* bias, void* y,
                                                int sm_count) {
   typename Kernel::StrideD stride_d{};
+#if PYC_OP_ID != 2
+  // ((Q, P, Z, N), K): the output pixels' strides, innermost first
   cute::for_each(cute::make_seq<cute::rank<0>(typename Kernel::StrideD{})>{}, [&](auto i) {
     cute::get<0, i>(stride_d) = problem.stride_C[kRankT - 2 - i];
   });
+#else
+  // (K, (C, S, R, T)): the filter's K stride, then its window's strides, innermost first
+  cute::get<0>(stride_d) = problem.stride_C[0];
+  cute::for_each(cute::make_seq<PYC_SPATIAL>{}, [&](auto i) {
+    cute::get<1, i + 1>(stride_d) = problem.stride_C[kRankT - 2 - i];
+  });
+#endif
   typename Kernel::StrideC stride_c{};
   typename Conv::Arguments args{
       problem,
@@ -152,4 +182,5 @@ int pyc_conv_run(void* h, void* stream) {
 }
 int pyc_conv_has_bias() { return PYC_BIAS; }
 int pyc_conv_spatial() { return PYC_SPATIAL; }
+int pyc_conv_op() { return PYC_OP_ID; }
 }

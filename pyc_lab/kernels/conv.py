@@ -412,13 +412,17 @@ def _with_grad(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: A
 def _grads(kind: str, x: Any, w: Any, dy: Any, has_bias: bool, stride: tuple[int, ...],
            pads: tuple[int, ...], dilation: tuple[int, ...],
            groups: int) -> tuple[Any, Any, Any]:
-    """``(dx, dw, db)`` of channels-first operands: cuDNN's backward convolutions on a
-    GPU, the im2col backward elsewhere (float32 arithmetic for 16-bit operands)."""
+    """``(dx, dw, db)`` of channels-first operands: on a GPU cuDNN's backward
+    convolutions, or tuned CUTLASS ones where they won their race
+    (:func:`~.conv_grad_route.conv_grads`); the im2col backward elsewhere (float32
+    arithmetic for 16-bit operands)."""
     from .conv_grad import conv_backward_im2col, torch_conv_backward
 
     geo = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups}
     if kind == "torch" and x.is_cuda:
-        return torch_conv_backward(x, w, dy.to(x.dtype), bias=has_bias, **geo)
+        from .conv_grad_route import conv_grads
+
+        return conv_grads(x, w, dy.to(x.dtype), has_bias=has_bias, **geo)
     if kind == "cupy" and arrays.torch_installed():
         import cupy as cp
         import torch

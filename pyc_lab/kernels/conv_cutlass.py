@@ -30,7 +30,8 @@ from typing import Any
 
 from .memo import remember
 
-__all__ = ["conv_config_of", "conv_problem_key", "kernel_call", "tuned_runner"]
+__all__ = ["conv_config_of", "conv_problem_key", "grad_call", "kernel_call",
+           "tuned_grad_runner", "tuned_runner"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,67 @@ def tuned_runner(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[in
     if conv is None:
         return None, why
     return kernel_call(conv, geometry), why
+
+
+def tuned_grad_runner(direction: str, x: Any, w: Any, stride: tuple[int, ...],
+                      pads: tuple[int, ...], dilation: tuple[int, ...]
+                      ) -> tuple[Callable[[Any, Any, Any], Any] | None, str]:
+    """The tuned CUTLASS gradient kernel (``direction`` ``"dgrad"`` or ``"wgrad"``) of the
+    forward problem ``x (N, C, *spatial)``, ``w (K, C, *kernel)`` (``groups == 1``, the
+    caller's check) as ``fn(x, w, dy) -> dx`` or ``-> dw`` on torch tensors (channels-first
+    shapes, the result channels last in memory), or ``None`` and why there is none
+    (:func:`grad_call`)."""
+    dtype = _dtype(x)
+    if dtype is None:
+        return None, f"{x.dtype} (or TF32 disallowed) is not a CUTLASS convolution dtype"
+    if not x.is_cuda or x.ndim - 2 not in (1, 2, 3):
+        return None, "not a GPU tensor of 1-3 spatial axes"
+    from .cutlass.conv import ConvGeometry, ConvKernel
+    from .cutlass.conv_2x import geometry_issue
+
+    geometry = ConvGeometry.from_channels_first(x.shape, w.shape, stride, pads, dilation)
+    kernel = ConvKernel(dtype, geometry.spatial, direction=direction)
+    why = geometry.issue(kernel)
+    if why and geometry_issue(geometry):
+        return None, why
+    from .matmul import db_stamp
+
+    key = (geometry, kernel, x.device.index, db_stamp())
+    hit = _MEMO.get(key)
+    if hit is None:
+        hit = _find(geometry, kernel, x.device.index)
+        remember(_MEMO, key, hit, MAX_MEMO, _LOCK)
+    conv, why = hit
+    return (None, why) if conv is None else (grad_call(conv, geometry), why)
+
+
+def grad_call(conv: Any, geometry: Any) -> Callable[[Any, Any, Any], Any]:
+    """``fn(x, w, dy) -> dx`` (a dgrad kernel) or ``-> dw`` (a wgrad kernel): the gradient
+    of the forward problem ``geometry`` computed by a loaded gradient kernel on torch
+    tensors of channels-first shapes (``x (N, C, *spatial)``, ``w (K, C, *kernel)``,
+    ``dy (N, K, *out)``). The kernel reads its two operands channels last (``dy`` and
+    ``w`` for dgrad, ``dy`` and ``x`` for wgrad), copied to that order when they are not
+    (part of what the race times); the result is a fresh tensor, channels last in
+    memory, of ``x``'s or ``w``'s shape."""
+    import torch
+
+    nd = geometry.spatial
+    to_last = (0, *range(2, nd + 2), 1)
+    to_first = (0, nd + 1, *range(1, nd + 1))
+    wgrad = conv.kernel.direction == "wgrad"
+    shape = geometry.flt if wgrad else geometry.act
+
+    def run(x: Any, w: Any, dy: Any) -> Any:
+        a = dy.permute(*to_last)
+        b = (x if wgrad else w).permute(*to_last)
+        a = a if a.is_contiguous() else a.contiguous()
+        b = b if b.is_contiguous() else b.contiguous()
+        out = torch.empty(shape, device=dy.device, dtype=dy.dtype)
+        conv.run(geometry, a.data_ptr(), b.data_ptr(), None, out.data_ptr(),
+                 torch.cuda.current_stream(dy.device).cuda_stream)
+        return out.permute(*to_first)
+
+    return run
 
 
 def _find(geometry: Any, kernel: Any, device: int) -> tuple[Any, str]:

@@ -47,7 +47,7 @@ from .conv_im2col import out_size
 from .conv_library import cudnn_conv, torch_activation
 
 __all__ = ["GPU_SLACK", "MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices", "cudnn_conv",
-           "gemm_conv", "patch_bytes", "prepare", "run", "torch_activation"]
+           "gemm_conv", "patch_bytes", "prepare", "run", "time_calls", "torch_activation"]
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
         runs["gemm"] = lambda: runner(x, w, b)
     if tuned is not None:
         runs["cutlass"] = lambda: tuned(x, w, b)
-    timed = dict(zip(runs, _time(list(runs.values()), x.device.index), strict=True))
+    timed = dict(zip(runs, time_calls(list(runs.values()), x.device.index), strict=True))
     cudnn = timed["cudnn"][0]
     best = min((name for name in timed if name != "cudnn"), key=lambda n: timed[n][0])
     impl = best if (timed[best][0] <= cudnn * (1.0 - MARGIN)
@@ -390,7 +390,7 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
     return _remember(key, choice)
 
 
-def _time(runs: list[Any], device: int) -> list[tuple[float, float, float]]:
+def time_calls(runs: list[Any], device: int) -> list[tuple[float, float, float]]:
     """Each of ``runs`` on torch's current stream of ``device``, over :data:`ROUNDS`
     interleaved rounds of :data:`REPEATS` calls: ``(cost, gpu, host)`` milliseconds per
     call, medians of the rounds' medians, ``cost`` the larger of the GPU's time and the

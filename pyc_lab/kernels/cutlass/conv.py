@@ -45,7 +45,7 @@ from .config import ACTIVATIONS
 from .launch import load_library
 from .nvcc import BuildResult, build_parallel, build_source, cached_library
 
-__all__ = ["CONV_DTYPES", "ConvConfig", "ConvGeometry", "ConvKernel", "CutlassConv",
+__all__ = ["CONV_DTYPES", "DIRECTIONS", "ConvConfig", "ConvGeometry", "ConvKernel", "CutlassConv",
            "build_conv", "build_conv_many", "cached_conv", "conv_configs", "emit_conv_source"]
 
 #: Element types the convolution kernels take (float32 runs as tf32 MMAs, as cuDNN's
@@ -94,14 +94,27 @@ class ConvConfig:
         return cls(tile, cluster)  # type: ignore[arg-type]
 
 
+#: The convolutions a kernel computes (CUTLASS's operators) and their ids in the sources:
+#: the forward one, the input's gradient (dgrad) and the filter's (wgrad).
+DIRECTIONS = {"fprop": 0, "dgrad": 1, "wgrad": 2}
+_OPERATORS = {"fprop": "kFprop", "dgrad": "kDgrad", "wgrad": "kWgrad"}
+
+
 @dataclass(frozen=True)
 class ConvKernel:
-    """What a convolution kernel is built for (everything but the configuration)."""
+    """What a convolution kernel is built for (everything but the configuration).
+
+    ``direction`` is the convolution it computes for a forward problem
+    (:class:`ConvGeometry`): ``"fprop"`` (``x, w -> y``), ``"dgrad"`` (``dy, w -> dx``)
+    or ``"wgrad"`` (``dy, x -> dw``); the gradients have no bias or activation (an
+    activation's derivative is applied to ``dy`` before, the bias' gradient is a sum).
+    """
 
     dtype: str = "f16"
     spatial: int = 2
     bias: bool = False
     activation: str | None = None
+    direction: str = "fprop"
 
     def __post_init__(self) -> None:
         if self.dtype not in CONV_DTYPES:
@@ -113,12 +126,33 @@ class ConvKernel:
         if self.activation is not None and self.activation not in ACTIVATIONS:
             raise PycLabError(f"activation {self.activation!r} is not one of "
                               f"{sorted(ACTIVATIONS)}")
+        if self.direction not in DIRECTIONS:
+            raise PycLabError(f"direction {self.direction!r} is not one of "
+                              f"{sorted(DIRECTIONS)}")
+        if self.direction != "fprop" and (self.bias or self.activation):
+            raise PycLabError(f"a {self.direction} kernel has no bias or activation")
 
     @property
     def op(self) -> str:
-        """The tuning database's op: ``conv2d_fprop``, ``conv2d_fprop_bias_relu``, ..."""
+        """The tuning database's op: ``conv2d_fprop``, ``conv2d_fprop_bias_relu``,
+        ``conv2d_dgrad``, ``conv2d_wgrad``, ..."""
         tail = "_".join(p for p in ("bias" if self.bias else "", self.activation or "") if p)
-        return f"conv{self.spatial}d_fprop" + (f"_{tail}" if tail else "")
+        return f"conv{self.spatial}d_{self.direction}" + (f"_{tail}" if tail else "")
+
+    @property
+    def defines(self) -> dict[str, Any]:
+        """The ``#define`` s of the direction both kernel families' sources read."""
+        return {"PYC_OP": f"cutlass::conv::Operator::{_OPERATORS[self.direction]}",
+                "PYC_OP_ID": DIRECTIONS[self.direction]}
+
+    def operands(self, geometry: ConvGeometry) -> tuple[tuple[int, ...], tuple[int, ...],
+                                                        tuple[int, ...]]:
+        """The channels-last shapes of the kernel's two operands and its output for the
+        forward problem ``geometry``: ``(act, flt) -> out`` for fprop, ``(out, flt) ->
+        act`` for dgrad, ``(out, act) -> flt`` for wgrad."""
+        act, flt, out = geometry.act, geometry.flt, geometry.out_shape
+        return {"fprop": (act, flt, out), "dgrad": (out, flt, act),
+                "wgrad": (out, act, flt)}[self.direction]
 
     @property
     def align(self) -> int:
@@ -132,7 +166,8 @@ def emit_conv_source(config: ConvConfig, kernel: ConvKernel) -> str:
     cm, cn = config.cluster
     act = ACTIVATIONS[kernel.activation] if kernel.activation else \
         "cutlass::epilogue::thread::Identity"
-    defines = {"PYC_ELEMENT": CONV_DTYPES[kernel.dtype], "PYC_ALIGN": kernel.align,
+    defines = {**kernel.defines, "PYC_ELEMENT": CONV_DTYPES[kernel.dtype],
+               "PYC_ALIGN": kernel.align,
                "PYC_SPATIAL": kernel.spatial, "PYC_TILE_M": m, "PYC_TILE_N": n,
                "PYC_TILE_K": k, "PYC_CLUSTER_M": cm, "PYC_CLUSTER_N": cn,
                "PYC_BIAS": int(kernel.bias), "PYC_ACT": act}
@@ -217,9 +252,24 @@ class ConvGeometry:
         return (self.act[0] * prod(self.out), self.flt[0],
                 self.act[-1] * prod(self.flt[1:-1]))
 
+    def gemm_of(self, direction: str) -> tuple[int, int, int]:
+        """The implicit GEMM's ``(M, N, K)`` of ``direction``: :attr:`gemm` for fprop;
+        ``(N * prod(spatial), C, K * prod(kernel))`` for dgrad (the input's pixels by its
+        channels; with strides above 1 each pixel reduces over only the taps whose
+        window reaches it, so the work stays :attr:`flops`); ``(K, C * prod(kernel),
+        N * prod(out))`` for wgrad (the filter, with a reduction over every output
+        pixel)."""
+        if direction == "dgrad":
+            return (self.act[0] * prod(self.act[1:-1]), self.act[-1],
+                    self.flt[0] * prod(self.flt[1:-1]))
+        if direction == "wgrad":
+            return (self.flt[0], self.act[-1] * prod(self.flt[1:-1]),
+                    self.act[0] * prod(self.out))
+        return self.gemm
+
     @property
     def flops(self) -> int:
-        """``2 M N K``."""
+        """``2 M N K`` (the same for the three directions)."""
         m, n, k = self.gemm
         return 2 * m * n * k
 
@@ -246,6 +296,9 @@ class ConvGeometry:
             return f"the window does not fit (output {self.out})"
         if max(self.gemm[0], self.act[0] * prod(self.act[1:])) >= 2**31:
             return "more than 2^31 output or input pixels"
+        if kernel.direction == "dgrad" and any(s != 1 for s in self.stride):
+            return (f"stride {self.stride}: CUTLASS's Hopper dgrad takes unit strides "
+                    "(the CUTLASS 2 family runs strided ones)")
         return ""
 
     def arrays(self) -> tuple[Any, ...]:
@@ -263,7 +316,7 @@ def conv_configs(geometry: ConvGeometry, kernel: ConvKernel, sm_count: int = 132
     and, among equals, by larger tiles (more reuse per byte); the 2-CTA clusters
     (multicast of the filter along M, of the activations along N) follow each tile.
     """
-    m, n, _ = geometry.gemm
+    m, n, _ = geometry.gemm_of(kernel.direction)
     k_tile = K_BYTES // ELEMENT_BYTES[kernel.dtype]
     widest = max(64, -(-n // 64) * 64)
     scored = []
@@ -299,6 +352,7 @@ def _declare_conv(lib: ctypes.CDLL) -> None:
     lib.pyc_conv_run.restype = c_int
     lib.pyc_conv_has_bias.restype = c_int
     lib.pyc_conv_spatial.restype = c_int
+    lib.pyc_conv_op.restype = c_int
 
 
 @dataclass
@@ -310,7 +364,10 @@ class CutlassConv:
     only launches; the pointers are raw device addresses (``int``), so CuPy arrays and
     torch tensors go through the same call. ``x`` is ``(N, *spatial, C)``, ``w``
     ``(K, *kernel, C)`` and ``y`` ``(N, *out, K)``, all contiguous in the kernel's dtype;
-    ``bias`` a ``(K,)`` vector when the kernel has one.
+    ``bias`` a ``(K,)`` vector when the kernel has one. The geometry is always the
+    forward problem's; a gradient kernel takes its own operands in those two pointer
+    places and writes its result to the third (:meth:`ConvKernel.operands`:
+    ``dy, w -> dx`` for dgrad, ``dy, x -> dw`` for wgrad).
     """
 
     library: Path
@@ -328,7 +385,8 @@ class CutlassConv:
     def __post_init__(self) -> None:
         self._lib = load_library(Path(self.library), _declare_conv)
         if self._lib.pyc_conv_spatial() != self.kernel.spatial or \
-                bool(self._lib.pyc_conv_has_bias()) != self.kernel.bias:
+                bool(self._lib.pyc_conv_has_bias()) != self.kernel.bias or \
+                self._lib.pyc_conv_op() != DIRECTIONS[self.kernel.direction]:
             raise PycLabError(f"{self.library} is not a {self.kernel.op} kernel")
         if not self.sm_count:
             from ...hardware.device import require_cupy

@@ -33,6 +33,7 @@ accesses of a 16-bit type need two stages; ``align_out`` divides ``K``; ``groups
 from __future__ import annotations
 
 import concurrent.futures as cf
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from math import prod
@@ -47,8 +48,9 @@ from .conv import CONV_DTYPES, ELEMENT_BYTES, VECTOR_ELEMENTS, ConvGeometry, Con
 from .nvcc import BuildResult, build_parallel, build_source, cached_library
 
 __all__ = ["ITERATORS", "Conv2xConfig", "CutlassConv2x", "build_conv2x", "build_conv2x_many",
-           "cached_conv2x", "conv2x_align", "conv2x_configs", "conv2x_pad", "conv2x_widths",
-           "emit_conv2x_source", "geometry_issue", "padded_geometry"]
+           "cached_conv2x", "conv2x_align", "conv2x_configs", "conv2x_grad_configs",
+           "conv2x_pad", "conv2x_widths", "emit_conv2x_source", "geometry_issue",
+           "padded_geometry"]
 
 #: The iterator algorithms (CUTLASS 2's ``cutlass::conv::IteratorAlgorithm``).
 ITERATORS = {"analytic": "kAnalytic", "optimized": "kOptimized",
@@ -90,21 +92,26 @@ class Conv2xConfig:
     the kernel reads, the input and filter zero-padded to them on each call (``0``: as
     given). Padding a stem's 3 channels to 4 buys 8-byte ``cp.async`` accesses and the
     fixed-channels iterator for a third more reduction work; it is a search dimension,
-    since whether that pays depends on the problem."""
+    since whether that pays depends on the problem. ``split_k`` cuts the reduction into
+    that many slices, run by as many CTAs per output tile that add their parts in turn
+    (serial split-K): a wgrad's reduction runs over every output pixel while its output,
+    the filter, is a few tiles."""
 
     tile: tuple[int, int, int] = (128, 128, 32)
     warp: tuple[int, int, int] = (64, 64, 32)
     stages: int = 3
     iterator: str = "optimized"
     pad_to: int = 0
+    split_k: int = 1
 
     @property
     def id(self) -> str:
-        """``conv2x_t128x128x32_w64x64x32_s3_optimized`` (``..._c4`` with ``pad_to=4``):
-        the tuning database's config id."""
+        """``conv2x_t128x128x32_w64x64x32_s3_optimized`` (``..._c4`` with ``pad_to=4``,
+        ``..._k8`` with ``split_k=8``): the tuning database's config id."""
         return (f"conv2x_t{'x'.join(map(str, self.tile))}_w{'x'.join(map(str, self.warp))}"
                 f"_s{self.stages}_{self.iterator}" + (f"_c{self.pad_to}" if self.pad_to
-                                                      else ""))
+                                                      else "")
+                + (f"_k{self.split_k}" if self.split_k > 1 else ""))
 
     @property
     def reads_outside_window(self) -> bool:
@@ -129,7 +136,8 @@ class Conv2xConfig:
     def to_dict(self) -> dict[str, Any]:
         """The configuration as the tuning database stores it."""
         return {"tile": "x".join(map(str, self.tile)), "warp": "x".join(map(str, self.warp)),
-                "stages": self.stages, "iterator": self.iterator, "pad_to": self.pad_to}
+                "stages": self.stages, "iterator": self.iterator, "pad_to": self.pad_to,
+                "split_k": self.split_k}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Conv2xConfig:
@@ -145,11 +153,13 @@ class Conv2xConfig:
             warp = tuple(int(v) for v in str(d["warp"]).split("x"))
             stages, iterator = int(d["stages"]), str(d["iterator"])
             pad_to = int(d.get("pad_to") or 0)
+            split_k = 1 if d.get("split_k") is None else int(d["split_k"])
         except (KeyError, ValueError, TypeError) as exc:
             raise PycLabError(f"not a CUTLASS 2 convolution configuration: {d!r}") from exc
-        if len(tile) != 3 or len(warp) != 3 or iterator not in ITERATORS or pad_to < 0:
+        if len(tile) != 3 or len(warp) != 3 or iterator not in ITERATORS or pad_to < 0 \
+                or split_k < 1:
             raise PycLabError(f"not a CUTLASS 2 convolution configuration: {d!r}")
-        return cls(tile, warp, stages, iterator, pad_to)  # type: ignore[arg-type]
+        return cls(tile, warp, stages, iterator, pad_to, split_k)  # type: ignore[arg-type]
 
     def build_issue(self, kernel: ConvKernel, align: int, align_out: int | None = None
                     ) -> str:
@@ -161,6 +171,13 @@ class Conv2xConfig:
                     f"{kernel.spatial}")
         if self.iterator not in ITERATORS:
             return f"iterator {self.iterator!r} is not one of {sorted(ITERATORS)}"
+        if kernel.direction != "fprop" and self.iterator not in ("analytic", "optimized"):
+            return (f"the {self.iterator} iterator is a forward one; {kernel.direction} "
+                    "takes analytic or optimized")
+        if kernel.direction != "fprop" and self.pad_to:
+            return f"channel padding is a forward matter, not {kernel.direction}'s"
+        if self.split_k > 1 and kernel.direction != "wgrad":
+            return "split-K is offered for wgrad (the long reduction) only"
         size, vector = ELEMENT_BYTES[kernel.dtype], VECTOR_ELEMENTS[kernel.dtype]
         align_out = align_out or vector
         for name, a in (("align", align), ("align_out", align_out)):
@@ -205,7 +222,26 @@ class Conv2xConfig:
         out_channels, align_out
             The filter's ``K`` and the epilogue's access width (16 bytes when not given),
             checked when ``out_channels`` is given.
+
+        A gradient kernel's operands are the output gradient (``K`` channels) and the
+        filter or the input (``C``), so ``align`` must divide both; its result (the
+        input's or the filter's gradient) has ``C`` channels, which ``align_out`` must
+        divide.
         """
+        if kernel.direction != "fprop":
+            align = align or conv2x_align(kernel.dtype, math.gcd(channels,
+                                                                 out_channels or channels))
+            why = self.build_issue(kernel, align, align_out)
+            if why:
+                return why
+            align_out = align_out or VECTOR_ELEMENTS[kernel.dtype]
+            if channels <= 0 or channels % align or (out_channels or channels) % align:
+                return (f"{channels} input and {out_channels} output channels are not "
+                        f"multiples of align {align}")
+            if channels % align_out:
+                return (f"{channels} input channels (the gradient's) are not a multiple of "
+                        f"align_out {align_out}")
+            return ""
         if self.pad_to and self.pad_to <= channels:
             return f"pad_to {self.pad_to} does not widen {channels} input channels"
         channels = self.channels(channels)
@@ -293,6 +329,49 @@ def conv2x_configs(kernel: ConvKernel, channels: int, out_channels: int | None =
     return configs
 
 
+def conv2x_grad_configs(kernel: ConvKernel, geometry: ConvGeometry, sm_count: int = 132
+                        ) -> list[Conv2xConfig]:
+    """A ranked list of gradient configurations (``kernel.direction`` dgrad or wgrad) for
+    the forward problem ``geometry``.
+
+    Both take the ``optimized`` iterator (``analytic`` is its slower twin) on the tiles of
+    wide channels; a dgrad runs CUTLASS's strided kernel, so any stride is taken. A
+    wgrad's GEMM is the filter (``K`` by ``C * prod(kernel)``, often fewer tiles than the
+    GPU has SMs) reduced over every output pixel, so each tile is offered with the
+    serial split-K that brings its CTAs to about one wave (a power of two, at most 32,
+    each slice at least 16 K tiles deep) and with half of that. Ranked by how well the
+    CTAs fill the last wave times the share of each tile that is not padding, larger
+    tiles first among equals.
+    """
+    size = ELEMENT_BYTES[kernel.dtype]
+    tk = K_BYTES // size
+    c, k = geometry.act[-1], geometry.flt[0]
+    align, align_out = conv2x_align(kernel.dtype, math.gcd(c, k)), conv2x_align(kernel.dtype, c)
+    m, n, depth = geometry.gemm_of(kernel.direction)
+    deep = (3, 4) if align * size >= 4 else (2,)
+    shapes = (((128, 128), (64, 64)), ((128, 64), (64, 32)), ((64, 64), (32, 32)),
+              ((256, 128), (64, 64)))
+    scored = []
+    for (tm, tn), (wm, wn) in shapes:
+        ctas = -(-m // tm) * -(-n // tn)
+        splits = [1]
+        if kernel.direction == "wgrad" and ctas < sm_count:
+            most = 1 << (max(1, min(32, depth // (16 * tk))).bit_length() - 1)
+            full = min(most, 1 << max(0, (-(-sm_count // ctas) - 1).bit_length()))
+            splits = sorted({full, max(1, full // 2)}, reverse=True)
+        used = (m / (-(-m // tm) * tm)) * (n / (-(-n // tn) * tn))  # not tile padding
+        for split in splits:
+            grid = ctas * split
+            waves = -(-grid // sm_count)
+            score = grid / (waves * sm_count) * used + 0.02 * (tm * tn) / (128 * 128)
+            for stages in deep:
+                cfg = Conv2xConfig((tm, tn, tk), (wm, wn, tk), stages, "optimized", 0, split)
+                if not cfg.issue(kernel, c, align, k, align_out):
+                    scored.append((score - 0.001 * stages, cfg))
+    scored.sort(key=lambda t: -t[0])
+    return [cfg for _, cfg in scored]
+
+
 def emit_conv2x_source(config: Conv2xConfig, kernel: ConvKernel, align: int,
                        align_out: int | None = None) -> str:
     """The complete CUDA C++ of one CUTLASS 2 convolution and its ``extern "C"`` wrapper.
@@ -319,7 +398,8 @@ def emit_conv2x_source(config: Conv2xConfig, kernel: ConvKernel, align: int,
         raise PycLabError(f"CUTLASS 2 convolution {config.id}: {why}")
     act = ACTIVATIONS[kernel.activation] if kernel.activation else \
         "cutlass::epilogue::thread::Identity"
-    defines = {"PYC_ELEMENT": CONV_DTYPES[kernel.dtype], "PYC_ALIGN": align,
+    defines = {**kernel.defines, "PYC_SPLIT_K": config.split_k,
+               "PYC_ELEMENT": CONV_DTYPES[kernel.dtype], "PYC_ALIGN": align,
                "PYC_ALIGN_OUT": align_out, "PYC_SPATIAL": kernel.spatial,
                **{f"PYC_TILE_{a}": v for a, v in zip("MNK", config.tile, strict=True)},
                **{f"PYC_WARP_{a}": v for a, v in zip("MNK", config.warp, strict=True)},
@@ -371,7 +451,11 @@ def conv2x_widths(config: Conv2xConfig, kernel: ConvKernel, channels: int,
                   out_channels: int) -> tuple[int, int]:
     """``(align, align_out)``: the access widths a problem with ``channels`` inputs and
     ``out_channels`` outputs is built with under ``config`` (the widest that divide the
-    channels read and ``out_channels``)."""
+    channels read and ``out_channels``; for a gradient kernel, the widest that divides
+    both channel counts and the widest that divides ``channels``, its result's)."""
+    if kernel.direction != "fprop":
+        return (conv2x_align(kernel.dtype, math.gcd(channels, out_channels)),
+                conv2x_align(kernel.dtype, channels))
     return (conv2x_align(kernel.dtype, config.channels(channels)),
             conv2x_align(kernel.dtype, out_channels))
 
@@ -434,4 +518,6 @@ class CutlassConv2x(CutlassConv):
         elif c % self.align or k % align_out:
             return (f"{c} input and {k} output channels; the kernel needs multiples of "
                     f"{self.align} and {align_out}")
+        if self.kernel.direction == "dgrad" and any(d != 1 for d in geometry.dilation):
+            return f"dilation {geometry.dilation}: CUTLASS's strided dgrad takes none"
         return geometry_issue(geometry)

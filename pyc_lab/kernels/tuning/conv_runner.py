@@ -1,7 +1,12 @@
 """The live convolution runner: CUTLASS candidates built, checked against cuDNN and timed.
 
-For one forward convolution (channels last, ``groups == 1``) in f16, bf16 or tf32 on
-this machine's GPU:
+For one convolution (channels last, ``groups == 1``) in f16, bf16 or tf32 on this
+machine's GPU — the forward one, or one of its gradients (``direction`` ``"dgrad"``:
+``dy, w -> dx``; ``"wgrad"``: ``dy, x -> dw``), whose candidates are the Hopper kernels
+where they take the problem (the channels a multiple of 16 bytes; unit strides for
+dgrad) and the CUTLASS 2 gradient kernels (:func:`~pyc_lab.kernels.cutlass.conv_2x.
+conv2x_grad_configs`: strided dgrad, wgrad with split-K), the two families
+interleaved best-ranked first:
 
 1. the candidates — the configurations worth building for the problem, best-ranked
    first, cut to ``max_candidates`` — are built in parallel into the kernel cache (a
@@ -19,9 +24,10 @@ this machine's GPU:
    (:func:`~pyc_lab.kernels.tuning.gemm_runner.gpu_ms`: CUDA events, L2 flushed, launch
    gaps kept out);
 4. cuDNN (torch's convolution in its benchmark mode, channels last, the bias and
-   activation applied by torch as a user would) is timed the same way in the same run
-   and recorded as the ``"cudnn"`` baseline row; the run's winner is the faster of the
-   best CUTLASS candidate and cuDNN.
+   activation applied by torch as a user would; for a gradient, torch's
+   ``convolution_backward`` computing that gradient alone) is timed the same way in the
+   same run and recorded as the ``"cudnn"`` baseline row; the run's winner is the faster
+   of the best CUTLASS candidate and cuDNN.
 
 Needs CuPy and torch (the inputs, the reference and the baseline are torch tensors on
 the GPU).
@@ -38,7 +44,8 @@ from ...errors import PycLabError
 from ...hardware.device import require_cupy
 from ...search import Outcome
 from ..arrays import torch_stream
-from ..conv_cutlass import conv_problem_key, kernel_call
+from ..conv_cutlass import conv_config_of, conv_problem_key, kernel_call
+from ..conv_grad import torch_conv_backward
 from ..conv_library import cudnn_conv
 from ..cutlass.conv import (
     ConvConfig,
@@ -53,6 +60,7 @@ from ..cutlass.conv_2x import (
     CutlassConv2x,
     build_conv2x_many,
     conv2x_configs,
+    conv2x_grad_configs,
     conv2x_widths,
     geometry_issue,
 )
@@ -66,6 +74,15 @@ from .options import GemmTuneOptions
 __all__ = ["ConvRunner", "torch_dtype"]
 
 log = logging.getLogger(__name__)
+
+
+class _AnyConfig:
+    """Either family's configuration read from a candidate (a gradient's space holds
+    both; the fields of the other family are ``None`` there)."""
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Any:
+        return conv_config_of({k: v for k, v in d.items() if v is not None})
 
 
 def torch_dtype(dtype: str) -> Any:
@@ -89,6 +106,9 @@ class ConvRunner(CandidateRows):
         ``restrict(config) -> bool``: only configurations it accepts are considered.
     cache
         The kernel cache builds go to (the user's by default).
+    direction
+        ``"fprop"`` (the forward convolution), ``"dgrad"`` or ``"wgrad"``; a gradient
+        takes no bias or activation.
 
     Attributes
     ----------
@@ -109,7 +129,7 @@ class ConvRunner(CandidateRows):
 
     def __init__(self, geometry: ConvGeometry, options: GemmTuneOptions, *,
                  restrict: Callable[[ConvConfig], bool] | None = None,
-                 cache: Any = None) -> None:
+                 cache: Any = None, direction: str = "fprop") -> None:
         cp = require_cupy("autotune_conv")
         try:
             import torch
@@ -120,7 +140,8 @@ class ConvRunner(CandidateRows):
         if opts.dtype not in ("f16", "bf16", "tf32"):
             raise PycLabError(f"autotune_conv: dtype {opts.dtype!r}; CUTLASS convolutions "
                               "take f16, bf16 or tf32")
-        kernel = ConvKernel(opts.dtype, geometry.spatial, opts.bias, opts.activation)
+        kernel = ConvKernel(opts.dtype, geometry.spatial, opts.bias, opts.activation,
+                            direction)
         why = geometry.issue(kernel)
         c, k = geometry.act[-1], geometry.flt[0]
         self.family = "cutlass3x" if not why else "cutlass2x"
@@ -130,13 +151,30 @@ class ConvRunner(CandidateRows):
         if cc < 90:
             raise PycLabError(f"CUTLASS convolutions here are built for Hopper (sm_90a); this "
                               f"GPU is sm_{cc}")
+        if direction != "fprop":
+            hopper = [] if why else conv_configs(geometry, kernel, sm_count)
+            ampere = conv2x_grad_configs(kernel, geometry, sm_count) \
+                if geometry.spatial in (1, 2) else []
+            if hopper and ampere:
+                self.family = "mixed"
+            elif not hopper:
+                self.family = "cutlass2x"
         self._deadline = time.perf_counter() + opts.budget_s if opts.budget_s else None
         self.geometry, self.kernel, self.options = geometry, kernel, opts
         self.flops = geometry.flops
         self.device: DeviceKey = device
         self.sm_count = sm_count
         self.problem = conv_problem_key(geometry, kernel)
-        if self.family == "cutlass3x":
+        if direction != "fprop":
+            # the two families interleaved, each best-ranked first
+            ranked = [c for pair in zip(hopper, ampere, strict=False) for c in pair] + \
+                hopper[len(ampere):] + ampere[len(hopper):]
+            self.config_type = _AnyConfig
+            if not ranked:
+                raise PycLabError(f"autotune_conv {direction} {geometry}: {why}, and no "
+                                  f"CUTLASS 2 configuration takes {c} -> {k} channels; "
+                                  "pl.conv uses cuDNN for it")
+        elif self.family == "cutlass3x":
             self.config_type, ranked = ConvConfig, conv_configs(geometry, kernel, sm_count)
         else:
             self.config_type, ranked = Conv2xConfig, conv2x_configs(kernel, c, k)
@@ -159,9 +197,15 @@ class ConvRunner(CandidateRows):
         def done(r: BuildResult) -> None:
             self._builds[r.config] = r
 
-        self._futures = build_conv_many(ranked, kernel, cc, opts.workers, cache, done) \
-            if self.family == "cutlass3x" else \
-            build_conv2x_many(ranked, kernel, c, k, cc, opts.workers, cache, done)
+        hopper_cfgs = [cfg for cfg in ranked if isinstance(cfg, ConvConfig)]
+        ampere_cfgs = [cfg for cfg in ranked if isinstance(cfg, Conv2xConfig)]
+        futures = {}
+        if hopper_cfgs:
+            futures.update(build_conv_many(hopper_cfgs, kernel, cc, opts.workers, cache, done))
+        if ampere_cfgs:
+            futures.update(build_conv2x_many(ampere_cfgs, kernel, c, k, cc, opts.workers,
+                                             cache, done))
+        self._futures = {cfg: futures[cfg] for cfg in ranked}
         self._loaded: dict[ConvConfig, CutlassConv] = {}
         self._init_rows()
         self._hung: str | None = None
@@ -174,26 +218,36 @@ class ConvRunner(CandidateRows):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         def uniform(*shape: int) -> Any:
             return torch.rand(shape, device="cuda", generator=gen).mul_(2).sub_(1).to(dt)
+        direction = self.kernel.direction
         self._x = uniform(*g.act)                      # (N, *spatial, C)
         self._w = uniform(*g.flt)                      # (K, *kernel, C)
+        self._dy = uniform(*g.out_shape) if direction != "fprop" else None  # (N, *out, K)
         self._b = uniform(g.flt[0]) if self.kernel.bias else None
-        self._y = torch.empty(g.out_shape, device="cuda", dtype=dt)
+        self._y = torch.empty(self.kernel.operands(g)[2], device="cuda", dtype=dt)
         nd = g.spatial
         to_first = (0, nd + 1, *range(1, nd + 1))
         xf, wf = self._x.permute(*to_first), self._w.permute(*to_first)
+        dyf = None if self._dy is None else self._dy.permute(*to_first)
         self._first = (xf, wf)
         fn = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d,
               3: torch.nn.functional.conv3d}[nd]
         args = dict(stride=g.stride, padding=g.pad, dilation=g.dilation)
+        geo = {"stride": g.stride, "pads": g.pad, "dilation": g.dilation, "groups": 1}
+        needs = (direction == "dgrad", direction == "wgrad", False)
+        index = 0 if direction == "dgrad" else 1
         was = torch.backends.cudnn.allow_tf32
         torch.backends.cudnn.allow_tf32 = False
         try:
-            ref = fn(xf.float(), wf.float(), None if self._b is None else self._b.float(),
-                     **args)
+            if direction == "fprop":
+                ref = fn(xf.float(), wf.float(),
+                         None if self._b is None else self._b.float(), **args)
+                ref = _activation(ref, self.kernel.activation)
+            else:
+                ref = torch_conv_backward(xf.float(), wf.float(), dyf.float(), bias=False,
+                                          needs=needs, **geo)[index]
         finally:
             torch.backends.cudnn.allow_tf32 = was
-        self._ref = _activation(ref, self.kernel.activation).permute(
-            0, *range(2, nd + 2), 1).contiguous()
+        self._ref = ref.permute(0, *range(2, nd + 2), 1).contiguous()
         self._ref_max = float(self._ref.abs().max()) or 1.0
         act = self.kernel.activation
 
@@ -201,7 +255,10 @@ class ConvRunner(CandidateRows):
             return _activation(cudnn_conv(xf, wf, self._b, g.stride, g.pad, g.dilation, 1),
                                act)
 
-        self._cudnn = cudnn
+        def cudnn_grad() -> Any:
+            return torch_conv_backward(xf, wf, dyf, bias=False, needs=needs, **geo)[index]
+
+        self._cudnn = cudnn if direction == "fprop" else cudnn_grad
 
     # -- the runner protocol (space() comes from CandidateRows) -----------------------
     def evaluate(self, candidate: Mapping[str, Any], fidelity: int) -> Outcome:
@@ -241,9 +298,10 @@ class ConvRunner(CandidateRows):
 
     def _launch(self, conv: CutlassConv) -> Callable[[], None]:
         """One call of the kernel into the poisoned output: on the tensors' pointers for a
-        Hopper kernel; for a CUTLASS 2 one, as ``pl.conv`` calls it
-        (:func:`~pyc_lab.kernels.conv_cutlass.kernel_call`: any channel padding included)."""
-        if isinstance(conv, CutlassConv2x):
+        Hopper kernel and a gradient; for a CUTLASS 2 forward one, as ``pl.conv`` calls it
+        (:func:`~pyc_lab.kernels.conv_cutlass.kernel_call`: any channel padding and the
+        out-of-window guard included)."""
+        if isinstance(conv, CutlassConv2x) and self.kernel.direction == "fprop":
             call, (xf, wf), b, y = kernel_call(conv, self.geometry), self._first, self._b, \
                 self._y
 
@@ -252,7 +310,9 @@ class ConvRunner(CandidateRows):
 
             return through_pl_conv
         stream = self._torch.cuda.current_stream().cuda_stream
-        ptrs = (self._x.data_ptr(), self._w.data_ptr(),
+        a, b = {"fprop": (self._x, self._w), "dgrad": (self._dy, self._w),
+                "wgrad": (self._dy, self._x)}[self.kernel.direction]
+        ptrs = (a.data_ptr(), b.data_ptr(),
                 None if self._b is None else self._b.data_ptr(), self._y.data_ptr())
         return lambda: conv.run(self.geometry, *ptrs, stream)
 

@@ -1,4 +1,5 @@
-"""``autotune_conv``: tune pyc_lab's CUTLASS convolutions for one problem, against cuDNN.
+"""``autotune_conv``: tune pyc_lab's CUTLASS convolutions (forward, dgrad, wgrad) for one
+problem, against cuDNN.
 
 The candidates of :class:`~pyc_lab.kernels.tuning.conv_runner.ConvRunner` (Hopper
 kernels where TMA can load the channels, CUTLASS 2 kernels where it cannot) go through the
@@ -52,8 +53,10 @@ def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any
                   restrict: Callable[[ConvConfig | Conv2xConfig], bool] | None = None,
                   db: TuningDB | None = None,
                   cache: Any = None, observer: Callable[[dict[str, Any]], None] | None = None,
-                  stop: threading.Event | None = None, **settings: Any) -> TuneResult:
-    """Tune a forward convolution on this GPU and record the result.
+                  stop: threading.Event | None = None, direction: str = "fprop",
+                  **settings: Any) -> TuneResult:
+    """Tune a convolution (the forward one, or one of its gradients) on this GPU and
+    record the result.
 
     Parameters
     ----------
@@ -78,6 +81,13 @@ def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any
         Tuning database and kernel cache (the user's by default).
     observer, stop
         As for :func:`~pyc_lab.kernels.tuning.autotune.autotune_gemm`.
+    direction
+        ``"fprop"`` (the default), or a gradient of the forward problem the shapes give:
+        ``"dgrad"`` (the input's, ``dy, w -> dx``) or ``"wgrad"`` (the filter's,
+        ``dy, x -> dw``), which ``pl.conv``'s backward races against cuDNN's. Gradients
+        take no bias or activation; their candidates are the Hopper kernels where they
+        take the problem (dgrad: unit strides) and CUTLASS 2 kernels (strided dgrad;
+        wgrad with split-K), and the baseline is torch's ``convolution_backward``.
 
     Returns
     -------
@@ -96,6 +106,6 @@ def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any
     geometry = conv_geometry_of(x_shape, w_shape, stride=stride, padding=padding,
                                 dilation=dilation, layout=layout)
     t_start = time.perf_counter()
-    runner = ConvRunner(geometry, opts, restrict=restrict, cache=cache)
+    runner = ConvRunner(geometry, opts, restrict=restrict, cache=cache, direction=direction)
     return tune_runner(runner, opts, observer, stop, db, t_start)
 

@@ -25,14 +25,18 @@ __all__ = ["CandidateRows", "listed_space"]
 
 def listed_space(configs: Sequence[Any]) -> SearchSpace:
     """The configurations as a search space: one parameter per ``to_dict`` field, and a
-    restriction to the combinations listed."""
+    restriction to the combinations listed. Configurations of two kinds (the convolution
+    gradients' two kernel families) make one space over the union of their fields, a
+    field a configuration lacks being ``None`` there."""
     dicts = [c.to_dict() for c in configs]
-    names = list(dicts[0]) if dicts else []
-    listed = {tuple(d[n] for n in names) for d in dicts}
-    params = {n: sorted({d[n] for d in dicts}) for n in names}
+    names = list(dict.fromkeys(n for d in dicts for n in d))
+    listed = {tuple(d.get(n) for n in names) for d in dicts}
+    mixed = any(len(d) != len(names) for d in dicts)
+    params = {n: sorted({d.get(n) for d in dicts}, key=(lambda v: (v is None, str(v)))
+                        if mixed else None) for n in names}
 
     def exists(cand: Mapping[str, Any]) -> bool:
-        return tuple(cand[n] for n in names) in listed
+        return tuple(cand.get(n) for n in names) in listed
 
     return SearchSpace(params, restrictions=[exists])
 
