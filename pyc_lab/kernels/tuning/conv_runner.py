@@ -71,7 +71,7 @@ from .kernel_rows import CandidateRows
 from .keys import DeviceKey, device_key
 from .options import GemmTuneOptions
 
-__all__ = ["ConvRunner", "torch_dtype"]
+__all__ = ["ConvRunner", "gradient_candidates", "torch_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,22 @@ class _AnyConfig:
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Any:
         return conv_config_of({k: v for k, v in d.items() if v is not None})
+
+
+def gradient_candidates(geometry: ConvGeometry, kernel: ConvKernel, sm_count: int = 132,
+                        restrict: Callable[[Any], bool] | None = None
+                        ) -> list[ConvConfig | Conv2xConfig]:
+    """A gradient's (``kernel.direction`` dgrad or wgrad) ranked candidates: the Hopper
+    kernels' where they take the problem (:meth:`ConvGeometry.issue`) and the CUTLASS 2
+    ones' (1-D and 2-D problems), those ``restrict`` accepts, interleaved, each family
+    best-ranked first."""
+    keep = restrict or (lambda _cfg: True)
+    hopper = [] if geometry.issue(kernel) else \
+        [c for c in conv_configs(geometry, kernel, sm_count) if keep(c)]
+    ampere = [c for c in conv2x_grad_configs(kernel, geometry, sm_count) if keep(c)] \
+        if geometry.spatial in (1, 2) else []
+    return [c for pair in zip(hopper, ampere, strict=False) for c in pair] + \
+        hopper[len(ampere):] + ampere[len(hopper):]
 
 
 def torch_dtype(dtype: str) -> Any:
@@ -152,13 +168,10 @@ class ConvRunner(CandidateRows):
             raise PycLabError(f"CUTLASS convolutions here are built for Hopper (sm_90a); this "
                               f"GPU is sm_{cc}")
         if direction != "fprop":
-            hopper = [] if why else conv_configs(geometry, kernel, sm_count)
-            ampere = conv2x_grad_configs(kernel, geometry, sm_count) \
-                if geometry.spatial in (1, 2) else []
-            if hopper and ampere:
-                self.family = "mixed"
-            elif not hopper:
-                self.family = "cutlass2x"
+            ranked = gradient_candidates(geometry, kernel, sm_count, restrict)
+            kinds = {type(cfg) for cfg in ranked}
+            self.family = "mixed" if len(kinds) == 2 else \
+                "cutlass3x" if ConvConfig in kinds else "cutlass2x"
         self._deadline = time.perf_counter() + opts.budget_s if opts.budget_s else None
         self.geometry, self.kernel, self.options = geometry, kernel, opts
         self.flops = geometry.flops
@@ -166,9 +179,6 @@ class ConvRunner(CandidateRows):
         self.sm_count = sm_count
         self.problem = conv_problem_key(geometry, kernel)
         if direction != "fprop":
-            # the two families interleaved, each best-ranked first
-            ranked = [c for pair in zip(hopper, ampere, strict=False) for c in pair] + \
-                hopper[len(ampere):] + ampere[len(hopper):]
             self.config_type = _AnyConfig
             if not ranked:
                 raise PycLabError(f"autotune_conv {direction} {geometry}: {why}, and no "
