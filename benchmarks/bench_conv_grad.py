@@ -9,11 +9,11 @@ each gradient:
    CUTLASS 2 kernels — strided dgrad, split-K wgrad — at most ``MAX_CANDIDATES``
    interleaved) with cuDNN's ``convolution_backward`` of that gradient timed in the same
    run (the tuner's timing: CUDA events, L2 flushed);
-2. the backward pass as ``pl.conv`` runs it (:func:`pyc_lab.kernels.conv_grad_route.
-   conv_grads`: each gradient by the tuned kernel where it wins the first call's race,
-   else cuDNN) is timed against torch's backward (cuDNN's dgrad and wgrad) in
-   ``--rounds`` interleaved rounds of CUDA-event medians, its result checked against
-   cuDNN's.
+2. the layer's backward pass as ``pl.conv`` runs it (:func:`pyc_lab.kernels.
+   conv_grad_route.conv_grads`: each gradient by the tuned kernel where it wins the
+   first call's race, else cuDNN) is timed against torch's backward (cuDNN's dgrad and
+   wgrad; the stem's wgrad alone) in ``--rounds`` interleaved rounds of CUDA-event
+   medians, its results checked against cuDNN's.
 
 Usage::
 
@@ -110,37 +110,47 @@ def prebuild(directory: str) -> None:
                   flush=True)
 
 
-def one_gradient(torch: Any, xs: tuple[int, ...], ws: tuple[int, ...], stride: int,
-                 pad: int, direction: str, rounds: int, repeats: int,
-                 budget_s: float) -> dict[str, Any]:
-    from pyc_lab.kernels import conv_grad_route
-    from pyc_lab.kernels.conv_grad import torch_conv_backward
-
-    n, c, size, _ = xs
-    k, _, r, _ = ws
-    row: dict[str, Any] = {"layer": f"resnet50 {c}->{k} {size}x{size} {r}x{r} s{stride}",
-                           "direction": direction, "dtype": TORCH_DTYPE, "n": n}
-    out = (size + 2 * pad - r) // stride + 1
-    flop = 2 * n * k * out * out * c * r * r
+def tune(xs: tuple[int, ...], ws: tuple[int, ...], stride: int, pad: int, direction: str,
+         flop: int, repeats: int, budget_s: float) -> dict[str, Any]:
+    """One gradient tuned over the benchmark's space, with cuDNN in the same run."""
     allowed = set(candidates(xs, ws, stride, pad, direction))
     try:
         res = pl.autotune_conv(xs, ws, stride=stride, padding=pad, dtype=DTYPE,
                                direction=direction, restrict=lambda cfg: cfg in allowed,
                                max_candidates=MAX_CANDIDATES, repeats=repeats,
                                budget_s=budget_s)
-        best = res.best
-        row["tune"] = {"seconds": res.seconds, "stopped_by": res.stopped_by,
-                       "cudnn_ms": res.baselines["cudnn"],
-                       "best": best.config if best is not None else None,
-                       "best_ms": best.time_ms if best is not None and best.ok else None,
-                       "candidates": res.table.to_dict("records")
-                       if hasattr(res.table, "to_dict") else res.table,
-                       "cudnn_tflops": flop / res.baselines["cudnn"] / 1e9}
-        if best is not None and best.ok:
-            row["tune"]["cutlass_vs_cudnn"] = res.baselines["cudnn"] / best.time_ms
-            row["tune"]["cutlass_tflops"] = flop / best.time_ms / 1e9
     except pl.PycLabError as exc:
-        row["tune"] = {"not_taken": str(exc)}
+        return {"not_taken": str(exc)}
+    best = res.best
+    out = {"seconds": res.seconds, "stopped_by": res.stopped_by,
+           "cudnn_ms": res.baselines["cudnn"],
+           "best": best.config if best is not None else None,
+           "best_ms": best.time_ms if best is not None and best.ok else None,
+           "candidates": res.table.to_dict("records")
+           if hasattr(res.table, "to_dict") else res.table,
+           "cudnn_tflops": flop / res.baselines["cudnn"] / 1e9}
+    if best is not None and best.ok:
+        out["cutlass_vs_cudnn"] = res.baselines["cudnn"] / best.time_ms
+        out["cutlass_tflops"] = flop / best.time_ms / 1e9
+    return out
+
+
+def one_layer(torch: Any, xs: tuple[int, ...], ws: tuple[int, ...], stride: int, pad: int,
+              directions: tuple[str, ...], rounds: int, repeats: int,
+              budget_s: float) -> dict[str, Any]:
+    """Tune the layer's gradients, then time its backward as ``pl.conv`` runs it
+    against torch's (the gradients a training step needs: no dgrad for the stem)."""
+    from pyc_lab.kernels import conv_grad_route
+    from pyc_lab.kernels.conv_grad import torch_conv_backward
+
+    n, c, size, _ = xs
+    k, _, r, _ = ws
+    row: dict[str, Any] = {"layer": f"resnet50 {c}->{k} {size}x{size} {r}x{r} s{stride}",
+                           "dtype": TORCH_DTYPE, "n": n, "directions": list(directions)}
+    out = (size + 2 * pad - r) // stride + 1
+    flop = 2 * n * k * out * out * c * r * r
+    row["tune"] = {d: tune(xs, ws, stride, pad, d, flop, repeats, budget_s)
+                   for d in directions}
     tdt = getattr(torch, TORCH_DTYPE)
     gen = torch.Generator(device="cuda").manual_seed(0)
     last = torch.channels_last
@@ -150,28 +160,26 @@ def one_gradient(torch: Any, xs: tuple[int, ...], ws: tuple[int, ...], stride: i
     dy = torch.randn((n, k, out, out), device="cuda", dtype=tdt, generator=gen).contiguous(
         memory_format=last)
     geo = {"stride": (stride, stride), "pads": (pad, pad), "dilation": (1, 1), "groups": 1}
-    needs = (direction == "dgrad", direction == "wgrad", False)
-    index = 0 if direction == "dgrad" else 1
+    needs = ("dgrad" in directions, "wgrad" in directions)
 
     def lib() -> Any:
-        return torch_conv_backward(x, w, dy, bias=False, needs=needs, **geo)[index]
+        return torch_conv_backward(x, w, dy, bias=False, needs=(*needs, False), **geo)
 
     def ours() -> Any:
-        return conv_grad_route.conv_grads(x, w, dy, has_bias=False, **geo)[index]
+        return conv_grad_route.conv_grads(x, w, dy, has_bias=False, needs=needs, **geo)
 
-    want = lib().float()
-    got = ours()  # the race: cuDNN against the tuned kernel (both gradients)
-    err = float((got.float() - want).abs().max() / (want.abs().max() + 1e-30))
-    row["rel_err_vs_cudnn"] = err
-    if not err <= 8e-2:
-        row["error"] = f"pl.conv's {direction} differs from cuDNN: {err:.3g} of the largest"
+    want, got = lib(), ours()  # ours: the race of each tuned gradient against cuDNN
+    errs = [float((g.float() - t.float()).abs().max() / (t.float().abs().max() + 1e-30))
+            for g, t in zip(got[:2], want[:2], strict=True) if t is not None]
+    row["rel_err_vs_cudnn"] = max(errs)
+    if not max(errs) <= 8e-2:
+        row["error"] = f"pl.conv's backward differs from cuDNN: {max(errs):.3g}"
         return row
-    key = next((kk for kk in conv_grad_route.choices()
-                if kk[0] == direction and kk[3] == tuple(xs) and kk[5] == tuple(ws)), None)
-    row["choice"] = conv_grad_route.choices().get(key) if key else None
+    made = conv_grad_route.choices()
+    row["choices"] = {kk[0]: v for kk, v in made.items()
+                      if kk[3] == tuple(xs) and kk[5] == tuple(ws)}
     ms = median_rounds({"cudnn": lib, "pl.conv": ours}, rounds, repeats)
-    row["ms"] = ms
-    row["tflops"] = {name: flop / t / 1e9 for name, t in ms.items()}
+    row["backward_ms"] = ms
     row["ratio_vs_cudnn"] = ms["cudnn"] / ms["pl.conv"]
     return row
 
@@ -179,22 +187,19 @@ def one_gradient(torch: Any, xs: tuple[int, ...], ws: tuple[int, ...], stride: i
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for direction in DIRECTIONS:
-        mine = [r for r in rows if r.get("direction") == direction]
-        tuned = [r["tune"]["cutlass_vs_cudnn"] for r in mine
-                 if "cutlass_vs_cudnn" in r.get("tune", {})]
-        ratios = [r["ratio_vs_cudnn"] for r in mine if "ratio_vs_cudnn" in r]
-        out[direction] = {
-            "cutlass_vs_cudnn": {"problems": len(tuned),
-                                 "median": statistics.median(tuned) if tuned else None,
-                                 "max": max(tuned) if tuned else None,
-                                 "wins": sum(t > 1.0 for t in tuned)},
-            "pl_conv_vs_cudnn": {"problems": len(ratios),
-                                 "median": statistics.median(ratios) if ratios else None,
-                                 "min": min(ratios) if ratios else None},
-            "cutlass_chosen": [r["layer"] for r in mine
-                               if (r.get("choice") or {}).get("impl") == "cutlass"]}
-    out["errors"] = [f"{r['layer']} {r.get('direction')}: {r['error']}" for r in rows
-                     if "error" in r]
+        tuned = [r["tune"][direction]["cutlass_vs_cudnn"] for r in rows
+                 if "cutlass_vs_cudnn" in r.get("tune", {}).get(direction, {})]
+        out[direction] = {"cutlass_vs_cudnn": {
+            "problems": len(tuned), "median": statistics.median(tuned) if tuned else None,
+            "max": max(tuned) if tuned else None, "wins": sum(t > 1.0 for t in tuned)},
+            "cutlass_chosen": [r["layer"] for r in rows
+                               if (r.get("choices", {}).get(direction) or {}).get("impl")
+                               == "cutlass"]}
+    ratios = [r["ratio_vs_cudnn"] for r in rows if "ratio_vs_cudnn" in r]
+    out["backward_pl_conv_vs_cudnn"] = {
+        "layers": len(ratios), "median": statistics.median(ratios) if ratios else None,
+        "min": min(ratios) if ratios else None, "max": max(ratios) if ratios else None}
+    out["errors"] = [f"{r['layer']}: {r['error']}" for r in rows if "error" in r]
     return out
 
 
@@ -225,29 +230,35 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         write_result(args.out, "conv-grad", {
-            "method": "per gradient of each ResNet-50 layer (batch 32, bf16, channels "
-                      "last): pl.autotune_conv(direction=...) over the benchmark's CUTLASS "
-                      "space with cuDNN's convolution_backward of that gradient timed in "
-                      "the same run; then the gradient as pl.conv's backward computes it "
-                      "(its first call races the tuned kernel against cuDNN) against "
-                      "torch's convolution_backward in --rounds interleaved rounds of "
-                      "CUDA-event medians",
+            "method": "per ResNet-50 layer (batch 32, bf16, channels last): each "
+                      "gradient tuned by pl.autotune_conv(direction=...) over the "
+                      "benchmark's CUTLASS space with cuDNN's convolution_backward of that "
+                      "gradient timed in the same run; then the layer's backward as "
+                      "pl.conv's computes it (its first call races each tuned kernel "
+                      "against cuDNN) against torch's convolution_backward (dx and dw; "
+                      "the stem's dw alone) in --rounds interleaved rounds of CUDA-event "
+                      "medians",
             "results": rows, "not_run": not_run, "summary": summarise(rows),
             "wall_s": time.perf_counter() - t0})
 
+    layers: dict[tuple, list[str]] = {}
     for xs, ws, s, p, direction in problems():
+        layers.setdefault((xs, ws, s, p), []).append(direction)
+    for (xs, ws, s, p), directions in layers.items():
         if time.perf_counter() - t0 > args.budget_s:
-            not_run.append(f"{xs} {ws} s{s} {direction}")
+            not_run.append(f"{xs} {ws} s{s}")
             continue
         try:
-            row = one_gradient(torch, xs, ws, s, p, direction, args.rounds, args.repeats,
-                               args.tune_budget_s)
+            row = one_layer(torch, xs, ws, s, p, tuple(directions), args.rounds,
+                            args.repeats, args.tune_budget_s)
         except Exception as exc:  # one failing problem must not end the run
-            row = {"layer": f"{xs} {ws} s{s}", "direction": direction,
+            row = {"layer": f"{xs} {ws} s{s}",
                    "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         rows.append(row)
-        print(row["layer"], direction, row.get("tune", {}).get("cutlass_vs_cudnn"),
-              row.get("ratio_vs_cudnn"), (row.get("choice") or {}).get("impl"),
+        print(row["layer"], {d: t.get("cutlass_vs_cudnn") for d, t in
+                             row.get("tune", {}).items()},
+              row.get("ratio_vs_cudnn"),
+              {d: c.get("impl") for d, c in row.get("choices", {}).items()},
               row.get("error", ""), flush=True)
         torch.cuda.empty_cache()
         save()

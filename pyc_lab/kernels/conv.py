@@ -401,8 +401,9 @@ def _with_grad(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: A
 
     def backward(inputs: tuple, outputs: tuple, grads: tuple) -> tuple:
         xi, wi, bi = inputs
+        needs = (bool(xi.requires_grad), bool(wi.requires_grad))
         return _grads("torch", xi.detach(), wi.detach(), grads[0], bi is not None,
-                      stride_t, pads, dilation_t, groups)
+                      stride_t, pads, dilation_t, groups, needs)
 
     (y,) = differentiable((xf, w, bias), forward, backward)
     y = torch_activation(y, activation, inplace=False)
@@ -411,18 +412,19 @@ def _with_grad(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: A
 
 def _grads(kind: str, x: Any, w: Any, dy: Any, has_bias: bool, stride: tuple[int, ...],
            pads: tuple[int, ...], dilation: tuple[int, ...],
-           groups: int) -> tuple[Any, Any, Any]:
+           groups: int, needs: tuple[bool, bool] = (True, True)) -> tuple[Any, Any, Any]:
     """``(dx, dw, db)`` of channels-first operands: on a GPU cuDNN's backward
     convolutions, or tuned CUTLASS ones where they won their race
-    (:func:`~.conv_grad_route.conv_grads`); the im2col backward elsewhere (float32
-    arithmetic for 16-bit operands)."""
+    (:func:`~.conv_grad_route.conv_grads`; only the gradients ``needs`` asks for, the
+    others ``None``); the im2col backward elsewhere (float32 arithmetic for 16-bit
+    operands)."""
     from .conv_grad import conv_backward_im2col, torch_conv_backward
 
     geo = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups}
     if kind == "torch" and x.is_cuda:
         from .conv_grad_route import conv_grads
 
-        return conv_grads(x, w, dy.to(x.dtype), has_bias=has_bias, **geo)
+        return conv_grads(x, w, dy.to(x.dtype), has_bias=has_bias, needs=needs, **geo)
     if kind == "cupy" and arrays.torch_installed():
         import cupy as cp
         import torch

@@ -39,19 +39,19 @@ def choices() -> dict[tuple, dict[str, Any]]:
 
 
 def conv_grads(x: Any, w: Any, dy: Any, *, has_bias: bool, stride: tuple[int, ...],
-               pads: tuple[int, ...], dilation: tuple[int, ...], groups: int
-               ) -> tuple[Any, Any, Any]:
+               pads: tuple[int, ...], dilation: tuple[int, ...], groups: int,
+               needs: tuple[bool, bool] = (True, True)) -> tuple[Any, Any, Any]:
     """``(dx, dw, db)`` of CUDA tensors (channels-first shapes, ``dy`` in ``x``'s dtype):
-    each of ``dx`` and ``dw`` by the tuned CUTLASS kernel where it won its race, else by
-    cuDNN (:func:`~.conv_grad.torch_conv_backward`); ``db`` is ``dy`` summed (``None``
-    without a bias)."""
+    each of ``dx`` and ``dw`` that ``needs`` asks for (the other is ``None``: a network's
+    input image takes no gradient) by the tuned CUTLASS kernel where it won its race,
+    else by cuDNN (:func:`~.conv_grad.torch_conv_backward`); ``db`` is ``dy`` summed
+    (``None`` without a bias)."""
     from .conv_grad import torch_conv_backward
 
     geo = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups}
-    fns = {d: _chosen(d, x, w, dy, geo) for d in ("dgrad", "wgrad")}
-    if fns["dgrad"] is None and fns["wgrad"] is None:
-        return torch_conv_backward(x, w, dy, bias=has_bias, **geo)
-    need = (fns["dgrad"] is None, fns["wgrad"] is None, has_bias)
+    fns = {d: _chosen(d, x, w, dy, geo) if need else None
+           for d, need in zip(("dgrad", "wgrad"), needs, strict=True)}
+    need = (needs[0] and fns["dgrad"] is None, needs[1] and fns["wgrad"] is None, has_bias)
     dx, dw, db = torch_conv_backward(x, w, dy, bias=has_bias, needs=need, **geo) \
         if any(need) else (None, None, None)
     if fns["dgrad"] is not None:
