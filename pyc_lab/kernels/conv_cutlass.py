@@ -280,14 +280,17 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
     activation = conv.kernel.activation
 
     from . import conv_guard
+    from .arrays import cupy_stream
 
     def run(x: Any, w: Any, b: Any, out: Any = None) -> Any:
         if b is not None and not b.is_contiguous():
             b = b.contiguous()
         xl, wl = x.permute(*to_last), w.permute(*to_last)
-        flag = None
+        flag = stream = None
+        raw = torch.cuda.current_stream(x.device).cuda_stream
         if guarded:  # the check (and the padded copy) in one pass
-            flag, padded = conv_guard.pad_check(xl, read.act[-1])
+            stream = cupy_stream(raw, x.device.index)  # looked up once for both launches
+            flag, padded = conv_guard.pad_check(xl, read.act[-1], stream)
             xl = padded if padded is not None else xl
         elif pad > 0:
             xl = F.pad(xl, (0, pad))
@@ -300,9 +303,9 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
         y = out if out is not None else torch.empty(out_shape, device=x.device,
                                                     dtype=x.dtype)
         conv.run(read, xl.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
-                 y.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
+                 y.data_ptr(), raw)
         if flag is not None:  # returns at once unless the input held a NaN or infinity
-            conv_guard.fixup(flag, xl, wl, b, y, read, activation)
+            conv_guard.fixup(flag, xl, wl, b, y, read, activation, stream)
         return y.permute(*to_first)
 
     return run

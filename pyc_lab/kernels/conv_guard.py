@@ -63,19 +63,24 @@ def _function(device: int, kind: int, name: str) -> Any:
     return _FUNCTIONS[(device, kind, name)]
 
 
-def _launch(fn: Any, device: int, total: int, args: tuple, most: int = 65535 * 8) -> None:
-    """``fn`` over ``total`` items (grid-stride, at most ``most`` blocks) on torch's
-    current stream of ``device``."""
+def _launch(fn: Any, device: int, total: int, args: tuple, most: int = 65535 * 8,
+            stream: Any = None) -> None:
+    """``fn`` over ``total`` items (grid-stride, at most ``most`` blocks) on ``stream``
+    (a CuPy stream; torch's current stream of ``device`` when not given)."""
     import cupy as cp
 
     from .arrays import torch_stream
 
     blocks = max(1, min(-(-total // _THREADS), most))
+    stream = stream if stream is not None else torch_stream(device)
+    if cp.cuda.runtime.getDevice() == device:  # the usual case: no device switch
+        fn((blocks,), (_THREADS,), args, stream=stream)
+        return
     with cp.cuda.Device(device):
-        fn((blocks,), (_THREADS,), args, stream=torch_stream(device))
+        fn((blocks,), (_THREADS,), args, stream=stream)
 
 
-def pad_check(xl: Any, channels: int) -> tuple[Any, Any]:
+def pad_check(xl: Any, channels: int, stream: Any = None) -> tuple[Any, Any]:
     """Start the guard of one call: ``(flag, padded)``.
 
     Parameters
@@ -86,6 +91,9 @@ def pad_check(xl: Any, channels: int) -> tuple[Any, Any]:
     channels
         The channels the kernel reads: more than ``C`` to get a zero-padded copy, ``C``
         for the check alone.
+    stream
+        The CuPy stream to run on (:func:`~.arrays.torch_stream`, which a caller issuing
+        several launches looks up once); torch's current stream when not given.
 
     Returns
     -------
@@ -93,32 +101,41 @@ def pad_check(xl: Any, channels: int) -> tuple[Any, Any]:
         A zeroed ``int32`` flag tensor that the check sets on a NaN or infinity, and the
         contiguous ``(N, *spatial, channels)`` copy (``None`` for the check alone).
     """
+    import cupy as cp
     import numpy as np
     import torch
+
+    from .arrays import torch_stream
 
     kind = _KINDS[str(xl.dtype)]
     n, *spatial, c = (int(v) for v in xl.shape)
     h, w = (1, spatial[0]) if len(spatial) == 1 else spatial
     strides = [int(v) for v in xl.stride()]
     xs_n, xs_h, xs_w = (strides[0], 0, strides[1]) if len(spatial) == 1 else strides[:3]
-    flag = torch.zeros(1, dtype=torch.int32, device=xl.device)
+    device = xl.device.index
+    stream = stream if stream is not None else torch_stream(device)
+    if cp.cuda.runtime.getDevice() == device:  # a memset, not a fill kernel's launch
+        flag = torch.empty(1, dtype=torch.int32, device=xl.device)
+        cp.cuda.runtime.memsetAsync(flag.data_ptr(), 0, 4, stream.ptr)
+    else:  # torch's fill, on torch's current stream of that device
+        flag = torch.zeros(1, dtype=torch.int32, device=xl.device)
     out = torch.empty((n, *spatial, channels), dtype=xl.dtype, device=xl.device) \
         if channels > c else None
     if channels * xl.element_size() > 16:
         raise PycLabError(f"pad_check pads to at most 16 bytes a pixel, not {channels} "
                           f"{xl.dtype} channels")
     total = n * h * w
-    device = xl.device.index
     fn = _function(device, kind, "pyc_conv_pad_check")
     _launch(fn, device, total,
             (np.uint64(xl.data_ptr()), np.uint64(0 if out is None else out.data_ptr()),
              np.uint64(flag.data_ptr()), np.int32(n), np.int32(h), np.int32(w), np.int32(c),
-             np.int32(channels), np.int64(xs_n), np.int64(xs_h), np.int64(xs_w)))
+             np.int32(channels), np.int64(xs_n), np.int64(xs_h), np.int64(xs_w)),
+            stream=stream)
     return flag, out
 
 
 def fixup(flag: Any, x: Any, wt: Any, bias: Any, y: Any, geometry: Any,
-          activation: str | None) -> None:
+          activation: str | None, stream: Any = None) -> None:
     """Finish the guard: if ``flag`` is set, recompute ``y`` directly.
 
     Parameters
@@ -135,6 +152,8 @@ def fixup(flag: Any, x: Any, wt: Any, bias: Any, y: Any, geometry: Any,
         The :class:`~.cutlass.conv.ConvGeometry` the kernel ran (``C'`` channels).
     activation
         ``None``, ``"relu"``, ``"gelu"`` (tanh form) or ``"silu"``.
+    stream
+        As for :func:`pad_check`.
     """
     import numpy as np
 
@@ -156,4 +175,4 @@ def fixup(flag: Any, x: Any, wt: Any, bias: Any, y: Any, geometry: Any,
             np.uint64(0 if bias is None else bias.data_ptr()), np.uint64(y.data_ptr()),
             *(np.int32(v) for v in (n, h, w, c, k, r, s, p, q, sh, sw, ph, pw, dh, dw,
                                     ACTIVATION_CODES[activation])))
-    _launch(fn, device, n * p * q * k, args, FIXUP_BLOCKS)
+    _launch(fn, device, n * p * q * k, args, FIXUP_BLOCKS, stream)
