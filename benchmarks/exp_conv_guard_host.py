@@ -8,7 +8,8 @@ call (:func:`pyc_lab.kernels.conv_cutlass.kernel_call`) on the host: the views, 
 padding check, the filter, the output's allocation, CUTLASS's bind and launch, the
 fix-up, and the whole call beside cuDNN's — median microseconds of ``--calls`` calls,
 the GPU drained between rounds — and the call's functions by their own time under
-``cProfile``.
+``cProfile``; then what ``pl.conv2d``'s race chooses for the stem at batch 32 and 128
+with that kernel tuned, and its speed against ``F.conv2d``.
 
     python benchmarks/exp_conv_guard_host.py --out $OUT
 """
@@ -126,10 +127,43 @@ def main(argv: list[str] | None = None) -> int:
         {"function": f"{Path(f).name}:{line} {name}", "calls": cc,
          "own_us_per_call": tt / args.calls * 1e6, "cumulative_us_per_call": ct / args.calls * 1e6}
         for (f, line, name), (_cc, cc, tt, ct, _callers) in top]
+    out["pl_conv"] = [race(torch, batch) for batch in (32, 128)]
     write_result(args.out, "conv-guard-host", out)
     for name, us in out["host_us"].items():
         print(f"{us:9.1f} us  {name}")
+    for r in out["pl_conv"]:
+        print(r["batch"], (r["choice"] or {}).get("impl"), r["ratio_vs_cudnn"])
     return 0
+
+
+def race(torch: Any, batch: int) -> dict[str, Any]:
+    """The stem at ``batch`` tuned over the padded fixed-channels kernels, then
+    ``pl.conv2d`` (its first call races cuDNN, the GEMM form and the tuned kernel)
+    against ``F.conv2d`` in interleaved rounds of CUDA-event medians."""
+    import torch.nn.functional as F
+    from bench_conv import median_rounds
+
+    from pyc_lab.kernels import conv_gemm
+    from pyc_lab.kernels.cutlass.conv_2x import Conv2xConfig
+
+    (_, c, h, w), ws, s, p = STEM
+    xs = (batch, c, h, w)
+    pl.autotune_conv(xs, ws, stride=s, padding=p, dtype="bf16", repeats=5,
+                     restrict=lambda cfg: isinstance(cfg, Conv2xConfig)
+                     and cfg.pad_to == 4 and cfg.iterator == "fixed_channels",
+                     max_candidates=2)
+    x = torch.randn(xs, device="cuda", dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last)
+    wt = (torch.randn(ws, device="cuda", dtype=torch.bfloat16) / 12).contiguous(
+        memory_format=torch.channels_last)
+    want = F.conv2d(x, wt, stride=s, padding=p).float()
+    got = pl.conv2d(x, wt, stride=s, padding=p).float()
+    err = float((got - want).abs().max() / want.abs().max())
+    ms = median_rounds({"cudnn": lambda: F.conv2d(x, wt, stride=s, padding=p),
+                        "pl.conv": lambda: pl.conv2d(x, wt, stride=s, padding=p)}, 5, 10)
+    return {"batch": batch, "rel_err_vs_cudnn": err, "ms": ms,
+            "ratio_vs_cudnn": ms["cudnn"] / ms["pl.conv"],
+            "choice": conv_gemm.choice_for(x, wt, None, (s, s), (p, p), (1, 1))}
 
 
 if __name__ == "__main__":
