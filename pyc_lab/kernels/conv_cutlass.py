@@ -101,23 +101,27 @@ def tuned_runner(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[in
 
     geometry = ConvGeometry.from_channels_first(x.shape, w.shape, stride, pads, dilation)
     kernel = ConvKernel(dtype, geometry.spatial, b is not None, activation)
-    why = geometry.issue(kernel)
-    if why:
-        from .cutlass.conv_2x import geometry_issue
+    conv, why = _lookup(geometry, kernel, x.device.index)
+    return (None, why) if conv is None else (kernel_call(conv, geometry), why)
 
-        if geometry_issue(geometry):
-            return None, why  # neither family takes it
+
+def _lookup(geometry: Any, kernel: Any, device: int) -> tuple[Any, str]:
+    """The loaded winner for ``kernel`` on ``geometry`` (:func:`_find`), remembered per
+    problem and tuning-database state, or ``None`` and why; a problem neither family
+    takes is refused before the database is asked."""
+    from .cutlass.conv_2x import geometry_issue
+
+    why = geometry.issue(kernel)
+    if why and geometry_issue(geometry):
+        return None, why  # neither family takes it
     from .matmul import db_stamp
 
-    key = (geometry, kernel, x.device.index, db_stamp())
+    key = (geometry, kernel, device, db_stamp())
     hit = _MEMO.get(key)
     if hit is None:
-        hit = _find(geometry, kernel, x.device.index)
+        hit = _find(geometry, kernel, device)
         remember(_MEMO, key, hit, MAX_MEMO, _LOCK)
-    conv, why = hit
-    if conv is None:
-        return None, why
-    return kernel_call(conv, geometry), why
+    return hit
 
 
 def tuned_grad_runner(direction: str, x: Any, w: Any, stride: tuple[int, ...],
@@ -134,21 +138,10 @@ def tuned_grad_runner(direction: str, x: Any, w: Any, stride: tuple[int, ...],
     if not x.is_cuda or x.ndim - 2 not in (1, 2, 3):
         return None, "not a GPU tensor of 1-3 spatial axes"
     from .cutlass.conv import ConvGeometry, ConvKernel
-    from .cutlass.conv_2x import geometry_issue
 
     geometry = ConvGeometry.from_channels_first(x.shape, w.shape, stride, pads, dilation)
     kernel = ConvKernel(dtype, geometry.spatial, direction=direction)
-    why = geometry.issue(kernel)
-    if why and geometry_issue(geometry):
-        return None, why
-    from .matmul import db_stamp
-
-    key = (geometry, kernel, x.device.index, db_stamp())
-    hit = _MEMO.get(key)
-    if hit is None:
-        hit = _find(geometry, kernel, x.device.index)
-        remember(_MEMO, key, hit, MAX_MEMO, _LOCK)
-    conv, why = hit
+    conv, why = _lookup(geometry, kernel, x.device.index)
     return (None, why) if conv is None else (grad_call(conv, geometry), why)
 
 
