@@ -41,11 +41,30 @@ def choices() -> dict[tuple, dict[str, Any]]:
 def conv_grads(x: Any, w: Any, dy: Any, *, has_bias: bool, stride: tuple[int, ...],
                pads: tuple[int, ...], dilation: tuple[int, ...], groups: int,
                needs: tuple[bool, bool] = (True, True)) -> tuple[Any, Any, Any]:
-    """``(dx, dw, db)`` of CUDA tensors (channels-first shapes, ``dy`` in ``x``'s dtype):
-    each of ``dx`` and ``dw`` that ``needs`` asks for (the other is ``None``: a network's
-    input image takes no gradient) by the tuned CUTLASS kernel where it won its race,
-    else by cuDNN (:func:`~.conv_grad.torch_conv_backward`); ``db`` is ``dy`` summed
-    (``None`` without a bias)."""
+    """The gradients of a convolution of CUDA tensors, each by the faster of cuDNN and a
+    tuned CUTLASS kernel.
+
+    Parameters
+    ----------
+    x, w, dy
+        The forward's input ``(N, C, *spatial)`` and filter ``(K, C // groups,
+        *kernel)``, and the gradient of its result ``(N, K, *out)``, in one dtype.
+    has_bias
+        Whether the forward had a bias (``db`` is computed only then).
+    stride, pads, dilation, groups
+        The forward's, per spatial axis.
+    needs
+        Whether ``dx`` and ``dw`` are wanted (a network's input image takes no
+        gradient); an unwanted one is ``None``.
+
+    Returns
+    -------
+    tuple
+        ``(dx, dw, db)``: each of ``dx`` and ``dw`` by the tuned kernel where it won its
+        race (:func:`~.conv_cutlass.tuned_grad_runner`), else by cuDNN
+        (:func:`~.conv_grad.torch_conv_backward`); ``db`` is ``dy`` summed, ``None``
+        without a bias.
+    """
     from .conv_grad import torch_conv_backward
 
     geo = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups}

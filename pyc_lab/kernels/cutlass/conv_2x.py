@@ -342,6 +342,21 @@ def conv2x_grad_configs(kernel: ConvKernel, geometry: ConvGeometry, sm_count: in
     each slice at least 16 K tiles deep) and with half of that. Ranked by how well the
     CTAs fill the last wave times the share of each tile that is not padding, larger
     tiles first among equals.
+
+    Parameters
+    ----------
+    kernel
+        The gradient's kernel: dtype, spatial axes, ``direction`` ``"dgrad"`` or
+        ``"wgrad"``.
+    geometry
+        The forward problem (its channels set the access widths, its sizes the splits).
+    sm_count
+        The GPU's SMs.
+
+    Returns
+    -------
+    list of Conv2xConfig
+        The configurations :meth:`Conv2xConfig.issue` accepts, best first.
     """
     size = ELEMENT_BYTES[kernel.dtype]
     tk = K_BYTES // size

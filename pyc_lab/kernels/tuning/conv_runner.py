@@ -88,10 +88,27 @@ class _AnyConfig:
 def gradient_candidates(geometry: ConvGeometry, kernel: ConvKernel, sm_count: int = 132,
                         restrict: Callable[[Any], bool] | None = None
                         ) -> list[ConvConfig | Conv2xConfig]:
-    """A gradient's (``kernel.direction`` dgrad or wgrad) ranked candidates: the Hopper
-    kernels' where they take the problem (:meth:`ConvGeometry.issue`) and the CUTLASS 2
-    ones' (1-D and 2-D problems), those ``restrict`` accepts, interleaved, each family
-    best-ranked first."""
+    """A gradient's ranked candidates over both kernel families.
+
+    Parameters
+    ----------
+    geometry
+        The forward problem.
+    kernel
+        The gradient's kernel (``direction`` ``"dgrad"`` or ``"wgrad"``).
+    sm_count
+        The GPU's SMs (the ranking models how tiles fill them).
+    restrict
+        ``restrict(config) -> bool``: only configurations it accepts are listed.
+
+    Returns
+    -------
+    list
+        The Hopper kernels' configurations where they take the problem
+        (:meth:`ConvGeometry.issue`) and the CUTLASS 2 ones' (1-D and 2-D problems,
+        :func:`~pyc_lab.kernels.cutlass.conv_2x.conv2x_grad_configs`), interleaved, each
+        family best-ranked first.
+    """
     keep = restrict or (lambda _cfg: True)
     hopper = [] if geometry.issue(kernel) else \
         [c for c in conv_configs(geometry, kernel, sm_count) if keep(c)]
