@@ -418,20 +418,19 @@ def _grads(kind: str, x: Any, w: Any, dy: Any, has_bias: bool, stride: tuple[int
     (:func:`~.conv_grad_route.conv_grads`; only the gradients ``needs`` asks for, the
     others ``None``); the im2col backward elsewhere (float32 arithmetic for 16-bit
     operands)."""
-    from .conv_grad import conv_backward_im2col, torch_conv_backward
+    from .conv_grad import conv_backward_im2col
+    from .conv_grad_route import conv_grads
 
     geo = {"stride": stride, "pads": pads, "dilation": dilation, "groups": groups}
     if kind == "torch" and x.is_cuda:
-        from .conv_grad_route import conv_grads
-
         return conv_grads(x, w, dy.to(x.dtype), has_bias=has_bias, needs=needs, **geo)
     if kind == "cupy" and arrays.torch_installed():
         import cupy as cp
         import torch
 
         with torch.cuda.stream(arrays.torch_stream_of_cupy()):
-            res = torch_conv_backward(*(torch.from_dlpack(a) for a in (x, w, dy)),
-                                      bias=has_bias, **geo)
+            res = conv_grads(*(torch.from_dlpack(a) for a in (x, w, dy)),
+                             has_bias=has_bias, needs=needs, **geo)
             return tuple(None if r is None else cp.from_dlpack(r) for r in res)
     if kind == "torch":
         res = _grads("numpy", *(arrays.host_of(a) for a in (x, w, dy)), has_bias, stride,
@@ -479,8 +478,9 @@ def conv_backward(x: Any, w: Any, dy: Any, bias: Any = None, *,
 
     Notes
     -----
-    On a GPU these are cuDNN's backward convolutions (dgrad, wgrad) through torch, CuPy
-    arrays handed over by DLPack; elsewhere the transpose of the im2col forward
+    On a GPU these are cuDNN's backward convolutions (dgrad, wgrad) through torch, or
+    tuned CUTLASS ones where they won their race (:func:`~.conv_grad_route.conv_grads`),
+    CuPy arrays handed over by DLPack; elsewhere the transpose of the im2col forward
     (:func:`~.conv_grad.conv_backward_im2col`). A fused activation is differentiated at
     the pre-activation, which is computed again.
     """
