@@ -162,10 +162,8 @@ def grad_call(conv: Any, geometry: Any) -> Callable[[Any, Any, Any], Any]:
     shape = geometry.flt if wgrad else geometry.act
 
     def run(x: Any, w: Any, dy: Any) -> Any:
-        a = dy.permute(*to_last)
-        b = (x if wgrad else w).permute(*to_last)
-        a = a if a.is_contiguous() else a.contiguous()
-        b = b if b.is_contiguous() else b.contiguous()
+        a = dy.permute(*to_last).contiguous()  # itself when already channels last
+        b = (x if wgrad else w).permute(*to_last).contiguous()
         out = torch.empty(shape, device=dy.device, dtype=dy.dtype)
         conv.run(geometry, a.data_ptr(), b.data_ptr(), None, out.data_ptr(),
                  torch.cuda.current_stream(dy.device).cuda_stream)

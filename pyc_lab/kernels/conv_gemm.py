@@ -46,8 +46,9 @@ from typing import Any
 from .conv_im2col import out_size
 from .conv_library import cudnn_conv, torch_activation
 
-__all__ = ["GPU_SLACK", "MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices", "cudnn_conv",
-           "gemm_conv", "patch_bytes", "prepare", "run", "time_calls", "torch_activation"]
+__all__ = ["CAPTURING", "GPU_SLACK", "MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices",
+           "cudnn_conv", "gemm_conv", "keeps", "patch_bytes", "prepare", "run", "time_calls",
+           "timing_refused", "torch_activation"]
 
 log = logging.getLogger(__name__)
 
@@ -354,16 +355,11 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
     when at least :data:`MARGIN` cheaper and not slower on the GPU (:data:`GPU_SLACK`);
     no CuPy to time with leaves the problem to cuDNN; ``None`` inside a CUDA-graph capture
     (nothing may be timed there: the problem stays undecided)."""
-    import torch
-
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    try:
-        from . import blas_direct
-
-        if blas_direct._capturing(stream):
-            return None
-    except ImportError:  # no CuPy: nothing to time the race with
-        return _remember(key, {"impl": "cudnn", "why": "CuPy is not installed"})
+    refused = timing_refused(x.device)
+    if refused == CAPTURING:
+        return None
+    if refused:
+        return _remember(key, {"impl": "cudnn", "why": refused})
     lib = _then(functools.partial(cudnn_conv, stride=stride, pads=pads, dilation=dilation,
                                   groups=groups), activation)
     runs: dict[str, Callable[[], Any]] = {"cudnn": lambda: lib(x, w, b)}
@@ -373,10 +369,8 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
     if tuned is not None:
         runs["cutlass"] = lambda: tuned(x, w, b)
     timed = dict(zip(runs, time_calls(list(runs.values()), x.device.index), strict=True))
-    cudnn = timed["cudnn"][0]
     best = min((name for name in timed if name != "cudnn"), key=lambda n: timed[n][0])
-    impl = best if (timed[best][0] <= cudnn * (1.0 - MARGIN)
-                    and timed[best][1] <= timed["cudnn"][1] * (1.0 + GPU_SLACK)) else "cudnn"
+    impl = best if keeps(timed[best], timed["cudnn"]) else "cudnn"
     log.info("conv %s: %s -> %s", key[2:5],
              ", ".join(f"{n} {t[0]:.4f} ms" for n, t in timed.items()), impl)
     choice: dict[str, Any] = {"impl": impl}
@@ -388,6 +382,37 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
             with _LOCK:
                 _RUNNERS[key] = tuned
     return _remember(key, choice)
+
+
+#: What :func:`timing_refused` answers inside a CUDA-graph capture.
+CAPTURING = "inside a CUDA-graph capture"
+
+
+def timing_refused(device: Any) -> str | None:
+    """Why a first-call race may not time now on torch's current stream of ``device``:
+    :data:`CAPTURING` inside a CUDA-graph capture (nothing may be timed there: the
+    problem stays undecided), ``"CuPy is not installed"`` without CuPy's events to time
+    with (the library keeps the problem); ``None`` when it may."""
+    import torch
+
+    stream = torch.cuda.current_stream(device).cuda_stream
+    try:
+        from . import blas_direct
+
+        if blas_direct._capturing(stream):
+            return CAPTURING
+    except ImportError:
+        return "CuPy is not installed"
+    return None
+
+
+def keeps(candidate: tuple[float, float, float], library: tuple[float, float, float]
+          ) -> bool:
+    """Whether a race keeps ``candidate`` over the ``library`` (both :func:`time_calls`'
+    ``(cost, gpu, host)``): at least :data:`MARGIN` cheaper and no more than
+    :data:`GPU_SLACK` slower on the GPU."""
+    return (candidate[0] <= library[0] * (1.0 - MARGIN)
+            and candidate[1] <= library[1] * (1.0 + GPU_SLACK))
 
 
 def time_calls(runs: list[Any], device: int) -> list[tuple[float, float, float]]:

@@ -111,28 +111,23 @@ def _chosen(direction: str, x: Any, w: Any, dy: Any, geo: dict[str, Any]
 
 def _race(key: tuple, direction: str, tuned: Callable[..., Any], why: str, x: Any, w: Any,
           dy: Any, geo: dict[str, Any]) -> Callable[..., Any] | None:
-    import torch
-
-    from .conv_gemm import GPU_SLACK, MARGIN, time_calls
+    from .conv_gemm import CAPTURING, keeps, time_calls, timing_refused
     from .conv_grad import torch_conv_backward
 
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    try:
-        from . import blas_direct
-
-        if blas_direct._capturing(stream):
-            return None  # nothing may be timed inside a capture: cuDNN, undecided
-    except ImportError:  # no CuPy: nothing to time the race with
-        return _keep(key, {"impl": "cudnn", "why": "CuPy is not installed"}, None)
+    refused = timing_refused(x.device)
+    if refused == CAPTURING:
+        return None  # nothing may be timed inside a capture: cuDNN, undecided
+    if refused:
+        return _keep(key, {"impl": "cudnn", "why": refused}, None)
     needs = (direction == "dgrad", direction == "wgrad", False)
     index = 0 if direction == "dgrad" else 1
 
     def cudnn() -> Any:
         return torch_conv_backward(x, w, dy, bias=False, needs=needs, **geo)[index]
 
-    (c_cost, c_gpu, c_host), (t_cost, t_gpu, t_host) = time_calls(
-        [cudnn, lambda: tuned(x, w, dy)], x.device.index)
-    won = t_cost <= c_cost * (1.0 - MARGIN) and t_gpu <= c_gpu * (1.0 + GPU_SLACK)
+    library, candidate = time_calls([cudnn, lambda: tuned(x, w, dy)], x.device.index)
+    (c_cost, c_gpu, c_host), (t_cost, t_gpu, t_host) = library, candidate
+    won = keeps(candidate, library)
     choice = {"impl": "cutlass" if won else "cudnn", "cutlass_kernel": why,
               "cudnn_ms": c_cost, "cudnn_gpu_ms": c_gpu, "cudnn_host_ms": c_host,
               "cutlass_ms": t_cost, "cutlass_gpu_ms": t_gpu, "cutlass_host_ms": t_host}

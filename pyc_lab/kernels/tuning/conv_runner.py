@@ -177,31 +177,26 @@ class ConvRunner(CandidateRows):
                             direction)
         why = geometry.issue(kernel)
         c, k = geometry.act[-1], geometry.flt[0]
-        self.family = "cutlass3x" if not why else "cutlass2x"
         if why and geometry_issue(geometry):  # neither family takes it
             raise PycLabError(f"autotune_conv {geometry}: {why}; pl.conv uses cuDNN for it")
         device, cc, sm_count = device_key()
         if cc < 90:
             raise PycLabError(f"CUTLASS convolutions here are built for Hopper (sm_90a); this "
                               f"GPU is sm_{cc}")
-        if direction != "fprop":
-            ranked = gradient_candidates(geometry, kernel, sm_count, restrict)
-            kinds = {type(cfg) for cfg in ranked}
-            self.family = "mixed" if len(kinds) == 2 else \
-                "cutlass3x" if ConvConfig in kinds else "cutlass2x"
         self._deadline = time.perf_counter() + opts.budget_s if opts.budget_s else None
         self.geometry, self.kernel, self.options = geometry, kernel, opts
         self.flops = geometry.flops
         self.device: DeviceKey = device
         self.sm_count = sm_count
         self.problem = conv_problem_key(geometry, kernel)
-        if direction != "fprop":
+        if direction != "fprop":  # both families where they take the problem
             self.config_type = _AnyConfig
+            ranked = gradient_candidates(geometry, kernel, sm_count, restrict)
             if not ranked:
                 raise PycLabError(f"autotune_conv {direction} {geometry}: {why}, and no "
                                   f"CUTLASS 2 configuration takes {c} -> {k} channels; "
                                   "pl.conv uses cuDNN for it")
-        elif self.family == "cutlass3x":
+        elif not why:  # the Hopper kernels take it
             self.config_type, ranked = ConvConfig, conv_configs(geometry, kernel, sm_count)
         else:
             self.config_type, ranked = Conv2xConfig, conv2x_configs(kernel, c, k)
