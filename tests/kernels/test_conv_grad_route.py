@@ -95,3 +95,15 @@ def test_the_decisions_kept_are_bounded(fresh_route, monkeypatch):
     kept = conv_grad_route.choices()
     assert len(kept) == 3
     assert sorted(k[3][0] for k in kept) == [4, 5, 6]  # the newest, the oldest dropped
+
+
+def test_a_race_keeps_a_candidate_only_when_cheaper_by_the_margin_and_not_slower_on_the_gpu():
+    from pyc_lab.kernels.conv_gemm import GPU_SLACK, MARGIN, keeps
+
+    library = (1.0, 1.0, 0.05)  # (cost, gpu, host) milliseconds
+    assert keeps((0.90, 0.90, 0.05), library)
+    assert not keeps((1.0 - MARGIN / 2, 0.90, 0.05), library)  # inside the margin
+    assert keeps((1.0 - MARGIN, 1.0 - MARGIN, 0.05), library)  # exactly the margin
+    host_bound = (1.0, 0.5, 1.0)  # a library call the host limits
+    assert not keeps((0.90, 0.5 * (1 + GPU_SLACK) + 0.1, 0.1), host_bound)  # GPU slower
+    assert keeps((0.90, 0.5 * (1 + GPU_SLACK), 0.9), host_bound)
