@@ -4,7 +4,9 @@ The same small operands for each (``--size``, default 128: the GEMM takes the GP
 microseconds, so the host's cost of issuing it is what is measured), float16 and
 bfloat16, ``b`` a transposed view as a linear layer holds it, with and without an
 ``out``; and as floors, the direct library call alone (three pointers and a stream, what
-a plan issues) and the replay of a CUDA graph holding one captured plan. Each timed
+a plan issues) and the replay of a CUDA graph holding one captured plan. A plan called
+on the same arrays replays a CUDA graph of its own (:mod:`pyc_lab.kernels.gemm_replays`);
+``graphs=False`` times the direct library call it makes otherwise. Each timed
 sample is a loop of ``--calls`` calls divided by their number, timed on the host through
 :func:`pyc_lab.profiling.timing.benchmark` (``gpu=False``); the device is synchronised
 after each sample. Writes ``matmul_host.json`` to ``--out``.
@@ -50,12 +52,15 @@ def calls_for(cp: Any, torch: Any, dtype: str, size: int
     w = cp.random.uniform(-1, 1, (size, size), dtype=cp.float32).astype(cdt)
     out = cp.empty((size, size), dtype=cdt)
     plan = pl.matmul_plan(a, w.T, out=out)
+    direct_plan = pl.matmul_plan(a, w.T, out=out, graphs=False)
     cases: dict[str, Callable[[], Any]] = {
         "cupy.matmul": lambda: cp.matmul(a, w.T),
         "cupy.matmul(out=)": lambda: cp.matmul(a, w.T, out=out),
         "pl.matmul": lambda: pl.matmul(a, w.T),
         "pl.matmul(out=)": lambda: pl.matmul(a, w.T, out=out),
+        # the same addresses every call: replayed from the plan's own CUDA graph
         "plan(out=)": lambda: plan(a, w.T),
+        "plan(out=, graphs=False)": lambda: direct_plan(a, w.T),
     }
     # the library calls alone: three pointers and a stream, what a plan issues — for
     # both libraries, whichever the plan chose
@@ -134,6 +139,9 @@ def run(size: int, calls: int, repeats: int) -> list[dict[str, Any]]:
             if name.startswith("plan"):
                 row["impl"] = plan.choice["impl"]
                 row["direct"] = plan._direct is not None
+            if name == "plan(out=)":
+                row["graph_replays"] = None if plan.replays is None else {
+                    "captures": plan.replays.captures, "refused": plan.replays.refused}
             rows.append(row)
             print(f"{dtype:9s} {name:22s} {row['median_us']:7.1f} us", file=sys.stderr)
         rows.extend(_gpu_times(cp, dtype, size))

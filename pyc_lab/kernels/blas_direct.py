@@ -110,6 +110,9 @@ def workspace(device: int, stream: int, need: int = 0) -> tuple[int, int]:
                           "a GEMM's first call on this stream")
 
 
+_shared_workspace = workspace
+
+
 def scratch(device: int, stream: int, need: int) -> tuple[int, int]:
     """Scratch memory ``(pointer, bytes)`` of at least ``need`` bytes for work queued on
     ``stream`` of ``device`` (the aligned copies of :mod:`.padded`), kept per device and
@@ -566,8 +569,20 @@ class LtGemm:
             _set(lt.matmul_desc_set_attribute, form.desc, attr.B_SCALE_POINTER, get, s_b)
         self._scale_ptrs = (a_scale, b_scale)
 
-    def __call__(self, a_ptr: int, b_ptr: int, out_ptr: int, stream: int) -> None:
-        """Launch on ``stream`` (a ``cudaStream_t``) of the current device; no sync."""
+    @property
+    def workspace_need(self) -> int:
+        """Bytes of workspace the algorithms chosen so far need (0 before the first call)."""
+        return self._need
+
+    def __call__(self, a_ptr: int, b_ptr: int, out_ptr: int, stream: int,
+                 workspace: tuple[int, int] | None = None) -> None:
+        """Launch on ``stream`` (a ``cudaStream_t``) of the current device; no sync.
+
+        ``workspace`` ``(pointer, bytes)``: one the caller owns, of at least
+        :attr:`workspace_need` bytes (a CUDA graph's), instead of the stream's entry in
+        the shared table; the algorithm must have been chosen by an earlier call with
+        operands of the same alignments.
+        """
         device = _device()
         handle = _lt_handle(device)
         key = (alignment(a_ptr), alignment(b_ptr), alignment(out_ptr))
@@ -576,7 +591,8 @@ class LtGemm:
             chosen = self._algos[key] = self._algo(key, handle, (a_ptr, b_ptr, out_ptr),
                                                    device, stream)
         form, algo = chosen
-        ws, size = workspace(device, stream, self._need)
+        ws, size = workspace if workspace is not None else _shared_workspace(
+            device, stream, self._need)
         p_a, p_b = form.pointers(a_ptr, b_ptr)
         la, lb, lc = form.layouts
         self.lt.matmul(handle, form.desc, self._pa, p_a, la, p_b, lb, self._pb,

@@ -624,7 +624,8 @@ def _torch_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
 
 def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = None,
                 out: Any = None, alpha: float = 1.0, beta: float = 0.0,
-                tf32: bool = False, capturable: bool = False) -> MatmulPlan:
+                tf32: bool = False, capturable: bool = False,
+                graphs: bool = True) -> MatmulPlan:
     """Choose once what computes ``activation(alpha * a @ b + beta * out + bias)`` for
     operands like ``a`` and ``b``, and return it as a plan to call many times.
 
@@ -638,6 +639,11 @@ def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = No
         CuPy (which CuPy refuses during a capture), run the same GEMM through cuBLASLt
         (nvmath-python) instead; a :class:`~pyc_lab.errors.PycLabError` where cuBLASLt
         cannot take it. CUTLASS and cuBLASLt choices are capturable as they are.
+    graphs
+        Replay a direct library call from a CUDA graph when a call repeats the
+        addresses of ``a``, ``b``, ``out`` and the stream of an earlier one (captured at
+        the second such call; a launch costs about a third of the library's own host
+        work). ``False`` calls the library every time.
 
     Returns
     -------
@@ -664,7 +670,7 @@ def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = No
                                     activation=activation,
                                     out=None if out is None else cupy_of_torch(out),
                                     alpha=alpha, beta=beta, tf32=tf32,
-                                    capturable=capturable)
+                                    capturable=capturable, graphs=graphs)
         else:
             inner = matmul_plan(numpy_of_torch(a), numpy_of_torch(b),
                                 bias=numpy_of_torch(bias) if kind(bias) == "torch" else bias,
@@ -674,7 +680,7 @@ def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = No
         tsig = (a.shape, a.stride(), a.dtype, a.device, a.requires_grad,
                 b.shape, b.stride(), b.dtype, b.device, b.requires_grad)
         return MatmulPlan(inner._launch, "torch", inner._sig, out, bias, inner.shape,
-                          inner.dtype, tsig if a.is_cuda else None)
+                          inner.dtype, tsig if a.is_cuda else None, graphs=graphs)
     bias = check_inputs(a, b, out, alpha, beta, bias, activation, ACTIVATIONS)
     if bias is not None and kind(a) == "cupy" and kind(bias) != "cupy":
         import cupy as cp
@@ -691,4 +697,4 @@ def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = No
     sig = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype)
     return MatmulPlan(launch, kind(a), sig, out, bias, result_shape(tuple(a.shape),
                                                                     tuple(b.shape)),
-                      result_dtype(dtype_name(a.dtype), dtype_name(b.dtype)))
+                      result_dtype(dtype_name(a.dtype), dtype_name(b.dtype)), graphs=graphs)

@@ -27,6 +27,7 @@ from .arrays import (
     torch_of,
     torch_stream,
 )
+from .gemm_replays import GraphReplays
 from .matmul_inputs import result_shape
 from .matmul_route import library_path
 from .raced import RacedGemm
@@ -81,37 +82,43 @@ class Direct:
         ea, eb, eo = self.extents
         return (po < pa + ea and pa < po + eo) or (po < pb + eb and pb < po + eo)
 
-    def cupy(self, a: Any, b: Any, out: Any) -> Any:
+    def cupy(self, a: Any, b: Any, out: Any, replays: GraphReplays | None = None) -> Any:
         """Run on CuPy arrays (into ``out`` or a new array) on CuPy's current stream;
-        ``None`` (nothing run) when ``out`` overlaps an operand."""
+        ``None`` (nothing run) when ``out`` overlaps an operand. With ``replays`` (a
+        plan's) a call into a given ``out`` goes through them (:mod:`.gemm_replays`)."""
         import cupy as cp
 
         if cp.cuda.runtime.getDevice() != self.device:
             with cp.cuda.Device(self.device):
-                return self.cupy(a, b, out)
+                return self.cupy(a, b, out, replays)
         pa, pb = a.data.ptr, b.data.ptr
         if out is None:
             out = cp.empty(self.shape, dtype=a.dtype)
+            replays = None  # a new address each call: nothing to replay
         elif self._overlaps(pa, pb, out.data.ptr):
             return None
-        self.gemm(pa, pb, out.data.ptr, cp.cuda.get_current_stream().ptr)
+        run = self.gemm if replays is None else replays
+        run(pa, pb, out.data.ptr, cp.cuda.get_current_stream().ptr)
         return out
 
-    def torch(self, a: Any, b: Any, out: Any) -> Any:
+    def torch(self, a: Any, b: Any, out: Any, replays: GraphReplays | None = None) -> Any:
         """Run on CUDA torch tensors (into ``out`` or a new tensor) on torch's current
-        stream; ``None`` (nothing run) when ``out`` overlaps an operand."""
+        stream; ``None`` (nothing run) when ``out`` overlaps an operand. ``replays`` as
+        for :meth:`cupy`."""
         import cupy as cp
         import torch
 
         if cp.cuda.runtime.getDevice() != self.device:
             with cp.cuda.Device(self.device):
-                return self.torch(a, b, out)
+                return self.torch(a, b, out, replays)
         pa, pb = a.data_ptr(), b.data_ptr()
         if out is None:
             out = torch.empty(self.shape, dtype=a.dtype, device=a.device)
+            replays = None
         elif self._overlaps(pa, pb, out.data_ptr()):
             return None
-        self.gemm(pa, pb, out.data_ptr(), torch.cuda.current_stream(self.device).cuda_stream)
+        run = self.gemm if replays is None else replays
+        run(pa, pb, out.data_ptr(), torch.cuda.current_stream(self.device).cuda_stream)
         return out
 
 
@@ -387,7 +394,9 @@ class MatmulPlan:
     shapes, strides and dtypes the plan was made for, then launches the chosen kernel:
     with the plan's (or the call's) ``out`` it writes there, allocates nothing and does
     not synchronise, so it can be captured in a CUDA graph (a first, uncaptured call
-    sets up cuBLASLt's workspace and a CUTLASS kernel's binding).
+    sets up cuBLASLt's workspace and a CUTLASS kernel's binding). A direct library call
+    into an ``out`` whose addresses (``a``, ``b``, ``out`` and the stream) repeat is
+    replayed from a CUDA graph of its own (:mod:`.gemm_replays`).
 
     Attributes
     ----------
@@ -395,16 +404,21 @@ class MatmulPlan:
         ``{"impl", "reason", ...}``: what runs and why.
     kind : str
         ``"cupy"``, ``"numpy"`` or ``"torch"``: the operands it takes and returns.
+    replays : GraphReplays or None
+        The plan's graph replays (``None`` when it has no direct library call, or was
+        made with ``graphs=False``).
     """
 
     def __init__(self, launch_: Launch, array_kind: str, signature: tuple, out: Any,
                  bias: Any, shape: tuple[int, ...], dtype: str,
-                 torch_signature: tuple | None = None) -> None:
+                 torch_signature: tuple | None = None, graphs: bool = True) -> None:
         self._launch = launch_
         self.kind = array_kind
         self._sig = signature
         self._tsig = torch_signature
         self._direct = launch_.direct if bias is None else None
+        self.replays = (GraphReplays(self._direct.gemm, self._direct.device)
+                        if graphs and self._direct is not None else None)
         self.out = out
         self.bias = bias
         self.shape = shape
@@ -419,6 +433,11 @@ class MatmulPlan:
         """One paragraph: the problem, the implementation and why."""
         c = self._launch.choice
         extra = "".join(f"\n  {k}: {v}" for k, v in c.items() if k not in ("impl", "reason"))
+        r = self.replays
+        if r is not None:
+            extra += (f"\n  graphs: a call repeating its addresses replays a CUDA graph "
+                      f"({r.captures} captured, {r.graphs} held)"
+                      + (f"; {r.refused}" if r.refused else ""))
         return (f"matmul plan for {self.kind} operands -> {self.shape} {self.dtype}\n"
                 f"  runs: {c['impl']}\n  why: {c['reason']}{extra}")
 
@@ -443,10 +462,10 @@ class MatmulPlan:
         if direct is not None and bias is None:
             if self.kind == "cupy":
                 self._check(a, b)
-                y = direct.cupy(a, b, out)
+                y = direct.cupy(a, b, out, self.replays)
             elif (a.shape, a.stride(), a.dtype, a.device, a.requires_grad, b.shape,
                   b.stride(), b.dtype, b.device, b.requires_grad) == self._tsig:
-                y = direct.torch(a, b, out)
+                y = direct.torch(a, b, out, self.replays)
             else:
                 y = None
             if y is not None:

@@ -189,6 +189,54 @@ def test_a_plan_replays_from_a_cuda_graph(dtype):
             check(out, fresh64 @ w64.T, dtype, K)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("side_stream", [True, False])
+def test_a_plan_on_the_same_arrays_replays_a_graph_of_its_own(dtype, side_stream):
+    """Repeated addresses are captured at the second call and launched from then on; a
+    launch reads the operands' current values; new addresses run directly first."""
+    m, n, k = 256, 384, 512  # aligned: the direct library call, no padded challenger
+    a, _ = rand((m, k), dtype)
+    w, w64 = rand((n, k), dtype)
+    out = poisoned((m, n), dtype)
+    plan = pl.matmul_plan(a, w.T, out=out)
+    assert plan.replays is not None, plan.explain()
+    stream = cp.cuda.Stream(non_blocking=True) if side_stream else cp.cuda.Stream.null
+    with stream:
+        for i in range(4):
+            fresh, fresh64 = rand((m, k), dtype)
+            a[...] = fresh  # new values at the same address
+            out[...] = poisoned((m, n), dtype)
+            assert plan(a, w.T) is out
+            stream.synchronize()
+            check(out, fresh64 @ w64.T, dtype, k)
+            assert plan.replays.captures == (0 if i == 0 else 1), plan.explain()
+        out2 = poisoned((m, n), dtype)
+        plan(a, w.T, out=out2)
+        stream.synchronize()
+        assert plan.replays.captures == 1
+        check(out2, to64(a) @ w64.T, dtype, k)
+    assert "replays a CUDA graph (1 captured" in plan.explain()
+    assert pl.matmul_plan(a, w.T, out=out, graphs=False).replays is None
+
+
+def test_a_torch_plan_replays_on_torchs_stream():
+    torch = pytest.importorskip("torch")
+    m, n, k = 256, 384, 512
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        a = torch.rand((m, k), device="cuda", dtype=torch.float16) * 2 - 1
+        w = torch.rand((n, k), device="cuda", dtype=torch.float16) * 2 - 1
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+        plan = pl.matmul_plan(a, w.T, out=out)
+        for _ in range(4):
+            a.copy_(torch.rand((m, k), device="cuda", dtype=torch.float16) * 2 - 1)
+            out.fill_(float("nan"))
+            plan(a, w.T)  # ordered after the fill on the side stream
+            side.synchronize()
+            check(out, a.double().cpu().numpy() @ w.double().cpu().numpy().T, "float16", k)
+    assert plan.replays is not None and plan.replays.captures == 1, plan.explain()
+
+
 def test_a_cupy_matmul_plan_says_how_to_capture_it():
     """Operands that are not BLAS matrices (no unit stride) run through cupy.matmul,
     which refuses a capture: the plan says what to do instead."""
