@@ -19,8 +19,9 @@ signature is first seen or the database changed — a tuning in this process at 
 database's write :func:`~pyc_lab.kernels.tuning.database.generation`), a change of the
 file by another process by its modification time, looked at no more than every
 :data:`RECHECK_S` seconds. :data:`last_choice` keeps a reference to the last call's
-choice and is read lazily. :func:`matmul_plan` returns the choice as a reusable,
-CUDA-graph capturable :class:`~pyc_lab.kernels.matmul_plan.MatmulPlan`.
+choice and is read lazily. A call into an ``out`` at addresses seen before is replayed
+from a CUDA graph (:mod:`~pyc_lab.kernels.gemm_replays`). :func:`matmul_plan` returns the
+choice as a reusable, CUDA-graph capturable :class:`~pyc_lab.kernels.matmul_plan.MatmulPlan`.
 """
 
 from __future__ import annotations
@@ -499,8 +500,8 @@ def _call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
         if bias.ndim != 1:
             bias = bias.reshape(-1)
     last_choice.launch = launch
-    if launch.direct is not None and bias is None:
-        y = launch.direct.cupy(a, b, out)
+    if (direct := launch.direct) is not None and bias is None:
+        y = direct.cupy(a, b, out, None if out is None else direct.replays)
         if y is not None:
             return y
     return launch.run(a, b, out, bias)
@@ -593,7 +594,8 @@ def _torch_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
             key = hit = None
         if hit is not None and (hit.stamp is None or hit.stamp == db_stamp()):
             last_choice.launch = hit
-            y = hit.direct.torch(a, b, out)
+            direct = hit.direct
+            y = direct.torch(a, b, out, None if out is None else direct.replays)
             if y is not None:
                 return y
     if kind(b) != "torch":
@@ -640,10 +642,8 @@ def matmul_plan(a: Any, b: Any, *, bias: Any = None, activation: str | None = No
         (nvmath-python) instead; a :class:`~pyc_lab.errors.PycLabError` where cuBLASLt
         cannot take it. CUTLASS and cuBLASLt choices are capturable as they are.
     graphs
-        Replay a direct library call from a CUDA graph when a call repeats the
-        addresses of ``a``, ``b``, ``out`` and the stream of an earlier one (captured at
-        the second such call; a launch costs about a third of the library's own host
-        work). ``False`` calls the library every time.
+        Replay a direct library call from a CUDA graph when a call repeats an earlier
+        one's addresses (:mod:`~.gemm_replays`); ``False`` calls the library each time.
 
     Returns
     -------

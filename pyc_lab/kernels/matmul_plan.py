@@ -68,7 +68,7 @@ class Direct:
         goes to the array library, which copies).
     """
 
-    __slots__ = ("device", "dtype", "extents", "gemm", "shape")
+    __slots__ = ("_replays", "device", "dtype", "extents", "gemm", "shape")
 
     def __init__(self, gemm: Any, shape: tuple[int, ...], dtype: str, device: int,
                  extents: tuple[int, int, int]) -> None:
@@ -77,6 +77,15 @@ class Direct:
         self.dtype = dtype
         self.device = device
         self.extents = extents
+        self._replays: GraphReplays | None = None
+
+    @property
+    def replays(self) -> GraphReplays:
+        """The problem's CUDA-graph replays (:mod:`.gemm_replays`), made on first use and
+        shared by ``pl.matmul`` calls with an ``out`` and the plans of the problem."""
+        if self._replays is None:
+            self._replays = GraphReplays(self.gemm, self.device)
+        return self._replays
 
     def _overlaps(self, pa: int, pb: int, po: int) -> bool:
         ea, eb, eo = self.extents
@@ -84,8 +93,8 @@ class Direct:
 
     def cupy(self, a: Any, b: Any, out: Any, replays: GraphReplays | None = None) -> Any:
         """Run on CuPy arrays (into ``out`` or a new array) on CuPy's current stream;
-        ``None`` (nothing run) when ``out`` overlaps an operand. With ``replays`` (a
-        plan's) a call into a given ``out`` goes through them (:mod:`.gemm_replays`)."""
+        ``None`` (nothing run) when ``out`` overlaps an operand. With ``replays``
+        (:attr:`replays`) a call into a given ``out`` goes through them."""
         import cupy as cp
 
         if cp.cuda.runtime.getDevice() != self.device:
@@ -405,8 +414,9 @@ class MatmulPlan:
     kind : str
         ``"cupy"``, ``"numpy"`` or ``"torch"``: the operands it takes and returns.
     replays : GraphReplays or None
-        The plan's graph replays (``None`` when it has no direct library call, or was
-        made with ``graphs=False``).
+        The problem's graph replays, shared with ``pl.matmul`` calls into an ``out``
+        (``None`` when it has no direct library call, or was made with
+        ``graphs=False``).
     """
 
     def __init__(self, launch_: Launch, array_kind: str, signature: tuple, out: Any,
@@ -417,7 +427,7 @@ class MatmulPlan:
         self._sig = signature
         self._tsig = torch_signature
         self._direct = launch_.direct if bias is None else None
-        self.replays = (GraphReplays(self._direct.gemm, self._direct.device)
+        self.replays = (self._direct.replays
                         if graphs and self._direct is not None else None)
         self.out = out
         self.bias = bias

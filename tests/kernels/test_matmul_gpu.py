@@ -219,6 +219,25 @@ def test_a_plan_on_the_same_arrays_replays_a_graph_of_its_own(dtype, side_stream
     assert pl.matmul_plan(a, w.T, out=out, graphs=False).replays is None
 
 
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+def test_matmul_into_the_same_out_replays_and_a_new_result_does_not(dtype):
+    m, n, k = 128, 256, 384
+    a, _ = rand((m, k), dtype)
+    w, w64 = rand((n, k), dtype)
+    out = poisoned((m, n), dtype)
+    for _ in range(4):
+        fresh, fresh64 = rand((m, k), dtype)
+        a[...] = fresh
+        out[...] = poisoned((m, n), dtype)
+        assert pl.matmul(a, w.T, out=out) is out
+        check(out, fresh64 @ w64.T, dtype, k)
+    direct = mm.last_choice.launch.direct
+    assert direct is not None and direct.replays.captures == 1, dict(mm.last_choice)
+    y = pl.matmul(a, w.T)  # a new result: the direct call, no capture of its address
+    check(y, to64(a) @ w64.T, dtype, k)
+    assert direct.replays.captures == 1
+
+
 def test_a_torch_plan_replays_on_torchs_stream():
     torch = pytest.importorskip("torch")
     m, n, k = 256, 384, 512
