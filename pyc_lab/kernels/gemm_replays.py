@@ -138,6 +138,7 @@ class GraphReplays:
         self._seen: OrderedDict[tuple[int, int, int, int], int] = OrderedDict()
         self._failed: set[tuple[int, int, int, int]] = set()
         self._stream: Any = None
+        self._lock = threading.Lock()
 
     @property
     def graphs(self) -> int:
@@ -153,9 +154,10 @@ class GraphReplays:
         if replay is not None and not rt.streamIsCapturing(stream):
             rt.graphLaunch(replay.exec_ptr, stream)
             return
-        if replay is None and key not in self._failed and self._sighted(key) >= AFTER \
-                and not rt.streamIsCapturing(stream):
-            replay = self._capture(key)
+        if replay is None and key not in self._failed:
+            with self._lock:  # counts and captures: one thread at a time
+                if self._sighted(key) >= AFTER and not rt.streamIsCapturing(stream):
+                    replay = self._graphs.get(key) or self._capture(key)
             if replay is not None:
                 rt.graphLaunch(replay.exec_ptr, stream)
                 return

@@ -259,3 +259,27 @@ def test_a_numpy_plan_has_no_graph_replays():
     assert plan.replays is None and "graphs:" not in plan.explain()
     plan(a, w.T)
     np.testing.assert_allclose(out, a @ w.T, rtol=1e-12)
+
+
+def test_threads_on_one_address_set_capture_it_once_and_every_call_runs(rt):
+    import threading
+
+    gemm = Cublas()
+    replays = GraphReplays(gemm, 0, runtime=rt)
+    key = (1, 2, 3, 4)
+    calls_per_thread, threads = 50, 8
+    start = threading.Barrier(threads)
+
+    def work() -> None:
+        start.wait()
+        for _ in range(calls_per_thread):
+            replays(*key)
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert replays.captures == 1 and rt.stream.made == 1
+    direct = [c for c in gemm.calls if c[3] == 4]
+    assert len(direct) + len(rt.launches) == calls_per_thread * threads
