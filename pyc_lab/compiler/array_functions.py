@@ -165,6 +165,81 @@ def clip(tracer: Tracer, a: Any, a_min: Any = _NOVALUE, a_max: Any = _NOVALUE,
     return ufuncs.apply(tracer, "clip", (x, a_min, a_max), out=targets)
 
 
+def _round(tracer: Tracer, a: Any, decimals: Any = 0, out: Any = None) -> Any:
+    """``np.round`` / ``x.round``: NumPy's own steps — ``rint(x * 10**d) / 10**d`` (for a
+    negative ``d``: ``rint(x / 10**-d) * 10**-d``) in ``x``'s dtype, ``rint`` alone for
+    ``d == 0``; an integer array with ``d >= 0`` is copied."""
+    x = tracer.lift(a)
+    if out is not None or not isinstance(decimals, (int, np.integer)) or x.dtype.kind == "b":
+        raise _NotCovered
+    d = int(decimals)
+    if x.dtype.kind in "iu":
+        if d < 0:
+            raise _NotCovered  # NumPy rounds integers to tens through float division
+        return tracer.op("copy", (x,))
+    if d == 0:  # x * 1.0 and y / 1.0 are exact: rint alone gives the same bits
+        return ufuncs.apply(tracer, "rint", (x,))
+    first, second = ("multiply", "divide") if d > 0 else ("divide", "multiply")
+    scale = 10.0 ** abs(d)
+    y = ufuncs.apply(tracer, "rint", (ufuncs.apply(tracer, first, (x, scale)),))
+    return ufuncs.apply(tracer, second, (y, scale))
+
+
+def _norm(tracer: Tracer, x: Any, ord: Any = None, axis: Any = None,
+          keepdims: bool = False) -> Any:
+    """``np.linalg.norm`` for the vector norms NumPy computes by reductions: the 2-norm
+    (over one axis, or over everything without ``ord``, as NumPy's ``sqrt(x . x)``), the
+    1-norm and the max/min-abs norms over one axis; an integer array is converted to
+    float64 first, as NumPy does."""
+    v = tracer.lift(x)
+    if not np.issubdtype(v.dtype, np.inexact):
+        if v.dtype.kind not in "iub":
+            raise _NotCovered  # bfloat16 (not np.inexact to NumPy) and the like
+        v = tracer.op("astype", (v,), {"dtype": np.dtype(np.float64)})
+    if axis is None:
+        if ord is not None and not (ord in ("f", "fro") and v.ndim == 2) \
+                and not (ord == 2 and v.ndim == 1):
+            raise _NotCovered
+        total = reductions.reduce(tracer, "sum", v * v, axis=None, keepdims=keepdims)
+        return ufuncs.apply(tracer, "sqrt", (total,))
+    if isinstance(axis, tuple):
+        if len(axis) != 1:
+            raise _NotCovered  # matrix norms
+        axis = axis[0]
+    if not isinstance(axis, (int, np.integer)):
+        raise _NotCovered
+    if ord is None or ord == 2:
+        total = reductions.reduce(tracer, "sum", v * v, axis=axis, keepdims=keepdims)
+        return ufuncs.apply(tracer, "sqrt", (total,))
+    magnitude = ufuncs.apply(tracer, "absolute", (v,))
+    if ord == 1:
+        return reductions.reduce(tracer, "sum", magnitude, axis=axis, keepdims=keepdims)
+    if ord in (np.inf, -np.inf):
+        return reductions.reduce(tracer, "max" if ord > 0 else "min", magnitude, axis=axis,
+                                 keepdims=keepdims)
+    raise _NotCovered
+
+
+def _nan_to_num(tracer: Tracer, x: Any, copy: bool = True, nan: Any = 0.0,
+                posinf: Any = None, neginf: Any = None) -> Any:
+    """``np.nan_to_num`` of a real array: NaN, +inf and -inf replaced (by default with 0
+    and the dtype's largest and lowest values); other dtypes copied, as NumPy does
+    (bfloat16 included: it is not ``np.inexact`` to NumPy)."""
+    v = tracer.lift(x)
+    if not copy:
+        raise _NotCovered  # in place
+    if not np.issubdtype(v.dtype, np.floating):
+        if np.issubdtype(v.dtype, np.complexfloating):
+            raise _NotCovered
+        return tracer.op("copy", (v,))
+    info = np.finfo(v.dtype)
+    big = float(info.max) if posinf is None else posinf
+    low = float(info.min) if neginf is None else neginf
+    out = _where(tracer, ufuncs.apply(tracer, "equal", (v, -np.inf)), low, v)
+    out = _where(tracer, ufuncs.apply(tracer, "equal", (v, np.inf)), big, out)
+    return _where(tracer, ufuncs.apply(tracer, "isnan", (v,)), nan, out)
+
+
 def astype(tracer: Tracer, x: Any, dtype: Any, *, casting: str = "unsafe",
            copy: bool = True) -> Traced:
     """``x.astype(dtype)``: a new array (``copy=False`` and the same dtype: ``x``
@@ -272,7 +347,9 @@ _HANDLERS: dict[Callable, Callable] = {
     np.reshape: _reshape, np.ravel: _ravel, np.transpose: _transpose,
     np.swapaxes: _swapaxes, np.moveaxis: _moveaxis, np.concatenate: _concatenate,
     np.expand_dims: _expand_dims, np.squeeze: _squeeze, np.broadcast_to: _broadcast_to,
-    np.dot: _dot,
+    np.dot: _dot, np.round: _round, np.linalg.norm: _norm, np.nan_to_num: _nan_to_num,
 }
+if hasattr(np, "around"):
+    _HANDLERS[np.around] = _round
 if hasattr(np, "astype"):
     _HANDLERS[np.astype] = _np_astype

@@ -90,6 +90,24 @@ _BINARY = {
     "logical_and": (lambda xp, a, b: xp.logical_and(a, b), "({0} && {1})", "logical_and"),
     "logical_or": (lambda xp, a, b: xp.logical_or(a, b), "({0} || {1})", "logical_or"),
     "logical_xor": (lambda xp, a, b: xp.logical_xor(a, b), "({0} != {1})", "logical_xor"),
+    # the C99 functions NumPy's loops call, with their special cases
+    "arctan2": (lambda xp, a, b: xp.arctan2(a, b), "atan2({0}, {1})", "arctan2"),
+    "hypot": (lambda xp, a, b: xp.hypot(a, b), "hypot({0}, {1})", "hypot"),
+    "copysign": (lambda xp, a, b: xp.copysign(a, b), "copysign({0}, {1})", "copysign"),
+    "fmod": (lambda xp, a, b: xp.fmod(a, b), "fmod({0}, {1})", "fmod"),
+    # NaN-ignoring max/min: a NaN operand gives the other one; NumPy's own signed-zero
+    # ties differ between its SIMD and scalar loops, so neither is a contract here
+    "fmax": (lambda xp, a, b: xp.fmax(a, b),
+             "((({0}) > ({1}) || ({1}) != ({1})) ? ({0}) : ({1}))", "fmax"),
+    "fmin": (lambda xp, a, b: xp.fmin(a, b),
+             "((({0}) < ({1}) || ({1}) != ({1})) ? ({0}) : ({1}))", "fmin"),
+    # NumPy's npy_logaddexp: equal operands (infinities included) give x + log 2, a NaN
+    # difference gives NaN
+    "logaddexp": (lambda xp, a, b: xp.logaddexp(a, b),
+                  "(({0}) == ({1}) ? ({0}) + 0.6931471805599453 : "
+                  "((({0}) - ({1})) > 0 ? ({0}) + log1p(exp(({1}) - ({0}))) : "
+                  "((({0}) - ({1})) <= 0 ? ({1}) + log1p(exp(({0}) - ({1}))) : "
+                  "(({0}) - ({1})))))", "logaddexp"),
 }
 _UNARY = {
     "exp": (lambda xp, x: xp.exp(x), "exp({0})", "exp"),
@@ -116,6 +134,25 @@ _UNARY = {
              "({0}) * ({0})))))", None),
     "sigmoid": (lambda xp, x: _sigmoid(xp, x), "(1 / (1 + exp(-({0}))))", None),
     "silu": (lambda xp, x: ACTIVATIONS["silu"](xp, x), "(({0}) / (1 + exp(-({0}))))", None),
+    # the C math library's functions, as NumPy's float loops call them (float16 and
+    # bfloat16 computed in float and rounded once, as NumPy computes float16)
+    **{name: ((lambda f: lambda xp, x: getattr(xp, f)(x))(name), f"{c}({{0}})", name)
+       for name, c in (("sin", "sin"), ("cos", "cos"), ("tan", "tan"), ("arcsin", "asin"),
+                       ("arccos", "acos"), ("arctan", "atan"), ("sinh", "sinh"),
+                       ("cosh", "cosh"), ("arcsinh", "asinh"), ("arccosh", "acosh"),
+                       ("arctanh", "atanh"), ("log1p", "log1p"), ("expm1", "expm1"),
+                       ("log2", "log2"), ("log10", "log10"), ("exp2", "exp2"),
+                       ("cbrt", "cbrt"), ("fabs", "fabs"), ("floor", "floor"),
+                       ("ceil", "ceil"), ("trunc", "trunc"), ("rint", "rint"))},
+    # NaN stays NaN, both zeros give +0
+    "sign": (lambda xp, x: xp.sign(x),
+             "(({0}) > 0 ? 1 : (({0}) < 0 ? -1 : (({0}) == ({0}) ? 0 : ({0}))))", "sign"),
+    # predicates read their operand as it is (no conversion to the bool result); the
+    # integer-safe forms: x - x is 0 for every finite x, NaN for an infinity or a NaN
+    "isnan": (lambda xp, x: xp.isnan(x), "(({0}) != ({0}))", "isnan"),
+    "isinf": (lambda xp, x: xp.isinf(x), "(({0}) - ({0}) != 0 && ({0}) == ({0}))", "isinf"),
+    "isfinite": (lambda xp, x: xp.isfinite(x), "(({0}) - ({0}) == 0)", "isfinite"),
+    "signbit": (lambda xp, x: xp.signbit(x), "signbit({0})", "signbit"),
 }
 
 for _name, (_ref, _cuda, _ufunc) in _BINARY.items():

@@ -364,6 +364,17 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     "Elu": _elu,
     "Selu": _selu,
     "Softplus": _unary(ops.softplus),
+    "Softsign": _unary(lambda x: x / (1 + np.abs(x))),
+    "HardSigmoid": lambda args, attrs, op, node, opset: ops.hard_sigmoid(
+        args[0], attrs.get("alpha", 0.2), attrs.get("beta", 0.5)),
+    "HardSwish": _unary(lambda x: x * ops.hard_sigmoid(x, 1 / 6, 0.5)),
+    "Mish": _unary(ops.mish),
+    # the math library's elementwise functions (ONNX Round: half to even, as np.rint)
+    **{name: _unary(fn) for name, fn in (
+        ("Sin", np.sin), ("Cos", np.cos), ("Tan", np.tan), ("Asin", np.arcsin),
+        ("Acos", np.arccos), ("Atan", np.arctan), ("Sinh", np.sinh), ("Cosh", np.cosh),
+        ("Asinh", np.arcsinh), ("Acosh", np.arccosh), ("Atanh", np.arctanh),
+        ("Floor", np.floor), ("Ceil", np.ceil), ("Round", np.rint), ("Sign", np.sign))},
     "LogSoftmax": _log_softmax,
     "Pad": _pad,
     "Slice": _slice,

@@ -246,8 +246,19 @@ def log_softmax(x: Any, axis: int = -1) -> Any:
 
 
 def softplus(x: Any) -> Any:
-    """``log(1 + exp(x))`` without overflow: ``max(x, 0) + log(1 + exp(-|x|))``."""
-    return np.maximum(x, np.dtype(x.dtype).type(0)) + np.log(1 + np.exp(-np.abs(x)))
+    """``log(1 + exp(x))`` without overflow: ``max(x, 0) + log1p(exp(-|x|))``."""
+    return np.maximum(x, np.dtype(x.dtype).type(0)) + np.log1p(np.exp(-np.abs(x)))
+
+
+def hard_sigmoid(x: Any, alpha: float = 0.2, beta: float = 0.5) -> Any:
+    """ONNX ``HardSigmoid``: ``max(0, min(1, alpha * x + beta))``."""
+    t = np.dtype(x.dtype).type
+    return np.clip(t(alpha) * x + t(beta), t(0), t(1))
+
+
+def mish(x: Any) -> Any:
+    """ONNX ``Mish``: ``x * tanh(softplus(x))``."""
+    return x * np.tanh(softplus(x))
 
 
 def pad(x: Any, pads: Sequence[int], value: float = 0.0) -> Any:

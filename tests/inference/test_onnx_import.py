@@ -131,6 +131,24 @@ CASES: list[tuple[str, list[Any], dict[str, tuple[int, ...]], dict[str, np.ndarr
      {"x": (3, 4)}, {"a": np.array([1], np.int64)}),
     ("Pow", [node("Abs", ["x"], "a"), node("Pow", ["a", "p"])], {"x": (3, 4)},
      {"p": np.array(1.5, np.float32)}),
+    ("Softsign-HardSigmoid-HardSwish-Mish",
+     [node("Softsign", ["x"], "a"), node("HardSigmoid", ["x"], "b", alpha=0.3, beta=0.4),
+      node("HardSwish", ["x"], "c"), node("Mish", ["x"], "d"), node("Sum", ["a", "b", "c", "d"])],
+     {"x": (5, 7)}, {}),
+    ("Trigonometric", [node("Sin", ["x"], "a"), node("Cos", ["x"], "b"), node("Tan", ["x"], "c"),
+                       node("Tanh", ["x"], "t"), node("Asin", ["t"], "d"),
+                       node("Acos", ["t"], "e"), node("Atan", ["x"], "f"),
+                       node("Sum", ["a", "b", "c", "d", "e", "f"])], {"x": (5, 7)}, {}),
+    ("Hyperbolic", [node("Sinh", ["x"], "a"), node("Cosh", ["x"], "b"),
+                    node("Asinh", ["x"], "c"), node("Abs", ["x"], "m"),
+                    node("Add", ["m", "one"], "n"), node("Acosh", ["n"], "d"),
+                    node("Tanh", ["x"], "t"), node("Mul", ["t", "k"], "u"),
+                    node("Atanh", ["u"], "e"), node("Sum", ["a", "b", "c", "d", "e"])],
+     {"x": (5, 7)}, {"one": np.array(1.0, np.float32), "k": np.array(0.9, np.float32)}),
+    ("Rounding", [node("Mul", ["x", "k"], "s"), node("Floor", ["s"], "a"),
+                  node("Ceil", ["s"], "b"), node("Round", ["s"], "c"), node("Sign", ["s"], "d"),
+                  node("Sum", ["a", "b", "c", "d"])], {"x": (5, 7)},
+     {"k": np.array(4.0, np.float32)}),
 ]
 
 
@@ -224,21 +242,23 @@ def test_conv_batch_norm_is_folded():
 
 
 def test_unsupported_op_names_op_and_node():
-    m = _model([node("Cos", ["x"])], {"x": (2, 3)}, ["y"])
-    with pytest.raises(UnsupportedOpError, match=r"'Cos' \(node 'cos_node'"):
+    m = _model([node("ThresholdedRelu", ["x"])], {"x": (2, 3)}, ["y"])
+    with pytest.raises(UnsupportedOpError,
+                       match=r"'ThresholdedRelu' \(node 'thresholdedrelu_node'"):
         import_onnx(m, onnxruntime_fallback=False)
 
 
 def test_unsupported_op_runs_through_onnxruntime_as_a_graph_break():
     pytest.importorskip("onnxruntime")
-    m = _model([node("Relu", ["x"], "r"), node("Cos", ["r"], "c"), node("Tanh", ["c"])],
-               {"x": (2, 3)}, ["y"])
+    m = _model([node("Relu", ["x"], "r"), node("ThresholdedRelu", ["r"], "c", alpha=0.5),
+                node("Tanh", ["c"])], {"x": (2, 3)}, ["y"])
     model = load(m)
-    assert model.imported.breaks == [("Cos", "cos_node")]
+    assert model.imported.breaks == [("ThresholdedRelu", "thresholdedrelu_node")]
     feeds = _inputs({"x": (2, 3)})
-    _close(model(feeds)["y"], np.tanh(np.cos(np.maximum(feeds["x"], 0))))
+    r = np.maximum(feeds["x"], 0)
+    _close(model(feeds)["y"], np.tanh(np.where(r > 0.5, r, 0)))
     text = str(model.explain(batch=2))
-    assert "Cos (node 'cos_node')" in text and "onnxruntime" in text
+    assert "ThresholdedRelu (node 'thresholdedrelu_node')" in text and "onnxruntime" in text
     assert model.explain().compiled.graph_breaks
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "body_of",
     "check_elementwise",
     "epilogue_body",
+    "float_only_refusal",
     "generate_elementwise",
     "kernel_name",
     "node_expression",
@@ -75,13 +76,34 @@ _OVERRIDES = {
     ("rsqrt", "any"): "(1 / sqrt({0}))",
     # ~ on a C bool is an int (~true == -2, still true): NumPy's invert of bool is "not"
     ("invert", "bool"): "(!{0})",
+    # NumPy's floor/ceil/trunc/rint of an integer or bool is that value, in its dtype
+    **{(op, kind): "{0}" for op in ("floor", "ceil", "trunc", "rint")
+       for kind in ("int", "bool")},
+    # C's signbit takes floats only: an integer's sign bit is x < 0
+    ("signbit", "operand-int"): "(({0}) < 0)",
+    # ml_dtypes' bfloat16 sign returns a zero as it is (-0.0 stays -0.0)
+    ("sign", "bfloat16"): "(({0}) > 0 ? 1 : (({0}) < 0 ? -1 : ({0})))",
 }
 
 #: Ops generated only for float results, and why.
 _FLOAT_ONLY = {
     "reciprocal": "integer reciprocal (NumPy's 1/x of ints, x = 0 included) is not "
                   "generated; runs through CuPy",
+    "fmod": "integer fmod (NumPy's result for a zero divisor is 0; C's is undefined) is "
+            "not generated; runs through CuPy",
 }
+
+def float_only_refusal(n: Node) -> str:
+    """Why elementwise node ``n`` is not generated for its (non-float) result dtype, or
+    ``""`` (bfloat16 counts as a float: it is computed in float)."""
+    if n.op not in _FLOAT_ONLY or (ct.is_supported(n.dtype, elementwise=True)
+                                   and ct.compute_type(n.dtype) in ("float", "double")):
+        return ""
+    return _FLOAT_ONLY[n.op]
+
+
+#: Ops whose operands are read as they are, not converted to the (bool) result.
+_AS_IS = frozenset({"isnan", "isinf", "isfinite", "signbit"})
 
 
 # -- naming and bodies -------------------------------------------------------------------
@@ -156,8 +178,8 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
         opdef = REGISTRY.get(n.op)
         if opdef is None or opdef.kind != "elementwise" or opdef.cuda is None:
             return f"op {n.op!r} inside a fused body has no CUDA template"
-        if n.op in _FLOAT_ONLY and n.dtype.kind != "f":
-            return _FLOAT_ONLY[n.op]
+        if why := float_only_refusal(n):
+            return why
         for i in n.inputs:
             if not ct.is_supported(body.node(i).dtype, elementwise=True):
                 return f"dtype {body.node(i).dtype.name} is not generated"
@@ -186,9 +208,12 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
 
 
 # -- the body as a device function -------------------------------------------------------
-def _template(n: Node) -> str:
+def _template(n: Node, body: Graph | None = None) -> str:
     kind = "int" if n.dtype.name in _INT else "bool" if n.dtype.kind == "b" else "other"
-    for key in ((n.op, kind), (n.op, "any")):
+    keys = [(n.op, n.dtype.name), (n.op, kind), (n.op, "any")]
+    if body is not None and n.inputs and body.node(n.inputs[0]).dtype.kind in "iub":
+        keys.insert(0, (n.op, "operand-int"))
+    for key in keys:
         if key in _OVERRIDES:
             return _OVERRIDES[key]
     template = REGISTRY[n.op].cuda
@@ -204,8 +229,8 @@ def _operand_dtypes(n: Node, body: Graph) -> list[np.dtype | None]:
         return [common] * len(ins)
     if n.op == "where":
         return [None, n.dtype, n.dtype]
-    if n.op == "astype":
-        return [None]
+    if n.op == "astype" or n.op in _AS_IS:
+        return [None] * len(ins)
     return [n.dtype] * len(ins)
 
 
@@ -235,7 +260,7 @@ def node_expression(n: Node, body: Graph, var: dict[int, str], needs: set[str]) 
     for i, target in zip(n.inputs, targets, strict=True):
         src = body.node(i)
         operands.append(var[i] if target is None else ct.convert(var[i], src.dtype, target))
-    template = _template(n)
+    template = _template(n, body)
     if ct.compute_type(n.dtype) == "float":
         # The registry's templates write constants as C doubles (0.5); in float
         # arithmetic they must be float literals (0.5f), or the whole expression —

@@ -36,7 +36,7 @@ from ..ir import Graph, Node, dtype_short
 from ..ops import REGISTRY, is_plain_reduction, normalize_axis
 from . import cuda_types as ct
 from .cuda_types import KernelSource
-from .elementwise import _FLOAT_ONLY, kernel_name, node_expression
+from .elementwise import float_only_refusal, kernel_name, node_expression
 from .reduction import _Emitter, row_config
 
 __all__ = ["ROW_REDUCTIONS", "check_row_program", "generate_row_program", "kind_in"]
@@ -156,8 +156,8 @@ def _analyse(body: Graph, space: tuple[int, ...]) -> tuple[_Plan | None, str]:
             opdef = REGISTRY.get(n.op)
             if opdef is None or opdef.kind != "elementwise" or opdef.cuda is None:
                 return None, f"op {n.op!r} inside a row program has no CUDA template"
-            if n.op in _FLOAT_ONLY and n.dtype.kind != "f":
-                return None, _FLOAT_ONLY[n.op]
+            if why := float_only_refusal(n):
+                return None, why
             if kind not in _READS:
                 return None, (f"{n.op} %{n.id} of shape {tuple(n.shape)} is neither a full "
                               f"nor a row value of {tuple(space)}")

@@ -1,0 +1,286 @@
+"""The math-library ufuncs as compiler ops: traced as ops (no graph break), generated as
+CUDA expressions that give NumPy's answers — special values included — and fused with
+the work around them.
+
+Each op's generated kernel runs on the CPU (``tests/compiler/emulate.py``) against
+NumPy on NaN, both infinities, both zeros, domain edges and random values, in every
+dtype the code generator takes and NumPy has a loop for; the results must agree in NaN
+positions, infinities and signed zeros exactly and in finite values to within an ulp or
+so (the CPU's libm stands in for CUDA's, which is documented within 1-2 ulp for these
+functions). The same kernels compile with ``nvcc`` for sm_90, where CUDA's overloads (not
+libm's) decide which function each call is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+from pyc_lab.compiler.codegen import generate
+from pyc_lab.compiler.tracer import trace
+from tests.compiler.emulate import emulate, needs_gxx
+from tests.compiler.graphs import fused_graph
+from tests.compiler.test_codegen import compile_ptx, needs_nvcc
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BF16)
+INTS = (np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.bool_))
+
+UNARY = ("sin", "cos", "tan", "arcsin", "arccos", "arctan", "sinh", "cosh", "arcsinh",
+         "arccosh", "arctanh", "log1p", "expm1", "log2", "log10", "exp2", "cbrt", "fabs",
+         "floor", "ceil", "trunc", "rint", "sign", "isnan", "isinf", "isfinite", "signbit")
+BINARY = ("arctan2", "hypot", "copysign", "fmod", "fmax", "fmin", "logaddexp")
+#: Ops whose result is exact (no rounding error allowed), signed zeros included.
+EXACT = {"fabs", "floor", "ceil", "trunc", "rint", "sign", "isnan", "isinf", "isfinite",
+         "signbit", "copysign", "fmax", "fmin", "fmod"}
+#: Relative error allowed on finite results: float32/float64 a few ulp of libm against
+#: NumPy's own loops; float16/bfloat16 one ulp of the result.
+TOL = {"float32": 4e-7, "float64": 1e-15, "float16": 1e-3, "bfloat16": 8e-3}
+
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.5, -2.5,
+                    1.5, 3.0, -7.25, 0.999, -0.999, 1.001, 1e-3, 100.0, -88.0, 5e-39])
+
+
+def _values(dtype: np.dtype, rng: np.random.Generator, n: int = 131) -> np.ndarray:
+    """Special values, then random ones (an odd count: no whole vectors)."""
+    if dtype.kind in "iub":
+        vals = np.concatenate([[0, 1, -1, 7, -7, 2**20, -(2**20)], rng.integers(-50, 50, n)])
+        return (vals != 0) if dtype.kind == "b" else vals.astype(dtype)
+    rand = rng.uniform(-4, 4, n) * 10.0 ** rng.integers(-3, 3, n)
+    with np.errstate(over="ignore"):
+        return np.concatenate([SPECIAL, rand]).astype(dtype)
+
+
+def _f64(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float64)
+
+
+def _agree(got: np.ndarray, want: np.ndarray, exact: bool, skip_zero_sign=None) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.dtype.kind not in "f" and got.dtype != BF16:
+        np.testing.assert_array_equal(got, want)
+        return
+    g, w = _f64(got), _f64(want)
+    assert np.array_equal(np.isnan(g), np.isnan(w)), \
+        f"NaN positions differ: got {g[np.isnan(g) != np.isnan(w)]}, " \
+        f"want {w[np.isnan(g) != np.isnan(w)]}"
+    inf = np.isinf(w)
+    np.testing.assert_array_equal(g[inf], w[inf])
+    zero = w == 0
+    if skip_zero_sign is not None:
+        zero &= ~skip_zero_sign
+    assert np.array_equal(np.signbit(g[zero]), np.signbit(w[zero])), "signed zeros differ"
+    fin = np.isfinite(w)
+    if exact:
+        np.testing.assert_array_equal(g[fin], w[fin])
+    else:
+        np.testing.assert_allclose(g[fin], w[fin], rtol=TOL[got.dtype.name],
+                                   atol=np.finfo(np.float32).tiny if got.dtype.itemsize <= 4
+                                   else 0.0)
+
+
+def _has_loop(op: str, *dtypes: np.dtype) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            getattr(np, op)(*[np.ones(1, d) for d in dtypes])
+    except TypeError:
+        return False
+    return True
+
+
+def _run(fn, arrays):
+    graph, node = fused_graph(fn, [(a.shape, a.dtype) for a in arrays])
+    src = generate(node, graph)
+    body = node.attrs["body"]
+    out_dtype = body.node(body.outputs[0]).dtype
+    out = np.full(arrays[0].shape, np.nan if out_dtype.kind == "f" else 1, out_dtype)
+    if out_dtype == BF16:
+        out[...] = np.nan
+    emulate(src, src.name, [a.copy() for a in arrays] + [out])
+    return out
+
+
+@pytest.mark.parametrize("op", UNARY + BINARY)
+def test_each_ufunc_is_traced_as_its_op(op):
+    x = np.linspace(0.1, 0.9, 12, dtype=np.float32).reshape(3, 4)
+    if op in UNARY:
+        graph, breaks = trace(lambda a: getattr(np, op)(a), (x,))
+    else:
+        graph, breaks = trace(lambda a, b: getattr(np, op)(a, b), (x, x[::-1]))
+    assert not breaks
+    assert op in [n.op for n in graph], [n.op for n in graph]
+
+
+@needs_gxx
+@pytest.mark.parametrize("op", UNARY)
+@pytest.mark.parametrize("dtype", FLOATS + INTS, ids=lambda d: d.name)
+def test_unary_kernels_give_numpys_answers(op, dtype):
+    if not _has_loop(op, dtype):
+        pytest.skip(f"NumPy has no {op} loop for {dtype.name} (a TypeError there too)")
+    x = _values(dtype, np.random.default_rng(len(op)))
+    got = _run(lambda a: getattr(np, op)(a), [x])
+    with np.errstate(all="ignore"):
+        want = getattr(np, op)(x)
+    _agree(got, want, op in EXACT)
+
+
+@needs_gxx
+@pytest.mark.parametrize("op", BINARY)
+@pytest.mark.parametrize("dtype", FLOATS + INTS, ids=lambda d: d.name)
+def test_binary_kernels_give_numpys_answers(op, dtype):
+    if not _has_loop(op, dtype, dtype):
+        pytest.skip(f"NumPy has no {op} loop for {dtype.name}")
+    if op == "fmod" and dtype.kind in "iub":
+        with pytest.raises(ValueError, match="fmod"):  # int8 for bool: not generated
+            _run(lambda a, b: np.fmod(a, b), [np.ones(3, dtype)] * 2)
+        return
+    v = _values(dtype, np.random.default_rng(3), n=9)
+    a, b = (np.array(p, dtype=dtype) for p in zip(*itertools.product(v, v), strict=True))
+    got = _run(lambda p, q: getattr(np, op)(p, q), [a, b])
+    with np.errstate(all="ignore"):
+        want = getattr(np, op)(a, b)
+    # NumPy's fmax/fmin of two equal zeros returns either, by loop (SIMD or scalar)
+    ties = (a == b) if op in ("fmax", "fmin") else None
+    _agree(got, want, op in EXACT, skip_zero_sign=ties)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dtype", FLOATS + INTS, ids=lambda d: d.name)
+def test_every_math_op_compiles_for_sm90(tmp_path, dtype):
+    """One kernel per dtype with every op NumPy has a loop for: CUDA's overloads must
+    accept each call (integer operands included) without ambiguity."""
+    unary = [op for op in UNARY if _has_loop(op, dtype)]
+    binary = [op for op in BINARY if _has_loop(op, dtype, dtype)
+              and not (op == "fmod" and dtype.kind in "iub")]
+
+    def every(x, y):
+        outs = [getattr(np, op)(x) for op in unary] + [getattr(np, op)(x, y) for op in binary]
+        return tuple(outs)
+
+    graph, breaks = trace(every, (np.ones(33, dtype), np.ones(33, dtype)))
+    assert not breaks
+    from pyc_lab.compiler.passes import PassManager
+
+    graph = PassManager().run(graph).graph
+    fused = [n for n in graph if n.op == "fused"]
+    assert fused, [n.op for n in graph]
+    for node in fused:
+        compile_ptx(tmp_path, generate(node, graph))
+
+
+def _softplus(x):
+    return np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0)
+
+
+def _bce_with_logits(x, y):
+    return (np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))).mean(axis=-1)
+
+
+def _sinusoidal(t, freqs):
+    arg = t[:, None] * freqs[None, :]
+    return np.concatenate([np.sin(arg), np.cos(arg)], axis=-1)
+
+
+def _finite_or_zero(x):
+    return np.where(np.isfinite(x), x, 0.0) * np.sign(x)
+
+
+@pytest.mark.parametrize("fn, make", [
+    (_softplus, lambda r: [r.standard_normal((64, 129)).astype(np.float32) * 30]),
+    (_bce_with_logits, lambda r: [r.standard_normal((64, 129)).astype(np.float32) * 5,
+                                  (r.random((64, 129)) > 0.5).astype(np.float32)]),
+    (_sinusoidal, lambda r: [r.uniform(0, 1000, 37).astype(np.float32),
+                             np.exp(-np.arange(16, dtype=np.float32))]),
+    (_finite_or_zero, lambda r: [np.array([np.nan, np.inf, -np.inf, -0.0, 2.0, -3.0] * 11,
+                                          np.float32)]),
+], ids=["softplus", "bce_with_logits", "sinusoidal", "finite_or_zero"])
+def test_programs_using_them_compile_without_graph_breaks(fn, make):
+    args = make(np.random.default_rng(5))
+    f = pl.compile(fn)
+    got = f(*args)
+    with np.errstate(all="ignore"):
+        want = fn(*args)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    text = str(f.explain())
+    assert "graph breaks: 0" in text, text
+    assert "no op in pyc_lab's registry" not in text, text
+
+
+def _compiled_equals_numpy(fn, *args):
+    f = pl.compile(fn)
+    got = f(*args)
+    with np.errstate(all="ignore"):
+        want = fn(*args)
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype
+    if want.dtype == BF16:  # NumPy's testing does not see bfloat16 NaNs as equal
+        got, want = got.astype(np.float64), want.astype(np.float64)
+    np.testing.assert_array_equal(got, want)
+    return str(f.explain())
+
+
+def _special_rows(dtype, rng):
+    x = (rng.standard_normal((33, 17)) * 100).astype(np.float64)
+    x[0, :5] = [np.nan, np.inf, -np.inf, -0.0, 2.5]
+    x[1, :4] = [0.5, -0.5, 1.5, -2.5]  # ties round to even
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("decimals", [0, 1, 2, -1, -2])
+def test_round_is_numpys_steps(dtype, decimals):
+    x = _special_rows(dtype, np.random.default_rng(decimals + 3)) if dtype != np.int32 \
+        else np.random.default_rng(1).integers(-999, 999, (33, 17)).astype(np.int32)
+    text = _compiled_equals_numpy(lambda a: np.round(a, decimals), x)
+    covered = dtype != np.int32 or decimals >= 0
+    assert ("graph breaks: 0" in text) == covered, text
+    _compiled_equals_numpy(lambda a: a.round(decimals) * 2, x)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("ord_", [None, 1, 2, np.inf, -np.inf])
+@pytest.mark.parametrize("axis, keepdims", [(1, False), (0, True), ((1,), False),
+                                            (None, False), (None, True)])
+def test_vector_norms_are_reductions(dtype, ord_, axis, keepdims):
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((29, 13)) * 3).astype(dtype)
+    # without an axis, an ord makes it a matrix norm (max column sum, SVD...): a graph
+    # break, which still gives NumPy's answer
+    matrix = axis is None and ord_ is not None
+    f = pl.compile(lambda a: np.linalg.norm(a, ord=ord_, axis=axis, keepdims=keepdims))
+    try:
+        want = np.linalg.norm(x, ord=ord_, axis=axis, keepdims=keepdims)
+    except TypeError as exc:  # float16 has no SVD: the graph break raises NumPy's error
+        with pytest.raises(TypeError, match=str(exc)):
+            f(x)
+        return
+    got = f(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=2e-3 if dtype == np.float16 else 1e-6)
+    assert ("graph breaks: 0" in str(f.explain())) != matrix, str(f.explain())
+
+
+def test_a_norm_without_a_reduction_form_is_a_graph_break_that_still_answers():
+    x = np.random.default_rng(3).standard_normal((8, 5))
+    f = pl.compile(lambda a: np.linalg.norm(a, ord=3, axis=1) + 1)
+    np.testing.assert_allclose(f(x), np.linalg.norm(x, ord=3, axis=1) + 1)
+    assert "np.norm" in str(f.explain())
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, BF16])
+def test_nan_to_num_replaces_as_numpy_does(dtype):
+    x = _special_rows(np.float64, np.random.default_rng(4))
+    if dtype == np.int32:
+        x = np.nan_to_num(x, posinf=7, neginf=-7)
+    x = x.astype(dtype)
+    text = _compiled_equals_numpy(lambda a: np.nan_to_num(a) + 1, x)
+    assert "graph breaks: 0" in text, text
+    if dtype in (np.float32, np.float64):
+        _compiled_equals_numpy(lambda a: np.nan_to_num(a, nan=-1.0, posinf=9.0, neginf=-9.0),
+                               x)
