@@ -301,6 +301,35 @@ def _concatenate(tracer: Tracer, arrays: Any, /, axis: Any = 0, out: Any = None,
     return tracer.op("concatenate", tuple(arrays), {"axis": int(axis)})
 
 
+def _flip(tracer: Tracer, m: Any, axis: Any = None) -> Any:
+    """``np.flip``: the reversed view ``m[..., ::-1, ...]`` along the axes."""
+    x = tracer.lift(m)
+    axes = range(x.ndim) if axis is None else normalize_axis(axis, x.ndim)
+    index = tuple(slice(None, None, -1) if d in axes else slice(None) for d in range(x.ndim))
+    return x[index]
+
+
+def _stack_along(axis: int, least: int) -> Callable:
+    """``np.vstack`` (``axis=0``, operands made at least 2-D) and ``np.hstack`` (``axis=1``,
+    or 0 for 1-D operands): a concatenation of the operands as NumPy shapes them."""
+    def handler(tracer: Tracer, tup: Any, *, dtype: Any = None,
+                casting: str = "same_kind") -> Traced:
+        if dtype is not None or not isinstance(tup, (list, tuple)) or not tup:
+            raise _NotCovered  # an array as the sequence, or a dtype to cast to
+        arrays = [tracer.lift(a) for a in tup]
+        if least == 2:
+            arrays = [a.reshape(1, -1) if a.ndim == 1 else a for a in arrays]
+            if any(a.ndim == 0 for a in arrays):
+                raise _NotCovered
+            return tracer.op("concatenate", tuple(arrays), {"axis": 0})
+        one_d = all(a.ndim == 1 for a in arrays)
+        if any(a.ndim == 0 for a in arrays):
+            raise _NotCovered
+        return tracer.op("concatenate", tuple(arrays), {"axis": 0 if one_d else axis})
+
+    return handler
+
+
 def _expand_dims(tracer: Tracer, a: Any, axis: Any) -> Traced:
     return mutation.view_op(tracer, a, "expand_dims", {"axis": axis})
 
@@ -348,6 +377,9 @@ _HANDLERS: dict[Callable, Callable] = {
     np.swapaxes: _swapaxes, np.moveaxis: _moveaxis, np.concatenate: _concatenate,
     np.expand_dims: _expand_dims, np.squeeze: _squeeze, np.broadcast_to: _broadcast_to,
     np.dot: _dot, np.round: _round, np.linalg.norm: _norm, np.nan_to_num: _nan_to_num,
+    np.flip: _flip, np.fliplr: lambda tracer, m: _flip(tracer, m, 1),
+    np.flipud: lambda tracer, m: _flip(tracer, m, 0),
+    np.vstack: _stack_along(0, 2), np.hstack: _stack_along(1, 1),
 }
 if hasattr(np, "around"):
     _HANDLERS[np.around] = _round

@@ -95,6 +95,12 @@ _BINARY = {
     "hypot": (lambda xp, a, b: xp.hypot(a, b), "hypot({0}, {1})", "hypot"),
     "copysign": (lambda xp, a, b: xp.copysign(a, b), "copysign({0}, {1})", "copysign"),
     "fmod": (lambda xp, a, b: xp.fmod(a, b), "fmod({0}, {1})", "fmod"),
+    # float64 (NumPy's only real loop for it): the operands are converted first
+    "float_power": (lambda xp, a, b: xp.float_power(a, b), "pow({0}, {1})", "float_power"),
+    # NumPy's: 0 below zero, h at zero, 1 above, NaN for NaN
+    "heaviside": (lambda xp, a, b: xp.heaviside(a, b),
+                  "(({0}) < 0 ? 0 : (({0}) == 0 ? ({1}) : (({0}) > 0 ? 1 : ({0}))))",
+                  "heaviside"),
     # NaN-ignoring max/min: a NaN operand gives the other one; NumPy's own signed-zero
     # ties differ between its SIMD and scalar loops, so neither is a contract here
     "fmax": (lambda xp, a, b: xp.fmax(a, b),
@@ -144,6 +150,9 @@ _UNARY = {
                        ("log2", "log2"), ("log10", "log10"), ("exp2", "exp2"),
                        ("cbrt", "cbrt"), ("fabs", "fabs"), ("floor", "floor"),
                        ("ceil", "ceil"), ("trunc", "trunc"), ("rint", "rint"))},
+    # NumPy's x * (pi / 180) and x * (180 / pi), the constant in the compute type
+    "deg2rad": (lambda xp, x: xp.deg2rad(x), "(({0}) * 0.017453292519943295)", "deg2rad"),
+    "rad2deg": (lambda xp, x: xp.rad2deg(x), "(({0}) * 57.29577951308232)", "rad2deg"),
     # NaN stays NaN, both zeros give +0
     "sign": (lambda xp, x: xp.sign(x),
              "(({0}) > 0 ? 1 : (({0}) < 0 ? -1 : (({0}) == ({0}) ? 0 : ({0}))))", "sign"),
@@ -464,3 +473,4 @@ register(OpDef("eager", "eager", None, _no_shape, _eager_reference))
 
 #: NumPy ufunc name -> the op with its semantics (``np.true_divide`` is ``"divide"``).
 UFUNC_OPS: dict[str, str] = {d.ufunc: name for name, d in REGISTRY.items() if d.ufunc}
+UFUNC_OPS.update(radians="deg2rad", degrees="rad2deg")  # NumPy's aliases, ufuncs of their own

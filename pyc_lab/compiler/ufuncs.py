@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import mutation, scalars
+from . import mutation, reductions, scalars
 from .errors import UnsupportedOperationError
 from .ops import UFUNC_OPS
 from .values import is_traced
@@ -124,6 +124,11 @@ def matmul(tracer: Tracer, a: Any, b: Any, out: Any = None) -> Any:
     return mutation.write(tracer, out, None, result, casting="same_kind", what="a @= b")
 
 
+#: ``np.<ufunc>.reduce`` as the reduction it is.
+_REDUCE_OPS = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "min",
+               "logical_and": "all", "logical_or": "any"}
+
+
 def array_ufunc(tracer: Tracer, ufunc: np.ufunc, method: str, inputs: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:
     """What ``Traced.__array_ufunc__`` returns."""
@@ -134,6 +139,11 @@ def array_ufunc(tracer: Tracer, ufunc: np.ufunc, method: str, inputs: tuple[Any,
             "pyc_lab does not trace; compute the result as a new array instead")
     kwargs = dict(kwargs)
     out = kwargs.pop("out", None)
+    if method == "reduce" and name in _REDUCE_OPS and len(inputs) == 1 and not _targets(out) \
+            and set(kwargs) <= {"axis", "dtype", "keepdims", "initial", "where"}:
+        # np.add.reduce(x) is np.sum(x, axis=0): the reduction with the ufunc's axis default
+        return reductions.reduce(tracer, _REDUCE_OPS[name], inputs[0],
+                                 axis=kwargs.pop("axis", 0), **kwargs)
     if method != "__call__":
         if _targets(out):
             raise UnsupportedOperationError(

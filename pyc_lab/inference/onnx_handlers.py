@@ -82,6 +82,18 @@ def _conv(args, attrs, op, node, opset, route="im2col"):
                     route=route)
 
 
+def _conv_transpose(args, attrs, op, node, opset, route="im2col"):
+    _no_auto_pad(attrs, op, node)
+    if "output_shape" in attrs:
+        raise UnsupportedOpError(f"{op} node {node!r}: output_shape is not supported; export "
+                                 "the model with explicit pads and output_padding")
+    return ops.conv_transpose(args[0], args[1], args[2] if len(args) > 2 else None,
+                              strides=attrs.get("strides"), pads=attrs.get("pads"),
+                              dilations=attrs.get("dilations"),
+                              output_padding=attrs.get("output_padding"),
+                              group=int(attrs.get("group", 1)), route=route)
+
+
 def _gemm(args, attrs, op, node, opset):
     return ops.gemm(args[0], args[1], args[2] if len(args) > 2 else None,
                     alpha=float(attrs.get("alpha", 1.0)), beta=float(attrs.get("beta", 1.0)),
@@ -231,9 +243,11 @@ def _log_softmax(args, attrs, op, node, opset):
 
 def _pad(args, attrs, op, node, opset):
     mode = attrs.get("mode", "constant")
-    if mode != "constant":
-        raise UnsupportedOpError(f"Pad node {node!r}: mode {mode!r} is not supported (only "
-                                 "'constant')")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode not in ops.PAD_MODES:
+        raise UnsupportedOpError(f"Pad node {node!r}: mode {mode!r} is not supported (one of "
+                                 f"{', '.join(ops.PAD_MODES)})")
     x = args[0]
     if len(args) > 1 and args[1] is not None:
         pads = _ints(_const(args[1], f"Pad {node!r}'s pads"))
@@ -250,7 +264,7 @@ def _pad(args, attrs, op, node, opset):
         for k, a in enumerate(axes):
             full[a], full[a + x.ndim] = pads[k], pads[k + len(axes)]
         pads = full
-    return ops.pad(x, pads, value)
+    return ops.pad(x, pads, value, mode)
 
 
 def _slice(args, attrs, op, node, opset):
@@ -334,6 +348,7 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     "Gemm": _gemm,
     "MatMul": _binary(np.matmul),
     "Conv": _conv,
+    "ConvTranspose": _conv_transpose,
     "BatchNormalization": _batch_norm,
     "Relu": _unary(lambda x: ops.F.relu(x)),
     "Gelu": lambda args, attrs, op, node, opset: ops.gelu(args[0],
@@ -369,6 +384,13 @@ HANDLERS: dict[str, Callable[..., Any]] = {
         args[0], attrs.get("alpha", 0.2), attrs.get("beta", 0.5)),
     "HardSwish": _unary(lambda x: x * ops.hard_sigmoid(x, 1 / 6, 0.5)),
     "Mish": _unary(ops.mish),
+    "InstanceNormalization": lambda args, attrs, op, node, opset: ops.instance_norm(
+        args[0], args[1], args[2], float(attrs.get("epsilon", 1e-5))),
+    "Tile": lambda args, attrs, op, node, opset: ops.tile(
+        args[0], _ints(_const(args[1], f"Tile {node!r}'s repeats"))),
+    "LRN": lambda args, attrs, op, node, opset: ops.lrn(
+        args[0], int(attrs["size"]), float(attrs.get("alpha", 1e-4)),
+        float(attrs.get("beta", 0.75)), float(attrs.get("bias", 1.0))),
     # the math library's elementwise functions (ONNX Round: half to even, as np.rint)
     **{name: _unary(fn) for name, fn in (
         ("Sin", np.sin), ("Cos", np.cos), ("Tan", np.tan), ("Asin", np.arcsin),
@@ -406,5 +428,5 @@ STATIC_INPUTS: dict[str, set[int]] = {
     "Reshape": {1}, "ReduceMean": {1}, "ReduceSum": {1}, "Squeeze": {1}, "Unsqueeze": {1},
     "Clip": {1, 2},
     "BatchNormalization": {1, 2, 3, 4}, "Gather": {1}, "ConstantOfShape": {0},
-    "Pad": {1, 2, 3}, "Slice": {1, 2, 3, 4}, "Split": {1},
+    "Pad": {1, 2, 3}, "Slice": {1, 2, 3, 4}, "Split": {1}, "Tile": {1},
 }

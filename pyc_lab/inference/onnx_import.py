@@ -346,7 +346,7 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
         name = node.name or f"{node.op_type}_{index}"
         op = node.op_type
         fn = None if node.domain not in ("", "ai.onnx") else HANDLERS.get(op)
-        if op == "Conv" and fn is not None:
+        if op in ("Conv", "ConvTranspose") and fn is not None:
             fn = functools.partial(fn, route=conv)
         attrs = _attrs(node)
         if fn is None:

@@ -109,6 +109,50 @@ def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
                    dilation=tuple(dilations), groups=int(group))
 
 
+def conv_transpose(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
+                   pads: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
+                   output_padding: Sequence[int] | None = None, group: int = 1,
+                   route: str = "im2col") -> Any:
+    """ONNX ``ConvTranspose`` (``w (C, O // group, *kernel)``) as the convolution it is
+    the gradient of: the input with ``stride - 1`` zeros between its elements, padded by
+    ``dilation * (k - 1)`` less the pads on each side (plus ``output_padding`` after; a
+    negative amount crops), convolved at unit stride with the kernel flipped and each
+    group's input and output channels swapped. The output extent is ONNX's
+    ``stride * (in - 1) + output_padding + dilation * (k - 1) + 1 - pads``."""
+    nd = w.ndim - 2
+    strides = [int(v) for v in (strides or [1] * nd)]
+    pads = [int(v) for v in (pads or [0] * 2 * nd)]
+    dilations = [int(v) for v in (dilations or [1] * nd)]
+    extra = [int(v) for v in (output_padding or [0] * nd)]
+    c_in = int(w.shape[0])
+    if c_in % group or x.shape[1] != c_in:
+        raise ValueError(f"ConvTranspose: input channels {x.shape[1]} and weights "
+                         f"{tuple(w.shape)} do not fit group={group}")
+    # each group's (C/g, O/g, k) filters as (O/g, C/g, k), flipped in space
+    flip = (slice(None), slice(None)) + (slice(None, None, -1),) * nd
+    parts = [np.swapaxes(w[g * (c_in // group):(g + 1) * (c_in // group)], 0, 1)[flip]
+             for g in range(group)]
+    kernel = parts[0] if group == 1 else np.concatenate(parts, axis=0)
+    for axis, s in enumerate(strides):
+        if s > 1:  # s - 1 zeros after every element, none after the last
+            a = 2 + axis
+            length = int(x.shape[a])
+            shape = list(x.shape)
+            shape.insert(a + 1, s - 1)
+            spread = np.concatenate([np.expand_dims(x, a + 1), filled(x, shape, 0)], axis=a + 1)
+            merged = list(x.shape)
+            merged[a] = length * s
+            x = np.reshape(spread, merged)
+            index = [slice(None)] * x.ndim
+            index[a] = slice(0, (length - 1) * s + 1)
+            x = x[tuple(index)]
+    reach = [dilations[i] * (int(w.shape[2 + i]) - 1) for i in range(nd)]
+    x = pad(x, [0, 0] + [reach[i] - pads[i] for i in range(nd)]
+            + [0, 0] + [reach[i] - pads[nd + i] + extra[i] for i in range(nd)])
+    return conv(x, kernel, b, strides=[1] * nd, pads=[0] * 2 * nd, dilations=dilations,
+                group=group, route=route)
+
+
 def _pool_separably(x: Any, kernel: Sequence[int], strides: Sequence[int],
                     dilations: Sequence[int], combine: Any) -> Any:
     """Reduce each window with ``combine`` (max or add), one spatial axis at a time.
@@ -239,6 +283,32 @@ def layer_norm(x: Any, gamma: Any = None, beta: Any = None, *, axis: int = -1,
     return y
 
 
+def instance_norm(x: Any, scale: Any, bias: Any, eps: float = 1e-5) -> Any:
+    """ONNX ``InstanceNormalization``: each (sample, channel) normalised over its spatial
+    axes, then ``scale * y + bias`` per channel."""
+    if x.ndim < 3:
+        raise ValueError(f"InstanceNormalization takes (N, C, D1, ...) inputs; got {x.ndim}-D")
+    axes = tuple(range(2, x.ndim))
+    per_channel = (1, -1) + (1,) * (x.ndim - 2)
+    mean = np.mean(x, axis=axes, keepdims=True)
+    d = x - mean
+    var = np.mean(d * d, axis=axes, keepdims=True)
+    y = d / np.sqrt(var + np.asarray(eps, dtype=np.dtype(x.dtype)))
+    return y * np.reshape(scale, per_channel) + np.reshape(bias, per_channel)
+
+
+def tile(x: Any, repeats: Sequence[int]) -> Any:
+    """ONNX ``Tile`` (one repeat count per axis): copies concatenated along each axis."""
+    if len(repeats) != x.ndim or any(int(r) < 0 for r in repeats):
+        raise ValueError(f"Tile takes one non-negative repeat count per axis of a "
+                         f"{x.ndim}-D input; got {list(repeats)}")
+    for axis, r in enumerate(int(r) for r in repeats):
+        if r != 1:
+            x = np.concatenate([x] * r, axis=axis) if r else \
+                filled(x, [0 if a == axis else n for a, n in enumerate(x.shape)], 0)
+    return x
+
+
 def log_softmax(x: Any, axis: int = -1) -> Any:
     """``x - max - log(sum(exp(x - max)))`` along ``axis`` (numerically stable)."""
     shifted = x - np.max(x, axis=axis, keepdims=True)
@@ -261,8 +331,36 @@ def mish(x: Any) -> Any:
     return x * np.tanh(softplus(x))
 
 
-def pad(x: Any, pads: Sequence[int], value: float = 0.0) -> Any:
-    """ONNX ``Pad`` in ``constant`` mode over any axes (negative pads crop)."""
+def lrn(x: Any, size: int, alpha: float = 1e-4, beta: float = 0.75,
+        bias: float = 1.0) -> Any:
+    """ONNX ``LRN`` over the channels (axis 1): ``x / (bias + alpha / size *
+    sum(x[c - (size-1)//2 .. c + ceil((size-1)/2)]**2)) ** beta``, the window's squares
+    summed as shifted views of the zero-padded squares (one fused elementwise kernel)."""
+    if x.ndim < 3 or size < 1:
+        raise ValueError(f"LRN takes (N, C, D1, ...) inputs and a positive size; got "
+                         f"{x.ndim}-D and size {size}")
+    t = np.dtype(x.dtype).type
+    lo = (size - 1) // 2
+    hi = size - 1 - lo
+    channels = x.shape[1]
+    sq = pad(x * x, [0, lo] + [0] * (x.ndim - 2) + [0, hi] + [0] * (x.ndim - 2))
+    window = sq[:, 0:channels]
+    for i in range(1, size):
+        window = window + sq[:, i:i + channels]
+    return x / (t(bias) + t(alpha / size) * window) ** t(beta)
+
+
+#: ONNX ``Pad`` modes :func:`pad` takes.
+PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+def pad(x: Any, pads: Sequence[int], value: float = 0.0, mode: str = "constant") -> Any:
+    """ONNX ``Pad`` over any axes (negative pads crop): ``constant`` (``value``),
+    ``reflect`` (mirrored about the edge element, which is not repeated), ``edge`` (the
+    edge element repeated) or ``wrap`` (the other end's elements); each a concatenation
+    of views of ``x`` (reversed slices for ``reflect``)."""
+    if mode not in PAD_MODES:
+        raise ValueError(f"pad mode must be one of {PAD_MODES}, got {mode!r}")
     nd = x.ndim
     for axis in range(nd):
         before, after = int(pads[axis]), int(pads[axis + nd])
@@ -271,16 +369,42 @@ def pad(x: Any, pads: Sequence[int], value: float = 0.0) -> Any:
             index[axis] = slice(max(-before, 0), x.shape[axis] - max(-after, 0))
             x = x[tuple(index)]
             before, after = max(before, 0), max(after, 0)
+        if not before and not after:
+            continue
+        n = int(x.shape[axis])
+        if mode == "reflect" and (before >= n or after >= n):
+            raise ValueError(f"reflect padding of {before}/{after} needs more than "
+                             f"{max(before, after)} elements along axis {axis}; it has {n}")
+        if mode in ("edge", "wrap") and n == 0:
+            raise ValueError(f"{mode} padding of an empty axis {axis}")
+
+        def part(start: int | None, stop: int | None, step: int = 1, axis: int = axis,
+                 x: Any = x) -> Any:
+            index = [slice(None)] * nd
+            index[axis] = slice(start, stop, step)
+            return x[tuple(index)]
+
         parts = []
-        for n in (before, None, after):
-            if n is None:
+        for side, k in (("before", before), ("x", None), ("after", after)):
+            if k is None:
                 parts.append(x)
-            elif n:
+            elif not k:
+                continue
+            elif mode == "constant":
                 shape = list(x.shape)
-                shape[axis] = n
+                shape[axis] = k
                 parts.append(filled(x, shape, value))
-        if len(parts) > 1:
-            x = np.concatenate(parts, axis=axis)
+            elif mode == "reflect":
+                parts.append(part(k, 0, -1) if side == "before" else part(-2, -2 - k, -1))
+            elif mode == "edge":
+                parts.extend([part(0, 1) if side == "before" else part(n - 1, n)] * k)
+            else:  # wrap: whole copies, then the rest
+                full, rest = divmod(k, n)
+                if side == "before":
+                    parts.extend(([part(n - rest, n)] if rest else []) + [x] * full)
+                else:
+                    parts.extend([x] * full + ([part(0, rest)] if rest else []))
+        x = np.concatenate(parts, axis=axis)
     return x
 
 

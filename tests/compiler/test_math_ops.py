@@ -33,11 +33,13 @@ INTS = (np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.bool_))
 
 UNARY = ("sin", "cos", "tan", "arcsin", "arccos", "arctan", "sinh", "cosh", "arcsinh",
          "arccosh", "arctanh", "log1p", "expm1", "log2", "log10", "exp2", "cbrt", "fabs",
-         "floor", "ceil", "trunc", "rint", "sign", "isnan", "isinf", "isfinite", "signbit")
-BINARY = ("arctan2", "hypot", "copysign", "fmod", "fmax", "fmin", "logaddexp")
+         "floor", "ceil", "trunc", "rint", "sign", "isnan", "isinf", "isfinite", "signbit",
+         "deg2rad", "rad2deg")
+BINARY = ("arctan2", "hypot", "copysign", "fmod", "fmax", "fmin", "logaddexp", "heaviside",
+          "float_power")
 #: Ops whose result is exact (no rounding error allowed), signed zeros included.
 EXACT = {"fabs", "floor", "ceil", "trunc", "rint", "sign", "isnan", "isinf", "isfinite",
-         "signbit", "copysign", "fmax", "fmin", "fmod"}
+         "signbit", "copysign", "fmax", "fmin", "fmod", "deg2rad", "rad2deg", "heaviside"}
 #: Relative error allowed on finite results: float32/float64 a few ulp of libm against
 #: NumPy's own loops; float16/bfloat16 one ulp of the result.
 TOL = {"float32": 4e-7, "float64": 1e-15, "float16": 1e-3, "bfloat16": 8e-3}

@@ -116,6 +116,12 @@ CASES: list[tuple[str, list[Any], dict[str, tuple[int, ...]], dict[str, np.ndarr
     ("LogSoftmax", [node("LogSoftmax", ["x"], axis=1)], {"x": (3, 5, 2)}, {}),
     ("Pad", [node("Pad", ["x", "p", "v"])], {"x": (2, 3, 4)},
      {"p": np.array([0, 1, 0, 0, 2, 1], np.int64), "v": np.array(0.5, np.float32)}),
+    ("Pad-reflect", [node("Pad", ["x", "p"], mode="reflect")], {"x": (2, 4, 5)},
+     {"p": np.array([0, 3, 1, 0, 2, 4], np.int64)}),
+    ("Pad-edge", [node("Pad", ["x", "p"], mode="edge")], {"x": (2, 4, 5)},
+     {"p": np.array([0, 3, 1, 0, 2, 4], np.int64)}),
+    ("Pad-wrap", [node("Pad", ["x", "p"], mode="wrap")], {"x": (2, 4, 5)},
+     {"p": np.array([0, 6, 1, 0, 2, 7], np.int64)}),
     ("Slice", [node("Slice", ["x", "st", "en", "ax", "sp"])], {"x": (2, 6, 7)},
      {"st": np.array([1, -1], np.int64), "en": np.array([5, -8], np.int64),
       "ax": np.array([1, 2], np.int64), "sp": np.array([2, -2], np.int64)}),
@@ -145,6 +151,22 @@ CASES: list[tuple[str, list[Any], dict[str, tuple[int, ...]], dict[str, np.ndarr
                     node("Tanh", ["x"], "t"), node("Mul", ["t", "k"], "u"),
                     node("Atanh", ["u"], "e"), node("Sum", ["a", "b", "c", "d", "e"])],
      {"x": (5, 7)}, {"one": np.array(1.0, np.float32), "k": np.array(0.9, np.float32)}),
+    # (onnx.reference's LRN loops over the batch axis where it means the channels: a
+    # batch as large as the channel count keeps it right)
+    ("LRN", [node("LRN", ["x"], size=3)], {"x": (5, 5, 3, 4)}, {}),
+    ("LRN-attributes", [node("LRN", ["x"], size=5, alpha=0.01, beta=0.5, bias=2.0)],
+     {"x": (7, 7, 3, 2)}, {}),
+    ("InstanceNormalization", [node("InstanceNormalization", ["x", "g", "b"], epsilon=1e-3)],
+     {"x": (2, 3, 4, 5)}, {"g": _w(3), "b": _w(3)}),
+    ("InstanceNormalization-1d", [node("InstanceNormalization", ["x", "g", "b"])],
+     {"x": (2, 4, 7)}, {"g": _w(4), "b": _w(4)}),
+    ("Tile", [node("Tile", ["x", "r"])], {"x": (2, 3, 4)}, {"r": np.array([1, 3, 2], np.int64)}),
+    ("ConvTranspose2d", [node("ConvTranspose", ["x", "W", "B"], strides=[2, 3],
+                              pads=[1, 0, 0, 2], output_padding=[1, 0])],
+     {"x": (2, 3, 4, 5)}, {"W": _w(3, 4, 3, 3), "B": _w(4)}),
+    ("ConvTranspose1d-dilation", [node("ConvTranspose", ["x", "W"], dilations=[2],
+                                       strides=[2], pads=[2, 1])],
+     {"x": (2, 4, 6)}, {"W": _w(4, 3, 3)}),
     ("Rounding", [node("Mul", ["x", "k"], "s"), node("Floor", ["s"], "a"),
                   node("Ceil", ["s"], "b"), node("Round", ["s"], "c"), node("Sign", ["s"], "d"),
                   node("Sum", ["a", "b", "c", "d"])], {"x": (5, 7)},
@@ -331,6 +353,35 @@ def test_conv_routes_match_onnxruntime(case, route):
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     _close(model(feeds)["y"], sess.run(None, feeds)[0])
     _close(model(feeds)["y"], ReferenceEvaluator(m).run(None, feeds)[0])
+
+
+@pytest.mark.parametrize("route", ["library", "im2col"])
+def test_grouped_conv_transpose_matches_onnxruntime(route):
+    # (onnx.reference's ConvTranspose does not take groups: onnxruntime alone here)
+    ort = pytest.importorskip("onnxruntime")
+    nodes = [node("ConvTranspose", ["x", "W", "B"], group=2, dilations=[2], strides=[2],
+                  pads=[2, 1], output_padding=[1])]
+    m = _model_ort(nodes, {"x": (2, 4, 6)}, {"W": _w(4, 3, 3), "B": _w(6)}, ["N", 6, 13])
+    feeds = _inputs({"x": (2, 4, 6)}, seed=3)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, feeds)[0]
+    got = load(m, conv=route)(feeds)["y"]
+    assert got.shape == want.shape == (2, 6, 13)
+    _close(got, want)
+
+
+def _model_ort(nodes: list[Any], inputs: dict[str, tuple[int, ...]],
+               inits: dict[str, np.ndarray], out_shape: list[Any]) -> Any:
+    """A one-output model of a given output shape (no reference run to find it)."""
+    graph = helper.make_graph(
+        nodes, "case",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", *s[1:]])
+         for n, s in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    m.ir_version = 9
+    return m
 
 
 def test_conv_auto_route_goes_by_size(monkeypatch):

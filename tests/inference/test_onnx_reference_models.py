@@ -52,3 +52,15 @@ def test_reference_model(case):
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+LIGHT = sorted((DATA / "light").glob("light_*.onnx"))
+
+
+@pytest.mark.skipif(not LIGHT, reason="this onnx package ships no light models")
+@pytest.mark.parametrize("path", LIGHT, ids=[p.stem for p in LIGHT])
+def test_every_shipped_light_model_maps_every_op(path):
+    # AlexNet, Inception v1 and ZFNet need LRN; the rest are convolutions, pools, norms
+    m = onnx.load(str(path), load_external_data=False)
+    model = load(m, onnxruntime_fallback=False)
+    assert model.imported.breaks == []

@@ -81,6 +81,8 @@ _OVERRIDES = {
        for kind in ("int", "bool")},
     # C's signbit takes floats only: an integer's sign bit is x < 0
     ("signbit", "operand-int"): "(({0}) < 0)",
+    # NumPy's float loops take 180.0f / pi as a float division, not 180 / pi rounded
+    **{("rad2deg", dt): "(({0}) * 57.295776)" for dt in ("float16", "float32")},
     # ml_dtypes' bfloat16 sign returns a zero as it is (-0.0 stays -0.0)
     ("sign", "bfloat16"): "(({0}) > 0 ? 1 : (({0}) < 0 ? -1 : ({0})))",
 }
