@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import mutation, reductions, scalars, ufuncs
+from . import einsum, mutation, reductions, scalars, ufuncs
 from .errors import CastingError, UnsupportedOperationError
 from .ops import normalize_axis
 from .values import is_traced
@@ -330,6 +330,119 @@ def _stack_along(axis: int, least: int) -> Callable:
     return handler
 
 
+def _einsum(tracer: Tracer, *operands: Any, out: Any = None, dtype: Any = None,
+            order: str = "K", casting: str = "safe", optimize: Any = False) -> Any:
+    """``np.einsum`` on arrays (:mod:`.einsum`): sums, transposes and batched matmuls;
+    other forms (diagonals, broadcasting without ``...``, ``out``/``dtype``) stay graph
+    breaks."""
+    if out is not None or dtype is not None or len(operands) < 2 \
+            or not isinstance(operands[0], str):
+        raise _NotCovered
+    arrays = [tracer.lift(a) for a in operands[1:]]
+    try:
+        terms, output = einsum.parse(operands[0], [a.ndim for a in arrays])
+    except einsum.NotPlanned:
+        raise _NotCovered from None
+    sizes: dict[str, int] = {}
+    for term, a in zip(terms, arrays, strict=True):
+        for c, n in zip(term, a.shape, strict=True):
+            if sizes.setdefault(c, int(n)) != int(n):
+                raise _NotCovered  # size-1 broadcasting of a label: NumPy's rules
+    if any(c not in sizes for c in output):
+        raise ValueError(f"einsum: output label {output!r} not among the operands'")
+
+    def size(labels: str) -> int:
+        return int(np.prod([sizes[c] for c in labels], dtype=np.int64))
+
+    current, labels = None, ""
+    for i, (term, a) in enumerate(zip(terms, arrays, strict=True)):
+        others = output + "".join(t for j, t in enumerate(terms) if j != i)
+        drop = tuple(p for p, c in enumerate(term) if c not in others)
+        if drop:  # a label of this operand alone: summed out, in its own dtype
+            a = reductions.reduce(tracer, "sum", a, axis=drop, dtype=a.dtype)
+            term = "".join(c for c in term if c in others)
+        if current is None:
+            current, labels = a, term
+            continue
+        keep = output + "".join(terms[i + 1:])
+        try:
+            c = einsum.plan_pair(labels, term, keep)
+        except einsum.NotPlanned:
+            raise _NotCovered from None
+        lhs, rhs = current.transpose(c.a_order), a.transpose(c.b_order)
+        nb, nm, nk, nn = len(c.batch), len(c.m), len(c.k), len(c.n)
+        if not c.k or not (c.m or c.n):
+            # no contraction (an outer or elementwise product), or a dot per batch entry:
+            # broadcast products (and a sum over k) that fuse, not a GEMM of 1x1 tiles
+            lhs = lhs.reshape(lhs.shape[:nb + nm] + (1,) * nn + lhs.shape[nb + nm:])
+            rhs = rhs.reshape(rhs.shape[:nb] + (1,) * nm + rhs.shape[nb + nk:]
+                              + rhs.shape[nb:nb + nk])
+            current = lhs * rhs
+            if c.k:
+                current = reductions.reduce(
+                    tracer, "sum", current, axis=tuple(range(nb + nm + nn, current.ndim)),
+                    dtype=current.dtype)
+        else:
+            lhs = lhs.reshape((size(c.batch), size(c.m), size(c.k)) if c.batch
+                              else (size(c.m), size(c.k)))
+            rhs = rhs.reshape((size(c.batch), size(c.k), size(c.n)) if c.batch
+                              else (size(c.k), size(c.n)))
+            product = ufuncs.matmul(tracer, lhs, rhs)
+            current = product.reshape(tuple(sizes[x] for x in c.out_labels))
+        labels = c.out_labels
+    if sorted(labels) != sorted(output):
+        raise _NotCovered
+    if labels != output:
+        current = current.transpose(tuple(labels.index(x) for x in output))
+    return current
+
+
+def _outer(tracer: Tracer, a: Any, b: Any, out: Any = None) -> Any:
+    """``np.outer``: NumPy's ``a.ravel()[:, None] * b.ravel()[None, :]``."""
+    if out is not None:
+        raise _NotCovered
+    return tracer.lift(a).ravel()[:, None] * tracer.lift(b).ravel()[None, :]
+
+
+def _tri_part(lower: bool) -> Callable:
+    """``np.tril`` / ``np.triu``: NumPy's ``where(mask, m, 0)`` with its constant mask."""
+    def handler(tracer: Tracer, m: Any, k: int = 0) -> Any:
+        x = tracer.lift(m)
+        if x.ndim < 2 or not isinstance(k, (int, np.integer)):
+            raise _NotCovered
+        rows, cols = x.shape[-2:]
+        mask = np.tri(rows, cols, k, dtype=bool) if lower else \
+            ~np.tri(rows, cols, k - 1, dtype=bool)
+        return tracer.op("where", (tracer.lift(mask), x,
+                                   tracer.lift(np.zeros(1, dtype=x.dtype))))
+
+    return handler
+
+
+def _roll(tracer: Tracer, a: Any, shift: Any, axis: Any = None) -> Any:
+    """``np.roll`` along given axes: a concatenation of the two slices of each axis."""
+    x = tracer.lift(a)
+    if axis is None:
+        if not isinstance(shift, (int, np.integer)):
+            raise _NotCovered
+        return _roll(tracer, x.ravel(), shift, 0).reshape(x.shape)
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    shifts = (shift,) * len(axes) if isinstance(shift, (int, np.integer)) else tuple(shift)
+    if len(shifts) != len(axes):
+        raise _NotCovered
+    for ax, sh in zip(axes, shifts, strict=True):
+        (d,) = normalize_axis(ax, x.ndim)
+        n = x.shape[d]
+        s = int(sh) % n if n else 0
+        if not s:
+            continue
+        head = [slice(None)] * x.ndim
+        tail = [slice(None)] * x.ndim
+        head[d], tail[d] = slice(n - s, None), slice(0, n - s)
+        x = tracer.op("concatenate", (x[tuple(head)], x[tuple(tail)]), {"axis": d})
+    return x
+
+
 def _expand_dims(tracer: Tracer, a: Any, axis: Any) -> Traced:
     return mutation.view_op(tracer, a, "expand_dims", {"axis": axis})
 
@@ -380,6 +493,8 @@ _HANDLERS: dict[Callable, Callable] = {
     np.flip: _flip, np.fliplr: lambda tracer, m: _flip(tracer, m, 1),
     np.flipud: lambda tracer, m: _flip(tracer, m, 0),
     np.vstack: _stack_along(0, 2), np.hstack: _stack_along(1, 1),
+    np.einsum: _einsum, np.outer: _outer, np.tril: _tri_part(True),
+    np.triu: _tri_part(False), np.roll: _roll,
 }
 if hasattr(np, "around"):
     _HANDLERS[np.around] = _round

@@ -65,3 +65,56 @@ def test_ufunc_reduce_of_integers_and_bools_follows_numpy():
 
 def test_other_ufunc_methods_stay_graph_breaks(x):
     _same(lambda a: np.add.accumulate(a, axis=1), x, breaks=1)
+
+
+EINSUMS = [
+    ("bij,bjk->bik", [(3, 4, 5), (3, 5, 6)]), ("bij,bjk,kl->bil", [(3, 4, 5), (3, 5, 6), (6, 2)]),
+    ("ij->ji", [(7, 9)]), ("ij->i", [(7, 9)]), ("ij->", [(7, 9)]), ("ij", [(7, 9)]),
+    ("bhqd,bhkd->bhqk", [(2, 3, 7, 8), (2, 3, 9, 8)]),
+    ("...qd,...kd->...qk", [(2, 3, 7, 8), (2, 3, 9, 8)]), ("ijk,j->ik", [(3, 4, 5), (4,)]),
+    ("i,i->", [(5,)]), ("i,j->ij", [(5,), (6,)]), ("bij,bjk->kib", [(3, 4, 5), (3, 5, 6)]),
+    ("ij,ij->i", [(7, 9), (7, 9)]), ("ij,ij->ji", [(7, 9), (7, 9)]), ("i,i", [(5,), (5,)]),
+    ("ij,kj->ik", [(7, 9), (3, 9)]), ("bij,bk->bijk", [(3, 4, 5), (3, 2)]),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int32])
+@pytest.mark.parametrize("subscripts, shapes", EINSUMS, ids=[e[0] for e in EINSUMS])
+def test_einsum_is_sums_transposes_and_matmuls(subscripts, shapes, dtype):
+    rng = np.random.default_rng(len(subscripts))
+    if subscripts == "i,i->" or len(shapes) < subscripts.count(",") + 1:
+        shapes = shapes * (subscripts.split("->")[0].count(",") + 1)
+    arrays = [(rng.standard_normal(s) * 4).astype(dtype) for s in shapes]
+    fn = {1: lambda a: np.einsum(subscripts, a),
+          2: lambda a, b: np.einsum(subscripts, a, b),
+          3: lambda a, b, c: np.einsum(subscripts, a, b, c)}[len(arrays)]
+    f = pl.compile(fn)
+    got, want = f(*arrays), fn(*arrays)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if dtype == np.int32:  # integer sums are exact in any order
+        np.testing.assert_array_equal(got, want)
+    else:
+        tol = 1e-5 if dtype == np.float32 else 1e-12  # of the largest term: cancellation
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.abs(want).max()))
+    assert "graph breaks: 0" in str(f.explain())
+
+
+def test_einsum_forms_not_covered_are_graph_breaks_with_numpys_answer():
+    x = np.random.default_rng(0).standard_normal((5, 5))
+    _same(lambda a: np.einsum("ii->i", a), x, breaks=1)  # a diagonal
+    _same(lambda a: np.einsum("ij,j->i", a, np.ones(1)), x, breaks=1)  # size-1 broadcast
+
+
+def test_outer(x):
+    _same(lambda a: np.outer(a[0], a[1, :5]) + 1, x)
+
+
+@pytest.mark.parametrize("k", [-2, 0, 3])
+def test_tril_and_triu_are_selects(x, k):
+    _same(lambda a: np.tril(a, k) - np.triu(a, k), x)
+
+
+@pytest.mark.parametrize("shift, axis", [(1, 1), (-2, 0), (3, None), ((1, 2), (0, 1)),
+                                         (0, 1), (27, 1)])
+def test_roll_is_a_concatenation_of_slices(x, shift, axis):
+    _same(lambda a: np.roll(a, shift, axis) * 2, x)
