@@ -428,8 +428,9 @@ def _roll(tracer: Tracer, a: Any, shift: Any, axis: Any = None) -> Any:
         return _roll(tracer, x.ravel(), shift, 0).reshape(x.shape)
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     shifts = (shift,) * len(axes) if isinstance(shift, (int, np.integer)) else tuple(shift)
-    if len(shifts) != len(axes):
-        raise _NotCovered
+    if len(shifts) != len(axes) or not all(isinstance(v, (int, np.integer))
+                                           for v in shifts + axes):
+        raise _NotCovered  # traced shifts: data-dependent slices
     for ax, sh in zip(axes, shifts, strict=True):
         (d,) = normalize_axis(ax, x.ndim)
         n = x.shape[d]

@@ -139,8 +139,10 @@ def array_ufunc(tracer: Tracer, ufunc: np.ufunc, method: str, inputs: tuple[Any,
             "pyc_lab does not trace; compute the result as a new array instead")
     kwargs = dict(kwargs)
     out = kwargs.pop("out", None)
+    takes = {"axis", "keepdims", "initial", "where"} | (
+        {"dtype"} if name in ("add", "multiply") else set())
     if method == "reduce" and name in _REDUCE_OPS and len(inputs) == 1 and not _targets(out) \
-            and set(kwargs) <= {"axis", "dtype", "keepdims", "initial", "where"}:
+            and set(kwargs) <= takes:
         # np.add.reduce(x) is np.sum(x, axis=0): the reduction with the ufunc's axis default
         return reductions.reduce(tracer, _REDUCE_OPS[name], inputs[0],
                                  axis=kwargs.pop("axis", 0), **kwargs)
