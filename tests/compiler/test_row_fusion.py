@@ -60,6 +60,12 @@ def row_std(x):
     return np.sqrt(((x - x.mean(-1, keepdims=True)) ** 2).mean(-1))
 
 
+def bce_with_logits(x, target):
+    # the math library inside a row program: log1p of exp(-|x|), averaged over the row
+    loss = np.maximum(x, 0) - x * target + np.log1p(np.exp(-np.abs(x)))
+    return loss.mean(axis=-1)
+
+
 def centred_max(x, bias):
     return np.abs(x - bias).max(axis=-1) * x.dtype.type(0.5)
 
@@ -76,6 +82,8 @@ PROGRAMS = {
                                              _rand(r, (c,), d), _rand(r, (c,), d)]),
     "log_softmax": (log_softmax, lambda r, c, d: [_rand(r, (3, 5, c), d, 6.0)]),
     "row_loss": (row_loss, lambda r, c, d: [_rand(r, (9, c), d, 4.0), _onehot(r, 9, c, d)]),
+    "bce_with_logits": (bce_with_logits,
+                        lambda r, c, d: [_rand(r, (9, c), d, 8.0), _onehot(r, 9, c, d)]),
     "masked_softmax": (masked_softmax, lambda r, c, d: [_rand(r, (6, c), d, 5.0),
                                                         _mask(r, (6, c))]),
     "l2_normalize": (l2_normalize, lambda r, c, d: [_rand(r, (5, c), d)]),
