@@ -444,6 +444,42 @@ def _roll(tracer: Tracer, a: Any, shift: Any, axis: Any = None) -> Any:
     return x
 
 
+def _tile(tracer: Tracer, A: Any, reps: Any) -> Any:
+    """``np.tile`` with constant repeat counts: copies concatenated along each axis (the
+    array first given NumPy's leading unit axes when ``reps`` is longer)."""
+    reps = tuple(reps) if isinstance(reps, (tuple, list)) else (reps,)
+    if not all(isinstance(r, (int, np.integer)) and r >= 0 for r in reps):
+        raise _NotCovered
+    x = tracer.lift(A)
+    if len(reps) > x.ndim:
+        x = x.reshape((1,) * (len(reps) - x.ndim) + tuple(x.shape))
+    reps = (1,) * (x.ndim - len(reps)) + reps
+    if all(r == 1 for r in reps):
+        return tracer.op("copy", (x,))
+    for axis, r in enumerate(reps):
+        if r == 0:
+            raise _NotCovered  # an empty result
+        if r > 1:
+            x = tracer.op("concatenate", (x,) * int(r), {"axis": axis})
+    return x
+
+
+def _repeat(tracer: Tracer, a: Any, repeats: Any, axis: Any = None) -> Any:
+    """``np.repeat`` by one constant count: each element followed by its copies (a
+    broadcast along a new axis, flattened into ``axis``)."""
+    if not isinstance(repeats, (int, np.integer)) or repeats < 1:
+        raise _NotCovered  # per-element counts: a data-dependent layout
+    x = tracer.lift(a)
+    if axis is None:
+        x, axis = x.ravel(), 0
+    (d,) = normalize_axis(axis, x.ndim)
+    shape = tuple(x.shape)
+    spread = x.reshape((*shape[:d + 1], 1, *shape[d + 1:]))
+    spread = mutation.view_op(tracer, spread, "broadcast_to",
+                              {"shape": (*shape[:d + 1], int(repeats), *shape[d + 1:])})
+    return spread.reshape((*shape[:d], shape[d] * int(repeats), *shape[d + 1:]))
+
+
 def _expand_dims(tracer: Tracer, a: Any, axis: Any) -> Traced:
     return mutation.view_op(tracer, a, "expand_dims", {"axis": axis})
 
@@ -495,7 +531,7 @@ _HANDLERS: dict[Callable, Callable] = {
     np.flipud: lambda tracer, m: _flip(tracer, m, 0),
     np.vstack: _stack_along(0, 2), np.hstack: _stack_along(1, 1),
     np.einsum: _einsum, np.outer: _outer, np.tril: _tri_part(True),
-    np.triu: _tri_part(False), np.roll: _roll,
+    np.triu: _tri_part(False), np.roll: _roll, np.tile: _tile, np.repeat: _repeat,
 }
 if hasattr(np, "around"):
     _HANDLERS[np.around] = _round

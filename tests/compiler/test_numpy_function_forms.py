@@ -118,3 +118,19 @@ def test_tril_and_triu_are_selects(x, k):
                                          (0, 1), (27, 1)])
 def test_roll_is_a_concatenation_of_slices(x, shift, axis):
     _same(lambda a: np.roll(a, shift, axis) * 2, x)
+
+
+@pytest.mark.parametrize("reps", [2, (2, 1), (2, 1, 3), (1, 1), (3, 2)])
+def test_tile_is_concatenated_copies(x, reps):
+    _same(lambda a: np.tile(a, reps) + 1, x)
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+def test_repeat_by_a_constant_is_a_flattened_broadcast(x, axis):
+    _same(lambda a: np.repeat(a, 3, axis=axis) * 2, x)
+    _same(lambda a: a.repeat(2, axis=axis), x)
+
+
+def test_tile_and_repeat_forms_not_covered_are_graph_breaks(x):
+    _same(lambda a: np.tile(a, (0, 1)), x, breaks=1)  # empty
+    _same(lambda a: np.repeat(a[:3], [1, 2, 1], axis=0), x, breaks=1)  # per-row counts
