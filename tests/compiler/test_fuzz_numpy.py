@@ -117,13 +117,33 @@ def _unary(name: str, a: Any, arg: Any) -> Any:
     if name == "softmax":
         e = np.exp(a - a.max(-1, keepdims=True)) if a.ndim else a
         return e / e.sum(-1, keepdims=True) if a.ndim else a
+    if name in MATH:  # the math library's ufuncs, where NumPy has a loop for the dtype
+        fn = getattr(np, name)
+        try:
+            fn(np.ones(1, a.dtype))
+        except TypeError:
+            return a
+        return fn(a)
+    if name == "round2":
+        return np.round(a, 2) if k == "f" else a
+    if name == "nan_to_num":
+        return np.nan_to_num(a)
+    if name == "flip_all":
+        return np.flip(a)
     raise AssertionError(name)
+
+
+#: Math-library ufuncs drawn as unary steps.
+MATH = ["sin", "cos", "arctan", "sinh", "arcsinh", "log1p", "expm1", "log2", "exp2", "cbrt",
+        "floor", "ceil", "trunc", "rint", "sign", "isnan", "isinf", "isfinite", "signbit",
+        "fabs", "deg2rad"]
 
 
 UNARY = ["neg", "pos", "abs", "invert", "square", "pow2", "pow_half", "pow_m1",
          "reciprocal", "sqrt", "exp", "log", "tanh", "astype", "identities",
          "astype_same", "copy", "transpose", "flip", "tail", "ravel", "expand",
-         "logical_not", "clip", "clip_kw", "variance", "layer_norm", "softmax"]
+         "logical_not", "clip", "clip_kw", "variance", "layer_norm", "softmax",
+         *MATH, "round2", "nan_to_num", "flip_all"]
 
 
 def _binary(name: str, a: Any, b: Any, arg: Any) -> Any:
@@ -158,12 +178,23 @@ def _binary(name: str, a: Any, b: Any, arg: Any) -> Any:
         return q + r
     if name == "matmul":
         return a @ b.T if getattr(b, "ndim", 0) > 1 else a @ b
+    if name in BINARY_MATH:  # where NumPy has a loop for the operands' dtypes
+        fn = getattr(np, name)
+        try:  # (the dtypes' attribute: np.result_type is not traced)
+            fn(*(np.ones(1, v.dtype if hasattr(v, "dtype") else np.asarray(v).dtype)
+                 for v in (a, b)))
+        except TypeError:
+            return a
+        return fn(a, b)
     raise AssertionError(name)
 
 
+#: Math-library ufuncs of two operands drawn as binary steps.
+BINARY_MATH = ["arctan2", "hypot", "copysign", "fmax", "fmin", "logaddexp", "heaviside"]
 BINARY = ["add", "sub", "mul", "div", "floordiv", "mod", "pow", "less", "less_equal",
           "greater", "equal", "not_equal", "maximum", "minimum", "logical_and",
-          "logical_or", "and", "or", "xor", "select", "add_dtype", "divmod", "matmul"]
+          "logical_or", "and", "or", "xor", *BINARY_MATH, "select", "add_dtype", "divmod",
+          "matmul"]
 #: Binary steps that also take a Python scalar operand.
 SCALAR_BINARY = BINARY[:-3]
 
