@@ -16,12 +16,12 @@ from .errors import (
     TraceError,
     UnsupportedOperationError,
 )
-from .functions import gelu, layer_norm, relu, sigmoid, silu, softmax
+from .functions import erf, gelu, layer_norm, relu, sigmoid, silu, softmax
 from .ir import Graph, IRError, Node
 from .ops import REGISTRY, ShapeError
 from .tracer import trace
 
 __all__ = ["REGISTRY", "CastingError", "DynamicShapeError", "Graph", "IRError", "Node",
            "ReadOnlyError", "ScalarOverflowError", "ShapeError", "TraceError",
-           "UnsupportedOperationError", "gelu", "layer_norm", "relu", "sigmoid", "silu",
-           "softmax", "trace"]
+           "UnsupportedOperationError", "erf", "gelu", "layer_norm", "relu", "sigmoid",
+           "silu", "softmax", "trace"]

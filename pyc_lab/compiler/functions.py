@@ -1,7 +1,7 @@
 """Array functions NumPy lacks, usable inside and outside compiled functions.
 
-``softmax``, ``layer_norm``, ``relu``, ``gelu`` (tanh approximation), ``sigmoid`` and
-``silu`` work on NumPy and CuPy arrays directly and, inside a function being compiled,
+``softmax``, ``layer_norm``, ``relu``, ``gelu`` (tanh approximation), ``sigmoid``,
+``silu`` and ``erf`` work on NumPy and CuPy arrays directly and, inside a function being compiled,
 each becomes one IR node — so the compiler sees "softmax", not a dozen primitives.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 from .ops import evaluate
 from .proxy import Traced
 
-__all__ = ["gelu", "layer_norm", "relu", "sigmoid", "silu", "softmax"]
+__all__ = ["erf", "gelu", "layer_norm", "relu", "sigmoid", "silu", "softmax"]
 
 
 def _xp(*arrays: Any) -> Any:
@@ -55,6 +55,14 @@ def relu(x: Any) -> Any:
 def gelu(x: Any) -> Any:
     """GELU, tanh approximation: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
     return _apply("gelu", (x,), {})
+
+
+def erf(x: Any) -> Any:
+    """The error function, as ``scipy.special.erf`` computes it (float32 stays float32;
+    other real inputs, float16 included, give float64); one fusable op, CUDA's
+    ``erf``/``erff`` on the GPU. ``scipy.special.erf`` inside a compiled function is the
+    same op."""
+    return _apply("erf", (x,), {})
 
 
 def sigmoid(x: Any) -> Any:

@@ -46,6 +46,26 @@ def _gelu(xp: Any, x: Any) -> Any:
     return 0.5 * x * (1 + xp.tanh(c * (x + k * x * x * x)))
 
 
+def _erf(xp: Any, x: Any) -> Any:
+    """The error function as ``scipy.special.erf`` gives it: float32 stays float32, any
+    other real input (float16 included: SciPy's loops are float32 and float64, float64
+    first) gives float64. SciPy's (CuPy's ``cupyx.scipy.special``) where installed, else
+    ``math.erf`` element by element."""
+    real = np.dtype(x.dtype).kind in "biuf" or np.dtype(x.dtype).name == "bfloat16"
+    if not real:
+        raise TypeError(f"erf takes real inputs, not {np.dtype(x.dtype).name}")
+    out = np.float32 if np.dtype(x.dtype) == np.float32 else np.float64
+    if xp is not np:
+        from cupyx.scipy.special import erf
+
+        return erf(x.astype(out, copy=False))
+    try:
+        from scipy.special import erf
+    except ImportError:
+        return np.vectorize(math.erf, otypes=[np.float64])(x).astype(out)
+    return erf(x.astype(out, copy=False))
+
+
 def _sigmoid(xp: Any, x: Any) -> Any:
     return 1 / (1 + xp.exp(-x))
 
@@ -153,6 +173,8 @@ _UNARY = {
     # NumPy's x * (pi / 180) and x * (180 / pi), the constant in the compute type
     "deg2rad": (lambda xp, x: xp.deg2rad(x), "(({0}) * 0.017453292519943295)", "deg2rad"),
     "rad2deg": (lambda xp, x: xp.rad2deg(x), "(({0}) * 57.29577951308232)", "rad2deg"),
+    # scipy.special.erf's ufunc (named "erf") and pl.compiler.erf
+    "erf": (_erf, "erf({0})", "erf"),
     # NaN stays NaN, both zeros give +0
     "sign": (lambda xp, x: xp.sign(x),
              "(({0}) > 0 ? 1 : (({0}) < 0 ? -1 : (({0}) == ({0}) ? 0 : ({0}))))", "sign"),

@@ -41,12 +41,14 @@ def _dtype_of(value: Any) -> np.dtype | None:
 
 
 def apply(tracer: Tracer, name: str, operands: tuple[Any, ...], *, out: Any = None,
-          dtype: Any = None, where: Any = True, casting: str = "same_kind") -> Any:
+          dtype: Any = None, where: Any = True, casting: str = "same_kind",
+          ufunc: np.ufunc | None = None) -> Any:
     """``np.<name>(*operands, out=out, dtype=dtype, where=where)`` on traced values.
 
-    ``out`` is a tuple (or None); ``where`` only applies together with ``out``.
+    ``out`` is a tuple (or None); ``where`` only applies together with ``out``. ``ufunc``
+    is the ufunc object when it is not NumPy's own (``scipy.special.erf``).
     """
-    ufunc = ufunc_named(name)
+    ufunc = ufunc if ufunc is not None else ufunc_named(name)
     what = f"np.{name}"
     op = UFUNC_OPS[name]
     result: Traced
@@ -176,4 +178,5 @@ def array_ufunc(tracer: Tracer, ufunc: np.ufunc, method: str, inputs: tuple[Any,
         if _targets(out):
             return _store(tracer, result, out, where, casting, f"np.{name}")
         return result
-    return apply(tracer, name, inputs, out=out, dtype=dtype, where=where, casting=casting)
+    return apply(tracer, name, inputs, out=out, dtype=dtype, where=where, casting=casting,
+                 ufunc=ufunc)

@@ -286,3 +286,37 @@ def test_nan_to_num_replaces_as_numpy_does(dtype):
     if dtype in (np.float32, np.float64):
         _compiled_equals_numpy(lambda a: np.nan_to_num(a, nan=-1.0, posinf=9.0, neginf=-9.0),
                                x)
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64),
+                                   np.dtype(np.float16), np.dtype(np.int32)],
+                         ids=lambda d: d.name)
+def test_erf_kernel_gives_scipys_answers(dtype):
+    special = pytest.importorskip("scipy.special")
+    x = _values(dtype, np.random.default_rng(9))
+    got = _run(lambda a: pl.compiler.erf(a), [x])
+    with np.errstate(all="ignore"):
+        want = special.erf(x)
+    _agree(got, want, exact=False)
+
+
+def test_scipy_erf_in_a_compiled_function_is_the_op():
+    special = pytest.importorskip("scipy.special")
+
+    def gelu_exact(x):
+        return 0.5 * x * (1 + special.erf(x / np.sqrt(2.0)))
+
+    x = np.linspace(-5, 5, 97).astype(np.float32)
+    graph, breaks = trace(gelu_exact, (x,))
+    assert not breaks and "erf" in [n.op for n in graph]
+    f = pl.compile(gelu_exact)
+    np.testing.assert_allclose(f(x), gelu_exact(x), rtol=1e-6, atol=1e-7)
+    assert "graph breaks: 0" in str(f.explain())
+
+
+@needs_nvcc
+def test_erf_compiles_for_sm90(tmp_path):
+    for dtype in (np.float32, np.float64, np.float16):
+        graph, node = fused_graph(lambda a: pl.compiler.erf(a) * 2, [((33,), dtype)])
+        compile_ptx(tmp_path, generate(node, graph))
