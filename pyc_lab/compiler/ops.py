@@ -41,9 +41,11 @@ __all__ = ["ACTIVATIONS", "REDUCTIONS", "REGISTRY", "UFUNC_OPS", "VIEW_RESULT_OP
 
 # -- elementwise ---------------------------------------------------------------------------
 def _gelu(xp: Any, x: Any) -> Any:
-    # Constants as NumPy scalars of x's dtype: CuPy takes those, not 0-d NumPy arrays.
-    c, k = x.dtype.type(math.sqrt(2.0 / math.pi)), x.dtype.type(0.044715)
-    return 0.5 * x * (1 + xp.tanh(c * (x + k * x * x * x)))
+    # Constants as NumPy scalars of x's dtype: CuPy takes those, not 0-d NumPy arrays;
+    # and bfloat16 (ml_dtypes) turns Python floats into float32, its own scalars not.
+    t = x.dtype.type
+    c, k = t(math.sqrt(2.0 / math.pi)), t(0.044715)
+    return t(0.5) * x * (t(1) + xp.tanh(c * (x + k * x * x * x)))
 
 
 def _erf(xp: Any, x: Any) -> Any:
@@ -70,12 +72,25 @@ def _sigmoid(xp: Any, x: Any) -> Any:
     return 1 / (1 + xp.exp(-x))
 
 
+def _in_float(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """An activation computed in float32 for bfloat16 and rounded once (what a generated
+    kernel does with its one expression), in float64 for integers and bools."""
+    def reference(xp: Any, x: Any) -> Any:
+        if x.dtype.name == "bfloat16":
+            return fn(xp, x.astype(np.float32)).astype(x.dtype)
+        if x.dtype.kind in "biu":
+            return fn(xp, x.astype(np.float64))
+        return fn(xp, x)
+
+    return reference
+
+
 #: Activations usable as GEMM epilogues, with their references.
 ACTIVATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "relu": lambda xp, x: xp.maximum(x, x.dtype.type(0)),
-    "gelu": _gelu,
-    "sigmoid": _sigmoid,
-    "silu": lambda xp, x: x * _sigmoid(xp, x),
+    "gelu": _in_float(_gelu),
+    "sigmoid": _in_float(_sigmoid),
+    "silu": _in_float(lambda xp, x: x * _sigmoid(xp, x)),
     "tanh": lambda xp, x: xp.tanh(x),
 }
 
@@ -155,10 +170,11 @@ _UNARY = {
     # second operand when the two compare equal)
     "relu": (lambda xp, x: ACTIVATIONS["relu"](xp, x),
              "((({0}) > 0 || ({0}) != ({0})) ? ({0}) : 0)", None),
-    "gelu": (lambda xp, x: _gelu(xp, x),
+    "gelu": (lambda xp, x: ACTIVATIONS["gelu"](xp, x),
              "(0.5 * ({0}) * (1 + tanh(0.7978845608028654 * (({0}) + 0.044715 * ({0}) * "
              "({0}) * ({0})))))", None),
-    "sigmoid": (lambda xp, x: _sigmoid(xp, x), "(1 / (1 + exp(-({0}))))", None),
+    "sigmoid": (lambda xp, x: ACTIVATIONS["sigmoid"](xp, x), "(1 / (1 + exp(-({0}))))",
+                None),
     "silu": (lambda xp, x: ACTIVATIONS["silu"](xp, x), "(({0}) / (1 + exp(-({0}))))", None),
     # the C math library's functions, as NumPy's float loops call them (float16 and
     # bfloat16 computed in float and rounded once, as NumPy computes float16)
@@ -371,15 +387,25 @@ register(OpDef("matmul", "matmul", None, _matmul_shape, _matmul_reference,
 
 # -- normalisations ------------------------------------------------------------------------
 def _float_of(dtype: np.dtype) -> np.dtype:
-    return dtype if dtype.kind == "f" else np.dtype(np.float64)
+    """A normalisation's result dtype: a float input's own (bfloat16 included), else
+    float64."""
+    return dtype if dtype.kind == "f" or dtype.name == "bfloat16" else np.dtype(np.float64)
+
+
+def _working(x: Any) -> Any:
+    """``x`` in the dtype a normalisation computes in: bfloat16 in float32 (rounded once
+    at the end, the rule of bfloat16 reductions), an integer in float64."""
+    if x.dtype.name == "bfloat16":
+        return x.astype(np.float32)
+    return x if x.dtype.kind == "f" else x.astype(np.float64)
 
 
 def _softmax_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
-    x = args[0]
-    x = x.astype(_float_of(x.dtype)) if x.dtype.kind != "f" else x
+    x = _working(args[0])
     axis = attrs["axis"]
     e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
-    return e / xp.sum(e, axis=axis, keepdims=True)
+    out = e / xp.sum(e, axis=axis, keepdims=True)
+    return out.astype(_float_of(args[0].dtype), copy=False)
 
 
 def _softmax_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
@@ -392,8 +418,10 @@ register(OpDef("softmax", "norm", 1, _softmax_shape, _softmax_reference,
 
 
 def _layer_norm_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
-    x = args[0]
-    x = x.astype(_float_of(x.dtype)) if x.dtype.kind != "f" else x
+    result = _layer_norm_dtype(args, attrs)
+    x = _working(args[0])
+    if result.name == "bfloat16":  # scale and shift in float32 too: one rounding
+        args = [x, *(a.astype(np.float32) for a in args[1:])]
     mean = xp.mean(x, axis=-1, keepdims=True)
     if attrs.get("variance") == "np.var":  # written with x.var(): NumPy's own variance
         var = xp.var(x, axis=-1, keepdims=True)
@@ -404,7 +432,7 @@ def _layer_norm_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -
         y = y * args[1]
     if len(args) == 3:
         y = y + args[2]
-    return y
+    return y.astype(result, copy=False)
 
 
 def _layer_norm_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:

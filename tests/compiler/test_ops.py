@@ -457,3 +457,41 @@ def test_bfloat16_reductions_accumulate_in_float32_and_stay_bfloat16(rng, op):
     if op == "sum":  # what NumPy's bfloat16 loop gives instead
         assert float(np.ones(1000, bf16).sum()) == 256.0
         assert float(run_op("sum", [np.ones(1000, bf16)], {"axis": (0,)})[1]) == 1000.0
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_])
+def test_activations_of_integers_are_the_float64_functions(dtype):
+    # (their constants once became integers: gelu of an int was 0.5 * x)
+    x = (np.arange(-4, 5) if dtype != np.bool_ else np.array([True, False, True])).astype(dtype)
+    f = x.astype(np.float64)
+    want = {"gelu": gelu_ref(f), "sigmoid": 1 / (1 + np.exp(-f)),
+            "silu": f / (1 + np.exp(-f))}
+    for name, fn in (("gelu", pl.compiler.gelu), ("sigmoid", pl.compiler.sigmoid),
+                     ("silu", pl.compiler.silu)):
+        got = fn(x)
+        assert got.dtype == np.float64, name
+        np.testing.assert_allclose(got, want[name], rtol=1e-15, atol=1e-16, err_msg=name)
+        node, out = run_op(name, [x])
+        assert node.dtype == np.float64
+        np.testing.assert_allclose(out, want[name], rtol=1e-15, atol=1e-16, err_msg=name)
+
+
+def test_bfloat16_activations_and_normalisations_stay_bfloat16_rounded_once(rng):
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    x = (rng.standard_normal((6, 40)) * 3).astype(bf16)
+    f = x.astype(np.float32)
+    e = np.exp(f - f.max(-1, keepdims=True))
+    c = f - f.mean(-1, keepdims=True)
+    cases = {
+        "gelu": (pl.compiler.gelu(x), gelu_ref(f)),
+        "sigmoid": (pl.compiler.sigmoid(x), 1 / (1 + np.exp(-f))),
+        "silu": (pl.compiler.silu(x), f / (1 + np.exp(-f))),
+        "softmax": (pl.compiler.softmax(x), e / e.sum(-1, keepdims=True)),
+        "layer_norm": (pl.compiler.layer_norm(x),
+                       c / np.sqrt((c * c).mean(-1, keepdims=True) + np.float32(1e-5))),
+    }
+    for name, (got, want32) in cases.items():
+        assert got.dtype == bf16, name
+        # computed in float32, rounded once: within one bfloat16 rounding of float32's
+        np.testing.assert_allclose(got.astype(np.float32), want32, rtol=2.0 ** -8,
+                                   atol=1e-6, err_msg=name)
