@@ -7,7 +7,7 @@ never zeros) and the dtype it runs in. ``benchmarks/bench_programs.py`` times th
 GPU; ``tests/compiler/test_program_suite.py`` checks on the CPU that every program
 compiles and matches NumPy at a small size. The list is chosen as users would bring
 work (norms, MLPs, attention, losses, optimiser steps, reductions over every axis,
-rotary embeddings, SciML blocks), not to suit the compiler.
+rotary and time embeddings, SciML blocks), not to suit the compiler.
 """
 
 from __future__ import annotations
@@ -276,6 +276,41 @@ def full_sum_sq_t(x):
     return (x * x).sum()
 
 
+def bce_with_logits(x, y):
+    return (np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))).mean(axis=-1)
+
+
+def bce_with_logits_t(x, y):
+    import torch
+
+    return torch.nn.functional.binary_cross_entropy_with_logits(
+        x, y, reduction="none").mean(-1)
+
+
+def time_embedding(t, freqs):
+    arg = t[:, None] * freqs[None, :]
+    return np.concatenate([np.sin(arg), np.cos(arg)], axis=-1)
+
+
+def time_embedding_t(t, freqs):
+    import torch
+
+    arg = t[:, None] * freqs[None, :]
+    return torch.cat([arg.sin(), arg.cos()], dim=-1)
+
+
+def gelu_erf(x):
+    from scipy.special import erf
+
+    return np.float32(0.5) * x * (1 + erf(x * np.float32(0.7071067811865476)))
+
+
+def gelu_erf_t(x):
+    import torch
+
+    return torch.nn.functional.gelu(x)
+
+
 PROGRAMS: list[Program] = [
     Program("gelu_tanh_f32", F32, lambda s: [((_n(s, 1 << 26),), "x")], gelu_tanh, gelu_tanh_t),
     Program("residual_rms_norm_f16", F16,
@@ -333,4 +368,11 @@ PROGRAMS: list[Program] = [
                        ((256, 1), "x"), ((256, 1), "x")], batch_norm_infer, batch_norm_infer_t),
     Program("sum_of_squares_f32", F32, lambda s: [((_n(s, 1 << 26),), "x")], full_sum_sq,
             full_sum_sq_t),
+    Program("bce_with_logits_f32", F32,
+            lambda s: [((_n(s, 8192), 4096), "x"), ((_n(s, 8192), 4096), "onehot")],
+            bce_with_logits, bce_with_logits_t),
+    Program("time_embedding_f32", F32,
+            lambda s: [((_n(s, 1 << 18),), "pos"), ((128,), "pos")], time_embedding,
+            time_embedding_t),
+    Program("gelu_erf_f32", F32, lambda s: [((_n(s, 1 << 26),), "x")], gelu_erf, gelu_erf_t),
 ]
