@@ -48,24 +48,30 @@ def _gelu(xp: Any, x: Any) -> Any:
     return t(0.5) * x * (t(1) + xp.tanh(c * (x + k * x * x * x)))
 
 
-def _erf(xp: Any, x: Any) -> Any:
-    """The error function as ``scipy.special.erf`` gives it: float32 stays float32, any
-    other real input (float16 included: SciPy's loops are float32 and float64, float64
-    first) gives float64. SciPy's (CuPy's ``cupyx.scipy.special``) where installed, else
-    ``math.erf`` element by element."""
-    real = np.dtype(x.dtype).kind in "biuf" or np.dtype(x.dtype).name == "bfloat16"
-    if not real:
-        raise TypeError(f"erf takes real inputs, not {np.dtype(x.dtype).name}")
-    out = np.float32 if np.dtype(x.dtype) == np.float32 else np.float64
-    if xp is not np:
-        from cupyx.scipy.special import erf
+def _special(name: str) -> Callable[[Any, Any], Any]:
+    """The reference of ``scipy.special.<name>`` (``erf``, ``expit``) with SciPy's dtypes:
+    float32 stays float32, any other real input (float16 included: SciPy's loops are
+    float32 and float64, float64 first) gives float64. SciPy's (CuPy's
+    ``cupyx.scipy.special``) where installed, else the function from its definition."""
+    def reference(xp: Any, x: Any) -> Any:
+        dt = np.dtype(x.dtype)
+        if dt.kind not in "biuf" and dt.name != "bfloat16":
+            raise TypeError(f"{name} takes real inputs, not {dt.name}")
+        x = x.astype(np.float32 if dt == np.float32 else np.float64, copy=False)
+        if xp is not np:
+            import cupyx.scipy.special as special
 
-        return erf(x.astype(out, copy=False))
-    try:
-        from scipy.special import erf
-    except ImportError:
-        return np.vectorize(math.erf, otypes=[np.float64])(x).astype(out)
-    return erf(x.astype(out, copy=False))
+            return getattr(special, name)(x)
+        try:
+            import scipy.special as special
+        except ImportError:  # SciPy missing: the definitions, in the same dtype
+            if name == "erf":
+                return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
+            with np.errstate(over="ignore"):
+                return 1 / (1 + np.exp(-x))
+        return getattr(special, name)(x)
+
+    return reference
 
 
 def _sigmoid(xp: Any, x: Any) -> Any:
@@ -189,8 +195,9 @@ _UNARY = {
     # NumPy's x * (pi / 180) and x * (180 / pi), the constant in the compute type
     "deg2rad": (lambda xp, x: xp.deg2rad(x), "(({0}) * 0.017453292519943295)", "deg2rad"),
     "rad2deg": (lambda xp, x: xp.rad2deg(x), "(({0}) * 57.29577951308232)", "rad2deg"),
-    # scipy.special.erf's ufunc (named "erf") and pl.compiler.erf
-    "erf": (_erf, "erf({0})", "erf"),
+    # scipy.special.erf's and expit's ufuncs (named "erf", "expit") and pl.compiler.erf
+    "erf": (_special("erf"), "erf({0})", "erf"),
+    "expit": (_special("expit"), "(1 / (1 + exp(-({0}))))", "expit"),
     # NaN stays NaN, both zeros give +0
     "sign": (lambda xp, x: xp.sign(x),
              "(({0}) > 0 ? 1 : (({0}) < 0 ? -1 : (({0}) == ({0}) ? 0 : ({0}))))", "sign"),

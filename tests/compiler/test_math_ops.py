@@ -292,12 +292,14 @@ def test_nan_to_num_replaces_as_numpy_does(dtype):
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64),
                                    np.dtype(np.float16), np.dtype(np.int32)],
                          ids=lambda d: d.name)
-def test_erf_kernel_gives_scipys_answers(dtype):
+@pytest.mark.parametrize("name", ["erf", "expit"])
+def test_scipy_special_kernels_give_scipys_answers(dtype, name):
     special = pytest.importorskip("scipy.special")
+    fn = getattr(special, name)
     x = _values(dtype, np.random.default_rng(9))
-    got = _run(lambda a: pl.compiler.erf(a), [x])
+    got = _run(lambda a: fn(a), [x])
     with np.errstate(all="ignore"):
-        want = special.erf(x)
+        want = fn(x)
     _agree(got, want, exact=False)
 
 
@@ -316,7 +318,9 @@ def test_scipy_erf_in_a_compiled_function_is_the_op():
 
 
 @needs_nvcc
-def test_erf_compiles_for_sm90(tmp_path):
+def test_erf_and_expit_compile_for_sm90(tmp_path):
+    special = pytest.importorskip("scipy.special")
     for dtype in (np.float32, np.float64, np.float16):
-        graph, node = fused_graph(lambda a: pl.compiler.erf(a) * 2, [((33,), dtype)])
+        graph, node = fused_graph(lambda a: pl.compiler.erf(a) * special.expit(a),
+                                  [((33,), dtype)])
         compile_ptx(tmp_path, generate(node, graph))

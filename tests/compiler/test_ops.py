@@ -339,7 +339,7 @@ def test_math_ops_infer_numpys_dtype_and_compute_its_values(op, dtype, rng):
 
 def test_every_registered_op_is_covered_by_a_test_here():
     covered = set(UNARY) | set(BINARY) | set(UFUNC_OPS_CHECKED) | set(MATH_UNARY) | \
-        set(MATH_BINARY) | {"erf"} | {
+        set(MATH_BINARY) | {"erf", "expit"} | {
         "where", "astype", "sum", "mean", "max", "min", "var", "std", "prod", "argmax",
         "argmin", "any", "all", "matmul", "softmax", "layer_norm", "reshape", "transpose",
         "broadcast_to", "expand_dims", "squeeze", "concatenate", "slice", "setitem",
