@@ -143,6 +143,54 @@ def _reduce_sum(args, attrs, op, node, opset):
                   keepdims=bool(attrs.get("keepdims", 1)))
 
 
+def _reduce(fn: Callable[[Any, tuple[int, ...], bool], Any]) -> Callable[..., Any]:
+    """An ONNX ``Reduce*`` op: its axes (an input from opset 18, an attribute before; none:
+    every axis, or the input itself with ``noop_with_empty_axes``), ``keepdims`` (default
+    1), the result in the input's dtype as ONNX keeps it (NumPy sums int32 into int64)."""
+    def run(args, attrs, op, node, opset):
+        x = args[0]
+        axes = _axes(args, attrs, op)
+        if not axes:
+            if attrs.get("noop_with_empty_axes", 0):
+                return x
+            axes = list(range(x.ndim))
+        out = fn(x, tuple(int(a) % x.ndim for a in axes), bool(attrs.get("keepdims", 1)))
+        return out if out.dtype == x.dtype else out.astype(x.dtype)
+
+    return run
+
+
+def _log_sum_exp(x: Any, axis: tuple[int, ...], keepdims: bool) -> Any:
+    """``log(sum(exp(x)))`` with the maximum taken out first (no overflow)."""
+    top = np.max(x, axis=axis, keepdims=True)
+    out = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+def _arg_extreme(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(args, attrs, op, node, opset):
+        if attrs.get("select_last_index", 0):
+            raise UnsupportedOpError(f"{op} node {node!r}: select_last_index=1 is not "
+                                     "supported")
+        x = args[0]
+        return fn(x, axis=int(attrs.get("axis", 0)) % x.ndim,
+                  keepdims=bool(attrs.get("keepdims", 1))).astype(np.int64)
+
+    return run
+
+
+def _expand(args, attrs, op, node, opset):
+    shape = tuple(_ints(_const(args[1], f"Expand {node!r}'s shape")))
+    x = args[0]
+    return np.broadcast_to(x, np.broadcast_shapes(tuple(x.shape), shape)).copy()
+
+
+def _trilu(args, attrs, op, node, opset):
+    k = int(_const(args[1], f"Trilu {node!r}'s k")) if len(args) > 1 and \
+        args[1] is not None else 0
+    return (np.triu if attrs.get("upper", 1) else np.tril)(args[0], k)
+
+
 def _reshape(args, attrs, op, node, opset):
     return ops.reshape(args[0], _ints(_const(args[1], f"Reshape {node!r}'s shape")),
                        bool(attrs.get("allowzero", 0)))
@@ -411,6 +459,32 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     "GlobalAveragePool": _unary(ops.global_average_pool),
     "ReduceMean": _reduce_mean,
     "ReduceSum": _reduce_sum,
+    "ReduceMax": _reduce(lambda x, a, k: np.max(x, axis=a, keepdims=k)),
+    "ReduceMin": _reduce(lambda x, a, k: np.min(x, axis=a, keepdims=k)),
+    "ReduceProd": _reduce(lambda x, a, k: np.prod(x, axis=a, keepdims=k)),
+    "ReduceSumSquare": _reduce(lambda x, a, k: np.sum(x * x, axis=a, keepdims=k)),
+    "ReduceL1": _reduce(lambda x, a, k: np.sum(np.abs(x), axis=a, keepdims=k)),
+    "ReduceL2": _reduce(lambda x, a, k: np.sqrt(np.sum(x * x, axis=a, keepdims=k))),
+    "ReduceLogSumExp": _reduce(_log_sum_exp),
+    "ArgMax": _arg_extreme(np.argmax),
+    "ArgMin": _arg_extreme(np.argmin),
+    "Where": lambda args, attrs, op, node, opset: np.where(args[0], args[1], args[2]),
+    "Equal": _binary(np.equal),
+    "Less": _binary(np.less),
+    "LessOrEqual": _binary(np.less_equal),
+    "Greater": _binary(np.greater),
+    "GreaterOrEqual": _binary(np.greater_equal),
+    "Not": _unary(np.logical_not),
+    "And": _binary(np.logical_and),
+    "Or": _binary(np.logical_or),
+    "Xor": _binary(np.logical_xor),
+    "Mean": lambda args, attrs, op, node, opset: _variadic(np.add)(
+        args, attrs, op, node, opset) / np.asarray(len(args), dtype=np.dtype(args[0].dtype)),
+    "Expand": _expand,
+    "Trilu": _trilu,
+    "Einsum": lambda args, attrs, op, node, opset: np.einsum(
+        attrs["equation"].decode() if isinstance(attrs["equation"], bytes)
+        else attrs["equation"], *args),
     "Identity": _unary(lambda x: x),
     "Dropout": _unary(lambda x: x),
     "Constant": _constant,
@@ -428,5 +502,8 @@ STATIC_INPUTS: dict[str, set[int]] = {
     "Reshape": {1}, "ReduceMean": {1}, "ReduceSum": {1}, "Squeeze": {1}, "Unsqueeze": {1},
     "Clip": {1, 2},
     "BatchNormalization": {1, 2, 3, 4}, "Gather": {1}, "ConstantOfShape": {0},
-    "Pad": {1, 2, 3}, "Slice": {1, 2, 3, 4}, "Split": {1}, "Tile": {1},
+    "Pad": {1, 2, 3}, "Slice": {1, 2, 3, 4}, "Split": {1}, "Tile": {1}, "Expand": {1},
+    "Trilu": {1}, **{op: {1} for op in ("ReduceMax", "ReduceMin", "ReduceProd",
+                                        "ReduceSumSquare", "ReduceL1", "ReduceL2",
+                                        "ReduceLogSumExp")},
 }
