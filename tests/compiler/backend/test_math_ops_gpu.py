@@ -4,8 +4,8 @@ Each op runs as a generated kernel (``fused_kernel``) on special values (NaN, bo
 infinities, both zeros, domain edges) and 100,003 random ones, into NaN-poisoned memory.
 NaN positions, infinities and signed zeros must be NumPy's exactly; exact ops (rounding,
 sign, predicates, copysign, fmax/fmin, fmod) bit for bit; the others within the error
-CUDA documents for them (float32: at most 4 ulp for the functions used here, so 1e-6
-relative; float64 1e-15; float16 and bfloat16: one ulp of the result). CPU-side, the
+CUDA documents for them plus NumPy's own (float32 2e-6 relative, float64 4e-15;
+float16 and bfloat16: one ulp of the result). CPU-side, the
 same kernels are checked with the CPU's libm in ``tests/compiler/test_math_ops.py``.
 """
 
@@ -23,7 +23,9 @@ from tests.compiler.test_math_ops import BINARY, EXACT, SPECIAL, UNARY, _has_loo
 
 pytestmark = pytest.mark.gpu
 
-TOL = {"float32": 1e-6, "float64": 1e-15, "float16": 1e-3, "bfloat16": 8e-3}
+#: CUDA documents these functions within 1-4 ulp, NumPy's (libm's) within about 1: the
+#: sum of both, with room for composed ones (logaddexp: exp then log1p).
+TOL = {"float32": 2e-6, "float64": 4e-15, "float16": 1e-3, "bfloat16": 8e-3}
 
 
 def _dtypes():
