@@ -461,7 +461,7 @@ def test_bfloat16_reductions_accumulate_in_float32_and_stay_bfloat16(rng, op):
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_])
 def test_activations_of_integers_are_the_float64_functions(dtype):
-    # (their constants once became integers: gelu of an int was 0.5 * x)
+    # the constants must not be cast to the input's dtype (sqrt(2/pi) as an int is 0)
     x = (np.arange(-4, 5) if dtype != np.bool_ else np.array([True, False, True])).astype(dtype)
     f = x.astype(np.float64)
     want = {"gelu": gelu_ref(f), "sigmoid": 1 / (1 + np.exp(-f)),
