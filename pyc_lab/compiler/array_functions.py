@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import einsum, mutation, reductions, scalars, ufuncs
+from . import einsum, mutation, padding, reductions, scalars, ufuncs
 from .errors import CastingError, UnsupportedOperationError
 from .ops import normalize_axis
 from .values import is_traced
@@ -480,6 +480,60 @@ def _repeat(tracer: Tracer, a: Any, repeats: Any, axis: Any = None) -> Any:
     return spread.reshape((*shape[:d], shape[d] * int(repeats), *shape[d + 1:]))
 
 
+def _pad(tracer: Tracer, array: Any, pad_width: Any, mode: Any = "constant",
+         **kwargs: Any) -> Any:
+    """``np.pad`` in the modes made of views (:mod:`.padding`): constant (one scalar),
+    edge, reflect and symmetric (within one reflection) and wrap; the others, and
+    per-axis constants, stay graph breaks."""
+    if not isinstance(mode, str) or mode not in padding.MODES:
+        raise _NotCovered
+    value = kwargs.pop("constant_values", 0)
+    if kwargs.pop("reflect_type", "even") != "even" or kwargs or \
+            not isinstance(value, (int, float, np.integer, np.floating, bool)):
+        raise _NotCovered
+    x = tracer.lift(array)
+    try:
+        widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (x.ndim, 2))
+    except (ValueError, TypeError):
+        raise _NotCovered from None
+    try:
+        return padding.pad_axes(x, [tuple(int(v) for v in w) for w in widths], mode, value)
+    except ValueError:
+        raise _NotCovered from None  # beyond one reflection, an empty axis: NumPy's rules
+
+
+def _diff(tracer: Tracer, a: Any, n: int = 1, axis: int = -1, prepend: Any = _NOVALUE,
+          append: Any = _NOVALUE) -> Any:
+    """``np.diff``: ``x[1:] - x[:-1]`` along ``axis``, ``n`` times (booleans: ``!=``), the
+    ``prepend``/``append`` values concatenated first as NumPy does."""
+    x = tracer.lift(a)
+    if not isinstance(n, (int, np.integer)) or n < 0 or x.ndim == 0:
+        raise _NotCovered
+    (d,) = normalize_axis(axis, x.ndim)
+    ends = []
+    for value in (prepend, append):
+        if value is _NOVALUE:
+            ends.append(None)
+            continue
+        v = tracer.lift(value)
+        if v.ndim == 0:
+            shape = list(x.shape)
+            shape[d] = 1
+            v = mutation.view_op(tracer, v, "broadcast_to", {"shape": tuple(shape)})
+        ends.append(v)
+    if ends[0] is not None or ends[1] is not None:
+        parts = [v for v in (ends[0], x, ends[1]) if v is not None]
+        x = tracer.op("concatenate", tuple(parts), {"axis": d})
+    for _ in range(int(n)):
+        head = [slice(None)] * x.ndim
+        tail = [slice(None)] * x.ndim
+        head[d], tail[d] = slice(1, None), slice(None, -1)
+        later, earlier = x[tuple(head)], x[tuple(tail)]
+        x = ufuncs.apply(tracer, "not_equal" if x.dtype == np.bool_ else "subtract",
+                         (later, earlier))
+    return x
+
+
 def _expand_dims(tracer: Tracer, a: Any, axis: Any) -> Traced:
     return mutation.view_op(tracer, a, "expand_dims", {"axis": axis})
 
@@ -532,6 +586,7 @@ _HANDLERS: dict[Callable, Callable] = {
     np.vstack: _stack_along(0, 2), np.hstack: _stack_along(1, 1),
     np.einsum: _einsum, np.outer: _outer, np.tril: _tri_part(True),
     np.triu: _tri_part(False), np.roll: _roll, np.tile: _tile, np.repeat: _repeat,
+    np.pad: _pad, np.diff: _diff,
 }
 if hasattr(np, "around"):
     _HANDLERS[np.around] = _round

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..compiler import functions as F
+from ..compiler.padding import pad_axes
 from ..kernels.conv_im2col import conv_im2col, filled, out_size, pad_spatial, windows
 
 __all__ = [
@@ -346,57 +347,21 @@ PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
 
 def pad(x: Any, pads: Sequence[int], value: float = 0.0, mode: str = "constant") -> Any:
-    """ONNX ``Pad`` over any axes (negative pads crop): ``constant`` (``value``),
-    ``reflect`` (mirrored about the edge element, which is not repeated), ``edge`` (the
-    edge element repeated) or ``wrap`` (the other end's elements); each a concatenation
-    of views of ``x`` (reversed slices for ``reflect``)."""
+    """ONNX ``Pad`` over any axes: negative pads crop first, then
+    :func:`~pyc_lab.compiler.padding.pad_axes` pads (``constant``, ``reflect``,
+    ``edge`` and ``wrap`` are NumPy's modes of the same names)."""
     if mode not in PAD_MODES:
         raise ValueError(f"pad mode must be one of {PAD_MODES}, got {mode!r}")
     nd = x.ndim
+    widths = []
     for axis in range(nd):
         before, after = int(pads[axis]), int(pads[axis + nd])
         if before < 0 or after < 0:
             index = [slice(None)] * nd
             index[axis] = slice(max(-before, 0), x.shape[axis] - max(-after, 0))
             x = x[tuple(index)]
-            before, after = max(before, 0), max(after, 0)
-        if not before and not after:
-            continue
-        n = int(x.shape[axis])
-        if mode == "reflect" and (before >= n or after >= n):
-            raise ValueError(f"reflect padding of {before}/{after} needs more than "
-                             f"{max(before, after)} elements along axis {axis}; it has {n}")
-        if mode in ("edge", "wrap") and n == 0:
-            raise ValueError(f"{mode} padding of an empty axis {axis}")
-
-        def part(start: int | None, stop: int | None, step: int = 1, axis: int = axis,
-                 x: Any = x) -> Any:
-            index = [slice(None)] * nd
-            index[axis] = slice(start, stop, step)
-            return x[tuple(index)]
-
-        parts = []
-        for side, k in (("before", before), ("x", None), ("after", after)):
-            if k is None:
-                parts.append(x)
-            elif not k:
-                continue
-            elif mode == "constant":
-                shape = list(x.shape)
-                shape[axis] = k
-                parts.append(filled(x, shape, value))
-            elif mode == "reflect":
-                parts.append(part(k, 0, -1) if side == "before" else part(-2, -2 - k, -1))
-            elif mode == "edge":
-                parts.extend([part(0, 1) if side == "before" else part(n - 1, n)] * k)
-            else:  # wrap: whole copies, then the rest
-                full, rest = divmod(k, n)
-                if side == "before":
-                    parts.extend(([part(n - rest, n)] if rest else []) + [x] * full)
-                else:
-                    parts.extend([x] * full + ([part(0, rest)] if rest else []))
-        x = np.concatenate(parts, axis=axis)
-    return x
+        widths.append((max(before, 0), max(after, 0)))
+    return pad_axes(x, widths, mode, value)
 
 
 def reduce_mean(x: Any, axes: Sequence[int] | None, keepdims: bool = True,

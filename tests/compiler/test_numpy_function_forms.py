@@ -134,3 +134,33 @@ def test_repeat_by_a_constant_is_a_flattened_broadcast(x, axis):
 def test_tile_and_repeat_forms_not_covered_are_graph_breaks(x):
     _same(lambda a: np.tile(a, (0, 1)), x, breaks=1)  # empty
     _same(lambda a: np.repeat(a[:3], [1, 2, 1], axis=0), x, breaks=1)  # per-row counts
+
+
+PAD_WIDTHS = [1, 2, ((0, 3), (2, 1)), ((3, 3), (4, 4)), ((0, 0), (5, 15))]
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "symmetric", "wrap"])
+@pytest.mark.parametrize("k", range(len(PAD_WIDTHS)))
+def test_pad_is_a_concatenation_of_views(x, mode, k):
+    widths = PAD_WIDTHS[k]
+    beyond = mode in ("reflect", "symmetric") and k == 4  # past one reflection: NumPy's loop
+    _same(lambda a: np.pad(a, widths, mode=mode) * 2, x, breaks=int(beyond))
+
+
+def test_pad_constant_values_and_integers(x):
+    _same(lambda a: np.pad(a, 2, constant_values=7.5), x)
+    ints = np.arange(20, dtype=np.int32).reshape(4, 5)
+    _same(lambda a: np.pad(a, ((1, 0), (2, 3)), mode="reflect"), ints)
+    _same(lambda a: np.pad(a, 1, mode="linear_ramp"), np.nan_to_num(x), breaks=1)  # not views
+
+
+@pytest.mark.parametrize("n, axis", [(1, -1), (2, 0), (3, 1), (0, 1)])
+def test_diff_is_differences_of_slices(x, n, axis):
+    _same(lambda a: np.diff(a, n=n, axis=axis), x)
+
+
+def test_diff_prepend_append_and_dtypes(x):
+    _same(lambda a: np.diff(a, prepend=0.0), x)
+    _same(lambda a: np.diff(a, axis=0, append=a[-1:]), x)
+    _same(lambda a: np.diff(a > 0), x)  # booleans: !=
+    _same(lambda a: np.diff(a, 2), np.arange(12, dtype=np.int32) ** 2)
