@@ -534,6 +534,63 @@ def _diff(tracer: Tracer, a: Any, n: int = 1, axis: int = -1, prepend: Any = _NO
     return x
 
 
+def _gradient(tracer: Tracer, f: Any, *varargs: Any, axis: Any = None,
+              edge_order: int = 1) -> Any:
+    """``np.gradient`` with uniform (scalar) spacings: NumPy's own arithmetic — central
+    differences inside, one-sided ones (first or second order) at the ends — on slices
+    concatenated along each axis, in NumPy's result dtype (integers as float64)."""
+    x = tracer.lift(f)
+    if x.dtype == np.bool_ or not (np.issubdtype(x.dtype, np.inexact)
+                                   or np.issubdtype(x.dtype, np.integer)) \
+            or edge_order not in (1, 2) or x.ndim == 0:
+        raise _NotCovered
+    axes = tuple(range(x.ndim)) if axis is None else normalize_axis(axis, x.ndim)
+    if not all(np.ndim(v) == 0 and not is_traced(v) for v in varargs):
+        raise _NotCovered  # coordinate arrays: non-uniform spacing
+    if not varargs:
+        dx = [1.0] * len(axes)
+    elif len(varargs) == 1:
+        dx = list(varargs) * len(axes)
+    elif len(varargs) == len(axes):
+        dx = list(varargs)
+    else:
+        raise _NotCovered  # NumPy's TypeError
+    otype = x.dtype if np.issubdtype(x.dtype, np.inexact) else np.dtype(np.float64)
+    if np.issubdtype(x.dtype, np.integer):
+        x = tracer.op("astype", (x,), {"dtype": np.dtype(np.float64)})
+
+    def apply(name: str, *operands: Any) -> Any:
+        return ufuncs.apply(tracer, name, operands)
+
+    outs = []
+    for d, h in zip(axes, dx, strict=True):
+        if x.shape[d] < edge_order + 1:
+            raise _NotCovered  # NumPy's "too small" error
+
+        def at(start: int | None, stop: int | None, d: int = d) -> Any:
+            index = [slice(None)] * x.ndim
+            index[d] = slice(start, stop)
+            return x[tuple(index)]
+
+        inner = apply("divide", apply("subtract", at(2, None), at(None, -2)), 2. * h)
+        if edge_order == 1:
+            first = apply("divide", apply("subtract", at(1, 2), at(0, 1)), h)
+            last = apply("divide", apply("subtract", at(-1, None), at(-2, -1)), h)
+        else:
+            a, b, c = -1.5 / h, 2. / h, -0.5 / h
+            first = apply("add", apply("add", apply("multiply", a, at(0, 1)),
+                                       apply("multiply", b, at(1, 2))),
+                          apply("multiply", c, at(2, 3)))
+            a, b, c = 0.5 / h, -2. / h, 1.5 / h
+            last = apply("add", apply("add", apply("multiply", a, at(-3, -2)),
+                                      apply("multiply", b, at(-2, -1))),
+                         apply("multiply", c, at(-1, None)))
+        parts = [p if p.dtype == otype else tracer.op("astype", (p,), {"dtype": otype})
+                 for p in (first, inner, last)]
+        outs.append(tracer.op("concatenate", tuple(parts), {"axis": d}))
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
 def _expand_dims(tracer: Tracer, a: Any, axis: Any) -> Traced:
     return mutation.view_op(tracer, a, "expand_dims", {"axis": axis})
 
@@ -586,7 +643,7 @@ _HANDLERS: dict[Callable, Callable] = {
     np.vstack: _stack_along(0, 2), np.hstack: _stack_along(1, 1),
     np.einsum: _einsum, np.outer: _outer, np.tril: _tri_part(True),
     np.triu: _tri_part(False), np.roll: _roll, np.tile: _tile, np.repeat: _repeat,
-    np.pad: _pad, np.diff: _diff,
+    np.pad: _pad, np.diff: _diff, np.gradient: _gradient,
 }
 if hasattr(np, "around"):
     _HANDLERS[np.around] = _round

@@ -164,3 +164,22 @@ def test_diff_prepend_append_and_dtypes(x):
     _same(lambda a: np.diff(a, axis=0, append=a[-1:]), x)
     _same(lambda a: np.diff(a > 0), x)  # booleans: !=
     _same(lambda a: np.diff(a, 2), np.arange(12, dtype=np.int32) ** 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int32])
+def test_gradient_is_numpys_arithmetic_on_slices(x, dtype):
+    a = x.astype(dtype) if dtype != np.int32 else np.arange(91, dtype=dtype).reshape(7, 13) ** 2
+    f = pl.compile(lambda v: np.gradient(v))
+    got, want = f(a), np.gradient(a)
+    assert len(got) == len(want) == 2
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+    assert "graph breaks: 0" in str(f.explain())
+    _same(lambda v: np.gradient(v, axis=1, edge_order=2), a)
+    _same(lambda v: np.gradient(v, 0.5, axis=0), a)
+    _same(lambda v: np.gradient(v, np.float64(0.3), 2.0)[1], a)  # a strong float64 spacing
+
+
+def test_gradient_with_coordinates_is_a_graph_break(x):
+    _same(lambda v: np.gradient(v[0], np.arange(13.0) ** 2), x, breaks=1)
