@@ -5,6 +5,8 @@ cover stay graph breaks that still give NumPy's answer."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -183,3 +185,70 @@ def test_gradient_is_numpys_arithmetic_on_slices(x, dtype):
 
 def test_gradient_with_coordinates_is_a_graph_break(x):
     _same(lambda v: np.gradient(v[0], np.arange(13.0) ** 2), x, breaks=1)
+
+
+def test_stack_family_is_concatenation(x):
+    _same(lambda a: np.stack([a, a * 2], axis=1), x)
+    _same(lambda a: np.stack((a, a), axis=-1) + 1, x)
+    _same(lambda a: np.column_stack([a[0], a[1]]), x)
+    _same(lambda a: np.column_stack([a, a[:, :2]]), x)
+    _same(lambda a: np.dstack([a, a * 3]), x)
+    _same(lambda a: np.atleast_3d(a[0]) + np.atleast_2d(a[1])[..., None], x)
+    _same(lambda a: np.atleast_1d(a, a[0])[1] + 1, x)
+
+
+@pytest.mark.parametrize("split, arg", [
+    (lambda a: np.split(a, [2, 5], axis=0), None), (lambda a: np.array_split(a, 3, axis=1), None),
+    (lambda a: np.array_split(a, 5, axis=0), None), (lambda a: np.hsplit(a[:, :12], 4), None),
+    (lambda a: np.vsplit(a[:6], 2), None)])
+def test_splits_are_slices(x, split, arg):
+    f = pl.compile(lambda a: tuple(p * 2 for p in split(a)))
+    got, want = f(x), tuple(p * 2 for p in split(x))
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert "graph breaks: 0" in str(f.explain())
+
+
+def test_uneven_split_stays_numpys_error(x):
+    with pytest.raises(Exception, match="equal division"):
+        pl.compile(lambda a: np.split(a, 5, axis=1)[0] + 1)(x)
+
+
+def _close(fn, *args):
+    """Products summed in another order than NumPy's BLAS call: equal to rounding."""
+    f = pl.compile(fn)
+    got, want = f(*args), fn(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    assert "graph breaks: 0" in str(f.explain())
+
+
+def test_tensordot_inner_broadcast_arrays_rollaxis(x):
+    y = np.nan_to_num(x, posinf=1.0, neginf=-1.0)
+    _close(lambda a: np.tensordot(a, a, axes=([1], [1])), y)
+    _close(lambda a: np.tensordot(a[:6].reshape(2, 3, 13), a[:6].reshape(3, 2, 13),
+                                  axes=([1, 2], [0, 2])), y)
+    _close(lambda a: np.inner(a, a[:4]), y)
+    _same(lambda a: np.broadcast_arrays(a, a[0])[1] + 0, x)
+    _same(lambda a: np.rollaxis(a[:6].reshape(2, 3, 13), 2) * 1, x)
+    _same(lambda a: np.rollaxis(a[:6].reshape(2, 3, 13), 0, 2) * 1, x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("name", ["nansum", "nanmean", "nanmax", "nanmin"])
+def test_nan_reductions_skip_nan_as_numpy_does(x, dtype, name):
+    a = x.astype(dtype)
+    a[3, :] = np.nan  # an all-NaN row: NaN (max/min/mean), 0 (sum)
+    fn = getattr(np, name)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's "all-NaN slice"
+        _same(lambda v: fn(v, axis=1), a)
+        _same(lambda v: fn(v, axis=0, keepdims=True), a)
+        _same(lambda v: fn(v), a)
+
+
+def test_ptp_and_count_nonzero(x):
+    _same(lambda a: np.ptp(a, axis=1), x)
+    _same(lambda a: np.count_nonzero(a > 0, axis=1), x)
+    _same(lambda a: np.count_nonzero(a, axis=0, keepdims=True), x)
