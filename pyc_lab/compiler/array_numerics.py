@@ -4,13 +4,14 @@
 ``np.round`` (NumPy's own steps), ``np.linalg.norm`` (vector norms as reductions),
 ``np.nan_to_num`` and the NaN-skipping reductions (selects, then reductions),
 ``np.einsum``/``np.tensordot``/``np.inner`` (:mod:`.einsum`: transposes, sums and batched
-matmuls), ``np.diff`` and ``np.gradient`` (arithmetic on slices), ``np.ptp`` and
-``np.count_nonzero``. A form a handler does not cover raises
+matmuls), ``np.diff`` and ``np.gradient`` (arithmetic on slices), ``np.ptp``,
+``np.count_nonzero`` and ``np.isclose``. A form a handler does not cover raises
 :class:`~.function_parts.NotCovered` and runs as written.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -344,6 +345,41 @@ def _nan_reduction(op: str) -> Callable:
     return handler
 
 
+def _isclose(tracer: Tracer, a: Any, b: Any, rtol: Any = 1e-05, atol: Any = 1e-08,
+             equal_nan: bool = False) -> Any:
+    """``np.isclose`` with Python-number tolerances, as NumPy computes it:
+    ``|x - y| <= atol + rtol * |y|`` where ``y`` (made inexact) is finite, or ``x == y``
+    (and both NaN with ``equal_nan``)."""
+    numbers = (int, float)
+    if not all(isinstance(t, numbers) and not isinstance(t, bool) and math.isfinite(t)
+               for t in (rtol, atol)):
+        raise NotCovered  # array tolerances, or NumPy's invalid-tolerance warning
+    x = a if isinstance(a, numbers) else tracer.lift(a)
+    y = b if isinstance(b, numbers) else tracer.lift(b)
+    if not isinstance(y, numbers):
+        dt = np.result_type(y.dtype, 1.)
+        if y.dtype != dt:
+            y = tracer.op("astype", (y,), {"dtype": dt})
+    elif isinstance(y, int):
+        y = float(y)
+
+    def apply(name: str, *operands: Any) -> Any:
+        return ufuncs.apply(tracer, name, operands)
+
+    def absolute(v: Any) -> Any:
+        return abs(v) if isinstance(v, numbers) else apply("absolute", v)
+
+    finite = math.isfinite(y) if isinstance(y, float) else apply("isfinite", y)
+    near = apply("less_equal", absolute(apply("subtract", x, y)),
+                 apply("add", atol, apply("multiply", rtol, absolute(y)))
+                 if not isinstance(y, numbers) else atol + rtol * abs(y))
+    result = apply("logical_or", apply("logical_and", near, finite), apply("equal", x, y))
+    if equal_nan:
+        both = apply("logical_and", apply("isnan", x), apply("isnan", y))
+        result = apply("logical_or", result, both)
+    return result
+
+
 #: NumPy function -> handler.
 HANDLERS: dict[Callable, Callable] = {
     np.round: _round, np.linalg.norm: _norm, np.nan_to_num: _nan_to_num,
@@ -351,6 +387,7 @@ HANDLERS: dict[Callable, Callable] = {
     np.gradient: _gradient, np.ptp: _ptp, np.count_nonzero: _count_nonzero,
     np.nansum: _nan_reduction("sum"), np.nanmean: _nan_reduction("mean"),
     np.nanmax: _nan_reduction("max"), np.nanmin: _nan_reduction("min"),
+    np.isclose: _isclose,
 }
 if hasattr(np, "around"):
     HANDLERS[np.around] = _round

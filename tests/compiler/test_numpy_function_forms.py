@@ -310,3 +310,17 @@ def test_generated_kernels_of_the_forms_give_numpys_answers(x, name):
             values[n.id] = np.asarray(evaluate(n.op, np, ins, n.attrs))
     assert generated
     np.testing.assert_array_equal(values[graph.outputs[0]], fn(x))
+
+
+@pytest.mark.parametrize("kw", [{}, {"equal_nan": True}, {"rtol": 1e-3, "atol": 0},
+                                {"atol": 1}])
+def test_isclose_is_numpys_comparison(x, kw):
+    rng = np.random.default_rng(5)
+    y = (x + rng.standard_normal(x.shape).astype(np.float32) * 1e-6).astype(np.float32)
+    y[0, :4] = [np.nan, np.inf, np.inf, -0.0]
+    ints = np.arange(91, dtype=np.int32).reshape(7, 13) % 5
+    _same(lambda a, b: np.isclose(a, b, **kw), x, y)
+    _same(lambda a, b: np.isclose(a, b, **kw), x.astype(np.float16), y)
+    _same(lambda a, b: np.isclose(a, b, **kw), ints, ints.astype(np.float32) + 1e-9)
+    _same(lambda a: np.isclose(a, 0.0, **kw), x)
+    _same(lambda a: np.isclose(a, 2, **kw), ints)
