@@ -193,7 +193,8 @@ def analyse(body: Graph) -> list[Piece] | str:
                 return "a concatenation inside a fused body (not as its output) is not generated"
             if n.op != "constant" and REGISTRY[n.op].kind != "elementwise":
                 return f"op {n.op!r} inside a fused body is not generated"
-            if len(body.outputs) == 1 and owner.setdefault(nid, p) != p:
+            if n.op != "constant" and len(body.outputs) == 1 \
+                    and owner.setdefault(nid, p) != p:  # a constant is a literal in each
                 return (f"{n.op} %{nid} feeds two pieces of the output concatenation; "
                         "not generated")
             stack.extend(n.inputs)
