@@ -395,10 +395,22 @@ class CompiledFunction:
                 # NumPy's and CuPy's shapes are tuples already; a dtype is its own key
                 key_parts.append((name, module, value.shape, value.dtype,
                                   value.flags.c_contiguous))
+            elif isinstance(value, (list, tuple)) and value and all(is_array(v)
+                                                                    for v in value):
+                # a sequence of arrays (an optimiser's parameters): each one an input, in
+                # order, and the sequence's kind, length and arrays in the key
+                kinds = []
+                for v in value:
+                    m = _ARRAY_MODULE.get(type(v)) or _array_module(v)
+                    modules.add(m)
+                    arrays.append(v)
+                    kinds.append((m, v.shape, v.dtype, v.flags.c_contiguous))
+                key_parts.append((name, type(value), tuple(kinds)))
             elif isinstance(value, (list, tuple)) and any(is_array(v) for v in value):
                 raise PycLabError(
-                    f"argument {name!r} is a {type(value).__name__} of arrays; pass each "
-                    "array as its own argument"
+                    f"argument {name!r} is a {type(value).__name__} mixing arrays and other "
+                    "values; pass a sequence of arrays only, or each array as its own "
+                    "argument"
                 )
             elif isinstance(value, (list, tuple)) and value and all(
                     isinstance(v, (int, float)) for v in value):
@@ -477,7 +489,7 @@ class CompiledFunction:
         t0 = time.perf_counter()
         signature = ", ".join(
             f"{n}: {dtype_short(v.dtype)}[{','.join(map(str, v.shape))}]"
-            for n, v in bound.arguments.items() if is_array(v))
+            for n, v in _array_arguments(bound.arguments))
         module = "cupy" if backend == "cupy" else "numpy"
         guards = guards_.collect(
             self.fn, lambda a: type(a).__module__.split(".")[0] == module)
@@ -486,7 +498,7 @@ class CompiledFunction:
                                   captured=guards.captured)
         except (ShapeError, TraceError) as exc:
             raise _with_context(exc, f"{self.fn.__name__}({signature}): {exc}") from None
-        n_args = sum(1 for v in bound.arguments.values() if is_array(v))
+        n_args = len(_array_arguments(bound.arguments))
         captured = [graph.nodes[i].name or "" for i in graph.inputs[n_args:]]
         returns_input = _returned_inputs(graph)
         before = graph.copy()
@@ -615,6 +627,18 @@ def _fast_entry(art: Artifact, args: tuple) -> tuple[tuple[tuple[Any, ...], ...]
         if not (_array_module(value) if module is None else module):
             return None
     return _kinds(args), art
+
+
+def _array_arguments(arguments: Any) -> list[tuple[str, Any]]:
+    """The array arguments in input order, the arrays of a sequence argument each named
+    ``name[i]``."""
+    out: list[tuple[str, Any]] = []
+    for name, v in arguments.items():
+        if is_array(v):
+            out.append((name, v))
+        elif isinstance(v, (list, tuple)) and v and all(is_array(e) for e in v):
+            out.extend((f"{name}[{i}]", e) for i, e in enumerate(v))
+    return out
 
 
 def _kinds(args: tuple) -> tuple[tuple[Any, ...], ...]:

@@ -297,7 +297,8 @@ def is_array(value: Any) -> bool:
 def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *,
           captured: dict[int, tuple[str, Any]] | None = None) \
         -> tuple[Graph, list[dict[str, Any]]]:
-    """Trace ``fn(*args, **kwargs)``; array arguments become inputs, others stay static.
+    """Trace ``fn(*args, **kwargs)``; array arguments (and the arrays of a list or tuple
+    of arrays) become inputs, others stay static.
 
     Parameters
     ----------
@@ -330,7 +331,14 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
         bound = None
     proxies: list[Any] = []
     for name, value in zip(names, values, strict=True):
-        proxies.append(tracer.input(name, value) if is_array(value) else value)
+        if is_array(value):
+            proxies.append(tracer.input(name, value))
+        elif isinstance(value, (list, tuple)) and value and all(is_array(v) for v in value):
+            # a sequence of arrays (an optimiser's parameters): an input per array
+            proxies.append(type(value)(tracer.input(f"{name}[{i}]", v)
+                                       for i, v in enumerate(value)))
+        else:
+            proxies.append(value)
     # captured arrays: inputs after the arguments, read through their proxies everywhere
     # the function reads them by name (indexing and methods included)
     fn = rebind(fn, {key: tracer.captured_input(value)
