@@ -31,7 +31,7 @@ from .ir import Graph, dtype_short
 from .ops import FUSED_OPS, VIEW_RESULT_OPS, ShapeError, evaluate, run_graph
 from .policy import MODES, Decision, choose
 from .signature import check_argument, check_signature_type, parse_spec
-from .tracer import is_array, trace
+from .tracer import is_array, is_array_sequence, trace
 
 if TYPE_CHECKING:  # pragma: no cover
     from .bound import BoundCall
@@ -395,8 +395,7 @@ class CompiledFunction:
                 # NumPy's and CuPy's shapes are tuples already; a dtype is its own key
                 key_parts.append((name, module, value.shape, value.dtype,
                                   value.flags.c_contiguous))
-            elif isinstance(value, (list, tuple)) and value and all(is_array(v)
-                                                                    for v in value):
+            elif is_array_sequence(value):
                 # a sequence of arrays (an optimiser's parameters): each one an input, in
                 # order, and the sequence's kind, length and arrays in the key
                 kinds = []
@@ -636,7 +635,7 @@ def _array_arguments(arguments: Any) -> list[tuple[str, Any]]:
     for name, v in arguments.items():
         if is_array(v):
             out.append((name, v))
-        elif isinstance(v, (list, tuple)) and v and all(is_array(e) for e in v):
+        elif is_array_sequence(v):
             out.extend((f"{name}[{i}]", e) for i, e in enumerate(v))
     return out
 

@@ -294,6 +294,13 @@ def is_array(value: Any) -> bool:
     return isinstance(value, np.ndarray) or _is_device_array(value)
 
 
+def is_array_sequence(value: Any) -> bool:
+    """Whether ``value`` is a non-empty list or tuple of arrays (an optimiser's
+    parameters): an argument whose arrays are each an input."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(is_array(v)
+                                                                    for v in value)
+
+
 def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *,
           captured: dict[int, tuple[str, Any]] | None = None) \
         -> tuple[Graph, list[dict[str, Any]]]:
@@ -333,8 +340,7 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
     for name, value in zip(names, values, strict=True):
         if is_array(value):
             proxies.append(tracer.input(name, value))
-        elif isinstance(value, (list, tuple)) and value and all(is_array(v) for v in value):
-            # a sequence of arrays (an optimiser's parameters): an input per array
+        elif is_array_sequence(value):  # an input per array
             proxies.append(type(value)(tracer.input(f"{name}[{i}]", v)
                                        for i, v in enumerate(value)))
         else:

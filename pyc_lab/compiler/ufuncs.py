@@ -129,6 +129,8 @@ def matmul(tracer: Tracer, a: Any, b: Any, out: Any = None) -> Any:
 #: ``np.<ufunc>.reduce`` as the reduction it is.
 _REDUCE_OPS = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "min",
                "logical_and": "all", "logical_or": "any"}
+#: Keywords those reductions take (``dtype`` too, for ``add`` and ``multiply``).
+_REDUCE_KEYWORDS = frozenset({"axis", "keepdims", "initial", "where"})
 
 
 def array_ufunc(tracer: Tracer, ufunc: np.ufunc, method: str, inputs: tuple[Any, ...],
@@ -141,10 +143,9 @@ def array_ufunc(tracer: Tracer, ufunc: np.ufunc, method: str, inputs: tuple[Any,
             "pyc_lab does not trace; compute the result as a new array instead")
     kwargs = dict(kwargs)
     out = kwargs.pop("out", None)
-    takes = {"axis", "keepdims", "initial", "where"} | (
-        {"dtype"} if name in ("add", "multiply") else set())
     if method == "reduce" and name in _REDUCE_OPS and len(inputs) == 1 and not _targets(out) \
-            and set(kwargs) <= takes:
+            and set(kwargs) <= _REDUCE_KEYWORDS | (
+                {"dtype"} if name in ("add", "multiply") else set()):
         # np.add.reduce(x) is np.sum(x, axis=0): the reduction with the ufunc's axis default
         return reductions.reduce(tracer, _REDUCE_OPS[name], inputs[0],
                                  axis=kwargs.pop("axis", 0), **kwargs)

@@ -72,13 +72,11 @@ def _graph_workspace(device: int, stream: int, need: int) -> Any:
     """The workspace of graphs launched on ``stream`` of ``device``: at least
     :data:`~.blas_direct.WORKSPACE_BYTES` and ``need`` bytes; a larger need makes a new
     one (graphs captured on the old one keep it alive)."""
-    import cupy as cp
-
     key = (device, stream)
     with _LOCK:
         mem = _WORKSPACES.pop(key, None)
         if mem is None or mem.size < need:
-            mem = cp.cuda.Memory(max(blas_direct.WORKSPACE_BYTES, need))
+            mem = blas_direct.private_workspace(need)
         _WORKSPACES[key] = mem
         while len(_WORKSPACES) > blas_direct.MAX_STREAMS:
             _WORKSPACES.popitem(last=False)

@@ -236,6 +236,9 @@ def test_the_graph_workspace_covers_cublaslt_needs_and_is_kept_per_stream(monkey
     import sys
 
     monkeypatch.setitem(sys.modules, "cupy", Cp)
+    # blas_direct.private_workspace makes the device's cuBLAS handle first: no GPU here
+    monkeypatch.setattr(blas_direct, "_device", lambda: 0)
+    monkeypatch.setattr(blas_direct, "_cublas", lambda device: None)
     monkeypatch.setattr(gemm_replays, "_WORKSPACES", gemm_replays.OrderedDict())
     a = gemm_replays._graph_workspace(0, 1, 0)
     assert gemm_replays._graph_workspace(0, 1, 1 << 20) is a
