@@ -95,6 +95,7 @@ _FLOAT_ONLY = {
             "not generated; runs through CuPy",
 }
 
+
 def float_only_refusal(n: Node) -> str:
     """Why elementwise node ``n`` is not generated for its (non-float) result dtype, or
     ``""`` (bfloat16 counts as a float: it is computed in float)."""
