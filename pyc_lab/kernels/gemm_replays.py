@@ -26,6 +26,10 @@ The rules, each for a reason:
 - At most :data:`CAPACITY` graphs per GEMM: the oldest is dropped after its device is
   synchronised. A capture that fails is logged and that address set runs directly
   from then on.
+- Address sets that cycle through more than the capacity (32 layers of one shape, each
+  with its own weight and output) would capture and synchronise on every pass: after
+  :data:`CAPACITY` graphs have been dropped, the GEMM captures nothing more (the graphs
+  it holds still replay), so it pays for at most ``2 * CAPACITY`` captures in all.
 """
 
 from __future__ import annotations
@@ -136,6 +140,7 @@ class GraphReplays:
         self._seen: OrderedDict[tuple[int, int, int, int], int] = OrderedDict()
         self._failed: set[tuple[int, int, int, int]] = set()
         self._stream: Any = None
+        self._dropped = 0
         self._lock = threading.Lock()
 
     @property
@@ -152,7 +157,7 @@ class GraphReplays:
         if replay is not None and not rt.streamIsCapturing(stream):
             rt.graphLaunch(replay.exec_ptr, stream)
             return
-        if replay is None and key not in self._failed:
+        if replay is None and key not in self._failed and self._dropped < CAPACITY:
             with self._lock:  # counts and captures: one thread at a time
                 if self._sighted(key) >= AFTER and not rt.streamIsCapturing(stream):
                     replay = self._graphs.get(key) or self._capture(key)
@@ -206,3 +211,9 @@ class GraphReplays:
         launch of it may still be in flight; its stream may be gone)."""
         _key, _old = self._graphs.popitem(last=False)
         blas_direct._synchronise_device(self.device)
+        self._dropped += 1
+        if self._dropped >= CAPACITY:
+            self._seen.clear()
+            self.refused = (f"more than {CAPACITY} address sets cycle through this GEMM; "
+                            "no more graphs are captured (the ones held still replay)")
+            log.info("GEMM graph replays: %s", self.refused)

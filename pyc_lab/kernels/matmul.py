@@ -19,8 +19,11 @@ signature is first seen or the database changed — a tuning in this process at 
 database's write :func:`~pyc_lab.kernels.tuning.database.generation`), a change of the
 file by another process by its modification time, looked at no more than every
 :data:`RECHECK_S` seconds. :data:`last_choice` keeps a reference to the last call's
-choice and is read lazily. A call into an ``out`` at addresses seen before is replayed
-from a CUDA graph (:mod:`~pyc_lab.kernels.gemm_replays`). :func:`matmul_plan` returns the
+choice and is read lazily. A direct library call whose addresses (``a``, ``b``, the
+result and the stream) repeat is replayed from a CUDA graph
+(:mod:`~pyc_lab.kernels.gemm_replays`): a call into an ``out``, or a loop's
+``y = pl.matmul(a, b)``, whose new result the memory pool hands back at the addresses
+of earlier ones. :func:`matmul_plan` returns the
 choice as a reusable, CUDA-graph capturable :class:`~pyc_lab.kernels.matmul_plan.MatmulPlan`.
 """
 
@@ -501,7 +504,7 @@ def _call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
             bias = bias.reshape(-1)
     last_choice.launch = launch
     if (direct := launch.direct) is not None and bias is None:
-        y = direct.cupy(a, b, out, None if out is None else direct.replays)
+        y = direct.cupy(a, b, out, direct.replays)
         if y is not None:
             return y
     return launch.run(a, b, out, bias)
@@ -595,7 +598,7 @@ def _torch_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
         if hit is not None and (hit.stamp is None or hit.stamp == db_stamp()):
             last_choice.launch = hit
             direct = hit.direct
-            y = direct.torch(a, b, out, None if out is None else direct.replays)
+            y = direct.torch(a, b, out, direct.replays)
             if y is not None:
                 return y
     if kind(b) != "torch":

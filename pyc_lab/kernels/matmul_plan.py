@@ -94,16 +94,16 @@ class Direct:
     def cupy(self, a: Any, b: Any, out: Any, replays: GraphReplays | None = None) -> Any:
         """Run on CuPy arrays (into ``out`` or a new array) on CuPy's current stream;
         ``None`` (nothing run) when ``out`` overlaps an operand. With ``replays``
-        (:attr:`replays`) a call into a given ``out`` goes through them."""
+        (:attr:`replays`) the call goes through them (a new result at an earlier one's
+        address replays too)."""
         import cupy as cp
 
         if cp.cuda.runtime.getDevice() != self.device:
             with cp.cuda.Device(self.device):
                 return self.cupy(a, b, out, replays)
         pa, pb = a.data.ptr, b.data.ptr
-        if out is None:
+        if out is None:  # the pool often hands back an earlier result's address
             out = cp.empty(self.shape, dtype=a.dtype)
-            replays = None  # a new address each call: nothing to replay
         elif self._overlaps(pa, pb, out.data.ptr):
             return None
         run = self.gemm if replays is None else replays
@@ -123,7 +123,6 @@ class Direct:
         pa, pb = a.data_ptr(), b.data_ptr()
         if out is None:
             out = torch.empty(self.shape, dtype=a.dtype, device=a.device)
-            replays = None
         elif self._overlaps(pa, pb, out.data_ptr()):
             return None
         run = self.gemm if replays is None else replays

@@ -145,6 +145,30 @@ def test_the_oldest_graph_is_dropped_after_the_device_is_synchronised(rt):
     assert len(gemm.calls) == calls + 1
 
 
+def test_address_sets_cycling_past_the_capacity_stop_capturing(rt):
+    """Layers of one shape, each with its own weight and output, cycle through more
+    address sets than are kept: after CAPACITY drops nothing more is captured, so the
+    captures and device synchronisations stop, and every call still runs."""
+    gemm = Cublas()
+    replays = GraphReplays(gemm, 0, runtime=rt)
+    layers = [(0x10 + i, 0x900 + i, 0x500 + i, 7) for i in range(3 * CAPACITY)]
+    for _ in range(6):  # forward passes
+        for key in layers:
+            replays(*key)
+    assert replays.captures == 2 * CAPACITY
+    assert len(rt.synced) == CAPACITY
+    assert "cycle" in replays.refused
+    assert replays.graphs == CAPACITY
+    calls, launches = len(gemm.calls), len(rt.launches)
+    held = list(replays._graphs)
+    for key in layers:
+        replays(*key)
+    # the held graphs replay; the other layers call the library; each layer runs once
+    assert len(rt.launches) - launches == len(held)
+    assert len(gemm.calls) - calls == len(layers) - len(held)
+    assert replays.captures == 2 * CAPACITY and len(rt.synced) == CAPACITY
+
+
 def test_nothing_is_captured_or_launched_while_the_callers_stream_captures(rt):
     gemm = Cublas()
     replays = GraphReplays(gemm, 0, runtime=rt)

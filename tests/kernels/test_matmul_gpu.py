@@ -220,7 +220,7 @@ def test_a_plan_on_the_same_arrays_replays_a_graph_of_its_own(dtype, side_stream
 
 
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
-def test_matmul_into_the_same_out_replays_and_a_new_result_does_not(dtype):
+def test_matmul_into_the_same_out_replays(dtype):
     m, n, k = 128, 256, 384
     a, _ = rand((m, k), dtype)
     w, w64 = rand((n, k), dtype)
@@ -233,9 +233,32 @@ def test_matmul_into_the_same_out_replays_and_a_new_result_does_not(dtype):
         check(out, fresh64 @ w64.T, dtype, k)
     direct = mm.last_choice.launch.direct
     assert direct is not None and direct.replays.captures == 1, dict(mm.last_choice)
-    y = pl.matmul(a, w.T)  # a new result: the direct call, no capture of its address
-    check(y, to64(a) @ w64.T, dtype, k)
-    assert direct.replays.captures == 1
+
+
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+def test_a_loops_new_results_replay_where_the_pool_reuses_their_address(dtype):
+    """``y = pl.matmul(a, b)`` in a loop: the pool hands the freed result's memory back,
+    so the addresses repeat and the call replays; results that are kept get new
+    addresses and are never written by a later call."""
+    m, n, k = 128, 256, 384
+    a, _ = rand((m, k), dtype)
+    w, w64 = rand((n, k), dtype)
+    for _ in range(6):
+        fresh, fresh64 = rand((m, k), dtype)
+        a[...] = fresh
+        poisoned((m, n), dtype)  # freed at once: the block the result gets is NaN-filled
+        y = pl.matmul(a, w.T)
+        check(y, fresh64 @ w64.T, dtype, k)
+        del y
+    direct = mm.last_choice.launch.direct
+    assert direct is not None and direct.replays.captures >= 1, dict(mm.last_choice)
+    kept = []
+    for _ in range(4):
+        fresh, fresh64 = rand((m, k), dtype)
+        a[...] = fresh
+        kept.append((pl.matmul(a, w.T), fresh64 @ w64.T))
+    for y, want in kept:
+        check(y, want, dtype, k)
 
 
 def test_a_torch_plan_replays_on_torchs_stream():
