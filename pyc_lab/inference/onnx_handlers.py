@@ -133,16 +133,6 @@ def _reduce_mean(args, attrs, op, node, opset):
                            bool(attrs.get("noop_with_empty_axes", 0)))
 
 
-def _reduce_sum(args, attrs, op, node, opset):
-    axes = _axes(args, attrs, op)
-    if not axes:
-        if attrs.get("noop_with_empty_axes", 0):
-            return args[0]
-        axes = list(range(args[0].ndim))
-    return np.sum(args[0], axis=tuple(int(a) % args[0].ndim for a in axes),
-                  keepdims=bool(attrs.get("keepdims", 1)))
-
-
 def _reduce(fn: Callable[[Any, tuple[int, ...], bool], Any]) -> Callable[..., Any]:
     """An ONNX ``Reduce*`` op: its axes (an input from opset 18, an attribute before; none:
     every axis, or the input itself with ``noop_with_empty_axes``), ``keepdims`` (default
@@ -458,7 +448,7 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     "AveragePool": _avg_pool,
     "GlobalAveragePool": _unary(ops.global_average_pool),
     "ReduceMean": _reduce_mean,
-    "ReduceSum": _reduce_sum,
+    "ReduceSum": _reduce(lambda x, a, k: np.sum(x, axis=a, keepdims=k)),
     "ReduceMax": _reduce(lambda x, a, k: np.max(x, axis=a, keepdims=k)),
     "ReduceMin": _reduce(lambda x, a, k: np.min(x, axis=a, keepdims=k)),
     "ReduceProd": _reduce(lambda x, a, k: np.prod(x, axis=a, keepdims=k)),

@@ -230,6 +230,33 @@ def test_op_matches_onnxruntime_and_reference(case):
     _close(got, ref)
 
 
+@pytest.mark.parametrize("dtype", [(TensorProto.INT32, np.int32), (TensorProto.INT64, np.int64),
+                                   (TensorProto.FLOAT16, np.float16)],
+                         ids=["int32", "int64", "float16"])
+def test_reduce_sum_keeps_the_input_dtype(dtype):
+    """ONNX's ReduceSum returns its input's type (NumPy would sum int32 into int64)."""
+    ort = pytest.importorskip("onnxruntime")
+    proto, np_dtype = dtype
+    graph = helper.make_graph(
+        [node("ReduceSum", ["x", "a"], keepdims=0)], "sum",
+        [helper.make_tensor_value_info("x", proto, ["N", 6, 5])],
+        [helper.make_tensor_value_info("y", proto, ["N", 5])],
+        [numpy_helper.from_array(np.array([1], np.int64), "a")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    m.ir_version = 9
+    rng = np.random.default_rng()
+    x = (rng.integers(-1000, 1000, (3, 6, 5)) if np_dtype != np.float16
+         else rng.standard_normal((3, 6, 5))).astype(np_dtype)
+    got = load(m)({"x": x})["y"]
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})[0]
+    assert got.dtype == want.dtype == np_dtype
+    if np_dtype == np.float16:  # summed in float16 here, maybe in float32 there
+        _close(got.astype(np.float64), want.astype(np.float64), rtol=4e-3)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
 def test_every_supported_op_is_tested():
     tested = {n.op_type for _, nodes, _, _ in CASES for n in nodes}
     untested = set(SUPPORTED_OPS) - tested - {"Dropout", "Cast", "Shape", "Gather", "Max",
