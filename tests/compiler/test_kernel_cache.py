@@ -57,7 +57,7 @@ def test_kernels_keep_subnormals_and_are_stored_by_digest(recorder, tmp_path):
     module = cache.compile_module(SOURCE, "k")
     ((source, options, arch),) = recorder.compiles
     assert source == SOURCE and arch == "90"
-    assert "-ftz=false" in options and "-ftz=true" not in options
+    assert "-ftz=false" in options and "-ftz=true" not in options and "-fmad=false" in options
     path = recorder.loads[0]
     assert module == ("module", path)
     stored = tmp_path / "cache" / "nvrtc"

@@ -32,8 +32,11 @@ __all__ = ["OPTIONS", "STATS", "CompileError", "cache_stats", "clear_cache", "co
 
 log = logging.getLogger(__name__)
 
-#: NVRTC options of every generated kernel (subnormals kept: see the module's note).
-OPTIONS: tuple[str, ...] = ("-std=c++17", "-ftz=false")
+#: NVRTC options of every generated kernel: subnormals kept (see the module's note) and no
+#: multiply-add contraction, so that every ``+``, ``-`` and ``*`` rounds as NumPy's ufunc
+#: does (``a * b - a * b`` is 0, not ``a * b``'s rounding error); the math library's own
+#: functions still use FMA inside, as they are written to.
+OPTIONS: tuple[str, ...] = ("-std=c++17", "-ftz=false", "-fmad=false")
 
 #: ``hits``: a module was already loaded; ``misses``: a module was created and compiled.
 STATS: dict[str, int] = {"hits": 0, "misses": 0}
