@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = ["astype", "clip", "dispatch"]
 
-_NOVALUE: Any = NOVALUE
-_NotCovered = NotCovered
-
-
 #: NumPy functions that write into an argument in ways pyc_lab does not trace.
 _WRITES = {np.put: "x[indices] = values", np.place: "x = np.where(mask, values, x)",
            np.putmask: "x = np.where(mask, values, x)",
@@ -49,7 +45,7 @@ def dispatch(tracer: Tracer, func: Callable, args: tuple, kwargs: dict) -> Any:
     if handler is not None:
         try:
             return handler(tracer, *args, **kwargs)
-        except _NotCovered:
+        except NotCovered:
             pass
     name = getattr(func, "__name__", repr(func))
     return tracer.eager(func, args, kwargs, f"np.{name} has no op in pyc_lab's registry")
@@ -57,27 +53,27 @@ def dispatch(tracer: Tracer, func: Callable, args: tuple, kwargs: dict) -> Any:
 
 # -- reductions -------------------------------------------------------------------------------
 def _sum(tracer: Tracer, a: Any, axis: Any = None, dtype: Any = None, out: Any = None,
-         keepdims: Any = _NOVALUE, initial: Any = _NOVALUE, where: Any = _NOVALUE) -> Any:
+         keepdims: Any = NOVALUE, initial: Any = NOVALUE, where: Any = NOVALUE) -> Any:
     return reductions.reduce(tracer, "sum", a, axis=axis, dtype=dtype, out=out,
                              keepdims=keepdims, initial=initial, where=where)
 
 
 def _prod(tracer: Tracer, a: Any, axis: Any = None, dtype: Any = None, out: Any = None,
-          keepdims: Any = _NOVALUE, initial: Any = _NOVALUE, where: Any = _NOVALUE) -> Any:
+          keepdims: Any = NOVALUE, initial: Any = NOVALUE, where: Any = NOVALUE) -> Any:
     return reductions.reduce(tracer, "prod", a, axis=axis, dtype=dtype, out=out,
                              keepdims=keepdims, initial=initial, where=where)
 
 
 def _mean(tracer: Tracer, a: Any, axis: Any = None, dtype: Any = None, out: Any = None,
-          keepdims: Any = _NOVALUE, *, where: Any = _NOVALUE) -> Any:
+          keepdims: Any = NOVALUE, *, where: Any = NOVALUE) -> Any:
     return reductions.reduce(tracer, "mean", a, axis=axis, dtype=dtype, out=out,
                              keepdims=keepdims, where=where)
 
 
 def _extreme(op: str) -> Callable:
     def handler(tracer: Tracer, a: Any, axis: Any = None, out: Any = None,
-                keepdims: Any = _NOVALUE, initial: Any = _NOVALUE,
-                where: Any = _NOVALUE) -> Any:
+                keepdims: Any = NOVALUE, initial: Any = NOVALUE,
+                where: Any = NOVALUE) -> Any:
         return reductions.reduce(tracer, op, a, axis=axis, out=out, keepdims=keepdims,
                                  initial=initial, where=where)
 
@@ -86,9 +82,9 @@ def _extreme(op: str) -> Callable:
 
 def _spread(op: str) -> Callable:
     def handler(tracer: Tracer, a: Any, axis: Any = None, dtype: Any = None, out: Any = None,
-                ddof: Any = 0, keepdims: Any = _NOVALUE, *, where: Any = _NOVALUE,
-                mean: Any = _NOVALUE, correction: Any = _NOVALUE) -> Any:
-        if correction is not _NOVALUE:
+                ddof: Any = 0, keepdims: Any = NOVALUE, *, where: Any = NOVALUE,
+                mean: Any = NOVALUE, correction: Any = NOVALUE) -> Any:
+        if correction is not NOVALUE:
             if ddof != 0:
                 raise ValueError("ddof and correction can't be provided simultaneously.")
             ddof = correction
@@ -100,7 +96,7 @@ def _spread(op: str) -> Callable:
 
 def _arg(op: str) -> Callable:
     def handler(tracer: Tracer, a: Any, axis: Any = None, out: Any = None, *,
-                keepdims: Any = _NOVALUE) -> Any:
+                keepdims: Any = NOVALUE) -> Any:
         return reductions.reduce(tracer, op, a, axis=axis, out=out, keepdims=keepdims)
 
     return handler
@@ -108,7 +104,7 @@ def _arg(op: str) -> Callable:
 
 def _logical(op: str) -> Callable:
     def handler(tracer: Tracer, a: Any, axis: Any = None, out: Any = None,
-                keepdims: Any = _NOVALUE, *, where: Any = _NOVALUE) -> Any:
+                keepdims: Any = NOVALUE, *, where: Any = NOVALUE) -> Any:
         return reductions.reduce(tracer, op, a, axis=axis, out=out, keepdims=keepdims,
                                  where=where)
 
@@ -118,25 +114,25 @@ def _logical(op: str) -> Callable:
 # -- elementwise and shape functions -----------------------------------------------------------
 def _where(tracer: Tracer, condition: Any, x: Any = None, y: Any = None) -> Traced:
     if x is None or y is None:
-        raise _NotCovered  # np.where(cond): the indices, a data-dependent shape
+        raise NotCovered  # np.where(cond): the indices, a data-dependent shape
     return select(tracer, condition, x, y)
 
 
-def clip(tracer: Tracer, a: Any, a_min: Any = _NOVALUE, a_max: Any = _NOVALUE,
-         out: Any = None, *, min: Any = _NOVALUE, max: Any = _NOVALUE, **kwargs: Any) -> Any:
+def clip(tracer: Tracer, a: Any, a_min: Any = NOVALUE, a_max: Any = NOVALUE,
+         out: Any = None, *, min: Any = NOVALUE, max: Any = NOVALUE, **kwargs: Any) -> Any:
     """``np.clip`` / ``x.clip``: NumPy 2's argument rules (``min=``/``max=`` keywords
     included) and its handling of integer bounds outside the array's dtype."""
-    if a_min is _NOVALUE and a_max is _NOVALUE:
-        a_min = None if min is _NOVALUE else min
-        a_max = None if max is _NOVALUE else max
-    elif min is not _NOVALUE or max is not _NOVALUE:
+    if a_min is NOVALUE and a_max is NOVALUE:
+        a_min = None if min is NOVALUE else min
+        a_max = None if max is NOVALUE else max
+    elif min is not NOVALUE or max is not NOVALUE:
         raise ValueError("Passing `min` or `max` keyword argument when `a_min` and `a_max` "
                          "are provided is forbidden.")
     else:
-        a_min = None if a_min is _NOVALUE else a_min
-        a_max = None if a_max is _NOVALUE else a_max
+        a_min = None if a_min is NOVALUE else a_min
+        a_max = None if a_max is NOVALUE else a_max
     if kwargs:
-        raise _NotCovered
+        raise NotCovered
     x = tracer.lift(a)
     if x.dtype.kind in "iu":  # NumPy drops Python-int bounds beyond the dtype's range
         info = np.iinfo(x.dtype)
@@ -192,7 +188,7 @@ def _reshape(tracer: Tracer, a: Any, /, shape: Any = None, order: str = "C", *,
     if shape is None:
         shape = newshape
     if shape is None or order != "C":
-        raise _NotCovered
+        raise NotCovered
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     return tracer.lift(a).reshape(shape, copy=copy)
 
@@ -212,7 +208,7 @@ def _swapaxes(tracer: Tracer, a: Any, axis1: int, axis2: int) -> Traced:
 def _concatenate(tracer: Tracer, arrays: Any, /, axis: Any = 0, out: Any = None, *,
                  dtype: Any = None, casting: str = "same_kind") -> Traced:
     if out is not None or dtype is not None or axis is None:
-        raise _NotCovered
+        raise NotCovered
     return tracer.op("concatenate", tuple(arrays), {"axis": int(axis)})
 
 
@@ -232,7 +228,7 @@ def _broadcast_to(tracer: Tracer, array: Any, shape: Any, subok: bool = False) -
 def _dot(tracer: Tracer, a: Any, b: Any, out: Any = None) -> Any:
     a, b = tracer.lift(a), tracer.lift(b)
     if a.ndim > 2 or b.ndim > 2 or a.ndim == 0 or b.ndim == 0:
-        raise _NotCovered
+        raise NotCovered
     return ufuncs.matmul(tracer, a, b, out=out)
 
 

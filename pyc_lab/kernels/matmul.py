@@ -19,12 +19,9 @@ signature is first seen or the database changed — a tuning in this process at 
 database's write :func:`~pyc_lab.kernels.tuning.database.generation`), a change of the
 file by another process by its modification time, looked at no more than every
 :data:`RECHECK_S` seconds. :data:`last_choice` keeps a reference to the last call's
-choice and is read lazily. A direct library call whose addresses (``a``, ``b``, the
-result and the stream) repeat is replayed from a CUDA graph
-(:mod:`~pyc_lab.kernels.gemm_replays`): a call into an ``out``, or a loop's
-``y = pl.matmul(a, b)``, whose new result the memory pool hands back at the addresses
-of earlier ones. :func:`matmul_plan` returns the
-choice as a reusable, CUDA-graph capturable :class:`~pyc_lab.kernels.matmul_plan.MatmulPlan`.
+choice and is read lazily. A library call whose addresses (``a``, ``b``, the result,
+the stream) repeat replays a CUDA graph (:mod:`~pyc_lab.kernels.gemm_replays`); a
+:class:`~pyc_lab.kernels.matmul_plan.MatmulPlan` (:func:`matmul_plan`) keeps the choice.
 """
 
 from __future__ import annotations

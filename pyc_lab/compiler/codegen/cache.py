@@ -20,6 +20,7 @@ import logging
 import os
 import tempfile
 import threading
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -116,16 +117,11 @@ def _cubin(cupy: Any, source: str, digest: str, label: str) -> Path:
     return path
 
 
-_SCRATCH: list[Path] = []
-
-
+@cache
 def _scratch() -> Path:
     """A folder of this process's own for cubins the cache folder could not take (the
     module loads from its file)."""
-    with _LOCK:
-        if not _SCRATCH:
-            _SCRATCH.append(Path(tempfile.mkdtemp(prefix=f"pyc-nvrtc-{os.getpid()}-")))
-        return _SCRATCH[0]
+    return Path(tempfile.mkdtemp(prefix=f"pyc-nvrtc-{os.getpid()}-"))
 
 
 def compile_kernel(src: KernelSource, name: str | None = None) -> Any:
