@@ -45,6 +45,7 @@ from typing import Any
 
 from .conv_im2col import out_size
 from .conv_library import cudnn_conv, torch_activation
+from .nvrtc import compile_module
 
 __all__ = ["CAPTURING", "GPU_SLACK", "MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices",
            "cudnn_conv", "gemm_conv", "keeps", "patch_bytes", "prepare", "run", "time_calls",
@@ -166,9 +167,8 @@ def _gather(x: Any, patches: Any, geometry: tuple[int, ...], width: int) -> None
         if fn is None:
             name = f"pyc_conv_patches<{_ELEMENTS[key[1]]}>"
             with _LOCK:
-                module = cp.RawModule(code=native_source("conv_patches.cuh"),
-                                      options=("-std=c++17",), name_expressions=[name])
-                module.compile()
+                module = compile_module(native_source("conv_patches.cuh"), ("-std=c++17",),
+                                        [name], "the convolution patch copy")
                 fn = _KERNELS[key] = module.get_function(name)
         fn((blocks,), (_THREADS,),
            (np.uint64(x.data_ptr()), np.uint64(patches.data_ptr()),

@@ -15,7 +15,7 @@ for the GPU — so a guarded call stays asynchronous and can be captured in a CU
    the activation, as IEEE arithmetic answers.
 
 Tensors are torch's, on the GPU; the kernels are compiled once per device and dtype with
-NVRTC (``cupy.RawModule``) and run on torch's current stream.
+NVRTC (:mod:`pyc_lab.kernels.nvrtc`, subnormals kept) and run on torch's current stream.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import threading
 from typing import Any
 
 from ..errors import PycLabError
+from .nvrtc import compile_module
 
 __all__ = ["fixup", "pad_check"]
 
@@ -55,9 +56,9 @@ def _function(device: int, kind: int, name: str) -> Any:
             code = "".join(native_source(f) for f in ("f16.cuh", "bf16.cuh", "conv_guard.cuh"))
             names = ("pyc_conv_pad_check", "pyc_conv_fixup")
             with cp.cuda.Device(device):
-                module = cp.RawModule(code=code, options=("-std=c++17",),
-                                      name_expressions=[f"{n}<{kind}>" for n in names])
-                module.compile()
+                module = compile_module(code, ("-std=c++17",),
+                                        [f"{n}<{kind}>" for n in names],
+                                        "the convolution guards")
                 for n in names:
                     _FUNCTIONS[(device, kind, n)] = module.get_function(f"{n}<{kind}>")
     return _FUNCTIONS[(device, kind, name)]

@@ -48,6 +48,7 @@ from ..errors import PycLabError
 from ..paths import native_source
 from . import arrays, blas_direct
 from .blas_layout import describe, matrix_form
+from .nvrtc import compile_module
 
 __all__ = ["MARGIN", "MIN_MS", "VEC_BYTES", "Copy", "PadPlan", "PaddedGemm", "Part", "Unpad",
            "pad_plan"]
@@ -253,15 +254,12 @@ def _functions(device: int, element: str) -> tuple[Any, Any, Any]:
     key = (device, element)
     fns = _FUNCTIONS.get(key)
     if fns is None:
-        import cupy as cp
-
         names = [f"pyc_pad_lines<{element}>", f"pyc_unpad_lines<{element}>",
                  f"pyc_unpad_flat<{element}>"]
         with _LOCK:
             try:
-                module = cp.RawModule(code=native_source("pad_copy.cuh"),
-                                      options=("-std=c++17",), name_expressions=names)
-                module.compile()
+                module = compile_module(native_source("pad_copy.cuh"), ("-std=c++17",),
+                                        names, "the padding copies")
                 fns = tuple(module.get_function(name) for name in names)
             except Exception as exc:
                 raise PycLabError(f"the padding copies did not compile (NVRTC: "

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import PycLabError
 from ..paths import native_source
+from .nvrtc import compile_module
 
 __all__ = ["MAX_M", "Geometry", "SkinnyConfig", "SkinnyGemm", "candidates",
            "compile_kernels", "geometry", "is_skinny", "nt_for", "skinny_issue", "smem_bytes"]
@@ -205,7 +206,7 @@ def _expression(dtype: str, nt: int, cfg: SkinnyConfig) -> str:
 
 def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str, str]:
     """Compile the kernels of ``configs`` for ``m`` rows (one NVRTC module for those not
-    compiled yet in this process; CuPy also keeps the binary on disk).
+    compiled yet in this process; the binary is kept on disk by :mod:`.nvrtc`).
 
     Returns
     -------
@@ -228,9 +229,8 @@ def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str
         return {}
     exprs = sorted(set(todo.values()))
     try:
-        module = cp.RawModule(code=native_source("skinny_gemm.cuh"),
-                              options=("-std=c++17",), name_expressions=exprs)
-        module.compile()
+        module = compile_module(native_source("skinny_gemm.cuh"), ("-std=c++17",), exprs,
+                                "the skinny GEMM")
         functions = {e: module.get_function(e) for e in exprs}
     except Exception as exc:
         msg = f"NVRTC: {type(exc).__name__}: {exc}"[:500]

@@ -1,8 +1,8 @@
 """Compiled kernels, cached in-process by the SHA-256 of their source, and on disk.
 
-A generated source is compiled with NVRTC (through CuPy's NVRTC wrapper) into a cubin
-for the current device, kept under ``cache_dir("nvrtc")`` by the digest of the source,
-the options, the device's compute capability and NVRTC's version, and loaded as a
+A generated source is compiled by :mod:`pyc_lab.kernels.nvrtc` into a cubin for the
+current device, kept under ``cache_dir("nvrtc")`` by the digest of the source, the
+options, the device's compute capability and NVRTC's version, and loaded as a
 ``cupy.RawModule``: a new process compiles nothing an earlier one already did. The
 loaded modules are kept per (device, source digest), so every executable that generates
 the same source shares one module. :data:`STATS` counts hits and misses.
@@ -15,17 +15,12 @@ subnormal operand or result to zero — ``abs(5e-39)`` gives 0, ``fmod(x, 5e-39)
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import tempfile
 import threading
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from ...errors import PycLabError
-from ...paths import cache_dir, replacing
+from ...kernels import nvrtc
 from .cuda_types import KernelSource
 
 __all__ = ["OPTIONS", "STATS", "CompileError", "cache_stats", "clear_cache", "compile_kernel",
@@ -44,7 +39,6 @@ STATS: dict[str, int] = {"hits": 0, "misses": 0}
 
 _MODULES: dict[tuple[int, str], Any] = {}
 _LOCK = threading.Lock()
-_COMPILE_LOCK = threading.Lock()
 
 
 class CompileError(PycLabError):
@@ -53,7 +47,7 @@ class CompileError(PycLabError):
 
 def source_digest(source: str) -> str:
     """SHA-256 of a kernel source and the compile options: the cache key."""
-    return hashlib.sha256((source + "\0" + " ".join(OPTIONS)).encode()).hexdigest()
+    return nvrtc.nvrtc_digest(source, OPTIONS)
 
 
 def compile_module(source: str, label: str = "kernel") -> Any:
@@ -74,54 +68,15 @@ def compile_module(source: str, label: str = "kernel") -> Any:
             STATS["hits"] += 1
             return module
         STATS["misses"] += 1
-    with _COMPILE_LOCK:  # one compile and one cache write of a source at a time
-        path = _cubin(cupy, source, key[1], label)
-    module = cupy.RawModule(path=str(path))
+    try:
+        module = nvrtc.compile_module(source, OPTIONS, label=label).module
+    except nvrtc.NvrtcError as exc:
+        raise CompileError(str(exc)) from exc
     with _LOCK:
         _MODULES.setdefault(key, module)
         module = _MODULES[key]
     log.debug("compiled %s (%s...)", label, key[1][:12])
     return module
-
-
-def _cubin(cupy: Any, source: str, digest: str, label: str) -> Path:
-    """The file of ``source``'s cubin (or PTX, where NVRTC does not know the device's
-    architecture) for the current device: from the disk cache, else compiled now and
-    stored there (in a folder of this process's own when the cache cannot be written)."""
-    arch = str(cupy.cuda.Device().compute_capability)
-    major, minor = cupy.cuda.nvrtc.getVersion()
-    name = f"{digest}-sm{arch}-nvrtc{major}.{minor}.bin"
-    try:
-        folder = cache_dir("nvrtc")
-    except OSError as exc:
-        log.info("the kernel cache folder cannot be made (%s); compiling in memory", exc)
-        folder = _scratch()
-    path = folder / name
-    if path.is_file():
-        return path
-    from cupy.cuda import compiler
-
-    try:
-        binary, _mapping = compiler.compile_using_nvrtc(source, OPTIONS, arch)
-    except Exception as exc:
-        raise CompileError(f"{label}: NVRTC failed on the generated source: {exc}") \
-            from exc
-    try:
-        with replacing(path, "store a compiled kernel") as tmp:
-            tmp.write_bytes(binary)
-    except (OSError, PycLabError) as exc:
-        log.info("cannot store the compiled kernel in %s (%s); keeping it for this "
-                 "process only", folder, exc)
-        path = _scratch() / name
-        path.write_bytes(binary)
-    return path
-
-
-@cache
-def _scratch() -> Path:
-    """A folder of this process's own for cubins the cache folder could not take (the
-    module loads from its file)."""
-    return Path(tempfile.mkdtemp(prefix=f"pyc-nvrtc-{os.getpid()}-"))
 
 
 def compile_kernel(src: KernelSource, name: str | None = None) -> Any:
