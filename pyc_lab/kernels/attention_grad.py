@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .arrays import torch_raw_stream
 from .memo import remember
 
 __all__ = ["BackwardChoice", "backward_choice", "clear", "library_backward",
@@ -46,7 +47,6 @@ Grads = tuple[Any, Any, Any]
 @dataclass(frozen=True)
 class BackwardChoice:
     """Which backward kernel runs one signature, and why."""
-
     name: str  # "cudnn", "flash" or "sdpa-recompute"
     why: str
     times_ms: dict[str, float] = field(default_factory=dict)
@@ -128,8 +128,6 @@ def _close(got: Grads, want: Grads) -> str:
 def _choose(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool,
             scale: float, forward: Callable[[Any, Any, Any], Any]) -> BackwardChoice:
     """Check every library backward against the recompute, race the correct ones."""
-    import torch
-
     from .blas_direct import race
 
     want = recompute_backward(forward, q, k, v, do)
@@ -145,7 +143,7 @@ def _choose(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool,
             refused.append(f"{name}: {why}")
         else:
             runs[name] = (lambda fn=fn: fn(q, k, v, o, lse, do, causal, scale))
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = torch_raw_stream(q.device)
     try:
         times = dict(zip(runs, race(list(runs.values()), stream), strict=True))
     except Exception as exc:  # no CuPy to time with: the first correct library kernel

@@ -22,6 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from .arrays import torch_raw_stream
 from .memo import remember
 
 __all__ = [
@@ -44,7 +45,6 @@ MAX_MEMO = 256
 @dataclass(frozen=True)
 class FusedChoice:
     """What ``pl.attention`` runs for one problem signature, and why."""
-
     kernel: Any  # a FusedAttention, or None: torch's SDPA
     why: str
     fused_ms: float | None = None
@@ -157,11 +157,9 @@ def run_fused(kernel: Any, geometry: Any, q: Any, k: Any, v: Any, o: Any,
               lse: Any = None) -> None:
     """Launch ``kernel`` on torch's current stream of the operands' device (``lse``: a
     float32 ``(B, Hq, Sq)`` contiguous tensor, or ``None``)."""
-    import torch
-
     kernel.run(geometry, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                0 if lse is None else lse.data_ptr(),
-               torch.cuda.current_stream(q.device).cuda_stream)
+               torch_raw_stream(q.device))
 
 
 def fused_choice(q: Any, k: Any, v: Any, o: Any, causal: bool, scale: float, mask: Any,
@@ -204,11 +202,9 @@ def fused_choice(q: Any, k: Any, v: Any, o: Any, causal: bool, scale: float, mas
 def _race(kernel: Any, how: str, geometry: Any, q: Any, k: Any, v: Any, o: Any,
           sdpa: Any) -> FusedChoice:
     """Time the kernel against SDPA on the caller's operands; keep the faster."""
-    import torch
-
     from .blas_direct import race
 
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = torch_raw_stream(q.device)
     try:
         fused_ms, sdpa_ms = race([lambda: run_fused(kernel, geometry, q, k, v, o), sdpa],
                                  stream)

@@ -28,6 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .arrays import torch_raw_stream
 from .memo import remember
 
 __all__ = ["conv_config_of", "conv_problem_key", "grad_call", "kernel_call",
@@ -166,7 +167,7 @@ def grad_call(conv: Any, geometry: Any) -> Callable[[Any, Any, Any], Any]:
         b = (x if wgrad else w).permute(*to_last).contiguous()
         out = torch.empty(shape, device=dy.device, dtype=dy.dtype)
         conv.run(geometry, a.data_ptr(), b.data_ptr(), None, out.data_ptr(),
-                 torch.cuda.current_stream(dy.device).cuda_stream)
+                 torch_raw_stream(dy.device))
         return out.permute(*to_first)
 
     return run
@@ -278,7 +279,7 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
             b = b.contiguous()
         xl, wl = x.permute(*to_last), w.permute(*to_last)
         flag = stream = None
-        raw = torch.cuda.current_stream(x.device).cuda_stream
+        raw = torch_raw_stream(x.device)
         if guarded:  # the check (and the padded copy) in one pass
             stream = cupy_stream(raw, x.device.index)  # looked up once for both launches
             flag, padded = conv_guard.pad_check(xl, read.act[-1], stream)

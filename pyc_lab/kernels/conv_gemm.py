@@ -43,6 +43,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .arrays import torch_raw_stream
 from .conv_im2col import out_size
 from .conv_library import cudnn_conv, torch_activation
 from .nvrtc import compile_module
@@ -393,9 +394,7 @@ def timing_refused(device: Any) -> str | None:
     :data:`CAPTURING` inside a CUDA-graph capture (nothing may be timed there: the
     problem stays undecided), ``"CuPy is not installed"`` without CuPy's events to time
     with (the library keeps the problem); ``None`` when it may."""
-    import torch
-
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = torch_raw_stream(device)
     try:
         from . import blas_direct
 

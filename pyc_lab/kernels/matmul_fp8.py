@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from ..errors import PycLabError
+from .arrays import torch_raw_stream
 
 __all__ = ["FP8", "OUT_DTYPES", "fp8_choices", "is_fp8", "matmul_fp8"]
 
@@ -111,7 +112,7 @@ def _choose(torch: Any, a: Any, b: Any, sa: Any, sb: Any, out: Any, out_dtype: s
     g = LtGemm(gemm, out_dtype, operand_dtypes=(_name(a), _name(b)), row_orders=False)
     target = out if out is not None else torch.empty(shape, dtype=getattr(torch, out_dtype),
                                                      device=a.device)
-    stream = torch.cuda.current_stream(a.device).cuda_stream
+    stream = torch_raw_stream(a.device)
 
     def direct() -> None:
         g.set_scales(sa.data_ptr(), sb.data_ptr())
@@ -198,5 +199,5 @@ def matmul_fp8(a: Any, b: Any, *, scale_a: Any, scale_b: Any, out: Any = None,
     with torch.cuda.device(a.device):
         g.set_scales(sa.data_ptr(), sb.data_ptr())
         g(a.data_ptr(), b.data_ptr(), out.data_ptr(),
-          torch.cuda.current_stream(a.device).cuda_stream)
+          torch_raw_stream(a.device))
     return out

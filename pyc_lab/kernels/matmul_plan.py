@@ -25,6 +25,7 @@ from .arrays import (
     numpy_of_torch,
     result_dtype,
     torch_of,
+    torch_raw_stream,
     torch_stream,
 )
 from .gemm_replays import GraphReplays
@@ -126,7 +127,7 @@ class Direct:
         elif self._overlaps(pa, pb, out.data_ptr()):
             return None
         run = self.gemm if replays is None else replays
-        run(pa, pb, out.data_ptr(), torch.cuda.current_stream(self.device).cuda_stream)
+        run(pa, pb, out.data_ptr(), torch_raw_stream(self.device))
         return out
 
 

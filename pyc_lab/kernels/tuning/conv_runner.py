@@ -43,7 +43,7 @@ from typing import Any
 from ...errors import PycLabError
 from ...hardware.device import require_cupy
 from ...search import Outcome
-from ..arrays import torch_stream
+from ..arrays import torch_raw_stream, torch_stream
 from ..conv_cutlass import conv_config_of, conv_problem_key, kernel_call
 from ..conv_grad import torch_conv_backward
 from ..conv_library import cudnn_conv
@@ -331,7 +331,7 @@ class ConvRunner(CandidateRows):
                 call(xf, wf, b, out=y)
 
             return through_pl_conv
-        stream = self._torch.cuda.current_stream().cuda_stream
+        stream = torch_raw_stream()
         a, b = {"fprop": (self._x, self._w), "dgrad": (self._dy, self._w),
                 "wgrad": (self._dy, self._x)}[self.kernel.direction]
         ptrs = (a.data_ptr(), b.data_ptr(),
