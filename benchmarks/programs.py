@@ -37,7 +37,8 @@ class Program:
         The dtype its floating inputs are made in.
     shapes
         ``shapes(scale) -> list of (shape, kind)``: ``kind`` is ``"x"`` (random normal +
-        0.1), ``"pos"`` (positive), ``"mask"`` (bool) or ``"onehot"`` (one-hot rows).
+        0.1), ``"pos"`` (positive), ``"mask"`` (bool), ``"onehot"`` (one-hot rows) or
+        ``"labels"``/``"rows"`` (int64 indices along the first input's last/first axis).
         ``scale`` 1 is the benchmark size, smaller for tests.
     numpy_fn, torch_fn
         The program for ``pl.compile`` and for torch.
@@ -56,9 +57,12 @@ class Program:
 def make_inputs(program: Program, scale: float, seed: int = 0) -> list[np.ndarray]:
     """Host inputs of ``program`` at ``scale`` (never zeros)."""
     rng = np.random.default_rng(seed)
-    out = []
+    out: list[np.ndarray] = []
     for shape, kind in program.shapes(scale):
-        if kind == "mask":
+        if kind in ("labels", "rows"):  # int64: classes (last axis) or rows of input 0
+            bound = out[0].shape[-1] if kind == "labels" else out[0].shape[0]
+            out.append(rng.integers(0, bound, shape))
+        elif kind == "mask":
             out.append(rng.random(shape) < 0.8)
         elif kind == "onehot":
             rows = int(np.prod(shape[:-1]))
@@ -311,6 +315,28 @@ def gelu_erf_t(x):
     return torch.nn.functional.gelu(x)
 
 
+def cross_entropy_labels(x, y):
+    z = x - x.max(axis=-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    return -logp[np.arange(x.shape[0]), y].mean()
+
+
+def cross_entropy_labels_t(x, y):
+    import torch
+
+    z = x - x.amax(-1, keepdim=True)
+    logp = z - z.exp().sum(-1, keepdim=True).log()
+    return -logp[torch.arange(x.shape[0], device=x.device), y].mean()
+
+
+def embedding(w, tokens, pos):
+    return w[tokens] * np.float16(32.0) + pos
+
+
+def embedding_t(w, tokens, pos):
+    return w[tokens] * 32.0 + pos
+
+
 PROGRAMS: list[Program] = [
     Program("gelu_tanh_f32", F32, lambda s: [((_n(s, 1 << 26),), "x")], gelu_tanh, gelu_tanh_t),
     Program("residual_rms_norm_f16", F16,
@@ -375,4 +401,12 @@ PROGRAMS: list[Program] = [
             lambda s: [((_n(s, 1 << 18),), "pos"), ((128,), "pos")], time_embedding,
             time_embedding_t),
     Program("gelu_erf_f32", F32, lambda s: [((_n(s, 1 << 26),), "x")], gelu_erf, gelu_erf_t),
+    Program("cross_entropy_labels_f32", F32,
+            lambda s: [((_n(s, 8192), 4096), "x"), ((_n(s, 8192),), "labels")],
+            cross_entropy_labels, cross_entropy_labels_t),
+    # the table is read in rows the tokens name (some twice): not a bandwidth program
+    Program("embedding_f16", F16,
+            lambda s: [((_n(s, 32000), 1024), "x"), ((_n(s, 16384),), "rows"),
+                       ((_n(s, 16384), 1024), "x")],
+            embedding, embedding_t, memory_bound=False),
 ]

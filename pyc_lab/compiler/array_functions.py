@@ -5,9 +5,9 @@ as NumPy binds them, and records ops; a form a handler does not cover raises
 :class:`~.function_parts.NotCovered` and the call becomes a graph break (run as
 written). This module holds the reductions, ``np.where``/``np.clip``, casts, copies and
 reshapes; the shape-and-layout functions are in :mod:`.array_shapes`, the numeric ones in
-:mod:`.array_numerics`. NumPy functions that write into an argument (``np.copyto``)
-write through :mod:`.mutation`; those pyc_lab cannot trace (``np.put``,
-``np.place``...) raise a clear error.
+:mod:`.array_numerics`, the reads at integer indices in :mod:`.gathers`. NumPy functions
+that write into an argument (``np.copyto``) write through :mod:`.mutation`; those pyc_lab
+cannot trace (``np.put``, ``np.place``...) raise a clear error.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import array_numerics, array_shapes, mutation, reductions, ufuncs
+from . import array_numerics, array_shapes, gathers, mutation, reductions, ufuncs
 from .errors import CastingError, UnsupportedOperationError
 from .function_parts import NOVALUE, NotCovered, select
 from .ops import normalize_axis
@@ -258,7 +258,7 @@ _HANDLERS: dict[Callable, Callable] = {
     np.reshape: _reshape, np.ravel: _ravel, np.transpose: _transpose,
     np.swapaxes: _swapaxes, np.moveaxis: _moveaxis, np.concatenate: _concatenate,
     np.expand_dims: _expand_dims, np.squeeze: _squeeze, np.broadcast_to: _broadcast_to,
-    np.dot: _dot, **array_shapes.HANDLERS, **array_numerics.HANDLERS,
+    np.dot: _dot, **array_shapes.HANDLERS, **array_numerics.HANDLERS, **gathers.HANDLERS,
 }
 if hasattr(np, "astype"):
     _HANDLERS[np.astype] = _np_astype

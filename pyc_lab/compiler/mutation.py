@@ -178,9 +178,15 @@ def encode_index(index: Any) -> tuple | None:
 
 
 def getitem(tracer: Tracer, x: Traced, index: Any) -> Traced:
-    """``x[index]``: a view for basic indices, a graph break for advanced ones."""
+    """``x[index]``: a view for basic indices, a gather for one integer array among full
+    slices (:mod:`.gathers`), a graph break for other advanced ones."""
     parts = encode_index(index)
     if parts is None:
+        from .gathers import index_gather
+
+        gathered = index_gather(tracer, x, index)
+        if gathered is not None:
+            return gathered
         return tracer.eager(_take, (x, index), {}, "advanced (array) indexing",
                             dynamic=_is_mask(index))
     return view_op(tracer, x, "slice", {"index": parts})

@@ -2,8 +2,9 @@
 
 Each :class:`OpDef` declares
 
-- ``kind``: ``elementwise``, ``reduction``, ``matmul``, ``norm``, ``shape``, ``source``
-  (inputs and constants), ``fused`` or ``eager`` (a graph break);
+- ``kind``: ``elementwise``, ``reduction``, ``matmul``, ``norm``, ``shape``, ``gather``
+  (reads at integer indices), ``source`` (inputs and constants), ``fused`` or ``eager``
+  (a graph break);
 - ``shape(inputs, attrs)``: the result shape, raising :class:`ShapeError` with a readable
   message when the inputs do not fit;
 - ``reference(xp, args, attrs)``: the result computed with an array module ``xp``

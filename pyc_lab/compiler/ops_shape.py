@@ -1,7 +1,8 @@
 """The shape ops of the compiler's registry: reshape, transpose, broadcast_to,
-expand_dims, squeeze, concatenate, basic slicing and writes through an index (traced
-functionally), with their shape inference and NumPy references; none computes data but
-``concatenate`` and ``setitem``."""
+expand_dims, squeeze, concatenate, basic slicing, writes through an index (traced
+functionally) and ``gather`` (reads at integer indices: ``np.take``,
+``np.take_along_axis``, ``x[idx]``), with their shape inference and NumPy references;
+none computes data but ``concatenate``, ``setitem`` and ``gather``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .op_registry import (
+    DTypeError,
     OpDef,
     ShapeError,
     normalize_axis,
@@ -166,6 +168,59 @@ register(OpDef("slice", "shape", 1, _slice_shape,
 register(OpDef("setitem", "shape", 2, _setitem_shape, _setitem_reference,
                 dtype=lambda inputs, attrs: inputs[0].dtype))
 
+
+
+def _gather_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
+    src, idx = tuple(inputs[0].shape), tuple(inputs[1].shape)
+    if np.dtype(inputs[1].dtype).kind not in "iu":
+        raise DTypeError(f"indices of {np.dtype(inputs[1].dtype).name} dtype: arrays used "
+                         "as indices must be of integer type")
+    if not src:
+        raise ShapeError("cannot index a 0-d array with an array of indices")
+    axis = int(attrs["axis"])
+    if not 0 <= axis < len(src):
+        raise ShapeError(f"axis {axis} is out of range for an array of rank {len(src)}")
+    if not attrs.get("along"):
+        out = src[:axis] + idx + src[axis + 1:]
+    else:
+        picked = len(idx) == len(src) - 1  # one index per row: the axis is dropped
+        if len(idx) != len(src) and not picked:
+            raise ShapeError(f"take_along_axis: indices of rank {len(idx)} for an array of "
+                             f"rank {len(src)}; they must have the same rank")
+        if picked:
+            idx = (*idx[:axis], 1, *idx[axis:])
+        dims = []
+        for d, (s, i) in enumerate(zip(src, idx, strict=True)):
+            if d == axis:
+                dims.append(i)
+            elif s == i or 1 in (s, i):
+                dims.append(i if s == 1 else s)
+            else:
+                raise ShapeError(f"take_along_axis: shapes {src} and {idx} do not broadcast "
+                                 f"outside axis {axis}")
+        out = tuple(dims[:axis] + dims[axis + 1:]) if picked else tuple(dims)
+    if src[axis] == 0 and int(np.prod(out, dtype=np.int64)):
+        raise ShapeError("cannot do a non-empty take from an empty axis")
+    return tuple(int(d) for d in out)
+
+
+def _gather_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    src, idx = args
+    axis = int(attrs["axis"])
+    if attrs.get("along") and idx.ndim == src.ndim - 1:  # one index per row
+        return xp.take_along_axis(src, xp.expand_dims(idx, axis), axis=axis).squeeze(axis)
+    if attrs.get("along"):
+        return xp.take_along_axis(src, idx, axis=axis)
+    return xp.take(src, idx, axis=axis)
+
+
+# ``src`` read at integer indices along ``axis``: ``np.take(src, idx, axis)`` (the index
+# dims replace ``axis``) or, with ``along``, ``np.take_along_axis(src, idx, axis)`` (one
+# index per output element; an ``idx`` of one rank less is one index per row, the axis
+# dropped: ``x[np.arange(n), y]``). NumPy raises on an index out of range; CuPy (and the
+# generated kernels) wrap it modulo the axis length.
+register(OpDef("gather", "gather", 2, _gather_shape, _gather_reference,
+                dtype=lambda inputs, attrs: inputs[0].dtype))
 
 #: Ops whose NumPy result is a view of their operand (no data is computed).
 VIEW_RESULT_OPS = frozenset({"slice", "transpose", "reshape", "expand_dims", "squeeze",

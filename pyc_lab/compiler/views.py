@@ -7,7 +7,11 @@ A ``fused`` node's body is elementwise work over inputs, and may also hold
   memory at static strides and an offset, so the view is never copied; and
 - **a concatenation as its output** (``np.concatenate([a * c - b * s, b * c + a * s],
   -1)``): each operand is a *piece* computed over its own shape and written straight
-  into its region of the output, so no piece is materialised and copied again.
+  into its region of the output, so no piece is materialised and copied again; and
+- **gathers of its inputs** (``w[tokens]``, ``np.take_along_axis(x, idx, 1)``): a
+  ``gather`` node whose source and indices are inputs (or views of them) is a load of
+  its own, reading its index first and its source at the position that index names
+  (:class:`Gather`).
 
 :func:`analyse` turns a body into :class:`Piece` s, each with the :class:`Load` s it reads;
 the code generator emits one loop per piece. A body with several outputs (one shape)
@@ -25,11 +29,44 @@ import numpy as np
 from .ir import Graph, Node
 from .ops import REGISTRY, basic_index
 
-__all__ = ["VIEW_OPS", "Load", "Piece", "analyse", "broadcasts_to", "contiguous_strides",
-           "same_position_inputs", "view_geometry"]
+__all__ = ["VIEW_OPS", "Gather", "Load", "Piece", "analyse", "broadcasts_to",
+           "contiguous_strides", "same_position_inputs", "view_geometry"]
 
 #: Shape ops a fused body may apply to its inputs (read in place, never copied).
 VIEW_OPS = ("slice", "transpose")
+
+
+@dataclass(frozen=True)
+class Gather:
+    """The index read of a gathering :class:`Load`.
+
+    Element ``i`` of the load (over the load's shape) reads its index at
+    ``offset + strides . coords(i)`` of body input ``param``, wraps it into
+    ``[0, length)`` (negative indices count from the end; out-of-range ones wrap, as
+    CuPy's take does) and reads the source at the load's own offset plus
+    ``index * stride``.
+
+    Attributes
+    ----------
+    node
+        The body node the indices are (an input, or a view of one).
+    param
+        The body input (kernel pointer) holding the indices.
+    strides, offset
+        Element strides over the load's shape (0 along dims the index does not vary
+        with) and element offset, in the indices' memory.
+    stride
+        The source's element stride along the gathered axis.
+    length
+        The source's extent along it.
+    """
+
+    node: int
+    param: int
+    strides: tuple[int, ...]
+    offset: int
+    stride: int
+    length: int
 
 
 @dataclass(frozen=True)
@@ -48,6 +85,9 @@ class Load:
         Element strides of ``shape`` over the input's C-contiguous memory.
     offset
         Element offset of its first element in that memory.
+    gather
+        For a gather: where its index is read (the gathered axis then adds
+        ``index * gather.stride`` to ``offset + strides . coords``); ``None`` otherwise.
     """
 
     node: int
@@ -55,11 +95,13 @@ class Load:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     offset: int
+    gather: Gather | None = None
 
     @property
     def direct(self) -> bool:
-        """Whether this is the input itself (C-contiguous, no offset)."""
-        return self.offset == 0 and self.strides == tuple(contiguous_strides(self.shape))
+        """Whether this is the input itself (C-contiguous, no offset, no gather)."""
+        return self.gather is None and self.offset == 0 \
+            and self.strides == tuple(contiguous_strides(self.shape))
 
 
 @dataclass(frozen=True)
@@ -144,6 +186,39 @@ def _load(body: Graph, nid: int, positions: dict[int, int]) -> Load | str:
     return Load(nid, positions[cur.id], shape, strides, offset)
 
 
+def _gather_load(body: Graph, n: Node, positions: dict[int, int]) -> Load | str:
+    """The load of gather node ``n``: its source read over ``n``'s shape with the
+    gathered axis given by the index (see :class:`Gather`), or why there is none."""
+    src = _load(body, n.inputs[0], positions)
+    idx = _load(body, n.inputs[1], positions)
+    if isinstance(src, str) or isinstance(idx, str):
+        return "a gather of a computed value inside a fused body is not generated"
+    axis, out = int(n.attrs["axis"]), tuple(n.shape)
+    rank = len(src.shape)
+    if n.attrs.get("along"):
+        # over the output: the source at its own coordinates (broadcast where its extent
+        # is 1), the index likewise; the axis comes from the index (and is no dim of the
+        # output when there is one index per row)
+        picked = len(idx.shape) == rank - 1
+        full = (*out[:axis], 1, *out[axis:]) if picked else out
+        ishape = (*idx.shape[:axis], 1, *idx.shape[axis:]) if picked else idx.shape
+        istrides = (*idx.strides[:axis], 0, *idx.strides[axis:]) if picked else idx.strides
+        src_str = [0 if d == axis or (src.shape[d] == 1 and full[d] != 1) else src.strides[d]
+                   for d in range(rank)]
+        idx_str = [0 if ishape[d] == 1 and full[d] != 1 else istrides[d]
+                   for d in range(rank)]
+        if picked:
+            del src_str[axis], idx_str[axis]
+    else:
+        # the index's dims replace the axis: src[:axis] + idx + src[axis + 1:]
+        k = len(idx.shape)
+        src_str = [*src.strides[:axis], *([0] * k), *src.strides[axis + 1:]]
+        idx_str = [*([0] * axis), *idx.strides, *([0] * (rank - axis - 1))]
+    gather = Gather(idx.node, idx.param, tuple(idx_str), idx.offset, src.strides[axis],
+                    src.shape[axis])
+    return Load(n.id, src.param, out, tuple(src_str), src.offset, gather)
+
+
 def analyse(body: Graph) -> list[Piece] | str:
     """The pieces of ``body``'s output with their loads, or why it cannot be generated.
 
@@ -183,8 +258,9 @@ def analyse(body: Graph) -> list[Piece] | str:
                 continue
             seen.add(nid)
             n = body.node(nid)
-            if n.op == "input" or n.op in VIEW_OPS:
-                load = _load(body, nid, positions)
+            if n.op == "input" or n.op in VIEW_OPS or n.op == "gather":
+                load = _gather_load(body, n, positions) if n.op == "gather" \
+                    else _load(body, nid, positions)
                 if isinstance(load, str):
                     return load
                 loads[nid] = load
@@ -206,9 +282,10 @@ def analyse(body: Graph) -> list[Piece] | str:
 
 def same_position_inputs(body: Graph) -> set[int]:
     """Positions of the body inputs that every output element reads only at its own
-    position: read directly (no view) and the output is not a concatenation."""
+    position: read directly (no view, no gather) and the output is not a
+    concatenation."""
     out = body.node(body.outputs[0])
     if out.op == "concatenate":
         return set()
-    viewed = {n.inputs[0] for n in body if n.op in VIEW_OPS}
+    viewed = {i for n in body if n.op in VIEW_OPS or n.op == "gather" for i in n.inputs}
     return {k for k, bid in enumerate(body.inputs) if bid not in viewed}

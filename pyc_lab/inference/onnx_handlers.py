@@ -369,9 +369,13 @@ def _shape(args, attrs, op, node, opset):
 
 
 def _gather(args, attrs, op, node, opset):
-    # constant indices into shapes fold at import; indices computed from the inputs (an
-    # embedding lookup) make np.take a graph break that runs as NumPy/CuPy at every call
+    # constant indices into shapes fold at import; indices that are inputs or computed
+    # from them (an embedding lookup) are a gather op, fused into the kernel around it
     return np.take(args[0], args[1], axis=int(attrs.get("axis", 0)))
+
+
+def _gather_elements(args, attrs, op, node, opset):
+    return np.take_along_axis(args[0], args[1], axis=int(attrs.get("axis", 0)))
 
 
 def _concat(args, attrs, op, node, opset):
@@ -482,6 +486,7 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     "Cast": _cast,
     "Shape": _shape,
     "Gather": _gather,
+    "GatherElements": _gather_elements,
 }
 
 #: The ONNX ops (default domain) the importer maps onto pyc_lab's compiler.

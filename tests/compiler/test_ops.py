@@ -337,6 +337,37 @@ def test_math_ops_infer_numpys_dtype_and_compute_its_values(op, dtype, rng):
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("attrs, idx_shape, want", [
+    ({"axis": 0, "along": False}, (2, 3), lambda x, i: np.take(x, i, axis=0)),
+    ({"axis": 2, "along": False}, (4,), lambda x, i: np.take(x, i, axis=2)),
+    ({"axis": 1, "along": True}, (5, 2, 1), lambda x, i: np.take_along_axis(x, i, axis=1)),
+    ({"axis": 2, "along": True}, (5, 3), lambda x, i: np.take_along_axis(
+        x, i[..., None], axis=2)[..., 0]),
+])
+def test_gather_reads_at_integer_indices(rng, attrs, idx_shape, want):
+    x = rng.standard_normal((5, 3, 6)).astype(np.float32)
+    bound = x.shape[attrs["axis"]]
+    idx = rng.integers(-bound, bound, idx_shape)
+    node, out = run_op("gather", [x, idx], attrs)
+    expected = want(x, idx)
+    assert node.shape == expected.shape and node.dtype == out.dtype == np.float32
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_gather_refuses_what_numpy_refuses():
+    x = np.ones((4, 3), np.float32)
+    for idx, attrs, match in [
+        (np.array([0.5]), {"axis": 0}, "integer"),
+        (np.zeros((2, 2, 2), np.int64), {"axis": 0, "along": True}, "same rank"),
+        (np.zeros((3, 3), np.int64), {"axis": 1, "along": True}, "broadcast"),
+        (np.array([0]), {"axis": 2}, "out of range"),
+    ]:
+        with pytest.raises(ShapeError, match=match):
+            run_op("gather", [x, idx], attrs)
+    with pytest.raises(ShapeError, match="empty"):
+        run_op("gather", [np.ones((0, 3), np.float32), np.array([0])], {"axis": 0})
+
+
 def test_every_registered_op_is_covered_by_a_test_here():
     covered = set(UNARY) | set(BINARY) | set(UFUNC_OPS_CHECKED) | set(MATH_UNARY) | \
         set(MATH_BINARY) | {"erf", "expit"} | {
@@ -344,7 +375,7 @@ def test_every_registered_op_is_covered_by_a_test_here():
         "argmin", "any", "all", "matmul", "softmax", "layer_norm", "reshape", "transpose",
         "broadcast_to", "expand_dims", "squeeze", "concatenate", "slice", "setitem",
         "input", "constant", "fused", "fused_rows", "fused_extra", "eager", "attention",
-        "conv"}
+        "conv", "gather"}
     assert set(REGISTRY) <= covered, set(REGISTRY) - covered
 
 

@@ -257,10 +257,40 @@ def test_reduce_sum_keeps_the_input_dtype(dtype):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("op, axis, idx_shape", [("Gather", 0, (3, 5)), ("Gather", 1, (4,)),
+                                                 ("GatherElements", 1, (6, 3))])
+def test_gathers_with_indices_from_the_inputs_match_onnxruntime(op, axis, idx_shape):
+    """An embedding lookup (Gather) and GatherElements whose indices are a model input:
+    a gather op fused with the work after it, not a graph break."""
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng()
+    table = rng.standard_normal((6, 7)).astype(np.float32)
+    idx = rng.integers(-table.shape[axis], table.shape[axis], idx_shape).astype(np.int64)
+    want_shape = np.take(table, idx, axis=axis).shape if op == "Gather" \
+        else np.take_along_axis(table, idx, axis=axis).shape
+    graph = helper.make_graph(
+        [node(op, ["w", "i"], "g", axis=axis), node("Mul", ["g", "k"], "y")], "gather",
+        [helper.make_tensor_value_info("w", TensorProto.FLOAT, list(table.shape)),
+         helper.make_tensor_value_info("i", TensorProto.INT64, list(idx_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(want_shape))],
+        [numpy_helper.from_array(np.array(1.5, np.float32), "k")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    m.ir_version = 9
+    model = load(m)
+    assert not model.imported.breaks
+    feeds = {"w": table, "i": idx}
+    got = model(feeds)["y"]
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, feeds)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
 def test_every_supported_op_is_tested():
     tested = {n.op_type for _, nodes, _, _ in CASES for n in nodes}
     untested = set(SUPPORTED_OPS) - tested - {"Dropout", "Cast", "Shape", "Gather", "Max",
-                                              "Min", "Sum", "Log", "Neg", "Reciprocal"}
+                                              "Min", "Sum", "Log", "Neg", "Reciprocal",
+                                              "GatherElements"}
     assert not untested
 
 

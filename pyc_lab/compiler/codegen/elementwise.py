@@ -176,8 +176,8 @@ def check_elementwise(body: Graph, in_shapes: Sequence[tuple[int, ...]],
             if np.ndim(n.attrs.get("value")) != 0:
                 return "a non-scalar constant inside a fused body is not generated"
             continue
-        if n.op in VIEW_OPS or n.op == "concatenate":
-            continue  # views of inputs and an output concatenation: analyse() checks them
+        if n.op in VIEW_OPS or n.op in ("concatenate", "gather"):
+            continue  # views and gathers of inputs, an output concatenation: analyse()
         opdef = REGISTRY.get(n.op)
         if opdef is None or opdef.kind != "elementwise" or opdef.cuda is None:
             return f"op {n.op!r} inside a fused body has no CUDA template"
@@ -473,6 +473,8 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
         sections += ["\n" + "\n".join(vec_lines) + "\n"]
     source = "\n".join(s.rstrip("\n") + "\n" if s else "" for s in sections)
     dims = parts[0].dims if len(pieces) == 1 else [n]
+    gathers = sum(1 for part in parts for ld in part.loads if ld.gather is not None)
+    views = sum(1 for part in parts for ld in part.loads if not ld.direct) - gathers
     launch = {
         "n": n, "block": BLOCK, "vec": vec if vec_ok else 0,
         "vec_kernel": f"{name}_vec" if vec_ok else None, "n_vec": n_vec,
@@ -481,9 +483,9 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
     }
     notes = (f"{n} elements, layout {dims}"
              + (f" in {len(pieces)} pieces of a concatenation" if len(pieces) > 1 else "")
-             + (f"; {sum(1 for part in parts for ld in part.loads if not ld.direct)} view(s) "
-                "read in place" if any(not ld.direct for part in parts for ld in part.loads)
-                else "")
+             + (f"; {views} view(s) read in place" if views else "")
+             + (f"; {gathers} gather(s): indices read first, out-of-range ones wrapped "
+                "modulo the axis (as CuPy's take)" if gathers else "")
              + "; " + (f"vectorised by {vec} when aligned" if vec_ok else "scalar only"))
     return KernelSource(name=name, kind=kind, source=source, ops=tuple(ops), notes=notes,
                         entries=(name, f"{name}_vec") if vec_ok else (name,), launch=launch)

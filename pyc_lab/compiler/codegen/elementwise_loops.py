@@ -151,20 +151,31 @@ class Part:
             self.needs |= needs
         self.n = int(np.prod(shape, dtype=np.int64))
         self.dtypes = [body.node(ld.node).dtype for ld in self.loads]
+        # a gather's index is walked like one more array (it takes part in the collapse)
+        gathers = [k for k, ld in enumerate(self.loads) if ld.gather is not None]
+        self.index_dtypes = {k: body.node(self.loads[k].gather.node).dtype  # type: ignore
+                             for k in gathers}
+        shapes = [ld.shape for ld in self.loads] + [self.loads[k].shape for k in gathers]
+        strides = [ld.strides for ld in self.loads] + [
+            self.loads[k].gather.strides for k in gathers]  # type: ignore[union-attr]
         if self.n == 0:
-            self.dims, self.out_str, self.in_str = [0], [1], [[1] for _ in self.loads]
+            self.dims, self.out_str, walked = [0], [1], [[1] for _ in shapes]
         else:
-            self.dims, self.out_str, self.in_str = layout(
-                shape, [ld.shape for ld in self.loads], [ld.strides for ld in self.loads],
-                pieces[0].out_strides)
+            self.dims, self.out_str, walked = layout(shape, shapes, strides,
+                                                     pieces[0].out_strides)
+        self.in_str = walked[:len(self.loads)]
+        self.index_str = dict(zip(gathers, walked[len(self.loads):], strict=True))
         self.it_str = _contiguous_strides(self.dims)
-        self.along = [bool(s[-1] == 1) for s in self.in_str]
+        self.along = [bool(s[-1] == 1) and k not in self.index_str
+                      for k, s in enumerate(self.in_str)]
 
     def vector_ok(self, vec: int) -> bool:
         """Whether ``vec`` consecutive elements of these pieces are one aligned vector
         of the output and of every load running along the innermost dimension."""
         if self.n == 0:
             return True
+        if self.index_str:
+            return False  # a gather reads one element at a time
         dims = self.dims
         if len(dims) > 1 and dims[-1] % vec:
             return False
@@ -188,12 +199,14 @@ class Part:
     def element_lines(self, idx: str, indent: str, itype: str, sfx: str) -> list[str]:
         """One element ``idx`` of the pieces: the loads, then each piece's call and
         store."""
-        arrays = [self.out_str, *self.in_str]
+        arrays = [self.out_str, *self.in_str, *self.index_str.values()]
         needed = {j for s in arrays if s != self.it_str for j, v in enumerate(s) if v}
         lines = coords(self.dims, needed, idx, itype, sfx, indent)
         args = []
         for k, (ld, d) in enumerate(zip(self.loads, self.dtypes, strict=True)):
             off = offset(self.in_str[k], self.it_str, idx, sfx, base=ld.offset)
+            if ld.gather is not None:
+                off = self._gathered(k, ld, off, idx, itype, sfx, indent, lines)
             lines.append(f"{indent}const {ct.compute_type(d)} x{k} = "
                          f"{ct.from_storage(d, f'in{ld.param}[{off}]')};")
             args.append(f"x{k}")
@@ -201,6 +214,27 @@ class Part:
             out_off = offset(self.out_str, self.it_str, idx, sfx, base=piece.out_offset)
             lines.append(f"{indent}{oname}[{out_off}] = {ct.to_storage(odt, call)};")
         return lines
+
+    def _gathered(self, k: int, ld: Load, off: str, idx: str, itype: str, sfx: str,
+                  indent: str, lines: list[str]) -> str:
+        """Append the lines reading gather ``k``'s index (wrapped into the axis) and
+        return its source offset."""
+        g = ld.gather
+        assert g is not None
+        ioff = offset(self.index_str[k], self.it_str, idx, sfx, base=g.offset)
+        raw = ct.storage_type(self.index_dtypes[k])
+        n = g.length
+        lines += [
+            f"{indent}long long j{k} = static_cast<long long>("
+            f"static_cast<{raw}>(in{g.param}[{ioff}]));",
+            f"{indent}if (static_cast<unsigned long long>(j{k}) >= {n}ull) {{"
+            "  // negative: from the end; out of range: wrapped",
+            f"{indent}    j{k} = ((j{k} % {n}LL) + {n}LL) % {n}LL;",
+            f"{indent}}}",
+            f"{indent}const {itype} w{k} = static_cast<{itype}>(j{k});",
+        ]
+        step = f"w{k}" if abs(g.stride) == 1 else f"w{k} * {abs(g.stride)}{sfx}"
+        return f"({off}) {'-' if g.stride < 0 else '+'} {step}"
 
     def vector_lines(self, vec: int, itype: str, sfx: str) -> list[str]:
         """The body of the vector loop (``i``: the vectors' first element)."""

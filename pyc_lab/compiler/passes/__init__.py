@@ -12,6 +12,8 @@ Passes (each a module with ``NAME`` and ``run(graph, ctx) -> bool``):
 - ``simplify``: algebraic identities that keep NaN/Inf semantics (never ``x*0 -> 0``);
 - ``cheap_math``: ``x ** n`` (small integer ``n``, floats) as multiplications, within a
   stated number of ulp;
+- ``gather_sinking``: a gather of an elementwise result gathers its operands instead,
+  where that computes fewer elements (the pick of a loss never materialises ``logp``);
 - ``cse`` and ``dce``: merge duplicates, drop what the outputs do not need;
 - ``transpose_folding``: a matmul reads ``x`` instead of ``swapaxes(x, -1, -2)``;
 - ``epilogue_fusion``: matmul + bias + activation in one GEMM;

@@ -10,7 +10,10 @@ Two shape ops join as well, so that they cost no copy (:mod:`pyc_lab.compiler.vi
 basic slices and transposes of a group's inputs (``x[..., :half]``), which the kernel
 reads in place at their strides, and a concatenation as a group's root
 (``np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)``), whose operands are
-computed as *pieces* straight into their regions of the output.
+computed as *pieces* straight into their regions of the output. A ``gather``
+(``w[tokens]``, ``np.take_along_axis``) joins or starts a group like an elementwise op,
+but, like a view, only reads inputs of the group (or views of them): its source and
+indices are never computed inside it.
 
 The fused node's inputs are the group's external inputs (first-use order, no
 duplicates); ``attrs["body"]`` is a :class:`~pyc_lab.compiler.ir.Graph` with matching
@@ -40,8 +43,14 @@ if TYPE_CHECKING:
 NAME = "elementwise_fusion"
 
 
+#: Ops that read a group's inputs (or views of them) at positions of their own, never
+#: values computed inside the group.
+_READS = (*VIEW_OPS, "gather")
+
+
 def _fusable(n: Node) -> bool:
-    return kind_of(n.op) == "elementwise" and REGISTRY[n.op].cuda is not None
+    return n.op == "gather" or (kind_of(n.op) == "elementwise"
+                                and REGISTRY[n.op].cuda is not None)
 
 
 def _groups(graph: Graph) -> list[list[int]]:
@@ -99,8 +108,8 @@ def _join(graph: Graph, n: Node, readers: list[int], outputs: set[int],
         return None
     gid = gids.pop()
     is_view = n.op in VIEW_OPS
-    if not is_view and any(graph.nodes[u].op in VIEW_OPS for u in readers):
-        return None  # views read inputs (or views), never computed values
+    if not is_view and any(graph.nodes[u].op in _READS for u in readers):
+        return None  # views and gathers read inputs (or views), never computed values
     pieces = set()
     for u in set(readers):
         if piece_of[u] == -1:  # an operand of the root concatenation: its own piece
@@ -112,9 +121,9 @@ def _join(graph: Graph, n: Node, readers: list[int], outputs: set[int],
             pieces.add(piece_of[u])
     if not is_view and len(pieces) != 1:
         return None  # a computed node serves one piece
-    chain_link = is_view and all(graph.nodes[u].op in VIEW_OPS for u in readers)
+    chain_link = is_view and all(graph.nodes[u].op in _READS for u in readers)
     if not chain_link and not all(broadcasts_to(n.shape, spaces[(gid, p)]) for p in pieces):
-        return None  # (a view read only by views is one link of a chain of views)
+        return None  # (a view read only by views or gathers is one link of a chain)
     return gid, min(pieces)
 
 

@@ -40,10 +40,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: The passes :class:`PassManager` runs when given no list.
-DEFAULT_PIPELINE = ["canonicalize", "constant_folding", "simplify", "cheap_math", "cse", "dce",
-                    "transpose_folding", "epilogue_fusion", "reduction_fusion",
-                    "find_attention", "split_reduction", "row_fusion", "elementwise_fusion",
-                    "output_fusion", "dce"]
+DEFAULT_PIPELINE = ["canonicalize", "constant_folding", "simplify", "cheap_math",
+                    "gather_sinking", "cse", "dce", "transpose_folding", "epilogue_fusion",
+                    "reduction_fusion", "find_attention", "split_reduction", "row_fusion",
+                    "elementwise_fusion", "output_fusion", "dce"]
 
 #: The optimisation modes a pass may look at.
 MODES = ("balanced", "memory_first", "utilization_first")
@@ -166,8 +166,8 @@ class PassManager:
                                   len(g), True, list(ctx.notes), g.text()))
 
 
-_MODULES = ("canonicalize", "fold", "simplify", "cheap_math", "cse", "dce", "transpose_fold",
-            "epilogue", "reduction_fusion", "attention_find", "split_reduction",
+_MODULES = ("canonicalize", "fold", "simplify", "cheap_math", "gather_sinking", "cse", "dce",
+            "transpose_fold", "epilogue", "reduction_fusion", "attention_find", "split_reduction",
             "row_fusion", "elementwise_fusion", "output_fusion")
 
 #: Every pass by name (``module.NAME`` -> module). Imported last: the pass modules use the
