@@ -12,6 +12,11 @@ database, and hands back the result with every measurement; the caller merges th
 into its own tuning database under the device each worker measured on. Results come
 back in the order of the problems.
 
+With ``per_candidate=True`` every candidate a worker measures is reported as it
+finishes too: the task publishes it as a Dask worker event (``log_event`` on a topic of
+the sweep's own) and the caller hands it to the ``observer`` on its own thread, between
+the problems' reports — the GPU each problem runs on, candidate by candidate.
+
 A worker that dies (a kernel that crashes its process, a node lost) loses its one
 problem in flight: Dask runs it again on another worker (up to the scheduler's
 ``distributed.scheduler.allowed-failures``; a problem that keeps killing workers is
@@ -26,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import queue
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -49,7 +55,7 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
                   options: GemmTuneOptions | None = None, replay: bool = False,
                   source: str | Path | None = None, pace_s: float = 0.0,
                   retries: int = 2, observer: Callable[[dict[str, Any]], None] | None = None,
-                  **settings: Any) -> ManyResult:
+                  per_candidate: bool = False, **settings: Any) -> ManyResult:
     """Tune a list of GEMM problems, on this GPU or over a Dask cluster.
 
     Parameters
@@ -76,8 +82,14 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
         Over a cluster, called on the caller's thread as each problem finishes (in the
         order they finish) with a dict: ``problem`` (its label), ``worker``, ``status``
         (``"tuned"`` or ``"not tuned"``), ``winner``, ``speedup``, ``seconds``,
-        ``message``, and ``done`` / ``total`` — per-GPU progress for a bar or a widget.
-        An observer that raises is logged; the sweep goes on.
+        ``message``, ``done`` / ``total`` and ``event``: ``"problem"`` — per-GPU
+        progress for a bar or a widget. An observer that raises is logged; the sweep
+        goes on.
+    per_candidate
+        Also report every candidate as its worker finishes measuring it: dicts with
+        ``event``: ``"candidate"``, ``problem``, ``worker``, ``config``, ``status``,
+        ``ms``, ``tflops``, ``built`` and ``candidates`` (the problem's total so far).
+        Needs an ``observer``.
     retries
         Times a problem whose tuning raised an unexpected error is run again (a worker
         that dies has its problem rescheduled by Dask itself, up to the scheduler's
@@ -95,6 +107,9 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
         For unreadable problems or options, a ``client`` that is not a
         ``distributed.Client``, or a live sweep on a cluster whose workers declare no GPU.
     """
+    if per_candidate and observer is None:
+        raise PycLabError("autotune_many: per_candidate=True reports candidates to an "
+                          "observer; pass observer=... (a SweepProgress, say)")
     if client is None:
         if observer is not None:
             raise PycLabError("autotune_many: observer= reports a sweep over a cluster; "
@@ -127,17 +142,22 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
     if not replay:
         shipped, result.builds_requested, result.builds_distinct = submit_builds(
             client, items, opts, resources)
+    topic = f"pyc-tune-{run}" if per_candidate else None
+    candidates: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+    if topic is not None:
+        client.subscribe_topic(topic, lambda event: candidates.put(event[1]))
     futures = []
     for i, p in enumerate(items):
         popts = dataclasses.replace(opts, dtype=p.dtype, layout=p.layout, budget_s=share,
                                     bias=p.bias, activation=p.activation)
         futures.append(client.submit(tune_one, p, popts, replay, source, pace_s, shipped[i],
-                                     key=f"pyc-tune-{run}-{i}", resources=resources,
+                                     topic, key=f"pyc-tune-{run}-{i}", resources=resources,
                                      retries=retries, pure=False))
     problem_of = {future.key: p for p, future in zip(items, futures, strict=True)}
     records: dict[GemmProblem, list[Any]] = {}  # the workers' measurements, to merge
     try:
-        for done, future in enumerate(distributed.as_completed(futures), 1):
+        for done, future in enumerate(_finished(distributed, futures, candidates, observer),
+                                      1):
             p = problem_of[future.key]
             _collect(p, future, result, records)
             if observer is not None:
@@ -145,25 +165,88 @@ def autotune_many(problems: Iterable[Any], *, client: Any = None,
     finally:
         for future in futures:
             future.release()
+        if topic is not None:
+            time.sleep(0.2)  # the last reports travel worker -> scheduler -> here
+            _drain(candidates, observer)
+            try:
+                client.unsubscribe_topic(topic)
+            except Exception as exc:  # a client already closed
+                log.debug("autotune_many: unsubscribing %s: %s", topic, exc)
     if not replay:
         _merge(result, records, db)
     result.total_seconds = time.perf_counter() - started
     return result
 
 
+def _finished(distributed: Any, futures: list[Any], candidates: queue.SimpleQueue,
+              observer: Callable[[dict[str, Any]], None] | None) -> Iterable[Any]:
+    """The futures as they finish; between them, the candidates reported so far go to
+    ``observer`` (on this thread)."""
+    finished = distributed.as_completed(futures)
+    while not finished.is_empty():
+        batch = finished.next_batch(block=False)
+        _drain(candidates, observer)
+        if not batch:
+            time.sleep(0.05)
+        yield from batch
+
+
+def _drain(candidates: queue.SimpleQueue, observer: Callable[[dict[str, Any]], None] | None) \
+        -> None:
+    while observer is not None:
+        try:
+            event = candidates.get_nowait()
+        except queue.Empty:
+            return
+        try:
+            observer(dict(event))
+        except Exception as exc:
+            log.warning("autotune_many: the observer raised %s: %s", type(exc).__name__, exc)
+
+
+def _candidate_reporter(topic: str, problem: GemmProblem) -> Callable[[dict[str, Any]], None]:
+    """An autotune observer publishing each candidate row as a worker event on ``topic``
+    (plain values only: events travel through the scheduler)."""
+    worker = _worker_name()
+
+    def report(row: dict[str, Any]) -> None:
+        config = row.get("config")
+        event = {"event": "candidate", "problem": problem.label, "worker": worker,
+                 "config": str(getattr(config, "id", config)), "status": str(row.get("status")),
+                 "ms": _number(row.get("ms")), "tflops": _number(row.get("tflops")),
+                 "built": _number(row.get("built")), "candidates": _number(row.get("total"))}
+        try:
+            from distributed import get_worker
+
+            get_worker().log_event(topic, event)
+        except Exception as exc:  # no worker (run in the caller) or a closing one
+            log.debug("candidate report not sent: %s", exc)
+
+    return report
+
+
+def _number(value: Any) -> float | int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
 def tune_one(problem: GemmProblem, options: GemmTuneOptions, replay: bool,
              source: str | Path | None, pace_s: float,
-             shipped: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+             shipped: Sequence[dict[str, Any]] = (), topic: str | None = None) \
+        -> dict[str, Any]:
     """One problem, tuned on the worker that runs this (its GPU): the result, every
     measurement taken (live), where it ran and how long it took. A ``PycLabError`` (a
     problem no kernel takes, one not in the recording) is an answer, not a failure to
     retry: it comes back as ``error``. ``shipped``: the builds of its candidates (see
-    :mod:`.builds`), stored in this worker's kernel cache first."""
+    :mod:`.builds`), stored in this worker's kernel cache first. ``topic``: publish each
+    candidate measured as a worker event there (``per_candidate``)."""
     t0 = time.perf_counter()
     if shipped:
         install_builds(shipped)
+    observer = None if topic is None else _candidate_reporter(topic, problem)
     try:
-        res, records = _tune(problem, options, replay, source, pace_s)
+        res, records = _tune(problem, options, replay, source, pace_s, observer)
     except PycLabError as exc:
         return {"error": str(exc), "worker": _worker_name(),
                 "seconds": time.perf_counter() - t0}
@@ -172,19 +255,21 @@ def tune_one(problem: GemmProblem, options: GemmTuneOptions, replay: bool,
 
 
 def _tune(problem: GemmProblem, options: GemmTuneOptions, replay: bool,
-          source: str | Path | None, pace_s: float) -> tuple[Any, list[Any]]:
+          source: str | Path | None, pace_s: float,
+          observer: Callable[[dict[str, Any]], None] | None = None) -> tuple[Any, list[Any]]:
     records: list[Any] = []
     if replay:
         from ..kernels.tuning.autotune import replay_autotune
 
         res = replay_autotune(problem.m, problem.n, problem.k, options=options,
-                              source=source, pace_s=pace_s)
+                              source=source, pace_s=pace_s, observer=observer)
     else:
         from ..kernels.tuning.autotune import autotune_gemm
         from ..kernels.tuning.database import TuningDB
 
         scratch = TuningDB(":memory:")  # the caller's database gets the measurements
-        res = autotune_gemm(problem.m, problem.n, problem.k, options=options, db=scratch)
+        res = autotune_gemm(problem.m, problem.n, problem.k, options=options, db=scratch,
+                            observer=observer)
         records = scratch.measurements()
         scratch.close()
     return res, records
@@ -223,7 +308,7 @@ def _collect(p: GemmProblem, future: Any, result: ManyResult,
 def _tell(observer: Callable[[dict[str, Any]], None], p: GemmProblem, result: ManyResult,
           done: int, total: int) -> None:
     res = result.results.get(p)
-    event = {"problem": p.label, "worker": result.workers.get(p),
+    event = {"event": "problem", "problem": p.label, "worker": result.workers.get(p),
              "status": "tuned" if res is not None else "not tuned",
              "winner": getattr(res, "winner", None),
              "speedup": getattr(res, "speedup", None),

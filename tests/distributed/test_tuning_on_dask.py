@@ -25,7 +25,7 @@ from pyc_lab.errors import PycLabError
 from pyc_lab.kernels.tuning import autotune as autotune_mod
 from pyc_lab.kernels.tuning.database import TuningDB
 from pyc_lab.kernels.tuning.keys import DeviceKey, Measurement, ProblemKey
-from pyc_lab.kernels.tuning.result import TuneResult
+from pyc_lab.kernels.tuning.result import TuneResult, config_name
 
 distributed = pytest.importorskip("distributed", reason="needs Dask's distributed package "
                                                         "(pip install 'pyc-lab[cluster]')")
@@ -279,6 +279,28 @@ def test_an_observer_hears_each_problem_as_it_finishes(threads_client):
         pl.autotune_many(RECORDED, replay=True, observer=events.append)
 
 
+def test_per_candidate_reports_reach_the_observer_between_problems(threads_client):
+    events = []
+    res = pl.autotune_many(RECORDED, client=threads_client, replay=True, budget_s=60,
+                           observer=events.append, per_candidate=True)
+    problems = [e for e in events if e["event"] == "problem"]
+    candidates = [e for e in events if e["event"] == "candidate"]
+    assert sorted(e["done"] for e in problems) == list(range(1, len(RECORDED) + 1))
+    labels = {p.label for p in res.problems}
+    assert candidates and {e["problem"] for e in candidates} == labels
+    assert {e["worker"] for e in candidates} <= set(res.workers.values())
+    for e in candidates:
+        assert isinstance(e["config"], str) and e["config"]
+        assert e["ms"] is None or e["ms"] > 0
+    # each problem's best tuned kernel was reported as one of its candidates
+    for p in res.problems:
+        mine = {e["config"] for e in candidates if e["problem"] == p.label}
+        best = res.results[p].best
+        assert config_name(best.config, best.config_id) in mine
+    with pytest.raises(PycLabError, match="per_candidate"):
+        pl.autotune_many(RECORDED, client=threads_client, replay=True, per_candidate=True)
+
+
 def test_sweep_progress_follows_a_sweep_per_worker(threads_client):
     from pyc_lab.widgets import SweepProgress
 
@@ -294,3 +316,11 @@ def test_sweep_progress_follows_a_sweep_per_worker(threads_client):
     assert "inproc://" not in progress.to_text() and "inproc://" not in progress.to_html()
     bar, table = bar_and_table.children
     assert (bar.value, bar.max) == (5, 5) and "inproc://" in table.value
+    assert int(frame["candidates"].sum()) == 0  # no per-candidate reports asked for
+    watched = SweepProgress()
+    pl.autotune_many(RECORDED, client=threads_client, replay=True, budget_s=60,
+                     observer=watched, per_candidate=True)
+    frame = watched.to_frame()
+    assert int(frame["done"].sum()) == len(RECORDED) and int(frame["candidates"].sum()) > 0
+    assert set(frame["now"]) == {""}  # every problem finished
+    assert len(watched.events) == len(RECORDED)  # problems only
