@@ -159,6 +159,18 @@ def test_gathers_fuse_with_their_elementwise_consumers():
         assert not [n for n in graph if n.op in ("gather", "eager")], name
 
 
+def test_explain_says_why_a_gathered_value_is_computed_apart():
+    rng = np.random.default_rng(12)
+    x, w = _rand(rng, (6, 5), F32), _rand(rng, (5, 5), F32)
+    idx = np.array([4, 0, 5])
+    f = pl.compile(lambda x, w, i: (x @ w)[i] * 2, backend="numpy")
+    log = f.explain(x, w, idx).pass_log.set_index("pass")
+    notes = [n for n in log.loc["elementwise_fusion", "notes"].split("; ")
+             if "gathers from" in n]
+    assert len(notes) == 1 and "matmul" in notes[0] and "never computed inside" in notes[0]
+    np.testing.assert_array_equal(f(x, w, idx), (x @ w)[idx] * 2)
+
+
 def test_an_index_out_of_range_raises_numpy_s_index_error_on_the_numpy_backend():
     x = np.arange(12.0).reshape(4, 3)
     f = pl.compile(lambda x, i: x[i] + 1, backend="numpy")
@@ -190,10 +202,20 @@ def test_float_indices_are_numpy_s_error():
 
 def test_gathered_inputs_are_never_written_in_place():
     rng = np.random.default_rng(3)
-    x, idx = _rand(rng, (8, 8), F32), _ints(rng, 8, (8,))
+    x, idx = _rand(rng, (8, 8), F32), rng.permutation(8)
     graph = _optimised(lambda x, i: x[i] * 2, [x, idx])
     (node,) = [n for n in graph if n.op == "fused"]
     assert same_position_inputs(node.attrs["body"]) == set()
+    # memory_first writes an elementwise kernel over its dying same-shape input (the
+    # control) but never over an input it gathers from (a permutation of its rows)
+    control = pl.compile(lambda x, i: np.exp(np.sin(x + 1) @ x) @ x, mode="memory_first",
+                         backend="numpy")
+    gathered = pl.compile(lambda x, i: np.exp((np.sin(x + 1) @ x)[i]) @ x,
+                          mode="memory_first", backend="numpy")
+    assert "in-place" in set(control.explain(x, idx).memory["reuse"])
+    assert "in-place" not in set(gathered.explain(x, idx).memory["reuse"])
+    want = np.exp((np.sin(x + 1) @ x)[idx]) @ x
+    np.testing.assert_allclose(gathered(x, idx), want, rtol=1e-5)
 
 
 # -- gather sinking ----------------------------------------------------------------------------

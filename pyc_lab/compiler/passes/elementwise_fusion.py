@@ -193,8 +193,28 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         prune(graph, inlined)
         ctx.note(f"{NAME}: fused {len(ops)} op(s) {', '.join(ops)} "
                  f"(%{', %'.join(map(str, group))}) into {name} %{fused.id}")
+        _note_gather_sources(graph, external, body, name, ctx)
         k += 1
     return True
+
+
+def _note_gather_sources(graph: Graph, external: list[int], body: Graph, name: str,
+                         ctx: PassContext) -> None:
+    """Say why a computed value a gather reads was not fused: a gather reads its source
+    at positions of its own, so the source is materialised first."""
+    for n in body.nodes.values():
+        if n.op != "gather":
+            continue
+        src = body.nodes[n.inputs[0]]
+        while src.op in VIEW_OPS:
+            src = body.nodes[src.inputs[0]]
+        if src.op != "input":
+            continue
+        outer = graph.nodes.get(external[int(src.attrs["index"])])
+        if outer is not None and outer.op not in ("input", "constant"):
+            ctx.note(f"{NAME}: {name} gathers from {outer.op} %{outer.id}, computed by its "
+                     "own kernel first (a gather reads its source at other positions than "
+                     "its own, so the source is never computed inside the gathering kernel)")
 
 
 def _place(graph: Graph, fused: Node, root: Node, group: set[int]) -> None:
