@@ -37,10 +37,33 @@ def rebind(fn: Callable, replace: dict[int, Any]) -> Callable:
     replace
         ``id(original) -> replacement``.
     """
-    if not replace or not isinstance(fn, types.FunctionType):
+    if not replace or not isinstance(fn, types.FunctionType) \
+            or not _reaches(fn, replace, set(), 0):
         return fn
     memo: dict[int, types.FunctionType] = {}
     return _clone(fn, replace, memo, 0)
+
+
+def _reaches(fn: types.FunctionType, replace: dict[int, Any], seen: set[int],
+             depth: int) -> bool:
+    """Whether ``fn`` (or a function it calls by name, as deep as :func:`_clone` goes)
+    reads one of the replaced objects: otherwise it is left as it is."""
+    if id(fn) in seen:
+        return False
+    seen.add(id(fn))
+    values = [fn.__globals__[n] for n in _names(fn.__code__) if n in fn.__globals__]
+    for cell in fn.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    for value in values:
+        if id(value) in replace:
+            return True
+        if isinstance(value, types.FunctionType) and not _is_library(value) \
+                and depth < _MAX_DEPTH and _reaches(value, replace, seen, depth + 1):
+            return True
+    return False
 
 
 def _clone(fn: types.FunctionType, replace: dict[int, Any],
