@@ -73,7 +73,7 @@ def special_values(shape: tuple[int, ...], dtype, rng: np.random.Generator) -> n
 # -- the manager -----------------------------------------------------------------------------
 def test_default_pipeline_and_registry():
     assert DEFAULT_PIPELINE == ["canonicalize", "constant_folding", "simplify", "cheap_math",
-                                "cse", "dce",
+                                "gather_sinking", "cse", "dce",
                                 "transpose_folding", "epilogue_fusion", "reduction_fusion",
                                 "find_attention", "split_reduction", "row_fusion",
                                 "elementwise_fusion", "output_fusion", "dce"]

@@ -121,10 +121,12 @@ def test_unsupported_functions_are_graph_breaks_and_stay_correct(rng):
     assert graph.ops().count("eager") == 2
 
 
-def test_advanced_indexing_is_a_graph_break(rng):
+def test_advanced_indexing_is_a_gather_or_a_graph_break(rng):
     x = rng.standard_normal((6, 3))
-    idx = np.array([4, 0, 2])
-    _, breaks = check(lambda x: x[idx] * 2, x)
+    idx, jdx = np.array([4, 0, 2]), np.array([1, 1, 0])
+    graph, breaks = check(lambda x: x[idx] * 2, x)  # one integer array: a gather op
+    assert not breaks and [n.op for n in graph if n.op == "gather"] == ["gather"]
+    _, breaks = check(lambda x: x[idx, jdx] * 2, x)  # two arrays: run as written
     assert breaks[0]["reason"] == "advanced (array) indexing"
 
 
