@@ -70,6 +70,13 @@ def _mean(tracer: Tracer, a: Any, axis: Any = None, dtype: Any = None, out: Any 
                              keepdims=keepdims, where=where)
 
 
+def _average(tracer: Tracer, a: Any, axis: Any = None, weights: Any = None,
+             returned: bool = False, *, keepdims: Any = NOVALUE) -> Any:
+    if weights is not None or returned:  # NumPy raises if the weights sum to zero
+        raise NotCovered
+    return reductions.reduce(tracer, "mean", a, axis=axis, keepdims=keepdims)
+
+
 def _extreme(op: str) -> Callable:
     def handler(tracer: Tracer, a: Any, axis: Any = None, out: Any = None,
                 keepdims: Any = NOVALUE, initial: Any = NOVALUE,
@@ -248,7 +255,7 @@ def _moveaxis(tracer: Tracer, a: Any, source: Any, destination: Any) -> Traced:
 
 
 _HANDLERS: dict[Callable, Callable] = {
-    np.sum: _sum, np.prod: _prod, np.mean: _mean,
+    np.sum: _sum, np.prod: _prod, np.mean: _mean, np.average: _average,
     np.max: _extreme("max"), np.amax: _extreme("max"),
     np.min: _extreme("min"), np.amin: _extreme("min"),
     np.var: _spread("var"), np.std: _spread("std"),

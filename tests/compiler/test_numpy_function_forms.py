@@ -326,3 +326,18 @@ def test_isclose_is_numpys_comparison(x, kw):
     _same(lambda a, b: np.isclose(a, b, **kw), ints, ints.astype(np.float32) + 1e-9)
     _same(lambda a: np.isclose(a, 0.0, **kw), x)
     _same(lambda a: np.isclose(a, 2, **kw), ints)
+
+
+@pytest.mark.parametrize("kw", [{}, {"axis": 1}, {"axis": 0, "keepdims": True},
+                                {"axis": (0, 1)}])
+def test_average_without_weights_is_the_mean(x, kw):
+    _same(lambda a: np.average(a, **kw), x)
+    ints = np.arange(91).reshape(7, 13) % 5
+    _same(lambda a: np.average(a, **kw), ints)
+
+
+def test_average_with_weights_is_numpys_own_call(x):
+    # NumPy raises when the weights sum to zero, which only the values can tell
+    w = np.linspace(0.5, 1.5, 13)
+    _same(lambda a: np.average(a, axis=1, weights=w), x, breaks=1)
+    _same(lambda a: np.average(a, axis=1, returned=True)[1], x, breaks=2)  # (a pair)
