@@ -19,16 +19,16 @@ import pytest
 
 import pyc_lab as pl
 from pyc_lab.compiler.codegen import generate
-from pyc_lab.compiler.ops import evaluate, run_graph
+from pyc_lab.compiler.ops import evaluate
 from pyc_lab.compiler.passes import PassManager
 from pyc_lab.compiler.tracer import trace
 from pyc_lab.compiler.views import same_position_inputs
 from tests.compiler.emulate import emulate, needs_gxx
 from tests.compiler.test_codegen import compile_ptx, needs_nvcc
+from tests.compiler.test_emulated_kernels import _check as check_against_body
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 BF16 = np.dtype(ml_dtypes.bfloat16)
-_TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-13}
 
 
 def _embed(w, tokens, scale):
@@ -122,15 +122,6 @@ def _reference_values(graph, args):
                 values[n.id] = np.asarray(evaluate(n.op, np, [values[i] for i in n.inputs],
                                                    n.attrs), dtype=n.dtype)
     return values
-
-
-def _close(got, want):
-    assert got.dtype == want.dtype and got.shape == want.shape
-    if got.dtype.kind == "f" or got.dtype == BF16:
-        tol = _TOL[got.dtype.name]
-        np.testing.assert_allclose(got.astype(F64), want.astype(F64), rtol=tol, atol=tol)
-    else:
-        np.testing.assert_array_equal(got, want)
 
 
 # -- tracing and the NumPy backend ------------------------------------------------------------
@@ -296,9 +287,7 @@ def test_generated_gathers_match_numpy(name, dtype):
         for grid in (None, 1):
             out = np.full(node.shape, np.nan, dtype=node.dtype)
             emulate(src, src.name, [*ins, out], grid)
-            with np.errstate(all="ignore"):
-                (want,) = run_graph(node.attrs["body"], ins, np)
-            _close(out, np.asarray(want))
+            check_against_body(node, ins, [out])
 
 
 @needs_gxx
