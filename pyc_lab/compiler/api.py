@@ -646,6 +646,13 @@ def _kinds(args: tuple) -> tuple[tuple[Any, ...], ...]:
 
 
 def _pack(outs: list[Any], tree: Any) -> Any:
+    """The results in the structure the traced function returned (see ``trace``)."""
     if isinstance(tree, int):
         return outs[tree]
+    if isinstance(tree, dict):
+        return type(tree)((k, _pack(outs, t)) for k, t in tree.items())
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(_pack(outs, t) for t in tree))
+    if isinstance(tree, list):
+        return [_pack(outs, t) for t in tree]
     return tuple(_pack(outs, t) for t in tree)

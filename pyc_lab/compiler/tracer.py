@@ -362,7 +362,15 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
     scalars_out: list[int] = []
 
     def pack(obj: Any) -> Any:
-        if isinstance(obj, (tuple, list)):
+        # the result's structure, its arrays replaced by output positions: tuples (named
+        # ones too), lists and dicts come back as the type the function returned
+        if isinstance(obj, dict):
+            return type(obj)((k, pack(v)) for k, v in obj.items())
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            return type(obj)(*(pack(o) for o in obj))
+        if isinstance(obj, list):
+            return [pack(o) for o in obj]
+        if isinstance(obj, tuple):
             return tuple(pack(o) for o in obj)
         if obj is None:
             raise TraceError("the function returned None; it must return arrays")

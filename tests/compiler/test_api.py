@@ -238,3 +238,30 @@ def test_the_fast_path_under_threads_of_alternating_kinds():
     for (x, y), out in zip(cases, outs, strict=True):
         assert out.dtype == x.dtype
         np.testing.assert_array_equal(out, f(x, y))
+
+
+def test_results_come_back_in_the_structure_the_function_returned():
+    from collections import OrderedDict, namedtuple
+
+    pair = namedtuple("pair", "loss grad")
+    x = np.random.default_rng().standard_normal((3, 4))
+    cases = [lambda x: {"sum": x + 1, "parts": [x * 2, (x * 3, x.sum())]},
+             lambda x: [x, x - 1], lambda x: pair(x.mean(), 2 * x),
+             lambda x: OrderedDict(b=x, a=-x), lambda x: (x, {"k": np.tanh(x)})]
+    for fn in cases:
+        got, want = pl.compile(fn, backend="numpy")(x), fn(x)
+
+        def same(g, w):
+            assert type(g) is type(w) or (np.ndim(w) == 0 and np.ndim(g) == 0)
+            if isinstance(w, dict):
+                assert list(g) == list(w)
+                for k in w:
+                    same(g[k], w[k])
+            elif isinstance(w, (list, tuple)):
+                assert len(g) == len(w)
+                for a, b in zip(g, w, strict=True):
+                    same(a, b)
+            else:
+                np.testing.assert_allclose(g, w, rtol=1e-12)
+
+        same(got, want)
