@@ -388,7 +388,9 @@ class Traced:
             "a traced array cannot become a NumPy array (np.asarray, np.array, or storing "
             "it into a NumPy array made inside the function): its values exist only when "
             "the compiled function runs. Build arrays from traced values instead "
-            "(np.zeros_like(x), np.where, np.concatenate)")
+            "(np.zeros_like(x), np.where, np.concatenate); to index a NumPy array made "
+            "inside the function with a traced one (np.eye(n)[labels]), pass that array "
+            "as an argument or keep it in a global, so it is traced too (w[labels])")
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any,
                         **kwargs: Any) -> Any:
