@@ -7,12 +7,13 @@ picking positions first computes the same values on fewer of them. Repeated down
 chain, the pick of a loss written as ``logp = z - log(sum(exp(z))); -logp[arange, y]``
 reads ``z`` and the row's log-sum at ``n`` positions instead of materialising the whole
 ``logp``; ``(w * s)[tokens]`` scales only the rows it reads. ``E`` stays where something
-else still reads it.
+else still reads it. A gather of rows (or, with a 1-D index, columns) of a 2-D matmul
+gathers that operand instead, so the GEMM computes only what is read.
 
 An operand broadcast along the gathered axis (a row's ``max`` of shape ``(n, 1)``) is
 not gathered: it is reshaped to the gathered shape (the axis replaced by the index's
-dims, or dropped for one index per row) and broadcasts as before. A rewrite whose
-result type would differ, operands of a rank other than ``E``'s (0-d constants aside),
+dims, or dropped for one index per row) and broadcasts as before; an operand of lower rank (a
+bias) is read at its full-rank shape first. A rewrite whose result type would differ
 and ops with more than elementwise meaning are left as they are.
 """
 
@@ -41,8 +42,12 @@ def _gathered(graph: Graph, g: Node, operand: int, rank: int) -> int | None:
     o = graph.nodes[operand]
     if o.shape == ():
         return operand
-    if len(o.shape) != rank:
+    if len(o.shape) > rank:
         return None
+    if len(o.shape) < rank:  # broadcast from the left (a bias): its full-rank shape
+        padded = (1,) * (rank - len(o.shape)) + tuple(o.shape)
+        o = graph.insert_before(g.id, "reshape", (operand,), {"shape": padded})
+        operand = o.id
     axis, along = int(g.attrs["axis"]), bool(g.attrs.get("along"))
     idx = graph.nodes[g.inputs[1]]
     if o.shape[axis] != 1:
@@ -59,9 +64,41 @@ def _gathered(graph: Graph, g: Node, operand: int, rank: int) -> int | None:
     return graph.insert_before(g.id, "reshape", (operand,), {"shape": shape}).id
 
 
+def _sink_matmul(graph: Graph, g: Node, src: Node) -> Node | None:
+    """``(a @ b)[idx]`` as ``a[idx] @ b`` and ``(a @ b)[:, idx]`` (a 1-D ``idx``) as
+    ``a @ b[:, idx]``, for 2-D operands: the GEMM computes only the rows or columns that
+    are read."""
+    a, b = (graph.nodes[i] for i in src.inputs[:2])
+    idx = graph.nodes[g.inputs[1]]
+    axis = int(g.attrs["axis"])
+    if len(src.inputs) != 2 or any(src.attrs.get(k) for k in src.attrs) \
+            or len(a.shape) != 2 or len(b.shape) != 2 or g.attrs.get("along") \
+            or (axis == 1 and len(idx.shape) != 1):
+        return None
+    pos = 0 if axis == 0 else 1
+    operand = graph.nodes[src.inputs[pos]]
+    attrs = {"axis": axis, "along": False}
+    if try_infer("gather", [operand, idx], attrs) is None:
+        return None
+    before = set(graph.nodes)
+    picked = graph.insert_before(g.id, "gather", (operand.id, idx.id), attrs)
+    inputs = [src.inputs[0], src.inputs[1]]
+    inputs[pos] = picked.id
+    new = insert_like(graph, g.id, "matmul", inputs, {}, g)
+    if new is None:
+        prune(graph, [n for n in graph.nodes if n not in before])
+    return new
+
+
 def _sink(graph: Graph, g: Node) -> Node | None:
-    """``g`` moved below the elementwise op it reads; the new op, or None."""
+    """``g`` moved below the elementwise op or matmul it reads; the new op, or None."""
     src = graph.nodes[g.inputs[0]]
+    if src.op == "matmul" and _size(g) < _size(src):
+        new = _sink_matmul(graph, g, src)
+        if new is not None:
+            graph.replace_uses(g.id, new.id)
+            prune(graph, [g.id])
+        return new
     if kind_of(src.op) != "elementwise" or not src.inputs or _size(g) >= _size(src) \
             or src.shape[int(g.attrs["axis"])] == 1:  # (an operand must keep the range check)
         return None
