@@ -6,7 +6,9 @@ positions (:mod:`.views`), so ``w[tokens] * scale``, ``x[:, cols] + b`` or the p
 a loss are one kernel:
 
 - ``x[idx]``, ``x[:, idx]``, ``x[..., idx]`` — one integer array (traced, NumPy, or a
-  list of ints) among full slices: ``np.take(x, idx, axis)``;
+  list of ints) among full slices: ``np.take(x, idx, axis)``; a traced 0-d index
+  (``x[np.argmax(s)]``) too, read as NumPy reads it, as an integer: a scalar of a 1-D
+  ``x`` (a view otherwise, into which a write is refused rather than lost);
 - ``np.take(a, indices, axis=None)`` with ``mode="raise"`` and no ``out``;
 - ``np.take_along_axis(arr, indices, axis)``, and ``x[np.arange(n), y]`` on a 2-D ``x``
   (the pick of a cross-entropy: ``take_along_axis(x, y[:, None], 1)[:, 0]``, one index
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import mutation
 from .function_parts import NotCovered
 from .ops import normalize_axis
 from .values import is_traced
@@ -61,8 +64,8 @@ def index_gather(tracer: Tracer, x: Traced, index: Any) -> Traced | None:
         return None
     (k,) = arrays
     idx = _indices(tracer, parts[k])
-    if idx.ndim == 0:
-        return None  # NumPy gives a scalar (or a view) here: run as written
+    if idx.ndim == 0 and not (is_traced(idx) or tracer.captured_input(idx) is not None):
+        return None  # a constant: mutation.getitem reads it as the integer it is
     rest = [p for j, p in enumerate(parts) if j != k]
     full = slice(None)
     if any(not (p is Ellipsis or (isinstance(p, slice) and p == full)) for p in rest) \
@@ -72,7 +75,13 @@ def index_gather(tracer: Tracer, x: Traced, index: Any) -> Traced | None:
     axis = x.ndim - (len(parts) - k) if ellipsis and ellipsis[0] < k else k
     if not 0 <= axis < x.ndim or len(parts) - len(ellipsis) > x.ndim:
         return None
-    return tracer.op("gather", (x, idx), {"axis": axis, "along": False})
+    out = tracer.op("gather", (x, idx), {"axis": axis, "along": False})
+    if idx.ndim == 0:  # NumPy reads a 0-d index as an integer: a scalar, or a view
+        if x.ndim == 1:
+            out._scalar = True
+        else:  # a write into it cannot reach x here, so it is refused, not lost
+            mutation.opaque_view(x, out, readonly=False)
+    return out
 
 
 def _pick(tracer: Tracer, x: Traced, parts: tuple) -> Traced | None:

@@ -180,7 +180,7 @@ def encode_index(index: Any) -> tuple | None:
 def getitem(tracer: Tracer, x: Traced, index: Any) -> Traced:
     """``x[index]``: a view for basic indices, a gather for one integer array among full
     slices (:mod:`.gathers`), a graph break for other advanced ones."""
-    parts = encode_index(index)
+    parts = encode_index(_integers(index))
     if parts is None:
         from .gathers import index_gather
 
@@ -190,6 +190,16 @@ def getitem(tracer: Tracer, x: Traced, index: Any) -> Traced:
         return tracer.eager(_take, (x, index), {}, "advanced (array) indexing",
                             dynamic=_is_mask(index))
     return view_op(tracer, x, "slice", {"index": parts})
+
+
+def _integers(index: Any) -> Any:
+    """``index`` with its constant 0-d integer arrays as the integers NumPy reads them as."""
+    def one(p: Any) -> Any:
+        if isinstance(p, np.ndarray) and p.ndim == 0 and p.dtype.kind in "iu":
+            return int(p)
+        return p
+
+    return tuple(one(p) for p in index) if isinstance(index, tuple) else one(index)
 
 
 def _take(x: Any, index: Any) -> Any:
@@ -255,9 +265,10 @@ def write(tracer: Tracer, target: Any, index: Any, value: Any, *, casting: str,
                             "x = np.broadcast_to(...).copy()")
     if mem is not None and mem.steps is None:
         raise UnsupportedOperationError(
-            f"{what}: this array is the result of a graph break that NumPy returns as a "
-            "view of its input (np.flip, np.diagonal...), and pyc_lab cannot follow a write "
-            "through it. Write into the original array, or .copy() the result first")
+            f"{what}: this array is one NumPy returns as a view of its input (the result "
+            "of a graph break such as np.diagonal, or x[i] by a traced 0-d index), and "
+            "pyc_lab cannot follow a write through it. Write into the original array, or "
+            ".copy() the result first")
     new = _written(tracer, target, index, value, casting, mask, what)
     if mem is None:
         _rebind(tracer, target, new, what)

@@ -172,6 +172,28 @@ def test_an_index_out_of_range_raises_numpy_s_index_error_on_the_numpy_backend()
         f(x, np.array([0, 4]))
 
 
+def test_a_traced_0d_index_reads_as_numpy_s_integer_index():
+    rng = np.random.default_rng(15)
+    x, m, s = rng.standard_normal(7), rng.standard_normal((5, 3)), rng.standard_normal(5)
+    for fn, args, scalar in [(lambda x, s: x[np.argmax(s)] * 2, (x, s), True),
+                             (lambda m, s: m[np.argmax(s)] + 1, (m, s), False),
+                             (lambda m, s: m[:, np.argmin(s) % 3], (m, s), False),
+                             (lambda x, s: x[np.array(2)], (x, s), True)]:
+        f = pl.compile(fn, backend="numpy")
+        got, want = f(*args), fn(*args)
+        assert isinstance(got, np.ndarray) != scalar and np.ndim(got) == np.ndim(want)
+        np.testing.assert_array_equal(got, want)
+        assert f.explain(*args).graph_breaks == []
+
+    def write_through(m, s):  # NumPy writes into m through the view
+        row = m[np.argmax(s)]
+        row[0] = 5.0
+        return m
+
+    with pytest.raises(pl.PycLabError, match="cannot follow a write"):
+        pl.compile(write_through, backend="numpy")(m.copy(), s)
+
+
 def test_other_advanced_indices_stay_graph_breaks_with_numpy_s_answer():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((6, 5))
