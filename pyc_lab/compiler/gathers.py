@@ -47,6 +47,9 @@ def _indices(tracer: Tracer, value: Any) -> Any:
     if isinstance(value, (bool, np.bool_, int, np.integer, float, slice)) or value is None \
             or value is Ellipsis:
         return None
+    if isinstance(value, (list, tuple)) and any(
+            is_traced(v) or tracer.captured_input(v) is not None for v in value):
+        return None  # a list holding traced values: the graph break takes it as it is
     try:
         arr = np.asarray(value)
     except (TypeError, ValueError):

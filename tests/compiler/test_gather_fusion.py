@@ -199,7 +199,8 @@ def test_other_advanced_indices_stay_graph_breaks_with_numpy_s_answer():
     x = rng.standard_normal((6, 5))
     i, j = np.array([0, 2, 4]), np.array([1, 1, 4])
     for fn in (lambda x: x[i, j], lambda x: x[x > 0], lambda x: x[i[:, None], j],
-               lambda x: x[None, i], lambda x: x[1:, i]):
+               lambda x: x[None, i], lambda x: x[1:, i],
+               lambda x: x[[np.argmax(x[:, 0]), 0]]):  # a list holding a traced value
         f = pl.compile(fn, backend="numpy")
         np.testing.assert_array_equal(f(x), fn(x))
         assert f.explain(x).graph_breaks
