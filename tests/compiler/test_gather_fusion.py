@@ -230,8 +230,9 @@ def test_gathered_inputs_are_never_written_in_place():
                           mode="memory_first", backend="numpy")
     assert "in-place" in set(control.explain(x, idx).memory["reuse"])
     assert "in-place" not in set(gathered.explain(x, idx).memory["reuse"])
-    want = np.exp((np.sin(x + 1) @ x)[idx]) @ x
-    np.testing.assert_allclose(gathered(x, idx), want, rtol=1e-5)
+    with np.errstate(all="ignore"):  # sin of the infinities _rand plants
+        want = np.exp((np.sin(x + 1) @ x)[idx]) @ x
+        np.testing.assert_allclose(gathered(x, idx), want, rtol=1e-5)
 
 
 # -- gather sinking ----------------------------------------------------------------------------
