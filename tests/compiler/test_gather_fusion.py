@@ -26,6 +26,7 @@ from pyc_lab.compiler.views import same_position_inputs
 from tests.compiler.emulate import emulate, needs_gxx
 from tests.compiler.test_codegen import compile_ptx, needs_nvcc
 from tests.compiler.test_emulated_kernels import _check as check_against_body
+from tests.compiler.test_emulated_kernels import _placed as place
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -336,12 +337,49 @@ def test_generated_gathers_match_numpy(name, dtype):
     values = _reference_values(graph, args)
     for node in [n for n in graph if n.op == "fused"]:
         src = generate(node, graph)
-        assert src.entries == (src.name,) and "gather" in src.notes
+        assert "gather" in src.notes
         ins = [np.ascontiguousarray(values[i]) for i in node.inputs]
         for grid in (None, 1):
             out = np.full(node.shape, np.nan, dtype=node.dtype)
             emulate(src, src.name, [*ins, out], grid)
             check_against_body(node, ins, [out])
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", [F16, BF16, F32, F64])
+@pytest.mark.parametrize("width", [16, 40])
+def test_gathered_rows_are_read_a_vector_at_a_time(dtype, width):
+    """An embedding lookup reads each row in 16-byte vectors (the index is the same for a
+    whole vector); the general entry serves misaligned arrays and the tail."""
+    rng = np.random.default_rng(width)
+    w, pos = _rand(rng, (50, width), dtype), _rand(rng, (3, width), dtype)
+    tokens = np.array([[0, -1, 49], [51, -51, 7], [3, 3, 2**33 + 5]])  # wrapped ones too
+    fn = PROGRAMS["embed"][0]
+    scale = np.asarray(0.5, dtype=dtype)
+    # traced on valid indices (NumPy raises on the others); run on both
+    graph = _optimised(lambda w, t, s, p: fn(w, t, s) + p, [w, tokens % 50, scale, pos])
+    (node,) = [n for n in graph if n.op == "fused"]
+    src = generate(node, graph)
+    vec = src.launch["vec"]
+    assert src.launch["vec_kernel"] == f"{src.name}_vec" and width % vec == 0
+    by_id = dict(zip(graph.inputs, [w, tokens, scale, pos], strict=True))
+    ins = [by_id[i] for i in node.inputs]
+    want = np.take(w, tokens, axis=0, mode="wrap") * scale + pos  # CuPy's wrap
+    for entry, aligned in ((src.launch["vec_kernel"], True), (src.name, False)):
+        for grid in (None, 1):
+            placed = place(ins, aligned)
+            out = place([np.full(node.shape, np.nan, dtype=node.dtype)], aligned)[0]
+            emulate(src, entry, [*placed, out], grid)
+            np.testing.assert_array_equal(out.astype(F64), want.astype(F64))  # (NaN too)
+
+
+def test_a_gather_whose_index_changes_within_a_vector_is_read_element_by_element():
+    rng = np.random.default_rng(17)
+    x, cols = _rand(rng, (4, 64), F32), rng.integers(0, 64, 16)
+    graph = _optimised(lambda x, c: x[:, c] * 2, [x, cols])
+    (node,) = [n for n in graph if n.op == "fused"]
+    src = generate(node, graph)
+    assert src.entries == (src.name,) and "scalar only" in src.notes
 
 
 @needs_gxx
@@ -386,3 +424,16 @@ def test_gather_sources_compile(tmp_path, name):
     graph = _optimised(fn, make(rng, F16, 13))
     for node in [n for n in graph if n.op == "fused"]:
         compile_ptx(tmp_path, generate(node, graph))
+
+
+@needs_nvcc
+def test_the_vectorised_gather_compiles(tmp_path):
+    rng = np.random.default_rng(18)
+    w, pos = _rand(rng, (50, 64), F16), _rand(rng, (3, 64), F16)
+    tokens = rng.integers(0, 50, (4, 3))
+    graph = _optimised(lambda w, t, p: w[t] * F16(32.0) + p, [w, tokens, pos])
+    (node,) = [n for n in graph if n.op == "fused"]
+    src = generate(node, graph)
+    assert src.launch["vec_kernel"]
+    ptx = compile_ptx(tmp_path, src)
+    assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx  # 16-byte row reads

@@ -166,7 +166,10 @@ class Part:
         self.in_str = walked[:len(self.loads)]
         self.index_str = dict(zip(gathers, walked[len(self.loads):], strict=True))
         self.it_str = _contiguous_strides(self.dims)
-        self.along = [bool(s[-1] == 1) and k not in self.index_str
+        # (a gather runs along the innermost dimension when its index does not change
+        # there: a row of an embedding table is one run)
+        self.along = [bool(s[-1] == 1) and (k not in self.index_str
+                                            or self.index_str[k][-1] == 0)
                       for k, s in enumerate(self.in_str)]
 
     def vector_ok(self, vec: int) -> bool:
@@ -174,15 +177,18 @@ class Part:
         of the output and of every load running along the innermost dimension."""
         if self.n == 0:
             return True
-        if self.index_str:
-            return False  # a gather reads one element at a time
         dims = self.dims
         if len(dims) > 1 and dims[-1] % vec:
             return False
         if self.out_str[-1] != 1 or any(s % vec for s in self.out_str[:-1]) \
                 or any(piece.out_offset % vec for piece in self.pieces):
             return False
-        for ld, s in zip(self.loads, self.in_str, strict=True):
+        for k, (ld, s) in enumerate(zip(self.loads, self.in_str, strict=True)):
+            if k in self.index_str:
+                if self.index_str[k][-1] != 0:
+                    return False  # the index changes within a vector: one element a time
+                if s[-1] == 1 and ld.gather.stride % vec:  # type: ignore[union-attr]
+                    return False  # a gathered row would start between two vectors
             if s[-1] == 1:
                 if any(t % vec for t in s[:-1]) or ld.offset % vec:
                     return False
@@ -240,7 +246,7 @@ class Part:
         """The body of the vector loop (``i``: the vectors' first element)."""
         dims, inner = self.dims, self.dims[-1]
         last = {len(dims) - 1: f"(i % {inner}{sfx})"}
-        arrays = [self.out_str, *self.in_str]
+        arrays = [self.out_str, *self.in_str, *self.index_str.values()]
         needed = {j for s in arrays if s != self.it_str
                   for j, v in enumerate(s[:-1] if len(dims) > 1 else []) if v}
         lines = coords(dims, needed, "i", itype, sfx, "        ")
@@ -250,6 +256,8 @@ class Part:
             if self.along[k]:
                 # the innermost coordinate of a vector's first element is i % inner
                 off = offset(self.in_str[k], self.it_str, "i", sfx, last, base=ld.offset)
+                if ld.gather is not None:  # one index for the whole vector
+                    off = self._gathered(k, ld, off, "i", itype, sfx, "        ", lines)
                 lines.append(
                     f"        const pyc_vec<{st}, {vec}> x{k} = "
                     f"*reinterpret_cast<const pyc_vec<{st}, {vec}>*>(in{ld.param} + {off});")
@@ -258,6 +266,8 @@ class Part:
                 outer = [*self.in_str[k][:-1], 0] if len(dims) > 1 else [0]
                 off = offset(outer, self.it_str, "i", sfx, base=ld.offset) \
                     if any(outer) or ld.offset else "0"
+                if ld.gather is not None:
+                    off = self._gathered(k, ld, off, "i", itype, sfx, "        ", lines)
                 lines.append(f"        const {ct.compute_type(d)} x{k} = "
                              f"{ct.from_storage(d, f'in{ld.param}[{off}]')};  "
                              "// the same for the whole vector")
