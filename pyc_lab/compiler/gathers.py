@@ -1,6 +1,6 @@
 """Reads at integer indices, traced as ``gather`` ops instead of graph breaks.
 
-Three ways users write them become one op (:mod:`.ops_shape`'s ``gather``), which the
+The ways users write them become one op (:mod:`.ops_shape`'s ``gather``), which the
 elementwise fusion takes into a kernel as a read of its source at data-dependent
 positions (:mod:`.views`), so ``w[tokens] * scale``, ``x[:, cols] + b`` or the pick of
 a loss are one kernel:
@@ -70,8 +70,7 @@ def index_gather(tracer: Tracer, x: Traced, index: Any) -> Traced | None:
     if idx.ndim == 0 and not (is_traced(idx) or tracer.captured_input(idx) is not None):
         return None  # a constant: mutation.getitem reads it as the integer it is
     rest = [p for j, p in enumerate(parts) if j != k]
-    full = slice(None)
-    if any(not (p is Ellipsis or (isinstance(p, slice) and p == full)) for p in rest) \
+    if any(not (p is Ellipsis or _full(p)) for p in rest) \
             or sum(p is Ellipsis for p in rest) > 1:
         return None
     ellipsis = [j for j, p in enumerate(parts) if p is Ellipsis]  # (no == on arrays)
@@ -85,6 +84,12 @@ def index_gather(tracer: Tracer, x: Traced, index: Any) -> Traced | None:
         else:  # a write into it cannot reach x here, so it is refused, not lost
             mutation.opaque_view(x, out, readonly=False)
     return out
+
+
+def _full(part: Any) -> bool:
+    """Whether ``part`` is ``:`` (compared field by field: a bound may be traced)."""
+    return isinstance(part, slice) and part.start is None and part.stop is None \
+        and part.step is None
 
 
 def _pick(tracer: Tracer, x: Traced, parts: tuple) -> Traced | None:
