@@ -32,6 +32,7 @@ from .ops import FUSED_OPS, VIEW_RESULT_OPS, ShapeError, evaluate, run_graph
 from .policy import MODES, Decision, choose
 from .signature import check_argument, check_signature_type, parse_spec
 from .tracer import is_array, is_array_sequence, trace
+from .values import map_structure
 
 if TYPE_CHECKING:  # pragma: no cover
     from .bound import BoundCall
@@ -647,12 +648,4 @@ def _kinds(args: tuple) -> tuple[tuple[Any, ...], ...]:
 
 def _pack(outs: list[Any], tree: Any) -> Any:
     """The results in the structure the traced function returned (see ``trace``)."""
-    if isinstance(tree, int):
-        return outs[tree]
-    if isinstance(tree, dict):
-        return type(tree)((k, _pack(outs, t)) for k, t in tree.items())
-    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-        return type(tree)(*(_pack(outs, t) for t in tree))
-    if isinstance(tree, list):
-        return [_pack(outs, t) for t in tree]
-    return tuple(_pack(outs, t) for t in tree)
+    return map_structure(tree, outs.__getitem__)

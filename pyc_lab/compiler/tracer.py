@@ -33,6 +33,7 @@ from .ops import ShapeError
 from .probes import Probe
 from .proxy import Traced
 from .rebind import rebind
+from .values import map_structure
 
 __all__ = ["TraceError", "Traced", "Tracer", "is_array", "trace"]
 
@@ -361,17 +362,7 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
     outputs: list[int] = []
     scalars_out: list[int] = []
 
-    def pack(obj: Any) -> Any:
-        # the result's structure, its arrays replaced by output positions: tuples (named
-        # ones too), lists and dicts come back as the type the function returned
-        if isinstance(obj, dict):
-            return type(obj)((k, pack(v)) for k, v in obj.items())
-        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-            return type(obj)(*(pack(o) for o in obj))
-        if isinstance(obj, list):
-            return [pack(o) for o in obj]
-        if isinstance(obj, tuple):
-            return tuple(pack(o) for o in obj)
+    def pack(obj: Any) -> Any:  # one array of the result -> its output position
         if obj is None:
             raise TraceError("the function returned None; it must return arrays")
         value = tracer.lift(obj)
@@ -381,7 +372,7 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
         outputs.append(value.node_id)
         return len(outputs) - 1
 
-    tree = pack(result)
+    tree = map_structure(result, pack)  # the result's structure, positions for arrays
     writeback = []
     for position, nid in tracer.writebacks():
         writeback.append((position, len(outputs)))

@@ -7,11 +7,27 @@ class marker instead of importing it back, so no import runs in a circle.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["is_traced"]
+__all__ = ["is_traced", "map_structure"]
 
 
 def is_traced(value: Any) -> bool:
     """Whether ``value`` is a :class:`~pyc_lab.compiler.proxy.Traced` proxy."""
     return bool(getattr(type(value), "__pyc_traced__", False))
+
+
+def map_structure(obj: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``obj`` rebuilt with ``leaf`` applied to everything but its containers: tuples
+    (named ones too), lists and dicts, nested, keep their types. How a compiled
+    function's result is taken apart into outputs and put back together."""
+    if isinstance(obj, dict):
+        return type(obj)((k, map_structure(v, leaf)) for k, v in obj.items())
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(map_structure(o, leaf) for o in obj))
+    if isinstance(obj, list):
+        return [map_structure(o, leaf) for o in obj]
+    if isinstance(obj, tuple):
+        return tuple(map_structure(o, leaf) for o in obj)
+    return leaf(obj)

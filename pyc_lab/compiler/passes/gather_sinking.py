@@ -12,8 +12,8 @@ gathers that operand instead, so the GEMM computes only what is read.
 
 An operand broadcast along the gathered axis (a row's ``max`` of shape ``(n, 1)``) is
 not gathered: it is reshaped to the gathered shape (the axis replaced by the index's
-dims, or dropped for one index per row) and broadcasts as before; an operand of lower rank (a
-bias) is read at its full-rank shape first. A rewrite whose result type would differ
+dims, or dropped for one index per row) and broadcasts as before; an operand of lower
+rank (a bias) is read at its full-rank shape first. A rewrite whose result type would differ
 and ops with more than elementwise meaning are left as they are.
 """
 
@@ -71,8 +71,8 @@ def _sink_matmul(graph: Graph, g: Node, src: Node) -> Node | None:
     a, b = (graph.nodes[i] for i in src.inputs[:2])
     idx = graph.nodes[g.inputs[1]]
     axis = int(g.attrs["axis"])
-    if len(src.inputs) != 2 or any(src.attrs.get(k) for k in src.attrs) \
-            or len(a.shape) != 2 or len(b.shape) != 2 or g.attrs.get("along") \
+    if len(src.inputs) != 2 or any(src.attrs.values()) or len(a.shape) != 2 \
+            or len(b.shape) != 2 or g.attrs.get("along") \
             or (axis == 1 and len(idx.shape) != 1):
         return None
     pos = 0 if axis == 0 else 1
@@ -80,33 +80,35 @@ def _sink_matmul(graph: Graph, g: Node, src: Node) -> Node | None:
     attrs = {"axis": axis, "along": False}
     if try_infer("gather", [operand, idx], attrs) is None:
         return None
-    before = set(graph.nodes)
-    picked = graph.insert_before(g.id, "gather", (operand.id, idx.id), attrs)
-    inputs = [src.inputs[0], src.inputs[1]]
-    inputs[pos] = picked.id
-    new = insert_like(graph, g.id, "matmul", inputs, {}, g)
-    if new is None:
-        prune(graph, [n for n in graph.nodes if n not in before])
-    return new
+    inputs = list(src.inputs)
+    inputs[pos] = graph.insert_before(g.id, "gather", (operand.id, idx.id), attrs).id
+    return insert_like(graph, g.id, "matmul", inputs, {}, g)
+
+
+def _sink_elementwise(graph: Graph, g: Node, src: Node) -> Node | None:
+    """``E(a, b)[idx]`` as ``E(a[idx], b[idx])`` (see the module's note)."""
+    if src.shape[int(g.attrs["axis"])] == 1:  # an operand must keep the range check
+        return None
+    operands = [_gathered(graph, g, i, len(src.shape)) for i in src.inputs]
+    if any(o is None for o in operands):
+        return None
+    return insert_like(graph, g.id, src.op, operands, dict(src.attrs), g)
 
 
 def _sink(graph: Graph, g: Node) -> Node | None:
-    """``g`` moved below the elementwise op or matmul it reads; the new op, or None."""
+    """``g`` moved below the elementwise op or matmul it reads; the new op, or None
+    (and the graph as it was)."""
     src = graph.nodes[g.inputs[0]]
-    if src.op == "matmul" and _size(g) < _size(src):
-        new = _sink_matmul(graph, g, src)
-        if new is not None:
-            graph.replace_uses(g.id, new.id)
-            prune(graph, [g.id])
-        return new
-    if kind_of(src.op) != "elementwise" or not src.inputs or _size(g) >= _size(src) \
-            or src.shape[int(g.attrs["axis"])] == 1:  # (an operand must keep the range check)
+    if _size(g) >= _size(src) or not src.inputs:
+        return None
+    if src.op == "matmul":
+        how = _sink_matmul
+    elif kind_of(src.op) == "elementwise":
+        how = _sink_elementwise
+    else:
         return None
     before = set(graph.nodes)
-    operands = [_gathered(graph, g, i, len(src.shape)) for i in src.inputs]
-    new = None
-    if all(o is not None for o in operands):
-        new = insert_like(graph, g.id, src.op, operands, dict(src.attrs), g)
+    new = how(graph, g, src)
     if new is None:  # undo: drop what was inserted
         prune(graph, [n for n in graph.nodes if n not in before])
         return None
