@@ -62,3 +62,23 @@ __device__ __forceinline__ T pyc_block_reduce(T v, Op op, T identity, T* smem) {
     v = lane < nwarps ? smem[lane] : identity;
     return pyc_warp_reduce(v, op);
 }
+
+// Across the TY threads sharing a row in a column program (a block is TX lanes across
+// neighbouring rows by TY threads along them; thread = ty * TX + tx): a tree over ty in
+// shared memory, in a fixed order, so every thread of the row gets the same total and
+// results do not change from run to run. The leading barrier lets a previous call's
+// readers finish before smem (TX * TY values) is overwritten.
+template <int TX, int TY, typename T, typename Op>
+__device__ __forceinline__ T pyc_column_reduce(T v, Op op, T* smem) {
+    const int tx = threadIdx.x % TX;
+    const int ty = threadIdx.x / TX;
+    __syncthreads();
+    smem[ty * TX + tx] = v;
+    __syncthreads();
+#pragma unroll
+    for (int s = TY / 2; s > 0; s >>= 1) {
+        if (ty < s) smem[ty * TX + tx] = op(smem[ty * TX + tx], smem[(ty + s) * TX + tx]);
+        __syncthreads();
+    }
+    return smem[tx];
+}

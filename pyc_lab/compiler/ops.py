@@ -504,8 +504,9 @@ register(OpDef("fused", "fused", None, _fused_shape, _fused_reference,
 
 
 # ``fused_rows``: a row program (row fusion) — elementwise prologue, reductions over the
-# last axis of its row space ``attrs["space"]`` and an elementwise epilogue, one body graph
-# with one output, computed as written (its reference runs the body op by op).
+# axes ``attrs["axes"]`` (one consecutive block; the last axis when absent) of its row
+# space ``attrs["space"]`` and an elementwise epilogue, one body graph with one output,
+# computed as written (its reference runs the body op by op).
 register(OpDef("fused_rows", "norm", None, _fused_shape, _fused_reference,
                 dtype=lambda inputs, attrs: attrs["body"].nodes[attrs["body"].outputs[0]].dtype))
 

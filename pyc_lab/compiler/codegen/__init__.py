@@ -90,7 +90,7 @@ def supports(node: Node, graph: Graph) -> tuple[bool, str]:
         elif node.op == "fused_rows":
             shapes, dtypes = _elementwise_inputs(node, graph)
             why = check_row_program(node.attrs["body"], tuple(node.attrs["space"]), shapes,
-                                    dtypes)
+                                    dtypes, node.attrs.get("axes"))
         elif node.op == "matmul":
             why = _epilogue_problem(node, graph)
         else:

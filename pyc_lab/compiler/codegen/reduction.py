@@ -194,7 +194,10 @@ class _Emitter:
                 lines += [f"{indent}    {b}" for b in body]
             lines.append(f"{indent}}}")
             return lines
-        return ([f"{indent}for (int col = t; col < {self.cols}; col += {t}) {{"]
+        # a column program's thread steps down a long row with one load per step:
+        # unrolled, several are in flight at once
+        unroll = [f"{indent}#pragma unroll 4"] if self.cfg["mode"] == "column" else []
+        return (unroll + [f"{indent}for (int col = t; col < {self.cols}; col += {t}) {{"]
                 + [f"{indent}    {b}" for b in body] + [f"{indent}}}"])
 
     def _vector_loop(self, body: list[str], indent: str,

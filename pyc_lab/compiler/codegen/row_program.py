@@ -27,6 +27,7 @@ propagating NaN. Inputs broadcast to the value that reads them as NumPy broadcas
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,16 +52,37 @@ _READS = {"full": ("full", "row1"), "row1": ("row1",), "row": ("row",)}
 _REGISTER_VALUES = 64
 
 
-def kind_in(shape: tuple[int, ...], space: tuple[int, ...]) -> str | None:
-    """The kind of a value of ``shape`` in row space ``space``: ``"full"``, ``"row1"``
-    (a row value with ``keepdims``), ``"row"`` (without), ``"scalar"`` or None."""
+def last_axes(space: tuple[int, ...]) -> tuple[int, ...]:
+    """The reduced axes of a row program over the last axis of ``space``."""
+    return (len(space) - 1,)
+
+
+def reduced_ones(space: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of a row value with ``keepdims``: ``space`` with ``axes`` set to 1."""
+    return tuple(1 if j in axes else d for j, d in enumerate(space))
+
+
+def kept_dims(space: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of a row value without ``keepdims``: ``space`` without ``axes``."""
+    return tuple(d for j, d in enumerate(space) if j not in axes)
+
+
+def kind_in(shape: tuple[int, ...], space: tuple[int, ...],
+            axes: tuple[int, ...] | None = None) -> str | None:
+    """The kind of a value of ``shape`` in row space ``space`` reduced over ``axes``
+    (default: the last): ``"full"``, ``"row1"`` (a row value that broadcasts against a
+    full one: with ``keepdims``, or without it when the leading axes of a column
+    program are reduced), ``"row"`` (without), ``"scalar"`` or None."""
     shape, space = tuple(shape), tuple(space)
+    axes = last_axes(space) if axes is None else tuple(axes)
     if shape == space:
         return "full"
-    if shape == (*space[:-1], 1):
+    if shape == reduced_ones(space, axes):
         return "row1"
-    if shape == space[:-1]:
-        return "row"
+    if shape == kept_dims(space, axes):
+        # x - x.mean(axis=0) broadcasts as NumPy aligns trailing axes
+        leading = axes[0] == 0 and axes[-1] < len(space) - 1
+        return "row1" if leading else "row"
     if shape == ():
         return "scalar"
     return None
@@ -88,10 +110,23 @@ def _strides_over(shape: tuple[int, ...], target: tuple[int, ...]) -> list[int] 
             for j in range(len(target))]
 
 
+def _along(strides: list[int], space: tuple[int, ...], axes: tuple[int, ...]) -> int | None:
+    """The one element stride that steps through the reduced ``axes`` (a consecutive
+    block) of ``space`` in C order, 0 for a value broadcast along them, or None when the
+    strides do not combine into one."""
+    live = [j for j in axes if space[j] != 1]
+    if not live:
+        return 0
+    for a, b in itertools.pairwise(live):
+        if strides[a] != strides[b] * int(np.prod(space[a + 1:b + 1], dtype=np.int64)):
+            return None
+    return strides[live[-1]]
+
+
 @dataclass
 class _Access:
     """How one input is read by readers of one kind: its strides over the row dims
-    and along the row (``col``: 1 or 0)."""
+    and its element stride along the row (``col``; 0 for a value constant along it)."""
 
     k: int
     mode: str  # "X": broadcast to X (full and keepdims readers); "R": to X[:-1]
@@ -104,26 +139,65 @@ class _Access:
 class _Plan:
     body: Graph
     space: tuple[int, ...]
+    axes: tuple[int, ...] = ()
     kind: dict[int, str] = field(default_factory=dict)
     level: dict[int, int] = field(default_factory=dict)
     access: dict[tuple[int, str], _Access] = field(default_factory=dict)
     phases: int = 0
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The row dims: the space without the reduced axes."""
+        return kept_dims(self.space, self.axes)
+
+    @property
+    def cols(self) -> int:
+        """Values per row: the product of the reduced axes."""
+        return int(np.prod([self.space[j] for j in self.axes], dtype=np.int64))
+
+    @property
+    def column(self) -> bool:
+        """Whether the rows run across memory (the reduced axes end before the last
+        one); a block ending at the last axis is read along memory as one row."""
+        return self.axes[-1] != len(self.space) - 1
+
+    @property
+    def out_strides(self) -> tuple[list[int], int]:
+        """A C-contiguous full output's strides over the row dims and along the row."""
+        cont = _contiguous(self.space)
+        return ([cont[j] for j in range(len(self.space)) if j not in self.axes],
+                cont[self.axes[-1]])
 
 
 def _reader_mode(kind: str) -> str:
     return "R" if kind == "row" else "X"
 
 
-def _analyse(body: Graph, space: tuple[int, ...]) -> tuple[_Plan | None, str]:
+def check_axes(space: tuple[int, ...], axes: tuple[int, ...]) -> str:
+    """Why a row program cannot reduce ``space`` over ``axes``, or ``""``: the axes
+    must be one block of consecutive axes, ending at the last axis (rows along memory)
+    or before it (rows across memory, a column program)."""
+    if not axes or list(axes) != list(range(axes[0], axes[-1] + 1)) or axes[0] < 0 \
+            or axes[-1] >= len(space):
+        return f"axes {tuple(axes)} of a rank-{len(space)} space are not one consecutive block"
+    return ""
+
+
+def _analyse(body: Graph, space: tuple[int, ...],
+             axes: tuple[int, ...] | None = None) -> tuple[_Plan | None, str]:
     """The kinds, levels and input accesses of a body, or None and why it is not a row
     program."""
-    plan = _Plan(body, tuple(space))
+    space = tuple(space)
+    if len(space) < 1 or 0 in space:
+        return None, f"row space {space} is empty"
+    axes = last_axes(space) if axes is None else tuple(axes)
+    if why := check_axes(space, axes):
+        return None, why
+    plan = _Plan(body, space, axes)
     if len(body.outputs) != 1:
         return None, f"a row program with {len(body.outputs)} outputs"
-    if len(space) < 1 or space[-1] < 1 or 0 in space:
-        return None, f"row space {tuple(space)} is empty"
-    if space[-1] >= 2**31:
-        return None, f"rows of {space[-1]} elements are too long"
+    if plan.cols >= 2**31:
+        return None, f"rows of {plan.cols} elements are too long"
     index = {bid: k for k, bid in enumerate(body.inputs)}
     for n in body:
         if not ct.is_supported(n.dtype, elementwise=True):  # bfloat16 included
@@ -137,18 +211,20 @@ def _analyse(body: Graph, space: tuple[int, ...]) -> tuple[_Plan | None, str]:
             plan.kind[n.id] = "scalar"
             plan.level[n.id] = 0
             continue
-        kind = kind_in(n.shape, space)
+        kind = kind_in(n.shape, space, axes)
         operands = [body.node(i) for i in n.inputs]
         if n.op in ROW_REDUCTIONS:
             x = operands[0] if operands else None
             if x is None or not is_plain_reduction(n) or kind not in ("row1", "row"):
                 return None, f"{n.op} %{n.id} is not a plain reduction of a row"
             if tuple(x.shape) != tuple(space) or normalize_axis(
-                    n.attrs.get("axis"), len(space)) != (len(space) - 1,):
-                return None, f"{n.op} %{n.id} does not reduce the rows' last axis"
+                    n.attrs.get("axis"), len(space)) != axes:
+                return None, f"{n.op} %{n.id} does not reduce the rows' axes {axes}"
             if not all(d.kind == "f" or d.name == "bfloat16" for d in (x.dtype, n.dtype)):
                 return None, f"{n.op} %{n.id} of {x.dtype.name} is not generated"
-            if bool(n.attrs.get("keepdims")) != (kind == "row1") and len(space) > 1:
+            want = reduced_ones(space, axes) if n.attrs.get("keepdims") else \
+                kept_dims(space, axes)
+            if tuple(n.shape) != want and len(space) > 1:
                 return None, f"{n.op} %{n.id} has an unexpected shape"
             readers = {n.inputs[0]: "X"}
             plan.level[n.id] = plan.level[n.inputs[0]] + 1
@@ -167,18 +243,19 @@ def _analyse(body: Graph, space: tuple[int, ...]) -> tuple[_Plan | None, str]:
         for i, mode in readers.items():
             src = body.node(i)
             if src.op == "input":
-                target = tuple(space) if mode == "X" else tuple(space[:-1])
+                target = space if mode == "X" else plan.dims
                 if n.op not in ROW_REDUCTIONS and plan.kind[n.id] == "row1":
-                    target = (*space[:-1], 1)
+                    target = reduced_ones(space, axes)
                 strides = _strides_over(tuple(src.shape), target)
                 if strides is None:
                     return None, (f"input {index[i]} of shape {tuple(src.shape)} does not "
                                   f"broadcast to {target}")
                 if mode == "X":
-                    if len(target) == len(space) and target[-1] == space[-1]:
-                        row, col = strides[:-1], strides[-1]
-                    else:  # a keepdims row reader: the last dim is 1
-                        row, col = strides[:-1], 0
+                    row = [st for j, st in enumerate(strides) if j not in axes]
+                    col = _along(strides, space, axes) if target == space else 0
+                    if col is None:
+                        return None, (f"input {index[i]} of shape {tuple(src.shape)} is not "
+                                      f"read along axes {axes} with one stride")
                 else:
                     row, col = strides, 0
                 acc = plan.access.setdefault((i, mode), _Access(index[i], mode, row, col))
@@ -203,8 +280,9 @@ def _analyse(body: Graph, space: tuple[int, ...]) -> tuple[_Plan | None, str]:
 
 
 def check_row_program(body: Graph, space: tuple[int, ...], in_shapes: list[tuple[int, ...]],
-                      in_dtypes: list[Any]) -> str:
-    """Why ``body`` over row space ``space`` cannot be generated, or ``""``."""
+                      in_dtypes: list[Any], axes: tuple[int, ...] | None = None) -> str:
+    """Why ``body`` over row space ``space``, reduced over ``axes`` (default: the last
+    axis), cannot be generated, or ``""``."""
     if len(body.inputs) != len(in_shapes):
         return f"the body has {len(body.inputs)} inputs but the node has {len(in_shapes)}"
     for k, (bid, shape, dtype) in enumerate(zip(body.inputs, in_shapes, in_dtypes,
@@ -213,11 +291,32 @@ def check_row_program(body: Graph, space: tuple[int, ...], in_shapes: list[tuple
         if tuple(b.shape) != tuple(shape) or b.dtype != np.dtype(dtype):
             return (f"body input {k} is {b.type_text} but the node's input is "
                     f"{dtype_short(dtype)}{list(shape)}")
-    _plan, why = _analyse(body, tuple(space))
+    _plan, why = _analyse(body, tuple(space), axes)
     return why
 
 
 # -- generation -------------------------------------------------------------------------------
+def _step(var: str, stride: int) -> str:
+    """C expression of element ``var`` of a row whose elements are ``stride`` apart."""
+    return var if stride == 1 else f"{var} * {stride}LL"
+
+
+def column_config(rows: int, inner: int, cols: int, acc_itemsize: int = 4) -> dict[str, Any]:
+    """Launch shape of a column program: ``tx`` lanes take consecutive rows (``inner``:
+    the extent after the reduced axes, so neighbouring lanes read neighbouring
+    addresses), ``threads`` = ``ty`` threads share each row, stepping down it together;
+    ``ty`` grows (up to 1024 threads a block) until a thread's share of the row fits the
+    register budget."""
+    tx = 32 if inner >= 32 else 1 << max(0, (inner - 1).bit_length())
+    ty = 256 // tx
+    limit = 16 * 4 // max(acc_itemsize, 4)
+    while tx * ty < 1024 and -(-cols // ty) > limit:
+        ty *= 2
+    per = -(-cols // ty)
+    return {"threads": ty, "block": tx * ty, "mode": "column", "per_thread": per,
+            "cached": per <= limit, "rows_per_block": tx, "tx": tx}
+
+
 def _row_offset(strides: list[int], dims: tuple[int, ...]) -> str:
     """C expression of an input's element offset for row ``row`` (row dims ``dims``)."""
     live = [j for j in range(len(dims)) if dims[j] != 1]
@@ -251,7 +350,7 @@ class _Writer:
         self.cfg = cfg
         self.vec = vec
         self.acc_dt = acc_dt
-        self.cols = plan.space[-1]
+        self.cols = plan.cols
         self.em = _Emitter(self.cols, cfg, ct.compute_type(acc_dt), vec)
         self.cached_mode = cfg["cached"] or vec > 1
         self.needs: set[str] = set()
@@ -354,6 +453,9 @@ class _Writer:
     def _reduce(self, var: str, op: str, identity: str) -> str:
         if self.cfg["mode"] == "warp":
             return f"{var} = pyc_warp_reduce({var}, pyc_{op}_op());"
+        if self.cfg["mode"] == "column":
+            return (f"{var} = pyc_column_reduce<{self.cfg['tx']}, {self.cfg['threads']}>"
+                    f"({var}, pyc_{op}_op(), smem);")
         return f"{var} = pyc_block_reduce({var}, pyc_{op}_op(), {identity}, smem);"
 
     def _loop(self, phase: int, reds: list[Node]) -> list[str]:
@@ -373,7 +475,7 @@ class _Writer:
                 loads.append((f"{name}_in", f"in{acc.k}r", ct.storage_type(dt)))
                 elem = f"{name}_in.v[e]"
             else:
-                elem = f"in{acc.k}r[col]"
+                elem = f"in{acc.k}r[{_step('col', acc.col)}]"
             lines.append(f"const {ct.compute_type(dt)} {name} = {ct.from_storage(dt, elem)};")
             if v in self.keep:
                 lines.append(f"c{self._tag(v)}[k] = {name};")
@@ -397,6 +499,8 @@ class _Writer:
             if vector:
                 store = ("yout", "yr", ct.storage_type(self.out_dtype))
                 lines.append(f"yout.v[e] = {value};")
+            elif self.p.column:
+                lines.append(f"if (live) yr[{_step('col', self.p.out_strides[1])}] = {value};")
             else:
                 lines.append(f"yr[col] = {value};")
         return self.em.loop(lines, loads=tuple(loads), store=store)
@@ -424,10 +528,10 @@ class _Writer:
         body, p = self.body, self.p
         acc = ct.compute_type(self.acc_dt)
         cols = self.cols
-        rows = int(np.prod(p.space[:-1], dtype=np.int64))
+        rows = int(np.prod(p.dims, dtype=np.int64))
         lines: list[str] = []
         # per-row pointers and values
-        dims = tuple(p.space[:-1])
+        dims = p.dims
         for (_i, mode), a in sorted(p.access.items(), key=lambda t: (t[1].k, t[1].mode)):
             dt = self.in_dtypes[a.k]
             off = _row_offset(a.row_strides, dims)
@@ -439,7 +543,8 @@ class _Writer:
                              f"{ct.from_storage(dt, f'in{a.k}[{off}]')};")
         out = body.node(body.outputs[0])
         if self._full(out.id):
-            lines.append(f"        {ct.storage_type(self.out_dtype)}* yr = y + row * {cols}LL;")
+            off = (_row_offset(p.out_strides[0], dims) if p.column else f"row * {cols}LL")
+            lines.append(f"        {ct.storage_type(self.out_dtype)}* yr = y + {off};")
         per = self.em.per_thread
         for v in sorted(self.keep, key=lambda v: (isinstance(v, tuple), str(v))):
             dt = self.in_dtypes[p.access[(v[1], "X")].k] if isinstance(v, tuple) \
@@ -467,7 +572,7 @@ class _Writer:
             if phase < p.phases:
                 lines += self._row_values(phase + 1)
         if not self._full(out.id):
-            lines += ["        if (t == 0) {",
+            lines += ["        if (t == 0 && live) {" if p.column else "        if (t == 0) {",
                       f"            y[row] = {ct.to_storage(self.out_dtype, f'r{out.id}')};",
                       "        }"]
         consts = [f"    const {ct.compute_type(n.dtype)} k{n.id} = "
@@ -475,7 +580,20 @@ class _Writer:
         head = [f'extern "C" __global__ void __launch_bounds__({self.cfg["block"]})',
                 f"{entry}({', '.join(params)})", "{", f"    const long long rows = {rows}LL;",
                 *consts]
-        if self.cfg["mode"] == "warp":
+        if self.cfg["mode"] == "column":
+            tx, ty = self.cfg["tx"], self.cfg["threads"]
+            head += [
+                f"    __shared__ {acc} smem[{tx * ty}];",
+                f"    const int t = threadIdx.x / {tx};  // this thread's first value of the row",
+                f"    for (long long group = blockIdx.x; group * {tx} < rows; "
+                "group += gridDim.x) {",
+                f"        const long long lane_row = group * {tx} + threadIdx.x % {tx};",
+                "        // a lane past the last row reads the last row and writes nothing: it",
+                "        // still takes part in every reduction's barriers",
+                "        const bool live = lane_row < rows;",
+                "        const long long row = live ? lane_row : rows - 1;",
+            ]
+        elif self.cfg["mode"] == "warp":
             rpb = self.cfg["rows_per_block"]
             head += [
                 "    const int t = threadIdx.x & 31;  // lane: this thread's first column",
@@ -502,7 +620,9 @@ def _vector_width(plan: _Plan, in_dtypes: list[np.dtype], out_dtype: np.dtype,
                   cfg: dict[str, Any], acc_dt: np.dtype) -> int:
     """Elements per aligned vector access, or 0: 16 bytes of the widest array read or
     written along the row, when the rows split into whole vectors that stay aligned."""
-    cols = plan.space[-1]
+    if plan.column:
+        return 0
+    cols = plan.cols
     along = [a for a in plan.access.values() if a.col]
     sizes = [in_dtypes[a.k].itemsize for a in along]
     if kind_in(plan.body.node(plan.body.outputs[0]).shape, plan.space) == "full":
@@ -510,7 +630,7 @@ def _vector_width(plan: _Plan, in_dtypes: list[np.dtype], out_dtype: np.dtype,
     if not sizes or not cfg["cached"]:
         return 0
     vec = 16 // max(sizes)
-    if vec < 2 or cols % vec:
+    if vec < 2 or cols % vec or any(a.col != 1 for a in along):
         return 0
     if any(s % vec for a in along for s in a.row_strides):
         return 0
@@ -523,21 +643,29 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
     """The CUDA source of a ``fused_rows`` node.
 
     Entries: ``name`` (any alignment) and, when the layout allows, ``name_vec``
-    (aligned vector loads and stores; the launcher checks the pointers).
+    (aligned vector loads and stores; the launcher checks the pointers). A program
+    reducing axes before the last one (``attrs["axes"]``) is a *column program*: its
+    rows run across memory, so lanes take neighbouring rows and the threads sharing a
+    row combine through shared memory (:func:`column_config`).
     """
     body, space = node.attrs["body"], tuple(node.attrs["space"])
+    axes = tuple(node.attrs.get("axes") or last_axes(space))
     ins = [graph.node(i) for i in node.inputs]
     in_dtypes = [n.dtype for n in ins]
-    why = check_row_program(body, space, [tuple(n.shape) for n in ins], in_dtypes)
+    why = check_row_program(body, space, [tuple(n.shape) for n in ins], in_dtypes, axes)
     if why:
         raise ValueError(f"node %{node.id} (fused_rows): {why}")
-    plan, _ = _analyse(body, space)
+    plan, _ = _analyse(body, space, axes)
     assert plan is not None
     name = kernel_name(node)
     out_dtype = node.dtype
     acc_dt = _acc_dtype(plan)
-    rows, cols = int(np.prod(space[:-1], dtype=np.int64)), space[-1]
-    cfg = row_config(cols, acc_dt.itemsize)
+    rows, cols = int(np.prod(plan.dims, dtype=np.int64)), plan.cols
+    if plan.column:
+        inner = int(np.prod(space[axes[-1] + 1:], dtype=np.int64))
+        cfg = column_config(rows, inner, cols, acc_dt.itemsize)
+    else:
+        cfg = row_config(cols, acc_dt.itemsize)
     params = [f"const {ct.storage_type(d)}* __restrict__ in{k}" for k, d in enumerate(in_dtypes)]
     params.append(f"{ct.storage_type(out_dtype)}* __restrict__ y")
     vec = _vector_width(plan, in_dtypes, out_dtype, cfg, acc_dt)
@@ -549,13 +677,15 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
     ops = tuple(node.attrs.get("ops") or ())
     kept = writers[0][1].keep
     mode = cfg["mode"]
+    who = ("warp" if mode == "warp" else f"block of {cfg['block']} threads" if mode == "block"
+           else f"group of {cfg['threads']} threads (a block: {cfg['tx']} rows)")
     header = [
-        f"// pyc_lab generated kernel {name} (rows: a fused row program)",
+        f"// pyc_lab generated kernel {name} (rows: a fused row program"
+        + (f" over axes {axes}, rows across memory)" if plan.column else ")"),
         f"// ops: {', '.join(ops)}",
         f"// {rows} rows of {cols} ({dtype_short(out_dtype)}{list(node.shape)} <- "
         + ", ".join(f"in{k} {n.type_text}" for k, n in enumerate(ins)) + ")",
-        f"// {plan.phases} reduction phase(s); one "
-        + ("warp" if mode == "warp" else f"block of {cfg['block']} threads") + " per row, "
+        f"// {plan.phases} reduction phase(s); one {who} per row, "
         + (f"{len(kept)} value(s) a thread kept in registers" if kept else
            ("nothing kept in registers" if cfg["cached"] else "the row re-read each phase"))
         + f"; partial results in {ct.compute_type(acc_dt)}",
@@ -575,15 +705,17 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
     if vec:
         align = {f"in{a.k}": vec * in_dtypes[a.k].itemsize for a in plan.access.values()
                  if a.col}
-        if kind_in(node.shape, space) == "full":
+        if kind_in(node.shape, space, axes) == "full":
             align["out"] = vec * out_dtype.itemsize
     launch = {"rows": rows, "cols": cols, "block": cfg["block"],
               "threads_per_row": cfg["threads"], "rows_per_block": cfg["rows_per_block"],
               "mode": mode, "cached": cfg["cached"], "vec": vec,
               "vec_kernel": f"{name}_vec" if vec else None, "align_bytes": align,
-              "phases": plan.phases}
-    notes = (f"{rows} rows x {cols}: {plan.phases} reduction phase(s) in one kernel, one "
-             f"{'warp' if mode == 'warp' else 'block'} per row"
+              "phases": plan.phases, "axes": axes}
+    notes = (f"{rows} rows x {cols}"
+             + (f" (over axes {axes}: lanes across neighbouring rows)" if plan.column else "")
+             + f": {plan.phases} reduction phase(s) in one kernel, one "
+             f"{ {'warp': 'warp', 'block': 'block', 'column': 'thread group'}[mode]} per row"
              + (f", {len(kept)} value(s) kept in registers" if kept else "")
              + (f"; vectorised by {vec} when aligned" if vec else ""))
     return KernelSource(name=name, kind="rows", source="\n".join(sections), ops=ops,

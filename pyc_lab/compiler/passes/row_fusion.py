@@ -26,6 +26,20 @@ memory, never written out.
 Rows of more than :data:`MAX_FULL_COLUMNS` values in fewer than :data:`MIN_ROWS` rows are
 left alone: one block per row would leave most of the GPU idle (a full reduction of a
 large array is :mod:`.split_reduction`'s).
+
+The reduced axes may be any consecutive block (``attrs["axes"]``). Ending at the last
+axis, rows lie along memory. Ending before it — a normalisation over a middle axis
+(channels of NCHW), statistics over the batch (``x - x.mean(axis=0)``), an instance norm
+over ``(H, W)`` of NHWC — the program is a *column program*: its rows run across memory,
+so the kernel's lanes take neighbouring rows and the threads sharing a row step down it
+together. A reduction over leading axes without ``keepdims`` broadcasts back as NumPy
+aligns trailing axes, so it counts as a row value with ``keepdims``. A column program is
+made only when it does elementwise work on the full array (a prologue, or reduced values
+broadcast back) — otherwise the column kernels, which split a long reduction across the
+GPU, read the array once already — and not when it would give fewer than
+:data:`MIN_COLUMN_BLOCKS` blocks over rows longer than :data:`MAX_SPARSE_COLUMNS`. A lone
+softmax, layer norm or variance over such axes becomes one too (it has no kernel of its
+own).
 """
 
 from __future__ import annotations
@@ -37,7 +51,14 @@ import numpy as np
 
 from ..codegen import cuda_types as ct
 from ..codegen.column_reduction import COLUMN_OPS, column_split
-from ..codegen.row_program import _READS, ROW_REDUCTIONS, check_row_program, kind_in
+from ..codegen.row_program import (
+    _READS,
+    ROW_REDUCTIONS,
+    check_axes,
+    check_row_program,
+    column_config,
+    kind_in,
+)
 from ..ir import Graph, Node
 from ..ops import REGISTRY, is_plain_reduction, normalize_axis
 from .rewrite import broadcasts_to, kind_of, prune
@@ -56,6 +77,14 @@ _COMPOUND = ("softmax", "layer_norm", "var")
 MIN_ROWS = 64
 #: ... and longer rows than this are not fused (too little parallelism).
 MAX_FULL_COLUMNS = 1 << 16
+#: Column programs giving fewer blocks than this ...
+MIN_COLUMN_BLOCKS = 128
+#: ... over rows longer than this are not fused: a block's lanes would each walk a long
+#: row while most of the GPU idles (the column kernels split such reductions instead).
+MAX_SPARSE_COLUMNS = 1024
+
+#: A program's row space: the full shape and the reduced axes (one consecutive block).
+Space = tuple[tuple[int, ...], tuple[int, ...]]
 
 def _float(dtype: np.dtype, bfloat16: bool = False) -> bool:
     """A float dtype the row kernels take (``bfloat16`` too where asked: the plain
@@ -64,19 +93,24 @@ def _float(dtype: np.dtype, bfloat16: bool = False) -> bool:
         bfloat16 and dtype.name == "bfloat16")
 
 
-def _last_axis(node: Node, x: Node) -> bool:
+def _axes(node: Node, x: Node) -> tuple[int, ...] | None:
+    """The axes ``node`` reduces when they are one consecutive block, else None."""
     ndim = len(x.shape)
-    return ndim >= 1 and normalize_axis(node.attrs.get("axis", -1), ndim) == (ndim - 1,)
+    if ndim < 1:
+        return None
+    axes = normalize_axis(node.attrs.get("axis", -1), ndim)
+    return None if check_axes(tuple(x.shape), axes) else axes
 
 
-def reduction_space(node: Node, graph: Graph) -> tuple[int, ...] | None:
-    """The row space of a reduction-like node a row program can take, or None."""
+def reduction_space(node: Node, graph: Graph) -> Space | None:
+    """The row space (shape, reduced axes) of a reduction-like node a row program can
+    take, or None."""
     if not node.inputs or node.op not in ROW_REDUCTIONS + _COMPOUND:
         return None
     x = graph.nodes[node.inputs[0]]
     plain = node.op in ROW_REDUCTIONS
-    if not _float(x.dtype, plain) or not _float(node.dtype, plain) \
-            or not _last_axis(node, x):
+    axes = _axes(node, x)
+    if not _float(x.dtype, plain) or not _float(node.dtype, plain) or axes is None:
         return None
     if node.op in ROW_REDUCTIONS:
         ok = is_plain_reduction(node)
@@ -91,7 +125,30 @@ def reduction_space(node: Node, graph: Graph) -> tuple[int, ...] | None:
             broadcasts_to(graph.nodes[i].shape, x.shape) for i in node.inputs[1:])
     else:
         ok = False
-    return tuple(x.shape) if ok else None
+    return (tuple(x.shape), axes) if ok else None
+
+
+def _lone_column(node: Node, space: Space) -> bool:
+    """Whether ``node`` alone is worth a column program: a softmax, layer norm or
+    variance over axes before the last one, which has no kernel of its own."""
+    shape, axes = space
+    return node.op in _COMPOUND and axes[-1] < len(shape) - 1
+
+
+def _full_work(graph: Graph, prog: _Program) -> bool:
+    """Whether a program does elementwise work on the full array (a prologue, or reduced
+    values broadcast back): what a column program saves passes over memory on. A
+    program over the last axis always qualifies (the row kernels read rows along
+    memory either way)."""
+    shape, axes = prog.space
+    if axes[-1] == len(shape) - 1:
+        return True
+    for nid in prog.members:
+        n = graph.nodes[nid]
+        if n.op in _COMPOUND or (kind_of(n.op) == "elementwise"
+                                 and kind_in(n.shape, shape, axes) == "full"):
+            return True
+    return False
 
 
 def _elementwise(node: Node) -> bool:
@@ -104,18 +161,38 @@ def _elementwise(node: Node) -> bool:
 class _Program:
     root: int
     members: list[int] = field(default_factory=list)
-    space: tuple[int, ...] | None = None
+    space: Space | None = None
     reductions: int = 0
 
 
-def _usable_space(space: tuple[int, ...]) -> bool:
-    if len(space) < 1 or space[-1] < 2 or 0 in space:
-        return False
-    rows = int(np.prod(space[:-1], dtype=np.int64))
-    return not (rows < MIN_ROWS and space[-1] > MAX_FULL_COLUMNS)
+def _sizes(space: Space) -> tuple[int, int, int]:
+    """Rows, values per row, and the extent after the reduced axes."""
+    shape, axes = space
+    cols = int(np.prod([shape[j] for j in axes], dtype=np.int64))
+    rows = int(np.prod(shape, dtype=np.int64)) // max(cols, 1)
+    return rows, cols, int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
 
 
-def _edges_fit(graph: Graph, prog: _Program, space: tuple[int, ...],
+def _usable_space(space: Space) -> str:
+    """Why a program over ``space`` would leave the GPU idle or is empty, or ``""``."""
+    shape = space[0]
+    if len(shape) < 1 or 0 in shape:
+        return "an empty array"
+    rows, cols, inner = _sizes(space)
+    if cols < 2:
+        return "one value per row"
+    if inner == 1:  # rows along memory
+        if rows < MIN_ROWS and cols > MAX_FULL_COLUMNS:
+            return f"{rows} row(s) of {cols} are too few rows for a block per row"
+        return ""
+    blocks = -(-rows // column_config(rows, inner, cols)["tx"])
+    if blocks < MIN_COLUMN_BLOCKS and cols > MAX_SPARSE_COLUMNS:
+        return (f"{rows} positions reduced over {cols} values each give {blocks} block(s): "
+                "too few for the GPU (the column kernels split the reduction instead)")
+    return ""
+
+
+def _edges_fit(graph: Graph, prog: _Program, space: Space,
                extra: Node | None = None) -> bool:
     """Whether every member (and ``extra``) reads the other members as the row space
     allows."""
@@ -127,12 +204,12 @@ def _edges_fit(graph: Graph, prog: _Program, space: tuple[int, ...],
             if rspace != space:
                 return False
             continue
-        kind = kind_in(n.shape, space)
+        kind = kind_in(n.shape, *space)
         if kind is None or kind == "scalar":
             return False
         for i in n.inputs:
             if i in members:
-                ik = kind_in(graph.nodes[i].shape, space)
+                ik = kind_in(graph.nodes[i].shape, *space)
                 if ik != "scalar" and ik not in _READS[kind]:
                     return False
     return True
@@ -145,7 +222,7 @@ def _groups(graph: Graph) -> list[_Program]:
     progs: list[_Program] = []
     for n in reversed(list(graph.nodes.values())):
         space = reduction_space(n, graph)
-        if space is not None and not _usable_space(space):
+        if space is not None and _usable_space(space):
             continue
         if space is None and not _elementwise(n):
             continue
@@ -170,7 +247,7 @@ def _groups(graph: Graph) -> list[_Program]:
     return progs
 
 
-def _joins(graph: Graph, prog: _Program, n: Node, space: tuple[int, ...] | None) -> bool:
+def _joins(graph: Graph, prog: _Program, n: Node, space: Space | None) -> bool:
     if space is not None:  # a reduction-like node fixes (or must match) the row space
         if prog.space is not None and prog.space != space:
             return False
@@ -184,7 +261,7 @@ def _joins(graph: Graph, prog: _Program, n: Node, space: tuple[int, ...] | None)
 def _expand(body: Graph, n: Node, args: list[int]) -> int:
     """Add what compound node ``n`` stands for to ``body``; the id of its result."""
     x = body.nodes[args[0]]
-    last = (len(x.shape) - 1,)
+    last = normalize_axis(n.attrs.get("axis", -1), len(x.shape))
     if n.op == "softmax":
         m = body.add("max", [args[0]], {"axis": last, "keepdims": True})
         d = body.add("subtract", [args[0], m.id])
@@ -263,7 +340,15 @@ def run(graph: Graph, ctx: PassContext) -> bool:
     changed = False
     k = sum(1 for n in graph.nodes.values() if n.op == "fused_rows")
     for prog in _groups(graph):
-        if not prog.reductions or len(prog.members) < 2 or prog.space is None:
+        if not prog.reductions or prog.space is None:
+            continue
+        if len(prog.members) < 2 and not _lone_column(graph.nodes[prog.root], prog.space):
+            continue
+        if not _full_work(graph, prog):
+            ctx.note(f"{NAME}: the reductions ending at %{prog.root} over axes "
+                     f"{prog.space[1]} stay column kernels: nothing of the full array is "
+                     "computed or written, so one kernel would save no pass over memory, "
+                     "and the column kernel splits a long reduction across the GPU")
             continue
         if not _edges_fit(graph, prog, prog.space):  # pragma: no cover - grown to fit
             continue
@@ -275,23 +360,26 @@ def run(graph: Graph, ctx: PassContext) -> bool:
             ctx.note(f"{NAME}: the program ending at %{root.id} changes its result's type "
                      "when written out; left unfused")
             continue
-        why = check_row_program(body, prog.space,
-                                [tuple(graph.nodes[i].shape) for i in external],
-                                [graph.nodes[i].dtype for i in external])
+        shape, axes = prog.space
+        why = check_row_program(body, shape, [tuple(graph.nodes[i].shape) for i in external],
+                                [graph.nodes[i].dtype for i in external], axes)
         if why:
             ctx.note(f"{NAME}: the program ending at %{root.id} is not fused: {why}")
             continue
         ops = tuple(n.op for n in body.nodes.values() if n.op not in ("input", "constant"))
         fused = graph.add("fused_rows", external,
-                          {"body": body, "ops": ops, "space": tuple(prog.space), "name": name})
+                          {"body": body, "ops": ops, "space": shape, "axes": axes,
+                           "name": name})
         _place(graph, fused, root, set(prog.members))
         prune(graph, inlined)
         reds = [o for o in ops if o in ROW_REDUCTIONS]
-        rows = int(np.prod(prog.space[:-1], dtype=np.int64))
+        rows, cols, inner = _sizes(prog.space)
+        where = (f"over rows of {cols} ({rows} rows)" if inner == 1 else
+                 f"over axes {axes} ({rows} rows of {cols} across memory: lanes take "
+                 "neighbouring rows)")
         ctx.note(f"{NAME}: {len(prog.members)} nodes ending at %{root.id} "
                  f"({', '.join(sorted(set(ops)))}) fused into {name} %{fused.id}: "
-                 f"{len(reds)} reduction(s) over rows of {prog.space[-1]} ({rows} rows) "
-                 "with their elementwise work, one kernel")
+                 f"{len(reds)} reduction(s) {where} with their elementwise work, one kernel")
         k += 1
         changed = True
     _explain_unfused(graph, ctx)
@@ -306,23 +394,21 @@ def _why_not_row(node: Node, graph: Graph) -> str:
     plain = node.op in ROW_REDUCTIONS
     if x is None or not _float(x.dtype, plain) or not _float(node.dtype, plain):
         return "row programs reduce floating-point values; integer reductions keep their kernel"
-    if not _last_axis(node, x):
+    if _axes(node, x) is None:
         axes = normalize_axis(node.attrs.get("axis", -1), len(x.shape))
         where = (" (on the GPU a column kernel: lanes across the columns)"
                  if node.op in COLUMN_OPS and column_split(tuple(x.shape), axes) is not None
                  else "")
-        return (f"it reduces axes {axes} of a rank-{len(x.shape)} array, not only the last "
-                f"axis{where}")
+        return (f"it reduces axes {axes} of a rank-{len(x.shape)} array, not one block of "
+                f"consecutive axes{where}")
     if node.op == "var" and x.dtype.name == "float16":
         return "a float16 np.var accumulates its squares in float16 and keeps its own kernel"
     if node.op == "layer_norm" and x.dtype.name == "float16":
         return "a float16 layer norm written with np.var keeps its own kernel"
-    if reduction_space(node, graph) is None:
+    space = reduction_space(node, graph)
+    if space is None:
         return "where=, dtype=, initial= or ddof= is given"
-    if not _usable_space(tuple(x.shape)):
-        return (f"{int(np.prod(x.shape[:-1]))} row(s) of {x.shape[-1]} are too few rows for "
-                "a block per row")
-    return ""
+    return _usable_space(space)
 
 
 def _explain_unfused(graph: Graph, ctx: PassContext) -> None:
