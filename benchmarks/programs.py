@@ -337,6 +337,27 @@ def embedding_t(w, tokens, pos):
     return w[tokens] * 32.0 + pos
 
 
+def channel_norm(x, g):
+    mu = x.mean(axis=1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=1, keepdims=True)
+    return (x - mu) / np.sqrt(var + np.float16(1e-6)) * g
+
+
+def channel_norm_t(x, g):
+    mu = x.mean(1, keepdim=True)
+    var = ((x - mu) ** 2).mean(1, keepdim=True)
+    return (x - mu) / (var + 1e-6).sqrt() * g
+
+
+def class_softmax(logits):
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def class_softmax_t(logits):
+    return logits.softmax(1)
+
+
 PROGRAMS: list[Program] = [
     Program("gelu_tanh_f32", F32, lambda s: [((_n(s, 1 << 26),), "x")], gelu_tanh, gelu_tanh_t),
     Program("residual_rms_norm_f16", F16,
@@ -405,6 +426,14 @@ PROGRAMS: list[Program] = [
             lambda s: [((_n(s, 8192), 4096), "x"), ((_n(s, 8192),), "labels")],
             cross_entropy_labels, cross_entropy_labels_t),
     # the table is read in rows the tokens name (some twice): not a bandwidth program
+    # a ConvNeXt-style layer norm over the channels of an NCHW activation
+    Program("channel_norm_f16", F16,
+            lambda s: [((_n(s, 16, 2), 256, _n(s, 56 * 56)), "x"), ((256, 1), "x")],
+            channel_norm, channel_norm_t),
+    # per-pixel class probabilities of a segmentation network's NCHW logits (19 classes)
+    Program("class_softmax_f32", F32,
+            lambda s: [((_n(s, 4, 2), 19, _n(s, 512 * 1024)), "x")], class_softmax,
+            class_softmax_t),
     Program("embedding_f16", F16,
             lambda s: [((_n(s, 32000), 1024), "x"), ((_n(s, 16384),), "rows"),
                        ((_n(s, 16384), 1024), "x")],
