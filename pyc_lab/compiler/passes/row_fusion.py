@@ -338,6 +338,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         Whether anything changed.
     """
     changed = False
+    declined: set[int] = set()  # members of column programs not made (noted once)
     k = sum(1 for n in graph.nodes.values() if n.op == "fused_rows")
     for prog in _groups(graph):
         if not prog.reductions or prog.space is None:
@@ -345,6 +346,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         if len(prog.members) < 2 and not _lone_column(graph.nodes[prog.root], prog.space):
             continue
         if not _full_work(graph, prog):
+            declined.update(prog.members)
             ctx.note(f"{NAME}: the reductions ending at %{prog.root} over axes "
                      f"{prog.space[1]} stay column kernels: nothing of the full array is "
                      "computed or written, so one kernel would save no pass over memory, "
@@ -367,9 +369,10 @@ def run(graph: Graph, ctx: PassContext) -> bool:
             ctx.note(f"{NAME}: the program ending at %{root.id} is not fused: {why}")
             continue
         ops = tuple(n.op for n in body.nodes.values() if n.op not in ("input", "constant"))
-        fused = graph.add("fused_rows", external,
-                          {"body": body, "ops": ops, "space": shape, "axes": axes,
-                           "name": name})
+        attrs = {"body": body, "ops": ops, "space": shape, "name": name}
+        if axes != (len(shape) - 1,):  # the last axis is the default
+            attrs["axes"] = axes
+        fused = graph.add("fused_rows", external, attrs)
         _place(graph, fused, root, set(prog.members))
         prune(graph, inlined)
         reds = [o for o in ops if o in ROW_REDUCTIONS]
@@ -382,7 +385,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
                  f"{len(reds)} reduction(s) {where} with their elementwise work, one kernel")
         k += 1
         changed = True
-    _explain_unfused(graph, ctx)
+    _explain_unfused(graph, ctx, declined)
     return changed
 
 
@@ -411,9 +414,9 @@ def _why_not_row(node: Node, graph: Graph) -> str:
     return _usable_space(space)
 
 
-def _explain_unfused(graph: Graph, ctx: PassContext) -> None:
+def _explain_unfused(graph: Graph, ctx: PassContext, declined: set[int]) -> None:
     """Say, for each reduction left standing next to elementwise work, why it stays a
-    kernel of its own."""
+    kernel of its own (those in ``declined`` have their note already)."""
     users = graph.users()
     outputs = set(graph.outputs)
 
@@ -421,8 +424,8 @@ def _explain_unfused(graph: Graph, ctx: PassContext) -> None:
         return kind_of(graph.nodes[nid].op) == "elementwise"
 
     for n in graph:
-        if n.op not in ROW_REDUCTIONS + _COMPOUND + ("std", "prod", "argmax", "argmin",
-                                                   "any", "all"):
+        if n.id in declined or n.op not in ROW_REDUCTIONS + _COMPOUND + (
+                "std", "prod", "argmax", "argmin", "any", "all"):
             continue
         before = [i for i in n.inputs[:1] if elementwise(i)]
         after = [u for u in users.get(n.id, []) if elementwise(u)]
