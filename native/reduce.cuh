@@ -70,6 +70,7 @@ __device__ __forceinline__ T pyc_block_reduce(T v, Op op, T identity, T* smem) {
 // readers finish before smem (TX * TY values) is overwritten.
 template <int TX, int TY, typename T, typename Op>
 __device__ __forceinline__ T pyc_column_reduce(T v, Op op, T* smem) {
+    if (TY == 1) return v;  // a row that is one thread's alone
     const int tx = threadIdx.x % TX;
     const int ty = threadIdx.x / TX;
     __syncthreads();

@@ -163,11 +163,12 @@ def test_kinds_in_a_column_space():
     assert kind_in((8,), (8, 16), (0,)) is None
 
 
-@pytest.mark.parametrize("inner, cols, tx, cached", [
-    (64, 256, 32, True), (3, 1000, 4, True), (1, 40, 1, True), (40, 900, 32, False)])
-def test_column_launch_shapes(inner, cols, tx, cached):
+@pytest.mark.parametrize("inner, cols, tx, ty, cached", [
+    (64, 256, 32, 16, True), (3, 1000, 4, 64, True), (1, 40, 1, 256, True),
+    (40, 900, 32, 32, False), (524288, 19, 128, 2, True), (45, 12, 256, 1, True)])
+def test_column_launch_shapes(inner, cols, tx, ty, cached):
     cfg = column_config(1000, inner, cols)
-    assert cfg["tx"] == tx and cfg["rows_per_block"] == tx
+    assert cfg["tx"] == tx and cfg["rows_per_block"] == tx and cfg["threads"] == ty
     assert cfg["block"] == tx * cfg["threads"] <= 1024
     assert cfg["cached"] is cached
     assert cfg["per_thread"] * cfg["threads"] >= cols
@@ -190,7 +191,7 @@ def _emulated(fn, args):
 
 # a float16 np.var is its own kernel, so batch_stats_norm's float16 program reads it
 _EMULATED = [(name, dtype, r) for name in sorted(PROGRAMS)
-             for dtype, r in [(F32, 21), (F64, 37), (F16, 64), (F32, 700)]
+             for dtype, r in [(F32, 21), (F64, 37), (F16, 64), (F32, 700), (F32, 12)]
              if not (name == "batch_stats_norm" and dtype == F16)]
 
 

@@ -304,14 +304,21 @@ def _step(var: str, stride: int) -> str:
 def column_config(rows: int, inner: int, cols: int, acc_itemsize: int = 4) -> dict[str, Any]:
     """Launch shape of a column program: ``tx`` lanes take consecutive rows (``inner``:
     the extent after the reduced axes, so neighbouring lanes read neighbouring
-    addresses), ``threads`` = ``ty`` threads share each row, stepping down it together;
-    ``ty`` grows (up to 1024 threads a block) until a thread's share of the row fits the
-    register budget."""
-    tx = 32 if inner >= 32 else 1 << max(0, (inner - 1).bit_length())
-    ty = 256 // tx
+    addresses), ``threads`` = ``ty`` threads share each row, stepping down it together.
+    ``ty`` is the fewest (a power of two) whose share of a row fits a thread's register
+    budget — a short row is a thread's alone, with no shared-memory combining — and the
+    block is about 256 threads (``tx`` at least a warp where ``inner`` allows), up to
+    1024 for long rows."""
     limit = 16 * 4 // max(acc_itemsize, 4)
-    while tx * ty < 1024 and -(-cols // ty) > limit:
+    ty = 1
+    while -(-cols // ty) > limit and ty < 1024:
         ty *= 2
+    if inner >= 32:
+        tx = max(32, 256 // ty)
+    else:
+        tx = 1 << max(0, (inner - 1).bit_length())
+        ty = max(ty, 256 // tx)
+    ty = min(ty, 1024 // tx)
     per = -(-cols // ty)
     return {"threads": ty, "block": tx * ty, "mode": "column", "per_thread": per,
             "cached": per <= limit, "rows_per_block": tx, "tx": tx}
