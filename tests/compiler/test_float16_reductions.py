@@ -45,7 +45,14 @@ def test_fused_float16_variance_does_not_overflow_where_numpy_does_not():
     a = np.array([[200.0], [-200.0]], np.float16)
     f = pl.compile(hand_variance)
     same(f(a), hand_variance(a))  # 40000, not inf
-    assert "form='mean_square'" in f.explain(a).ir_after
+    # over axis 0: a column program whose body is the mean of squares as written (a
+    # float16 np.var, which accumulates in float16, would keep its own kernel)
+    ir = f.explain(a).ir_after
+    assert "axes=(0,)" in ir and "ops=('mean', 'subtract', 'multiply', 'mean')" in ir
+    g = pl.compile(hand_variance_mul)
+    b = a.reshape(1, 2)
+    same(g(b), hand_variance_mul(b))
+    assert "form='mean_square'" in g.explain(b).ir_after
 
 
 def test_fused_float16_layer_norm_keeps_the_variance_it_was_written_with():
