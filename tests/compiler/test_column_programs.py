@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyc_lab.compiler.codegen import generate, supports
 from pyc_lab.compiler.codegen.row_program import column_config, kind_in
@@ -250,3 +252,93 @@ def test_a_column_program_compiles_for_sm90(tmp_path, rng):
     res, computed = _fused(channel_norm, args)
     (node,) = computed
     compile_ptx(tmp_path, generate(node, res.graph), cubin=True)
+
+
+# -- random chains over any block of axes ---------------------------------------------------
+_PRO = [lambda x, y: x + y, lambda x, y: x * y, lambda x, y: np.exp(x * 0.1),
+        lambda x, y: np.maximum(x, y), lambda x, y: np.where(x > 0, x, y), lambda x, y: x]
+_RED = ["sum", "mean", "max", "min"]
+_EPI = [lambda v, r: v - r, lambda v, r: v / (r + 1), lambda v, r: v * np.tanh(r),
+        lambda v, r: np.maximum(v, r)]
+#: blocks of a rank-3 array: across memory (column programs) and along it (rows of
+#: several axes)
+_AXES = [(0,), (1,), (0, 1), (1, 2), (0, 1, 2)]
+
+
+def _chain(pro, red, red2, epi, keep, axes):
+    def fn(x, y):
+        v = _PRO[pro](x, y)
+        r = getattr(v, _RED[red])(axis=axes, keepdims=True)
+        w = _EPI[epi](v, r)
+        if red2 is None:
+            return w
+        return getattr(w, _RED[red2])(axis=axes, keepdims=keep)
+    return fn
+
+
+_CHAINS = dict(pro=st.integers(0, len(_PRO) - 1), red=st.integers(0, 3),
+               red2=st.one_of(st.none(), st.integers(0, 3)),
+               epi=st.integers(0, len(_EPI) - 1), keep=st.booleans(),
+               axes=st.sampled_from(_AXES),
+               shape=st.tuples(*[st.sampled_from([2, 3, 7, 31]) for _ in range(3)]),
+               dtype=st.sampled_from([F16, F32, F64]), seed=st.integers(0, 2**31))
+
+
+@settings(max_examples=150, deadline=None)
+@given(**_CHAINS)
+def test_random_chains_over_any_block_of_axes_fuse_and_keep_the_answer(
+        pro, red, red2, epi, keep, axes, shape, dtype, seed):
+    r = np.random.default_rng(seed)
+    x, y = _data(r, shape, dtype), _data(r, shape, dtype)
+    fn = _chain(pro, red, red2, epi, keep, axes)
+    res, computed = _fused(fn, [x, y])
+    fused = [n for n in computed if n.op == "fused_rows"]
+    assert len(fused) == 1, res.graph.text()
+    assert supports(fused[0], res.graph) == (True, "")
+    generate(fused[0], res.graph)  # every program the pass makes is generated
+    with np.errstate(all="ignore"):
+        (got,) = run_graph(res.graph, [x, y], np)
+        want = fn(x, y)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@needs_gxx
+@settings(max_examples=12, deadline=None)
+@given(**_CHAINS)
+def test_random_chains_over_any_block_of_axes_run_on_the_cpu(
+        pro, red, red2, epi, keep, axes, shape, dtype, seed):
+    r = np.random.default_rng(seed)
+    x, y = _data(r, shape, dtype), _data(r, shape, dtype)
+    fn = _chain(pro, red, red2, epi, keep, axes)
+    _, node, outs = _emulated(fn, [x, y])
+    with np.errstate(all="ignore"):
+        # float16 rounds after every op, as NumPy does: NumPy's own float16 answer is the
+        # reference there (float64 elsewhere)
+        wide = [a.astype(F64) for a in (x, y)] if dtype != F16 else [x, y]
+        want = np.asarray(fn(*wide)).astype(F64).reshape(node.shape)
+    rtol, atol = _TOL[np.dtype(dtype).name]
+    finite = np.isfinite(want)
+    if dtype == F16 and finite.any():
+        atol *= max(1.0, float(np.abs(want[finite]).max()))
+    for out in outs:
+        got = out.astype(F64)
+        assert np.array_equal(np.isfinite(got), finite)
+        assert np.array_equal(got[~finite], want[~finite], equal_nan=True)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=rtol, atol=atol)
+
+
+@needs_gxx
+@pytest.mark.parametrize("y_shape", [(1, 21, 40), (21, 1), (3, 1, 1), (40,)])
+def test_broadcast_inputs_of_a_column_program(rng, y_shape):
+    x, y = _data(rng, (3, 21, 40), F32), _data(rng, y_shape, F32)
+
+    def fn(x, y):
+        v = x * y
+        return v - v.mean(axis=1, keepdims=True)
+
+    _, _, (out,) = _emulated(fn, [x, y])
+    with np.errstate(all="ignore"):
+        want = fn(x.astype(F64), y.astype(F64))
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+    np.testing.assert_allclose(out.astype(F64), want, rtol=2e-5, atol=2e-5)
