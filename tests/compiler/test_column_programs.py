@@ -26,6 +26,7 @@ from pyc_lab.compiler.tracer import trace
 from tests.compiler.emulate import needs_gxx
 from tests.compiler.test_codegen import compile_ptx, needs_nvcc
 from tests.compiler.test_emulated_reductions import _TOL, _aligned, _rows
+from tests.compiler.test_row_fusion import _EPI, _PRO, _chain
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 
@@ -255,25 +256,9 @@ def test_a_column_program_compiles_for_sm90(tmp_path, rng):
 
 
 # -- random chains over any block of axes ---------------------------------------------------
-_PRO = [lambda x, y: x + y, lambda x, y: x * y, lambda x, y: np.exp(x * 0.1),
-        lambda x, y: np.maximum(x, y), lambda x, y: np.where(x > 0, x, y), lambda x, y: x]
-_RED = ["sum", "mean", "max", "min"]
-_EPI = [lambda v, r: v - r, lambda v, r: v / (r + 1), lambda v, r: v * np.tanh(r),
-        lambda v, r: np.maximum(v, r)]
 #: blocks of a rank-3 array: across memory (column programs) and along it (rows of
 #: several axes)
 _AXES = [(0,), (1,), (0, 1), (1, 2), (0, 1, 2)]
-
-
-def _chain(pro, red, red2, epi, keep, axes):
-    def fn(x, y):
-        v = _PRO[pro](x, y)
-        r = getattr(v, _RED[red])(axis=axes, keepdims=True)
-        w = _EPI[epi](v, r)
-        if red2 is None:
-            return w
-        return getattr(w, _RED[red2])(axis=axes, keepdims=keep)
-    return fn
 
 
 _CHAINS = dict(pro=st.integers(0, len(_PRO) - 1), red=st.integers(0, 3),
@@ -284,13 +269,17 @@ _CHAINS = dict(pro=st.integers(0, len(_PRO) - 1), red=st.integers(0, 3),
                dtype=st.sampled_from([F16, F32, F64]), seed=st.integers(0, 2**31))
 
 
+def _chain_case(pro, red, red2, epi, keep, axes, shape, dtype, seed):
+    r = np.random.default_rng(seed)
+    return (_chain(pro, red, red2, epi, keep, axes), _data(r, shape, dtype),
+            _data(r, shape, dtype))
+
+
 @settings(max_examples=150, deadline=None)
 @given(**_CHAINS)
 def test_random_chains_over_any_block_of_axes_fuse_and_keep_the_answer(
         pro, red, red2, epi, keep, axes, shape, dtype, seed):
-    r = np.random.default_rng(seed)
-    x, y = _data(r, shape, dtype), _data(r, shape, dtype)
-    fn = _chain(pro, red, red2, epi, keep, axes)
+    fn, x, y = _chain_case(pro, red, red2, epi, keep, axes, shape, dtype, seed)
     res, computed = _fused(fn, [x, y])
     fused = [n for n in computed if n.op == "fused_rows"]
     assert len(fused) == 1, res.graph.text()
@@ -308,9 +297,7 @@ def test_random_chains_over_any_block_of_axes_fuse_and_keep_the_answer(
 @given(**_CHAINS)
 def test_random_chains_over_any_block_of_axes_run_on_the_cpu(
         pro, red, red2, epi, keep, axes, shape, dtype, seed):
-    r = np.random.default_rng(seed)
-    x, y = _data(r, shape, dtype), _data(r, shape, dtype)
-    fn = _chain(pro, red, red2, epi, keep, axes)
+    fn, x, y = _chain_case(pro, red, red2, epi, keep, axes, shape, dtype, seed)
     _, node, outs = _emulated(fn, [x, y])
     with np.errstate(all="ignore"):
         # float16 rounds after every op, as NumPy does: NumPy's own float16 answer is the

@@ -263,14 +263,15 @@ _EPI = [lambda v, r: v - r, lambda v, r: v / (r + 1), lambda v, r: v * np.tanh(r
         lambda v, r: np.maximum(v, r)]
 
 
-def _chain(pro, red, red2, epi, keep):
+def _chain(pro, red, red2, epi, keep, axes=-1):
+    """prologue -> reduction over ``axes`` -> epilogue [-> a second reduction]."""
     def fn(x, y):
         v = _PRO[pro](x, y)
-        r = getattr(v, _RED[red])(axis=-1, keepdims=True)
+        r = getattr(v, _RED[red])(axis=axes, keepdims=True)
         w = _EPI[epi](v, r)
         if red2 is None:
             return w
-        return getattr(w, _RED[red2])(axis=-1, keepdims=keep)
+        return getattr(w, _RED[red2])(axis=axes, keepdims=keep)
     return fn
 
 
