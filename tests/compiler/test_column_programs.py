@@ -329,3 +329,28 @@ def test_broadcast_inputs_of_a_column_program(rng, y_shape):
         want = fn(x.astype(F64), y.astype(F64))
     assert np.array_equal(np.isnan(out), np.isnan(want))
     np.testing.assert_allclose(out.astype(F64), want, rtol=2e-5, atol=2e-5)
+
+
+@needs_gxx
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_a_bfloat16_variance_joins_the_program_in_float32(rng, axis):
+    # np.var of bfloat16 computes in float32 and rounds once; inside a program it is
+    # expanded with the casts that keep that
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    x = _data(rng, (6, 40, 35), F32, specials=False).astype(bf16)
+
+    def fn(x):
+        return (x - x.mean(axis=axis, keepdims=True)) / np.sqrt(
+            x.var(axis=axis, keepdims=True) + bf16.type(1e-5))
+
+    res, computed = _fused(fn, [x])
+    assert [n.op for n in computed] == ["fused_rows"], res.graph.text()
+    unfused, _ = trace(fn, (x,))
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(run_graph(res.graph, [x], np)[0],
+                                      run_graph(unfused, [x], np)[0])
+    _, _, outs = _emulated(fn, [x])
+    want = fn(x.astype(F64))
+    for out in outs:
+        assert out.dtype == bf16
+        np.testing.assert_allclose(out.astype(F64), want, rtol=2e-2, atol=2e-2)

@@ -108,7 +108,8 @@ def reduction_space(node: Node, graph: Graph) -> Space | None:
     if not node.inputs or node.op not in ROW_REDUCTIONS + _COMPOUND:
         return None
     x = graph.nodes[node.inputs[0]]
-    plain = node.op in ROW_REDUCTIONS
+    # a bfloat16 variance computes in float32 and rounds once, as it is expanded
+    plain = node.op in ROW_REDUCTIONS or node.op == "var"
     axes = _axes(node, x)
     if not _float(x.dtype, plain) or not _float(node.dtype, plain) or axes is None:
         return None
@@ -268,6 +269,10 @@ def _expand(body: Graph, n: Node, args: list[int]) -> int:
         e = body.add("exp", [d.id])
         s = body.add("sum", [e.id], {"axis": last, "keepdims": True})
         return body.add("divide", [e.id, s.id]).id
+    if n.op == "var" and x.dtype.name == "bfloat16":  # float32 inside, one rounding
+        wide = body.add("astype", [args[0]], {"dtype": np.dtype(np.float32)}).id
+        v = _expand(body, n, [wide])
+        return body.add("astype", [v], {"dtype": x.dtype}).id
     mean = body.add("mean", [args[0]], {"axis": last, "keepdims": True})
     c = body.add("subtract", [args[0], mean.id])
     sq = body.add("multiply", [c.id, c.id])
