@@ -149,12 +149,48 @@ def test_long_rows_in_too_few_blocks_are_left_to_the_column_kernels(rng):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_axes_that_are_not_one_block_are_not_a_program(rng):
-    x = _data(rng, (4, 5, 6), F32)
-    res, computed = _fused(lambda x: x - x.mean(axis=(0, 2), keepdims=True), [x])
+def batch_norm_nchw(x):
+    mu = x.mean(axis=(0, 2, 3), keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=(0, 2, 3), keepdims=True)
+    return (x - mu) / np.sqrt(var + x.dtype.type(1e-5))
+
+
+def centre_n_and_h(x):  # axes 0 and 2 of NCHW: rows (c, w) across memory
+    return x - x.mean(axis=(0, 2), keepdims=True)
+
+
+@pytest.mark.parametrize("fn, axes", [(batch_norm_nchw, (0, 2, 3)), (centre_n_and_h, (0, 2))])
+def test_axes_apart_make_one_program(rng, fn, axes):
+    x = _data(rng, (4, 6, 5, 7), F32)
+    res, computed = _fused(fn, [x])
+    assert [n.op for n in computed] == ["fused_rows"], res.graph.text()
+    assert tuple(computed[0].attrs["axes"]) == axes
+    with np.errstate(all="ignore"):
+        (got,) = run_graph(res.graph, [x], np)
+        want = fn(x)
+    np.testing.assert_array_equal(got, want)
+
+
+@needs_gxx
+@pytest.mark.parametrize("fn", [batch_norm_nchw, centre_n_and_h])
+@pytest.mark.parametrize("dtype", [F32, F16, F64])
+def test_axes_apart_run_on_the_cpu(rng, fn, dtype):
+    x = _data(rng, (3, 37, 5, 9), dtype)
+    _, _, outs = _emulated(fn, [x])
+    with np.errstate(all="ignore"):
+        want = fn(x.astype(F64))
+    rtol, atol = _TOL[np.dtype(dtype).name]
+    for out in outs:
+        assert np.array_equal(np.isnan(out), np.isnan(want))
+        np.testing.assert_allclose(out.astype(F64), want, rtol=rtol, atol=atol)
+
+
+def test_a_batch_norm_over_few_channels_of_long_rows_is_left_apart(rng):
+    x = _data(rng, (32, 64, 48, 48), F32, specials=False)  # 64 rows of 73728 values
+    res, computed = _fused(batch_norm_nchw, [x])
     assert "fused_rows" not in [n.op for n in computed]
     notes = [n for rec in res.log for n in rec.notes]
-    assert any("not one block of consecutive axes" in n for n in notes), notes
+    assert any("too few rows for the GPU" in n for n in notes), notes
 
 
 def test_kinds_in_a_column_space():
@@ -256,9 +292,9 @@ def test_a_column_program_compiles_for_sm90(tmp_path, rng):
 
 
 # -- random chains over any block of axes ---------------------------------------------------
-#: blocks of a rank-3 array: across memory (column programs) and along it (rows of
-#: several axes)
-_AXES = [(0,), (1,), (0, 1), (1, 2), (0, 1, 2)]
+#: axes of a rank-3 array: across memory (column programs), along it (rows of several
+#: axes) and apart
+_AXES = [(0,), (1,), (0, 1), (1, 2), (0, 1, 2), (0, 2)]
 
 
 _CHAINS = dict(pro=st.integers(0, len(_PRO) - 1), red=st.integers(0, 3),

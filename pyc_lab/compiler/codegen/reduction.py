@@ -194,9 +194,11 @@ class _Emitter:
                 lines += [f"{indent}    {b}" for b in body]
             lines.append(f"{indent}}}")
             return lines
-        # a column program's thread steps down a long row with one load per step:
-        # unrolled, several are in flight at once
-        unroll = [f"{indent}#pragma unroll 4"] if self.cfg["mode"] == "column" else []
+        # a row program's thread stepping through a long row across memory (a column
+        # program's, or one over axes apart) has one load per step: unrolled (the
+        # config's "unroll"), several are in flight at once
+        unroll = [f"{indent}#pragma unroll {self.cfg['unroll']}"] if self.cfg.get("unroll") \
+            else []
         return (unroll + [f"{indent}for (int col = t; col < {self.cols}; col += {t}) {{"]
                 + [f"{indent}    {b}" for b in body] + [f"{indent}}}"])
 

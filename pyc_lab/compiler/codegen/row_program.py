@@ -27,7 +27,6 @@ propagating NaN. Inputs broadcast to the value that reads them as NumPy broadcas
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,8 +70,8 @@ def kind_in(shape: tuple[int, ...], space: tuple[int, ...],
             axes: tuple[int, ...] | None = None) -> str | None:
     """The kind of a value of ``shape`` in row space ``space`` reduced over ``axes``
     (default: the last): ``"full"``, ``"row1"`` (a row value that broadcasts against a
-    full one: with ``keepdims``, or without it when the leading axes of a column
-    program are reduced), ``"row"`` (without), ``"scalar"`` or None."""
+    full one: with ``keepdims``, or without it when a column program reduces leading
+    axes), ``"row"`` (without), ``"scalar"`` or None."""
     shape, space = tuple(shape), tuple(space)
     axes = last_axes(space) if axes is None else tuple(axes)
     if shape == space:
@@ -81,7 +80,7 @@ def kind_in(shape: tuple[int, ...], space: tuple[int, ...],
         return "row1"
     if shape == kept_dims(space, axes):
         # x - x.mean(axis=0) broadcasts as NumPy aligns trailing axes
-        leading = axes[0] == 0 and axes[-1] < len(space) - 1
+        leading = axes == tuple(range(len(axes))) and axes[-1] < len(space) - 1
         return "row1" if leading else "row"
     if shape == ():
         return "scalar"
@@ -110,28 +109,52 @@ def _strides_over(shape: tuple[int, ...], target: tuple[int, ...]) -> list[int] 
             for j in range(len(target))]
 
 
-def _along(strides: list[int], space: tuple[int, ...], axes: tuple[int, ...]) -> int | None:
-    """The one element stride that steps through the reduced ``axes`` (a consecutive
-    block) of ``space`` in C order, 0 for a value broadcast along them, or None when the
-    strides do not combine into one."""
-    live = [j for j in axes if space[j] != 1]
-    if not live:
-        return 0
-    for a, b in itertools.pairwise(live):
-        if strides[a] != strides[b] * int(np.prod(space[a + 1:b + 1], dtype=np.int64)):
-            return None
-    return strides[live[-1]]
+#: How an array's elements along a row are found: ``(divisor, extent, stride)`` terms,
+#: element ``col`` of the row at ``sum(((col / divisor) % extent) * stride)``; one term
+#: ``(1, cols, s)`` when the reduced axes step through memory by one stride, none for a
+#: value constant along the row.
+Terms = tuple[tuple[int, int, int], ...]
+
+
+def _along(strides: list[int], space: tuple[int, ...], axes: tuple[int, ...]) -> Terms:
+    """The terms stepping through the reduced ``axes`` of ``space`` (in C order, any
+    axes) for an array of element ``strides`` over ``space``; neighbouring axes whose
+    strides combine make one term."""
+    terms: list[tuple[int, int, int]] = []
+    divisor = 1
+    for j in reversed(axes):
+        extent = space[j]
+        if extent != 1 and strides[j]:
+            last = terms[-1] if terms else None
+            if last and last[0] * last[1] == divisor and strides[j] == last[2] * last[1]:
+                terms[-1] = (last[0], last[1] * extent, last[2])
+            else:
+                terms.append((divisor, extent, strides[j]))
+        divisor *= extent
+    return tuple(reversed(terms))
+
+
+def _offset(var: str, terms: Terms, cols: int) -> str:
+    """C expression of the element offset of ``var`` (an index along a row of ``cols``)."""
+    parts = []
+    for divisor, extent, stride in terms:
+        idx = var if divisor == 1 else f"({var} / {divisor})"
+        if divisor * extent != cols:
+            idx = f"({idx} % {extent})"
+        parts.append(idx if stride == 1 else f"{idx} * {stride}LL")
+    return " + ".join(parts) or "0"
 
 
 @dataclass
 class _Access:
     """How one input is read by readers of one kind: its strides over the row dims
-    and its element stride along the row (``col``; 0 for a value constant along it)."""
+    and the terms finding its elements along the row (``col``; none for a value
+    constant along it)."""
 
     k: int
-    mode: str  # "X": broadcast to X (full and keepdims readers); "R": to X[:-1]
+    mode: str  # "X": broadcast to X (full and keepdims readers); "R": to the row dims
     row_strides: list[int]
-    col: int
+    col: Terms
     name: str = ""
 
 
@@ -162,11 +185,17 @@ class _Plan:
         return self.axes[-1] != len(self.space) - 1
 
     @property
-    def out_strides(self) -> tuple[list[int], int]:
-        """A C-contiguous full output's strides over the row dims and along the row."""
+    def trailing(self) -> bool:
+        """Whether the reduced axes are the last ones: rows lie one after another."""
+        return self.axes == tuple(range(len(self.space) - len(self.axes), len(self.space)))
+
+    @property
+    def out_strides(self) -> tuple[list[int], Terms]:
+        """A C-contiguous full output's strides over the row dims and terms along the
+        row."""
         cont = _contiguous(self.space)
         return ([cont[j] for j in range(len(self.space)) if j not in self.axes],
-                cont[self.axes[-1]])
+                _along(cont, self.space, self.axes))
 
 
 def _reader_mode(kind: str) -> str:
@@ -174,12 +203,11 @@ def _reader_mode(kind: str) -> str:
 
 
 def check_axes(space: tuple[int, ...], axes: tuple[int, ...]) -> str:
-    """Why a row program cannot reduce ``space`` over ``axes``, or ``""``: the axes
-    must be one block of consecutive axes, ending at the last axis (rows along memory)
-    or before it (rows across memory, a column program)."""
-    if not axes or list(axes) != list(range(axes[0], axes[-1] + 1)) or axes[0] < 0 \
-            or axes[-1] >= len(space):
-        return f"axes {tuple(axes)} of a rank-{len(space)} space are not one consecutive block"
+    """Why a row program cannot reduce ``space`` over ``axes``, or ``""``: any sorted
+    axes of the space. With the last axis among them the rows lie along memory (a row
+    kernel); without it they run across memory (a column program)."""
+    if not axes or list(axes) != sorted(set(axes)) or axes[0] < 0 or axes[-1] >= len(space):
+        return f"axes {tuple(axes)} are not sorted axes of a rank-{len(space)} space"
     return ""
 
 
@@ -252,12 +280,9 @@ def _analyse(body: Graph, space: tuple[int, ...],
                                   f"broadcast to {target}")
                 if mode == "X":
                     row = [st for j, st in enumerate(strides) if j not in axes]
-                    col = _along(strides, space, axes) if target == space else 0
-                    if col is None:
-                        return None, (f"input {index[i]} of shape {tuple(src.shape)} is not "
-                                      f"read along axes {axes} with one stride")
+                    col = _along(strides, space, axes) if target == space else ()
                 else:
-                    row, col = strides, 0
+                    row, col = strides, ()
                 acc = plan.access.setdefault((i, mode), _Access(index[i], mode, row, col))
                 if acc.row_strides != row or acc.col != col:  # pragma: no cover
                     return None, f"input {index[i]} is read two ways"
@@ -296,11 +321,6 @@ def check_row_program(body: Graph, space: tuple[int, ...], in_shapes: list[tuple
 
 
 # -- generation -------------------------------------------------------------------------------
-def _step(var: str, stride: int) -> str:
-    """C expression of element ``var`` of a row whose elements are ``stride`` apart."""
-    return var if stride == 1 else f"{var} * {stride}LL"
-
-
 def column_config(rows: int, inner: int, cols: int, acc_itemsize: int = 4) -> dict[str, Any]:
     """Launch shape of a column program: ``tx`` lanes take consecutive rows (``inner``:
     the extent after the reduced axes, so neighbouring lanes read neighbouring
@@ -321,7 +341,7 @@ def column_config(rows: int, inner: int, cols: int, acc_itemsize: int = 4) -> di
     ty = min(ty, 1024 // tx)
     per = -(-cols // ty)
     return {"threads": ty, "block": tx * ty, "mode": "column", "per_thread": per,
-            "cached": per <= limit, "rows_per_block": tx, "tx": tx}
+            "cached": per <= limit, "rows_per_block": tx, "tx": tx, "unroll": 4}
 
 
 def _row_offset(strides: list[int], dims: tuple[int, ...]) -> str:
@@ -482,7 +502,7 @@ class _Writer:
                 loads.append((f"{name}_in", f"in{acc.k}r", ct.storage_type(dt)))
                 elem = f"{name}_in.v[e]"
             else:
-                elem = f"in{acc.k}r[{_step('col', acc.col)}]"
+                elem = f"in{acc.k}r[{_offset('col', acc.col, self.cols)}]"
             lines.append(f"const {ct.compute_type(dt)} {name} = {ct.from_storage(dt, elem)};")
             if v in self.keep:
                 lines.append(f"c{self._tag(v)}[k] = {name};")
@@ -507,7 +527,10 @@ class _Writer:
                 store = ("yout", "yr", ct.storage_type(self.out_dtype))
                 lines.append(f"yout.v[e] = {value};")
             elif self.p.column:
-                lines.append(f"if (live) yr[{_step('col', self.p.out_strides[1])}] = {value};")
+                lines.append(f"if (live) yr[{_offset('col', self.p.out_strides[1], self.cols)}] "
+                             f"= {value};")
+            elif not self.p.trailing:
+                lines.append(f"yr[{_offset('col', self.p.out_strides[1], self.cols)}] = {value};")
             else:
                 lines.append(f"yr[col] = {value};")
         return self.em.loop(lines, loads=tuple(loads), store=store)
@@ -550,7 +573,7 @@ class _Writer:
                              f"{ct.from_storage(dt, f'in{a.k}[{off}]')};")
         out = body.node(body.outputs[0])
         if self._full(out.id):
-            off = (_row_offset(p.out_strides[0], dims) if p.column else f"row * {cols}LL")
+            off = (f"row * {cols}LL" if p.trailing else _row_offset(p.out_strides[0], dims))
             lines.append(f"        {ct.storage_type(self.out_dtype)}* yr = y + {off};")
         per = self.em.per_thread
         for v in sorted(self.keep, key=lambda v: (isinstance(v, tuple), str(v))):
@@ -637,7 +660,8 @@ def _vector_width(plan: _Plan, in_dtypes: list[np.dtype], out_dtype: np.dtype,
     if not sizes or not cfg["cached"]:
         return 0
     vec = 16 // max(sizes)
-    if vec < 2 or cols % vec or any(a.col != 1 for a in along):
+    if vec < 2 or cols % vec or not plan.trailing or any(a.col != ((1, cols, 1),)
+                                                         for a in along):
         return 0
     if any(s % vec for a in along for s in a.row_strides):
         return 0
@@ -673,6 +697,8 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
         cfg = column_config(rows, inner, cols, acc_dt.itemsize)
     else:
         cfg = row_config(cols, acc_dt.itemsize)
+        if not plan.trailing:  # each element's offset takes a division: unroll its loop
+            cfg = {**cfg, "unroll": 4}
     params = [f"const {ct.storage_type(d)}* __restrict__ in{k}" for k, d in enumerate(in_dtypes)]
     params.append(f"{ct.storage_type(out_dtype)}* __restrict__ y")
     vec = _vector_width(plan, in_dtypes, out_dtype, cfg, acc_dt)

@@ -77,6 +77,9 @@ _COMPOUND = ("softmax", "layer_norm", "var")
 MIN_ROWS = 64
 #: ... and longer rows than this are not fused (too little parallelism).
 MAX_FULL_COLUMNS = 1 << 16
+#: Rows over reduced axes that are not the last ones together (a batch norm's statistics
+#: over N, H and W of NCHW), when fewer than this ...
+MIN_SEGMENTED_ROWS = 256
 #: Column programs giving fewer blocks than this ...
 MIN_COLUMN_BLOCKS = 128
 #: ... over rows longer than this are not fused: a block's lanes would each walk a long
@@ -176,7 +179,7 @@ def _sizes(space: Space) -> tuple[int, int, int]:
 
 def _usable_space(space: Space) -> str:
     """Why a program over ``space`` would leave the GPU idle or is empty, or ``""``."""
-    shape = space[0]
+    shape, axes = space
     if len(shape) < 1 or 0 in shape:
         return "an empty array"
     rows, cols, inner = _sizes(space)
@@ -185,6 +188,10 @@ def _usable_space(space: Space) -> str:
     if inner == 1:  # rows along memory
         if rows < MIN_ROWS and cols > MAX_FULL_COLUMNS:
             return f"{rows} row(s) of {cols} are too few rows for a block per row"
+        trailing = axes == tuple(range(len(shape) - len(axes), len(shape)))
+        if not trailing and rows < MIN_SEGMENTED_ROWS and cols > MAX_FULL_COLUMNS:
+            return (f"{rows} row(s) of {cols} over axes {axes} are too few rows for the GPU "
+                    "(one block each; such a reduction is not split across blocks)")
         return ""
     blocks = -(-rows // column_config(rows, inner, cols)["tx"])
     if blocks < MIN_COLUMN_BLOCKS and cols > MAX_SPARSE_COLUMNS:
@@ -407,8 +414,7 @@ def _why_not_row(node: Node, graph: Graph) -> str:
         where = (" (on the GPU a column kernel: lanes across the columns)"
                  if node.op in COLUMN_OPS and column_split(tuple(x.shape), axes) is not None
                  else "")
-        return (f"it reduces axes {axes} of a rank-{len(x.shape)} array, not one block of "
-                f"consecutive axes{where}")
+        return f"it reduces axes {axes} of a rank-{len(x.shape)} array{where}"
     if node.op == "var" and x.dtype.name == "float16":
         return "a float16 np.var accumulates its squares in float16 and keeps its own kernel"
     if node.op == "layer_norm" and x.dtype.name == "float16":
