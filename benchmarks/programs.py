@@ -358,6 +358,18 @@ def class_softmax_t(logits):
     return logits.softmax(1)
 
 
+def batch_norm_train(x):
+    mu = x.mean(axis=(0, 2, 3), keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=(0, 2, 3), keepdims=True)
+    return (x - mu) / np.sqrt(var + np.float32(1e-5))
+
+
+def batch_norm_train_t(x):
+    mu = x.mean((0, 2, 3), keepdim=True)
+    var = ((x - mu) ** 2).mean((0, 2, 3), keepdim=True)
+    return (x - mu) / (var + 1e-5).sqrt()
+
+
 PROGRAMS: list[Program] = [
     Program("gelu_tanh_f32", F32, lambda s: [((_n(s, 1 << 26),), "x")], gelu_tanh, gelu_tanh_t),
     Program("residual_rms_norm_f16", F16,
@@ -434,6 +446,10 @@ PROGRAMS: list[Program] = [
     Program("class_softmax_f32", F32,
             lambda s: [((_n(s, 4, 2), 19, _n(s, 512 * 1024)), "x")], class_softmax,
             class_softmax_t),
+    # a training-mode batch norm's forward: statistics over N, H and W of NCHW
+    Program("batch_norm_train_f32", F32,
+            lambda s: [((_n(s, 32, 2), 256, 28, 28), "x")], batch_norm_train,
+            batch_norm_train_t),
     Program("embedding_f16", F16,
             lambda s: [((_n(s, 32000), 1024), "x"), ((_n(s, 16384),), "rows"),
                        ((_n(s, 16384), 1024), "x")],

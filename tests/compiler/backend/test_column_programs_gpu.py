@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pyc_lab as pl
-from tests.compiler.test_column_programs import PROGRAMS, _data
+from tests.compiler.test_column_programs import APART, PROGRAMS, _data
 
 cp = pytest.importorskip("cupy")
 
@@ -42,6 +42,34 @@ def test_column_programs_on_the_gpu_match_numpy(name, dtype, r):
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
     kernels = f.explain(*dargs).kernels
     assert [k["impl"] for k in kernels] == ["reduction_kernel"], kernels
+
+
+@pytest.mark.parametrize("name", sorted(APART))
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("r", [37, 300])
+def test_programs_over_axes_apart_on_the_gpu_match_numpy(name, dtype, r):
+    fn, shapes, _axes = APART[name]
+    rng = np.random.default_rng(r)
+    (x,) = [_data(rng, s, dtype) for s in shapes(r)]
+    f = pl.compile(fn, backend="cupy")
+    dx = cp.asarray(x)
+    got = cp.asnumpy(f(dx))
+    with np.errstate(all="ignore"):
+        want = fn(x.astype(np.float64))
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=_TOL[dtype], atol=_TOL[dtype])
+    assert [k["impl"] for k in f.explain(dx).kernels] == ["reduction_kernel"]
+
+
+def test_a_training_batch_norm_of_a_resnet_stage_is_one_kernel():
+    rng = np.random.default_rng(3)
+    x = _data(rng, (32, 256, 28, 28), np.float32, specials=False)
+    fn = APART["batch_norm_nchw"][0]
+    f = pl.compile(fn, backend="cupy")
+    dx = cp.asarray(x)
+    got = cp.asnumpy(f(dx))
+    np.testing.assert_allclose(got, fn(x.astype(np.float64)), rtol=2e-5, atol=2e-5)
+    assert len(f.explain(dx).kernels) == 1
 
 
 def test_channel_norm_of_an_nchw_batch_is_one_kernel_and_deterministic():
