@@ -291,9 +291,11 @@ def test_results_do_not_change_from_run_to_run(rng):
 
 
 @needs_nvcc
-def test_a_column_program_compiles_for_sm90(tmp_path, rng):
-    args = [_data(rng, s, F16) for s in PROGRAMS["channel_norm"][1](256)]
-    res, computed = _fused(channel_norm, args)
+@pytest.mark.parametrize("fn, shape", [(channel_norm, None), (batch_norm_nchw, (32, 256, 28, 28))])
+def test_column_and_apart_programs_compile_for_sm90(tmp_path, rng, fn, shape):
+    args = ([_data(rng, s, F16) for s in PROGRAMS["channel_norm"][1](256)] if shape is None
+            else [np.ones(shape, F32)])  # the shape is what matters here
+    res, computed = _fused(fn, args)
     (node,) = computed
     compile_ptx(tmp_path, generate(node, res.graph), cubin=True)
 
