@@ -1,10 +1,13 @@
 """Row-program kernels: a ``fused_rows`` node (row fusion) as one row kernel.
 
-The body is a small graph over a row space ``X = (..., C)`` (see
-:mod:`pyc_lab.compiler.passes.row_fusion`): elementwise ops on *full* values (one per
-element), reductions over the last axis (``sum``/``mean``/``max``/``min``) that make
-*row* values (one per row), elementwise ops on row values, and 0-d constants. Each row is
-handled by a warp or a block, as the plain row kernels (:mod:`.reduction`) are, and the
+The body is a small graph over a row space ``X`` reduced over some of its axes (see
+:mod:`pyc_lab.compiler.passes.row_fusion`; the space's geometry is :mod:`.row_space`):
+elementwise ops on *full* values (one per element), reductions over those axes
+(``sum``/``mean``/``max``/``min``) that make *row* values (one per row), elementwise ops
+on row values, and 0-d constants. When the last axis is reduced, each row is handled by a
+warp or a block, as the plain row kernels (:mod:`.reduction`) are; otherwise (a *column
+program*) a block's lanes take neighbouring rows and the threads sharing a row combine
+through shared memory (:func:`~.row_space.column_config`). In either layout the
 program runs in *phases*: phase ``p`` walks the row once, computing the full values that
 the reductions of level ``p + 1`` read (a reduction's level is one more than the
 deepest reduction under it) and accumulating them; the partial results are combined
@@ -22,7 +25,8 @@ Every op computes what NumPy computes: elementwise ops as in the elementwise ker
 sums and means accumulated in float32 and rounded once (``np.mean`` divides first; for
 bfloat16 as the reductions' reference does, not NumPy's bfloat16 loop), ``max``/``min``
 propagating NaN. Inputs broadcast to the value that reads them as NumPy broadcasts: to
-``X`` for full and ``keepdims`` row values, to ``X[:-1]`` for row values without it.
+``X`` for full and ``keepdims`` row values, to ``X`` without the reduced axes for row
+values without it.
 """
 
 from __future__ import annotations
@@ -38,8 +42,23 @@ from . import cuda_types as ct
 from .cuda_types import KernelSource
 from .elementwise import float_only_refusal, kernel_name, node_expression
 from .reduction import _Emitter, row_config
+from .row_space import (
+    Terms,
+    along,
+    check_axes,
+    col_offset,
+    column_config,
+    contiguous,
+    kept_dims,
+    kind_in,
+    last_axes,
+    reduced_ones,
+    row_offset,
+    strides_over,
+)
 
-__all__ = ["ROW_REDUCTIONS", "check_row_program", "generate_row_program", "kind_in"]
+__all__ = ["ROW_REDUCTIONS", "check_axes", "check_row_program", "column_config",
+           "generate_row_program", "kind_in"]
 
 #: Reductions a row program computes.
 ROW_REDUCTIONS = ("sum", "mean", "max", "min")
@@ -49,100 +68,6 @@ _READS = {"full": ("full", "row1"), "row1": ("row1",), "row": ("row",)}
 
 #: Values kept in registers per thread (4-byte values; half as many doubles).
 _REGISTER_VALUES = 64
-
-
-def last_axes(space: tuple[int, ...]) -> tuple[int, ...]:
-    """The reduced axes of a row program over the last axis of ``space``."""
-    return (len(space) - 1,)
-
-
-def reduced_ones(space: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape of a row value with ``keepdims``: ``space`` with ``axes`` set to 1."""
-    return tuple(1 if j in axes else d for j, d in enumerate(space))
-
-
-def kept_dims(space: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape of a row value without ``keepdims``: ``space`` without ``axes``."""
-    return tuple(d for j, d in enumerate(space) if j not in axes)
-
-
-def kind_in(shape: tuple[int, ...], space: tuple[int, ...],
-            axes: tuple[int, ...] | None = None) -> str | None:
-    """The kind of a value of ``shape`` in row space ``space`` reduced over ``axes``
-    (default: the last): ``"full"``, ``"row1"`` (a row value that broadcasts against a
-    full one: with ``keepdims``, or without it when a column program reduces leading
-    axes), ``"row"`` (without), ``"scalar"`` or None."""
-    shape, space = tuple(shape), tuple(space)
-    axes = last_axes(space) if axes is None else tuple(axes)
-    if shape == space:
-        return "full"
-    if shape == reduced_ones(space, axes):
-        return "row1"
-    if shape == kept_dims(space, axes):
-        # x - x.mean(axis=0) broadcasts as NumPy aligns trailing axes
-        leading = axes == tuple(range(len(axes))) and axes[-1] < len(space) - 1
-        return "row1" if leading else "row"
-    if shape == ():
-        return "scalar"
-    return None
-
-
-def _contiguous(shape: tuple[int, ...]) -> list[int]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return out[::-1]
-
-
-def _strides_over(shape: tuple[int, ...], target: tuple[int, ...]) -> list[int] | None:
-    """Element strides of a C-contiguous ``shape`` broadcast to ``target`` (0 =
-    broadcast), or None when it does not broadcast."""
-    try:
-        if tuple(np.broadcast_shapes(shape, target)) != target:
-            return None
-    except ValueError:
-        return None
-    own = _contiguous(shape)
-    pad = len(target) - len(shape)
-    return [0 if j < pad or (shape[j - pad] == 1 and target[j] != 1) else own[j - pad]
-            for j in range(len(target))]
-
-
-#: How an array's elements along a row are found: ``(divisor, extent, stride)`` terms,
-#: element ``col`` of the row at ``sum(((col / divisor) % extent) * stride)``; one term
-#: ``(1, cols, s)`` when the reduced axes step through memory by one stride, none for a
-#: value constant along the row.
-Terms = tuple[tuple[int, int, int], ...]
-
-
-def _along(strides: list[int], space: tuple[int, ...], axes: tuple[int, ...]) -> Terms:
-    """The terms stepping through the reduced ``axes`` of ``space`` (in C order, any
-    axes) for an array of element ``strides`` over ``space``; neighbouring axes whose
-    strides combine make one term."""
-    terms: list[tuple[int, int, int]] = []
-    divisor = 1
-    for j in reversed(axes):
-        extent = space[j]
-        if extent != 1 and strides[j]:
-            last = terms[-1] if terms else None
-            if last and last[0] * last[1] == divisor and strides[j] == last[2] * last[1]:
-                terms[-1] = (last[0], last[1] * extent, last[2])
-            else:
-                terms.append((divisor, extent, strides[j]))
-        divisor *= extent
-    return tuple(reversed(terms))
-
-
-def _offset(var: str, terms: Terms, cols: int) -> str:
-    """C expression of the element offset of ``var`` (an index along a row of ``cols``)."""
-    parts = []
-    for divisor, extent, stride in terms:
-        idx = var if divisor == 1 else f"({var} / {divisor})"
-        if divisor * extent != cols:
-            idx = f"({idx} % {extent})"
-        parts.append(idx if stride == 1 else f"{idx} * {stride}LL")
-    return " + ".join(parts) or "0"
 
 
 @dataclass
@@ -193,22 +118,13 @@ class _Plan:
     def out_strides(self) -> tuple[list[int], Terms]:
         """A C-contiguous full output's strides over the row dims and terms along the
         row."""
-        cont = _contiguous(self.space)
+        cont = contiguous(self.space)
         return ([cont[j] for j in range(len(self.space)) if j not in self.axes],
-                _along(cont, self.space, self.axes))
+                along(cont, self.space, self.axes))
 
 
 def _reader_mode(kind: str) -> str:
     return "R" if kind == "row" else "X"
-
-
-def check_axes(space: tuple[int, ...], axes: tuple[int, ...]) -> str:
-    """Why a row program cannot reduce ``space`` over ``axes``, or ``""``: any sorted
-    axes of the space. With the last axis among them the rows lie along memory (a row
-    kernel); without it they run across memory (a column program)."""
-    if not axes or list(axes) != sorted(set(axes)) or axes[0] < 0 or axes[-1] >= len(space):
-        return f"axes {tuple(axes)} are not sorted axes of a rank-{len(space)} space"
-    return ""
 
 
 def _analyse(body: Graph, space: tuple[int, ...],
@@ -274,13 +190,13 @@ def _analyse(body: Graph, space: tuple[int, ...],
                 target = space if mode == "X" else plan.dims
                 if n.op not in ROW_REDUCTIONS and plan.kind[n.id] == "row1":
                     target = reduced_ones(space, axes)
-                strides = _strides_over(tuple(src.shape), target)
+                strides = strides_over(tuple(src.shape), target)
                 if strides is None:
                     return None, (f"input {index[i]} of shape {tuple(src.shape)} does not "
                                   f"broadcast to {target}")
                 if mode == "X":
                     row = [st for j, st in enumerate(strides) if j not in axes]
-                    col = _along(strides, space, axes) if target == space else ()
+                    col = along(strides, space, axes) if target == space else ()
                 else:
                     row, col = strides, ()
                 acc = plan.access.setdefault((i, mode), _Access(index[i], mode, row, col))
@@ -321,50 +237,6 @@ def check_row_program(body: Graph, space: tuple[int, ...], in_shapes: list[tuple
 
 
 # -- generation -------------------------------------------------------------------------------
-def column_config(rows: int, inner: int, cols: int, acc_itemsize: int = 4) -> dict[str, Any]:
-    """Launch shape of a column program: ``tx`` lanes take consecutive rows (``inner``:
-    the extent after the reduced axes, so neighbouring lanes read neighbouring
-    addresses), ``threads`` = ``ty`` threads share each row, stepping down it together.
-    ``ty`` is the fewest (a power of two) whose share of a row fits a thread's register
-    budget — a short row is a thread's alone, with no shared-memory combining — and the
-    block is about 256 threads (``tx`` at least a warp where ``inner`` allows), up to
-    1024 for long rows."""
-    limit = 16 * 4 // max(acc_itemsize, 4)
-    ty = 1
-    while -(-cols // ty) > limit and ty < 1024:
-        ty *= 2
-    if inner >= 32:
-        tx = max(32, 256 // ty)
-    else:
-        tx = 1 << max(0, (inner - 1).bit_length())
-        ty = max(ty, 256 // tx)
-    ty = min(ty, 1024 // tx)
-    per = -(-cols // ty)
-    return {"threads": ty, "block": tx * ty, "mode": "column", "per_thread": per,
-            "cached": per <= limit, "rows_per_block": tx, "tx": tx, "unroll": 4}
-
-
-def _row_offset(strides: list[int], dims: tuple[int, ...]) -> str:
-    """C expression of an input's element offset for row ``row`` (row dims ``dims``)."""
-    live = [j for j in range(len(dims)) if dims[j] != 1]
-    if not any(strides[j] for j in live):
-        return "0"
-    cont = _contiguous(dims)
-    last = live[-1]
-    f = strides[last] // cont[last]
-    if f and all(strides[j] == cont[j] * f for j in live):
-        return "row" if f == 1 else f"row * {f}LL"
-    terms = []
-    for j in live:
-        if not strides[j]:
-            continue
-        coord = "row" if cont[j] == 1 else f"(row / {cont[j]}LL)"
-        if j != live[0]:
-            coord = f"({coord} % {dims[j]}LL)"
-        terms.append(coord if strides[j] == 1 else f"{coord} * {strides[j]}LL")
-    return " + ".join(terms)
-
-
 class _Writer:
     """Emits one entry point (scalar or vectorised) of a row program's kernel."""
 
@@ -502,7 +374,7 @@ class _Writer:
                 loads.append((f"{name}_in", f"in{acc.k}r", ct.storage_type(dt)))
                 elem = f"{name}_in.v[e]"
             else:
-                elem = f"in{acc.k}r[{_offset('col', acc.col, self.cols)}]"
+                elem = f"in{acc.k}r[{col_offset('col', acc.col, self.cols)}]"
             lines.append(f"const {ct.compute_type(dt)} {name} = {ct.from_storage(dt, elem)};")
             if v in self.keep:
                 lines.append(f"c{self._tag(v)}[k] = {name};")
@@ -527,10 +399,11 @@ class _Writer:
                 store = ("yout", "yr", ct.storage_type(self.out_dtype))
                 lines.append(f"yout.v[e] = {value};")
             elif self.p.column:
-                lines.append(f"if (live) yr[{_offset('col', self.p.out_strides[1], self.cols)}] "
-                             f"= {value};")
+                where = col_offset("col", self.p.out_strides[1], self.cols)
+                lines.append(f"if (live) yr[{where}] = {value};")
             elif not self.p.trailing:
-                lines.append(f"yr[{_offset('col', self.p.out_strides[1], self.cols)}] = {value};")
+                where = col_offset("col", self.p.out_strides[1], self.cols)
+                lines.append(f"yr[{where}] = {value};")
             else:
                 lines.append(f"yr[col] = {value};")
         return self.em.loop(lines, loads=tuple(loads), store=store)
@@ -564,7 +437,7 @@ class _Writer:
         dims = p.dims
         for (_i, mode), a in sorted(p.access.items(), key=lambda t: (t[1].k, t[1].mode)):
             dt = self.in_dtypes[a.k]
-            off = _row_offset(a.row_strides, dims)
+            off = row_offset(a.row_strides, dims)
             if a.col:
                 lines.append(f"        const {ct.storage_type(dt)}* in{a.k}r = in{a.k} + "
                              f"{off};")
@@ -573,7 +446,7 @@ class _Writer:
                              f"{ct.from_storage(dt, f'in{a.k}[{off}]')};")
         out = body.node(body.outputs[0])
         if self._full(out.id):
-            off = (f"row * {cols}LL" if p.trailing else _row_offset(p.out_strides[0], dims))
+            off = (f"row * {cols}LL" if p.trailing else row_offset(p.out_strides[0], dims))
             lines.append(f"        {ct.storage_type(self.out_dtype)}* yr = y + {off};")
         per = self.em.per_thread
         for v in sorted(self.keep, key=lambda v: (isinstance(v, tuple), str(v))):
