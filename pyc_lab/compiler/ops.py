@@ -504,7 +504,7 @@ register(OpDef("fused", "fused", None, _fused_shape, _fused_reference,
 
 
 # ``fused_rows``: a row program (row fusion) — elementwise prologue, reductions over the
-# axes ``attrs["axes"]`` (one consecutive block; the last axis when absent) of its row
+# axes ``attrs["axes"]`` (any sorted axes; the last axis when absent) of its row
 # space ``attrs["space"]`` and an elementwise epilogue, one body graph with one output,
 # computed as written (its reference runs the body op by op).
 register(OpDef("fused_rows", "norm", None, _fused_shape, _fused_reference,

@@ -44,17 +44,20 @@ from .elementwise import float_only_refusal, kernel_name, node_expression
 from .reduction import _Emitter, row_config
 from .row_space import (
     Terms,
+    across_memory,
     along,
     check_axes,
     col_offset,
     column_config,
     contiguous,
+    inner_extent,
     kept_dims,
     kind_in,
     last_axes,
     reduced_ones,
     row_offset,
     strides_over,
+    trailing,
 )
 
 __all__ = ["ROW_REDUCTIONS", "check_axes", "check_row_program", "column_config",
@@ -105,14 +108,13 @@ class _Plan:
 
     @property
     def column(self) -> bool:
-        """Whether the rows run across memory (the reduced axes end before the last
-        one); a block ending at the last axis is read along memory as one row."""
-        return self.axes[-1] != len(self.space) - 1
+        """Whether the rows run across memory: a column program."""
+        return across_memory(self.space, self.axes)
 
     @property
     def trailing(self) -> bool:
         """Whether the reduced axes are the last ones: rows lie one after another."""
-        return self.axes == tuple(range(len(self.space) - len(self.axes), len(self.space)))
+        return trailing(self.space, self.axes)
 
     @property
     def out_strides(self) -> tuple[list[int], Terms]:
@@ -566,8 +568,7 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
     acc_dt = _acc_dtype(plan)
     rows, cols = int(np.prod(plan.dims, dtype=np.int64)), plan.cols
     if plan.column:
-        inner = int(np.prod(space[axes[-1] + 1:], dtype=np.int64))
-        cfg = column_config(rows, inner, cols, acc_dt.itemsize)
+        cfg = column_config(rows, inner_extent(space, axes), cols, acc_dt.itemsize)
     else:
         cfg = row_config(cols, acc_dt.itemsize)
         if not plan.trailing:  # each element's offset takes a division: unroll its loop

@@ -15,13 +15,31 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Terms", "along", "check_axes", "col_offset", "column_config", "contiguous",
-           "kept_dims", "kind_in", "last_axes", "reduced_ones", "row_offset", "strides_over"]
+__all__ = ["Terms", "across_memory", "along", "check_axes", "col_offset", "column_config",
+           "contiguous", "inner_extent", "kept_dims", "kind_in", "last_axes", "reduced_ones",
+           "row_offset", "strides_over", "trailing"]
 
 
 def last_axes(space: tuple[int, ...]) -> tuple[int, ...]:
     """The reduced axes of a row program over the last axis of ``space``."""
     return (len(space) - 1,)
+
+
+def across_memory(space: tuple[int, ...], axes: tuple[int, ...]) -> bool:
+    """Whether rows over ``axes`` run across memory (the last axis is not reduced): a
+    column program."""
+    return axes[-1] != len(space) - 1
+
+
+def trailing(space: tuple[int, ...], axes: tuple[int, ...]) -> bool:
+    """Whether ``axes`` are the last axes of ``space``: rows lie one after another."""
+    return tuple(axes) == tuple(range(len(space) - len(axes), len(space)))
+
+
+def inner_extent(space: tuple[int, ...], axes: tuple[int, ...]) -> int:
+    """The extent after the last reduced axis: how many neighbouring rows lie next to
+    each other in memory (1 when the rows lie along memory)."""
+    return int(np.prod(space[axes[-1] + 1:], dtype=np.int64))
 
 
 def reduced_ones(space: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
@@ -48,7 +66,7 @@ def kind_in(shape: tuple[int, ...], space: tuple[int, ...],
         return "row1"
     if shape == kept_dims(space, axes):
         # x - x.mean(axis=0) broadcasts as NumPy aligns trailing axes
-        leading = axes == tuple(range(len(axes))) and axes[-1] < len(space) - 1
+        leading = axes == tuple(range(len(axes))) and across_memory(space, axes)
         return "row1" if leading else "row"
     if shape == ():
         return "scalar"

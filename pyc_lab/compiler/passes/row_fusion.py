@@ -27,8 +27,11 @@ Rows of more than :data:`MAX_FULL_COLUMNS` values in fewer than :data:`MIN_ROWS`
 left alone: one block per row would leave most of the GPU idle (a full reduction of a
 large array is :mod:`.split_reduction`'s).
 
-The reduced axes may be any consecutive block (``attrs["axes"]``). Ending at the last
-axis, rows lie along memory. Ending before it — a normalisation over a middle axis
+The reduced axes may be any axes (``attrs["axes"]``; the last when absent). With the last
+axis among them rows lie along memory — over axes apart (a batch norm's statistics over
+N, H and W of NCHW) each element's offset takes a division, and fewer than
+:data:`MIN_SEGMENTED_ROWS` long such rows are left alone. Without it — a normalisation
+over a middle axis
 (channels of NCHW), statistics over the batch (``x - x.mean(axis=0)``), an instance norm
 over ``(H, W)`` of NHWC — the program is a *column program*: its rows run across memory,
 so the kernel's lanes take neighbouring rows and the threads sharing a row step down it
@@ -50,14 +53,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..codegen import cuda_types as ct
-from ..codegen.column_reduction import COLUMN_OPS, column_split
-from ..codegen.row_program import (
-    _READS,
-    ROW_REDUCTIONS,
+from ..codegen.row_program import _READS, ROW_REDUCTIONS, check_row_program
+from ..codegen.row_space import (
+    across_memory,
     check_axes,
-    check_row_program,
     column_config,
+    inner_extent,
     kind_in,
+    trailing,
 )
 from ..ir import Graph, Node
 from ..ops import REGISTRY, is_plain_reduction, normalize_axis
@@ -86,7 +89,7 @@ MIN_COLUMN_BLOCKS = 128
 #: row while most of the GPU idles (the column kernels split such reductions instead).
 MAX_SPARSE_COLUMNS = 1024
 
-#: A program's row space: the full shape and the reduced axes (one consecutive block).
+#: A program's row space: the full shape and the reduced axes (sorted).
 Space = tuple[tuple[int, ...], tuple[int, ...]]
 
 def _float(dtype: np.dtype, bfloat16: bool = False) -> bool:
@@ -97,7 +100,7 @@ def _float(dtype: np.dtype, bfloat16: bool = False) -> bool:
 
 
 def _axes(node: Node, x: Node) -> tuple[int, ...] | None:
-    """The axes ``node`` reduces when they are one consecutive block, else None."""
+    """The axes ``node`` reduces (sorted), or None for a 0-d input."""
     ndim = len(x.shape)
     if ndim < 1:
         return None
@@ -135,8 +138,7 @@ def reduction_space(node: Node, graph: Graph) -> Space | None:
 def _lone_column(node: Node, space: Space) -> bool:
     """Whether ``node`` alone is worth a column program: a softmax, layer norm or
     variance over axes before the last one, which has no kernel of its own."""
-    shape, axes = space
-    return node.op in _COMPOUND and axes[-1] < len(shape) - 1
+    return node.op in _COMPOUND and across_memory(*space)
 
 
 def _full_work(graph: Graph, prog: _Program) -> bool:
@@ -145,7 +147,7 @@ def _full_work(graph: Graph, prog: _Program) -> bool:
     program over the last axis always qualifies (the row kernels read rows along
     memory either way)."""
     shape, axes = prog.space
-    if axes[-1] == len(shape) - 1:
+    if not across_memory(shape, axes):
         return True
     for nid in prog.members:
         n = graph.nodes[nid]
@@ -174,7 +176,7 @@ def _sizes(space: Space) -> tuple[int, int, int]:
     shape, axes = space
     cols = int(np.prod([shape[j] for j in axes], dtype=np.int64))
     rows = int(np.prod(shape, dtype=np.int64)) // max(cols, 1)
-    return rows, cols, int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
+    return rows, cols, inner_extent(shape, axes)
 
 
 def _usable_space(space: Space) -> str:
@@ -188,8 +190,7 @@ def _usable_space(space: Space) -> str:
     if inner == 1:  # rows along memory
         if rows < MIN_ROWS and cols > MAX_FULL_COLUMNS:
             return f"{rows} row(s) of {cols} are too few rows for a block per row"
-        trailing = axes == tuple(range(len(shape) - len(axes), len(shape)))
-        if not trailing and rows < MIN_SEGMENTED_ROWS and cols > MAX_FULL_COLUMNS:
+        if not trailing(shape, axes) and rows < MIN_SEGMENTED_ROWS and cols > MAX_FULL_COLUMNS:
             return (f"{rows} row(s) of {cols} over axes {axes} are too few rows for the GPU "
                     "(one block each; such a reduction is not split across blocks)")
         return ""
@@ -410,11 +411,7 @@ def _why_not_row(node: Node, graph: Graph) -> str:
     if x is None or not _float(x.dtype, plain) or not _float(node.dtype, plain):
         return "row programs reduce floating-point values; integer reductions keep their kernel"
     if _axes(node, x) is None:
-        axes = normalize_axis(node.attrs.get("axis", -1), len(x.shape))
-        where = (" (on the GPU a column kernel: lanes across the columns)"
-                 if node.op in COLUMN_OPS and column_split(tuple(x.shape), axes) is not None
-                 else "")
-        return f"it reduces axes {axes} of a rank-{len(x.shape)} array{where}"
+        return "it reduces a 0-d array"
     if node.op == "var" and x.dtype.name == "float16":
         return "a float16 np.var accumulates its squares in float16 and keeps its own kernel"
     if node.op == "layer_norm" and x.dtype.name == "float16":
