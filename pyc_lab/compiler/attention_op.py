@@ -21,7 +21,7 @@ import numpy as np
 
 from .op_registry import REGISTRY, OpDef, register
 
-__all__ = ["attention_reference"]
+__all__ = ["attention_bound", "attention_reference"]
 
 
 def _common(q: Any, k: Any, v: Any) -> np.dtype:
@@ -68,6 +68,39 @@ def attention_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> 
     return out.reshape(*lead, q.shape[-2], v.shape[-1])
 
 
+def attention_bound(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    """The attention op on CuPy operands at fixed addresses as ``call(out)``
+    (:func:`pyc_lab.kernels.attention_bound.bound_attention`: conversions and the choice
+    made once), or ``None`` where that does not apply and the reference runs instead.
+
+    Taken: ``q, k, v`` C-contiguous of the node's dtype with the same leading axes (no
+    broadcasting among them), viewed as ``(1, N, S, D)`` as the reference views them, and
+    no mask or one mask for every (batch, head) of the node's dtype or boolean.
+    """
+    if xp is np:
+        return None
+    from ..kernels.attention_bound import bound_attention
+
+    q, k, v = args[:3]
+    mask = args[3] if len(args) > 3 else None
+    work = np.dtype(attrs["dtype"])
+    if any(x.dtype != work or not x.flags.c_contiguous or x.ndim < 2 for x in (q, k, v)):
+        return None
+    lead = tuple(q.shape[:-2])
+    if tuple(k.shape[:-2]) != lead or tuple(v.shape[:-2]) != lead:
+        return None
+    n = int(np.prod(lead, dtype=np.int64))
+    q4, k4, v4 = (x.reshape(1, n, *x.shape[-2:]) for x in (q, k, v))
+    m4 = None
+    if mask is not None:
+        if any(d != 1 for d in mask.shape[:-2]) or mask.ndim < 2 or \
+                (mask.dtype != np.bool_ and mask.dtype != work):
+            return None
+        m4 = mask.reshape(1, 1, *mask.shape[-2:])
+    return bound_attention(q4, k4, v4, causal=bool(attrs.get("causal", False)),
+                           scale=float(attrs["scale"]), mask=m4)
+
+
 def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
     q, k, v = inputs[:3]
     lead = np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
@@ -77,4 +110,5 @@ def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
 if "attention" not in REGISTRY:
     register(OpDef("attention", "attention", None, _shape, attention_reference,
                     dtype=lambda inputs, attrs: np.dtype(attrs["dtype"]),
-                    doc="softmax(q @ k^T * scale [+ mask]) @ v (pl.attention's semantics)"))
+                    doc="softmax(q @ k^T * scale [+ mask]) @ v (pl.attention's semantics)",
+                    bound=attention_bound))

@@ -68,6 +68,12 @@ class OpDef:
     #: to the reference each replay.
     bind: Callable[[Any, Sequence[Any], dict[str, Any], Any], Callable[[], None] | None] \
         | None = None
+    #: For a library op: ``bound(xp, inputs, attrs)`` gives ``call(out)``, computing the
+    #: op into an ``out`` given at each call from ``inputs`` at their fixed addresses,
+    #: with the per-call conversions done once (so that a call issues only the work) —
+    #: or ``None`` to run the reference.
+    bound: Callable[[Any, Sequence[Any], dict[str, Any]], Callable[[Any], None] | None] \
+        | None = None
 
 
 REGISTRY: dict[str, OpDef] = {}

@@ -189,3 +189,10 @@ def test_bad_dtypes_and_masks_are_refused():
         pl.attention(q, k, [[1.0]])
     with pytest.raises(PycLabError, match="same kind of array"):
         pl.attention(q, k, v, mask=[[0.0] * 4] * 4)
+
+
+def test_a_bound_call_is_for_cupy_arrays_only():
+    from pyc_lab.kernels.attention_bound import bound_attention
+
+    q = rand(np.random.default_rng(), (1, 2, 8, 16))
+    assert bound_attention(q, q, q) is None  # NumPy: pl.attention each time

@@ -509,12 +509,55 @@ class _CupyStep(_Step):
         values[node.id] = out
 
 
+#: A library step keeps its op's bound call (:attr:`OpDef.bound`) for inputs of at most
+#: this many bytes together: there a call's cost is its host time, and the bound call
+#: keeps the last call's inputs alive until inputs at other addresses replace them.
+BOUND_INPUT_BYTES = 8 << 20
+
+
 class _LibraryStep(_CupyStep):
     """The op's reference as a library call a CUDA graph does not record (``attention``:
     torch's SDPA, launched through torch's own machinery): run between graphs, and at
-    each replay recomputed into the array the first call made."""
+    each replay recomputed into the array the first call made.
+
+    An op with a bound form (:attr:`OpDef.bound`) runs it while the inputs stay where
+    the last call had them (small inputs, :data:`BOUND_INPUT_BYTES`): the conversions
+    and choices the reference makes at every call are made once per placement.
+    """
 
     capturable = False
+
+    def __init__(self, node: Node, impl: str, materialize: str | None,
+                 out_buffer: int | None, describe: dict[str, Any]) -> None:
+        super().__init__(node, impl, materialize, out_buffer, describe)
+        #: (the inputs' addresses, strides and dtypes; the bound call, or None)
+        self._bound: tuple[tuple, Callable[[Any], None] | None] | None = None
+
+    def _bound_call(self, exe: Executor, ins: Sequence[Any]) -> Callable[[Any], None] | None:
+        """The op's bound call for ``ins`` where they sit (made at a new placement)."""
+        make = REGISTRY[self.node.op].bound
+        if make is None:
+            return None
+        places = tuple((x.data.ptr, x.shape, x.strides, x.dtype) for x in ins)
+        memo = self._bound
+        if memo is not None and memo[0] == places:
+            return memo[1]
+        self._bound = None  # let go of the last placement's inputs first
+        call = make(exe._cp, ins, self.node.attrs) \
+            if sum(x.nbytes for x in ins) <= BOUND_INPUT_BYTES else None
+        self._bound = (places, call)
+        return call
+
+    def run(self, exe: Executor, values: dict[int, Any]) -> None:
+        node = self.node
+        call = self._bound_call(exe, [values[i] for i in node.inputs])
+        if call is None:
+            super().run(exe, values)
+            return
+        out = exe._buffer_view(self.out_buffer, node) if self.materialize == "buffer" \
+            else exe._cp.empty(node.shape, dtype=node.dtype)
+        call(out)
+        values[node.id] = out
 
     def static_call(self, exe: Executor, values: dict[int, Any]) -> Any:
         self.run(exe, values)
@@ -526,6 +569,10 @@ class _LibraryStep(_CupyStep):
         bound = bind(cp, ins, node.attrs, result) if bind is not None else None
         if bound is not None:  # the operands' conversions made once, not at each replay
             return bound
+        make = REGISTRY[node.op].bound
+        call_out = make(cp, ins, node.attrs) if make is not None else None
+        if call_out is not None:
+            return lambda: call_out(result)
 
         def call() -> None:
             out = evaluate(node.op, cp, ins, node.attrs)
