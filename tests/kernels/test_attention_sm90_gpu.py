@@ -282,3 +282,27 @@ def test_autotune_records_a_winner_that_pl_attention_then_uses(default_kernels_c
     why = attention_explain(q, k, v, causal=True)
     assert why.startswith(("pyc-fused: tuned attn_n", "torch-sdpa: torch SDPA")), why
     assert "(exact match)" in why, why
+
+
+@pytest.mark.parametrize(("times", "route"), [([1.0, 2.0], "pyc-fused"),
+                                              ([2.0, 1.0], "torch-sdpa")])
+def test_a_bound_call_runs_the_route_its_race_chose(default_kernels_cached, monkeypatch,
+                                                    times, route):
+    from pyc_lab.kernels.attention_bound import bound_attention
+
+    monkeypatch.setattr("pyc_lab.kernels.blas_direct.race",
+                        lambda runs, stream, rounds=5: list(times))
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    q, k, v = _inputs(1, 4, 2, 300, 257, 128, "f16", gen)
+    cq, ck, cv = (cp.from_dlpack(x) for x in (q, k, v))
+    call = bound_attention(cq, ck, cv, causal=True)
+    assert call.route == route, call.choice.why
+    ref, _ = reference(q, k, v, True, 128 ** -0.5)
+    for _ in range(2):
+        out = cp.empty((1, 4, 300, 128), dtype=cp.float16)
+        out.view(cp.uint8).fill(255)  # NaN until written
+        call(out)
+        got = torch.from_dlpack(out)
+        assert not torch.isnan(got).any()
+        err = float((got.double() - ref).abs().max()) / float(ref.abs().max())
+        assert err <= TOL["f16"]
