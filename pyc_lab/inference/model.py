@@ -144,8 +144,24 @@ class CompiledModel:
             self._device_weights[kind] = weights
         return weights
 
+    def _sequence(self, arrays: Any, what: str) -> Sequence[Any]:
+        """``arrays`` when it is a sequence of arrays; a clear error for one bare array."""
+        if hasattr(arrays, "shape") or not isinstance(arrays, Sequence):
+            raise BadRequestError(
+                f"{self.name}.{what} takes a list of arrays, one per input in the order "
+                f"{self.input_names}, got a {type(arrays).__name__}: pass [x] (or call the "
+                f"model, {self.name}(x))")
+        return arrays
+
     def run(self, arrays: Sequence[Any]) -> list[Any]:
-        """Run on positional arrays (the inputs' order); every output, as a list."""
+        """Run on positional arrays (the inputs' order); every output, as a list.
+
+        Raises
+        ------
+        BadRequestError
+            ``arrays`` is one array rather than a list of them.
+        """
+        arrays = self._sequence(arrays, "run")
         with self._run_lock:
             out = self.compiled(*arrays, *self._weights_for(arrays))
         return _as_list(out)
@@ -162,7 +178,7 @@ class CompiledModel:
         ``run.bound`` is the :class:`~pyc_lab.compiler.bound.BoundCall` underneath
         (``.zero_copy``, ``.why``).
         """
-        arrays = list(arrays)
+        arrays = list(self._sequence(arrays, "io_binding"))
         bound = self.compiled.bind(*arrays, *self._weights_for(arrays))
         lock = self._run_lock
 

@@ -49,3 +49,15 @@ def test_zoo_save_and_unknown(tmp_path):
     assert load(path).inputs[0].shape == (None, 4, zoo.CNN_LENGTH)
     with pytest.raises(InferenceError, match="no zoo model"):
         zoo.build("resnet")
+
+
+def test_run_takes_a_list_and_says_so_for_one_bare_array():
+    from pyc_lab.inference.errors import BadRequestError
+
+    model = load(zoo.build("astro_mlp"))
+    (x,) = model.example(3, seed=1)
+    (want,) = model.run([x])
+    np.testing.assert_array_equal(model(x), want)
+    for call in (model.run, model.io_binding):
+        with pytest.raises(BadRequestError, match=r"takes a list of arrays.*pass \[x\]"):
+            call(x)
