@@ -189,7 +189,7 @@ def run_graph(graph: Any, args: Sequence[Any], xp: Any) -> list[Any]:
         if n.op == "input":
             continue
         body = n.attrs.get("body")
-        if n.op == "fused" and len(body.outputs) > 1:
+        if n.op in ("fused", "fused_rows") and len(body.outputs) > 1:
             several[n.id] = run_graph(body, [values[i] for i in n.inputs], xp)
             out = xp.asarray(several[n.id][0])
         elif n.op == "fused_extra" and n.inputs[0] in several:

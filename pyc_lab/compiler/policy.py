@@ -175,7 +175,7 @@ def choose(graph: Graph, backend: str, mode: str = "balanced",
         kind = REGISTRY[node.op].kind
         label = _describe(node)
         if node.op == "fused_extra" and backend != "numpy":
-            if chosen.get(node.inputs[0]) == "fused_kernel":
+            if chosen.get(node.inputs[0]) in ("fused_kernel", "reduction_kernel"):
                 decisions.append(Decision(node.id, label, "fused_kernel", "FUSED_OUTPUT"))
             else:
                 decisions.append(Decision(node.id, label, "cupy", "NO_CODEGEN",

@@ -98,7 +98,8 @@ def launch_elementwise(sm_count: int, kernels: dict[str, Any], src: KernelSource
 
 def launch_rows(sm_count: int, kernels: dict[str, Any], src: KernelSource,
                 ins: list[Any], out: Any,
-                plan: tuple[tuple[int, int], ...] | None = None) -> str | None:
+                plan: tuple[tuple[int, int], ...] | None = None,
+                extra_outs: Sequence[Any] = ()) -> str | None:
     """Launch a row kernel: the vectorised entry when every vector pointer is aligned;
     the name of the kernel launched (None: no rows).
 
@@ -107,15 +108,19 @@ def launch_rows(sm_count: int, kernels: dict[str, Any], src: KernelSource,
     5-17 % slower on every row program of the suite (softmax, layer norm, RMS norm,
     masked softmax, L2 normalisation, log-softmax; benchmarks/results/h200/
     row-kernels.json). ``sm_count`` is kept for the launcher's common signature;
-    ``plan`` as for :func:`launch_elementwise`."""
+    ``plan`` as for :func:`launch_elementwise`; ``extra_outs`` are the arrays of a
+    program's outputs 1, 2, ... (row values it also writes)."""
     launch = src.launch
     rows = launch["rows"]
     if rows == 0:
         return None
+    if len(extra_outs) != launch.get("outputs", 1) - 1:
+        raise PycLabError(f"{src.name} writes {launch.get('outputs', 1)} output(s); "
+                          f"{1 + len(extra_outs)} array(s) were given")
     block = launch["block"]
     grid = max(1, min(_cdiv(rows, launch["rows_per_block"]), MAX_ROW_BLOCKS))
     entry = src.name
-    args = (*ins, out)
+    args = (*ins, out, *extra_outs)
     vec_kernel = launch.get("vec_kernel")
     if vec_kernel:
         if plan is None:

@@ -291,7 +291,7 @@ class _Lowering:
         node reading it (None: unread) and its buffer; their storage noted, and the
         nodes recorded as written by this kernel."""
         body = node.attrs.get("body")
-        if node.op != "fused" or body is None or len(body.outputs) < 2:
+        if node.op not in ("fused", "fused_rows") or body is None or len(body.outputs) < 2:
             return []
         readers = {u.attrs["output"]: u for u in self.graph
                    if u.op == "fused_extra" and u.inputs and u.inputs[0] == node.id}

@@ -136,16 +136,17 @@ class _KernelStep(_Step):
         ins = [contiguous_operand(values[i], n, cp) for i, n in self.operands]
         out = self._output(exe, cp)
         kind = self.src.kind
-        if kind == "rows":
-            self.last_entry = launch_rows(exe._sm_count, self.kernels, self.src, ins, out,
-                                          self.plan)
-        elif kind == "columns":
+        if kind == "columns":
             self.last_entry = self.columns.launch(self.kernels, ins[0], out)
         else:
             extra = [self._extra_output(exe, cp, k + 1, nid, buf)
                      for k, (nid, buf) in enumerate(self.extras)]
-            self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.src, ins,
-                                                 out, extra, self.plan)
+            if kind == "rows":
+                self.last_entry = launch_rows(exe._sm_count, self.kernels, self.src, ins, out,
+                                              self.plan, extra)
+            else:
+                self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.src,
+                                                     ins, out, extra, self.plan)
             for (nid, _), arr in zip(self.extras, extra, strict=True):
                 if nid is not None:
                     values[nid] = arr

@@ -12,8 +12,10 @@ program runs in *phases*: phase ``p`` walks the row once, computing the full val
 the reductions of level ``p + 1`` read (a reduction's level is one more than the
 deepest reduction under it) and accumulating them; the partial results are combined
 across the threads of the row (warp shuffles, shared memory across warps, a fixed order
-so results are deterministic), and the row values depending on them are computed. The
-last phase writes a full output; a row output is written by the row's first thread.
+so results are deterministic), and the row values depending on them are computed. A
+full result is written by the walk that computes it; a row result, and the row values the
+body returns besides it (its outputs 1, 2, ...: statistics read elsewhere), are written
+by the row's first thread.
 
 When the row fits in registers every thread keeps its values of the full values that a
 later phase reads again (the loaded inputs first, then the computed values) in unrolled
@@ -95,6 +97,7 @@ class _Plan:
     level: dict[int, int] = field(default_factory=dict)
     access: dict[tuple[int, str], _Access] = field(default_factory=dict)
     phases: int = 0
+    out_level: int = 0  # the phase whose walk along the row writes a full result
 
     @property
     def dims(self) -> tuple[int, ...]:
@@ -140,8 +143,8 @@ def _analyse(body: Graph, space: tuple[int, ...],
     if why := check_axes(space, axes):
         return None, why
     plan = _Plan(body, space, axes)
-    if len(body.outputs) != 1:
-        return None, f"a row program with {len(body.outputs)} outputs"
+    if not body.outputs:
+        return None, "a row program without outputs"
     if plan.cols >= 2**31:
         return None, f"rows of {plan.cols} elements are too long"
     index = {bid: k for k, bid in enumerate(body.inputs)}
@@ -216,7 +219,11 @@ def _analyse(body: Graph, space: tuple[int, ...],
     out = body.node(body.outputs[0])
     if out.op in ("input", "constant") or plan.kind.get(out.id) not in _READS:
         return None, "the program's output is not a full or row value"
-    plan.phases = plan.level[out.id]
+    for k, o in enumerate(body.outputs[1:], start=1):
+        if body.node(o).op in ("input", "constant") or plan.kind.get(o) not in ("row", "row1"):
+            return None, f"the program's output {k} is not a row value"
+    plan.out_level = plan.level[out.id]
+    plan.phases = max(plan.level[o] for o in body.outputs)
     if plan.phases == 0:
         return None, "a row program without a reduction"
     return plan, ""
@@ -274,7 +281,7 @@ class _Writer:
         roots = [self._ref(n.inputs[0]) for n in body if n.op in ROW_REDUCTIONS
                  and self.p.level[n.id] == phase + 1]
         out = body.outputs[0]
-        if phase == self.p.phases and self._full(out):
+        if phase == self.p.out_level and self._full(out):
             roots.append(out)
         return roots
 
@@ -395,7 +402,7 @@ class _Writer:
                 lines.append(f"a{r.id} = pyc_{r.op}_op()(a{r.id}, {val});")
         store = None
         out = body.node(body.outputs[0])
-        if phase == self.p.phases and self._full(out.id):
+        if phase == self.p.out_level and self._full(out.id):
             value = ct.to_storage(self.out_dtype, self._value(out.id, phase))
             if vector:
                 store = ("yout", "yr", ct.storage_type(self.out_dtype))
@@ -460,7 +467,7 @@ class _Writer:
             reds = [n for n in body if n.op in ROW_REDUCTIONS and p.level[n.id] == phase + 1]
             for r in reds:
                 lines.append(f"        {acc} a{r.id} = {self._identity(r.op)};  // {r.op}")
-            if reds or (phase == p.phases and self._full(out.id)):
+            if reds or (phase == p.out_level and self._full(out.id)):
                 lines += self._loop(phase, reds)
             for r in reds:
                 op = "sum" if r.op == "mean" else r.op
@@ -476,10 +483,14 @@ class _Writer:
                              f"  // {r.op} over the row")
             if phase < p.phases:
                 lines += self._row_values(phase + 1)
-        if not self._full(out.id):
+        stores = [] if self._full(out.id) else \
+            [f"            y[row] = {ct.to_storage(self.out_dtype, f'r{out.id}')};"]
+        for k, o in enumerate(body.outputs[1:], start=1):  # row values read elsewhere
+            stores.append(f"            y{k}[row] = "
+                          f"{ct.to_storage(body.node(o).dtype, f'r{o}')};")
+        if stores:
             lines += ["        if (t == 0 && live) {" if p.column else "        if (t == 0) {",
-                      f"            y[row] = {ct.to_storage(self.out_dtype, f'r{out.id}')};",
-                      "        }"]
+                      *stores, "        }"]
         consts = [f"    const {ct.compute_type(n.dtype)} k{n.id} = "
                   f"{ct.literal(n.attrs['value'], n.dtype)};" for n in body if n.op == "constant"]
         head = [f'extern "C" __global__ void __launch_bounds__({self.cfg["block"]})',
@@ -575,6 +586,8 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
             cfg = {**cfg, "unroll": 4}
     params = [f"const {ct.storage_type(d)}* __restrict__ in{k}" for k, d in enumerate(in_dtypes)]
     params.append(f"{ct.storage_type(out_dtype)}* __restrict__ y")
+    params += [f"{ct.storage_type(body.node(o).dtype)}* __restrict__ y{k}"
+               for k, o in enumerate(body.outputs[1:], start=1)]
     vec = _vector_width(plan, in_dtypes, out_dtype, cfg, acc_dt)
     writers = [(name, _Writer(plan, in_dtypes, out_dtype, cfg, 1, acc_dt))]
     if vec:
@@ -618,12 +631,14 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
               "threads_per_row": cfg["threads"], "rows_per_block": cfg["rows_per_block"],
               "mode": mode, "cached": cfg["cached"], "vec": vec,
               "vec_kernel": f"{name}_vec" if vec else None, "align_bytes": align,
-              "phases": plan.phases, "axes": axes}
+              "phases": plan.phases, "axes": axes, "outputs": len(body.outputs)}
     notes = (f"{rows} rows x {cols}"
              + (f" (over axes {axes}: lanes across neighbouring rows)" if plan.column else "")
              + f": {plan.phases} reduction phase(s) in one kernel, one "
              f"{ {'warp': 'warp', 'block': 'block', 'column': 'thread group'}[mode]} per row"
              + (f", {len(kept)} value(s) kept in registers" if kept else "")
-             + (f"; vectorised by {vec} when aligned" if vec else ""))
+             + (f"; vectorised by {vec} when aligned" if vec else "")
+             + (f"; also writes {len(body.outputs) - 1} row value(s) read elsewhere"
+                if len(body.outputs) > 1 else ""))
     return KernelSource(name=name, kind="rows", source="\n".join(sections), ops=ops,
                         notes=notes, entries=tuple(e for e, _ in writers), launch=launch)

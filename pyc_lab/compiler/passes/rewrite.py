@@ -154,6 +154,32 @@ def prune(graph: Graph, candidates: Iterable[int]) -> list[int]:
     return removed
 
 
+def restore_order(graph: Graph) -> None:
+    """Reorder ``graph``'s nodes so that every node follows its inputs, keeping the
+    present order wherever it already does (a rewrite that placed a node before some
+    of its inputs, or after some of its readers, is put right)."""
+    done: set[int] = set()
+    order: dict[int, Node] = {}
+    waiting: list[Node] = []
+    for n in graph.nodes.values():
+        waiting.append(n)
+        progress = True
+        while progress:
+            progress = False
+            still = []
+            for w in waiting:
+                if all(i in done for i in w.inputs):
+                    order[w.id] = w
+                    done.add(w.id)
+                    progress = True
+                else:
+                    still.append(w)
+            waiting = still
+    if waiting:  # pragma: no cover - a cycle: the rewrite was wrong
+        raise ValueError(f"graph {graph.name}: a cycle through %{waiting[0].id}")
+    graph.nodes = order
+
+
 def sole_user(graph: Graph, nid: int, users: dict[int, list[int]]) -> Node | None:
     """The one node reading ``nid`` (once), or None if there are more, none, or it is an
     output of the graph."""

@@ -64,7 +64,7 @@ from ..codegen.row_space import (
 )
 from ..ir import Graph, Node
 from ..ops import REGISTRY, is_plain_reduction, normalize_axis
-from .rewrite import broadcasts_to, kind_of, prune
+from .rewrite import broadcasts_to, kind_of, prune, restore_order
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -88,6 +88,9 @@ MIN_COLUMN_BLOCKS = 128
 #: ... over rows longer than this are not fused: a block's lanes would each walk a long
 #: row while most of the GPU idles (the column kernels split such reductions instead).
 MAX_SPARSE_COLUMNS = 1024
+
+#: The most outputs one row kernel writes: its result and row values read elsewhere.
+MAX_ROW_OUTPUTS = 8
 
 #: A program's row space: the full shape and the reduced axes (sorted).
 Space = tuple[tuple[int, ...], tuple[int, ...]]
@@ -169,6 +172,8 @@ class _Program:
     members: list[int] = field(default_factory=list)
     space: Space | None = None
     reductions: int = 0
+    #: Row values of the program read outside it or returned: the kernel writes them too
+    extras: list[int] = field(default_factory=list)
 
 
 def _sizes(space: Space) -> tuple[int, int, int]:
@@ -253,7 +258,107 @@ def _groups(graph: Graph) -> list[_Program]:
             prog.reductions += 1
         group_of[n.id] = target
         prog.members.append(n.id)
-    return progs
+    return _merge_escaping(graph, progs)
+
+
+def _escapes(graph: Graph, members: set[int], users: dict[int, list[int]],
+             outputs: set[int]) -> list[int]:
+    """The members read outside ``members`` or returned, in graph order."""
+    return [nid for nid in graph.nodes if nid in members and (
+        nid in outputs or any(u not in members for u in users[nid]))]
+
+
+def _convex(members: set[int], users: dict[int, list[int]]) -> bool:
+    """Whether no path leaves ``members`` and comes back (one kernel could not run
+    between the two ends of such a path)."""
+    frontier = [u for m in members for u in users[m] if u not in members]
+    seen: set[int] = set()
+    while frontier:
+        v = frontier.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        for u in users[v]:
+            if u in members:
+                return False
+            frontier.append(u)
+    return True
+
+
+def _merged(graph: Graph, a: _Program, b: _Program, users: dict[int, list[int]],
+            outputs: set[int]) -> _Program | None:
+    """``a`` and ``b`` as one program over the same row space, or None: what they compute
+    must stay one convex program with at most one full value leaving it (its result)
+    and row values leaving it besides (the kernel writes them too)."""
+    if a.space is not None and b.space is not None and a.space != b.space:
+        return None
+    space = b.space if b.space is not None else a.space
+    if space is None:  # elementwise both: elementwise fusion's work
+        return None
+    members = set(a.members) | set(b.members)
+    leaving = _escapes(graph, members, users, outputs)
+    if not leaving or len(leaving) > MAX_ROW_OUTPUTS:
+        return None
+    kinds = {o: kind_in(graph.nodes[o].shape, *space) for o in leaving}
+    full = [o for o in leaving if kinds[o] == "full"]
+    if len(full) > 1 or any(kinds[o] not in ("full", "row", "row1") for o in leaving):
+        return None
+    if not _convex(members, users):
+        return None
+    root = full[0] if full else leaving[-1]
+    order = {nid: k for k, nid in enumerate(graph.nodes)}
+    prog = _Program(root=root, members=sorted(members, key=order.__getitem__), space=space,
+                    reductions=a.reductions + b.reductions,
+                    extras=[o for o in leaving if o != root])
+    return prog if _edges_fit(graph, prog, space) else None
+
+
+def _siblings(graph: Graph, progs: list[_Program], a: int, group_of: dict[int, int],
+              users: dict[int, list[int]]) -> set[int]:
+    """Programs reducing over ``a``'s row space that read an array ``a`` reads along its
+    rows (two statistics of one input): one kernel reads it once for both."""
+    space = progs[a].space
+    if space is None:
+        return set()
+    members = set(progs[a].members)
+    out: set[int] = set()
+    for nid in progs[a].members:
+        for i in graph.nodes[nid].inputs:
+            if i in members or kind_in(graph.nodes[i].shape, *space) != "full":
+                continue
+            out.update(group_of[u] for u in users[i] if u in group_of and group_of[u] != a
+                       and progs[group_of[u]].space == space)
+    return out
+
+
+def _merge_escaping(graph: Graph, progs: list[_Program]) -> list[_Program]:
+    """Join programs that read one another's values where those values are also read
+    elsewhere or returned (a layer norm that returns its mean and inverse deviation, a
+    cross-entropy that picks from ``x - max``), and programs over one row space reading
+    the same array along its rows (a sum and a sum of squares): one kernel computes them
+    all, writing the row values that leave as extra outputs, instead of a kernel per
+    reader reading the rows again."""
+    users = graph.users()
+    outputs = set(graph.outputs)
+    group_of = {nid: k for k, prog in enumerate(progs) for nid in prog.members}
+    alive = set(range(len(progs)))
+    changed = True
+    while changed:
+        changed = False
+        for a in sorted(alive):
+            readers = {group_of[u] for nid in progs[a].members for u in users[nid]
+                       if u in group_of and group_of[u] != a}
+            for b in sorted(readers | _siblings(graph, progs, a, group_of, users)):
+                merged = _merged(graph, progs[a], progs[b], users, outputs)
+                if merged is None:
+                    continue
+                progs[b] = merged
+                for nid in progs[a].members:
+                    group_of[nid] = b
+                alive.discard(a)
+                changed = True
+                break
+    return [progs[k] for k in sorted(alive)]
 
 
 def _joins(graph: Graph, prog: _Program, n: Node, space: Space | None) -> bool:
@@ -331,7 +436,7 @@ def _build(graph: Graph, prog: _Program, name: str) -> tuple[list[int], list[int
             env[nid] = _expand(body, n, args)
         else:
             env[nid] = body.add(n.op, args, dict(n.attrs)).id
-    body.outputs = [env[prog.root]]
+    body.outputs = [env[prog.root], *(env[e] for e in prog.extras)]
     return external, list(inline), body
 
 
@@ -370,8 +475,9 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         root = graph.nodes[prog.root]
         name = f"rows_{k}"
         external, inlined, body = _build(graph, prog, name)
-        out = body.nodes[body.outputs[0]]
-        if out.shape != root.shape or out.dtype != root.dtype:
+        if any(body.nodes[b].shape != graph.nodes[g].shape
+               or body.nodes[b].dtype != graph.nodes[g].dtype
+               for b, g in zip(body.outputs, [root.id, *prog.extras], strict=True)):
             ctx.note(f"{NAME}: the program ending at %{root.id} changes its result's type "
                      "when written out; left unfused")
             continue
@@ -386,16 +492,25 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         if axes != (len(shape) - 1,):  # the last axis is the default
             attrs["axes"] = axes
         fused = graph.add("fused_rows", external, attrs)
-        _place(graph, fused, root, set(prog.members))
+        extras = [graph.add("fused_extra", [fused.id, *external], {"body": body, "output": k})
+                  for k in range(1, len(body.outputs))]
+        _place(graph, fused, extras, root, set(prog.members))
+        for old, extra in zip(prog.extras, extras, strict=True):
+            graph.replace_uses(old, extra.id)
+        if extras:
+            restore_order(graph)
         prune(graph, inlined)
         reds = [o for o in ops if o in ROW_REDUCTIONS]
         rows, cols, inner = _sizes(prog.space)
         where = (f"over rows of {cols} ({rows} rows)" if inner == 1 else
                  f"over axes {axes} ({rows} rows of {cols} across memory: lanes take "
                  "neighbouring rows)")
+        also = (f", also writing the row value(s) {', '.join(f'%{e}' for e in prog.extras)} "
+                "read elsewhere" if prog.extras else "")
         ctx.note(f"{NAME}: {len(prog.members)} nodes ending at %{root.id} "
                  f"({', '.join(sorted(set(ops)))}) fused into {name} %{fused.id}: "
-                 f"{len(reds)} reduction(s) {where} with their elementwise work, one kernel")
+                 f"{len(reds)} reduction(s) {where} with their elementwise work, one kernel"
+                 + also)
         k += 1
         changed = True
     _explain_unfused(graph, ctx, declined)
@@ -451,13 +566,20 @@ def _explain_unfused(graph: Graph, ctx: PassContext, declined: set[int]) -> None
         ctx.note(f"{NAME}: {n.op} %{n.id} stays its own kernel: {why}")
 
 
-def _place(graph: Graph, fused: Node, root: Node, members: set[int]) -> None:
-    """Put ``fused`` where the program's root was and drop its nodes."""
+def _place(graph: Graph, fused: Node, extras: list[Node], root: Node,
+           members: set[int]) -> None:
+    """Put ``fused`` (then its extra outputs) where the program's root was and drop its
+    nodes. With extra outputs, readers of theirs placed before the root are moved after
+    them afterwards (:func:`~.rewrite.restore_order`; the program is convex, so nothing
+    they feed comes before it)."""
+    new = {fused.id, *(e.id for e in extras)}
     order: dict[int, Node] = {}
     for nid, n in graph.nodes.items():
         if nid == root.id:
             order[fused.id] = fused
-        elif nid not in members and nid != fused.id:
+            for e in extras:
+                order[e.id] = e
+        elif nid not in members and nid not in new:
             order[nid] = n
     graph.nodes = order
     graph.replace_uses(root.id, fused.id)
