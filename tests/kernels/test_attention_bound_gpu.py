@@ -12,23 +12,13 @@ import pytest
 
 import pyc_lab as pl
 from pyc_lab.errors import PycLabError
-from pyc_lab.kernels.arrays import bf16_dtype
 from pyc_lab.kernels.attention_bound import bound_attention
 from tests.kernels.test_attention import reference
+from tests.kernels.test_attention_gpu import TOL, _dtype, _rand
 
 cp = pytest.importorskip("cupy")
 pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
-
-TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-4}
-
-
-def _dtype(name):
-    return bf16_dtype() if name == "bfloat16" else np.dtype(name)
-
-
-def _rand(rng, shape, dtype):
-    return (rng.standard_normal(shape) * 1.5).astype(np.float32).astype(dtype)
 
 
 def _poisoned(shape, dtype):
