@@ -397,11 +397,13 @@ def test_softmax_over_a_non_last_axis_is_not_generated():
 
 
 @pytest.mark.parametrize("axis", [None, (0, 1)])
-def test_reductions_over_other_axes_are_not_generated(axis):
-    # (over axis 0 alone it is a column kernel: tests/compiler/test_column_reduction.py)
+def test_reductions_over_the_last_axes_together_are_one_row(axis):
+    # (over axis 0 alone it is a column kernel: tests/compiler/test_column_reduction.py;
+    # over axes apart it runs through CuPy, saying so: the same file)
     g, node = op_graph("sum", [((8, 16), F32)], {"axis": axis, "keepdims": False})
-    ok, why = supports(node, g)
-    assert not ok and "only the last axis" in why and "CuPy" in why
+    assert supports(node, g) == (True, "")
+    src = generate(node, g)
+    assert (src.launch["rows"], src.launch["cols"]) == (1, 128)
 
 
 def test_unsupported_dtypes_are_named():

@@ -17,7 +17,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from pyc_lab.compiler.codegen import generate
+from pyc_lab.compiler.codegen import generate, supports
 from pyc_lab.compiler.codegen.column_reduction import split_count
 from pyc_lab.compiler.passes import PassManager
 from pyc_lab.compiler.tracer import trace
@@ -214,3 +214,38 @@ def test_column_kernels_split_and_combined(op, dtype, shape, axis):
             _close(out, want)
         else:
             np.testing.assert_array_equal(out, want)
+
+
+@needs_gxx
+@pytest.mark.parametrize("op, axes, keepdims", [
+    ("mean", (2, 3), False), ("sum", (1, 2, 3), True), ("max", (2, 3), True),
+    ("min", (3,), False)])
+@pytest.mark.parametrize("dtype", [F32, F16, F64])
+def test_reductions_over_the_last_axes_are_row_kernels(op, axes, keepdims, dtype):
+    # a global average pool, x.mean(axis=(2, 3)) of NCHW: rows of H * W values
+    rng = np.random.default_rng(len(axes))
+    x = _rand(rng, (3, 5, 7, 9), dtype)
+    x.reshape(-1)[[4, 50, 300]] = [np.nan, np.inf, -0.0]
+    g, node = op_graph(op, [(x.shape, dtype)], {"axis": axes, "keepdims": keepdims})
+    assert supports(node, g) == (True, "")
+    src = generate(node, g)
+    cols = int(np.prod([x.shape[a] for a in axes]))
+    assert src.launch["cols"] == cols and src.launch["rows"] == x.size // cols
+    with np.errstate(all="ignore"):
+        want = getattr(np, op)(x.astype(F64), axis=axes, keepdims=keepdims)
+    for entry in src.entries:
+        out = np.full(node.shape, np.nan, dtype=node.dtype)
+        _rows(src, [_aligned(x)], out, entry)
+        assert np.array_equal(np.isnan(out), np.isnan(want))
+        _close(out, want)
+
+
+def test_one_long_row_is_left_to_cupy():
+    # one block would leave the GPU idle: a float16 full sum (not split in two stages,
+    # its partial sums would round), of a 1-D array or over every axis alike
+    for shape, attrs in [((1 << 20,), {"axis": None}), ((2, 512, 512), {"axis": None})]:
+        g, node = op_graph("sum", [(shape, F16)], {**attrs, "keepdims": False})
+        ok, why = supports(node, g)
+        assert not ok and "leave most of the GPU idle" in why
+    g, node = op_graph("sum", [((2, 512, 512), F16)], {"axis": (1, 2), "keepdims": False})
+    assert supports(node, g) == (True, "")  # two rows: a block each, as before

@@ -1,6 +1,7 @@
-"""Row kernels: softmax, layer norm and reductions over the last axis.
+"""Row kernels: softmax, layer norm and reductions over the last axis (the plain
+reductions: over the last axes, ``x.mean(axis=(2, 3))``).
 
-The input is viewed as ``rows x cols`` (C-contiguous; ``cols`` = the last axis). Each row
+The input is viewed as ``rows x cols`` (C-contiguous; ``cols`` = the reduced axes). Each row
 is handled by one warp (``cols <= 1024``: eight rows per 256-thread block) or by one
 block (256 to 1024 threads, more for longer rows); rows are walked by a grid-stride
 loop. Partial results combine with ``__shfl_xor_sync`` butterflies inside a warp and
@@ -64,9 +65,29 @@ def row_config(cols: int, acc_itemsize: int = 4) -> dict[str, Any]:
             "cached": per <= limit, "rows_per_block": block // threads}
 
 
-def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
-    cols = int(shape[-1])
-    rows = int(np.prod(shape[:-1], dtype=np.int64))
+#: A full reduction of more values than this is not generated as one row: one block
+#: would leave most of the GPU idle (large full reductions are split in two stages by
+#: :mod:`..passes.split_reduction`; what it leaves — float16, sizes without a divisor —
+#: CuPy reduces across the GPU).
+LONG_ROW = 1 << 16
+
+
+def _first_reduced(node: Node, shape: tuple[int, ...]) -> int:
+    """The first axis of the row: the last one, or the first of the trailing block of
+    axes a plain reduction reduces (``x.mean(axis=(2, 3))`` of NCHW: rows of H * W)."""
+    if node.op in _REDUCTIONS and shape:
+        axes = normalize_axis(node.attrs.get("axis"), len(shape))
+        if axes and axes == tuple(range(axes[0], len(shape))):
+            return axes[0]
+    return len(shape) - 1
+
+
+def _rows_cols(shape: tuple[int, ...], first: int | None = None) -> tuple[int, int]:
+    """Rows and values per row of a C-contiguous ``shape`` whose rows are its axes from
+    ``first`` on (the last axis by default)."""
+    first = len(shape) - 1 if first is None else first
+    cols = int(np.prod(shape[first:], dtype=np.int64))
+    rows = int(np.prod(shape[:first], dtype=np.int64))
     return rows, cols
 
 
@@ -93,10 +114,10 @@ def check_rows(node: Node, graph: Graph) -> str:
             return "softmax over a non-last axis is not generated; runs through CuPy"
     elif node.op in _REDUCTIONS:
         axes = normalize_axis(node.attrs.get("axis"), len(shape))
-        if axes != last:
+        if axes != tuple(range(_first_reduced(node, shape), len(shape))):
             return (f"{node.op} over axes {axes} of a rank-{len(shape)} array is not "
-                    "generated (only the last axis, or one block of consecutive axes "
-                    "before it); runs through CuPy")
+                    "generated (only the last axes, or one block of consecutive axes "
+                    "before the last); runs through CuPy")
         if node.attrs.get("ddof") or node.attrs.get("dtype") is not None \
                 or node.attrs.get("initial") is not None or len(node.inputs) != 1:
             return f"{node.op} with ddof/dtype/initial/where is not generated"
@@ -107,11 +128,14 @@ def check_rows(node: Node, graph: Graph) -> str:
                 return f"layer_norm scale/shift of shape {es} is not generated"
         if len(node.inputs) > 3:
             return "layer_norm takes at most 3 inputs"
-    _rows, cols = _rows_cols(shape)
+    rows, cols = _rows_cols(shape, _first_reduced(node, shape))
     if cols == 0:
         return f"{node.op} over an empty last axis runs through CuPy"
     if cols >= 2**31:
         return f"rows of {cols} elements are too long for the row kernels"
+    if rows == 1 and cols > LONG_ROW:
+        return (f"one row of {cols} would leave most of the GPU idle (one block); runs "
+                "through CuPy, whose full reduction spreads over the GPU")
     return ""
 
 
@@ -242,7 +266,7 @@ def vector_width(node: Node, graph: Graph) -> int:
     per-column vectors or scalars.
     """
     x = graph.node(node.inputs[0])
-    _rows, cols = _rows_cols(tuple(x.shape))
+    _rows, cols = _rows_cols(tuple(x.shape), _first_reduced(node, tuple(x.shape)))
     acc_dt = _acc_dtype(node, x.dtype)
     cfg = row_config(cols, acc_dt.itemsize)
     arrays = [x, node] if node.op in ("softmax", "layer_norm") else [x]
@@ -267,7 +291,7 @@ def generate_rows(node: Node, graph: Graph) -> KernelSource:
     name = kernel_name(node)
     x = graph.node(node.inputs[0])
     xdt, odt = x.dtype, node.dtype
-    rows, cols = _rows_cols(tuple(x.shape))
+    rows, cols = _rows_cols(tuple(x.shape), _first_reduced(node, tuple(x.shape)))
     acc_dt = _acc_dtype(node, xdt)
     acc = ct.compute_type(acc_dt)
     cfg = row_config(cols, acc_dt.itemsize)
@@ -338,7 +362,7 @@ def _row_kernel(entry: str, vec: int, node: Node, x: Node, extras: list[tuple[st
                 cfg: dict[str, Any], acc_dt: np.dtype, params: list[str]) -> str:
     """One entry point of a row kernel: scalar (``vec`` 1) or vectorised."""
     xdt, odt = x.dtype, node.dtype
-    rows, cols = _rows_cols(tuple(x.shape))
+    rows, cols = _rows_cols(tuple(x.shape), _first_reduced(node, tuple(x.shape)))
     acc = ct.compute_type(acc_dt)
     em = _Emitter(cols, cfg, acc, vec)
     xs, os_ = ct.storage_type(xdt), ct.storage_type(odt)
@@ -500,5 +524,6 @@ def _centred_square(value: str, rnd: Any, mean: str = "mean") -> str:
 def describe(node: Node, graph: Graph) -> str:
     """One line: the op, its input and the row split."""
     x = graph.node(node.inputs[0])
-    rows, cols = _rows_cols(tuple(x.shape)) if x.shape else (1, 1)
+    shape = tuple(x.shape)
+    rows, cols = _rows_cols(shape, _first_reduced(node, shape)) if shape else (1, 1)
     return f"{node.op} {dtype_short(x.dtype)}{list(x.shape)}: {rows} rows of {cols}"

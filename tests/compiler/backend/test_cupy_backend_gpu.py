@@ -749,3 +749,19 @@ def test_float16_division_on_the_gpu_is_numpy_bit_for_bit(rng):
     with np.errstate(all="ignore"):
         want = x / y
     _same(got, want)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("shape, axes", [((32, 256, 14, 14), (2, 3)), ((8, 3, 224, 224), (1, 2, 3)),
+                                         ((2, 512, 512), (1, 2))])
+def test_reductions_over_the_last_axes_on_the_gpu(rng, dtype, shape, axes):
+    import pyc_lab as pl
+
+    x = rand(rng, shape, dtype)
+    f = pl.compile(lambda a: a.mean(axis=axes), backend="cupy")
+    dx = cp.asarray(x)
+    poison_pool()
+    got = cp.asnumpy(f(dx))
+    assert_close(got, x.astype(F64).mean(axis=axes), dtype)
+    (k,) = f.explain(dx).kernels
+    assert k["impl"] == "reduction_kernel", k  # rows of the reduced axes' values
