@@ -240,7 +240,7 @@ def test_kind_in_row_spaces():
     assert kind_in((4,), (4, 8)) == "row"
     assert kind_in((), (4, 8)) == "scalar"
     assert kind_in((8,), (4, 8)) is None
-    assert kind_in((), (8,)) == "row"  # one row: its value is 0-d
+    assert kind_in((), (8,)) == "row1"  # one row: its 0-d value broadcasts back
 
 
 def test_check_row_program_names_what_is_wrong(rng):

@@ -289,3 +289,19 @@ def test_kernels_with_extra_outputs_compile_for_sm_90(tmp_path, rng, name):
     ptx = compile_ptx(tmp_path, generate(node, graph))
     params = ptx[ptx.index(".entry"):ptx.index(")")]
     assert params.count(".param") == 2 + extras  # x, the result, its statistics
+
+
+@needs_gxx
+@pytest.mark.parametrize("shape", [(4096,), (48, 40)])
+def test_a_statistic_of_the_whole_array_read_back_is_one_program(shape):
+    # the 0-d mean broadcasts back like a keepdims one: (x - x.mean()) ** 2 ... one row
+    def variance(x):
+        return ((x - x.mean()) ** 2).mean()
+
+    x = _data(np.random.default_rng(len(shape)), shape, F32, specials=False)
+    graph, computed = _optimised(variance, [x])
+    assert [n.op for n in computed] == ["fused_rows"], graph.text()
+    np.testing.assert_array_equal(run_graph(graph, [x], np)[0], variance(x))
+    _, _, runs = _emulated(variance, x)
+    for (got,) in runs:
+        np.testing.assert_allclose(float(got), variance(x.astype(F64)), rtol=1e-5)

@@ -65,9 +65,10 @@ def kind_in(shape: tuple[int, ...], space: tuple[int, ...],
     if shape == reduced_ones(space, axes):
         return "row1"
     if shape == kept_dims(space, axes):
-        # x - x.mean(axis=0) broadcasts as NumPy aligns trailing axes
+        # x - x.mean(axis=0) broadcasts as NumPy aligns trailing axes, and so does the
+        # 0-d result of a reduction over every axis (x - x.mean())
         leading = axes == tuple(range(len(axes))) and across_memory(space, axes)
-        return "row1" if leading else "row"
+        return "row1" if leading or shape == () else "row"
     if shape == ():
         return "scalar"
     return None
