@@ -139,6 +139,18 @@ def layer_norm_t(x, g, b):
     return (x - mu) / (var + 1e-5).sqrt() * g + b
 
 
+def layer_norm_train(x, g, b):
+    mu = x.mean(axis=-1, keepdims=True)
+    rstd = 1 / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + np.float32(1e-5))
+    return (x - mu) * rstd * g + b, mu, rstd
+
+
+def layer_norm_train_t(x, g, b):
+    mu = x.mean(-1, keepdim=True)
+    rstd = (((x - mu) ** 2).mean(-1, keepdim=True) + 1e-5).rsqrt()
+    return (x - mu) * rstd * g + b, mu, rstd
+
+
 def attention(q, k, v):
     s = q @ np.swapaxes(k, -1, -2) * np.float16(0.125)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
@@ -386,6 +398,10 @@ PROGRAMS: list[Program] = [
     Program("layer_norm_f16", F16,
             lambda s: [((_n(s, 16384), 4096), "x"), ((4096,), "x"), ((4096,), "x")],
             layer_norm, layer_norm_t),
+    # a training layer norm's forward: the mean and inverse deviation kept for backward
+    Program("layer_norm_train_f32", F32,
+            lambda s: [((_n(s, 8192), 4096), "x"), ((4096,), "x"), ((4096,), "x")],
+            layer_norm_train, layer_norm_train_t),
     Program("attention_f16", F16,
             lambda s: [((_n(s, 16, 1), 16, _n(s, 1024), 64), "x")] * 3, attention, attention_t,
             memory_bound=False),
