@@ -14,11 +14,17 @@ inside, a row value without ``keepdims`` against a full one) ends the program th
 
 Programs are grown from their output backwards, like elementwise fusion: a producer
 joins its reader's program when every reader of it is in that program, it is not a
-graph output and its kind fits the row space; so a program has one output and is convex.
-A program is kept when it has a reduction and something else (a lone softmax or sum
-keeps its own kernel); it becomes one ``fused_rows`` node whose ``attrs`` hold ``body``
-(a graph with inputs ``in0, in1, ...`` and one output), ``ops``, ``space`` and ``name``
-(``rows_<k>``). The GPU backend generates one row kernel for it
+graph output and its kind fits the row space. Then neighbouring programs over the same
+row space are joined where the result stays convex (no path out of it and back in) and
+at most one full value leaves it: a program whose row values are also returned or read
+elsewhere (a layer norm returning its mean, a cross-entropy picking against the row
+maximum) and programs reading one array along the same rows (a sum and a sum of
+squares) become one, the row values that leave written as extra outputs. A program is
+kept when it has a reduction and something else (a lone softmax or sum keeps its own
+kernel); it becomes one ``fused_rows`` node whose ``attrs`` hold ``body`` (a graph with
+inputs ``in0, in1, ...``; output 0 the program's result, outputs 1, 2, ... the row
+values that leave it, each read through a ``fused_extra`` node), ``ops``, ``space`` and
+``name`` (``rows_<k>``). The GPU backend generates one row kernel for it
 (:mod:`pyc_lab.compiler.codegen.row_program`): each row is read from memory once when it
 fits in registers, and every reduction of a row is combined in registers and shared
 memory, never written out.
@@ -258,7 +264,7 @@ def _groups(graph: Graph) -> list[_Program]:
             prog.reductions += 1
         group_of[n.id] = target
         prog.members.append(n.id)
-    return _merge_escaping(graph, progs)
+    return _merge_neighbours(graph, progs)
 
 
 def _escapes(graph: Graph, members: set[int], users: dict[int, list[int]],
@@ -331,7 +337,7 @@ def _siblings(graph: Graph, progs: list[_Program], a: int, group_of: dict[int, i
     return out
 
 
-def _merge_escaping(graph: Graph, progs: list[_Program]) -> list[_Program]:
+def _merge_neighbours(graph: Graph, progs: list[_Program]) -> list[_Program]:
     """Join programs that read one another's values where those values are also read
     elsewhere or returned (a layer norm that returns its mean and inverse deviation, a
     cross-entropy that picks from ``x - max``), and programs over one row space reading
