@@ -505,7 +505,8 @@ register(OpDef("fused", "fused", None, _fused_shape, _fused_reference,
 
 # ``fused_rows``: a row program (row fusion) — elementwise prologue, reductions over the
 # axes ``attrs["axes"]`` (any sorted axes; the last axis when absent) of its row
-# space ``attrs["space"]`` and an elementwise epilogue, one body graph with one output,
+# space ``attrs["space"]`` and an elementwise epilogue, one body graph whose output 0 is
+# the node's value (outputs 1, 2, ...: row values read through ``fused_extra`` nodes),
 # computed as written (its reference runs the body op by op).
 register(OpDef("fused_rows", "norm", None, _fused_shape, _fused_reference,
                 dtype=lambda inputs, attrs: attrs["body"].nodes[attrs["body"].outputs[0]].dtype))
