@@ -75,7 +75,8 @@ def attention_bound(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
 
     Taken: ``q, k, v`` C-contiguous of the node's dtype with the same leading axes (no
     broadcasting among them), viewed as ``(1, N, S, D)`` as the reference views them, and
-    no mask or one mask for every (batch, head) of the node's dtype or boolean.
+    no mask or one C-contiguous mask for every (batch, head) of the node's dtype or
+    boolean: views only, so that new contents at the same addresses are read.
     """
     if xp is np:
         return None
@@ -94,8 +95,8 @@ def attention_bound(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
     m4 = None
     if mask is not None:
         if any(d != 1 for d in mask.shape[:-2]) or mask.ndim < 2 or \
-                (mask.dtype != np.bool_ and mask.dtype != work):
-            return None
+                not mask.flags.c_contiguous or (mask.dtype != np.bool_ and mask.dtype != work):
+            return None  # (a copy of a strided mask would miss later writes into it)
         m4 = mask.reshape(1, 1, *mask.shape[-2:])
     return bound_attention(q4, k4, v4, causal=bool(attrs.get("causal", False)),
                            scale=float(attrs["scale"]), mask=m4)

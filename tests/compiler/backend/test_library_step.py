@@ -77,6 +77,8 @@ def test_operands_the_bound_form_leaves_to_the_reference(rng, recorded):
     assert attention_bound(NOT_NUMPY, [q, k, v, per_head], attrs) is None
     wider = rng.standard_normal((5, 7)).astype(F32)  # scores in the mask's precision
     assert attention_bound(NOT_NUMPY, [q, k, v, wider], attrs) is None
+    strided = (rng.random((7, 5)) < 0.5).T  # a copy would not see later writes
+    assert attention_bound(NOT_NUMPY, [q, k, v, strided], attrs) is None
     assert recorded == []
 
 
