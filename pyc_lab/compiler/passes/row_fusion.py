@@ -75,7 +75,8 @@ from .rewrite import broadcasts_to, kind_of, prune, restore_order
 if TYPE_CHECKING:
     from .rewrite import PassContext
 
-__all__ = ["MAX_FULL_COLUMNS", "MIN_ROWS", "NAME", "ROW_REDUCTIONS", "kind_in", "run"]
+__all__ = ["MAX_FULL_COLUMNS", "MIN_ROWS", "NAME", "ROW_REDUCTIONS", "kind_in", "run",
+           "usable_space"]
 
 NAME = "row_fusion"
 
@@ -190,7 +191,7 @@ def _sizes(space: Space) -> tuple[int, int, int]:
     return rows, cols, inner_extent(shape, axes)
 
 
-def _usable_space(space: Space) -> str:
+def usable_space(space: Space) -> str:
     """Why a program over ``space`` would leave the GPU idle or is empty, or ``""``."""
     shape, axes = space
     if len(shape) < 1 or 0 in shape:
@@ -242,7 +243,7 @@ def _groups(graph: Graph) -> list[_Program]:
     progs: list[_Program] = []
     for n in reversed(list(graph.nodes.values())):
         space = reduction_space(n, graph)
-        if space is not None and _usable_space(space):
+        if space is not None and usable_space(space):
             continue
         if space is None and not _elementwise(n):
             continue
@@ -540,7 +541,7 @@ def _why_not_row(node: Node, graph: Graph) -> str:
     space = reduction_space(node, graph)
     if space is None:
         return "where=, dtype=, initial= or ddof= is given"
-    return _usable_space(space)
+    return usable_space(space)
 
 
 def _explain_unfused(graph: Graph, ctx: PassContext, declined: set[int]) -> None:
