@@ -75,7 +75,8 @@ def test_default_pipeline_and_registry():
     assert DEFAULT_PIPELINE == ["canonicalize", "constant_folding", "simplify", "cheap_math",
                                 "gather_sinking", "cse", "dce",
                                 "transpose_folding", "epilogue_fusion", "reduction_fusion",
-                                "find_attention", "split_reduction", "row_fusion",
+                                "find_attention", "split_reduction", "arg_reductions",
+                                "row_fusion",
                                 "elementwise_fusion", "output_fusion", "dce"]
     assert set(DEFAULT_PIPELINE) <= set(PASSES)
     for name, module in PASSES.items():
@@ -83,7 +84,7 @@ def test_default_pipeline_and_registry():
 
 
 def test_unknown_pass_and_mode_are_refused_with_the_known_names():
-    with pytest.raises(PycLabError, match=r"unknown pass.*'nope'.*known passes: canonicalize"):
+    with pytest.raises(PycLabError, match=r"unknown pass.*'nope'.*known passes: arg_reductions, canonicalize"):
         PassManager(["cse", "nope"])
     with pytest.raises(PycLabError, match="known modes: balanced"):
         PassManager(mode="fastest")

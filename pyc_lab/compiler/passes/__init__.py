@@ -22,9 +22,11 @@ Passes (each a module with ``NAME`` and ``run(graph, ctx) -> bool``):
   ``explain()``; rewrites nothing yet;
 - ``split_reduction``: a sum over a whole large array in two stages (row sums, then
   their sum), so that many blocks share it;
-- ``row_fusion``: any elementwise prologue -> reductions over the last axis ->
-  elementwise epilogue (RMS norm, log-softmax, masked softmax, norms...) becomes one
-  ``fused_rows`` row kernel;
+- ``arg_reductions``: argmax/argmin of floats over one axis as a max and a min of
+  indices (NumPy's index exactly), which row fusion takes with what reads it;
+- ``row_fusion``: any elementwise prologue -> reductions over any axes -> elementwise
+  epilogue (RMS norm, log-softmax, masked softmax, norms...) becomes one ``fused_rows``
+  row kernel, writing the row values that leave it (returned statistics) too;
 - ``elementwise_fusion``: maximal elementwise groups become ``fused`` kernels (reading
   slices and transposes of their inputs in place, writing a concatenation piecewise);
 - ``output_fusion``: a fused kernel whose value is a result or read elsewhere is computed

@@ -765,3 +765,25 @@ def test_reductions_over_the_last_axes_on_the_gpu(rng, dtype, shape, axes):
     assert_close(got, x.astype(F64).mean(axis=axes), dtype)
     (k,) = f.explain(dx).kernels
     assert k["impl"] == "reduction_kernel", k  # rows of the reduced axes' values
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("shape, axis", [((4096, 1000), -1), ((512, 4096), 0),
+                                         ((8, 300, 50), 1)])
+def test_argmax_is_numpys_index_on_the_gpu(rng, dtype, shape, axis):
+    import pyc_lab as pl
+    from tests.compiler.test_arg_reductions import _hard
+
+    x = _hard(rng, shape, dtype, axis)
+    labels = rng.integers(0, shape[axis], np.delete(np.array(shape), axis % len(shape)))
+
+    def accuracy(x, y):
+        return x.argmax(axis=axis), (x.argmin(axis=axis) == y).mean()
+
+    f = pl.compile(accuracy, backend="cupy")
+    got = [cp.asnumpy(g) for g in f(cp.asarray(x), cp.asarray(labels))]
+    want = accuracy(x, labels)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert float(got[1]) == float(want[1])
+    assert all(k["impl"] != "cupy" or "mean" in k["name"]
+               for k in f.explain(cp.asarray(x), cp.asarray(labels)).kernels)
