@@ -94,13 +94,16 @@ def _nan_to_num(tracer: Tracer, x: Any, copy: bool = True, nan: Any = 0.0,
     if not np.issubdtype(v.dtype, np.floating):
         if np.issubdtype(v.dtype, np.complexfloating):
             raise NotCovered
-        return tracer.op("copy", (v,))
-    info = np.finfo(v.dtype)
-    big = float(info.max) if posinf is None else posinf
-    low = float(info.min) if neginf is None else neginf
-    out = select(tracer, ufuncs.apply(tracer, "equal", (v, -np.inf)), low, v)
-    out = select(tracer, ufuncs.apply(tracer, "equal", (v, np.inf)), big, out)
-    return select(tracer, ufuncs.apply(tracer, "isnan", (v,)), nan, out)
+        out = tracer.op("copy", (v,))
+    else:
+        info = np.finfo(v.dtype)
+        big = float(info.max) if posinf is None else posinf
+        low = float(info.min) if neginf is None else neginf
+        out = select(tracer, ufuncs.apply(tracer, "equal", (v, -np.inf)), low, v)
+        out = select(tracer, ufuncs.apply(tracer, "equal", (v, np.inf)), big, out)
+        out = select(tracer, ufuncs.apply(tracer, "isnan", (v,)), nan, out)
+    out._scalar = out.ndim == 0  # NumPy returns x[()] for a 0-d x: a scalar
+    return out
 
 
 def _einsum(tracer: Tracer, *operands: Any, out: Any = None, dtype: Any = None,

@@ -288,6 +288,28 @@ def test_nan_to_num_replaces_as_numpy_does(dtype):
                                x)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.bool_])
+def test_nan_to_num_of_a_0d_array_is_a_scalar_as_in_numpy(dtype):
+    # NumPy returns x[()]: in-place operators rebind it, item assignment is refused
+    def grow(a):
+        b = np.nan_to_num(a)
+        b *= 5
+        return b
+
+    def assign(a):
+        b = np.nan_to_num(a)
+        b[...] = 1
+        return b
+
+    x = np.array(np.nan if dtype == np.float64 else True, dtype=dtype)
+    got, want = pl.compile(grow)(x.copy()), grow(x.copy())
+    assert got == want and np.asarray(got).dtype == np.asarray(want).dtype
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        assign(x.copy())
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        pl.compile(assign)(x.copy())
+
+
 @needs_gxx
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64),
                                    np.dtype(np.float16), np.dtype(np.int32)],
