@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pyc_lab as pl
 from pyc_lab.compiler.codegen import generate, supports
 from pyc_lab.compiler.ops import run_graph
 from pyc_lab.compiler.passes import PassManager
@@ -305,3 +306,24 @@ def test_a_statistic_of_the_whole_array_read_back_is_one_program(shape):
     _, _, runs = _emulated(variance, x)
     for (got,) in runs:
         np.testing.assert_allclose(float(got), variance(x.astype(F64)), rtol=1e-5)
+
+
+def test_an_extra_output_survives_the_output_fusion_of_a_kernel_it_reads(rng):
+    # the row program reads -(y + x); output fusion later computes y + x (written back
+    # into y) inside that kernel: the row program's extra output (the sum) must stay
+    def fn(x, y):
+        s = y.sum()
+        y += x
+        n = -y
+        return s + n, s, n
+
+    x, y = rng.random((3, 4)) < 0.5, _data(rng, (3, 4), F16, specials=False)
+    graph, _ = _optimised(fn, [x, y.copy()])
+    graph.verify()
+    want_y, got_y = y.copy(), y.copy()
+    want = fn(x, want_y)
+    got = pl.compile(fn, backend="numpy")(x, got_y)
+    for g, w in zip(got, want, strict=True):
+        assert np.shape(g) == np.shape(w)
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(got_y, want_y)

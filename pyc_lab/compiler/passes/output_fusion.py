@@ -130,8 +130,10 @@ def run(graph: Graph, ctx: PassContext) -> bool:
             return changed
         b, pos = found
         a = graph.nodes[b.inputs[pos]]
+        # b's own extra outputs (another node's extras may read b as an input)
         old_extras = sorted((graph.nodes[u] for u in users[b.id]
-                             if graph.nodes[u].op == "fused_extra"),
+                             if graph.nodes[u].op == "fused_extra"
+                             and graph.nodes[u].inputs[0] == b.id),
                             key=lambda e: e.attrs["output"])
         fused, extras = _merge(graph, a, b, pos)
         _place(graph, fused, extras, b, {a.id, b.id, *(e.id for e in old_extras)})
