@@ -268,11 +268,11 @@ def _groups(graph: Graph) -> list[_Program]:
     return _merge_neighbours(graph, progs)
 
 
-def _escapes(graph: Graph, members: set[int], users: dict[int, list[int]],
-             outputs: set[int]) -> list[int]:
-    """The members read outside ``members`` or returned, in graph order."""
-    return [nid for nid in graph.nodes if nid in members and (
-        nid in outputs or any(u not in members for u in users[nid]))]
+def _escapes(members: list[int], users: dict[int, list[int]], outputs: set[int]) -> list[int]:
+    """The ``members`` (in graph order) read outside them or returned, in that order."""
+    inside = set(members)
+    return [nid for nid in members
+            if nid in outputs or any(u not in inside for u in users[nid])]
 
 
 def _convex(members: set[int], users: dict[int, list[int]]) -> bool:
@@ -293,7 +293,7 @@ def _convex(members: set[int], users: dict[int, list[int]]) -> bool:
 
 
 def _merged(graph: Graph, a: _Program, b: _Program, users: dict[int, list[int]],
-            outputs: set[int]) -> _Program | None:
+            outputs: set[int], order: dict[int, int]) -> _Program | None:
     """``a`` and ``b`` as one program over the same row space, or None: what they compute
     must stay one convex program with at most one full value leaving it (its result)
     and row values leaving it besides (the kernel writes them too)."""
@@ -302,19 +302,18 @@ def _merged(graph: Graph, a: _Program, b: _Program, users: dict[int, list[int]],
     space = b.space if b.space is not None else a.space
     if space is None:  # elementwise both: elementwise fusion's work
         return None
-    members = set(a.members) | set(b.members)
-    leaving = _escapes(graph, members, users, outputs)
+    members = sorted({*a.members, *b.members}, key=order.__getitem__)
+    leaving = _escapes(members, users, outputs)
     if not leaving or len(leaving) > MAX_ROW_OUTPUTS:
         return None
     kinds = {o: kind_in(graph.nodes[o].shape, *space) for o in leaving}
     full = [o for o in leaving if kinds[o] == "full"]
     if len(full) > 1 or any(kinds[o] not in ("full", "row", "row1") for o in leaving):
         return None
-    if not _convex(members, users):
+    if not _convex(set(members), users):
         return None
     root = full[0] if full else leaving[-1]
-    order = {nid: k for k, nid in enumerate(graph.nodes)}
-    prog = _Program(root=root, members=sorted(members, key=order.__getitem__), space=space,
+    prog = _Program(root=root, members=members, space=space,
                     reductions=a.reductions + b.reductions,
                     extras=[o for o in leaving if o != root])
     return prog if _edges_fit(graph, prog, space) else None
@@ -347,6 +346,7 @@ def _merge_neighbours(graph: Graph, progs: list[_Program]) -> list[_Program]:
     reader reading the rows again."""
     users = graph.users()
     outputs = set(graph.outputs)
+    order = {nid: k for k, nid in enumerate(graph.nodes)}
     group_of = {nid: k for k, prog in enumerate(progs) for nid in prog.members}
     alive = set(range(len(progs)))
     changed = True
@@ -356,7 +356,7 @@ def _merge_neighbours(graph: Graph, progs: list[_Program]) -> list[_Program]:
             readers = {group_of[u] for nid in progs[a].members for u in users[nid]
                        if u in group_of and group_of[u] != a}
             for b in sorted(readers | _siblings(graph, progs, a, group_of, users)):
-                merged = _merged(graph, progs[a], progs[b], users, outputs)
+                merged = _merged(graph, progs[a], progs[b], users, outputs, order)
                 if merged is None:
                     continue
                 progs[b] = merged
