@@ -110,14 +110,17 @@ def _torch_interop(cp: Any, torch: Any) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="benchmarks/results/local")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help=f"suite programs to take apart (default: {' '.join(NAMES)})")
     args = parser.parse_args(argv)
+    names = set(args.only) if args.only else set(NAMES)
     gate = cupy_and_torch("the host-time experiment")
     if gate is None:
         return 0
     cp, torch = gate
     rows = []
     for p in PROGRAMS:
-        if p.name in NAMES:
+        if p.name in names:
             row = _program_row(p, cp, torch)
             rows.append(row)
             print({k: v for k, v in row.items() if k != "profile"}, flush=True)
