@@ -8,7 +8,7 @@ whole output); GPU time is the median of CUDA-event repeats (``pl.profiling.benc
 memory-bound programs also report bytes read and written per second against a
 device-to-device copy measured in the same run. Compile times (first call) and the warm
 host time per call (at 1/256 of the size, where issuing the call is what costs) are
-recorded.
+recorded, torch.compile's warm host time on the same small inputs beside it.
 One program failing is recorded and the others go on; programs left when ``--budget-s``
 is spent are listed as not run. Writes ``programs.json``.
 
@@ -107,12 +107,23 @@ def run_program(p: Program, cp: Any, torch: Any, copy_bw: float) -> dict[str, An
     small = [cp.asarray(a) for a in make_inputs(p, SMALL_SCALE, seed=2)]
     small_fn = pl.compile(p.numpy_fn)
     row["pl_host_us_small"] = host_us(cp, lambda: small_fn(*small))
+    # the same figure for torch.compile, in the same run: the host's speed differs
+    # between machine starts, so absolute host times only compare within one run
+    tsmall = [torch.from_dlpack(a) for a in small]
+    tc_small = torch.compile(p.torch_fn, dynamic=False)
+    tc_small(*tsmall)
+    row["torch_compile_host_us_small"] = host_us(cp, lambda: tc_small(*tsmall))
     if p.memory_bound:
         outs = _tuple(fn(*dev))
         moved = sum(a.nbytes for a in dev) + sum(getattr(o, "nbytes", 8) for o in outs)
         row["bytes_moved"] = int(moved)
         row["fraction_of_copy_bw"] = moved / (row["ms"]["pl.compile"] * 1e-3) / 1e9 / copy_bw
     return row
+
+
+def _median_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    return statistics.median(values) if values else None
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -132,6 +143,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                           if r.get("fraction_of_copy_bw", 1.0) < 0.85],
         "compile_over_2s": [r["program"] for r in ok if r["pl_compile_s"] > 2.0],
         "host_over_30us": [r["program"] for r in ok if r.get("pl_host_us_small", 0) > 30.0],
+        "median_host_us_small": _median_of(ok, "pl_host_us_small"),
+        "median_torch_compile_host_us_small": _median_of(ok, "torch_compile_host_us_small"),
     }
 
 

@@ -63,9 +63,11 @@ def test_the_benchmark_summary_reads_its_rows():
         sys.path.remove(str(_PATH.parent))
     rows = [
         {"program": "a", "vs_torch_compile": 1.2, "vs_torch_eager": 2.0, "correct": True,
-         "pl_compile_s": 0.5, "pl_host_us_small": 20.0, "fraction_of_copy_bw": 0.9},
+         "pl_compile_s": 0.5, "pl_host_us_small": 20.0, "fraction_of_copy_bw": 0.9,
+         "torch_compile_host_us_small": 40.0},
         {"program": "b", "vs_torch_compile": 0.5, "vs_torch_eager": 1.0, "correct": False,
-         "pl_compile_s": 2.5, "pl_host_us_small": 45.0, "fraction_of_copy_bw": 0.4},
+         "pl_compile_s": 2.5, "pl_host_us_small": 45.0, "fraction_of_copy_bw": 0.4,
+         "torch_compile_host_us_small": 60.0},
         {"program": "c", "vs_torch_compile": 0.95, "vs_torch_eager": 1.5, "correct": True,
          "pl_compile_s": 0.1},
         {"program": "d", "error": "RuntimeError: boom"},
@@ -78,6 +80,8 @@ def test_the_benchmark_summary_reads_its_rows():
     assert s["failed"] == ["d"] and s["not_run"] == ["e"]
     assert s["memory_bound_below_85pct_copy"] == ["b"]
     assert s["compile_over_2s"] == ["b"] and s["host_over_30us"] == ["b"]
+    assert s["median_host_us_small"] == 32.5
+    assert s["median_torch_compile_host_us_small"] == 50.0
 
 
 def test_the_bfloat16_program_lowers_to_one_generated_kernel():
