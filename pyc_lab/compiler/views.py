@@ -222,9 +222,10 @@ def _gather_load(body: Graph, n: Node, positions: dict[int, int]) -> Load | str:
 def analyse(body: Graph) -> list[Piece] | str:
     """The pieces of ``body``'s output with their loads, or why it cannot be generated.
 
-    Without a concatenation there is one piece: the whole output. A computed node may
-    serve one piece only (each piece is evaluated at its own coordinates); loads may be
-    shared.
+    Without a concatenation there is one piece: the whole output. Each piece is
+    evaluated at its own coordinates, so a computed node several pieces read is
+    computed in each of them (its value at a piece's coordinates is the same whichever
+    piece reads it: it broadcasts to every piece's shape); loads may be shared.
     """
     positions = {bid: k for k, bid in enumerate(body.inputs)}
     out = body.node(body.outputs[0])
@@ -245,7 +246,6 @@ def analyse(body: Graph) -> list[Piece] | str:
             start += shape[int(axis)]
     else:
         roots = [(out.id, tuple(out.shape), tuple(contiguous_strides(out.shape)), 0)]
-    owner: dict[int, int] = {}
     order = {nid: k for k, nid in enumerate(body.nodes)}
     pieces = []
     for p, (root, shape, strides, offset) in enumerate(roots):
@@ -269,10 +269,6 @@ def analyse(body: Graph) -> list[Piece] | str:
                 return "a concatenation inside a fused body (not as its output) is not generated"
             if n.op != "constant" and REGISTRY[n.op].kind != "elementwise":
                 return f"op {n.op!r} inside a fused body is not generated"
-            if n.op != "constant" and len(body.outputs) == 1 \
-                    and owner.setdefault(nid, p) != p:  # a constant is a literal in each
-                return (f"{n.op} %{nid} feeds two pieces of the output concatenation; "
-                        "not generated")
             stack.extend(n.inputs)
         ordered = tuple(sorted(loads.values(), key=lambda ld: order[ld.node]))
         pieces.append(Piece(root, shape, strides, offset, ordered,

@@ -62,6 +62,18 @@ def uneven_pieces(a, b):
     return np.concatenate([np.tanh(a[:, ::-1]), b * 2, b[:, 1:3]], axis=1)
 
 
+def time_embedding(t, freqs):
+    """A value both pieces read (the outer product): computed in each, never stored."""
+    arg = t[:, None] * freqs[None, :]
+    return np.concatenate([np.sin(arg), np.cos(arg)], axis=-1)
+
+
+def shared_uneven(a, b):
+    """A broadcast value read by two pieces of different shapes."""
+    s = np.exp(a[:, :1]) * 0.5
+    return np.concatenate([a * s, b - s, s + 1], axis=1)
+
+
 PROGRAMS = {
     "rotary": (rotary, lambda r, d, n: [_rand(r, (2, n, 3, 2 * 40), d), _rand(r, (n, 1, 40), d),
                                        _rand(r, (n, 1, 40), d)]),
@@ -73,6 +85,10 @@ PROGRAMS = {
     "concat_inputs": (concat_inputs, lambda r, d, n: [_rand(r, (n, 6), d),
                                                       _rand(r, (3, 6), d)]),
     "uneven_pieces": (uneven_pieces, lambda r, d, n: [_rand(r, (n, 7), d),
+                                                      _rand(r, (n, 9), d)]),
+    "time_embedding": (time_embedding, lambda r, d, n: [_rand(r, (n,), d) * 40,
+                                                        _rand(r, (12,), d)]),
+    "shared_uneven": (shared_uneven, lambda r, d, n: [_rand(r, (n, 7), d),
                                                       _rand(r, (n, 9), d)]),
 }
 
@@ -143,15 +159,33 @@ def test_a_view_of_a_computed_value_reads_it_from_the_kernel_before(rng):
     assert np.array_equal(pl.compile(fn)(*args), fn(*args))
 
 
-def test_a_value_shared_by_two_pieces_is_computed_once_outside(rng):
+def test_a_value_shared_by_two_pieces_is_computed_in_each(rng):
     def fn(a):
         t = np.exp(a)
         return np.concatenate([t + 1, t * 2], axis=-1)
 
     a = _rand(rng, (4, 6), F32)
     graph = _optimised(fn, [a])
-    assert len(_fused(graph)) == 2  # exp on its own, then the concatenation
+    (node,) = _fused(graph)  # exp is computed in both pieces: never written out
+    assert node.attrs["ops"] == ("exp", "add", "multiply", "concatenate")
+    pieces = analyse(node.attrs["body"])
+    assert len(pieces) == 2 and all(len(p.loads) == 1 for p in pieces)
     assert np.array_equal(pl.compile(fn)(a), fn(a))
+
+
+def test_a_value_read_by_many_pieces_is_computed_once_past_the_budget(rng):
+    """Past MAX_RECOMPUTED_OPS extra evaluations the shared value gets a kernel."""
+    from pyc_lab.compiler.passes.elementwise_fusion import MAX_RECOMPUTED_OPS
+
+    def fn(a, k):
+        t = np.exp(a)
+        return np.concatenate([t * (j + 1) for j in range(k)], axis=-1)
+
+    a = _rand(rng, (3, 4), F32)
+    for k, kernels in [(MAX_RECOMPUTED_OPS + 1, 1), (MAX_RECOMPUTED_OPS + 2, 2)]:
+        graph = _optimised(lambda x, k=k: fn(x, k), [a])
+        assert len(_fused(graph)) == kernels
+        assert np.array_equal(pl.compile(lambda x, k=k: fn(x, k))(a), fn(a, k))
 
 
 def _flipped(x, w):

@@ -10,7 +10,10 @@ Two shape ops join as well, so that they cost no copy (:mod:`pyc_lab.compiler.vi
 basic slices and transposes of a group's inputs (``x[..., :half]``), which the kernel
 reads in place at their strides, and a concatenation as a group's root
 (``np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)``), whose operands are
-computed as *pieces* straight into their regions of the output. A ``gather``
+computed as *pieces* straight into their regions of the output. A value several pieces
+read (``arg`` in ``np.concatenate([np.sin(arg), np.cos(arg)], -1)``) is computed in each
+of them rather than written to memory and read back: elementwise arithmetic costs far
+less than the round trip (up to :data:`MAX_RECOMPUTED_OPS` extra ops per group). A ``gather``
 (``w[tokens]``, ``np.take_along_axis``) joins or starts a group like an elementwise op,
 but, like a view, only reads inputs of the group (or views of them): its source and
 indices are never computed inside it.
@@ -42,6 +45,11 @@ if TYPE_CHECKING:
 
 NAME = "elementwise_fusion"
 
+#: The most op evaluations a concatenation's group may add by computing a value in
+#: every piece that reads it (a value read by k pieces adds k - 1); past it the value
+#: is computed once, by a kernel of its own.
+MAX_RECOMPUTED_OPS = 16
+
 
 #: Ops that read a group's inputs (or views of them) at positions of their own, never
 #: values computed inside the group.
@@ -58,7 +66,8 @@ def _groups(graph: Graph) -> list[list[int]]:
 
     A group's root is an elementwise op or a concatenation; with a concatenation each
     operand's part of the group is a *piece*, computed over the operand's shape, and a
-    computed node may serve one piece only. Views (:data:`VIEW_OPS`) join as the reads
+    computed node serving several pieces is computed in each (within the group's
+    :data:`MAX_RECOMPUTED_OPS`). Views (:data:`VIEW_OPS`) join as the reads
     of a group's inputs: a view joins when all its readers are in one group, and a node
     read by a view joins only if it is a view itself (so every view reads an input of
     the group, or another view). A view never starts a group of its own.
@@ -66,7 +75,8 @@ def _groups(graph: Graph) -> list[list[int]]:
     users = graph.users()
     outputs = set(graph.outputs)
     group_of: dict[int, int] = {}
-    piece_of: dict[int, int] = {}  # -1: a concatenation root
+    piece_of: dict[int, frozenset[int]] = {}  # {-1}: a concatenation root
+    recomputed: dict[int, int] = {}  # group -> op evaluations added by shared values
     spaces: dict[tuple[int, int], tuple[int, ...]] = {}
     roots: list[int] = []
     members: dict[int, list[int]] = {}
@@ -75,7 +85,8 @@ def _groups(graph: Graph) -> list[list[int]]:
         is_concat = n.op == "concatenate" and len(n.shape) >= 1
         if not (_fusable(n) or is_view or is_concat):
             continue
-        target = _join(graph, n, users[n.id], outputs, group_of, piece_of, spaces, roots)
+        target = _join(graph, n, users[n.id], outputs, group_of, piece_of, spaces, roots,
+                       recomputed)
         if target is None:
             if is_view:
                 continue
@@ -85,10 +96,10 @@ def _groups(graph: Graph) -> list[list[int]]:
             if is_concat:
                 for p, i in enumerate(n.inputs):
                     spaces[(gid, p)] = tuple(graph.nodes[i].shape)
-                target = (gid, -1)
+                target = (gid, frozenset({-1}))
             else:
                 spaces[(gid, 0)] = tuple(n.shape)
-                target = (gid, 0)
+                target = (gid, frozenset({0}))
         group_of[n.id], piece_of[n.id] = target
         members[target[0]].append(n.id)
     order = {nid: k for k, nid in enumerate(graph.nodes)}
@@ -97,10 +108,10 @@ def _groups(graph: Graph) -> list[list[int]]:
 
 
 def _join(graph: Graph, n: Node, readers: list[int], outputs: set[int],
-          group_of: dict[int, int], piece_of: dict[int, int],
-          spaces: dict[tuple[int, int], tuple[int, ...]], roots: list[int]) \
-        -> tuple[int, int] | None:
-    """The (group, piece) producer ``n`` joins, or None."""
+          group_of: dict[int, int], piece_of: dict[int, frozenset[int]],
+          spaces: dict[tuple[int, int], tuple[int, ...]], roots: list[int],
+          recomputed: dict[int, int]) -> tuple[int, frozenset[int]] | None:
+    """The group producer ``n`` joins and the pieces it serves, or None."""
     if not readers or n.id in outputs or n.op == "concatenate":
         return None
     gids = {group_of.get(u) for u in readers}
@@ -110,21 +121,22 @@ def _join(graph: Graph, n: Node, readers: list[int], outputs: set[int],
     is_view = n.op in VIEW_OPS
     if not is_view and any(graph.nodes[u].op in _READS for u in readers):
         return None  # views and gathers read inputs (or views), never computed values
-    pieces = set()
+    pieces: set[int] = set()
     for u in set(readers):
-        if piece_of[u] == -1:  # an operand of the root concatenation: its own piece
-            slots = [p for p, i in enumerate(graph.nodes[roots[gid]].inputs) if i == n.id]
-            if len(slots) != 1 and not is_view:
-                return None
-            pieces.update(slots)
+        if piece_of[u] == frozenset({-1}):  # an operand of the root concatenation
+            pieces.update(p for p, i in enumerate(graph.nodes[roots[gid]].inputs)
+                          if i == n.id)
         else:
-            pieces.add(piece_of[u])
-    if not is_view and len(pieces) != 1:
-        return None  # a computed node serves one piece
+            pieces.update(piece_of[u])
     chain_link = is_view and all(graph.nodes[u].op in _READS for u in readers)
     if not chain_link and not all(broadcasts_to(n.shape, spaces[(gid, p)]) for p in pieces):
         return None  # (a view read only by views or gathers is one link of a chain)
-    return gid, min(pieces)
+    if not is_view and len(pieces) > 1:  # computed in each piece that reads it
+        extra = recomputed.get(gid, 0) + len(pieces) - 1
+        if extra > MAX_RECOMPUTED_OPS:
+            return None
+        recomputed[gid] = extra
+    return gid, frozenset(pieces)
 
 
 def _build(graph: Graph, group: list[int], name: str) \
