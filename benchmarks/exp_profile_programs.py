@@ -50,7 +50,9 @@ KEEP = {
     "Shared Memory Configuration Size": "shared_config",
     "Dynamic Shared Memory Per Block": "dynamic_shared",
 }
-_TIME_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+#: ncu prints durations in "ns"/"us"/"ms" (its details page) or spelled out (older pages)
+_TIME_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+            "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
 def _number(text: str) -> float | str:

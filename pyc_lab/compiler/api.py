@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -200,7 +201,7 @@ class CompiledFunction:
         self._last: Artifact | None = None
         #: The last call's per-argument (type, shape, dtype, C-contiguous) and artifact,
         #: where a call like it may skip the key and look-up (see :meth:`_fast_artifact`).
-        self._fast: tuple[tuple[tuple[Any, ...], ...], Artifact] | None = None
+        self._fast: _FastEntry | None = None
         self.stats = {"hits": 0, "misses": 0}
         functools.update_wrapper(self, fn)
 
@@ -211,14 +212,11 @@ class CompiledFunction:
             art = self._fast_artifact(args, fast)
             if art is not None:  # the last call's kind: nothing to add around the run
                 art.calls += 1
-                return _pack(art.runner(list(args)), art.graph.output_tree)
+                return fast.pack(fast.run(list(args)))
         art, arrays = self._artifact(args, kwargs)
-        # every parameter given positionally, each an array: the next call like it can
-        # take the fast path
-        self._fast = _fast_entry(art, args) \
-            if not kwargs and self._plain and len(args) == len(self._params) else None
         art.calls += 1
         if art.dynamic is not None:
+            self._fast = None
             return self.fn(*args, **kwargs)
         inputs = arrays + [art.guards.readers[name]() for name in art.captured]
         try:
@@ -226,7 +224,12 @@ class CompiledFunction:
         except DynamicShapeError as exc:
             art.dynamic = f"runs as written since call {art.calls}: {exc}"
             log.warning("%s: %s", self.fn.__name__, art.dynamic)
+            self._fast = None
             return self.fn(*args, **kwargs)
+        # every parameter given positionally, each an array, and this run went through:
+        # the next call like it can take the fast path
+        self._fast = _fast_entry(art, args) \
+            if not kwargs and self._plain and len(args) == len(self._params) else None
         for position, out in art.graph.writeback:
             dst, src = inputs[position], outs[out]
             if dst is not src:
@@ -285,8 +288,7 @@ class CompiledFunction:
                 problems.append(item)
         return problems
 
-    def _fast_artifact(self, args: tuple, fast: tuple[tuple[tuple[Any, ...], ...], Artifact],
-                       ) -> Artifact | None:
+    def _fast_artifact(self, args: tuple, fast: _FastEntry) -> Artifact | None:
         """The last call's artifact when ``args`` are arrays of the same types, shapes,
         dtypes and contiguity and its guards still hold, else ``None`` (the full path).
 
@@ -294,7 +296,7 @@ class CompiledFunction:
         the artifact of that key whose guards hold — is the same as for the last call
         then, so only the comparison and the guards are paid.
         """
-        parts, art = fast
+        parts, art = fast.kinds, fast.artifact
         if len(args) != len(parts):
             return None
         try:
@@ -612,13 +614,29 @@ def _view_of(value: Any, steps: tuple) -> Any:
     return value
 
 
-def _fast_entry(art: Artifact, args: tuple) -> tuple[tuple[tuple[Any, ...], ...],
-                                                     Artifact] | None:
-    """What :meth:`CompiledFunction._fast_artifact` compares a later call with, or
-    ``None`` where that call must take the full path: an argument that is not an array
-    (a static value is part of the key by its value), an artifact that runs as written,
-    may break the graph on the data, writes or returns an argument, returns a scalar, or
-    reads captured arrays."""
+@dataclass(frozen=True)
+class _FastEntry:
+    """A call's kind and how a later call of that kind runs (see :func:`_fast_entry`)."""
+
+    kinds: tuple[tuple[Any, ...], ...]
+    artifact: Artifact
+    #: the artifact's runner, or its entry for arguments of a kind it has run already
+    run: Callable[[list[Any]], list[Any]]
+    #: the outputs put in the structure the function returned
+    pack: Callable[[list[Any]], Any]
+
+
+def _fast_entry(art: Artifact, args: tuple) -> _FastEntry | None:
+    """What :meth:`CompiledFunction._fast_artifact` compares a later call with, made
+    after ``args`` ran, or ``None`` where that call must take the full path: an argument
+    that is not an array (a static value is part of the key by its value), an artifact
+    that runs as written, may break the graph on the data, writes or returns an
+    argument, returns a scalar, or reads captured arrays.
+
+    A later call matching these arguments' kinds (types, shapes, dtypes, contiguity)
+    passes every check the runner made of them, so a runner offering ``trusted(args)``
+    gives the entry that skips those checks.
+    """
     if art.dynamic is not None or art.breaks or art.captured or art.returns_input \
             or art.graph.writeback or art.graph.scalar_outputs:
         return None
@@ -626,7 +644,9 @@ def _fast_entry(art: Artifact, args: tuple) -> tuple[tuple[tuple[Any, ...], ...]
         module = _ARRAY_MODULE.get(type(value))
         if not (_array_module(value) if module is None else module):
             return None
-    return _kinds(args), art
+    trusted = getattr(art.runner, "trusted", None)
+    run = (trusted(args) if trusted is not None else None) or art.runner
+    return _FastEntry(_kinds(args), art, run, packer(art.graph.output_tree))
 
 
 def _array_arguments(arguments: Any) -> list[tuple[str, Any]]:
@@ -649,3 +669,15 @@ def _kinds(args: tuple) -> tuple[tuple[Any, ...], ...]:
 def _pack(outs: list[Any], tree: Any) -> Any:
     """The results in the structure the traced function returned (see ``trace``)."""
     return map_structure(tree, outs.__getitem__)
+
+
+def packer(tree: Any) -> Callable[[list[Any]], Any]:
+    """:func:`_pack` for one output structure, worked out once: one output or a flat
+    tuple of them (what most functions return) without walking the structure."""
+    if isinstance(tree, int):
+        return operator.itemgetter(tree)
+    if type(tree) is tuple and all(isinstance(t, int) for t in tree):
+        if len(tree) < 2:  # itemgetter of one index gives the value, not a tuple
+            return lambda outs: tuple([outs[i] for i in tree])
+        return operator.itemgetter(*tree)
+    return lambda outs: map_structure(tree, outs.__getitem__)

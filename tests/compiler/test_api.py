@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import pyc_lab as pl
+from pyc_lab.errors import PycLabError
 
 
 @pytest.fixture
@@ -223,6 +224,51 @@ def test_a_call_like_the_last_one_takes_the_fast_path_and_stays_right():
     np.testing.assert_array_equal(g(x, w), f(x, w))
 
 
+class _Runner:
+    """A runner offering a trusted entry, as the CuPy executable does."""
+
+    def __init__(self, inner, fail=False):
+        self.inner, self.fail, self.trusted_runs, self.offered = inner, fail, 0, 0
+
+    def __call__(self, inputs):
+        if self.fail:
+            raise PycLabError("the run failed")
+        return self.inner(inputs)
+
+    def trusted(self, args):
+        self.offered += 1
+
+        def run(inputs):
+            self.trusted_runs += 1
+            return self.inner(inputs)
+        return run
+
+
+def test_the_fast_path_takes_the_runners_trusted_entry_after_a_run_went_through():
+    def f(x, w):
+        return x * w - 1
+
+    g = pl.compile(f, backend="numpy")
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((3, 4)), rng.standard_normal(4)
+    g(x, w)
+    (art,) = [a for arts in g._cache.values() for a in arts]
+    g._fast = None
+    art.runner = _Runner(art.runner, fail=True)
+    with pytest.raises(PycLabError, match="the run failed"):
+        g(x, w)
+    assert g._fast is None  # a run that failed leaves no fast entry behind
+    art.runner.fail = False
+    np.testing.assert_allclose(g(x, w), f(x, w))  # the full path, then the entry
+    assert art.runner.offered == 1 and art.runner.trusted_runs == 0
+    for _ in range(3):
+        x = rng.standard_normal((3, 4))
+        np.testing.assert_allclose(g(x, w), f(x, w))
+    assert art.runner.trusted_runs == 3
+    np.testing.assert_allclose(g(x[:2], w), f(x[:2], w))  # another kind: the full path
+    assert art.runner.trusted_runs == 3
+
+
 def test_the_fast_path_under_threads_of_alternating_kinds():
     from concurrent.futures import ThreadPoolExecutor
 
@@ -247,21 +293,23 @@ def test_results_come_back_in_the_structure_the_function_returned():
     x = np.random.default_rng().standard_normal((3, 4))
     cases = [lambda x: {"sum": x + 1, "parts": [x * 2, (x * 3, x.sum())]},
              lambda x: [x, x - 1], lambda x: pair(x.mean(), 2 * x),
-             lambda x: OrderedDict(b=x, a=-x), lambda x: (x, {"k": np.tanh(x)})]
+             lambda x: OrderedDict(b=x, a=-x), lambda x: (x, {"k": np.tanh(x)}),
+             lambda x: (x + 1,), lambda x: (x * 2, x + 1), lambda x: (x - 1, x * 3, x.T)]
+    def same(g, w):
+        assert type(g) is type(w) or (np.ndim(w) == 0 and np.ndim(g) == 0)
+        if isinstance(w, dict):
+            assert list(g) == list(w)
+            for k in w:
+                same(g[k], w[k])
+        elif isinstance(w, (list, tuple)):
+            assert len(g) == len(w)
+            for a, b in zip(g, w, strict=True):
+                same(a, b)
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-12)
+
     for fn in cases:
-        got, want = pl.compile(fn, backend="numpy")(x), fn(x)
-
-        def same(g, w):
-            assert type(g) is type(w) or (np.ndim(w) == 0 and np.ndim(g) == 0)
-            if isinstance(w, dict):
-                assert list(g) == list(w)
-                for k in w:
-                    same(g[k], w[k])
-            elif isinstance(w, (list, tuple)):
-                assert len(g) == len(w)
-                for a, b in zip(g, w, strict=True):
-                    same(a, b)
-            else:
-                np.testing.assert_allclose(g, w, rtol=1e-12)
-
-        same(got, want)
+        compiled = pl.compile(fn, backend="numpy")
+        for call in range(2):  # the second call: the fast path's packing
+            same(compiled(x), fn(x))
+            assert compiled.cache_info()["hits"] == call

@@ -112,6 +112,7 @@ class _KernelStep(_Step):
         #: For outputs 1, 2, ... of a body with several: (the fused_extra node reading it,
         #: or None when nothing reads it; its planned buffer, or None for a fresh array)
         self.extras = list(extras)
+        self._extra_places: list[Any] = []  # set by prepare
         self.kernels: dict[str, Any] = {}
         self.last_entry: str | None = None  # the kernel the last call launched
         self.columns: ColumnLaunch | None = None
@@ -122,7 +123,18 @@ class _KernelStep(_Step):
 
     def prepare(self, exe: Executor) -> None:
         self.kernels = {e: compile_kernel(self.src, e) for e in self.src.entries}
+        self.attach(exe)
+
+    def attach(self, exe: Executor) -> None:
+        """What every call reads from ``exe``, worked out once: the operands' nodes, the
+        extra outputs' planned buffers (or types) and a column kernel's launch."""
         self.operands = [(i, exe.graph.node(i)) for i in self.node.inputs]
+        body = self.node.attrs.get("body")
+        # per output 1, 2, ...: its planned buffer's view, or the type of a fresh array
+        self._extra_places = [
+            exe._buffer_view(buf, exe.graph.node(nid)) if nid is not None and buf is not None
+            else (body.node(body.outputs[k]).shape, body.node(body.outputs[k]).dtype)
+            for k, (nid, buf) in enumerate(self.extras, start=1)]
         if self.src.kind == "columns":  # the split's workspace, allocated before capture
             self.columns = ColumnLaunch(self.src, exe._sm_count, exe._cp)
 
@@ -139,8 +151,8 @@ class _KernelStep(_Step):
         if kind == "columns":
             self.last_entry = self.columns.launch(self.kernels, ins[0], out)
         else:
-            extra = [self._extra_output(exe, cp, k + 1, nid, buf)
-                     for k, (nid, buf) in enumerate(self.extras)]
+            extra = [cp.empty(*place) if type(place) is tuple else place
+                     for place in self._extra_places]
             if kind == "rows":
                 self.last_entry = launch_rows(exe._sm_count, self.kernels, self.src, ins, out,
                                               self.plan, extra)
@@ -152,14 +164,6 @@ class _KernelStep(_Step):
                     values[nid] = arr
         values[self.node.id] = out
 
-    def _extra_output(self, exe: Executor, cp: Any, k: int, nid: int | None,
-                      buf: int | None) -> Any:
-        """The array output ``k`` is written to."""
-        if nid is not None and buf is not None:
-            return exe._buffer_view(buf, exe.graph.node(nid))
-        body = self.node.attrs["body"]
-        value = body.node(body.outputs[k])
-        return cp.empty(value.shape, dtype=value.dtype)
 
 
 def _gemm_operands(node: Node, values: dict[int, Any]) -> tuple[Any, Any]:

@@ -45,3 +45,32 @@ def test_programs_returning_statistics_on_the_gpu_match_numpy(name, dtype, small
     kernels = f.explain(dx).kernels
     assert [k["impl"] for k in kernels] == ["reduction_kernel"], kernels
     assert "also writing" in kernels[0]["implementation"] or extras == 0
+
+
+def test_repeated_calls_take_the_trusted_entry_and_return_fresh_outputs():
+    """Calls like the last one run the executable's trusted entry (no argument checks):
+    every call's statistics are right for its own data, in arrays of its own."""
+    fn = PROGRAMS["layer_norm_stats"][0]
+    rng = np.random.default_rng()
+    f = pl.compile(fn, backend="cupy")
+    kept = []
+    for call in range(4):
+        x = _data(rng, _SIZES["layer_norm_stats"], np.float32)
+        poison_pool()
+        got = f(cp.asarray(x))
+        if call:
+            assert f._fast is not None and f._fast.run == f._fast.artifact.runner._run
+        with np.errstate(all="ignore"):
+            want = fn(x.astype(np.float64))
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(cp.asnumpy(g), w, rtol=2e-5, atol=2e-5)
+        kept.append((got, want))
+    pointers = {g.data.ptr for got, _ in kept for g in got}
+    assert len(pointers) == 4 * len(kept[0][0])  # no call wrote over another's results
+    for got, want in kept:  # nor later: each result still holds its own call's values
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(cp.asnumpy(g), w, rtol=2e-5, atol=2e-5)
+    x = _data(rng, _SIZES["layer_norm_stats"], np.float32)
+    wide = cp.asfortranarray(cp.asarray(x))  # another kind: checked on the full path
+    for g, w in zip(f(wide), fn(x.astype(np.float64)), strict=True):
+        np.testing.assert_allclose(cp.asnumpy(g), w, rtol=2e-5, atol=2e-5)

@@ -247,7 +247,7 @@ def test_a_kernel_with_several_outputs_writes_its_extras_values():
     exe._buffer_view = lambda buf, node: _ptr(np.zeros(node.shape, node.dtype))
     exe._cp = SimpleNamespace(empty=lambda shape, dtype: _ptr(np.empty(shape, dtype)),
                               ascontiguousarray=np.ascontiguousarray)
-    kernel_step.operands = [(i, graph.node(i)) for i in fused.inputs]
+    kernel_step.attach(exe)
     fake = _BodyKernel(fused.attrs["body"], len(fused.inputs))
     kernel_step.kernels = {e: fake for e in kernel_step.src.entries}
     values = {nid: _ptr(a) for nid, a in zip(graph.inputs, args, strict=True)}
