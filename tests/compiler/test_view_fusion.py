@@ -86,7 +86,7 @@ PROGRAMS = {
                                                       _rand(r, (3, 6), d)]),
     "uneven_pieces": (uneven_pieces, lambda r, d, n: [_rand(r, (n, 7), d),
                                                       _rand(r, (n, 9), d)]),
-    "time_embedding": (time_embedding, lambda r, d, n: [_rand(r, (n,), d) * 40,
+    "time_embedding": (time_embedding, lambda r, d, n: [_rand(r, (n,), d) * 2,
                                                         _rand(r, (12,), d)]),
     "shared_uneven": (shared_uneven, lambda r, d, n: [_rand(r, (n, 7), d),
                                                       _rand(r, (n, 9), d)]),

@@ -76,7 +76,7 @@ def test_binding_leaves_what_the_function_reads_in_place_alone():
     f = pl.compile(block, backend="cupy", cuda_graph=True)
     for _ in range(3):
         f(*own)
-    exe = f._fast[1].runner
+    exe = f._fast.artifact.runner
     assert exe._program.reads_in_place(own) and exe.captures == 1
     other = [mk(16, 8), mk(8, 8), mk(8)]
     bound = f.bind(*other)
