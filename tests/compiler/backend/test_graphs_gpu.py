@@ -180,14 +180,14 @@ def test_many_captured_programs_made_and_dropped_leave_the_shared_workspaces_alo
 
 
 def test_auto_graphs_capture_a_small_program_and_replay_numpys_answers(rng):
-    # pl.compile's default (cuda_graph="auto"): two launches on small arrays are
-    # captured at the second call; replays with the same arrays (mutated in place
-    # between calls), with fresh arrays at new addresses, and poisoned pools all give
-    # NumPy's answers
+    # pl.compile's default (cuda_graph="auto"): two launches on small arrays (a column
+    # mean, then a row program) are captured at the second call; replays with the same
+    # arrays (mutated in place between calls), with fresh arrays at new addresses, and
+    # poisoned pools all give NumPy's answers
     import pyc_lab as pl
 
     def fn(x):
-        return x * x.sum(axis=0)
+        return (x - x.mean(axis=0)) / x.std(axis=1, keepdims=True)
 
     f = pl.compile(fn)
     host = rand(rng, (64, 33), F32)
@@ -203,6 +203,7 @@ def test_auto_graphs_capture_a_small_program_and_replay_numpys_answers(rng):
         got = cp.asnumpy(f(dev))
         assert_close(got, fn(host.astype(F64)), F32)
     runner = f._last.runner
+    assert len(f.explain(dev).kernels) == 2
     assert runner.graph_mode == "auto" and runner.graph_captured, runner.graph_decision
     assert runner.graph_capture_error is None
     assert "yes (auto)" in f.explain(dev).summary()
