@@ -5,7 +5,7 @@ computes, run on the CPU emulator (``tests/compiler/emulate.py``).
 body op by op; the generated CUDA is not in that loop. Here hypothesis writes random
 float programs (float32, float16, bfloat16, float64) — elementwise chains over broadcast
 operands, slices of the inputs, reductions over the last, first, middle, trailing or all
-axes (kept or broadcast back), programs that also return their statistics or
+axes (kept or broadcast back), argmax and argmin, programs that also return their statistics or
 intermediates, concatenations of computed pieces — which
 are traced and optimised as ``pl.compile`` does for the CuPy backend; every kernel the
 backend would generate (elementwise, row, row-program, column) is then launched on the
@@ -104,8 +104,13 @@ class _Builder:
         if nd >= 3:
             choices += [(1,), (nd - 2, nd - 1), (0, *range(2, nd))]
         axes = self.draw(st.sampled_from(choices))
-        op = self.draw(st.sampled_from(["sum", "mean", "max", "min", "var"]))
+        op = self.draw(st.sampled_from(["sum", "mean", "max", "min", "var", "argmax",
+                                        "argmin"]))
         keep = self.draw(st.booleans())
+        if op in ("argmax", "argmin"):  # one axis; an index, returned as a statistic
+            axis = axes[0]
+            kept = tuple(d for a, d in enumerate(shape) if a != axis)
+            return (f"{expr}.{op}(axis={axis})", False, kept), False
         out = f"{expr}.{op}(axis={axes}, keepdims={keep})"
         if op == "var":
             out, positive = f"({out} + 0.5)", True
@@ -188,7 +193,8 @@ def _aligned(a: np.ndarray) -> np.ndarray:
 
 
 def _poisoned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    return _aligned(np.full(shape, np.nan, dtype))
+    return _aligned(np.full(shape, np.nan if dtype.kind == "f" or dtype == BF16 else -7,
+                            dtype))
 
 
 def _launch(src: Any, entry: str, ins: list[np.ndarray], outs: list[np.ndarray]) -> None:
@@ -218,6 +224,9 @@ def _launch(src: Any, entry: str, ins: list[np.ndarray], outs: list[np.ndarray])
 def _compare(got: np.ndarray, want: np.ndarray, what: str) -> None:
     want = np.asarray(want)
     assert got.shape == want.shape and got.dtype == want.dtype, what
+    if got.dtype.kind in "iub":
+        assert np.array_equal(got, want), f"{what}: integers differ"
+        return
     g, w = got.astype(F64), want.astype(F64)
     assert np.array_equal(np.isnan(g), np.isnan(w)), f"{what}: NaN where NumPy has none " \
         "or the reverse"
