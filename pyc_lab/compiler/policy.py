@@ -67,6 +67,9 @@ REASONS = {
                  "scaled_dot_product_attention, whichever its first call measured faster, "
                  "where torch is installed, else the blocked online softmax); a library "
                  "call between CUDA graphs",
+    "SCAN": "a scan or sort along an axis (cumsum, cumprod, sort, argsort): the array "
+            "library's own (CuPy: CUB's device scans and radix sorts), a library call "
+            "between the generated kernels",
     "CONV": "convolution: pl.conv's path (cuDNN or the GEMM form, whichever its first "
             "call measured faster, through torch where torch is installed, else im2col); "
             "a library call between CUDA graphs",
@@ -196,6 +199,8 @@ def choose(graph: Graph, backend: str, mode: str = "balanced",
             decisions.append(Decision(node.id, label, "attention", "ATTENTION"))
         elif kind == "conv":
             decisions.append(Decision(node.id, label, "conv", "CONV"))
+        elif kind == "scan":
+            decisions.append(Decision(node.id, label, "cupy", "SCAN"))
         else:
             ok, why = supports(node, graph) if supports else (False, "no code generator")
             if ok:

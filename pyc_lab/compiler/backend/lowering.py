@@ -77,7 +77,7 @@ IMPLS = ("fused_kernel", "reduction_kernel", "cublas", "cublaslt", "cutlass", "c
          "numpy", "view")
 
 #: Ops whose CuPy result is always a new array (never a view of an input).
-_FRESH_KINDS = frozenset({"norm", "reduction", "matmul", "attention", "conv"})
+_FRESH_KINDS = frozenset({"norm", "reduction", "matmul", "attention", "conv", "scan"})
 
 _VIEW_OPS = frozenset({"reshape", "expand_dims", "squeeze"})
 
@@ -466,5 +466,9 @@ class _Lowering:
                 "faster) through torch where torch is installed, else im2col (a call "
                 "between CUDA graphs)"))
             return _LibraryStep(node, "conv", materialize, out_buffer, describe)
+        if kind == "scan":  # CUB's scans and sorts take workspace a capture cannot record
+            describe.update(kind="library", implementation=(
+                f"CuPy's {node.op} (a library call between CUDA graphs)"))
+            return _LibraryStep(node, "cupy", materialize, out_buffer, describe)
         impl = "eager" if choice == "eager" else "cupy"
         return _CupyStep(node, impl, materialize, out_buffer, describe)
