@@ -4,7 +4,8 @@ Hypothesis writes random programs over two array arguments and a Python scalar �
 supported dtype (bool, int8..int64, uint8, float16/32/64), broadcasting shapes, special
 values (NaN, ±Inf, -0.0, huge and tiny floats, integer extremes), scalars of every
 Python type (ints out of the dtype's range included), ufuncs with ``dtype=``/``out=``,
-reductions with ``axis``/``keepdims``/``dtype``/``initial``/``where``/``ddof``, views,
+reductions with ``axis``/``keepdims``/``dtype``/``initial``/``where``/``ddof``, scans and
+sorts (``cumsum``, ``cumprod`` with ``dtype=``, ``sort``, a stable ``argsort``), views,
 in-place operators and item assignment on arguments and intermediates — and runs each
 both as NumPy and compiled (numpy backend), on the inputs it was traced with and on
 fresh random ones, for two different scalars. The compiled call must give the same
@@ -130,6 +131,14 @@ def _unary(name: str, a: Any, arg: Any) -> Any:
         return np.nan_to_num(a)
     if name == "flip_all":
         return np.flip(a)
+    if name == "cumsum":  # the scans and sorts (pyc_lab.compiler.scans)
+        return np.cumsum(a, axis=-1) if a.ndim else np.cumsum(a)
+    if name == "cumprod_f64":
+        return a.cumprod(axis=0, dtype=np.float64) if a.ndim else a
+    if name == "sort":
+        return np.sort(a, axis=0) if a.ndim else a
+    if name == "argsort":
+        return np.argsort(a, axis=-1, kind="stable") if a.ndim else a
     raise AssertionError(name)
 
 
@@ -143,7 +152,8 @@ UNARY = ["neg", "pos", "abs", "invert", "square", "pow2", "pow_half", "pow_m1",
          "reciprocal", "sqrt", "exp", "log", "tanh", "astype", "identities",
          "astype_same", "copy", "transpose", "flip", "tail", "ravel", "expand",
          "logical_not", "clip", "clip_kw", "variance", "layer_norm", "softmax",
-         *MATH, "round2", "nan_to_num", "flip_all"]
+         *MATH, "round2", "nan_to_num", "flip_all", "cumsum", "cumprod_f64", "sort",
+         "argsort"]
 
 
 def _binary(name: str, a: Any, b: Any, arg: Any) -> Any:
