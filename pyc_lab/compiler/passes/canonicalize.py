@@ -4,6 +4,11 @@
   (``add(c, x) -> add(x, c)``; also multiply, maximum, minimum, equal, not_equal);
 - reduction attributes: ``axis`` a sorted tuple of non-negative axes, or None when
   every axis is reduced; ``keepdims`` a bool;
+- a ``sum``/``prod``/``mean`` with ``dtype=``: dropped where it is the dtype the
+  reduction would use anyway; into another dtype whose arrays reduce in that dtype, the
+  operand is cast first (``x.sum(dtype=d)`` is ``x.astype(d).sum()`` in NumPy, and that
+  form has generated kernels: ``np.einsum("ij,ij->i", a, b)`` sums with ``dtype=``). A
+  float16 mean keeps ``dtype=float16``: without it NumPy accumulates in float32;
 - shape ops that do nothing (identity transpose, reshape/broadcast_to to the same shape,
   squeeze of no axis) are bypassed: their readers read the input (a returned
   ``broadcast_to`` stays: NumPy's result is a read-only view).
@@ -16,6 +21,8 @@ equal, so swapping their operands may change the *sign* of a zero result (``-0.0
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..ir import Graph
 from ..ops import normalize_axis
@@ -46,6 +53,39 @@ def _is_noop_shape(graph: Graph, nid: int) -> bool:
     return True
 
 
+def _default_dtype(op: str, dtype: np.dtype) -> np.dtype | None:
+    """The dtype NumPy's ``op`` reduction gives an array of ``dtype`` without ``dtype=``."""
+    try:
+        return np.dtype(getattr(np, op)(np.ones(1, dtype)).dtype)
+    except TypeError:
+        return None
+
+
+def _reduction_dtype(graph: Graph, nid: int, ctx: PassContext) -> bool:
+    """Drop or move a reduction's ``dtype=`` (see the module docstring)."""
+    n = graph.nodes[nid]
+    want = n.attrs.get("dtype")
+    if n.op not in ("sum", "prod", "mean") or want is None or len(n.inputs) != 1 \
+            or n.attrs.get("initial") is not None:
+        return False
+    want = np.dtype(want)
+    x = graph.nodes[n.inputs[0]]
+    if want.kind not in "iuf" or x.dtype.kind not in "biuf":
+        return False
+    if _default_dtype(n.op, x.dtype) == want and not (n.op == "mean" and x.dtype == np.float16):
+        # (a float16 mean accumulates in float32 unless dtype= says float16)
+        n.attrs = {k: v for k, v in n.attrs.items() if k != "dtype"}
+        ctx.note(f"{NAME}: dropped {n.op} %{nid}'s dtype={want.name} (its own anyway)")
+        return True
+    if _default_dtype(n.op, want) == want and not (n.op == "mean" and want == np.float16):
+        cast = graph.insert_before(nid, "astype", (x.id,), {"dtype": want})
+        n.inputs = (cast.id,)
+        n.attrs = {k: v for k, v in n.attrs.items() if k != "dtype"}
+        ctx.note(f"{NAME}: {n.op} %{nid} with dtype={want.name} reads %{x.id} cast first")
+        return True
+    return False
+
+
 def run(graph: Graph, ctx: PassContext) -> bool:
     """Rewrite ``graph`` into canonical form in place.
 
@@ -72,6 +112,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
                 ctx.note(f"{NAME}: moved constant %{a} to the right of {n.op} %{n.id}")
                 changed = True
         elif kind_of(n.op) == "reduction":
+            changed |= _reduction_dtype(graph, n.id, ctx)
             ndim = len(graph.nodes[n.inputs[0]].shape)
             axes = normalize_axis(n.attrs.get("axis"), ndim)
             axis = None if len(axes) == ndim else axes
