@@ -26,6 +26,7 @@ from pyc_lab.compiler.ops import evaluate, run_graph
 from pyc_lab.compiler.passes import PassManager
 from pyc_lab.compiler.tracer import trace
 from tests.compiler.emulate import emulate, needs_gxx
+from tests.compiler.test_codegen import compile_ptx, needs_nvcc
 from tests.compiler.test_output_fusion import adam_step, gated, momentum
 from tests.compiler.test_view_fusion import PROGRAMS as VIEW_PROGRAMS
 
@@ -193,3 +194,53 @@ def test_bfloat16_conversions_round_as_ml_dtypes_bit_for_bit():
         with np.errstate(all="ignore"):
             want = x.astype(BF16)
         np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
+
+
+_DIVMOD_SPECIAL = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 3.0, -7.0, 0.1, -0.3, 1e-30, 7e30, 1e300,
+                   np.inf, -np.inf, np.nan]
+
+
+@needs_gxx
+@pytest.mark.parametrize("op", ["floor_divide", "remainder"])
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16, np.int32, np.int64])
+def test_floor_division_and_remainder_are_numpys_bit_for_bit(op, dtype):
+    """Every pairing of special values (zeros of both signs, infinities, NaN, huge and
+    tiny, the integers' extremes and zero divisors) and fresh random ones: the generated
+    kernel's bits are NumPy's (NaN for NaN)."""
+    rng = np.random.default_rng()
+    if np.dtype(dtype).kind == "i":
+        info = np.iinfo(dtype)
+        special = np.array([0, 1, -1, 2, -2, 3, -7, 7, info.min, info.max, info.min + 1],
+                           dtype=dtype)
+        fresh = rng.integers(-50, 50, 400).astype(dtype)
+    else:
+        with np.errstate(all="ignore"):
+            special = np.array(_DIVMOD_SPECIAL, dtype=np.float64).astype(dtype)
+        fresh = (rng.standard_normal(400) * 10 ** rng.uniform(-3, 3, 400)).astype(dtype)
+    a = np.concatenate([np.repeat(special, special.size), fresh])
+    b = np.concatenate([np.tile(special, special.size), fresh[::-1]])
+    fn = getattr(np, op)
+    node, src, ins = _kernel(lambda x, y: fn(x, y), [a, b])
+    assert node.attrs["ops"] == (op,)
+    out = _placed(_poisoned(node), True)
+    emulate(src, src.name, [*_placed(ins, True), *out])
+    with np.errstate(all="ignore"):
+        want = fn(a, b)
+    got = out[0]
+    assert got.dtype == want.dtype
+    if want.dtype.kind == "i":
+        np.testing.assert_array_equal(got, want)
+    else:
+        nan = np.isnan(want.astype(F64))
+        assert np.array_equal(np.isnan(got.astype(F64)), nan)
+        bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[want.dtype.itemsize]
+        np.testing.assert_array_equal(got[~nan].view(bits), want[~nan].view(bits))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16, np.int32, np.int64])
+def test_floor_division_kernels_compile_for_sm_90(tmp_path, dtype):
+    x = np.ones(33, dtype)
+    _, src, _ = _kernel(lambda a, b: (a // b) * 2 + a % b, [x, x])
+    assert "pyc_floor_divide" in src.source and "pyc_remainder" in src.source
+    compile_ptx(tmp_path, src)

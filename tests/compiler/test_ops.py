@@ -377,8 +377,21 @@ def test_every_registered_op_is_covered_by_a_test_here():
         "argmin", "any", "all", "matmul", "softmax", "layer_norm", "reshape", "transpose",
         "broadcast_to", "expand_dims", "squeeze", "concatenate", "slice", "setitem",
         "input", "constant", "fused", "fused_rows", "fused_extra", "eager", "attention",
-        "conv", "gather"}
+        "conv", "gather", "cumsum", "cumprod", "sort", "argsort"}
     assert set(REGISTRY) <= covered, set(REGISTRY) - covered
+
+
+@pytest.mark.parametrize("op", ["cumsum", "cumprod", "sort", "argsort"])
+@pytest.mark.parametrize("dtype", [np.int8, np.bool_, np.float16, np.float32])
+def test_scan_ops_infer_numpys_dtype_and_compute_its_values(rng, op, dtype):
+    # (every form and axis through pl.compile: tests/compiler/test_scans.py)
+    x = _values(rng, dtype, (3, 5))
+    attrs = {"axis": 1} if op != "cumsum" else {"axis": 1, "dtype": None}
+    node, out = run_op(op, [x], attrs)
+    want = np.argsort(x, axis=1, kind="stable") if op == "argsort" \
+        else getattr(np, op)(x, axis=1)
+    assert node.shape == want.shape and node.dtype == want.dtype
+    np.testing.assert_array_equal(out, want)
 
 
 def test_attention_op_broadcasts_its_operands_and_casts_to_its_dtype(rng):

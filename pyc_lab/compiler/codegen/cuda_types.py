@@ -123,7 +123,8 @@ _COMPUTE = {
 #: (text that never changes lives there; the generators write only what varies).
 #: ``f16``: float16 storage and rounding, emitted only when a kernel touches float16
 #: data; ``vec``: an aligned vector of N elements (one 16-byte or narrower load/store);
-#: ``ipow``/``abs``: NumPy's integer power and absolute value; ``reduce``: the combining
+#: ``ipow``/``abs``/``divmod``: NumPy's integer power, absolute value, floor division and
+#: remainder; ``reduce``: the combining
 #: operators and the warp/block reductions of the row kernels.
 HELPER_FILES: dict[str, str] = {
     "f16": "f16.cuh",
@@ -131,6 +132,7 @@ HELPER_FILES: dict[str, str] = {
     "vec": "vector.cuh",
     "ipow": "ipow.cuh",
     "abs": "abs.cuh",
+    "divmod": "divmod.cuh",
     "reduce": "reduce.cuh",
 }
 

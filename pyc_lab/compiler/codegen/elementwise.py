@@ -273,6 +273,8 @@ def node_expression(n: Node, body: Graph, var: dict[int, str], needs: set[str]) 
         needs.add("ipow")
     if "pyc_abs" in template:
         needs.add("abs")
+    if "pyc_floor_divide" in template or "pyc_remainder" in template:
+        needs.add("divmod")
     template = _EXP_CALL.sub(ct.exp_function(n.dtype) + "(", template)
     if n.op == "divide":
         return _result(ct.divide(*operands, n.dtype), n.dtype)
@@ -466,7 +468,8 @@ def generate_elementwise(name: str, body: Graph, in_shapes: Sequence[tuple[int, 
         sections += [ct.helper("bf16")]
     if vec_ok:
         sections += [ct.helper("vec")]
-    sections += [ct.helper(section) for section in ("ipow", "abs") if section in needs]
+    sections += [ct.helper(section) for section in ("ipow", "abs", "divmod")
+                 if section in needs]
     sections += [func for part in parts for func in part.funcs]
     sections += ["\n".join(general) + "\n"]
     if vec_ok:

@@ -618,7 +618,7 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
                  if dt in dtypes]
     if vec:
         sections.append(ct.helper("vec"))
-    sections += [ct.helper(s) for s in ("ipow", "abs") if s in needs]
+    sections += [ct.helper(s) for s in ("ipow", "abs", "divmod") if s in needs]
     sections.append(ct.helper("reduce"))
     sections += kernels
     align: dict[str, int] = {}
