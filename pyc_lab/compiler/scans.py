@@ -1,6 +1,6 @@
 """Scans and sorts along one axis as ops: ``np.cumsum``, ``np.cumprod``, ``np.sort`` and
 ``np.argsort`` (their array methods too, and ``x.sort()`` in place through
-:mod:`.mutation`).
+:mod:`.mutation`), and ``np.median`` made of a sort and the mean of its middle.
 
 Their results have static shapes, so they need no graph break: each call is one node
 whose reference is the array module's own function — NumPy's on the numpy backend,
@@ -114,8 +114,34 @@ def _sorting(op: str) -> Callable:
     return handler
 
 
+def _median(tracer: Tracer, a: Any, axis: Any = None, out: Any = None,
+            overwrite_input: bool = False, keepdims: bool = False) -> Any:
+    """``np.median`` over one axis (or the flattened array): the middle of the sorted
+    values, or the mean of the middle two, as NumPy takes it — through ``np.mean`` (a
+    float16 pair averaged in float32, integers in float64) — and NaN wherever the slice
+    holds a NaN (NumPy's check of the sorted slice's last value)."""
+    if out is not None:
+        raise NotCovered
+    x, k = _along(tracer, a, axis)
+    n = x.shape[k]
+    if n == 0 or x.dtype.kind not in "biuf":
+        raise NotCovered  # NumPy's warning and NaN for an empty slice; complex values
+    s = np.moveaxis(tracer.op("sort", (x,), {"axis": k}), k, -1)
+    mid = s[..., (n - 1) // 2: n // 2 + 1]
+    result = np.mean(mid, axis=-1)
+    if x.dtype.kind == "f":
+        result = np.where(np.isnan(s[..., -1]), s[..., -1], result)
+    if keepdims:
+        if axis is None:
+            result = result.reshape((1,) * tracer.lift(a).ndim)
+        else:
+            result = np.expand_dims(result, k)
+    result._scalar = result.ndim == 0  # NumPy returns a scalar, not a 0-d array
+    return result
+
+
 #: NumPy function -> handler (see :mod:`.array_functions`).
 HANDLERS: dict[Callable, Callable] = {
     np.cumsum: _scan("cumsum"), np.cumprod: _scan("cumprod"),
-    np.sort: _sorting("sort"), np.argsort: _sorting("argsort"),
+    np.sort: _sorting("sort"), np.argsort: _sorting("argsort"), np.median: _median,
 }

@@ -170,3 +170,29 @@ def test_what_stays_a_graph_break(rng):
     assert _breaks(f, x) >= 1
     with pytest.raises(Exception, match="axis"):
         pl.compile(lambda a: np.cumsum(a, axis=2))(x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.int8,
+                                   np.bool_])
+@pytest.mark.parametrize("shape, axis", [((7,), None), ((6,), 0), ((4, 9), -1), ((4, 8), 0),
+                                         ((3, 4, 5), 1), ((3, 4, 6), None), ((1, 5), 0)])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_median_is_numpys_bit_for_bit(rng, dtype, shape, axis, keepdims):
+    """Odd and even counts, NaN in some slices, every dtype's result dtype (float64 for
+    integers and booleans), keepdims, and a NumPy scalar where NumPy returns one."""
+    x = _data(rng, shape, dtype)
+
+    def program(a):
+        return np.median(a, axis=axis, keepdims=keepdims)
+
+    f = pl.compile(program)
+    with np.errstate(all="ignore"):
+        got, want = f(x), program(x)
+    assert type(got) is type(want)
+    assert np.asarray(got).dtype == np.asarray(want).dtype
+    assert np.shape(got) == np.shape(want)
+    np.testing.assert_array_equal(got, want)  # NaN where NumPy has NaN
+    assert _breaks(f, x) == 0
+    method = pl.compile(lambda a: np.median(a, axis=axis) * 2)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(method(x), np.median(x, axis=axis) * 2)

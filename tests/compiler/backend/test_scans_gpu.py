@@ -80,3 +80,21 @@ def test_a_top_p_cut_on_the_gpu_matches_numpy_call_after_call(rng):
                                    atol=1e-6)
     kinds = [k["kind"] for k in f.explain(cp.asarray(x)).kernels]
     assert kinds.count("library") == 2 and len(kinds) >= 4
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int32])
+@pytest.mark.parametrize("shape, axis", [((1001,), None), ((64, 130), -1), ((64, 129), 0),
+                                         ((3, 8, 5), 1)])
+def test_median_on_the_gpu_matches_numpy(rng, dtype, shape, axis):
+    x = _data(rng, shape, dtype)
+
+    def program(a):
+        return np.median(a, axis=axis)
+
+    f = pl.compile(program, backend="cupy")
+    poison_pool()
+    got = cp.asnumpy(f(cp.asarray(x)))
+    with np.errstate(all="ignore"):
+        want = program(x)
+    assert got.dtype == np.asarray(want).dtype and got.shape == np.shape(want)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, equal_nan=True)
