@@ -112,7 +112,8 @@ class _Builder:
             axis = axes[0]
             kept = tuple(d for a, d in enumerate(shape) if a != axis)
             return (f"{expr}.{op}(axis={axis})", False, kept), False
-        out = f"{expr}.{op}(axis={axes}, keepdims={keep})"
+        ddof = f", ddof={self.draw(st.integers(0, 1))}" if op == "var" else ""
+        out = f"{expr}.{op}(axis={axes}, keepdims={keep}{ddof})"
         if op == "var":
             out, positive = f"({out} + 0.5)", True
         elif op == "sum":  # magnitudes near one

@@ -453,3 +453,35 @@ def test_a_full_sum_takes_its_prologue_into_the_first_stage(rng):
     with np.errstate(all="ignore"):
         (got,) = run_graph(res.graph, [x], np)
     np.testing.assert_allclose(got, (x.astype(F64) ** 2).sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, F16])
+@pytest.mark.parametrize("shape, axis", [((40, 33), 1), ((40, 33), 0), ((4, 5, 6), (0, 2)),
+                                         ((5, 7), None), ((3, 1), 1)])
+@pytest.mark.parametrize("ddof", [1, 2])
+@pytest.mark.parametrize("op", ["var", "std"])
+@pytest.mark.filterwarnings("ignore:Degrees of freedom")  # NumPy's, where ddof >= count
+def test_a_variance_with_ddof_is_a_row_program(rng, dtype, shape, axis, ddof, op):
+    """np.var/np.std with ddof= over any axes: one row program (the sum of squares over
+    max(count - ddof, 0): infinities or NaN where the count runs out, as NumPy gives),
+    with NaN in the data. A float16 np.var keeps its own reduction (NumPy accumulates
+    its squares in float16), and so does one over rows of a single value."""
+    x = _rand(rng, shape, dtype)
+    x.reshape(-1)[0] = np.nan
+
+    def program(a):
+        return getattr(a, op)(axis=axis, ddof=ddof)
+
+    result = _optimised(program, [x])
+    graph = result.graph
+    if dtype != F16 and shape != (3, 1):
+        assert [n.op for n in graph if n.op not in ("input", "constant")] == ["fused_rows"]
+        (node,) = _fused(result)
+        assert supports(node, graph) == (True, "")
+    else:
+        assert "var" in [n.op for n in graph]
+    with np.errstate(all="ignore"):
+        got, want = pl.compile(program)(x), program(x)
+    assert np.asarray(got).dtype == np.asarray(want).dtype
+    np.testing.assert_allclose(got, want, rtol=3e-3 if dtype == F16 else 1e-5,
+                               equal_nan=True)

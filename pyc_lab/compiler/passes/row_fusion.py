@@ -133,9 +133,12 @@ def reduction_space(node: Node, graph: Graph) -> Space | None:
         ok = is_plain_reduction(node)
     elif node.op == "softmax":
         ok = len(node.inputs) == 1
-    elif node.op == "var":
-        ok = is_plain_reduction(node) and (
-            node.attrs.get("form", "np.var") == "mean_square" or x.dtype.name != "float16")
+    elif node.op == "var":  # ddof= too: the sum of squares over (count - ddof)
+        ok = len(node.inputs) == 1 and node.attrs.get("dtype") is None \
+            and node.attrs.get("initial") is None \
+            and isinstance(node.attrs.get("ddof") or 0, (int, np.integer)) and (
+                node.attrs.get("form", "np.var") == "mean_square"
+                or x.dtype.name != "float16")
     elif node.op == "layer_norm":
         ok = len(node.inputs) <= 3 and (node.attrs.get("variance") == "mean_square"
                                         or x.dtype.name != "float16") and all(
@@ -146,9 +149,11 @@ def reduction_space(node: Node, graph: Graph) -> Space | None:
 
 
 def _lone_column(node: Node, space: Space) -> bool:
-    """Whether ``node`` alone is worth a column program: a softmax, layer norm or
-    variance over axes before the last one, which has no kernel of its own."""
-    return node.op in _COMPOUND and across_memory(*space)
+    """Whether ``node`` alone is worth a program: a softmax, layer norm or variance over
+    axes before the last one, or a variance with ``ddof=`` over any axes, which have no
+    kernel of their own."""
+    return node.op in _COMPOUND and (across_memory(*space) or (
+        node.op == "var" and bool(node.attrs.get("ddof"))))
 
 
 def _full_work(graph: Graph, prog: _Program) -> bool:
@@ -398,7 +403,15 @@ def _expand(body: Graph, n: Node, args: list[int]) -> int:
     sq = body.add("multiply", [c.id, c.id])
     if n.op == "var":
         keep = bool(n.attrs.get("keepdims"))
-        return body.add("mean", [sq.id], {"axis": last, "keepdims": keep}).id
+        ddof = int(n.attrs.get("ddof") or 0)
+        if not ddof:
+            return body.add("mean", [sq.id], {"axis": last, "keepdims": keep}).id
+        # NumPy's: the sum of squares over max(count - ddof, 0)
+        count = int(np.prod([x.shape[a] for a in last], dtype=np.int64))
+        total = body.add("sum", [sq.id], {"axis": last, "keepdims": keep})
+        rest = body.add("constant", (), {"value": np.asarray(max(count - ddof, 0),
+                                                              total.dtype)})
+        return body.add("divide", [total.id, rest.id]).id
     # layer norm: (x - mean) / sqrt(var + eps) [* gamma [+ beta]]
     v = body.add("mean", [sq.id], {"axis": last, "keepdims": True})
     eps = body.add("constant", (), {"value": np.asarray(n.attrs.get("eps", 1e-5), x.dtype)})
