@@ -199,6 +199,8 @@ def _data(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype,
           special: bool) -> np.ndarray:
     if dtype == np.dtype(bool):
         return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        return rng.integers(-3, 4, shape).astype(dtype)
     x = rng.uniform(0.5, 2.0, shape) * rng.choice([-1.0, 1.0], shape)
     if special and x.size > 2:
         flat = x.reshape(-1)
@@ -352,3 +354,17 @@ def test_the_fuzz_check_is_not_vacuous(monkeypatch):
         _compare(got + 3 * _TOL["float32"], got, "a wrong kernel")
     with pytest.raises(AssertionError, match="NaN"):
         _compare(np.array([np.nan], F32), np.array([1.0], F32), "a kernel writing NaN")
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", [F32, F16, np.dtype(np.int32), np.dtype(bool)])
+@pytest.mark.parametrize("expr", ["np.any(x > 0.5, axis=1)", "np.all(x, axis=0)",
+                                  "x.any(axis=(1, 2), keepdims=True)", "np.isnan(x).any()",
+                                  "(x != 0).all(axis=-1)"])
+def test_any_and_all_run_as_generated_boolean_reductions(dtype, expr):
+    """``any``/``all`` become the maximum/minimum of booleans (simplify); their kernels
+    compute NumPy's answer (NaN counts as true) on the emulator."""
+    source = f"def f(x, y, m):\n    return {expr}\n"
+    shape = (9, 130, 3) if "(1, 2)" in expr else (33, 130)
+    specs = [(shape, dtype), ((1,), F32), ((1,), np.dtype(bool))]
+    assert _check_program(source, specs, True, 11) >= 1

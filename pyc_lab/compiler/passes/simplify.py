@@ -13,7 +13,10 @@ and dtype, so a constant that broadcasts or promotes blocks it):
   identity); ``reshape(reshape(x))`` -> one reshape (or ``x``);
 - ``1 / sqrt(x)`` -> ``rsqrt(x)``;
 - ``std(x)`` -> ``sqrt(var(x))`` with the same axis, ddof and keepdims (how NumPy
-  computes it, so bit for bit; the variance has a generated row kernel).
+  computes it, so bit for bit; the variance has a generated row kernel);
+- ``any(x)`` / ``all(x)`` -> ``max`` / ``min`` of ``x`` as booleans (NaN counts as
+  true, as NumPy counts it), where every reduced axis has values (the empty reductions
+  differ) and no ``where=`` is given: the maximum and minimum have generated kernels.
 
 Never ``x * 0 -> 0``, ``x - x -> 0`` or ``x / x -> 1``: they are wrong for NaN and Inf.
 """
@@ -96,6 +99,23 @@ def _simplify(graph: Graph, n: Node, ctx: PassContext) -> bool:
             if new is not None:
                 return _replace(graph, n, new.id, ctx, "std as sqrt(var)")
             prune(graph, [var.id])
+    if n.op in ("any", "all") and len(n.inputs) == 1:
+        x = nodes[n.inputs[0]]
+        axes = n.attrs.get("axis")
+        axes = range(len(x.shape)) if axes is None else axes
+        if x.dtype.kind in "biuf" and all(x.shape[a] > 0 for a in axes):
+            truth = x.id
+            if x.dtype.kind != "b":
+                cast = graph.insert_before(n.id, "astype", (x.id,), {"dtype": np.dtype(bool)})
+                truth = cast.id
+            attrs = {"axis": n.attrs.get("axis"), "keepdims": bool(n.attrs.get("keepdims"))}
+            new = insert_like(graph, n.id, "max" if n.op == "any" else "min", (truth,),
+                              attrs, n)
+            if new is not None:
+                return _replace(graph, n, new.id, ctx, f"{n.op} as the "
+                                f"{'max' if n.op == 'any' else 'min'} of booleans")
+            if truth != x.id:
+                prune(graph, [truth])
     if n.op == "negative":
         src = nodes[n.inputs[0]]
         if src.op == "negative" and same_type(nodes[src.inputs[0]], n):
