@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ir import Graph, Node
+from ..ops import normalize_axis
 from .rewrite import const_is, insert_like, is_const, prune, same_type
 
 if TYPE_CHECKING:
@@ -101,8 +102,7 @@ def _simplify(graph: Graph, n: Node, ctx: PassContext) -> bool:
             prune(graph, [var.id])
     if n.op in ("any", "all") and len(n.inputs) == 1:
         x = nodes[n.inputs[0]]
-        axes = n.attrs.get("axis")
-        axes = range(len(x.shape)) if axes is None else axes
+        axes = normalize_axis(n.attrs.get("axis"), len(x.shape)) if x.shape else ()
         if x.dtype.kind in "biuf" and all(x.shape[a] > 0 for a in axes):
             truth = x.id
             if x.dtype.kind != "b":
