@@ -4,56 +4,43 @@
 // results kept; a zero divisor gives a / b and fmod(a, b) (inf or NaN). Integers: the
 // quotient rounded toward minus infinity; a zero divisor gives 0 (NumPy warns), and the
 // smallest value over -1 gives itself and remainder 0 (NumPy warns of the overflow).
+template <typename T>
+__device__ __forceinline__ T pyc_float_floor_divide(T a, T b) {
+    if (b == T(0)) return a / b;
+    const T mod = fmod(a, b);
+    T div = (a - mod) / b;
+    if (mod != T(0) && ((b < T(0)) != (mod < T(0)))) div -= T(1);
+    if (div != T(0)) {
+        T fl = floor(div);
+        if (div - fl > T(0.5)) fl += T(1);
+        return fl;
+    }
+    return copysign(T(0), a / b);
+}
+
+template <typename T>
+__device__ __forceinline__ T pyc_float_remainder(T a, T b) {
+    T mod = fmod(a, b);
+    if (b == T(0)) return mod;
+    if (mod != T(0)) {
+        if ((b < T(0)) != (mod < T(0))) mod += b;
+    } else {
+        mod = copysign(T(0), b);
+    }
+    return mod;
+}
+
 __device__ __forceinline__ float pyc_floor_divide(float a, float b) {
-    if (b == 0.0f) return a / b;
-    float mod = fmodf(a, b);
-    float div = (a - mod) / b;
-    if (mod != 0.0f) {
-        if ((b < 0.0f) != (mod < 0.0f)) div -= 1.0f;
-    }
-    if (div != 0.0f) {
-        float fl = floorf(div);
-        if (div - fl > 0.5f) fl += 1.0f;
-        return fl;
-    }
-    return copysignf(0.0f, a / b);
+    return pyc_float_floor_divide<float>(a, b);
 }
-
 __device__ __forceinline__ double pyc_floor_divide(double a, double b) {
-    if (b == 0.0) return a / b;
-    double mod = fmod(a, b);
-    double div = (a - mod) / b;
-    if (mod != 0.0) {
-        if ((b < 0.0) != (mod < 0.0)) div -= 1.0;
-    }
-    if (div != 0.0) {
-        double fl = floor(div);
-        if (div - fl > 0.5) fl += 1.0;
-        return fl;
-    }
-    return copysign(0.0, a / b);
+    return pyc_float_floor_divide<double>(a, b);
 }
-
 __device__ __forceinline__ float pyc_remainder(float a, float b) {
-    float mod = fmodf(a, b);
-    if (b == 0.0f) return mod;
-    if (mod != 0.0f) {
-        if ((b < 0.0f) != (mod < 0.0f)) mod += b;
-    } else {
-        mod = copysignf(0.0f, b);
-    }
-    return mod;
+    return pyc_float_remainder<float>(a, b);
 }
-
 __device__ __forceinline__ double pyc_remainder(double a, double b) {
-    double mod = fmod(a, b);
-    if (b == 0.0) return mod;
-    if (mod != 0.0) {
-        if ((b < 0.0) != (mod < 0.0)) mod += b;
-    } else {
-        mod = copysign(0.0, b);
-    }
-    return mod;
+    return pyc_float_remainder<double>(a, b);
 }
 
 template <typename T>
