@@ -1,0 +1,56 @@
+"""Reductions the passes rewrite into generated kernels, on the GPU: ``np.any``/``np.all``
+as the maximum/minimum of booleans, ``np.var``/``np.std`` with ``ddof=`` as row programs,
+a reduction with ``dtype=`` (``np.einsum("ij,ij->i", a, b)``) as a row kernel, and a
+phase wrap with ``%`` as one elementwise kernel — compiled for CuPy arrays, against
+NumPy on fresh random data with NaN, into a poisoned memory pool. The CPU side:
+``tests/compiler/test_fuzz_emulated.py``, ``test_row_fusion.py``,
+``test_reduction_dtype.py`` and ``test_emulated_kernels.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+from tests.compiler.backend.support import poison_pool
+
+cp = pytest.importorskip("cupy")
+
+pytestmark = pytest.mark.gpu
+
+PROGRAMS = {
+    "any_rows": lambda x: np.any(x > 1.5, axis=1),
+    "all_cols": lambda x: np.all(np.isfinite(x), axis=0),
+    "any_nan": lambda x: np.isnan(x).any(),
+    "std_ddof_cols": lambda x: x.std(axis=0, ddof=1),
+    "var_ddof_rows": lambda x: x.var(axis=-1, ddof=1),
+    "row_dot": lambda x: np.einsum("ij,ij->i", x, x),
+    "sum_f64": lambda x: x.sum(axis=1, dtype=np.float64),
+    "phase_wrap": lambda x: (x * 3 + np.pi) % (2 * np.pi) - np.pi,
+    "floor_div": lambda x: x // 0.25,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("shape", [(1000, 37), (33, 4097)])
+def test_rewritten_reductions_on_the_gpu_match_numpy(rng, name, dtype, shape):
+    fn = PROGRAMS[name]
+    x = (rng.standard_normal(shape) * 2).astype(dtype)
+    x.reshape(-1)[rng.choice(x.size, 5, replace=False)] = np.nan
+    f = pl.compile(fn, backend="cupy")
+    poison_pool()
+    got = f(cp.asarray(x))
+    got = cp.asnumpy(got) if isinstance(got, cp.ndarray) else np.asarray(got)
+    with np.errstate(all="ignore"):
+        want = np.asarray(fn(x))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if want.dtype.kind == "b" or name in ("phase_wrap", "floor_div"):  # bit for bit
+        np.testing.assert_array_equal(got, want)
+    else:
+        tol = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-10}[np.dtype(dtype).name]
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True)
+    kinds = [k["impl"] for k in f.explain(cp.asarray(x)).kernels]
+    if not (dtype == np.float16 and "ddof" in name):  # a float16 np.var keeps CuPy's
+        assert "cupy" not in kinds, kinds
