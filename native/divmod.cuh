@@ -73,3 +73,32 @@ __device__ __forceinline__ int pyc_remainder(int a, int b) {
 __device__ __forceinline__ long long pyc_remainder(long long a, long long b) {
     return pyc_int_remainder<long long>(a, b, static_cast<long long>(0x8000000000000000ull));
 }
+
+// NumPy's shifts (npy_lshift / npy_rshift): a shift by the bit width or more (or by a
+// negative amount, which NumPy reads as a huge unsigned one) gives 0, or -1 for a right
+// shift of a negative value; shifted in unsigned arithmetic, so a negative value's left
+// shift wraps as NumPy's does.
+template <typename T, typename U>
+__device__ __forceinline__ T pyc_shift_left(T a, T b) {
+    if (static_cast<U>(b) < sizeof(T) * 8) return static_cast<T>(static_cast<U>(a) << b);
+    return 0;
+}
+
+template <typename T, typename U>
+__device__ __forceinline__ T pyc_shift_right(T a, T b) {
+    if (static_cast<U>(b) < sizeof(T) * 8) return a >> b;
+    return a < 0 ? static_cast<T>(-1) : static_cast<T>(0);
+}
+
+__device__ __forceinline__ int pyc_left_shift(int a, int b) {
+    return pyc_shift_left<int, unsigned int>(a, b);
+}
+__device__ __forceinline__ long long pyc_left_shift(long long a, long long b) {
+    return pyc_shift_left<long long, unsigned long long>(a, b);
+}
+__device__ __forceinline__ int pyc_right_shift(int a, int b) {
+    return pyc_shift_right<int, unsigned int>(a, b);
+}
+__device__ __forceinline__ long long pyc_right_shift(long long a, long long b) {
+    return pyc_shift_right<long long, unsigned long long>(a, b);
+}

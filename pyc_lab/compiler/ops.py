@@ -120,14 +120,16 @@ _BINARY = {
     "equal": (lambda xp, a, b: a == b, "({0} == {1})", "equal"),
     "not_equal": (lambda xp, a, b: a != b, "({0} != {1})", "not_equal"),
     # NumPy's floor division and remainder (Python's semantics, NumPy's float special
-    # cases): native/divmod.cuh follows NumPy's loops. Its shifts (defined past the bit
-    # width) have no C operator: CuPy runs them.
+    # cases) and its shifts (defined past the bit width): native/divmod.cuh follows
+    # NumPy's loops.
     "floor_divide": (lambda xp, a, b: xp.floor_divide(a, b), "pyc_floor_divide({0}, {1})",
                      "floor_divide"),
     "remainder": (lambda xp, a, b: xp.remainder(a, b), "pyc_remainder({0}, {1})",
                   "remainder"),
-    "left_shift": (lambda xp, a, b: xp.left_shift(a, b), None, "left_shift"),
-    "right_shift": (lambda xp, a, b: xp.right_shift(a, b), None, "right_shift"),
+    "left_shift": (lambda xp, a, b: xp.left_shift(a, b), "pyc_left_shift({0}, {1})",
+                   "left_shift"),
+    "right_shift": (lambda xp, a, b: xp.right_shift(a, b), "pyc_right_shift({0}, {1})",
+                    "right_shift"),
     "bitwise_and": (lambda xp, a, b: xp.bitwise_and(a, b), "({0} & {1})", "bitwise_and"),
     "bitwise_or": (lambda xp, a, b: xp.bitwise_or(a, b), "({0} | {1})", "bitwise_or"),
     "bitwise_xor": (lambda xp, a, b: xp.bitwise_xor(a, b), "({0} ^ {1})", "bitwise_xor"),

@@ -244,3 +244,32 @@ def test_floor_division_kernels_compile_for_sm_90(tmp_path, dtype):
     _, src, _ = _kernel(lambda a, b: (a // b) * 2 + a % b, [x, x])
     assert "pyc_floor_divide" in src.source and "pyc_remainder" in src.source
     compile_ptx(tmp_path, src)
+
+
+@needs_gxx
+@pytest.mark.parametrize("op", ["left_shift", "right_shift"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_shifts_are_numpys_past_the_bit_width(op, dtype):
+    """Shifts by 0..bits+2, by the width exactly and by negative amounts (NumPy's 0, or
+    -1 for a negative value shifted right), of values of both signs and the extremes."""
+    info = np.iinfo(dtype)
+    bits = info.bits
+    values = np.array([0, 1, -1, 5, -5, 123456, -123456, info.max, info.min], dtype=dtype)
+    amounts = np.array([*range(bits + 3), -1, -bits, info.max, info.min], dtype=dtype)
+    a = np.repeat(values, amounts.size)
+    b = np.tile(amounts, values.size)
+    fn = getattr(np, op)
+    node, src, ins = _kernel(lambda x, y: fn(x, y), [a, b])
+    assert node.attrs["ops"] == (op,)
+    out = _placed(_poisoned(node), True)
+    emulate(src, src.name, [*_placed(ins, True), *out])
+    np.testing.assert_array_equal(out[0], fn(a, b))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_shift_kernels_compile_for_sm_90(tmp_path, dtype):
+    x = np.ones(33, dtype)
+    _, src, _ = _kernel(lambda a, b: (a << b) + (a >> 3), [x, x])
+    assert "pyc_left_shift" in src.source and "pyc_right_shift" in src.source
+    compile_ptx(tmp_path, src)

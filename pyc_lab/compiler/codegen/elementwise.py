@@ -273,7 +273,7 @@ def node_expression(n: Node, body: Graph, var: dict[int, str], needs: set[str]) 
         needs.add("ipow")
     if "pyc_abs" in template:
         needs.add("abs")
-    if "pyc_floor_divide" in template or "pyc_remainder" in template:
+    if any(f in template for f in ("pyc_floor_divide", "pyc_remainder", "_shift(")):
         needs.add("divmod")
     template = _EXP_CALL.sub(ct.exp_function(n.dtype) + "(", template)
     if n.op == "divide":

@@ -23,9 +23,8 @@ duplicates); ``attrs["body"]`` is a :class:`~pyc_lab.compiler.ir.Graph` with mat
 inputs ``in0, in1, ...``, the group's ops (0-d constants inlined) and one output;
 ``attrs["ops"]`` the body's op names in order (constants excluded) and ``attrs["name"]``
 ``fused_<k>``. A lone elementwise op becomes a one-op fused node as well: the GPU backend
-generates a kernel for every fused node. Ops without a CUDA template (the shifts:
-NumPy's semantics past the bit width have no C operator) stay outside every group, so
-they do not keep the rest of a group from being generated.
+generates a kernel for every fused node. An op without a CUDA template would stay
+outside every group, so that it does not keep the rest of a group from being generated.
 
 In ``memory_first`` mode the grouping is the same; recomputing cheap producers to shorten
 live ranges is a future refinement (the pass notes it).

@@ -1,7 +1,8 @@
 """Reductions the passes rewrite into generated kernels, on the GPU: ``np.any``/``np.all``
 as the maximum/minimum of booleans, ``np.var``/``np.std`` with ``ddof=`` as row programs,
-a reduction with ``dtype=`` (``np.einsum("ij,ij->i", a, b)``) as a row kernel, and a
-phase wrap with ``%`` as one elementwise kernel — compiled for CuPy arrays, against
+a reduction with ``dtype=`` (``np.einsum("ij,ij->i", a, b)``) as a row kernel, a phase
+wrap with ``%`` as one elementwise kernel, and integer ``//``, ``%``, ``<<`` and ``>>``
+with NumPy's rules — compiled for CuPy arrays, against
 NumPy on fresh random data with NaN, into a poisoned memory pool. The CPU side:
 ``tests/compiler/test_fuzz_emulated.py``, ``test_row_fusion.py``,
 ``test_reduction_dtype.py`` and ``test_emulated_kernels.py``.
@@ -54,3 +55,26 @@ def test_rewritten_reductions_on_the_gpu_match_numpy(rng, name, dtype, shape):
     kinds = [k["impl"] for k in f.explain(cp.asarray(x)).kernels]
     if not (dtype == np.float16 and "ddof" in name):  # a float16 np.var keeps CuPy's
         assert "cupy" not in kinds, kinds
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_integer_division_remainder_and_shifts_on_the_gpu_are_numpys(rng, dtype):
+    """Generated with NumPy's own rules (zero divisors, the smallest value over -1,
+    shifts past the bit width): the same integers as NumPy."""
+    info = np.iinfo(dtype)
+    a = np.concatenate([rng.integers(-1000, 1000, 5000),
+                        [info.min, info.max, 0, -1, 7]]).astype(dtype)
+    b = np.concatenate([rng.integers(-70, 70, 5000), [-1, 0, 0, 3, info.bits]]).astype(dtype)
+
+    def program(x, y):
+        return x // y, x % y, x << (y % info.bits), x >> y
+
+    f = pl.compile(program, backend="cupy")
+    poison_pool()
+    got = [cp.asnumpy(g) for g in f(cp.asarray(a), cp.asarray(b))]
+    with np.errstate(all="ignore"):
+        want = program(a, b)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    kinds = [k["impl"] for k in f.explain(cp.asarray(a), cp.asarray(b)).kernels]
+    assert "cupy" not in kinds, kinds
