@@ -538,6 +538,29 @@ def test_an_unused_integer_power_still_raises_like_numpy(share_add):
         g(x, y)
 
 
+@pytest.mark.parametrize("op", ["max", "min", "argmax", "argmin"])
+@pytest.mark.parametrize("axis, raises", [(None, True), (0, True), (1, False)])
+def test_an_unused_reduction_over_no_values_still_raises_like_numpy(op, axis, raises):
+    """NumPy raises for a maximum, minimum or arg-reduction over an axis of no values,
+    used or not (found by the nightly fuzz profile: a dead one was dropped); a
+    reduction over the other axis of an empty array does not raise."""
+    import pyc_lab as pl
+
+    def f(x, y):
+        getattr(y[1:], op)(axis=axis)  # y has one row: y[1:] has none
+        return -x
+
+    g = pl.compile(f, backend="numpy")
+    x, y = np.ones((2, 3), np.float32), np.ones((1, 4), np.float32)
+    if raises:
+        with pytest.raises(ValueError, match=r"zero-size array|empty sequence"):
+            f(x, y)
+        with pytest.raises(ValueError, match=r"zero-size array|empty sequence"):
+            g(x, y)
+    else:
+        np.testing.assert_array_equal(g(x, y), f(x, y))
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("kwargs", [{"axis": -1}, {"axis": 0, "ddof": 1}, {},
                                     {"axis": (0, 1), "keepdims": True}])

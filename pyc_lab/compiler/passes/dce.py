@@ -4,9 +4,10 @@ Graph inputs are never removed (they are the function's signature), even when un
 Nor are graph breaks (``eager`` nodes): the NumPy code they run may have effects, and
 the shape of their result may have been read while tracing (``np.unique(a).size``
 becomes a constant) — running them is what checks, at every call, that the shape is
-still the traced one. Nor are integer powers: NumPy raises ``ValueError`` for a negative
-integer exponent, on the values of each call, and the function it compiles must raise
-too even where the power's result is never used (:func:`may_raise`).
+still the traced one. Nor are the ops NumPy raises in (:func:`may_raise`): an integer
+power, for a negative exponent on the values of a call, and a maximum, minimum or
+arg-reduction over an axis of no values — the function it compiles must raise too,
+even where the result is never used.
 """
 
 from __future__ import annotations

@@ -113,7 +113,19 @@ def may_raise(node: Node, graph: Graph) -> bool:
     """Whether a node can raise on the values of a call, so must run even when its
     result is unused: an integer ``power`` whose exponent may be negative (NumPy raises
     ``ValueError`` for a negative integer exponent; a constant exponent of no negative
-    element, or an unsigned one, cannot), or a fused kernel whose body holds one."""
+    element, or an unsigned one, cannot), a maximum, minimum or arg-reduction without
+    ``initial`` over an axis of no values (NumPy's "zero-size array to reduction
+    operation" ``ValueError``; the shapes are static, so this is known), or a fused
+    kernel whose body holds one."""
+    if node.op in ("max", "min", "argmax", "argmin") and node.inputs \
+            and node.attrs.get("initial") is None:
+        x = graph.nodes.get(node.inputs[0])
+        if x is not None and 0 in x.shape:
+            axis = node.attrs.get("axis")
+            axes = range(len(x.shape)) if axis is None else (
+                (axis,) if isinstance(axis, (int, np.integer)) else axis)
+            return any(x.shape[int(a)] == 0 for a in axes)
+        return False
     if node.op == "power":
         if node.dtype.kind not in "iu" or len(node.inputs) < 2:
             return False
