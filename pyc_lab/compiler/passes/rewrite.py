@@ -16,7 +16,7 @@ import numpy as np
 
 from ...errors import PycLabError
 from ..ir import Graph, Node
-from ..ops import FUSED_OPS, REGISTRY, infer
+from ..ops import FUSED_OPS, REGISTRY, infer, normalize_axis
 from ..views import broadcasts_to
 
 __all__ = ["PassContext", "broadcasts_to", "const_is", "const_value", "insert_like",
@@ -120,12 +120,8 @@ def may_raise(node: Node, graph: Graph) -> bool:
     if node.op in ("max", "min", "argmax", "argmin") and node.inputs \
             and node.attrs.get("initial") is None:
         x = graph.nodes.get(node.inputs[0])
-        if x is not None and 0 in x.shape:
-            axis = node.attrs.get("axis")
-            axes = range(len(x.shape)) if axis is None else (
-                (axis,) if isinstance(axis, (int, np.integer)) else axis)
-            return any(x.shape[int(a)] == 0 for a in axes)
-        return False
+        return x is not None and 0 in x.shape and any(
+            x.shape[a] == 0 for a in normalize_axis(node.attrs.get("axis"), len(x.shape)))
     if node.op == "power":
         if node.dtype.kind not in "iu" or len(node.inputs) < 2:
             return False
