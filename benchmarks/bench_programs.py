@@ -8,7 +8,10 @@ whole output); GPU time is the median of CUDA-event repeats (``pl.profiling.benc
 memory-bound programs also report bytes read and written per second against a
 device-to-device copy measured in the same run. Compile times (first call) and the warm
 host time per call (at 1/256 of the size, where issuing the call is what costs) are
-recorded, torch.compile's warm host time on the same small inputs beside it.
+recorded, torch.compile's warm host time on the same small inputs beside it. For each
+memory-bound program the ratio a kernel at copy bandwidth would reach is recorded too
+(torch.compile's time over the copy time of the same bytes), and the summary gives the
+median those ceilings allow: how far the suite's median can go on this card at all.
 One program failing is recorded and the others go on; programs left when ``--budget-s``
 is spent are listed as not run. Writes ``programs.json``.
 
@@ -118,7 +121,24 @@ def run_program(p: Program, cp: Any, torch: Any, copy_bw: float) -> dict[str, An
         moved = sum(a.nbytes for a in dev) + sum(getattr(o, "nbytes", 8) for o in outs)
         row["bytes_moved"] = int(moved)
         row["fraction_of_copy_bw"] = moved / (row["ms"]["pl.compile"] * 1e-3) / 1e9 / copy_bw
+        # what any kernel moving these bytes at copy bandwidth would make of the ratio:
+        # the ceiling of vs_torch_compile for this program on this card
+        copy_ms = moved / (copy_bw * 1e9) * 1e3
+        row["torch_compile_fraction_of_copy_bw"] = copy_ms / row["ms"]["torch.compile"]
+        row["vs_torch_compile_at_copy_bw"] = row["ms"]["torch.compile"] / copy_ms
     return row
+
+
+def ceiling_median(rows: list[dict[str, Any]]) -> float | None:
+    """The largest median of ``vs_torch_compile`` the suite allows on this card.
+
+    A memory-bound program's ratio cannot pass ``vs_torch_compile_at_copy_bw`` unless a
+    kernel moves its bytes faster than a device-to-device copy; a program that is not
+    memory-bound is given no ceiling (counted as unbounded), so the figure is generous.
+    """
+    ceilings = sorted(r.get("vs_torch_compile_at_copy_bw", float("inf")) for r in rows
+                      if "vs_torch_compile" in r)
+    return statistics.median(ceilings) if ceilings else None
 
 
 def _median_of(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -145,6 +165,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "host_over_30us": [r["program"] for r in ok if r.get("pl_host_us_small", 0) > 30.0],
         "median_host_us_small": _median_of(ok, "pl_host_us_small"),
         "median_torch_compile_host_us_small": _median_of(ok, "torch_compile_host_us_small"),
+        "median_vs_torch_compile_ceiling_at_copy_bw": ceiling_median(ok),
     }
 
 

@@ -55,7 +55,8 @@ def test_the_suite_is_the_size_the_issue_asks_for():
 
 def test_the_benchmark_summary_reads_its_rows():
     """bench_programs' summary over made-up rows (what the GPU run writes): medians,
-    the programs below 0.90x, wrong, failed, not run, slow to compile or to call."""
+    the programs below 0.90x, wrong, failed, not run, slow to compile or to call, and
+    the median the copy-bandwidth ceilings allow."""
     sys.path.insert(0, str(_PATH.parent))
     try:
         import bench_programs
@@ -64,10 +65,10 @@ def test_the_benchmark_summary_reads_its_rows():
     rows = [
         {"program": "a", "vs_torch_compile": 1.2, "vs_torch_eager": 2.0, "correct": True,
          "pl_compile_s": 0.5, "pl_host_us_small": 20.0, "fraction_of_copy_bw": 0.9,
-         "torch_compile_host_us_small": 40.0},
+         "torch_compile_host_us_small": 40.0, "vs_torch_compile_at_copy_bw": 1.05},
         {"program": "b", "vs_torch_compile": 0.5, "vs_torch_eager": 1.0, "correct": False,
          "pl_compile_s": 2.5, "pl_host_us_small": 45.0, "fraction_of_copy_bw": 0.4,
-         "torch_compile_host_us_small": 60.0},
+         "torch_compile_host_us_small": 60.0, "vs_torch_compile_at_copy_bw": 1.25},
         {"program": "c", "vs_torch_compile": 0.95, "vs_torch_eager": 1.5, "correct": True,
          "pl_compile_s": 0.1},
         {"program": "d", "error": "RuntimeError: boom"},
@@ -82,6 +83,8 @@ def test_the_benchmark_summary_reads_its_rows():
     assert s["compile_over_2s"] == ["b"] and s["host_over_30us"] == ["b"]
     assert s["median_host_us_small"] == 32.5
     assert s["median_torch_compile_host_us_small"] == 50.0
+    # "c" is not memory-bound: no ceiling, counted as unbounded
+    assert s["median_vs_torch_compile_ceiling_at_copy_bw"] == 1.25
 
 
 def test_the_bfloat16_program_lowers_to_one_generated_kernel():
