@@ -77,7 +77,7 @@ def test_default_pipeline_and_registry():
                                 "transpose_folding", "epilogue_fusion", "reduction_fusion",
                                 "find_attention", "split_reduction", "arg_reductions",
                                 "row_fusion",
-                                "elementwise_fusion", "output_fusion", "dce"]
+                                "elementwise_fusion", "output_fusion", "sibling_fusion", "dce"]
     assert set(DEFAULT_PIPELINE) <= set(PASSES)
     for name, module in PASSES.items():
         assert name == module.NAME and callable(module.run)
