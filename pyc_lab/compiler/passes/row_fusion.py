@@ -259,7 +259,8 @@ def _groups(graph: Graph) -> list[_Program]:
             if len(gids) == 1 and None not in gids:
                 gid = gids.pop()
                 prog = progs[gid]
-                if _joins(graph, prog, n, space):
+                if _joins(graph, prog, n, space) and not _epilogue_elsewhere(
+                        graph, prog, n, space, users):
                     target = gid
         if target is None:
             target = len(progs)
@@ -271,6 +272,24 @@ def _groups(graph: Graph) -> list[_Program]:
         group_of[n.id] = target
         prog.members.append(n.id)
     return _merge_neighbours(graph, progs)
+
+
+def _epilogue_elsewhere(graph: Graph, prog: _Program, n: Node, space: Space | None,
+                        users: dict[int, list[int]]) -> bool:
+    """Whether elementwise ``n`` belongs after the reduction it alone reads rather than in
+    the elementwise-only ``prog``: a reduction whose row space cannot hold ``prog``'s
+    result would never join ``prog``, and ``n`` there would keep another reduction out
+    (a masked mean's ``astype(count)`` beside its masked sum over another space)."""
+    if space is not None or prog.space is not None:
+        return False
+    root = graph.nodes[prog.root]
+    for i in n.inputs:
+        r = graph.nodes[i]
+        rspace = reduction_space(r, graph)
+        if rspace is not None and users[i] == [n.id] and not usable_space(rspace) \
+                and kind_in(root.shape, *rspace) is None:
+            return True
+    return False
 
 
 def _escapes(members: list[int], users: dict[int, list[int]], outputs: set[int]) -> list[int]:

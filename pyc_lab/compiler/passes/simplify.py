@@ -16,7 +16,15 @@ and dtype, so a constant that broadcasts or promotes blocks it):
   computes it, so bit for bit; the variance has a generated row kernel);
 - ``any(x)`` / ``all(x)`` -> ``max`` / ``min`` of ``x`` as booleans (NaN counts as
   true, as NumPy counts it), where every reduced axis has values (the empty reductions
-  differ) and no ``where=`` is given: the maximum and minimum have generated kernels.
+  differ) and no ``where=`` is given: the maximum and minimum have generated kernels;
+- a count — ``sum`` of a boolean array, or of booleans cast to an integer, and ``mean``
+  of a boolean array — over at most :data:`EXACT_COUNT` values per result -> the
+  ``float32`` sum of the booleans, cast to the count's dtype (a mean's count to
+  ``float64``, then divided by the number of values, as NumPy divides): every partial
+  sum is an integer below ``2**24``, which ``float32`` holds exactly, so the result is
+  NumPy's bit for bit. A float sum joins row programs (``(x > t).sum(-1)`` reads ``x``
+  and writes counts in one kernel; a masked mean's count joins its masked sum); an
+  integer sum would keep a kernel of its own.
 
 Never ``x * 0 -> 0``, ``x - x -> 0`` or ``x / x -> 1``: they are wrong for NaN and Inf.
 """
@@ -37,6 +45,55 @@ if TYPE_CHECKING:
 NAME = "simplify"
 
 _MAX_SWEEPS = 8
+
+#: The most values a count may add up as float32 (every integer up to 2**24 is exact).
+EXACT_COUNT = 1 << 24
+
+
+def _counted(graph: Graph, n: Node) -> int | None:
+    """The boolean array ``n`` counts (a sum of booleans, or of booleans cast to an
+    integer, or a mean of booleans, with no ``where=`` or ``initial=``, no ``dtype=``
+    but an integer one of a sum, and at most :data:`EXACT_COUNT` values per result),
+    or None."""
+    if n.op not in ("sum", "mean") or len(n.inputs) != 1 or any(
+            n.attrs.get(k) is not None for k in ("where", "initial")):
+        return None
+    dtype = n.attrs.get("dtype")
+    if dtype is not None and (n.op != "sum" or np.dtype(dtype).kind not in "iu"):
+        return None  # an integer dtype= only sets the count's type (n.dtype)
+    x = graph.nodes[n.inputs[0]]
+    if n.op == "sum" and x.op == "astype" and x.dtype.kind in "iu" \
+            and graph.nodes[x.inputs[0]].dtype.kind == "b":
+        x = graph.nodes[x.inputs[0]]
+    if x.dtype.kind != "b" or (n.dtype.kind not in "iu" if n.op == "sum"
+                               else n.dtype != np.float64):
+        return None
+    axes = normalize_axis(n.attrs.get("axis"), len(x.shape)) if x.shape else ()
+    count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    return x.id if 0 < count <= EXACT_COUNT else None
+
+
+def _float_count(graph: Graph, n: Node, b: int) -> Node | None:
+    """``n`` (a count of boolean array ``b``) as a float32 sum cast back, or None."""
+    x = graph.nodes[b]
+    axes = normalize_axis(n.attrs.get("axis"), len(x.shape)) if x.shape else ()
+    cast = graph.insert_before(n.id, "astype", (b,), {"dtype": np.dtype(np.float32)})
+    total = graph.insert_before(n.id, "sum", (cast.id,),
+                                {"axis": n.attrs.get("axis"),
+                                 "keepdims": bool(n.attrs.get("keepdims"))})
+    if n.op == "sum":
+        new = insert_like(graph, n.id, "astype", (total.id,), {"dtype": n.dtype}, n)
+    else:
+        wide = graph.insert_before(n.id, "astype", (total.id,),
+                                   {"dtype": np.dtype(np.float64)})
+        count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        size = graph.insert_before(n.id, "constant", (), {"value": np.float64(count)})
+        new = insert_like(graph, n.id, "divide", (wide.id, size.id), {}, n)
+        if new is None:
+            prune(graph, [wide.id, size.id])
+    if new is None:
+        prune(graph, [total.id, cast.id])
+    return new
 
 
 def _identity_operand(graph: Graph, n: Node) -> int | None:
@@ -116,6 +173,11 @@ def _simplify(graph: Graph, n: Node, ctx: PassContext) -> bool:
                                 f"{'max' if n.op == 'any' else 'min'} of booleans")
             if truth != x.id:
                 prune(graph, [truth])
+    if (b := _counted(graph, n)) is not None:
+        new = _float_count(graph, n, b)
+        if new is not None:
+            return _replace(graph, n, new.id, ctx, f"a count of booleans as a float32 "
+                            f"sum (exact up to {EXACT_COUNT} values)")
     if n.op == "negative":
         src = nodes[n.inputs[0]]
         if src.op == "negative" and same_type(nodes[src.inputs[0]], n):
