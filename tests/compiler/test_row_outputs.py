@@ -2,7 +2,8 @@
 or reads elsewhere (a layer norm's mean and inverse deviation, a softmax's log-sum-exp,
 a batch norm's batch statistics, the row maximum a cross-entropy picks against) are
 computed by the one row kernel and written as its extra outputs, instead of a kernel per
-reader reading the rows again.
+reader reading the rows again. An elementwise result beside row statistics of the same
+input (an activation returned with its row sums) is one of those kernels too.
 
 Checked: the pass (one ``fused_rows`` node and ``fused_extra`` nodes, the graph in a
 valid order, NumPy's answers op for op on the NumPy backend), what it must leave apart
@@ -66,6 +67,10 @@ def statistics_only(x):  # no full result: two row values
     return x.sum(-1), (x * x).sum(-1)
 
 
+def activation_and_sums(x):  # an elementwise result beside row sums of its input
+    return np.maximum(x, 0) * x.dtype.type(2), x.sum(-1), (x * x).mean(-1)
+
+
 PROGRAMS = {  # name: (function, shape, extra outputs)
     "layer_norm_stats": (layer_norm_stats, (37, 300), 2),
     "softmax_lse": (softmax_lse, (64, 129), 1),
@@ -73,6 +78,7 @@ PROGRAMS = {  # name: (function, shape, extra outputs)
     "batch_norm_train": (batch_norm_train, (5, 6, 7, 9), 2),
     "channel_stats": (channel_stats, (3, 24, 5, 11), 1),
     "statistics_only": (statistics_only, (30, 77), 1),
+    "activation_and_sums": (activation_and_sums, (33, 260), 2),
 }
 
 

@@ -346,7 +346,9 @@ def _merged(graph: Graph, a: _Program, b: _Program, users: dict[int, list[int]],
 def _siblings(graph: Graph, progs: list[_Program], a: int, group_of: dict[int, int],
               users: dict[int, list[int]]) -> set[int]:
     """Programs reducing over ``a``'s row space that read an array ``a`` reads along its
-    rows (two statistics of one input): one kernel reads it once for both."""
+    rows (two statistics of one input), and elementwise-only programs whose result is a
+    full value of that space reading it (an activation returned beside the row sums of
+    its input): one kernel reads it once for both."""
     space = progs[a].space
     if space is None:
         return set()
@@ -357,8 +359,14 @@ def _siblings(graph: Graph, progs: list[_Program], a: int, group_of: dict[int, i
             if i in members or kind_in(graph.nodes[i].shape, *space) != "full":
                 continue
             out.update(group_of[u] for u in users[i] if u in group_of and group_of[u] != a
-                       and progs[group_of[u]].space == space)
+                       and (progs[group_of[u]].space == space
+                            or _full_elementwise(graph, progs[group_of[u]], space)))
     return out
+
+
+def _full_elementwise(graph: Graph, prog: _Program, space: Space) -> bool:
+    """Whether ``prog`` is elementwise work whose result is a full value of ``space``."""
+    return prog.space is None and kind_in(graph.nodes[prog.root].shape, *space) == "full"
 
 
 def _merge_neighbours(graph: Graph, progs: list[_Program]) -> list[_Program]:

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.gpu
 _TOL = {np.float32: 2e-5, np.float16: 1e-2, np.float64: 1e-11}
 _SIZES = {"layer_norm_stats": (8193, 1000), "softmax_lse": (4096, 1024),
           "rms_norm_ms": (100, 4097), "batch_norm_train": (32, 64, 14, 14),
-          "channel_stats": (16, 96, 28, 28), "statistics_only": (3000, 77)}
+          "channel_stats": (16, 96, 28, 28), "statistics_only": (3000, 77),
+          "activation_and_sums": (4099, 1030)}
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
