@@ -24,7 +24,17 @@ and dtype, so a constant that broadcasts or promotes blocks it):
   sum is an integer below ``2**24``, which ``float32`` holds exactly, so the result is
   NumPy's bit for bit. A float sum joins row programs (``(x > t).sum(-1)`` reads ``x``
   and writes counts in one kernel; a masked mean's count joins its masked sum); an
-  integer sum would keep a kernel of its own.
+  integer sum would keep a kernel of its own;
+- a masked float reduction — ``sum``/``mean``/``max``/``min`` with ``where=m`` — as the
+  reduction of ``np.where(m, x, fill)``: a sum fills with 0 (NumPy's sum starts from
+  +0.0 too), a mean divides that sum by the count of ``m`` in float64 and rounds to the
+  input's type as NumPy's ``true_divide(..., out=, casting="unsafe")`` does (float16 sums
+  in float32 first), a maximum or minimum fills with its ``initial`` and takes it once
+  more, first, so that a row entirely selected still meets it; without ``where=``, a
+  maximum or minimum with ``initial`` over axes that have values is
+  ``maximum(initial, max(x))``. Plain reductions have generated kernels and join row
+  programs (a masked softmax's ``np.max(s, where=mask, initial=-np.inf)``); reductions
+  with ``where=``/``initial=`` run through CuPy.
 
 Never ``x * 0 -> 0``, ``x - x -> 0`` or ``x / x -> 1``: they are wrong for NaN and Inf.
 """
@@ -71,6 +81,58 @@ def _counted(graph: Graph, n: Node) -> int | None:
     axes = normalize_axis(n.attrs.get("axis"), len(x.shape)) if x.shape else ()
     count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
     return x.id if 0 < count <= EXACT_COUNT else None
+
+
+def _plain_form(graph: Graph, n: Node) -> Node | None:
+    """A masked float reduction, or a maximum/minimum with ``initial``, rewritten as
+    plain reductions and elementwise ops (see the module docstring); None if ``n`` is
+    neither or the rewrite would change its type."""
+    if n.op not in ("sum", "mean", "max", "min") or not n.inputs \
+            or n.attrs.get("dtype") is not None or n.attrs.get("ddof"):
+        return None
+    x = graph.nodes[n.inputs[0]]
+    if x.dtype.kind != "f" or not x.shape:
+        return None
+    axes = normalize_axis(n.attrs.get("axis"), len(x.shape))
+    if not all(x.shape[a] > 0 for a in axes):
+        return None  # empty reductions: NumPy's identities and errors stay NumPy's
+    initial = n.attrs.get("initial")
+    masked = len(n.inputs) == 2
+    if n.op in ("sum", "mean") and (not masked or initial is not None):
+        return None
+    if n.op in ("max", "min") and initial is None:
+        return None
+    kept = {"axis": n.attrs.get("axis"), "keepdims": bool(n.attrs.get("keepdims"))}
+    new: list[int] = []
+
+    def add(op: str, inputs: tuple[int, ...], attrs: dict | None = None) -> int:
+        new.append(graph.insert_before(n.id, op, inputs, attrs).id)
+        return new[-1]
+
+    fill = 0 if n.op in ("sum", "mean") else initial
+    body = x.id
+    if masked:
+        body = add("where", (n.inputs[1], x.id,
+                             add("constant", (), {"value": x.dtype.type(fill)})))
+    if n.op in ("max", "min"):
+        reduced = add(n.op, (body,), kept)
+        out = insert_like(graph, n.id, "maximum" if n.op == "max" else "minimum",
+                          (add("constant", (), {"value": x.dtype.type(initial)}), reduced),
+                          {}, n)
+    elif n.op == "sum":
+        out = insert_like(graph, n.id, "sum", (body,), kept, n)
+    else:
+        if x.dtype == np.float16:  # NumPy's mean of float16 sums in float32
+            body = add("astype", (body,), {"dtype": np.dtype(np.float32)})
+        total = add("sum", (body,), kept)
+        full = add("broadcast_to", (n.inputs[1],), {"shape": tuple(x.shape)}) \
+            if tuple(graph.nodes[n.inputs[1]].shape) != tuple(x.shape) else n.inputs[1]
+        count = add("sum", (full,), kept)  # int64: true_divide computes in float64
+        quotient = add("divide", (total, count))
+        out = insert_like(graph, n.id, "astype", (quotient,), {"dtype": n.dtype}, n)
+    if out is None:
+        prune(graph, new[::-1])
+    return out
 
 
 def _float_count(graph: Graph, n: Node, b: int) -> Node | None:
@@ -173,6 +235,12 @@ def _simplify(graph: Graph, n: Node, ctx: PassContext) -> bool:
                                 f"{'max' if n.op == 'any' else 'min'} of booleans")
             if truth != x.id:
                 prune(graph, [truth])
+    if n.op in ("sum", "mean", "max", "min") and (
+            len(n.inputs) == 2 or n.attrs.get("initial") is not None):
+        new = _plain_form(graph, n)
+        if new is not None:
+            return _replace(graph, n, new.id, ctx, f"{n.op} with where=/initial= as plain "
+                            "reductions and elementwise ops")
     if (b := _counted(graph, n)) is not None:
         new = _float_count(graph, n, b)
         if new is not None:

@@ -26,8 +26,8 @@ def _executable(fn, *args, cuda_graph="auto"):
     return CupyExecutable(graph, impl, plan_memory(graph, "balanced"), cuda_graph=cuda_graph)
 
 
-def _two_launches(x):  # an elementwise result and a column sum: two kernels
-    return np.tanh(x), x.sum(axis=0)
+def _two_launches(x):  # a column sum and a row maximum: two kernels (two row spaces)
+    return x.sum(axis=0), x.max(axis=1)
 
 
 def _one_launch(x):
