@@ -34,7 +34,8 @@ MASKED = {
     "sum_all": "def f(x, y, m):\n    return np.sum(x * y, where=m)\n",
     "mean_rows": "def f(x, y, m):\n    return np.mean(x, axis=-1, where=m)\n",
     "mean_cols": "def f(x, y, m):\n    return x.mean(axis=0, where=m)\n",
-    "mean_broadcast": "def f(x, y, m):\n    return np.mean(x, axis=-1, where=m[:1], keepdims=True)\n",
+    "mean_broadcast": ("def f(x, y, m):\n"
+                       "    return np.mean(x, axis=-1, where=m[:1], keepdims=True)\n"),
     "max_rows": "def f(x, y, m):\n    return np.max(x, axis=-1, initial=-np.inf, where=m)\n",
     "min_cols": "def f(x, y, m):\n    return np.min(x, axis=0, initial=0.5, where=m)\n",
     "max_initial": "def f(x, y, m):\n    return np.max(x + y, axis=-1, initial=0.25)\n",
