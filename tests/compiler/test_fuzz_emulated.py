@@ -96,18 +96,34 @@ class _Builder:
             return f"np.where({a[0]} > 0, {a[0]}, {b[0]})", False, shape
         return f"({a[0]} - {b[0]})", False, shape
 
-    def reduce(self, v: Value) -> tuple[Value, bool]:
+    def reduce(self, v: Value, masked: bool = False) -> tuple[Value, bool]:
         """A reduction of ``v`` (a value of the program's full rank) and whether it keeps
-        its dims (then it broadcasts back; else it is returned as a statistic)."""
+        its dims (then it broadcasts back; else it is returned as a statistic). Where
+        ``masked``, the mask ``m`` broadcasts to ``v`` and may be its ``where=``."""
         expr, positive, shape = v
         nd = len(shape)
         choices = [(nd - 1,), (0,), tuple(range(nd))]
         if nd >= 3:
             choices += [(1,), (nd - 2, nd - 1), (0, *range(2, nd))]
         axes = self.draw(st.sampled_from(choices))
-        op = self.draw(st.sampled_from(["sum", "mean", "max", "min", "var", "argmax",
-                                        "argmin"]))
+        ops = ["sum", "mean", "max", "min", "var", "argmax", "argmin", "count"]
+        if masked:
+            ops += ["sum_where", "mean_where", "max_where"]
+        op = self.draw(st.sampled_from(ops))
         keep = self.draw(st.booleans())
+        kept = tuple(1 if a in axes else d for a, d in enumerate(shape)) if keep else \
+            tuple(d for a, d in enumerate(shape) if a not in axes)
+        if op == "count":  # a count of booleans: a fraction in float64, or an int64 count
+            if self.draw(st.booleans()):
+                return (f"({expr} > 0).mean(axis={axes}, keepdims={keep})", True, kept), keep
+            return (f"({expr} > 0).sum(axis={axes}, keepdims={keep})", False, kept), keep
+        if op.endswith("_where"):  # NumPy's masked reductions
+            name = op[:-len("_where")]
+            extra = ", initial=-np.inf" if name == "max" else ""
+            out = f"np.{name}({expr}, axis={axes}, keepdims={keep}, where=m{extra})"
+            if name == "sum":
+                out = f"({out} / {float(np.prod([shape[a] for a in axes]))})"
+            return (out, False, kept), keep
         if op in ("argmax", "argmin"):  # one axis; an index, returned as a statistic
             axis = axes[0]
             kept = tuple(d for a, d in enumerate(shape) if a != axis)
@@ -118,8 +134,6 @@ class _Builder:
             out, positive = f"({out} + 0.5)", True
         elif op == "sum":  # magnitudes near one
             out = f"({out} / {float(np.prod([shape[a] for a in axes]))})"
-        kept = tuple(1 if a in axes else d for a, d in enumerate(shape)) if keep else \
-            tuple(d for a, d in enumerate(shape) if a not in axes)
         return (out, positive, kept), keep
 
 
@@ -170,7 +184,7 @@ def programs(draw: Any) -> tuple[str, list[Spec]]:
             v = b.binary(draw(st.sampled_from(values)), draw(st.sampled_from(values)))
         else:
             src = draw(st.sampled_from([v for v in values if len(v[2]) == ndim]))
-            v, keep = b.reduce(src)
+            v, keep = b.reduce(src, tuple(np.broadcast_shapes(y_shape, src[2])) == src[2])
             if not keep:
                 lines.append(f"s{k} = {v[0]}")
                 stats.append(f"s{k}")
