@@ -67,7 +67,8 @@ REASONS = {
                  "scaled_dot_product_attention, whichever its first call measured faster, "
                  "where torch is installed, else the blocked online softmax); a library "
                  "call between CUDA graphs",
-    "SCAN": "a scan or sort along an axis (cumsum, cumprod, sort, argsort): the array "
+    "SCAN": "a scan, sort or quantile along an axis (cumsum, cumprod, sort, argsort, "
+            "quantile): the array "
             "library's own (CuPy: CUB's device scans and radix sorts), a library call "
             "between the generated kernels",
     "CONV": "convolution: pl.conv's path (cuDNN or the GEMM form, whichever its first "

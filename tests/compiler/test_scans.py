@@ -196,3 +196,73 @@ def test_median_is_numpys_bit_for_bit(rng, dtype, shape, axis, keepdims):
     method = pl.compile(lambda a: np.median(a, axis=axis) * 2)
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(method(x), np.median(x, axis=axis) * 2)
+
+
+QUANTILES = {
+    "quantile": lambda a, q, axis, keep, method: np.quantile(a, q, axis=axis, keepdims=keep,
+                                                              method=method),
+    "percentile": lambda a, q, axis, keep, method: np.percentile(
+        a, np.multiply(q, 100).tolist() if np.ndim(q) else q * 100, axis=axis, keepdims=keep,
+        method=method),
+}
+
+
+@pytest.mark.parametrize("fn", sorted(QUANTILES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.bool_])
+@pytest.mark.parametrize("shape, axis", [((7,), None), ((4, 9), -1), ((4, 8), 0),
+                                         ((3, 4, 5), (0, 2)), ((3, 4, 6), None)])
+@pytest.mark.parametrize("q", [0.9, 0.0, (0.1, 0.5, 1.0)])
+def test_quantiles_are_numpys_bit_for_bit(rng, fn, dtype, shape, axis, q):
+    """NumPy's own function on the numpy backend: values (NaN in some slices), dtypes
+    (a tuple of q gives float64), shapes (q's axis first), scalars, keepdims."""
+    x = _data(rng, shape, dtype)
+    for keep, method in ((False, "linear"), (True, "nearest"), (False, "midpoint")):
+        def program(a, keep=keep, method=method):
+            return QUANTILES[fn](a, q, axis, keep, method)
+
+        f = pl.compile(program)
+        try:
+            with np.errstate(all="ignore"):
+                want = program(x)
+        except TypeError as e:  # booleans between two values: NumPy's own TypeError
+            with pytest.raises(TypeError, match=str(e)[:20]):
+                f(x)
+            continue
+        with np.errstate(all="ignore"):
+            got = f(x)
+        assert type(got) is type(want)
+        assert np.asarray(got).dtype == np.asarray(want).dtype
+        assert np.shape(got) == np.shape(want)
+        np.testing.assert_array_equal(got, want)
+        assert _breaks(f, x) == 0
+
+
+def test_a_percentile_clip_fuses_around_its_quantiles(rng):
+    def clip(x):
+        lo, hi = np.percentile(x, [1, 99], axis=-1, keepdims=True)
+        return np.clip(x, lo, hi) * 2
+
+    x = _data(rng, (16, 300), np.float32, special=False)
+    f = pl.compile(clip)
+    np.testing.assert_array_equal(f(x), clip(x))
+    assert _breaks(f, x) == 0
+    graph, _ = trace(clip, (x,))
+    graph = PassManager().run(graph).graph
+    ops = [graph.node(d.node).op for d in choose(graph, "cupy", "balanced", supports)
+           if d.choice not in ("source", "cupy") or graph.node(d.node).op == "quantile"]
+    assert ops.count("quantile") == 1 and "fused" in ops
+
+
+def test_quantiles_numpy_refuses_or_pyc_lab_does_not_cover_run_as_written(rng):
+    x = _data(rng, (4, 9), np.float32, special=False)
+    for program in (lambda a: np.quantile(a, 0.5, method="hazen"),
+                    lambda a: np.quantile(a, a[0, :2] * 0 + 0.5),  # q computed from data
+                    lambda a: np.percentile(a, 50, weights=np.ones_like(a),
+                                            method="inverted_cdf")):
+        f = pl.compile(program)
+        np.testing.assert_array_equal(f(x), program(x))
+        assert _breaks(f, x) >= 1
+    with pytest.raises(ValueError):
+        pl.compile(lambda a: np.quantile(a, 1.5))(x)
+    with pytest.raises(ValueError):
+        np.quantile(x, 1.5)

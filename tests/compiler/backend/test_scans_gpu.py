@@ -98,3 +98,25 @@ def test_median_on_the_gpu_matches_numpy(rng, dtype, shape, axis):
         want = program(x)
     assert got.dtype == np.asarray(want).dtype and got.shape == np.shape(want)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int32])
+@pytest.mark.parametrize("shape, axis", [((1001,), None), ((64, 130), -1), ((64, 129), 0),
+                                         ((3, 8, 5), (0, 2))])
+@pytest.mark.parametrize("q, method", [(0.9, "linear"), ((0.01, 0.5, 0.99), "linear"),
+                                       (0.3, "nearest"), (0.25, "midpoint")])
+def test_quantiles_on_the_gpu_match_numpy(rng, dtype, shape, axis, q, method):
+    """CuPy's quantile, with NumPy's NaN rule and result dtype."""
+    x = _data(rng, shape, dtype)
+
+    def program(a):
+        return np.quantile(a, q, axis=axis, method=method) * 2
+
+    f = pl.compile(program, backend="cupy")
+    poison_pool()
+    got = cp.asnumpy(f(cp.asarray(x)))
+    with np.errstate(all="ignore"):
+        want = program(x)
+    assert got.dtype == np.asarray(want).dtype and got.shape == np.shape(want)
+    np.testing.assert_allclose(got, want, rtol=2e-3 if dtype == np.float16 else 1e-6,
+                               atol=0, equal_nan=True)
