@@ -1,10 +1,12 @@
-"""Counts of booleans as float32 sums, so that they join row programs.
+"""Counts of booleans as float32 sums, and maxima/minima of booleans (``any``/``all``)
+as float32 ones, so that they join row programs.
 
 On the CPU: which counts are rewritten (sums and means of booleans, booleans cast to an
 integer, ``np.count_nonzero``, ``dtype=``, keepdims, several axes, a full count) and
 which are not (more than 2**24 values a result, ``where=``), the programs that become
-one row kernel (a count over rows, a fraction, ``np.nanmean``, a masked mean and a
-masked mean pooling), answers bit for bit against NumPy on the numpy backend with
+one row kernel (a count over rows, a fraction, ``np.nanmean``, a masked mean, a
+masked mean pooling, ``np.isnan(x).any(-1)`` and a normalisation guarded by
+``np.isfinite(x).all(-1)``), answers bit for bit against NumPy on the numpy backend with
 NaN/Inf/-0.0 and the generated kernels on the CPU emulator into poisoned outputs. On
 the GPU (marked ``gpu``): exact counts against NumPy.
 """
@@ -44,6 +46,12 @@ COUNTS = {
     "masked_mean": "def f(x, y, m):\n    return (x * m).sum(-1) / m.sum(-1)\n",
     "columns": "def f(x, y, m):\n    return (x > y).sum(axis=0) * 2\n",
     "full": "def f(x, y, m):\n    return (x > 0).sum() + m.mean()\n",
+    "any_rows": "def f(x, y, m):\n    return np.isnan(x).any(axis=-1)\n",
+    "all_cols": "def f(x, y, m):\n    return (x > y).all(axis=0, keepdims=True)\n",
+    "max_of_mask": "def f(x, y, m):\n    return m.max(axis=-1), m.min(axis=-1)\n",
+    "guarded_norm": ("def f(x, y, m):\n"
+                     "    bad = ~np.isfinite(x).all(axis=-1, keepdims=True)\n"
+                     "    return np.where(bad, 0, x / np.abs(x).sum(-1, keepdims=True))\n"),
 }
 
 
@@ -73,7 +81,7 @@ def _graph(fn, args):
 
 def _notes(res):
     return [n for rec in res.log if rec.name == "simplify" for n in rec.notes
-            if "count of booleans" in n]
+            if "count of booleans" in n or "of booleans as a float32" in n]
 
 
 @pytest.mark.parametrize("name", sorted(COUNTS))
@@ -91,7 +99,7 @@ def test_counts_are_float32_sums_matching_numpy_bit_for_bit(rng, name):
 
 
 @pytest.mark.parametrize("name", ["count_rows", "fraction_rows", "count_nonzero", "nanmean",
-                                  "masked_mean", "count_int32"])
+                                  "masked_mean", "count_int32", "any_rows", "guarded_norm"])
 def test_a_count_over_rows_is_one_row_kernel_with_its_work(rng, name):
     graph = _graph(_fn(COUNTS[name]), _args(rng)).graph
     kernels = [(graph.node(d.node).op, d.choice)
@@ -154,10 +162,12 @@ def test_counts_on_the_gpu_are_numpys(rng, name, shape):
         got = f(*[cp.asarray(a) for a in args])
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)
-            want = np.asarray(fn(*args))
-        got = cp.asnumpy(got)
-        assert got.dtype == want.dtype and got.shape == want.shape
-        if want.dtype.kind in "iu":
-            np.testing.assert_array_equal(got, want)
-        else:  # sums of float values: the GPU adds in another order
-            np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+            want = fn(*args)
+        pairs = zip(got, want, strict=True) if isinstance(want, tuple) else [(got, want)]
+        for g, w in pairs:
+            g, w = cp.asnumpy(g), np.asarray(w)
+            assert g.dtype == w.dtype and g.shape == w.shape
+            if w.dtype.kind in "biu":
+                np.testing.assert_array_equal(g, w)
+            else:  # sums of float values: the GPU adds in another order
+                np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-6)

@@ -17,6 +17,10 @@ and dtype, so a constant that broadcasts or promotes blocks it):
 - ``any(x)`` / ``all(x)`` -> ``max`` / ``min`` of ``x`` as booleans (NaN counts as
   true, as NumPy counts it), where every reduced axis has values (the empty reductions
   differ) and no ``where=`` is given: the maximum and minimum have generated kernels;
+- a maximum or minimum of booleans (so ``any``/``all`` too) over axes that have values
+  -> the float32 maximum/minimum of the booleans as 0 and 1, then ``!= 0``: exact, and
+  it joins a row program beside the float work on the same rows (``np.isnan(x).any(-1)``
+  with ``x``'s statistics);
 - a count — ``sum`` of a boolean array, or of booleans cast to an integer, and ``mean``
   of a boolean array — over at most :data:`EXACT_COUNT` values per result -> the
   ``float32`` sum of the booleans, cast to the count's dtype (a mean's count to
@@ -81,6 +85,26 @@ def _counted(graph: Graph, n: Node) -> int | None:
     axes = normalize_axis(n.attrs.get("axis"), len(x.shape)) if x.shape else ()
     count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
     return x.id if 0 < count <= EXACT_COUNT else None
+
+
+def _float_extreme(graph: Graph, n: Node) -> Node | None:
+    """A plain maximum/minimum of booleans over axes that have values as the float32
+    maximum/minimum of 0 and 1 cast back to bool, or None."""
+    if n.op not in ("max", "min") or len(n.inputs) != 1 or n.dtype.kind != "b" or any(
+            n.attrs.get(k) is not None for k in ("where", "initial", "dtype")):
+        return None
+    x = graph.nodes[n.inputs[0]]
+    axes = normalize_axis(n.attrs.get("axis"), len(x.shape)) if x.shape else ()
+    if not x.shape or not all(x.shape[a] > 0 for a in axes):
+        return None
+    cast = graph.insert_before(n.id, "astype", (x.id,), {"dtype": np.dtype(np.float32)})
+    reduced = graph.insert_before(n.id, n.op, (cast.id,),
+                                  {"axis": n.attrs.get("axis"),
+                                   "keepdims": bool(n.attrs.get("keepdims"))})
+    new = insert_like(graph, n.id, "astype", (reduced.id,), {"dtype": np.dtype(bool)}, n)
+    if new is None:
+        prune(graph, [reduced.id, cast.id])
+    return new
 
 
 def _plain_form(graph: Graph, n: Node) -> Node | None:
@@ -241,6 +265,10 @@ def _simplify(graph: Graph, n: Node, ctx: PassContext) -> bool:
         if new is not None:
             return _replace(graph, n, new.id, ctx, f"{n.op} with where=/initial= as plain "
                             "reductions and elementwise ops")
+    if n.op in ("max", "min") and n.dtype.kind == "b":
+        new = _float_extreme(graph, n)
+        if new is not None:
+            return _replace(graph, n, new.id, ctx, f"a {n.op} of booleans as a float32 {n.op}")
     if (b := _counted(graph, n)) is not None:
         new = _float_count(graph, n, b)
         if new is not None:
