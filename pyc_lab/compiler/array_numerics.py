@@ -4,7 +4,8 @@
 ``np.round`` (NumPy's own steps), ``np.linalg.norm`` (vector norms as reductions),
 ``np.nan_to_num`` and the NaN-skipping reductions (selects, then reductions),
 ``np.einsum``/``np.tensordot``/``np.inner`` (:mod:`.einsum`: transposes, sums and batched
-matmuls), ``np.diff`` and ``np.gradient`` (arithmetic on slices), ``np.ptp``,
+matmuls), ``np.diff``, ``np.gradient`` and ``np.trapezoid`` (arithmetic on slices),
+``np.ptp``,
 ``np.count_nonzero`` and ``np.isclose``. A form a handler does not cover raises
 :class:`~.function_parts.NotCovered` and runs as written.
 """
@@ -205,6 +206,33 @@ def _diff(tracer: Tracer, a: Any, n: int = 1, axis: int = -1, prepend: Any = NOV
     return x
 
 
+def _trapezoid(tracer: Tracer, y: Any, x: Any = None, dx: Any = 1.0, axis: int = -1) -> Any:
+    """``np.trapezoid``: NumPy's own steps, ``(d * (y[1:] + y[:-1]) / 2.0).sum(axis)``,
+    with ``d`` the spacing ``dx`` or ``np.diff`` of the sample points ``x`` (a 1-d ``x``
+    shaped to lie along ``axis``)."""
+    v = tracer.lift(y)
+    if v.ndim == 0 or not isinstance(axis, (int, np.integer)) or is_traced(dx):
+        raise NotCovered
+    (k,) = normalize_axis(int(axis), v.ndim)
+    if x is None:
+        d = dx
+    else:
+        t = tracer.lift(x)
+        if t.ndim == 1:
+            d = _diff(tracer, t)
+            shape = [1] * v.ndim
+            shape[k] = d.shape[0]
+            d = d.reshape(tuple(shape))
+        else:
+            d = _diff(tracer, t, axis=k)
+    head = [slice(None)] * v.ndim
+    tail = [slice(None)] * v.ndim
+    head[k], tail[k] = slice(1, None), slice(None, -1)
+    pairs = ufuncs.apply(tracer, "add", (v[tuple(head)], v[tuple(tail)]))
+    area = ufuncs.apply(tracer, "divide", (ufuncs.apply(tracer, "multiply", (d, pairs)), 2.0))
+    return reductions.reduce(tracer, "sum", area, axis=k)
+
+
 def _gradient(tracer: Tracer, f: Any, *varargs: Any, axis: Any = None,
               edge_order: int = 1) -> Any:
     """``np.gradient`` with uniform (scalar) spacings: NumPy's own arithmetic — central
@@ -390,7 +418,7 @@ HANDLERS: dict[Callable, Callable] = {
     np.gradient: _gradient, np.ptp: _ptp, np.count_nonzero: _count_nonzero,
     np.nansum: _nan_reduction("sum"), np.nanmean: _nan_reduction("mean"),
     np.nanmax: _nan_reduction("max"), np.nanmin: _nan_reduction("min"),
-    np.isclose: _isclose,
+    np.isclose: _isclose, np.trapezoid: _trapezoid,
 }
 if hasattr(np, "around"):
     HANDLERS[np.around] = _round

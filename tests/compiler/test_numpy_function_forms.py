@@ -1,5 +1,6 @@
 """NumPy functions that are other ops in disguise — ``np.flip`` (a reversed view),
-``np.vstack``/``np.hstack`` (concatenations), ``np.<ufunc>.reduce`` (reductions) — traced
+``np.vstack``/``np.hstack`` (concatenations), ``np.<ufunc>.reduce`` (reductions),
+``np.diff``/``np.gradient``/``np.trapezoid`` (arithmetic on slices) — traced
 as those ops, with NumPy's results bit for bit and no graph break; forms they do not
 cover stay graph breaks that still give NumPy's answer."""
 
@@ -167,6 +168,21 @@ def test_diff_prepend_append_and_dtypes(x):
     _same(lambda a: np.diff(a, axis=0, append=a[-1:]), x)
     _same(lambda a: np.diff(a > 0), x)  # booleans: !=
     _same(lambda a: np.diff(a, 2), np.arange(12, dtype=np.int32) ** 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int32])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_trapezoid_is_numpys_arithmetic_on_slices(x, dtype, axis):
+    """Spacing ``dx`` (default and given), sample points as a 1-d array along the axis
+    and as an array of ``y``'s shape; integers give float64, as NumPy's do."""
+    a = x.astype(dtype) if dtype != np.int32 else np.arange(91, dtype=dtype).reshape(7, 13)
+    t = np.cumsum(np.abs(x[0]) + 0.5).astype(np.float32)
+    with np.errstate(all="ignore"):
+        _same(lambda v: np.trapezoid(v, axis=axis), a)
+        _same(lambda v: np.trapezoid(v, dx=0.25, axis=axis) * 2, a)
+        _same(lambda v, s: np.trapezoid(v, s, axis=axis),
+              a, t if axis == -1 else t[:7])
+        _same(lambda v, s: np.trapezoid(v, s, axis=axis), a, np.abs(x) + 1)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int32])
