@@ -8,7 +8,8 @@ whole output); GPU time is the median of CUDA-event repeats (``pl.profiling.benc
 memory-bound programs also report bytes read and written per second against a
 device-to-device copy measured in the same run. Compile times (first call) and the warm
 host time per call (at 1/256 of the size, where issuing the call is what costs) are
-recorded, torch.compile's warm host time on the same small inputs beside it. For each
+recorded, torch.compile's warm host time on the same small inputs beside it (rounds
+interleaved, the garbage collector paused as ``timeit`` pauses it). For each
 memory-bound program the ratio a kernel at copy bandwidth would reach is recorded too
 (torch.compile's time over the copy time of the same bytes), and the summary gives the
 median those ceilings allow: how far the suite's median can go on this card at all.
@@ -31,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import cupy_and_torch, gpu_time, host_us, write_result
+from common import cupy_and_torch, gpu_time, host_us_many, write_result
 from programs import PROGRAMS, Program, make_inputs
 
 import pyc_lab as pl
@@ -109,13 +110,16 @@ def run_program(p: Program, cp: Any, torch: Any, copy_bw: float) -> dict[str, An
     row["vs_torch_eager"] = row["ms"]["torch eager"] / row["ms"]["pl.compile"]
     small = [cp.asarray(a) for a in make_inputs(p, SMALL_SCALE, seed=2)]
     small_fn = pl.compile(p.numpy_fn)
-    row["pl_host_us_small"] = host_us(cp, lambda: small_fn(*small))
-    # the same figure for torch.compile, in the same run: the host's speed differs
-    # between machine starts, so absolute host times only compare within one run
+    # the same figure for torch.compile, in the same run and rounds interleaved: the
+    # host's speed differs between machine starts, so absolute host times only compare
+    # within one run
     tsmall = [torch.from_dlpack(a) for a in small]
     tc_small = torch.compile(p.torch_fn, dynamic=False)
     tc_small(*tsmall)
-    row["torch_compile_host_us_small"] = host_us(cp, lambda: tc_small(*tsmall))
+    host = host_us_many(cp, {"pl": lambda: small_fn(*small),
+                             "tc": lambda: tc_small(*tsmall)})
+    row["pl_host_us_small"] = host["pl"]
+    row["torch_compile_host_us_small"] = host["tc"]
     if p.memory_bound:
         outs = _tuple(fn(*dev))
         moved = sum(a.nbytes for a in dev) + sum(getattr(o, "nbytes", 8) for o in outs)

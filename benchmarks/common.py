@@ -98,14 +98,37 @@ def gpu_time(fn: Callable[[], object], repeats: int = 20, warmup: int = 3) -> fl
 
 def host_us(cp, fn: Callable[[], object], calls: int = 200, rounds: int = 7) -> float:
     """Median host microseconds per call of ``fn`` (not synchronised inside a round)."""
-    for _ in range(20):
-        fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+    return host_us_many(cp, {"fn": fn}, calls, rounds)["fn"]
+
+
+def host_us_many(cp, fns: dict[str, Callable[[], object]], calls: int = 200,
+                 rounds: int = 7) -> dict[str, float]:
+    """Median host microseconds per call of each of ``fns``, their rounds interleaved
+    (one round of each in turn), so that a slower spell of the host falls on all of them.
+
+    As ``timeit`` does, the garbage collector is paused while a round runs: a collection
+    of garbage other code left (a compiler's, an earlier benchmark's) would otherwise land
+    on whichever call happens to trigger it. The GPU is synchronised between rounds,
+    never inside one.
+    """
+    import gc
+
+    for fn in fns.values():
+        for _ in range(20):
             fn()
-        times.append((time.perf_counter() - t0) / calls)
-        cp.cuda.Device().synchronize()
-    return statistics.median(times) * 1e6
+    cp.cuda.Device().synchronize()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            enabled = gc.isenabled()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                times[name].append((time.perf_counter() - t0) / calls)
+            finally:
+                if enabled:
+                    gc.enable()
+            cp.cuda.Device().synchronize()
+    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
