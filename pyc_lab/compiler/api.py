@@ -555,8 +555,20 @@ _ARRAY_MODULE: dict[type, str] = {}
 
 
 def _array_module(value: Any) -> str:
-    """``"numpy"``/``"cupy"`` for an array argument, ``""`` otherwise; remembered by type."""
+    """``"numpy"``/``"cupy"`` for an array argument, ``""`` otherwise; remembered by type.
+
+    A subclass of ``np.ndarray`` other than ``np.memmap`` (a masked array, ``np.matrix``,
+    a unit-carrying quantity) is refused: it behaves otherwise than its values (a mask,
+    ``*`` as a matrix product, units), which compiled code would silently drop.
+    """
     kind = type(value)
+    if isinstance(value, np.ndarray) and kind is not np.ndarray \
+            and not isinstance(value, np.memmap):
+        raise PycLabError(
+            f"a {kind.__module__}.{kind.__name__} was passed: compiled functions take plain "
+            "NumPy arrays (np.ndarray, np.memmap), CuPy arrays and torch tensors; its own "
+            "behaviour (a mask, matrix products, units) would be lost. Pass np.asarray(x) "
+            "to compute on its values, or call the function uncompiled")
     module = ""
     if is_array(value):
         module = "cupy" if kind.__module__.startswith("cupy") else "numpy"

@@ -70,6 +70,11 @@ class Tracer:
     # -- values -------------------------------------------------------------------------
     def input(self, name: str, value: Any) -> Traced:
         """A graph input standing for ``value`` (a NumPy or CuPy array)."""
+        if np.dtype(value.dtype).kind in "OVUS":
+            raise TraceError(
+                f"argument {name!r} has dtype {value.dtype}: compiled functions take arrays "
+                "of numbers, booleans, datetimes and timedeltas; call the function "
+                "uncompiled for objects, strings or structured records")
         node = self.graph.add("input", (), {"index": len(self.graph.inputs)}, name=name,
                               shape=tuple(value.shape), dtype=value.dtype)
         self.probe.set(node.id, value)

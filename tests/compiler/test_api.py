@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -313,3 +315,29 @@ def test_results_come_back_in_the_structure_the_function_returned():
         for call in range(2):  # the second call: the fast path's packing
             same(compiled(x), fn(x))
             assert compiled.cache_info()["hits"] == call
+
+
+def test_array_subclasses_with_behaviour_of_their_own_are_refused(tmp_path):
+    """A masked array's mask, np.matrix's products, a recarray's type: compiled code would
+    drop them silently, also after a plain array of the same shape was compiled."""
+    x = np.random.default_rng(3).random((3, 4)).astype(np.float32)
+    f = pl.compile(lambda a: a * 2)
+    np.testing.assert_array_equal(f(x), x * 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)  # np.matrix's own
+        matrix = np.asmatrix(x)
+    for value in (np.ma.masked_array(x, mask=x > 0.5), matrix, np.rec.array(x)):
+        with pytest.raises(PycLabError, match=type(value).__name__):
+            f(value)
+    mm = np.memmap(tmp_path / "x.dat", dtype=np.float32, mode="w+", shape=(3, 4))
+    mm[:] = x
+    got = f(mm)
+    assert type(got) is np.ndarray
+    np.testing.assert_array_equal(got, x * 2)
+
+
+@pytest.mark.parametrize("value", [np.array([1, "a"], dtype=object), np.array(["a", "b"]),
+                                   np.zeros(2, dtype=[("f", np.float32)])])
+def test_arrays_of_objects_strings_or_records_are_a_clear_error(value):
+    with pytest.raises(PycLabError, match="dtype"):
+        pl.compile(lambda a: a * 2)(value)
