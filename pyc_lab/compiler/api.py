@@ -420,6 +420,12 @@ class CompiledFunction:
                     f"argument {name!r} is a {type(value).__name__} of numbers; pass an "
                     f"array (np.asarray({name})) — lists are static values, not inputs"
                 )
+            elif _array_like(value):
+                raise PycLabError(
+                    f"argument {name!r} is a {type(value).__module__}.{type(value).__name__}: "
+                    "compiled functions take NumPy and CuPy arrays; any other array-like "
+                    f"would be compiled in as a constant. Pass np.asarray({name}) (or a CuPy "
+                    "array: cupy.asarray, cupy.from_dlpack)")
             else:
                 key_parts.append((name, "static", static_key(value)))
         call_key = tuple(key_parts)
@@ -554,6 +560,15 @@ _MAX_ENTRIES = 8
 _ARRAY_MODULE: dict[type, str] = {}
 
 
+def _array_like(value: Any) -> bool:
+    """Whether ``value`` is an array-like that is not a NumPy or CuPy array or scalar (a
+    pandas Series, a torch tensor, an object with ``__array__``)."""
+    if isinstance(value, (np.generic, bool, int, float, complex, str, bytes)):
+        return False
+    return any(hasattr(value, a) for a in ("__array__", "__array_interface__",
+                                           "__cuda_array_interface__", "__dlpack__"))
+
+
 def _array_module(value: Any) -> str:
     """``"numpy"``/``"cupy"`` for an array argument, ``""`` otherwise; remembered by type.
 
@@ -566,7 +581,7 @@ def _array_module(value: Any) -> str:
             and not isinstance(value, np.memmap):
         raise PycLabError(
             f"a {kind.__module__}.{kind.__name__} was passed: compiled functions take plain "
-            "NumPy arrays (np.ndarray, np.memmap), CuPy arrays and torch tensors; its own "
+            "NumPy arrays (np.ndarray, np.memmap) and CuPy arrays; its own "
             "behaviour (a mask, matrix products, units) would be lost. Pass np.asarray(x) "
             "to compute on its values, or call the function uncompiled")
     module = ""

@@ -98,6 +98,12 @@ class Tracer:
                 raise ScalarOverflowError(f"Python scalar {value!r}: {exc}") from None
             arr = scalars.typed_constant(value, dtype)
         else:
+            if not isinstance(value, (np.ndarray, np.generic, list, tuple)) and any(
+                    hasattr(value, a) for a in ("__array__", "__array_interface__")):
+                raise TraceError(
+                    f"a {type(value).__module__}.{type(value).__name__} read inside the "
+                    "function would be compiled in as a constant (its later contents "
+                    "unseen); pass it as an argument, as a NumPy or CuPy array")
             arr = np.asarray(value)
             if arr.dtype == object:
                 raise TraceError(f"cannot trace a constant of type {type(value).__name__}")

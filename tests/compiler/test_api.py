@@ -341,3 +341,25 @@ def test_array_subclasses_with_behaviour_of_their_own_are_refused(tmp_path):
 def test_arrays_of_objects_strings_or_records_are_a_clear_error(value):
     with pytest.raises(PycLabError, match="dtype"):
         pl.compile(lambda a: a * 2)(value)
+
+
+def test_array_likes_are_refused_not_compiled_in_as_constants():
+    """A pandas Series (or any object with ``__array__``) passed or read inside was baked
+    into the graph as a constant: a later call saw its old contents."""
+    import pandas as pd
+
+    series = pd.Series([1.0, 2.0])
+    f = pl.compile(lambda a: a * 2)
+    with pytest.raises(PycLabError, match=r"Series.*np\.asarray"):
+        f(series)
+
+    class Holder:  # an array-like of a user's own
+        def __array__(self, dtype=None, copy=None):
+            return np.ones(2)
+
+    with pytest.raises(PycLabError, match="Holder"):
+        f(Holder())
+    inside = pl.compile(lambda a: a * series)
+    with pytest.raises(PycLabError, match=r"Series.*argument"):
+        inside(np.ones(2))
+    np.testing.assert_array_equal(f(np.float32(3)), np.float32(6))  # scalars stay static
