@@ -20,8 +20,21 @@ or called by name from it, a few levels deep):
   NumPy). Where the backend cannot take it as an input (a NumPy array captured by a
   function running on CuPy arrays), it is a constant guarded by identity.
 
-Not guarded: values reached other than by name and attribute (``cfg["scale"]``,
-``items[0]``), and attributes of objects whose module is a library's.
+A bound method (``pl.compile(model.forward)``) is guarded the same way from its
+``self``: the attribute paths read from it (``self.w``, ``self.params``) are guards, and
+arrays reached so are captured inputs, so a model whose weights are updated in place or
+rebound is seen at the next call.
+
+A plain container reached by such a path (a ``dict``, ``list`` or ``tuple`` holding
+arrays or other values: ``params["W1"]``, ``layers[0]``), and a user's object reached so
+(its ``__dict__``: ``self.encoder.w``, ``layers[0].w``), is guarded item by item, three
+levels deep and up to :data:`MAX_CONTAINER_ITEMS` items in all — a container's keys or
+length, each plain value by value, each array as a captured input read afresh at every
+call — whatever key or attribute the function reads it with. Not guarded: larger
+containers (guarded by identity only, their items as the trace saw them), values
+reached through calls or other expressions, attributes of objects whose module is a
+library's, and objects passed as static arguments (``pl.compile(Model.forward)(model,
+x)``: compile the bound method ``model.forward`` instead).
 """
 
 from __future__ import annotations
@@ -42,6 +55,10 @@ __all__ = ["Guard", "Guards", "collect"]
 _MISSING = object()
 _LIBRARIES = ("numpy", "cupy", "cupyx", "pyc_lab", "math", "builtins", "scipy", "torch")
 _MAX_DEPTH = 3
+
+#: The most items of the containers one guarded name leads to that are guarded one by
+#: one (past it the container is guarded by identity).
+MAX_CONTAINER_ITEMS = 64
 _VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, np.generic, np.dtype,
                 slice, type(Ellipsis))
 
@@ -106,6 +123,8 @@ class Guards:
     captured: dict[int, tuple[str, Any]] = field(default_factory=dict)
     #: name -> reader of the current value, for the captured inputs
     readers: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    #: container items left to guard one by one (see :func:`_expand`)
+    budget: list[int] = field(default_factory=lambda: [MAX_CONTAINER_ITEMS])
 
     def failing(self) -> Guard | None:
         """The first guard that no longer holds, or None."""
@@ -139,9 +158,11 @@ def _is_array(value: Any) -> bool:
     return isinstance(value, np.ndarray) or type(value).__module__.startswith("cupy")
 
 
-def _paths(code: types.CodeType, free: frozenset[str]) -> list[tuple[str, str, tuple]]:
+def _paths(code: types.CodeType, free: frozenset[str],
+           self_name: str | None = None) -> list[tuple[str, str, tuple]]:
     """``(kind, name, attributes)`` for every global/closure load of ``code`` and of the
-    code nested in it; kind is ``"global"`` or ``"closure"``."""
+    code nested in it; kind is ``"global"``, ``"closure"`` or (loads of a bound method's
+    first parameter ``self_name``, in ``code`` itself) ``"self"``."""
     out: list[tuple[str, str, tuple]] = []
     stack = [code]
     while stack:
@@ -154,6 +175,10 @@ def _paths(code: types.CodeType, free: frozenset[str]) -> list[tuple[str, str, t
                 out.append(current)  # type: ignore[arg-type]
             elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in free:
                 current = ["closure", ins.argval, []]
+                out.append(current)  # type: ignore[arg-type]
+            elif ins.opname.startswith("LOAD_FAST") and c is code and self_name is not None \
+                    and ins.argval == self_name:
+                current = ["self", ins.argval, []]
                 out.append(current)  # type: ignore[arg-type]
             elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and current is not None:
                 current[2].append(ins.argval)
@@ -169,8 +194,13 @@ def _paths(code: types.CodeType, free: frozenset[str]) -> list[tuple[str, str, t
     return paths
 
 
-def _reader(fn: types.FunctionType, kind: str, name: str, attrs: tuple) -> Callable[[], Any]:
-    if kind == "closure":
+def _reader(fn: Any, kind: str, name: str, attrs: tuple) -> Callable[[], Any]:
+    if kind == "self":
+        owner = fn.__self__
+
+        def root() -> Any:
+            return owner
+    elif kind == "closure":
         index = fn.__code__.co_freevars.index(name)
         cell = fn.__closure__[index]  # type: ignore[index]
 
@@ -212,18 +242,92 @@ def collect(fn: Callable, capture: Callable[[Any], bool]) -> Guards:
     return out
 
 
+def _items(value: Any) -> list[tuple[Any, Any]] | None:
+    """``(key, item)`` of a plain container (dict, list, tuple) or the attributes of a
+    plain object of the user's (its ``__dict__``), else None."""
+    if type(value) is dict:
+        return list(value.items())
+    if type(value) in (list, tuple):
+        return list(enumerate(value))
+    if _is_object(value):
+        return list(vars(value).items())
+    return None
+
+
+def _is_object(value: Any) -> bool:
+    """An instance of a user's class with a ``__dict__`` (not a function, module, type,
+    array or a library's object)."""
+    return not isinstance(value, (types.FunctionType, types.MethodType, types.ModuleType,
+                                  type, np.ndarray, np.generic)) \
+        and hasattr(value, "__dict__") and not _is_library(value) \
+        and not type(value).__module__.startswith("cupy")
+
+
+def _item_reader(parent: Callable[[], Any], key: Any, attribute: bool) -> Callable[[], Any]:
+    if attribute:
+        def read() -> Any:
+            return getattr(parent(), key)
+    else:
+        def read() -> Any:
+            return parent()[key]
+    return read
+
+
+def _expand(source: str, reader: Callable[[], Any], value: Any,
+            capture: Callable[[Any], bool], out: Guards, budget: list[int],
+            depth: int = 0) -> None:
+    """Guards for the items of plain container ``value`` or the attributes of a user's
+    object (and, two levels deeper, of the containers and objects in them), within
+    ``budget[0]`` items; none where they would not all fit."""
+    items = _items(value)
+    if items is None or _is_plain_value(value) or len(items) > budget[0]:
+        return
+    budget[0] -= len(items)
+    attribute = _is_object(value)
+    if not attribute and not _known(out, f"{source} keys"):
+        shape = tuple(k for k, _ in items) if type(value) is dict else len(items)
+        out.guards.append(Guard(f"{source} keys", lambda: _shape_of(reader()), "value",
+                                static_key(shape), _short(shape)))
+    for key, item in items:
+        item_source = f"{source}.{key}" if attribute else f"{source}[{key!r}]"
+        if _known(out, item_source):
+            continue
+        item_reader = _item_reader(reader, key, attribute)
+        out.guards.append(_guard(item_source, item_reader, item, capture, out))
+        if depth < 2:
+            _expand(item_source, item_reader, item, capture, out, budget, depth + 1)
+
+
+def _known(out: Guards, source: str) -> bool:
+    return any(g.source == source for g in out.guards)
+
+
+def _shape_of(value: Any) -> Any:
+    """A container's keys (dict) or length (list, tuple); None for anything else."""
+    if type(value) is dict:
+        return tuple(value)
+    if type(value) in (list, tuple):
+        return len(value)
+    return None
+
+
 def _collect(fn: Any, capture: Callable[[Any], bool], out: Guards, visited: set[int],
              depth: int, prefix: str) -> None:
+    method = fn if isinstance(fn, types.MethodType) else None
+    if method is not None:
+        fn = method.__func__
     code = getattr(fn, "__code__", None)
     if not isinstance(fn, types.FunctionType) or code is None or id(fn) in visited:
         return
     visited.add(id(fn))
     free = frozenset(code.co_freevars)
     known = {g.source for g in out.guards}
-    for kind, name, attrs in _paths(code, free):
+    self_name = code.co_varnames[0] if method is not None and code.co_argcount else None
+    for kind, name, attrs in _paths(code, free, self_name):
         if kind == "global" and name not in fn.__globals__ and hasattr(builtins, name):
             continue  # a builtin (len, range, ...)
-        read_root = _reader(fn, kind, name, ())
+        owner = method if kind == "self" else fn
+        read_root = _reader(owner, kind, name, ())
         try:
             root = read_root()
         except ValueError:  # an empty closure cell
@@ -234,15 +338,17 @@ def _collect(fn: Any, capture: Callable[[Any], bool], out: Guards, visited: set[
             steps += [(f"{label}.{'.'.join(attrs[:k])}", attrs[:k])
                       for k in range(1, len(attrs) + 1)]
         for source, path in steps:
-            if source in known:
+            if source in known or _known(out, source):
                 continue
             known.add(source)
-            reader = _reader(fn, kind, name, path)
+            reader = _reader(owner, kind, name, path)
             try:
                 value = reader()
             except Exception:
                 break
             out.guards.append(_guard(source, reader, value, capture, out))
+            if not _is_library(value):
+                _expand(source, reader, value, capture, out, out.budget)
             if isinstance(value, types.FunctionType) and not _is_library(value) \
                     and depth < _MAX_DEPTH:
                 _collect(value, capture, out, visited, depth + 1, f"{source} -> ")

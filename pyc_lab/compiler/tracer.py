@@ -70,7 +70,8 @@ class Tracer:
     # -- values -------------------------------------------------------------------------
     def input(self, name: str, value: Any) -> Traced:
         """A graph input standing for ``value`` (a NumPy or CuPy array)."""
-        if np.dtype(value.dtype).kind in "OVUS":
+        dt = np.dtype(value.dtype)  # (ml_dtypes' bfloat16 and float8 are kind "V" too)
+        if dt.kind in "OUS" or (dt.kind == "V" and (dt.names is not None or dt.type is np.void)):
             raise TraceError(
                 f"argument {name!r} has dtype {value.dtype}: compiled functions take arrays "
                 "of numbers, booleans, datetimes and timedeltas; call the function "

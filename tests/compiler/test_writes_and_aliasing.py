@@ -278,6 +278,89 @@ def test_closures_attributes_and_helpers_are_guarded(rng):
     assert g.cache_info()["misses"] == 3
 
 
+PARAMS = {"w": np.ones(3), "layers": [{"b": np.zeros(3)}], "eps": 0.5}
+
+
+def _from_params(x):
+    key = "w"  # a key the bytecode does not show as a constant
+    return x * PARAMS[key] + PARAMS["layers"][0]["b"] + PARAMS["eps"]
+
+
+def test_arrays_and_values_in_global_containers_are_guarded_item_by_item(rng):
+    """``params["W"]`` and ``layers[0]``: each array an input read at every call, each
+    plain value guarded by value, the keys guarded; written in place or rebound, the next
+    call sees it (a dict of weights updated by a training step)."""
+    f = pl.compile(_from_params)
+    x = rng.standard_normal(3)
+    np.testing.assert_array_equal(f(x), _from_params(x))
+    try:
+        PARAMS["w"][:] = 4.0  # in place
+        np.testing.assert_array_equal(f(x), _from_params(x))
+        PARAMS["w"] = np.full(3, 7.0)  # rebound: same type and shape, no retrace
+        PARAMS["layers"][0]["b"] = np.full(3, -1.0)  # two levels deep
+        np.testing.assert_array_equal(f(x), _from_params(x))
+        assert f.cache_info()["misses"] == 1
+        PARAMS["eps"] = 2.5  # a plain value: a new trace
+        np.testing.assert_array_equal(f(x), _from_params(x))
+        PARAMS["extra"] = 1  # the keys changed: a new trace, still right
+        np.testing.assert_array_equal(f(x), _from_params(x))
+        assert f.cache_info()["misses"] == 3
+        assert any("PARAMS['layers'][0]['b'] is a numpy array" in g
+                   for g in f.explain(x).guards)
+    finally:
+        PARAMS.clear()
+        PARAMS.update({"w": np.ones(3), "layers": [{"b": np.zeros(3)}], "eps": 0.5})
+
+
+def test_a_bound_methods_self_is_guarded(rng):
+    """``pl.compile(model.forward)``: the weights on ``self``, in its dicts and in the
+    objects of its lists are inputs read at every call."""
+    class Layer:
+        def __init__(self, s):
+            self.w = np.full(3, s)
+
+    class Model:
+        def __init__(self):
+            self.w, self.scale = np.ones(3), 1.5
+            self.params = {"b": np.zeros(3)}
+            self.layers = [Layer(2.0), Layer(3.0)]
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = x * layer.w
+            return x * self.w * self.scale + self.params["b"]
+
+    m = Model()
+    f = pl.compile(m.forward)
+    x = rng.standard_normal(3)
+    np.testing.assert_array_equal(f(x), m.forward(x))
+    m.w[:] = 3.0
+    np.testing.assert_array_equal(f(x), m.forward(x))
+    m.w = np.full(3, 5.0)
+    m.params["b"] = np.full(3, 100.0)
+    m.layers[1].w = np.full(3, 10.0)
+    np.testing.assert_array_equal(f(x), m.forward(x))
+    assert f.cache_info()["misses"] == 1
+    m.scale = 0.5
+    m.layers.append(Layer(4.0))
+    np.testing.assert_array_equal(f(x), m.forward(x))
+
+
+def test_containers_past_the_budget_are_guarded_by_identity_only(rng):
+    from pyc_lab.compiler.guards import MAX_CONTAINER_ITEMS
+
+    table = [np.ones(2) for _ in range(MAX_CONTAINER_ITEMS + 1)]
+
+    def f(x):
+        return x * table[0]
+
+    g = pl.compile(f)
+    np.testing.assert_array_equal(g(np.ones(2)), np.ones(2))
+    assert not any("table[0]" in line for line in g.explain(np.ones(2)).guards)
+    assert any("closure table is the same object" in line
+               for line in g.explain(np.ones(2)).guards)
+
+
 def test_writes_into_global_arrays_reach_them(rng):
     global TABLE
 
