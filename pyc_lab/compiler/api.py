@@ -32,7 +32,7 @@ from .ir import Graph, dtype_short
 from .ops import FUSED_OPS, VIEW_RESULT_OPS, ShapeError, evaluate, run_graph
 from .policy import MODES, Decision, choose
 from .signature import check_argument, check_signature_type, parse_spec
-from .tracer import is_array, is_array_sequence, trace
+from .tracer import is_array, is_array_mapping, is_array_sequence, trace
 from .values import map_structure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -408,6 +408,16 @@ class CompiledFunction:
                     arrays.append(v)
                     kinds.append((m, v.shape, v.dtype, v.flags.c_contiguous))
                 key_parts.append((name, type(value), tuple(kinds)))
+            elif is_array_mapping(value):
+                # a dict of arrays (parameters by name): each one an input, in order
+                kinds = []
+                for v in value.values():
+                    m = _ARRAY_MODULE.get(type(v)) or _array_module(v)
+                    modules.add(m)
+                    arrays.append(v)
+                    kinds.append((m, v.shape, v.dtype, v.flags.c_contiguous))
+                key_parts.append((name, dict, tuple(static_key(k) for k in value),
+                                  tuple(kinds)))
             elif isinstance(value, (list, tuple)) and any(is_array(v) for v in value):
                 raise PycLabError(
                     f"argument {name!r} is a {type(value).__name__} mixing arrays and other "
@@ -420,6 +430,13 @@ class CompiledFunction:
                     f"argument {name!r} is a {type(value).__name__} of numbers; pass an "
                     f"array (np.asarray({name})) — lists are static values, not inputs"
                 )
+            elif _holds_arrays(value):
+                raise PycLabError(
+                    f"argument {name!r} is a {type(value).__name__} holding arrays among "
+                    "other values: they would be compiled in as constants, unseen when "
+                    "they change. Pass the arrays as arguments (a list, tuple or dict of "
+                    "arrays only), or compile a bound method (pl.compile(model.forward)), "
+                    "whose self is read at every call")
             elif _array_like(value):
                 raise PycLabError(
                     f"argument {name!r} is a {type(value).__module__}.{type(value).__name__}: "
@@ -427,7 +444,7 @@ class CompiledFunction:
                     f"would be compiled in as a constant. Pass np.asarray({name}) (or a CuPy "
                     "array: cupy.asarray, cupy.from_dlpack)")
             else:
-                key_parts.append((name, "static", static_key(value)))
+                key_parts.append((name, "static", _static_argument_key(value)))
         call_key = tuple(key_parts)
         entries = self._seen.get(call_key)  # modules are in the key: backend resolved
         if entries:
@@ -560,6 +577,33 @@ _MAX_ENTRIES = 8
 _ARRAY_MODULE: dict[type, str] = {}
 
 
+def _holds_arrays(value: Any, depth: int = 0) -> bool:
+    """Whether a dict, list or tuple (not of arrays only), or a user's object, holds an
+    array somewhere within three levels."""
+    if depth > 3:
+        return False
+    if type(value) is dict:
+        items: Any = value.values()
+    elif type(value) in (list, tuple):
+        items = value
+    elif guards_.is_user_object(value):
+        items = vars(value).values()
+    else:
+        return False
+    return any(is_array(v) or _holds_arrays(v, depth + 1) for v in items)
+
+
+def _static_argument_key(value: Any) -> Any:
+    """A static argument's key: a user's object (a config) by its type and attributes'
+    values, so that changing one re-traces; anything else by :func:`static_key`."""
+    if guards_.is_user_object(value):
+        try:
+            return ("object", type(value), static_key(dict(vars(value))))
+        except RecursionError:
+            return static_key(value)
+    return static_key(value)
+
+
 def _array_like(value: Any) -> bool:
     """Whether ``value`` is an array-like that is not a NumPy or CuPy array or scalar (a
     pandas Series, a torch tensor, an object with ``__array__``)."""
@@ -685,6 +729,8 @@ def _array_arguments(arguments: Any) -> list[tuple[str, Any]]:
             out.append((name, v))
         elif is_array_sequence(v):
             out.extend((f"{name}[{i}]", e) for i, e in enumerate(v))
+        elif is_array_mapping(v):
+            out.extend((f"{name}[{k!r}]", e) for k, e in v.items())
     return out
 
 

@@ -33,8 +33,9 @@ length, each plain value by value, each array as a captured input read afresh at
 call — whatever key or attribute the function reads it with. Not guarded: larger
 containers (guarded by identity only, their items as the trace saw them), values
 reached through calls or other expressions, attributes of objects whose module is a
-library's, and objects passed as static arguments (``pl.compile(Model.forward)(model,
-x)``: compile the bound method ``model.forward`` instead).
+library's. (Arguments are not globals: a dict of arrays is an input per array, and an
+object or container holding arrays among other values is refused — see
+:mod:`.api` — so ``pl.compile(Model.forward)(model, x)`` asks for ``model.forward``.)
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import numpy as np
 
 from .cache_keys import static_key
 
-__all__ = ["Guard", "Guards", "collect"]
+__all__ = ["Guard", "Guards", "collect", "is_user_object"]
 
 _MISSING = object()
 _LIBRARIES = ("numpy", "cupy", "cupyx", "pyc_lab", "math", "builtins", "scipy", "torch")
@@ -249,12 +250,12 @@ def _items(value: Any) -> list[tuple[Any, Any]] | None:
         return list(value.items())
     if type(value) in (list, tuple):
         return list(enumerate(value))
-    if _is_object(value):
+    if is_user_object(value):
         return list(vars(value).items())
     return None
 
 
-def _is_object(value: Any) -> bool:
+def is_user_object(value: Any) -> bool:
     """An instance of a user's class with a ``__dict__`` (not a function, module, type,
     array or a library's object)."""
     return not isinstance(value, (types.FunctionType, types.MethodType, types.ModuleType,
@@ -283,7 +284,7 @@ def _expand(source: str, reader: Callable[[], Any], value: Any,
     if items is None or _is_plain_value(value) or len(items) > budget[0]:
         return
     budget[0] -= len(items)
-    attribute = _is_object(value)
+    attribute = is_user_object(value)
     if not attribute and not _known(out, f"{source} keys"):
         shape = tuple(k for k, _ in items) if type(value) is dict else len(items)
         out.guards.append(Guard(f"{source} keys", lambda: _shape_of(reader()), "value",

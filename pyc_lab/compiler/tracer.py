@@ -307,6 +307,12 @@ def is_array(value: Any) -> bool:
     return isinstance(value, np.ndarray) or _is_device_array(value)
 
 
+def is_array_mapping(value: Any) -> bool:
+    """Whether ``value`` is a non-empty dict of arrays (a model's parameters by name): an
+    argument whose arrays are each an input, in the dict's order."""
+    return type(value) is dict and bool(value) and all(is_array(v) for v in value.values())
+
+
 def is_array_sequence(value: Any) -> bool:
     """Whether ``value`` is a non-empty list or tuple of arrays (an optimiser's
     parameters): an argument whose arrays are each an input."""
@@ -318,7 +324,7 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
           captured: dict[int, tuple[str, Any]] | None = None) \
         -> tuple[Graph, list[dict[str, Any]]]:
     """Trace ``fn(*args, **kwargs)``; array arguments (and the arrays of a list or tuple
-    of arrays) become inputs, others stay static.
+    of arrays, or of a dict of arrays) become inputs, others stay static.
 
     Parameters
     ----------
@@ -356,6 +362,8 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
         elif is_array_sequence(value):  # an input per array
             proxies.append(type(value)(tracer.input(f"{name}[{i}]", v)
                                        for i, v in enumerate(value)))
+        elif is_array_mapping(value):  # an input per array, by key
+            proxies.append({k: tracer.input(f"{name}[{k!r}]", v) for k, v in value.items()})
         else:
             proxies.append(value)
     # captured arrays: inputs after the arguments, read through their proxies everywhere

@@ -1,6 +1,9 @@
-"""A list or tuple of arrays as one argument (an optimiser's parameters): each array is
-an input of the compiled function, in order; writes into them reach the caller's arrays;
-the sequence's kind, length and arrays are part of what selects a compiled signature."""
+"""A list or tuple of arrays as one argument (an optimiser's parameters), or a dict of
+arrays (parameters by name): each array is an input of the compiled function, in order;
+writes into them reach the caller's arrays; the container's kind, length or keys and
+arrays are part of what selects a compiled signature. Containers and objects holding
+arrays among other values are refused (compiled in as constants, they would go unseen
+when they change); a config object is keyed by its attributes' values."""
 
 from __future__ import annotations
 
@@ -72,3 +75,82 @@ def test_a_sequence_mixing_arrays_and_numbers_is_a_clear_error():
     x = np.ones(3)
     with pytest.raises(pl.PycLabError, match="mixing arrays and other values"):
         pl.compile(lambda xs: xs[0] * xs[1])([x, 3.0])
+
+
+def mlp(params, x):
+    h = np.maximum(x @ params["w1"] + params["b1"], 0)
+    return h @ params["w2"] + params["b2"]
+
+
+def _params(rng):
+    return {"w1": rng.standard_normal((8, 16)), "b1": rng.standard_normal(16),
+            "w2": rng.standard_normal((16, 4)), "b2": rng.standard_normal(4)}
+
+
+def test_a_dict_of_arrays_is_an_input_per_array_read_at_every_call():
+    """Parameters by name (``forward(params, x)``): each array an input, in the dict's
+    order; updated in place or rebound, the next call sees it; the keys and the arrays'
+    kinds select the signature."""
+    rng = np.random.default_rng(1)
+    params, x = _params(rng), rng.standard_normal((5, 8))
+    f = pl.compile(mlp)
+    np.testing.assert_allclose(f(params, x), mlp(params, x), rtol=1e-12)
+    params["w1"] *= 2  # in place
+    params["b2"] = rng.standard_normal(4)  # rebound
+    np.testing.assert_allclose(f(params, x), mlp(params, x), rtol=1e-12)
+    assert f.cache_info()["misses"] == 1
+    params["w2"] = rng.standard_normal((16, 4)).astype(np.float32)  # another dtype
+    np.testing.assert_allclose(f(params, x), mlp(params, x), rtol=1e-6)
+    assert f.cache_info()["misses"] == 2
+    assert "params['w1']" in f.explain(params, x).ir_before
+
+
+def test_writes_into_a_dict_of_arrays_reach_the_callers_arrays():
+    def sgd(params, grads, lr=0.1):
+        for k in params:
+            params[k] -= lr * grads[k]
+        return params
+
+    rng = np.random.default_rng(2)
+    params, grads = _params(rng), _params(rng)
+    mirror = {k: v.copy() for k, v in params.items()}
+    got = pl.compile(sgd)(params, grads)
+    sgd(mirror, grads)
+    assert type(got) is dict and list(got) == list(params)
+    for k in params:
+        np.testing.assert_array_equal(params[k], mirror[k])
+        assert got[k] is params[k]  # returned as NumPy returns them: the caller's arrays
+
+
+def test_containers_and_objects_holding_arrays_among_other_values_are_refused():
+    """Compiled in as constants, their arrays would go unseen when they change."""
+    class Model:
+        def __init__(self):
+            self.w = np.ones(3)
+
+        def forward(self, x):
+            return x * self.w
+
+    x = np.ones(3)
+    with pytest.raises(pl.PycLabError, match="dict holding arrays"):
+        pl.compile(lambda p, x: x * p["w"])({"w": np.ones(3), "eps": 1e-5}, x)
+    with pytest.raises(pl.PycLabError, match=r"bound method.*model\.forward"):
+        pl.compile(Model.forward)(Model(), x)
+    m = Model()
+    np.testing.assert_array_equal(pl.compile(m.forward)(x), x)  # the bound method: fine
+
+
+def test_a_config_object_is_part_of_the_key_by_its_values():
+    class Config:
+        def __init__(self, scale):
+            self.scale, self.name = scale, "cfg"
+
+    def scaled(x, cfg):
+        return x * cfg.scale
+
+    f, x, cfg = pl.compile(scaled), np.arange(3.0), Config(2.0)
+    np.testing.assert_array_equal(f(x, cfg), x * 2)
+    cfg.scale = 3.0  # the same object, changed: a new trace
+    np.testing.assert_array_equal(f(x, cfg), x * 3)
+    np.testing.assert_array_equal(f(x, Config(3.0)), x * 3)  # equal values: the same
+    assert f.cache_info()["misses"] == 2
