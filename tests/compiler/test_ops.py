@@ -377,8 +377,25 @@ def test_every_registered_op_is_covered_by_a_test_here():
         "argmin", "any", "all", "matmul", "softmax", "layer_norm", "reshape", "transpose",
         "broadcast_to", "expand_dims", "squeeze", "concatenate", "slice", "setitem",
         "input", "constant", "fused", "fused_rows", "fused_extra", "eager", "attention",
-        "conv", "gather", "cumsum", "cumprod", "sort", "argsort"}
+        "conv", "gather", "cumsum", "cumprod", "sort", "argsort", "quantile"}
     assert set(REGISTRY) <= covered, set(REGISTRY) - covered
+
+
+@pytest.mark.parametrize("attrs", [
+    {"q": 0.25, "axis": 1, "keepdims": False, "method": "linear", "percentile": False},
+    {"q": (10.0, 90.0), "axis": None, "keepdims": True, "method": "nearest",
+     "percentile": True}])
+@pytest.mark.parametrize("dtype", [np.int8, np.float16, np.float32])
+def test_the_quantile_op_infers_numpys_shape_and_dtype_and_computes_its_values(rng, dtype,
+                                                                               attrs):
+    # (every form through pl.compile: tests/compiler/test_scans.py)
+    x = _values(rng, dtype, (3, 5))
+    node, out = run_op("quantile", [x], attrs)
+    fn = np.percentile if attrs["percentile"] else np.quantile
+    want = fn(x, attrs["q"], axis=attrs["axis"], keepdims=attrs["keepdims"],
+              method=attrs["method"])
+    assert node.shape == np.shape(want) and node.dtype == np.asarray(want).dtype
+    np.testing.assert_array_equal(out, want)
 
 
 @pytest.mark.parametrize("op", ["cumsum", "cumprod", "sort", "argsort"])
