@@ -50,8 +50,9 @@ from typing import Any
 import numpy as np
 
 from .cache_keys import static_key
+from .errors import TraceError
 
-__all__ = ["Guard", "Guards", "collect", "is_user_object"]
+__all__ = ["Guard", "Guards", "RandomInTraceError", "collect", "is_user_object"]
 
 _MISSING = object()
 _LIBRARIES = ("numpy", "cupy", "cupyx", "pyc_lab", "math", "builtins", "scipy", "torch")
@@ -62,6 +63,10 @@ _MAX_DEPTH = 3
 MAX_CONTAINER_ITEMS = 64
 _VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, np.generic, np.dtype,
                 slice, type(Ellipsis))
+
+
+class RandomInTraceError(TraceError):
+    """The function draws random numbers, which a trace would freeze into a constant."""
 
 
 @dataclass(frozen=True)
@@ -312,6 +317,33 @@ def _shape_of(value: Any) -> Any:
     return None
 
 
+#: Modules whose functions draw random numbers: called while tracing, they would draw
+#: once and the draw would be compiled in as a constant.
+_RANDOM_MODULES = ("numpy.random", "cupy.random", "random")
+
+
+def _draws_random(value: Any, attrs: tuple) -> bool:
+    """Whether a load of ``value`` followed by attribute reads ``attrs`` reaches a random
+    number generator: ``np.random.*``, Python's ``random``, a ``np.random.Generator`` or
+    ``RandomState`` (or CuPy's), or a function of those modules."""
+    values = [value]
+    for a in attrs:
+        try:
+            values.append(getattr(values[-1], a))
+        except Exception:
+            break
+    for v in values:
+        if isinstance(v, types.ModuleType):
+            name = v.__name__
+        else:
+            name = getattr(v, "__module__", None) or type(v).__module__ or ""
+            if isinstance(v, types.FunctionType) or not isinstance(name, str):
+                name = name if isinstance(name, str) else ""
+        if any(name == m or name.startswith(m + ".") for m in _RANDOM_MODULES):
+            return True
+    return False
+
+
 def _collect(fn: Any, capture: Callable[[Any], bool], out: Guards, visited: set[int],
              depth: int, prefix: str) -> None:
     method = fn if isinstance(fn, types.MethodType) else None
@@ -334,6 +366,13 @@ def _collect(fn: Any, capture: Callable[[Any], bool], out: Guards, visited: set[
         except ValueError:  # an empty closure cell
             continue
         label = f"{prefix}{kind} {name}"
+        if root is not _MISSING and _draws_random(root, attrs):
+            raise RandomInTraceError(
+                f"{getattr(fn, '__name__', 'the function')} draws random numbers "
+                f"({label.split(' ', 1)[-1]}{''.join('.' + a for a in attrs)}): while "
+                "tracing they would be drawn once and compiled in as a constant, the same "
+                "at every call. Draw them outside the compiled function and pass them as "
+                "an argument (a dropout mask, noise)")
         steps: list[tuple[str, tuple]] = [(label, ())]
         if root is not _MISSING and not _is_library(root):
             steps += [(f"{label}.{'.'.join(attrs[:k])}", attrs[:k])

@@ -376,3 +376,29 @@ def test_writes_into_global_arrays_reach_them(rng):
         np.testing.assert_allclose(total, x.sum())
     finally:
         TABLE = np.ones(3)
+
+
+def test_random_draws_inside_are_a_clear_error_not_a_frozen_constant(rng):
+    """A dropout mask or noise drawn while tracing would be the same at every call."""
+    import random
+
+    from numpy.random import rand
+
+    class Noisy:
+        def __init__(self):
+            self.gen = np.random.default_rng(1)
+
+        def forward(self, x):
+            return x + self.gen.standard_normal(x.shape)
+
+    x = rng.standard_normal((4, 4))
+    draws = [lambda a: a * (np.random.rand(*a.shape) > 0.5),
+             lambda a: a + rng.standard_normal(a.shape),
+             lambda a: a * random.random(),
+             lambda a: a * rand(4, 4),
+             Noisy().forward]
+    for fn in draws:
+        with pytest.raises(pl.PycLabError, match="draws random numbers.*argument"):
+            pl.compile(fn)(x)
+    mask = np.random.default_rng(2).random(x.shape) > 0.5  # drawn outside: fine
+    np.testing.assert_array_equal(pl.compile(lambda a, m: a * m)(x, mask), x * mask)
