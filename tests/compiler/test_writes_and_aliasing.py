@@ -398,7 +398,7 @@ def test_random_draws_inside_are_a_clear_error_not_a_frozen_constant(rng):
              lambda a: a * rand(4, 4),
              Noisy().forward]
     for fn in draws:
-        with pytest.raises(pl.PycLabError, match="draws random numbers.*argument"):
+        with pytest.raises(pl.PycLabError, match=r"draws random numbers.*argument"):
             pl.compile(fn)(x)
     mask = np.random.default_rng(2).random(x.shape) > 0.5  # drawn outside: fine
     np.testing.assert_array_equal(pl.compile(lambda a, m: a * m)(x, mask), x * mask)
