@@ -79,9 +79,14 @@ def _graph(fn, args):
     return PassManager().run(graph)
 
 
-def _notes(res):
+def simplify_notes(res, *phrases):
+    """The simplify pass's notes of ``res`` holding one of ``phrases``."""
     return [n for rec in res.log if rec.name == "simplify" for n in rec.notes
-            if "count of booleans" in n or "of booleans as a float32" in n]
+            if any(p in n for p in phrases)]
+
+
+def _notes(res):
+    return simplify_notes(res, "count of booleans", "of booleans as a float32")
 
 
 @pytest.mark.parametrize("name", sorted(COUNTS))

@@ -20,10 +20,9 @@ import pytest
 
 import pyc_lab as pl
 from pyc_lab.compiler.codegen import supports
-from pyc_lab.compiler.passes import PassManager
 from pyc_lab.compiler.policy import choose
-from pyc_lab.compiler.tracer import trace
 from tests.compiler.emulate import needs_gxx
+from tests.compiler.test_counts import _graph, simplify_notes
 from tests.compiler.test_fuzz_emulated import _check_program
 
 F16, F32, F64 = np.float16, np.float32, np.float64
@@ -74,14 +73,8 @@ def _args(rng, dtype, shape=(37, 130), special=True):
     return x, y, m
 
 
-def _graph(fn, args):
-    graph, _ = trace(fn, tuple(args))
-    return PassManager().run(graph)
-
-
 def _notes(res):
-    return [n for rec in res.log if rec.name == "simplify" for n in rec.notes
-            if "where=/initial=" in n]
+    return simplify_notes(res, "where=/initial=")
 
 
 def _compare(got, want, name, dtype, fn, args):

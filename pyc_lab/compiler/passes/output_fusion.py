@@ -85,9 +85,15 @@ def _merge(graph: Graph, a: Node, b: Node, pos: int) -> tuple[Node, list[Node]]:
              for k, bid in enumerate(b_body.inputs)}
     _copy_into(body, b_body, b_env)
     body.outputs = [b_env[o] for o in b_body.outputs] + [a_env[a_body.outputs[0]]]
+    return add_multi_output(graph, body, inputs, b.attrs.get("name", "fused"))
+
+
+def add_multi_output(graph: Graph, body: Graph, inputs: list[int],
+                     name: str) -> tuple[Node, list[Node]]:
+    """A ``fused`` node computing ``body`` from ``inputs`` and a ``fused_extra`` node for
+    each of its outputs past the first (not yet placed in the graph's order)."""
     ops = tuple(n.op for n in body if n.op not in ("input", "constant"))
-    fused = graph.add("fused", inputs, {"body": body, "ops": ops,
-                                        "name": b.attrs.get("name", "fused")})
+    fused = graph.add("fused", inputs, {"body": body, "ops": ops, "name": name})
     extras = [graph.add("fused_extra", [fused.id, *inputs], {"body": body, "output": k})
               for k in range(1, len(body.outputs))]
     return fused, extras

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node
-from .output_fusion import MAX_OUTPUTS, _copy_into, _place, _plain
+from .output_fusion import MAX_OUTPUTS, _copy_into, _place, _plain, add_multi_output
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -99,12 +99,7 @@ def _join(graph: Graph, a: Node, b: Node) -> tuple[Node, list[Node]]:
         _copy_into(body, sub, env)
         envs.append([env[o] for o in sub.outputs])
     body.outputs = envs[0] + envs[1]
-    ops = tuple(n.op for n in body if n.op not in ("input", "constant"))
-    fused = graph.add("fused", inputs, {"body": body, "ops": ops,
-                                        "name": b.attrs.get("name", "fused")})
-    extras = [graph.add("fused_extra", [fused.id, *inputs], {"body": body, "output": k})
-              for k in range(1, len(body.outputs))]
-    return fused, extras
+    return add_multi_output(graph, body, inputs, b.attrs.get("name", "fused"))
 
 
 def run(graph: Graph, ctx: PassContext) -> bool:
