@@ -26,6 +26,13 @@ import numpy as np
 
 from ..errors import PycLabError
 from . import guards as guards_
+from .arguments import (
+    ARRAY_MODULE,
+    array_like,
+    array_module,
+    holds_arrays,
+    static_argument_key,
+)
 from .cache_keys import static_key
 from .errors import DynamicShapeError, TraceError
 from .ir import Graph, dtype_short
@@ -387,9 +394,9 @@ class CompiledFunction:
         modules = set()
         specs = self.signature
         for name, value in named:
-            module = _ARRAY_MODULE.get(type(value))
+            module = ARRAY_MODULE.get(type(value))
             if module is None:
-                module = _array_module(value)
+                module = array_module(value)
             if module:
                 if specs:
                     self._check_spec(name, value)
@@ -403,7 +410,7 @@ class CompiledFunction:
                 # order, and the sequence's kind, length and arrays in the key
                 kinds = []
                 for v in value:
-                    m = _ARRAY_MODULE.get(type(v)) or _array_module(v)
+                    m = ARRAY_MODULE.get(type(v)) or array_module(v)
                     modules.add(m)
                     arrays.append(v)
                     kinds.append((m, v.shape, v.dtype, v.flags.c_contiguous))
@@ -412,7 +419,7 @@ class CompiledFunction:
                 # a dict of arrays (parameters by name): each one an input, in order
                 kinds = []
                 for v in value.values():
-                    m = _ARRAY_MODULE.get(type(v)) or _array_module(v)
+                    m = ARRAY_MODULE.get(type(v)) or array_module(v)
                     modules.add(m)
                     arrays.append(v)
                     kinds.append((m, v.shape, v.dtype, v.flags.c_contiguous))
@@ -430,21 +437,21 @@ class CompiledFunction:
                     f"argument {name!r} is a {type(value).__name__} of numbers; pass an "
                     f"array (np.asarray({name})) — lists are static values, not inputs"
                 )
-            elif _holds_arrays(value):
+            elif holds_arrays(value):
                 raise PycLabError(
                     f"argument {name!r} is a {type(value).__name__} holding arrays among "
                     "other values: they would be compiled in as constants, unseen when "
                     "they change. Pass the arrays as arguments (a list, tuple or dict of "
                     "arrays only), or compile a bound method (pl.compile(model.forward)), "
                     "whose self is read at every call")
-            elif _array_like(value):
+            elif array_like(value):
                 raise PycLabError(
                     f"argument {name!r} is a {type(value).__module__}.{type(value).__name__}: "
                     "compiled functions take NumPy and CuPy arrays; any other array-like "
                     f"would be compiled in as a constant. Pass np.asarray({name}) (or a CuPy "
                     "array: cupy.asarray, cupy.from_dlpack)")
             else:
-                key_parts.append((name, "static", _static_argument_key(value)))
+                key_parts.append((name, "static", static_argument_key(value)))
         call_key = tuple(key_parts)
         entries = self._seen.get(call_key)  # modules are in the key: backend resolved
         if entries:
@@ -571,71 +578,6 @@ def _numpy_kernels(graph: Graph) -> list[dict[str, Any]]:
 _MAX_ENTRIES = 8
 
 
-#: Argument type -> "numpy" or "cupy" for array types, "" for everything else: every call
-#: looks its arguments up here (a dict lookup, where is_array and the module's name cost
-#: a microsecond or so per argument on the warm path).
-_ARRAY_MODULE: dict[type, str] = {}
-
-
-def _holds_arrays(value: Any, depth: int = 0) -> bool:
-    """Whether a dict, list or tuple (not of arrays only), or a user's object, holds an
-    array somewhere within three levels."""
-    if depth > 3:
-        return False
-    if type(value) is dict:
-        items: Any = value.values()
-    elif type(value) in (list, tuple):
-        items = value
-    elif guards_.is_user_object(value):
-        items = vars(value).values()
-    else:
-        return False
-    return any(is_array(v) or _holds_arrays(v, depth + 1) for v in items)
-
-
-def _static_argument_key(value: Any) -> Any:
-    """A static argument's key: a user's object (a config) by its type and attributes'
-    values, so that changing one re-traces; anything else by :func:`static_key`."""
-    if guards_.is_user_object(value):
-        try:
-            return ("object", type(value), static_key(dict(vars(value))))
-        except RecursionError:
-            return static_key(value)
-    return static_key(value)
-
-
-def _array_like(value: Any) -> bool:
-    """Whether ``value`` is an array-like that is not a NumPy or CuPy array or scalar (a
-    pandas Series, a torch tensor, an object with ``__array__``)."""
-    if isinstance(value, (np.generic, bool, int, float, complex, str, bytes)):
-        return False
-    return any(hasattr(value, a) for a in ("__array__", "__array_interface__",
-                                           "__cuda_array_interface__", "__dlpack__"))
-
-
-def _array_module(value: Any) -> str:
-    """``"numpy"``/``"cupy"`` for an array argument, ``""`` otherwise; remembered by type.
-
-    A subclass of ``np.ndarray`` other than ``np.memmap`` (a masked array, ``np.matrix``,
-    a unit-carrying quantity) is refused: it behaves otherwise than its values (a mask,
-    ``*`` as a matrix product, units), which compiled code would silently drop.
-    """
-    kind = type(value)
-    if isinstance(value, np.ndarray) and kind is not np.ndarray \
-            and not isinstance(value, np.memmap):
-        raise PycLabError(
-            f"a {kind.__module__}.{kind.__name__} was passed: compiled functions take plain "
-            "NumPy arrays (np.ndarray, np.memmap) and CuPy arrays; its own "
-            "behaviour (a mask, matrix products, units) would be lost. Pass np.asarray(x) "
-            "to compute on its values, or call the function uncompiled")
-    module = ""
-    if is_array(value):
-        module = "cupy" if kind.__module__.startswith("cupy") else "numpy"
-    if len(_ARRAY_MODULE) < 256:  # types seen in a session: a handful
-        _ARRAY_MODULE[kind] = module
-    return module
-
-
 def _valid(entries: list[Artifact]) -> Artifact | None:
     """The newest artifact whose guards all hold."""
     for art in entries:
@@ -712,8 +654,8 @@ def _fast_entry(art: Artifact, args: tuple) -> _FastEntry | None:
             or art.graph.writeback or art.graph.scalar_outputs:
         return None
     for value in args:
-        module = _ARRAY_MODULE.get(type(value))
-        if not (_array_module(value) if module is None else module):
+        module = ARRAY_MODULE.get(type(value))
+        if not (array_module(value) if module is None else module):
             return None
     trusted = getattr(art.runner, "trusted", None)
     run = (trusted(args) if trusted is not None else None) or art.runner
