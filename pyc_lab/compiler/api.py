@@ -18,6 +18,7 @@ import inspect
 import logging
 import operator
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -213,6 +214,24 @@ class CompiledFunction:
         functools.update_wrapper(self, fn)
 
     # -- calling ------------------------------------------------------------------------
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """A method decorated with ``@pl.compile``: read through an instance, the
+        compiled bound method of that instance (made once and kept on it), whose ``self``
+        is guarded as a bound method's is (see :mod:`.guards`)."""
+        if instance is None:
+            return self
+        slot = f"__pl_compiled_{self.fn.__name__}"
+        store = getattr(instance, "__dict__", None)
+        bound = store.get(slot) if store is not None else None
+        if bound is None or bound.fn.__self__ is not instance:  # (a copy's is another's)
+            bound = CompiledFunction(types.MethodType(self.fn, instance), backend=self.backend,
+                                     mode=self.mode, cuda_graph=self.cuda_graph,
+                                     passes=self.passes)
+            bound.signature = self.signature
+            if store is not None:
+                store[slot] = bound
+        return bound
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fast = self._fast  # read once: another thread may replace it
         if fast is not None and not kwargs:
