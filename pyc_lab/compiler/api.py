@@ -164,6 +164,16 @@ def _as_function(fn: Any) -> Callable:
     return fn
 
 
+def _dropped() -> None:
+    """What an instance's cached compiled method unpickles to: nothing (made again)."""
+    return None
+
+
+def _remade(fn: Callable, options: dict[str, Any]) -> CompiledFunction:
+    """A compiled function made afresh from its function and options (unpickling)."""
+    return CompiledFunction(fn, **options)
+
+
 def _ufunc_function(ufunc: np.ufunc) -> Callable:
     if ufunc.nin == 1:
         def fn(x: Any) -> Any:
@@ -188,6 +198,8 @@ class CompiledFunction:
         check_signature_type(signature)
         fn = _as_function(fn)
         self.fn = fn
+        #: an instance's compiled method kept on it by __get__ (a cache copies drop)
+        self._per_instance = False
         self.backend = backend
         self.mode = mode
         self.cuda_graph = cuda_graph
@@ -198,7 +210,8 @@ class CompiledFunction:
         # needs no Signature.bind (the per-call fast path)
         self._plain = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                           for p in self._sig.parameters.values())
-        self.signature = {k: parse_spec(k, v) for k, v in (signature or {}).items()}
+        self._signature_text = dict(signature or {})
+        self.signature = {k: parse_spec(k, v) for k, v in self._signature_text.items()}
         unknown = set(self.signature) - set(self._params)
         if unknown:
             raise PycLabError(f"signature names {sorted(unknown)}, which {fn.__name__} does "
@@ -216,21 +229,37 @@ class CompiledFunction:
     # -- calling ------------------------------------------------------------------------
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         """A method decorated with ``@pl.compile``: read through an instance, the
-        compiled bound method of that instance (made once and kept on it), whose ``self``
-        is guarded as a bound method's is (see :mod:`.guards`)."""
+        compiled bound method of that instance, whose ``self`` is guarded as a bound
+        method's is (see :mod:`.guards`). It is made once and kept on the instance as a
+        cache: copies and pickles of the instance drop it and make their own."""
         if instance is None:
             return self
         slot = f"__pl_compiled_{self.fn.__name__}"
         store = getattr(instance, "__dict__", None)
         bound = store.get(slot) if store is not None else None
-        if bound is None or bound.fn.__self__ is not instance:  # (a copy's is another's)
-            bound = CompiledFunction(types.MethodType(self.fn, instance), backend=self.backend,
-                                     mode=self.mode, cuda_graph=self.cuda_graph,
-                                     passes=self.passes)
-            bound.signature = self.signature
+        if bound is None or bound.fn.__self__ is not instance:
+            bound = _remade(types.MethodType(self.fn, instance), self._options())
+            bound._per_instance = True
             if store is not None:
                 store[slot] = bound
         return bound
+
+    def __reduce__(self) -> tuple:
+        """Pickled as its function and options, compiled afresh where it is loaded; an
+        instance's cached method (see :meth:`__get__`) as nothing."""
+        if self._per_instance:
+            return (_dropped, ())
+        return (_remade, (self.fn, self._options()))
+
+    def __copy__(self) -> CompiledFunction | None:
+        return None if self._per_instance else _remade(self.fn, self._options())
+
+    def __deepcopy__(self, memo: dict) -> CompiledFunction | None:
+        return self.__copy__()
+
+    def _options(self) -> dict[str, Any]:
+        return {"backend": self.backend, "mode": self.mode, "cuda_graph": self.cuda_graph,
+                "passes": self.passes, "signature": self._signature_text or None}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fast = self._fast  # read once: another thread may replace it

@@ -431,3 +431,34 @@ def test_a_method_decorated_with_compile_is_compiled_per_instance(rng):
     c.w = np.full(3, 9.0)
     np.testing.assert_array_equal(c.forward(x), x * 9.0)
     np.testing.assert_array_equal(a.forward(x), x * 5.0)
+
+
+class _Scaler:  # at module level, so that pickle finds it
+    def __init__(self, s):
+        self.w = np.full(3, s)
+
+    @pl.compile
+    def forward(self, x):
+        return x * self.w
+
+
+def test_an_instance_with_a_compiled_method_copies_and_pickles_as_before(rng):
+    """The compiled method kept on the instance is a cache: a deep copy or a pickled
+    copy drops it and compiles its own, reading its own weights."""
+    import copy
+    import pickle
+
+    a, x = _Scaler(1.0), rng.standard_normal(3)
+    np.testing.assert_array_equal(a.forward(x), x)
+    for clone in (copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
+        clone.w[:] = 4.0
+        np.testing.assert_array_equal(clone.forward(x), x * 4.0)
+        np.testing.assert_array_equal(a.forward(x), x)
+    f = pl.compile(_square, signature={"x": "f64[3]"}, mode="memory_first")
+    g = pickle.loads(pickle.dumps(f))  # a compiled function: its function and options
+    np.testing.assert_array_equal(g(x), x * x)
+    assert g.mode == "memory_first" and g._signature_text == {"x": "f64[3]"}
+
+
+def _square(x):
+    return x * x
