@@ -16,11 +16,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import operator
 import time
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,14 +32,15 @@ from .arguments import (
     holds_arrays,
     static_argument_key,
 )
+from .artifact import Artifact
 from .cache_keys import static_key
 from .errors import DynamicShapeError, TraceError
+from .fast_path import FastEntry, call_kinds, fast_entry, pack
 from .ir import Graph, dtype_short
 from .ops import FUSED_OPS, VIEW_RESULT_OPS, ShapeError, evaluate, run_graph
-from .policy import MODES, Decision, choose
+from .policy import MODES, choose
 from .signature import check_argument, check_signature_type, parse_spec
 from .tracer import is_array, is_array_mapping, is_array_sequence, trace
-from .values import map_structure
 
 if TYPE_CHECKING:  # pragma: no cover
     from .bound import BoundCall
@@ -120,33 +119,6 @@ def compile(
     return wrap if fn is None else wrap(fn)
 
 
-@dataclass
-class Artifact:
-    """Everything built for one input signature."""
-
-    key: tuple
-    backend: str
-    graph_before: Graph
-    graph: Graph
-    pass_log: Any
-    notes: list[str]
-    decisions: list[Decision]
-    plan: Any
-    breaks: list[dict[str, Any]]
-    runner: Callable[[list[Any]], list[Any]]
-    kernels: list[dict[str, Any]] = field(default_factory=list)
-    compile_ms: float = 0.0
-    calls: int = 0
-    guards: guards_.Guards = field(default_factory=guards_.Guards)
-    #: names of the captured arrays that are graph inputs after the arguments
-    captured: list[str] = field(default_factory=list)
-    #: output position -> (input position, view ops): results that are a written
-    #: argument or a view of one
-    returns_input: dict[int, tuple[int, tuple]] = field(default_factory=dict)
-    #: why the function now runs as written (a graph break's shape changed), or None
-    dynamic: str | None = None
-
-
 def _as_function(fn: Any) -> Callable:
     """``fn`` as a Python function with a readable signature (a ufunc is wrapped)."""
     if isinstance(fn, np.ufunc):
@@ -222,7 +194,7 @@ class CompiledFunction:
         self._last: Artifact | None = None
         #: The last call's per-argument (type, shape, dtype, C-contiguous) and artifact,
         #: where a call like it may skip the key and look-up (see :meth:`_fast_artifact`).
-        self._fast: _FastEntry | None = None
+        self._fast: FastEntry | None = None
         self.stats = {"hits": 0, "misses": 0}
         functools.update_wrapper(self, fn)
 
@@ -283,7 +255,7 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         # every parameter given positionally, each an array, and this run went through:
         # the next call like it can take the fast path
-        self._fast = _fast_entry(art, args) \
+        self._fast = fast_entry(art, args) \
             if not kwargs and self._plain and len(args) == len(self._params) else None
         for position, out in art.graph.writeback:
             dst, src = inputs[position], outs[out]
@@ -294,7 +266,7 @@ class CompiledFunction:
         for out in art.graph.scalar_outputs:
             if isinstance(outs[out], np.ndarray):
                 outs[out] = outs[out][()]  # NumPy's scalar, as the function returns
-        return _pack(outs, art.graph.output_tree)
+        return pack(outs, art.graph.output_tree)
 
     def explain(self, *args: Any, **kwargs: Any) -> Any:
         """Compile for these arguments (if not yet) and return an Explanation.
@@ -343,7 +315,7 @@ class CompiledFunction:
                 problems.append(item)
         return problems
 
-    def _fast_artifact(self, args: tuple, fast: _FastEntry) -> Artifact | None:
+    def _fast_artifact(self, args: tuple, fast: FastEntry) -> Artifact | None:
         """The last call's artifact when ``args`` are arrays of the same types, shapes,
         dtypes and contiguity and its guards still hold, else ``None`` (the full path).
 
@@ -355,7 +327,7 @@ class CompiledFunction:
         if len(args) != len(parts):
             return None
         try:
-            if _kinds(args) != parts:
+            if call_kinds(args) != parts:
                 return None
         except AttributeError:  # not an array this time
             return None
@@ -387,7 +359,7 @@ class CompiledFunction:
         if need be, without calling it) — ``run()`` the packed result, ``holds()``
         whether the artifact's guards still hold — or ``(None, None, why not)``."""
         art, _ = self._artifact(args, {})
-        if _fast_entry(art, args) is None:
+        if fast_entry(art, args) is None:
             return None, None, ("the call needs work around its run (a graph break, an "
                                 "argument written or returned, a scalar result, captured "
                                 "arrays or non-array arguments)")
@@ -404,7 +376,7 @@ class CompiledFunction:
         guards = art.guards
 
         def run() -> Any:
-            return _pack(launch(), tree)
+            return pack(launch(), tree)
 
         def holds() -> bool:
             return not guards.guards or guards.failing() is None
@@ -675,41 +647,6 @@ def _view_of(value: Any, steps: tuple) -> Any:
     return value
 
 
-@dataclass(frozen=True)
-class _FastEntry:
-    """A call's kind and how a later call of that kind runs (see :func:`_fast_entry`)."""
-
-    kinds: tuple[tuple[Any, ...], ...]
-    artifact: Artifact
-    #: the artifact's runner, or its entry for arguments of a kind it has run already
-    run: Callable[[list[Any]], list[Any]]
-    #: the outputs put in the structure the function returned
-    pack: Callable[[list[Any]], Any]
-
-
-def _fast_entry(art: Artifact, args: tuple) -> _FastEntry | None:
-    """What :meth:`CompiledFunction._fast_artifact` compares a later call with, made
-    after ``args`` ran, or ``None`` where that call must take the full path: an argument
-    that is not an array (a static value is part of the key by its value), an artifact
-    that runs as written, may break the graph on the data, writes or returns an
-    argument, returns a scalar, or reads captured arrays.
-
-    A later call matching these arguments' kinds (types, shapes, dtypes, contiguity)
-    passes every check the runner made of them, so a runner offering ``trusted(args)``
-    gives the entry that skips those checks.
-    """
-    if art.dynamic is not None or art.breaks or art.captured or art.returns_input \
-            or art.graph.writeback or art.graph.scalar_outputs:
-        return None
-    for value in args:
-        module = ARRAY_MODULE.get(type(value))
-        if not (array_module(value) if module is None else module):
-            return None
-    trusted = getattr(art.runner, "trusted", None)
-    run = (trusted(args) if trusted is not None else None) or art.runner
-    return _FastEntry(_kinds(args), art, run, packer(art.graph.output_tree))
-
-
 def _array_arguments(arguments: Any) -> list[tuple[str, Any]]:
     """The array arguments in input order, the arrays of a sequence argument each named
     ``name[i]``."""
@@ -722,25 +659,3 @@ def _array_arguments(arguments: Any) -> list[tuple[str, Any]]:
         elif is_array_mapping(v):
             out.extend((f"{name}[{k!r}]", e) for k, e in v.items())
     return out
-
-
-def _kinds(args: tuple) -> tuple[tuple[Any, ...], ...]:
-    """Per array argument, what selects its artifact: type, shape, dtype, contiguity."""
-    return tuple([(type(v), v.shape, v.dtype, v.flags.c_contiguous) for v in args])
-
-
-def _pack(outs: list[Any], tree: Any) -> Any:
-    """The results in the structure the traced function returned (see ``trace``)."""
-    return map_structure(tree, outs.__getitem__)
-
-
-def packer(tree: Any) -> Callable[[list[Any]], Any]:
-    """:func:`_pack` for one output structure, worked out once: one output or a flat
-    tuple of them (what most functions return) without walking the structure."""
-    if isinstance(tree, int):
-        return operator.itemgetter(tree)
-    if type(tree) is tuple and all(isinstance(t, int) for t in tree):
-        if len(tree) < 2:  # itemgetter of one index gives the value, not a tuple
-            return lambda outs: tuple([outs[i] for i in tree])
-        return operator.itemgetter(*tree)
-    return lambda outs: map_structure(tree, outs.__getitem__)

@@ -47,7 +47,7 @@ class Explanation:
 
     @classmethod
     def from_artifact(cls, name: str, art: Any, mode: str) -> Explanation:
-        """Build from a compiled :class:`~pyc_lab.compiler.api.Artifact`."""
+        """Build from a compiled :class:`~pyc_lab.compiler.artifact.Artifact`."""
         import pandas as pd
 
         decisions = pd.DataFrame(
