@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import logging
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ import numpy as np
 
 from .cache_keys import static_key
 from .errors import TraceError
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Guard", "Guards", "RandomInTraceError", "collect", "is_user_object"]
 
@@ -286,7 +289,14 @@ def _expand(source: str, reader: Callable[[], Any], value: Any,
     object (and, two levels deeper, of the containers and objects in them), within
     ``budget[0]`` items; none where they would not all fit."""
     items = _items(value)
-    if items is None or _is_plain_value(value) or len(items) > budget[0]:
+    if items is None or _is_plain_value(value):
+        return
+    if len(items) > budget[0]:
+        if any(_is_array(v) for _, v in items):
+            logger.warning("%s holds %d items, more than the %d guarded one by one: its "
+                           "arrays are compiled in as they are now (pass them as "
+                           "arguments to have them read at every call)", source,
+                           len(items), MAX_CONTAINER_ITEMS)
         return
     budget[0] -= len(items)
     attribute = is_user_object(value)

@@ -153,6 +153,8 @@ def _plain_form(graph: Graph, n: Node) -> Node | None:
             if tuple(graph.nodes[n.inputs[1]].shape) != tuple(x.shape) else n.inputs[1]
         count = add("sum", (full,), kept)  # int64: true_divide computes in float64
         quotient = add("divide", (total, count))
+        if x.dtype == np.float16:  # into the float32 sum, then NumPy's float16 rounding
+            quotient = add("astype", (quotient,), {"dtype": np.dtype(np.float32)})
         out = insert_like(graph, n.id, "astype", (quotient,), {"dtype": n.dtype}, n)
     if out is None:
         prune(graph, new[::-1])
