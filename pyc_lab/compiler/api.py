@@ -125,6 +125,12 @@ def _as_function(fn: Any) -> Callable:
         return _ufunc_function(fn)
     if not callable(fn):
         raise PycLabError(f"pyc_lab.compile needs a function, got {type(fn).__name__}")
+    if isinstance(fn, functools.partial):
+        fn = _partial_function(fn)
+    elif guards_.is_user_object(fn):
+        # a callable object (a model with __call__): its bound __call__, whose self is
+        # guarded as a bound method's
+        fn = types.MethodType(type(fn).__call__, fn)
     try:
         inspect.signature(fn)
     except (TypeError, ValueError):
@@ -134,6 +140,21 @@ def _as_function(fn: Any) -> Callable:
             f"is a builtin without one. Wrap it: pl.compile(lambda *a: {name}(*a)) with "
             "the arguments it takes") from None
     return fn
+
+
+def _partial_function(part: functools.partial) -> Callable:
+    """``functools.partial(f, *args, **kw)`` as a function whose closure holds ``f`` and
+    the bound arguments, so that guards see them (arrays among them are inputs read at
+    every call, as a closure's are)."""
+    func, bound_args, bound_kw = part.func, part.args, dict(part.keywords)
+
+    def partial_call(*args: Any, **kwargs: Any) -> Any:
+        return func(*bound_args, *args, **{**bound_kw, **kwargs})
+
+    partial_call.__signature__ = inspect.signature(part)  # type: ignore[attr-defined]
+    partial_call.__name__ = partial_call.__qualname__ = getattr(func, "__name__", "partial")
+    partial_call.__doc__ = getattr(func, "__doc__", None)
+    return partial_call
 
 
 def _dropped() -> None:

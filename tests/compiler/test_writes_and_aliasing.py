@@ -464,3 +464,33 @@ def test_an_instance_with_a_compiled_method_copies_and_pickles_as_before(rng):
 
 def _square(x):
     return x * x
+
+
+def test_partials_and_callable_objects_compile_with_their_arrays_guarded(rng):
+    """``pl.compile(functools.partial(f, params))`` and a model object with ``__call__``:
+    the bound arrays are inputs read at every call (a partial's name was missing, and the
+    call raised AttributeError)."""
+    import functools
+
+    def f(w, x, scale=1.0):
+        return x * w * scale
+
+    w, x = np.ones(3), rng.standard_normal(3)
+    g = pl.compile(functools.partial(f, w, scale=2.0))
+    np.testing.assert_array_equal(g(x), x * 2.0)
+    w[:] = 5.0
+    np.testing.assert_array_equal(g(x), x * 10.0)
+    assert g.fn.__name__ == "f"
+
+    class Model:
+        def __init__(self):
+            self.w = np.ones(3)
+
+        def __call__(self, v):
+            return v * self.w
+
+    m = Model()
+    cm = pl.compile(m)
+    np.testing.assert_array_equal(cm(x), x)
+    m.w = np.full(3, 4.0)
+    np.testing.assert_array_equal(cm(x), x * 4.0)
