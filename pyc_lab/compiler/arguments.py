@@ -60,8 +60,8 @@ def static_argument_key(value: Any) -> Any:
 def array_like(value: Any) -> bool:
     """Whether ``value`` is an array-like that is not a NumPy or CuPy array or scalar (a
     pandas Series, a torch tensor, an object with ``__array__``)."""
-    if isinstance(value, (np.generic, bool, int, float, complex, str, bytes)):
-        return False
+    if isinstance(value, (type, np.dtype, np.generic, bool, int, float, complex, str, bytes)):
+        return False  # (a dtype's scalar type, np.float16, has __array__ too)
     return any(hasattr(value, a) for a in ("__array__", "__array_interface__",
                                            "__cuda_array_interface__", "__dlpack__"))
 

@@ -99,7 +99,7 @@ class Tracer:
                 raise ScalarOverflowError(f"Python scalar {value!r}: {exc}") from None
             arr = scalars.typed_constant(value, dtype)
         else:
-            if not isinstance(value, (np.ndarray, np.generic, list, tuple)) and any(
+            if not isinstance(value, (np.ndarray, np.generic, list, tuple, type)) and any(
                     hasattr(value, a) for a in ("__array__", "__array_interface__")):
                 raise TraceError(
                     f"a {type(value).__module__}.{type(value).__name__} read inside the "

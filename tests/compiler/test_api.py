@@ -363,3 +363,6 @@ def test_array_likes_are_refused_not_compiled_in_as_constants():
     with pytest.raises(PycLabError, match=r"Series.*argument"):
         inside(np.ones(2))
     np.testing.assert_array_equal(f(np.float32(3)), np.float32(6))  # scalars stay static
+    cast = pl.compile(lambda a, dt: a.astype(dt))  # a dtype's scalar type has __array__
+    assert cast(np.ones(2), np.float16).dtype == np.float16
+    assert cast(np.ones(2), np.dtype(np.int8)).dtype == np.int8
