@@ -27,8 +27,9 @@ rebound is seen at the next call.
 
 A plain container reached by such a path (a ``dict``, ``list`` or ``tuple`` holding
 arrays or other values: ``params["W1"]``, ``layers[0]``), and a user's object reached so
-(its ``__dict__``: ``self.encoder.w``, ``layers[0].w``), is guarded item by item, three
-levels deep and up to :data:`MAX_CONTAINER_ITEMS` items in all — a container's keys or
+(its ``__dict__``: ``self.encoder.w``, ``self.blocks[3].attn.qkv.w``), is guarded item
+by item, :data:`MAX_EXPAND_DEPTH` levels deep and up to :data:`MAX_CONTAINER_ITEMS`
+items in all (a warning says where arrays lie past either) — a container's keys or
 length, each plain value by value, each array as a captured input read afresh at every
 call — whatever key or attribute the function reads it with. Not guarded: larger
 containers (guarded by identity only, their items as the trace saw them), values
@@ -61,9 +62,13 @@ _MISSING = object()
 _LIBRARIES = ("numpy", "cupy", "cupyx", "pyc_lab", "math", "builtins", "scipy", "torch")
 _MAX_DEPTH = 3
 
-#: The most items of the containers one guarded name leads to that are guarded one by
-#: one (past it the container is guarded by identity).
-MAX_CONTAINER_ITEMS = 64
+#: The most items of the containers and objects the guarded names lead to that are
+#: guarded one by one (past it a container is guarded by identity; each guard is read at
+#: every call, a microsecond or so).
+MAX_CONTAINER_ITEMS = 512
+
+#: How many levels of containers and objects below a guarded name are guarded.
+MAX_EXPAND_DEPTH = 6
 _VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, np.generic, np.dtype,
                 slice, type(Ellipsis))
 
@@ -286,17 +291,18 @@ def _expand(source: str, reader: Callable[[], Any], value: Any,
             capture: Callable[[Any], bool], out: Guards, budget: list[int],
             depth: int = 0) -> None:
     """Guards for the items of plain container ``value`` or the attributes of a user's
-    object (and, two levels deeper, of the containers and objects in them), within
-    ``budget[0]`` items; none where they would not all fit."""
+    object (and of the containers and objects in them, down to
+    :data:`MAX_EXPAND_DEPTH`), within ``budget[0]`` items; none where they would not all
+    fit."""
     items = _items(value)
     if items is None or _is_plain_value(value):
         return
-    if len(items) > budget[0]:
-        if any(_is_array(v) for _, v in items):
-            logger.warning("%s holds %d items, more than the %d guarded one by one: its "
-                           "arrays are compiled in as they are now (pass them as "
+    if len(items) > budget[0] or depth >= MAX_EXPAND_DEPTH:
+        if _has_array(value):
+            logger.warning("%s holds arrays past the %d items and %d levels guarded one "
+                           "by one: they are compiled in as they are now (pass them as "
                            "arguments to have them read at every call)", source,
-                           len(items), MAX_CONTAINER_ITEMS)
+                           MAX_CONTAINER_ITEMS, MAX_EXPAND_DEPTH)
         return
     budget[0] -= len(items)
     attribute = is_user_object(value)
@@ -310,8 +316,15 @@ def _expand(source: str, reader: Callable[[], Any], value: Any,
             continue
         item_reader = _item_reader(reader, key, attribute)
         out.guards.append(_guard(item_source, item_reader, item, capture, out))
-        if depth < 2:
-            _expand(item_source, item_reader, item, capture, out, budget, depth + 1)
+        _expand(item_source, item_reader, item, capture, out, budget, depth + 1)
+
+
+def _has_array(value: Any, depth: int = 0) -> bool:
+    """Whether a container or user's object holds an array, a few levels down."""
+    items = _items(value)
+    if items is None or depth > 4:
+        return False
+    return any(_is_array(v) or _has_array(v, depth + 1) for _, v in items)
 
 
 def _known(out: Guards, source: str) -> bool:

@@ -312,6 +312,38 @@ def test_arrays_and_values_in_global_containers_are_guarded_item_by_item(rng):
         PARAMS.update({"w": np.ones(3), "layers": [{"b": np.zeros(3)}], "eps": 0.5})
 
 
+def test_weights_deep_in_a_models_blocks_are_inputs(rng):
+    """``self.blocks[i].attn.qkv.w``: four levels below ``self``, rebound between calls."""
+    class Linear:
+        def __init__(self):
+            self.w = rng.standard_normal((4, 4))
+
+    class Attention:
+        def __init__(self):
+            self.qkv = Linear()
+
+    class Block:
+        def __init__(self):
+            self.attn = Attention()
+
+    class Model:
+        def __init__(self, depth):
+            self.blocks = [Block() for _ in range(depth)]
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = np.tanh(x @ block.attn.qkv.w)
+            return x
+
+    m, x = Model(12), rng.standard_normal((2, 4))
+    f = pl.compile(m.forward)
+    np.testing.assert_allclose(f(x), m.forward(x), rtol=1e-12)
+    m.blocks[7].attn.qkv.w = rng.standard_normal((4, 4))
+    m.blocks[2].attn.qkv.w *= 3
+    np.testing.assert_allclose(f(x), m.forward(x), rtol=1e-12)
+    assert f.cache_info()["misses"] == 1
+
+
 def test_a_bound_methods_self_is_guarded(rng):
     """``pl.compile(model.forward)``: the weights on ``self``, in its dicts and in the
     objects of its lists are inputs read at every call."""
