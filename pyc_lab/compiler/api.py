@@ -457,9 +457,13 @@ class CompiledFunction:
                     kinds.append((m, v.shape, v.dtype, v.flags.c_contiguous))
                 key_parts.append((name, type(value), tuple(kinds)))
             elif is_array_mapping(value):
-                # a dict of arrays (parameters by name): each one an input, in order
+                # a dict of arrays (parameters by name): each one an input, in order; its
+                # numbers and strings static, by value
                 kinds = []
                 for v in value.values():
+                    if not is_array(v):
+                        kinds.append(("static", static_key(v)))
+                        continue
                     m = ARRAY_MODULE.get(type(v)) or array_module(v)
                     modules.add(m)
                     arrays.append(v)
@@ -678,5 +682,5 @@ def _array_arguments(arguments: Any) -> list[tuple[str, Any]]:
         elif is_array_sequence(v):
             out.extend((f"{name}[{i}]", e) for i, e in enumerate(v))
         elif is_array_mapping(v):
-            out.extend((f"{name}[{k!r}]", e) for k, e in v.items())
+            out.extend((f"{name}[{k!r}]", e) for k, e in v.items() if is_array(e))
     return out

@@ -307,10 +307,19 @@ def is_array(value: Any) -> bool:
     return isinstance(value, np.ndarray) or _is_device_array(value)
 
 
+#: Values a dict argument may hold beside its arrays (static: part of the key by value).
+_MAPPING_STATICS = (type(None), bool, int, float, str, np.generic)
+
+
 def is_array_mapping(value: Any) -> bool:
-    """Whether ``value`` is a non-empty dict of arrays (a model's parameters by name): an
-    argument whose arrays are each an input, in the dict's order."""
-    return type(value) is dict and bool(value) and all(is_array(v) for v in value.values())
+    """Whether ``value`` is a dict of arrays (a model's parameters by name), perhaps with
+    numbers, strings or None beside them (``{"w": w, "eps": 1e-5}``): an argument whose
+    arrays are each an input, in the dict's order, and whose other values are static."""
+    if type(value) is not dict or not value:
+        return False
+    values = value.values()
+    return any(is_array(v) for v in values) and all(
+        is_array(v) or isinstance(v, _MAPPING_STATICS) for v in values)
 
 
 def is_array_sequence(value: Any) -> bool:
@@ -362,8 +371,9 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
         elif is_array_sequence(value):  # an input per array
             proxies.append(type(value)(tracer.input(f"{name}[{i}]", v)
                                        for i, v in enumerate(value)))
-        elif is_array_mapping(value):  # an input per array, by key
-            proxies.append({k: tracer.input(f"{name}[{k!r}]", v) for k, v in value.items()})
+        elif is_array_mapping(value):  # an input per array, by key; the rest static
+            proxies.append({k: tracer.input(f"{name}[{k!r}]", v) if is_array(v) else v
+                            for k, v in value.items()})
         else:
             proxies.append(value)
     # captured arrays: inputs after the arguments, read through their proxies everywhere

@@ -133,11 +133,31 @@ def test_containers_and_objects_holding_arrays_among_other_values_are_refused():
 
     x = np.ones(3)
     with pytest.raises(pl.PycLabError, match="dict holding arrays"):
-        pl.compile(lambda p, x: x * p["w"])({"w": np.ones(3), "eps": 1e-5}, x)
+        pl.compile(lambda p, x: x * p["w"])({"w": np.ones(3), "sub": {"eps": 1e-5}}, x)
+    with pytest.raises(pl.PycLabError, match="tuple mixing arrays"):
+        pl.compile(lambda p, x: x * p[0])((np.ones(3), "relu"), x)
     with pytest.raises(pl.PycLabError, match=r"bound method.*model\.forward"):
         pl.compile(Model.forward)(Model(), x)
     m = Model()
     np.testing.assert_array_equal(pl.compile(m.forward)(x), x)  # the bound method: fine
+
+
+def test_a_dict_of_arrays_and_numbers_keys_its_numbers_by_value():
+    """``{"w": w, "eps": 1e-5}``: the arrays inputs, the numbers and strings static."""
+    def layer(p, x):
+        return x * p["w"] + p["eps"] if p["act"] == "none" else np.tanh(x * p["w"])
+
+    f, x = pl.compile(layer), np.arange(3.0)
+    p = {"w": np.ones(3), "eps": 0.5, "act": "none"}
+    np.testing.assert_array_equal(f(p, x), layer(p, x))
+    p["w"][:] = 2.0  # an array: read at every call, no new trace
+    np.testing.assert_array_equal(f(p, x), layer(p, x))
+    assert f.cache_info()["misses"] == 1
+    p["eps"] = 1.5  # a number: part of the key
+    np.testing.assert_array_equal(f(p, x), layer(p, x))
+    p["act"] = "tanh"
+    np.testing.assert_array_equal(f(p, x), layer(p, x))
+    assert f.cache_info()["misses"] == 3
 
 
 def test_a_config_object_is_part_of_the_key_by_its_values():
