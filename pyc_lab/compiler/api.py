@@ -477,7 +477,9 @@ class CompiledFunction:
                     "argument"
                 )
             elif isinstance(value, (list, tuple)) and value and all(
-                    isinstance(v, (int, float)) for v in value):
+                    isinstance(v, (int, float)) for v in value) and not (
+                    type(value) is tuple and all(type(v) is int for v in value)):
+                # (a tuple of ints is a shape or axes: static, by value)
                 raise PycLabError(
                     f"argument {name!r} is a {type(value).__name__} of numbers; pass an "
                     f"array (np.asarray({name})) — lists are static values, not inputs"

@@ -130,6 +130,13 @@ def test_bad_options_and_arguments_are_clear(rng):
     f = pl.compile(mlp)
     with pytest.raises(pl.PycLabError, match="argument 'x' is a list of numbers"):
         f([1.0, 2.0], rng.standard_normal((2, 2)), rng.standard_normal(2))
+    with pytest.raises(pl.PycLabError, match="argument 'x' is a tuple of numbers"):
+        f((1.0, 2.0), rng.standard_normal((2, 2)), rng.standard_normal(2))
+    shaped = pl.compile(lambda a, shape, axes: a.reshape(shape).sum(axis=axes))
+    a = rng.standard_normal((3, 4))  # a tuple of ints is a shape or axes: static
+    np.testing.assert_array_equal(shaped(a, (2, 6), (0,)), a.reshape(2, 6).sum(axis=0))
+    np.testing.assert_array_equal(shaped(a, (4, 3), (1,)), a.reshape(4, 3).sum(axis=1))
+    assert shaped.cache_info()["misses"] == 2
     with pytest.raises(pl.PycLabError, match="missing a required argument"):
         f(rng.standard_normal((2, 2)))
     with pytest.raises(pl.PycLabError, match=r"mlp\(x: f64\[3,4\], w: f64\[5,2\], b: f64\[2\]\)"
