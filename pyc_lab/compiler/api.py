@@ -27,7 +27,6 @@ from ..errors import PycLabError
 from . import guards as guards_
 from .arguments import (
     ARRAY_MODULE,
-    array_like,
     array_module,
     holds_arrays,
     static_argument_key,
@@ -41,6 +40,7 @@ from .ops import FUSED_OPS, VIEW_RESULT_OPS, ShapeError, evaluate, run_graph
 from .policy import MODES, choose
 from .signature import check_argument, check_signature_type, parse_spec
 from .tracer import is_array, is_array_mapping, is_array_sequence, trace
+from .values import is_foreign_array
 
 if TYPE_CHECKING:  # pragma: no cover
     from .bound import BoundCall
@@ -434,6 +434,14 @@ class CompiledFunction:
         key_parts: list[Any] = []
         modules = set()
         specs = self.signature
+
+        def member(v: Any) -> tuple:
+            """An array of a container argument: an input, and its kind for the key."""
+            m = ARRAY_MODULE.get(type(v)) or array_module(v)
+            modules.add(m)
+            arrays.append(v)
+            return (m, v.shape, v.dtype, v.flags.c_contiguous)
+
         for name, value in named:
             module = ARRAY_MODULE.get(type(value))
             if module is None:
@@ -449,27 +457,13 @@ class CompiledFunction:
             elif is_array_sequence(value):
                 # a sequence of arrays (an optimiser's parameters): each one an input, in
                 # order, and the sequence's kind, length and arrays in the key
-                kinds = []
-                for v in value:
-                    m = ARRAY_MODULE.get(type(v)) or array_module(v)
-                    modules.add(m)
-                    arrays.append(v)
-                    kinds.append((m, v.shape, v.dtype, v.flags.c_contiguous))
-                key_parts.append((name, type(value), tuple(kinds)))
+                key_parts.append((name, type(value), tuple(member(v) for v in value)))
             elif is_array_mapping(value):
                 # a dict of arrays (parameters by name): each one an input, in order; its
                 # numbers and strings static, by value
-                kinds = []
-                for v in value.values():
-                    if not is_array(v):
-                        kinds.append(("static", static_key(v)))
-                        continue
-                    m = ARRAY_MODULE.get(type(v)) or array_module(v)
-                    modules.add(m)
-                    arrays.append(v)
-                    kinds.append((m, v.shape, v.dtype, v.flags.c_contiguous))
-                key_parts.append((name, dict, tuple(static_key(k) for k in value),
-                                  tuple(kinds)))
+                kinds = tuple(member(v) if is_array(v) else ("static", static_key(v))
+                              for v in value.values())
+                key_parts.append((name, dict, tuple(static_key(k) for k in value), kinds))
             elif isinstance(value, (list, tuple)) and any(is_array(v) for v in value):
                 raise PycLabError(
                     f"argument {name!r} is a {type(value).__name__} mixing arrays and other "
@@ -491,7 +485,7 @@ class CompiledFunction:
                     "they change. Pass the arrays as arguments (a list, tuple or dict of "
                     "arrays only), or compile a bound method (pl.compile(model.forward)), "
                     "whose self is read at every call")
-            elif array_like(value):
+            elif is_foreign_array(value):
                 raise PycLabError(
                     f"argument {name!r} is a {type(value).__module__}.{type(value).__name__}: "
                     "compiled functions take NumPy and CuPy arrays; any other array-like "

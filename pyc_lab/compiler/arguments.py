@@ -20,8 +20,7 @@ from .cache_keys import static_key
 from .guards import is_user_object
 from .tracer import is_array
 
-__all__ = ["ARRAY_MODULE", "array_like", "array_module", "holds_arrays",
-           "static_argument_key"]
+__all__ = ["ARRAY_MODULE", "array_module", "holds_arrays", "static_argument_key"]
 
 
 #: Argument type -> "numpy" or "cupy" for array types, "" for everything else: every call
@@ -55,15 +54,6 @@ def static_argument_key(value: Any) -> Any:
         except RecursionError:
             return static_key(value)
     return static_key(value)
-
-
-def array_like(value: Any) -> bool:
-    """Whether ``value`` is an array-like that is not a NumPy or CuPy array or scalar (a
-    pandas Series, a torch tensor, an object with ``__array__``)."""
-    if isinstance(value, (type, np.dtype, np.generic, bool, int, float, complex, str, bytes)):
-        return False  # (a dtype's scalar type, np.float16, has __array__ too)
-    return any(hasattr(value, a) for a in ("__array__", "__array_interface__",
-                                           "__cuda_array_interface__", "__dlpack__"))
 
 
 def array_module(value: Any) -> str:

@@ -138,7 +138,14 @@ class Guards:
     #: name -> reader of the current value, for the captured inputs
     readers: dict[str, Callable[[], Any]] = field(default_factory=dict)
     #: container items left to guard one by one (see :func:`_expand`)
-    budget: list[int] = field(default_factory=lambda: [MAX_CONTAINER_ITEMS])
+    items_left: int = MAX_CONTAINER_ITEMS
+    #: the sources of :attr:`guards`, so that no fact is guarded twice
+    sources: set[str] = field(default_factory=set)
+
+    def add(self, guard: Guard) -> None:
+        """Guard one more fact (its source is new)."""
+        self.guards.append(guard)
+        self.sources.add(guard.source)
 
     def failing(self) -> Guard | None:
         """The first guard that no longer holds, or None."""
@@ -288,35 +295,34 @@ def _item_reader(parent: Callable[[], Any], key: Any, attribute: bool) -> Callab
 
 
 def _expand(source: str, reader: Callable[[], Any], value: Any,
-            capture: Callable[[Any], bool], out: Guards, budget: list[int],
-            depth: int = 0) -> None:
+            capture: Callable[[Any], bool], out: Guards, depth: int = 0) -> None:
     """Guards for the items of plain container ``value`` or the attributes of a user's
     object (and of the containers and objects in them, down to
-    :data:`MAX_EXPAND_DEPTH`), within ``budget[0]`` items; none where they would not all
+    :data:`MAX_EXPAND_DEPTH`), within ``out.items_left`` items; none where they would not all
     fit."""
     items = _items(value)
     if items is None or _is_plain_value(value):
         return
-    if len(items) > budget[0] or depth >= MAX_EXPAND_DEPTH:
+    if len(items) > out.items_left or depth >= MAX_EXPAND_DEPTH:
         if _has_array(value):
             logger.warning("%s holds arrays past the %d items and %d levels guarded one "
                            "by one: they are compiled in as they are now (pass them as "
                            "arguments to have them read at every call)", source,
                            MAX_CONTAINER_ITEMS, MAX_EXPAND_DEPTH)
         return
-    budget[0] -= len(items)
+    out.items_left -= len(items)
     attribute = is_user_object(value)
-    if not attribute and not _known(out, f"{source} keys"):
+    if not attribute and f"{source} keys" not in out.sources:
         shape = tuple(k for k, _ in items) if type(value) is dict else len(items)
-        out.guards.append(Guard(f"{source} keys", lambda: _shape_of(reader()), "value",
-                                static_key(shape), _short(shape)))
+        out.add(Guard(f"{source} keys", lambda: _shape_of(reader()), "value",
+                      static_key(shape), _short(shape)))
     for key, item in items:
         item_source = f"{source}.{key}" if attribute else f"{source}[{key!r}]"
-        if _known(out, item_source):
+        if item_source in out.sources:
             continue
         item_reader = _item_reader(reader, key, attribute)
-        out.guards.append(_guard(item_source, item_reader, item, capture, out))
-        _expand(item_source, item_reader, item, capture, out, budget, depth + 1)
+        out.add(_guard(item_source, item_reader, item, capture, out))
+        _expand(item_source, item_reader, item, capture, out, depth + 1)
 
 
 def _has_array(value: Any, depth: int = 0) -> bool:
@@ -325,10 +331,6 @@ def _has_array(value: Any, depth: int = 0) -> bool:
     if items is None or depth > 4:
         return False
     return any(_is_array(v) or _has_array(v, depth + 1) for _, v in items)
-
-
-def _known(out: Guards, source: str) -> bool:
-    return any(g.source == source for g in out.guards)
 
 
 def _shape_of(value: Any) -> Any:
@@ -377,7 +379,6 @@ def _collect(fn: Any, capture: Callable[[Any], bool], out: Guards, visited: set[
         return
     visited.add(id(fn))
     free = frozenset(code.co_freevars)
-    known = {g.source for g in out.guards}
     self_name = code.co_varnames[0] if method is not None and code.co_argcount else None
     for kind, name, attrs in _paths(code, free, self_name):
         if kind == "global" and name not in fn.__globals__ and hasattr(builtins, name):
@@ -401,17 +402,16 @@ def _collect(fn: Any, capture: Callable[[Any], bool], out: Guards, visited: set[
             steps += [(f"{label}.{'.'.join(attrs[:k])}", attrs[:k])
                       for k in range(1, len(attrs) + 1)]
         for source, path in steps:
-            if source in known or _known(out, source):
+            if source in out.sources:
                 continue
-            known.add(source)
             reader = _reader(owner, kind, name, path)
             try:
                 value = reader()
             except Exception:
                 break
-            out.guards.append(_guard(source, reader, value, capture, out))
+            out.add(_guard(source, reader, value, capture, out))
             if not _is_library(value):
-                _expand(source, reader, value, capture, out, out.budget)
+                _expand(source, reader, value, capture, out)
             if isinstance(value, types.FunctionType) and not _is_library(value) \
                     and depth < _MAX_DEPTH:
                 _collect(value, capture, out, visited, depth + 1, f"{source} -> ")

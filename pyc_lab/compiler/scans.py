@@ -28,6 +28,7 @@ with ``out=`` or ``order=`` stays a graph break.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -105,9 +106,16 @@ def _quantile_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, 
 
 
 def _quantile_dtype(inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
-    fn = np.percentile if attrs["percentile"] else np.quantile
-    probe = np.ones(1, dtype=inputs[0].dtype)  # NumPy's own dtype rule, q included
-    return np.asarray(fn(probe, attrs["q"], method=attrs["method"])).dtype
+    return _quantile_result_dtype(np.dtype(inputs[0].dtype), attrs["q"], attrs["method"],
+                                  attrs["percentile"])
+
+
+@functools.lru_cache(maxsize=256)
+def _quantile_result_dtype(dtype: np.dtype, q: Any, method: str, percentile: bool) -> np.dtype:
+    """NumPy's result dtype for these arguments, from NumPy itself on a one-value probe
+    (once per kind: the GPU reference asks at every call)."""
+    fn = np.percentile if percentile else np.quantile
+    return np.asarray(fn(np.ones(1, dtype=dtype), q, method=method)).dtype
 
 
 def _quantile_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:

@@ -33,7 +33,7 @@ from .ops import ShapeError
 from .probes import Probe
 from .proxy import Traced
 from .rebind import rebind
-from .values import map_structure
+from .values import is_foreign_array, map_structure
 
 __all__ = ["TraceError", "Traced", "Tracer", "is_array", "trace"]
 
@@ -99,8 +99,7 @@ class Tracer:
                 raise ScalarOverflowError(f"Python scalar {value!r}: {exc}") from None
             arr = scalars.typed_constant(value, dtype)
         else:
-            if not isinstance(value, (np.ndarray, np.generic, list, tuple, type)) and any(
-                    hasattr(value, a) for a in ("__array__", "__array_interface__")):
+            if is_foreign_array(value):
                 raise TraceError(
                     f"a {type(value).__module__}.{type(value).__name__} read inside the "
                     "function would be compiled in as a constant (its later contents "

@@ -31,7 +31,8 @@ NAME = "output_fusion"
 MAX_OUTPUTS = 8
 
 
-def _plain(node: Node) -> bool:
+def is_plain(node: Node) -> bool:
+    """Whether ``node`` is a fused kernel of elementwise work (no concatenation)."""
     body = node.attrs.get("body")
     return node.op == "fused" and isinstance(body, Graph) and not any(
         body.node(o).op == "concatenate" for o in body.outputs)
@@ -43,7 +44,7 @@ def _candidate(graph: Graph, b: Node, order: dict[int, int],
     same = same_position_inputs(b.attrs["body"])
     for pos, a_id in enumerate(b.inputs):
         a = graph.nodes[a_id]
-        if not _plain(a) or pos not in same or a.shape != b.shape:
+        if not is_plain(a) or pos not in same or a.shape != b.shape:
             continue
         if len(a.attrs["body"].outputs) != 1:
             continue
@@ -55,7 +56,7 @@ def _candidate(graph: Graph, b: Node, order: dict[int, int],
     return None
 
 
-def _copy_into(dst: Graph, src: Graph, env: dict[int, int]) -> None:
+def copy_into(dst: Graph, src: Graph, env: dict[int, int]) -> None:
     """Add ``src``'s non-input nodes to ``dst`` (``env`` maps ``src`` ids to ``dst`` ids
     and receives the new ones)."""
     for n in src:
@@ -80,12 +81,19 @@ def _merge(graph: Graph, a: Node, b: Node, pos: int) -> tuple[Node, list[Node]]:
         slot[i] = body.add("input", (), {"index": k}, name=f"in{k}", shape=src.shape,
                            dtype=src.dtype).id
     a_env = {bid: slot[a.inputs[k]] for k, bid in enumerate(a_body.inputs)}
-    _copy_into(body, a_body, a_env)
+    copy_into(body, a_body, a_env)
     b_env = {bid: (a_env[a_body.outputs[0]] if k == pos else slot[b.inputs[k]])
              for k, bid in enumerate(b_body.inputs)}
-    _copy_into(body, b_body, b_env)
+    copy_into(body, b_body, b_env)
     body.outputs = [b_env[o] for o in b_body.outputs] + [a_env[a_body.outputs[0]]]
     return add_multi_output(graph, body, inputs, b.attrs.get("name", "fused"))
+
+
+def extras_of(graph: Graph, node: Node, users: dict[int, list[int]]) -> list[Node]:
+    """``node``'s ``fused_extra`` nodes, by output."""
+    return sorted((graph.nodes[u] for u in users[node.id]
+                   if graph.nodes[u].op == "fused_extra" and graph.nodes[u].inputs[0] == node.id),
+                  key=lambda e: e.attrs["output"])
 
 
 def add_multi_output(graph: Graph, body: Graph, inputs: list[int],
@@ -99,7 +107,7 @@ def add_multi_output(graph: Graph, body: Graph, inputs: list[int],
     return fused, extras
 
 
-def _place(graph: Graph, fused: Node, extras: list[Node], b: Node, gone: set[int]) -> None:
+def place_at(graph: Graph, fused: Node, extras: list[Node], b: Node, gone: set[int]) -> None:
     """Put ``fused`` and then its extras where ``b`` was; drop the nodes in ``gone``."""
     new = {fused.id, *(e.id for e in extras)}
     order: dict[int, Node] = {}
@@ -127,7 +135,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         users = graph.users()
         found = None
         for b in graph.nodes.values():
-            if _plain(b):
+            if is_plain(b):
                 pos = _candidate(graph, b, order, users)
                 if pos is not None:
                     found = (b, pos)
@@ -137,12 +145,9 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         b, pos = found
         a = graph.nodes[b.inputs[pos]]
         # b's own extra outputs (another node's extras may read b as an input)
-        old_extras = sorted((graph.nodes[u] for u in users[b.id]
-                             if graph.nodes[u].op == "fused_extra"
-                             and graph.nodes[u].inputs[0] == b.id),
-                            key=lambda e: e.attrs["output"])
+        old_extras = extras_of(graph, b, users)
         fused, extras = _merge(graph, a, b, pos)
-        _place(graph, fused, extras, b, {a.id, b.id, *(e.id for e in old_extras)})
+        place_at(graph, fused, extras, b, {a.id, b.id, *(e.id for e in old_extras)})
         graph.replace_uses(b.id, fused.id)
         for old in old_extras:
             graph.replace_uses(old.id, extras[old.attrs["output"] - 1].id)

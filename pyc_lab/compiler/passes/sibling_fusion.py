@@ -22,19 +22,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node
-from .output_fusion import MAX_OUTPUTS, _copy_into, _place, _plain, add_multi_output
+from .output_fusion import MAX_OUTPUTS, add_multi_output, copy_into, extras_of, is_plain, place_at
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
 
 NAME = "sibling_fusion"
-
-
-def _extras(graph: Graph, node: Node, users: dict[int, list[int]]) -> list[Node]:
-    """``node``'s ``fused_extra`` nodes, by output."""
-    return sorted((graph.nodes[u] for u in users[node.id]
-                   if graph.nodes[u].op == "fused_extra" and graph.nodes[u].inputs[0] == node.id),
-                  key=lambda e: e.attrs["output"])
 
 
 def _ancestors(graph: Graph, nid: int) -> set[int]:
@@ -51,7 +44,7 @@ def _ancestors(graph: Graph, nid: int) -> set[int]:
 def _anchor(graph: Graph, a: Node, b: Node, order: dict[int, int],
             users: dict[int, list[int]]) -> Node | None:
     """Where the joined kernel of ``a`` (earlier) and ``b`` may stand, or None."""
-    outs = {a.id, *(e.id for e in _extras(graph, a, users))}
+    outs = {a.id, *(e.id for e in extras_of(graph, a, users))}
     readers = [u for o in outs for u in users[o] if u not in outs]
     if all(order[u] > order[b.id] for u in readers):
         return b
@@ -64,7 +57,7 @@ def _pair(graph: Graph) -> tuple[Node, Node, Node] | None:
     """An earlier node, a later node and the place of their joined kernel, or None."""
     order = {nid: k for k, nid in enumerate(graph.nodes)}
     users = graph.users()
-    plain = [n for n in graph.nodes.values() if _plain(n)]
+    plain = [n for n in graph.nodes.values() if is_plain(n)]
     for k, b in enumerate(plain):
         b_outs = len(b.attrs["body"].outputs)
         ancestors: set[int] | None = None
@@ -75,7 +68,7 @@ def _pair(graph: Graph) -> tuple[Node, Node, Node] | None:
                 continue
             if ancestors is None:
                 ancestors = _ancestors(graph, b.id)
-            if a.id in ancestors or any(e.id in ancestors for e in _extras(graph, a, users)):
+            if a.id in ancestors or any(e.id in ancestors for e in extras_of(graph, a, users)):
                 continue  # b reads a's value: output fusion's case, not a sibling
             anchor = _anchor(graph, a, b, order, users)
             if anchor is not None:
@@ -96,7 +89,7 @@ def _join(graph: Graph, a: Node, b: Node) -> tuple[Node, list[Node]]:
     for node in (b, a):
         sub = node.attrs["body"]
         env = {bid: slot[node.inputs[k]] for k, bid in enumerate(sub.inputs)}
-        _copy_into(body, sub, env)
+        copy_into(body, sub, env)
         envs.append([env[o] for o in sub.outputs])
     body.outputs = envs[0] + envs[1]
     return add_multi_output(graph, body, inputs, b.attrs.get("name", "fused"))
@@ -114,9 +107,9 @@ def run(graph: Graph, ctx: PassContext) -> bool:
     while (found := _pair(graph)) is not None:
         a, b, anchor = found
         users = graph.users()
-        a_extras, b_extras = _extras(graph, a, users), _extras(graph, b, users)
+        a_extras, b_extras = extras_of(graph, a, users), extras_of(graph, b, users)
         fused, extras = _join(graph, a, b)
-        _place(graph, fused, extras, anchor,
+        place_at(graph, fused, extras, anchor,
                {a.id, b.id, *(e.id for e in a_extras), *(e.id for e in b_extras)})
         n_b = len(b.attrs["body"].outputs)
         graph.replace_uses(b.id, fused.id)
