@@ -3,11 +3,13 @@
 The never-slower rule: where ``pl.compile`` now generates a kernel for work that ran
 through CuPy before — floor division and remainder, shifts, ``any``/``all``, a variance
 with ``ddof``, a sum with ``dtype=``, counts of booleans, reductions with ``where=``,
-``np.median``/``np.quantile`` around their sort — this times the compiled function and
-the CuPy twin a user would call instead (the same arithmetic written with CuPy's own
-functions) on the same arrays, checks that both agree, and reports median CUDA-event
-times and the ratio (above 1: the compiled function is faster). A ratio below 1 names
-a path that must fall back to the library. Writes ``library-twins.json`` to ``--out``.
+``np.median``/``np.quantile`` around their sort, full reductions in two stages (a sum,
+maximum, mean or ``any`` over a whole array past one block's reach) — this times the
+compiled function and the CuPy twin a user would call instead (the same arithmetic
+written with CuPy's own functions) on the same arrays, checks that both agree, and
+reports median CUDA-event times and the ratio (above 1: the compiled function is
+faster). A ratio below 1 names a path that must fall back to the library. Writes
+``library-twins.json`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def _cases(cp: Any) -> list[tuple[str, Callable[..., Any], Callable[..., Any], l
     y = rng.standard_normal((ROWS, COLS), dtype=cp.float32) + cp.float32(3)
     n = (x * 1000).astype(cp.int32)
     m = x > 0.5
+    mid = rng.standard_normal((33, 4097), dtype=cp.float32)  # past one block, under 2**18
+    square = rng.standard_normal((1000, 1000), dtype=cp.float32)
 
     def floordiv(a, b):
         return a // b, a % b
@@ -67,6 +71,18 @@ def _cases(cp: Any) -> list[tuple[str, Callable[..., Any], Callable[..., Any], l
     def quantile(a):
         return np.quantile(a, 0.9, axis=-1)
 
+    def any_nan(a):
+        return np.isnan(a).any()
+
+    def full_max(a):
+        return a.max()
+
+    def full_sum(a):
+        return a.sum()
+
+    def full_mean(a):
+        return a.mean()
+
     return [
         ("floor_divide_remainder", floordiv, lambda a, b: (cp.floor_divide(a, b),
                                                            cp.remainder(a, b)), [x, y]),
@@ -81,6 +97,12 @@ def _cases(cp: Any) -> list[tuple[str, Callable[..., Any], Callable[..., Any], l
          lambda a, mask: cp.where(mask, a, 0).sum(axis=-1) / mask.sum(axis=-1), [x, m]),
         ("median_rows", median, lambda a: cp.median(a, axis=-1), [x[:1024]]),
         ("quantile_rows", quantile, lambda a: cp.quantile(a, 0.9, axis=-1), [x[:1024]]),
+        ("any_nan_full_135k", any_nan, lambda a: cp.isnan(a).any(), [mid]),
+        ("max_full_135k", full_max, lambda a: a.max(), [mid]),
+        ("sum_full_135k", full_sum, lambda a: a.sum(), [mid]),
+        ("mean_full_1m", full_mean, lambda a: a.mean(), [square]),
+        ("any_nan_full_32m", any_nan, lambda a: cp.isnan(a).any(), [x]),
+        ("max_full_32m", full_max, lambda a: a.max(), [x]),
     ]
 
 

@@ -1,7 +1,7 @@
 """Scans and sorts along one axis as ops: ``np.cumsum``, ``np.cumprod``, ``np.sort`` and
 ``np.argsort`` (their array methods too, and ``x.sort()`` in place through
-:mod:`.mutation`), ``np.median`` made of a sort and the mean of its middle, and
-``np.quantile``/``np.percentile`` as one op each.
+:mod:`.mutation`), and ``np.median`` made of a sort and the mean of its middle
+(``np.quantile``/``np.percentile``: :mod:`.quantiles`).
 
 Their results have static shapes, so they need no graph break: each call is one node
 whose reference is the array module's own function — NumPy's on the numpy backend,
@@ -10,14 +10,6 @@ generated kernels of the same launch list. NumPy's semantics are kept: ``axis=No
 scans or sorts the flattened array; ``cumsum``/``cumprod`` take ``dtype=`` and
 otherwise accumulate small integers and booleans in the platform integer, as NumPy
 does; a sort puts NaN last.
-
-A quantile or percentile (``quantile`` op; ``q`` known when the function is traced, a
-number or a sequence; the methods CuPy has too: linear, lower, higher, midpoint,
-nearest, inverted_cdf) is NumPy's own function on the numpy backend, so its answers are
-NumPy's bit for bit, and CuPy's on the GPU, with NumPy's rule that a slice holding a
-NaN gives NaN applied to CuPy's answer and NumPy's result dtype kept (the GPU may round
-an interpolation's last bit otherwise). ``q`` as a traced array, ``out=`` or
-``weights=`` stay graph breaks.
 
 Two differences, stated where they can show: ``np.argsort`` is computed stably on both
 backends (ties in their original order), which is one of the orders NumPy's default
@@ -28,7 +20,6 @@ with ``out=`` or ``order=`` stays a graph break.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +27,6 @@ import numpy as np
 
 from .function_parts import NOVALUE, NotCovered
 from .op_registry import REGISTRY, OpDef, normalize_axis, register
-from .values import is_traced
 
 if TYPE_CHECKING:
     from .proxy import Traced
@@ -86,84 +76,6 @@ for _op in SCAN_OPS:
     if _op not in REGISTRY:
         register(OpDef(_op, "scan", 1, _shape, _reference(_op), dtype=_dtype(_op),
                        doc=_DOCS[_op]))
-
-
-#: The quantile methods both NumPy and CuPy have.
-QUANTILE_METHODS = ("linear", "lower", "higher", "midpoint", "nearest", "inverted_cdf")
-
-
-def _quantile_axes(attrs: dict[str, Any], ndim: int) -> tuple[int, ...]:
-    axis = attrs["axis"]
-    return tuple(range(ndim)) if axis is None else normalize_axis(axis, ndim)
-
-
-def _quantile_shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
-    shape = tuple(inputs[0].shape)
-    axes = _quantile_axes(attrs, len(shape))
-    kept = tuple(1 if k in axes else d for k, d in enumerate(shape)) if attrs["keepdims"] \
-        else tuple(d for k, d in enumerate(shape) if k not in axes)
-    return tuple(np.shape(attrs["q"])) + kept
-
-
-def _quantile_dtype(inputs: Sequence[Any], attrs: dict[str, Any]) -> np.dtype:
-    return _quantile_result_dtype(np.dtype(inputs[0].dtype), attrs["q"], attrs["method"],
-                                  attrs["percentile"])
-
-
-@functools.lru_cache(maxsize=256)
-def _quantile_result_dtype(dtype: np.dtype, q: Any, method: str, percentile: bool) -> np.dtype:
-    """NumPy's result dtype for these arguments, from NumPy itself on a one-value probe
-    (once per kind: the GPU reference asks at every call)."""
-    fn = np.percentile if percentile else np.quantile
-    return np.asarray(fn(np.ones(1, dtype=dtype), q, method=method)).dtype
-
-
-def _quantile_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
-    (x,) = args
-    fn = getattr(xp, "percentile" if attrs["percentile"] else "quantile")
-    axis, keep = attrs["axis"], attrs["keepdims"]
-    out = fn(x, attrs["q"], axis=axis, method=attrs["method"], keepdims=keep)
-    if xp is np:
-        return out
-    dtype = _quantile_dtype([x], attrs)
-    if x.dtype.kind == "f":  # NumPy's rule: a slice holding a NaN gives NaN
-        out = xp.where(xp.isnan(x).any(axis=axis, keepdims=keep), xp.nan, out)
-    return out.astype(dtype, copy=False)
-
-
-if "quantile" not in REGISTRY:
-    register(OpDef("quantile", "scan", 1, _quantile_shape, _quantile_reference,
-                   dtype=_quantile_dtype,
-                   doc="quantiles (or percentiles) along axes: the array module's own"))
-
-
-def _quantiles(percentile: bool) -> Callable:
-    def handler(tracer: Tracer, a: Any, q: Any, axis: Any = None, out: Any = None,
-                overwrite_input: bool = False, method: str = "linear", keepdims: bool = False,
-                *, weights: Any = None, interpolation: Any = None) -> Traced:
-        if out is not None or weights is not None or interpolation is not None \
-                or is_traced(q) or method not in QUANTILE_METHODS:
-            raise NotCovered  # NumPy's own call: a graph break
-        x = tracer.lift(a)
-        qs = np.asarray(q)
-        if x.dtype.kind not in "biuf" or qs.dtype.kind not in "biuf" or qs.ndim > 1 \
-                or x.size == 0:
-            raise NotCovered  # NumPy's errors, complex values, empty slices
-        bound = 100.0 if percentile else 1.0
-        if not ((qs >= 0) & (qs <= bound)).all():
-            raise NotCovered  # NumPy's ValueError, from the eager call
-        if axis is not None and not isinstance(axis, (int, np.integer, tuple)):
-            raise NotCovered
-        if isinstance(axis, tuple):
-            axis = tuple(int(k) for k in axis)
-        elif axis is not None:
-            axis = int(axis)
-        attrs = {"q": q if np.ndim(q) == 0 else tuple(qs.tolist()), "axis": axis,
-                 "keepdims": bool(keepdims), "method": method, "percentile": percentile}
-        result = tracer.op("quantile", (x,), attrs)
-        result._scalar = result.ndim == 0
-        return result
-    return handler
 
 
 def _along(tracer: Tracer, a: Any, axis: Any) -> tuple[Traced, int]:
@@ -233,5 +145,4 @@ def _median(tracer: Tracer, a: Any, axis: Any = None, out: Any = None,
 HANDLERS: dict[Callable, Callable] = {
     np.cumsum: _scan("cumsum"), np.cumprod: _scan("cumprod"),
     np.sort: _sorting("sort"), np.argsort: _sorting("argsort"), np.median: _median,
-    np.quantile: _quantiles(False), np.percentile: _quantiles(True),
 }

@@ -1,4 +1,5 @@
-"""Two-stage full sums: when they split, how, and that the answer stays NumPy's."""
+"""Two-stage full sums, maxima, minima and means: when they split, how, and that the
+answer stays NumPy's (maxima, minima and integer sums bit for bit, NaN included)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from hypothesis import strategies as st
 
 import pyc_lab as pl
 from pyc_lab.compiler import trace
+from pyc_lab.compiler.codegen import supports
 from pyc_lab.compiler.ops import run_graph
-from pyc_lab.compiler.passes import PassContext, split_reduction
+from pyc_lab.compiler.passes import PassContext, PassManager, split_reduction
 from pyc_lab.compiler.passes.split_reduction import (
     MAX_COLUMNS,
     MIN_COLUMNS,
     MIN_ELEMENTS,
     columns_for,
 )
+from pyc_lab.compiler.policy import choose
 
 
 def _split(fn, x):
@@ -75,6 +78,8 @@ def test_float_sums_split_within_rounding_and_keep_specials(dtype):
     ("float16", lambda v: v.sum(), np.ones(1 << 20, np.float16)),
     ("an axis", lambda v: v.sum(axis=0), np.ones((1024, 1024), np.float32)),
     ("with dtype=", lambda v: v.sum(dtype=np.float64), np.ones(1 << 20, np.float32)),
+    ("float16 mean", lambda v: v.mean(), np.ones(1 << 20, np.float16)),
+    ("small max", lambda v: v.max(), np.ones(MIN_ELEMENTS - 1, np.float32)),
 ])
 def test_what_stays_one_reduction(label, fn, x):
     graph, g, changed, _ = _split(fn, x)
@@ -91,6 +96,65 @@ def test_compiled_full_sum_matches_numpy_and_explains():
     assert any("split_reduction: sum over 1572864 elements" in n for n in f.explain(x).notes)
 
 
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int8, np.uint16,
+                                   np.bool_])
+def test_maxima_and_minima_split_bit_for_bit_with_nan(rng, op, dtype):
+    """Exact in any order: the answer is NumPy's, a NaN anywhere included; a float16
+    maximum splits too (nothing rounds)."""
+    shape = (33, 4097)  # past one row kernel's length, below the old threshold
+    x = (rng.standard_normal(shape) * 50).astype(dtype) if dtype != np.bool_ \
+        else rng.random(shape) < 0.001
+    graph, g, changed, notes = _split(lambda v: getattr(v, op)(), x)
+    assert changed and f"{op} over {x.size} elements in two stages" in notes[0]
+    for y in (x, _with(x, np.nan), _with(x, -np.inf)):
+        (want,) = run_graph(graph, [y], np)
+        (got,) = run_graph(g, [y], np)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def _with(x, value):
+    if x.dtype.kind != "f":
+        return x
+    y = x.copy()
+    y.reshape(-1)[123457] = value
+    return y
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
+def test_any_of_a_large_array_is_two_row_kernels_with_the_test_in_the_first(rng):
+    """``np.isnan(x).any()`` over 135201 values: the isnan test runs inside the first
+    stage's kernel (it read a materialised float32 copy through CuPy's reduction)."""
+    x = rng.standard_normal((33, 4097)).astype(np.float32)
+    graph, _ = trace(lambda v: np.isnan(v).any(), (x,))
+    res = PassManager().run(graph)
+    kernels = [(res.graph.node(d.node).op, d.choice)
+               for d in choose(res.graph, "cupy", "balanced", supports)
+               if d.choice != "source" and res.graph.node(d.node).op != "reshape"]
+    assert kernels == [("fused_rows", "reduction_kernel")] * 2, kernels
+    f = pl.compile(lambda v: np.isnan(v).any())
+    assert f(x) is np.False_ or f(x) == np.False_
+    x[20, 4000] = np.nan
+    assert f(x) == np.True_ and np.asarray(f(x)).dtype == np.bool_
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_means_split_within_rounding(rng, dtype):
+    x = (rng.standard_normal((300, 1001)) * 5 + 1).astype(dtype)
+    _graph, g, changed, notes = _split(lambda v: v.mean(), x)
+    assert changed and "mean over 300300 elements" in notes[0]
+    (got,) = run_graph(g, [x], np)
+    want = np.mean(x)
+    assert got.dtype == want.dtype
+    tol = 1e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(got, np.mean(x.astype(np.float64)), rtol=tol, atol=tol)
+
+
 _PROLOGUES = {
     "x": lambda v: v,
     "x*x": lambda v: v * v,
@@ -100,17 +164,19 @@ _PROLOGUES = {
 
 
 @settings(deadline=None)
-@given(rows=st.sampled_from([255, 256, 257, 512, 768, 1031]),
+@given(rows=st.sampled_from([31, 63, 64, 65, 255, 257, 1031]),
        cols=st.sampled_from([1024, 1025, 2048]),
+       op=st.sampled_from(["sum", "max", "min", "mean"]),
        dtype=st.sampled_from([np.int8, np.int32, np.uint16, np.bool_, np.float32,
                               np.float64]),
        prologue=st.sampled_from(sorted(_PROLOGUES)),
        keepdims=st.booleans(), seed=st.integers(0, 2**32 - 1))
-def test_random_full_sums_around_the_threshold_are_numpys(rows, cols, dtype, prologue,
-                                                           keepdims, seed):
-    """Sums over every element, of sizes below, at and above MIN_ELEMENTS (some with no
-    divisor in range), after a small elementwise prologue: the compiled call gives
-    NumPy's dtype and shape, integers bit for bit, floats within rounding."""
+def test_random_full_reductions_around_the_threshold_are_numpys(rows, cols, op, dtype,
+                                                                 prologue, keepdims, seed):
+    """Sums, maxima, minima and means over every element, of sizes below, at and above
+    MIN_ELEMENTS (some with no divisor in range), after a small elementwise prologue:
+    the compiled call gives NumPy's dtype and shape, integers, maxima and minima bit for
+    bit, floats within rounding."""
     rng = np.random.default_rng(seed)
     if dtype == np.bool_:
         x = rng.random((rows, cols)) < 0.5
@@ -121,7 +187,7 @@ def test_random_full_sums_around_the_threshold_are_numpys(rows, cols, dtype, pro
     pro = _PROLOGUES[prologue]
 
     def fn(v):
-        return np.sum(pro(v), keepdims=keepdims)
+        return getattr(np, op)(pro(v), keepdims=keepdims)
 
     with np.errstate(all="ignore"):
         try:
@@ -131,8 +197,9 @@ def test_random_full_sums_around_the_threshold_are_numpys(rows, cols, dtype, pro
         got = pl.compile(fn, backend="numpy")(x)
     assert np.asarray(got).dtype == np.asarray(want).dtype
     assert np.shape(got) == np.shape(want)
-    if np.asarray(want).dtype.kind == "f":
-        exact = np.sum(pro(x.astype(np.float64)), keepdims=keepdims)
+    if np.asarray(want).dtype.kind == "f" and op in ("sum", "mean"):
+        with np.errstate(all="ignore"):  # the prologue in NumPy's dtype, then exactly
+            exact = getattr(np, op)(pro(x).astype(np.float64), keepdims=keepdims)
         np.testing.assert_allclose(got, exact, rtol=1e-5 if dtype == np.float32 else 1e-12)
     else:
         np.testing.assert_array_equal(got, want)

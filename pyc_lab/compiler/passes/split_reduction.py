@@ -1,21 +1,27 @@
-"""Two-stage full reductions: a sum over a whole large array becomes a sum of row sums.
+"""Two-stage full reductions: a sum (maximum, minimum) over a whole large array becomes a
+sum of row sums.
 
 A reduction over every element leaves one output, so a row kernel (one block per row)
-would give the whole array to one block of one SM. ``sum(x)`` over ``n >=``
-:data:`MIN_ELEMENTS` elements becomes ``sum(sum(reshape(x, (R, C)), axis=1))`` with
-``C`` a divisor of ``n`` near ``sqrt(n)`` (between :data:`MIN_COLUMNS` and
-:data:`MAX_COLUMNS`): ``R`` blocks reduce a row each, then one block the ``R`` partial
-sums — the two-stage tree of a full reduction (a ``keepdims`` result is reshaped back).
+would give the whole array to one block of one SM; the row kernels refuse one row longer
+than :data:`~..codegen.reduction.LONG_ROW`. ``sum(x)`` over ``n >=``
+:data:`MIN_ELEMENTS` elements (just past that limit) becomes
+``sum(sum(reshape(x, (R, C)), axis=1))`` with ``C`` a divisor of ``n`` near ``sqrt(n)``
+(between :data:`MIN_COLUMNS` and :data:`MAX_COLUMNS`): ``R`` blocks reduce a row each,
+then one block the ``R`` partial results — the two-stage tree of a full reduction (a
+``keepdims`` result is reshaped back). ``max``, ``min`` and ``mean`` (the mean of equal
+rows' means) split the same way.
 
-Integer and boolean sums are exact in any order (two's-complement wrap-around is
-associative), so they stay bit for bit NumPy's; float32 and float64 sums change order
-only, as every parallel sum does (NumPy's own is pairwise), within the dtype's
-rounding. float16 sums are left alone: their partial sums would round to float16.
-Sizes with no divisor in range (a prime ``n``, say) are left alone too.
+Maxima and minima are exact in any order (a NaN anywhere is the answer either way), and
+so are integer and boolean sums (two's-complement wrap-around is associative), so these
+stay bit for bit NumPy's; float32 and float64 sums change order only, as every parallel
+sum does (NumPy's own is pairwise), within the dtype's rounding; so do means. float16
+sums and means are left alone: their partial results would round to float16. Sizes with
+no divisor in range (a prime ``n``, say) are left alone too.
 
-The reshape moves above an elementwise prologue read only by the sum (``sum(x * x)``
-becomes ``sum(sum(reshape(x) * reshape(x), axis=1))``), so that row fusion puts the
-prologue into the first stage's kernel instead of a pass of its own.
+The reshape moves above an elementwise prologue read only by the reduction
+(``sum(x * x)`` becomes ``sum(sum(reshape(x) * reshape(x), axis=1))``, ``np.isnan(x)
+.any()`` the maximum of row maxima of ``isnan`` of the reshaped ``x``), so that row
+fusion puts the prologue into the first stage's kernel instead of a pass of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from ..codegen.reduction import LONG_ROW
 from ..ir import Graph, Node
 from ..ops import REGISTRY
 from .rewrite import kind_of, prune, try_infer
@@ -34,8 +41,13 @@ __all__ = ["MAX_COLUMNS", "MIN_COLUMNS", "MIN_ELEMENTS", "NAME", "columns_for", 
 
 NAME = "split_reduction"
 
-#: Full reductions of fewer elements stay one row (one block handles them well).
-MIN_ELEMENTS = 1 << 18
+#: Full reductions of fewer elements stay one row (one block handles them well; the row
+#: kernels take a single row up to this length).
+MIN_ELEMENTS = LONG_ROW + 1
+#: The reductions split, and the dtypes each leaves alone.
+_SPLIT = {"sum": ("float16", "complex64", "complex128"), "mean": ("float16", "complex64",
+                                                                   "complex128"),
+          "max": ("complex64", "complex128"), "min": ("complex64", "complex128")}
 #: The row length of the first stage lies in this range (a row per block, vectorised).
 MIN_COLUMNS, MAX_COLUMNS = 1024, 1 << 16
 
@@ -102,8 +114,8 @@ def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
     except _NoSplit:
         prune(graph, inserted)
         return None
-    steps = [("sum", {"axis": (1,), "keepdims": False}),
-             ("sum", {"axis": None, "keepdims": False})]
+    steps = [(n.op, {"axis": (1,), "keepdims": False}),
+             (n.op, {"axis": None, "keepdims": False})]
     if n.attrs.get("keepdims"):
         steps.append(("reshape", {"shape": tuple(n.shape)}))
     last: Node | None = graph.nodes[first]
@@ -118,7 +130,7 @@ def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
 
 
 def run(graph: Graph, ctx: PassContext) -> bool:
-    """Split large full sums into two stages, in place.
+    """Split large full sums, maxima and minima into two stages, in place.
 
     Parameters
     ----------
@@ -134,13 +146,13 @@ def run(graph: Graph, ctx: PassContext) -> bool:
     """
     changed = False
     for n in list(graph):
-        if n.id not in graph.nodes or n.op != "sum" or len(n.inputs) != 1:
+        if n.id not in graph.nodes or n.op not in _SPLIT or len(n.inputs) != 1:
             continue
         if n.attrs.get("axis") is not None or set(n.attrs) - {"axis", "keepdims"}:
             continue
         x = graph.nodes[n.inputs[0]]
-        if n.dtype.kind not in "fiub" or n.dtype.name == "float16" or x.dtype.kind == "c" \
-                or x.dtype.name == "float16" or math.prod(x.shape) < MIN_ELEMENTS:
+        if n.dtype.kind not in "fiub" or n.dtype.name in _SPLIT[n.op] \
+                or x.dtype.name in _SPLIT[n.op] or math.prod(x.shape) < MIN_ELEMENTS:
             continue
         split = _split(graph, n)
         if split is None:
@@ -149,7 +161,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         graph.replace_uses(n.id, total)
         prune(graph, [n.id])
         size = math.prod(x.shape)
-        ctx.note(f"{NAME}: sum over {size} elements in two stages ({size // cols} rows of "
-                 f"{cols}, then their partial sums): sum %{n.id} -> %{total}")
+        ctx.note(f"{NAME}: {n.op} over {size} elements in two stages ({size // cols} rows "
+                 f"of {cols}, then their partial results): {n.op} %{n.id} -> %{total}")
         changed = True
     return changed
