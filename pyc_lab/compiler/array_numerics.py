@@ -2,7 +2,8 @@
 (``__array_function__`` handlers, dispatched by :mod:`.array_functions`).
 
 ``np.round`` (NumPy's own steps), ``np.linalg.norm`` (vector norms as reductions),
-``np.nan_to_num`` and the NaN-skipping reductions (selects, then reductions),
+``np.nan_to_num`` and the NaN-skipping reductions (selects, then reductions; ``np.nanvar``
+and ``np.nanstd`` by NumPy's own steps),
 ``np.einsum``/``np.tensordot``/``np.inner`` (:mod:`.einsum`: transposes, sums and batched
 matmuls), ``np.diff``, ``np.gradient`` and ``np.trapezoid`` (arithmetic on slices),
 ``np.ptp``,
@@ -376,6 +377,58 @@ def _nan_reduction(op: str) -> Callable:
     return handler
 
 
+def _nan_variance(root: bool) -> Callable:
+    """``np.nanvar``/``np.nanstd`` of floats, NumPy's steps: NaN replaced by 0, the mean
+    of the rest (its sum divided by their count, in the sum's dtype), the deviations
+    with NaN's zeroed, their squares summed and divided by ``count - ddof`` — NaN where
+    that is not positive (NumPy also warns there) — then ``np.sqrt`` for ``nanstd``."""
+    def handler(tracer: Tracer, a: Any, axis: Any = None, dtype: Any = None, out: Any = None,
+                ddof: Any = 0, keepdims: Any = NOVALUE, *, where: Any = NOVALUE,
+                mean: Any = NOVALUE, correction: Any = NOVALUE) -> Any:
+        x = tracer.lift(a)
+        if out is not None or where is not NOVALUE or mean is not NOVALUE \
+                or not np.issubdtype(x.dtype, np.floating) \
+                or (dtype is not None and not np.issubdtype(np.dtype(dtype), np.floating)) \
+                or (correction is not NOVALUE and ddof != 0) \
+                or not isinstance(ddof if correction is NOVALUE else correction,
+                                  (int, float, np.integer, np.floating)):
+            raise NotCovered  # integers (NumPy's np.var), NumPy's errors, rare forms
+        if correction is not NOVALUE:
+            ddof = correction
+        keep = bool(keepdims) if keepdims is not NOVALUE else False
+
+        def apply(name: str, *operands: Any) -> Any:
+            return ufuncs.apply(tracer, name, operands)
+
+        def by_count(total: Any, count: Any) -> Any:  # NumPy's in-place unsafe divide
+            q = apply("divide", total, count)
+            return q if q.dtype == total.dtype else \
+                tracer.op("astype", (q, ), {"dtype": total.dtype})
+
+        nan = apply("isnan", x)
+        clean = select(tracer, nan, 0.0, x)
+        present = apply("logical_not", nan)
+        count = reductions.reduce(tracer, "sum", present, axis=axis, dtype=np.intp,
+                                  keepdims=True)
+        avg = by_count(reductions.reduce(tracer, "sum", clean, axis=axis, dtype=dtype,
+                                         keepdims=True), count)
+        dev = apply("subtract", clean, avg)
+        if dev.dtype != clean.dtype:  # subtract(arr, avg, out=arr, casting='unsafe')
+            dev = tracer.op("astype", (dev,), {"dtype": clean.dtype})
+        dev = select(tracer, nan, 0.0, dev)
+        total = reductions.reduce(tracer, "sum", apply("multiply", dev, dev), axis=axis,
+                                  dtype=dtype, keepdims=keep)
+        dof = apply("subtract", reductions.reduce(tracer, "sum", present, axis=axis,
+                                                  dtype=np.intp, keepdims=keep), ddof)
+        var = by_count(total, dof)
+        var = select(tracer, apply("less_equal", dof, 0), np.nan, var)
+        result = apply("sqrt", var) if root else var
+        result._scalar = result.ndim == 0  # NumPy returns a scalar, not a 0-d array
+        return result
+
+    return handler
+
+
 def _isclose(tracer: Tracer, a: Any, b: Any, rtol: Any = 1e-05, atol: Any = 1e-08,
              equal_nan: bool = False) -> Any:
     """``np.isclose`` with Python-number tolerances, as NumPy computes it:
@@ -418,7 +471,8 @@ HANDLERS: dict[Callable, Callable] = {
     np.gradient: _gradient, np.ptp: _ptp, np.count_nonzero: _count_nonzero,
     np.nansum: _nan_reduction("sum"), np.nanmean: _nan_reduction("mean"),
     np.nanmax: _nan_reduction("max"), np.nanmin: _nan_reduction("min"),
-    np.isclose: _isclose, np.trapezoid: _trapezoid,
+    np.nanvar: _nan_variance(False), np.nanstd: _nan_variance(True), np.isclose: _isclose,
+    np.trapezoid: _trapezoid,
 }
 if hasattr(np, "around"):
     HANDLERS[np.around] = _round
