@@ -2,10 +2,11 @@
 as the maximum/minimum of booleans, ``np.var``/``np.std`` with ``ddof=`` as row
 programs, a reduction with ``dtype=`` (``np.einsum("ij,ij->i", a, b)``) as a row kernel,
 a phase wrap with ``%`` as one elementwise kernel, and integer ``//``, ``%``, ``<<`` and
-``>>`` with NumPy's rules, full maxima and minima (two stages past one block's reach) —
-compiled for CuPy arrays, against NumPy on fresh random data with NaN, into a poisoned
-memory pool. The CPU side: ``tests/compiler/test_fuzz_emulated.py``,
-``test_row_fusion.py``, ``test_reduction_dtype.py`` and ``test_emulated_kernels.py``.
+``>>`` with NumPy's rules, full maxima and minima (two stages past one block's reach),
+``np.nanvar``/``np.nanstd`` — compiled for CuPy arrays, against NumPy on fresh random
+data with NaN, into a poisoned memory pool. The CPU side:
+``tests/compiler/test_fuzz_emulated.py``, ``test_row_fusion.py``,
+``test_reduction_dtype.py`` and ``test_emulated_kernels.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ PROGRAMS = {
     "all_cols": lambda x: np.all(np.isfinite(x), axis=0),
     "any_nan": lambda x: np.isnan(x).any(),
     "max_all": lambda x: x.max(),
+    "nanstd_rows": lambda x: np.nanstd(x, axis=-1),
+    "nanvar_cols_ddof": lambda x: np.nanvar(x, axis=0, ddof=1),
     "min_abs_keepdims": lambda x: np.abs(x).min(keepdims=True),
     "std_ddof_cols": lambda x: x.std(axis=0, ddof=1),
     "var_ddof_rows": lambda x: x.var(axis=-1, ddof=1),
