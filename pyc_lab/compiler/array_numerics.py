@@ -52,30 +52,42 @@ def _round(tracer: Tracer, a: Any, decimals: Any = 0, out: Any = None) -> Any:
 
 def _norm(tracer: Tracer, x: Any, ord: Any = None, axis: Any = None,
           keepdims: bool = False) -> Any:
-    """``np.linalg.norm`` for the vector norms NumPy computes by reductions: the 2-norm
-    (over one axis, or over everything without ``ord``, as NumPy's ``sqrt(x . x)``), the
-    1-norm and the max/min-abs norms over one axis; an integer array is converted to
-    float64 first, as NumPy does."""
+    """``np.linalg.norm`` for the norms NumPy computes by reductions, by NumPy's steps:
+    the 2-norm (over axes, or over everything without ``ord``, as NumPy's
+    ``sqrt(x . x)``), the 1-norm, the max/min-abs norms and the count of nonzeros over
+    one axis, and the Frobenius, 1, -1, inf and -inf matrix norms over two axes (or a
+    2-d array's ``axis=None``); an integer array is converted to float64 first, as NumPy
+    does. Complex arrays (NumPy's ``(x.conj() * x).real``) and the SVD norms run as
+    written."""
     v = tracer.lift(x)
     if not np.issubdtype(v.dtype, np.inexact):
         if v.dtype.kind not in "iub":
             raise NotCovered  # bfloat16 (not np.inexact to NumPy) and the like
         v = tracer.op("astype", (v,), {"dtype": np.dtype(np.float64)})
-    if axis is None:
-        if ord is not None and not (ord in ("f", "fro") and v.ndim == 2) \
-                and not (ord == 2 and v.ndim == 1):
-            raise NotCovered
+    if v.dtype.kind == "c":
+        raise NotCovered
+    if axis is None and (ord is None or (ord in ("f", "fro") and v.ndim == 2)
+                         or (ord == 2 and v.ndim == 1)):
         total = reductions.reduce(tracer, "sum", v * v, axis=None, keepdims=keepdims)
         return ufuncs.apply(tracer, "sqrt", (total,))
-    if isinstance(axis, tuple):
-        if len(axis) != 1:
-            raise NotCovered  # matrix norms
-        axis = axis[0]
-    if not isinstance(axis, (int, np.integer)):
-        raise NotCovered
+    if axis is None:
+        axis = tuple(range(v.ndim))
+    elif not isinstance(axis, tuple):
+        if not isinstance(axis, (int, np.integer)):
+            raise NotCovered
+        axis = (int(axis),)
+    if len(axis) == 2:
+        return _matrix_norm(tracer, v, ord, axis, keepdims)
+    if len(axis) != 1:
+        raise NotCovered  # NumPy's ValueError
+    axis = axis[0]
     if ord is None or ord == 2:
         total = reductions.reduce(tracer, "sum", v * v, axis=axis, keepdims=keepdims)
         return ufuncs.apply(tracer, "sqrt", (total,))
+    if ord == 0:
+        nonzero = tracer.op("astype", (ufuncs.apply(tracer, "not_equal", (v, 0)),),
+                            {"dtype": v.dtype})
+        return reductions.reduce(tracer, "sum", nonzero, axis=axis, keepdims=keepdims)
     magnitude = ufuncs.apply(tracer, "absolute", (v,))
     if ord == 1:
         return reductions.reduce(tracer, "sum", magnitude, axis=axis, keepdims=keepdims)
@@ -83,6 +95,36 @@ def _norm(tracer: Tracer, x: Any, ord: Any = None, axis: Any = None,
         return reductions.reduce(tracer, "max" if ord > 0 else "min", magnitude, axis=axis,
                                  keepdims=keepdims)
     raise NotCovered
+
+
+def _matrix_norm(tracer: Tracer, v: Any, ord: Any, axis: tuple, keepdims: bool) -> Any:
+    """The matrix norms of :func:`_norm` over axes ``(row, col)``, NumPy's steps: the
+    Frobenius norm ``sqrt(sum(x * x))`` over both, the 1/-1 norms the max/min over
+    ``col`` of the column sums of ``|x|``, the inf/-inf norms the max/min over ``row``
+    of the row sums."""
+    try:
+        row, col = (normalize_axis(k, v.ndim)[0] for k in axis)
+    except Exception:
+        raise NotCovered from None  # NumPy's AxisError
+    if row == col:
+        raise NotCovered  # NumPy's ValueError
+    if ord is None or ord in ("fro", "f"):
+        result = ufuncs.apply(tracer, "sqrt", (reductions.reduce(
+            tracer, "sum", v * v, axis=(row, col)),))
+    elif ord in (1, -1, np.inf, -np.inf):
+        first, second = (row, col) if ord in (1, -1) else (col, row)
+        if second > first:
+            second -= 1
+        sums = reductions.reduce(tracer, "sum", ufuncs.apply(tracer, "absolute", (v,)),
+                                 axis=first)
+        result = reductions.reduce(tracer, "max" if ord > 0 else "min", sums, axis=second)
+    else:
+        raise NotCovered  # the SVD norms (2, -2, 'nuc') and NumPy's errors
+    if keepdims:
+        shape = [1 if k in (row, col) else d for k, d in enumerate(v.shape)]
+        result = tracer.op("reshape", (result,), {"shape": tuple(shape)})
+    result._scalar = result.ndim == 0
+    return result
 
 
 def _nan_to_num(tracer: Tracer, x: Any, copy: bool = True, nan: Any = 0.0,

@@ -256,9 +256,9 @@ def test_round_is_numpys_steps(dtype, decimals):
 def test_vector_norms_are_reductions(dtype, ord_, axis, keepdims):
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((29, 13)) * 3).astype(dtype)
-    # without an axis, an ord makes it a matrix norm (max column sum, SVD...): a graph
-    # break, which still gives NumPy's answer
-    matrix = axis is None and ord_ is not None
+    # without an axis, an ord makes it a matrix norm: the max column/row sums compile, the
+    # SVD norm (ord 2) is a graph break, which still gives NumPy's answer
+    matrix = axis is None and ord_ == 2
     f = pl.compile(lambda a: np.linalg.norm(a, ord=ord_, axis=axis, keepdims=keepdims))
     try:
         want = np.linalg.norm(x, ord=ord_, axis=axis, keepdims=keepdims)
@@ -270,6 +270,50 @@ def test_vector_norms_are_reductions(dtype, ord_, axis, keepdims):
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=2e-3 if dtype == np.float16 else 1e-6)
     assert ("graph breaks: 0" in str(f.explain())) != matrix, str(f.explain())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("ord_", [None, "fro", 1, -1, np.inf, -np.inf, 0])
+@pytest.mark.parametrize("axis", [(0, 1), (1, 0), (2, 0), (-1, 1), None, 2])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_matrix_norms_and_count_norms_are_numpys_steps(dtype, ord_, axis, keepdims):
+    """Over two axes (or a 2-d array's every axis): the Frobenius norm and the max/min of
+    column or row sums of |x|, bit for bit NumPy's; ``ord=0`` over one axis counts the
+    nonzeros in x's dtype."""
+    x = (np.random.default_rng(5).standard_normal((3, 4, 5)) * 3).astype(dtype)
+    x[0, 0, 0] = 0
+    if axis is None:
+        x = x[0]
+    f = pl.compile(lambda a: np.linalg.norm(a, ord=ord_, axis=axis, keepdims=keepdims))
+    try:
+        with np.errstate(divide="ignore"):  # the -1 p-norm of a zero
+            want = np.linalg.norm(x, ord=ord_, axis=axis, keepdims=keepdims)
+    except ValueError as exc:  # an order this many axes do not have: NumPy's own error
+        with pytest.raises(ValueError, match=str(exc)[:20]):
+            f(x)
+        return
+    with np.errstate(divide="ignore"):
+        got = f(x)
+    assert type(got) is type(want)
+    assert np.asarray(got).dtype == np.asarray(want).dtype and np.shape(got) == np.shape(want)
+    if axis is None and ord_ in (None, "fro"):  # NumPy's BLAS dot: its own summation order
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, want)
+    general_p = isinstance(axis, int) and ord_ == -1  # a p-norm: (sum |x|**p)**(1/p)
+    assert bool(f.explain(x).graph_breaks) == general_p
+
+
+def test_the_norm_of_complex_values_is_numpys():
+    """NumPy's ``(x.conj() * x).real``: a complex array's norm runs as written (squaring
+    it gave a complex, wrong, answer)."""
+    rng = np.random.default_rng(6)
+    z = (rng.standard_normal((4, 5)) + 1j * rng.standard_normal((4, 5))).astype(np.complex64)
+    for program in (lambda a: np.linalg.norm(a), lambda a: np.linalg.norm(a, axis=-1),
+                    lambda a: np.linalg.norm(a, axis=(0, 1))):
+        got, want = pl.compile(program)(z), program(z)
+        assert np.asarray(got).dtype == np.asarray(want).dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_a_norm_without_a_reduction_form_is_a_graph_break_that_still_answers():
