@@ -133,14 +133,42 @@ _REDUCE_OPS = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "m
 _REDUCE_KEYWORDS = frozenset({"axis", "keepdims", "initial", "where"})
 
 
+def _ufunc_at(base: Any, indices: Any, *operand: Any, ufunc: str) -> Any:
+    """``np.<ufunc>.at`` applied to a copy of ``base``: NumPy's for NumPy arrays,
+    ``cupyx.scatter_add`` for CuPy's ``add`` (CuPy's documented twin of ``np.add.at``),
+    else CuPy's own through the array protocol."""
+    out = base.copy()
+    if ufunc == "add" and type(out).__module__.startswith("cupy"):
+        import cupyx
+
+        cupyx.scatter_add(out, indices, *operand)
+    else:
+        getattr(np, ufunc).at(out, indices, *operand)
+    return out
+
+
+def _at(tracer: Tracer, name: str, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``np.<ufunc>.at(a, indices[, b])`` into a traced ``a``: a graph break computing the
+    written array (repeated indices accumulate, as in NumPy), then a write of all of
+    ``a`` — so later reads of ``a`` and of its views see it, and a written input is
+    copied back to the caller as any other write is."""
+    if kwargs or len(inputs) not in (2, 3) or not is_traced(inputs[0]):
+        raise UnsupportedOperationError(
+            f"np.{name}.at writes into its first argument, which here is a NumPy array "
+            "pyc_lab does not trace (one made inside the function by np.zeros(...), say): "
+            "make it from an argument instead (np.zeros_like(x, shape=...)), or compute "
+            "the result as a new array")
+    new = tracer.eager(_ufunc_at, tuple(inputs), {"ufunc": name},
+                       f"np.{name}.at (a write at repeated indices) is not compiled")
+    mutation.write(tracer, inputs[0], None, new, casting="unsafe", what=f"np.{name}.at(...)")
+
+
 def array_ufunc(tracer: Tracer, ufunc: np.ufunc, method: str, inputs: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:
     """What ``Traced.__array_ufunc__`` returns."""
     name = ufunc.__name__
     if method == "at":
-        raise UnsupportedOperationError(
-            f"np.{name}.at writes into its first argument at repeated indices, which "
-            "pyc_lab does not trace; compute the result as a new array instead")
+        return _at(tracer, name, inputs, kwargs)
     kwargs = dict(kwargs)
     out = kwargs.pop("out", None)
     if method == "reduce" and name in _REDUCE_OPS and len(inputs) == 1 and not _targets(out) \
