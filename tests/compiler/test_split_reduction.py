@@ -17,6 +17,7 @@ from pyc_lab.compiler.passes.split_reduction import (
     MAX_COLUMNS,
     MIN_COLUMNS,
     MIN_ELEMENTS,
+    PLAIN_MIN_ELEMENTS,
     columns_for,
 )
 from pyc_lab.compiler.policy import choose
@@ -102,7 +103,7 @@ def test_compiled_full_sum_matches_numpy_and_explains():
 def test_maxima_and_minima_split_bit_for_bit_with_nan(rng, op, dtype):
     """Exact in any order: the answer is NumPy's, a NaN anywhere included; a float16
     maximum splits too (nothing rounds)."""
-    shape = (33, 4097)  # past one row kernel's length, below the old threshold
+    shape = (300, 1001)  # a plain array past PLAIN_MIN_ELEMENTS
     x = (rng.standard_normal(shape) * 50).astype(dtype) if dtype != np.bool_ \
         else rng.random(shape) < 0.001
     graph, g, changed, notes = _split(lambda v: getattr(v, op)(), x)
@@ -112,6 +113,21 @@ def test_maxima_and_minima_split_bit_for_bit_with_nan(rng, op, dtype):
         (got,) = run_graph(g, [y], np)
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
+
+
+def test_between_one_row_and_plain_min_elements_only_a_prologue_splits(rng):
+    """135201 values: a plain sum or maximum stays CuPy's full reduction (faster there),
+    one with elementwise work before it splits so that the work joins the first stage."""
+    x = rng.standard_normal((33, 4097)).astype(np.float32)
+    assert MIN_ELEMENTS <= x.size < PLAIN_MIN_ELEMENTS
+    for op in ("sum", "max"):
+        _graph, _g, changed, _ = _split(lambda v, op=op: getattr(v, op)(), x)
+        assert not changed, op
+        _graph, g, changed, _ = _split(lambda v, op=op: getattr(np.abs(v) * 2, op)(), x)
+        assert changed, op
+        (got,) = run_graph(g, [x], np)
+        want = getattr(np.abs(x) * 2, op)()
+        np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
 def _with(x, value):

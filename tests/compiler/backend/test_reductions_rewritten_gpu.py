@@ -25,7 +25,7 @@ PROGRAMS = {
     "any_rows": lambda x: np.any(x > 1.5, axis=1),
     "all_cols": lambda x: np.all(np.isfinite(x), axis=0),
     "any_nan": lambda x: np.isnan(x).any(),
-    "max_all": lambda x: x.max(),
+    "max_all": lambda x: (x * 2).max(),
     "nanstd_rows": lambda x: np.nanstd(x, axis=-1),
     "nanvar_cols_ddof": lambda x: np.nanvar(x, axis=0, ddof=1),
     "min_abs_keepdims": lambda x: np.abs(x).min(keepdims=True),
@@ -51,6 +51,11 @@ def test_rewritten_reductions_on_the_gpu_match_numpy(rng, name, dtype, shape):
     got = cp.asnumpy(got) if isinstance(got, cp.ndarray) else np.asarray(got)
     with np.errstate(all="ignore"):
         want = np.asarray(fn(x))
+        if dtype == np.float16 and name.startswith("nan"):
+            # NumPy's np.nanvar sums float16 in float16 (1.4 % off the exact answer over
+            # 1000 values down a column); the GPU sums in float32: compare both with the
+            # exact answer instead
+            want = np.asarray(fn(x.astype(np.float64))).astype(np.float16)
     assert got.dtype == want.dtype and got.shape == want.shape
     if want.dtype.kind == "b" or name in ("phase_wrap", "floor_div"):  # bit for bit
         np.testing.assert_array_equal(got, want)

@@ -72,12 +72,21 @@ def test_a_top_p_cut_on_the_gpu_matches_numpy_call_after_call(rng):
         s = np.sort(p, axis=-1)[:, ::-1]
         return np.where(np.cumsum(s, axis=-1) - s < 0.9, s, 0)
 
+    def margin(logits):  # how far each running sum is from the cut
+        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        s = np.sort(p / p.sum(axis=-1, keepdims=True), axis=-1)[:, ::-1]
+        return np.abs(np.cumsum(s, axis=-1) - s - 0.9)
+
     f = pl.compile(top_p, backend="cupy")
     for _ in range(4):
         x = rng.standard_normal((64, 1000)).astype(np.float32)
         poison_pool()
-        np.testing.assert_allclose(cp.asnumpy(f(cp.asarray(x))), top_p(x), rtol=1e-4,
-                                   atol=1e-6)
+        got, want = cp.asnumpy(f(cp.asarray(x))), top_p(x)
+        # a value whose running sum is within rounding of 0.9 may fall either side of the
+        # cut (the GPU's softmax sums in another order); everywhere else, NumPy's answer
+        sure = margin(x) > 1e-5
+        np.testing.assert_allclose(got[sure], want[sure], rtol=1e-4, atol=1e-6)
+        assert sure.mean() > 0.99
     kinds = [k["kind"] for k in f.explain(cp.asarray(x)).kernels]
     assert kinds.count("library") == 2 and len(kinds) >= 4
 
