@@ -12,6 +12,7 @@ check. ``x ** 2``, ``x ** -1`` and ``x ** 0.5`` are ``np.square``, ``np.reciproc
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +21,8 @@ from . import mutation, reductions, scalars
 from .errors import UnsupportedOperationError
 from .ops import UFUNC_OPS
 from .values import is_traced
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .proxy import Traced
@@ -134,17 +137,36 @@ _REDUCE_KEYWORDS = frozenset({"axis", "keepdims", "initial", "where"})
 
 
 def _ufunc_at(base: Any, indices: Any, *operand: Any, ufunc: str) -> Any:
-    """``np.<ufunc>.at`` applied to a copy of ``base``: NumPy's for NumPy arrays,
-    ``cupyx.scatter_add`` for CuPy's ``add`` (CuPy's documented twin of ``np.add.at``),
-    else CuPy's own through the array protocol."""
+    """``np.<ufunc>.at`` applied to a copy of ``base``: NumPy's for NumPy arrays;
+    for CuPy arrays ``cupyx.scatter_add`` (CuPy's documented twin of ``np.add.at``) or
+    CuPy's own through the array protocol, and where CuPy takes neither (a dtype its
+    atomics lack, int64 say) NumPy's on a host copy, with a warning."""
     out = base.copy()
-    if ufunc == "add" and type(out).__module__.startswith("cupy"):
-        import cupyx
-
-        cupyx.scatter_add(out, indices, *operand)
-    else:
+    if not type(out).__module__.startswith("cupy"):
         getattr(np, ufunc).at(out, indices, *operand)
-    return out
+        return out
+    try:
+        if ufunc == "add":
+            import cupyx
+
+            cupyx.scatter_add(out, indices, *operand)
+        else:
+            getattr(np, ufunc).at(out, indices, *operand)
+        return out
+    except Exception as exc:  # any refusal of CuPy's: NumPy's on the host
+        import cupy
+
+        log.warning("np.%s.at on %s arrays: CuPy refused (%s); computing it with NumPy on "
+                    "a host copy", ufunc, out.dtype, exc)
+
+        def host(v: Any) -> Any:
+            if isinstance(v, tuple):
+                return tuple(host(e) for e in v)
+            return cupy.asnumpy(v) if isinstance(v, cupy.ndarray) else v
+
+        result = cupy.asnumpy(base).copy()
+        getattr(np, ufunc).at(result, host(indices), *(host(v) for v in operand))
+        return cupy.asarray(result)
 
 
 def _at(tracer: Tracer, name: str, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -92,3 +92,41 @@ def test_a_scatter_add_on_the_gpu_is_numpys(rng, dtype):
         np.testing.assert_array_equal(cp.asnumpy(got), want)
     else:  # atomic adds: any order of the same values
         np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-5, atol=1e-3)
+
+
+class _DeviceArray(np.ndarray):
+    """Stands in for a CuPy array: its class lives in a ``cupy`` module."""
+
+
+_DeviceArray.__module__ = "cupy._core.core"
+
+
+def test_a_dtype_cupys_scatter_refuses_runs_on_the_host_with_a_warning(monkeypatch, caplog):
+    """The graph break's CuPy path: ``cupyx.scatter_add`` first; where it refuses (CuPy's
+    atomics have no int64 add), NumPy's ``add.at`` on a host copy, the result back on the
+    device, and a warning that says so."""
+    import sys
+    import types
+
+    from pyc_lab.compiler import ufuncs
+
+    calls = []
+
+    def refuse(a, slices, value):
+        calls.append(a.dtype)
+        raise TypeError(f"scatter_add does not support {a.dtype}")
+
+    fake_cupy = types.SimpleNamespace(
+        ndarray=_DeviceArray, asnumpy=lambda v: np.asarray(v).view(np.ndarray),
+        asarray=lambda v: np.asarray(v).view(_DeviceArray))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(scatter_add=refuse))
+    base = np.zeros(8, np.int64).view(_DeviceArray)
+    idx = np.array([1, 1, 3, 7, 1]).view(_DeviceArray)
+    with caplog.at_level("WARNING", logger="pyc_lab.compiler.ufuncs"):
+        out = ufuncs._ufunc_at(base, idx, 2, ufunc="add")
+    assert calls == [np.dtype(np.int64)]
+    assert isinstance(out, _DeviceArray)
+    np.testing.assert_array_equal(out.view(np.ndarray), [0, 6, 0, 2, 0, 0, 0, 2])
+    assert not base.view(np.ndarray).any()  # the input is not written
+    assert "computing it with NumPy on a host copy" in caplog.text
