@@ -17,7 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import array_numerics, array_shapes, gathers, mutation, quantiles, reductions, scans, ufuncs
+from . import (
+    array_numerics,
+    array_shapes,
+    creation,
+    gathers,
+    mutation,
+    quantiles,
+    reductions,
+    scans,
+    ufuncs,
+)
 from .errors import CastingError, UnsupportedOperationError
 from .function_parts import NOVALUE, NotCovered, select
 from .ops import normalize_axis
@@ -266,7 +276,7 @@ _HANDLERS: dict[Callable, Callable] = {
     np.swapaxes: _swapaxes, np.moveaxis: _moveaxis, np.concatenate: _concatenate,
     np.expand_dims: _expand_dims, np.squeeze: _squeeze, np.broadcast_to: _broadcast_to,
     np.dot: _dot, **array_shapes.HANDLERS, **array_numerics.HANDLERS, **gathers.HANDLERS,
-    **scans.HANDLERS, **quantiles.HANDLERS,
+    **scans.HANDLERS, **quantiles.HANDLERS, **creation.HANDLERS,
 }
 if hasattr(np, "astype"):
     _HANDLERS[np.astype] = _np_astype
