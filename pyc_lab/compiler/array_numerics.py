@@ -387,6 +387,13 @@ def _count_nonzero(tracer: Tracer, a: Any, axis: Any = None, *, keepdims: bool =
                              keepdims=keepdims)
 
 
+def _by_count(tracer: Tracer, total: Any, count: Any) -> Any:
+    """``total / count`` as NumPy's NaN-skipping reductions divide: in place into the
+    total (``casting='unsafe'``), so the total's dtype stays."""
+    q = ufuncs.apply(tracer, "divide", (total, count))
+    return q if q.dtype == total.dtype else tracer.op("astype", (q,), {"dtype": total.dtype})
+
+
 def _nan_reduction(op: str) -> Callable:
     """``np.nansum``/``nanmean``/``nanmax``/``nanmin`` of floats: NaN replaced by the
     operation's identity (NumPy's ``_replace_nan``); ``nanmean`` divides by the count of
@@ -408,10 +415,7 @@ def _nan_reduction(op: str) -> Callable:
             count = reductions.reduce(tracer, "sum", ufuncs.apply(tracer, "logical_not",
                                                                   (nan,)),
                                       dtype=np.intp, **kw)
-            mean = ufuncs.apply(tracer, "divide", (total, count))
-            # NumPy divides in place into the total (casting='unsafe'): its dtype stays
-            return mean if mean.dtype == total.dtype else \
-                tracer.op("astype", (mean,), {"dtype": total.dtype})
+            return _by_count(tracer, total, count)
         extreme = reductions.reduce(tracer, op, clean, **kw)
         every = reductions.reduce(tracer, "all", nan, **kw)
         return select(tracer, every, np.nan, extreme)
@@ -442,17 +446,12 @@ def _nan_variance(root: bool) -> Callable:
         def apply(name: str, *operands: Any) -> Any:
             return ufuncs.apply(tracer, name, operands)
 
-        def by_count(total: Any, count: Any) -> Any:  # NumPy's in-place unsafe divide
-            q = apply("divide", total, count)
-            return q if q.dtype == total.dtype else \
-                tracer.op("astype", (q, ), {"dtype": total.dtype})
-
         nan = apply("isnan", x)
         clean = select(tracer, nan, 0.0, x)
         present = apply("logical_not", nan)
         count = reductions.reduce(tracer, "sum", present, axis=axis, dtype=np.intp,
                                   keepdims=True)
-        avg = by_count(reductions.reduce(tracer, "sum", clean, axis=axis, dtype=dtype,
+        avg = _by_count(tracer, reductions.reduce(tracer, "sum", clean, axis=axis, dtype=dtype,
                                          keepdims=True), count)
         dev = apply("subtract", clean, avg)
         if dev.dtype != clean.dtype:  # subtract(arr, avg, out=arr, casting='unsafe')
@@ -462,7 +461,7 @@ def _nan_variance(root: bool) -> Callable:
                                   dtype=dtype, keepdims=keep)
         dof = apply("subtract", reductions.reduce(tracer, "sum", present, axis=axis,
                                                   dtype=np.intp, keepdims=keep), ddof)
-        var = by_count(total, dof)
+        var = _by_count(tracer, total, dof)
         var = select(tracer, apply("less_equal", dof, 0), np.nan, var)
         result = apply("sqrt", var) if root else var
         result._scalar = result.ndim == 0  # NumPy returns a scalar, not a 0-d array

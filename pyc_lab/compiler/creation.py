@@ -66,14 +66,11 @@ def _filled(tracer: Tracer, a: Any, fill: Any, dtype: Any, order: Any, shape: An
     return tracer.op("copy", (spread,))
 
 
-def _zeros_like(tracer: Tracer, a: Any, dtype: Any = None, order: Any = "K",
+def _constant_like(fill: int) -> Callable:
+    def handler(tracer: Tracer, a: Any, dtype: Any = None, order: Any = "K",
                 subok: bool = True, shape: Any = None, *, device: Any = None) -> Traced:
-    return _filled(tracer, a, 0, dtype, order, shape, device)
-
-
-def _ones_like(tracer: Tracer, a: Any, dtype: Any = None, order: Any = "K",
-               subok: bool = True, shape: Any = None, *, device: Any = None) -> Traced:
-    return _filled(tracer, a, 1, dtype, order, shape, device)
+        return _filled(tracer, a, fill, dtype, order, shape, device)
+    return handler
 
 
 def _full_like(tracer: Tracer, a: Any, fill_value: Any, dtype: Any = None, order: Any = "K",
@@ -83,6 +80,7 @@ def _full_like(tracer: Tracer, a: Any, fill_value: Any, dtype: Any = None, order
 
 #: NumPy function -> handler.
 HANDLERS: dict[Callable, Callable] = {
-    np.zeros_like: _zeros_like, np.ones_like: _ones_like, np.empty_like: _zeros_like,
+    np.zeros_like: _constant_like(0), np.ones_like: _constant_like(1),
+    np.empty_like: _constant_like(0),
     np.full_like: _full_like,
 }

@@ -90,8 +90,7 @@ def _reshaped(graph: Graph, nid: int, shape: tuple[int, ...], anchor: int,
         return memo[nid]
     node = graph.nodes[nid]
     same = all(tuple(graph.nodes[i].shape) in (tuple(node.shape), ()) for i in node.inputs)
-    if node.op in REGISTRY and kind_of(node.op) == "elementwise" and node.inputs and same \
-            and len(users.get(nid, ())) == 1 and nid not in graph.outputs:
+    if same and _sole_elementwise(graph, node, users):
         args = tuple(i if graph.nodes[i].shape == () else
                      _reshaped(graph, i, shape, anchor, inserted, users, memo)
                      for i in node.inputs)
@@ -108,11 +107,11 @@ class _NoSplit(Exception):
     """A rewritten operand did not keep its type."""
 
 
-def _has_prologue(graph: Graph, x: Node) -> bool:
-    """Whether ``x`` is elementwise work read only by the reduction (the first stage's
+def _sole_elementwise(graph: Graph, x: Node, users: dict[int, list[int]]) -> bool:
+    """Whether ``x`` is elementwise work read only by its one reader (the first stage's
     kernel would take it in, saving a pass over the array)."""
     return x.op in REGISTRY and kind_of(x.op) == "elementwise" and bool(x.inputs) \
-        and len(graph.users().get(x.id, ())) == 1 and x.id not in graph.outputs
+        and len(users.get(x.id, ())) == 1 and x.id not in graph.outputs
 
 
 def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
@@ -169,7 +168,8 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         if n.dtype.kind not in "fiub" or n.dtype.name in _SPLIT[n.op] \
                 or x.dtype.name in _SPLIT[n.op] or math.prod(x.shape) < MIN_ELEMENTS:
             continue
-        if math.prod(x.shape) < PLAIN_MIN_ELEMENTS and not _has_prologue(graph, x):
+        if math.prod(x.shape) < PLAIN_MIN_ELEMENTS \
+                and not _sole_elementwise(graph, x, graph.users()):
             continue
         split = _split(graph, n)
         if split is None:
