@@ -5,8 +5,10 @@ as NumPy binds them, and records ops; a form a handler does not cover raises
 :class:`~.function_parts.NotCovered` and the call becomes a graph break (run as
 written). This module holds the reductions, ``np.where``/``np.clip``, casts, copies and
 reshapes; the shape-and-layout functions are in :mod:`.array_shapes`, the numeric ones in
-:mod:`.array_numerics`, the reads at integer indices in :mod:`.gathers`. NumPy functions
-that write into an argument (``np.copyto``) write through :mod:`.mutation`; those pyc_lab
+:mod:`.array_numerics`, covariances in :mod:`.covariance`, NumPy's elementwise helpers
+(``np.select``, ``np.sinc``...) in :mod:`.elementwise_functions`, the reads at integer
+indices in :mod:`.gathers`. NumPy functions that write into an argument (``np.copyto``)
+write through :mod:`.mutation`; those pyc_lab
 cannot trace (``np.put``, ``np.place``...) raise a clear error.
 """
 
@@ -20,7 +22,9 @@ import numpy as np
 from . import (
     array_numerics,
     array_shapes,
+    covariance,
     creation,
+    elementwise_functions,
     gathers,
     mutation,
     quantiles,
@@ -78,13 +82,6 @@ def _mean(tracer: Tracer, a: Any, axis: Any = None, dtype: Any = None, out: Any 
           keepdims: Any = NOVALUE, *, where: Any = NOVALUE) -> Any:
     return reductions.reduce(tracer, "mean", a, axis=axis, dtype=dtype, out=out,
                              keepdims=keepdims, where=where)
-
-
-def _average(tracer: Tracer, a: Any, axis: Any = None, weights: Any = None,
-             returned: bool = False, *, keepdims: Any = NOVALUE) -> Any:
-    if weights is not None or returned:  # NumPy raises if the weights sum to zero
-        raise NotCovered
-    return reductions.reduce(tracer, "mean", a, axis=axis, keepdims=keepdims)
 
 
 def _extreme(op: str) -> Callable:
@@ -265,7 +262,7 @@ def _moveaxis(tracer: Tracer, a: Any, source: Any, destination: Any) -> Traced:
 
 
 _HANDLERS: dict[Callable, Callable] = {
-    np.sum: _sum, np.prod: _prod, np.mean: _mean, np.average: _average,
+    np.sum: _sum, np.prod: _prod, np.mean: _mean,
     np.max: _extreme("max"), np.amax: _extreme("max"),
     np.min: _extreme("min"), np.amin: _extreme("min"),
     np.var: _spread("var"), np.std: _spread("std"),
@@ -276,7 +273,8 @@ _HANDLERS: dict[Callable, Callable] = {
     np.swapaxes: _swapaxes, np.moveaxis: _moveaxis, np.concatenate: _concatenate,
     np.expand_dims: _expand_dims, np.squeeze: _squeeze, np.broadcast_to: _broadcast_to,
     np.dot: _dot, **array_shapes.HANDLERS, **array_numerics.HANDLERS, **gathers.HANDLERS,
-    **scans.HANDLERS, **quantiles.HANDLERS, **creation.HANDLERS,
+    **scans.HANDLERS, **quantiles.HANDLERS, **creation.HANDLERS, **covariance.HANDLERS,
+    **elementwise_functions.HANDLERS,
 }
 if hasattr(np, "astype"):
     _HANDLERS[np.astype] = _np_astype

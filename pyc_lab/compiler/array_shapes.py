@@ -5,19 +5,22 @@ Each handler takes the NumPy function's signature and records ops: reversed view
 (``np.flip``), concatenations (``np.stack``/``vstack``/``hstack``/``column_stack``/
 ``dstack``, ``np.roll``, ``np.tile``, ``np.pad``), slices (``np.split`` and friends),
 broadcasts (``np.repeat``, ``np.broadcast_arrays``, ``np.outer``), transposes
-(``np.rollaxis``) and selects against a constant mask (``np.tril``/``np.triu``). A form a
+(``np.rollaxis``, ``np.rot90``), differences (``np.ediff1d``), selects against a
+constant mask (``np.tril``/``np.triu``, ``np.diag`` of a vector) and diagonals
+(``np.diagonal``, ``np.trace``: flattened axes sliced). A form a
 handler does not cover raises :class:`~.function_parts.NotCovered` and runs as written.
 """
 
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import mutation, padding
+from . import mutation, padding, reductions
 from .function_parts import NotCovered
 from .ops import normalize_axis
 
@@ -273,6 +276,115 @@ def _rollaxis(tracer: Tracer, a: Any, axis: int, start: int = 0) -> Any:
     return x.transpose(tuple(order))
 
 
+
+def _axis_pair(x: Traced, axis1: Any, axis2: Any) -> tuple[int, int]:
+    """Two distinct axes of ``x``, non-negative (NotCovered: NumPy's own error)."""
+    try:
+        a1, a2 = operator.index(axis1), operator.index(axis2)
+    except TypeError:
+        raise NotCovered from None
+    if not (-x.ndim <= a1 < x.ndim and -x.ndim <= a2 < x.ndim) or a1 % x.ndim == a2 % x.ndim:
+        raise NotCovered
+    return a1 % x.ndim, a2 % x.ndim
+
+
+def _diagonal(tracer: Tracer, a: Any, offset: Any = 0, axis1: Any = 0, axis2: Any = 1) -> Any:
+    """``np.diagonal`` (and ``x.diagonal()``): the two axes moved last and flattened into
+    one, sliced from the first diagonal element with a step of one more than the second
+    axis' length — NumPy's diagonal axis last. NumPy returns a read-only view: so is
+    this one where the steps are views (a write through it is refused, a write into
+    ``a`` is seen through it); where they copy, it is an opaque read-only view (reading
+    it after ``a`` was written is refused, never stale)."""
+    x = tracer.lift(a)
+    if x.ndim < 2:
+        raise NotCovered  # NumPy's ValueError
+    try:
+        k = operator.index(offset)
+    except TypeError:
+        raise NotCovered from None
+    a1, a2 = _axis_pair(x, axis1, axis2)
+    if a1 > a2:  # the same elements in the same order, and a view of more layouts
+        a1, a2, k = a2, a1, -k
+    n, m = x.shape[a1], x.shape[a2]
+    count = max(0, min(n, m - k) if k >= 0 else min(n + k, m))
+    start = k if k >= 0 else -k * m
+    order = [d for d in range(x.ndim) if d not in (a1, a2)] + [a1, a2]
+    moved = x if order == list(range(x.ndim)) else x.transpose(tuple(order))
+    flat = moved.reshape((*moved.shape[:-2], n * m))
+    step = m + 1
+    stop = start + (count - 1) * step + 1 if count else start
+    out = flat[..., start:stop:step] if count else flat[..., :0]
+    mem = out._memory
+    root = x._memory.root if x._memory is not None else x
+    if mem is not None and mem.steps is not None and mem.root is root:
+        out._memory = mutation.View(mem.root, mem.steps, True)
+    else:
+        mutation.opaque_view(x, out, readonly=True)
+    return out
+
+
+def _diag(tracer: Tracer, v: Any, k: Any = 0) -> Any:
+    """``np.diag``: of a matrix, its diagonal (:func:`_diagonal`); of a vector, NumPy's
+    zero matrix with the vector on diagonal ``k`` — a select against the constant mask
+    ``np.eye(n, k=k)`` of the vector padded to the columns it lands in."""
+    x = tracer.lift(v)
+    try:
+        k = operator.index(k)
+    except TypeError:
+        raise NotCovered from None
+    if x.ndim == 2:
+        return _diagonal(tracer, x, k)
+    if x.ndim != 1:
+        raise NotCovered  # NumPy's ValueError
+    n = x.shape[0] + abs(k)
+    pad = tracer.lift(np.zeros(abs(k), dtype=x.dtype))
+    row = x if k == 0 else tracer.op("concatenate", (pad, x) if k > 0 else (x, pad),
+                                     {"axis": 0})
+    mask = tracer.lift(np.eye(n, k=k, dtype=bool))
+    return tracer.op("where", (mask, row[None, :], tracer.lift(np.zeros(1, dtype=x.dtype))))
+
+
+def _trace(tracer: Tracer, a: Any, offset: Any = 0, axis1: Any = 0, axis2: Any = 1,
+           dtype: Any = None, out: Any = None) -> Any:
+    """``np.trace``: NumPy's sum of the diagonal (:func:`_diagonal`) over its last axis,
+    in the sum's dtype."""
+    if out is not None:
+        raise NotCovered
+    return reductions.reduce(tracer, "sum", _diagonal(tracer, a, offset, axis1, axis2),
+                             axis=-1, dtype=dtype)
+
+
+
+def _rot90(tracer: Tracer, m: Any, k: Any = 1, axes: Any = (0, 1)) -> Any:
+    """``np.rot90``: NumPy's flips and transposes (views, as NumPy's result is)."""
+    x = tracer.lift(m)
+    try:
+        a0, a1 = (operator.index(v) for v in axes)
+        k = operator.index(k) % 4
+    except (TypeError, ValueError):
+        raise NotCovered from None
+    if a0 == a1 or abs(a0 - a1) == x.ndim or not (-x.ndim <= a0 < x.ndim
+                                                 and -x.ndim <= a1 < x.ndim):
+        raise NotCovered  # NumPy's ValueError
+    if k == 0:
+        return x[:]
+    if k == 2:
+        return _flip(tracer, _flip(tracer, x, a0), a1)
+    order = list(range(x.ndim))
+    order[a0], order[a1] = order[a1], order[a0]
+    if k == 1:
+        return _flip(tracer, x, a1).transpose(tuple(order))
+    return _flip(tracer, x.transpose(tuple(order)), a1)
+
+
+def _ediff1d(tracer: Tracer, ary: Any, to_end: Any = None, to_begin: Any = None) -> Any:
+    """``np.ediff1d`` without ends: NumPy's ``ary.ravel()[1:] - ary.ravel()[:-1]``."""
+    if to_end is not None or to_begin is not None:
+        raise NotCovered
+    flat = tracer.lift(ary).ravel()
+    return flat[1:] - flat[:-1]
+
+
 #: NumPy function -> handler.
 HANDLERS: dict[Callable, Callable] = {
     np.flip: _flip, np.fliplr: lambda tracer, m: _flip(tracer, m, 1),
@@ -285,4 +397,6 @@ HANDLERS: dict[Callable, Callable] = {
     np.outer: _outer, np.tril: _tri_part(True), np.triu: _tri_part(False), np.roll: _roll,
     np.tile: _tile, np.repeat: _repeat, np.pad: _pad,
     np.broadcast_arrays: _broadcast_arrays, np.rollaxis: _rollaxis,
+    np.diagonal: _diagonal, np.diag: _diag, np.trace: _trace, np.rot90: _rot90,
+    np.ediff1d: _ediff1d,
 }

@@ -18,7 +18,7 @@ inputs: the caller's strides; computed values: C order), and the view op is appl
 it (``np.reshape(..., copy=False)`` fails exactly where NumPy's reshape copies; an
 integer index of every axis gives a scalar, not a view).
 
-A graph break whose result shares memory with its input (``np.flip``, ``np.diagonal``)
+A graph break whose result shares memory with its input (``np.matrix_transpose``, say)
 is an *opaque* view: pyc_lab cannot follow a write through it, so writing into it
 raises :class:`UnsupportedOperationError`, and reading it after its root was written
 raises too (NumPy would show the write). ``broadcast_to`` views are read-only, as in
@@ -61,7 +61,7 @@ class View:
         The view ops ``(op, attrs)`` leading from ``root`` to the view; None for an
         opaque view (a graph break's result sharing memory with ``root``).
     readonly
-        Whether NumPy forbids writing through it (``broadcast_to``).
+        Whether NumPy forbids writing through it (``broadcast_to``, ``diagonal``).
     """
 
     root: Traced
@@ -260,13 +260,13 @@ def write(tracer: Tracer, target: Any, index: Any, value: Any, *, casting: str,
     target = tracer.target(target, what)
     mem = target._memory
     if mem is not None and mem.readonly:
-        raise ReadOnlyError(f"{what}: assignment destination is read-only (a broadcast_to "
-                            "view; NumPy raises ValueError too). Write into a copy: "
-                            "x = np.broadcast_to(...).copy()")
+        raise ReadOnlyError(f"{what}: assignment destination is read-only (a read-only "
+                            "view such as np.broadcast_to's or np.diagonal's result; NumPy "
+                            "raises ValueError too). Write into a copy: .copy() it first")
     if mem is not None and mem.steps is None:
         raise UnsupportedOperationError(
             f"{what}: this array is one NumPy returns as a view of its input (the result "
-            "of a graph break such as np.diagonal, or x[i] by a traced 0-d index), and "
+            "of a graph break such as np.matrix_transpose, or x[i] by a traced 0-d index), and "
             "pyc_lab cannot follow a write through it. Write into the original array, or "
             ".copy() the result first")
     new = _written(tracer, target, index, value, casting, mask, what)
@@ -362,9 +362,11 @@ def _rebind(tracer: Tracer, root: Traced, new: Traced, what: str) -> None:
         live.append(ref)
         steps = view._memory.steps if view._memory is not None else None
         if steps is None:
-            view._stale = (f"it is a graph break's view of an array written later ({what}); "
-                           "pyc_lab cannot show the write through it. Call the graph break "
-                           "after the write, or .copy() its result")
+            view._stale = (f"it is a view NumPy keeps of an array written later ({what}) "
+                           "that pyc_lab cannot follow (a graph break's result, or a "
+                           "diagonal of a transposed or strided array); pyc_lab cannot show "
+                           "the write through it. Take the view after the write, or "
+                           ".copy() it")
             continue
         cur = root
         for op, attrs in steps:

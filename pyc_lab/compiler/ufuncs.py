@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import mutation, reductions, scalars
+from . import mutation, reductions, scalars, scans
 from .errors import UnsupportedOperationError
 from .ops import UFUNC_OPS
 from .values import is_traced
@@ -199,6 +199,14 @@ def array_ufunc(tracer: Tracer, ufunc: np.ufunc, method: str, inputs: tuple[Any,
         # np.add.reduce(x) is np.sum(x, axis=0): the reduction with the ufunc's axis default
         return reductions.reduce(tracer, _REDUCE_OPS[name], inputs[0],
                                  axis=kwargs.pop("axis", 0), **kwargs)
+    if method == "accumulate" and name in ("add", "multiply") and len(inputs) == 1 \
+            and is_traced(inputs[0]) and inputs[0].dtype.kind in "biuf" \
+            and not _targets(out) and set(kwargs) <= {"axis", "dtype"} \
+            and isinstance(kwargs.get("axis", 0), (int, np.integer)):
+        # np.add.accumulate(x) is np.cumsum(x, axis=0): the same dtype rule (small
+        # integers and booleans accumulate in the platform integer) and the same steps
+        return scans.HANDLERS[np.cumsum if name == "add" else np.cumprod](
+            tracer, inputs[0], axis=int(kwargs.get("axis", 0)), dtype=kwargs.get("dtype"))
     if method != "__call__":
         if _targets(out):
             raise UnsupportedOperationError(

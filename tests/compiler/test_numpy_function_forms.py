@@ -68,7 +68,13 @@ def test_ufunc_reduce_of_integers_and_bools_follows_numpy():
 
 
 def test_other_ufunc_methods_stay_graph_breaks(x):
-    _same(lambda a: np.add.accumulate(a, axis=1), x, breaks=1)
+    _same(lambda a: np.maximum.accumulate(a, axis=1), x, breaks=1)
+    _same(lambda a: np.add.outer(a[0], a[1]), x, breaks=1)
+
+
+def test_add_and_multiply_accumulate_are_scans(x):
+    _same(lambda a: np.add.accumulate(a, axis=1), x)
+    _same(lambda a: np.multiply.accumulate(a), x)
 
 
 EINSUMS = [
@@ -352,8 +358,11 @@ def test_average_without_weights_is_the_mean(x, kw):
     _same(lambda a: np.average(a, **kw), ints)
 
 
-def test_average_with_weights_is_numpys_own_call(x):
-    # NumPy raises when the weights sum to zero, which only the values can tell
+def test_average_with_constant_weights_is_numpys_steps(x):
+    # NumPy raises when the weights sum to zero: constants are checked while tracing;
+    # weights that are inputs — arguments, or arrays the function closes over, which
+    # may change between calls — and returned= run as written
+    _same(lambda a: np.average(a, axis=1, weights=np.linspace(0.5, 1.5, 13)), x)
     w = np.linspace(0.5, 1.5, 13)
     _same(lambda a: np.average(a, axis=1, weights=w), x, breaks=1)
     _same(lambda a: np.average(a, axis=1, returned=True)[1], x, breaks=2)  # (a pair)

@@ -178,12 +178,25 @@ def test_scalars_are_not_written_in_place(rng):
 
 def test_writes_through_graph_break_views_are_refused(rng):
     def f(a):
-        v = np.rot90(a)  # a view NumPy returns, through a graph break
+        v = np.matrix_transpose(a)  # a view NumPy returns, through a graph break
         v[0] = 1.0
         return a
 
     with pytest.raises(UnsupportedOperationError, match="graph break"):
         pl.compile(f)(rng.standard_normal((3, 3)))
+
+
+def test_writes_through_a_rotated_view_reach_the_argument(rng):
+    def f(a):
+        v = np.rot90(a)  # traced flips and transposes: a view, as NumPy's
+        v[0] = 1.0
+        return a
+
+    a = rng.standard_normal((3, 4))
+    want = f(a.copy())
+    got = pl.compile(f)(a)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(a, want)
 
 
 def test_writes_through_a_flipped_view_reach_the_argument(rng):

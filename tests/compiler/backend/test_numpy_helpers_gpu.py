@@ -1,0 +1,62 @@
+"""NumPy's helper functions compiled for CuPy arrays (``tests/compiler/test_numpy_helpers.py``
+is the CPU side): diagonals and traces, ``np.rot90``, covariances and correlations (a
+float64 matrix product between fused kernels), weighted means, ``np.select``,
+``np.sinc``, ``np.fix``, ``np.angle``, ``np.cross`` and ``np.add.accumulate`` — against
+NumPy on fresh random data with NaN, infinities and -0.0, into a poisoned memory pool.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+from tests.compiler.backend.support import poison_pool
+
+cp = pytest.importorskip("cupy")
+
+pytestmark = pytest.mark.gpu
+
+#: name -> (program, bit for bit)
+PROGRAMS = {
+    "diagonal": (lambda x: np.diagonal(x[:, :300]) * 2, True),
+    "diagonal_offset": (lambda x: x[:, :300].diagonal(-3) + 1, True),
+    "trace": (lambda x: np.trace(x[:, :300]), False),
+    "diag_vector": (lambda x: np.diag(x[0, :50], 2) - 1, True),
+    "rot90": (lambda x: np.rot90(x * 2, 3), True),
+    "cov": (lambda x: np.cov(x[:16]), False),
+    "corrcoef_columns": (lambda x: np.corrcoef(x[:, :24], rowvar=False), False),
+    "average_weights": (lambda x: np.average(x, axis=1, weights=np.arange(1.0, 1025.0)),
+                        False),
+    "select": (lambda x: np.select([x < -1, x > 1], [x * 2, 3.5], default=x), True),
+    "fix": (lambda x: np.fix(x * 3) - 1, True),
+    "sinc": (lambda x: np.sinc(x), False),  # CUDA's sin and NumPy's differ by an ulp
+    "angle": (lambda x: np.angle(x, deg=True), False),
+    "cross": (lambda x: np.cross(x[:, :3], x[:, 3:6] * 2), True),
+    "accumulate": (lambda x: np.add.accumulate(x, axis=1), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_helpers_on_the_gpu_match_numpy(rng, name, dtype):
+    fn, exact = PROGRAMS[name]
+    x = (rng.standard_normal((333, 1024)) * 2).astype(dtype)
+    if name not in ("cov", "corrcoef_columns", "average_weights", "trace", "accumulate"):
+        x.reshape(-1)[rng.choice(x.size, 4, replace=False)] = [np.nan, np.inf, -0.0, 0.0]
+    f = pl.compile(fn, backend="cupy")
+    poison_pool()
+    got = f(cp.asarray(x))
+    got = cp.asnumpy(got) if isinstance(got, cp.ndarray) else np.asarray(got)
+    with np.errstate(all="ignore"):
+        want = np.asarray(fn(x))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if exact:
+        np.testing.assert_array_equal(got, want)
+    else:  # sums and matrix products add in another order on the GPU; libm's ulps
+        tol = 1e-4 if dtype == np.float32 else 1e-10
+        finite = np.isfinite(want)
+        np.testing.assert_array_equal(np.isfinite(got), finite)
+        scale = np.abs(want[finite]).max() if finite.any() else 1.0
+        np.testing.assert_allclose(got[finite], want[finite], rtol=tol, atol=tol * scale)
+    assert not f.explain(cp.asarray(x)).graph_breaks

@@ -1,0 +1,308 @@
+"""NumPy's helper functions compiled as the ops they are made of instead of graph
+breaks: diagonals (``np.diagonal``/``x.diagonal()``, ``np.diag``, ``np.trace``),
+``np.rot90``, ``np.ediff1d``, covariances (``np.cov``, ``np.corrcoef``) and weighted
+means (``np.average``), ``np.select``, ``np.sinc``, ``np.fix``, ``np.angle``,
+``np.real``, ``np.cross`` and ``np.add``/``np.multiply.accumulate``.
+
+Each is checked against NumPy on fresh random data with NaN, infinities and -0.0 (bit
+for bit where NumPy's steps are elementwise; to rounding where a matrix product or a
+float16 sum over a strided view adds in another order), with NumPy's dtypes, shapes and
+scalars, NumPy's errors where it refuses, no graph break, NumPy's view semantics for
+diagonals (read-only; a write into the array seen through it), and the generated
+kernels on the CPU emulator into poisoned outputs. The GPU side:
+``tests/compiler/backend/test_numpy_helpers_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+from pyc_lab.compiler.errors import ReadOnlyError, UnsupportedOperationError
+from tests.compiler.emulate import needs_gxx
+from tests.compiler.test_fuzz_emulated import _check_program
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
+def _data(rng, shape, dtype, special=True):
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    if special and x.dtype.kind == "f" and x.size >= 4:
+        flat = x.reshape(-1)
+        flat[rng.choice(x.size, 4, replace=False)] = [np.nan, np.inf, -0.0, 0.0]
+    return x
+
+
+def _numpy(fn, *args):
+    """NumPy's answer, or the exception it raises."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        try:
+            return fn(*args)
+        except Exception as exc:
+            return exc
+
+
+def _check(fn, *args, exact=True, rtol=None):
+    """``pl.compile(fn)`` gives NumPy's answer (type, dtype, shape, values), or NumPy's
+    error, without a graph break."""
+    want = _numpy(fn, *args)
+    f = pl.compile(fn)
+    if isinstance(want, Exception):
+        with pytest.raises(type(want)):
+            f(*args)
+        return
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        got = f(*args)
+    assert type(got) is type(want)
+    assert np.asarray(got).dtype == np.asarray(want).dtype
+    assert np.shape(got) == np.shape(want)
+    if exact:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol, equal_nan=True)
+    assert not f.explain(*args).graph_breaks, f.explain(*args).graph_breaks
+
+
+DTYPES = [np.float32, np.float64, np.float16, np.int32, np.uint8, np.bool_]
+
+
+# -- diagonals, rotations, differences ----------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 5), (4, 7), (7, 3), (1, 1), (3, 0), (2, 3, 4),
+                                   (4, 3, 5, 2)])
+def test_diagonals_and_traces_are_numpys(rng, dtype, shape):
+    x = _data(rng, shape, dtype)
+    pairs = [(0, 1), (1, 0)] if len(shape) == 2 else [(0, 1), (-1, -2), (0, 2), (2, 0)]
+    for offset in (-5, -1, 0, 1, 3):
+        for a1, a2 in pairs:
+            for fn, exact in _diagonal_programs(offset, a1, a2):
+                # NumPy sums float16 along a strided view in float16, pyc_lab in float32
+                _check(fn, x, exact=exact or dtype != np.float16 or len(shape) == 2,
+                       rtol=1e-2)
+
+
+def _diagonal_programs(offset, a1, a2):
+    """(program, exact even for a float16 sum) pairs of one diagonal."""
+    return [(lambda v: np.diagonal(v, offset, a1, a2) * 1, True),
+            (lambda v: v.diagonal(offset, a1, a2) + v.diagonal(offset, a1, a2), True),
+            (lambda v: np.trace(v, offset, a1, a2), False),
+            (lambda v: v.trace(offset, a1, a2, dtype=np.float64), True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 4, 6])
+def test_diag_of_a_vector_and_of_a_matrix_is_numpys(rng, dtype, n):
+    v = _data(rng, (n,), dtype)
+    m = _data(rng, (n, n + 2), dtype)
+    for k in (-3, -1, 0, 2):
+        of_vector, of_matrix, round_trip = _diags(k)
+        _check(of_vector, v)
+        _check(of_matrix, m)
+        _check(round_trip, m)
+
+
+def _diags(k):
+    return (lambda a: np.diag(a, k), lambda a: np.diag(a, k) * 1,
+            lambda a: np.diag(np.diag(a, k)) * 1)
+
+
+def test_a_diagonal_is_a_read_only_view_as_in_numpy():
+    x = np.arange(16.0).reshape(4, 4)
+
+    def later_write(a):
+        y = a * 1
+        d = y.diagonal(1, 1, 0)  # a view of y: the write below shows through it
+        y[2, 1] = 100.0
+        return d * 2
+
+    np.testing.assert_array_equal(pl.compile(later_write)(x), later_write(x))
+
+    def write_through(a):
+        d = np.diagonal(a)
+        d[0] = 1.0
+        return d
+
+    with pytest.raises(ValueError, match="read-only"):
+        write_through(x.copy())
+    with pytest.raises(ReadOnlyError, match="read-only"):
+        pl.compile(write_through)(x)
+
+    def transposed(a):  # not a chain of views pyc_lab follows: refused, never stale
+        y = a * 1
+        d = y[:, ::2].T.diagonal()
+        y[0, 0] = 100.0
+        return d * 2
+
+    with pytest.raises(UnsupportedOperationError, match="cannot follow"):
+        pl.compile(transposed)(x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int16, np.bool_])
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4), (1, 5)])
+def test_rot90_and_ediff1d_are_numpys(rng, dtype, shape):
+    x = _data(rng, shape, dtype)
+    axes_list = [(0, 1), (1, 0), (-1, 0), (0, 0)] + ([(0, 2), (2, 1)] if len(shape) == 3 else [])
+    for k in (-3, -1, 0, 1, 2, 3, 5):
+        for axes in axes_list:
+            _check(_rotation(k, axes), x)
+    _check(lambda a: np.ediff1d(a), x)  # booleans: NumPy's TypeError
+
+    def written(a):
+        y = a * 1
+        r = np.rot90(y)
+        y[0, 1] = 1
+        return r + 0
+
+    _check(written, x)
+
+
+def _rotation(k, axes):
+    return lambda a: np.rot90(a, k, axes) * 1
+
+
+# -- covariances and weighted means --------------------------------------------------------
+COVARIANCES = {
+    "cov": lambda x, y: np.cov(x),
+    "cov_columns": lambda x, y: np.cov(x.T, rowvar=False),
+    "cov_xy": lambda x, y: np.cov(x, y),
+    "cov_bias": lambda x, y: np.cov(x, bias=True),
+    "cov_ddof": lambda x, y: np.cov(x, ddof=3),
+    "cov_f32": lambda x, y: np.cov(x, dtype=np.float32),
+    "cov_vector": lambda x, y: np.cov(x[0]),
+    "cov_vector_columns": lambda x, y: np.cov(x[0], rowvar=False),
+    "cov_two_vectors": lambda x, y: np.cov(x[0], y[1]),
+    "corrcoef": lambda x, y: np.corrcoef(x),
+    "corrcoef_columns": lambda x, y: np.corrcoef(x[:, :8], rowvar=False),
+    "corrcoef_vector": lambda x, y: np.corrcoef(x[0]),
+    "corrcoef_xy": lambda x, y: np.corrcoef(x, y),
+    "cov_fused": lambda x, y: np.cov(x * 2 - y[:1]) + 1,
+}
+
+
+@pytest.mark.parametrize("name", sorted(COVARIANCES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.bool_])
+def test_covariances_are_numpys(rng, name, dtype):
+    x = _data(rng, (5, 37), dtype, special=False)
+    y = _data(rng, (2, 37), dtype, special=False)
+    # a matrix product: NumPy's BLAS may add in another order (and use syrk)
+    _check(COVARIANCES[name], x, y, exact=False, rtol=1e-3 if dtype == np.float32 else 1e-9)
+
+
+def test_a_covariance_of_nan_is_nan_and_forms_numpy_warns_on_run_as_written(rng):
+    x = _data(rng, (4, 9), np.float64)
+    _check(lambda a: np.cov(a), x, exact=False, rtol=1e-12)
+    for fn in (lambda a: np.cov(a, ddof=9),  # no degrees of freedom: NumPy warns
+               lambda a: np.cov(a, fweights=np.arange(1, 10)),
+               lambda a: np.cov(a + 1j)):
+        f = pl.compile(fn)
+        np.testing.assert_allclose(f(x), _numpy(fn, x), equal_nan=True)
+        assert f.explain(x).graph_breaks
+
+
+WEIGHTED = {
+    "mean_axis": lambda x: np.average(x, axis=1),
+    "weights_axis": lambda x: np.average(x, axis=1, weights=np.arange(1.0, 38.0)),
+    "weights_full": lambda x: np.average(x, weights=np.full((5, 37), 0.5, np.float32)),
+    "weights_keepdims": lambda x: np.average(x, axis=(1,), weights=np.arange(37),
+                                             keepdims=True),
+    "weights_two_axes": lambda x: np.average(x, axis=(1, 0),
+                                             weights=np.arange(185.0).reshape(37, 5)),
+    "weights_sum_zero": lambda x: np.average(x, axis=1, weights=np.zeros(37)),
+    "weights_bad_shape": lambda x: np.average(x, axis=1, weights=np.ones(5)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTED))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.bool_])
+def test_weighted_means_are_numpys(rng, name, dtype):
+    x = _data(rng, (5, 37), dtype)
+    if name in ("weights_sum_zero", "weights_bad_shape"):  # NumPy's errors, as written
+        want = _numpy(WEIGHTED[name], x)
+        with pytest.raises(type(want)):
+            pl.compile(WEIGHTED[name])(x)
+        return
+    _check(WEIGHTED[name], x)
+
+
+def test_traced_weights_run_as_written(rng):
+    x, w = _data(rng, (4, 6), np.float32), rng.random(6).astype(np.float32) + 0.1
+    f = pl.compile(lambda a, b: np.average(a, axis=1, weights=b))
+    np.testing.assert_array_equal(f(x, w), np.average(x, axis=1, weights=w))
+    assert f.explain(x, w).graph_breaks  # NumPy checks the weights' sum for zero
+
+
+# -- elementwise helpers -------------------------------------------------------------------
+ELEMENTWISE = {
+    "select": lambda x, y: np.select([x < -1, x > 1], [x * 2, x * 3], default=0),
+    "select_scalars": lambda x, y: np.select([x < -1, x > 1], [2, 3.5], default=x),
+    "select_arrays": lambda x, y: np.select([x < 0], [y], default=-1),
+    "select_broadcast": lambda x, y: np.select([x[:, :1] < 0, x > 1], [x[:1], 2], default=7),
+    "select_wraps": lambda x, y: np.select([x < 0], [300], default=1),
+    "select_numpy_scalar": lambda x, y: np.select([x < 0], [np.float64(2)], default=x),
+    "select_constant": lambda x, y: np.select([x < 0, np.ones(9, bool)],
+                                              [x, np.arange(9)], default=1.5),
+    "select_not_bool": lambda x, y: np.select([x], [y]),
+    "sinc": lambda x, y: np.sinc(x),
+    "fix": lambda x, y: np.fix(x),
+    "angle": lambda x, y: np.angle(x),
+    "angle_degrees": lambda x, y: np.angle(x, deg=True),
+    "real": lambda x, y: np.real(x) * 2,
+    "add_accumulate": lambda x, y: np.add.accumulate(x),
+    "add_accumulate_rows": lambda x, y: np.add.accumulate(x, axis=1),
+    "multiply_accumulate": lambda x, y: np.multiply.accumulate(x, axis=-1),
+    "accumulate_dtype": lambda x, y: np.add.accumulate(x, axis=1, dtype=np.float64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.int8,
+                                   np.uint8, np.bool_])
+def test_elementwise_helpers_are_numpys_bit_for_bit(rng, name, dtype):
+    x, y = _data(rng, (4, 9), dtype), _data(rng, (4, 9), dtype)
+    _check(ELEMENTWISE[name], x, y)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.bool_])
+def test_cross_products_are_numpys(rng, dtype):
+    a, b = _data(rng, (5, 3), dtype), _data(rng, (5, 3), dtype)
+    _check(lambda p, q: np.cross(p, q), a, b)  # booleans: NumPy's TypeError
+    _check(lambda p, q: np.cross(p, q[0]), a, b)
+    _check(lambda p, q: np.cross(p.T, q.T, axisa=0, axisb=0, axisc=0), a, b)
+    _check(lambda p, q: np.cross(p[None], q[:, None], axis=-1), a, b)
+    _check(lambda p, q: np.cross(p, q.astype(np.float64)), a, b)
+
+
+def test_helpers_numpy_does_not_cover_run_as_written(rng):
+    x = _data(rng, (4, 3), np.float32)
+    for fn in (lambda a: np.cross(a[:, :2], a[:, 1:]),  # 2-vectors: deprecated in NumPy
+               lambda a: np.ediff1d(a, to_begin=0.0),
+               lambda a: np.angle(a * 1j)):
+        f = pl.compile(fn)
+        want = _numpy(fn, x)
+        np.testing.assert_array_equal(f(x), want)
+        assert f.explain(x).graph_breaks
+
+
+# -- the generated kernels -----------------------------------------------------------------
+@needs_gxx
+@pytest.mark.parametrize("expr", [
+    "np.select([x < -1, x > 1], [x * 2, y], default=0.5) + np.sinc(x)",
+    "np.fix(x * 3) - np.angle(x)",
+    "np.diagonal(x[:, :37] * 2) + np.trace(x[:, :37])",
+    "np.rot90(x * y)[::-1] - 1",
+    "np.cross(x[:, :3], x[:, 3:6] * 2)",
+    "np.average(x, axis=1, weights=np.arange(130.0)) * 2",
+])
+def test_the_generated_kernels_compute_numpys_values(expr):
+    source = f"def f(x, y, m):\n    return {expr}\n"
+    specs = [((37, 130), np.dtype(np.float32)), ((130,), np.dtype(np.float32)),
+             ((37, 130), np.dtype(bool))]
+    assert _check_program(source, specs, True, 5) >= 1
