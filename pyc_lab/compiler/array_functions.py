@@ -6,7 +6,8 @@ as NumPy binds them, and records ops; a form a handler does not cover raises
 written). This module holds the reductions, ``np.where``/``np.clip``, casts, copies and
 reshapes; the shape-and-layout functions are in :mod:`.array_shapes`, the numeric ones in
 :mod:`.array_numerics`, covariances in :mod:`.covariance`, NumPy's elementwise helpers
-(``np.select``, ``np.sinc``...) in :mod:`.elementwise_functions`, the reads at integer
+(``np.select``, ``np.sinc``...) in :mod:`.elementwise_functions`, lookups in constant
+tables (``np.isin``, ``np.digitize``...) in :mod:`.lookups`, the reads at integer
 indices in :mod:`.gathers`. NumPy functions that write into an argument (``np.copyto``)
 write through :mod:`.mutation`; those pyc_lab
 cannot trace (``np.put``, ``np.place``...) raise a clear error.
@@ -26,6 +27,7 @@ from . import (
     creation,
     elementwise_functions,
     gathers,
+    lookups,
     mutation,
     quantiles,
     reductions,
@@ -274,7 +276,7 @@ _HANDLERS: dict[Callable, Callable] = {
     np.expand_dims: _expand_dims, np.squeeze: _squeeze, np.broadcast_to: _broadcast_to,
     np.dot: _dot, **array_shapes.HANDLERS, **array_numerics.HANDLERS, **gathers.HANDLERS,
     **scans.HANDLERS, **quantiles.HANDLERS, **creation.HANDLERS, **covariance.HANDLERS,
-    **elementwise_functions.HANDLERS,
+    **elementwise_functions.HANDLERS, **lookups.HANDLERS,
 }
 if hasattr(np, "astype"):
     _HANDLERS[np.astype] = _np_astype

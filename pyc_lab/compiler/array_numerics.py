@@ -2,8 +2,8 @@
 (``__array_function__`` handlers, dispatched by :mod:`.array_functions`).
 
 ``np.round`` (NumPy's own steps), ``np.linalg.norm`` (vector norms as reductions),
-``np.nan_to_num`` and the NaN-skipping reductions (selects, then reductions; ``np.nanvar``
-and ``np.nanstd`` by NumPy's own steps),
+``np.nan_to_num`` and the NaN-skipping reductions and scans (selects, then reductions or
+scans; ``np.nanvar`` and ``np.nanstd`` by NumPy's own steps),
 ``np.einsum``/``np.tensordot``/``np.inner`` (:mod:`.einsum`: transposes, sums and batched
 matmuls), ``np.diff``, ``np.gradient`` and ``np.trapezoid`` (arithmetic on slices),
 ``np.ptp``,
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import einsum, mutation, reductions, ufuncs
+from . import einsum, mutation, reductions, scans, ufuncs
 from .function_parts import NOVALUE, NotCovered, select
 from .ops import normalize_axis
 from .values import is_traced
@@ -423,6 +423,22 @@ def _nan_reduction(op: str) -> Callable:
     return handler
 
 
+def _nan_scan(op: str) -> Callable:
+    """``np.nancumsum``/``np.nancumprod``, NumPy's steps: NaN replaced by 0 (1) in a
+    float array (``_replace_nan``; other dtypes as they are), then the scan."""
+    def handler(tracer: Tracer, a: Any, axis: Any = None, dtype: Any = None,
+                out: Any = None) -> Any:
+        if out is not None:
+            raise NotCovered
+        x = tracer.lift(a)
+        if x.dtype.kind == "f":
+            x = select(tracer, ufuncs.apply(tracer, "isnan", (x,)),
+                       0.0 if op == "cumsum" else 1.0, x)
+        return scans.HANDLERS[getattr(np, op)](tracer, x, axis=axis, dtype=dtype)
+
+    return handler
+
+
 def _nan_variance(root: bool) -> Callable:
     """``np.nanvar``/``np.nanstd`` of floats, NumPy's steps: NaN replaced by 0, the mean
     of the rest (its sum divided by their count, in the sum's dtype), the deviations
@@ -513,6 +529,7 @@ HANDLERS: dict[Callable, Callable] = {
     np.nansum: _nan_reduction("sum"), np.nanmean: _nan_reduction("mean"),
     np.nanmax: _nan_reduction("max"), np.nanmin: _nan_reduction("min"),
     np.nanvar: _nan_variance(False), np.nanstd: _nan_variance(True), np.isclose: _isclose,
+    np.nancumsum: _nan_scan("cumsum"), np.nancumprod: _nan_scan("cumprod"),
     np.trapezoid: _trapezoid,
 }
 if hasattr(np, "around"):

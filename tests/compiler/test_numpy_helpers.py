@@ -2,7 +2,9 @@
 breaks: diagonals (``np.diagonal``/``x.diagonal()``, ``np.diag``, ``np.trace``),
 ``np.rot90``, ``np.ediff1d``, covariances (``np.cov``, ``np.corrcoef``) and weighted
 means (``np.average``), ``np.select``, ``np.sinc``, ``np.fix``, ``np.angle``,
-``np.real``, ``np.cross`` and ``np.add``/``np.multiply.accumulate``.
+``np.real``, ``np.cross``, ``np.add``/``np.multiply.accumulate``, lookups in constant
+tables (``np.isin``, ``np.searchsorted``, ``np.digitize``) and ``np.nancumsum``/
+``np.nancumprod``.
 
 Each is checked against NumPy on fresh random data with NaN, infinities and -0.0 (bit
 for bit where NumPy's steps are elementwise; to rounding where a matrix product or a
@@ -291,6 +293,53 @@ def test_helpers_numpy_does_not_cover_run_as_written(rng):
         assert f.explain(x).graph_breaks
 
 
+# -- lookups in constant tables and NaN-skipping scans -------------------------------------
+LOOKUPS = {
+    "isin": lambda x: np.isin(x, [0, 1, 2.5, -1]),
+    "isin_invert": lambda x: np.isin(x, [0, 1, 2], invert=True),
+    "isin_float32_table": lambda x: np.isin(x, np.array([0.0, np.nan, 3], np.float32)),
+    "isin_empty": lambda x: np.isin(x, []),
+    "isin_integers": lambda x: np.isin(x * 1, np.arange(-2, 3)),
+    "searchsorted_left": lambda x: np.searchsorted([-1.0, 0.0, 0.0, 2.0, np.nan], x),
+    "searchsorted_right": lambda x: np.searchsorted(np.array([-1, 0, 2, 5]), x,
+                                                    side="right"),
+    "searchsorted_empty": lambda x: np.searchsorted(np.array([], np.float32), x),
+    "searchsorted_nan_table": lambda x: np.searchsorted(np.array([0.0, np.nan, np.nan]), x,
+                                                        side="right"),
+    "searchsorted_0d": lambda x: np.searchsorted([0.0, 1.0], x[0, 0]),
+    "digitize": lambda x: np.digitize(x, [-1.0, 0.0, 1.0, 2.0]),
+    "digitize_right": lambda x: np.digitize(x, [-1.0, 0.0, 1.0, 2.0], right=True),
+    "digitize_decreasing": lambda x: np.digitize(x, [2, 1, 0, -1]),
+    "digitize_decreasing_right": lambda x: np.digitize(x, [2, 1, 1, -1], right=True),
+    "digitize_not_monotonic": lambda x: np.digitize(x, [2, 1, 3]),  # NumPy's ValueError
+    "digitize_0d": lambda x: np.digitize(x.sum(), [0.0, 1.0]),
+    "nancumsum": lambda x: np.nancumsum(x, axis=1),
+    "nancumsum_flat": lambda x: np.nancumsum(x),
+    "nancumprod": lambda x: np.nancumprod(x, axis=0),
+    "nancumsum_float64": lambda x: np.nancumsum(x, axis=1, dtype=np.float64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOKUPS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.int8,
+                                   np.uint8, np.bool_])
+def test_lookups_and_nan_scans_are_numpys_bit_for_bit(rng, name, dtype):
+    _check(LOOKUPS[name], _data(rng, (4, 9), dtype))
+
+
+def test_lookups_numpy_does_not_cover_run_as_written(rng):
+    x = _data(rng, (4, 9), np.float32)
+    table = np.linspace(-1, 1, 7)  # closed over: an input, whose values may change
+    for fn in (lambda a: np.isin(a, table),
+               lambda a: np.searchsorted(a[0], 0.5),  # the table is traced
+               lambda a: np.searchsorted([3.0, 1.0, 2.0], a),  # unsorted: NumPy bisects
+               lambda a: np.digitize(a, np.linspace(-1, 1, 100)),  # a long table
+               lambda a: np.isin(a.astype(np.int8), np.array([2**63 + 5], np.uint64))):
+        f = pl.compile(fn)
+        np.testing.assert_array_equal(f(x), fn(x))
+        assert f.explain(x).graph_breaks
+
+
 # -- the generated kernels -----------------------------------------------------------------
 @needs_gxx
 @pytest.mark.parametrize("expr", [
@@ -300,6 +349,8 @@ def test_helpers_numpy_does_not_cover_run_as_written(rng):
     "np.rot90(x * y)[::-1] - 1",
     "np.cross(x[:, :3], x[:, 3:6] * 2)",
     "np.average(x, axis=1, weights=np.arange(130.0)) * 2",
+    "np.where(np.isin(np.floor(x * 3), [0.0, 2.0, -1.0]), x, y)",
+    "np.digitize(x * 2, [-1.0, 0.0, 0.5, 2.0]) + np.searchsorted([0.0, 1.0], y)",
 ])
 def test_the_generated_kernels_compute_numpys_values(expr):
     source = f"def f(x, y, m):\n    return {expr}\n"

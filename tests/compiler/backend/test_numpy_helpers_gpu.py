@@ -1,7 +1,8 @@
 """NumPy's helper functions compiled for CuPy arrays (``tests/compiler/test_numpy_helpers.py``
 is the CPU side): diagonals and traces, ``np.rot90``, covariances and correlations (a
 float64 matrix product between fused kernels), weighted means, ``np.select``,
-``np.sinc``, ``np.fix``, ``np.angle``, ``np.cross`` and ``np.add.accumulate`` — against
+``np.sinc``, ``np.fix``, ``np.angle``, ``np.cross``, ``np.add.accumulate``, ``np.isin``,
+``np.digitize``, ``np.searchsorted`` and ``np.nancumsum`` — against
 NumPy on fresh random data with NaN, infinities and -0.0, into a poisoned memory pool.
 """
 
@@ -34,6 +35,11 @@ PROGRAMS = {
     "angle": (lambda x: np.angle(x, deg=True), False),
     "cross": (lambda x: np.cross(x[:, :3], x[:, 3:6] * 2), True),
     "accumulate": (lambda x: np.add.accumulate(x, axis=1), False),
+    "isin": (lambda x: np.isin(np.floor(x * 2), [0.0, 1.0, -3.0]), True),
+    "digitize": (lambda x: np.digitize(x, [-1.0, 0.0, 0.5, 2.0], right=True), True),
+    "searchsorted": (lambda x: np.searchsorted([-2.0, 0.0, 1.0, np.nan], x, side="right"),
+                     True),
+    "nancumsum": (lambda x: np.nancumsum(x, axis=1), False),
 }
 
 
