@@ -1,6 +1,6 @@
-"""Membership and bin lookups of traced values in constant tables: ``np.isin``,
-``np.searchsorted`` and ``np.digitize`` (``__array_function__`` handlers, dispatched by
-:mod:`.array_functions`).
+"""Membership, bin and interpolation lookups of traced values in constant tables:
+``np.isin``, ``np.searchsorted``, ``np.digitize`` and ``np.interp``
+(``__array_function__`` handlers, dispatched by :mod:`.array_functions`).
 
 With the table a constant (a literal, or an array made inside the function) of at most
 :data:`MAX_TABLE` values, each lookup is a chain of comparisons of the traced value
@@ -9,8 +9,8 @@ what reads the result, where NumPy would sort or bisect. The answers are NumPy's
 membership is NumPy's ``==`` under its promotion (NumPy's own loop for short tables),
 a sorted position counts the elements before the value in NumPy's sort order (NaN
 after every number). A table that is a traced array (its values unknown while
-tracing), a longer one, an unsorted ``searchsorted`` table (NumPy's answer is its
-bisection's, not a count) or ``sorter=`` run as written.
+tracing), a longer one, an unsorted ``searchsorted`` or ``interp`` table (NumPy's answer
+is its bisection's, not a count) or ``sorter=`` run as written.
 """
 
 from __future__ import annotations
@@ -144,5 +144,58 @@ def _digitize(tracer: Tracer, x: Any, bins: Any, right: bool = False) -> Any:
     raise NotCovered  # NumPy's ValueError
 
 
+def _interp(tracer: Tracer, x: Any, xp: Any, fp: Any, left: Any = None, right: Any = None,
+            period: Any = None) -> Any:
+    """``np.interp`` of traced points in constant sorted sample points, NumPy's C
+    steps in float64: the segment ``j`` is the count of sample points at or below the
+    point less one (what NumPy's bisection finds in sorted points); left of the first
+    point ``left``, right of the last ``right``, on the last ``fp[-1]``, on a sample
+    point its value, else ``slope * (x - xp[j]) + fp[j]`` with the slope NumPy computes,
+    and NumPy's retries where that is NaN (from the right end, then ``fp[j]`` for a
+    flat segment); a NaN point gives NaN. The segment's values are gathers from the
+    constant tables."""
+    if period is not None:
+        raise NotCovered
+    v = _operand(tracer, x)
+    try:
+        xs = np.asarray(_table(tracer, xp), dtype=np.float64)
+        fs = np.asarray(_table(tracer, fp), dtype=np.float64)
+        lval = fs[0] if left is None else np.float64(float(left))
+        rval = fs[-1] if right is None else np.float64(float(right))
+    except (TypeError, ValueError, IndexError):
+        raise NotCovered from None  # NumPy's errors (empty, 2-D or complex tables)
+    if xs.ndim != 1 or fs.shape != xs.shape or np.isnan(xs).any() \
+            or not (np.diff(xs) >= 0).all():
+        raise NotCovered
+
+    def apply(name: str, *operands: Any) -> Any:
+        return ufuncs.apply(tracer, name, operands)
+
+    def where(cond: Any, a: Any, b: Any) -> Any:
+        return tracer.op("where", (cond, tracer.lift(a), tracer.lift(b)))
+
+    z = v if v.dtype == np.float64 else tracer.op("astype", (v,), {"dtype": np.dtype(np.float64)})
+    if xs.size == 1:  # NumPy's single-point rule (a NaN point gives fp[0] there)
+        return where(apply("less", z, xs[0]), lval, where(apply("greater", z, xs[0]), rval,
+                                                               fs[0]))
+    n = xs.size
+    j = apply("subtract", _position(tracer, xs, z, "right"), np.intp(1))
+    k = apply("clip", j, 0, n - 2)
+    slopes = (fs[1:] - fs[:-1]) / (xs[1:] - xs[:-1])
+    x0, x1 = tracer.lift(xs)[k], tracer.lift(xs[1:])[k]
+    y0, y1 = tracer.lift(fs)[k], tracer.lift(fs[1:])[k]
+    slope = tracer.lift(slopes)[k]
+    ahead = apply("add", apply("multiply", slope, apply("subtract", z, x0)), y0)
+    behind = apply("add", apply("multiply", slope, apply("subtract", z, x1)), y1)
+    flat = apply("logical_and", apply("isnan", behind), apply("equal", y0, y1))
+    inside = where(apply("isnan", ahead), where(flat, y0, behind), ahead)
+    inside = where(apply("equal", x0, z), y0, inside)
+    inside = where(apply("equal", j, np.intp(n - 1)), fs[-1], inside)
+    result = where(apply("greater", z, xs[-1]), rval,
+                   where(apply("less", z, xs[0]), lval, inside))
+    return where(apply("isnan", z), z, result)
+
+
 #: NumPy function -> handler.
-HANDLERS = {np.isin: _isin, np.searchsorted: _searchsorted, np.digitize: _digitize}
+HANDLERS = {np.isin: _isin, np.searchsorted: _searchsorted, np.digitize: _digitize,
+            np.interp: _interp}

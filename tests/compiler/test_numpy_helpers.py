@@ -3,7 +3,8 @@ breaks: diagonals (``np.diagonal``/``x.diagonal()``, ``np.diag``, ``np.trace``),
 ``np.rot90``, ``np.ediff1d``, covariances (``np.cov``, ``np.corrcoef``) and weighted
 means (``np.average``), ``np.select``, ``np.sinc``, ``np.fix``, ``np.angle``,
 ``np.real``, ``np.cross``, ``np.add``/``np.multiply.accumulate``, lookups in constant
-tables (``np.isin``, ``np.searchsorted``, ``np.digitize``) and ``np.nancumsum``/
+tables (``np.isin``, ``np.searchsorted``, ``np.digitize``, ``np.interp``) and
+``np.nancumsum``/
 ``np.nancumprod``.
 
 Each is checked against NumPy on fresh random data with NaN, infinities and -0.0 (bit
@@ -35,9 +36,10 @@ def rng():
 
 def _data(rng, shape, dtype, special=True):
     x = (rng.standard_normal(shape) * 3).astype(dtype)
-    if special and x.dtype.kind == "f" and x.size >= 4:
+    if special and x.dtype.kind == "f" and x.size >= 8:  # and points lying on a table's
         flat = x.reshape(-1)
-        flat[rng.choice(x.size, 4, replace=False)] = [np.nan, np.inf, -0.0, 0.0]
+        flat[rng.choice(x.size, 8, replace=False)] = [np.nan, np.inf, -0.0, 0.0, -np.inf,
+                                                      1.0, -1.0, 2.0]
     return x
 
 
@@ -313,6 +315,17 @@ LOOKUPS = {
     "digitize_decreasing_right": lambda x: np.digitize(x, [2, 1, 1, -1], right=True),
     "digitize_not_monotonic": lambda x: np.digitize(x, [2, 1, 3]),  # NumPy's ValueError
     "digitize_0d": lambda x: np.digitize(x.sum(), [0.0, 1.0]),
+    "interp": lambda x: np.interp(x, [-2.0, -1.0, 0.0, 1.0, 2.0], [4.0, 1.0, 0.0, 1.0, 4.0]),
+    "interp_left_right": lambda x: np.interp(x, [-1, 0, 1], [0.0, 1.0, 4.0], left=-5,
+                                             right=np.nan),
+    "interp_repeated_point": lambda x: np.interp(x, [-1.0, 1.0, 1.0, 2.0],
+                                                 [0.0, 1.0, 3.0, 4.0]),
+    "interp_infinite_value": lambda x: np.interp(x, [-1.0, 0.0, 1.0], [0.0, np.inf, 1.0]),
+    "interp_infinite_points": lambda x: np.interp(x, [-np.inf, 0.0, np.inf], [0.0, 1.0, 2.0]),
+    "interp_one_point": lambda x: np.interp(x, [0.5], [3.0]),
+    "interp_table": lambda x: np.interp(x * 2, np.linspace(-3, 3, 13, dtype=np.float32),
+                                        np.sin(np.linspace(-3, 3, 13))),
+    "interp_empty": lambda x: np.interp(x, [], []),  # NumPy's ValueError
     "nancumsum": lambda x: np.nancumsum(x, axis=1),
     "nancumsum_flat": lambda x: np.nancumsum(x),
     "nancumprod": lambda x: np.nancumprod(x, axis=0),
@@ -333,6 +346,8 @@ def test_lookups_numpy_does_not_cover_run_as_written(rng):
     for fn in (lambda a: np.isin(a, table),
                lambda a: np.searchsorted(a[0], 0.5),  # the table is traced
                lambda a: np.searchsorted([3.0, 1.0, 2.0], a),  # unsorted: NumPy bisects
+               lambda a: np.interp(a, [1.0, 0.0], [1.0, 2.0]),
+               lambda a: np.interp(a, [0.0, 1.0], [1.0, 2.0], period=3.0),
                lambda a: np.digitize(a, np.linspace(-1, 1, 100)),  # a long table
                lambda a: np.isin(a.astype(np.int8), np.array([2**63 + 5], np.uint64))):
         f = pl.compile(fn)
@@ -351,6 +366,7 @@ def test_lookups_numpy_does_not_cover_run_as_written(rng):
     "np.average(x, axis=1, weights=np.arange(130.0)) * 2",
     "np.where(np.isin(np.floor(x * 3), [0.0, 2.0, -1.0]), x, y)",
     "np.digitize(x * 2, [-1.0, 0.0, 0.5, 2.0]) + np.searchsorted([0.0, 1.0], y)",
+    "np.interp(x, [-1.0, 0.0, 0.5, 2.0], [3.0, -1.0, 0.0, 1.0]) * y",
 ])
 def test_the_generated_kernels_compute_numpys_values(expr):
     source = f"def f(x, y, m):\n    return {expr}\n"

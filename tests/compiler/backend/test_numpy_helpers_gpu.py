@@ -2,7 +2,7 @@
 is the CPU side): diagonals and traces, ``np.rot90``, covariances and correlations (a
 float64 matrix product between fused kernels), weighted means, ``np.select``,
 ``np.sinc``, ``np.fix``, ``np.angle``, ``np.cross``, ``np.add.accumulate``, ``np.isin``,
-``np.digitize``, ``np.searchsorted`` and ``np.nancumsum`` — against
+``np.digitize``, ``np.searchsorted``, ``np.interp`` and ``np.nancumsum`` — against
 NumPy on fresh random data with NaN, infinities and -0.0, into a poisoned memory pool.
 """
 
@@ -40,6 +40,8 @@ PROGRAMS = {
     "searchsorted": (lambda x: np.searchsorted([-2.0, 0.0, 1.0, np.nan], x, side="right"),
                      True),
     "nancumsum": (lambda x: np.nancumsum(x, axis=1), False),
+    "interp": (lambda x: np.interp(x, [-2.0, -1.0, 0.0, 1.0, 2.0], [4.0, 1.0, 0.0, 1.0, 4.0]),
+               True),
 }
 
 
