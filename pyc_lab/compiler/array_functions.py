@@ -7,9 +7,10 @@ written). This module holds the reductions, ``np.where``/``np.clip``, casts, cop
 reshapes; the shape-and-layout functions are in :mod:`.array_shapes`, the numeric ones in
 :mod:`.array_numerics`, covariances in :mod:`.covariance`, NumPy's elementwise helpers
 (``np.select``, ``np.sinc``...) in :mod:`.elementwise_functions`, lookups in constant
-tables (``np.isin``, ``np.digitize``...) in :mod:`.lookups`, the reads at integer
-indices in :mod:`.gathers`. NumPy functions that write into an argument (``np.copyto``)
-write through :mod:`.mutation`; those pyc_lab
+tables (``np.isin``, ``np.digitize``...) in :mod:`.lookups`, NumPy 2's array-API names
+(``np.matrix_transpose``, ``np.linalg.vector_norm``...) in :mod:`.array_api`, the reads
+at integer indices in :mod:`.gathers`. NumPy functions that write into an argument
+(``np.copyto``) write through :mod:`.mutation`; those pyc_lab
 cannot trace (``np.put``, ``np.place``...) raise a clear error.
 """
 
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import (
+    array_api,
     array_numerics,
     array_shapes,
     covariance,
@@ -223,8 +225,10 @@ def _swapaxes(tracer: Tracer, a: Any, axis1: int, axis2: int) -> Traced:
 
 def _concatenate(tracer: Tracer, arrays: Any, /, axis: Any = 0, out: Any = None, *,
                  dtype: Any = None, casting: str = "same_kind") -> Traced:
-    if out is not None or dtype is not None or axis is None:
+    if out is not None or dtype is not None:
         raise NotCovered
+    if axis is None:  # NumPy flattens every operand first
+        arrays, axis = [tracer.lift(a).ravel() for a in arrays], 0
     return tracer.op("concatenate", tuple(arrays), {"axis": int(axis)})
 
 
@@ -276,7 +280,7 @@ _HANDLERS: dict[Callable, Callable] = {
     np.expand_dims: _expand_dims, np.squeeze: _squeeze, np.broadcast_to: _broadcast_to,
     np.dot: _dot, **array_shapes.HANDLERS, **array_numerics.HANDLERS, **gathers.HANDLERS,
     **scans.HANDLERS, **quantiles.HANDLERS, **creation.HANDLERS, **covariance.HANDLERS,
-    **elementwise_functions.HANDLERS, **lookups.HANDLERS,
+    **elementwise_functions.HANDLERS, **lookups.HANDLERS, **array_api.HANDLERS,
 }
 if hasattr(np, "astype"):
     _HANDLERS[np.astype] = _np_astype

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import mutation, scalars, scipy_special
+from . import conversions, mutation, scalars, scipy_special
 from .errors import ScalarOverflowError, TraceError, UnsupportedOperationError
 from .ir import Graph
 from .ops import ShapeError
@@ -377,8 +377,9 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
             proxies.append(value)
     # captured arrays: inputs after the arguments, read through their proxies everywhere
     # the function reads them by name (indexing and methods included)
-    # (and SciPy's Python-level softmax/log_softmax/logsumexp as traceable stand-ins)
-    fn = rebind(fn, {**scipy_special.shims(),
+    # (and SciPy's Python-level softmax/log_softmax/logsumexp, and NumPy's array
+    # constructors, as traceable stand-ins)
+    fn = rebind(fn, {**scipy_special.shims(), **conversions.shims(tracer),
                      **{key: tracer.captured_input(value)
                         for key, (_, value) in (captured or {}).items()}})
     if bound is not None:

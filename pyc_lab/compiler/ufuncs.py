@@ -207,6 +207,12 @@ def array_ufunc(tracer: Tracer, ufunc: np.ufunc, method: str, inputs: tuple[Any,
         # integers and booleans accumulate in the platform integer) and the same steps
         return scans.HANDLERS[np.cumsum if name == "add" else np.cumprod](
             tracer, inputs[0], axis=int(kwargs.get("axis", 0)), dtype=kwargs.get("dtype"))
+    if method == "outer" and len(inputs) == 2 and not kwargs and not _targets(out) \
+            and name in UFUNC_OPS and not any(scalars.is_python_scalar(v) for v in inputs):
+        # np.add.outer(a, b) is a's axes then b's: a broadcast of the ufunc
+        a, b = (tracer.lift(v) for v in inputs)
+        return apply(tracer, name, (a.reshape(tuple(a.shape) + (1,) * b.ndim), b),
+                     ufunc=ufunc)
     if method != "__call__":
         if _targets(out):
             raise UnsupportedOperationError(

@@ -5,7 +5,9 @@ means (``np.average``), ``np.select``, ``np.sinc``, ``np.fix``, ``np.angle``,
 ``np.real``, ``np.cross``, ``np.add``/``np.multiply.accumulate``, lookups in constant
 tables (``np.isin``, ``np.searchsorted``, ``np.digitize``, ``np.interp``) and
 ``np.nancumsum``/
-``np.nancumprod``.
+``np.nancumprod``, NumPy 2's array-API names (``np.matrix_transpose``,
+``np.linalg.vector_norm``/``matrix_norm``, ``np.cumulative_sum``/``cumulative_prod``),
+``np.append``, ``np.concatenate(..., axis=None)`` and ufunc ``outer`` products.
 
 Each is checked against NumPy on fresh random data with NaN, infinities and -0.0 (bit
 for bit where NumPy's steps are elementwise; to rounding where a matrix product or a
@@ -353,6 +355,58 @@ def test_lookups_numpy_does_not_cover_run_as_written(rng):
         f = pl.compile(fn)
         np.testing.assert_array_equal(f(x), fn(x))
         assert f.explain(x).graph_breaks
+
+
+# -- NumPy 2's array-API names, outer products, appends ------------------------------------
+ARRAY_API = {
+    "matrix_transpose": lambda x: np.matrix_transpose(x) * 1,
+    "linalg_matrix_transpose": lambda x: np.linalg.matrix_transpose(x[0]) + 1,
+    "matrix_transpose_1d": lambda x: np.matrix_transpose(x[0, 0]),  # NumPy's ValueError
+    "vector_norm": lambda x: np.linalg.vector_norm(x),
+    "vector_norm_axis": lambda x: np.linalg.vector_norm(x, axis=1),
+    "vector_norm_axes": lambda x: np.linalg.vector_norm(x, axis=(0, 2)),
+    "vector_norm_keepdims": lambda x: np.linalg.vector_norm(x, axis=-1, keepdims=True),
+    "vector_norm_l1_axes_keepdims": lambda x: np.linalg.vector_norm(x, axis=(1, 2),
+                                                                    keepdims=True, ord=1),
+    "vector_norm_inf": lambda x: np.linalg.vector_norm(x, ord=np.inf),
+    "vector_norm_zero": lambda x: np.linalg.vector_norm(x, axis=2, ord=0),
+    "vector_norm_all_keepdims": lambda x: np.linalg.vector_norm(x, keepdims=True),
+    "matrix_norm": lambda x: np.linalg.matrix_norm(x),
+    "matrix_norm_keepdims": lambda x: np.linalg.matrix_norm(x, keepdims=True),
+    "matrix_norm_1": lambda x: np.linalg.matrix_norm(x, ord=1),
+    "matrix_norm_minus_inf": lambda x: np.linalg.matrix_norm(x, ord=-np.inf),
+    "cumulative_sum": lambda x: np.cumulative_sum(x, axis=1),
+    "cumulative_sum_1d": lambda x: np.cumulative_sum(x[0, 0]),
+    "cumulative_sum_initial": lambda x: np.cumulative_sum(x, axis=-1, include_initial=True),
+    "cumulative_prod_initial": lambda x: np.cumulative_prod(x, axis=0, include_initial=True,
+                                                            dtype=np.float64),
+    "cumulative_sum_no_axis": lambda x: np.cumulative_sum(x),  # NumPy's ValueError
+    "append": lambda x: np.append(x, x[0]),
+    "append_axis": lambda x: np.append(x, x[:1], axis=0),
+    "append_list": lambda x: np.append(x[0, 0], [1.5, 2.0]),
+    "append_number": lambda x: np.append(x[0, 0], 3),
+    "concatenate_flat": lambda x: np.concatenate([x, x[0]], axis=None),
+    "add_outer": lambda x: np.add.outer(x[0, 0], x[1, 1]),
+    "multiply_outer": lambda x: np.multiply.outer(x[0], x[1, 0]),
+    "subtract_outer_constant": lambda x: np.subtract.outer(x[0, 0], np.arange(3)),
+    "greater_outer": lambda x: np.greater.outer(x[0, 0], x[1, 1]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARRAY_API))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.uint8,
+                                   np.bool_])
+def test_array_api_names_and_outer_products_are_numpys(rng, name, dtype):
+    if name.startswith("cumulative") and not hasattr(np, "cumulative_sum"):
+        pytest.skip("np.cumulative_sum is NumPy 2.1's")
+    _check(ARRAY_API[name], _data(rng, (4, 5, 6), dtype))
+
+
+def test_norms_numpy_computes_by_svd_run_as_written(rng):
+    x = _data(rng, (3, 4, 5), np.float64, special=False)
+    f = pl.compile(lambda a: np.linalg.matrix_norm(a, ord=2))
+    np.testing.assert_array_equal(f(x), np.linalg.matrix_norm(x, ord=2))
+    assert f.explain(x).graph_breaks
 
 
 # -- the generated kernels -----------------------------------------------------------------
