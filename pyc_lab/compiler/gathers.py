@@ -17,8 +17,11 @@ a loss are one kernel:
 Semantics: NumPy's, with one difference on the GPU: an index out of range raises
 ``IndexError`` in NumPy (and on the NumPy backend) but wraps modulo the axis length in
 CuPy, whose behaviour the generated kernels share. Negative indices count from the end
-in both. Any other advanced index (several arrays, boolean masks, ``None`` beside an
-array) stays a graph break, answered by the array library.
+in both. Adjacent constant integer arrays and boolean masks (``x[np.triu_indices(n)]``,
+``x[:, mask]``) are a gather at the flattened positions they name, known while tracing.
+Any other advanced index (traced masks, whose result's shape depends on the values,
+several traced arrays, ``None`` beside an array) stays a graph break, answered by the
+array library.
 """
 
 from __future__ import annotations
@@ -62,7 +65,11 @@ def index_gather(tracer: Tracer, x: Traced, index: Any) -> Traced | None:
     parts = index if isinstance(index, tuple) else (index,)
     arrays = [k for k, p in enumerate(parts) if _indices(tracer, p) is not None]
     if len(arrays) == 2 and len(parts) == 2 and x.ndim == 2:
-        return _pick(tracer, x, parts)
+        picked = _pick(tracer, x, parts)
+        if picked is not None:
+            return picked
+    if len(arrays) >= 2 or any(_mask(tracer, p) is not None for p in parts):
+        return _constant_positions(tracer, x, parts)
     if len(arrays) != 1:
         return None
     (k,) = arrays
@@ -84,6 +91,78 @@ def index_gather(tracer: Tracer, x: Traced, index: Any) -> Traced | None:
         else:  # a write into it cannot reach x here, so it is refused, not lost
             mutation.opaque_view(x, out, readonly=False)
     return out
+
+
+def _mask(tracer: Tracer, value: Any) -> np.ndarray | None:
+    """``value`` as a constant boolean mask of at least one dimension, or None."""
+    if is_traced(value) or tracer.captured_input(value) is not None \
+            or not isinstance(value, (np.ndarray, list, tuple)):
+        return None
+    if isinstance(value, (list, tuple)) and any(
+            is_traced(v) or tracer.captured_input(v) is not None for v in value):
+        return None
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):
+        return None
+    return arr if arr.dtype == np.bool_ and arr.ndim >= 1 else None
+
+
+def _constant_positions(tracer: Tracer, x: Traced, parts: tuple) -> Traced | None:
+    """``x[..., i0, i1, ..., ...]`` with adjacent constant integer arrays and boolean
+    masks (a mask standing for its ``np.nonzero`` arrays) among full slices and one
+    ``...``: NumPy's advanced indexing at positions known while tracing — the indexed
+    axes flattened into one and gathered at ``np.ravel_multi_index`` of the broadcast
+    indices, the broadcast shape where those axes were (``x[np.triu_indices(n)]``,
+    ``x[:, mask]``). Anything else, and an index out of range (NumPy's IndexError),
+    is None: a graph break."""
+    arrays: list[np.ndarray] = []
+    kinds = []  # per part: "full", "...", or the number of axes it indexes
+    masks: dict[int, tuple[int, ...]] = {}  # part -> the shape of its mask
+    for p in parts:
+        if p is Ellipsis:
+            kinds.append("...")
+        elif _full(p):
+            kinds.append("full")
+        elif (m := _mask(tracer, p)) is not None:
+            arrays.extend(np.nonzero(m))
+            masks[len(kinds)] = m.shape
+            kinds.append(m.ndim)
+        else:
+            idx = _indices(tracer, p)
+            if idx is None or is_traced(idx) or idx.ndim == 0:
+                return None
+            arrays.append(idx)
+            kinds.append(1)
+    at = [k for k, kind in enumerate(kinds) if isinstance(kind, int)]
+    if kinds.count("...") > 1 or at != list(range(at[0], at[-1] + 1)):
+        return None  # advanced indices apart: NumPy moves their axes to the front
+    covered = sum(kinds[k] for k in at)
+    named = sum(1 if kind == "full" else kind for kind in kinds if kind != "...")
+    if named > x.ndim:
+        return None  # NumPy's IndexError
+    before = sum(1 if kind == "full" else 0 for kind in kinds[:at[0]])
+    if "..." in kinds[:at[0]]:
+        before = x.ndim - named + before
+    dims = tuple(x.shape[before:before + covered])
+    axis = before
+    for k in at:  # a mask must have the shape of the axes it covers (NumPy's IndexError)
+        if k in masks and masks[k] != tuple(x.shape[axis:axis + kinds[k]]):
+            return None
+        axis += kinds[k]
+    try:
+        index = np.broadcast_arrays(*arrays)
+    except ValueError:
+        return None
+    if any(((i < -d) | (i >= d)).any() for i, d in zip(index, dims, strict=True)):
+        return None  # NumPy's IndexError, raised as written
+    flat = np.ravel_multi_index(tuple(np.where(i < 0, i + d, i) for i, d in
+                                      zip(index, dims, strict=True)), dims) if dims else \
+        np.zeros(index[0].shape, np.intp)
+    src = x.reshape((*x.shape[:before], int(np.prod(dims, dtype=np.int64)),
+                     *x.shape[before + covered:]))
+    return tracer.op("gather", (src, tracer.lift(flat.astype(np.intp))),
+                     {"axis": before, "along": False})
 
 
 def _full(part: Any) -> bool:

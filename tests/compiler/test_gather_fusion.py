@@ -76,6 +76,18 @@ def _lone(x, idx):
     return x[idx]
 
 
+def _upper(x):  # constant positions: a gather at the flattened (row, column) pairs
+    return x[np.triu_indices(x.shape[0], 1, x.shape[1])] * 2
+
+
+def _every_third_column(x):  # a constant mask: its np.nonzero positions
+    return x[:, np.arange(x.shape[1]) % 3 == 0] + 1
+
+
+def _pairs(x):
+    return x[[0, 2, -1], [1, 0, 2]] * x[[[1], [3]], [0, 1, 2]]
+
+
 def _ints(rng, n, size, lo=None):
     return rng.integers(-n if lo is None else lo, n, size=size)
 
@@ -99,6 +111,9 @@ PROGRAMS = {
     "strided_index": (_strided_index, lambda r, d, n: [_rand(r, (n, 5), d),
                                                        _ints(r, n, (10,))]),
     "lone": (_lone, lambda r, d, n: [_rand(r, (n, 4), d), _ints(r, n, (6,)).astype(np.int32)]),
+    "upper_triangle": (_upper, lambda r, d, n: [_rand(r, (6, n), d)]),
+    "constant_mask": (_every_third_column, lambda r, d, n: [_rand(r, (5, n), d)]),
+    "constant_pairs": (_pairs, lambda r, d, n: [_rand(r, (4, n), d)]),
 }
 
 
@@ -206,6 +221,26 @@ def test_other_advanced_indices_stay_graph_breaks_with_numpy_s_answer():
         f = pl.compile(fn, backend="numpy")
         np.testing.assert_array_equal(f(x), fn(x))
         assert f.explain(x).graph_breaks
+
+
+def test_constant_positions_are_numpys_and_out_of_range_is_numpys_error():
+    x = np.random.default_rng(3).standard_normal((6, 5, 4))
+    for fn in (lambda a: a[np.ix_([0, 2], [1, 3, 4])], lambda a: a[:, [0, 2], [1, 3]],
+               lambda a: a[..., [0, 2], [1, 3]],
+               lambda a: a[np.array([True, False, True, False, True, False])] + 1,
+               lambda a: a[np.triu(np.ones((6, 5), bool))],
+               lambda a: a[..., np.array([True, False, True, True])],
+               lambda a: a[[-1, -6], [-5, 4]], lambda a: a[:, np.zeros(5, bool)],
+               lambda a: a[np.array([], np.intp), np.array([], np.intp)]):
+        f = pl.compile(fn, backend="numpy")
+        np.testing.assert_array_equal(f(x), fn(x))
+        assert not f.explain(x).graph_breaks
+    for fn in (lambda a: a[[0, 9], [1, 2]], lambda a: a[np.array([True, False])],
+               lambda a: a[:, np.ones(4, bool)]):
+        with pytest.raises(IndexError):
+            fn(x)
+        with pytest.raises(IndexError):
+            pl.compile(fn, backend="numpy")(x)
 
 
 def test_float_indices_are_numpy_s_error():
