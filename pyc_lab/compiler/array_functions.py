@@ -9,7 +9,8 @@ reshapes; the shape-and-layout functions are in :mod:`.array_shapes`, the numeri
 (``np.select``, ``np.sinc``...) in :mod:`.elementwise_functions`, lookups in constant
 tables (``np.isin``, ``np.digitize``...) in :mod:`.lookups`, NumPy 2's array-API names
 (``np.matrix_transpose``, ``np.linalg.vector_norm``...) in :mod:`.array_api`, the reads
-at integer indices in :mod:`.gathers`. NumPy functions that write into an argument
+at integer indices in :mod:`.gathers`, questions about shapes and dtypes (``np.shape``,
+``np.result_type``...) in :mod:`.queries`. NumPy functions that write into an argument
 (``np.copyto``) write through :mod:`.mutation`; those pyc_lab
 cannot trace (``np.put``, ``np.place``...) raise a clear error.
 """
@@ -32,6 +33,7 @@ from . import (
     lookups,
     mutation,
     quantiles,
+    queries,
     reductions,
     scans,
     ufuncs,
@@ -281,6 +283,7 @@ _HANDLERS: dict[Callable, Callable] = {
     np.dot: _dot, **array_shapes.HANDLERS, **array_numerics.HANDLERS, **gathers.HANDLERS,
     **scans.HANDLERS, **quantiles.HANDLERS, **creation.HANDLERS, **covariance.HANDLERS,
     **elementwise_functions.HANDLERS, **lookups.HANDLERS, **array_api.HANDLERS,
+    **queries.HANDLERS,
 }
 if hasattr(np, "astype"):
     _HANDLERS[np.astype] = _np_astype

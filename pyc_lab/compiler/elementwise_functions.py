@@ -2,9 +2,9 @@
 are made of (``__array_function__`` handlers, dispatched by :mod:`.array_functions`).
 
 ``np.select`` (a chain of selects, NumPy's dtype and casting rules), ``np.sinc``,
-``np.fix``, ``np.angle`` and ``np.real`` of real arrays, and ``np.cross`` of 3-vectors,
-each by NumPy's own steps, so each fuses into its neighbours instead of splitting the
-program at a graph break. A form a handler does not cover raises
+``np.fix``, ``np.angle``, ``np.real`` and ``np.imag`` of real arrays, and ``np.cross``
+of 3-vectors, each by NumPy's own steps, so each fuses into its neighbours instead of
+splitting the program at a graph break. A form a handler does not cover raises
 :class:`~.function_parts.NotCovered` and runs as written (NumPy's own errors included).
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import ufuncs
+from . import mutation, ufuncs
 from .function_parts import NotCovered
 from .values import is_traced
 
@@ -116,6 +116,15 @@ def _real(tracer: Tracer, val: Any) -> Any:
     return v
 
 
+def _imag(tracer: Tracer, val: Any) -> Any:
+    """``np.imag`` of a real array: NumPy's read-only zeros of its dtype and shape."""
+    v = tracer.lift(val)
+    if v.dtype.kind not in "biuf":
+        raise NotCovered
+    return mutation.view_op(tracer, tracer.lift(np.zeros((), dtype=v.dtype)), "broadcast_to",
+                            {"shape": tuple(v.shape)})
+
+
 def _cross(tracer: Tracer, a: Any, b: Any, axisa: int = -1, axisb: int = -1,
            axisc: int = -1, axis: Any = None) -> Any:
     """``np.cross`` of 3-vectors, NumPy's steps: the working axes moved last, both cast
@@ -158,4 +167,4 @@ def _cross(tracer: Tracer, a: Any, b: Any, axisa: int = -1, axisb: int = -1,
 
 #: NumPy function -> handler.
 HANDLERS = {np.select: _select, np.sinc: _sinc, np.fix: _fix, np.angle: _angle,
-            np.real: _real, np.cross: _cross}
+            np.real: _real, np.imag: _imag, np.cross: _cross}

@@ -61,8 +61,9 @@ def call_kinds(args: tuple) -> tuple[tuple[Any, ...], ...]:
 
 
 def pack(outs: list[Any], tree: Any) -> Any:
-    """The results in the structure the traced function returned (see ``trace``)."""
-    return map_structure(tree, outs.__getitem__)
+    """The results in the structure the traced function returned (see ``trace``; a
+    ``None`` it returned beside arrays stays ``None``)."""
+    return map_structure(tree, lambda i: None if i is None else outs[i])
 
 
 def packer(tree: Any) -> Callable[[list[Any]], Any]:
@@ -74,4 +75,4 @@ def packer(tree: Any) -> Callable[[list[Any]], Any]:
         if len(tree) < 2:  # itemgetter of one index gives the value, not a tuple
             return lambda outs: tuple([outs[i] for i in tree])
         return operator.itemgetter(*tree)
-    return lambda outs: map_structure(tree, outs.__getitem__)
+    return lambda outs: pack(outs, tree)

@@ -304,6 +304,13 @@ class Traced:
     def dot(self, b: Any, out: Any = None) -> Any:
         return np.dot(self, b, out=out)
 
+    def conjugate(self) -> Any:
+        """NumPy's ``x.conjugate()``: a real array is returned itself (the ufunc
+        ``np.conjugate`` makes a copy, of booleans in int8)."""
+        return self if self.dtype.kind != "c" else np.conjugate(self)
+
+    conj = conjugate
+
     # -- reductions (NumPy's ndarray method signatures, positional order included) --------
     def sum(self, axis: Any = None, dtype: Any = None, out: Any = None,
             keepdims: Any = False, initial: Any = _NOVALUE, where: Any = True) -> Any:

@@ -393,8 +393,8 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
     scalars_out: list[int] = []
 
     def pack(obj: Any) -> Any:  # one array of the result -> its output position
-        if obj is None:
-            raise TraceError("the function returned None; it must return arrays")
+        if obj is None:  # beside arrays (an optional result): returned as it is
+            return None
         value = tracer.lift(obj)
         if value._scalar or isinstance(obj, np.generic) or (
                 scalars.is_python_scalar(obj)):
@@ -402,6 +402,8 @@ def trace(fn: Callable, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
         outputs.append(value.node_id)
         return len(outputs) - 1
 
+    if result is None:
+        raise TraceError("the function returned None; it must return arrays")
     tree = map_structure(result, pack)  # the result's structure, positions for arrays
     writeback = []
     for position, nid in tracer.writebacks():

@@ -207,6 +207,13 @@ def array_ufunc(tracer: Tracer, ufunc: np.ufunc, method: str, inputs: tuple[Any,
         # integers and booleans accumulate in the platform integer) and the same steps
         return scans.HANDLERS[np.cumsum if name == "add" else np.cumprod](
             tracer, inputs[0], axis=int(kwargs.get("axis", 0)), dtype=kwargs.get("dtype"))
+    if name == "conjugate" and method == "__call__" and len(inputs) == 1 and not kwargs \
+            and not _targets(out) and is_traced(inputs[0]) and inputs[0].dtype.kind in "biuf":
+        # of a real array: a copy in the dtype of NumPy's loop (booleans: int8)
+        x = inputs[0]
+        dtype = np.conjugate(np.empty(0, dtype=x.dtype)).dtype
+        return tracer.op("copy", (x,)) if dtype == x.dtype else \
+            tracer.op("astype", (x,), {"dtype": dtype})
     if method == "outer" and len(inputs) == 2 and not kwargs and not _targets(out) \
             and name in UFUNC_OPS and not any(scalars.is_python_scalar(v) for v in inputs):
         # np.add.outer(a, b) is a's axes then b's: a broadcast of the ufunc

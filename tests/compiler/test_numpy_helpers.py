@@ -7,7 +7,9 @@ tables (``np.isin``, ``np.searchsorted``, ``np.digitize``, ``np.interp``) and
 ``np.nancumsum``/
 ``np.nancumprod``, NumPy 2's array-API names (``np.matrix_transpose``,
 ``np.linalg.vector_norm``/``matrix_norm``, ``np.cumulative_sum``/``cumulative_prod``),
-``np.append``, ``np.concatenate(..., axis=None)`` and ufunc ``outer`` products.
+``np.append``, ``np.concatenate(..., axis=None)``, ufunc ``outer`` products, and
+questions about arrays (``np.shape``, ``np.size``, ``np.result_type``...) answered in
+Python as NumPy answers them.
 
 Each is checked against NumPy on fresh random data with NaN, infinities and -0.0 (bit
 for bit where NumPy's steps are elementwise; to rounding where a matrix product or a
@@ -261,6 +263,10 @@ ELEMENTWISE = {
     "angle": lambda x, y: np.angle(x),
     "angle_degrees": lambda x, y: np.angle(x, deg=True),
     "real": lambda x, y: np.real(x) * 2,
+    "imag": lambda x, y: np.imag(x) + x,
+    "imag_attribute": lambda x, y: x.imag * 2,
+    "conjugate": lambda x, y: np.conjugate(x) - y,
+    "conj_method": lambda x, y: x.conj(),
     "add_accumulate": lambda x, y: np.add.accumulate(x),
     "add_accumulate_rows": lambda x, y: np.add.accumulate(x, axis=1),
     "multiply_accumulate": lambda x, y: np.multiply.accumulate(x, axis=-1),
@@ -407,6 +413,50 @@ def test_norms_numpy_computes_by_svd_run_as_written(rng):
     f = pl.compile(lambda a: np.linalg.matrix_norm(a, ord=2))
     np.testing.assert_array_equal(f(x), np.linalg.matrix_norm(x, ord=2))
     assert f.explain(x).graph_breaks
+
+
+# -- questions about arrays: Python answers, as NumPy gives them ---------------------------
+QUERIES = {
+    "shape": lambda x: x * np.shape(x)[0],  # a Python int: x's dtype stays
+    "ndim": lambda x: x * np.ndim(x),
+    "size": lambda x: x / np.size(x),
+    "size_axis": lambda x: x / np.size(x, -1),
+    "result_type": lambda x: x.astype(np.result_type(x, 1.0)),
+    "result_type_arrays": lambda x: x.astype(np.result_type(x, np.float16, x.sum())),
+    "can_cast": lambda x: x * 2 if np.can_cast(x, np.float64) else x - 1,
+    "iscomplexobj": lambda x: x * 2 if not np.iscomplexobj(x) else x,
+    "isrealobj": lambda x: x + 1 if np.isrealobj(x) else x,
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.bool_])
+def test_questions_about_arrays_are_answered_as_numpy_answers_them(rng, name, dtype):
+    _check(QUERIES[name], _data(rng, (4, 9), dtype))
+
+
+def test_none_beside_arrays_in_a_result_is_returned_as_it_is(rng):
+    x = _data(rng, (3, 4), np.float32)
+    f = pl.compile(lambda a: (a * 2, None, {"stat": a.sum(), "extra": [None, a]}))
+    doubled, nothing, rest = f(x)
+    np.testing.assert_array_equal(doubled, x * 2)
+    assert nothing is None and rest["extra"][0] is None
+    np.testing.assert_array_equal(rest["extra"][1], x)
+    with pytest.raises(pl.PycLabError, match="returned None"):
+        pl.compile(lambda a: None)(x)
+
+
+def test_a_write_into_the_imaginary_part_of_a_real_array_is_numpys_error(rng):
+    def write(a):
+        i = a.imag
+        i[0] = 1
+        return i
+
+    x = _data(rng, (3, 4), np.float32)
+    with pytest.raises(ValueError):
+        write(x.copy())
+    with pytest.raises(ValueError, match="read-only"):
+        pl.compile(write)(x)
 
 
 # -- the generated kernels -----------------------------------------------------------------
