@@ -20,6 +20,7 @@ from numpy.lib.array_utils import normalize_axis_tuple
 
 from . import array_numerics, scans
 from .function_parts import NotCovered
+from .values import is_traced
 
 if TYPE_CHECKING:
     from .tracer import Tracer
@@ -96,6 +97,8 @@ def _cumulative(ufunc: np.ufunc) -> Callable:
 
 def _append(tracer: Tracer, arr: Any, values: Any, axis: Any = None) -> Any:
     """``np.append``: NumPy's concatenation of both (flattened where ``axis`` is None)."""
+    if isinstance(values, (list, tuple)) and any(is_traced(e) for e in values):
+        raise NotCovered
     a = tracer.lift(arr)
     v = tracer.lift(values if not isinstance(values, (list, tuple)) else np.asarray(values))
     if axis is None:

@@ -90,8 +90,8 @@ def _asarray(real: Callable, tracer: Tracer) -> Callable:
                 copy: Any = None, like: Any = None) -> Any:
         if device is None and like is None and _holds_traced(a):
             return _convert(tracer, a, dtype, order, copy)
-        kw = {} if device is None else {"device": device}
-        return real(a, dtype, order, copy=copy, like=like, **kw)
+        given = {"device": device, "copy": copy, "like": like}  # (none before NumPy 2.1
+        return real(a, dtype, order, **{k: v for k, v in given.items() if v is not None})
 
     asarray.__doc__ = real.__doc__
     return asarray

@@ -46,7 +46,8 @@ def _size(tracer: Tracer, a: Any, axis: Any = None) -> int:
     if axis is None:
         return int(np.prod(shape, dtype=np.int64))
     try:
-        return shape[axis]
+        axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+        return int(np.prod([shape[a] for a in axes], dtype=np.int64))
     except (IndexError, TypeError):
         raise NotCovered from None  # NumPy's own error
 

@@ -296,6 +296,7 @@ def test_helpers_numpy_does_not_cover_run_as_written(rng):
     x = _data(rng, (4, 3), np.float32)
     for fn in (lambda a: np.cross(a[:, :2], a[:, 1:]),  # 2-vectors: deprecated in NumPy
                lambda a: np.ediff1d(a, to_begin=0.0),
+               lambda a: np.append(a[0], [a[1, 0], a[2, 0]]),  # a list of traced values
                lambda a: np.angle(a * 1j)):
         f = pl.compile(fn)
         want = _numpy(fn, x)
@@ -421,6 +422,7 @@ QUERIES = {
     "ndim": lambda x: x * np.ndim(x),
     "size": lambda x: x / np.size(x),
     "size_axis": lambda x: x / np.size(x, -1),
+    "size_axes": lambda x: x / np.size(x, (0, 1)),
     "result_type": lambda x: x.astype(np.result_type(x, 1.0)),
     "result_type_arrays": lambda x: x.astype(np.result_type(x, np.float16, x.sum())),
     "can_cast": lambda x: x * 2 if np.can_cast(x, np.float64) else x - 1,

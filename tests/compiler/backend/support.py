@@ -53,6 +53,17 @@ def poison_pool(nbytes=256 << 20):
     del block
 
 
+def compiled_result(fn, x):
+    """``pl.compile(fn, backend="cupy")`` and its result for ``x`` moved to the GPU,
+    computed into a poisoned pool and brought back as a NumPy array."""
+    import pyc_lab as pl
+
+    f = pl.compile(fn, backend="cupy")
+    poison_pool()
+    got = f(cp.asarray(x))
+    return f, cp.asnumpy(got) if isinstance(got, cp.ndarray) else np.asarray(got)
+
+
 def poison_buffers(exe):
     exe._prepare()
     for b in exe._buffers:

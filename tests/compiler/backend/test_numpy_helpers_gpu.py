@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import pyc_lab as pl
-from tests.compiler.backend.support import poison_pool
+from tests.compiler.backend.support import compiled_result
 
 cp = pytest.importorskip("cupy")
 
@@ -52,10 +51,7 @@ def test_numpy_helpers_on_the_gpu_match_numpy(rng, name, dtype):
     x = (rng.standard_normal((333, 1024)) * 2).astype(dtype)
     if name not in ("cov", "corrcoef_columns", "average_weights", "trace", "accumulate"):
         x.reshape(-1)[rng.choice(x.size, 4, replace=False)] = [np.nan, np.inf, -0.0, 0.0]
-    f = pl.compile(fn, backend="cupy")
-    poison_pool()
-    got = f(cp.asarray(x))
-    got = cp.asnumpy(got) if isinstance(got, cp.ndarray) else np.asarray(got)
+    f, got = compiled_result(fn, x)
     with np.errstate(all="ignore"):
         want = np.asarray(fn(x))
     assert got.dtype == want.dtype and got.shape == want.shape

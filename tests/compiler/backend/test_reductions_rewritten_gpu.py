@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import pyc_lab as pl
-from tests.compiler.backend.support import poison_pool
+from tests.compiler.backend.support import compiled_result, poison_pool
 
 cp = pytest.importorskip("cupy")
 
@@ -45,10 +45,7 @@ def test_rewritten_reductions_on_the_gpu_match_numpy(rng, name, dtype, shape):
     fn = PROGRAMS[name]
     x = (rng.standard_normal(shape) * 2).astype(dtype)
     x.reshape(-1)[rng.choice(x.size, 5, replace=False)] = np.nan
-    f = pl.compile(fn, backend="cupy")
-    poison_pool()
-    got = f(cp.asarray(x))
-    got = cp.asnumpy(got) if isinstance(got, cp.ndarray) else np.asarray(got)
+    f, got = compiled_result(fn, x)
     with np.errstate(all="ignore"):
         want = np.asarray(fn(x))
         if dtype == np.float16 and name.startswith("nan"):
