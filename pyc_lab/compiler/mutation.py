@@ -187,6 +187,11 @@ def getitem(tracer: Tracer, x: Traced, index: Any) -> Traced:
         gathered = index_gather(tracer, x, index)
         if gathered is not None:
             return gathered
+        if is_traced(index) and index.dtype == np.dtype(bool) and 1 <= index.ndim <= x.ndim \
+                and tuple(index.shape) == tuple(x.shape[:index.ndim]):
+            from .selections import Selection  # lazy until used: see selections.written
+
+            return Selection(tracer, x.node_id, index, (), _take)
         return tracer.eager(_take, (x, index), {}, "advanced (array) indexing",
                             dynamic=_is_mask(index))
     return view_op(tracer, x, "slice", {"index": parts})
@@ -315,6 +320,11 @@ def _written(tracer: Tracer, t: Traced, index: Any, value: Any, casting: str, ma
         if tuple(v.shape) != tuple(t.shape):
             v = tracer.op("broadcast_to", (v,), {"shape": tuple(t.shape)})
         return v
+    from .selections import written  # x[mask] op= v: a select of the whole array
+
+    selected = written(tracer, t, index, value)
+    if selected is not None:
+        return selected
     v = _cast_value(tracer, value, t.dtype, what)
     parts = encode_index(index)
     if parts is not None:

@@ -66,7 +66,16 @@ class _Builder:
     def unary(self, v: Value) -> Value:
         expr, positive, shape = v
         op = self.draw(st.sampled_from(["exp", "tanh", "abs", "neg", "sq", "sqrt", "sin",
-                                        "scale", "recip", "max0"]))
+                                        "scale", "recip", "max0", "select", "table"]))
+        if op == "select":  # NumPy's np.select: a chain of selects
+            return (f"np.select([{expr} < -0.5, {expr} > 0.5], [{expr} * 2, 0.25], "
+                    f"default={expr})"), False, shape
+        if op == "table":  # lookups in constant tables: comparisons and gathers
+            kind = self.draw(st.sampled_from(["interp", "digitize", "isin", "sinc"]))
+            return {"interp": f"np.interp({expr}, [-1.0, 0.0, 0.5, 2.0], [3.0, -1.0, 0.0, 1.0])",
+                    "digitize": f"(np.digitize({expr}, [-1.0, 0.0, 1.0]) * 0.5)",
+                    "isin": f"np.where(np.isin(np.floor({expr} * 2), [0.0, 1.0]), {expr}, 0.5)",
+                    "sinc": f"np.sinc({expr})"}[kind], False, shape
         if op == "exp":  # bounded: no overflow on either side
             return f"np.exp(np.tanh({expr}))", True, shape
         if op == "abs":

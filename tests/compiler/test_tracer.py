@@ -126,7 +126,9 @@ def test_advanced_indexing_is_a_gather_or_a_graph_break(rng):
     idx, jdx = np.array([4, 0, 2]), np.array([1, 1, 0])
     graph, breaks = check(lambda x: x[idx] * 2, x)  # one integer array: a gather op
     assert not breaks and [n.op for n in graph if n.op == "gather"] == ["gather"]
-    _, breaks = check(lambda x: x[idx, jdx] * 2, x)  # two arrays: run as written
+    graph, breaks = check(lambda x: x[idx, jdx] * 2, x)  # constant positions: a gather
+    assert not breaks and [n.op for n in graph if n.op == "gather"] == ["gather"]
+    _, breaks = check(lambda x: x[x > 0] * 2, x)  # a shape only the values tell
     assert breaks[0]["reason"] == "advanced (array) indexing"
 
 

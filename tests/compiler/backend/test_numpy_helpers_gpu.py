@@ -2,7 +2,8 @@
 is the CPU side): diagonals and traces, ``np.rot90``, covariances and correlations (a
 float64 matrix product between fused kernels), weighted means, ``np.select``,
 ``np.sinc``, ``np.fix``, ``np.angle``, ``np.cross``, ``np.add.accumulate``, ``np.isin``,
-``np.digitize``, ``np.searchsorted``, ``np.interp`` and ``np.nancumsum`` — against
+``np.digitize``, ``np.searchsorted``, ``np.interp``, ``np.nancumsum`` and masked updates
+(``y[y > t] -= 1``) — against
 NumPy on fresh random data with NaN, infinities and -0.0, into a poisoned memory pool.
 """
 
@@ -17,8 +18,17 @@ cp = pytest.importorskip("cupy")
 
 pytestmark = pytest.mark.gpu
 
+def _masked_update(x):
+    y = x * 2
+    y[y > 0.5] -= 1
+    m = y < -1
+    y[m] = np.sqrt(-y[m])
+    return y
+
+
 #: name -> (program, bit for bit)
 PROGRAMS = {
+    "masked_update": (_masked_update, True),
     "diagonal": (lambda x: np.diagonal(x[:, :300]) * 2, True),
     "diagonal_offset": (lambda x: x[:, :300].diagonal(-3) + 1, True),
     "trace": (lambda x: np.trace(x[:, :300]), False),
