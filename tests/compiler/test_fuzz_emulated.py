@@ -415,6 +415,7 @@ def test_a_program_numpy_refuses_is_refused_by_tracing_too():
     assert _check_program(source, specs, False, 3) == 0
 
 
+@needs_gxx
 def test_a_value_rounded_to_float32_inside_a_float64_program_is_compared_at_float32():
     """``exp(tanh(x.astype(np.float32)))`` added to float64 ``x``: the float32 step's
     libm may differ by an ulp of float32 from NumPy's, which the float64 result shows."""
