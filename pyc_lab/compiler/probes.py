@@ -32,10 +32,19 @@ class Probe:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.values: dict[int, Any] = {}
+        #: CuPy once a node's value is a CuPy array: the call runs on the GPU, so a
+        #: value made of constants alone (``np.zeros_like(x)``'s fill) is computed there
+        #: too, as the compiled function computes it, and a graph break gets the arrays
+        #: it will get when it runs
+        self._device: Any = None
 
     def set(self, node_id: int, value: Any) -> None:
         """Record the value of a node (an input, or a graph break just called)."""
         self.values[node_id] = value
+        if self._device is None and type(value).__module__.startswith("cupy"):
+            import cupy
+
+            self._device = cupy
 
     def value(self, node_id: int) -> Any:
         """The value of ``node_id``, evaluating whatever it depends on first."""
@@ -53,6 +62,9 @@ class Probe:
             node = self.graph.nodes[nid]
             args = [self.values[i] for i in node.inputs]
             xp = _module(args)
+            if xp is np and self._device is not None:
+                xp = self._device
+                args = [xp.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 out = xp.asarray(evaluate(node.op, xp, args, node.attrs))
