@@ -1,4 +1,5 @@
-"""``x[mask] op= v`` and ``x[mask] = f(x[mask])`` for a traced boolean mask, as a select.
+"""``x[mask] op= v``, ``x[mask] = f(x[mask])`` and ``x[mask].mean()`` for a traced boolean
+mask, as a select or a masked reduction.
 
 ``x[mask]`` with a mask computed from the data has a shape only the values tell, so it
 runs as a graph break (with a guard on that shape). Written back into ``x`` under the
@@ -8,8 +9,10 @@ selected where the mask holds give NumPy's result, ``np.where(mask, f(x), x)``, 
 fused kernel. :class:`Selection` is what ``x[mask]`` returns while tracing: it records
 elementwise steps with scalars (operators, in-place operators with NumPy's same-kind
 cast, one-operand ufunc calls) and, written back into the array it came from (unchanged
-since) under the same mask, becomes that select (:func:`written`). Any other use — its
-shape, a reduction, a second array, returning it — reads its node, which makes it the
+since) under the same mask, becomes that select (:func:`written`); its sum or mean over
+every selected value (``loss[mask].mean()``) is the reduction of the whole array with
+``where=`` the mask. Any other use — its shape, another reduction, a second array,
+returning it — reads its node, which makes it the
 graph break it always was, with the recorded steps applied to the selected values, so
 nothing changes for programs that use the selection as an array.
 """
@@ -21,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import ufuncs
+from . import reductions, ufuncs
 from .errors import CastingError
+from .function_parts import NOVALUE as _NOVALUE
 from .proxy import Traced
 from .values import is_traced
 
@@ -81,6 +85,49 @@ class Selection(Traced):
         step(self.full())  # NumPy's errors now, where the call gives them
         return Selection(self.tracer, self._source, self._mask, (*self._steps, step),
                          self._take)
+
+    def _masked(self, op: str, axis: Any, dtype: Any, out: Any, keepdims: Any,
+                **rest: Any) -> Traced | None:
+        """``sel.sum()``/``sel.mean()`` over every selected value as the reduction of the
+        whole array with ``where=`` the mask (NumPy's dtype rules, NaN and a warning for
+        the mean of nothing); None where the selection must exist (another axis,
+        ``out``, ``keepdims``, ``initial``/``where``, a selection already made)."""
+        if self._node is not None or out is not None or keepdims or rest \
+                or axis not in (None, 0, -1, (0,)) or (axis is not None and
+                                                        self._mask.ndim != len(self.source_shape)):
+            return None
+        full = self.full()
+        mask = self._mask
+        if mask.ndim < full.ndim:
+            mask = mask.reshape(tuple(mask.shape) + (1,) * (full.ndim - mask.ndim))
+        result = reductions.reduce(self.tracer, op, full, dtype=dtype, where=mask)
+        result._scalar = True
+        return result
+
+    @property
+    def source_shape(self) -> tuple[int, ...]:
+        return tuple(self.tracer.graph.nodes[self._source].shape)
+
+    def sum(self, axis: Any = None, dtype: Any = None, out: Any = None,  # type: ignore[override]
+            keepdims: Any = False, initial: Any = _NOVALUE, where: Any = True) -> Any:
+        extra = {} if initial is _NOVALUE and where is True else {"initial": initial,
+                                                                  "where": where}
+        got = self._masked("sum", axis, dtype, out, keepdims, **extra)
+        return got if got is not None else super().sum(axis, dtype, out, keepdims, initial,
+                                                       where)
+
+    def mean(self, axis: Any = None, dtype: Any = None, out: Any = None,  # type: ignore[override]
+             keepdims: Any = False, *, where: Any = True) -> Any:
+        got = self._masked("mean", axis, dtype, out, keepdims,
+                           **({} if where is True else {"where": where}))
+        return got if got is not None else super().mean(axis, dtype, out, keepdims,
+                                                        where=where)
+
+    def __array_function__(self, func: Callable, types: Any, args: tuple,
+                           kwargs: dict) -> Any:
+        if func in (np.sum, np.mean) and len(args) == 1 and args[0] is self:
+            return getattr(self, func.__name__)(**kwargs)
+        return super().__array_function__(func, types, args, kwargs)
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any,
                         **kwargs: Any) -> Any:

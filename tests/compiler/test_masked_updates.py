@@ -1,12 +1,16 @@
 """``x[mask] op= v`` and ``x[mask] = f(x[mask])`` with a traced boolean mask: NumPy's
 values and dtypes, one select of the whole array instead of two graph breaks (the
 selection's shape depends on the values), NumPy's casting error for an in-place
-operator, and the graph break as before wherever the selection is used as an array (its
-shape, a reduction, a returned value, a write in between, a different mask). The
+operator; a sum or mean of every selected value as the reduction of the whole array
+with ``where=`` the mask; and the graph break as before wherever the selection is used
+as an array otherwise (its shape, another reduction, a returned value, a write in
+between, a different mask). The
 generated kernel is checked on the CPU emulator; the GPU side is in
 ``tests/compiler/backend/test_numpy_helpers_gpu.py``."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -63,9 +67,9 @@ FUSED = {f.__name__: f for f in (_minus, _leaky, _root, _rows, _centred,
                                   _twice_computed_mask, _floor_into_ints)}
 
 
-def _selection_summed(x):
+def _selection_summed_by_columns(x):
     y = x * 1
-    return y[y > 0].sum(), y
+    return y[y[:, 0] > 0].sum(axis=0), y
 
 
 def _selection_returned(x):
@@ -92,7 +96,7 @@ def _another_mask(x):
     return y
 
 
-AS_ARRAYS = {f.__name__: f for f in (_selection_summed, _selection_returned,
+AS_ARRAYS = {f.__name__: f for f in (_selection_summed_by_columns, _selection_returned,
                                       _written_in_between, _another_mask)}
 
 
@@ -134,6 +138,34 @@ def test_a_selection_used_as_an_array_is_the_graph_break_it_was(x, name):
     f = pl.compile(fn)
     _same(f(x.copy()), want)
     assert f.explain(x).graph_breaks
+
+
+REDUCED = {
+    "sum": lambda a: a[a > 0].sum(),
+    "mean": lambda a: a[a > 0].mean(),
+    "np_mean_of_squares": lambda a: np.mean(a[a > 0.5] ** 2),
+    "np_sum_float64": lambda a: np.sum(a[a > 0], dtype=np.float64),
+    "masked_loss": lambda a: (a * 2)[a < 1].mean() + 1,
+    "rows_mean": lambda a: a[a[:, 0] > 0].mean(),
+    "mean_of_nothing": lambda a: a[a > 100].mean(),  # NaN (NumPy warns)
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCED))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_sums_and_means_of_a_selection_are_masked_reductions(x, name, dtype):
+    """``loss[mask].mean()``: the reduction of the whole array with ``where=`` the mask,
+    no selection made (NumPy's dtype; its sum in another order, to rounding)."""
+    fn, arg = REDUCED[name], x.astype(dtype)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the mean of nothing
+        want = fn(arg)
+        f = pl.compile(fn)
+        got = f(arg)
+    assert type(got) is type(want) and got.dtype == want.dtype
+    tol = {np.float16: 2e-3, np.float32: 1e-6, np.float64: 1e-14}[dtype]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True)
+    assert not f.explain(arg).graph_breaks
 
 
 def test_an_in_place_operator_keeps_numpys_casting_error(x):

@@ -29,6 +29,7 @@ def _masked_update(x):
 #: name -> (program, bit for bit)
 PROGRAMS = {
     "masked_update": (_masked_update, True),
+    "masked_mean": (lambda x: x[x > 0.5].mean() + x[x < 0].sum(), False),
     "diagonal": (lambda x: np.diagonal(x[:, :300]) * 2, True),
     "diagonal_offset": (lambda x: x[:, :300].diagonal(-3) + 1, True),
     "trace": (lambda x: np.trace(x[:, :300]), False),
@@ -59,7 +60,8 @@ PROGRAMS = {
 def test_numpy_helpers_on_the_gpu_match_numpy(rng, name, dtype):
     fn, exact = PROGRAMS[name]
     x = (rng.standard_normal((333, 1024)) * 2).astype(dtype)
-    if name not in ("cov", "corrcoef_columns", "average_weights", "trace", "accumulate"):
+    if name not in ("cov", "corrcoef_columns", "average_weights", "trace", "accumulate",
+                    "masked_mean"):
         x.reshape(-1)[rng.choice(x.size, 4, replace=False)] = [np.nan, np.inf, -0.0, 0.0]
     f, got = compiled_result(fn, x)
     with np.errstate(all="ignore"):
