@@ -159,6 +159,40 @@ def test_any_of_a_large_array_is_two_row_kernels_with_the_test_in_the_first(rng)
     assert f(x) == np.True_ and np.asarray(f(x)).dtype == np.bool_
 
 
+def _huber(p, t):
+    d = np.abs(p - t)  # read three times, all inside the loss
+    return np.where(d < 1, 0.5 * d * d, d - 0.5).mean()
+
+
+def _huber_and_d(p, t):
+    d = np.abs(p - t)
+    return np.where(d < 1, 0.5 * d * d, d - 0.5).mean(), d  # d also returned
+
+
+def test_a_value_read_several_times_inside_the_prologue_joins_the_first_stage(rng):
+    """A Huber loss's ``abs(p - t)`` is read three times by the loss and by nothing
+    else: the whole prologue runs in the first stage's kernel (it was a pass of its own
+    writing ``d``); returned as well, ``d`` is computed once at its own shape."""
+    p, t = (rng.standard_normal((512, 1024)).astype(np.float32) for _ in range(2))
+    for fn, kernels in ((_huber, [("fused_rows", "reduction_kernel"),
+                                  ("mean", "reduction_kernel")]),
+                        (_huber_and_d, [("fused", "fused_kernel"),
+                                        ("fused_rows", "reduction_kernel"),
+                                        ("mean", "reduction_kernel")])):
+        graph, _ = trace(fn, (p, t))
+        res = PassManager().run(graph)
+        got = [(res.graph.node(d.node).op, d.choice)
+               for d in choose(res.graph, "cupy", "balanced", supports)
+               if d.choice != "source" and res.graph.node(d.node).op != "reshape"]
+        assert got == kernels, got
+        want = fn(p, t)
+        out = pl.compile(fn)(p, t)
+        for g, w in zip(out if isinstance(out, tuple) else (out,),
+                        want if isinstance(want, tuple) else (want,), strict=True):
+            assert np.asarray(g).dtype == np.asarray(w).dtype
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
 def test_means_split_within_rounding(rng, dtype):
     x = (rng.standard_normal((300, 1001)) * 5 + 1).astype(dtype)

@@ -19,10 +19,11 @@ sum does (NumPy's own is pairwise), within the dtype's rounding; so do means. fl
 sums and means are left alone: their partial results would round to float16. Sizes with
 no divisor in range (a prime ``n``, say) are left alone too.
 
-The reshape moves above an elementwise prologue read only by the reduction
-(``sum(x * x)`` becomes ``sum(sum(reshape(x) * reshape(x), axis=1))``, ``np.isnan(x)
-.any()`` the maximum of row maxima of ``isnan`` of the reshaped ``x``), so that row
-fusion puts the prologue into the first stage's kernel instead of a pass of its own.
+The reshape moves above the elementwise prologue only the reduction reads (``sum(x *
+x)`` becomes ``sum(sum(reshape(x) * reshape(x), axis=1))``, ``np.isnan(x).any()`` the
+maximum of row maxima of ``isnan`` of the reshaped ``x``, a Huber loss's ``abs(p - t)``
+read three times is reshaped once), so that row fusion puts the prologue into the first
+stage's kernel instead of a pass of its own.
 """
 
 from __future__ import annotations
@@ -83,16 +84,15 @@ def _add(graph: Graph, anchor: int, op: str, inputs: tuple[int, ...],
 
 
 def _reshaped(graph: Graph, nid: int, shape: tuple[int, ...], anchor: int,
-              inserted: list[int], users: dict[int, list[int]], memo: dict[int, int]) -> int:
+              inserted: list[int], prologue: set[int], memo: dict[int, int]) -> int:
     """Node ``nid`` in ``shape``: its elementwise ops applied to reshaped operands when it
-    is read only here and every operand has its shape (or is 0-d), else a reshape."""
+    belongs to the reduction's prologue, else a reshape."""
     if nid in memo:
         return memo[nid]
     node = graph.nodes[nid]
-    same = all(tuple(graph.nodes[i].shape) in (tuple(node.shape), ()) for i in node.inputs)
-    if same and _sole_elementwise(graph, node, users):
+    if nid in prologue:
         args = tuple(i if graph.nodes[i].shape == () else
-                     _reshaped(graph, i, shape, anchor, inserted, users, memo)
+                     _reshaped(graph, i, shape, anchor, inserted, prologue, memo)
                      for i in node.inputs)
         new = _add(graph, anchor, node.op, args, dict(node.attrs), inserted)
     else:
@@ -107,11 +107,32 @@ class _NoSplit(Exception):
     """A rewritten operand did not keep its type."""
 
 
-def _sole_elementwise(graph: Graph, x: Node, users: dict[int, list[int]]) -> bool:
-    """Whether ``x`` is elementwise work read only by its one reader (the first stage's
-    kernel would take it in, saving a pass over the array)."""
-    return x.op in REGISTRY and kind_of(x.op) == "elementwise" and bool(x.inputs) \
-        and len(users.get(x.id, ())) == 1 and x.id not in graph.outputs
+def _prologue(graph: Graph, n: Node, users: dict[int, list[int]]) -> set[int]:
+    """The elementwise work before reduction ``n`` that only ``n`` needs: the elementwise
+    ancestors of its operand (operands of their shape, or 0-d) whose every reader is
+    among them or ``n`` — a value read several times inside (``d = abs(p - t)`` in a
+    Huber loss) is in, one also read elsewhere or returned is out (computed once at its
+    own shape). The first stage's kernel takes them in, saving a pass over the array."""
+    inside: set[int] = set()
+    stack = [n.inputs[0]]
+    while stack:
+        nid = stack.pop()
+        node = graph.nodes[nid]
+        if nid in inside or node.op not in REGISTRY or kind_of(node.op) != "elementwise" \
+                or not node.inputs or nid in graph.outputs \
+                or any(tuple(graph.nodes[i].shape) not in (tuple(node.shape), ())
+                       for i in node.inputs):
+            continue
+        inside.add(nid)
+        stack.extend(node.inputs)
+    changed = True
+    while changed:  # keep only what nothing outside reads
+        changed = False
+        for nid in list(inside):
+            if any(u not in inside and u != n.id for u in users.get(nid, ())):
+                inside.discard(nid)
+                changed = True
+    return inside
 
 
 def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
@@ -124,7 +145,8 @@ def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
         return None
     inserted: list[int] = []
     try:
-        first = _reshaped(graph, x.id, (size // cols, cols), n.id, inserted, graph.users(), {})
+        first = _reshaped(graph, x.id, (size // cols, cols), n.id, inserted,
+                          _prologue(graph, n, graph.users()), {})
     except _NoSplit:
         prune(graph, inserted)
         return None
@@ -169,7 +191,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
                 or x.dtype.name in _SPLIT[n.op] or math.prod(x.shape) < MIN_ELEMENTS:
             continue
         if math.prod(x.shape) < PLAIN_MIN_ELEMENTS \
-                and not _sole_elementwise(graph, x, graph.users()):
+                and x.id not in _prologue(graph, n, graph.users()):
             continue
         split = _split(graph, n)
         if split is None:
