@@ -41,9 +41,10 @@ logger = logging.getLogger(__name__)
 
 #: The passes :class:`PassManager` runs when given no list.
 DEFAULT_PIPELINE = ["canonicalize", "constant_folding", "simplify", "cheap_math",
-                    "gather_sinking", "cse", "dce", "transpose_folding", "epilogue_fusion",
-                    "reduction_fusion", "find_attention", "split_reduction", "arg_reductions",
-                    "row_fusion", "elementwise_fusion", "output_fusion", "sibling_fusion", "dce"]
+                    "gather_sinking", "reshape_sinking", "cse", "dce", "transpose_folding",
+                    "epilogue_fusion", "reduction_fusion", "find_attention", "split_reduction",
+                    "arg_reductions", "row_fusion", "elementwise_fusion", "output_fusion",
+                    "sibling_fusion", "dce"]
 
 #: The optimisation modes a pass may look at.
 MODES = ("balanced", "memory_first", "utilization_first")
@@ -166,7 +167,8 @@ class PassManager:
                                   len(g), True, list(ctx.notes), g.text()))
 
 
-_MODULES = ("canonicalize", "fold", "simplify", "cheap_math", "gather_sinking", "cse", "dce",
+_MODULES = ("canonicalize", "fold", "simplify", "cheap_math", "gather_sinking", "reshape_sinking",
+            "cse", "dce",
             "transpose_fold", "epilogue", "reduction_fusion", "attention_find", "split_reduction",
             "arg_reductions", "row_fusion", "elementwise_fusion", "output_fusion", "sibling_fusion")
 
