@@ -90,6 +90,24 @@ def test_an_operand_varying_along_part_of_a_split_axis_stays_after_the_reshape()
     assert notes == []
 
 
+def test_a_reshape_that_only_drops_axes_of_length_one_is_left_alone():
+    """A cross-entropy's picked log-probabilities, ``(n, 1)`` values read as ``(n,)``:
+    both shapes fuse alike, and sinking would only split the mean's program."""
+    rng = np.random.default_rng()
+    x, y = rng.standard_normal((64, 33)).astype(np.float32), rng.integers(0, 33, 64)
+
+    def loss(a, labels):
+        z = a - a.max(axis=-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+        return -logp[np.arange(a.shape[0]), labels].mean()
+
+    graph, _ = trace(loss, (x, y))
+    notes = [n for r in PassManager().run(graph).log for n in r.notes
+             if n.startswith("reshape_sinking")]
+    assert notes == []
+    np.testing.assert_allclose(pl.compile(loss)(x, y), loss(x, y), rtol=1e-6)
+
+
 @needs_gxx
 def test_the_generated_kernel_computes_numpys_values():
     source = ("def f(x, y, m):\n"

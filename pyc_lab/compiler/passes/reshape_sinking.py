@@ -1,7 +1,8 @@
 """Reshape sinking: elementwise work on a reshaped value runs in the value's own shape.
 
 ``E(reshape(v, s), w)`` for an elementwise ``E`` becomes ``reshape(E(v, w'), s)`` when
-the reshape only splits or merges neighbouring axes and every other operand ``w``
+the reshape splits or merges neighbouring axes (one that only adds or drops axes of
+length one is left: both shapes fuse alike) and every other operand ``w``
 broadcasts along each such group as a whole (all ones there, or the group's full
 extent, which ``w'`` splits the same way). A group norm written as NumPy users write it —
 ``((xg - mu) / sd).reshape(n, c, h, w) * g[:, None, None] + b[:, None, None]`` — then
@@ -85,8 +86,10 @@ def _sink(graph: Graph, e: Node) -> bool:
         return False
     rshape, vshape = tuple(r.shape), tuple(v.shape)
     groups = _groups(rshape, vshape)
-    if groups is None or vshape == rshape:
-        return False
+    if groups is None or not any(
+            sum(rshape[k] > 1 for k in ri) > 1 or sum(vshape[k] > 1 for k in vj) > 1
+            for ri, vj in groups):
+        return False  # (only axes of length one come or go: the spaces fuse alike)
     inserted: list[int] = []
     args: list[int] = []
     for i in e.inputs:
