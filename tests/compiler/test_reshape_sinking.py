@@ -66,6 +66,12 @@ def test_a_group_norm_is_one_kernel_with_numpys_values(dtype):
     g, b = (rng.standard_normal(16).astype(dtype) for _ in range(2))
     if dtype != np.float16:  # (a float16 variance stays CuPy's)
         assert _kernels(_group_norm, x, g, b) == ["fused_rows"]
+        graph, _ = trace(_group_norm, (x, g, b))
+        res = PassManager().run(graph)
+        views = [res.graph.node(d.node).op for d in choose(res.graph, "cupy", "balanced",
+                                                             supports)
+                 if d.choice == "cupy"]
+        assert views == ["reshape"] * 4, views  # g and b reshaped once each, no slices
     want = _group_norm(x, g, b)
     got = pl.compile(_group_norm)(x, g, b)
     assert got.dtype == want.dtype and got.shape == want.shape

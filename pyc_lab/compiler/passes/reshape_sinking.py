@@ -75,6 +75,19 @@ def _operand_shape(shape: tuple[int, ...], rank: int, groups: list, r: tuple[int
     return tuple(out)
 
 
+def _unviewed(graph: Graph, node: Node) -> Node:
+    """``node`` or, where it is only a view that keeps every element in order (a reshape,
+    axes of length one added or dropped: ``g[None, :, None, None]``), what it views — one
+    reshape of that instead of a chain of view steps."""
+    while node.inputs and math.prod(graph.nodes[node.inputs[0]].shape) == math.prod(node.shape):
+        axes_only = node.op == "slice" and all(
+            p in (("n",), ("e",), ("s", None, None, None)) for p in node.attrs.get("index", ()))
+        if node.op not in ("reshape", "expand_dims", "squeeze") and not axes_only:
+            break
+        node = graph.nodes[node.inputs[0]]
+    return node
+
+
 def _sink(graph: Graph, e: Node) -> bool:
     reshapes = [i for i in e.inputs if graph.nodes[i].op == "reshape"
                 and tuple(graph.nodes[i].shape) == tuple(e.shape)]
@@ -105,7 +118,8 @@ def _sink(graph: Graph, e: Node) -> bool:
         if shape is None or try_infer("reshape", [node], {"shape": shape}) is None:
             prune(graph, inserted)
             return False
-        moved = graph.insert_before(e.id, "reshape", (i,), {"shape": shape})
+        moved = graph.insert_before(e.id, "reshape", (_unviewed(graph, node).id,),
+                                    {"shape": shape})
         inserted.append(moved.id)
         args.append(moved.id)
     got = try_infer(e.op, [graph.nodes[a] for a in args], dict(e.attrs))
