@@ -1,8 +1,8 @@
 """Reshape sinking: elementwise work on a reshaped value runs in the value's shape (a
 group norm's scale and shift join the kernel that normalises). The axis grouping of a
 reshape, NumPy's values after the rewrite on random data (NaN included), what is left
-alone (an operand varying along part of a split axis, reshapes of inputs), and the
-generated kernel on the CPU emulator."""
+alone (an operand varying along part of a split axis, reshapes of inputs, axes of
+length one), the generated kernel on the CPU emulator, and a group norm on the GPU."""
 
 from __future__ import annotations
 
@@ -123,3 +123,25 @@ def test_the_generated_kernel_computes_numpys_values():
     specs = [((37, 130), np.dtype(np.float32)), ((130,), np.dtype(np.float32)),
              ((37, 130), np.dtype(bool))]
     assert _check_program(source, specs, True, 5) >= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_group_norm_on_the_gpu_is_one_kernel_with_numpys_values(dtype):
+    cp = pytest.importorskip("cupy")
+    from tests.compiler.backend.support import poison_pool
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((4, 32, 17, 9)).astype(dtype)
+    x[0, 0, 0, :2] = [np.nan, -0.0]
+    g, b = (rng.standard_normal(32).astype(dtype) for _ in range(2))
+    f = pl.compile(_group_norm, backend="cupy")
+    args = [cp.asarray(a) for a in (x, g, b)]
+    kernels = f.explain(*args).kernels  # the scale and shift inside the normalising kernel
+    assert any({"mean", "sqrt", "multiply", "add"} <= set(k["ops"]) for k in kernels), kernels
+    poison_pool()
+    got = cp.asnumpy(f(*args))
+    want = _group_norm(x, g, b)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True)
+    assert np.isnan(got[0, 0]).all() and not np.isnan(got[0, 8:]).any()
