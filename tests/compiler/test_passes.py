@@ -73,7 +73,7 @@ def special_values(shape: tuple[int, ...], dtype, rng: np.random.Generator) -> n
 # -- the manager -----------------------------------------------------------------------------
 def test_default_pipeline_and_registry():
     assert DEFAULT_PIPELINE == ["canonicalize", "constant_folding", "simplify", "cheap_math",
-                                "gather_sinking", "cse", "dce",
+                                "gather_sinking", "reshape_sinking", "cse", "dce",
                                 "transpose_folding", "epilogue_fusion", "reduction_fusion",
                                 "find_attention", "split_reduction", "arg_reductions",
                                 "row_fusion",
