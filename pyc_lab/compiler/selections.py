@@ -51,13 +51,15 @@ class Selection(Traced):
     """``x[mask]`` while tracing: lazy until it is used as an array (see the module)."""
 
     def __init__(self, tracer: Tracer, source: int, mask: Traced,
-                 steps: tuple[Step, ...], take: Callable[..., Any]) -> None:
+                 steps: tuple[Step, ...], take: Callable[..., Any],
+                 full: Traced | None = None) -> None:
         self._node: int | None = None
         super().__init__(tracer, None)  # type: ignore[arg-type]
         self._source = source
         self._mask = mask
         self._steps = steps
         self._take = take
+        self._full = full if full is not None else Traced(tracer, source)
 
     @property  # type: ignore[override]
     def node_id(self) -> int:
@@ -75,16 +77,22 @@ class Selection(Traced):
         self._node = value
 
     def full(self) -> Traced:
-        """The recorded steps applied to the whole array the selection came from."""
-        value = Traced(self.tracer, self._source)
-        for step in self._steps:
-            value = step(value)
-        return value
+        """The recorded steps applied to the whole array the selection came from (built
+        step by step as they are recorded, the source's version fixed)."""
+        return self._full
+
+    def mask_for(self, ndim: int) -> Traced:
+        """The mask with axes of length one after it: a mask of the leading axes
+        selects whole rows of a ``ndim``-dimensional array."""
+        mask = self._mask
+        if mask.ndim < ndim:
+            mask = mask.reshape(tuple(mask.shape) + (1,) * (ndim - mask.ndim))
+        return mask
 
     def _then(self, step: Step) -> Selection:
-        step(self.full())  # NumPy's errors now, where the call gives them
+        full = step(self._full)  # NumPy's errors now, where the call gives them
         return Selection(self.tracer, self._source, self._mask, (*self._steps, step),
-                         self._take)
+                         self._take, full)
 
     def _masked(self, op: str, axis: Any, dtype: Any, out: Any, keepdims: Any,
                 **rest: Any) -> Traced | None:
@@ -92,21 +100,15 @@ class Selection(Traced):
         whole array with ``where=`` the mask (NumPy's dtype rules, NaN and a warning for
         the mean of nothing); None where the selection must exist (another axis,
         ``out``, ``keepdims``, ``initial``/``where``, a selection already made)."""
+        full = self._full
         if self._node is not None or out is not None or keepdims or rest \
-                or axis not in (None, 0, -1, (0,)) or (axis is not None and
-                                                        self._mask.ndim != len(self.source_shape)):
+                or axis not in (None, 0, -1, (0,)) \
+                or (axis is not None and self._mask.ndim != full.ndim):
             return None
-        full = self.full()
-        mask = self._mask
-        if mask.ndim < full.ndim:
-            mask = mask.reshape(tuple(mask.shape) + (1,) * (full.ndim - mask.ndim))
-        result = reductions.reduce(self.tracer, op, full, dtype=dtype, where=mask)
+        result = reductions.reduce(self.tracer, op, full, dtype=dtype,
+                                   where=self.mask_for(full.ndim))
         result._scalar = True
         return result
-
-    @property
-    def source_shape(self) -> tuple[int, ...]:
-        return tuple(self.tracer.graph.nodes[self._source].shape)
 
     def sum(self, axis: Any = None, dtype: Any = None, out: Any = None,  # type: ignore[override]
             keepdims: Any = False, initial: Any = _NOVALUE, where: Any = True) -> Any:
@@ -237,7 +239,4 @@ def written(tracer: Tracer, t: Traced, index: Any, value: Any) -> Traced | None:
     full = value.full()
     if full.dtype != t.dtype:  # item assignment casts unsafely
         full = tracer.op("astype", (full,), {"dtype": t.dtype})
-    mask = value._mask
-    if mask.ndim < t.ndim:  # a mask of the leading axes selects whole rows
-        mask = mask.reshape(tuple(mask.shape) + (1,) * (t.ndim - mask.ndim))
-    return tracer.op("where", (mask, full, t))
+    return tracer.op("where", (value.mask_for(t.ndim), full, t))

@@ -19,6 +19,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node
+from ..ops import REGISTRY
 from .rewrite import insert_like, kind_of, prune, try_infer
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def _sink(graph: Graph, e: Node) -> bool:
     args: list[int] = []
     for i in e.inputs:
         node = graph.nodes[i]
-        if node.op == "reshape" and graph.nodes[node.inputs[0]].id == v.id \
+        if node.op == "reshape" and node.inputs[0] == v.id \
                 and tuple(node.shape) == rshape:
             args.append(v.id)
             continue
@@ -153,16 +154,11 @@ def run(graph: Graph, ctx: PassContext) -> bool:
     """
     changed = False
     for n in list(graph):
-        if n.id not in graph.nodes or n.op not in _elementwise_ops(graph, n):
+        if n.id not in graph.nodes or not n.inputs or n.op not in REGISTRY \
+                or kind_of(n.op) != "elementwise":
             continue
         if _sink(graph, n):
             ctx.note(f"{NAME}: {n.op} %{n.id} runs before the reshape it read")
             changed = True
     return changed
 
-
-def _elementwise_ops(graph: Graph, n: Node) -> tuple[str, ...]:
-    try:
-        return (n.op,) if kind_of(n.op) == "elementwise" and n.inputs else ()
-    except KeyError:
-        return ()
