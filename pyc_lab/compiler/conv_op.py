@@ -6,9 +6,10 @@ A call of ``pl.conv`` on traced values records this node: the compiler installs
 the kernels layer does not import the compiler). Its shape comes from
 :func:`~pyc_lab.kernels.conv.conv_geometry`, the checks ``pl.conv`` makes, so a call that
 does not fit fails while tracing with ``pl.conv``'s words. Its reference is ``pl.conv``
-itself on the backend's arrays: im2col on NumPy; on a GPU cuDNN or the GEMM form,
-whichever the problem's first call measured faster, run as a library call between CUDA
-graphs (as ``attention`` is). Inputs: ``x, w[, bias]``, one dtype; attributes: per-axis
+itself on the backend's arrays: im2col on NumPy; on a GPU cuDNN, the GEMM form or
+pyc_lab's direct kernel, whichever the problem's first call measured fastest — the
+direct kernel recorded into the program's CUDA graphs, the libraries run as calls
+between them (as ``attention`` is). Inputs: ``x, w[, bias]``, one dtype; attributes: per-axis
 ``stride``, ``padding`` and ``dilation``, ``groups``, ``layout`` and ``activation`` (applied
 in the same call: a ``relu``/``gelu``/``silu`` after the convolution is folded into it by
 :mod:`.passes.epilogue`).
@@ -26,7 +27,7 @@ from ..kernels import conv as _conv
 from .op_registry import REGISTRY, OpDef, ShapeError, register
 from .values import is_traced
 
-__all__ = ["conv_bind", "conv_reference", "trace_conv"]
+__all__ = ["conv_bind", "conv_record", "conv_reference", "trace_conv"]
 
 
 def _operands(args: Sequence[Any]) -> tuple[Any, Any, Any]:
@@ -54,6 +55,16 @@ def conv_bind(xp: Any, args: Sequence[Any], attrs: dict[str, Any],
     if xp is np:
         return None
     return _conv.bound_conv(*_operands(args), out, **_arguments(attrs))
+
+
+def conv_record(xp: Any, args: Sequence[Any], attrs: dict[str, Any],
+                out: Any) -> Any:
+    """The conv op as a call a CUDA graph records (pyc_lab's direct kernel, where the
+    problem's first call raced it fastest: :func:`pyc_lab.kernels.conv.recordable_conv`),
+    or ``None`` (NumPy, or a problem a library runs)."""
+    if xp is np:
+        return None
+    return _conv.recordable_conv(*_operands(args), out, **_arguments(attrs))
 
 
 def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
@@ -93,5 +104,5 @@ if "conv" not in REGISTRY:
     register(OpDef("conv", "conv", None, _shape, conv_reference,
                     dtype=lambda inputs, attrs: np.dtype(inputs[0].dtype),
                     doc="pl.conv's convolution (cross-correlation, torch's semantics)",
-                    bind=conv_bind))
+                    bind=conv_bind, record=conv_record))
 _conv.set_tracer(trace_conv)

@@ -74,6 +74,12 @@ class OpDef:
     #: or ``None`` to run the reference.
     bound: Callable[[Any, Sequence[Any], dict[str, Any]], Callable[[Any], None] | None] \
         | None = None
+    #: For a library op: ``record(xp, inputs, attrs, out)`` gives a call computing the op
+    #: into ``out`` that a CUDA-graph capture can record (kernels launched on the current
+    #: stream, nothing synchronised or allocated), or ``None`` where the op must run
+    #: between graphs this time.
+    record: Callable[[Any, Sequence[Any], dict[str, Any], Any], Callable[[], None] | None] \
+        | None = None
 
 
 REGISTRY: dict[str, OpDef] = {}

@@ -308,8 +308,9 @@ def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | Non
     onnxruntime_fallback
         Run ONNX ops the importer does not map through onnxruntime (graph breaks).
     conv
-        How an ONNX model's convolutions run: ``"auto"`` (``pl.conv`` for large ones,
-        im2col inside the program for small ones), ``"library"`` or ``"im2col"`` (see
+        How an ONNX model's convolutions run: ``"auto"`` (``pl.conv`` for large ones
+        and for small ones pyc_lab's direct kernel takes, im2col inside the program for
+        the rest), ``"library"`` or ``"im2col"`` (see
         :func:`~pyc_lab.inference.onnx_import.import_onnx`).
 
     Returns

@@ -306,9 +306,12 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
     conv
         How ``Conv`` nodes run (:data:`~pyc_lab.inference.onnx_ops.CONV_ROUTES`):
         ``"im2col"`` inside the compiled program, ``"library"`` through ``pl.conv``
-        (cuDNN or the GEMM form on a GPU, between CUDA graphs), ``"auto"`` (default)
-        ``pl.conv`` for a convolution of at least
-        :data:`~pyc_lab.inference.onnx_ops.CONV_LIBRARY_FLOPS` at the traced batch.
+        (cuDNN, the GEMM form or pyc_lab's direct kernel on a GPU, whichever the first
+        call measures fastest: the direct kernel recorded into the CUDA graphs, the
+        libraries between them), ``"auto"`` (default) ``pl.conv`` for a convolution of at
+        least :data:`~pyc_lab.inference.onnx_ops.CONV_LIBRARY_FLOPS` at the traced batch
+        and for one the direct kernel takes
+        (:func:`~pyc_lab.inference.onnx_ops.direct_candidate`).
 
     Returns
     -------
@@ -385,11 +388,14 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
     if folded:
         notes.append(f"{folded} node(s) computed at import (their inputs are constants)")
     if counts.get("Conv"):
-        notes.append({"auto": f"Conv: pl.conv (cuDNN or the GEMM form on a GPU, between CUDA "
-                              f"graphs) for a convolution of at least {CONV_LIBRARY_FLOPS:,} "
-                              "flops at the traced batch, im2col inside the program below",
-                      "library": "Conv: pl.conv (cuDNN or the GEMM form on a GPU, between "
-                                 "CUDA graphs)",
+        notes.append({"auto": f"Conv: pl.conv (cuDNN, the GEMM form or pyc_lab's direct "
+                              f"kernel on a GPU, raced at the first call) for a convolution "
+                              f"of at least {CONV_LIBRARY_FLOPS:,} flops at the traced batch "
+                              "or one the direct kernel takes (where torch is installed), "
+                              "im2col inside the program for the rest",
+                      "library": "Conv: pl.conv (cuDNN, the GEMM form or pyc_lab's direct "
+                                 "kernel on a GPU, raced at the first call; the direct kernel "
+                                 "inside the CUDA graphs, the libraries between them)",
                       "im2col": "Conv: im2col inside the compiled program"}[conv])
 
     # weights: float constants read by steps at positions that are not static-only

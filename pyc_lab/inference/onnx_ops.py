@@ -9,9 +9,12 @@ basic slicing, and the compiler's ``softmax``/``layer_norm``/``relu``/``gelu``/
 Pooling is written as strided slices and an elementwise max/sum. A convolution is either
 *im2col* over strided slices and one matrix product (:mod:`pyc_lab.kernels.conv_im2col`),
 which stays inside the compiled program (its CUDA graph included), or a call of
-``pl.conv`` (one ``conv`` node: cuDNN or the GEMM form on a GPU, the same im2col on
-NumPy arrays), which a CUDA graph cannot record and so runs between graphs. :func:`conv`
-chooses per convolution by its size at the traced batch (:data:`CONV_LIBRARY_FLOPS`). Shapes are
+``pl.conv`` (one ``conv`` node: on a GPU cuDNN, the GEMM form or pyc_lab's direct
+kernel, whichever its first call measured fastest; the same im2col on NumPy arrays):
+the direct kernel is recorded into the program's CUDA graphs, a library call runs
+between them. :func:`conv` chooses per convolution by its size at the traced batch
+(:data:`CONV_LIBRARY_FLOPS`) and whether the direct kernel takes it
+(:func:`direct_candidate`). Shapes are
 static: a shape-like input
 (``Reshape``'s target, ``ReduceMean``'s axes ...) must be known when the model is
 imported or traced.
@@ -36,6 +39,7 @@ __all__ = [
     "batch_norm",
     "conv",
     "conv_flops",
+    "direct_candidate",
     "erf",
     "flatten",
     "gelu",
@@ -78,6 +82,25 @@ def conv_flops(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence
                                                                                for o in outs)
 
 
+def direct_candidate(x: Any, w: Any, strides: Sequence[int], pads: Sequence[int],
+                     dilations: Sequence[int], group: int = 1) -> bool:
+    """Whether ``route="auto"`` gives a small convolution to ``pl.conv`` because pyc_lab's
+    direct kernel may run it (:mod:`pyc_lab.kernels.conv_direct`: few channels, short
+    filters; raced against cuDNN at the first call, recorded into the program's CUDA
+    graphs where it wins): torch is installed (the race runs through it) and the kernel
+    takes the problem at the traced batch, with symmetric pads."""
+    from ..kernels import arrays, conv_direct
+
+    nd = len(w.shape) - 2
+    if list(pads[:nd]) != list(pads[nd:]) or not arrays.torch_installed():
+        return False
+    shape = tuple(int(v) for v in x.shape)
+    contiguous = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    return conv_direct.eligible(np.dtype(x.dtype).name, shape, contiguous,
+                                tuple(int(v) for v in w.shape), tuple(strides),
+                                tuple(pads[:nd]), tuple(dilations), int(group))
+
+
 def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
          pads: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
          group: int = 1, route: str = "im2col") -> Any:
@@ -87,7 +110,8 @@ def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
     ``route`` (:data:`CONV_ROUTES`): ``"im2col"`` runs
     :func:`~pyc_lab.kernels.conv_im2col.conv_im2col`; ``"library"`` calls ``pl.conv``
     (unequal pads are added first, as zeros); ``"auto"`` takes ``pl.conv`` for a
-    convolution of at least :data:`CONV_LIBRARY_FLOPS`.
+    convolution of at least :data:`CONV_LIBRARY_FLOPS` and for one pyc_lab's direct
+    kernel may run (:func:`direct_candidate`), im2col for the rest.
     """
     if route not in CONV_ROUTES:
         raise ValueError(f"conv route must be one of {CONV_ROUTES}, got {route!r}")
@@ -97,7 +121,8 @@ def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
     dilations = list(dilations or [1] * nd)
     if route == "auto":
         big = conv_flops(x.shape, w.shape, strides, pads, dilations) >= CONV_LIBRARY_FLOPS
-        route = "library" if big else "im2col"
+        route = "library" if big or direct_candidate(x, w, strides, pads, dilations, group) \
+            else "im2col"
     if route == "im2col":
         return conv_im2col(x, w, b, strides=strides, pads=pads, dilations=dilations,
                            group=group)

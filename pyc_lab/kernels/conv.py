@@ -34,7 +34,7 @@ from .matmul_launch import apply_epilogue
 from .memo import remember
 
 __all__ = ["ACTIVATIONS", "LAYOUTS", "bound_conv", "conv", "conv1d", "conv2d", "conv_backward",
-           "conv_geometry", "conv_route", "set_tracer", "torch_activation"]
+           "conv_geometry", "conv_route", "recordable_conv", "set_tracer", "torch_activation"]
 
 #: Where the channels are: after the batch axis, or last.
 LAYOUTS = ("channels_first", "channels_last")
@@ -342,6 +342,51 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
                 raise PycLabError(f"pl.conv: a bound call gave shape {tuple(y.shape)}, "
                                   f"its output is {tuple(ot.shape)}")
             ot.copy_(y)
+
+    return call
+
+
+def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
+                    padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                    layout: str = "channels_first",
+                    activation: str | None = None) -> Callable[[], None] | None:
+    """A call computing ``pl.conv(x, w, bias, ...)`` into ``out`` that a CUDA-graph
+    capture can record — the direct kernel (:mod:`.conv_direct`) launched on CuPy's
+    current stream with the operands' addresses — where the problem's first-call race
+    chose that kernel; ``None`` otherwise (not CuPy arrays, channels last, ``out`` not
+    contiguous in ``x``'s dtype, a problem not raced yet or won by a library: the caller
+    then runs it between graphs). Nothing is launched or timed here."""
+    if arrays.kind(x) != "cupy" or layout != "channels_first" or conv_route(x) != "cudnn":
+        return None
+    if out.dtype != x.dtype or not out.flags.c_contiguous or not w.flags.c_contiguous:
+        return None
+    _, stride_t, pads, dilation_t = conv_geometry(
+        tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
+        stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
+    import torch
+
+    xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)
+    bt = None if bias is None else torch.from_dlpack(bias)
+    choice = conv_gemm.choice_for(xt, wt, bt, stride_t, pads, dilation_t, groups, activation)
+    if choice is None or choice["impl"] != "direct":
+        return None
+    from . import conv_direct
+
+    item = x.dtype.itemsize
+    geo = conv_direct.geometry(tuple(x.shape), tuple(s // item for s in x.strides),
+                               tuple(w.shape), stride_t, pads, dilation_t, groups)
+    if geo is None or (bias is not None and not bias.flags.c_contiguous):
+        return None
+    device = x.device.id
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    launch = conv_direct.launcher(conv_direct.KINDS[x.dtype.name], geo, device, activation,
+                                  sms)
+    import cupy as cp
+
+    ptrs = (x.data.ptr, w.data.ptr, 0 if bias is None else bias.data.ptr, out.data.ptr)
+
+    def call() -> None:
+        launch(*ptrs, cp.cuda.get_current_stream())
 
     return call
 

@@ -27,12 +27,14 @@ where it runs.
 
 A CUTLASS convolution tuned for the problem by ``pl.autotune_conv`` (found in the
 tuning database and the kernel cache by :mod:`.conv_cutlass`) runs in the same race as a
-third candidate, under the same margin.
+third candidate, under the same margin, and so does pyc_lab's direct kernel for small
+problems (:mod:`.conv_direct`: few channels, short filters; any ``groups``), the one
+candidate a CUDA graph can record as it is.
 
 The GEMM form needs ``groups == 1``, one or two spatial axes and a patch matrix of at
-most :data:`MAX_PATCH_BYTES`; anything else, a call inside a CUDA-graph capture before
-its problem was raced, or a machine without CuPy (whose events time the race) runs
-cuDNN.
+most :data:`MAX_PATCH_BYTES`; a problem no other candidate takes, a call inside a
+CUDA-graph capture before its problem was raced, or a machine without CuPy (whose events
+time the race) runs cuDNN.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from . import conv_direct
 from .arrays import torch_raw_stream
 from .conv_im2col import out_size
 from .conv_library import cudnn_conv, torch_activation
@@ -78,10 +81,10 @@ _RUNNERS: dict[tuple, Callable[..., Any]] = {}
 
 
 def choices() -> dict[tuple, dict[str, Any]]:
-    """Problem signature -> what runs (``"impl"``: ``"cudnn"`` or ``"gemm"``) and the
-    race's milliseconds per call (``"cudnn_ms"``, ``"gemm_ms"``: the larger of GPU and
-    host time, each also given as ``"*_gpu_ms"`` and ``"*_host_ms"``), for the problems
-    raced so far."""
+    """Problem signature -> what runs (``"impl"``: ``"cudnn"``, ``"gemm"``, ``"cutlass"``
+    or ``"direct"``) and the race's milliseconds per call (``"cudnn_ms"``, ``"gemm_ms"``,
+    ...: the larger of GPU and host time, each also given as ``"*_gpu_ms"`` and
+    ``"*_host_ms"``), for the problems raced so far."""
     with _LOCK:
         return {k: dict(v) for k, v in _CHOICES.items() if "cudnn_ms" in v}
 
@@ -264,11 +267,12 @@ def prepare(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ..
     if choice is None:
         gemm_ok = _eligible(x, w, stride, pads, dilation, groups)
         tuned, why = _tuned(x, w, b, stride, pads, dilation, groups, activation)
-        if not gemm_ok and tuned is None:
+        direct_ok = _direct_eligible(x, w, stride, pads, dilation, groups)
+        if not gemm_ok and tuned is None and not direct_ok:
             choice = _remember(key, {"impl": "cudnn"})
         else:
             choice = _race(key, x, w, b, stride, pads, dilation, groups, gemm_ok, tuned, why,
-                           activation)
+                           activation, direct_ok)
             if choice is None:
                 return _then(functools.partial(cudnn_conv, stride=stride, pads=pads,
                                                dilation=dilation, groups=groups,
@@ -277,6 +281,8 @@ def prepare(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ..
         return _then(_gemm_runner(x, w, stride, pads, dilation), activation), True
     if choice["impl"] == "cutlass":
         return _RUNNERS[key], True
+    if choice["impl"] == "direct":
+        return conv_direct.run(x, w, b, stride, pads, dilation, groups, activation), True
     return _then(functools.partial(cudnn_conv, stride=stride, pads=pads, dilation=dilation,
                                    groups=groups), activation), True
 
@@ -290,6 +296,14 @@ def _then(fn: Callable[..., Any], activation: str | None) -> Callable[..., Any]:
         return torch_activation(fn(x, w, b), activation)
 
     return run
+
+
+def _direct_eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+                     dilation: tuple[int, ...], groups: int) -> bool:
+    """Whether :mod:`.conv_direct`'s kernel takes the problem (a GPU tensor)."""
+    return bool(getattr(x, "is_cuda", False)) and conv_direct.eligible(
+        str(x.dtype), tuple(x.shape), tuple(x.stride()), tuple(w.shape), stride, pads,
+        dilation, groups)
 
 
 def _tuned(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
@@ -350,9 +364,11 @@ def run(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
 def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
           pads: tuple[int, ...], dilation: tuple[int, ...], groups: int,
           gemm_ok: bool = True, tuned: Callable[..., Any] | None = None,
-          tuned_why: str = "", activation: str | None = None) -> dict[str, Any] | None:
-    """Time cuDNN, the GEMM form (where ``gemm_ok``) and a tuned CUTLASS kernel (where
-    there is one) on the caller's tensors and remember the fastest, kept over cuDNN only
+          tuned_why: str = "", activation: str | None = None,
+          direct_ok: bool = False) -> dict[str, Any] | None:
+    """Time cuDNN, the GEMM form (where ``gemm_ok``), a tuned CUTLASS kernel (where
+    there is one) and the direct kernel (where ``direct_ok``) on the caller's tensors
+    and remember the fastest, kept over cuDNN only
     when at least :data:`MARGIN` cheaper and not slower on the GPU (:data:`GPU_SLACK`);
     no CuPy to time with leaves the problem to cuDNN; ``None`` inside a CUDA-graph capture
     (nothing may be timed there: the problem stays undecided)."""
@@ -369,6 +385,14 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
         runs["gemm"] = lambda: runner(x, w, b)
     if tuned is not None:
         runs["cutlass"] = lambda: tuned(x, w, b)
+    if direct_ok:
+        try:
+            direct = conv_direct.run(x, w, b, stride, pads, dilation, groups, activation)
+            runs["direct"] = lambda: direct(x, w, b)
+        except Exception as exc:  # a kernel that cannot be built is not a candidate
+            log.warning("direct convolution not raced: %s", exc)
+    if len(runs) == 1:
+        return _remember(key, {"impl": "cudnn", "why": "no other candidate could run"})
     timed = dict(zip(runs, time_calls(list(runs.values()), x.device.index), strict=True))
     best = min((name for name in timed if name != "cudnn"), key=lambda n: timed[n][0])
     impl = best if keeps(timed[best], timed["cudnn"]) else "cudnn"

@@ -32,7 +32,7 @@ import pytest
 
 from pyc_lab.compiler.codegen.cuda_types import KernelSource
 
-__all__ = ["emulate", "emulate_threads", "needs_gxx"]
+__all__ = ["emulate", "emulate_threads", "native_library", "needs_gxx"]
 
 #: Tests that emulate kernels skip, with the reason, where there is no C++ compiler.
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None,
@@ -108,14 +108,26 @@ _PTX = {
 _BUILT: dict[str, ctypes.CDLL] = {}
 
 
-def _cpu_source(src: KernelSource) -> str:
-    """``src``'s text with the float16 PTX replaced (any other inline PTX refused)."""
-    text = src.source
+def _cpu_text(text: str, name: str) -> str:
+    """``text`` with the float16 PTX replaced (any other inline PTX refused)."""
     for ptx, cpu in _PTX.items():
         text = text.replace(ptx, cpu)
     if "asm(" in text:
-        raise ValueError(f"{src.name} has inline PTX the emulator does not know")
+        raise ValueError(f"{name} has inline PTX the emulator does not know")
     return text
+
+
+def _cpu_source(src: KernelSource) -> str:
+    """``src``'s text with the float16 PTX replaced (any other inline PTX refused)."""
+    return _cpu_text(src.source, src.name)
+
+
+def native_library(text: str, name: str) -> ctypes.CDLL:
+    """CUDA C++ ``text`` — sources of ``native/`` followed by a C++ driver that sets the
+    block and thread indices (globals: ``blockIdx``, ``threadIdx``, ``blockDim``,
+    ``gridDim``) and calls a kernel for each thread in turn — compiled for the CPU as
+    the generated kernels are (a kernel without barriers)."""
+    return _build(_PRELUDE + _cpu_text(text, name), name, ["-std=c++17"])
 
 
 def _build(text: str, name: str, flags: list[str]) -> ctypes.CDLL:

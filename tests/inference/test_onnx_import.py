@@ -490,6 +490,36 @@ def test_conv_auto_route_goes_by_size(monkeypatch):
         _close(model(feeds)["y"], ReferenceEvaluator(m).run(None, feeds)[0])
 
 
+def test_conv_auto_route_takes_small_convolutions_the_direct_kernel_may_run(monkeypatch):
+    """Where torch is installed (the race runs through it), ``auto`` gives a small
+    convolution with symmetric pads to pl.conv — one conv node, which the direct kernel
+    may run inside the CUDA graphs — and keeps im2col for unequal pads and without torch;
+    the answers stay the reference's."""
+    from pyc_lab.inference import onnx_ops
+    from pyc_lab.kernels import arrays
+
+    x = np.zeros((64, 4, 32), np.float32)
+    monkeypatch.setattr(arrays, "torch_installed", lambda: False)
+    assert not onnx_ops.direct_candidate(x, _w(32, 4, 3), [1], [0, 0], [1])
+    monkeypatch.setattr(arrays, "torch_installed", lambda: True)
+    assert onnx_ops.direct_candidate(x, _w(32, 4, 3), [1], [1, 1], [1])
+    assert not onnx_ops.direct_candidate(x, _w(32, 4, 3), [1], [0, 1], [1])  # unequal pads
+    assert not onnx_ops.direct_candidate(x.astype(np.float64), _w(32, 4, 3), [1], [0, 0], [1])
+    wide = np.zeros((1, 512, 8, 8), np.float32)  # a 3x3 over 512 channels: 4608 taps
+    assert not onnx_ops.direct_candidate(wide, np.zeros((64, 512, 3, 3), np.float32), [1, 1],
+                                         [1, 1, 1, 1], [1, 1])
+    nodes = [node("Conv", ["x", "W", "B"], "c", pads=[1, 1], strides=[1]),
+             node("Relu", ["c"])]
+    m = _model(nodes, {"x": (2, 4, 9)}, ["y"], {"W": _w(5, 4, 3), "B": _w(5)})
+    model = load(m)
+    assert _conv_ops(model, batch=2) == ["conv"]
+    for batch in (1, 3):
+        feeds = _inputs({"x": (batch, 4, 9)}, seed=batch)
+        _close(model(feeds)["y"], ReferenceEvaluator(m).run(None, feeds)[0])
+    monkeypatch.setattr(arrays, "torch_installed", lambda: False)
+    assert _conv_ops(load(m), batch=2) == []
+
+
 def test_conv_route_must_be_known():
     m = _model([node("Conv", ["x", "W"])], {"x": (1, 2, 5)}, ["y"], {"W": _w(3, 2, 3)})
     with pytest.raises(ModelImportError, match="conv must be one of"):

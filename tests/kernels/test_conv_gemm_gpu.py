@@ -69,11 +69,14 @@ def test_the_gemm_form_matches_the_reference(xs, ws, stride, padding, dilation, 
 
 @pytest.fixture
 def fresh_choices(monkeypatch):
-    """No problem raced and no call kept yet."""
+    """No problem raced and no call kept yet; the direct kernel left out of the race
+    (these tests are of cuDNN and the GEMM form; tests/kernels/test_conv_direct_gpu.py
+    races it)."""
     from pyc_lab.kernels import conv
 
     monkeypatch.setattr(conv_gemm, "_CHOICES", {})
     monkeypatch.setattr(conv, "_PLANS", {})
+    monkeypatch.setattr(conv_gemm, "_direct_eligible", lambda *a: False)
 
 
 @pytest.mark.parametrize(("margin", "impl"), [(-1e9, "gemm"), (0.999, "cudnn")])

@@ -3,7 +3,9 @@
 Every generated kernel and CuPy call is recorded into a CUDA graph, and so is a GEMM
 whose step offers a direct form (:meth:`~.steps._MatmulStep.graph_call`: cuBLAS issued
 straight through nvmath-python's bindings with the capture stream's own workspace, made
-before the capture). CuPy refuses its own cuBLAS calls while a stream captures, and the
+before the capture) and a library op whose step offers a recordable one
+(:meth:`~.steps._RecordedLibraryStep.graph_call`: a convolution run by pyc_lab's direct
+kernel). CuPy refuses its own cuBLAS calls while a stream captures, and the
 cuBLASLt and CUTLASS steps are library calls whose host adapters run between graphs, so
 the launch list is split into *segments* around those (:func:`segments` says which
 steps can be recorded as they are): runs of recordable steps, each one CUDA graph, and
@@ -257,14 +259,15 @@ def _record(exe: GraphHost, values: dict[int, Any], program: list[tuple[str, Any
     other library call as a call on the static arrays."""
     cp = exe._cp
     with cp.cuda.using_allocator(pool.malloc), stream:
-        gemms = any(not s.capturable and hasattr(s, "graph_call") for s in exe._steps)
+        gemms = any(not s.capturable and getattr(s, "graph_workspace", False)
+                    for s in exe._steps)
         workspace = _direct_blas_workspace(owned) if gemms else None  # 32 MiB: only if used
         capturing = False
         try:
             for step in exe._steps:
                 call = None
-                if not step.capturable and workspace is not None \
-                        and hasattr(step, "graph_call"):
+                if not step.capturable and hasattr(step, "graph_call") \
+                        and (workspace is not None or not step.graph_workspace):
                     call = step.graph_call(exe, values, workspace)
                 if step.capturable or call is not None:
                     if not capturing:

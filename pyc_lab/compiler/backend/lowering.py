@@ -61,6 +61,7 @@ from .steps import (
     _LibraryStep,
     _LtStep,
     _MatmulStep,
+    _RecordedLibraryStep,
     _Step,
     _WrittenStep,
     batched_gemm,
@@ -462,10 +463,11 @@ class _Lowering:
             return _LibraryStep(node, "attention", materialize, out_buffer, describe)
         if choice == "conv":
             describe.update(kind="library", implementation=(
-                "pl.conv: cuDNN or the GEMM form (whichever its first call measured "
-                "faster) through torch where torch is installed, else im2col (a call "
-                "between CUDA graphs)"))
-            return _LibraryStep(node, "conv", materialize, out_buffer, describe)
+                "pl.conv: cuDNN, the GEMM form or pyc_lab's direct kernel (whichever its "
+                "first call measured fastest) where torch is installed, else im2col; the "
+                "direct kernel is recorded into CUDA graphs, the libraries are calls "
+                "between them"))
+            return _RecordedLibraryStep(node, "conv", materialize, out_buffer, describe)
         if kind == "scan":  # CUB's scans and sorts take workspace a capture cannot record
             describe.update(kind="library", implementation=(
                 f"CuPy's {node.op} (a library call between CUDA graphs)"))

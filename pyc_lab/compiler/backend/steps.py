@@ -222,6 +222,8 @@ class _MatmulStep(_Step):
     capture may record (see :mod:`.graphs`)."""
 
     capturable = False
+    #: :meth:`graph_call` needs the program's cuBLAS workspace (made before the capture).
+    graph_workspace = True
 
     def __init__(self, node: Node, impl: str, epilogue: KernelSource | None,
                  out_buffer: int | None, describe: dict[str, Any]) -> None:
@@ -585,4 +587,29 @@ class _LibraryStep(_CupyStep):
             out = evaluate(node.op, cp, ins, node.attrs)
             cp.copyto(result, out.astype(node.dtype, copy=False))
 
+        return call
+
+
+class _RecordedLibraryStep(_LibraryStep):
+    """A library op with a form a CUDA graph can record (:attr:`OpDef.record`: ``conv``
+    where pyc_lab's direct kernel won the problem's race): :meth:`graph_call` gives it;
+    where there is none this time the op runs between graphs as a :class:`_LibraryStep`."""
+
+    graph_workspace = False
+
+    def graph_call(self, exe: Executor, values: dict[int, Any],
+                   workspace: tuple[int, int] | None) -> Callable[[], None] | None:
+        """The op into its output (the planned buffer, or a fresh array of the program's
+        pool) as a recordable call on the static arrays, entered in ``values`` now and
+        run when the call runs; ``None`` where the op has no recordable form for these
+        operands. ``workspace`` is not used."""
+        node = self.node
+        record = REGISTRY[node.op].record
+        if record is None:
+            return None
+        out = exe._buffer_view(self.out_buffer, node) if self.materialize == "buffer" \
+            else exe._cp.empty(node.shape, dtype=node.dtype)
+        call = record(exe._cp, [values[i] for i in node.inputs], node.attrs, out)
+        if call is not None:
+            values[node.id] = out
         return call

@@ -1,7 +1,7 @@
 """``pl.conv`` inside ``pl.compile`` on the CuPy backend: the ``conv`` node runs as
-pl.conv's library call (cuDNN or the GEMM form, through torch) between the generated
-kernels around it, against the float64 loops of tests/kernels/test_conv.py, with and
-without CUDA-graph replay of the rest."""
+pl.conv's call (cuDNN or the GEMM form through torch between the generated kernels, or
+the direct kernel recorded among them), against the float64 loops of
+tests/kernels/test_conv.py, with and without CUDA-graph replay of the rest."""
 
 from __future__ import annotations
 
@@ -45,7 +45,11 @@ def test_replayed_conv_is_bound_once_and_sees_new_inputs(nd, monkeypatch):
     views made once; pl.conv is not called again) that computes each replay's new
     input, never the captured one."""
     from pyc_lab.kernels import conv as kconv
+    from pyc_lab.kernels import conv_gemm
 
+    # a library's path (the direct kernel is recorded into the graph instead: see
+    # tests/kernels/test_conv_direct_gpu.py)
+    monkeypatch.setattr(conv_gemm, "_direct_eligible", lambda *a: False)
     calls = {"conv": 0, "bound": []}
     conv, bound_conv = kconv.conv, kconv.bound_conv
 

@@ -1,0 +1,102 @@
+// A convolution computed directly (no patch matrix, no GEMM), for the small problems of
+// scientific models: few channels, short filters, many positions (a 1-D CNN over a
+// particle's hits, a stem over a few input planes). Their reduction per output
+// (C / groups x R x S) is too short for a GEMM's tiles and their patch matrix costs more
+// memory traffic than the arithmetic; here each thread keeps an OT x PT block of outputs
+// (OT output channels of one group, PT output pixels) in float32 registers and reads each
+// input element once per tap for all OT channels, with the filter taps read through the
+// read-only cache (every thread of a block reads the same tap at once: one broadcast).
+//
+// pyc_conv_direct<KIND, OT, PT, ACT>: x[n, c, h, w] at element strides (xs_n, xs_c, xs_h,
+//   xs_w) — channels first, channels last or any view — filter wt[k, c / groups, r, s]
+//   contiguous, bias[k] or nullptr, y[n, k, p, q] contiguous. A 1-D convolution is the
+//   2-D one of height 1. Zero padding reads zero (so 0 x a filter's NaN is NaN, as the
+//   patch matrix's product is); the bias is added after the sum, then the activation
+//   (ACT: 0 none, 1 relu with NaN kept, 2 gelu in the tanh form, 3 silu), all in float32,
+//   rounded once to the element type. Block x covers blockDim.x * PT consecutive output
+//   pixels (thread t takes pixels t, t + blockDim.x, ...: consecutive threads read and
+//   write consecutive addresses), block y the output channels y * OT .. y * OT + OT - 1
+//   (OT divides k / groups, so they share a group). 32-bit index arithmetic: the caller
+//   keeps every offset of x and y below 2^31.
+//
+// KIND: 0 float16, 1 bfloat16, 2 float32, through conv_guard.cuh's word helpers
+// (pyc_guard_word, pyc_guard_load, pyc_guard_store), which come before this text with
+// f16.cuh and bf16.cuh.
+
+template <int KIND, int OT, int PT, int ACT>
+__global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __restrict__ x,
+                                const typename pyc_guard_word<KIND>::type* __restrict__ wt,
+                                const typename pyc_guard_word<KIND>::type* __restrict__ bias,
+                                typename pyc_guard_word<KIND>::type* __restrict__ y,
+                                int c, int h, int w, int k, int groups, int r, int s, int p,
+                                int q, int sh, int sw, int ph, int pw, int dh, int dw,
+                                int xs_n, int xs_c, int xs_h, int xs_w, int pixels) {
+  typedef typename pyc_guard_word<KIND>::type T;
+  const int cg = c / groups, kg = k / groups;
+  const int k0 = blockIdx.y * OT;
+  const int taps = cg * r * s;
+  const int pq = p * q;
+  const T* xg = x + (k0 / kg) * cg * xs_c;
+  const T* wk = wt + k0 * taps;
+  int base[PT], h0[PT], w0[PT];
+  bool live[PT];
+#pragma unroll
+  for (int j = 0; j < PT; ++j) {
+    const int i = (int)(blockIdx.x * blockDim.x * PT + j * blockDim.x + threadIdx.x);
+    live[j] = i < pixels;
+    const int ii = live[j] ? i : 0;
+    const int nn = ii / pq, rest = ii - nn * pq;
+    const int pp = rest / q, qq = rest - pp * q;
+    base[j] = nn * xs_n;
+    h0[j] = pp * sh - ph;
+    w0[j] = qq * sw - pw;
+  }
+  float acc[OT][PT];
+#pragma unroll
+  for (int o = 0; o < OT; ++o) {
+#pragma unroll
+    for (int j = 0; j < PT; ++j) acc[o][j] = 0.f;
+  }
+  int t = 0;
+  for (int cc = 0; cc < cg; ++cc) {
+    const T* xc = xg + cc * xs_c;
+    for (int rr = 0; rr < r; ++rr) {
+#pragma unroll 4
+      for (int ss = 0; ss < s; ++ss, ++t) {
+        float v[PT];
+#pragma unroll
+        for (int j = 0; j < PT; ++j) {
+          const int hh = h0[j] + rr * dh, ww = w0[j] + ss * dw;
+          v[j] = (live[j] && hh >= 0 && hh < h && ww >= 0 && ww < w)
+                     ? pyc_guard_load<KIND>(xc[base[j] + hh * xs_h + ww * xs_w])
+                     : 0.f;
+        }
+#pragma unroll
+        for (int o = 0; o < OT; ++o) {
+          const float f = pyc_guard_load<KIND>(wk[o * taps + t]);
+#pragma unroll
+          for (int j = 0; j < PT; ++j) acc[o][j] = fmaf(f, v[j], acc[o][j]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < PT; ++j) {
+    if (!live[j]) continue;
+    const int i = (int)(blockIdx.x * blockDim.x * PT + j * blockDim.x + threadIdx.x);
+    const int nn = i / pq, rest = i - nn * pq;
+#pragma unroll
+    for (int o = 0; o < OT; ++o) {
+      float a = acc[o][j];
+      if (bias != nullptr) a += pyc_guard_load<KIND>(bias[k0 + o]);
+      if (ACT == 1) {  // relu, NaN kept
+        a = a != a ? a : fmaxf(a, 0.f);
+      } else if (ACT == 2) {  // gelu, tanh form
+        a = 0.5f * a * (1.f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)));
+      } else if (ACT == 3) {  // silu
+        a = a / (1.f + expf(-a));
+      }
+      y[(nn * k + k0 + o) * pq + rest] = pyc_guard_store<KIND>(a);
+    }
+  }
+}

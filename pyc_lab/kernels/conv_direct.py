@@ -1,0 +1,172 @@
+"""A convolution computed directly by pyc_lab's own kernel (``native/conv_direct.cuh``).
+
+The small convolutions of scientific models — a 1-D CNN over a particle's hits (4 -> 32
+channels, filters of 3), a stem over a few input planes — are a poor fit for the
+libraries' kernels: their reduction per output (``C / groups * R * S``, tens of values) is
+too short for a GEMM's tiles, a patch matrix moves more bytes than the arithmetic costs,
+and at batch 1 the work is a few microseconds a launch. The direct kernel keeps a block
+of outputs per thread in float32 registers, reads each input element once per filter
+tap for all of its output channels, and adds the bias and the activation before its one
+rounded store — one launch per convolution, with no scratch memory.
+
+It is a candidate of the first call's race of :mod:`.conv_gemm` (with cuDNN, the GEMM
+form and tuned CUTLASS kernels; kept only where it measures faster than cuDNN), and a
+launch a CUDA graph can record (:func:`launcher`): inside ``pl.compile`` a convolution
+whose race it won runs inside the program's graphs instead of between them.
+
+:func:`eligible` says which problems it takes: channels-first output, one or two spatial
+axes, float16, bfloat16 or float32, a reduction of at most :data:`MAX_TAPS` values per
+output and offsets that fit 32-bit arithmetic. The kernels are compiled once per device,
+dtype and tile shape with NVRTC (:mod:`.nvrtc`, subnormals kept).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .conv_guard import ACTIVATION_CODES
+from .conv_im2col import out_size
+from .nvrtc import compile_module
+
+__all__ = ["MAX_TAPS", "eligible", "geometry", "launcher", "run", "tile"]
+
+#: The longest reduction per output (``C / groups * R * S``) the kernel takes: past it a
+#: thread's serial sum is long enough that the libraries' parallel reductions win.
+MAX_TAPS = 2048
+#: The most multiply-adds x 2 a problem may have for the race to time this kernel (it
+#: runs on the CUDA cores, without tensor cores: a large problem is the libraries').
+MAX_FLOPS = 1 << 33
+#: Threads per block, and the pixels per thread of a problem large enough to fill the
+#: GPU several times over (:func:`tile`).
+THREADS = 128
+#: The element kinds of ``pyc_conv_direct`` by dtype name (torch's or NumPy's).
+KINDS = {"torch.float16": 0, "torch.bfloat16": 1, "torch.float32": 2,
+         "float16": 0, "bfloat16": 1, "float32": 2}
+_FUNCTIONS: dict[tuple[int, int, int, int, int], Any] = {}
+_LOCK = threading.Lock()
+
+
+def geometry(x_shape: tuple[int, ...], x_strides: tuple[int, ...], w_shape: tuple[int, ...],
+             stride: tuple[int, ...], pads: tuple[int, ...], dilation: tuple[int, ...],
+             groups: int) -> tuple[int, ...] | None:
+    """The kernel's integer arguments after its operand pointers — ``c, h, w, k, groups,
+    r, s, p, q, sh, sw, ph, pw, dh, dw, xs_n, xs_c, xs_h, xs_w, pixels`` — for a
+    channels-first problem (``x_strides`` in elements; a 1-D problem as height 1), or
+    ``None`` where the kernel does not take it (see :func:`eligible`)."""
+    nd = len(w_shape) - 2
+    if nd not in (1, 2) or len(x_shape) != nd + 2:
+        return None
+    if nd == 1:
+        x_shape = (x_shape[0], x_shape[1], 1, x_shape[2])
+        x_strides = (x_strides[0], x_strides[1], 0, x_strides[2])
+        w_shape = (w_shape[0], w_shape[1], 1, w_shape[2])
+        stride, pads, dilation = (1, *stride), (0, *pads), (1, *dilation)
+    n, c, h, w = (int(v) for v in x_shape)
+    k, cg, r, s = (int(v) for v in w_shape)
+    if groups < 1 or c % groups or k % groups or cg * groups != c:
+        return None
+    p = out_size(h + 2 * pads[0], r, stride[0], dilation[0])
+    q = out_size(w + 2 * pads[1], s, stride[1], dilation[1])
+    if p <= 0 or q <= 0 or cg * r * s > MAX_TAPS or min(x_strides) < 0:
+        return None
+    span = sum((d - 1) * st for d, st in zip(x_shape, x_strides, strict=True))
+    if span >= 2**31 or n * k * p * q >= 2**31:
+        return None
+    return (c, h, w, k, groups, r, s, p, q, *stride, *pads, *dilation,
+            *(int(v) for v in x_strides), n * p * q)
+
+
+def eligible(dtype_name: str, x_shape: tuple[int, ...], x_strides: tuple[int, ...],
+             w_shape: tuple[int, ...], stride: tuple[int, ...], pads: tuple[int, ...],
+             dilation: tuple[int, ...], groups: int) -> bool:
+    """Whether the direct kernel takes this problem (a dtype it knows, the shapes of
+    :func:`geometry`, at most :data:`MAX_FLOPS`)."""
+    geo = geometry(x_shape, x_strides, w_shape, stride, pads, dilation, groups)
+    if dtype_name not in KINDS or geo is None:
+        return False
+    c, _, _, k, groups, r, s, p, q = geo[:9]
+    return 2 * int(x_shape[0]) * k * (c // groups) * r * s * p * q <= MAX_FLOPS
+
+
+def tile(out_channels_per_group: int, outputs: int, sms: int = 132) -> tuple[int, int]:
+    """``(OT, PT)``: output channels and pixels per thread. OT is the largest of 8, 4, 2,
+    1 dividing the channels of a group (a block's channels share one group); PT is 4
+    where the problem fills every SM with several blocks of 4-pixel threads, else 1 (a
+    small problem spreads its outputs over more threads)."""
+    ot = next(v for v in (8, 4, 2, 1) if out_channels_per_group % v == 0)
+    pt = 4 if outputs // ot >= sms * THREADS * 4 * 4 else 1
+    return ot, pt
+
+
+def _function(device: int, kind: int, ot: int, pt: int, act: int) -> Any:
+    import cupy as cp
+
+    from ..paths import native_source
+
+    key = (device, kind, ot, pt, act)
+    fn = _FUNCTIONS.get(key)
+    if fn is not None:
+        return fn
+    with _LOCK:
+        if key not in _FUNCTIONS:
+            code = "".join(native_source(f) for f in
+                           ("f16.cuh", "bf16.cuh", "conv_guard.cuh", "conv_direct.cuh"))
+            name = f"pyc_conv_direct<{kind}, {ot}, {pt}, {act}>"
+            with cp.cuda.Device(device):
+                module = compile_module(code, ("-std=c++17",), [name],
+                                        "the direct convolution")
+                _FUNCTIONS[key] = module.get_function(name)
+    return _FUNCTIONS[key]
+
+
+def launcher(kind: int, geo: tuple[int, ...], device: int, activation: str | None = None,
+             sms: int = 132) -> Callable[[int, int, int, int, Any], None]:
+    """A function ``launch(x_ptr, w_ptr, bias_ptr, y_ptr, stream)`` issuing the kernel
+    for one problem (``geo`` from :func:`geometry`; ``bias_ptr`` 0 for none) on a CuPy
+    stream — nothing is synchronised or allocated, so a CUDA-graph capture records it.
+    The kernel is compiled (or loaded from the disk cache) here, not at the launch."""
+    import numpy as np
+
+    k, groups, pixels = geo[3], geo[4], geo[-1]
+    ot, pt = tile(k // groups, pixels * k, sms)
+    fn = _function(device, kind, ot, pt, ACTIVATION_CODES[activation])
+    grid = (max(1, -(-pixels // (THREADS * pt))), k // ot)
+    ints = tuple(np.int32(v) for v in geo)
+
+    def launch(x_ptr: int, w_ptr: int, bias_ptr: int, y_ptr: int, stream: Any) -> None:
+        fn(grid, (THREADS,), (np.uint64(x_ptr), np.uint64(w_ptr), np.uint64(bias_ptr),
+                              np.uint64(y_ptr), *ints), stream=stream)
+
+    return launch
+
+
+def run(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+        dilation: tuple[int, ...], groups: int,
+        activation: str | None = None) -> Callable[[Any, Any, Any], Any]:
+    """The direct convolution of torch tensors on the GPU for this problem signature, as
+    ``fn(x, w, b) -> y`` (channels first, contiguous, ``x``'s dtype) on torch's current
+    stream; the filter is made contiguous where it is not. Raises ``ValueError`` for a
+    problem :func:`eligible` refuses."""
+    import torch
+
+    from .arrays import torch_stream
+
+    geo = geometry(tuple(x.shape), tuple(x.stride()), tuple(w.shape), stride, pads,
+                   dilation, groups)
+    if geo is None or str(x.dtype) not in KINDS:
+        raise ValueError("the direct convolution does not take this problem")
+    device = x.device.index
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    launch = launcher(KINDS[str(x.dtype)], geo, device, activation, sms)
+    shape = (int(x.shape[0]), int(w.shape[0]), *((geo[8],) if x.ndim == 3 else geo[7:9]))
+
+    def direct(x: Any, w: Any, b: Any) -> Any:
+        y = torch.empty(shape, dtype=x.dtype, device=x.device)
+        wc = w if w.is_contiguous() else w.contiguous()
+        launch(x.data_ptr(), wc.data_ptr(), 0 if b is None else b.contiguous().data_ptr(),
+               y.data_ptr(), torch_stream(device))
+        return y
+
+    return direct

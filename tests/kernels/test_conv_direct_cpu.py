@@ -1,0 +1,221 @@
+"""The direct convolution kernel (native/conv_direct.cuh) run on the CPU: compiled as C++
+with g++ (tests/compiler/emulate.py's prelude: CUDA's keywords defined away, the float16
+PTX as ``_Float16`` casts), every thread of every block run in turn (the kernel has no
+barriers), into NaN-poisoned outputs, against a float64 convolution of the same stored
+values with the bias and activation — in float32, float16 and bfloat16, 1-D and 2-D,
+stride, padding, dilation, groups, strided (channels-last) inputs, tiles of 1 to 8
+channels and 1 or 4 pixels per thread, pixel counts that leave a block part-empty."""
+
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from pyc_lab.kernels import conv_direct
+from pyc_lab.kernels.conv_im2col import conv_im2col
+from pyc_lab.paths import native_source
+from tests.compiler.emulate import native_library, needs_gxx
+
+pytestmark = needs_gxx
+
+#: CUDA's vector types that conv_guard.cuh's copy kernel names (not used here).
+_VECTORS = r"""
+struct uint4 { unsigned int x, y, z, w; };
+struct uint2 { unsigned int x, y; };
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
+  return {a, b, c, d};
+}
+static inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+"""
+
+_DRIVER = r"""
+template <int KIND, int OT, int PT, int ACT>
+static void pyc_run(const void* x, const void* w, const void* b, void* y, const int* g,
+                    unsigned gx, unsigned gy, unsigned threads) {
+  typedef typename pyc_guard_word<KIND>::type T;
+  gridDim.x = gx; gridDim.y = gy; gridDim.z = 1;
+  blockDim.x = threads; blockDim.y = blockDim.z = 1;
+  for (unsigned by = 0; by < gy; ++by)
+    for (unsigned bx = 0; bx < gx; ++bx)
+      for (unsigned t = 0; t < threads; ++t) {
+        blockIdx.x = bx; blockIdx.y = by; blockIdx.z = 0;
+        threadIdx.x = t; threadIdx.y = threadIdx.z = 0;
+        pyc_conv_direct<KIND, OT, PT, ACT>((const T*)x, (const T*)w, (const T*)b, (T*)y,
+            g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11],
+            g[12], g[13], g[14], g[15], g[16], g[17], g[18], g[19]);
+      }
+}
+extern "C" void conv(int kind, int ot, int pt, int act, const void* x, const void* w,
+                     const void* b, void* y, const int* g, unsigned gx, unsigned gy,
+                     unsigned threads) {
+#define PYC_CASE(K, O, P, A) \
+  if (kind == K && ot == O && pt == P && act == A) { \
+    pyc_run<K, O, P, A>(x, w, b, y, g, gx, gy, threads); return; }
+#define PYC_ACTS(K, O, P) PYC_CASE(K, O, P, 0) PYC_CASE(K, O, P, 1) \
+  PYC_CASE(K, O, P, 2) PYC_CASE(K, O, P, 3)
+#define PYC_TILES(K) PYC_ACTS(K, 8, 4) PYC_ACTS(K, 8, 1) PYC_ACTS(K, 4, 1) \
+  PYC_ACTS(K, 4, 4) PYC_ACTS(K, 2, 1) PYC_ACTS(K, 1, 1) PYC_ACTS(K, 1, 4)
+  PYC_TILES(0) PYC_TILES(1) PYC_TILES(2)
+}
+"""
+
+_TYPES = {"float32": (np.float32, 2, np.uint32), "float16": (np.float16, 0, np.uint16),
+          "bfloat16": (ml_dtypes.bfloat16, 1, np.uint16)}
+_ACTS = {None: 0, "relu": 1, "gelu": 2, "silu": 3}
+
+
+@pytest.fixture(scope="module")
+def library():
+    text = _VECTORS + "".join(native_source(f) for f in
+                   ("f16.cuh", "bf16.cuh", "conv_guard.cuh", "conv_direct.cuh")) + _DRIVER
+    return native_library(text, "conv_direct")
+
+
+def _reference(x, w, b, stride, pads, dilation, groups, activation):
+    """float64 convolution of the stored values, then the bias and the activation."""
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    y = conv_im2col(x64, w64, None if b is None else b.astype(np.float64), strides=stride,
+                    pads=tuple(pads) * 2, dilations=dilation, group=groups)
+    if activation == "relu":
+        y = np.where(np.isnan(y), y, np.maximum(y, 0))
+    elif activation == "gelu":
+        y = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+    elif activation == "silu":
+        y = y / (1 + np.exp(-y))
+    return y
+
+
+def _run(library, x, w, b, stride, pads, dilation, groups, activation, tile=None):
+    dtype = np.dtype(x.dtype).name
+    _, kind, word = _TYPES[dtype]
+    item = x.dtype.itemsize
+    geo = conv_direct.geometry(x.shape, tuple(s // item for s in x.strides), w.shape, stride,
+                               pads, dilation, groups)
+    assert geo is not None
+    k, groups_, p, q, pixels = geo[3], geo[4], geo[7], geo[8], geo[-1]
+    ot, pt = tile or conv_direct.tile(k // groups_, pixels * k)
+    out_shape = (x.shape[0], k, q) if x.ndim == 3 else (x.shape[0], k, p, q)
+    y = np.full(out_shape, np.nan, dtype=x.dtype)  # poisoned: every output must be written
+    # the kernel reads x through its strides from the base of x's own buffer
+    xv = x.view(word)
+    wv = np.ascontiguousarray(w).view(word)
+    bv = None if b is None else np.ascontiguousarray(b).view(word)
+    g = np.array(geo, dtype=np.int32)
+    threads = 32  # a small block: several blocks and part-empty ones on small problems
+    gx = max(1, -(-pixels // (threads * pt)))
+    library.conv(ctypes.c_int(kind), ctypes.c_int(ot), ctypes.c_int(pt),
+                 ctypes.c_int(_ACTS[activation]),
+                 ctypes.c_void_p(xv.__array_interface__["data"][0]),
+                 ctypes.c_void_p(wv.ctypes.data),
+                 ctypes.c_void_p(0 if bv is None else bv.ctypes.data),
+                 ctypes.c_void_p(y.view(word).ctypes.data), g.ctypes.data_as(ctypes.c_void_p),
+                 ctypes.c_uint(gx), ctypes.c_uint(k // ot), ctypes.c_uint(threads))
+    return y
+
+
+def _tolerance(dtype, taps):
+    if dtype == "float32":
+        return 2e-6 * np.sqrt(taps) + 1e-6
+    return {"float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+
+
+def _check(got, want, dtype, taps):
+    assert not np.isnan(got.astype(np.float64)[~np.isnan(want)]).any(), "an output unwritten"
+    np.testing.assert_array_equal(np.isnan(got.astype(np.float64)), np.isnan(want))
+    tol = _tolerance(dtype, taps)
+    g = got.astype(np.float64)
+    ok = ~np.isnan(want)
+    scale = max(1.0, float(np.abs(want[np.isfinite(want)]).max()))
+    np.testing.assert_allclose(g[ok], want[ok], rtol=tol, atol=tol * scale)
+
+
+_PROBLEMS = [
+    # x shape, w shape, stride, pads, dilation, groups
+    ((3, 4, 32), (32, 4, 3), (1,), (0,), (1,), 1),          # the particle CNN's first layer
+    ((2, 32, 30), (32, 32, 3), (1,), (0,), (1,), 1),        # ... and its second
+    ((2, 5, 17), (6, 5, 4), (2,), (1,), (2,), 1),           # stride, padding, dilation
+    ((1, 6, 9), (6, 1, 3), (1,), (1,), (1,), 6),            # depthwise
+    ((2, 6, 11), (4, 3, 2), (1,), (0,), (1,), 2),           # two groups of two channels
+    ((2, 3, 13, 11), (8, 3, 7, 7), (2, 2), (3, 3), (1, 1), 1),  # a stem
+    ((1, 4, 9, 10), (12, 2, 3, 2), (1, 2), (1, 0), (2, 1), 2),
+    ((3, 2, 5, 7), (7, 2, 1, 1), (1, 1), (0, 0), (1, 1), 1),    # 1x1, 7 output channels
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize(("xs", "ws", "stride", "pads", "dilation", "groups"), _PROBLEMS)
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_direct_matches_float64(library, dtype, xs, ws, stride, pads, dilation, groups,
+                                activation):
+    rng = np.random.default_rng(abs(hash((xs, ws, dtype))) % 2**32)
+    t = _TYPES[dtype][0]
+    x = rng.uniform(-1, 1, xs).astype(t)
+    w = rng.uniform(-1, 1, ws).astype(t)
+    b = rng.uniform(-1, 1, ws[0]).astype(t)
+    got = _run(library, x, w, b, stride, pads, dilation, groups, activation)
+    want = _reference(x, w, b, stride, pads, dilation, groups, activation)
+    assert got.shape == want.shape
+    _check(got, want, dtype, int(np.prod(ws[1:])))
+
+
+@pytest.mark.parametrize("tile", [(8, 4), (8, 1), (4, 4), (2, 1), (1, 4)])
+@pytest.mark.parametrize("activation", ["gelu", "silu", None])
+def test_every_tile_and_activation(library, tile, activation):
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-2, 2, (5, 3, 23)).astype(np.float32)
+    w = rng.uniform(-1, 1, (8, 3, 5)).astype(np.float32)
+    b = rng.uniform(-1, 1, 8).astype(np.float32)
+    got = _run(library, x, w, b, (1,), (2,), (1,), 1, activation, tile=tile)
+    _check(got, _reference(x, w, b, (1,), (2,), (1,), 1, activation), "float32", 15)
+
+
+def test_no_bias_and_a_channels_last_view(library):
+    rng = np.random.default_rng(3)
+    nhwc = rng.uniform(-1, 1, (2, 9, 8, 5)).astype(np.float32)
+    x = nhwc.transpose(0, 3, 1, 2)  # channels first, channels-last memory: strides (360, 1, 40, 5)
+    w = rng.uniform(-1, 1, (4, 5, 3, 3)).astype(np.float32)
+    got = _run(library, x, w, None, (1, 1), (1, 1), (1, 1), 1, None)
+    _check(got, _reference(x, w, None, (1, 1), (1, 1), (1, 1), 1, None), "float32", 45)
+
+
+def test_nan_inf_and_signed_zero(library):
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-1, 1, (2, 3, 12)).astype(np.float32)
+    x[0, 1, 5] = np.nan
+    x[1, 2, 0] = np.inf
+    x[1, 0, 7] = -0.0
+    w = rng.uniform(-1, 1, (4, 3, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 4).astype(np.float32)
+    for act in (None, "relu"):
+        got = _run(library, x, w, b, (1,), (1,), (1,), 1, act)
+        want = _reference(x, w, b, (1,), (1,), (1,), 1, act)
+        assert np.isnan(want).any() and np.isinf(want).any()
+        _check(got, want, "float32", 9)
+
+
+def test_geometry_refuses_what_the_kernel_cannot_take():
+    contiguous = (96, 32, 1)
+    assert conv_direct.geometry((1, 3, 32), contiguous, (4, 3, 3), (1,), (0,), (1,), 1)
+    # a reduction past MAX_TAPS
+    big = conv_direct.MAX_TAPS + 1
+    assert conv_direct.geometry((1, big, 8), (8 * big, 8, 1), (4, big, 1), (1,), (0,), (1,),
+                                1) is None
+    # three spatial axes, channels that do not fit the groups, a window too large
+    assert conv_direct.geometry((1, 2, 4, 4, 4), (128, 64, 16, 4, 1), (2, 2, 1, 1, 1),
+                                (1, 1, 1), (0, 0, 0), (1, 1, 1), 1) is None
+    assert conv_direct.geometry((1, 3, 8), (24, 8, 1), (4, 1, 3), (1,), (0,), (1,), 2) is None
+    assert conv_direct.geometry((1, 3, 2), (6, 2, 1), (4, 3, 3), (1,), (0,), (1,), 1) is None
+    assert not conv_direct.eligible("float64", (1, 3, 32), contiguous, (4, 3, 3), (1,), (0,),
+                                    (1,), 1)
+    assert conv_direct.eligible("bfloat16", (1, 3, 32), contiguous, (4, 3, 3), (1,), (0,),
+                                (1,), 1)
+
+
+def test_tile_choice():
+    assert conv_direct.tile(32, 32 * 28) == (8, 1)           # batch 1: spread the outputs
+    assert conv_direct.tile(32, 32 * 28 * 4096) == (8, 4)    # a large batch: 4 pixels each
+    assert conv_direct.tile(6, 10**9)[0] == 2
+    assert conv_direct.tile(1, 10)[0] == 1                   # depthwise
