@@ -28,6 +28,7 @@ from typing import Any
 
 from .conv_guard import ACTIVATION_CODES
 from .conv_im2col import out_size
+from .memo import remember
 from .nvrtc import compile_module
 
 __all__ = ["MAX_TAPS", "eligible", "geometry", "launcher", "run", "tile"]
@@ -45,6 +46,9 @@ THREADS = 128
 KINDS = {"torch.float16": 0, "torch.bfloat16": 1, "torch.float32": 2,
          "float16": 0, "bfloat16": 1, "float32": 2}
 _FUNCTIONS: dict[tuple[int, int, int, int, int], Any] = {}
+#: Launchers of the problems run through :func:`run` (the oldest dropped first).
+_LAUNCHERS: dict[tuple, Callable[..., None]] = {}
+MAX_LAUNCHERS = 512
 _LOCK = threading.Lock()
 
 
@@ -158,8 +162,12 @@ def run(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
     if geo is None or str(x.dtype) not in KINDS:
         raise ValueError("the direct convolution does not take this problem")
     device = x.device.index
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    launch = launcher(KINDS[str(x.dtype)], geo, device, activation, sms)
+    key = (KINDS[str(x.dtype)], geo, device, activation)
+    launch = _LAUNCHERS.get(key)
+    if launch is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        launch = launcher(*key, sms=sms)
+        remember(_LAUNCHERS, key, launch, MAX_LAUNCHERS, _LOCK)
     shape = (int(x.shape[0]), int(w.shape[0]), *((geo[8],) if x.ndim == 3 else geo[7:9]))
 
     def direct(x: Any, w: Any, b: Any) -> Any:

@@ -117,7 +117,8 @@ def test_an_unwritable_cache_keeps_binary_and_names_for_the_process(recorder, tm
     assert module.get_function("k<3>") == ("function", "_Z1kILi3EEvPf")
 
 
-@pytest.mark.parametrize("family", ["skinny", "padded", "conv_gemm", "conv_guard"])
+@pytest.mark.parametrize("family", ["skinny", "padded", "conv_gemm", "conv_guard",
+                                    "conv_direct"])
 def test_every_native_kernel_family_compiles_through_nvrtc(family, monkeypatch):
     """Each family's loader calls :func:`nvrtc.compile_module` with its own source and
     instantiations (never ``cupy.RawModule(code=...)``)."""
@@ -133,7 +134,8 @@ def test_every_native_kernel_family_compiles_through_nvrtc(family, monkeypatch):
     monkeypatch.setattr(mod, "compile_module", fake)
     monkeypatch.setattr(cupy, "RawModule", lambda *a, **k: pytest.fail("RawModule(code=)"))
     expected = {"skinny": "skinny_gemm.cuh", "padded": "pad_copy.cuh",
-                "conv_gemm": "conv_patches.cuh", "conv_guard": "conv_guard.cuh"}[family]
+                "conv_gemm": "conv_patches.cuh", "conv_guard": "conv_guard.cuh",
+                "conv_direct": "conv_direct.cuh"}[family]
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
     monkeypatch.setattr(cupy.cuda, "Device", _NullDevice)
     from pyc_lab.errors import PycLabError
@@ -184,5 +186,7 @@ def _load(family: str, mod) -> None:
         mod._functions(0, "__half")
     elif family == "conv_gemm":
         mod._gather(_Tensor(), _Tensor(), (1, 1, 1, 1, 1, 1, 1, 1), 64)
+    elif family == "conv_direct":
+        mod._function(0, 2, 8, 4, 1)
     else:
         mod._function(0, 2, "pyc_conv_fixup")
