@@ -33,6 +33,7 @@ from ..compiler.padding import pad_axes
 from ..kernels.conv_im2col import conv_im2col, filled, out_size, pad_spatial, windows
 
 __all__ = [
+    "AUTO_DIRECT_TAPS",
     "CONV_LIBRARY_FLOPS",
     "CONV_ROUTES",
     "average_pool",
@@ -69,6 +70,12 @@ CONV_ROUTES = ("auto", "library", "im2col")
 #: 1-D particle CNN at batch 4096 (0.8 Gflop) 0.28 against 0.53 ms
 #: (benchmarks/results/h200/issue15-fe42720/onnx-conv.json).
 CONV_LIBRARY_FLOPS = 1 << 30
+#: ``route="auto"``: a smaller convolution goes to ``pl.conv`` for pyc_lab's direct kernel
+#: only with at most this many values summed per output (``C / groups * R * S``): short
+#: reductions, where a GEMM's tiles sit mostly idle and the direct kernel's race against
+#: cuDNN is won on the GPU; a longer one that cuDNN won would run between the program's
+#: CUDA graphs, each call paying the host time that im2col inside the graph does not.
+AUTO_DIRECT_TAPS = 256
 
 
 def conv_flops(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
@@ -87,12 +94,16 @@ def direct_candidate(x: Any, w: Any, strides: Sequence[int], pads: Sequence[int]
     """Whether ``route="auto"`` gives a small convolution to ``pl.conv`` because pyc_lab's
     direct kernel may run it (:mod:`pyc_lab.kernels.conv_direct`: few channels, short
     filters; raced against cuDNN at the first call, recorded into the program's CUDA
-    graphs where it wins): torch is installed (the race runs through it) and the kernel
-    takes the problem at the traced batch, with symmetric pads."""
+    graphs where it wins): torch is installed (the race runs through it), the reduction
+    per output is short (:data:`AUTO_DIRECT_TAPS`) and the kernel takes the problem at
+    the traced batch, with symmetric pads."""
     from ..kernels import arrays, conv_direct
 
     nd = len(w.shape) - 2
     if list(pads[:nd]) != list(pads[nd:]) or not arrays.torch_installed():
+        return False
+    taps = math.prod(int(v) for v in w.shape[1:])
+    if taps > AUTO_DIRECT_TAPS:
         return False
     shape = tuple(int(v) for v in x.shape)
     contiguous = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))

@@ -505,9 +505,11 @@ def test_conv_auto_route_takes_small_convolutions_the_direct_kernel_may_run(monk
     assert onnx_ops.direct_candidate(x, _w(32, 4, 3), [1], [1, 1], [1])
     assert not onnx_ops.direct_candidate(x, _w(32, 4, 3), [1], [0, 1], [1])  # unequal pads
     assert not onnx_ops.direct_candidate(x.astype(np.float64), _w(32, 4, 3), [1], [0, 0], [1])
-    wide = np.zeros((1, 512, 8, 8), np.float32)  # a 3x3 over 512 channels: 4608 taps
-    assert not onnx_ops.direct_candidate(wide, np.zeros((64, 512, 3, 3), np.float32), [1, 1],
+    wide = np.zeros((1, 64, 8, 8), np.float32)  # a 3x3 over 64 channels: 576 taps
+    assert not onnx_ops.direct_candidate(wide, np.zeros((64, 64, 3, 3), np.float32), [1, 1],
                                          [1, 1, 1, 1], [1, 1])
+    assert onnx_ops.direct_candidate(wide, np.zeros((64, 16, 3, 3), np.float32), [1, 1],
+                                     [1, 1, 1, 1], [1, 1], 4)  # four groups: 144 taps
     nodes = [node("Conv", ["x", "W", "B"], "c", pads=[1, 1], strides=[1]),
              node("Relu", ["c"])]
     m = _model(nodes, {"x": (2, 4, 9)}, ["y"], {"W": _w(5, 4, 3), "B": _w(5)})
