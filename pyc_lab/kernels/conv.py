@@ -355,7 +355,8 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     current stream with the operands' addresses — where the problem's first-call race
     chose that kernel; ``None`` otherwise (not CuPy arrays, channels last, ``out`` not
     contiguous in ``x``'s dtype, a problem not raced yet or won by a library: the caller
-    then runs it between graphs). Nothing is launched or timed here."""
+    then runs it between graphs). Nothing is launched, timed or exchanged with torch here
+    (a CUDA-graph capture may be under way)."""
     if arrays.kind(x) != "cupy" or layout != "channels_first" or conv_route(x) != "cudnn":
         return None
     if out.dtype != x.dtype or not out.flags.c_contiguous or not w.flags.c_contiguous:
@@ -363,13 +364,12 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     _, stride_t, pads, dilation_t = conv_geometry(
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
-    import torch
-
-    xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)
-    bt = None if bias is None else torch.from_dlpack(bias)
-    choice = conv_gemm.choice_for(xt, wt, bt, stride_t, pads, dilation_t, groups, activation)
+    choice = conv_gemm.choice_for_cupy(x, w, bias, stride_t, pads, dilation_t, groups,
+                                       activation)
     if choice is None or choice["impl"] != "direct":
         return None
+    import cupy as cp
+
     from . import conv_direct
 
     item = x.dtype.itemsize
@@ -378,10 +378,9 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     if geo is None or (bias is not None and not bias.flags.c_contiguous):
         return None
     device = x.device.id
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = cp.cuda.Device(device).attributes["MultiProcessorCount"]
     launch = conv_direct.launcher(conv_direct.KINDS[x.dtype.name], geo, device, activation,
                                   sms)
-    import cupy as cp
 
     ptrs = (x.data.ptr, w.data.ptr, 0 if bias is None else bias.data.ptr, out.data.ptr)
 

@@ -51,7 +51,8 @@ from .conv_im2col import out_size
 from .conv_library import cudnn_conv, torch_activation
 from .nvrtc import compile_module
 
-__all__ = ["CAPTURING", "GPU_SLACK", "MARGIN", "MAX_PATCH_BYTES", "choice_for", "choices",
+__all__ = ["CAPTURING", "GPU_SLACK", "MARGIN", "MAX_PATCH_BYTES", "choice_for",
+           "choice_for_cupy", "choices",
            "cudnn_conv", "gemm_conv", "keeps", "patch_bytes", "prepare", "run", "time_calls",
            "timing_refused", "torch_activation"]
 
@@ -95,6 +96,21 @@ def choice_for(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int,
     """What :func:`run` chose for this problem (see :func:`choices`), or ``None`` while
     it is undecided or not raced (neither the GEMM form nor a tuned kernel applies)."""
     choice = _CHOICES.get(_signature(x, w, b, stride, pads, dilation, groups, activation))
+    return None if choice is None or "cudnn_ms" not in choice else dict(choice)
+
+
+def choice_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+                    dilation: tuple[int, ...], groups: int = 1,
+                    activation: str | None = None) -> dict[str, Any] | None:
+    """:func:`choice_for` of CuPy arrays, read from their metadata alone — no DLPack
+    exchange, which would order torch's stream after CuPy's and so may not happen inside
+    a CUDA-graph capture."""
+    item = x.dtype.itemsize
+    key = (x.device.id, f"torch.{x.dtype.name}", tuple(x.shape),
+           tuple(v // item for v in x.strides), tuple(w.shape),
+           tuple(v // w.dtype.itemsize for v in w.strides), b is None, stride, pads,
+           dilation, groups, activation)
+    choice = _CHOICES.get(key)
     return None if choice is None or "cudnn_ms" not in choice else dict(choice)
 
 

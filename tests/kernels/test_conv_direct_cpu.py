@@ -219,3 +219,34 @@ def test_tile_choice():
     assert conv_direct.tile(32, 32 * 28 * 4096) == (8, 4)    # a large batch: 4 pixels each
     assert conv_direct.tile(6, 10**9)[0] == 2
     assert conv_direct.tile(1, 10)[0] == 1                   # depthwise
+
+
+def test_a_cupy_array_finds_the_choice_its_torch_view_raced(monkeypatch):
+    """A compiled program looks the race's choice up from CuPy arrays' metadata (no
+    DLPack inside a capture): the key must be the one the race stored from the torch
+    views of the same arrays."""
+    from types import SimpleNamespace
+
+    from pyc_lab.kernels import conv_gemm
+
+    def torch_like(a, dtype):
+        return SimpleNamespace(device=SimpleNamespace(index=0), dtype=f"torch.{dtype}",
+                               shape=a.shape, stride=lambda: tuple(s // a.itemsize
+                                                                   for s in a.strides))
+
+    def cupy_like(a, dtype):
+        return SimpleNamespace(device=SimpleNamespace(id=0), shape=a.shape,
+                               strides=a.strides,
+                               dtype=SimpleNamespace(name=dtype, itemsize=a.itemsize))
+
+    x = np.zeros((2, 4, 9, 8), np.float32).transpose(0, 3, 1, 2)  # a strided view
+    w = np.zeros((5, 8, 3, 3), np.float32)
+    geo = ((1, 2), (1, 1), (1, 1), 1, "relu")
+    monkeypatch.setattr(conv_gemm, "_CHOICES", {})
+    key = conv_gemm._signature(torch_like(x, "float32"), torch_like(w, "float32"), None, *geo)
+    conv_gemm._remember(key, {"impl": "direct", "cudnn_ms": 1.0})
+    assert conv_gemm.choice_for_cupy(cupy_like(x, "float32"), cupy_like(w, "float32"), None,
+                                     *geo)["impl"] == "direct"
+    other = ((1, 1), (1, 1), (1, 1), 1, "relu")
+    assert conv_gemm.choice_for_cupy(cupy_like(x, "float32"), cupy_like(w, "float32"), None,
+                                     *other) is None
