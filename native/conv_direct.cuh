@@ -4,8 +4,10 @@
 // (C / groups x R x S) is too short for a GEMM's tiles and their patch matrix costs more
 // memory traffic than the arithmetic; here each thread keeps an OT x PT block of outputs
 // (OT output channels of one group, PT output pixels) in float32 registers and reads each
-// input element once per tap for all OT channels, with the filter taps read through the
-// read-only cache (every thread of a block reads the same tap at once: one broadcast).
+// input element once per tap for all OT channels. The block's filters are first copied
+// into shared memory as float32, tap-major (ws[t][o]): each tap's OT weights are then
+// one or two 16-byte shared loads that every thread of a warp reads at once (a
+// broadcast), so the loop issues PT global loads and OT x PT fused multiply-adds a tap.
 //
 // pyc_conv_direct<KIND, OT, PT, ACT>: x[n, c, h, w] at element strides (xs_n, xs_c, xs_h,
 //   xs_w) — channels first, channels last or any view — filter wt[k, c / groups, r, s]
@@ -16,12 +18,35 @@
 //   rounded once to the element type. Block x covers blockDim.x * PT consecutive output
 //   pixels (thread t takes pixels t, t + blockDim.x, ...: consecutive threads read and
 //   write consecutive addresses), block y the output channels y * OT .. y * OT + OT - 1
-//   (OT divides k / groups, so they share a group). 32-bit index arithmetic: the caller
-//   keeps every offset of x and y below 2^31.
+//   (OT divides k / groups, so they share a group). The filters of a block take
+//   OT x PYC_DIRECT_TAPS floats of shared memory: the caller keeps C / groups x R x S at
+//   most PYC_DIRECT_TAPS. 32-bit index arithmetic: the caller keeps every offset of x and
+//   y below 2^31.
 //
 // KIND: 0 float16, 1 bfloat16, 2 float32, through conv_guard.cuh's word helpers
 // (pyc_guard_word, pyc_guard_load, pyc_guard_store), which come before this text with
 // f16.cuh and bf16.cuh.
+
+#ifndef PYC_DIRECT_TAPS
+#define PYC_DIRECT_TAPS 1024
+#endif
+
+template <int OT>
+__device__ __forceinline__ void pyc_direct_weights(const float* ws, float (&f)[OT]) {
+  if constexpr (OT % 4 == 0) {
+#pragma unroll
+    for (int o = 0; o < OT; o += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(ws + o);
+      f[o] = v.x;
+      f[o + 1] = v.y;
+      f[o + 2] = v.z;
+      f[o + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int o = 0; o < OT; ++o) f[o] = ws[o];
+  }
+}
 
 template <int KIND, int OT, int PT, int ACT>
 __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __restrict__ x,
@@ -32,14 +57,23 @@ __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __res
                                 int q, int sh, int sw, int ph, int pw, int dh, int dw,
                                 int xs_n, int xs_c, int xs_h, int xs_w, int pixels) {
   typedef typename pyc_guard_word<KIND>::type T;
+  __align__(16) __shared__ float ws[OT * PYC_DIRECT_TAPS];
   const int cg = c / groups, kg = k / groups;
   const int k0 = blockIdx.y * OT;
   const int taps = cg * r * s;
   const int pq = p * q;
+  // the block's filters, tap-major, in float32
+  for (int i = threadIdx.x; i < OT * taps; i += blockDim.x) {
+    const int o = i / taps, t = i - o * taps;
+    ws[t * OT + o] = pyc_guard_load<KIND>(wt[(k0 + o) * taps + t]);
+  }
+  __syncthreads();
   const T* xg = x + (k0 / kg) * cg * xs_c;
-  const T* wk = wt + k0 * taps;
-  int base[PT], h0[PT], w0[PT];
-  bool live[PT];
+  // per pixel: its window's first element (an offset from the group's channel 0; it may
+  // lie in the padding), and whether the whole window is inside the input (then no tap
+  // is checked)
+  int at[PT], h0[PT], w0[PT];
+  bool live[PT], inside[PT];
 #pragma unroll
   for (int j = 0; j < PT; ++j) {
     const int i = (int)(blockIdx.x * blockDim.x * PT + j * blockDim.x + threadIdx.x);
@@ -47,9 +81,11 @@ __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __res
     const int ii = live[j] ? i : 0;
     const int nn = ii / pq, rest = ii - nn * pq;
     const int pp = rest / q, qq = rest - pp * q;
-    base[j] = nn * xs_n;
     h0[j] = pp * sh - ph;
     w0[j] = qq * sw - pw;
+    at[j] = nn * xs_n + h0[j] * xs_h + w0[j] * xs_w;
+    inside[j] = live[j] && h0[j] >= 0 && h0[j] + (r - 1) * dh < h && w0[j] >= 0 &&
+                w0[j] + (s - 1) * dw < w;
   }
   float acc[OT][PT];
 #pragma unroll
@@ -57,25 +93,31 @@ __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __res
 #pragma unroll
     for (int j = 0; j < PT; ++j) acc[o][j] = 0.f;
   }
-  int t = 0;
+  const float* wtap = ws;
   for (int cc = 0; cc < cg; ++cc) {
     const T* xc = xg + cc * xs_c;
     for (int rr = 0; rr < r; ++rr) {
 #pragma unroll 4
-      for (int ss = 0; ss < s; ++ss, ++t) {
+      for (int ss = 0; ss < s; ++ss, wtap += OT) {
+        const int tap = rr * dh * xs_h + ss * dw * xs_w;
         float v[PT];
 #pragma unroll
         for (int j = 0; j < PT; ++j) {
-          const int hh = h0[j] + rr * dh, ww = w0[j] + ss * dw;
-          v[j] = (live[j] && hh >= 0 && hh < h && ww >= 0 && ww < w)
-                     ? pyc_guard_load<KIND>(xc[base[j] + hh * xs_h + ww * xs_w])
-                     : 0.f;
+          if (inside[j]) {
+            v[j] = pyc_guard_load<KIND>(xc[at[j] + tap]);
+          } else {
+            const int hh = h0[j] + rr * dh, ww = w0[j] + ss * dw;
+            v[j] = (live[j] && hh >= 0 && hh < h && ww >= 0 && ww < w)
+                       ? pyc_guard_load<KIND>(xc[at[j] + tap])
+                       : 0.f;
+          }
         }
+        float f[OT];
+        pyc_direct_weights<OT>(wtap, f);
 #pragma unroll
         for (int o = 0; o < OT; ++o) {
-          const float f = pyc_guard_load<KIND>(wk[o * taps + t]);
 #pragma unroll
-          for (int j = 0; j < PT; ++j) acc[o][j] = fmaf(f, v[j], acc[o][j]);
+          for (int j = 0; j < PT; ++j) acc[o][j] = fmaf(f[o], v[j], acc[o][j]);
         }
       }
     }

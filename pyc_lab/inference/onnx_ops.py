@@ -90,13 +90,15 @@ def conv_flops(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence
 
 
 def direct_candidate(x: Any, w: Any, strides: Sequence[int], pads: Sequence[int],
-                     dilations: Sequence[int], group: int = 1) -> bool:
+                     dilations: Sequence[int], group: int = 1, has_bias: bool = True) -> bool:
     """Whether ``route="auto"`` gives a small convolution to ``pl.conv`` because pyc_lab's
     direct kernel may run it (:mod:`pyc_lab.kernels.conv_direct`: few channels, short
     filters; raced against cuDNN at the first call, recorded into the program's CUDA
     graphs where it wins): torch is installed (the race runs through it), the reduction
-    per output is short (:data:`AUTO_DIRECT_TAPS`) and the kernel takes the problem at
-    the traced batch, with symmetric pads."""
+    per output is short (:data:`AUTO_DIRECT_TAPS`), the kernel takes the problem at the
+    traced batch, with symmetric pads, and the problem's race — run now on the GPU if it
+    was not before (:func:`pyc_lab.kernels.conv.direct_in_graph`) — measured the direct
+    kernel faster than the library that won it. Without a GPU: ``False``."""
     from ..kernels import arrays, conv_direct
 
     nd = len(w.shape) - 2
@@ -107,9 +109,15 @@ def direct_candidate(x: Any, w: Any, strides: Sequence[int], pads: Sequence[int]
         return False
     shape = tuple(int(v) for v in x.shape)
     contiguous = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-    return conv_direct.eligible(np.dtype(x.dtype).name, shape, contiguous,
-                                tuple(int(v) for v in w.shape), tuple(strides),
-                                tuple(pads[:nd]), tuple(dilations), int(group))
+    w_shape = tuple(int(v) for v in w.shape)
+    dtype = np.dtype(x.dtype).name
+    if not conv_direct.eligible(dtype, shape, contiguous, w_shape, tuple(strides),
+                                tuple(pads[:nd]), tuple(dilations), int(group)):
+        return False
+    from ..kernels.conv import direct_in_graph
+
+    return direct_in_graph(shape, w_shape, dtype, stride=strides, padding=pads[:nd],
+                           dilation=dilations, groups=int(group), bias=has_bias)
 
 
 def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
@@ -132,8 +140,8 @@ def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
     dilations = list(dilations or [1] * nd)
     if route == "auto":
         big = conv_flops(x.shape, w.shape, strides, pads, dilations) >= CONV_LIBRARY_FLOPS
-        route = "library" if big or direct_candidate(x, w, strides, pads, dilations, group) \
-            else "im2col"
+        route = "library" if big or direct_candidate(x, w, strides, pads, dilations, group,
+                                                      b is not None) else "im2col"
     if route == "im2col":
         return conv_im2col(x, w, b, strides=strides, pads=pads, dilations=dilations,
                            group=group)

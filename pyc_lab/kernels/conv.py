@@ -34,7 +34,8 @@ from .matmul_launch import apply_epilogue
 from .memo import remember
 
 __all__ = ["ACTIVATIONS", "LAYOUTS", "bound_conv", "conv", "conv1d", "conv2d", "conv_backward",
-           "conv_geometry", "conv_route", "recordable_conv", "set_tracer", "torch_activation"]
+           "conv_geometry", "conv_route", "direct_in_graph", "recordable_conv", "set_tracer",
+           "torch_activation"]
 
 #: Where the channels are: after the batch axis, or last.
 LAYOUTS = ("channels_first", "channels_last")
@@ -353,9 +354,10 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     """A call computing ``pl.conv(x, w, bias, ...)`` into ``out`` that a CUDA-graph
     capture can record — the direct kernel (:mod:`.conv_direct`) launched on CuPy's
     current stream with the operands' addresses — where the problem's first-call race
-    chose that kernel; ``None`` otherwise (not CuPy arrays, channels last, ``out`` not
-    contiguous in ``x``'s dtype, a problem not raced yet or won by a library: the caller
-    then runs it between graphs). Nothing is launched, timed or exchanged with torch here
+    measured it worth recording (:func:`.conv_gemm.records_direct`); ``None`` otherwise
+    (not CuPy arrays, channels last, ``out`` not contiguous in ``x``'s dtype, a problem
+    not raced yet or where a library measured faster: the caller then runs it between
+    graphs). Nothing is launched, timed or exchanged with torch here
     (a CUDA-graph capture may be under way)."""
     if arrays.kind(x) != "cupy" or layout != "channels_first" or conv_route(x) != "cudnn":
         return None
@@ -366,7 +368,7 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
     choice = conv_gemm.choice_for_cupy(x, w, bias, stride_t, pads, dilation_t, groups,
                                        activation)
-    if choice is None or choice["impl"] != "direct":
+    if choice is None or not conv_gemm.records_direct(choice):
         return None
     import cupy as cp
 
@@ -388,6 +390,32 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
         launch(*ptrs, cp.cuda.get_current_stream())
 
     return call
+
+
+def direct_in_graph(x_shape: Sequence[int], w_shape: Sequence[int], dtype: str, *,
+                    stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                    groups: int = 1, bias: bool = True) -> bool:
+    """Whether a CUDA graph would record pyc_lab's direct kernel for this channels-first
+    problem (:func:`.conv_gemm.records_direct`), raced now on random CuPy arrays of its
+    shapes if it was not before; ``False`` without a GPU, CuPy or torch, or for a problem
+    the race does not time the kernel on."""
+    from ..hardware.device import no_gpu_reason
+
+    if not arrays.torch_installed() or no_gpu_reason() is not None:
+        return False
+    import cupy as cp
+
+    rng = cp.random.default_rng(0)
+    x = rng.standard_normal(tuple(x_shape), dtype=cp.float32).astype(dtype)
+    w = rng.standard_normal(tuple(w_shape), dtype=cp.float32).astype(dtype)
+    b = rng.standard_normal((int(w_shape[0]),), dtype=cp.float32).astype(dtype) \
+        if bias else None
+    args = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation),
+            "groups": int(groups)}
+    conv(x, w, b, **args)
+    choice = conv_gemm.choice_for_cupy(x, w, b, args["stride"], args["padding"],
+                                       args["dilation"], args["groups"])
+    return choice is not None and conv_gemm.records_direct(choice)
 
 
 def _im2col(kind: str, x: Any, w: Any, bias: Any, stride: tuple[int, ...],

@@ -51,10 +51,25 @@ from .conv_im2col import out_size
 from .conv_library import cudnn_conv, torch_activation
 from .nvrtc import compile_module
 
-__all__ = ["CAPTURING", "GPU_SLACK", "MARGIN", "MAX_PATCH_BYTES", "choice_for",
-           "choice_for_cupy", "choices",
-           "cudnn_conv", "gemm_conv", "keeps", "patch_bytes", "prepare", "run", "time_calls",
-           "timing_refused", "torch_activation"]
+__all__ = [
+    "CAPTURING",
+    "GPU_SLACK",
+    "MARGIN",
+    "MAX_PATCH_BYTES",
+    "choice_for",
+    "choice_for_cupy",
+    "choices",
+    "cudnn_conv",
+    "gemm_conv",
+    "keeps",
+    "patch_bytes",
+    "prepare",
+    "records_direct",
+    "run",
+    "time_calls",
+    "timing_refused",
+    "torch_activation",
+]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +112,19 @@ def choice_for(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int,
     it is undecided or not raced (neither the GEMM form nor a tuned kernel applies)."""
     choice = _CHOICES.get(_signature(x, w, b, stride, pads, dilation, groups, activation))
     return None if choice is None or "cudnn_ms" not in choice else dict(choice)
+
+
+def records_direct(choice: dict[str, Any]) -> bool:
+    """Whether a CUDA graph records the direct kernel for a raced problem
+    (:func:`choices`' entry): where it won the race, or where its GPU time is at least
+    :data:`MARGIN` below the winner's cost. In a graph the direct kernel costs its GPU
+    time alone, while the winning library call runs between graphs, for at least the
+    larger of its GPU and host time."""
+    if choice.get("impl") == "direct":
+        return True
+    direct = choice.get("direct_gpu_ms")
+    best = choice.get(f"{choice.get('impl')}_ms")
+    return direct is not None and best is not None and direct <= best * (1.0 - MARGIN)
 
 
 def choice_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],

@@ -123,11 +123,11 @@ def _cpu_source(src: KernelSource) -> str:
 
 
 def native_library(text: str, name: str) -> ctypes.CDLL:
-    """CUDA C++ ``text`` — sources of ``native/`` followed by a C++ driver that sets the
-    block and thread indices (globals: ``blockIdx``, ``threadIdx``, ``blockDim``,
-    ``gridDim``) and calls a kernel for each thread in turn — compiled for the CPU as
-    the generated kernels are (a kernel without barriers)."""
-    return _build(_PRELUDE + _cpu_text(text, name), name, ["-std=c++17"])
+    """CUDA C++ ``text`` — sources of ``native/`` followed by a C++ driver that runs a
+    kernel's blocks with ``pyc_grid(gx, gy, threads, body)`` (each block's threads as
+    real threads, ``__syncthreads()`` a barrier, ``__shared__`` arrays shared by the
+    block's threads) — compiled for the CPU as the generated row kernels are."""
+    return _build(_THREADED + _cpu_text(text, name), name, ["-std=c++20", "-pthread"])
 
 
 def _build(text: str, name: str, flags: list[str]) -> ctypes.CDLL:

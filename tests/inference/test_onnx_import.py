@@ -491,18 +491,30 @@ def test_conv_auto_route_goes_by_size(monkeypatch):
 
 
 def test_conv_auto_route_takes_small_convolutions_the_direct_kernel_may_run(monkeypatch):
-    """Where torch is installed (the race runs through it), ``auto`` gives a small
-    convolution with symmetric pads to pl.conv — one conv node, which the direct kernel
-    may run inside the CUDA graphs — and keeps im2col for unequal pads and without torch;
-    the answers stay the reference's."""
+    """Where torch is installed (the race runs through it) and the problem's race says a
+    CUDA graph would record the direct kernel, ``auto`` gives a small convolution with
+    symmetric pads to pl.conv — one conv node — and keeps im2col otherwise (a long
+    reduction, unequal pads, float64, no torch, a race the libraries won, no GPU); the
+    answers stay the reference's."""
     from pyc_lab.inference import onnx_ops
     from pyc_lab.kernels import arrays
+    from pyc_lab.kernels import conv as kconv
 
+    assert not kconv.direct_in_graph((1, 4, 32), (32, 4, 3), "float32", stride=(1,),
+                                     padding=(0,), dilation=(1,))  # no GPU here
+    raced = []
+
+    def race(x_shape, w_shape, dtype, **kw):
+        raced.append((tuple(x_shape), tuple(w_shape), dtype, kw["bias"]))
+        return True
+
+    monkeypatch.setattr(kconv, "direct_in_graph", race)
     x = np.zeros((64, 4, 32), np.float32)
     monkeypatch.setattr(arrays, "torch_installed", lambda: False)
     assert not onnx_ops.direct_candidate(x, _w(32, 4, 3), [1], [0, 0], [1])
     monkeypatch.setattr(arrays, "torch_installed", lambda: True)
-    assert onnx_ops.direct_candidate(x, _w(32, 4, 3), [1], [1, 1], [1])
+    assert onnx_ops.direct_candidate(x, _w(32, 4, 3), [1], [1, 1], [1], has_bias=False)
+    assert raced == [((64, 4, 32), (32, 4, 3), "float32", False)]
     assert not onnx_ops.direct_candidate(x, _w(32, 4, 3), [1], [0, 1], [1])  # unequal pads
     assert not onnx_ops.direct_candidate(x.astype(np.float64), _w(32, 4, 3), [1], [0, 0], [1])
     wide = np.zeros((1, 64, 8, 8), np.float32)  # a 3x3 over 64 channels: 576 taps
@@ -510,6 +522,7 @@ def test_conv_auto_route_takes_small_convolutions_the_direct_kernel_may_run(monk
                                          [1, 1, 1, 1], [1, 1])
     assert onnx_ops.direct_candidate(wide, np.zeros((64, 16, 3, 3), np.float32), [1, 1],
                                      [1, 1, 1, 1], [1, 1], 4)  # four groups: 144 taps
+    assert len(raced) == 2  # the refused ones were not raced
     nodes = [node("Conv", ["x", "W", "B"], "c", pads=[1, 1], strides=[1]),
              node("Relu", ["c"])]
     m = _model(nodes, {"x": (2, 4, 9)}, ["y"], {"W": _w(5, 4, 3), "B": _w(5)})
@@ -518,7 +531,7 @@ def test_conv_auto_route_takes_small_convolutions_the_direct_kernel_may_run(monk
     for batch in (1, 3):
         feeds = _inputs({"x": (batch, 4, 9)}, seed=batch)
         _close(model(feeds)["y"], ReferenceEvaluator(m).run(None, feeds)[0])
-    monkeypatch.setattr(arrays, "torch_installed", lambda: False)
+    monkeypatch.setattr(kconv, "direct_in_graph", lambda *a, **k: False)  # a library won
     assert _conv_ops(load(m), batch=2) == []
 
 

@@ -1,7 +1,8 @@
 """The direct convolution kernel (native/conv_direct.cuh) run on the CPU: compiled as C++
-with g++ (tests/compiler/emulate.py's prelude: CUDA's keywords defined away, the float16
-PTX as ``_Float16`` casts), every thread of every block run in turn (the kernel has no
-barriers), into NaN-poisoned outputs, against a float64 convolution of the same stored
+with g++ (tests/compiler/emulate.py's threaded prelude: CUDA's keywords defined away, the
+float16 PTX as ``_Float16`` casts, each block's threads as real threads with
+``__syncthreads()`` a barrier and the filters' shared memory shared), into NaN-poisoned
+outputs, against a float64 convolution of the same stored
 values with the bias and activation — in float32, float16 and bfloat16, 1-D and 2-D,
 stride, padding, dilation, groups, strided (channels-last) inputs, tiles of 1 to 8
 channels and 1 or 4 pixels per thread, pixel counts that leave a block part-empty."""
@@ -21,8 +22,11 @@ from tests.compiler.emulate import native_library, needs_gxx
 
 pytestmark = needs_gxx
 
-#: CUDA's vector types that conv_guard.cuh's copy kernel names (not used here).
+#: CUDA's vector types and alignment the sources name (conv_guard.cuh's copy kernel, the
+#: direct kernel's 16-byte shared loads).
 _VECTORS = r"""
+#define __align__(n) alignas(n)
+struct float4 { float x, y, z, w; };
 struct uint4 { unsigned int x, y, z, w; };
 struct uint2 { unsigned int x, y; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
@@ -36,17 +40,11 @@ template <int KIND, int OT, int PT, int ACT>
 static void pyc_run(const void* x, const void* w, const void* b, void* y, const int* g,
                     unsigned gx, unsigned gy, unsigned threads) {
   typedef typename pyc_guard_word<KIND>::type T;
-  gridDim.x = gx; gridDim.y = gy; gridDim.z = 1;
-  blockDim.x = threads; blockDim.y = blockDim.z = 1;
-  for (unsigned by = 0; by < gy; ++by)
-    for (unsigned bx = 0; bx < gx; ++bx)
-      for (unsigned t = 0; t < threads; ++t) {
-        blockIdx.x = bx; blockIdx.y = by; blockIdx.z = 0;
-        threadIdx.x = t; threadIdx.y = threadIdx.z = 0;
-        pyc_conv_direct<KIND, OT, PT, ACT>((const T*)x, (const T*)w, (const T*)b, (T*)y,
-            g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11],
-            g[12], g[13], g[14], g[15], g[16], g[17], g[18], g[19]);
-      }
+  pyc_grid(gx, gy, threads, [=]() {
+    pyc_conv_direct<KIND, OT, PT, ACT>((const T*)x, (const T*)w, (const T*)b, (T*)y,
+        g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11],
+        g[12], g[13], g[14], g[15], g[16], g[17], g[18], g[19]);
+  });
 }
 extern "C" void conv(int kind, int ot, int pt, int act, const void* x, const void* w,
                      const void* b, void* y, const int* g, unsigned gx, unsigned gy,
@@ -250,3 +248,23 @@ def test_a_cupy_array_finds_the_choice_its_torch_view_raced(monkeypatch):
     other = ((1, 1), (1, 1), (1, 1), 1, "relu")
     assert conv_gemm.choice_for_cupy(cupy_like(x, "float32"), cupy_like(w, "float32"), None,
                                      *other) is None
+
+
+def test_a_graph_records_the_direct_kernel_where_it_beats_the_winner_on_the_gpu():
+    """In a CUDA graph the direct kernel costs its GPU time; the library that won the
+    race runs between graphs for the larger of its GPU and host time."""
+    from pyc_lab.kernels.conv_gemm import MARGIN, records_direct
+
+    won = {"impl": "direct", "cudnn_ms": 0.05, "direct_ms": 0.02, "direct_gpu_ms": 0.01}
+    assert records_direct(won)
+    # cuDNN kept (its GPU time was lower) but bound by its host time: the graph records
+    host_bound = {"impl": "cudnn", "cudnn_ms": 0.047, "cudnn_gpu_ms": 0.005,
+                  "direct_ms": 0.025, "direct_gpu_ms": 0.006}
+    assert records_direct(host_bound)
+    gpu_bound = {"impl": "cudnn", "cudnn_ms": 0.089, "cudnn_gpu_ms": 0.089,
+                 "direct_ms": 0.115, "direct_gpu_ms": 0.115}
+    assert not records_direct(gpu_bound)
+    edge = {"impl": "gemm", "gemm_ms": 0.1, "cudnn_ms": 0.2,
+            "direct_gpu_ms": 0.1 * (1 - MARGIN) * 1.001}
+    assert not records_direct(edge)
+    assert not records_direct({"impl": "cudnn", "cudnn_ms": 0.1})  # not raced with it
