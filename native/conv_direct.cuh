@@ -5,9 +5,10 @@
 // memory traffic than the arithmetic; here each thread keeps an OT x PT block of outputs
 // (OT output channels of one group, PT output pixels) in float32 registers and reads each
 // input element once per tap for all OT channels. The block's filters are first copied
-// into shared memory as float32, tap-major (ws[t][o]): each tap's OT weights are then
-// one or two 16-byte shared loads that every thread of a warp reads at once (a
-// broadcast), so the loop issues PT global loads and OT x PT fused multiply-adds a tap.
+// into shared memory as float32, tap-major (ws[t][o]), with each tap's input offset: a
+// tap's OT weights are then one or two 16-byte shared loads that every thread of a warp
+// reads at once (a broadcast), and one flat, unrolled loop over the taps issues PT
+// global loads and OT x PT fused multiply-adds a tap, several taps' loads in flight.
 //
 // pyc_conv_direct<KIND, OT, PT, ACT>: x[n, c, h, w] at element strides (xs_n, xs_c, xs_h,
 //   xs_w) — channels first, channels last or any view — filter wt[k, c / groups, r, s]
@@ -19,8 +20,8 @@
 //   pixels (thread t takes pixels t, t + blockDim.x, ...: consecutive threads read and
 //   write consecutive addresses), block y the output channels y * OT .. y * OT + OT - 1
 //   (OT divides k / groups, so they share a group). The filters of a block take
-//   OT x PYC_DIRECT_TAPS floats of shared memory: the caller keeps C / groups x R x S at
-//   most PYC_DIRECT_TAPS. 32-bit index arithmetic: the caller keeps every offset of x and
+//   OT x PYC_DIRECT_TAPS floats of shared memory and the taps' offsets PYC_DIRECT_TAPS
+//   int4s: the caller keeps C / groups x R x S at most PYC_DIRECT_TAPS. 32-bit index arithmetic: the caller keeps every offset of x and
 //   y below 2^31.
 //
 // KIND: 0 float16, 1 bfloat16, 2 float32, through conv_guard.cuh's word helpers
@@ -28,7 +29,7 @@
 // f16.cuh and bf16.cuh.
 
 #ifndef PYC_DIRECT_TAPS
-#define PYC_DIRECT_TAPS 1024
+#define PYC_DIRECT_TAPS 512
 #endif
 
 template <int OT>
@@ -58,14 +59,21 @@ __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __res
                                 int xs_n, int xs_c, int xs_h, int xs_w, int pixels) {
   typedef typename pyc_guard_word<KIND>::type T;
   __align__(16) __shared__ float ws[OT * PYC_DIRECT_TAPS];
+  // per tap (c, r, s in the filter's order): its input offset and its window offsets
+  __align__(16) __shared__ int4 tapat[PYC_DIRECT_TAPS];
   const int cg = c / groups, kg = k / groups;
   const int k0 = blockIdx.y * OT;
-  const int taps = cg * r * s;
+  const int rs = r * s;
+  const int taps = cg * rs;
   const int pq = p * q;
-  // the block's filters, tap-major, in float32
+  // the block's filters, tap-major, in float32, and the taps' offsets
   for (int i = threadIdx.x; i < OT * taps; i += blockDim.x) {
     const int o = i / taps, t = i - o * taps;
     ws[t * OT + o] = pyc_guard_load<KIND>(wt[(k0 + o) * taps + t]);
+  }
+  for (int t = threadIdx.x; t < taps; t += blockDim.x) {
+    const int cc = t / rs, rr = (t - cc * rs) / s, ss = t - cc * rs - rr * s;
+    tapat[t] = make_int4(cc * xs_c + rr * dh * xs_h + ss * dw * xs_w, rr * dh, ss * dw, 0);
   }
   __syncthreads();
   const T* xg = x + (k0 / kg) * cg * xs_c;
@@ -93,33 +101,29 @@ __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __res
 #pragma unroll
     for (int j = 0; j < PT; ++j) acc[o][j] = 0.f;
   }
-  const float* wtap = ws;
-  for (int cc = 0; cc < cg; ++cc) {
-    const T* xc = xg + cc * xs_c;
-    for (int rr = 0; rr < r; ++rr) {
+  // one flat loop over the taps: unrolled, so that the loads of several taps are in
+  // flight together
 #pragma unroll 4
-      for (int ss = 0; ss < s; ++ss, wtap += OT) {
-        const int tap = rr * dh * xs_h + ss * dw * xs_w;
-        float v[PT];
+  for (int t = 0; t < taps; ++t) {
+    const int4 tap = tapat[t];
+    float v[PT];
 #pragma unroll
-        for (int j = 0; j < PT; ++j) {
-          if (inside[j]) {
-            v[j] = pyc_guard_load<KIND>(xc[at[j] + tap]);
-          } else {
-            const int hh = h0[j] + rr * dh, ww = w0[j] + ss * dw;
-            v[j] = (live[j] && hh >= 0 && hh < h && ww >= 0 && ww < w)
-                       ? pyc_guard_load<KIND>(xc[at[j] + tap])
-                       : 0.f;
-          }
-        }
-        float f[OT];
-        pyc_direct_weights<OT>(wtap, f);
-#pragma unroll
-        for (int o = 0; o < OT; ++o) {
-#pragma unroll
-          for (int j = 0; j < PT; ++j) acc[o][j] = fmaf(f[o], v[j], acc[o][j]);
-        }
+    for (int j = 0; j < PT; ++j) {
+      if (inside[j]) {
+        v[j] = pyc_guard_load<KIND>(xg[at[j] + tap.x]);
+      } else {
+        const int hh = h0[j] + tap.y, ww = w0[j] + tap.z;
+        v[j] = (live[j] && hh >= 0 && hh < h && ww >= 0 && ww < w)
+                   ? pyc_guard_load<KIND>(xg[at[j] + tap.x])
+                   : 0.f;
       }
+    }
+    float f[OT];
+    pyc_direct_weights<OT>(ws + t * OT, f);
+#pragma unroll
+    for (int o = 0; o < OT; ++o) {
+#pragma unroll
+      for (int j = 0; j < PT; ++j) acc[o][j] = fmaf(f[o], v[j], acc[o][j]);
     }
   }
 #pragma unroll

@@ -35,7 +35,7 @@ __all__ = ["MAX_TAPS", "eligible", "geometry", "launcher", "run", "tile"]
 
 #: The longest reduction per output (``C / groups * R * S``) the kernel takes: past it a
 #: thread's serial sum is long enough that the libraries' parallel reductions win.
-MAX_TAPS = 1024
+MAX_TAPS = 512
 #: The most multiply-adds x 2 a problem may have for the race to time this kernel (it
 #: runs on the CUDA cores, without tensor cores: a large problem is the libraries').
 MAX_FLOPS = 1 << 33

@@ -27,6 +27,8 @@ pytestmark = needs_gxx
 _VECTORS = r"""
 #define __align__(n) alignas(n)
 struct float4 { float x, y, z, w; };
+struct int4 { int x, y, z, w; };
+static inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
 struct uint4 { unsigned int x, y, z, w; };
 struct uint2 { unsigned int x, y; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
@@ -140,6 +142,7 @@ _PROBLEMS = [
     ((2, 3, 13, 11), (8, 3, 7, 7), (2, 2), (3, 3), (1, 1), 1),  # a stem
     ((1, 4, 9, 10), (12, 2, 3, 2), (1, 2), (1, 0), (2, 1), 2),
     ((3, 2, 5, 7), (7, 2, 1, 1), (1, 1), (0, 0), (1, 1), 1),    # 1x1, 7 output channels
+    ((1, 64, 11), (8, 64, 8), (1,), (3,), (1,), 1),         # MAX_TAPS (512) taps
 ]
 
 
