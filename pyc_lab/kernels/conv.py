@@ -354,7 +354,9 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     """A call computing ``pl.conv(x, w, bias, ...)`` into ``out`` that a CUDA-graph
     capture can record — the direct kernel (:mod:`.conv_direct`) launched on CuPy's
     current stream with the operands' addresses — where the problem's first-call race
-    measured it worth recording (:func:`.conv_gemm.records_direct`); ``None`` otherwise
+    measured it worth recording (:func:`.conv_gemm.records_direct`), with its activation
+    or without one (the race ``pl.inference``'s import runs before the activation is
+    folded in: the kernel applies it in registers before its store); ``None`` otherwise
     (not CuPy arrays, channels last, ``out`` not contiguous in ``x``'s dtype, a problem
     not raced yet or where a library measured faster: the caller then runs it between
     graphs). Nothing is launched, timed or exchanged with torch here
@@ -366,9 +368,10 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     _, stride_t, pads, dilation_t = conv_geometry(
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
-    choice = conv_gemm.choice_for_cupy(x, w, bias, stride_t, pads, dilation_t, groups,
-                                       activation)
-    if choice is None or not conv_gemm.records_direct(choice):
+    keys = (activation, None) if activation is not None else (None,)
+    if not any(choice is not None and conv_gemm.records_direct(choice) for choice in (
+            conv_gemm.choice_for_cupy(x, w, bias, stride_t, pads, dilation_t, groups, act)
+            for act in keys)):
         return None
     import cupy as cp
 
