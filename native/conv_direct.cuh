@@ -32,6 +32,20 @@
 #define PYC_DIRECT_TAPS 512
 #endif
 
+// The activation after the bias: 0 none, 1 relu (NaN kept), 2 gelu (tanh form), 3 silu.
+template <int ACT>
+__device__ __forceinline__ float pyc_direct_act(float a) {
+  if constexpr (ACT == 1) {
+    return a != a ? a : fmaxf(a, 0.f);
+  } else if constexpr (ACT == 2) {
+    return 0.5f * a * (1.f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)));
+  } else if constexpr (ACT == 3) {
+    return a / (1.f + expf(-a));
+  } else {
+    return a;
+  }
+}
+
 template <int OT>
 __device__ __forceinline__ void pyc_direct_weights(const float* ws, float (&f)[OT]) {
   if constexpr (OT % 4 == 0) {
@@ -135,14 +149,90 @@ __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __res
     for (int o = 0; o < OT; ++o) {
       float a = acc[o][j];
       if (bias != nullptr) a += pyc_guard_load<KIND>(bias[k0 + o]);
-      if (ACT == 1) {  // relu, NaN kept
-        a = a != a ? a : fmaxf(a, 0.f);
-      } else if (ACT == 2) {  // gelu, tanh form
-        a = 0.5f * a * (1.f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)));
-      } else if (ACT == 3) {  // silu
-        a = a / (1.f + expf(-a));
+      y[(nn * k + k0 + o) * pq + rest] = pyc_guard_store<KIND>(pyc_direct_act<ACT>(a));
+    }
+  }
+}
+
+// pyc_conv_direct_rows<KIND, OT, PT, ACT, S, SW>: the same convolution for filters at most
+// S wide along the last axis (dilation 1 there) and a stride SW along it, each thread
+// computing PT consecutive outputs of one output row: for every input channel and filter
+// row it loads the (PT - 1) x SW + S input elements under its PT windows once, into
+// registers, and forms all PT x S products from them (a thread of the generic kernel
+// loads PT x S elements for the same work). Arguments as pyc_conv_direct's (dw must be
+// 1, sw SW and s S); block x covers blockDim.x groups of PT outputs (an output row is
+// ceil(q / PT) groups; the last one may be part-empty), block y the output channels
+// y * OT .. y * OT + OT - 1. The filters sit in shared memory as in pyc_conv_direct.
+template <int KIND, int OT, int PT, int ACT, int S, int SW>
+__global__ void pyc_conv_direct_rows(const typename pyc_guard_word<KIND>::type* __restrict__ x,
+                                     const typename pyc_guard_word<KIND>::type* __restrict__ wt,
+                                     const typename pyc_guard_word<KIND>::type* __restrict__ bias,
+                                     typename pyc_guard_word<KIND>::type* __restrict__ y,
+                                     int c, int h, int w, int k, int groups, int r, int s,
+                                     int p, int q, int sh, int sw, int ph, int pw, int dh,
+                                     int dw, int xs_n, int xs_c, int xs_h, int xs_w,
+                                     int pixels) {
+  typedef typename pyc_guard_word<KIND>::type T;
+  constexpr int SPAN = (PT - 1) * SW + S;
+  __align__(16) __shared__ float ws[OT * PYC_DIRECT_TAPS];
+  const int cg = c / groups, kg = k / groups;
+  const int k0 = blockIdx.y * OT;
+  const int taps = cg * r * S;
+  for (int i = threadIdx.x; i < OT * taps; i += blockDim.x) {
+    const int o = i / taps, t = i - o * taps;
+    ws[t * OT + o] = pyc_guard_load<KIND>(wt[(k0 + o) * taps + t]);
+  }
+  __syncthreads();
+  const int qg = (q + PT - 1) / PT;  // groups of PT outputs in an output row
+  const int rows = pixels / q;       // n x p output rows
+  const int g = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  if (g >= rows * qg) return;        // after the barrier: no thread waits on it again
+  const int row = g / qg, q0 = (g - row * qg) * PT;
+  const int nn = row / p, pp = row - nn * p;
+  const int h0 = pp * sh - ph, w0 = q0 * SW - pw;
+  const T* xg = x + nn * xs_n + (k0 / kg) * cg * xs_c;
+  float acc[OT][PT];
+#pragma unroll
+  for (int o = 0; o < OT; ++o) {
+#pragma unroll
+    for (int j = 0; j < PT; ++j) acc[o][j] = 0.f;
+  }
+  const float* wtap = ws;
+  for (int cc = 0; cc < cg; ++cc) {
+    for (int rr = 0; rr < r; ++rr, wtap += S * OT) {
+      const int hh = h0 + rr * dh;
+      const bool inrow = hh >= 0 && hh < h;  // else a padded filter row: zeros
+      const T* src = xg + cc * xs_c + hh * xs_h;
+      float e[SPAN];
+#pragma unroll
+      for (int u = 0; u < SPAN; ++u) {
+        const int ww = w0 + u;
+        e[u] = inrow && (unsigned)ww < (unsigned)w ? pyc_guard_load<KIND>(src[ww * xs_w])
+                                                   : 0.f;
       }
-      y[(nn * k + k0 + o) * pq + rest] = pyc_guard_store<KIND>(a);
+#pragma unroll
+      for (int ss = 0; ss < S; ++ss) {
+        float f[OT];
+        pyc_direct_weights<OT>(wtap + ss * OT, f);
+#pragma unroll
+        for (int o = 0; o < OT; ++o) {
+#pragma unroll
+          for (int j = 0; j < PT; ++j) acc[o][j] = fmaf(f[o], e[j * SW + ss], acc[o][j]);
+        }
+      }
+    }
+  }
+  const int pq = p * q;
+#pragma unroll
+  for (int o = 0; o < OT; ++o) {
+    const float b = bias != nullptr ? pyc_guard_load<KIND>(bias[k0 + o]) : 0.f;
+    T* dst = y + (nn * k + k0 + o) * pq + pp * q + q0;
+#pragma unroll
+    for (int j = 0; j < PT; ++j) {
+      if (q0 + j >= q) break;
+      float a = acc[o][j];
+      if (bias != nullptr) a += b;  // not + 0: a -0.0 sum stays -0.0
+      dst[j] = pyc_guard_store<KIND>(pyc_direct_act<ACT>(a));
     }
   }
 }

@@ -22,8 +22,10 @@ dtype and tile shape with NVRTC (:mod:`.nvrtc`, subnormals kept).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .conv_guard import ACTIVATION_CODES
@@ -31,7 +33,10 @@ from .conv_im2col import out_size
 from .memo import remember
 from .nvrtc import compile_module
 
-__all__ = ["MAX_TAPS", "eligible", "geometry", "launcher", "run", "tile"]
+__all__ = ["MAX_TAPS", "Config", "configs", "eligible", "geometry", "launcher", "rows_fit",
+           "run", "tile"]
+
+log = logging.getLogger(__name__)
 
 #: The longest reduction per output (``C / groups * R * S``) the kernel takes: past it a
 #: thread's serial sum is long enough that the libraries' parallel reductions win.
@@ -45,7 +50,11 @@ THREADS = 128
 #: The element kinds of ``pyc_conv_direct`` by dtype name (torch's or NumPy's).
 KINDS = {"torch.float16": 0, "torch.bfloat16": 1, "torch.float32": 2,
          "float16": 0, "bfloat16": 1, "float32": 2}
-_FUNCTIONS: dict[tuple[int, int, int, int, int], Any] = {}
+_FUNCTIONS: dict[tuple[int, str], Any] = {}
+#: The build each problem's first call measured fastest (:func:`_fastest`).
+_CONFIGS: dict[tuple, Config] = {}
+#: Timed calls per build in that measurement.
+REPEATS = 5
 #: Launchers of the problems run through :func:`run` (the oldest dropped first).
 _LAUNCHERS: dict[tuple, Callable[..., None]] = {}
 MAX_LAUNCHERS = 512
@@ -104,12 +113,56 @@ def tile(out_channels_per_group: int, outputs: int, sms: int = 132) -> tuple[int
     return ot, pt
 
 
-def _function(device: int, kind: int, ot: int, pt: int, act: int) -> Any:
+#: The widest filter (along the last axis) and the strides along it that the row kernel
+#: (``pyc_conv_direct_rows``: consecutive outputs of a row per thread) is built for.
+ROW_WIDTHS = 8
+ROW_STRIDES = (1, 2)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One build of the kernel: ``rows`` (``pyc_conv_direct_rows``: PT consecutive outputs
+    of an output row per thread, their windows' inputs loaded once) or the generic
+    ``pyc_conv_direct`` (PT outputs a block apart per thread), with OT output channels
+    and PT outputs per thread."""
+
+    rows: bool
+    ot: int
+    pt: int
+
+
+def rows_fit(geo: tuple[int, ...]) -> bool:
+    """Whether the row kernel takes a problem (:func:`geometry`'s tuple): a filter at most
+    :data:`ROW_WIDTHS` wide along the last axis, undilated there, at a stride of
+    :data:`ROW_STRIDES` along it."""
+    s, sw, dw = geo[6], geo[10], geo[14]
+    return s <= ROW_WIDTHS and sw in ROW_STRIDES and dw == 1
+
+
+def configs(geo: tuple[int, ...], sms: int = 132) -> list[Config]:
+    """The builds :func:`run`'s first call times for a problem, the default first: the
+    row kernel with 4 (and 8) outputs a thread where it fits, and the generic kernel
+    with the :func:`tile` pixels a thread and with the other of 1 and 4."""
+    k, groups, pixels = geo[3], geo[4], geo[-1]
+    ot, pt = tile(k // groups, pixels * k, sms)
+    generic = [Config(False, ot, pt), Config(False, ot, 5 - pt)]
+    if rows_fit(geo):
+        return [Config(True, ot, 4), Config(True, ot, 8), *generic]
+    return generic
+
+
+def _function(device: int, kind: int, config: Config, act: int,
+              geo: tuple[int, ...]) -> Any:
     import cupy as cp
 
     from ..paths import native_source
 
-    key = (device, kind, ot, pt, act)
+    if config.rows:
+        name = (f"pyc_conv_direct_rows<{kind}, {config.ot}, {config.pt}, {act}, {geo[6]}, "
+                f"{geo[10]}>")
+    else:
+        name = f"pyc_conv_direct<{kind}, {config.ot}, {config.pt}, {act}>"
+    key = (device, name)
     fn = _FUNCTIONS.get(key)
     if fn is not None:
         return fn
@@ -117,7 +170,6 @@ def _function(device: int, kind: int, ot: int, pt: int, act: int) -> Any:
         if key not in _FUNCTIONS:
             code = "".join(native_source(f) for f in
                            ("f16.cuh", "bf16.cuh", "conv_guard.cuh", "conv_direct.cuh"))
-            name = f"pyc_conv_direct<{kind}, {ot}, {pt}, {act}>"
             with cp.cuda.Device(device):
                 module = compile_module(code, ("-std=c++17",), [name],
                                         "the direct convolution")
@@ -126,17 +178,25 @@ def _function(device: int, kind: int, ot: int, pt: int, act: int) -> Any:
 
 
 def launcher(kind: int, geo: tuple[int, ...], device: int, activation: str | None = None,
-             sms: int = 132) -> Callable[[int, int, int, int, Any], None]:
+             sms: int = 132, config: Config | None = None
+             ) -> Callable[[int, int, int, int, Any], None]:
     """A function ``launch(x_ptr, w_ptr, bias_ptr, y_ptr, stream)`` issuing the kernel
     for one problem (``geo`` from :func:`geometry`; ``bias_ptr`` 0 for none) on a CuPy
     stream — nothing is synchronised or allocated, so a CUDA-graph capture records it.
-    The kernel is compiled (or loaded from the disk cache) here, not at the launch."""
+    ``config``: the build to run (default: the one :func:`run`'s first call measured
+    fastest for the problem, else the first of :func:`configs`). The kernel is compiled
+    (or loaded from the disk cache) here, not at the launch."""
     import numpy as np
 
-    k, groups, pixels = geo[3], geo[4], geo[-1]
-    ot, pt = tile(k // groups, pixels * k, sms)
-    fn = _function(device, kind, ot, pt, ACTIVATION_CODES[activation])
-    grid = (max(1, -(-pixels // (THREADS * pt))), k // ot)
+    if config is None:
+        config = _CONFIGS.get((kind, geo, device, activation)) or configs(geo, sms)[0]
+    k, q, pixels = geo[3], geo[8], geo[-1]
+    fn = _function(device, kind, config, ACTIVATION_CODES[activation], geo)
+    if config.rows:
+        threads = (pixels // q) * -(-q // config.pt)
+        grid = (max(1, -(-threads // THREADS)), k // config.ot)
+    else:
+        grid = (max(1, -(-pixels // (THREADS * config.pt))), k // config.ot)
     ints = tuple(np.int32(v) for v in geo)
 
     def launch(x_ptr: int, w_ptr: int, bias_ptr: int, y_ptr: int, stream: Any) -> None:
@@ -146,13 +206,44 @@ def launcher(kind: int, geo: tuple[int, ...], device: int, activation: str | Non
     return launch
 
 
+def _fastest(kind: int, geo: tuple[int, ...], device: int, activation: str | None,
+             sms: int, ptrs: tuple[int, int, int, int], stream: Any) -> Config:
+    """The build of :func:`configs` with the least GPU time on the caller's operands
+    (CUDA events, a few calls each; a build that fails to compile or run is skipped),
+    remembered for the problem."""
+    from ..profiling.timing import benchmark
+
+    key = (kind, geo, device, activation)
+    best = _CONFIGS.get(key)
+    if best is not None:
+        return best
+    timed = []
+    for config in configs(geo, sms):
+        try:
+            launch = launcher(kind, geo, device, activation, sms, config)
+            t = benchmark(launch, (*ptrs, stream), repeats=REPEATS, warmup=1, gpu=True,
+                          stream=stream)
+            timed.append((t.median_s, config))
+        except Exception as exc:  # a build that cannot run is not chosen
+            log.debug("direct convolution build %s refused: %s", config, exc)
+    if not timed:
+        raise ValueError("no build of the direct convolution could run")
+    best = min(timed, key=lambda tc: tc[0])[1]
+    log.info("direct conv %s: %s", geo, ", ".join(
+        f"{'rows' if c.rows else 'generic'} {c.ot}x{c.pt} {t * 1e3:.4f} ms" for t, c in timed))
+    remember(_CONFIGS, key, best, MAX_LAUNCHERS, _LOCK)
+    return best
+
+
 def run(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
         dilation: tuple[int, ...], groups: int,
         activation: str | None = None) -> Callable[[Any, Any, Any], Any]:
     """The direct convolution of torch tensors on the GPU for this problem signature, as
     ``fn(x, w, b) -> y`` (channels first, contiguous, ``x``'s dtype) on torch's current
-    stream; the filter is made contiguous where it is not. Raises ``ValueError`` for a
-    problem :func:`eligible` refuses."""
+    stream; the filter is made contiguous where it is not. The first call of a problem
+    times the builds of :func:`configs` on the caller's operands and keeps the fastest
+    (outside a CUDA-graph capture). Raises ``ValueError`` for a problem :func:`eligible`
+    refuses."""
     import torch
 
     from .arrays import torch_stream
@@ -162,13 +253,23 @@ def run(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
     if geo is None or str(x.dtype) not in KINDS:
         raise ValueError("the direct convolution does not take this problem")
     device = x.device.index
+    shape = (int(x.shape[0]), int(w.shape[0]), *((geo[8],) if x.ndim == 3 else geo[7:9]))
     key = (KINDS[str(x.dtype)], geo, device, activation)
     launch = _LAUNCHERS.get(key)
     if launch is None:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        launch = launcher(*key, sms=sms)
+        stream = torch_stream(device)
+        if stream.is_capturing():  # nothing may be timed inside a capture
+            config = _CONFIGS.get(key) or configs(geo, sms)[0]
+        else:
+            wc = w if w.is_contiguous() else w.contiguous()
+            bc = None if b is None else b.contiguous()
+            scratch = torch.empty(shape, dtype=x.dtype, device=x.device)
+            ptrs = (x.data_ptr(), wc.data_ptr(), 0 if bc is None else bc.data_ptr(),
+                    scratch.data_ptr())
+            config = _fastest(*key, sms, ptrs, stream)
+        launch = launcher(*key, sms=sms, config=config)
         remember(_LAUNCHERS, key, launch, MAX_LAUNCHERS, _LOCK)
-    shape = (int(x.shape[0]), int(w.shape[0]), *((geo[8],) if x.ndim == 3 else geo[7:9]))
 
     def direct(x: Any, w: Any, b: Any) -> Any:
         y = torch.empty(shape, dtype=x.dtype, device=x.device)

@@ -48,29 +48,100 @@ static void pyc_run(const void* x, const void* w, const void* b, void* y, const 
         g[12], g[13], g[14], g[15], g[16], g[17], g[18], g[19]);
   });
 }
-extern "C" void conv(int kind, int ot, int pt, int act, const void* x, const void* w,
-                     const void* b, void* y, const int* g, unsigned gx, unsigned gy,
-                     unsigned threads) {
-#define PYC_CASE(K, O, P, A) \
-  if (kind == K && ot == O && pt == P && act == A) { \
-    pyc_run<K, O, P, A>(x, w, b, y, g, gx, gy, threads); return; }
-#define PYC_ACTS(K, O, P) PYC_CASE(K, O, P, 0) PYC_CASE(K, O, P, 1) \
-  PYC_CASE(K, O, P, 2) PYC_CASE(K, O, P, 3)
-#define PYC_TILES(K) PYC_ACTS(K, 8, 4) PYC_ACTS(K, 8, 1) PYC_ACTS(K, 4, 1) \
-  PYC_ACTS(K, 4, 4) PYC_ACTS(K, 2, 1) PYC_ACTS(K, 1, 1) PYC_ACTS(K, 1, 4)
-  PYC_TILES(0) PYC_TILES(1) PYC_TILES(2)
+template <int KIND, int OT, int PT, int ACT, int S, int SW>
+static void pyc_run_rows(const void* x, const void* w, const void* b, void* y, const int* g,
+                         unsigned gx, unsigned gy, unsigned threads) {
+  typedef typename pyc_guard_word<KIND>::type T;
+  pyc_grid(gx, gy, threads, [=]() {
+    pyc_conv_direct_rows<KIND, OT, PT, ACT, S, SW>((const T*)x, (const T*)w, (const T*)b,
+        (T*)y, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11],
+        g[12], g[13], g[14], g[15], g[16], g[17], g[18], g[19]);
+  });
+}
+extern "C" int conv(int kind, int rows, int ot, int pt, int act, int s, int sw,
+                    const void* x, const void* w, const void* b, void* y, const int* g,
+                    unsigned gx, unsigned gy, unsigned threads) {
+__CASES__
+  return 1;  // not instantiated
 }
 """
 
 _TYPES = {"float32": (np.float32, 2, np.uint32), "float16": (np.float16, 0, np.uint16),
           "bfloat16": (ml_dtypes.bfloat16, 1, np.uint16)}
 _ACTS = {None: 0, "relu": 1, "gelu": 2, "silu": 3}
+_Config = conv_direct.Config
+
+_PROBLEMS = [
+    # x shape, w shape, stride, pads, dilation, groups
+    ((3, 4, 32), (32, 4, 3), (1,), (0,), (1,), 1),          # the particle CNN's first layer
+    ((2, 32, 30), (32, 32, 3), (1,), (1,), (1,), 1),        # ... and its second
+    ((2, 5, 17), (6, 5, 4), (2,), (1,), (2,), 1),           # stride, padding, dilation
+    ((1, 6, 9), (6, 1, 3), (1,), (1,), (1,), 6),            # depthwise
+    ((2, 6, 11), (4, 3, 2), (1,), (0,), (1,), 2),           # two groups of two channels
+    ((2, 3, 13, 11), (8, 3, 7, 7), (2, 2), (3, 3), (1, 1), 1),  # a stem
+    ((1, 4, 9, 10), (12, 2, 3, 2), (1, 2), (1, 0), (2, 1), 2),
+    ((3, 2, 5, 7), (7, 2, 1, 1), (1, 1), (0, 0), (1, 1), 1),    # 1x1, 7 output channels
+    ((1, 64, 11), (8, 64, 8), (1,), (3,), (1,), 1),         # MAX_TAPS (512) taps
+]
+#: Every build for one problem, by hand: the generic kernel's tiles and the row kernel's.
+_TILES = [_Config(False, 8, 4), _Config(False, 8, 1), _Config(False, 4, 4),
+          _Config(False, 2, 1), _Config(False, 1, 4), _Config(True, 8, 4),
+          _Config(True, 8, 8), _Config(True, 4, 4), _Config(True, 1, 4)]
+
+
+def _geo(xs, ws, stride, pads, dilation, groups):
+    strides = tuple(int(np.prod(xs[i + 1:])) for i in range(len(xs)))
+    return conv_direct.geometry(xs, strides, ws, stride, pads, dilation, groups)
+
+
+def _builds(dtype, geo):
+    """The builds a test runs a problem with: all of :func:`configs` in float32, the
+    default one in the 16-bit types."""
+    every = conv_direct.configs(geo)
+    return every if dtype == "float32" else every[:1]
+
+
+def _instances():
+    """Every (kind, config, activation, s, sw) the tests launch."""
+    out = set()
+
+    def add(dtype, geo, configs, acts):
+        for config in configs:
+            for act in acts:
+                out.add((_TYPES[dtype][1], config, _ACTS[act], geo[6], geo[10]))
+
+    for prob in _PROBLEMS:
+        geo = _geo(*prob)
+        for dtype in _TYPES:
+            add(dtype, geo, _builds(dtype, geo), (None, "relu"))
+    add("float32", _geo((5, 3, 23), (8, 3, 5), (1,), (2,), (1,), 1), _TILES,
+        ("gelu", "silu", None))
+    for geo in (_geo((2, 5, 9, 8), (4, 5, 3, 3), (1, 1), (1, 1), (1, 1), 1),
+                _geo((2, 3, 12), (4, 3, 3), (1,), (1,), (1,), 1)):
+        add("float32", geo, conv_direct.configs(geo), (None, "relu"))
+    return sorted(out, key=str)
+
+
+def _cases() -> str:
+    lines = []
+    for kind, c, act, s, sw in _instances():
+        test = (f"kind == {kind} && rows == {int(c.rows)} && ot == {c.ot} && pt == {c.pt} "
+                f"&& act == {act}")
+        if c.rows:
+            lines.append(f"  if ({test} && s == {s} && sw == {sw}) {{ pyc_run_rows<{kind}, "
+                         f"{c.ot}, {c.pt}, {act}, {s}, {sw}>(x, w, b, y, g, gx, gy, threads); "
+                         "return 0; }")
+        else:
+            lines.append(f"  if ({test}) {{ pyc_run<{kind}, {c.ot}, {c.pt}, {act}>(x, w, b, "
+                         "y, g, gx, gy, threads); return 0; }")
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
 def library():
     text = _VECTORS + "".join(native_source(f) for f in
-                   ("f16.cuh", "bf16.cuh", "conv_guard.cuh", "conv_direct.cuh")) + _DRIVER
+                   ("f16.cuh", "bf16.cuh", "conv_guard.cuh", "conv_direct.cuh")) + \
+        _DRIVER.replace("__CASES__", _cases())
     return native_library(text, "conv_direct")
 
 
@@ -88,15 +159,15 @@ def _reference(x, w, b, stride, pads, dilation, groups, activation):
     return y
 
 
-def _run(library, x, w, b, stride, pads, dilation, groups, activation, tile=None):
+def _run(library, x, w, b, stride, pads, dilation, groups, activation, config=None):
     dtype = np.dtype(x.dtype).name
     _, kind, word = _TYPES[dtype]
     item = x.dtype.itemsize
     geo = conv_direct.geometry(x.shape, tuple(s // item for s in x.strides), w.shape, stride,
                                pads, dilation, groups)
     assert geo is not None
-    k, groups_, p, q, pixels = geo[3], geo[4], geo[7], geo[8], geo[-1]
-    ot, pt = tile or conv_direct.tile(k // groups_, pixels * k)
+    k, p, q, pixels = geo[3], geo[7], geo[8], geo[-1]
+    config = config or conv_direct.configs(geo)[0]
     out_shape = (x.shape[0], k, q) if x.ndim == 3 else (x.shape[0], k, p, q)
     y = np.full(out_shape, np.nan, dtype=x.dtype)  # poisoned: every output must be written
     # the kernel reads x through its strides from the base of x's own buffer
@@ -105,14 +176,18 @@ def _run(library, x, w, b, stride, pads, dilation, groups, activation, tile=None
     bv = None if b is None else np.ascontiguousarray(b).view(word)
     g = np.array(geo, dtype=np.int32)
     threads = 32  # a small block: several blocks and part-empty ones on small problems
-    gx = max(1, -(-pixels // (threads * pt)))
-    library.conv(ctypes.c_int(kind), ctypes.c_int(ot), ctypes.c_int(pt),
-                 ctypes.c_int(_ACTS[activation]),
-                 ctypes.c_void_p(xv.__array_interface__["data"][0]),
-                 ctypes.c_void_p(wv.ctypes.data),
-                 ctypes.c_void_p(0 if bv is None else bv.ctypes.data),
-                 ctypes.c_void_p(y.view(word).ctypes.data), g.ctypes.data_as(ctypes.c_void_p),
-                 ctypes.c_uint(gx), ctypes.c_uint(k // ot), ctypes.c_uint(threads))
+    if config.rows:
+        gx = max(1, -(-(pixels // q) * -(-q // config.pt) // threads))
+    else:
+        gx = max(1, -(-pixels // (threads * config.pt)))
+    missing = library.conv(
+        ctypes.c_int(kind), ctypes.c_int(int(config.rows)), ctypes.c_int(config.ot),
+        ctypes.c_int(config.pt), ctypes.c_int(_ACTS[activation]), ctypes.c_int(geo[6]),
+        ctypes.c_int(geo[10]), ctypes.c_void_p(xv.__array_interface__["data"][0]),
+        ctypes.c_void_p(wv.ctypes.data), ctypes.c_void_p(0 if bv is None else bv.ctypes.data),
+        ctypes.c_void_p(y.view(word).ctypes.data), g.ctypes.data_as(ctypes.c_void_p),
+        ctypes.c_uint(gx), ctypes.c_uint(k // config.ot), ctypes.c_uint(threads))
+    assert missing == 0, f"the test driver has no {config} instance for {dtype} {geo}"
     return y
 
 
@@ -132,18 +207,6 @@ def _check(got, want, dtype, taps):
     np.testing.assert_allclose(g[ok], want[ok], rtol=tol, atol=tol * scale)
 
 
-_PROBLEMS = [
-    # x shape, w shape, stride, pads, dilation, groups
-    ((3, 4, 32), (32, 4, 3), (1,), (0,), (1,), 1),          # the particle CNN's first layer
-    ((2, 32, 30), (32, 32, 3), (1,), (0,), (1,), 1),        # ... and its second
-    ((2, 5, 17), (6, 5, 4), (2,), (1,), (2,), 1),           # stride, padding, dilation
-    ((1, 6, 9), (6, 1, 3), (1,), (1,), (1,), 6),            # depthwise
-    ((2, 6, 11), (4, 3, 2), (1,), (0,), (1,), 2),           # two groups of two channels
-    ((2, 3, 13, 11), (8, 3, 7, 7), (2, 2), (3, 3), (1, 1), 1),  # a stem
-    ((1, 4, 9, 10), (12, 2, 3, 2), (1, 2), (1, 0), (2, 1), 2),
-    ((3, 2, 5, 7), (7, 2, 1, 1), (1, 1), (0, 0), (1, 1), 1),    # 1x1, 7 output channels
-    ((1, 64, 11), (8, 64, 8), (1,), (3,), (1,), 1),         # MAX_TAPS (512) taps
-]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -156,20 +219,21 @@ def test_direct_matches_float64(library, dtype, xs, ws, stride, pads, dilation, 
     x = rng.uniform(-1, 1, xs).astype(t)
     w = rng.uniform(-1, 1, ws).astype(t)
     b = rng.uniform(-1, 1, ws[0]).astype(t)
-    got = _run(library, x, w, b, stride, pads, dilation, groups, activation)
     want = _reference(x, w, b, stride, pads, dilation, groups, activation)
-    assert got.shape == want.shape
-    _check(got, want, dtype, int(np.prod(ws[1:])))
+    for config in _builds(dtype, _geo(xs, ws, stride, pads, dilation, groups)):
+        got = _run(library, x, w, b, stride, pads, dilation, groups, activation, config)
+        assert got.shape == want.shape
+        _check(got, want, dtype, int(np.prod(ws[1:])))
 
 
-@pytest.mark.parametrize("tile", [(8, 4), (8, 1), (4, 4), (2, 1), (1, 4)])
+@pytest.mark.parametrize("config", _TILES, ids=str)
 @pytest.mark.parametrize("activation", ["gelu", "silu", None])
-def test_every_tile_and_activation(library, tile, activation):
+def test_every_build_and_activation(library, config, activation):
     rng = np.random.default_rng(7)
     x = rng.uniform(-2, 2, (5, 3, 23)).astype(np.float32)
     w = rng.uniform(-1, 1, (8, 3, 5)).astype(np.float32)
     b = rng.uniform(-1, 1, 8).astype(np.float32)
-    got = _run(library, x, w, b, (1,), (2,), (1,), 1, activation, tile=tile)
+    got = _run(library, x, w, b, (1,), (2,), (1,), 1, activation, config)
     _check(got, _reference(x, w, b, (1,), (2,), (1,), 1, activation), "float32", 15)
 
 
@@ -178,8 +242,11 @@ def test_no_bias_and_a_channels_last_view(library):
     nhwc = rng.uniform(-1, 1, (2, 9, 8, 5)).astype(np.float32)
     x = nhwc.transpose(0, 3, 1, 2)  # channels first, channels-last memory: strides (360, 1, 40, 5)
     w = rng.uniform(-1, 1, (4, 5, 3, 3)).astype(np.float32)
-    got = _run(library, x, w, None, (1, 1), (1, 1), (1, 1), 1, None)
-    _check(got, _reference(x, w, None, (1, 1), (1, 1), (1, 1), 1, None), "float32", 45)
+    want = _reference(x, w, None, (1, 1), (1, 1), (1, 1), 1, None)
+    geo = _geo((2, 5, 9, 8), (4, 5, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    for config in conv_direct.configs(geo):
+        _check(_run(library, x, w, None, (1, 1), (1, 1), (1, 1), 1, None, config), want,
+               "float32", 45)
 
 
 def test_nan_inf_and_signed_zero(library):
@@ -191,10 +258,11 @@ def test_nan_inf_and_signed_zero(library):
     w = rng.uniform(-1, 1, (4, 3, 3)).astype(np.float32)
     b = rng.uniform(-1, 1, 4).astype(np.float32)
     for act in (None, "relu"):
-        got = _run(library, x, w, b, (1,), (1,), (1,), 1, act)
         want = _reference(x, w, b, (1,), (1,), (1,), 1, act)
         assert np.isnan(want).any() and np.isinf(want).any()
-        _check(got, want, "float32", 9)
+        for config in conv_direct.configs(_geo((2, 3, 12), (4, 3, 3), (1,), (1,), (1,), 1)):
+            _check(_run(library, x, w, b, (1,), (1,), (1,), 1, act, config), want, "float32",
+                   9)
 
 
 def test_geometry_refuses_what_the_kernel_cannot_take():

@@ -19,14 +19,13 @@ pytestmark = pytest.mark.gpu
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _launch(x, w, b, stride, pads, dilation, groups, activation, tile=None, monkeypatch=None):
-    """The kernel on torch tensors into a NaN-filled output."""
+def _launch(x, w, b, stride, pads, dilation, groups, activation, config=None):
+    """The kernel (``config``'s build, default the first of ``configs``) on torch tensors
+    into a NaN-filled output."""
     geo = conv_direct.geometry(tuple(x.shape), tuple(x.stride()), tuple(w.shape), stride,
                                pads, dilation, groups)
-    if tile is not None:
-        monkeypatch.setattr(conv_direct, "tile", lambda *_a, **_k: tile)
     launch = conv_direct.launcher(conv_direct.KINDS[str(x.dtype)], geo, x.device.index,
-                                  activation)
+                                  activation, config=config or conv_direct.configs(geo)[0])
     shape = (x.shape[0], w.shape[0], *((geo[8],) if x.ndim == 3 else geo[7:9]))
     y = torch.full(shape, float("nan"), dtype=x.dtype, device="cuda")
     launch(x.data_ptr(), w.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
@@ -48,26 +47,30 @@ def test_the_kernel_matches_float64(dtype, xs, ws, stride, pads, dilation, group
     x = (torch.rand(xs, generator=g) * 2 - 1).to(_TORCH[dtype]).cuda()
     w = (torch.rand(ws, generator=g) * 2 - 1).to(_TORCH[dtype]).cuda()
     b = (torch.rand(ws[0], generator=g) * 2 - 1).to(_TORCH[dtype]).cuda()
-    got = _launch(x, w, b, stride, pads, dilation, groups, activation)
     want = _reference(_host(x), _host(w), _host(b), stride, pads, dilation, groups,
                       activation)
-    _check(_host(got), want, dtype, int(np.prod(ws[1:])))
+    geo = conv_direct.geometry(xs, tuple(x.stride()), ws, stride, pads, dilation, groups)
+    for config in conv_direct.configs(geo):
+        got = _launch(x, w, b, stride, pads, dilation, groups, activation, config)
+        _check(_host(got), want, dtype, int(np.prod(ws[1:])))
 
 
-@pytest.mark.parametrize("tile", [(8, 4), (4, 1), (1, 4)])
-def test_large_batches_and_every_tile(tile, monkeypatch):
-    """The particle CNN's second layer at batch 4096 (4 pixels a thread by default), a
-    ragged last block, NaN and infinity in the input, a channels-last view."""
-    x = torch.randn(4097, 32, 30, device="cuda")
+def test_large_batches_and_every_build():
+    """The particle CNN's second layer at batch 4097 (a ragged last block), every build,
+    NaN and infinity in the input, a channels-last view."""
+    x = torch.randn(4097, 32, 32, device="cuda")
     x[7, 3, 11] = float("nan")
     x[4000, 0, 0] = float("inf")
     xl = x.transpose(1, 2).contiguous().transpose(1, 2)  # channels-last memory
     w = torch.randn(32, 32, 3, device="cuda") / 8
     b = torch.randn(32, device="cuda")
-    want = _reference(_host(x), _host(w), _host(b), (1,), (0,), (1,), 1, "relu")
+    want = _reference(_host(x), _host(w), _host(b), (1,), (1,), (1,), 1, "relu")
     for xin in (x, xl):
-        got = _launch(xin, w, b, (1,), (0,), (1,), 1, "relu", tile, monkeypatch)
-        _check(_host(got), want, "float32", 96)
+        geo = conv_direct.geometry(tuple(xin.shape), tuple(xin.stride()), (32, 32, 3), (1,),
+                                   (1,), (1,), 1)
+        for config in conv_direct.configs(geo):
+            got = _launch(xin, w, b, (1,), (1,), (1,), 1, "relu", config)
+            _check(_host(got), want, "float32", 96)
 
 
 def test_pl_conv_races_the_direct_kernel():

@@ -187,6 +187,6 @@ def _load(family: str, mod) -> None:
     elif family == "conv_gemm":
         mod._gather(_Tensor(), _Tensor(), (1, 1, 1, 1, 1, 1, 1, 1), 64)
     elif family == "conv_direct":
-        mod._function(0, 2, 8, 4, 1)
+        mod._function(0, 2, mod.Config(False, 8, 4), 1, (0,) * 20)
     else:
         mod._function(0, 2, "pyc_conv_fixup")
