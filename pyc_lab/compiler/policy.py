@@ -71,9 +71,10 @@ REASONS = {
             "quantile): the array "
             "library's own (CuPy: CUB's device scans and radix sorts), a library call "
             "between the generated kernels",
-    "CONV": "convolution: pl.conv's path (cuDNN or the GEMM form, whichever its first "
-            "call measured faster, through torch where torch is installed, else im2col); "
-            "a library call between CUDA graphs",
+    "CONV": "convolution: pl.conv's path (cuDNN, the GEMM form or pyc_lab's direct "
+            "kernel, whichever its first call measured fastest, through torch where torch "
+            "is installed, else im2col); the direct kernel recorded into the CUDA graphs "
+            "where its GPU time beats the library's cost, else a library call between them",
 }
 
 def tuned_problem(node: Node, graph: Graph) -> tuple[tuple[Any, ...] | None, str]:
