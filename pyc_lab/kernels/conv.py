@@ -20,6 +20,7 @@ candidate of the first call's race (:mod:`.conv_cutlass`), kept only when it bea
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +37,8 @@ from .memo import remember
 __all__ = ["ACTIVATIONS", "LAYOUTS", "bound_conv", "conv", "conv1d", "conv2d", "conv_backward",
            "conv_geometry", "conv_route", "direct_in_graph", "recordable_conv", "set_tracer",
            "torch_activation"]
+
+log = logging.getLogger(__name__)
 
 #: Where the channels are: after the batch axis, or last.
 LAYOUTS = ("channels_first", "channels_last")
@@ -408,14 +411,19 @@ def direct_in_graph(x_shape: Sequence[int], w_shape: Sequence[int], dtype: str, 
         return False
     import cupy as cp
 
-    rng = cp.random.default_rng(0)
-    x = rng.standard_normal(tuple(x_shape), dtype=cp.float32).astype(dtype)
-    w = rng.standard_normal(tuple(w_shape), dtype=cp.float32).astype(dtype)
-    b = rng.standard_normal((int(w_shape[0]),), dtype=cp.float32).astype(dtype) \
-        if bias else None
     args = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation),
             "groups": int(groups)}
-    conv(x, w, b, **args)
+    try:
+        rng = cp.random.default_rng(0)
+        x = rng.standard_normal(tuple(x_shape), dtype=cp.float32).astype(dtype)
+        w = rng.standard_normal(tuple(w_shape), dtype=cp.float32).astype(dtype)
+        b = rng.standard_normal((int(w_shape[0]),), dtype=cp.float32).astype(dtype) \
+            if bias else None
+        conv(x, w, b, **args)
+    except Exception as exc:  # a race that cannot run leaves the problem to im2col
+        log.warning("direct convolution not raced for %s x %s: %s", tuple(x_shape),
+                    tuple(w_shape), exc)
+        return False
     choice = conv_gemm.choice_for_cupy(x, w, b, args["stride"], args["padding"],
                                        args["dilation"], args["groups"])
     return choice is not None and conv_gemm.records_direct(choice)

@@ -274,7 +274,8 @@ def run(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
     def direct(x: Any, w: Any, b: Any) -> Any:
         y = torch.empty(shape, dtype=x.dtype, device=x.device)
         wc = w if w.is_contiguous() else w.contiguous()
-        launch(x.data_ptr(), wc.data_ptr(), 0 if b is None else b.contiguous().data_ptr(),
+        bc = None if b is None else b.contiguous()  # held until the launch is issued
+        launch(x.data_ptr(), wc.data_ptr(), 0 if bc is None else bc.data_ptr(),
                y.data_ptr(), torch_stream(device))
         return y
 

@@ -339,3 +339,21 @@ def test_a_graph_records_the_direct_kernel_where_it_beats_the_winner_on_the_gpu(
             "direct_gpu_ms": 0.1 * (1 - MARGIN) * 1.001}
     assert not records_direct(edge)
     assert not records_direct({"impl": "cudnn", "cudnn_ms": 0.1})  # not raced with it
+
+
+def test_a_race_that_cannot_run_leaves_the_convolution_to_im2col(monkeypatch, caplog):
+    """``direct_in_graph`` says no, with a warning, where the race cannot run (here:
+    told a GPU and torch are there, CuPy's first device call fails)."""
+    pytest.importorskip("cupy")
+    from pyc_lab.hardware import device
+    from pyc_lab.kernels import arrays
+    from pyc_lab.kernels import conv as kconv
+
+    assert not kconv.direct_in_graph((1, 4, 32), (32, 4, 3), "float32", stride=(1,),
+                                     padding=(0,), dilation=(1,))  # no GPU: not tried
+    monkeypatch.setattr(arrays, "torch_installed", lambda: True)
+    monkeypatch.setattr(device, "no_gpu_reason", lambda *a, **k: None)
+    with caplog.at_level("WARNING", logger="pyc_lab.kernels.conv"):
+        assert not kconv.direct_in_graph((1, 4, 32), (32, 4, 3), "float32", stride=(1,),
+                                         padding=(0,), dilation=(1,))
+    assert "not raced" in caplog.text
