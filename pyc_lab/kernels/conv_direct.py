@@ -142,10 +142,15 @@ def rows_fit(geo: tuple[int, ...]) -> bool:
 def configs(geo: tuple[int, ...], sms: int = 132) -> list[Config]:
     """The builds :func:`run`'s first call times for a problem, the default first: the
     row kernel with 4 (and 8) outputs a thread where it fits, and the generic kernel
-    with the :func:`tile` pixels a thread and with the other of 1 and 4."""
+    with the :func:`tile` pixels a thread and with the other of 1 and 4. A problem with
+    fewer outputs than one block per SM at that tile (batch 1 of a small model) also
+    gets the generic kernel with one or two channels and one pixel a thread: more
+    threads, each with a shorter serial sum."""
     k, groups, pixels = geo[3], geo[4], geo[-1]
     ot, pt = tile(k // groups, pixels * k, sms)
     generic = [Config(False, ot, pt), Config(False, ot, 5 - pt)]
+    if pixels * k // ot < sms * THREADS:
+        generic += [Config(False, v, 1) for v in (2, 1) if v < ot and (k // groups) % v == 0]
     if rows_fit(geo):
         return [Config(True, ot, 4), Config(True, ot, 8), *generic]
     return generic
