@@ -92,8 +92,8 @@ __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __res
   __syncthreads();
   const T* xg = x + (k0 / kg) * cg * xs_c;
   // per pixel: its window's first element (an offset from the group's channel 0; it may
-  // lie in the padding), and whether the whole window is inside the input (then its taps
-  // need no check)
+  // lie in the padding), and whether the whole window is inside the input (then no tap
+  // is checked)
   int at[PT], h0[PT], w0[PT];
   bool live[PT], inside[PT];
 #pragma unroll
@@ -123,10 +123,14 @@ __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __res
     float v[PT];
 #pragma unroll
     for (int j = 0; j < PT; ++j) {
-      // no branch: a predicated load, so that the unrolled taps' loads issue together
-      const unsigned hh = (unsigned)(h0[j] + tap.y), ww = (unsigned)(w0[j] + tap.z);
-      const bool ok = inside[j] | (live[j] & (hh < (unsigned)h) & (ww < (unsigned)w));
-      v[j] = ok ? pyc_guard_load<KIND>(xg[at[j] + tap.x]) : 0.f;
+      if (inside[j]) {
+        v[j] = pyc_guard_load<KIND>(xg[at[j] + tap.x]);
+      } else {
+        const int hh = h0[j] + tap.y, ww = w0[j] + tap.z;
+        v[j] = (live[j] && hh >= 0 && hh < h && ww >= 0 && ww < w)
+                   ? pyc_guard_load<KIND>(xg[at[j] + tap.x])
+                   : 0.f;
+      }
     }
     float f[OT];
     pyc_direct_weights<OT>(ws + t * OT, f);
