@@ -90,7 +90,8 @@ def test_on_the_gpu_backend_it_runs_as_pl_convs_library_call():
     assert node.shape == (2, 8, 16, 16) and node.dtype == np.float16
     (d,) = [d for d in policy.choose(g, "cupy", "balanced", supports) if d.node == node.id]
     assert (d.choice, d.reason) == ("conv", "CONV")
-    assert "cuDNN or the GEMM form" in policy.REASONS["CONV"]
+    assert "cuDNN, the GEMM form or pyc_lab's direct kernel" in policy.REASONS["CONV"]
+    assert "recorded into the CUDA graphs" in policy.REASONS["CONV"]
 
 
 @pytest.mark.parametrize(("tail", "folded"), [
