@@ -30,6 +30,7 @@ import numpy as np
 
 from ..compiler import functions as F
 from ..compiler.padding import pad_axes
+from ..compiler.views import contiguous_strides
 from ..kernels.conv_im2col import conv_im2col, filled, out_size, pad_spatial, windows
 
 __all__ = [
@@ -108,7 +109,7 @@ def direct_candidate(x: Any, w: Any, strides: Sequence[int], pads: Sequence[int]
     if taps > AUTO_DIRECT_TAPS:
         return False
     shape = tuple(int(v) for v in x.shape)
-    contiguous = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    contiguous = tuple(contiguous_strides(shape))
     w_shape = tuple(int(v) for v in w.shape)
     dtype = np.dtype(x.dtype).name
     if not conv_direct.eligible(dtype, shape, contiguous, w_shape, tuple(strides),

@@ -386,9 +386,8 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     if geo is None or (bias is not None and not bias.flags.c_contiguous):
         return None
     device = x.device.id
-    sms = cp.cuda.Device(device).attributes["MultiProcessorCount"]
     launch = conv_direct.launcher(conv_direct.KINDS[x.dtype.name], geo, device, activation,
-                                  sms)
+                                  conv_direct.sm_count(device))
 
     ptrs = (x.data.ptr, w.data.ptr, 0 if bias is None else bias.data.ptr, out.data.ptr)
 

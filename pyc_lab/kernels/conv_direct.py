@@ -22,6 +22,7 @@ dtype and tile shape with NVRTC (:mod:`.nvrtc`, subnormals kept).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from .memo import remember
 from .nvrtc import compile_module
 
 __all__ = ["MAX_TAPS", "Config", "configs", "eligible", "geometry", "launcher", "rows_fit",
-           "run", "tile"]
+           "run", "sm_count", "tile"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,14 @@ class Config:
     rows: bool
     ot: int
     pt: int
+
+
+@functools.cache
+def sm_count(device: int) -> int:
+    """The streaming multiprocessors of a device (what :func:`tile` sizes work by)."""
+    import cupy as cp
+
+    return int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
 
 
 def rows_fit(geo: tuple[int, ...]) -> bool:
@@ -262,7 +271,7 @@ def run(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
     key = (KINDS[str(x.dtype)], geo, device, activation)
     launch = _LAUNCHERS.get(key)
     if launch is None:
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        sms = sm_count(device)
         stream = torch_stream(device)
         if stream.is_capturing():  # nothing may be timed inside a capture
             config = _CONFIGS.get(key) or configs(geo, sms)[0]
