@@ -11,7 +11,9 @@ impl                      step
                           mean, max, min, var, row programs) or column kernel (sum,
                           mean, max, min over leading or middle axes)
 ``cublas``                ``cupy.matmul`` on (transposed) views, then the generated
-                          bias/activation epilogue in place on the product
+                          bias/activation epilogue in place on the product; a matmul
+                          of at most 64 rows also gets the generated small GEMM,
+                          raced against that at the first call (:mod:`.small_gemm`)
 ``cutlass``               the tuned CUTLASS kernel from the tuning database (bias and
                           activation in its epilogue), into the planned buffer; the
                           ``cublaslt``/``cublas`` step when it cannot run
@@ -52,8 +54,10 @@ from typing import Any
 import numpy as np
 
 from ..codegen import generate, generate_epilogue, supports
+from ..codegen.small_gemm import check_small_gemm, generate_small_gemm
 from ..ir import Graph, Node
 from ..ops import REGISTRY
+from . import small_gemm
 from .steps import (
     _CupyStep,
     _CutlassStep,
@@ -355,13 +359,19 @@ class _Lowering:
         backend = ("pl.matmul (one strided-batched GEMM; CuPy's batched matmul computes "
                    "16-bit floats in float32)" if batched else "cuBLAS (cupy.matmul)") + (
             " in place of a tuned CUTLASS kernel" if choice == "cutlass" else "")
+        small = None
+        if small_gemm.ENABLED and not batched and not check_small_gemm(node, self.graph):
+            small = generate_small_gemm(node, self.graph)
+            backend += (" (or the generated small GEMM " + small.name
+                        + ", product and epilogue in one kernel, where the first call "
+                        "measures it faster)")
         describe = {"node": node.id, "name": epilogue.name if epilogue else f"matmul_{node.id}",
                     "kind": "cublas", "ops": ["matmul", *(epilogue.ops if epilogue else ())],
                     "impl": choice,
                     "implementation": backend + (" + generated epilogue" if epilogue else ""),
                     "source": epilogue.source if epilogue else "",
                     "notes": epilogue.notes if epilogue else ""}
-        return _MatmulStep(node, choice, epilogue, out_buffer, describe)
+        return _MatmulStep(node, choice, epilogue, out_buffer, describe, small)
 
     def _gemm_output(self, node: Node, in_storage: Storage,
                      storage: dict[int, Storage]) -> int | None:

@@ -16,7 +16,9 @@ step                      what runs
 :class:`_WrittenStep`     a ``fused_extra`` node the kernel before it wrote: nothing
 :class:`_MatmulStep`      ``cupy.matmul`` (cuBLAS) — for a batched float matmul one
                           strided-batched GEMM through ``pl.matmul`` — then the
-                          generated bias/activation epilogue in place on the product
+                          generated bias/activation epilogue in place on the product;
+                          for few rows, the generated small GEMM instead where it won
+                          the first call's race (:mod:`.small_gemm`)
 :class:`_LtStep`          one cuBLASLt GEMM with the epilogue inside (nvmath-python)
 :class:`_CutlassStep`     the tuned CUTLASS kernel from the tuning database, with the
                           cuBLASLt or cuBLAS step to run when it cannot
@@ -42,6 +44,7 @@ from ..codegen.cuda_types import KernelSource
 from ..ir import Graph, Node
 from ..ops import REGISTRY, check_eager_result, evaluate
 from .launch import ColumnLaunch, alignment_plan, launch_elementwise, launch_rows
+from .small_gemm import SmallGemm
 
 __all__ = ["batched_gemm", "contiguous_operand"]
 
@@ -222,11 +225,10 @@ class _MatmulStep(_Step):
     capture may record (see :mod:`.graphs`)."""
 
     capturable = False
-    #: :meth:`graph_call` needs the program's cuBLAS workspace (made before the capture).
-    graph_workspace = True
 
     def __init__(self, node: Node, impl: str, epilogue: KernelSource | None,
-                 out_buffer: int | None, describe: dict[str, Any]) -> None:
+                 out_buffer: int | None, describe: dict[str, Any],
+                 small: KernelSource | None = None) -> None:
         super().__init__(node, impl, describe)
         self.epilogue = epilogue
         self.out_buffer = out_buffer
@@ -234,6 +236,13 @@ class _MatmulStep(_Step):
         self.product_dtype: np.dtype = node.dtype
         self.bias_node: Node | None = None
         self.last_entry: str | None = None
+        self.small = SmallGemm(small) if small is not None else None
+
+    @property
+    def graph_workspace(self) -> bool:
+        """Whether :meth:`graph_call` needs the program's cuBLAS workspace (made before
+        the capture): not when the small GEMM won the first call's race."""
+        return not (self.small is not None and self.small.use)
 
     def prepare(self, exe: Executor) -> None:
         g = exe.graph
@@ -243,6 +252,8 @@ class _MatmulStep(_Step):
             self.bias_node = g.node(self.node.inputs[2])
         if self.epilogue is not None:
             self.kernels = {e: compile_kernel(self.epilogue, e) for e in self.epilogue.entries}
+        if self.small is not None:
+            self.small.prepare()
 
     def _planned_product(self, exe: Executor) -> Any | None:
         """The planned buffer's view the product can be written into, or None (no
@@ -270,25 +281,71 @@ class _MatmulStep(_Step):
         return exe._cp.matmul(a, b)
 
     def run(self, exe: Executor, values: dict[int, Any]) -> None:
-        cp = exe._cp
         node = self.node
         a, b = _gemm_operands(node, values)
+        small = self._small_call(exe, values, a, b)
+        if small is not None:
+            small()
+            return
+        bias = None if self.bias_node is None else \
+            contiguous_operand(values[node.inputs[2]], self.bias_node, exe._cp)
+        values[node.id] = self._library(exe, a, b, bias)
+
+    def _library(self, exe: Executor, a: Any, b: Any, bias: Any) -> Any:
+        """The library GEMM, then the epilogue (if any): the node's value."""
+        cp = exe._cp
         product = self._product(exe, a, b)
         if self.epilogue is None:
-            values[node.id] = product
-            return
-        ins = [product]
-        if self.bias_node is not None:
-            ins.append(contiguous_operand(values[node.inputs[2]], self.bias_node, cp))
+            return product
+        ins = [product] + ([bias] if bias is not None else [])
         if self.epilogue.launch.get("inplace"):
             out = product
         elif self.out_buffer is not None:
-            out = exe._buffer_view(self.out_buffer, node)
+            out = exe._buffer_view(self.out_buffer, self.node)
         else:
-            out = cp.empty(node.shape, dtype=node.dtype)
+            out = cp.empty(self.node.shape, dtype=self.node.dtype)
         self.last_entry = launch_elementwise(exe._sm_count, self.kernels, self.epilogue, ins,
                                              out)
+        return out
+
+    def _small_call(self, exe: Executor, values: dict[int, Any], a: Any,
+                    b: Any) -> Callable[[], None] | None:
+        """The small GEMM (:mod:`.small_gemm`) as a call writing this node's output (its
+        array entered in ``values`` now), where it won the first call's race — run here,
+        outside a capture, when it has not been yet; ``None`` where the library path
+        runs (no candidate, the race lost, or operands neither kernel reads)."""
+        small = self.small
+        if small is None or small.use is False or not small.kernels:
+            return None
+        plan = small.plan(a, b)
+        if plan is None:
+            return None
+        cp = exe._cp
+        node = self.node
+        src = values[node.inputs[2]] if self.bias_node is not None else None
+
+        def bias() -> Any:  # made contiguous at every call: a copy would go stale
+            return None if src is None else contiguous_operand(src, self.bias_node, cp)
+
+        if small.use is None:
+            scratch = cp.empty(node.shape, dtype=node.dtype)
+            first = bias()
+            won = small.decide(cp, lambda: self._library(exe, a, b, first),
+                               lambda: small.launch(plan, a, b, first, scratch))
+            if small.note:
+                self.describe["notes"] = "; ".join(
+                    t for t in (self.describe.get("notes"), small.note) if t)
+            if not won:
+                return None
+        out = exe._buffer_view(self.out_buffer, node) if self.out_buffer is not None \
+            else cp.empty(node.shape, dtype=node.dtype)
         values[node.id] = out
+
+        def call() -> None:
+            small.launch(plan, a, b, bias(), out)
+            self.last_entry = plan[0]
+
+        return call
 
     def static_call(self, exe: Executor, values: dict[int, Any]) -> Any:
         cp = exe._cp
@@ -304,17 +361,23 @@ class _MatmulStep(_Step):
                                     lambda product: cp.matmul(a, b, out=product))
 
     def graph_call(self, exe: Executor, values: dict[int, Any],
-                   workspace: tuple[int, int]) -> Callable[[], None] | None:
+                   workspace: tuple[int, int] | None) -> Callable[[], None] | None:
         """This GEMM (and its epilogue) as a call that can run inside a CUDA-graph
-        capture: cuBLAS issued directly (:class:`~pyc_lab.kernels.blas_direct.CublasGemm`,
-        the call ``cupy.matmul`` makes, with ``workspace``, one the program owns) on the
-        static arrays; ``None`` where there is no direct form (nvmath-python missing, mixed
-        dtypes, operands that are not BLAS matrices). Nothing is launched here; the
-        operands' values are read when the call runs."""
+        capture: the small GEMM where it won the first call's race, else cuBLAS issued
+        directly (:class:`~pyc_lab.kernels.blas_direct.CublasGemm`, the call
+        ``cupy.matmul`` makes, with ``workspace``, one the program owns) on the static
+        arrays; ``None`` where there is no direct form (no workspace: nvmath-python
+        missing; mixed dtypes, operands that are not BLAS matrices). Nothing is launched
+        here; the operands' values are read when the call runs."""
         from ...kernels.matmul_plan import direct_for
 
         cp = exe._cp
         a, b = _gemm_operands(self.node, values)
+        small = self._small_call(exe, values, a, b)
+        if small is not None:
+            return small
+        if workspace is None:
+            return None
         direct = direct_for(a, b, None, "cublas", 1.0, 0.0, np.dtype(self.product_dtype).name)
         if direct is None:
             return None

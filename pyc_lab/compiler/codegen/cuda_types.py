@@ -125,7 +125,8 @@ _COMPUTE = {
 #: data; ``vec``: an aligned vector of N elements (one 16-byte or narrower load/store);
 #: ``ipow``/``abs``/``divmod``: NumPy's integer power, absolute value, floor division and
 #: remainder; ``reduce``: the combining
-#: operators and the warp/block reductions of the row kernels.
+#: operators and the warp/block reductions of the row kernels; ``small_gemm``: the
+#: product loops of the small GEMM (:mod:`.small_gemm`).
 HELPER_FILES: dict[str, str] = {
     "f16": "f16.cuh",
     "bf16": "bf16.cuh",
@@ -134,6 +135,7 @@ HELPER_FILES: dict[str, str] = {
     "abs": "abs.cuh",
     "divmod": "divmod.cuh",
     "reduce": "reduce.cuh",
+    "small_gemm": "small_gemm.cuh",
 }
 
 

@@ -1,0 +1,236 @@
+"""The small GEMM: a matmul with few rows and its bias/activation epilogue as one kernel.
+
+A small model's linear layer at small batch (a handful of rows times a weight of a few
+hundred squared) is a few microseconds of work split over two launches — the library's
+GEMM (cuBLAS's GEMV) and the generated epilogue adding the bias and applying the
+activation — and inside a CUDA graph each launch costs about a microsecond of its own.
+:func:`generate_small_gemm` writes the whole layer as one kernel: the product from
+``native/small_gemm.cuh`` (a warp per output column over a transposed weight, or a lane
+per column with the reduction split over warps for a row-major one), every sum handed to
+a generated store that applies the node's epilogue — the very device function the
+separate epilogue kernel uses, after the product is rounded to its dtype as the library's
+output would be — and writes the result.
+
+It is a candidate, never a default: the matmul step times it against the library GEMM
+plus epilogue on the first call's operands and keeps it only where it measured faster
+(:class:`~pyc_lab.compiler.backend.steps._MatmulStep`).
+
+:func:`check_small_gemm` says which matmuls it takes: two 2-D operands of one float dtype
+(float32, float64, float16, bfloat16), at most :data:`MAX_ROWS` rows, a reduction of at
+least one term, at most :data:`MAX_FLOPS` of work, and a bias (if any) along the rows.
+The operands' layouts are checked at run time (:func:`entry_for`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Graph, Node, dtype_short
+from ..views import Load
+from . import cuda_types as ct
+from .cuda_types import KernelSource
+from .elementwise import _device_function, activation_ok, epilogue_body, kernel_name
+
+__all__ = ["BLOCK", "MAX_FLOPS", "MAX_ROWS", "check_small_gemm", "entry_for",
+           "generate_small_gemm", "launch_shape"]
+
+#: The most rows of ``a`` the kernel takes (8 blocks of 8 rows; past it the libraries'
+#: tiles reuse each weight load across enough rows to win).
+MAX_ROWS = 64
+#: The most ``2 * M * N * K`` a problem may have (a layer of 64 x 512 x 512): past it the
+#: work, not the launches, is the cost, and that is the libraries' business.
+MAX_FLOPS = 1 << 25
+#: Threads per block of both kernels (8 warps).
+BLOCK = 256
+_FLOATS = ("float32", "float64", "float16", "bfloat16")
+
+
+def _rows_per_block(m: int) -> int:
+    """Rows a block computes: the power of two at least ``m``, at most 8."""
+    mt = 1
+    while mt < min(m, 8):
+        mt *= 2
+    return mt
+
+
+def _problem(node: Node, graph: Graph) -> tuple[int, int, int] | str:
+    """``(M, N, K)`` of a matmul node, or why the small GEMM does not take it."""
+    if node.op != "matmul":
+        return f"{node.op} is not a matmul"
+    if node.attrs.get("transpose_a"):
+        return "a transposed left operand"
+    a, b = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        return "operands that are not 2-D matrices"
+    if a.dtype != b.dtype or a.dtype.name not in _FLOATS:
+        return f"operands {dtype_short(a.dtype)} and {dtype_short(b.dtype)}"
+    m, k = (int(d) for d in a.shape)
+    n = int(b.shape[0] if node.attrs.get("transpose_b") else b.shape[1])
+    if not 1 <= m <= MAX_ROWS:
+        return f"M = {m}: the small GEMM takes 1 to {MAX_ROWS} rows"
+    if k < 1 or n < 1:
+        return "an empty product"
+    if 2 * m * n * k > MAX_FLOPS:
+        return f"{2 * m * n * k} flops, more than the small GEMM's {MAX_FLOPS}"
+    if max(m * k, n * k, m * n) >= 1 << 31:
+        return "offsets past 32 bits"
+    return m, n, k
+
+
+def check_small_gemm(node: Node, graph: Graph) -> str:
+    """Why :func:`generate_small_gemm` does not take ``node``, or ``""`` when it does."""
+    problem = _problem(node, graph)
+    if isinstance(problem, str):
+        return problem
+    act = node.attrs.get("activation")
+    why = activation_ok(act)
+    if why:
+        return why
+    if len(node.inputs) == 3:
+        bias = graph.node(node.inputs[2])
+        n = problem[1]
+        if tuple(bias.shape) not in ((n,), (1, n)):
+            return f"a bias of shape {tuple(bias.shape)} (one of {n} values along rows needed)"
+        if not ct.is_supported(bias.dtype, elementwise=True):
+            return f"a {bias.dtype.name} bias"
+    elif len(node.inputs) != 2:
+        return f"a matmul with {len(node.inputs)} inputs"
+    if not ct.is_supported(node.dtype, elementwise=True):
+        return f"a {node.dtype.name} result"
+    return ""
+
+
+def _acc_type(dtype: np.dtype) -> str:
+    return "double" if dtype.name == "float64" else "float"
+
+
+def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
+    """The CUDA source of ``node`` (a matmul :func:`check_small_gemm` takes) as one kernel.
+
+    Entries (each ``(a, b[, bias], out, sam, sb)`` with ``out`` C-contiguous M x N):
+    ``<name>_k`` for ``b`` with unit k stride (``sb`` its column stride), ``<name>_kv``
+    the same with vector loads where ``K`` allows them, ``<name>_n`` for ``b`` with unit
+    n stride (``sb`` its row stride). ``launch`` holds ``m, n, k``, ``mt`` (rows per
+    block), ``vec`` (0: no vector entry) and ``block``.
+
+    Raises
+    ------
+    ValueError
+        When :func:`check_small_gemm` refuses the node.
+    """
+    why = check_small_gemm(node, graph)
+    if why:
+        raise ValueError(f"node %{node.id}: {why}")
+    m, n, k = _problem(node, graph)  # type: ignore[misc]
+    a = graph.node(node.inputs[0])
+    dtype = np.dtype(a.dtype)
+    out_dtype = np.dtype(node.dtype)
+    acc = _acc_type(dtype)
+    storage = ct.storage_type(dtype)
+    mt = _rows_per_block(m)
+    vec = 16 // dtype.itemsize
+    vec = vec if k % vec == 0 and vec > 1 else 0
+    name = kernel_name(node, f"matmul_{node.id}") + "_small"
+    act = node.attrs.get("activation") or None
+    has_bias = len(node.inputs) == 3
+    bias = graph.node(node.inputs[2]) if has_bias else None
+    needs: set[str] = set()
+    epilogue_fn = ""
+    if has_bias or act:
+        body = epilogue_body((m, n), dtype,
+                             ((n,), bias.dtype) if bias is not None else None, act)
+        loads = [Load(node=i, param=p, shape=tuple(body.node(i).shape), strides=(), offset=0)
+                 for p, i in enumerate(body.inputs)]
+        epilogue_fn, needs = _device_function(f"{name}_epilogue", body, out_dtype,
+                                              body.outputs[0], loads)
+    product = ct.convert("v", np.dtype("float64") if acc == "double" else np.dtype("float32"),
+                         dtype)
+    value = f"{name}_epilogue(p" + (f", {ct.from_storage(bias.dtype, 'bias[n]')}"
+                                    if bias is not None else "") + ")" \
+        if epilogue_fn else ct.convert("p", dtype, out_dtype)
+    bias_member = f"    const {ct.storage_type(bias.dtype)}* __restrict__ bias;\n" \
+        if bias is not None else ""
+    store = (
+        f"struct {name}_store {{\n{bias_member}"
+        f"    {ct.storage_type(out_dtype)}* __restrict__ out;\n"
+        f"    __device__ __forceinline__ void operator()(int m, int n, {acc} v) const {{\n"
+        f"        const {ct.compute_type(dtype)} p = {product};  // the product as "
+        f"{dtype.name}\n"
+        f"        out[m * {n} + n] = {ct.to_storage(out_dtype, value)};\n"
+        "    }\n};\n")
+    load = (f"struct {name}_load {{\n"
+            f"    __device__ __forceinline__ {acc} operator()({storage} x) const {{ "
+            f"return {ct.from_storage(dtype, 'x')}; }}\n}};\n")
+    params = [f"const {storage}* __restrict__ a", f"const {storage}* __restrict__ b"]
+    if bias is not None:
+        params.append(f"const {ct.storage_type(bias.dtype)}* __restrict__ bias")
+    params += [f"{ct.storage_type(out_dtype)}* __restrict__ out", "long long sam",
+               "long long sb"]
+    signature = ", ".join(params)
+    functor = f"{name}_store{{{'bias, ' if bias is not None else ''}out}}"
+    entries = [(f"{name}_k", f"pyc_small_gemm_k<{storage}, {acc}, {mt}, 1>"),
+               *([(f"{name}_kv", f"pyc_small_gemm_k<{storage}, {acc}, {mt}, {vec}>")]
+                 if vec else []),
+               (f"{name}_n", f"pyc_small_gemm_n<{storage}, {acc}, {mt}>")]
+    kernels = [f'extern "C" __global__ void __launch_bounds__({BLOCK})\n{entry}({signature})\n'
+               f"{{\n    {call}(a, b, {m}, {n}, {k}, sam, sb, {name}_load{{}}, {functor});\n}}\n"
+               for entry, call in entries]
+    ops = ("matmul",) + (("bias_add",) if bias is not None else ()) + ((act,) if act else ())
+    header = (f"// pyc_lab generated kernel {name} (small GEMM)\n"
+              f"// ops: {', '.join(ops)}\n"
+              f"// out {dtype_short(out_dtype)}[{m}, {n}] = "
+              + (f"{act}(" if act else "") + f"a[{m}, {k}] @ b[{k}, {n}]"
+              + (" + bias" if bias is not None else "") + (")" if act else "")
+              + f", {mt} row(s) a block, sums in {acc}\n")
+    all_dtypes = {dtype.name, out_dtype.name, *((bias.dtype.name,) if bias is not None else ())}
+    sections = [header]
+    if "float16" in all_dtypes:
+        sections.append(ct.helper("f16"))
+    if "bfloat16" in all_dtypes:
+        sections.append(ct.helper("bf16"))
+    sections.append(ct.helper("vec"))
+    sections += [ct.helper(s) for s in ("ipow", "abs", "divmod") if s in needs]
+    sections.append(ct.helper("small_gemm"))
+    if epilogue_fn:
+        sections.append(epilogue_fn)
+    sections += [load, store, *kernels]
+    source = "\n".join(s.rstrip("\n") + "\n" for s in sections)
+    launch = {"m": m, "n": n, "k": k, "mt": mt, "vec": vec, "block": BLOCK,
+              "itemsize": dtype.itemsize, "bias": bias is not None}
+    notes = (f"{m} x {n} x {k}: one kernel for the product and its epilogue, "
+             f"{mt} row(s) a block; raced against the library GEMM and epilogue at the "
+             "first call")
+    return KernelSource(name=name, kind="small_gemm", source=source, ops=ops, notes=notes,
+                        entries=tuple(e for e, _ in entries), launch=launch)
+
+
+def entry_for(src: KernelSource, a_strides: tuple[int, int], b_strides: tuple[int, int],
+              a_ptr: int, b_ptr: int) -> tuple[str, int, int] | None:
+    """The entry of ``src`` for operands with these element strides and addresses:
+    ``(entry, sam, sb)``, or ``None`` where neither layout fits (``a``'s k stride not 1,
+    or ``b`` with no unit stride)."""
+    launch = src.launch
+    m, n, k, vec = launch["m"], launch["n"], launch["k"], launch["vec"]
+    sam, sak = a_strides
+    sbk, sbn = b_strides
+    if sak != 1 and k > 1:
+        return None
+    sam = sam if m > 1 else k
+    if sbk == 1 or k == 1:
+        sbn = sbn if n > 1 else k
+        align = vec * launch["itemsize"]
+        if vec and sam % vec == 0 and sbn % vec == 0 and a_ptr % align == 0 \
+                and b_ptr % align == 0:
+            return f"{src.name}_kv", sam, sbn
+        return f"{src.name}_k", sam, sbn
+    if sbn == 1 or n == 1:
+        return f"{src.name}_n", sam, sbk
+    return None
+
+
+def launch_shape(src: KernelSource, entry: str) -> tuple[tuple[int, int], tuple[int]]:
+    """``(grid, block)`` of ``entry``."""
+    launch = src.launch
+    per_block = 32 if entry.endswith("_n") else 8
+    return ((-(-launch["n"] // per_block), -(-launch["m"] // launch["mt"])),
+            (launch["block"],))

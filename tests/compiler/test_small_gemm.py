@@ -1,0 +1,302 @@
+"""The small GEMM on the CPU: which matmuls it takes, its generated kernels run by the
+emulator (every entry, four dtypes, odd extents, NaN/inf/-0.0, poisoned outputs) against
+a float64 reference, and the matmul step's first-call race with the kernel emulated."""
+
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pyc_lab.compiler import Graph
+from pyc_lab.compiler.backend import small_gemm as small_step
+from pyc_lab.compiler.backend.lowering import lower
+from pyc_lab.compiler.codegen.small_gemm import (
+    MAX_ROWS,
+    check_small_gemm,
+    entry_for,
+    generate_small_gemm,
+    launch_shape,
+)
+from pyc_lab.compiler.ops import ACTIVATIONS, run_graph
+from tests.compiler.emulate import emulate_threads, needs_gxx
+
+F16, F32, F64 = np.float16, np.float32, np.float64
+BF16 = pytest.importorskip("ml_dtypes").bfloat16
+#: (rtol, atol) against the float64 reference, by operand dtype.
+TOL = {"float16": (1e-2, 1e-2), "bfloat16": (3e-2, 3e-2), "float32": (1e-5, 1e-5),
+       "float64": (1e-12, 1e-12)}
+
+
+def _graph(m, n, k, dtype, *, bias=None, act=None, transpose_b=True, out_dtype=None):
+    """``act(x @ w.T + bias)`` (``w`` N x K) or ``act(x @ w + bias)`` (``w`` K x N)."""
+    g = Graph(name="small")
+    x = g.add("input", (), {"index": 0}, shape=(m, k), dtype=dtype)
+    w = g.add("input", (), {"index": 1}, shape=(n, k) if transpose_b else (k, n), dtype=dtype)
+    ins = [x.id, w.id]
+    if bias is not None:
+        ins.append(g.add("input", (), {"index": 2}, shape=bias[0], dtype=bias[1]).id)
+    attrs = {"transpose_b": transpose_b, **({"activation": act} if act else {})}
+    out_dtype = out_dtype or (np.result_type(dtype, bias[1]) if bias else dtype)
+    mm = g.add("matmul", ins, attrs, shape=(m, n), dtype=out_dtype)
+    g.outputs = [mm.id]
+    return g, mm
+
+
+def _values(rng, shape, dtype, special=False):
+    """Random values in [-2, -0.1] u [0.1, 2] (never zero); with ``special`` a NaN, an
+    infinity of each sign and a -0.0 at random places."""
+    v = rng.uniform(0.1, 2.0, shape) * rng.choice([-1.0, 1.0], shape)
+    if special:
+        flat = v.reshape(-1)
+        spots = rng.choice(flat.size, size=min(4, flat.size), replace=False)
+        for spot, s in zip(spots, (np.nan, np.inf, -np.inf, -0.0), strict=False):
+            flat[spot] = s
+    return v.astype(dtype)
+
+
+def _reference(x, w, bias, act, out_dtype, product_dtype):
+    """NumPy's answer in float64: the product rounded to its dtype first, as the library
+    GEMM's output is, then the epilogue (through the op registry's NumPy references)."""
+    with np.errstate(all="ignore"):
+        p = (x.astype(F64) @ w.astype(F64)).astype(product_dtype).astype(F64)
+        if bias is not None:
+            p = p + bias.astype(F64)
+        if act:
+            g = Graph(name="act")
+            i = g.add("input", (), {"index": 0}, shape=p.shape, dtype=F64)
+            o = g.add(act, [i.id])
+            g.outputs = [o.id]
+            p = run_graph(g, [p], np)[0]
+    return p.astype(out_dtype)
+
+
+def _run(src, entry, x, w_view, bias, out):
+    """Launch ``entry`` through the emulator as the step launches it."""
+    item = x.itemsize
+    plan = entry_for(src, (x.strides[0] // item, x.strides[1] // item),
+                     (w_view.strides[0] // item, w_view.strides[1] // item),
+                     x.__array_interface__["data"][0], w_view.__array_interface__["data"][0])
+    assert plan is not None and plan[0] == entry
+    grid, block = launch_shape(src, entry)
+    args = [x, w_view, *([bias] if bias is not None else []), out,
+            ctypes.c_longlong(plan[1]), ctypes.c_longlong(plan[2])]
+    emulate_threads(src, entry, args, grid, block[0])
+
+
+CASES = [  # (m, n, k, dtype, bias dtype or None, activation)
+    (1, 37, 40, F32, F32, "relu"),
+    (3, 5, 7, F32, None, None),
+    (8, 33, 64, F32, F32, "gelu"),
+    (13, 9, 24, F64, F64, "sigmoid"),
+    (1, 16, 1, F32, F32, "tanh"),
+    (5, 40, 48, F16, F16, "silu"),
+    (6, 24, 16, F16, F32, "relu"),
+    (4, 17, 32, BF16, BF16, "relu"),
+    (MAX_ROWS, 12, 16, F32, F32, None),
+]
+
+
+@needs_gxx
+@pytest.mark.parametrize("transpose_b", [True, False], ids=["w.T", "w"])
+@pytest.mark.parametrize(("m", "n", "k", "dtype", "bias_dtype", "act"), CASES)
+def test_every_entry_matches_numpy(m, n, k, dtype, bias_dtype, act, transpose_b):
+    rng = np.random.default_rng()
+    bias_spec = ((n,), bias_dtype) if bias_dtype is not None else None
+    g, node = _graph(m, n, k, dtype, bias=bias_spec, act=act, transpose_b=transpose_b)
+    assert check_small_gemm(node, g) == ""
+    src = generate_small_gemm(node, g)
+    x = _values(rng, (m, k), dtype, special=True)
+    w = _values(rng, (n, k) if transpose_b else (k, n), dtype)
+    w_view = w.T if transpose_b else w
+    bias = _values(rng, (n,), bias_dtype) if bias_dtype is not None else None
+    want = _reference(x, w_view, bias, act, node.dtype, dtype)
+    entries = [e for e in src.entries if e.endswith(("_k", "_kv")) == transpose_b]
+    if k == 1:  # one term: both layouts are unit-stride; the k entry takes it
+        entries = [f"{src.name}_k"]
+    assert entries
+    for entry in entries:
+        if entry.endswith("_k") and src.launch["vec"]:
+            x_in = np.empty(m * k + 1, dtype)[1:].reshape(m, k)  # misaligned: no vectors
+            x_in[...] = x
+        else:
+            x_in = x
+        out = np.full((m, n), np.nan, node.dtype)  # poisoned
+        _run(src, entry, x_in, w_view, bias, out)
+        rtol, atol = TOL[np.dtype(dtype).name]
+        np.testing.assert_allclose(out.astype(F64), want.astype(F64), rtol=rtol, atol=atol,
+                                   equal_nan=True, err_msg=entry)
+        assert np.array_equal(np.isnan(out), np.isnan(want)), entry
+
+
+def test_refusals_say_why():
+    g, node = _graph(MAX_ROWS + 1, 8, 8, F32)
+    assert "rows" in check_small_gemm(node, g)
+    g, node = _graph(4, 2048, 4096, F32)
+    assert "flops" in check_small_gemm(node, g)
+    g, node = _graph(4, 8, 8, F32, bias=((4, 8), F32))
+    assert "bias of shape" in check_small_gemm(node, g)
+    g, node = _graph(4, 8, 8, np.int32)
+    assert "operands" in check_small_gemm(node, g)
+    g = Graph(name="batched")
+    x = g.add("input", (), {"index": 0}, shape=(2, 4, 8), dtype=F32)
+    w = g.add("input", (), {"index": 1}, shape=(8, 8), dtype=F32)
+    mm = g.add("matmul", [x.id, w.id], {}, shape=(2, 4, 8), dtype=F32)
+    assert "2-D" in check_small_gemm(mm, g)
+    with pytest.raises(ValueError, match="2-D"):
+        generate_small_gemm(mm, g)
+    assert {"relu", "gelu", "silu", "sigmoid", "tanh"} <= set(ACTIVATIONS)
+
+
+def test_entry_follows_the_operands_layout_and_alignment():
+    g, node = _graph(4, 8, 16, F32)
+    src = generate_small_gemm(node, g)
+    name = src.name
+    assert entry_for(src, (16, 1), (1, 16), 0, 64) == (f"{name}_kv", 16, 16)
+    assert entry_for(src, (16, 1), (1, 16), 4, 64) == (f"{name}_k", 16, 16)  # misaligned
+    assert entry_for(src, (18, 1), (1, 16), 0, 64) == (f"{name}_k", 18, 16)  # row stride
+    assert entry_for(src, (16, 1), (8, 1), 0, 64) == (f"{name}_n", 16, 8)
+    assert entry_for(src, (1, 4), (1, 16), 0, 64) is None  # a transposed a
+    assert entry_for(src, (16, 1), (2, 32), 0, 64) is None  # no unit stride in b
+    assert launch_shape(src, f"{name}_k") == ((1, 1), (256,))
+    assert launch_shape(src, f"{name}_n") == ((1, 1), (256,))
+
+
+# -- the step's first-call race, with NumPy standing in for CuPy -----------------------------
+class _Ptr(np.ndarray):
+    """A NumPy array with CuPy's ``.data.ptr``."""
+
+    @property
+    def data(self):
+        return SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+
+def _ptr(a):
+    return np.asarray(a).view(_Ptr)
+
+
+class _Emulated:
+    """The generated kernel ``entry`` run by the emulator, called as a RawKernel is."""
+
+    def __init__(self, src, entry) -> None:
+        self.src, self.entry, self.launches = src, entry, 0
+
+    def __call__(self, grid, block, args) -> None:
+        self.launches += 1
+        conv = [np.asarray(a) if isinstance(a, np.ndarray) else ctypes.c_longlong(int(a))
+                for a in args]  # a view passes its first element's address, as in CuPy
+        emulate_threads(self.src, self.entry, conv, grid, block[0])
+
+
+class _Epilogue:
+    """The library path's generated epilogue, as NumPy: relu(product + bias)."""
+
+    def __init__(self) -> None:
+        self.launches = 0
+
+    def __call__(self, grid, block, args) -> None:
+        self.launches += 1
+        product, bias, out = (np.asarray(a) for a in args)
+        out[...] = np.maximum(product + bias, 0)
+
+
+class _Exe:
+    def __init__(self, graph) -> None:
+        self.graph = graph
+        self._sm_count = 1
+        self._fallbacks: dict[int, str] = {}
+        self._cp = SimpleNamespace(
+            matmul=lambda a, b: _ptr(np.matmul(a, b)),
+            empty=lambda shape, dtype: _ptr(np.full(shape, np.nan, dtype)),
+            ascontiguousarray=lambda a: _ptr(np.ascontiguousarray(a)),
+            cuda=SimpleNamespace(get_current_stream=lambda: SimpleNamespace(ptr=7)))
+
+    def _buffer_view(self, buf, node):  # pragma: no cover - no plan here
+        raise AssertionError("no planned buffers in this test")
+
+
+@pytest.fixture
+def small_step_case(monkeypatch):
+    """A relu(x @ w.T + b) step with 5 rows, its small kernel emulated, the race's
+    timings given by the test."""
+    from pyc_lab.kernels import blas_direct
+
+    g, node = _graph(5, 24, 32, F32, bias=((24,), F32), act="relu")
+    (step,) = lower(g, {node.id: "cublas"}).steps
+    assert step.small is not None and "small GEMM" in step.describe["implementation"]
+    src = step.small.src
+    step.small.kernels = {e: _Emulated(src, e) for e in src.entries}
+    step.kernels = {e: _Epilogue() for e in step.epilogue.entries}
+    step.bias_node = g.node(node.inputs[2])
+    step.product_dtype = np.dtype(F32)
+    timings: dict[str, list[float]] = {}
+    monkeypatch.setattr(blas_direct, "_capturing", lambda stream: False)
+
+    def race(runs, stream, rounds):
+        for run in runs:  # each candidate runs (the emulated kernel into scratch)
+            run()
+        return timings["ms"]
+
+    monkeypatch.setattr(blas_direct, "race", race)
+    rng = np.random.default_rng()
+    values = {g.inputs[0]: _ptr(_values(rng, (5, 32), F32)),
+              g.inputs[1]: _ptr(_values(rng, (24, 32), F32)),
+              g.inputs[2]: _ptr(_values(rng, (24,), F32))}
+    want = np.maximum(values[g.inputs[0]].astype(F64) @ values[g.inputs[1]].astype(F64).T
+                      + values[g.inputs[2]], 0)
+    return step, _Exe(g), values, node, timings, want
+
+
+@needs_gxx
+def test_step_runs_the_small_kernel_where_it_won(small_step_case):
+    step, exe, values, node, timings, want = small_step_case
+    timings["ms"] = [0.010, 0.004]  # library, small
+    step.run(exe, values)
+    assert step.small.use is True and step.last_entry == f"{step.small.src.name}_kv"
+    np.testing.assert_allclose(values[node.id], want, rtol=1e-5, atol=1e-5)
+    assert "small GEMM ran" in step.describe["notes"]
+    assert not step.graph_workspace  # a capture records the kernel, no cuBLAS workspace
+    call = step.graph_call(exe, values, None)
+    values[node.inputs[0]][...] *= -1.0  # replays read the static arrays' new values
+    call()
+    want2 = np.maximum(np.asarray(values[node.inputs[0]]).astype(F64)
+                       @ np.asarray(values[node.inputs[1]]).astype(F64).T
+                       + values[node.inputs[2]], 0)
+    np.testing.assert_allclose(values[node.id], want2, rtol=1e-5, atol=1e-5)
+
+
+@needs_gxx
+def test_step_keeps_the_library_path_where_the_kernel_lost(small_step_case):
+    step, exe, values, node, timings, want = small_step_case
+    timings["ms"] = [0.010, 0.0099]  # 1 % faster: not enough
+    step.run(exe, values)
+    assert step.small.use is False
+    assert step.last_entry in step.epilogue.entries  # the epilogue after the library GEMM
+    np.testing.assert_allclose(values[node.id], want, rtol=1e-5, atol=1e-5)
+    assert "small GEMM not used" in step.describe["notes"]
+    assert step.graph_workspace
+    launches = sum(k.launches for k in step.small.kernels.values())
+    step.run(exe, values)  # decided once: no second race, no kernel launch
+    assert sum(k.launches for k in step.small.kernels.values()) == launches
+
+
+def test_disabled_small_gemm_is_not_offered(monkeypatch):
+    monkeypatch.setattr(small_step, "ENABLED", False)
+    g, node = _graph(5, 24, 32, F32, bias=((24,), F32), act="relu")
+    (step,) = lower(g, {node.id: "cublas"}).steps
+    assert step.small is None
+
+
+def test_a_kernel_that_cannot_build_leaves_the_library_path(monkeypatch, caplog):
+    g, node = _graph(5, 24, 32, F32)
+    (step,) = lower(g, {node.id: "cublas"}).steps
+
+    def refuse(src, entry):
+        raise RuntimeError("no NVRTC here")
+
+    monkeypatch.setattr(small_step, "compile_kernel", refuse)
+    step.small.prepare()
+    assert step.small.use is False and "not built" in step.small.note
+    assert step._small_call(_Exe(g), {}, None, None) is None
