@@ -277,6 +277,7 @@ def implementations(m: Any, gpu: bool) -> dict[str, Any]:
                                      {"backend": "cupy", "cuda_graph": True,
                                       "api": "model.io_binding(inputs)(): outputs are the "
                                              "graphs' own arrays, valid until the next run"})
+        out["pyc_lab_io_binding_no_small_gemm"] = _without_small_gemm(m, bound_call, pl_host)
 
     try:
         import onnxruntime as ort
@@ -324,6 +325,27 @@ def implementations(m: Any, gpu: bool) -> dict[str, Any]:
                                     {"device": device, "mode": "reduce-overhead",
                                      "version": torch.__version__})
     return out
+
+
+def _without_small_gemm(m: Any, call: Any, host: Any) -> tuple[Any, Any, Any, dict]:
+    """The bound call of a second copy of the model whose programs are lowered without
+    the small GEMM (every matmul the library GEMM and its epilogue): the same run's
+    baseline for what the small GEMM changes."""
+    import cupy as cp
+
+    import pyc_lab as pl
+    from pyc_lab.compiler.backend import small_gemm
+
+    model = pl.inference.load(m, backend="cupy", cuda_graph=True)
+
+    def prep(feeds):
+        small_gemm.ENABLED = False  # the programs are lowered (and captured) here
+        try:
+            return model.io_binding([cp.asarray(feeds[n]) for n in model.input_names])
+        finally:
+            small_gemm.ENABLED = True
+
+    return prep, call, host, {"backend": "cupy", "cuda_graph": True, "small_gemm": False}
 
 
 def onnxruntime_implementations(ort: Any, m: Any, gpu: bool) -> dict[str, Any]:
