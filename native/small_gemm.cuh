@@ -17,14 +17,22 @@
 //   takes k = w, w + 8, ...); the warps' partial sums meet in shared memory and are added
 //   in warp order.
 //
-// A block computes MT consecutive rows (blockIdx.y * MT ...): rows past M read row M - 1
+// In the first two a block computes MT consecutive rows (blockIdx.y * MT ...): rows past M read row M - 1
 // and are never stored. Sums are kept in ACC (float; double for float64), one fused
 // multiply-add a term; `load` converts a stored element to ACC. Both orders of summation
 // are fixed, so a result is the same from run to run.
 //
+// * pyc_small_gemm_t: any M and either layout of b (strides sbk, sbn): a block owns a
+//   32 x 32 tile of outputs, a warp four rows of it and a lane one column; k is taken in
+//   chunks of 32, both operands' chunks staged in shared memory by coalesced loads (b's
+//   along whichever axis is contiguous) and padded with zeros past M, N and K. For
+//   the many rows of a small layer at large batch, where the libraries' kernels for
+//   short reductions and narrow outputs leave most of the GPU idle.
+//
 // Launch: 256 threads; pyc_small_gemm_k on (ceil(N / 8), ceil(M / MT)) blocks,
-// pyc_small_gemm_n on (ceil(N / 32), ceil(M / MT)) blocks. VEC > 1 needs K % VEC == 0,
-// `sam` and `sbn` multiples of VEC and both pointers aligned to VEC elements.
+// pyc_small_gemm_n on (ceil(N / 32), ceil(M / MT)) blocks, pyc_small_gemm_t on
+// (ceil(N / 32), ceil(M / 32)) blocks. VEC > 1 needs K % VEC == 0, `sam` and `sbn`
+// multiples of VEC and both pointers aligned to VEC elements.
 
 __device__ __forceinline__ float pyc_sg_fma(float x, float y, float acc) {
     return fmaf(x, y, acc);
@@ -109,5 +117,59 @@ __device__ __forceinline__ void pyc_small_gemm_n(const T* __restrict__ a,
             sum += part[w][warp][lane];
         }
         store(m0 + warp, n, sum);
+    }
+}
+
+template <typename T, typename ACC, typename Load, typename Store>
+__device__ __forceinline__ void pyc_small_gemm_t(const T* __restrict__ a,
+                                                 const T* __restrict__ b, int M, int N, int K,
+                                                 long long sam, long long sbk, long long sbn,
+                                                 Load load, Store store) {
+    __shared__ ACC as[32][33];  // as[row][k]; the pad keeps column reads conflict-free
+    __shared__ ACC bs[32][33];  // bs[k][col]
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int m0 = blockIdx.y * 32;
+    const int n0 = blockIdx.x * 32;
+    ACC acc[4];
+    for (int r = 0; r < 4; ++r) {
+        acc[r] = ACC(0);
+    }
+    for (int k0 = 0; k0 < K; k0 += 32) {
+        for (int i = warp; i < 32; i += 8) {  // row i of the tile, k = k0 + lane
+            const int m = m0 + i, k = k0 + lane;
+            as[i][lane] = m < M && k < K ? load(a[static_cast<long long>(m) * sam + k])
+                                         : ACC(0);
+        }
+        if (sbk == 1) {  // a column of b is contiguous: lanes along k
+            for (int j = warp; j < 32; j += 8) {
+                const int n = n0 + j, k = k0 + lane;
+                bs[lane][j] = n < N && k < K ? load(b[static_cast<long long>(n) * sbn + k])
+                                             : ACC(0);
+            }
+        } else {  // lanes along n
+            for (int i = warp; i < 32; i += 8) {
+                const int n = n0 + lane, k = k0 + i;
+                bs[i][lane] = n < N && k < K ? load(b[static_cast<long long>(k) * sbk +
+                                                      static_cast<long long>(n) * sbn])
+                                             : ACC(0);
+            }
+        }
+        __syncthreads();
+        const int kn = K - k0 < 32 ? K - k0 : 32;
+        for (int kk = 0; kk < kn; ++kk) {
+            const ACC w = bs[kk][lane];
+            for (int r = 0; r < 4; ++r) {
+                acc[r] = pyc_sg_fma(as[warp * 4 + r][kk], w, acc[r]);
+            }
+        }
+        __syncthreads();
+    }
+    const int n = n0 + lane;
+    for (int r = 0; r < 4; ++r) {
+        const int m = m0 + warp * 4 + r;
+        if (m < M && n < N) {
+            store(m, n, acc[r]);
+        }
     }
 }

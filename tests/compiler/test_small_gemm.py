@@ -16,7 +16,7 @@ from pyc_lab.compiler.backend.lowering import lower
 from pyc_lab.compiler.codegen.small_gemm import (
     MAX_ROWS,
     check_small_gemm,
-    entry_for,
+    entries_for,
     generate_small_gemm,
     launch_shape,
 )
@@ -76,13 +76,13 @@ def _reference(x, w, bias, act, out_dtype, product_dtype):
 def _run(src, entry, x, w_view, bias, out):
     """Launch ``entry`` through the emulator as the step launches it."""
     item = x.itemsize
-    plan = entry_for(src, (x.strides[0] // item, x.strides[1] // item),
-                     (w_view.strides[0] // item, w_view.strides[1] // item),
-                     x.__array_interface__["data"][0], w_view.__array_interface__["data"][0])
-    assert plan is not None and plan[0] == entry
+    plans = entries_for(src, (x.strides[0] // item, x.strides[1] // item),
+                        (w_view.strides[0] // item, w_view.strides[1] // item),
+                        x.__array_interface__["data"][0], w_view.__array_interface__["data"][0])
+    (plan,) = [p for p in plans if p[0] == entry]
     grid, block = launch_shape(src, entry)
     args = [x, w_view, *([bias] if bias is not None else []), out,
-            ctypes.c_longlong(plan[1]), ctypes.c_longlong(plan[2])]
+            *(ctypes.c_longlong(v) for v in plan[1:])]
     emulate_threads(src, entry, args, grid, block[0])
 
 
@@ -96,6 +96,8 @@ CASES = [  # (m, n, k, dtype, bias dtype or None, activation)
     (6, 24, 16, F16, F32, "relu"),
     (4, 17, 32, BF16, BF16, "relu"),
     (MAX_ROWS, 12, 16, F32, F32, None),
+    (MAX_ROWS + 1, 40, 70, F32, F32, "relu"),  # the tiled entry only, partial tiles
+    (100, 6, 5, F64, None, None),
 ]
 
 
@@ -113,10 +115,11 @@ def test_every_entry_matches_numpy(m, n, k, dtype, bias_dtype, act, transpose_b)
     w_view = w.T if transpose_b else w
     bias = _values(rng, (n,), bias_dtype) if bias_dtype is not None else None
     want = _reference(x, w_view, bias, act, node.dtype, dtype)
-    entries = [e for e in src.entries if e.endswith(("_k", "_kv")) == transpose_b]
-    if k == 1:  # one term: both layouts are unit-stride; the k entry takes it
-        entries = [f"{src.name}_k"]
-    assert entries
+    item = x.itemsize
+    entries = [p[0] for p in entries_for(src, (k, 1), (w_view.strides[0] // item,
+                                                       w_view.strides[1] // item), 0, 0)]
+    assert entries and entries[-1] == f"{src.name}_t"
+    assert (len(entries) > 1) == (m <= MAX_ROWS)  # a column form for few rows
     for entry in entries:
         if entry.endswith("_k") and src.launch["vec"]:
             x_in = np.empty(m * k + 1, dtype)[1:].reshape(m, k)  # misaligned: no vectors
@@ -133,8 +136,9 @@ def test_every_entry_matches_numpy(m, n, k, dtype, bias_dtype, act, transpose_b)
 
 def test_refusals_say_why():
     g, node = _graph(MAX_ROWS + 1, 8, 8, F32)
-    assert "rows" in check_small_gemm(node, g)
-    g, node = _graph(4, 2048, 4096, F32)
+    assert check_small_gemm(node, g) == ""  # many rows: the tiled entry alone
+    assert [e[-2:] for e in generate_small_gemm(node, g).entries] == ["_t"]
+    g, node = _graph(64, 2048, 4096, F32)
     assert "flops" in check_small_gemm(node, g)
     g, node = _graph(4, 8, 8, F32, bias=((4, 8), F32))
     assert "bias of shape" in check_small_gemm(node, g)
@@ -150,18 +154,26 @@ def test_refusals_say_why():
     assert {"relu", "gelu", "silu", "sigmoid", "tanh"} <= set(ACTIVATIONS)
 
 
-def test_entry_follows_the_operands_layout_and_alignment():
+def test_entries_follow_the_operands_layout_and_alignment():
     g, node = _graph(4, 8, 16, F32)
     src = generate_small_gemm(node, g)
     name = src.name
-    assert entry_for(src, (16, 1), (1, 16), 0, 64) == (f"{name}_kv", 16, 16)
-    assert entry_for(src, (16, 1), (1, 16), 4, 64) == (f"{name}_k", 16, 16)  # misaligned
-    assert entry_for(src, (18, 1), (1, 16), 0, 64) == (f"{name}_k", 18, 16)  # row stride
-    assert entry_for(src, (16, 1), (8, 1), 0, 64) == (f"{name}_n", 16, 8)
-    assert entry_for(src, (1, 4), (1, 16), 0, 64) is None  # a transposed a
-    assert entry_for(src, (16, 1), (2, 32), 0, 64) is None  # no unit stride in b
+
+    def entries(*args):
+        return [p[0][len(name):] for p in entries_for(src, *args)]
+
+    assert entries((16, 1), (1, 16), 0, 64) == ["_kv", "_k", "_t"]
+    assert entries((16, 1), (1, 16), 4, 64) == ["_k", "_t"]  # misaligned
+    assert entries((18, 1), (1, 16), 0, 64) == ["_k", "_t"]  # a row stride
+    assert entries_for(src, (16, 1), (8, 1), 0, 64) == [(f"{name}_n", 16, 8, 1),
+                                                        (f"{name}_t", 16, 8, 1)]
+    assert entries_for(src, (1, 4), (1, 16), 0, 64) == []  # a transposed a
+    assert entries_for(src, (16, 1), (2, 32), 0, 64) == []  # no unit stride in b
     assert launch_shape(src, f"{name}_k") == ((1, 1), (256,))
     assert launch_shape(src, f"{name}_n") == ((1, 1), (256,))
+    g, node = _graph(100, 70, 16, F32)
+    src = generate_small_gemm(node, g)
+    assert launch_shape(src, f"{src.name}_t") == ((3, 4), (256,))
 
 
 # -- the step's first-call race, with NumPy standing in for CuPy -----------------------------
@@ -235,9 +247,10 @@ def small_step_case(monkeypatch):
     monkeypatch.setattr(blas_direct, "_capturing", lambda stream: False)
 
     def race(runs, stream, rounds):
-        for run in runs:  # each candidate runs (the emulated kernel into scratch)
+        for run in runs:  # each candidate runs (the emulated kernels into scratch)
             run()
-        return timings["ms"]
+        library, *small = timings["ms"]
+        return [library] + small * (len(runs) - 1) if len(small) == 1 else timings["ms"]
 
     monkeypatch.setattr(blas_direct, "race", race)
     rng = np.random.default_rng()
@@ -252,9 +265,11 @@ def small_step_case(monkeypatch):
 @needs_gxx
 def test_step_runs_the_small_kernel_where_it_won(small_step_case):
     step, exe, values, node, timings, want = small_step_case
-    timings["ms"] = [0.010, 0.004]  # library, small
+    timings["ms"] = [0.010, 0.006, 0.004, 0.005]  # library, then _kv, _k, _t
     step.run(exe, values)
-    assert step.small.use is True and step.last_entry == f"{step.small.src.name}_kv"
+    assert step.small.use is True and step.last_entry == f"{step.small.src.name}_k"
+    assert set(step.small.measured) == {"library_ms", *step.small.src.entries} - {
+        f"{step.small.src.name}_n"}
     np.testing.assert_allclose(values[node.id], want, rtol=1e-5, atol=1e-5)
     assert "small GEMM ran" in step.describe["notes"]
     assert not step.graph_workspace  # a capture records the kernel, no cuBLAS workspace

@@ -1,12 +1,13 @@
 """The small-GEMM candidate of a matmul step: compiled, raced once, launched.
 
-A matmul with few rows (:mod:`~pyc_lab.compiler.codegen.small_gemm`) may run as one
-generated kernel — product, bias and activation — instead of the library GEMM followed
-by the generated epilogue. Which is faster depends on the layer and the GPU, so
-:class:`SmallGemm` measures both on the first call's operands (CUDA events, interleaved
-rounds with the L2 cache flushed: :func:`pyc_lab.kernels.blas_direct.race`) and keeps
-the kernel only where it took at least :data:`MARGIN` less time: never slower than the
-library path it replaces. The choice holds for the executable's life; a CUDA graph
+A small matmul (:mod:`~pyc_lab.compiler.codegen.small_gemm`) may run as one generated
+kernel — product, bias and activation — instead of the library GEMM followed by the
+generated epilogue. Which is faster, and which of the kernel's forms, depends on the
+layer and the GPU, so :class:`SmallGemm` measures them all on the first call's operands
+(CUDA events, interleaved rounds with the L2 cache flushed:
+:func:`pyc_lab.kernels.blas_direct.race`) and keeps the fastest form only where it took at
+least :data:`MARGIN` less time than the library path: never slower than what it
+replaces. The choice holds for the executable's life; a CUDA graph
 captured afterwards records whichever won (the kernel needs no cuBLAS workspace).
 """
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from ..codegen.cache import compile_kernel
 from ..codegen.cuda_types import KernelSource
-from ..codegen.small_gemm import entry_for, launch_shape
+from ..codegen.small_gemm import entries_for, launch_shape
 
 __all__ = ["ENABLED", "MARGIN", "ROUNDS", "SmallGemm"]
 
@@ -44,8 +45,10 @@ class SmallGemm:
         The generated source (:func:`~pyc_lab.compiler.codegen.small_gemm.generate_small_gemm`).
     use
         ``None`` until the race has run, then whether the kernel runs.
+    choice
+        The entry that runs (the race's fastest form), once ``use`` is True.
     measured
-        ``{"library_ms", "small_ms"}`` of that race.
+        ``{"library_ms", <entry>: ms, ...}`` of that race.
     note
         The verdict in words (for ``explain()``), empty before the race.
     """
@@ -54,6 +57,7 @@ class SmallGemm:
         self.src = src
         self.kernels: dict[str, Any] = {}
         self.use: bool | None = None
+        self.choice: str | None = None
         self.measured: dict[str, float] = {}
         self.note = ""
 
@@ -68,25 +72,32 @@ class SmallGemm:
             self.use = False
             self.note = f"small GEMM not built: {exc}"
 
-    def plan(self, a: Any, b: Any) -> tuple[str, int, int] | None:
-        """``(entry, sam, sb)`` for these operands (CuPy arrays), or None where their
-        layout fits neither kernel."""
+    def plans(self, a: Any, b: Any) -> list[tuple[str, int, int, int]]:
+        """``(entry, sam, sbk, sbn)`` of every form that takes these operands (CuPy
+        arrays); after the race, only the chosen one (none if it does not take them)."""
         item = a.itemsize
-        return entry_for(self.src, (a.strides[0] // item, a.strides[1] // item),
-                         (b.strides[0] // item, b.strides[1] // item), a.data.ptr,
-                         b.data.ptr)
+        plans = entries_for(self.src, (a.strides[0] // item, a.strides[1] // item),
+                            (b.strides[0] // item, b.strides[1] // item), a.data.ptr,
+                            b.data.ptr)
+        if self.choice is not None:
+            plans = [p for p in plans if p[0] == self.choice]
+        return plans
 
-    def launch(self, plan: tuple[str, int, int], a: Any, b: Any, bias: Any, out: Any) -> None:
-        """Issue the kernel on the current stream (nothing is synchronised)."""
-        entry, sam, sb = plan
+    def launch(self, plan: tuple[str, int, int, int], a: Any, b: Any, bias: Any,
+               out: Any) -> None:
+        """Issue one form on the current stream (nothing is synchronised)."""
+        entry, sam, sbk, sbn = plan
         grid, block = launch_shape(self.src, entry)
-        args = (a, b, *((bias,) if bias is not None else ()), out, np.int64(sam), np.int64(sb))
+        args = (a, b, *((bias,) if bias is not None else ()), out, np.int64(sam),
+                np.int64(sbk), np.int64(sbn))
         self.kernels[entry](grid, block, args)
 
-    def decide(self, cp: Any, library: Callable[[], Any], kernel: Callable[[], Any]) -> bool:
-        """Race ``library`` (the GEMM and epilogue as the step runs them) against
-        ``kernel`` (this kernel into scratch) on the current stream, once; the verdict.
-        Inside a CUDA-graph capture nothing is timed and the library path runs."""
+    def decide(self, cp: Any, library: Callable[[], Any],
+               forms: list[tuple[str, Callable[[], Any]]]) -> bool:
+        """Race ``library`` (the GEMM and epilogue as the step runs them) against each of
+        ``forms`` (``(entry, run into scratch)``) on the current stream, once; the verdict,
+        with :attr:`choice` the fastest form. Inside a CUDA-graph capture nothing is timed
+        and the library path runs."""
         from ...kernels import blas_direct
 
         if self.use is not None:
@@ -94,11 +105,15 @@ class SmallGemm:
         stream = cp.cuda.get_current_stream().ptr
         if blas_direct._capturing(stream):
             return False
-        library_ms, small_ms = blas_direct.race([library, kernel], stream, ROUNDS)
-        self.use = small_ms <= library_ms * (1.0 - MARGIN)
-        self.measured = {"library_ms": library_ms, "small_ms": small_ms}
-        self.note = (f"small GEMM {'ran' if self.use else 'not used'}: {small_ms:.4f} ms "
-                     f"against {library_ms:.4f} ms for the library GEMM and epilogue "
-                     f"(first call, L2 flushed; kept when {MARGIN:.0%} faster)")
+        times = blas_direct.race([library, *(run for _, run in forms)], stream, ROUNDS)
+        library_ms = times[0]
+        best_ms, best = min(zip(times[1:], (e for e, _ in forms), strict=True))
+        self.use = best_ms <= library_ms * (1.0 - MARGIN)
+        self.choice = best if self.use else None
+        self.measured = {"library_ms": library_ms,
+                         **{e: t for (e, _), t in zip(forms, times[1:], strict=True)}}
+        self.note = (f"small GEMM {'ran' if self.use else 'not used'}: {best} "
+                     f"{best_ms:.4f} ms against {library_ms:.4f} ms for the library GEMM "
+                     f"and epilogue (first call, L2 flushed; kept when {MARGIN:.0%} faster)")
         log.info("%s: %s", self.src.name, self.note)
         return self.use

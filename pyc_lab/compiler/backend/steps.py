@@ -17,8 +17,8 @@ step                      what runs
 :class:`_MatmulStep`      ``cupy.matmul`` (cuBLAS) — for a batched float matmul one
                           strided-batched GEMM through ``pl.matmul`` — then the
                           generated bias/activation epilogue in place on the product;
-                          for few rows, the generated small GEMM instead where it won
-                          the first call's race (:mod:`.small_gemm`)
+                          for a small 2-D matmul, the generated small GEMM instead
+                          where it won the first call's race (:mod:`.small_gemm`)
 :class:`_LtStep`          one cuBLASLt GEMM with the epilogue inside (nvmath-python)
 :class:`_CutlassStep`     the tuned CUTLASS kernel from the tuning database, with the
                           cuBLASLt or cuBLAS step to run when it cannot
@@ -317,8 +317,8 @@ class _MatmulStep(_Step):
         small = self.small
         if small is None or small.use is False or not small.kernels:
             return None
-        plan = small.plan(a, b)
-        if plan is None:
+        plans = small.plans(a, b)
+        if not plans:
             return None
         cp = exe._cp
         node = self.node
@@ -330,13 +330,14 @@ class _MatmulStep(_Step):
         if small.use is None:
             scratch = cp.empty(node.shape, dtype=node.dtype)
             first = bias()
-            won = small.decide(cp, lambda: self._library(exe, a, b, first),
-                               lambda: small.launch(plan, a, b, first, scratch))
+            won = small.decide(cp, lambda: self._library(exe, a, b, first), [
+                (p[0], lambda p=p: small.launch(p, a, b, first, scratch)) for p in plans])
             if small.note:
                 self.describe["notes"] = "; ".join(
                     t for t in (self.describe.get("notes"), small.note) if t)
             if not won:
                 return None
+        plan = next(p for p in plans if p[0] == small.choice)
         out = exe._buffer_view(self.out_buffer, node) if self.out_buffer is not None \
             else cp.empty(node.shape, dtype=node.dtype)
         values[node.id] = out

@@ -1,24 +1,27 @@
-"""The small GEMM: a matmul with few rows and its bias/activation epilogue as one kernel.
+"""The small GEMM: a small matmul and its bias/activation epilogue as one kernel.
 
-A small model's linear layer at small batch (a handful of rows times a weight of a few
-hundred squared) is a few microseconds of work split over two launches — the library's
-GEMM (cuBLAS's GEMV) and the generated epilogue adding the bias and applying the
-activation — and inside a CUDA graph each launch costs about a microsecond of its own.
-:func:`generate_small_gemm` writes the whole layer as one kernel: the product from
-``native/small_gemm.cuh`` (a warp per output column over a transposed weight, or a lane
-per column with the reduction split over warps for a row-major one), every sum handed to
-a generated store that applies the node's epilogue — the very device function the
-separate epilogue kernel uses, after the product is rounded to its dtype as the library's
-output would be — and writes the result.
+A small model's linear layer (a weight of a few hundred squared or less) is a few
+microseconds of work split over two launches — the library's GEMM and the generated
+epilogue adding the bias and applying the activation — and inside a CUDA graph each
+launch costs about a microsecond of its own; at large batch the libraries' kernels for
+short reductions and narrow outputs (split-k and its reduction, a handful of tiles) leave
+most of the GPU idle. :func:`generate_small_gemm` writes the whole layer as one kernel
+with several entries, the product from ``native/small_gemm.cuh`` — for at most
+:data:`MAX_ROWS` rows a warp per output column over a transposed weight, or a lane per
+column with the reduction split over warps for a row-major one; for any number of rows
+32 x 32 output tiles staged through shared memory — every sum handed to a generated
+store that applies the node's epilogue (the very device function the separate epilogue
+kernel uses, after the product is rounded to its dtype as the library's output would
+be) and writes the result.
 
-It is a candidate, never a default: the matmul step times it against the library GEMM
-plus epilogue on the first call's operands and keeps it only where it measured faster
-(:class:`~pyc_lab.compiler.backend.steps._MatmulStep`).
+It is a candidate, never a default: the matmul step times its entries against the
+library GEMM plus epilogue on the first call's operands and keeps the fastest only where
+it measured faster (:mod:`pyc_lab.compiler.backend.small_gemm`).
 
 :func:`check_small_gemm` says which matmuls it takes: two 2-D operands of one float dtype
-(float32, float64, float16, bfloat16), at most :data:`MAX_ROWS` rows, a reduction of at
-least one term, at most :data:`MAX_FLOPS` of work, and a bias (if any) along the rows.
-The operands' layouts are checked at run time (:func:`entry_for`).
+(float32, float64, float16, bfloat16), a reduction of at least one term, at most
+:data:`MAX_FLOPS` of work, and a bias (if any) along the rows. The operands' layouts are
+checked at run time (:func:`entries_for`).
 """
 
 from __future__ import annotations
@@ -31,15 +34,15 @@ from . import cuda_types as ct
 from .cuda_types import KernelSource
 from .elementwise import _device_function, activation_ok, epilogue_body, kernel_name
 
-__all__ = ["BLOCK", "MAX_FLOPS", "MAX_ROWS", "check_small_gemm", "entry_for",
+__all__ = ["BLOCK", "MAX_FLOPS", "MAX_ROWS", "check_small_gemm", "entries_for",
            "generate_small_gemm", "launch_shape"]
 
-#: The most rows of ``a`` the kernel takes (8 blocks of 8 rows; past it the libraries'
-#: tiles reuse each weight load across enough rows to win).
+#: The most rows of ``a`` the column entries (``_k``, ``_kv``, ``_n``) take (8 blocks of 8
+#: rows; past it each weight load must serve more rows: the tiled entry's business).
 MAX_ROWS = 64
-#: The most ``2 * M * N * K`` a problem may have (a layer of 64 x 512 x 512): past it the
-#: work, not the launches, is the cost, and that is the libraries' business.
-MAX_FLOPS = 1 << 25
+#: The most ``2 * M * N * K`` a problem may have (a 4096-row layer of 128 x 128): past it
+#: the work, not the launches, is the cost, and CUDA cores without tensor cores lose it.
+MAX_FLOPS = 1 << 27
 #: Threads per block of both kernels (8 warps).
 BLOCK = 256
 _FLOATS = ("float32", "float64", "float16", "bfloat16")
@@ -66,9 +69,7 @@ def _problem(node: Node, graph: Graph) -> tuple[int, int, int] | str:
         return f"operands {dtype_short(a.dtype)} and {dtype_short(b.dtype)}"
     m, k = (int(d) for d in a.shape)
     n = int(b.shape[0] if node.attrs.get("transpose_b") else b.shape[1])
-    if not 1 <= m <= MAX_ROWS:
-        return f"M = {m}: the small GEMM takes 1 to {MAX_ROWS} rows"
-    if k < 1 or n < 1:
+    if m < 1 or k < 1 or n < 1:
         return "an empty product"
     if 2 * m * n * k > MAX_FLOPS:
         return f"{2 * m * n * k} flops, more than the small GEMM's {MAX_FLOPS}"
@@ -107,11 +108,12 @@ def _acc_type(dtype: np.dtype) -> str:
 def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
     """The CUDA source of ``node`` (a matmul :func:`check_small_gemm` takes) as one kernel.
 
-    Entries (each ``(a, b[, bias], out, sam, sb)`` with ``out`` C-contiguous M x N):
-    ``<name>_k`` for ``b`` with unit k stride (``sb`` its column stride), ``<name>_kv``
-    the same with vector loads where ``K`` allows them, ``<name>_n`` for ``b`` with unit
-    n stride (``sb`` its row stride). ``launch`` holds ``m, n, k``, ``mt`` (rows per
-    block), ``vec`` (0: no vector entry) and ``block``.
+    Entries (each ``(a, b[, bias], out, sam, sbk, sbn)``: ``a``'s row stride, ``b``'s
+    strides, in elements; ``out`` C-contiguous M x N): for at most :data:`MAX_ROWS` rows
+    ``<name>_k`` for ``b`` with unit k stride, ``<name>_kv`` the same with vector loads
+    where ``K`` allows them, ``<name>_n`` for ``b`` with unit n stride; for any rows
+    ``<name>_t``, 32 x 32 tiles, either layout. ``launch`` holds ``m, n, k``, ``mt`` (rows
+    per block of the column entries), ``vec`` (0: no vector entry) and ``block``.
 
     Raises
     ------
@@ -165,23 +167,27 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
     if bias is not None:
         params.append(f"const {ct.storage_type(bias.dtype)}* __restrict__ bias")
     params += [f"{ct.storage_type(out_dtype)}* __restrict__ out", "long long sam",
-               "long long sb"]
+               "long long sbk", "long long sbn"]
     signature = ", ".join(params)
     functor = f"{name}_store{{{'bias, ' if bias is not None else ''}out}}"
-    entries = [(f"{name}_k", f"pyc_small_gemm_k<{storage}, {acc}, {mt}, 1>"),
-               *([(f"{name}_kv", f"pyc_small_gemm_k<{storage}, {acc}, {mt}, {vec}>")]
-                 if vec else []),
-               (f"{name}_n", f"pyc_small_gemm_n<{storage}, {acc}, {mt}>")]
+    entries = []
+    if m <= MAX_ROWS:
+        entries += [(f"{name}_k", f"pyc_small_gemm_k<{storage}, {acc}, {mt}, 1>", "sbn"),
+                    *([(f"{name}_kv", f"pyc_small_gemm_k<{storage}, {acc}, {mt}, {vec}>",
+                        "sbn")] if vec else []),
+                    (f"{name}_n", f"pyc_small_gemm_n<{storage}, {acc}, {mt}>", "sbk")]
+    entries.append((f"{name}_t", f"pyc_small_gemm_t<{storage}, {acc}>", "sbk, sbn"))
     kernels = [f'extern "C" __global__ void __launch_bounds__({BLOCK})\n{entry}({signature})\n'
-               f"{{\n    {call}(a, b, {m}, {n}, {k}, sam, sb, {name}_load{{}}, {functor});\n}}\n"
-               for entry, call in entries]
+               f"{{\n    {call}(a, b, {m}, {n}, {k}, sam, {strides}, {name}_load{{}}, "
+               f"{functor});\n}}\n"
+               for entry, call, strides in entries]
     ops = ("matmul",) + (("bias_add",) if bias is not None else ()) + ((act,) if act else ())
     header = (f"// pyc_lab generated kernel {name} (small GEMM)\n"
               f"// ops: {', '.join(ops)}\n"
               f"// out {dtype_short(out_dtype)}[{m}, {n}] = "
               + (f"{act}(" if act else "") + f"a[{m}, {k}] @ b[{k}, {n}]"
               + (" + bias" if bias is not None else "") + (")" if act else "")
-              + f", {mt} row(s) a block, sums in {acc}\n")
+              + f", sums in {acc}\n")
     all_dtypes = {dtype.name, out_dtype.name, *((bias.dtype.name,) if bias is not None else ())}
     sections = [header]
     if "float16" in all_dtypes:
@@ -197,40 +203,47 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
     source = "\n".join(s.rstrip("\n") + "\n" for s in sections)
     launch = {"m": m, "n": n, "k": k, "mt": mt, "vec": vec, "block": BLOCK,
               "itemsize": dtype.itemsize, "bias": bias is not None}
-    notes = (f"{m} x {n} x {k}: one kernel for the product and its epilogue, "
-             f"{mt} row(s) a block; raced against the library GEMM and epilogue at the "
+    notes = (f"{m} x {n} x {k}: one kernel for the product and its epilogue "
+             f"({len(entries)} forms); raced against the library GEMM and epilogue at the "
              "first call")
     return KernelSource(name=name, kind="small_gemm", source=source, ops=ops, notes=notes,
-                        entries=tuple(e for e, _ in entries), launch=launch)
+                        entries=tuple(e for e, _, _ in entries), launch=launch)
 
 
-def entry_for(src: KernelSource, a_strides: tuple[int, int], b_strides: tuple[int, int],
-              a_ptr: int, b_ptr: int) -> tuple[str, int, int] | None:
-    """The entry of ``src`` for operands with these element strides and addresses:
-    ``(entry, sam, sb)``, or ``None`` where neither layout fits (``a``'s k stride not 1,
-    or ``b`` with no unit stride)."""
+def entries_for(src: KernelSource, a_strides: tuple[int, int], b_strides: tuple[int, int],
+                a_ptr: int, b_ptr: int) -> list[tuple[str, int, int, int]]:
+    """The entries of ``src`` that take operands with these element strides and
+    addresses, each as ``(entry, sam, sbk, sbn)``: empty where ``a``'s k stride is not 1
+    or ``b`` has no unit stride. The column entries come first (the one for ``b``'s
+    layout, vectorised where the alignment allows), the tiled one last."""
     launch = src.launch
     m, n, k, vec = launch["m"], launch["n"], launch["k"], launch["vec"]
     sam, sak = a_strides
     sbk, sbn = b_strides
-    if sak != 1 and k > 1:
-        return None
     sam = sam if m > 1 else k
-    if sbk == 1 or k == 1:
-        sbn = sbn if n > 1 else k
-        align = vec * launch["itemsize"]
-        if vec and sam % vec == 0 and sbn % vec == 0 and a_ptr % align == 0 \
-                and b_ptr % align == 0:
-            return f"{src.name}_kv", sam, sbn
-        return f"{src.name}_k", sam, sbn
-    if sbn == 1 or n == 1:
-        return f"{src.name}_n", sam, sbk
-    return None
+    sbk = sbk if k > 1 else 1
+    sbn = sbn if n > 1 else (1 if sbk != 1 else k)
+    if (sak != 1 and k > 1) or 1 not in (sbk, sbn):
+        return []
+    out = []
+    if f"{src.name}_k" in src.entries:
+        if sbk == 1:
+            align = vec * launch["itemsize"]
+            if vec and sam % vec == 0 and sbn % vec == 0 and a_ptr % align == 0 \
+                    and b_ptr % align == 0:
+                out.append((f"{src.name}_kv", sam, sbk, sbn))
+            out.append((f"{src.name}_k", sam, sbk, sbn))
+        else:
+            out.append((f"{src.name}_n", sam, sbk, sbn))
+    out.append((f"{src.name}_t", sam, sbk, sbn))
+    return out
 
 
 def launch_shape(src: KernelSource, entry: str) -> tuple[tuple[int, int], tuple[int]]:
     """``(grid, block)`` of ``entry``."""
     launch = src.launch
+    if entry.endswith("_t"):
+        return (-(-launch["n"] // 32), -(-launch["m"] // 32)), (launch["block"],)
     per_block = 32 if entry.endswith("_n") else 8
     return ((-(-launch["n"] // per_block), -(-launch["m"] // launch["mt"])),
             (launch["block"],))
