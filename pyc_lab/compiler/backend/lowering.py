@@ -362,13 +362,13 @@ class _Lowering:
         small = None
         if small_gemm.ENABLED and not batched and not check_small_gemm(node, self.graph):
             small = generate_small_gemm(node, self.graph)
-            backend += (" (or the generated small GEMM " + small.name
-                        + ", product and epilogue in one kernel, where the first call "
-                        "measures it faster)")
         describe = {"node": node.id, "name": epilogue.name if epilogue else f"matmul_{node.id}",
                     "kind": "cublas", "ops": ["matmul", *(epilogue.ops if epilogue else ())],
                     "impl": choice,
-                    "implementation": backend + (" + generated epilogue" if epilogue else ""),
+                    "implementation": backend + (" + generated epilogue" if epilogue else "")
+                    + (f"; or the generated small GEMM {small.name} (product and epilogue "
+                       "in one kernel) where the first call measures it faster"
+                       if small is not None else ""),
                     "source": epilogue.source if epilogue else "",
                     "notes": epilogue.notes if epilogue else ""}
         return _MatmulStep(node, choice, epilogue, out_buffer, describe, small)
