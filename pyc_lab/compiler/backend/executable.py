@@ -355,7 +355,9 @@ class CupyExecutable:
     @property
     def launched(self) -> dict[int, str | None]:
         """Node id -> the generated kernel its last call launched (``name`` or
-        ``name_vec``; None where nothing ran), for generated kernels and epilogues."""
+        ``name_vec``; None where nothing ran), for generated kernels, epilogues and small
+        GEMMs."""
         return {s.node.id: getattr(s, "last_entry", None) for s in self._steps
                 if isinstance(s, (_KernelStep, _MatmulStep)) and
-                (not isinstance(s, _MatmulStep) or s.epilogue is not None)}
+                (not isinstance(s, _MatmulStep) or s.epilogue is not None
+                 or s.small is not None)}
