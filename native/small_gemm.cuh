@@ -1,38 +1,41 @@
-// pyc_small_gemm_k / pyc_small_gemm_n: out[m, n] = store(sum_k a[m, k] * b[k, n]) for a
-// GEMM with few rows of `a` (M <= 64): a small model's linear layer at small batch, where
-// a library GEMM and the separate kernel applying its bias and activation are each a few
-// microseconds of launch latency for a fraction of a microsecond of work. One launch
-// computes the product and hands every sum to `store`, the generated epilogue (bias,
-// activation, rounding, the write), so the layer is one kernel.
+// pyc_small_gemm_k / _n / _t: out[m, n] = store(sum_k a[m, k] * b[k, n]) for a small GEMM:
+// a small model's linear layer, where a library GEMM and the separate kernel applying its
+// bias and activation are each a few microseconds of launch latency for a fraction of a
+// microsecond of work, and where at large batch the libraries' kernels for short
+// reductions and narrow outputs leave most of the GPU idle. One launch computes the
+// product and hands every sum to `store`, the generated epilogue (bias, activation,
+// rounding, the write), so the layer is one kernel.
 //
-// `a` is row-major with row stride `sam` (its k stride is 1); `b` is read in one of two
-// layouts, a kernel each:
+// `a` is row-major with row stride `sam` (its k stride is 1); `b` has strides sbk, sbn.
 //
-// * pyc_small_gemm_k: b's k stride is 1 (the transposed view of a row-major N x K weight,
-//   a linear layer's `x @ w.T`), column n at b + n * sbn. A warp owns a column: its lanes
-//   read the column and the block's MT rows of `a` along k (VEC elements per aligned
-//   load), and a butterfly of shuffles adds the lanes' partial sums; lane m stores row m.
-// * pyc_small_gemm_n: b's n stride is 1 (a row-major K x N weight, `x @ w`), row k at
-//   b + k * sbk. A block owns 32 columns, one a lane, and its 8 warps split k (warp w
+// * pyc_small_gemm_k (M <= 64): b's k stride is 1 (the transposed view of a row-major
+//   N x K weight, a linear layer's `x @ w.T`), column n at b + n * sbn. A warp owns a
+//   column: its lanes read the column and the block's MT rows of `a` along k (VEC
+//   elements per aligned load), and a butterfly of shuffles adds the lanes' partial sums;
+//   lane m stores row m.
+// * pyc_small_gemm_n (M <= 64): b's n stride is 1 (a row-major K x N weight, `x @ w`), row
+//   k at b + k * sbk. A block owns 32 columns, one a lane, and its 8 warps split k (warp w
 //   takes k = w, w + 8, ...); the warps' partial sums meet in shared memory and are added
 //   in warp order.
+//   In both a block computes MT consecutive rows (blockIdx.y * MT ...): rows past M read
+//   row M - 1 and are never stored.
+// * pyc_small_gemm_t (any M, either layout of b): a block owns a 32 x 32 tile of outputs,
+//   a warp four rows of it and a lane one column; k is taken in chunks of 32, both
+//   operands' chunks staged in shared memory by coalesced loads (b's along whichever
+//   axis is contiguous) and padded with zeros past M, N and K.
 //
-// In the first two a block computes MT consecutive rows (blockIdx.y * MT ...): rows past M read row M - 1
-// and are never stored. Sums are kept in ACC (float; double for float64), one fused
-// multiply-add a term; `load` converts a stored element to ACC. Both orders of summation
-// are fixed, so a result is the same from run to run.
-//
-// * pyc_small_gemm_t: any M and either layout of b (strides sbk, sbn): a block owns a
-//   32 x 32 tile of outputs, a warp four rows of it and a lane one column; k is taken in
-//   chunks of 32, both operands' chunks staged in shared memory by coalesced loads (b's
-//   along whichever axis is contiguous) and padded with zeros past M, N and K. For
-//   the many rows of a small layer at large batch, where the libraries' kernels for
-//   short reductions and narrow outputs leave most of the GPU idle.
+// A batch of products (blockIdx.z: `a` and `b` advanced by sab and sbb elements, each
+// product's rows stored after the previous products' M rows) is one launch; a 2-D `b`
+// shared by every product is the caller's single product of all the rows instead. Sums
+// are kept in ACC (float; double for float64), one fused multiply-add a term; `load`
+// converts a stored element to ACC. Every order of summation is fixed, so a result is
+// the same from run to run.
 //
 // Launch: 256 threads; pyc_small_gemm_k on (ceil(N / 8), ceil(M / MT)) blocks,
 // pyc_small_gemm_n on (ceil(N / 32), ceil(M / MT)) blocks, pyc_small_gemm_t on
-// (ceil(N / 32), ceil(M / 32)) blocks. VEC > 1 needs K % VEC == 0, `sam` and `sbn`
-// multiples of VEC and both pointers aligned to VEC elements.
+// (ceil(N / 32), ceil(M / 32)) blocks, each with the batch as its z extent. VEC > 1
+// needs K % VEC == 0, `sam`, `sbn`, `sab` and `sbb` multiples of VEC and both pointers
+// aligned to VEC elements.
 
 __device__ __forceinline__ float pyc_sg_fma(float x, float y, float acc) {
     return fmaf(x, y, acc);
@@ -44,8 +47,11 @@ __device__ __forceinline__ double pyc_sg_fma(double x, double y, double acc) {
 template <typename T, typename ACC, int MT, int VEC, typename Load, typename Store>
 __device__ __forceinline__ void pyc_small_gemm_k(const T* __restrict__ a,
                                                  const T* __restrict__ b, int M, int N, int K,
-                                                 long long sam, long long sbn, Load load,
-                                                 Store store) {
+                                                 long long sam, long long sbn, long long sab,
+                                                 long long sbb, Load load, Store store) {
+    a += static_cast<long long>(blockIdx.z) * sab;
+    b += static_cast<long long>(blockIdx.z) * sbb;
+    const int zm = blockIdx.z * M;
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (n >= N) {
@@ -77,7 +83,7 @@ __device__ __forceinline__ void pyc_small_gemm_k(const T* __restrict__ a,
     }
     for (int m = 0; m < MT; ++m) {
         if (lane == m && m0 + m < M) {
-            store(m0 + m, n, acc[m]);
+            store(zm + m0 + m, n, acc[m]);
         }
     }
 }
@@ -85,9 +91,12 @@ __device__ __forceinline__ void pyc_small_gemm_k(const T* __restrict__ a,
 template <typename T, typename ACC, int MT, typename Load, typename Store>
 __device__ __forceinline__ void pyc_small_gemm_n(const T* __restrict__ a,
                                                  const T* __restrict__ b, int M, int N, int K,
-                                                 long long sam, long long sbk, Load load,
-                                                 Store store) {
+                                                 long long sam, long long sbk, long long sab,
+                                                 long long sbb, Load load, Store store) {
     __shared__ ACC part[8][MT][32];
+    a += static_cast<long long>(blockIdx.z) * sab;
+    b += static_cast<long long>(blockIdx.z) * sbb;
+    const int zm = blockIdx.z * M;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int n = blockIdx.x * 32 + lane;
@@ -116,7 +125,7 @@ __device__ __forceinline__ void pyc_small_gemm_n(const T* __restrict__ a,
         for (int w = 1; w < 8; ++w) {
             sum += part[w][warp][lane];
         }
-        store(m0 + warp, n, sum);
+        store(zm + m0 + warp, n, sum);
     }
 }
 
@@ -124,9 +133,13 @@ template <typename T, typename ACC, typename Load, typename Store>
 __device__ __forceinline__ void pyc_small_gemm_t(const T* __restrict__ a,
                                                  const T* __restrict__ b, int M, int N, int K,
                                                  long long sam, long long sbk, long long sbn,
-                                                 Load load, Store store) {
+                                                 long long sab, long long sbb, Load load,
+                                                 Store store) {
     __shared__ ACC as[32][33];  // as[row][k]; the pad keeps column reads conflict-free
     __shared__ ACC bs[32][33];  // bs[k][col]
+    a += static_cast<long long>(blockIdx.z) * sab;
+    b += static_cast<long long>(blockIdx.z) * sbb;
+    const int zm = blockIdx.z * M;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int m0 = blockIdx.y * 32;
@@ -169,7 +182,7 @@ __device__ __forceinline__ void pyc_small_gemm_t(const T* __restrict__ a,
     for (int r = 0; r < 4; ++r) {
         const int m = m0 + warp * 4 + r;
         if (m < M && n < N) {
-            store(m, n, acc[r]);
+            store(zm + m, n, acc[r]);
         }
     }
 }

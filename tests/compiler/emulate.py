@@ -198,9 +198,10 @@ static inline T __shfl_xor_sync(unsigned int, T v, int offset) {
 }
 #define __shared__ static
 template <typename F>
-static void pyc_grid(unsigned int gx, unsigned int gy, unsigned int block, F body) {
+static void pyc_grid(unsigned int gx, unsigned int gy, unsigned int block, F body,
+                     unsigned int gz = 1) {
     blockDim = {block, 1, 1};
-    gridDim = {gx, gy, 1};
+    gridDim = {gx, gy, gz};
     std::barrier<> bar(block);
     pyc_block_barrier = &bar;
     std::vector<std::barrier<>*> warps;
@@ -208,18 +209,20 @@ static void pyc_grid(unsigned int gx, unsigned int gy, unsigned int block, F bod
         warps.push_back(new std::barrier<>(block - w * 32 < 32 ? block - w * 32 : 32));
     }
     pyc_warp_barriers = warps;
+    for (unsigned int bz = 0; bz < gz; ++bz) {
     for (unsigned int by = 0; by < gy; ++by) {
         for (unsigned int bx = 0; bx < gx; ++bx) {
             std::vector<std::thread> threads;
             for (unsigned int t = 0; t < block; ++t) {
                 threads.emplace_back([=]() {
                     threadIdx = {t, 0, 0};
-                    blockIdx = {bx, by, 0};
+                    blockIdx = {bx, by, bz};
                     body();
                 });
             }
             for (auto& th : threads) th.join();
         }
+    }
     }
     for (auto* w : warps) delete w;
 }
@@ -242,14 +245,14 @@ def _threaded_library(src: KernelSource, entry: str) -> ctypes.CDLL:
         ctype = p.rsplit(" ", 1)[0].replace("__restrict__", "").strip()
         casts.append(f"({ctype})args[{k}]" if "*" in ctype else f"*({ctype}*)args[{k}]")
     runner = (f'extern "C" void pyc_run(void** args, unsigned int gx, unsigned int gy, '
-              f'unsigned int block) {{\n    pyc_grid(gx, gy, block, [=]() {{ '
-              f'{entry}({", ".join(casts)}); }});\n}}\n')
+              f'unsigned int block, unsigned int gz) {{\n    pyc_grid(gx, gy, block, [=]() {{ '
+              f'{entry}({", ".join(casts)}); }}, gz);\n}}\n')
     return _build(_THREADED + text + "\n" + runner, entry, ["-std=c++20", "-pthread"])
 
 
-def emulate_threads(src: KernelSource, entry: str, args: list, grid: tuple[int, int],
+def emulate_threads(src: KernelSource, entry: str, args: list, grid: tuple[int, ...],
                     block: int) -> None:
-    """Launch ``entry`` of ``src`` with ``grid`` = (x, y) blocks of ``block`` threads.
+    """Launch ``entry`` of ``src`` with ``grid`` = (x, y[, z]) blocks of ``block`` threads.
 
     ``args`` are the kernel's parameters in order: NumPy arrays (passed by address) or
     ctypes scalars (``ctypes.c_longlong(...)``, ``ctypes.c_int(...)``)."""
@@ -262,4 +265,5 @@ def emulate_threads(src: KernelSource, entry: str, args: list, grid: tuple[int, 
         else:
             keep.append(a)
             slots[k] = ctypes.cast(ctypes.pointer(a), ctypes.c_void_p)
-    lib.pyc_run(slots, ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(block))
+    lib.pyc_run(slots, ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(block),
+                ctypes.c_uint(grid[2] if len(grid) > 2 else 1))

@@ -62,6 +62,12 @@ def _reference(x, w, bias, act, out_dtype, product_dtype):
     GEMM's output is, then the epilogue (through the op registry's NumPy references)."""
     with np.errstate(all="ignore"):
         p = (x.astype(F64) @ w.astype(F64)).astype(product_dtype).astype(F64)
+    return _epilogue(p, bias, act).astype(out_dtype)
+
+
+def _epilogue(p, bias, act):
+    """``act(p + bias)`` in float64 by the op registry's NumPy references."""
+    with np.errstate(all="ignore"):
         if bias is not None:
             p = p + bias.astype(F64)
         if act:
@@ -70,7 +76,7 @@ def _reference(x, w, bias, act, out_dtype, product_dtype):
             o = g.add(act, [i.id])
             g.outputs = [o.id]
             p = run_graph(g, [p], np)[0]
-    return p.astype(out_dtype)
+    return p
 
 
 def _run(src, entry, x, w_view, bias, out):
@@ -144,13 +150,16 @@ def test_refusals_say_why():
     assert "bias of shape" in check_small_gemm(node, g)
     g, node = _graph(4, 8, 8, np.int32)
     assert "operands" in check_small_gemm(node, g)
-    g = Graph(name="batched")
+    g = Graph(name="broadcast")
     x = g.add("input", (), {"index": 0}, shape=(2, 4, 8), dtype=F32)
-    w = g.add("input", (), {"index": 1}, shape=(8, 8), dtype=F32)
+    w = g.add("input", (), {"index": 1}, shape=(1, 8, 8), dtype=F32)
     mm = g.add("matmul", [x.id, w.id], {}, shape=(2, 4, 8), dtype=F32)
-    assert "2-D" in check_small_gemm(mm, g)
-    with pytest.raises(ValueError, match="2-D"):
+    assert "broadcast" in check_small_gemm(mm, g)
+    with pytest.raises(ValueError, match="broadcast"):
         generate_small_gemm(mm, g)
+    v = g.add("input", (), {"index": 2}, shape=(8,), dtype=F32)
+    mv = g.add("matmul", [x.id, v.id], {}, shape=(2, 4), dtype=F32)
+    assert "vector" in check_small_gemm(mv, g)
     assert {"relu", "gelu", "silu", "sigmoid", "tanh"} <= set(ACTIVATIONS)
 
 
@@ -165,15 +174,15 @@ def test_entries_follow_the_operands_layout_and_alignment():
     assert entries((16, 1), (1, 16), 0, 64) == ["_kv", "_k", "_t"]
     assert entries((16, 1), (1, 16), 4, 64) == ["_k", "_t"]  # misaligned
     assert entries((18, 1), (1, 16), 0, 64) == ["_k", "_t"]  # a row stride
-    assert entries_for(src, (16, 1), (8, 1), 0, 64) == [(f"{name}_n", 16, 8, 1),
-                                                        (f"{name}_t", 16, 8, 1)]
+    assert entries_for(src, (16, 1), (8, 1), 0, 64) == [(f"{name}_n", 16, 8, 1, 0, 0),
+                                                        (f"{name}_t", 16, 8, 1, 0, 0)]
     assert entries_for(src, (1, 4), (1, 16), 0, 64) == []  # a transposed a
     assert entries_for(src, (16, 1), (2, 32), 0, 64) == []  # no unit stride in b
-    assert launch_shape(src, f"{name}_k") == ((1, 1), (256,))
-    assert launch_shape(src, f"{name}_n") == ((1, 1), (256,))
+    assert launch_shape(src, f"{name}_k") == ((1, 1, 1), (256,))
+    assert launch_shape(src, f"{name}_n") == ((1, 1, 1), (256,))
     g, node = _graph(100, 70, 16, F32)
     src = generate_small_gemm(node, g)
-    assert launch_shape(src, f"{src.name}_t") == ((3, 4), (256,))
+    assert launch_shape(src, f"{src.name}_t") == ((3, 4, 1), (256,))
 
 
 # -- the step's first-call race, with NumPy standing in for CuPy -----------------------------
@@ -315,3 +324,69 @@ def test_a_kernel_that_cannot_build_leaves_the_library_path(monkeypatch, caplog)
     step.small.prepare()
     assert step.small.use is False and "not built" in step.small.note
     assert step._small_call(_Exe(g), {}, None, None) is None
+
+
+# -- stacks and batches ------------------------------------------------------------------------
+def _batched_graph(a_shape, b_shape, dtype, *, transpose_b, bias_n=None, act=None):
+    g = Graph(name="batched")
+    x = g.add("input", (), {"index": 0}, shape=a_shape, dtype=dtype)
+    w = g.add("input", (), {"index": 1}, shape=b_shape, dtype=dtype)
+    ins = [x.id, w.id]
+    if bias_n is not None:
+        ins.append(g.add("input", (), {"index": 2}, shape=(1, bias_n), dtype=dtype).id)
+    n = b_shape[-2] if transpose_b else b_shape[-1]
+    mm = g.add("matmul", ins, {"transpose_b": transpose_b, **({"activation": act} if act else {})},
+               shape=(*a_shape[:-1], n), dtype=dtype)
+    g.outputs = [mm.id]
+    return g, mm
+
+
+BATCHED = [  # (a shape, b shape, transpose_b, bias, activation, expected launch batch)
+    ((3, 5, 24), (40, 24), True, True, "relu", 1),  # a stack times one weight: 15 rows
+    ((2, 3, 70, 16), (16, 9), False, False, None, 1),
+    ((4, 9, 9), (4, 9, 64), False, True, "relu", 4),  # a GCN's adjacency products
+    ((3, 7, 33), (3, 20, 33), True, False, "gelu", 3),
+    ((2, 2, 40, 8), (2, 2, 8, 12), False, True, None, 4),
+]
+
+
+@needs_gxx
+@pytest.mark.parametrize(("a_shape", "b_shape", "transpose_b", "with_bias", "act", "batch"),
+                         BATCHED)
+def test_stacks_and_batches_match_numpy(a_shape, b_shape, transpose_b, with_bias, act, batch):
+    rng = np.random.default_rng()
+    n = b_shape[-2] if transpose_b else b_shape[-1]
+    g, node = _batched_graph(a_shape, b_shape, F32, transpose_b=transpose_b,
+                             bias_n=n if with_bias else None, act=act)
+    assert check_small_gemm(node, g) == ""
+    src = generate_small_gemm(node, g)
+    assert src.launch["batch"] == batch
+    x = _ptr(_values(rng, a_shape, F32, special=True))
+    w = _ptr(_values(rng, b_shape, F32))
+    w_view = w.swapaxes(-1, -2) if transpose_b else w
+    bias = _ptr(_values(rng, (1, n), F32)) if with_bias else None
+    with np.errstate(all="ignore"):
+        want = np.matmul(x.astype(F64), w_view.astype(F64)).astype(F32).astype(F64)
+    want = _epilogue(want, bias, act).astype(F32)
+    small = small_step.SmallGemm(src)
+    plans = small.plans(x, w_view)
+    assert plans and plans[-1][0] == f"{src.name}_t"
+    for plan in plans:
+        out = np.full(node.shape, np.nan, F32)
+        grid, block = launch_shape(src, plan[0])
+        assert grid[2] == batch
+        args = [np.asarray(x), np.asarray(w_view), *([np.asarray(bias)] if with_bias else []),
+                out, *(ctypes.c_longlong(v) for v in plan[1:])]
+        emulate_threads(src, plan[0], args, grid, block[0])
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, equal_nan=True,
+                                   err_msg=plan[0])
+        assert np.array_equal(np.isnan(out), np.isnan(want)), plan[0]
+
+
+def test_views_that_need_a_copy_are_not_planned():
+    g, node = _batched_graph((3, 5, 24), (40, 24), F32, transpose_b=True)
+    small = small_step.SmallGemm(generate_small_gemm(node, g))
+    x = _ptr(np.zeros((5, 3, 24), F32)).swapaxes(0, 1)  # rows not one stride apart
+    w = _ptr(np.zeros((40, 24), F32)).T
+    assert small.plans(x, w) == []
+    assert small.plans(_ptr(np.zeros((3, 5, 24), F32)), w)  # the contiguous stack is fine

@@ -360,7 +360,7 @@ class _Lowering:
                    "16-bit floats in float32)" if batched else "cuBLAS (cupy.matmul)") + (
             " in place of a tuned CUTLASS kernel" if choice == "cutlass" else "")
         small = None
-        if small_gemm.ENABLED and not batched and not check_small_gemm(node, self.graph):
+        if small_gemm.ENABLED and not check_small_gemm(node, self.graph):
             small = generate_small_gemm(node, self.graph)
         describe = {"node": node.id, "name": epilogue.name if epilogue else f"matmul_{node.id}",
                     "kind": "cublas", "ops": ["matmul", *(epilogue.ops if epilogue else ())],

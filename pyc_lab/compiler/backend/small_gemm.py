@@ -13,6 +13,7 @@ captured afterwards records whichever won (the kernel needs no cuBLAS workspace)
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -72,24 +73,34 @@ class SmallGemm:
             self.use = False
             self.note = f"small GEMM not built: {exc}"
 
-    def plans(self, a: Any, b: Any) -> list[tuple[str, int, int, int]]:
-        """``(entry, sam, sbk, sbn)`` of every form that takes these operands (CuPy
-        arrays); after the race, only the chosen one (none if it does not take them)."""
+    def plans(self, a: Any, b: Any) -> list[tuple[str, int, int, int, int, int]]:
+        """``(entry, sam, sbk, sbn, sab, sbb)`` of every form that takes these operands
+        (CuPy arrays, as multiplied); after the race, only the chosen one. None take them
+        where the leading dimensions cannot be walked with one stride (a view that
+        would need a copy)."""
         item = a.itemsize
-        plans = entries_for(self.src, (a.strides[0] // item, a.strides[1] // item),
-                            (b.strides[0] // item, b.strides[1] // item), a.data.ptr,
-                            b.data.ptr)
+        batched = self.src.launch.get("batch", 1) > 1
+        # a: its rows (every leading dimension with them, or the batch's apart)
+        sa = _merged(a.shape[:-1] if not batched else a.shape[:-2],
+                     a.strides[:-1] if not batched else a.strides[:-2])
+        sb = _merged(b.shape[:-2], b.strides[:-2]) if batched else 0
+        if sa is None or sb is None:
+            return []
+        sam, sab = (a.strides[-2], sa) if batched else (sa, 0)
+        plans = entries_for(self.src, (sam // item, a.strides[-1] // item),
+                            (b.strides[-2] // item, b.strides[-1] // item), a.data.ptr,
+                            b.data.ptr, (sab // item, sb // item))
         if self.choice is not None:
             plans = [p for p in plans if p[0] == self.choice]
         return plans
 
-    def launch(self, plan: tuple[str, int, int, int], a: Any, b: Any, bias: Any,
+    def launch(self, plan: tuple[str, int, int, int, int, int], a: Any, b: Any, bias: Any,
                out: Any) -> None:
         """Issue one form on the current stream (nothing is synchronised)."""
-        entry, sam, sbk, sbn = plan
+        entry, *strides = plan
         grid, block = launch_shape(self.src, entry)
-        args = (a, b, *((bias,) if bias is not None else ()), out, np.int64(sam),
-                np.int64(sbk), np.int64(sbn))
+        args = (a, b, *((bias,) if bias is not None else ()), out,
+                *(np.int64(v) for v in strides))
         self.kernels[entry](grid, block, args)
 
     def decide(self, cp: Any, library: Callable[[], Any],
@@ -117,3 +128,15 @@ class SmallGemm:
                      f"and epilogue (first call, L2 flushed; kept when {MARGIN:.0%} faster)")
         log.info("%s: %s", self.src.name, self.note)
         return self.use
+
+
+def _merged(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
+    """The byte stride that walks ``shape`` (dimensions in C order) as one dimension, or
+    None where no single stride does; 0 for no elements to walk past the first."""
+    dims = [(d, s) for d, s in zip(shape, strides, strict=True) if d != 1]
+    if not dims:
+        return 0
+    for (_, outer), (inner_d, inner) in itertools.pairwise(dims):
+        if outer != inner_d * inner:
+            return None
+    return dims[-1][1]

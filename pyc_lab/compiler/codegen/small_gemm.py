@@ -18,9 +18,11 @@ It is a candidate, never a default: the matmul step times its entries against th
 library GEMM plus epilogue on the first call's operands and keeps the fastest only where
 it measured faster (:mod:`pyc_lab.compiler.backend.small_gemm`).
 
-:func:`check_small_gemm` says which matmuls it takes: two 2-D operands of one float dtype
-(float32, float64, float16, bfloat16), a reduction of at least one term, at most
-:data:`MAX_FLOPS` of work, and a bias (if any) along the rows. The operands' layouts are
+:func:`check_small_gemm` says which matmuls it takes: operands of one float dtype
+(float32, float64, float16, bfloat16) — two matrices, a stack of left operands times one
+matrix (a single product of all their rows) or a batch of products of one batch shape
+(the grid's z extent, at most :data:`MAX_BATCH`) — a reduction of at least one term, at
+most :data:`MAX_FLOPS` of work, and a bias (if any) along the rows. The operands' layouts are
 checked at run time (:func:`entries_for`).
 """
 
@@ -34,7 +36,7 @@ from . import cuda_types as ct
 from .cuda_types import KernelSource
 from .elementwise import _device_function, activation_ok, epilogue_body, kernel_name
 
-__all__ = ["BLOCK", "MAX_FLOPS", "MAX_ROWS", "check_small_gemm", "entries_for",
+__all__ = ["BLOCK", "MAX_BATCH", "MAX_FLOPS", "MAX_ROWS", "check_small_gemm", "entries_for",
            "generate_small_gemm", "launch_shape"]
 
 #: The most rows of ``a`` the column entries (``_k``, ``_kv``, ``_n``) take (8 blocks of 8
@@ -56,26 +58,39 @@ def _rows_per_block(m: int) -> int:
     return mt
 
 
-def _problem(node: Node, graph: Graph) -> tuple[int, int, int] | str:
-    """``(M, N, K)`` of a matmul node, or why the small GEMM does not take it."""
+#: The most products of a batch (the grid's z extent).
+MAX_BATCH = 65535
+
+
+def _problem(node: Node, graph: Graph) -> tuple[int, int, int, int] | str:
+    """``(batch, M, N, K)`` of a matmul node, or why the small GEMM does not take it.
+
+    A stack of left operands times one 2-D right operand is a single product of all the
+    rows (batch 1); a batch of right operands of the left's batch shape is a batch."""
     if node.op != "matmul":
         return f"{node.op} is not a matmul"
     if node.attrs.get("transpose_a"):
         return "a transposed left operand"
     a, b = graph.node(node.inputs[0]), graph.node(node.inputs[1])
-    if len(a.shape) != 2 or len(b.shape) != 2:
-        return "operands that are not 2-D matrices"
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        return "a vector operand"
+    if len(b.shape) > 2 and tuple(b.shape[:-2]) != tuple(a.shape[:-2]):
+        return "broadcast batch dimensions"
     if a.dtype != b.dtype or a.dtype.name not in _FLOATS:
         return f"operands {dtype_short(a.dtype)} and {dtype_short(b.dtype)}"
-    m, k = (int(d) for d in a.shape)
-    n = int(b.shape[0] if node.attrs.get("transpose_b") else b.shape[1])
-    if m < 1 or k < 1 or n < 1:
+    stack = int(np.prod(a.shape[:-2], dtype=np.int64))
+    batch = stack if len(b.shape) > 2 else 1
+    m, k = int(a.shape[-2]) * (stack // batch), int(a.shape[-1])
+    n = int(b.shape[-2] if node.attrs.get("transpose_b") else b.shape[-1])
+    if batch < 1 or m < 1 or k < 1 or n < 1:
         return "an empty product"
-    if 2 * m * n * k > MAX_FLOPS:
-        return f"{2 * m * n * k} flops, more than the small GEMM's {MAX_FLOPS}"
-    if max(m * k, n * k, m * n) >= 1 << 31:
+    if batch > MAX_BATCH:
+        return f"a batch of {batch} products, more than {MAX_BATCH}"
+    if 2 * batch * m * n * k > MAX_FLOPS:
+        return f"{2 * batch * m * n * k} flops, more than the small GEMM's {MAX_FLOPS}"
+    if max(batch * m * k, batch * n * k, batch * m * n) >= 1 << 31:
         return "offsets past 32 bits"
-    return m, n, k
+    return batch, m, n, k
 
 
 def check_small_gemm(node: Node, graph: Graph) -> str:
@@ -89,9 +104,10 @@ def check_small_gemm(node: Node, graph: Graph) -> str:
         return why
     if len(node.inputs) == 3:
         bias = graph.node(node.inputs[2])
-        n = problem[1]
-        if tuple(bias.shape) not in ((n,), (1, n)):
-            return f"a bias of shape {tuple(bias.shape)} (one of {n} values along rows needed)"
+        n = problem[2]
+        shape = tuple(bias.shape)
+        if not shape or shape[-1] != n or any(d != 1 for d in shape[:-1]):
+            return f"a bias of shape {shape} (one of {n} values along rows needed)"
         if not ct.is_supported(bias.dtype, elementwise=True):
             return f"a {bias.dtype.name} bias"
     elif len(node.inputs) != 2:
@@ -123,7 +139,7 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
     why = check_small_gemm(node, graph)
     if why:
         raise ValueError(f"node %{node.id}: {why}")
-    m, n, k = _problem(node, graph)  # type: ignore[misc]
+    batch, m, n, k = _problem(node, graph)  # type: ignore[misc]
     a = graph.node(node.inputs[0])
     dtype = np.dtype(a.dtype)
     out_dtype = np.dtype(node.dtype)
@@ -139,7 +155,7 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
     needs: set[str] = set()
     epilogue_fn = ""
     if has_bias or act:
-        body = epilogue_body((m, n), dtype,
+        body = epilogue_body((batch * m, n), dtype,
                              ((n,), bias.dtype) if bias is not None else None, act)
         loads = [Load(node=i, param=p, shape=tuple(body.node(i).shape), strides=(), offset=0)
                  for p, i in enumerate(body.inputs)]
@@ -167,7 +183,7 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
     if bias is not None:
         params.append(f"const {ct.storage_type(bias.dtype)}* __restrict__ bias")
     params += [f"{ct.storage_type(out_dtype)}* __restrict__ out", "long long sam",
-               "long long sbk", "long long sbn"]
+               "long long sbk", "long long sbn", "long long sab", "long long sbb"]
     signature = ", ".join(params)
     functor = f"{name}_store{{{'bias, ' if bias is not None else ''}out}}"
     entries = []
@@ -178,14 +194,16 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
                     (f"{name}_n", f"pyc_small_gemm_n<{storage}, {acc}, {mt}>", "sbk")]
     entries.append((f"{name}_t", f"pyc_small_gemm_t<{storage}, {acc}>", "sbk, sbn"))
     kernels = [f'extern "C" __global__ void __launch_bounds__({BLOCK})\n{entry}({signature})\n'
-               f"{{\n    {call}(a, b, {m}, {n}, {k}, sam, {strides}, {name}_load{{}}, "
-               f"{functor});\n}}\n"
+               f"{{\n    {call}(a, b, {m}, {n}, {k}, sam, {strides}, sab, sbb, "
+               f"{name}_load{{}}, {functor});\n}}\n"
                for entry, call, strides in entries]
     ops = ("matmul",) + (("bias_add",) if bias is not None else ()) + ((act,) if act else ())
     header = (f"// pyc_lab generated kernel {name} (small GEMM)\n"
               f"// ops: {', '.join(ops)}\n"
-              f"// out {dtype_short(out_dtype)}[{m}, {n}] = "
-              + (f"{act}(" if act else "") + f"a[{m}, {k}] @ b[{k}, {n}]"
+              f"// out {dtype_short(out_dtype)}[{batch * m}, {n}] = "
+              + (f"{act}(" if act else "")
+              + (f"a[{batch}][{m}, {k}] @ b[{batch}][{k}, {n}]" if batch > 1
+                 else f"a[{m}, {k}] @ b[{k}, {n}]")
               + (" + bias" if bias is not None else "") + (")" if act else "")
               + f", sums in {acc}\n")
     all_dtypes = {dtype.name, out_dtype.name, *((bias.dtype.name,) if bias is not None else ())}
@@ -201,25 +219,29 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
         sections.append(epilogue_fn)
     sections += [load, store, *kernels]
     source = "\n".join(s.rstrip("\n") + "\n" for s in sections)
-    launch = {"m": m, "n": n, "k": k, "mt": mt, "vec": vec, "block": BLOCK,
+    launch = {"batch": batch, "m": m, "n": n, "k": k, "mt": mt, "vec": vec, "block": BLOCK,
               "itemsize": dtype.itemsize, "bias": bias is not None}
-    notes = (f"{m} x {n} x {k}: one kernel for the product and its epilogue "
-             f"({len(entries)} forms); raced against the library GEMM and epilogue at the "
-             "first call")
+    notes = ((f"{batch} x " if batch > 1 else "") + f"{m} x {n} x {k}: one kernel for "
+             f"the product and its epilogue ({len(entries)} forms); raced against the "
+             "library GEMM and epilogue at the first call")
     return KernelSource(name=name, kind="small_gemm", source=source, ops=ops, notes=notes,
                         entries=tuple(e for e, _, _ in entries), launch=launch)
 
 
 def entries_for(src: KernelSource, a_strides: tuple[int, int], b_strides: tuple[int, int],
-                a_ptr: int, b_ptr: int) -> list[tuple[str, int, int, int]]:
-    """The entries of ``src`` that take operands with these element strides and
-    addresses, each as ``(entry, sam, sbk, sbn)``: empty where ``a``'s k stride is not 1
-    or ``b`` has no unit stride. The column entries come first (the one for ``b``'s
-    layout, vectorised where the alignment allows), the tiled one last."""
+                a_ptr: int, b_ptr: int, batch_strides: tuple[int, int] = (0, 0)
+                ) -> list[tuple[str, int, int, int, int, int]]:
+    """The entries of ``src`` that take operands with these element strides (of one
+    product's rows and columns; ``batch_strides``: from one product's ``a`` and ``b`` to
+    the next's) and addresses, each as ``(entry, sam, sbk, sbn, sab, sbb)``: empty where
+    ``a``'s k stride is not 1 or ``b`` has no unit stride. The column entries come first
+    (the one for ``b``'s layout, vectorised where the alignment allows), the tiled one
+    last."""
     launch = src.launch
     m, n, k, vec = launch["m"], launch["n"], launch["k"], launch["vec"]
     sam, sak = a_strides
     sbk, sbn = b_strides
+    sab, sbb = batch_strides if launch.get("batch", 1) > 1 else (0, 0)
     sam = sam if m > 1 else k
     sbk = sbk if k > 1 else 1
     sbn = sbn if n > 1 else (1 if sbk != 1 else k)
@@ -229,21 +251,22 @@ def entries_for(src: KernelSource, a_strides: tuple[int, int], b_strides: tuple[
     if f"{src.name}_k" in src.entries:
         if sbk == 1:
             align = vec * launch["itemsize"]
-            if vec and sam % vec == 0 and sbn % vec == 0 and a_ptr % align == 0 \
-                    and b_ptr % align == 0:
-                out.append((f"{src.name}_kv", sam, sbk, sbn))
-            out.append((f"{src.name}_k", sam, sbk, sbn))
+            if vec and all(v % vec == 0 for v in (sam, sbn, sab, sbb)) \
+                    and a_ptr % align == 0 and b_ptr % align == 0:
+                out.append((f"{src.name}_kv", sam, sbk, sbn, sab, sbb))
+            out.append((f"{src.name}_k", sam, sbk, sbn, sab, sbb))
         else:
-            out.append((f"{src.name}_n", sam, sbk, sbn))
-    out.append((f"{src.name}_t", sam, sbk, sbn))
+            out.append((f"{src.name}_n", sam, sbk, sbn, sab, sbb))
+    out.append((f"{src.name}_t", sam, sbk, sbn, sab, sbb))
     return out
 
 
-def launch_shape(src: KernelSource, entry: str) -> tuple[tuple[int, int], tuple[int]]:
+def launch_shape(src: KernelSource, entry: str) -> tuple[tuple[int, int, int], tuple[int]]:
     """``(grid, block)`` of ``entry``."""
     launch = src.launch
+    batch = launch.get("batch", 1)
     if entry.endswith("_t"):
-        return (-(-launch["n"] // 32), -(-launch["m"] // 32)), (launch["block"],)
+        return (-(-launch["n"] // 32), -(-launch["m"] // 32), batch), (launch["block"],)
     per_block = 32 if entry.endswith("_n") else 8
-    return ((-(-launch["n"] // per_block), -(-launch["m"] // launch["mt"])),
+    return ((-(-launch["n"] // per_block), -(-launch["m"] // launch["mt"]), batch),
             (launch["block"],))

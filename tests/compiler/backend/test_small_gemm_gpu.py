@@ -13,7 +13,15 @@ import pytest
 import pyc_lab as pl
 from pyc_lab.compiler.backend.executable import CupyExecutable
 from tests.compiler.backend.support import auto_impl, cp, poison_pool
-from tests.compiler.test_small_gemm import TOL, _graph, _reference, _values
+from tests.compiler.test_small_gemm import (
+    BATCHED,
+    TOL,
+    _batched_graph,
+    _epilogue,
+    _graph,
+    _reference,
+    _values,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -104,3 +112,35 @@ def test_compiled_linear_layer_at_small_batch(rng):
         kernels = layer.explain(*(cp.asarray(a) for a in (x, w, b))).kernels
         offered = [k for k in kernels if "small GEMM" in k.get("implementation", "")]
         assert bool(offered) == (k < 1024), kernels
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("force", [True, False], ids=["small", "library"])
+@pytest.mark.parametrize(("a_shape", "b_shape", "transpose_b", "with_bias", "act", "batch"),
+                         BATCHED)
+def test_stacks_and_batches_match_numpy(rng, a_shape, b_shape, transpose_b, with_bias, act,
+                                        batch, force, cuda_graph):
+    n = b_shape[-2] if transpose_b else b_shape[-1]
+    g, _ = _batched_graph(a_shape, b_shape, F32, transpose_b=transpose_b,
+                          bias_n=n if with_bias else None, act=act)
+    exe = CupyExecutable(g, auto_impl(g), cuda_graph=cuda_graph)
+    exe._prepare()
+    (step,) = exe._steps
+    assert step.small is not None and step.small.src.launch["batch"] == batch
+    step.small.use = force
+    step.small.choice = step.small.src.entries[-1] if force else None  # the tiled form
+    for call in range(3):
+        args = [_values(rng, a_shape, F32, special=call == 1), _values(rng, b_shape, F32)]
+        if with_bias:
+            args.append(_values(rng, (1, n), F32))
+        poison_pool()
+        (got,) = exe([cp.asarray(a) for a in args])
+        w = args[1].swapaxes(-1, -2) if transpose_b else args[1]
+        with np.errstate(all="ignore"):
+            p = np.matmul(args[0].astype(F64), w.astype(F64)).astype(F32).astype(F64)
+        want = _epilogue(p, args[2] if with_bias else None, act).astype(F32)
+        got = cp.asnumpy(got)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        if force:
+            assert step.last_entry == step.small.choice
