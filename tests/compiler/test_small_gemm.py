@@ -21,6 +21,7 @@ from pyc_lab.compiler.codegen.small_gemm import (
     launch_shape,
 )
 from pyc_lab.compiler.ops import ACTIVATIONS, run_graph
+from tests.compiler.backend.test_steps import _PtrArray
 from tests.compiler.emulate import emulate_threads, needs_gxx
 
 F16, F32, F64 = np.float16, np.float32, np.float64
@@ -186,16 +187,9 @@ def test_entries_follow_the_operands_layout_and_alignment():
 
 
 # -- the step's first-call race, with NumPy standing in for CuPy -----------------------------
-class _Ptr(np.ndarray):
-    """A NumPy array with CuPy's ``.data.ptr``."""
-
-    @property
-    def data(self):
-        return SimpleNamespace(ptr=self.__array_interface__["data"][0])
-
-
 def _ptr(a):
-    return np.asarray(a).view(_Ptr)
+    """``a`` (a view stays a view) with CuPy's ``.data.ptr``."""
+    return np.asarray(a).view(_PtrArray)
 
 
 class _Emulated:
@@ -304,6 +298,15 @@ def test_step_keeps_the_library_path_where_the_kernel_lost(small_step_case):
     launches = sum(k.launches for k in step.small.kernels.values())
     step.run(exe, values)  # decided once: no second race, no kernel launch
     assert sum(k.launches for k in step.small.kernels.values()) == launches
+
+
+@needs_gxx
+def test_forms_that_cannot_run_are_never_chosen(small_step_case):
+    step, exe, values, node, timings, want = small_step_case
+    timings["ms"] = [float("inf"), float("inf"), float("inf"), float("inf")]
+    step.run(exe, values)  # every candidate failed in the race: the library path runs
+    assert step.small.use is False and step.small.choice is None
+    np.testing.assert_allclose(values[node.id], want, rtol=1e-5, atol=1e-5)
 
 
 def test_disabled_small_gemm_is_not_offered(monkeypatch):

@@ -7,14 +7,15 @@ layer and the GPU, so :class:`SmallGemm` measures them all on the first call's o
 (CUDA events, interleaved rounds with the L2 cache flushed:
 :func:`pyc_lab.kernels.blas_direct.race`) and keeps the fastest form only where it took at
 least :data:`MARGIN` less time than the library path: never slower than what it
-replaces. The choice holds for the executable's life; a CUDA graph
-captured afterwards records whichever won (the kernel needs no cuBLAS workspace).
+replaces. The choice holds for the executable's life; a CUDA graph captured afterwards
+records whichever won (the kernel needs no cuBLAS workspace).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +29,8 @@ __all__ = ["ENABLED", "MARGIN", "ROUNDS", "SmallGemm"]
 
 log = logging.getLogger(__name__)
 
-#: Whether lowering offers the small GEMM at all (programs compiled while it is False
-#: run the library path only: what ``bench_inference --no-small-gemm`` measures).
+#: Whether lowering offers the small GEMM at all (programs lowered while it is False run
+#: the library path only: ``bench_inference``'s ``pyc_lab_io_binding_no_small_gemm`` row).
 ENABLED = True
 #: How much less time the kernel must take than the library GEMM and epilogue to be kept.
 MARGIN = 0.02
@@ -119,7 +120,7 @@ class SmallGemm:
         times = blas_direct.race([library, *(run for _, run in forms)], stream, ROUNDS)
         library_ms = times[0]
         best_ms, best = min(zip(times[1:], (e for e, _ in forms), strict=True))
-        self.use = best_ms <= library_ms * (1.0 - MARGIN)
+        self.use = math.isfinite(best_ms) and best_ms <= library_ms * (1.0 - MARGIN)
         self.choice = best if self.use else None
         self.measured = {"library_ms": library_ms,
                          **{e: t for (e, _), t in zip(forms, times[1:], strict=True)}}
