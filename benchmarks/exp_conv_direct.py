@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     cp, torch = found
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    from pyc_lab.kernels import conv_direct
+
+    sms = conv_direct.sm_count(0)
     rows = [measure(cp, torch, sms, *problem) for problem in PROBLEMS]
     if args.out:
         path = write_result(args.out, "conv-direct", {

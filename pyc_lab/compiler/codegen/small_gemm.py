@@ -96,8 +96,12 @@ def _problem(node: Node, graph: Graph) -> tuple[int, int, int, int] | str:
 def check_small_gemm(node: Node, graph: Graph) -> str:
     """Why :func:`generate_small_gemm` does not take ``node``, or ``""`` when it does."""
     problem = _problem(node, graph)
-    if isinstance(problem, str):
-        return problem
+    return problem if isinstance(problem, str) else _refusal(node, graph, problem)
+
+
+def _refusal(node: Node, graph: Graph, problem: tuple[int, int, int, int]) -> str:
+    """Why the epilogue of a matmul whose ``problem`` the kernel takes is refused, or
+    ``""``."""
     act = node.attrs.get("activation")
     why = activation_ok(act)
     if why:
@@ -136,10 +140,11 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
     ValueError
         When :func:`check_small_gemm` refuses the node.
     """
-    why = check_small_gemm(node, graph)
+    problem = _problem(node, graph)
+    why = problem if isinstance(problem, str) else _refusal(node, graph, problem)
     if why:
         raise ValueError(f"node %{node.id}: {why}")
-    batch, m, n, k = _problem(node, graph)  # type: ignore[misc]
+    batch, m, n, k = problem
     a = graph.node(node.inputs[0])
     dtype = np.dtype(a.dtype)
     out_dtype = np.dtype(node.dtype)
