@@ -60,7 +60,7 @@ def measure(cp: Any, torch: Any, sms: int, name: str, xs: tuple, ws: tuple, st: 
         launch = conv_direct.launcher(2, geo, 0, None, sms, config)
         launch(x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), stream)
         err = float((y - want).abs().max() / want.abs().max())
-        label = f"{'rows' if config.rows else 'generic'} {config.ot}x{config.pt}"
+        label = config.label
         if err > 1e-4:
             print(f"{name}: {label} wrong by {err:.1e}; not timed")
             continue

@@ -236,3 +236,81 @@ __global__ void pyc_conv_direct_rows(const typename pyc_guard_word<KIND>::type* 
     }
   }
 }
+
+// pyc_conv_direct_split<KIND, OT, L, ACT>: the same convolution for problems with few
+// outputs and a long reduction (batch 1 of a 32 -> 32 channel layer: a thousand outputs
+// of 96 taps each), where a thread's serial sum over the taps is the kernel's whole
+// latency, one dependent load a tap. Here L consecutive lanes of a warp (L a power of
+// two, at most 32) share one output pixel: lane l sums the taps l, l + L, l + 2L, ... for
+// OT output channels — every lane's loads independent, issued together — and the L
+// partial sums are added by a butterfly of shuffles within the L lanes; lane o < OT then
+// adds the bias, applies the activation and stores channel k0 + o. Arguments as
+// pyc_conv_direct's; block x covers blockDim.x / L consecutive output pixels (blockDim.x
+// a multiple of L), block y the output channels y * OT .. y * OT + OT - 1 (OT <= L). No
+// thread returns before the shuffles: a lane past the last pixel sums zeros and stores
+// nothing.
+template <int KIND, int OT, int L, int ACT>
+__global__ void pyc_conv_direct_split(const typename pyc_guard_word<KIND>::type* __restrict__ x,
+                                      const typename pyc_guard_word<KIND>::type* __restrict__ wt,
+                                      const typename pyc_guard_word<KIND>::type* __restrict__ bias,
+                                      typename pyc_guard_word<KIND>::type* __restrict__ y,
+                                      int c, int h, int w, int k, int groups, int r, int s,
+                                      int p, int q, int sh, int sw, int ph, int pw, int dh,
+                                      int dw, int xs_n, int xs_c, int xs_h, int xs_w,
+                                      int pixels) {
+  typedef typename pyc_guard_word<KIND>::type T;
+  static_assert(OT <= L && (L & (L - 1)) == 0 && L <= 32, "OT <= L, L a power of two");
+  __align__(16) __shared__ float ws[OT * PYC_DIRECT_TAPS];
+  __align__(16) __shared__ int4 tapat[PYC_DIRECT_TAPS];
+  const int cg = c / groups, kg = k / groups;
+  const int k0 = blockIdx.y * OT;
+  const int rs = r * s;
+  const int taps = cg * rs;
+  const int pq = p * q;
+  for (int i = threadIdx.x; i < OT * taps; i += blockDim.x) {
+    const int o = i / taps, t = i - o * taps;
+    ws[t * OT + o] = pyc_guard_load<KIND>(wt[(k0 + o) * taps + t]);
+  }
+  for (int t = threadIdx.x; t < taps; t += blockDim.x) {
+    const int cc = t / rs, rr = (t - cc * rs) / s, ss = t - cc * rs - rr * s;
+    tapat[t] = make_int4(cc * xs_c + rr * dh * xs_h + ss * dw * xs_w, rr * dh, ss * dw, 0);
+  }
+  __syncthreads();
+  const int lane = (int)(threadIdx.x % L);
+  const int i = (int)((blockIdx.x * blockDim.x + threadIdx.x) / L);
+  const bool live = i < pixels;
+  const int ii = live ? i : 0;
+  const int nn = ii / pq, rest = ii - nn * pq;
+  const int pp = rest / q, qq = rest - pp * q;
+  const int h0 = pp * sh - ph, w0 = qq * sw - pw;
+  const T* xg = x + (k0 / kg) * cg * xs_c;
+  const int at = nn * xs_n + h0 * xs_h + w0 * xs_w;  // the window's first element
+  float acc[OT];
+#pragma unroll
+  for (int o = 0; o < OT; ++o) acc[o] = 0.f;
+#pragma unroll 4
+  for (int t = lane; t < taps; t += L) {
+    const int4 tap = tapat[t];
+    const int hh = h0 + tap.y, ww = w0 + tap.z;
+    const float v = (live && hh >= 0 && hh < h && ww >= 0 && ww < w)
+                        ? pyc_guard_load<KIND>(xg[at + tap.x])
+                        : 0.f;
+    float f[OT];
+    pyc_direct_weights<OT>(ws + t * OT, f);
+#pragma unroll
+    for (int o = 0; o < OT; ++o) acc[o] = fmaf(f[o], v, acc[o]);
+  }
+#pragma unroll
+  for (int off = L / 2; off > 0; off /= 2) {
+#pragma unroll
+    for (int o = 0; o < OT; ++o) acc[o] += __shfl_xor_sync(0xffffffffu, acc[o], off, L);
+  }
+  if (!live || lane >= OT) return;
+  float a = acc[0];
+#pragma unroll
+  for (int o = 1; o < OT; ++o) {
+    if (lane == o) a = acc[o];
+  }
+  if (bias != nullptr) a += pyc_guard_load<KIND>(bias[k0 + lane]);
+  y[(nn * k + k0 + lane) * pq + rest] = pyc_guard_store<KIND>(pyc_direct_act<ACT>(a));
+}

@@ -35,7 +35,7 @@ from .memo import remember
 from .nvrtc import compile_module
 
 __all__ = ["MAX_TAPS", "Config", "configs", "eligible", "geometry", "launcher", "rows_fit",
-           "run", "sm_count", "tile"]
+           "run", "sm_count", "split_lanes", "tile"]
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +123,24 @@ ROW_STRIDES = (1, 2)
 @dataclass(frozen=True)
 class Config:
     """One build of the kernel: ``rows`` (``pyc_conv_direct_rows``: PT consecutive outputs
-    of an output row per thread, their windows' inputs loaded once) or the generic
-    ``pyc_conv_direct`` (PT outputs a block apart per thread), with OT output channels
-    and PT outputs per thread."""
+    of an output row per thread, their windows' inputs loaded once), ``split`` lanes a
+    pixel (``pyc_conv_direct_split``: the taps of one output pixel summed by that many
+    lanes of a warp at once, for problems with few outputs and long sums), or the generic
+    ``pyc_conv_direct`` (PT outputs a block apart per thread); with OT output channels
+    and PT outputs per thread (1 for a split build)."""
 
     rows: bool
     ot: int
     pt: int
+    split: int = 0
+
+    @property
+    def label(self) -> str:
+        """A short name for logs and benchmark rows: ``rows 8x4``, ``generic 8x1``,
+        ``split 8/32`` (channels / lanes)."""
+        if self.split:
+            return f"split {self.ot}/{self.split}"
+        return f"{'rows' if self.rows else 'generic'} {self.ot}x{self.pt}"
 
 
 @functools.cache
@@ -148,18 +159,33 @@ def rows_fit(geo: tuple[int, ...]) -> bool:
     return s <= ROW_WIDTHS and sw in ROW_STRIDES and dw == 1
 
 
+def split_lanes(taps: int) -> tuple[int, ...]:
+    """The lanes a pixel of the split build for a reduction of ``taps`` values: the
+    largest power of two from 4 to 32 leaving each lane at least 3 taps, and a quarter of
+    it where that is still 4 or more (fewer shuffles, a longer serial sum)."""
+    lanes = 4
+    while lanes < 32 and taps // (lanes * 2) >= 3:
+        lanes *= 2
+    return (lanes, lanes // 4) if lanes >= 16 else (lanes,)
+
+
 def configs(geo: tuple[int, ...], sms: int = 132) -> list[Config]:
     """The builds :func:`run`'s first call times for a problem, the default first: the
     row kernel with 4 (and 8) outputs a thread where it fits, and the generic kernel
     with the :func:`tile` pixels a thread and with the other of 1 and 4. A problem with
     fewer outputs than one block per SM at that tile (batch 1 of a small model) also
     gets the generic kernel with one or two channels and one pixel a thread: more
-    threads, each with a shorter serial sum."""
+    threads, each with a shorter serial sum. A problem with fewer outputs than eight
+    blocks per SM and a reduction of 12 values or more also gets the split builds
+    (:func:`split_lanes`): a thread's serial sum is what such a problem waits on."""
     k, groups, pixels = geo[3], geo[4], geo[-1]
+    taps = (geo[0] // groups) * geo[5] * geo[6]
     ot, pt = tile(k // groups, pixels * k, sms)
     generic = [Config(False, ot, pt), Config(False, ot, 5 - pt)]
     if pixels * k // ot < sms * THREADS:
         generic += [Config(False, v, 1) for v in (2, 1) if v < ot and (k // groups) % v == 0]
+    if pixels * k // ot < sms * THREADS * 8 and taps >= 12:
+        generic += [Config(False, min(ot, lanes), 1, lanes) for lanes in split_lanes(taps)]
     if rows_fit(geo):
         return [Config(True, ot, 4), Config(True, ot, 8), *generic]
     return generic
@@ -174,6 +200,8 @@ def _function(device: int, kind: int, config: Config, act: int,
     if config.rows:
         name = (f"pyc_conv_direct_rows<{kind}, {config.ot}, {config.pt}, {act}, {geo[6]}, "
                 f"{geo[10]}>")
+    elif config.split:
+        name = f"pyc_conv_direct_split<{kind}, {config.ot}, {config.split}, {act}>"
     else:
         name = f"pyc_conv_direct<{kind}, {config.ot}, {config.pt}, {act}>"
     key = (device, name)
@@ -209,6 +237,8 @@ def launcher(kind: int, geo: tuple[int, ...], device: int, activation: str | Non
     if config.rows:
         threads = (pixels // q) * -(-q // config.pt)
         grid = (max(1, -(-threads // THREADS)), k // config.ot)
+    elif config.split:
+        grid = (max(1, -(-pixels * config.split // THREADS)), k // config.ot)
     else:
         grid = (max(1, -(-pixels // (THREADS * config.pt))), k // config.ot)
     ints = tuple(np.int32(v) for v in geo)
@@ -244,7 +274,7 @@ def _fastest(kind: int, geo: tuple[int, ...], device: int, activation: str | Non
         raise ValueError("no build of the direct convolution could run")
     best = min(timed, key=lambda tc: tc[0])[1]
     log.info("direct conv %s: %s", geo, ", ".join(
-        f"{'rows' if c.rows else 'generic'} {c.ot}x{c.pt} {t * 1e3:.4f} ms" for t, c in timed))
+        f"{c.label} {t * 1e3:.4f} ms" for t, c in timed))
     remember(_CONFIGS, key, best, MAX_LAUNCHERS, _LOCK)
     return best
 

@@ -187,7 +187,7 @@ static unsigned long long pyc_exchange[1024];
 """ + _INTRINSICS + _KEYWORDS + r"""
 static inline void __syncthreads() { pyc_block_barrier->arrive_and_wait(); }
 template <typename T>
-static inline T __shfl_xor_sync(unsigned int, T v, int offset) {
+static inline T __shfl_xor_sync(unsigned int, T v, int offset, int = 32) {
     const unsigned int t = threadIdx.x;
     std::memcpy(&pyc_exchange[t], &v, sizeof(T));
     pyc_warp_barriers[t / 32]->arrive_and_wait();

@@ -58,7 +58,17 @@ static void pyc_run_rows(const void* x, const void* w, const void* b, void* y, c
         g[12], g[13], g[14], g[15], g[16], g[17], g[18], g[19]);
   });
 }
-extern "C" int conv(int kind, int rows, int ot, int pt, int act, int s, int sw,
+template <int KIND, int OT, int L, int ACT>
+static void pyc_run_split(const void* x, const void* w, const void* b, void* y, const int* g,
+                          unsigned gx, unsigned gy, unsigned threads) {
+  typedef typename pyc_guard_word<KIND>::type T;
+  pyc_grid(gx, gy, threads, [=]() {
+    pyc_conv_direct_split<KIND, OT, L, ACT>((const T*)x, (const T*)w, (const T*)b, (T*)y,
+        g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11],
+        g[12], g[13], g[14], g[15], g[16], g[17], g[18], g[19]);
+  });
+}
+extern "C" int conv(int kind, int rows, int split, int ot, int pt, int act, int s, int sw,
                     const void* x, const void* w, const void* b, void* y, const int* g,
                     unsigned gx, unsigned gy, unsigned threads) {
 __CASES__
@@ -86,7 +96,9 @@ _PROBLEMS = [
 #: Every build for one problem, by hand: the generic kernel's tiles and the row kernel's.
 _TILES = [_Config(False, 8, 4), _Config(False, 8, 1), _Config(False, 4, 4),
           _Config(False, 2, 1), _Config(False, 1, 4), _Config(True, 8, 4),
-          _Config(True, 8, 8), _Config(True, 4, 4), _Config(True, 1, 4)]
+          _Config(True, 8, 8), _Config(True, 4, 4), _Config(True, 1, 4),
+          _Config(False, 8, 1, 32), _Config(False, 4, 1, 8), _Config(False, 4, 1, 4),
+          _Config(False, 1, 1, 16)]
 
 
 def _geo(xs, ws, stride, pads, dilation, groups):
@@ -115,7 +127,7 @@ def _instances():
         for dtype in _TYPES:
             add(dtype, geo, _builds(dtype, geo), (None, "relu"))
     add("float32", _geo((5, 3, 23), (8, 3, 5), (1,), (2,), (1,), 1), _TILES,
-        ("gelu", "silu", None))
+        ("gelu", "silu", None, "relu"))
     for geo in (_geo((2, 5, 9, 8), (4, 5, 3, 3), (1, 1), (1, 1), (1, 1), 1),
                 _geo((2, 3, 12), (4, 3, 3), (1,), (1,), (1,), 1)):
         add("float32", geo, conv_direct.configs(geo), (None, "relu"))
@@ -125,9 +137,12 @@ def _instances():
 def _cases() -> str:
     lines = []
     for kind, c, act, s, sw in _instances():
-        test = (f"kind == {kind} && rows == {int(c.rows)} && ot == {c.ot} && pt == {c.pt} "
-                f"&& act == {act}")
-        if c.rows:
+        test = (f"kind == {kind} && rows == {int(c.rows)} && split == {c.split} && "
+                f"ot == {c.ot} && pt == {c.pt} && act == {act}")
+        if c.split:
+            lines.append(f"  if ({test}) {{ pyc_run_split<{kind}, {c.ot}, {c.split}, {act}>("
+                         "x, w, b, y, g, gx, gy, threads); return 0; }")
+        elif c.rows:
             lines.append(f"  if ({test} && s == {s} && sw == {sw}) {{ pyc_run_rows<{kind}, "
                          f"{c.ot}, {c.pt}, {act}, {s}, {sw}>(x, w, b, y, g, gx, gy, threads); "
                          "return 0; }")
@@ -178,10 +193,13 @@ def _run(library, x, w, b, stride, pads, dilation, groups, activation, config=No
     threads = 32  # a small block: several blocks and part-empty ones on small problems
     if config.rows:
         gx = max(1, -(-(pixels // q) * -(-q // config.pt) // threads))
+    elif config.split:
+        gx = max(1, -(-pixels * config.split // threads))
     else:
         gx = max(1, -(-pixels // (threads * config.pt)))
     missing = library.conv(
-        ctypes.c_int(kind), ctypes.c_int(int(config.rows)), ctypes.c_int(config.ot),
+        ctypes.c_int(kind), ctypes.c_int(int(config.rows)), ctypes.c_int(config.split),
+        ctypes.c_int(config.ot),
         ctypes.c_int(config.pt), ctypes.c_int(_ACTS[activation]), ctypes.c_int(geo[6]),
         ctypes.c_int(geo[10]), ctypes.c_void_p(xv.__array_interface__["data"][0]),
         ctypes.c_void_p(wv.ctypes.data), ctypes.c_void_p(0 if bv is None else bv.ctypes.data),
@@ -244,6 +262,7 @@ def test_no_bias_and_a_channels_last_view(library):
     w = rng.uniform(-1, 1, (4, 5, 3, 3)).astype(np.float32)
     want = _reference(x, w, None, (1, 1), (1, 1), (1, 1), 1, None)
     geo = _geo((2, 5, 9, 8), (4, 5, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    assert any(c.split for c in conv_direct.configs(geo))
     for config in conv_direct.configs(geo):
         _check(_run(library, x, w, None, (1, 1), (1, 1), (1, 1), 1, None, config), want,
                "float32", 45)
@@ -260,7 +279,8 @@ def test_nan_inf_and_signed_zero(library):
     for act in (None, "relu"):
         want = _reference(x, w, b, (1,), (1,), (1,), 1, act)
         assert np.isnan(want).any() and np.isinf(want).any()
-        for config in conv_direct.configs(_geo((2, 3, 12), (4, 3, 3), (1,), (1,), (1,), 1)):
+        for config in (*conv_direct.configs(_geo((2, 3, 12), (4, 3, 3), (1,), (1,), (1,), 1)),
+                       _Config(False, 4, 1, 4)):
             _check(_run(library, x, w, b, (1,), (1,), (1,), 1, act, config), want, "float32",
                    9)
 
@@ -281,6 +301,24 @@ def test_geometry_refuses_what_the_kernel_cannot_take():
                                     (1,), 1)
     assert conv_direct.eligible("bfloat16", (1, 3, 32), contiguous, (4, 3, 3), (1,), (0,),
                                 (1,), 1)
+
+
+def test_split_builds_are_offered_to_small_problems_with_long_sums():
+    """Batch 1 of the particle CNN's 32 -> 32 layer (96 taps a pixel) gets the split
+    builds (32 and 8 lanes a pixel); the same layer at 4096 rows, and a layer of 9 taps,
+    do not (a thread's sum is short, or the outputs fill the GPU many times)."""
+    assert conv_direct.split_lanes(96) == (32, 8)
+    assert conv_direct.split_lanes(12) == (4,)
+    assert conv_direct.split_lanes(27) == (8,)
+    small = conv_direct.configs(_geo((1, 32, 32), (32, 32, 3), (1,), (1,), (1,), 1))
+    assert [c.split for c in small if c.split] == [32, 8]
+    assert all(c.ot <= c.split for c in small if c.split)
+    large = conv_direct.configs(_geo((4096, 32, 32), (32, 32, 3), (1,), (1,), (1,), 1))
+    assert not any(c.split for c in large)
+    short = conv_direct.configs(_geo((1, 1, 32), (8, 1, 9), (1,), (4,), (1,), 1))
+    assert not any(c.split for c in short)
+    assert _Config(False, 8, 1, 32).label == "split 8/32"
+    assert _Config(True, 8, 4).label == "rows 8x4"
 
 
 def test_tile_choice():
