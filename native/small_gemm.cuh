@@ -23,6 +23,12 @@
 //   a warp four rows of it and a lane one column; k is taken in chunks of 32, both
 //   operands' chunks staged in shared memory by coalesced loads (b's along whichever
 //   axis is contiguous) and padded with zeros past M, N and K.
+// * pyc_small_gemm_e (any M, any strides of b): a thread owns one output, the block's
+//   256 threads consecutive outputs of one product (row-major: lanes along n), and sums
+//   its K terms alone — for short reductions over many small products (a graph network's
+//   4096 products of 9 x 9 by 9 x 64) or short K (a 6-feature input layer), where a
+//   tile's staging, barriers and idle rows cost more than the arithmetic. The lanes of a
+//   warp read one row of `a` (a broadcast) and consecutive columns of `b`.
 //
 // A batch of products (blockIdx.z: `a` and `b` advanced by sab and sbb elements, each
 // product's rows stored after the previous products' M rows) is one launch; a 2-D `b`
@@ -33,7 +39,8 @@
 //
 // Launch: 256 threads; pyc_small_gemm_k on (ceil(N / 8), ceil(M / MT)) blocks,
 // pyc_small_gemm_n on (ceil(N / 32), ceil(M / MT)) blocks, pyc_small_gemm_t on
-// (ceil(N / 32), ceil(M / 32)) blocks, each with the batch as its z extent. VEC > 1
+// (ceil(N / 32), ceil(M / 32)) blocks, pyc_small_gemm_e on ceil(M * N / 256) blocks, each
+// with the batch as its z extent. VEC > 1
 // needs K % VEC == 0, `sam`, `sbn`, `sab` and `sbb` multiples of VEC and both pointers
 // aligned to VEC elements.
 
@@ -185,4 +192,27 @@ __device__ __forceinline__ void pyc_small_gemm_t(const T* __restrict__ a,
             store(zm + m, n, acc[r]);
         }
     }
+}
+
+template <typename T, typename ACC, typename Load, typename Store>
+__device__ __forceinline__ void pyc_small_gemm_e(const T* __restrict__ a,
+                                                 const T* __restrict__ b, int M, int N, int K,
+                                                 long long sam, long long sbk, long long sbn,
+                                                 long long sab, long long sbb, Load load,
+                                                 Store store) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= M * N) {
+        return;  // no barrier below
+    }
+    a += static_cast<long long>(blockIdx.z) * sab;
+    b += static_cast<long long>(blockIdx.z) * sbb;
+    const int m = t / N, n = t - m * N;
+    const T* row = a + static_cast<long long>(m) * sam;
+    const T* col = b + static_cast<long long>(n) * sbn;
+    ACC acc = ACC(0);
+#pragma unroll 4
+    for (int k = 0; k < K; ++k) {
+        acc = pyc_sg_fma(load(row[k]), load(col[static_cast<long long>(k) * sbk]), acc);
+    }
+    store(blockIdx.z * M + m, n, acc);
 }

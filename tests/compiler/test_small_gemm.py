@@ -125,8 +125,8 @@ def test_every_entry_matches_numpy(m, n, k, dtype, bias_dtype, act, transpose_b)
     item = x.itemsize
     entries = [p[0] for p in entries_for(src, (k, 1), (w_view.strides[0] // item,
                                                        w_view.strides[1] // item), 0, 0)]
-    assert entries and entries[-1] == f"{src.name}_t"
-    assert (len(entries) > 1) == (m <= MAX_ROWS)  # a column form for few rows
+    assert entries[-2:] == [f"{src.name}_t", f"{src.name}_e"]
+    assert (len(entries) > 2) == (m <= MAX_ROWS)  # a column form for few rows
     for entry in entries:
         if entry.endswith("_k") and src.launch["vec"]:
             x_in = np.empty(m * k + 1, dtype)[1:].reshape(m, k)  # misaligned: no vectors
@@ -144,7 +144,7 @@ def test_every_entry_matches_numpy(m, n, k, dtype, bias_dtype, act, transpose_b)
 def test_refusals_say_why():
     g, node = _graph(MAX_ROWS + 1, 8, 8, F32)
     assert check_small_gemm(node, g) == ""  # many rows: the tiled entry alone
-    assert [e[-2:] for e in generate_small_gemm(node, g).entries] == ["_t"]
+    assert [e[-2:] for e in generate_small_gemm(node, g).entries] == ["_t", "_e"]
     g, node = _graph(64, 2048, 4096, F32)
     assert "flops" in check_small_gemm(node, g)
     g, node = _graph(4, 8, 8, F32, bias=((4, 8), F32))
@@ -172,11 +172,12 @@ def test_entries_follow_the_operands_layout_and_alignment():
     def entries(*args):
         return [p[0][len(name):] for p in entries_for(src, *args)]
 
-    assert entries((16, 1), (1, 16), 0, 64) == ["_kv", "_k", "_t"]
-    assert entries((16, 1), (1, 16), 4, 64) == ["_k", "_t"]  # misaligned
-    assert entries((18, 1), (1, 16), 0, 64) == ["_k", "_t"]  # a row stride
+    assert entries((16, 1), (1, 16), 0, 64) == ["_kv", "_k", "_t", "_e"]
+    assert entries((16, 1), (1, 16), 4, 64) == ["_k", "_t", "_e"]  # misaligned
+    assert entries((18, 1), (1, 16), 0, 64) == ["_k", "_t", "_e"]  # a row stride
     assert entries_for(src, (16, 1), (8, 1), 0, 64) == [(f"{name}_n", 16, 8, 1, 0, 0),
-                                                        (f"{name}_t", 16, 8, 1, 0, 0)]
+                                                        (f"{name}_t", 16, 8, 1, 0, 0),
+                                                        (f"{name}_e", 16, 8, 1, 0, 0)]
     assert entries_for(src, (1, 4), (1, 16), 0, 64) == []  # a transposed a
     assert entries_for(src, (16, 1), (2, 32), 0, 64) == []  # no unit stride in b
     assert launch_shape(src, f"{name}_k") == ((1, 1, 1), (256,))
@@ -184,6 +185,7 @@ def test_entries_follow_the_operands_layout_and_alignment():
     g, node = _graph(100, 70, 16, F32)
     src = generate_small_gemm(node, g)
     assert launch_shape(src, f"{src.name}_t") == ((3, 4, 1), (256,))
+    assert launch_shape(src, f"{src.name}_e") == ((28, 1, 1), (256,))  # 7000 outputs
 
 
 # -- the step's first-call race, with NumPy standing in for CuPy -----------------------------
@@ -268,7 +270,7 @@ def small_step_case(monkeypatch):
 @needs_gxx
 def test_step_runs_the_small_kernel_where_it_won(small_step_case):
     step, exe, values, node, timings, want = small_step_case
-    timings["ms"] = [0.010, 0.006, 0.004, 0.005]  # library, then _kv, _k, _t
+    timings["ms"] = [0.010, 0.006, 0.004, 0.005, 0.007]  # library, _kv, _k, _t, _e
     step.run(exe, values)
     assert step.small.use is True and step.last_entry == f"{step.small.src.name}_k"
     assert set(step.small.measured) == {"library_ms", *step.small.src.entries} - {
@@ -303,7 +305,7 @@ def test_step_keeps_the_library_path_where_the_kernel_lost(small_step_case):
 @needs_gxx
 def test_forms_that_cannot_run_are_never_chosen(small_step_case):
     step, exe, values, node, timings, want = small_step_case
-    timings["ms"] = [float("inf"), float("inf"), float("inf"), float("inf")]
+    timings["ms"] = [float("inf")] * 5  # the library and the four forms
     step.run(exe, values)  # every candidate failed in the race: the library path runs
     assert step.small.use is False and step.small.choice is None
     np.testing.assert_allclose(values[node.id], want, rtol=1e-5, atol=1e-5)
@@ -373,7 +375,7 @@ def test_stacks_and_batches_match_numpy(a_shape, b_shape, transpose_b, with_bias
     want = _epilogue(want, bias, act).astype(F32)
     small = small_step.SmallGemm(src)
     plans = small.plans(x, w_view)
-    assert plans and plans[-1][0] == f"{src.name}_t"
+    assert plans and [p[0] for p in plans[-2:]] == [f"{src.name}_t", f"{src.name}_e"]
     for plan in plans:
         out = np.full(node.shape, np.nan, F32)
         grid, block = launch_shape(src, plan[0])

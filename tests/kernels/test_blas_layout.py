@@ -104,7 +104,43 @@ def test_batched_products_and_a_broadcast_b(b_batched, transposed):
     got = run_described(a, b)
     np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
     g = describe(a.shape, _elements(a), b.shape, _elements(b), _elements(got))
-    assert g.batch == 4 and (g.stride_a == 0) == (not b_batched)
+    if b_batched or transposed:
+        assert g.batch == 4 and (g.stride_a == 0) == (not b_batched)
+    else:  # a stack of row-major rows times one b: one product of all 20 rows
+        assert (g.batch, g.n, g.m, g.k) == (1, 20, 3, 6)
+
+
+@pytest.mark.parametrize("how", ["contiguous", "padded-rows", "one-row", "k1",
+                                 "gap-between-batches", "out-padded"])
+def test_a_stack_over_one_b_is_one_product_where_its_rows_continue(how):
+    """``(B, M, K) @ (K, N)`` is the 2-D product of the ``B * M`` rows where a's rows (and
+    the output's) are one fixed stride apart across batches too; else a strided batch
+    with ``b`` broadcast. Either way the described GEMM computes ``a @ b``."""
+    rng = np.random.default_rng(5)
+    b = _rand(rng, 6, 4)
+    out_pad = 0
+    if how == "contiguous":
+        a, folded = _rand(rng, 5, 3, 6), True
+    elif how == "padded-rows":  # rows 9 apart, batches 27 apart: still one matrix
+        a, folded = _rand(rng, 5, 3, 9)[:, :, :6], True
+    elif how == "one-row":
+        a, folded = _rand(rng, 5, 1, 6), True
+    elif how == "k1":
+        a, b, folded = _rand(rng, 5, 3, 1), _rand(rng, 1, 4), True
+    elif how == "gap-between-batches":  # a batch's rows then a gap: no one row stride
+        a, folded = _rand(rng, 5, 4, 6)[:, :3], False
+    else:
+        a, folded, out_pad = _rand(rng, 5, 3, 6), False, 2
+    m = a.shape[1]
+    out = np.full((5, m + out_pad, b.shape[1]), np.nan)[:, :m]
+    g = describe(a.shape, _elements(a), b.shape, _elements(b), _elements(out))
+    assert isinstance(g, BlasGemm)
+    assert (g.batch == 1) == folded and g.n == (5 * m if folded else m)
+    a_buf, a_off = _base(a)
+    b_buf, b_off = _base(b)
+    c_buf, c_off = _base(out)
+    blas_model(g, a_buf, a_off, b_buf, b_off, c_buf, c_off)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("case, why", [

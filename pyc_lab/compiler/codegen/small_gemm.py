@@ -9,7 +9,8 @@ most of the GPU idle. :func:`generate_small_gemm` writes the whole layer as one 
 with several entries, the product from ``native/small_gemm.cuh`` — for at most
 :data:`MAX_ROWS` rows a warp per output column over a transposed weight, or a lane per
 column with the reduction split over warps for a row-major one; for any number of rows
-32 x 32 output tiles staged through shared memory — every sum handed to a generated
+32 x 32 output tiles staged through shared memory, or an output a thread for short
+reductions over many small products — every sum handed to a generated
 store that applies the node's epilogue (the very device function the separate epilogue
 kernel uses, after the product is rounded to its dtype as the library's output would
 be) and writes the result.
@@ -132,7 +133,8 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
     strides, in elements; ``out`` C-contiguous M x N): for at most :data:`MAX_ROWS` rows
     ``<name>_k`` for ``b`` with unit k stride, ``<name>_kv`` the same with vector loads
     where ``K`` allows them, ``<name>_n`` for ``b`` with unit n stride; for any rows
-    ``<name>_t``, 32 x 32 tiles, either layout. ``launch`` holds ``m, n, k``, ``mt`` (rows
+    ``<name>_t``, 32 x 32 tiles, either layout, and ``<name>_e``, an output a thread
+    (short reductions over many small products). ``launch`` holds ``m, n, k``, ``mt`` (rows
     per block of the column entries), ``vec`` (0: no vector entry) and ``block``.
 
     Raises
@@ -198,6 +200,7 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
                         "sbn")] if vec else []),
                     (f"{name}_n", f"pyc_small_gemm_n<{storage}, {acc}, {mt}>", "sbk")]
     entries.append((f"{name}_t", f"pyc_small_gemm_t<{storage}, {acc}>", "sbk, sbn"))
+    entries.append((f"{name}_e", f"pyc_small_gemm_e<{storage}, {acc}>", "sbk, sbn"))
     kernels = [f'extern "C" __global__ void __launch_bounds__({BLOCK})\n{entry}({signature})\n'
                f"{{\n    {call}(a, b, {m}, {n}, {k}, sam, {strides}, sab, sbb, "
                f"{name}_load{{}}, {functor});\n}}\n"
@@ -240,8 +243,8 @@ def entries_for(src: KernelSource, a_strides: tuple[int, int], b_strides: tuple[
     product's rows and columns; ``batch_strides``: from one product's ``a`` and ``b`` to
     the next's) and addresses, each as ``(entry, sam, sbk, sbn, sab, sbb)``: empty where
     ``a``'s k stride is not 1 or ``b`` has no unit stride. The column entries come first
-    (the one for ``b``'s layout, vectorised where the alignment allows), the tiled one
-    last."""
+    (the one for ``b``'s layout, vectorised where the alignment allows), then the tiled
+    one and the one with an output a thread."""
     launch = src.launch
     m, n, k, vec = launch["m"], launch["n"], launch["k"], launch["vec"]
     sam, sak = a_strides
@@ -263,6 +266,8 @@ def entries_for(src: KernelSource, a_strides: tuple[int, int], b_strides: tuple[
         else:
             out.append((f"{src.name}_n", sam, sbk, sbn, sab, sbb))
     out.append((f"{src.name}_t", sam, sbk, sbn, sab, sbb))
+    if f"{src.name}_e" in src.entries:
+        out.append((f"{src.name}_e", sam, sbk, sbn, sab, sbb))
     return out
 
 
@@ -272,6 +277,8 @@ def launch_shape(src: KernelSource, entry: str) -> tuple[tuple[int, int, int], t
     batch = launch.get("batch", 1)
     if entry.endswith("_t"):
         return (-(-launch["n"] // 32), -(-launch["m"] // 32), batch), (launch["block"],)
+    if entry.endswith("_e"):
+        return (-(-launch["m"] * launch["n"] // launch["block"]), 1, batch), (launch["block"],)
     per_block = 32 if entry.endswith("_n") else 8
     return ((-(-launch["n"] // per_block), -(-launch["m"] // launch["mt"]), batch),
             (launch["block"],))
