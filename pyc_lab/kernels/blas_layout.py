@@ -97,12 +97,14 @@ def _fold_stack(a_shape: tuple[int, ...], a_strides: tuple[int, ...],
     if len(a_shape) != 3 or len(b_shape) != 2 or len(out_strides) != 3 or a_shape[0] < 2:
         return None
     batch, mm, kk = a_shape
-    if a_strides[2] != 1 and kk > 1 or out_strides[2] != 1 and b_shape[1] > 1:
+    nn = b_shape[1]
+    if (a_strides[2] != 1 and kk > 1) or (out_strides[2] != 1 and nn > 1):
         return None  # rows not unit-stride: a transposed view
     row_a = a_strides[1] if mm > 1 else a_strides[0]
     row_out = out_strides[1] if mm > 1 else out_strides[0]
-    if a_strides[0] != mm * row_a or out_strides[0] != mm * row_out:
-        return None
+    if a_strides[0] != mm * row_a or out_strides[0] != mm * row_out \
+            or row_a < kk or row_out < nn:
+        return None  # rows that do not continue, or that overlap
     return (batch * mm, kk), (row_a, 1), (row_out, 1)
 
 

@@ -377,7 +377,15 @@ DIRECT_CASES = {
     "padded-rows": lambda d: (_cols(rand((M, K + 8), d), K), rand((K, N), d)),
     "batched": lambda d: (rand((3, M, K), d), rand((3, K, N), d)),
     "broadcast-b": lambda d: (_t3(rand((3, K, M), d)), _t(rand((N, K), d))),
+    # rows that continue across batches: one 2-D GEMM of 3 * M rows (blas_layout)
+    "stack-over-one-b": lambda d: (rand((3, M, K), d), _t(rand((N, K), d))),
+    "padded-stack": lambda d: (_last(rand((3, M, K + 8), d), K), rand((K, N), d)),
 }
+
+
+def _last(pair, k):
+    x, x64 = pair
+    return x[..., :k], x64[..., :k]
 
 
 def _t(pair):
