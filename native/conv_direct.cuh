@@ -63,6 +63,29 @@ __device__ __forceinline__ void pyc_direct_weights(const float* ws, float (&f)[O
   }
 }
 
+// The block's filters (output channels k0 .. k0 + OT - 1, `taps` values each) into shared
+// memory as float32, tap-major: ws[t * OT + o]. Every thread of the block takes part; the
+// caller synchronises before reading.
+template <int KIND, int OT>
+__device__ __forceinline__ void pyc_direct_stage_weights(
+    const typename pyc_guard_word<KIND>::type* __restrict__ wt, float* ws, int k0, int taps) {
+  for (int i = threadIdx.x; i < OT * taps; i += blockDim.x) {
+    const int o = i / taps, t = i - o * taps;
+    ws[t * OT + o] = pyc_guard_load<KIND>(wt[(k0 + o) * taps + t]);
+  }
+}
+
+// Per tap (c, r, s in the filter's order): its input offset from the window's first
+// element and its window offsets along h and w, into shared memory.
+__device__ __forceinline__ void pyc_direct_stage_taps(int4* tapat, int taps, int rs, int s,
+                                                      int xs_c, int xs_h, int xs_w, int dh,
+                                                      int dw) {
+  for (int t = threadIdx.x; t < taps; t += blockDim.x) {
+    const int cc = t / rs, rr = (t - cc * rs) / s, ss = t - cc * rs - rr * s;
+    tapat[t] = make_int4(cc * xs_c + rr * dh * xs_h + ss * dw * xs_w, rr * dh, ss * dw, 0);
+  }
+}
+
 template <int KIND, int OT, int PT, int ACT>
 __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __restrict__ x,
                                 const typename pyc_guard_word<KIND>::type* __restrict__ wt,
@@ -81,14 +104,8 @@ __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __res
   const int taps = cg * rs;
   const int pq = p * q;
   // the block's filters, tap-major, in float32, and the taps' offsets
-  for (int i = threadIdx.x; i < OT * taps; i += blockDim.x) {
-    const int o = i / taps, t = i - o * taps;
-    ws[t * OT + o] = pyc_guard_load<KIND>(wt[(k0 + o) * taps + t]);
-  }
-  for (int t = threadIdx.x; t < taps; t += blockDim.x) {
-    const int cc = t / rs, rr = (t - cc * rs) / s, ss = t - cc * rs - rr * s;
-    tapat[t] = make_int4(cc * xs_c + rr * dh * xs_h + ss * dw * xs_w, rr * dh, ss * dw, 0);
-  }
+  pyc_direct_stage_weights<KIND, OT>(wt, ws, k0, taps);
+  pyc_direct_stage_taps(tapat, taps, rs, s, xs_c, xs_h, xs_w, dh, dw);
   __syncthreads();
   const T* xg = x + (k0 / kg) * cg * xs_c;
   // per pixel: its window's first element (an offset from the group's channel 0; it may
@@ -178,10 +195,7 @@ __global__ void pyc_conv_direct_rows(const typename pyc_guard_word<KIND>::type* 
   const int cg = c / groups, kg = k / groups;
   const int k0 = blockIdx.y * OT;
   const int taps = cg * r * S;
-  for (int i = threadIdx.x; i < OT * taps; i += blockDim.x) {
-    const int o = i / taps, t = i - o * taps;
-    ws[t * OT + o] = pyc_guard_load<KIND>(wt[(k0 + o) * taps + t]);
-  }
+  pyc_direct_stage_weights<KIND, OT>(wt, ws, k0, taps);
   __syncthreads();
   const int qg = (q + PT - 1) / PT;  // groups of PT outputs in an output row
   const int rows = pixels / q;       // n x p output rows
@@ -267,14 +281,8 @@ __global__ void pyc_conv_direct_split(const typename pyc_guard_word<KIND>::type*
   const int rs = r * s;
   const int taps = cg * rs;
   const int pq = p * q;
-  for (int i = threadIdx.x; i < OT * taps; i += blockDim.x) {
-    const int o = i / taps, t = i - o * taps;
-    ws[t * OT + o] = pyc_guard_load<KIND>(wt[(k0 + o) * taps + t]);
-  }
-  for (int t = threadIdx.x; t < taps; t += blockDim.x) {
-    const int cc = t / rs, rr = (t - cc * rs) / s, ss = t - cc * rs - rr * s;
-    tapat[t] = make_int4(cc * xs_c + rr * dh * xs_h + ss * dw * xs_w, rr * dh, ss * dw, 0);
-  }
+  pyc_direct_stage_weights<KIND, OT>(wt, ws, k0, taps);
+  pyc_direct_stage_taps(tapat, taps, rs, s, xs_c, xs_h, xs_w, dh, dw);
   __syncthreads();
   const int lane = (int)(threadIdx.x % L);
   const int i = (int)((blockIdx.x * blockDim.x + threadIdx.x) / L);
