@@ -3,9 +3,10 @@
 For each concurrency level, that many clients send requests back to back (each waits for
 its answer before sending the next: closed-loop, perf_analyzer's ``--concurrency-range``)
 for a warm-up period, not counted, then for ``duration_s``, measured. The clients are
-coroutines on one event loop in a thread of their own (perf_analyzer's async mode), so
-that a high concurrency does not mean dozens of Python threads competing with the
-batcher for the interpreter. Client-side end-to-end latency goes into a
+callbacks on one event loop in a thread of their own (perf_analyzer's async mode: each
+answer's callback sends that client's next request), so that a high concurrency does not
+mean dozens of Python threads, or dozens of tasks to resume, competing with the batcher
+for the interpreter. Client-side end-to-end latency goes into a
 :class:`~pyc_lab.profiling.quantiles.QuantileSketch` (bounded memory, 1 % relative
 accuracy); the server reports each measured request's queue wait and compute time and
 its batch's size through an observer of its statistics. Before the first level the
@@ -19,6 +20,7 @@ server each), which is how to tune them: the throughput-vs-latency curve per set
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -66,32 +68,51 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
     # the clients' latencies: touched only on the clients' loop (no lock), gathered a
     # few hundred at a time and counted in one vectorised call
     done: list[float] = []
+    timing: dict[str, float] = {}
 
-    async def client() -> None:
-        while not stop.is_set():
+    async def drive() -> None:
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+        running = [concurrency]
+
+        def error(exc: BaseException) -> None:
+            if not error_text:
+                error_text.append(f"{type(exc).__name__}: {exc}")
+            if measuring.is_set():
+                counts["errors"] += 1
+
+        def send() -> None:
+            """One client's next request; its answer's callback sends the one after."""
+            if stop.is_set():
+                running[0] -= 1
+                if not running[0] and not finished.done():
+                    finished.set_result(None)
+                return
             t0 = time.perf_counter()
             try:
-                await server.predict_async(*arrays, model=model,
-                                           timeout_s=request_timeout_s)
-                ok = True
-            except InferenceError as exc:
-                ok = False
-                if not error_text:
-                    error_text.append(str(exc))
+                fut, forget = server.request_on_loop(loop, arrays, {}, model,
+                                                     request_timeout_s)
+            except Exception as exc:  # refused at once (a full queue): try again later
+                error(exc)
+                loop.call_soon(send)
+                return
+            fut.add_done_callback(functools.partial(answered, t0, forget))
+
+        def answered(t0: float, forget: Callable[[], None], fut: asyncio.Future) -> None:
             dt = time.perf_counter() - t0
-            if measuring.is_set():
-                if not ok:
-                    counts["errors"] += 1
-                    continue
+            forget()
+            exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+            if exc is not None:
+                error(exc)
+            elif measuring.is_set():
                 done.append(dt)
                 if len(done) >= 512:
                     latency.add_many(done)
                     done.clear()
+            send()
 
-    timing: dict[str, float] = {}
-
-    async def drive() -> None:
-        tasks = [asyncio.ensure_future(client()) for _ in range(concurrency)]
+        for _ in range(concurrency):
+            loop.call_soon(send)
         try:
             await asyncio.sleep(warmup_s)
             measuring.set()
@@ -103,11 +124,12 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
             done.clear()
         finally:
             stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await finished  # every client's last request answered (or timed out)
 
-    # the clients are coroutines on one event loop in a thread of their own (like
-    # perf_analyzer's async mode): one client thread, not one per client, competes
-    # with the batcher for the interpreter
+    # the clients are callbacks on one event loop in a thread of their own (like
+    # perf_analyzer's async mode): one client thread, not one per client, competes with
+    # the batcher for the interpreter, and an answer's callback sends the client's next
+    # request without a task to resume
     unobserve = stats.observe(observe)
     runner = threading.Thread(target=asyncio.run, args=(drive(),), name="pyc-lab-load",
                               daemon=True)

@@ -25,7 +25,7 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=64)
+def _nothing() -> None:
+    return None
+
+
 def _timeout_text(server: str, timeout_s: float) -> str:
     """What a timed-out request says (made once per server and timeout: a coroutine
     request hands it to the timeout wheel before it knows whether it will be needed)."""
@@ -95,6 +99,10 @@ class Server:
         self.replicas = int(replicas)
         self.models: dict[str, CompiledModel] = {}
         self._batchers: dict[str, Batcher] = {}
+        #: the batcher when there is one model (a request naming none takes it at once)
+        self._only: Batcher | None = None
+        #: the last timeout's message (a request's timeout is usually the server's)
+        self._timeout_message: tuple[float | None, str] = (None, "")
         self._http: Any = None
         self._closed = False
         for model_name, model in models.items():
@@ -127,6 +135,7 @@ class Server:
             executor = bucket_executor(cm, self.options, self.device)
         self.models[served] = cm
         self._batchers[served] = Batcher(cm, self.options, executor)
+        self._only = self._batchers[served] if len(self._batchers) == 1 else None
         if hasattr(self, "_finalizer"):
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _close_batchers,
@@ -135,6 +144,9 @@ class Server:
 
     def _batcher(self, model: str | None) -> Batcher:
         if model is None:
+            only = self._only
+            if only is not None:
+                return only
             if len(self._batchers) != 1:
                 raise InferenceError(f"{self.name} serves {', '.join(self._batchers)}: say "
                                      "which with model=...")
@@ -219,17 +231,43 @@ class Server:
         :data:`~.waiters.TIMEOUT_GRANULARITY_S`) the request fails with
         :class:`~.errors.RequestTimeoutError` and, if it has not run yet, is skipped.
         """
-        loop = asyncio.get_running_loop()
-        fut = self._enqueue(args, inputs, model, timeout_s, loop)
-        timeout = self.options.timeout_s if timeout_s is None else timeout_s
-        if timeout is None:
-            return await fut
-        wheel = timeouts_for(loop)
-        slot = wheel.add(fut, timeout, _timeout_text(self.name, timeout))
+        fut, forget = self.request_on_loop(asyncio.get_running_loop(), args, inputs, model,
+                                           timeout_s)
         try:
             return await fut
         finally:
-            wheel.discard(slot, fut)
+            forget()
+
+    def request_on_loop(self, loop: asyncio.AbstractEventLoop, args: tuple,
+                        inputs: dict[str, Any], model: str | None = None,
+                        timeout_s: float | None = None
+                        ) -> tuple[asyncio.Future, Callable[[], None]]:
+        """Queue one request from ``loop``'s thread (the loop running): ``(future,
+        forget)``, where ``future`` is an ``asyncio.Future`` of that loop resolving to the
+        outputs, failed with :class:`~.errors.RequestTimeoutError` past the timeout, and
+        ``forget()`` — to be called once the future is done — drops the timeout's entry.
+
+        This is :meth:`predict_async` without a coroutine frame, for callers that drive
+        many requests from callbacks (the load generator's clients: a done-callback that
+        sends the next request costs less interpreter time than resuming a task).
+        ``args`` and ``inputs`` are :meth:`submit`'s positional and keyword inputs.
+
+        Raises
+        ------
+        BadRequestError, QueueFullError, ServerClosedError
+            As :meth:`submit`.
+        """
+        fut = self._enqueue(args, inputs, model, timeout_s, loop)
+        timeout = self.options.timeout_s if timeout_s is None else timeout_s
+        if timeout is None:
+            return fut, _nothing
+        last, message = self._timeout_message
+        if last != timeout:
+            message = _timeout_text(self.name, timeout)
+            self._timeout_message = (timeout, message)
+        wheel = timeouts_for(loop)
+        slot = wheel.add(fut, timeout, message)
+        return fut, functools.partial(wheel.discard, slot, fut)
 
     def warm_up(self, model: str | None = None) -> dict[int, float]:
         """Run one batch at every bucket size, so that tracing, compiling and (on the GPU)

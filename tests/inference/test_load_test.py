@@ -53,3 +53,41 @@ def test_face_names_are_the_functions_not_modules():
         assert callable(getattr(pl.inference, name)) and \
             getattr(pl.inference, name).__name__ == name
     assert pl.serve is pl.inference.serve
+
+
+def test_refused_requests_are_counted_and_never_stall_the_clients(start, affine):
+    """Every request refused at once (a NaN under ``nan_policy="reject"``): the clients
+    count the errors and keep the loop turning, so the level still ends on time."""
+    server = start(affine, max_batch=4, max_delay_ms=0, nan_policy="reject")
+    bad = np.full((1, 4), np.nan, np.float32)
+    frame = load_test(server, [3], duration_s=0.1, warmup_s=0.0, inputs=[bad])
+    assert frame["requests"].iloc[0] == 0 and frame["errors"].iloc[0] > 0
+    assert frame["duration_s"].iloc[0] == pytest.approx(0.1, abs=0.08)
+
+
+def test_timed_out_requests_are_errors_and_the_level_ends(start, affine):
+    """A batch held open far past the clients' timeout: each request fails with a
+    timeout, counted as an error, and the level ends once the last one has."""
+    server = start(affine, max_batch=64, max_delay_ms=2000)
+    frame = load_test(server, [2], duration_s=0.1, warmup_s=0.0, request_timeout_s=0.02)
+    assert frame["errors"].iloc[0] > 0 and frame["requests"].iloc[0] == 0
+
+
+def test_a_request_on_a_loop_forgets_its_timeout_when_answered(start, affine):
+    import asyncio
+
+    from pyc_lab.inference.waiters import timeouts_for
+
+    server = start(affine, max_batch=4, max_delay_ms=0)
+
+    async def one():
+        loop = asyncio.get_running_loop()
+        fut, forget = server.request_on_loop(loop, (np.ones((2, 4), np.float32),), {},
+                                             timeout_s=5.0)
+        assert len(timeouts_for(loop)) == 1
+        y = await fut
+        forget()
+        assert len(timeouts_for(loop)) == 0
+        return y
+
+    np.testing.assert_array_equal(asyncio.run(one()), np.full((2, 4), 3, np.float32))
