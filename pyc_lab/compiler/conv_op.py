@@ -12,7 +12,9 @@ direct kernel recorded into the program's CUDA graphs, the libraries run as call
 between them (as ``attention`` is). Inputs: ``x, w[, bias]``, one dtype; attributes: per-axis
 ``stride``, ``padding`` and ``dilation``, ``groups``, ``layout`` and ``activation`` (applied
 in the same call: a ``relu``/``gelu``/``silu`` after the convolution is folded into it by
-:mod:`.passes.epilogue`).
+:mod:`.passes.epilogue`). A float32 convolution is exact float32 (cuDNN's TF32 off for
+its calls), as the compiler's GEMMs are, unless the traced call passed ``tf32=True``
+(attribute ``tf32``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def _arguments(attrs: dict[str, Any]) -> dict[str, Any]:
     """``pl.conv``'s keyword arguments from the node's attributes."""
     return {"stride": attrs["stride"], "padding": attrs["padding"],
             "dilation": attrs["dilation"], "groups": attrs["groups"],
-            "layout": attrs["layout"], "activation": attrs.get("activation")}
+            "layout": attrs["layout"], "activation": attrs.get("activation"),
+            "tf32": bool(attrs.get("tf32", False))}
 
 
 def conv_reference(xp: Any, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
@@ -85,9 +88,10 @@ def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
 
 def trace_conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
                dilation: Any = 1, groups: int = 1, layout: str = "channels_first",
-               activation: str | None = None) -> Any:
+               activation: str | None = None, tf32: bool | None = None) -> Any:
     """Record ``pl.conv(x, w, bias, ...)`` on traced values as one ``conv`` node, its
-    arguments resolved per axis now (``padding="same"`` becomes numbers)."""
+    arguments resolved per axis now (``padding="same"`` becomes numbers); ``tf32=True``
+    is kept as an attribute, anything else is exact float32."""
     traced = next(a for a in (x, w, bias) if is_traced(a))
     _, stride_t, pads, dilation_t = _conv.conv_geometry(
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
@@ -97,6 +101,8 @@ def trace_conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: An
              "groups": int(groups), "layout": layout}
     if activation is not None:
         attrs["activation"] = activation
+    if tf32:
+        attrs["tf32"] = True
     return traced.tracer.op("conv", args, attrs)
 
 

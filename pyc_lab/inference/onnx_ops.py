@@ -118,7 +118,8 @@ def direct_candidate(x: Any, w: Any, strides: Sequence[int], pads: Sequence[int]
     from ..kernels.conv import direct_in_graph
 
     return direct_in_graph(shape, w_shape, dtype, stride=strides, padding=pads[:nd],
-                           dilation=dilations, groups=int(group), bias=has_bias)
+                           dilation=dilations, groups=int(group), bias=has_bias,
+                           tf32=False)  # as the compiled node runs: exact float32
 
 
 def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import PycLabError
 from . import arrays, conv_gemm
 from .conv_im2col import conv_im2col, out_size
-from .conv_library import torch_activation
+from .conv_library import cudnn_tf32, tf32_now, torch_activation
 from .matmul_launch import apply_epilogue
 from .memo import remember
 
@@ -107,7 +107,7 @@ def conv_route(x: Any) -> str:
 def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
          padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1,
          groups: int = 1, layout: str = "channels_first",
-         activation: str | None = None) -> Any:
+         activation: str | None = None, tf32: bool | None = None) -> Any:
     """N-D convolution (cross-correlation, as torch's ``conv*d``).
 
     Parameters
@@ -130,6 +130,13 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
         Applied to the result (after the bias) in the same call: on a GPU to the
         library's output before it is handed back, on the CPU in float32 before the
         result is rounded to ``x``'s dtype. gelu is the tanh form, as ``pl.matmul``'s.
+    tf32 : bool, optional
+        Whether cuDNN may compute a float32 convolution in TF32 (10-bit mantissas:
+        about 5e-4 relative error, several times faster). ``None`` (the default) follows
+        ``torch.backends.cudnn.allow_tf32``, as torch's ``conv2d`` does (on unless the
+        user turned it off); ``False`` is exact float32 (what ``pl.compile`` and
+        imported models ask for). Other dtypes, the CPU and pyc_lab's own kernels
+        are unaffected.
 
     Returns
     -------
@@ -148,7 +155,11 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
     if _TRACE is not None and any(getattr(type(a), "__pyc_traced__", False)
                                   for a in (x, w, bias)):
         return _TRACE(x, w, bias, stride=stride, padding=padding, dilation=dilation,
-                      groups=groups, layout=layout, activation=activation)
+                      groups=groups, layout=layout, activation=activation, tf32=tf32)
+    if tf32 is not None and arrays.kind(x) != "numpy":
+        with cudnn_tf32(tf32):
+            return conv(x, w, bias, stride=stride, padding=padding, dilation=dilation,
+                        groups=groups, layout=layout, activation=activation)
     if arrays.kind(x) == "torch" and any(getattr(a, "requires_grad", False)
                                          for a in (x, w, bias)):
         return _with_grad(x, w, bias, stride, padding, dilation, groups, layout, activation)
@@ -178,11 +189,13 @@ def _plan_key(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: An
         b = None if bias is None else (bias.dtype, bias.get_device(), bias.shape,
                                        bias.stride())
         return (tx, x.dtype, x.get_device(), x.shape, x.stride(), w.dtype, w.get_device(),
-                w.shape, w.stride(), b, stride, padding, dilation, groups, layout, activation)
+                w.shape, w.stride(), b, stride, padding, dilation, groups, layout, activation,
+                tf32_now())
     if kind == "cupy":
         b = None if bias is None else (bias.dtype, bias.device.id, bias.shape, bias.strides)
         return (tx, x.dtype, x.device.id, x.shape, x.strides, w.dtype, w.device.id, w.shape,
-                w.strides, b, stride, padding, dilation, groups, layout, activation)
+                w.strides, b, stride, padding, dilation, groups, layout, activation,
+                tf32_now())
     return None
 
 
@@ -309,7 +322,8 @@ def _through_torch(x: Any, w: Any, bias: Any, *, stride: tuple[int, ...],
 
 def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding: Any = 0,
                dilation: Any = 1, groups: int = 1, layout: str = "channels_first",
-               activation: str | None = None) -> Callable[[], None] | None:
+               activation: str | None = None,
+               tf32: bool | None = None) -> Callable[[], None] | None:
     """A call computing ``pl.conv(x, w, bias, ...)`` into ``out``, for CuPy arrays that
     keep their addresses between calls (a CUDA-graph replay program's static arrays).
 
@@ -334,13 +348,15 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
     bt = None if bias is None else torch.from_dlpack(bias)
     if ot.dtype != xt.dtype or not ot.is_contiguous():
         return None
-    run, final = conv_gemm.prepare(xt, wt, bt, stride_t, pads, dilation_t, groups, activation)
+    with cudnn_tf32(tf32):
+        run, final = conv_gemm.prepare(xt, wt, bt, stride_t, pads, dilation_t, groups,
+                                       activation)
     if not final:
         return None
     stream_of_cupy = arrays.torch_stream_of_cupy
 
     def call() -> None:
-        with torch.cuda.stream(stream_of_cupy()):
+        with cudnn_tf32(tf32), torch.cuda.stream(stream_of_cupy()):
             y = run(xt, wt, bt)
             if tuple(y.shape) != tuple(ot.shape):
                 raise PycLabError(f"pl.conv: a bound call gave shape {tuple(y.shape)}, "
@@ -352,8 +368,8 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
 
 def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
                     padding: Any = 0, dilation: Any = 1, groups: int = 1,
-                    layout: str = "channels_first",
-                    activation: str | None = None) -> Callable[[], None] | None:
+                    layout: str = "channels_first", activation: str | None = None,
+                    tf32: bool | None = None) -> Callable[[], None] | None:
     """A call computing ``pl.conv(x, w, bias, ...)`` into ``out`` that a CUDA-graph
     capture can record — the direct kernel (:mod:`.conv_direct`) launched on CuPy's
     current stream with the operands' addresses — where the problem's first-call race
@@ -372,9 +388,11 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
     keys = (activation, None) if activation is not None else (None,)
-    if not any(choice is not None and conv_gemm.records_direct(choice) for choice in (
-            conv_gemm.choice_for_cupy(x, w, bias, stride_t, pads, dilation_t, groups, act)
-            for act in keys)):
+    with cudnn_tf32(tf32):  # the race that decided ran under this setting
+        choices = [conv_gemm.choice_for_cupy(x, w, bias, stride_t, pads, dilation_t, groups,
+                                             act) for act in keys]
+    if not any(choice is not None and conv_gemm.records_direct(choice)
+               for choice in choices):
         return None
     import cupy as cp
 
@@ -399,7 +417,7 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
 
 def direct_in_graph(x_shape: Sequence[int], w_shape: Sequence[int], dtype: str, *,
                     stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
-                    groups: int = 1, bias: bool = True) -> bool:
+                    groups: int = 1, bias: bool = True, tf32: bool | None = None) -> bool:
     """Whether a CUDA graph would record pyc_lab's direct kernel for this channels-first
     problem (:func:`.conv_gemm.records_direct`), raced now on random CuPy arrays of its
     shapes if it was not before; ``False`` without a GPU, CuPy or torch, or for a problem
@@ -418,13 +436,14 @@ def direct_in_graph(x_shape: Sequence[int], w_shape: Sequence[int], dtype: str, 
         w = rng.standard_normal(tuple(w_shape), dtype=cp.float32).astype(dtype)
         b = rng.standard_normal((int(w_shape[0]),), dtype=cp.float32).astype(dtype) \
             if bias else None
-        conv(x, w, b, **args)
+        conv(x, w, b, **args, tf32=tf32)
     except Exception as exc:  # a race that cannot run leaves the problem to im2col
         log.warning("direct convolution not raced for %s x %s: %s", tuple(x_shape),
                     tuple(w_shape), exc)
         return False
-    choice = conv_gemm.choice_for_cupy(x, w, b, args["stride"], args["padding"],
-                                       args["dilation"], args["groups"])
+    with cudnn_tf32(tf32):
+        choice = conv_gemm.choice_for_cupy(x, w, b, args["stride"], args["padding"],
+                                           args["dilation"], args["groups"])
     return choice is not None and conv_gemm.records_direct(choice)
 
 

@@ -48,7 +48,7 @@ from typing import Any
 from . import conv_direct
 from .arrays import torch_raw_stream
 from .conv_im2col import out_size
-from .conv_library import cudnn_conv, torch_activation
+from .conv_library import cudnn_conv, tf32_now, torch_activation
 from .nvrtc import compile_module
 
 __all__ = [
@@ -143,7 +143,7 @@ def choice_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple
     key = (x.device.id, f"torch.{x.dtype.name}", tuple(x.shape),
            tuple(v // item for v in x.strides), tuple(w.shape),
            tuple(v // w.dtype.itemsize for v in w.strides), b is None, stride, pads,
-           dilation, groups, activation)
+           dilation, groups, activation, tf32_now())
     choice = _CHOICES.get(key)
     return None if choice is None or "cudnn_ms" not in choice else dict(choice)
 
@@ -287,9 +287,12 @@ def gemm_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, 
 
 def _signature(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
                dilation: tuple[int, ...], groups: int, activation: str | None) -> tuple:
+    """A problem's key: the operands' device, dtype, shapes and strides, the arguments,
+    and whether cuDNN may use TF32 now (a race under one setting says nothing of the
+    other)."""
     return (x.device.index, str(x.dtype), tuple(x.shape), tuple(x.stride()),
             tuple(w.shape), tuple(w.stride()), b is None, stride, pads, dilation, groups,
-            activation)
+            activation, tf32_now())
 
 
 def _eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],

@@ -158,3 +158,59 @@ def test_the_traced_activation_argument_is_the_eager_one():
     np.testing.assert_allclose(got, f(x, w), rtol=1e-6, atol=1e-6)
     with pytest.raises(PycLabError, match="activation 'elu'"):
         pl.compile(lambda x, w: pl.conv1d(x, w, activation="elu"))(x, w)
+
+
+def test_a_compiled_conv_asks_for_exact_float32_unless_traced_with_tf32(monkeypatch):
+    """The node's call into ``pl.conv`` passes ``tf32=False`` (cuDNN's TF32 off: float32
+    semantics, as the compiler's GEMMs) unless the traced call said ``tf32=True``, which
+    the node keeps as an attribute (and keeps through the activation fold)."""
+    from pyc_lab.compiler import conv_op
+    from pyc_lab.kernels import conv as kconv
+
+    seen = []
+    real = kconv.conv
+
+    def spy(*args, **kwargs):
+        if not any(getattr(type(a), "__pyc_traced__", False) for a in args[:3]):
+            seen.append(kwargs.get("tf32"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(conv_op._conv, "conv", spy)
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    for given, want in ((None, False), (False, False), (True, True)):
+        seen.clear()
+        f = pl.compile(lambda x, w, t=given: np.maximum(pl.conv2d(x, w, padding=1, tf32=t), 0))
+        got = f(x, w)
+        np.testing.assert_allclose(got, np.maximum(reference(x, w, None, 1, 1), 0),
+                                   rtol=1e-5, atol=1e-5)
+        assert seen and set(seen) == {want}
+        convs = [n for n in f.explain(x, w).graph.nodes.values() if n.op == "conv"]
+        assert convs and all(n.attrs.get("tf32", False) is want for n in convs)
+        assert all(n.attrs.get("activation") == "relu" for n in convs)  # folded, kept
+    assert conv_op._arguments({"stride": (1,), "padding": (0,), "dilation": (1,),
+                               "groups": 1, "layout": "channels_first"})["tf32"] is False
+
+
+def test_the_tf32_setting_is_restored_and_none_leaves_it(monkeypatch):
+    from pyc_lab.kernels import conv_library
+
+    state = {"v": True}
+    monkeypatch.setattr(conv_library, "_tf32_flag",
+                        lambda: (lambda: state["v"], lambda v: state.update(v=v)))
+    with conv_library.cudnn_tf32(False):
+        assert conv_library.tf32_now() is False
+    assert state["v"] is True
+    with conv_library.cudnn_tf32(None):
+        assert state["v"] is True
+    with pytest.raises(RuntimeError), conv_library.cudnn_tf32(False):
+        raise RuntimeError("a failing convolution")
+    assert state["v"] is True
+    # pl.conv on NumPy arrays takes the argument and is exact float32 either way
+    rng = np.random.default_rng()
+    x = rng.standard_normal((1, 2, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    for t in (None, False, True):
+        np.testing.assert_allclose(pl.conv2d(x, w, tf32=t), reference(x, w), rtol=1e-5,
+                                   atol=1e-5)

@@ -66,3 +66,31 @@ def test_activation_on_cupy_arrays_and_torch_tensors(activation):
     got_t = pl.conv2d(xt, wt, bt, stride=2, padding=1, activation=activation)
     np.testing.assert_allclose(got_t.cpu().numpy(), want, rtol=2e-3, atol=2e-3,
                                equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+def test_tf32_false_is_exact_float32_and_leaves_the_users_setting(kind):
+    """A 3x3 layer over 64 channels (576 terms a sum): with ``tf32=False`` cuDNN's
+    result is float32's (TF32's 10-bit mantissas would be off by about 5e-4), and
+    torch's own setting is as it was before the call."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng()
+    x = rng.standard_normal((4, 64, 20, 20)).astype(np.float32)
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    want = reference(x, w, b, 1, 1)
+    put = torch.backends.cudnn.allow_tf32
+    try:
+        for user in (True, False):
+            torch.backends.cudnn.allow_tf32 = user
+            if kind == "cupy":
+                y = cp.asnumpy(pl.conv2d(cp.asarray(x), cp.asarray(w), cp.asarray(b),
+                                         padding=1, tf32=False))
+            else:
+                y = pl.conv2d(*(torch.from_numpy(a).cuda() for a in (x, w, b)), padding=1,
+                              tf32=False).cpu().numpy()
+            assert torch.backends.cudnn.allow_tf32 is user
+            err = np.abs(y.astype(np.float64) - want).max() / np.abs(want).max()
+            assert err < 2e-5, err  # float32 over 576 terms; TF32 is ~5e-4
+    finally:
+        torch.backends.cudnn.allow_tf32 = put

@@ -120,3 +120,27 @@ def test_a_folded_activation_runs_in_the_conv_call(activation, cuda_graph):
         assert np.isnan(got).any() == (k == 3)
     ex = f.explain(xc, wc, bc)
     assert any(f"folded {activation}" in note for note in ex.notes)
+
+
+@pytest.mark.parametrize("cuda_graph", ["auto", False])
+def test_a_compiled_float32_conv_is_exact_whatever_torch_allows(cuda_graph):
+    """Inside ``pl.compile`` a float32 convolution is float32's even where torch lets
+    cuDNN use TF32 (its default): 576-term sums within float32 rounding of float64."""
+    import torch
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((4, 64, 20, 20)).astype(np.float32)
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32)
+    want = np.maximum(reference(x, w, None, 1, 1), 0)
+    put = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        f = pl.compile(lambda x, w: np.maximum(pl.conv2d(x, w, padding=1), 0),
+                       backend="cupy", cuda_graph=cuda_graph)
+        args = [cp.asarray(a) for a in (x, w)]
+        for _ in range(3):
+            got = cp.asnumpy(f(*args)).astype(np.float64)
+            assert np.abs(got - want).max() / np.abs(want).max() < 2e-5
+        assert torch.backends.cudnn.allow_tf32 is True
+    finally:
+        torch.backends.cudnn.allow_tf32 = put
