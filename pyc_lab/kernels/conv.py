@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import PycLabError
 from . import arrays, conv_gemm
 from .conv_im2col import conv_im2col, out_size
-from .conv_library import cudnn_tf32, tf32_now, torch_activation
+from .conv_library import tf32_allowed, tf32_now, torch_activation
 from .matmul_launch import apply_epilogue
 from .memo import remember
 
@@ -131,11 +131,12 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
         library's output before it is handed back, on the CPU in float32 before the
         result is rounded to ``x``'s dtype. gelu is the tanh form, as ``pl.matmul``'s.
     tf32 : bool, optional
-        Whether cuDNN may compute a float32 convolution in TF32 (10-bit mantissas:
-        about 5e-4 relative error, several times faster). ``None`` (the default) follows
-        ``torch.backends.cudnn.allow_tf32``, as torch's ``conv2d`` does (on unless the
-        user turned it off); ``False`` is exact float32 (what ``pl.compile`` and
-        imported models ask for). Other dtypes, the CPU and pyc_lab's own kernels
+        Whether a float32 convolution may be computed in TF32 (10-bit mantissas: about
+        5e-4 relative error, several times faster) by cuDNN or by the GEMM form's
+        matrix product. ``None`` (the default) follows torch's settings, as torch's
+        ``conv2d`` does (``torch.backends.cudnn.allow_tf32``, on unless the user turned
+        it off); ``False`` is exact float32 (what ``pl.compile`` and imported models
+        ask for); ``True`` allows TF32. Other dtypes, the CPU and pyc_lab's own kernels
         are unaffected.
 
     Returns
@@ -157,7 +158,7 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
         return _TRACE(x, w, bias, stride=stride, padding=padding, dilation=dilation,
                       groups=groups, layout=layout, activation=activation, tf32=tf32)
     if tf32 is not None and arrays.kind(x) != "numpy":
-        with cudnn_tf32(tf32):
+        with tf32_allowed(tf32):
             return conv(x, w, bias, stride=stride, padding=padding, dilation=dilation,
                         groups=groups, layout=layout, activation=activation)
     if arrays.kind(x) == "torch" and any(getattr(a, "requires_grad", False)
@@ -348,7 +349,7 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
     bt = None if bias is None else torch.from_dlpack(bias)
     if ot.dtype != xt.dtype or not ot.is_contiguous():
         return None
-    with cudnn_tf32(tf32):
+    with tf32_allowed(tf32):
         run, final = conv_gemm.prepare(xt, wt, bt, stride_t, pads, dilation_t, groups,
                                        activation)
     if not final:
@@ -356,7 +357,7 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
     stream_of_cupy = arrays.torch_stream_of_cupy
 
     def call() -> None:
-        with cudnn_tf32(tf32), torch.cuda.stream(stream_of_cupy()):
+        with tf32_allowed(tf32), torch.cuda.stream(stream_of_cupy()):
             y = run(xt, wt, bt)
             if tuple(y.shape) != tuple(ot.shape):
                 raise PycLabError(f"pl.conv: a bound call gave shape {tuple(y.shape)}, "
@@ -388,7 +389,7 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
     keys = (activation, None) if activation is not None else (None,)
-    with cudnn_tf32(tf32):  # the race that decided ran under this setting
+    with tf32_allowed(tf32):  # the race that decided ran under this setting
         choices = [conv_gemm.choice_for_cupy(x, w, bias, stride_t, pads, dilation_t, groups,
                                              act) for act in keys]
     if not any(choice is not None and conv_gemm.records_direct(choice)
@@ -441,7 +442,7 @@ def direct_in_graph(x_shape: Sequence[int], w_shape: Sequence[int], dtype: str, 
         log.warning("direct convolution not raced for %s x %s: %s", tuple(x_shape),
                     tuple(w_shape), exc)
         return False
-    with cudnn_tf32(tf32):
+    with tf32_allowed(tf32):
         choice = conv_gemm.choice_for_cupy(x, w, b, args["stride"], args["padding"],
                                            args["dilation"], args["groups"])
     return choice is not None and conv_gemm.records_direct(choice)

@@ -3,10 +3,11 @@ pyc_lab's is faster, and what a pyc_lab kernel hands a call it must not take.
 
 :func:`cudnn_conv` is ``torch.nn.functional.conv{1,2,3}d`` with cuDNN in its benchmark
 mode (the user's setting restored after the call); :func:`torch_activation` applies
-``relu``/``gelu`` (tanh form)/``silu`` to a torch tensor; :func:`cudnn_tf32` sets whether
-cuDNN may compute float32 convolutions in TF32 for a block of calls (torch's
-``torch.backends.cudnn.allow_tf32``, on by default: a float32 convolution then carries
-about 5e-4 relative error), and :func:`tf32_now` reads it.
+``relu``/``gelu`` (tanh form)/``silu`` to a torch tensor; :func:`tf32_allowed` sets
+whether torch may compute float32 convolutions and matrix products in TF32 for a block
+of calls (``torch.backends.cudnn.allow_tf32``, on by default: a float32 convolution then
+carries about 5e-4 relative error; ``torch.backends.cuda.matmul.allow_tf32``, off by
+default), and :func:`tf32_now` reads them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["cudnn_conv", "cudnn_tf32", "tf32_now", "torch_activation"]
+__all__ = ["cudnn_conv", "tf32_allowed", "tf32_now", "torch_activation"]
 
 
 def cudnn_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
@@ -44,67 +45,72 @@ def _torch_conv(nd: int) -> Callable[..., Any]:
     return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
 
 
-@functools.cache
-def _benchmark_flag() -> tuple[Callable[[], bool], Callable[[bool], None]]:
-    """Reading and setting ``torch.backends.cudnn.benchmark`` (torch's own two C
-    functions where it has them: the module attribute costs microseconds a call)."""
-    import torch
-
-    get = getattr(torch._C, "_get_cudnn_benchmark", None)
-    put = getattr(torch._C, "_set_cudnn_benchmark", None)
-    if get is None or put is None:  # pragma: no cover - older or newer torch
-        def get() -> bool:
-            return bool(torch.backends.cudnn.benchmark)
-
-        def put(value: bool) -> None:
-            torch.backends.cudnn.benchmark = value
-    return get, put
+#: torch's process-wide flags pyc_lab sets around its calls: (C getter, C setter, the
+#: ``torch.backends`` module and attribute holding the same flag).
+_FLAGS = {"benchmark": ("_get_cudnn_benchmark", "_set_cudnn_benchmark", "cudnn", "benchmark"),
+          "cudnn_tf32": ("_get_cudnn_allow_tf32", "_set_cudnn_allow_tf32", "cudnn",
+                         "allow_tf32"),
+          "matmul_tf32": ("_get_cublas_allow_tf32", "_set_cublas_allow_tf32", "cuda.matmul",
+                          "allow_tf32")}
 
 
 @functools.cache
-def _tf32_flag() -> tuple[Callable[[], bool], Callable[[bool], None]]:
-    """Reading and setting ``torch.backends.cudnn.allow_tf32`` (torch's own two C
-    functions where it has them); without torch, never (nothing runs cuDNN)."""
+def _flag(name: str) -> tuple[Callable[[], bool], Callable[[bool], None]]:
+    """Reading and setting one of torch's flags (:data:`_FLAGS`) through torch's own two
+    C functions where it has them (the module attribute costs microseconds a call);
+    without torch, never set (nothing of torch's runs)."""
     try:
         import torch
     except ImportError:
         return (lambda: False), (lambda value: None)
-    get = getattr(torch._C, "_get_cudnn_allow_tf32", None)
-    put = getattr(torch._C, "_set_cudnn_allow_tf32", None)
+    c_get, c_set, module, attr = _FLAGS[name]
+    get = getattr(torch._C, c_get, None)
+    put = getattr(torch._C, c_set, None)
     if get is None or put is None:  # pragma: no cover - older or newer torch
+        holder = functools.reduce(getattr, module.split("."), torch.backends)
+
         def get() -> bool:
-            return bool(torch.backends.cudnn.allow_tf32)
+            return bool(getattr(holder, attr))
 
         def put(value: bool) -> None:
-            torch.backends.cudnn.allow_tf32 = value
+            setattr(holder, attr, value)
     return get, put
 
 
-def tf32_now() -> bool:
-    """Whether cuDNN may compute float32 convolutions in TF32 now (torch's setting, or
-    the one :func:`cudnn_tf32` holds)."""
-    return _tf32_flag()[0]()
+def _benchmark_flag() -> tuple[Callable[[], bool], Callable[[bool], None]]:
+    """``torch.backends.cudnn.benchmark``'s getter and setter."""
+    return _flag("benchmark")
+
+
+def tf32_now() -> tuple[bool, bool]:
+    """Whether torch may compute float32 convolutions (cuDNN) and float32 matrix
+    products (cuBLAS: the GEMM form of a convolution) in TF32 now — torch's settings,
+    or those :func:`tf32_allowed` holds."""
+    return _flag("cudnn_tf32")[0](), _flag("matmul_tf32")[0]()
 
 
 @contextlib.contextmanager
-def cudnn_tf32(allowed: bool | None) -> Iterator[None]:
-    """cuDNN's TF32 for float32 convolutions set to ``allowed`` inside the block and the
-    user's setting restored after it; ``None`` leaves the user's setting. Like torch's
-    ``torch.backends.cudnn.flags``, the setting is the process's: a convolution torch
-    runs on another thread meanwhile sees it too."""
+def tf32_allowed(allowed: bool | None) -> Iterator[None]:
+    """torch's TF32 for float32 convolutions and matrix products (``torch.backends.
+    cudnn.allow_tf32``, ``torch.backends.cuda.matmul.allow_tf32``) set to ``allowed``
+    inside the block and the user's settings restored after it; ``None`` leaves them.
+    Like torch's ``torch.backends.cudnn.flags``, the settings are the process's: what
+    torch runs on another thread meanwhile sees them too."""
     if allowed is None:
         yield
         return
-    get, put = _tf32_flag()
-    was = get()
-    if was == allowed:
-        yield
-        return
-    put(allowed)
+    changed = []
     try:
+        for name in ("cudnn_tf32", "matmul_tf32"):
+            get, put = _flag(name)
+            was = get()
+            if was != allowed:
+                put(allowed)
+                changed.append((put, was))
         yield
     finally:
-        put(was)
+        for put, was in reversed(changed):
+            put(was)
 
 
 def torch_activation(y: Any, activation: str | None, inplace: bool = True) -> Any:

@@ -193,20 +193,26 @@ def test_a_compiled_conv_asks_for_exact_float32_unless_traced_with_tf32(monkeypa
                                "groups": 1, "layout": "channels_first"})["tf32"] is False
 
 
-def test_the_tf32_setting_is_restored_and_none_leaves_it(monkeypatch):
+def test_the_tf32_settings_are_restored_and_none_leaves_them(monkeypatch):
     from pyc_lab.kernels import conv_library
 
-    state = {"v": True}
-    monkeypatch.setattr(conv_library, "_tf32_flag",
-                        lambda: (lambda: state["v"], lambda v: state.update(v=v)))
-    with conv_library.cudnn_tf32(False):
-        assert conv_library.tf32_now() is False
-    assert state["v"] is True
-    with conv_library.cudnn_tf32(None):
-        assert state["v"] is True
-    with pytest.raises(RuntimeError), conv_library.cudnn_tf32(False):
+    state = {"cudnn_tf32": True, "matmul_tf32": False}
+
+    def flag(name):
+        return (lambda: state[name]), (lambda v: state.__setitem__(name, v))
+
+    monkeypatch.setattr(conv_library, "_flag", flag)
+    with conv_library.tf32_allowed(False):
+        assert conv_library.tf32_now() == (False, False)
+    assert state == {"cudnn_tf32": True, "matmul_tf32": False}  # the user's, restored
+    with conv_library.tf32_allowed(True):
+        assert conv_library.tf32_now() == (True, True)
+    assert state == {"cudnn_tf32": True, "matmul_tf32": False}
+    with conv_library.tf32_allowed(None):
+        assert conv_library.tf32_now() == (True, False)
+    with pytest.raises(RuntimeError), conv_library.tf32_allowed(False):
         raise RuntimeError("a failing convolution")
-    assert state["v"] is True
+    assert state == {"cudnn_tf32": True, "matmul_tf32": False}
     # pl.conv on NumPy arrays takes the argument and is exact float32 either way
     rng = np.random.default_rng()
     x = rng.standard_normal((1, 2, 6, 6)).astype(np.float32)
