@@ -15,6 +15,7 @@ from pyc_lab.compiler.backend import small_gemm as small_step
 from pyc_lab.compiler.backend.lowering import lower
 from pyc_lab.compiler.codegen.small_gemm import (
     MAX_ROWS,
+    MAX_THREAD_TERMS,
     check_small_gemm,
     entries_for,
     generate_small_gemm,
@@ -145,6 +146,8 @@ def test_refusals_say_why():
     g, node = _graph(MAX_ROWS + 1, 8, 8, F32)
     assert check_small_gemm(node, g) == ""  # many rows: the tiled entry alone
     assert [e[-2:] for e in generate_small_gemm(node, g).entries] == ["_t", "_e"]
+    g, node = _graph(MAX_ROWS + 1, 8, MAX_THREAD_TERMS + 1, F32)  # a long sum: no _e
+    assert [e[-2:] for e in generate_small_gemm(node, g).entries] == ["_t"]
     g, node = _graph(64, 2048, 4096, F32)
     assert "flops" in check_small_gemm(node, g)
     g, node = _graph(4, 8, 8, F32, bias=((4, 8), F32))

@@ -37,8 +37,8 @@ from . import cuda_types as ct
 from .cuda_types import KernelSource
 from .elementwise import _device_function, activation_ok, epilogue_body, kernel_name
 
-__all__ = ["BLOCK", "MAX_BATCH", "MAX_FLOPS", "MAX_ROWS", "check_small_gemm", "entries_for",
-           "generate_small_gemm", "launch_shape"]
+__all__ = ["BLOCK", "MAX_BATCH", "MAX_FLOPS", "MAX_ROWS", "MAX_THREAD_TERMS", "check_small_gemm",
+           "entries_for", "generate_small_gemm", "launch_shape"]
 
 #: The most rows of ``a`` the column entries (``_k``, ``_kv``, ``_n``) take (8 blocks of 8
 #: rows; past it each weight load must serve more rows: the tiled entry's business).
@@ -46,6 +46,10 @@ MAX_ROWS = 64
 #: The most ``2 * M * N * K`` a problem may have (a 4096-row layer of 128 x 128): past it
 #: the work, not the launches, is the cost, and CUDA cores without tensor cores lose it.
 MAX_FLOPS = 1 << 27
+#: The longest reduction the output-a-thread entry (``_e``) is built for: each thread
+#: sums its terms alone, so past a few hundred the split and tiled entries are the ones
+#: that can win (and a race of a 2^26-term sum on one thread would take seconds).
+MAX_THREAD_TERMS = 256
 #: Threads per block of both kernels (8 warps).
 BLOCK = 256
 _FLOATS = ("float32", "float64", "float16", "bfloat16")
@@ -133,9 +137,10 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
     strides, in elements; ``out`` C-contiguous M x N): for at most :data:`MAX_ROWS` rows
     ``<name>_k`` for ``b`` with unit k stride, ``<name>_kv`` the same with vector loads
     where ``K`` allows them, ``<name>_n`` for ``b`` with unit n stride; for any rows
-    ``<name>_t``, 32 x 32 tiles, either layout, and ``<name>_e``, an output a thread
-    (short reductions over many small products). ``launch`` holds ``m, n, k``, ``mt`` (rows
-    per block of the column entries), ``vec`` (0: no vector entry) and ``block``.
+    ``<name>_t``, 32 x 32 tiles, either layout, and for at most :data:`MAX_THREAD_TERMS`
+    terms ``<name>_e``, an output a thread (short reductions over many small
+    products). ``launch`` holds ``m, n, k``, ``mt`` (rows per block of the column
+    entries), ``vec`` (0: no vector entry) and ``block``.
 
     Raises
     ------
@@ -200,7 +205,8 @@ def generate_small_gemm(node: Node, graph: Graph) -> KernelSource:
                         "sbn")] if vec else []),
                     (f"{name}_n", f"pyc_small_gemm_n<{storage}, {acc}, {mt}>", "sbk")]
     entries.append((f"{name}_t", f"pyc_small_gemm_t<{storage}, {acc}>", "sbk, sbn"))
-    entries.append((f"{name}_e", f"pyc_small_gemm_e<{storage}, {acc}>", "sbk, sbn"))
+    if k <= MAX_THREAD_TERMS:
+        entries.append((f"{name}_e", f"pyc_small_gemm_e<{storage}, {acc}>", "sbk, sbn"))
     kernels = [f'extern "C" __global__ void __launch_bounds__({BLOCK})\n{entry}({signature})\n'
                f"{{\n    {call}(a, b, {m}, {n}, {k}, sam, {strides}, sab, sbb, "
                f"{name}_load{{}}, {functor});\n}}\n"
