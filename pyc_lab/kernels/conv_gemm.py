@@ -140,10 +140,10 @@ def choice_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple
     exchange, which would order torch's stream after CuPy's and so may not happen inside
     a CUDA-graph capture."""
     item = x.dtype.itemsize
-    key = (x.device.id, f"torch.{x.dtype.name}", tuple(x.shape),
-           tuple(v // item for v in x.strides), tuple(w.shape),
-           tuple(v // w.dtype.itemsize for v in w.strides), b is None, stride, pads,
-           dilation, groups, activation, tf32_now())
+    key = _key(x.device.id, f"torch.{x.dtype.name}", x.shape,
+               tuple(v // item for v in x.strides), w.shape,
+               tuple(v // w.dtype.itemsize for v in w.strides), b is None, stride, pads,
+               dilation, groups, activation)
     choice = _CHOICES.get(key)
     return None if choice is None or "cudnn_ms" not in choice else dict(choice)
 
@@ -287,12 +287,21 @@ def gemm_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, 
 
 def _signature(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
                dilation: tuple[int, ...], groups: int, activation: str | None) -> tuple:
-    """A problem's key: the operands' device, dtype, shapes and strides, the arguments,
-    and whether cuDNN may use TF32 now (a race under one setting says nothing of the
-    other)."""
-    return (x.device.index, str(x.dtype), tuple(x.shape), tuple(x.stride()),
-            tuple(w.shape), tuple(w.stride()), b is None, stride, pads, dilation, groups,
-            activation, tf32_now())
+    """A problem's key, from torch tensors (see :func:`_key`)."""
+    return _key(x.device.index, str(x.dtype), x.shape, x.stride(), w.shape, w.stride(),
+                b is None, stride, pads, dilation, groups, activation)
+
+
+def _key(device: int, dtype: str, x_shape: Any, x_strides: Any, w_shape: Any,
+         w_strides: Any, no_bias: bool, stride: tuple[int, ...], pads: tuple[int, ...],
+         dilation: tuple[int, ...], groups: int, activation: str | None) -> tuple:
+    """The key a problem's race is kept under: the operands' device, dtype (torch's name),
+    shapes and element strides, the arguments, and torch's TF32 settings now (a race
+    under one setting says nothing of another). Torch tensors (:func:`_signature`) and
+    CuPy arrays (:func:`choice_for_cupy`) of one problem give one key."""
+    return (device, dtype, tuple(x_shape), tuple(x_strides), tuple(w_shape),
+            tuple(w_strides), no_bias, stride, pads, dilation, groups, activation,
+            tf32_now())
 
 
 def _eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
