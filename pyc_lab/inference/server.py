@@ -99,10 +99,6 @@ class Server:
         self.replicas = int(replicas)
         self.models: dict[str, CompiledModel] = {}
         self._batchers: dict[str, Batcher] = {}
-        #: the batcher when there is one model (a request naming none takes it at once)
-        self._only: Batcher | None = None
-        #: the last timeout's message (a request's timeout is usually the server's)
-        self._timeout_message: tuple[float | None, str] = (None, "")
         self._http: Any = None
         self._closed = False
         for model_name, model in models.items():
@@ -135,7 +131,6 @@ class Server:
             executor = bucket_executor(cm, self.options, self.device)
         self.models[served] = cm
         self._batchers[served] = Batcher(cm, self.options, executor)
-        self._only = self._batchers[served] if len(self._batchers) == 1 else None
         if hasattr(self, "_finalizer"):
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _close_batchers,
@@ -144,9 +139,6 @@ class Server:
 
     def _batcher(self, model: str | None) -> Batcher:
         if model is None:
-            only = self._only
-            if only is not None:
-                return only
             if len(self._batchers) != 1:
                 raise InferenceError(f"{self.name} serves {', '.join(self._batchers)}: say "
                                      "which with model=...")
@@ -261,12 +253,8 @@ class Server:
         timeout = self.options.timeout_s if timeout_s is None else timeout_s
         if timeout is None:
             return fut, _nothing
-        last, message = self._timeout_message
-        if last != timeout:
-            message = _timeout_text(self.name, timeout)
-            self._timeout_message = (timeout, message)
         wheel = timeouts_for(loop)
-        slot = wheel.add(fut, timeout, message)
+        slot = wheel.add(fut, timeout, _timeout_text(self.name, timeout))
         return fut, functools.partial(wheel.discard, slot, fut)
 
     def warm_up(self, model: str | None = None) -> dict[int, float]:

@@ -220,3 +220,13 @@ def test_an_evicted_workspace_waits_for_the_device_not_its_possibly_destroyed_st
     # growing a stream's own workspace waits for that (live) stream
     bd.workspace(0, 5, need=bd.WORKSPACE_BYTES * 2)
     assert stream_syncs == [(0, 5)]
+
+
+def test_merged_stride_walks_dimensions_as_one_where_a_single_stride_does():
+    from pyc_lab.kernels.blas_layout import merged_stride
+
+    assert merged_stride((4, 3), (3, 1)) == 1          # contiguous
+    assert merged_stride((4, 3), (27, 9)) == 9         # padded rows at one stride
+    assert merged_stride((4, 1, 3), (99, 7, 9)) is None  # a gap between the fours
+    assert merged_stride((1, 5), (0, 6)) == 6          # extents of 1 are skipped
+    assert merged_stride((1, 1), (3, 1)) == 0          # nothing to walk

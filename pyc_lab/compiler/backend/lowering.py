@@ -12,8 +12,9 @@ impl                      step
                           mean, max, min over leading or middle axes)
 ``cublas``                ``cupy.matmul`` on (transposed) views, then the generated
                           bias/activation epilogue in place on the product; a small
-                          2-D matmul also gets the generated small GEMM, raced
-                          against that at the first call (:mod:`.small_gemm`)
+                          matmul (two matrices, a stack over one weight or a batch)
+                          also gets the generated small GEMM, raced against that at
+                          the first call (:mod:`.small_gemm`)
 ``cutlass``               the tuned CUTLASS kernel from the tuning database (bias and
                           activation in its epilogue), into the planned buffer; the
                           ``cublaslt``/``cublas`` step when it cannot run

@@ -13,7 +13,6 @@ records whichever won (the kernel needs no cuBLAS workspace).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ...kernels.blas_layout import merged_stride
 from ..codegen.cache import compile_kernel
 from ..codegen.cuda_types import KernelSource
 from ..codegen.small_gemm import entries_for, launch_shape
@@ -82,9 +82,9 @@ class SmallGemm:
         item = a.itemsize
         batched = self.src.launch.get("batch", 1) > 1
         # a: its rows (every leading dimension with them, or the batch's apart)
-        sa = _merged(a.shape[:-1] if not batched else a.shape[:-2],
-                     a.strides[:-1] if not batched else a.strides[:-2])
-        sb = _merged(b.shape[:-2], b.strides[:-2]) if batched else 0
+        sa = merged_stride(a.shape[:-1] if not batched else a.shape[:-2],
+                           a.strides[:-1] if not batched else a.strides[:-2])
+        sb = merged_stride(b.shape[:-2], b.strides[:-2]) if batched else 0
         if sa is None or sb is None:
             return []
         sam, sab = (a.strides[-2], sa) if batched else (sa, 0)
@@ -130,14 +130,3 @@ class SmallGemm:
         log.info("%s: %s", self.src.name, self.note)
         return self.use
 
-
-def _merged(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
-    """The byte stride that walks ``shape`` (dimensions in C order) as one dimension, or
-    None where no single stride does; 0 for no elements to walk past the first."""
-    dims = [(d, s) for d, s in zip(shape, strides, strict=True) if d != 1]
-    if not dims:
-        return 0
-    for (_, outer), (inner_d, inner) in itertools.pairwise(dims):
-        if outer != inner_d * inner:
-            return None
-    return dims[-1][1]

@@ -17,8 +17,9 @@ step                      what runs
 :class:`_MatmulStep`      ``cupy.matmul`` (cuBLAS) — for a batched float matmul one
                           strided-batched GEMM through ``pl.matmul`` — then the
                           generated bias/activation epilogue in place on the product;
-                          for a small 2-D matmul, the generated small GEMM instead
-                          where it won the first call's race (:mod:`.small_gemm`)
+                          for a small matmul (two matrices, a stack over one weight or
+                          a batch), the generated small GEMM instead where it won the
+                          first call's race (:mod:`.small_gemm`)
 :class:`_LtStep`          one cuBLASLt GEMM with the epilogue inside (nvmath-python)
 :class:`_CutlassStep`     the tuned CUTLASS kernel from the tuning database, with the
                           cuBLASLt or cuBLAS step to run when it cannot

@@ -50,7 +50,9 @@ MAX_FLOPS = 1 << 27
 #: sums its terms alone, so past a few hundred the split and tiled entries are the ones
 #: that can win (and a race of a 2^26-term sum on one thread would take seconds).
 MAX_THREAD_TERMS = 256
-#: Threads per block of both kernels (8 warps).
+#: The most products of a batch (the grid's z extent).
+MAX_BATCH = 65535
+#: Threads per block of every entry (8 warps).
 BLOCK = 256
 _FLOATS = ("float32", "float64", "float16", "bfloat16")
 
@@ -61,10 +63,6 @@ def _rows_per_block(m: int) -> int:
     while mt < min(m, 8):
         mt *= 2
     return mt
-
-
-#: The most products of a batch (the grid's z extent).
-MAX_BATCH = 65535
 
 
 def _problem(node: Node, graph: Graph) -> tuple[int, int, int, int] | str:
