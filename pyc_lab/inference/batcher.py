@@ -40,7 +40,7 @@ from .errors import (
 )
 from .model import CompiledModel
 from .stats import BatchRecord, ModelStats
-from .waiters import LoopWaiter, resolve
+from .waiters import LoopCallback, LoopWaiter, resolve
 
 __all__ = ["NAN_POLICIES", "Batcher", "Request", "ServeOptions", "default_buckets"]
 
@@ -180,6 +180,8 @@ class Batcher:
         #: after the batch axis (None when one is free) and, for a floating input under
         #: the "reject" policy, whether to test that it is finite.
         self._specs = [self._fast_spec(s) for s in model.inputs]
+        #: How many inputs a request carries.
+        self.n_inputs = len(model.inputs)
         self._fixed_trailing = tuple(s[2] for s in self._specs)
         self._queue: deque[Request] = deque()
         self._queued_rows = 0  # rows in the queue (when to wake the worker early)
@@ -206,8 +208,11 @@ class Batcher:
             With the input, what was expected and what came.
         """
         fast = self._fast_check(arrays)
-        if fast is not None:
-            return fast
+        return fast if fast is not None else self._full_check(arrays)
+
+    def _full_check(self, arrays: Sequence[Any]
+                    ) -> tuple[list[np.ndarray], int, bool, tuple]:
+        """:meth:`check` for any request (:meth:`_fast_check` takes the common one)."""
         out: list[np.ndarray] = []
         rows: int | None = None
         unbatched = False
@@ -314,24 +319,29 @@ class Batcher:
         return list(arrays), rows, False, self._fixed_trailing
 
     def submit(self, arrays: Sequence[Any], *, timeout_s: float | None = None,
-               as_dict: bool = False, loop: Any = None) -> Future | asyncio.Future:
+               as_dict: bool = False, loop: Any = None,
+               callback: Callable[[Any, BaseException | None], None] | None = None
+               ) -> Future | asyncio.Future | LoopCallback:
         """Queue one request; its future resolves to the outputs.
 
         With ``loop`` (the running event loop of the caller), an ``asyncio.Future`` of
         that loop, resolved through its :class:`~.waiters.Mailbox` (one loop wake-up per
-        batch), else a ``concurrent.futures.Future``.
+        batch) — or, with ``callback`` too, a :class:`~.waiters.LoopCallback` that calls
+        it there — else a ``concurrent.futures.Future``.
         """
         if self._closing:
             raise ServerClosedError(f"model {self.model.name!r}: the server is closed; start "
                                     "another with pl.serve(...)")
-        try:
-            checked, rows, unbatched, trailing = self.check(arrays)
+        try:  # the fast check first, without check()'s call around it
+            checked, rows, unbatched, trailing = \
+                self._fast_check(arrays) or self._full_check(arrays)
         except BadRequestError:
             self.stats.count("rejected")
             raise
         now = time.monotonic()
         timeout = self.options.timeout_s if timeout_s is None else timeout_s
-        handle: Future | LoopWaiter = Future() if loop is None else LoopWaiter(loop)
+        handle: Future | LoopWaiter = Future() if loop is None else LoopWaiter(
+            loop, None if callback is None else LoopCallback(callback))
         req = Request(checked, rows, handle, now, None if timeout is None else now + timeout,
                       unbatched, as_dict, trailing)
         with self._lock:  # the condition's lock, taken without its Python-level wrapper

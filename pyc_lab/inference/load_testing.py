@@ -4,7 +4,8 @@ For each concurrency level, that many clients send requests back to back (each w
 its answer before sending the next: closed-loop, perf_analyzer's ``--concurrency-range``)
 for a warm-up period, not counted, then for ``duration_s``, measured. The clients are
 callbacks on one event loop in a thread of their own (perf_analyzer's async mode: each
-answer's callback sends that client's next request), so that a high concurrency does not
+answer's callback sends that client's next request; requests made with
+``Server.request_with_callback``, no future each), so that a high concurrency does not
 mean dozens of Python threads, or dozens of tasks to resume, competing with the batcher
 for the interpreter. Client-side end-to-end latency goes into a
 :class:`~pyc_lab.profiling.quantiles.QuantileSketch` (bounded memory, 1 % relative
@@ -43,11 +44,22 @@ COLUMNS = ["concurrency", "max_batch", "max_delay_ms", "requests", "errors", "du
            "mean_batch", "batch_hist"]
 
 
+class _State:
+    """Whether a level measures and whether its clients stop: plain attributes, read by
+    every request's callbacks (cheaper than an ``Event``'s method) and written under the
+    interpreter lock from the clients' loop (and, to stop, from the caller's thread)."""
+
+    __slots__ = ("measuring", "stop")
+
+    def __init__(self) -> None:
+        self.measuring = False
+        self.stop = False
+
+
 def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
            duration_s: float, warmup_s: float, request_timeout_s: float) -> dict[str, Any]:
     stats = server.stats(model)
-    measuring = threading.Event()
-    stop = threading.Event()
+    state = _State()
     lock = threading.Lock()
     latency = QuantileSketch()
     queue = QuantileSketch()
@@ -58,7 +70,7 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
     error_text: list[str] = []
 
     def observe(record: BatchRecord) -> None:  # on the batcher's thread
-        if not measuring.is_set() or not record.ok:
+        if not state.measuring or not record.ok:
             return
         with lock:
             queue.add_many(record.queue_s)
@@ -70,6 +82,9 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
     done: list[float] = []
     timing: dict[str, float] = {}
 
+    request = server.request_with_callback
+    perf_counter = time.perf_counter
+
     async def drive() -> None:
         loop = asyncio.get_running_loop()
         finished = loop.create_future()
@@ -78,33 +93,28 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
         def error(exc: BaseException) -> None:
             if not error_text:
                 error_text.append(f"{type(exc).__name__}: {exc}")
-            if measuring.is_set():
+            if state.measuring:
                 counts["errors"] += 1
 
         def send() -> None:
             """One client's next request; its answer's callback sends the one after."""
-            if stop.is_set():
+            if state.stop:
                 running[0] -= 1
                 if not running[0] and not finished.done():
                     finished.set_result(None)
                 return
-            t0 = time.perf_counter()
             try:
-                fut, forget = server.request_on_loop(loop, arrays, {}, model,
-                                                     request_timeout_s)
+                request(loop, functools.partial(answered, perf_counter()), arrays, None,
+                        model)
             except Exception as exc:  # refused at once (a full queue): try again later
                 error(exc)
                 loop.call_soon(send)
-                return
-            fut.add_done_callback(functools.partial(answered, t0, forget))
 
-        def answered(t0: float, forget: Callable[[], None], fut: asyncio.Future) -> None:
-            dt = time.perf_counter() - t0
-            forget()
-            exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        def answered(t0: float, outputs: Any, exc: BaseException | None) -> None:
+            dt = perf_counter() - t0
             if exc is not None:
                 error(exc)
-            elif measuring.is_set():
+            elif state.measuring:
                 done.append(dt)
                 if len(done) >= 512:
                     latency.add_many(done)
@@ -115,16 +125,23 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
             loop.call_soon(send)
         try:
             await asyncio.sleep(warmup_s)
-            measuring.set()
+            state.measuring = True
             t0 = time.perf_counter()
             await asyncio.sleep(duration_s)
-            measuring.clear()
+            state.measuring = False
             timing["elapsed"] = time.perf_counter() - t0
             latency.add_many(done)
             done.clear()
         finally:
-            stop.set()
-            await finished  # every client's last request answered (or timed out)
+            state.stop = True
+            # every client's last request answered; those still unanswered
+            # request_timeout_s later (a stuck server) are errors, and the level ends
+            await asyncio.wait([finished], timeout=request_timeout_s)
+            if not finished.done():
+                counts["errors"] += running[0]
+                if not error_text:
+                    error_text.append(f"{running[0]} request(s) unanswered "
+                                      f"{request_timeout_s} s after the level ended")
 
     # the clients are callbacks on one event loop in a thread of their own (like
     # perf_analyzer's async mode): one client thread, not one per client, competes with
@@ -137,7 +154,7 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
         runner.start()
         runner.join()
     finally:
-        stop.set()
+        state.stop = True
         unobserve()
     elapsed = timing.get("elapsed", duration_s)
 
@@ -191,8 +208,11 @@ def load_test(server: Any, concurrency: Sequence[int] = (1, 4, 16, 64), *,
     rows
         Rows per request when ``inputs`` is not given.
     request_timeout_s
-        A request not answered within this counts as an error (so a stuck server ends
-        the test instead of hanging it).
+        How long a level waits, once its time is up, for the requests still in flight;
+        each one unanswered by then counts as an error (so a stuck server ends the test
+        instead of hanging it). Requests carry the server's own ``timeout_s``, as a
+        user's would; a request that takes long but is answered counts with its latency
+        (as perf_analyzer measures).
     on_level
         Called with each level's row as soon as it is measured (live views).
 

@@ -42,11 +42,11 @@ __all__ = ["Server", "running_servers", "serve"]
 log = logging.getLogger(__name__)
 
 
-@functools.lru_cache(maxsize=64)
 def _nothing() -> None:
     return None
 
 
+@functools.lru_cache(maxsize=64)
 def _timeout_text(server: str, timeout_s: float) -> str:
     """What a timed-out request says (made once per server and timeout: a coroutine
     request hands it to the timeout wheel before it knows whether it will be needed)."""
@@ -101,6 +101,7 @@ class Server:
         self._batchers: dict[str, Batcher] = {}
         self._http: Any = None
         self._closed = False
+        self._sole: Batcher | None = None
         for model_name, model in models.items():
             self.add(model, name=model_name)
         self._finalizer = weakref.finalize(self, _close_batchers, list(self._batchers.values()))
@@ -131,6 +132,8 @@ class Server:
             executor = bucket_executor(cm, self.options, self.device)
         self.models[served] = cm
         self._batchers[served] = Batcher(cm, self.options, executor)
+        # what a request that names no model goes to, looked up once
+        self._sole = self._batchers[served] if len(self._batchers) == 1 else None
         if hasattr(self, "_finalizer"):
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _close_batchers,
@@ -181,12 +184,16 @@ class Server:
         return self._enqueue(args, inputs, model, timeout_s, None)
 
     def _enqueue(self, args: tuple, inputs: dict[str, Any], model: str | None,
-                 timeout_s: float | None, loop: Any) -> Any:
+                 timeout_s: float | None, loop: Any, callback: Any = None) -> Any:
         """Bind and queue one request: a concurrent future, or with ``loop`` an asyncio
-        future of that loop (see :meth:`.batcher.Batcher.submit`)."""
+        future of that loop, or with ``callback`` too a
+        :class:`~.waiters.LoopCallback` (see :meth:`.batcher.Batcher.submit`)."""
         if self._closed:
             raise ServerClosedError(f"{self.name} is closed; start another with pl.serve(...)")
-        b = self._batcher(model)
+        b = self._sole if model is None and self._sole is not None else self._batcher(model)
+        if not inputs and args and type(args[0]) is np.ndarray \
+                and len(args) == b.n_inputs:  # arrays in order (the common request)
+            return b.submit(args, timeout_s=timeout_s, loop=loop, callback=callback)
         as_dict = len(args) == 1 and not inputs and type(args[0]) is not np.ndarray \
             and isinstance(args[0], Mapping)  # an array is never one: skip the ABC check
         try:
@@ -195,7 +202,8 @@ class Server:
         except BadRequestError:
             b.stats.count("rejected")
             raise
-        return b.submit(arrays, timeout_s=timeout_s, as_dict=as_dict, loop=loop)
+        return b.submit(arrays, timeout_s=timeout_s, as_dict=as_dict, loop=loop,
+                        callback=callback)
 
     def predict(self, *args: Any, model: str | None = None, timeout_s: float | None = None,
                 **inputs: Any) -> Any:
@@ -256,6 +264,32 @@ class Server:
         wheel = timeouts_for(loop)
         slot = wheel.add(fut, timeout, _timeout_text(self.name, timeout))
         return fut, functools.partial(wheel.discard, slot, fut)
+
+    def request_with_callback(self, loop: asyncio.AbstractEventLoop,
+                              callback: Callable[[Any, BaseException | None], None],
+                              args: tuple, inputs: dict[str, Any] | None = None,
+                              model: str | None = None, timeout_s: float | None = None
+                              ) -> None:
+        """Queue one request from ``loop``'s thread (the loop running) and have
+        ``callback(outputs, None)`` — or ``callback(None, error)``, a
+        :class:`~.errors.RequestTimeoutError` past the timeout — called on that loop
+        when it is answered, once.
+
+        :meth:`request_on_loop` without the future: for callers that drive many
+        requests from callbacks (the load generator's clients, as perf_analyzer's async
+        mode), whose answers then cost no done-callback scheduled per request.
+        ``args`` and ``inputs`` are :meth:`submit`'s positional and keyword inputs.
+
+        Raises
+        ------
+        BadRequestError, QueueFullError, ServerClosedError
+            As :meth:`submit` (and then ``callback`` is never called).
+        """
+        handle = self._enqueue(args, {} if inputs is None else inputs, model, timeout_s,
+                               loop, callback)
+        timeout = self.options.timeout_s if timeout_s is None else timeout_s
+        if timeout is not None and not handle.done():
+            handle.time_out(timeouts_for(loop), timeout, _timeout_text(self.name, timeout))
 
     def warm_up(self, model: str | None = None) -> dict[int, float]:
         """Run one batch at every bucket size, so that tracing, compiling and (on the GPU)

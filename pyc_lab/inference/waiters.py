@@ -9,7 +9,10 @@ bookkeeping costs more interpreter time than the batch's GPU work.
 :class:`LoopWaiter` is the batcher's completion handle for a request made from a
 coroutine: an ``asyncio.Future`` of that loop, resolved through the loop's
 :class:`Mailbox`, which collects every result posted while the loop has not yet run and
-delivers them all in one ``call_soon_threadsafe`` callback.
+delivers them all in one ``call_soon_threadsafe`` callback. A request made with a
+callback instead (:class:`LoopCallback`, the load generator's clients) has no
+``asyncio.Future`` at all: the delivery calls it directly, without the loop scheduling a
+done-callback per request.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import logging
 import math
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TIMEOUT_GRANULARITY_S", "LoopWaiter", "Mailbox", "TimeoutWheel", "mailbox_for",
-           "resolve", "timeouts_for"]
+__all__ = ["TIMEOUT_GRANULARITY_S", "LoopCallback", "LoopWaiter", "Mailbox", "TimeoutWheel",
+           "mailbox_for", "resolve", "timeouts_for"]
 
 #: Coroutine requests' timeouts fire at most this much late: their deadlines are rounded
 #: up to a multiple of it, and one loop timer serves every request due in that slot.
@@ -176,20 +180,105 @@ def timeouts_for(loop: asyncio.AbstractEventLoop) -> TimeoutWheel:
     return _remember(loop)[1]
 
 
+class LoopCallback:
+    """What a request made with a callback has in place of an ``asyncio.Future``: the
+    part of one that :class:`Mailbox` and :class:`TimeoutWheel` use (``done``,
+    ``set_result``, ``set_exception``), which calls ``callback(outputs, None)`` or
+    ``callback(None, error)`` there and then — on the loop's thread, once — and drops
+    the request's timeout. A future's result would instead be handed on by a
+    done-callback the loop schedules (a handle and a turn of the loop per request).
+
+    Parameters
+    ----------
+    callback
+        ``callback(outputs, error)``; an exception it raises goes to the loop's
+        exception handler and touches no other request.
+    """
+
+    __slots__ = ("_done", "_slot", "_wheel", "callback")
+
+    def __init__(self, callback: Callable[[Any, BaseException | None], None]) -> None:
+        self.callback = callback
+        self._done = False
+        self._wheel: TimeoutWheel | None = None
+        self._slot = 0
+
+    def time_out(self, wheel: TimeoutWheel, timeout_s: float, message: str) -> None:
+        """Fail with :class:`~.errors.RequestTimeoutError` (``message``) if not answered
+        within ``timeout_s`` (:meth:`TimeoutWheel.add`); the answer drops the entry."""
+        self._slot = wheel.add(self, timeout_s, message)
+        self._wheel = wheel
+
+    def done(self) -> bool:
+        """Whether the callback was called (or the request cancelled)."""
+        return self._done
+
+    def cancel(self) -> bool:
+        """Never call back (the batcher skips the request if it has not run)."""
+        if self._done:
+            return False
+        self._finish()
+        return True
+
+    def set_result(self, value: Any) -> None:
+        """Call back with the outputs (the one call a delivery makes per request: the
+        steps of :meth:`_finish` and :meth:`_call` written out)."""
+        if self._done:
+            return
+        self._done = True
+        if self._wheel is not None:
+            self._wheel.discard(self._slot, self)
+            self._wheel = None
+        try:
+            self.callback(value, None)
+        except Exception as err:
+            _report(err)
+
+    def set_exception(self, exc: BaseException) -> None:
+        """Call back with the request's error."""
+        if not self._done:
+            self._finish()
+            self._call(None, exc)
+
+    def _finish(self) -> None:
+        self._done = True
+        if self._wheel is not None:
+            self._wheel.discard(self._slot, self)
+            self._wheel = None
+
+    def _call(self, value: Any, exc: BaseException | None) -> None:
+        try:
+            self.callback(value, exc)
+        except Exception as err:
+            _report(err)
+
+
+def _report(err: Exception) -> None:
+    """A request's callback raised (the caller's bug): to the loop's exception handler;
+    the other requests of the delivery go on."""
+    asyncio.get_running_loop().call_exception_handler(
+        {"message": "a request's callback raised", "exception": err})
+
+
 class LoopWaiter:
-    """A request's completion handle for a coroutine: the batcher calls it like a
-    ``concurrent.futures.Future``; the coroutine awaits :attr:`future`.
+    """A request's completion handle for a coroutine or a loop callback: the batcher
+    calls it like a ``concurrent.futures.Future``; the coroutine awaits :attr:`future`.
 
     Parameters
     ----------
     loop
-        The running loop of the coroutine that will await the result.
+        The running loop of the coroutine that will await the result (or of the
+        callback).
+    future
+        What is resolved on that loop: a new ``asyncio.Future`` by default, or a
+        :class:`LoopCallback`.
     """
 
     __slots__ = ("_box", "future")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.future: asyncio.Future = loop.create_future()
+    def __init__(self, loop: asyncio.AbstractEventLoop,
+                 future: asyncio.Future | LoopCallback | None = None) -> None:
+        self.future: Any = loop.create_future() if future is None else future
         self._box = mailbox_for(loop)
 
     def set_running_or_notify_cancel(self) -> bool:

@@ -265,3 +265,102 @@ def test_the_fast_check_refuses_every_non_finite_value_and_keeps_large_finite_on
     big[0, 0] = -0.0
     # float32's largest values: finite, and the full check takes them wherever a sum overflows
     assert np.array_equal(b.check([big])[0][0], big)
+
+
+def test_callback_requests_get_their_own_rows_once_and_fail_alone(start, affine):
+    """``request_with_callback``: each caller's callback is called once, on its loop's
+    thread, with its own rows; a request failing inside a batch gets its error alone; a
+    callback that raises is reported to the loop and the rest of its delivery goes on;
+    a bad request raises at once and is never called back."""
+    gated = Gated(affine)
+    server = start(gated, max_batch=8, max_delay_ms=50)
+    xs = [rows(1 + i % 3, 10 * i) for i in range(9)]
+    poisoned = rows(1)
+    poisoned[0, 0] = 666
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        reported = []
+        loop.set_exception_handler(lambda _loop, ctx: reported.append(ctx["exception"]))
+        got: dict[int, list] = {}
+        me = threading.get_ident()
+        all_in = loop.create_future()
+
+        def callback(k):
+            def answered(outputs, error):
+                assert threading.get_ident() == me
+                got.setdefault(k, []).append((outputs, error))
+                if k == 4:
+                    raise RuntimeError("the caller's own bug")
+                if len(got) == len(xs) + 1 and not all_in.done():
+                    all_in.set_result(None)
+            return answered
+
+        for k, x in enumerate([*xs, poisoned]):
+            server.request_with_callback(loop, callback(k), (x,))
+        with pytest.raises(BadRequestError):
+            server.request_with_callback(loop, callback(99), (np.ones((1, 5), np.float32),))
+        gated.gate.set()
+        await asyncio.wait_for(all_in, 10)
+        await asyncio.sleep(0.05)  # nothing more arrives
+        return got, reported
+
+    got, reported = asyncio.run(main())
+    assert sorted(got) == list(range(len(xs) + 1))
+    assert all(len(v) == 1 for v in got.values())
+    for k, x in enumerate(xs):
+        (outputs, error), = got[k]
+        assert error is None
+        np.testing.assert_array_equal(outputs, x * 2 + 1)
+    (outputs, error), = got[len(xs)]
+    assert outputs is None and isinstance(error, InferenceError) and "poisoned" in str(error)
+    assert len(reported) == 1 and "own bug" in str(reported[0])
+
+
+def test_a_callback_request_times_out_once_and_leaves_no_timeout_behind(start, affine):
+    from pyc_lab.inference.waiters import timeouts_for
+
+    gated = Gated(affine)
+    server = start(gated, max_batch=1, max_delay_ms=0)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        calls: list[tuple] = []
+        first = loop.create_future()
+        server.request_with_callback(loop, lambda o, e: first.set_result((o, e)),
+                                     (rows(1),), timeout_s=5.0)
+        while not gated.entered.is_set():
+            await asyncio.sleep(0.005)
+        server.request_with_callback(loop, lambda o, e: calls.append((o, e)),
+                                     (rows(1, 100),), timeout_s=0.03)
+        assert len(timeouts_for(loop)) == 2
+        await asyncio.sleep(0.1)
+        assert len(calls) == 1 and calls[0][0] is None
+        assert isinstance(calls[0][1], RequestTimeoutError)
+        gated.gate.set()
+        outputs, error = await asyncio.wait_for(first, 10)
+        assert error is None
+        np.testing.assert_array_equal(outputs, rows(1) * 2 + 1)
+        assert len(timeouts_for(loop)) == 0  # the answer dropped its timeout
+        await asyncio.sleep(0.05)
+        return calls
+
+    calls = asyncio.run(main())
+    assert len(calls) == 1  # never called back again
+    assert gated.batches == [1]  # the timed-out request was skipped
+
+
+def test_loop_callback_state():
+    from pyc_lab.inference.waiters import LoopCallback
+
+    seen = []
+    cb = LoopCallback(lambda o, e: seen.append((o, e)))
+    assert not cb.done() and cb.cancel() and cb.done() and not cb.cancel()
+    cb.set_result(1)
+    cb.set_exception(ValueError())
+    assert seen == []  # cancelled: never called back
+    cb = LoopCallback(lambda o, e: seen.append((o, e)))
+    cb.set_result(2)
+    cb.set_result(3)
+    cb.set_exception(ValueError())
+    assert seen == [(2, None)] and cb.done()
