@@ -8,6 +8,7 @@ and copies, their summed GPU time, and the host wall time of the profiled calls.
 where a call's time goes when pyc_lab is slower: more launches, slower kernels, or host.
 
     python benchmarks/exp_inference_kernels.py --out $OUT
+    python benchmarks/exp_inference_kernels.py --models --cnn --out $OUT   # the ResNet alone
 """
 
 from __future__ import annotations
@@ -62,18 +63,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="write inference-kernels.json into this folder")
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 1024])
+    parser.add_argument("--models", nargs="*", help="zoo model names (default: all)")
+    parser.add_argument("--cnn", action="store_true",
+                        help="also bench_inference's shipped ResNet-50 (its batches: "
+                             "--cnn-batches)")
+    parser.add_argument("--cnn-batches", type=int, nargs="*", default=[1, 8])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from bench_inference import cnn_inputs, shipped_cnn
+
     from pyc_lab.inference import zoo
 
     payload: dict[str, Any] = {"calls_profiled": CALLS, "models": {}}
-    for name in zoo.names():
-        m = zoo.build(name)
+    runs = [(name, zoo.build(name), args.batches,
+             lambda m, batch, seed, name=name: zoo.example_inputs(name, batch, seed))
+            for name in (zoo.names() if args.models is None else args.models)]
+    if args.cnn:
+        runs.append(("resnet50_light", shipped_cnn(), args.cnn_batches, cnn_inputs))
+    for name, m, batches, make_inputs in runs:
         impls = {k: v for k, v in implementations(m, gpu=True).items()
                  if k in ("pyc_lab", "onnxruntime_cuda", "onnxruntime_cuda_graph")}
         entry = payload["models"][name] = {}
-        for batch in args.batches:
-            feeds = zoo.example_inputs(name, batch, batch)
+        for batch in batches:
+            feeds = make_inputs(m, batch, batch)
             for impl, (prep, call, _, _) in impls.items():
                 try:
                     entry[f"{impl}@{batch}"] = profile_calls(call, prep(feeds))
