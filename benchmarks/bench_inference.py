@@ -585,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cnn", action="store_true", help="skip the shipped ResNet-50")
     parser.add_argument("--batching-s", type=float, default=5.0,
                         help="measured seconds of each dynamic-batching setting")
+    parser.add_argument("--no-batching", action="store_true",
+                        help="skip the dynamic-batching part")
     parser.add_argument("--batching-only", action="store_true",
                         help="only the dynamic-batching part (no onnxruntime needed)")
     args = parser.parse_args(argv)
@@ -635,8 +637,8 @@ def main(argv: list[str] | None = None) -> int:
         models["resnet50_light"] = time_model(shipped_cnn(), cnn_inputs, cnn_batches, gpu,
                                               repeats)
         save()
-    batching = dynamic_batching(2.0 if args.small else args.batching_s,
-                                args.models or zoo.names())
+    batching = None if args.no_batching else dynamic_batching(
+        2.0 if args.small else args.batching_s, args.models or zoo.names())
     payload["dynamic_batching"] = batching
     payload["complete"] = True
     save()
@@ -645,8 +647,8 @@ def main(argv: list[str] | None = None) -> int:
                for name, res in models.items()}
     vs_ort = {name: res.get("vs_onnxruntime_cuda") for name, res in models.items()}
     print(json.dumps({"batch1_latency_ms": summary, "vs_onnxruntime_cuda": vs_ort,
-                      "dynamic_batching_ratio": {k: round(v, 2) for k, v in
-                                                 batching["throughput_ratios"].items()}},
+                      "dynamic_batching_ratio": batching and {
+                          k: round(v, 2) for k, v in batching["throughput_ratios"].items()}},
                      indent=1))
     if args.out:
         print(f"wrote {Path(args.out) / 'inference.json'}")
