@@ -24,6 +24,13 @@ in ``pl.conv``. TFLOP/s count ``2 N K P Q C R S``. Writes ``conv-cutlass.json`` 
     python benchmarks/bench_conv_cutlass.py --out benchmarks/results/h200
     python benchmarks/bench_conv_cutlass.py --prebuild .kcache    # nvcc only, no GPU
     python benchmarks/bench_conv_cutlass.py --prebuild .kcache --family 2x  # the stem's
+    python benchmarks/bench_conv_cutlass.py --dtypes f32 --out $OUT  # float32, 3xTF32
+    python benchmarks/bench_conv_cutlass.py --prebuild .kconv32 --family f32
+
+``--dtypes f32`` runs the layers in float32 at float32's accuracy: the CUTLASS 2 family's
+3xTF32 kernels (every configuration ``conv2x_configs`` offers the layer) against cuDNN
+with TF32 off (``torch.backends.cudnn.allow_tf32 = False``), and ``pl.conv2d`` under the
+same setting, which then races the tuned f32 kernel.
 """
 
 from __future__ import annotations
@@ -54,6 +61,10 @@ BATCH = 128
 #: run after this in the GPU lane, finds its kernels at both batches.
 EXTRA = (((3, 64, 224, 7, 2), 32),)
 DTYPES = (("f16", "float16"), ("bf16", "bfloat16"))
+#: Every dtype ``--dtypes`` may ask for: ``f32`` is float32 at its own accuracy (3xTF32
+#: CUTLASS 2 kernels, every configuration ``conv2x_configs`` offers; cuDNN and pl.conv
+#: with TF32 off).
+ALL_DTYPES = {**dict(DTYPES), "f32": "float32"}
 BENCH_TILES = TILES
 BENCH_CLUSTERS = ((1, 1), (2, 1))
 #: CUTLASS 2 candidates per problem: the first this many that ``conv2x_configs`` ranks
@@ -67,8 +78,16 @@ def stem_2x_configs(dtype: str) -> tuple[Conv2xConfig, ...]:
     return tuple(conv2x_configs(ConvKernel(dtype, 2), 3, 64)[:BENCH_2X])
 
 
+def f32_jobs(batch: int = BATCH) -> list[tuple[Conv2xConfig, ConvKernel, int, int]]:
+    """``(config, kernel, channels, out_channels)`` of every 3xTF32 kernel the f32 rows
+    tune over (each layer's ``conv2x_configs``; layers share most libraries)."""
+    kern = ConvKernel("f32", 2)
+    return [(cfg, kern, c, k) for c, k, *_ in LAYERS for cfg in conv2x_configs(kern, c, k)]
+
+
 def in_bench_space(cfg: ConvConfig | Conv2xConfig) -> bool:
-    """The configurations this benchmark tunes over (what ``--prebuild`` builds)."""
+    """The configurations this benchmark tunes over in f16 and bf16 (what ``--prebuild``
+    builds)."""
     if isinstance(cfg, Conv2xConfig):
         return any(cfg in stem_2x_configs(dt) for dt, _ in DTYPES)
     return cfg.tile[:2] in BENCH_TILES and cfg.cluster in BENCH_CLUSTERS
@@ -77,7 +96,8 @@ def in_bench_space(cfg: ConvConfig | Conv2xConfig) -> bool:
 def prebuild(directory: str, family: str = "all") -> None:
     """Build every configuration of the benchmark's space for both dtypes into
     ``directory`` (no GPU needed; the GPU lane carries it as ``.kcache``): the Hopper
-    kernels (``family="3x"``), the stem's CUTLASS 2 ones (``"2x"``) or both."""
+    kernels (``family="3x"``), the stem's CUTLASS 2 ones (``"2x"``) or both; ``"f32"``:
+    the 3xTF32 kernels of the f32 rows (:func:`f32_jobs`)."""
     import concurrent.futures as cf
     import os
 
@@ -94,10 +114,20 @@ def prebuild(directory: str, family: str = "all") -> None:
         cfg, kern = job
         if isinstance(cfg, ConvConfig):
             return build_conv(cfg, kern, cache=cache)
-        align, align_out = conv2x_widths(cfg, kern, 3, 64)
+        c, k = widths.get((cfg, kern), (3, 64))
+        align, align_out = conv2x_widths(cfg, kern, c, k)
         return build_conv2x(cfg, kern, align, cache=cache, align_out=align_out)
 
-    if family != "all":
+    widths: dict[tuple, tuple[int, int]] = {}
+    if family == "f32":
+        jobs = []
+        for cfg, kern, c, k in f32_jobs():
+            key = (cfg, kern, *conv2x_widths(cfg, kern, c, k))
+            if key not in widths:  # one build per library
+                widths[key] = (c, k)
+                jobs.append((cfg, kern))
+                widths[(cfg, kern)] = (c, k)
+    elif family != "all":
         jobs = [j for j in jobs if isinstance(j[0], Conv2xConfig) == (family == "2x")]
     with cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 2))) as pool:
         for (cfg, kern), res in zip(jobs, pool.map(build, jobs), strict=True):
@@ -120,7 +150,8 @@ def one_layer(torch: Any, layer: tuple[int, ...], dtype: str, tname: str, rounds
     flop = 2 * batch * k * out * out * c * r * r
     try:
         res = pl.autotune_conv((batch, c, size, size), (k, c, r, r), stride=s, padding=pad,
-                               dtype=dtype, restrict=in_bench_space, max_candidates=None,
+                               dtype=dtype, max_candidates=None,
+                               restrict=None if dtype == "f32" else in_bench_space,
                                repeats=repeats, budget_s=budget_s)
         best = res.best
         row["tune"] = {"seconds": res.seconds, "stopped_by": res.stopped_by,
@@ -146,7 +177,7 @@ def one_layer(torch: Any, layer: tuple[int, ...], dtype: str, tname: str, rounds
     got = ours()  # the race: cuDNN, the GEMM form and the tuned kernel
     err = float((got.float() - want).abs().max() / (want.abs().max() + 1e-30))
     row["rel_err_vs_cudnn"] = err
-    if not err <= 2e-2 * (4 if dtype == "bf16" else 1):
+    if not err <= (1e-4 if dtype == "f32" else 2e-2 * (4 if dtype == "bf16" else 1)):
         row["error"] = f"pl.conv differs from cuDNN: {err:.3g} of the largest value"
         return row
     row["choice"] = conv_gemm.choice_for(x, w, None, (s, s), (pad, pad), (1, 1))
@@ -184,8 +215,13 @@ def main(argv: list[str] | None = None) -> int:
                              "builds) after this many seconds")
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="stop starting new problems after this many seconds")
-    parser.add_argument("--family", choices=("all", "3x", "2x"), default="all",
+    parser.add_argument("--family", choices=("all", "3x", "2x", "f32"), default="all",
                         help="with --prebuild: which kernel family to build")
+    parser.add_argument("--dtypes", nargs="*", choices=sorted(ALL_DTYPES),
+                        default=[d for d, _ in DTYPES],
+                        help="f32: float32 at its own accuracy (3xTF32 kernels against "
+                             "cuDNN with TF32 off; the layers only, at --batch)")
+    parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--prebuild", metavar="DIR",
                         help="only build the kernels into DIR (no GPU needed)")
     args = parser.parse_args(argv)
@@ -212,8 +248,14 @@ def main(argv: list[str] | None = None) -> int:
             "results": rows, "not_run": not_run, "summary": summarise(rows),
             "wall_s": time.perf_counter() - t0})
 
-    for dtype, tname in DTYPES:
-        for layer, batch in (*((lay, BATCH) for lay in LAYERS), *EXTRA):
+    for dtype in args.dtypes:
+        tname = ALL_DTYPES[dtype]
+        # float32 rows as a user who wants float32's accuracy runs them: TF32 off
+        torch.backends.cudnn.allow_tf32 = dtype != "f32"
+        torch.backends.cuda.matmul.allow_tf32 = False if dtype == "f32" else \
+            torch.backends.cuda.matmul.allow_tf32
+        extra = () if dtype == "f32" or args.batch != BATCH else EXTRA
+        for layer, batch in (*((lay, args.batch) for lay in LAYERS), *extra):
             if time.perf_counter() - t0 > args.budget_s:
                 not_run.append(f"{layer} batch {batch} {tname}")
                 continue

@@ -18,6 +18,11 @@
 //                      into the output in turn, ordered by a semaphore in the workspace);
 //                      1 for none. Not with a strided dgrad.
 //   PYC_ELEMENT        cutlass::half_t, cutlass::bfloat16_t or float (tf32 MMA)
+//   PYC_MATH           the MMA operator: cutlass::arch::OpMultiplyAdd (default), or for
+//                      float cutlass::arch::OpMultiplyAddFastF32, "3xTF32": each float32
+//                      operand split into a TF32 big part and the TF32 rest, three MMAs
+//                      (big*big + big*rest + rest*big) in float32 accumulators, which
+//                      keeps float32's accuracy on the tensor cores
 //   PYC_ALIGN          elements per activation / filter access (8, 4, 2 or 1; divides C;
 //                      with PYC_STAGES > 2 an access is a cp.async of 4, 8 or 16 bytes)
 //   PYC_ALIGN_OUT      elements per output (and bias) access of the epilogue; divides K
@@ -53,6 +58,10 @@
 #include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/epilogue/thread/linear_combination_generic.h"
 
+#ifndef PYC_MATH
+#define PYC_MATH cutlass::arch::OpMultiplyAdd
+#endif
+
 #if PYC_SPATIAL != 1 && PYC_SPATIAL != 2
 #error "cutlass_conv_2x.cuh takes 1 or 2 spatial axes"
 #endif
@@ -79,21 +88,21 @@ using Kernel = typename cutlass::conv::kernel::DefaultConv2dFprop<
     Element, Layout, Element, Layout, Element, Layout, ElementAcc,
     cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile, Warp, Instruction, OutputOp,
     cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<4>, PYC_STAGES,
-    cutlass::arch::OpMultiplyAdd, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
+    PYC_MATH, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
     PYC_ALIGN, PYC_ALIGN>::Kernel;
 #elif PYC_OP_ID == 1
 using Kernel = typename cutlass::conv::kernel::DefaultConv2dDgrad<
     Element, Layout, Element, Layout, Element, Layout, ElementAcc,
     cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile, Warp, Instruction, OutputOp,
     cutlass::conv::threadblock::StridedDgradIdentityThreadblockSwizzle<1>, PYC_STAGES,
-    cutlass::arch::OpMultiplyAdd, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
+    PYC_MATH, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
     PYC_ALIGN, PYC_ALIGN>::Kernel;
 #else
 using Kernel = typename cutlass::conv::kernel::DefaultConv2dWgrad<
     Element, Layout, Element, Layout, Element, Layout, ElementAcc,
     cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile, Warp, Instruction, OutputOp,
     cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<1>, PYC_STAGES,
-    cutlass::arch::OpMultiplyAdd, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
+    PYC_MATH, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
     PYC_ALIGN, PYC_ALIGN>::Kernel;
 #endif
 using Conv = cutlass::conv::device::ImplicitGemmConvolution<Kernel>;

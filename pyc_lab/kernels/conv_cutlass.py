@@ -10,8 +10,9 @@ library.
 
 What the kernels take: a channels-last input (``torch.channels_last`` for 2-D,
 ``channels_last_3d`` for 3-D, ``(N, C, L)`` with unit channel stride for 1-D),
-``groups == 1``, float16 or bfloat16 (float32 as TF32 only while
-``torch.backends.cudnn.allow_tf32`` allows cuDNN the same). The winner is of either
+``groups == 1``, float16 or bfloat16; float32 as TF32 while
+``torch.backends.cudnn.allow_tf32`` allows cuDNN the same, else at float32's accuracy
+(a kernel tuned as ``f32``: 3xTF32, CUTLASS 2 only). The winner is of either
 family: a Hopper kernel (:mod:`.cutlass.conv`: channel counts multiples of 16 bytes) or,
 for the channels TMA cannot load (a stem's three), a CUTLASS 2 kernel
 (:mod:`.cutlass.conv_2x`: 1 or 2 spatial axes), whose input and filter a ``pad_to``
@@ -75,8 +76,8 @@ def _dtype(x: Any) -> str | None:
         return "f16"
     if x.dtype == torch.bfloat16:
         return "bf16"
-    if x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32:
-        return "tf32"
+    if x.dtype == torch.float32:  # TF32 where cuDNN may use it, else float32's accuracy
+        return "tf32" if torch.backends.cudnn.allow_tf32 else "f32"
     return None
 
 
@@ -95,7 +96,7 @@ def tuned_runner(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[in
     caller's check)."""
     dtype = _dtype(x)
     if dtype is None:
-        return None, f"{x.dtype} (or TF32 disallowed) is not a CUTLASS convolution dtype"
+        return None, f"{x.dtype} is not a CUTLASS convolution dtype"
     if not x.is_cuda or not _channels_last(x) or x.ndim - 2 not in (1, 2, 3):
         return None, "the input is not a channels-last GPU tensor"
     from .cutlass.conv import ConvGeometry, ConvKernel
@@ -135,7 +136,7 @@ def tuned_grad_runner(direction: str, x: Any, w: Any, stride: tuple[int, ...],
     (:func:`grad_call`)."""
     dtype = _dtype(x)
     if dtype is None:
-        return None, f"{x.dtype} (or TF32 disallowed) is not a CUTLASS convolution dtype"
+        return None, f"{x.dtype} is not a CUTLASS convolution dtype"
     if not x.is_cuda or x.ndim - 2 not in (1, 2, 3):
         return None, "not a GPU tensor of 1-3 spatial axes"
     from .cutlass.conv import ConvGeometry, ConvKernel
@@ -185,7 +186,8 @@ def _find(geometry: Any, kernel: Any, device: int) -> tuple[Any, str]:
         with database.TuningDB() as db:
             found = db.lookup(dev, conv_problem_key(geometry, kernel))
         if found is None:
-            return None, f"no tuned {kernel.op} kernel for {geometry.gemm} on this GPU"
+            return None, (f"no tuned {kernel.dtype} {kernel.op} kernel for {geometry.gemm} "
+                          "on this GPU")
         config = conv_config_of(found.measurement.config)
         c, k = geometry.act[-1], geometry.flt[0]
         if isinstance(config, ConvConfig):

@@ -45,16 +45,22 @@ from .config import ACTIVATIONS
 from .launch import load_library
 from .nvcc import BuildResult, build_parallel, build_source, cached_library
 
-__all__ = ["CONV_DTYPES", "DIRECTIONS", "ConvConfig", "ConvGeometry", "ConvKernel", "CutlassConv",
-           "build_conv", "build_conv_many", "cached_conv", "conv_configs", "emit_conv_source"]
+__all__ = ["CONV_DTYPES", "DIRECTIONS", "HOPPER_REFUSES", "ConvConfig", "ConvGeometry",
+           "ConvKernel", "CutlassConv", "build_conv", "build_conv_many", "cached_conv",
+           "conv_configs", "emit_conv_source"]
 
-#: Element types the convolution kernels take (float32 runs as tf32 MMAs, as cuDNN's
-#: float32 convolutions do under torch's default ``allow_tf32``) and their C++ types.
-CONV_DTYPES = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "tf32": "float"}
-#: Elements per 16-byte TMA access.
+#: Element types the convolution kernels take and their C++ types: ``tf32`` is float32
+#: run as TF32 MMAs (as cuDNN's float32 convolutions are under torch's default
+#: ``allow_tf32``), ``f32`` float32 at float32's accuracy as "3xTF32" MMAs (each operand
+#: a TF32 big part plus the TF32 rest, three MMAs; CUTLASS 2 kernels only).
+CONV_DTYPES = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "tf32": "float",
+               "f32": "float"}
+#: Dtypes the Hopper kernels of this module do not take, and why.
+HOPPER_REFUSES = {"f32": "float32 at float32's accuracy (3xTF32) is a CUTLASS 2 kernel's "
+                         "(cutlass::arch::OpMultiplyAddFastF32); the Hopper family has none"}
 #: Elements per 16-byte access, and bytes per element, of each dtype (both families).
-VECTOR_ELEMENTS = {"f16": 8, "bf16": 8, "tf32": 4}
-ELEMENT_BYTES = {"f16": 2, "bf16": 2, "tf32": 4}
+VECTOR_ELEMENTS = {"f16": 8, "bf16": 8, "tf32": 4, "f32": 4}
+ELEMENT_BYTES = {"f16": 2, "bf16": 2, "tf32": 4, "f32": 4}
 #: CTA tiles (M, N) the space offers and clusters (M, N).
 TILES = ((64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 256))
 CLUSTERS = ((1, 1), (2, 1), (1, 2))
@@ -161,7 +167,16 @@ class ConvKernel:
 
 
 def emit_conv_source(config: ConvConfig, kernel: ConvKernel) -> str:
-    """The complete CUDA C++ of one convolution kernel and its ``extern "C"`` wrapper."""
+    """The complete CUDA C++ of one convolution kernel and its ``extern "C"`` wrapper.
+
+    Raises
+    ------
+    PycLabError
+        A dtype this family does not take (:data:`HOPPER_REFUSES`).
+    """
+    if kernel.dtype in HOPPER_REFUSES:
+        raise PycLabError(f"CUTLASS 3 convolution {config.id}: "
+                          f"{HOPPER_REFUSES[kernel.dtype]}")
     m, n, k = config.tile
     cm, cn = config.cluster
     act = ACTIVATIONS[kernel.activation] if kernel.activation else \
@@ -183,6 +198,9 @@ def build_conv(config: ConvConfig, kernel: ConvKernel, cc: int = 90,
     if cc < 90:
         return BuildResult(config, "", None, "compile_error", 0.0,
                            f"CUTLASS 3 convolutions need Hopper (sm_90a); this is sm_{cc}")
+    if kernel.dtype in HOPPER_REFUSES:
+        return BuildResult(config, "", None, "compile_error", 0.0,
+                           HOPPER_REFUSES[kernel.dtype])
     return build_source(config, emit_conv_source(config, kernel), cc, cache, timeout_s,
                         meta={"config": config.to_dict(), "op": kernel.op,
                               "dtype": kernel.dtype})
@@ -192,6 +210,8 @@ def cached_conv(config: ConvConfig, kernel: ConvKernel, cc: int = 90,
                 cache: KernelCache | None = None) -> Path | None:
     """The kernel's library if it is in the kernel cache, else ``None``; never builds
     (what a first call of ``pl.conv`` may afford)."""
+    if kernel.dtype in HOPPER_REFUSES:
+        return None
     return cached_library(emit_conv_source(config, kernel), cc, cache)
 
 
@@ -288,6 +308,8 @@ class ConvGeometry:
         can tell before CUTLASS's own ``can_implement``)."""
         if self.spatial != kernel.spatial:
             return f"{self.spatial} spatial axes, the kernel has {kernel.spatial}"
+        if kernel.dtype in HOPPER_REFUSES:
+            return HOPPER_REFUSES[kernel.dtype]
         c, k = self.act[-1], self.flt[0]
         if c % kernel.align or k % kernel.align:
             return (f"{c} input and {k} output channels; {kernel.dtype} kernels need "

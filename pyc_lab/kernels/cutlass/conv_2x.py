@@ -56,7 +56,10 @@ __all__ = ["ITERATORS", "Conv2xConfig", "CutlassConv2x", "build_conv2x", "build_
 ITERATORS = {"analytic": "kAnalytic", "optimized": "kOptimized",
              "few_channels": "kFewChannels", "fixed_channels": "kFixedChannels"}
 #: The K of one ``mma.sync``: m16n8k16 for 16-bit types, m16n8k8 for tf32.
-_MMA_K = {"f16": 16, "bf16": 16, "tf32": 8}
+_MMA_K = {"f16": 16, "bf16": 16, "tf32": 8, "f32": 8}
+#: The MMA operator of a dtype other than CUTLASS's default (``OpMultiplyAdd``): float32
+#: at its own accuracy runs three TF32 MMAs per product ("3xTF32", big and small parts).
+_MATH = {"f32": "cutlass::arch::OpMultiplyAddFastF32"}
 #: Shared memory a CTA may use: sm_80's opt-in maximum (163 KiB), so that a kernel built
 #: here also fits an A100 (sm_90 allows 227 KiB).
 _SMEM_BYTES = 163 * 1024
@@ -72,14 +75,14 @@ def conv2x_align(dtype: str, channels: int) -> int:
     Parameters
     ----------
     dtype
-        ``"f16"``, ``"bf16"`` or ``"tf32"``.
+        ``"f16"``, ``"bf16"``, ``"tf32"`` or ``"f32"``.
     channels
         The input channels ``C`` (or, for the epilogue's width, the output channels).
 
     Returns
     -------
     int
-        8, 4, 2 or 1 (at most 4 for tf32): what the kernel's ``PYC_ALIGN`` should be for
+        8, 4, 2 or 1 (at most 4 for tf32 and f32): what the kernel's ``PYC_ALIGN`` should be for
         the fastest loads the problem allows.
     """
     return next(a for a in (8, 4, 2, 1) if a <= VECTOR_ELEMENTS[dtype] and channels % a == 0)
@@ -270,7 +273,7 @@ def conv2x_pad(dtype: str, channels: int) -> int:
     Parameters
     ----------
     dtype
-        ``"f16"``, ``"bf16"`` or ``"tf32"``.
+        ``"f16"``, ``"bf16"``, ``"tf32"`` or ``"f32"``.
     channels
         The activations' ``C``.
     """
@@ -420,7 +423,8 @@ def emit_conv2x_source(config: Conv2xConfig, kernel: ConvKernel, align: int,
                **{f"PYC_WARP_{a}": v for a, v in zip("MNK", config.warp, strict=True)},
                "PYC_STAGES": config.stages,
                "PYC_ITERATOR": f"cutlass::conv::IteratorAlgorithm::{ITERATORS[config.iterator]}",
-               "PYC_BIAS": int(kernel.bias), "PYC_ACT": act}
+               "PYC_BIAS": int(kernel.bias), "PYC_ACT": act,
+               **({"PYC_MATH": _MATH[kernel.dtype]} if kernel.dtype in _MATH else {})}
     # the library does not depend on pad_to (the caller pads): one build serves both
     head = (f"// pyc_lab CUTLASS 2 convolution {kernel.op} {kernel.dtype} align {align}/"
             f"{align_out}: {replace(config, pad_to=0).id}\n")

@@ -1,6 +1,7 @@
 """The live convolution runner: CUTLASS candidates built, checked against cuDNN and timed.
 
-For one convolution (channels last, ``groups == 1``) in f16, bf16 or tf32 on this
+For one convolution (channels last, ``groups == 1``) in f16, bf16, tf32 or f32 (float32
+at its own accuracy: CUTLASS 2's 3xTF32 kernels, against cuDNN with TF32 off) on this
 machine's GPU — the forward one, or one of its gradients (``direction`` ``"dgrad"``:
 ``dy, w -> dx``; ``"wgrad"``: ``dy, x -> dw``), whose candidates are the Hopper kernels
 where they take the problem (the channels a multiple of 16 bytes; unit strides for
@@ -46,7 +47,7 @@ from ...search import Outcome
 from ..arrays import torch_raw_stream, torch_stream
 from ..conv_cutlass import conv_config_of, conv_problem_key, kernel_call
 from ..conv_grad import torch_conv_backward
-from ..conv_library import cudnn_conv
+from ..conv_library import cudnn_conv, tf32_allowed
 from ..cutlass.conv import (
     ConvConfig,
     ConvGeometry,
@@ -119,10 +120,11 @@ def gradient_candidates(geometry: ConvGeometry, kernel: ConvKernel, sm_count: in
 
 
 def torch_dtype(dtype: str) -> Any:
-    """The torch dtype of a kernel dtype (tf32 kernels take float32 tensors)."""
+    """The torch dtype of a kernel dtype (tf32 and f32 kernels take float32 tensors)."""
     import torch
 
-    return {"f16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32}[dtype]
+    return {"f16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32,
+            "f32": torch.float32}[dtype]
 
 
 class ConvRunner(CandidateRows):
@@ -133,7 +135,9 @@ class ConvRunner(CandidateRows):
     geometry
         The problem, channels last.
     options
-        dtype (``f16``, ``bf16`` or ``tf32``), bias, activation, candidate cut, repeats,
+        dtype (``f16``, ``bf16``, ``tf32`` or ``f32``: float32 at float32's accuracy,
+        3xTF32, whose baseline is cuDNN with TF32 off), bias, activation, candidate cut,
+        repeats,
         workers, hang limit (a :class:`~pyc_lab.kernels.tuning.options.GemmTuneOptions`).
     restrict
         ``restrict(config) -> bool``: only configurations it accepts are considered.
@@ -170,9 +174,10 @@ class ConvRunner(CandidateRows):
             raise PycLabError("autotune_conv needs torch: cuDNN, through torch, is the "
                               "reference and the baseline") from None
         opts = options
-        if opts.dtype not in ("f16", "bf16", "tf32"):
+        if opts.dtype not in ("f16", "bf16", "tf32", "f32"):
             raise PycLabError(f"autotune_conv: dtype {opts.dtype!r}; CUTLASS convolutions "
-                              "take f16, bf16 or tf32")
+                              "take f16, bf16, tf32 or f32 (float32 at its own accuracy, "
+                              "as 3xTF32)")
         kernel = ConvKernel(opts.dtype, geometry.spatial, opts.bias, opts.activation,
                             direction)
         why = geometry.issue(kernel)
@@ -273,9 +278,12 @@ class ConvRunner(CandidateRows):
         self._ref_max = float(self._ref.abs().max()) or 1.0
         act = self.kernel.activation
 
+        exact = self.kernel.dtype == "f32"  # the baseline at float32's accuracy too
+
         def cudnn() -> Any:
-            return _activation(cudnn_conv(xf, wf, self._b, g.stride, g.pad, g.dilation, 1),
-                               act)
+            with tf32_allowed(False if exact else None):
+                y = cudnn_conv(xf, wf, self._b, g.stride, g.pad, g.dilation, 1)
+            return _activation(y, act)
 
         def cudnn_grad() -> Any:
             return torch_conv_backward(xf, wf, dyf, bias=False, needs=needs, **geo)[index]

@@ -71,8 +71,9 @@ def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any
         As for ``pl.conv``.
     options, **settings
         A :class:`~pyc_lab.kernels.tuning.options.GemmTuneOptions` and fields over it:
-        ``dtype`` (``"f16"``, ``"bf16"`` or ``"tf32"``), ``bias``, ``activation``,
-        ``strategy`` (default ``"exhaustive"``), ``budget_s``, ``max_candidates``
+        ``dtype`` (``"f16"``, ``"bf16"``, ``"tf32"`` or ``"f32"``: float32 at its own
+        accuracy, 3xTF32 CUTLASS 2 kernels against cuDNN with TF32 off), ``bias``,
+        ``activation``, ``strategy`` (default ``"exhaustive"``), ``budget_s``, ``max_candidates``
         (default 6), ``repeats``, ``seed``, ``workers``, ``hang_s``.
     restrict
         ``restrict(config) -> bool``: only configurations it accepts are considered

@@ -215,3 +215,47 @@ def test_a_stem_kernel_builds_with_the_hopper_kernels_c_functions(tmp_path):
     handle = lib.pyc_conv_create()
     assert handle
     lib.pyc_conv_destroy(handle)
+
+
+def test_float32_at_its_own_accuracy_is_3xtf32_in_this_family_only(tmp_path):
+    """``f32`` kernels are the tf32 ones with CUTLASS's 3xTF32 MMA operator; the TF32
+    kernels keep CUTLASS's default; the Hopper family refuses ``f32`` before nvcc."""
+    from pyc_lab.kernels.cutlass.conv import (
+        ConvConfig,
+        build_conv,
+        cached_conv,
+        emit_conv_source,
+    )
+
+    exact = emit_conv2x_source(Conv2xConfig(), ConvKernel("f32", 2), 4, 4)
+    tf32 = emit_conv2x_source(Conv2xConfig(), ConvKernel("tf32", 2), 4, 4)
+    assert "#define PYC_MATH cutlass::arch::OpMultiplyAddFastF32" in exact
+    assert "#define PYC_ELEMENT float" in exact and "#define PYC_ELEMENT float" in tf32
+    assert "#define PYC_MATH cutlass::arch::OpMultiplyAddFastF32" not in tf32  # the default
+    assert exact != tf32
+    assert conv2x_align("f32", 64) == 4 and conv2x_align("f32", 6) == 2
+    configs = conv2x_configs(ConvKernel("f32", 2), 64, 256)
+    assert configs and all(c.tile[2] == 16 for c in configs)  # 64-byte K rows of floats
+    g = ConvGeometry.from_channels_first((2, 16, 9, 9), (24, 16, 3, 3), (1, 1), (1, 1),
+                                         (1, 1))
+    assert "3xTF32" in g.issue(ConvKernel("f32", 2)) and g.issue(ConvKernel("tf32", 2)) == ""
+    with pytest.raises(PycLabError, match="3xTF32"):
+        emit_conv_source(ConvConfig(), ConvKernel("f32", 2))
+    res = build_conv(ConvConfig(), ConvKernel("f32", 2), cache=KernelCache(tmp_path))
+    assert res.status == "compile_error" and "3xTF32" in res.message
+    assert cached_conv(ConvConfig(), ConvKernel("f32", 2), cache=KernelCache(tmp_path)) is None
+
+
+@pytest.mark.nvcc
+def test_a_3xtf32_kernel_builds(tmp_path):
+    """nvcc builds an f32 (3xTF32) kernel with bias and ReLU for sm_90a, and its
+    host-side ``can_implement`` takes a ResNet layer."""
+    kernel = ConvKernel("f32", 2, True, "relu")
+    cfg = conv2x_configs(kernel, 64, 64)[0]
+    res = build_conv2x(cfg, kernel, 4, cc=90, cache=KernelCache(tmp_path), align_out=4)
+    assert res.ok and res.status == "built", res.message
+    lib = ctypes.CDLL(str(res.library))
+    _declare_conv(lib)
+    layer = ConvGeometry.from_channels_first((8, 64, 56, 56), (64, 64, 3, 3), (1, 1),
+                                             (1, 1), (1, 1))
+    assert lib.pyc_conv_can_implement(*layer.arrays()) == 0
