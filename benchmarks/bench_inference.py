@@ -118,6 +118,77 @@ def shipped_cnn() -> Any:
     return m
 
 
+def cnn_conv_problems(m: Any) -> list[dict[str, Any]]:
+    """The distinct convolutions of ``m`` imported channels last, as ``pl.conv`` is called
+    inside the compiled program (the bias folded from batch normalisation, a following
+    relu in the call), at batch 1: the NumPy program run once with ``pl.conv`` watched."""
+    import pyc_lab as pl
+    from pyc_lab.kernels import conv as kconv
+
+    model = pl.inference.load(m, backend="numpy", layout="channels_last")
+    seen: dict[tuple, dict[str, Any]] = {}
+    real = kconv.conv
+
+    def watch(x, w, bias=None, **kw):
+        n, h, wd, c = x.shape  # channels last
+        key = (tuple(x.shape), tuple(w.shape), bias is not None,
+               *(str(kw.get(k)) for k in ("stride", "padding", "dilation", "groups",
+                                          "activation")))
+        seen.setdefault(key, {"x": (n, c, h, wd), "w": tuple(w.shape), "bias": bias is not None,
+                              **{k: kw.get(k) for k in ("stride", "padding", "dilation",
+                                                        "groups", "activation")}})
+        return real(x, w, bias, **kw)
+
+    kconv.conv = watch
+    try:
+        feeds = cnn_inputs(m, 1, 0)
+        model.run([feeds[k] for k in model.input_names])
+    finally:
+        kconv.conv = real
+    return list(seen.values())
+
+
+def tune_cnn_convs(m: Any, batches: tuple[int, ...], budget_s: float) -> dict[str, Any]:
+    """``pl.autotune_conv(dtype="f32")`` for each convolution of the channels-last
+    import at each batch (float32 at float32's accuracy: the 3xTF32 CUTLASS kernels
+    against cuDNN with TF32 off; the 128x64 and 64x64 tiles at 3 stages, what won every
+    ResNet-50 layer at batch 128 in ``issue15-c84acc4``), within ``budget_s``. What
+    ``pl.conv`` then races in the compiled model."""
+    import time
+
+    import pyc_lab as pl
+
+    t0 = time.perf_counter()
+    rows = []
+    for batch in batches:
+        for p in cnn_conv_problems(m):
+            if time.perf_counter() - t0 > budget_s:
+                rows.append({"batch": batch, "problem": str(p), "skipped": "budget"})
+                continue
+            if p["groups"] != 1:
+                continue
+            try:
+                res = pl.autotune_conv((batch, *p["x"][1:]), p["w"], stride=p["stride"],
+                                       padding=p["padding"], dilation=p["dilation"],
+                                       dtype="f32", bias=p["bias"],
+                                       activation=p["activation"], repeats=5,
+                                       max_candidates=None,
+                                       restrict=lambda c: getattr(c, "stages", 0) == 3
+                                       and c.tile[:2] in ((128, 64), (64, 64)))
+                best = res.best
+                rows.append({"batch": batch, "x": (batch, *p["x"][1:]), "w": p["w"],
+                             "stride": p["stride"], "activation": p["activation"],
+                             "cudnn_ms": res.baselines.get("cudnn"),
+                             "best_ms": best.time_ms if best is not None and best.ok else None,
+                             "best": best.config if best is not None else None})
+            except Exception as exc:  # a problem the kernels cannot take: recorded
+                rows.append({"batch": batch, "x": (batch, *p["x"][1:]), "w": p["w"],
+                             "error": f"{type(exc).__name__}: {exc}"[:300]})
+    wins = [r["cudnn_ms"] / r["best_ms"] for r in rows if r.get("best_ms")]
+    return {"rows": rows, "seconds": time.perf_counter() - t0,
+            "tuned_vs_cudnn_median": statistics.median(wins) if wins else None}
+
+
 def cnn_inputs(m: Any, batch: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     produced = {o for n in m.graph.node for o in n.output}
@@ -239,8 +310,16 @@ def torch_runner(m: Any, device: str) -> Any:
 
 
 # -- the implementations ---------------------------------------------------------------
-def implementations(m: Any, gpu: bool) -> dict[str, Any]:
-    """name -> (prepare(feeds) -> state, call(state) -> outputs as NumPy, info)."""
+def implementations(m: Any, gpu: bool, channels_last: bool = False,
+                    only: set[str] | None = None) -> dict[str, Any]:
+    """name -> (prepare(feeds) -> state, call(state) -> outputs as NumPy, info); with
+    ``channels_last`` also the bound call of the model imported with
+    ``layout="channels_last"`` (``pyc_lab_channels_last``); ``only``: those names."""
+    out = _implementations(m, gpu, channels_last)
+    return out if only is None else {k: v for k, v in out.items() if k in only}
+
+
+def _implementations(m: Any, gpu: bool, channels_last: bool) -> dict[str, Any]:
     import pyc_lab as pl
 
     out: dict[str, Any] = {}
@@ -283,6 +362,17 @@ def implementations(m: Any, gpu: bool) -> dict[str, Any]:
                                       "api": "model.io_binding(inputs)(): outputs are the "
                                              "graphs' own arrays, valid until the next run"})
         out["pyc_lab_io_binding_no_small_gemm"] = _without_small_gemm(m, bound_call, pl_host)
+        if channels_last:
+            last = pl.inference.load(m, backend="cupy", cuda_graph=True,
+                                     layout="channels_last")
+
+            def last_prep(feeds):
+                return last.io_binding([cp.asarray(feeds[n]) for n in last.input_names])
+
+            out["pyc_lab_channels_last"] = (
+                last_prep, bound_call, pl_host,
+                {"backend": "cupy", "cuda_graph": True, "layout": "channels_last",
+                 "api": "model.io_binding(inputs)() of the channels-last import"})
 
     try:
         import onnxruntime as ort
@@ -448,12 +538,13 @@ def check(impls: dict[str, Any], feeds: dict[str, np.ndarray], want: list[np.nda
 
 
 def time_model(m: Any, inputs: Any, batches: tuple[int, ...], gpu: bool,
-               repeats: int) -> dict[str, Any]:
+               repeats: int, channels_last: bool = False,
+               only: set[str] | None = None) -> dict[str, Any]:
     import onnxruntime as ort
 
     from pyc_lab.profiling import benchmark
 
-    impls = implementations(m, gpu)
+    impls = implementations(m, gpu, channels_last, only)
     ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = inputs(m, 3, 11)
     errors = check(impls, feeds, ref.run(None, feeds))
@@ -496,7 +587,8 @@ def against_onnxruntime_cuda(rows: list[dict[str, Any]]) -> dict[str, Any] | Non
         if "median_ms" in r:
             by.setdefault(r["batch"], {})[r["impl"]] = r
     out: dict[str, Any] = {}
-    for ours, suffix in (("pyc_lab", ""), ("pyc_lab_io_binding", "_io_binding")):
+    for ours, suffix in (("pyc_lab", ""), ("pyc_lab_io_binding", "_io_binding"),
+                         ("pyc_lab_channels_last", "_channels_last")):
         ratios = {}
         p99 = None
         for batch, impls in sorted(by.items()):
@@ -583,6 +675,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop, saying why, where no GPU is usable")
     parser.add_argument("--models", nargs="*", help="zoo model names (default: all)")
     parser.add_argument("--no-cnn", action="store_true", help="skip the shipped ResNet-50")
+    parser.add_argument("--tune-cnn", action="store_true",
+                        help="tune the ResNet's convolutions (f32, 3xTF32 CUTLASS) first")
+    parser.add_argument("--tune-cnn-s", type=float, default=240.0,
+                        help="seconds the ResNet's tuning may start problems within")
+    parser.add_argument("--cnn-impls", nargs="*",
+                        help="only these implementations for the ResNet (default: all)")
     parser.add_argument("--batching-s", type=float, default=5.0,
                         help="measured seconds of each dynamic-batching setting")
     parser.add_argument("--no-batching", action="store_true",
@@ -634,8 +732,13 @@ def main(argv: list[str] | None = None) -> int:
         save()
     if not args.no_cnn and not args.batching_only and (gpu or not args.small):
         cnn_batches = CNN_BATCHES if gpu else (1, 8)
-        models["resnet50_light"] = time_model(shipped_cnn(), cnn_inputs, cnn_batches, gpu,
-                                              repeats)
+        cnn = shipped_cnn()
+        if gpu and args.tune_cnn:
+            payload["cnn_tuning"] = tune_cnn_convs(cnn, cnn_batches, args.tune_cnn_s)
+            save()
+        models["resnet50_light"] = time_model(
+            cnn, cnn_inputs, cnn_batches, gpu, repeats, channels_last=True,
+            only=set(args.cnn_impls) if args.cnn_impls else None)
         save()
     batching = None if args.no_batching else dynamic_batching(
         2.0 if args.small else args.batching_s, args.models or zoo.names())

@@ -286,7 +286,8 @@ def _specs(spec: Mapping[str, Any] | Sequence[TensorSpec], what: str) -> list[Te
 def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | None = None,
          outputs: Sequence[str] | None = None, backend: str = "auto",
          mode: str = "balanced", cuda_graph: bool = False,
-         onnxruntime_fallback: bool = True, conv: str = "auto") -> CompiledModel:
+         onnxruntime_fallback: bool = True, conv: str = "auto",
+         layout: str = "channels_first") -> CompiledModel:
     """Import and compile a model for serving.
 
     Parameters
@@ -312,6 +313,10 @@ def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | Non
         and for small ones pyc_lab's direct kernel takes, im2col inside the program for
         the rest), ``"library"`` or ``"im2col"`` (see
         :func:`~pyc_lab.inference.onnx_import.import_onnx`).
+    layout
+        ``"channels_last"``: an ONNX model's 2-D convolutions run on channels-last
+        activations (what pyc_lab's tuned CUTLASS kernels read; transposed where the
+        graph needs its own layout), ``"channels_first"`` (default) as the graph has them.
 
     Returns
     -------
@@ -325,7 +330,8 @@ def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | Non
         If a function comes without ``inputs``.
     """
     if isinstance(model, (str, Path, bytes, bytearray)) or type(model).__name__ == "ModelProto":
-        imported = import_onnx(model, onnxruntime_fallback=onnxruntime_fallback, conv=conv)
+        imported = import_onnx(model, onnxruntime_fallback=onnxruntime_fallback, conv=conv,
+                               layout=layout)
         compiled = pl_compile(imported.function, backend=backend, mode=mode,
                               cuda_graph=cuda_graph)
         log.debug("loaded ONNX model %r", imported.name)

@@ -20,7 +20,8 @@ import numpy as np
 from . import onnx_ops as ops
 from .errors import ModelImportError, UnsupportedOpError
 
-__all__ = ["HANDLERS", "STATIC_INPUTS", "SUPPORTED_OPS", "bn_scale_shift", "np_dtype"]
+__all__ = ["HANDLERS", "STATIC_INPUTS", "SUPPORTED_OPS", "bn_scale_shift", "conv_channels_last",
+           "np_dtype"]
 
 
 def bn_scale_shift(gamma: np.ndarray, beta: np.ndarray, mean: np.ndarray, var: np.ndarray,
@@ -80,6 +81,15 @@ def _conv(args, attrs, op, node, opset, route="im2col"):
                     strides=attrs.get("strides"), pads=attrs.get("pads"),
                     dilations=attrs.get("dilations"), group=int(attrs.get("group", 1)),
                     route=route)
+
+
+def conv_channels_last(args, attrs, op, node, opset):
+    """A 2-D ``Conv`` node on a channels-last input (:mod:`.onnx_layout`)."""
+    _no_auto_pad(attrs, op, node)
+    return ops.conv_channels_last(args[0], args[1], args[2] if len(args) > 2 else None,
+                                  strides=attrs.get("strides"), pads=attrs.get("pads"),
+                                  dilations=attrs.get("dilations"),
+                                  group=int(attrs.get("group", 1)))
 
 
 def _conv_transpose(args, attrs, op, node, opset, route="im2col"):

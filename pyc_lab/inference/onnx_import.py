@@ -33,7 +33,15 @@ import numpy as np
 
 from .errors import ModelImportError, UnsupportedOpError
 from .onnx_fallback import graph_break, onnxruntime_module, ort_runner
-from .onnx_handlers import HANDLERS, STATIC_INPUTS, SUPPORTED_OPS, bn_scale_shift, np_dtype
+from .onnx_handlers import (
+    HANDLERS,
+    STATIC_INPUTS,
+    SUPPORTED_OPS,
+    bn_scale_shift,
+    conv_channels_last,
+    np_dtype,
+)
+from .onnx_layout import LAYOUTS, ChannelsLast, global_average_pool_last
 from .onnx_ops import CONV_LIBRARY_FLOPS, CONV_ROUTES
 
 __all__ = ["SUPPORTED_OPS", "ImportedGraph", "TensorSpec", "bn_scale_shift", "import_onnx",
@@ -80,6 +88,10 @@ class _Step:
     fn: Callable[..., Any]
     inputs: list[str]
     outputs: list[str]
+    #: The step's forms for channels-last inputs (:mod:`.onnx_layout`): ``"conv"``,
+    #: ``"pool"``; empty for a graph break (which always runs as the graph says).
+    special: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    native: bool = True
 
 
 @dataclass
@@ -293,7 +305,7 @@ def _param_name(name: str, taken: set[str]) -> str:
 
 
 def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
-                conv: str = "auto") -> ImportedGraph:
+                conv: str = "auto", layout: str = "channels_first") -> ImportedGraph:
     """Import an ONNX model as a NumPy-style function with its weights bound.
 
     Parameters
@@ -312,6 +324,13 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
         least :data:`~pyc_lab.inference.onnx_ops.CONV_LIBRARY_FLOPS` at the traced batch
         and for one the direct kernel takes
         (:func:`~pyc_lab.inference.onnx_ops.direct_candidate`).
+    layout
+        ``"channels_first"`` (default): activations as the graph has them;
+        ``"channels_last"``: 2-D convolutions read and write channels-last activations
+        through ``pl.conv`` (whatever ``conv`` says for them), kept so across the
+        elementwise ops between them and transposed back where another op needs the
+        graph's layout (:mod:`.onnx_layout`) — what pyc_lab's tuned CUTLASS kernels and
+        cuDNN's tensor-core kernels read.
 
     Returns
     -------
@@ -329,6 +348,8 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
 
     if conv not in CONV_ROUTES:
         raise ModelImportError(f"conv must be one of {CONV_ROUTES}, got {conv!r}")
+    if layout not in LAYOUTS:
+        raise ModelImportError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     proto = read_model(model)
     graph = proto.graph
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -384,7 +405,13 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
             folded += 1
             continue
         counts[op] += 1
-        steps.append(_Step(op, name, bound, ins, [o for o in node.output]))
+        native = not any(b[1] == name for b in breaks)
+        special: dict[str, Callable[..., Any]] = {}
+        if native and op == "Conv":
+            special["conv"] = functools.partial(bound, fn=conv_channels_last)
+        if native and op == "GlobalAveragePool":
+            special["pool"] = lambda args: global_average_pool_last(args[0])
+        steps.append(_Step(op, name, bound, ins, [o for o in node.output], special, native))
     if folded:
         notes.append(f"{folded} node(s) computed at import (their inputs are constants)")
     if counts.get("Conv"):
@@ -397,6 +424,10 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
                                  "kernel on a GPU, raced at the first call; the direct kernel "
                                  "inside the CUDA graphs, the libraries between them)",
                       "im2col": "Conv: im2col inside the compiled program"}[conv])
+    if layout == "channels_last" and counts.get("Conv"):
+        notes.append("layout channels_last: 2-D convolutions run through pl.conv on "
+                     "channels-last activations, kept so across elementwise ops and "
+                     "transposed back where another op needs the graph's layout")
 
     # weights: float constants read by steps at positions that are not static-only
     weight_names: list[str] = []
@@ -421,13 +452,20 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
         env: dict[str, Any] = dict(statics)
         env.update(zip(weight_names, ws, strict=True))
         env.update(zip(in_names, xs, strict=True))
+        plan = ChannelsLast() if layout == "channels_last" else None
         for step in steps:
-            result = step.fn([env[i] if i else None for i in step.inputs])
+            if plan is None:
+                args, how = [env[i] if i else None for i in step.inputs], "first"
+            else:  # a graph break takes its inputs as the graph has them
+                args, how = plan.arguments(step.op if step.native else "", step.inputs, env)
+            result = step.special[how](args) if how in step.special else step.fn(args)
             result = result if isinstance(result, tuple) else (result,)
+            if plan is not None:
+                plan.produced(step.outputs, how)
             for o, v in zip(step.outputs, result, strict=False):
                 if o:
                     env[o] = v
-        outs = tuple(env[n] for n in out_names)
+        outs = tuple(env[n] if plan is None else plan.output(n, env[n]) for n in out_names)
         return outs[0] if len(outs) == 1 else outs
 
     taken: set[str] = set()

@@ -40,6 +40,7 @@ __all__ = [
     "average_pool",
     "batch_norm",
     "conv",
+    "conv_channels_last",
     "conv_flops",
     "direct_candidate",
     "erf",
@@ -154,6 +155,25 @@ def conv(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,
         pads = [0] * 2 * nd
     return pl_conv(x, w, b, stride=tuple(strides), padding=tuple(pads[:nd]),
                    dilation=tuple(dilations), groups=int(group))
+
+
+def conv_channels_last(x: Any, w: Any, b: Any = None, *,
+                       strides: Sequence[int] | None = None,
+                       pads: Sequence[int] | None = None,
+                       dilations: Sequence[int] | None = None, group: int = 1) -> Any:
+    """ONNX ``Conv`` of a channels-last 2-D input ``x (N, H, W, C)``, the weights as the
+    graph holds them (``w (O, C // group, KH, KW)``): ``(N, P, Q, O)``, by ``pl.conv(...,
+    layout="channels_last")`` (unequal pads are added first, as zeros)."""
+    from ..kernels.conv import conv as pl_conv
+
+    strides = list(strides or [1, 1])
+    pads = list(pads or [0] * 4)
+    dilations = list(dilations or [1, 1])
+    if pads[:2] != pads[2:]:
+        x = pad(x, [0, pads[0], pads[1], 0, 0, pads[2], pads[3], 0])
+        pads = [0] * 4
+    return pl_conv(x, w, b, stride=tuple(strides), padding=tuple(pads[:2]),
+                   dilation=tuple(dilations), groups=int(group), layout="channels_last")
 
 
 def conv_transpose(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | None = None,

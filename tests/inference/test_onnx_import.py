@@ -539,3 +539,89 @@ def test_conv_route_must_be_known():
     m = _model([node("Conv", ["x", "W"])], {"x": (1, 2, 5)}, ["y"], {"W": _w(3, 2, 3)})
     with pytest.raises(ModelImportError, match="conv must be one of"):
         load(m, conv="cudnn")
+
+
+def _layout_model() -> tuple[Any, dict[str, tuple[int, ...]]]:
+    """A small residual CNN whose ops meet every rule of the channels-last import: 2-D
+    convolutions (unequal pads, stride, groups, one taking the graph's input, one whose
+    output is a graph output), elementwise ops between them (relu, a residual add of two
+    channels-last tensors, a scalar multiply), ops that need the graph's layout (a
+    per-channel bias add, max pooling, flatten) and a global average pool."""
+    nodes = [
+        helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], name="conv1", pads=[1, 0, 2, 1],
+                         strides=[2, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "W2"], ["c2"], name="conv2", pads=[1, 1, 1, 1],
+                         group=2),
+        helper.make_node("Add", ["c2", "r1"], ["a1"], name="residual"),
+        helper.make_node("Mul", ["a1", "half"], ["m1"], name="scale"),
+        helper.make_node("Add", ["m1", "chan"], ["b1"], name="channel_bias"),
+        helper.make_node("MaxPool", ["b1"], ["p1"], name="pool", kernel_shape=[2, 2],
+                         strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "W3", "B3"], ["side"], name="conv3"),
+        helper.make_node("Sigmoid", ["side"], ["s1"], name="sigmoid"),
+        helper.make_node("GlobalAveragePool", ["s1"], ["g1"], name="gap"),
+        helper.make_node("Flatten", ["g1"], ["f1"], name="flatten"),
+        helper.make_node("Gemm", ["f1", "W4"], ["y"], name="head", transB=1),
+    ]
+    inits = {"W1": _w(8, 3, 3, 3) / 5, "B1": _w(8), "W2": _w(8, 4, 3, 3) / 6,
+             "half": np.array(0.5, np.float32), "chan": _w(1, 8, 1, 1),
+             "W3": _w(6, 8, 1, 1) / 3, "B3": _w(6), "W4": _w(5, 6)}
+    shapes = {"x": (3, 3, 13, 11)}
+    return _model(nodes, shapes, ["y", "side"], inits), shapes
+
+
+def test_channels_last_import_matches_the_graph_and_onnxruntime():
+    """``layout="channels_last"``: every 2-D convolution is a channels-last ``pl.conv``,
+    the answers (a graph output taken straight from a convolution included) are the
+    graph's, in its layout, as onnxruntime and the reference evaluator compute them."""
+    m, shapes = _layout_model()
+    last = load(m, layout="channels_last")
+    first = load(m)
+    assert "layout channels_last" in last.imported.notes[-1]
+    feeds = _inputs(shapes, seed=11)
+    got, plain = last(feeds), first(feeds)
+    ref = ReferenceEvaluator(m).run(None, feeds)
+    for name, want in zip(("y", "side"), ref, strict=True):
+        assert got[name].shape == want.shape == plain[name].shape
+        _close(got[name], want)
+        _close(got[name], plain[name])
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for name, want in zip(("y", "side"), sess.run(None, feeds), strict=True):
+        _close(got[name], want)
+
+
+def test_channels_last_import_keeps_the_layout_across_elementwise_ops(monkeypatch):
+    """The decisions, op by op: convolutions take channels-last inputs (the graph's
+    input transposed once), relu, the residual add of two channels-last tensors and the
+    scalar multiply stay channels last; the per-channel bias add, the pooling window and
+    flatten get the graph's layout back; the global average pool of a channels-last
+    input averages its spatial axes."""
+    from pyc_lab.inference import onnx_layout
+
+    seen: dict[str, str] = {}
+    real = onnx_layout.ChannelsLast.arguments
+
+    def spy(self, op, names, env):
+        args, how = real(self, op, names, env)
+        seen.setdefault(op + ":" + (names[0] if names else ""), how)
+        return args, how
+
+    monkeypatch.setattr(onnx_layout.ChannelsLast, "arguments", spy)
+    m, shapes = _layout_model()
+    load(m, layout="channels_last")(_inputs(shapes))
+    assert seen == {"Conv:x": "conv", "Relu:c1": "same", "Conv:r1": "conv", "Add:c2": "same",
+                    "Mul:a1": "same", "Add:m1": "first", "MaxPool:b1": "first",
+                    "Conv:p1": "conv", "Sigmoid:side": "same", "GlobalAveragePool:s1": "pool",
+                    "Flatten:g1": "first", "Gemm:f1": "first"}
+
+
+def test_layout_must_be_known():
+    m = _model([node("Conv", ["x", "W"])], {"x": (1, 2, 5, 5)}, ["y"], {"W": _w(3, 2, 3, 3)})
+    with pytest.raises(ModelImportError, match="layout must be one of"):
+        load(m, layout="nhwc")
+    # a 1-D convolution keeps the graph's layout under channels_last
+    m1 = _model([node("Conv", ["x", "W"])], {"x": (2, 2, 9)}, ["y"], {"W": _w(3, 2, 3)})
+    feeds = _inputs({"x": (2, 2, 9)})
+    _close(load(m1, layout="channels_last")(feeds)["y"], ReferenceEvaluator(m1).run(None, feeds)[0])
