@@ -160,8 +160,9 @@ def tune_cnn_convs(m: Any, batches: tuple[int, ...], budget_s: float) -> dict[st
 
     t0 = time.perf_counter()
     rows = []
-    for batch in batches:
-        for p in cnn_conv_problems(m):
+    problems = cnn_conv_problems(m)
+    for batch in sorted(batches, reverse=True):  # the largest first: where the work is
+        for p in problems:
             if time.perf_counter() - t0 > budget_s:
                 rows.append({"batch": batch, "problem": str(p), "skipped": "budget"})
                 continue
