@@ -676,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop, saying why, where no GPU is usable")
     parser.add_argument("--models", nargs="*", help="zoo model names (default: all)")
     parser.add_argument("--no-cnn", action="store_true", help="skip the shipped ResNet-50")
+    parser.add_argument("--cnn-only", action="store_true",
+                        help="only the shipped ResNet-50 (no zoo models)")
     parser.add_argument("--tune-cnn", action="store_true",
                         help="tune the ResNet's convolutions (f32, 3xTF32 CUTLASS) first")
     parser.add_argument("--tune-cnn-s", type=float, default=240.0,
@@ -725,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             write_result(args.out, "inference", payload)
 
-    for name in [] if args.batching_only else args.models or zoo.names():
+    for name in [] if args.batching_only or args.cnn_only else args.models or zoo.names():
         def inputs(m, batch, seed, name=name):
             return zoo.example_inputs(name, batch, seed)
 
