@@ -207,8 +207,7 @@ class Batcher:
         BadRequestError
             With the input, what was expected and what came.
         """
-        fast = self._fast_check(arrays)
-        return fast if fast is not None else self._full_check(arrays)
+        return self._fast_check(arrays) or self._full_check(arrays)
 
     def _full_check(self, arrays: Sequence[Any]
                     ) -> tuple[list[np.ndarray], int, bool, tuple]:

@@ -41,8 +41,8 @@ from .onnx_handlers import (
     conv_channels_last,
     np_dtype,
 )
-from .onnx_layout import LAYOUTS, ChannelsLast, global_average_pool_last
-from .onnx_ops import CONV_LIBRARY_FLOPS, CONV_ROUTES
+from .onnx_layout import LAYOUTS, ChannelsLast
+from .onnx_ops import CONV_LIBRARY_FLOPS, CONV_ROUTES, global_average_pool_last
 
 __all__ = ["SUPPORTED_OPS", "ImportedGraph", "TensorSpec", "bn_scale_shift", "import_onnx",
            "read_model"]
@@ -373,6 +373,7 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
         if op in ("Conv", "ConvTranspose") and fn is not None:
             fn = functools.partial(fn, route=conv)
         attrs = _attrs(node)
+        native = fn is not None  # else a graph break through onnxruntime
         if fn is None:
             ort = onnxruntime_module() if onnxruntime_fallback else None
             if ort is None:
@@ -396,7 +397,7 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
                                        f"{exc}") from exc
 
         ins = list(node.input)
-        if all(not i or i in consts for i in ins) and not any(b[1] == name for b in breaks):
+        if all(not i or i in consts for i in ins) and native:
             values = bound([consts[i] if i else None for i in ins])
             values = values if isinstance(values, tuple) else (values,)
             for o, v in zip(node.output, values, strict=False):
@@ -405,7 +406,6 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
             folded += 1
             continue
         counts[op] += 1
-        native = not any(b[1] == name for b in breaks)
         special: dict[str, Callable[..., Any]] = {}
         if native and op == "Conv":
             special["conv"] = functools.partial(bound, fn=conv_channels_last)

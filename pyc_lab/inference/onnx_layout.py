@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BINARY", "LAYOUTS", "UNARY", "ChannelsLast", "global_average_pool_last"]
+__all__ = ["BINARY", "LAYOUTS", "UNARY", "ChannelsLast"]
 
 #: The layouts an imported model's convolutions may run in.
 LAYOUTS = ("channels_first", "channels_last")
@@ -65,6 +65,7 @@ class ChannelsLast:
 
     def __init__(self) -> None:
         self._last: set[str] = set()
+        self._firsts: dict[str, Any] = {}  # a channels-last value's transpose, made once
 
     def arguments(self, op: str, names: Sequence[str], env: dict[str, Any]
                   ) -> tuple[list[Any], str]:
@@ -86,8 +87,16 @@ class ChannelsLast:
         if op in BINARY and any(last) and all(
                 is_last or _single(v) for is_last, v in zip(last, values, strict=True)):
             return values, "same"
-        return [_first(v) if is_last else v for v, is_last in zip(values, last, strict=True)
-                ], "first"
+        return [self._first_of(n, v) if is_last else v
+                for n, v, is_last in zip(names, values, last, strict=True)], "first"
+
+    def _first_of(self, name: str, value: Any) -> Any:
+        """``value`` (held channels last) in the graph's layout, transposed once however
+        many ops read it so."""
+        out = self._firsts.get(name)
+        if out is None:
+            out = self._firsts[name] = _first(value)
+        return out
 
     def produced(self, names: Sequence[str], how: str) -> None:
         """Record the layout of a step's outputs (channels last unless it ran
@@ -102,10 +111,5 @@ class ChannelsLast:
 
     def output(self, name: str, value: Any) -> Any:
         """A graph output in the model's own layout."""
-        return _first(value) if name in self._last else value
+        return self._first_of(name, value) if name in self._last else value
 
-
-def global_average_pool_last(x: Any) -> Any:
-    """``GlobalAveragePool`` of a channels-last 2-D input: the mean over its spatial axes,
-    kept as size 1 (``N, 1, 1, C``)."""
-    return np.mean(x, axis=(1, 2), keepdims=True)

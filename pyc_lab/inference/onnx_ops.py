@@ -48,6 +48,7 @@ __all__ = [
     "gelu",
     "gemm",
     "global_average_pool",
+    "global_average_pool_last",
     "layer_norm",
     "log_softmax",
     "max_pool",
@@ -271,6 +272,12 @@ def average_pool(x: Any, kernel: Sequence[int], *, strides: Sequence[int] | None
 def global_average_pool(x: Any) -> Any:
     """ONNX ``GlobalAveragePool``: the mean over the spatial axes, kept as size 1."""
     return np.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+def global_average_pool_last(x: Any) -> Any:
+    """:func:`global_average_pool` of a channels-last 2-D input: the mean over its
+    spatial axes, kept as size 1 (``N, 1, 1, C``)."""
+    return np.mean(x, axis=(1, 2), keepdims=True)
 
 
 def gemm(a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 1.0,

@@ -101,7 +101,6 @@ class Server:
         self._batchers: dict[str, Batcher] = {}
         self._http: Any = None
         self._closed = False
-        self._sole: Batcher | None = None
         for model_name, model in models.items():
             self.add(model, name=model_name)
         self._finalizer = weakref.finalize(self, _close_batchers, list(self._batchers.values()))
@@ -132,8 +131,6 @@ class Server:
             executor = bucket_executor(cm, self.options, self.device)
         self.models[served] = cm
         self._batchers[served] = Batcher(cm, self.options, executor)
-        # what a request that names no model goes to, looked up once
-        self._sole = self._batchers[served] if len(self._batchers) == 1 else None
         if hasattr(self, "_finalizer"):
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _close_batchers,
@@ -190,7 +187,7 @@ class Server:
         :class:`~.waiters.LoopCallback` (see :meth:`.batcher.Batcher.submit`)."""
         if self._closed:
             raise ServerClosedError(f"{self.name} is closed; start another with pl.serve(...)")
-        b = self._sole if model is None and self._sole is not None else self._batcher(model)
+        b = self._batcher(model)
         if not inputs and args and type(args[0]) is np.ndarray \
                 and len(args) == b.n_inputs:  # arrays in order (the common request)
             return b.submit(args, timeout_s=timeout_s, loop=loop, callback=callback)
