@@ -111,3 +111,32 @@ def test_imported_convolutions_on_the_gpu_match_onnxruntime(route):
                 for g, w_ in zip(got, want, strict=True):
                     np.testing.assert_allclose(cp.asnumpy(g), w_, rtol=0,
                                                atol=1e-4 * float(np.abs(w_).max()))
+
+
+@pytest.mark.gpu
+def test_channels_last_import_on_the_gpu_matches_the_reference():
+    """``layout="channels_last"`` on the cupy backend with CUDA graphs: the residual CNN
+    that meets every rule of the layout import (convolutions as channels-last
+    ``pl.conv`` nodes between the graphs, a graph output taken straight from one), at
+    two batches, launched, captured and replayed, against ``onnx.reference`` and against
+    the channels-first import on the same GPU."""
+    import cupy as cp
+    from onnx.reference import ReferenceEvaluator
+
+    from tests.inference.test_onnx_import import _inputs, _layout_model
+
+    m, shapes = _layout_model()
+    last = load(m, backend="cupy", cuda_graph=True, layout="channels_last")
+    first = load(m, backend="cupy", cuda_graph=True)
+    ref = ReferenceEvaluator(m)
+    for batch in (3, 17):
+        feeds = _inputs({"x": (batch, *shapes["x"][1:])}, seed=batch)
+        want = ref.run(None, feeds)
+        plain = [cp.asnumpy(g) for g in first.run([cp.asarray(feeds["x"])])]
+        for _ in range(3):
+            got = last.run([cp.asarray(feeds["x"])])
+            for g, w_, p in zip(got, want, plain, strict=True):
+                assert g.shape == w_.shape
+                scale = float(np.abs(w_).max())
+                np.testing.assert_allclose(cp.asnumpy(g), w_, rtol=0, atol=1e-4 * scale)
+                np.testing.assert_allclose(cp.asnumpy(g), p, rtol=0, atol=1e-4 * scale)
