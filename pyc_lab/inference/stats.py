@@ -123,13 +123,14 @@ class ModelStats:
                 buckets[bisect.bisect_left(LATENCY_BUCKETS_S, lat)] += 1
                 self.recent.append(lat)
             return
-        self.latency.add_many(r.latency_s)
-        self.queue.add_many(r.queue_s)
-        self.latency_sum += float(r.latency_s.sum())
+        latency = r.latency_s.tolist()  # the sketches buffer Python floats
+        self.latency.add_many(latency)
+        self.queue.add_many(r.queue_s.tolist())
+        self.latency_sum += sum(latency)
         self.latency_buckets += np.bincount(
             np.searchsorted(_BOUNDS, r.latency_s, side="left"),
             minlength=len(LATENCY_BUCKETS_S))
-        self.recent.extend(r.latency_s.tolist())
+        self.recent.extend(latency)
 
     def record_failed(self, record: BatchRecord) -> None:
         """Count requests whose run raised (outside any batch's counts)."""

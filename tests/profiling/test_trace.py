@@ -275,8 +275,10 @@ def test_a_value_added_several_times_counts_as_that_many_adds():
         assert weighted.quantile(p) == once.quantile(p), p
 
 def test_add_many_counts_as_adding_each_value():
+    """Values of ``add_many`` are buffered and counted together (before any read, or
+    once ``FOLD_AT`` wait): the same counts as adding each, whatever the batch sizes."""
     rng = np.random.default_rng(11)
-    for n in (5, 16, 300):  # below and above the vectorised threshold
+    for n in (5, 16, 300, quantiles.FOLD_AT + 7):
         values = rng.lognormal(-7.0, 2.0, n)
         values[:3] = (-1e-3, 0.0, 1e-12)  # negative, zero and below min_value
         one, many = quantiles.QuantileSketch(), quantiles.QuantileSketch()
@@ -284,13 +286,22 @@ def test_add_many_counts_as_adding_each_value():
         many.add(2e-3)
         for v in values:
             one.add(float(v))
-        many.add_many(values)
-        assert many._bins == one._bins and many._low == one._low == 3, n
+        many.add_many(values[:2])  # a list-like in pieces, a NumPy array, a list
+        many.add_many(values[2:n // 2])
+        many.add_many(values[n // 2:].tolist())
         assert (many.count, many.min, many.max) == (one.count, one.min, one.max), n
+        assert many._bins == one._bins and many._low == one._low == 3, n
         assert many.total == pytest.approx(one.total, rel=1e-12), n
+        assert many.quantile(0.9) == one.quantile(0.9)
     empty = quantiles.QuantileSketch()
     empty.add_many(np.zeros(40))  # every value in the smallest bucket
     assert empty.count == 40 and empty._low == 40 and not empty._bins
+    held = quantiles.QuantileSketch()  # the buffer stays bounded without reads
+    for _ in range(3 * quantiles.FOLD_AT // 64):
+        held.add_many(rng.uniform(1e-4, 1e-3, 64))
+        assert len(held._pending) < quantiles.FOLD_AT
+    copied = held.copy()
+    assert copied.count == held.count == 3 * quantiles.FOLD_AT and not copied._pending
 
 
 # -- spans, traces, frames ---------------------------------------------------------------
