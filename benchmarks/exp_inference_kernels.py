@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also bench_inference's shipped ResNet-50 (its batches: "
                              "--cnn-batches)")
     parser.add_argument("--cnn-batches", type=int, nargs="*", default=[1, 8])
+    parser.add_argument("--impls", nargs="*",
+                        default=["pyc_lab", "onnxruntime_cuda", "onnxruntime_cuda_graph"],
+                        help="bench_inference's implementations to profile "
+                             "(pyc_lab_channels_last: the channels-last import)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from bench_inference import cnn_inputs, shipped_cnn
@@ -81,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cnn:
         runs.append(("resnet50_light", shipped_cnn(), args.cnn_batches, cnn_inputs))
     for name, m, batches, make_inputs in runs:
-        impls = {k: v for k, v in implementations(m, gpu=True).items()
-                 if k in ("pyc_lab", "onnxruntime_cuda", "onnxruntime_cuda_graph")}
+        impls = implementations(m, gpu=True,
+                                channels_last="pyc_lab_channels_last" in args.impls,
+                                only=set(args.impls))
         entry = payload["models"][name] = {}
         for batch in batches:
             feeds = make_inputs(m, batch, batch)
@@ -95,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("%s %s batch %d: %s launches, %.1f us GPU, %.1f us wall", name, impl,
                          batch, r.get("launches_per_call"), r.get("gpu_us_per_call", 0),
                          r.get("wall_us_per_call", 0))
+        # what each convolution's first-call race chose, with every candidate's time
+        from pyc_lab.kernels import conv_gemm
+
+        entry["conv_choices"] = [{"problem": repr(k), **v}
+                                 for k, v in conv_gemm.choices().items()]
         if args.out:
             write_result(args.out, "inference-kernels", payload)
     return 0

@@ -331,24 +331,26 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
     The torch views of the operands and of ``out`` (DLPack) and the problem's choice
     (cuDNN or the GEMM form) are made once here; each call issues the convolution on
     CuPy's current stream and copies its result into ``out``. ``None`` where that does
-    not apply — not CuPy arrays, no torch, channels-last, a CUDA-graph capture under
-    way, or ``out`` of another dtype or not contiguous: the caller then calls
-    :func:`conv` each time. A problem seen for the first time is raced here (call
+    not apply — not CuPy arrays, no torch, a CUDA-graph capture under way, or ``out``
+    of another dtype or not contiguous: the caller then calls :func:`conv` each time.
+    Channels-last operands are viewed channels first (no copy), as :func:`conv` hands
+    them to the race. A problem seen for the first time is raced here (call
     :func:`conv` once first to race it elsewhere).
     """
-    if arrays.kind(x) != "cupy" or layout != "channels_first" or conv_route(x) != "cudnn":
+    if arrays.kind(x) != "cupy" or layout not in LAYOUTS or conv_route(x) != "cudnn":
         return None
     _, stride_t, pads, dilation_t = conv_geometry(
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
-    if len(w.shape) - 2 > 3:
+    nd = len(w.shape) - 2
+    if nd > 3 or out.dtype != x.dtype or not out.flags.c_contiguous:
         return None
     import torch
 
     xt, wt, ot = (torch.from_dlpack(a) for a in (x, w, out))
     bt = None if bias is None else torch.from_dlpack(bias)
-    if ot.dtype != xt.dtype or not ot.is_contiguous():
-        return None
+    if layout == "channels_last":  # viewed channels first, as the race saw them
+        xt, ot = _to_first(xt, nd), _to_first(ot, nd)
     with tf32_allowed(tf32):
         run, final = conv_gemm.prepare(xt, wt, bt, stride_t, pads, dilation_t, groups,
                                        activation)
@@ -377,14 +379,19 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     measured it worth recording (:func:`.conv_gemm.records_direct`), with its activation
     or without one (the race ``pl.inference``'s import runs before the activation is
     folded in: the kernel applies it in registers before its store); ``None`` otherwise
-    (not CuPy arrays, channels last, ``out`` not contiguous in ``x``'s dtype, a problem
-    not raced yet or where a library measured faster: the caller then runs it between
-    graphs). Nothing is launched, timed or exchanged with torch here
-    (a CUDA-graph capture may be under way)."""
-    if arrays.kind(x) != "cupy" or layout != "channels_first" or conv_route(x) != "cudnn":
+    (not CuPy arrays, ``out`` not contiguous in ``x``'s dtype, a problem not raced yet
+    or where a library measured faster: the caller then runs it between graphs). With
+    ``layout="channels_last"`` the kernel recorded is the tuned CUTLASS convolution,
+    where it won the race (:func:`_recordable_tuned`). Nothing is launched, timed or
+    exchanged with torch here (a CUDA-graph capture may be under way)."""
+    if arrays.kind(x) != "cupy" or layout not in LAYOUTS or conv_route(x) != "cudnn":
         return None
     if out.dtype != x.dtype or not out.flags.c_contiguous or not w.flags.c_contiguous:
         return None
+    if layout == "channels_last":
+        return _recordable_tuned(x, w, bias, out, stride=stride, padding=padding,
+                                 dilation=dilation, groups=groups, activation=activation,
+                                 tf32=tf32)
     _, stride_t, pads, dilation_t = conv_geometry(
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
@@ -413,6 +420,47 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     def call() -> None:
         launch(*ptrs, cp.cuda.get_current_stream())
 
+    return call
+
+
+def _recordable_tuned(x: Any, w: Any, bias: Any, out: Any, *, stride: Any, padding: Any,
+                      dilation: Any, groups: int, activation: str | None,
+                      tf32: bool | None) -> Callable[[], None] | None:
+    """:func:`recordable_conv` of channels-last CuPy arrays: the tuned CUTLASS kernel
+    where it won the problem's race and a call is its launch alone
+    (:func:`.conv_gemm.tuned_launch_for_cupy`), launched on CuPy's current stream with
+    the operands' addresses, after a copy of the filter into the ``(O, *kernel, C)``
+    order the kernel reads (in the graph too: a filter given as an input may change
+    between replays). A kernel that needs a workspace is not recorded (its workspace
+    belongs to the kernel object, which serves other problems too)."""
+    nd = len(w.shape) - 2
+    if not x.flags.c_contiguous or (bias is not None and not bias.flags.c_contiguous):
+        return None
+    _, stride_t, pads, dilation_t = conv_geometry(
+        tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
+        stride=stride, padding=padding, dilation=dilation, groups=groups,
+        layout="channels_last")
+    with tf32_allowed(tf32):  # the race that decided ran under this setting
+        launch = conv_gemm.tuned_launch_for_cupy(_to_first(x, nd), w, bias, stride_t, pads,
+                                                 dilation_t, groups, activation)
+    if launch is None:
+        return None
+    kernel, geometry = launch
+    if kernel.workspace_bytes(geometry):
+        return None
+    import cupy as cp
+
+    w_last = cp.empty((w.shape[0], *w.shape[2:], w.shape[1]), dtype=w.dtype)
+    w_view = w.transpose(0, *range(2, nd + 2), 1)
+    ptrs = (x.data.ptr, w_last.data.ptr, None if bias is None else bias.data.ptr,
+            out.data.ptr)
+
+    def call() -> None:
+        cp.copyto(w_last, w_view)
+        kernel.run(geometry, ptrs[0], ptrs[1], ptrs[2], ptrs[3],
+                   cp.cuda.get_current_stream().ptr)
+
+    call.keep = w_last  # type: ignore[attr-defined]  # the filter's copy lives with the call
     return call
 
 

@@ -255,7 +255,12 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
     unchanged. A kernel that reads pixels outside the filter window
     (:attr:`~.cutlass.conv_2x.Conv2xConfig.reads_outside_window`) runs inside
     :mod:`.conv_guard`'s check and fix-up, which keep its answer exact for NaN and
-    infinity without waiting for the GPU (so the call stays capturable)."""
+    infinity without waiting for the GPU (so the call stays capturable).
+
+    The function's ``launch`` attribute is ``(conv, geometry)`` where a call is the
+    kernel's launch alone (no padding, no guard): what
+    :func:`pyc_lab.kernels.conv.recordable_conv` records into a CUDA graph; else
+    ``None``."""
     import torch
     import torch.nn.functional as F
 
@@ -302,4 +307,8 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
             conv_guard.fixup(flag, xl, wl, b, y, read, activation, stream)
         return y.permute(*to_first)
 
+    # the kernel and the geometry it reads, for a caller that launches it itself on
+    # channels-last operands (a CUDA-graph capture): only where nothing else runs
+    # around the launch (no padded copy, no guard)
+    run.launch = (conv, read) if pad <= 0 and not guarded else None  # type: ignore[attr-defined]
     return run

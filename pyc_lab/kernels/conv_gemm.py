@@ -69,6 +69,7 @@ __all__ = [
     "time_calls",
     "timing_refused",
     "torch_activation",
+    "tuned_launch_for_cupy",
 ]
 
 log = logging.getLogger(__name__)
@@ -313,6 +314,25 @@ def _eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
             and patch_bytes(x, w, stride, pads, dilation) <= MAX_PATCH_BYTES)
 
 
+def tuned_launch_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...],
+                          pads: tuple[int, ...], dilation: tuple[int, ...], groups: int = 1,
+                          activation: str | None = None) -> tuple[Any, Any] | None:
+    """``(conv, geometry)`` of the tuned CUTLASS kernel that won this problem's race
+    (CuPy arrays, read from their metadata as :func:`choice_for_cupy` reads them), where
+    running it is its launch alone, ``activation`` in its epilogue
+    (:func:`.conv_cutlass.kernel_call`'s ``launch``); ``None`` where another candidate
+    won, the problem is not raced yet, or the kernel needs more around its launch."""
+    item = x.dtype.itemsize
+    key = _key(x.device.id, f"torch.{x.dtype.name}", x.shape,
+               tuple(v // item for v in x.strides), w.shape,
+               tuple(v // w.dtype.itemsize for v in w.strides), b is None, stride, pads,
+               dilation, groups, activation)
+    choice = _CHOICES.get(key)
+    if choice is None or choice.get("impl") != "cutlass":
+        return None
+    return getattr(_RUNNERS.get(key), "launch", None)
+
+
 def prepare(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
             dilation: tuple[int, ...], groups: int,
             activation: str | None = None) -> tuple[Callable[..., Any], bool]:
@@ -456,8 +476,10 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
     if len(runs) == 1:
         return _remember(key, {"impl": "cudnn", "why": "no other candidate could run"})
     timed = dict(zip(runs, time_calls(list(runs.values()), x.device.index), strict=True))
-    best = min((name for name in timed if name != "cudnn"), key=lambda n: timed[n][0])
-    impl = best if keeps(timed[best], timed["cudnn"]) else "cudnn"
+    # the cheapest of the candidates that beat cuDNN by the rules (one that is cheaper
+    # still but slower on the GPU does not hide another that passes)
+    kept = [name for name in timed if name != "cudnn" and keeps(timed[name], timed["cudnn"])]
+    impl = min(kept, key=lambda n: timed[n][0]) if kept else "cudnn"
     log.info("conv %s: %s -> %s", key[2:5],
              ", ".join(f"{n} {t[0]:.4f} ms" for n, t in timed.items()), impl)
     choice: dict[str, Any] = {"impl": impl}

@@ -359,6 +359,82 @@ def test_a_cupy_array_finds_the_choice_its_torch_view_raced(monkeypatch):
                                      *other) is None
 
 
+def test_a_tuned_winner_gives_its_launch_to_cupy_arrays_of_the_problem(monkeypatch):
+    """``tuned_launch_for_cupy``: the kernel and geometry of the tuned CUTLASS kernel
+    that won a problem's race, for the CuPy arrays of that problem (a channels-last
+    input viewed channels first); nothing where another candidate won, where the
+    winning call is more than the launch (an activation applied after it, a padded
+    copy), or for another problem."""
+    from types import SimpleNamespace
+
+    from pyc_lab.kernels import conv_gemm
+
+    def torch_like(a):
+        return SimpleNamespace(device=SimpleNamespace(index=0), dtype="torch.float32",
+                               shape=a.shape, stride=lambda: tuple(s // a.itemsize
+                                                                   for s in a.strides))
+
+    def cupy_like(a):
+        return SimpleNamespace(device=SimpleNamespace(id=0), shape=a.shape,
+                               strides=a.strides,
+                               dtype=SimpleNamespace(name="float32", itemsize=a.itemsize))
+
+    x = np.zeros((2, 9, 8, 16), np.float32).transpose(0, 3, 1, 2)  # channels last
+    w = np.zeros((32, 16, 3, 3), np.float32)
+    geo = ((1, 1), (1, 1), (1, 1), 1, "relu")
+    monkeypatch.setattr(conv_gemm, "_CHOICES", {})
+    monkeypatch.setattr(conv_gemm, "_RUNNERS", {})
+    key = conv_gemm._signature(torch_like(x), torch_like(w), None, *geo)
+
+    def runner(x, w, b):
+        return None
+
+    runner.launch = ("kernel", "geometry")
+    conv_gemm._remember(key, {"impl": "cutlass", "cudnn_ms": 1.0, "cutlass_ms": 0.5})
+    conv_gemm._RUNNERS[key] = runner
+    launch = conv_gemm.tuned_launch_for_cupy(cupy_like(x), cupy_like(w), None, *geo)
+    assert launch == ("kernel", "geometry")
+    assert conv_gemm.tuned_launch_for_cupy(cupy_like(x), cupy_like(w), None,
+                                           *geo[:-1], None) is None  # another problem
+    runner.launch = None  # a padded copy or a guard around the launch
+    assert conv_gemm.tuned_launch_for_cupy(cupy_like(x), cupy_like(w), None, *geo) is None
+    conv_gemm._RUNNERS[key] = conv_gemm._then(runner, "relu")  # the activation after it
+    assert conv_gemm.tuned_launch_for_cupy(cupy_like(x), cupy_like(w), None, *geo) is None
+    conv_gemm._remember(key, {"impl": "cudnn", "cudnn_ms": 1.0})
+    assert conv_gemm.tuned_launch_for_cupy(cupy_like(x), cupy_like(w), None, *geo) is None
+
+
+def test_a_race_keeps_the_cheapest_candidate_that_beats_the_library(monkeypatch):
+    """A candidate cheaper per call but slower on the GPU than cuDNN is not kept, and
+    does not hide a dearer one that beats cuDNN on both counts (measured so on the
+    ResNet-50's 256 -> 64 1x1 layer at batch 1: the direct kernel 0.037 ms a call but
+    slower on the GPU, the tuned kernel 0.040 ms and a third of cuDNN's GPU time)."""
+    from types import SimpleNamespace
+
+    from pyc_lab.kernels import conv_gemm
+
+    monkeypatch.setattr(conv_gemm, "_CHOICES", {})
+    monkeypatch.setattr(conv_gemm, "_RUNNERS", {})
+    monkeypatch.setattr(conv_gemm, "timing_refused", lambda device: None)
+    monkeypatch.setattr(conv_gemm, "_gemm_runner", lambda *a: (lambda x, w, b: None))
+    timings = {"cudnn": (0.0746, 0.0301, 0.0746), "gemm": (0.0370, 0.0350, 0.0370),
+               "cutlass": (0.0399, 0.0105, 0.0399)}
+    monkeypatch.setattr(conv_gemm, "time_calls",
+                        lambda runs, device: list(timings.values())[:len(runs)])
+    x = SimpleNamespace(device=SimpleNamespace(index=0))
+
+    def tuned(x, w, b):
+        return None
+
+    choice = conv_gemm._race(("k",), x, None, None, (1, 1), (0, 0), (1, 1), 1,
+                             gemm_ok=True, tuned=tuned)
+    assert choice["impl"] == "cutlass" and conv_gemm._RUNNERS[("k",)] is tuned
+    timings["cutlass"] = (0.0399, 0.0400, 0.0399)  # now slower on the GPU too
+    choice = conv_gemm._race(("k2",), x, None, None, (1, 1), (0, 0), (1, 1), 1,
+                             gemm_ok=True, tuned=tuned)
+    assert choice["impl"] == "cudnn" and ("k2",) not in conv_gemm._RUNNERS
+
+
 def test_a_graph_records_the_direct_kernel_where_it_beats_the_winner_on_the_gpu():
     """In a CUDA graph the direct kernel costs its GPU time; the library that won the
     race runs between graphs for its GPU time plus the host's time to issue it."""

@@ -275,6 +275,7 @@ def _record(exe: GraphHost, values: dict[int, Any], program: list[tuple[str, Any
                         capturing = True
                     if call is not None:
                         call()
+                        owned.append(call)  # and what it holds, as long as the graph
                     else:
                         step.run(exe, values)
                 else:

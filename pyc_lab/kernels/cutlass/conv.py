@@ -431,7 +431,7 @@ class CutlassConv:
         if why:
             raise PycLabError(f"CUTLASS {self.kernel.op}: {why}")
         arrays = geometry.arrays()
-        size = self._lib.pyc_conv_workspace_size(*arrays, self.sm_count)
+        size = self.workspace_bytes(geometry)
         workspace = 0
         if size:
             import cupy as cp
@@ -440,6 +440,11 @@ class CutlassConv:
             workspace = self._workspace.data.ptr
         self._problem = (geometry, arrays, workspace)
         return arrays, workspace
+
+    def workspace_bytes(self, geometry: ConvGeometry) -> int:
+        """Bytes of device workspace the kernel needs for ``geometry`` (asked of the
+        library on the host; nothing is allocated)."""
+        return int(self._lib.pyc_conv_workspace_size(*geometry.arrays(), self.sm_count))
 
     def _issue(self, geometry: ConvGeometry) -> str:
         """Why the kernel cannot take ``geometry`` (``""`` when it can), by pyc_lab's

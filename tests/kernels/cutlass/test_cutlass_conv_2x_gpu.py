@@ -316,6 +316,64 @@ def test_f32_is_tuned_against_exact_cudnn_and_raced_by_an_exact_pl_conv(monkeypa
     assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
 
 
+def test_a_compiled_channels_last_conv_records_the_tuned_kernel(monkeypatch,
+                                                                fresh_conv_state):
+    """Where the race chose the tuned 3xTF32 kernel for a channels-last ``pl.conv`` in
+    a compiled program, the replay is CUDA graphs alone (the kernel's launch and its
+    filter's copy recorded, no call between graphs), each replay sees the new input and
+    a filter written in place, within float32 rounding of float64; between graphs
+    (``bound_conv``), the channels-last call is bound once too."""
+    from pyc_lab.kernels import conv as kconv
+    from pyc_lab.kernels import conv_gemm
+
+    kern = ConvKernel("f32", 2, True, "relu")
+    first = conv2x_configs(kern, 64, 64)[0]
+    xs, ws = (3, 64, 17, 23), (64, 64, 3, 3)
+    res = pl.autotune_conv(xs, ws, stride=1, padding=1, dtype="f32", bias=True,
+                           activation="relu", restrict=lambda c: c == first, repeats=5)
+    assert res.recorded and res.best is not None and res.best.ok, res.table
+    _pin(res, first)
+    monkeypatch.setattr(conv_gemm, "keeps", lambda cand, lib: True)  # the race keeps it
+    monkeypatch.setattr(conv_gemm, "_eligible", lambda *a: False)  # over the GEMM form
+    rng = np.random.default_rng()
+    w = (rng.standard_normal(ws) / 24).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+
+    def block(x, w, b):
+        y = pl.conv2d(x * np.float32(0.5), w, b, padding=1, layout="channels_last",
+                      activation="relu")
+        return y * np.float32(2) + np.float32(1)
+
+    f = pl.compile(block, backend="cupy", cuda_graph=True)
+    wc, bc = cp.asarray(w), cp.asarray(b)
+    xc = cp.empty((xs[0], *xs[2:], xs[1]), np.float32)  # (N, H, W, C): read in place
+    for k in range(5):
+        x = rng.standard_normal(xc.shape).astype(np.float32)
+        if k == 4:  # a filter written in place (an optimiser step): the replay reads it
+            w = (rng.standard_normal(ws) / 24).astype(np.float32)
+            wc.set(w)
+        xc.set(x)
+        got = cp.asnumpy(f(xc, wc, bc))
+        x_first = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
+        want = _reference(x_first * 0.5, torch.from_numpy(w), torch.from_numpy(b), (1, 1),
+                          (1, 1), "relu") * 2 + 1
+        assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max(), k
+    exe = f._fast.artifact.runner
+    assert exe._program is not None
+    assert [kind for kind, _ in exe._program.program] == ["graph"]
+    # the same problem between graphs: bound once, the answer into the given array
+    out = cp.full((xs[0], *xs[2:], 64), np.nan, np.float32)
+    xh = cp.asarray(rng.standard_normal(xc.shape).astype(np.float32))
+    call = kconv.bound_conv(xh, wc, bc, out, padding=1, layout="channels_last",
+                            activation="relu", tf32=False)
+    assert call is not None
+    call()
+    want = _reference(torch.from_numpy(cp.asnumpy(xh).transpose(0, 3, 1, 2).copy()),
+                      torch.from_numpy(w), torch.from_numpy(b), (1, 1), (1, 1), "relu")
+    got = cp.asnumpy(out)
+    assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
+
+
 def _pin(res, config):
     """Make ``config`` (a candidate measured correct) the problem's winner in the test's
     tuning database, as a user's ``set_winner`` would."""
