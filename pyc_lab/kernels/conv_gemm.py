@@ -140,13 +140,18 @@ def choice_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple
     """:func:`choice_for` of CuPy arrays, read from their metadata alone — no DLPack
     exchange, which would order torch's stream after CuPy's and so may not happen inside
     a CUDA-graph capture."""
-    item = x.dtype.itemsize
-    key = _key(x.device.id, f"torch.{x.dtype.name}", x.shape,
-               tuple(v // item for v in x.strides), w.shape,
-               tuple(v // w.dtype.itemsize for v in w.strides), b is None, stride, pads,
-               dilation, groups, activation)
-    choice = _CHOICES.get(key)
+    choice = _CHOICES.get(_cupy_key(x, w, b, stride, pads, dilation, groups, activation))
     return None if choice is None or "cudnn_ms" not in choice else dict(choice)
+
+
+def _cupy_key(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+              dilation: tuple[int, ...], groups: int, activation: str | None) -> tuple:
+    """:func:`_key` of CuPy arrays (what :func:`_signature` gives their torch views)."""
+    item = x.dtype.itemsize
+    return _key(x.device.id, f"torch.{x.dtype.name}", x.shape,
+                tuple(v // item for v in x.strides), w.shape,
+                tuple(v // w.dtype.itemsize for v in w.strides), b is None, stride, pads,
+                dilation, groups, activation)
 
 
 def patch_bytes(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
@@ -322,11 +327,7 @@ def tuned_launch_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...],
     running it is its launch alone, ``activation`` in its epilogue
     (:func:`.conv_cutlass.kernel_call`'s ``launch``); ``None`` where another candidate
     won, the problem is not raced yet, or the kernel needs more around its launch."""
-    item = x.dtype.itemsize
-    key = _key(x.device.id, f"torch.{x.dtype.name}", x.shape,
-               tuple(v // item for v in x.strides), w.shape,
-               tuple(v // w.dtype.itemsize for v in w.strides), b is None, stride, pads,
-               dilation, groups, activation)
+    key = _cupy_key(x, w, b, stride, pads, dilation, groups, activation)
     choice = _CHOICES.get(key)
     if choice is None or choice.get("impl") != "cutlass":
         return None
