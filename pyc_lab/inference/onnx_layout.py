@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BINARY", "LAYOUTS", "UNARY", "ChannelsLast"]
+from ..kernels.conv import LAYOUTS  # the layouts an imported model's convolutions take
 
-#: The layouts an imported model's convolutions may run in.
-LAYOUTS = ("channels_first", "channels_last")
+__all__ = ["BINARY", "LAYOUTS", "UNARY", "ChannelsLast"]
 
 #: Ops elementwise in their first input, any others single values (Clip's bounds).
 UNARY = frozenset({

@@ -460,8 +460,7 @@ def _recordable_tuned(x: Any, w: Any, bias: Any, out: Any, *, stride: Any, paddi
         kernel.run(geometry, ptrs[0], ptrs[1], ptrs[2], ptrs[3],
                    cp.cuda.get_current_stream().ptr)
 
-    call.keep = w_last  # type: ignore[attr-defined]  # the filter's copy lives with the call
-    return call
+    return call  # holds w_last: the graph's program keeps the call, so the copy lives on
 
 
 def direct_in_graph(x_shape: Sequence[int], w_shape: Sequence[int], dtype: str, *,
