@@ -59,6 +59,24 @@ def profile_calls(call: Any, state: Any) -> dict[str, Any]:
             "gpu_us_per_call": sum(r["us_per_call"] for r in rows), "kernels": rows[:20]}
 
 
+def host_profile(call: Any, state: Any, top: int = 25) -> list[dict[str, Any]]:
+    """Where the host time of :data:`CALLS` calls goes (cProfile, the functions with the
+    most time of their own, per call): what runs between a call's CUDA graphs."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(CALLS):
+        call(state)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = [{"function": f"{Path(f).name}:{line}:{fn}", "calls_per_call": nc / CALLS,
+             "own_us_per_call": tt / CALLS * 1e6, "cum_us_per_call": ct / CALLS * 1e6}
+            for (f, line, fn), (_, nc, tt, ct, _) in stats.items()]
+    return sorted(rows, key=lambda r: -r["own_us_per_call"])[:top]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="write inference-kernels.json into this folder")
@@ -72,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=["pyc_lab", "onnxruntime_cuda", "onnxruntime_cuda_graph"],
                         help="bench_inference's implementations to profile "
                              "(pyc_lab_channels_last: the channels-last import)")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="also where each call's host time goes (cProfile)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from bench_inference import cnn_inputs, shipped_cnn
@@ -97,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # keep the others
                     entry[f"{impl}@{batch}"] = {"error": f"{type(exc).__name__}: {exc}"}
                 r = entry[f"{impl}@{batch}"]
+                if args.host_profile and "error" not in r:
+                    r["host"] = host_profile(call, prep(feeds))
                 log.info("%s %s batch %d: %s launches, %.1f us GPU, %.1f us wall", name, impl,
                          batch, r.get("launches_per_call"), r.get("gpu_us_per_call", 0),
                          r.get("wall_us_per_call", 0))
