@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import PycLabError
 from ..kernels import conv as _conv
+from ..kernels.conv_graph import recordable_conv
 from .op_registry import REGISTRY, OpDef, ShapeError, register
 from .values import is_traced
 
@@ -62,12 +63,12 @@ def conv_bind(xp: Any, args: Sequence[Any], attrs: dict[str, Any],
 
 def conv_record(xp: Any, args: Sequence[Any], attrs: dict[str, Any],
                 out: Any) -> Any:
-    """The conv op as a call a CUDA graph records (pyc_lab's direct kernel, where the
-    problem's first call raced it fastest: :func:`pyc_lab.kernels.conv.recordable_conv`),
-    or ``None`` (NumPy, or a problem a library runs)."""
+    """The conv op as a call a CUDA graph records (a kernel pyc_lab launches, where the
+    problem's first call measured it worth recording: :func:`pyc_lab.kernels.conv_graph.
+    recordable_conv`), or ``None`` (NumPy, or a problem a library call runs)."""
     if xp is np:
         return None
-    return _conv.recordable_conv(*_operands(args), out, **_arguments(attrs))
+    return recordable_conv(*_operands(args), out, **_arguments(attrs))
 
 
 def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:

@@ -35,7 +35,7 @@ from .matmul_launch import apply_epilogue
 from .memo import remember
 
 __all__ = ["ACTIVATIONS", "LAYOUTS", "bound_conv", "conv", "conv1d", "conv2d", "conv_backward",
-           "conv_geometry", "conv_route", "direct_in_graph", "recordable_conv", "set_tracer",
+           "conv_geometry", "conv_route", "direct_in_graph", "set_tracer",
            "torch_activation"]
 
 log = logging.getLogger(__name__)
@@ -367,100 +367,6 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
             ot.copy_(y)
 
     return call
-
-
-def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
-                    padding: Any = 0, dilation: Any = 1, groups: int = 1,
-                    layout: str = "channels_first", activation: str | None = None,
-                    tf32: bool | None = None) -> Callable[[], None] | None:
-    """A call computing ``pl.conv(x, w, bias, ...)`` into ``out`` that a CUDA-graph
-    capture can record — the direct kernel (:mod:`.conv_direct`) launched on CuPy's
-    current stream with the operands' addresses — where the problem's first-call race
-    measured it worth recording (:func:`.conv_gemm.records_direct`), with its activation
-    or without one (the race ``pl.inference``'s import runs before the activation is
-    folded in: the kernel applies it in registers before its store); ``None`` otherwise
-    (not CuPy arrays, ``out`` not contiguous in ``x``'s dtype, a problem not raced yet
-    or where a library measured faster: the caller then runs it between graphs). With
-    ``layout="channels_last"`` the kernel recorded is the tuned CUTLASS convolution,
-    where it won the race (:func:`_recordable_tuned`). Nothing is launched, timed or
-    exchanged with torch here (a CUDA-graph capture may be under way)."""
-    if arrays.kind(x) != "cupy" or layout not in LAYOUTS or conv_route(x) != "cudnn":
-        return None
-    if out.dtype != x.dtype or not out.flags.c_contiguous or not w.flags.c_contiguous:
-        return None
-    if layout == "channels_last":
-        return _recordable_tuned(x, w, bias, out, stride=stride, padding=padding,
-                                 dilation=dilation, groups=groups, activation=activation,
-                                 tf32=tf32)
-    _, stride_t, pads, dilation_t = conv_geometry(
-        tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
-        stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
-    keys = (activation, None) if activation is not None else (None,)
-    with tf32_allowed(tf32):  # the race that decided ran under this setting
-        choices = [conv_gemm.choice_for_cupy(x, w, bias, stride_t, pads, dilation_t, groups,
-                                             act) for act in keys]
-    if not any(choice is not None and conv_gemm.records_direct(choice)
-               for choice in choices):
-        return None
-    import cupy as cp
-
-    from . import conv_direct
-
-    item = x.dtype.itemsize
-    geo = conv_direct.geometry(tuple(x.shape), tuple(s // item for s in x.strides),
-                               tuple(w.shape), stride_t, pads, dilation_t, groups)
-    if geo is None or (bias is not None and not bias.flags.c_contiguous):
-        return None
-    device = x.device.id
-    launch = conv_direct.launcher(conv_direct.KINDS[x.dtype.name], geo, device, activation,
-                                  conv_direct.sm_count(device))
-
-    ptrs = (x.data.ptr, w.data.ptr, 0 if bias is None else bias.data.ptr, out.data.ptr)
-
-    def call() -> None:
-        launch(*ptrs, cp.cuda.get_current_stream())
-
-    return call
-
-
-def _recordable_tuned(x: Any, w: Any, bias: Any, out: Any, *, stride: Any, padding: Any,
-                      dilation: Any, groups: int, activation: str | None,
-                      tf32: bool | None) -> Callable[[], None] | None:
-    """:func:`recordable_conv` of channels-last CuPy arrays: the tuned CUTLASS kernel
-    where it won the problem's race and a call is its launch alone
-    (:func:`.conv_gemm.tuned_launch_for_cupy`), launched on CuPy's current stream with
-    the operands' addresses, after a copy of the filter into the ``(O, *kernel, C)``
-    order the kernel reads (in the graph too: a filter given as an input may change
-    between replays). A kernel that needs a workspace is not recorded (its workspace
-    belongs to the kernel object, which serves other problems too)."""
-    nd = len(w.shape) - 2
-    if not x.flags.c_contiguous or (bias is not None and not bias.flags.c_contiguous):
-        return None
-    _, stride_t, pads, dilation_t = conv_geometry(
-        tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
-        stride=stride, padding=padding, dilation=dilation, groups=groups,
-        layout="channels_last")
-    with tf32_allowed(tf32):  # the race that decided ran under this setting
-        launch = conv_gemm.tuned_launch_for_cupy(_to_first(x, nd), w, bias, stride_t, pads,
-                                                 dilation_t, groups, activation)
-    if launch is None:
-        return None
-    kernel, geometry = launch
-    if kernel.workspace_bytes(geometry):
-        return None
-    import cupy as cp
-
-    w_last = cp.empty((w.shape[0], *w.shape[2:], w.shape[1]), dtype=w.dtype)
-    w_view = w.transpose(0, *range(2, nd + 2), 1)
-    ptrs = (x.data.ptr, w_last.data.ptr, None if bias is None else bias.data.ptr,
-            out.data.ptr)
-
-    def call() -> None:
-        cp.copyto(w_last, w_view)
-        kernel.run(geometry, ptrs[0], ptrs[1], ptrs[2], ptrs[3],
-                   cp.cuda.get_current_stream().ptr)
-
-    return call  # holds w_last: the graph's program keeps the call, so the copy lives on
 
 
 def direct_in_graph(x_shape: Sequence[int], w_shape: Sequence[int], dtype: str, *,

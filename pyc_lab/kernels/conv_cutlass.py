@@ -259,7 +259,7 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
 
     The function's ``launch`` attribute is ``(conv, geometry)`` where a call is the
     kernel's launch alone (no padding, no guard): what
-    :func:`pyc_lab.kernels.conv.recordable_conv` records into a CUDA graph; else
+    :func:`pyc_lab.kernels.conv_graph.recordable_conv` records into a CUDA graph; else
     ``None``."""
     import torch
     import torch.nn.functional as F

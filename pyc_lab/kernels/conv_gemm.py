@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from . import conv_direct
@@ -61,6 +61,7 @@ __all__ = [
     "choices",
     "cudnn_conv",
     "gemm_conv",
+    "graph_choice",
     "keeps",
     "patch_bytes",
     "prepare",
@@ -93,7 +94,7 @@ MAX_CHOICES = 512
 
 _LOCK = threading.Lock()
 _CHOICES: dict[tuple, dict[str, Any]] = {}  # oldest first: the first dropped when full
-#: The tuned CUTLASS kernels that won their problem's race (dropped with the choice).
+#: The tuned CUTLASS kernels raced for a problem, won or not (dropped with the choice).
 _RUNNERS: dict[tuple, Callable[..., Any]] = {}
 
 
@@ -115,23 +116,42 @@ def choice_for(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int,
     return None if choice is None or "cudnn_ms" not in choice else dict(choice)
 
 
-def records_direct(choice: dict[str, Any]) -> bool:
-    """Whether a CUDA graph records the direct kernel for a raced problem
-    (:func:`choices`' entry): where it won the race, or where its GPU time is at least
-    :data:`MARGIN` below the winner's GPU time plus its host time. In a graph the direct
-    kernel costs its GPU time alone, while the winning library call runs between graphs:
-    the graph before it ends, the host issues it, and the next graph starts after it
-    (measured on the particle CNN at 4096 rows, its second convolution 53.0 us direct
-    against 53.5 us cuDNN on the GPU: the model took 0.127 ms with the direct kernel in
-    its graph, 0.367 ms with cuDNN between graphs)."""
-    if choice.get("impl") == "direct":
-        return True
+def graph_choice(choice: dict[str, Any], recordable: Collection[str]) -> str | None:
+    """Which form a CUDA graph runs for a raced problem (:func:`choices`' entry), given
+    the forms that can be recorded for its operands (``recordable``, of ``"direct"``,
+    ``"cutlass"``, ``"gemm"``): in a graph a recorded form costs its GPU time alone,
+    while a call that cannot be recorded runs between graphs and costs its GPU time plus
+    its host time (the graph before it ends, the host issues it, the next graph starts
+    after it: measured on the particle CNN at 4096 rows, its second convolution 53.0 us
+    direct against 53.5 us cuDNN on the GPU, the model took 0.127 ms with the direct
+    kernel in its graph and 0.367 ms with cuDNN between graphs). The race's winner is
+    kept unless a recordable form costs at least :data:`MARGIN` less by that count; the
+    answer is that form's name, or ``None`` where the winner cannot be recorded and stays
+    cheapest (it runs between graphs)."""
     impl = choice.get("impl")
-    direct = choice.get("direct_gpu_ms")
-    gpu, host = choice.get(f"{impl}_gpu_ms"), choice.get(f"{impl}_host_ms")
-    if direct is None or gpu is None or host is None:
-        return False
-    return direct <= (gpu + host) * (1.0 - MARGIN)
+
+    def cost(name: str) -> float | None:
+        gpu, host = choice.get(f"{name}_gpu_ms"), choice.get(f"{name}_host_ms")
+        if gpu is None:
+            return None
+        if name in recordable:
+            return gpu
+        return None if host is None else gpu + host
+
+    winner = cost(impl) if impl else None
+    if winner is None:
+        return impl if impl in recordable else None
+    costs = {name: c for name in recordable if name != impl
+             and (c := cost(name)) is not None and c <= winner * (1.0 - MARGIN)}
+    if costs:
+        return min(costs, key=costs.__getitem__)
+    return impl if impl in recordable else None
+
+
+def records_direct(choice: dict[str, Any]) -> bool:
+    """Whether a CUDA graph records the direct kernel for a raced problem whose operands
+    only that kernel can be recorded for (:func:`graph_choice`)."""
+    return graph_choice(choice, ("direct",)) == "direct"
 
 
 def choice_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
@@ -322,14 +342,15 @@ def _eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
 def tuned_launch_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...],
                           pads: tuple[int, ...], dilation: tuple[int, ...], groups: int = 1,
                           activation: str | None = None) -> tuple[Any, Any] | None:
-    """``(conv, geometry)`` of the tuned CUTLASS kernel that won this problem's race
+    """``(conv, geometry)`` of the tuned CUTLASS kernel raced for this problem, won or not
     (CuPy arrays, read from their metadata as :func:`choice_for_cupy` reads them), where
     running it is its launch alone, ``activation`` in its epilogue
-    (:func:`.conv_cutlass.kernel_call`'s ``launch``); ``None`` where another candidate
-    won, the problem is not raced yet, or the kernel needs more around its launch."""
+    (:func:`.conv_cutlass.kernel_call`'s ``launch``); ``None`` where the problem is not
+    raced yet, no tuned kernel ran in its race, or the kernel needs more around its
+    launch. :func:`graph_choice` says whether a graph should record it."""
     key = _cupy_key(x, w, b, stride, pads, dilation, groups, activation)
     choice = _CHOICES.get(key)
-    if choice is None or choice.get("impl") != "cutlass":
+    if choice is None or "cutlass_gpu_ms" not in choice:
         return None
     return getattr(_RUNNERS.get(key), "launch", None)
 
@@ -486,11 +507,10 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
     choice: dict[str, Any] = {"impl": impl}
     for name, (cost, gpu, host) in timed.items():
         choice.update({f"{name}_ms": cost, f"{name}_gpu_ms": gpu, f"{name}_host_ms": host})
-    if tuned is not None:
+    if tuned is not None:  # kept whether it won or not: a CUDA graph may record it
         choice["cutlass_kernel"] = tuned_why
-        if impl == "cutlass":
-            with _LOCK:
-                _RUNNERS[key] = tuned
+        with _LOCK:
+            _RUNNERS[key] = tuned
     return _remember(key, choice)
 
 

@@ -359,12 +359,13 @@ def test_a_cupy_array_finds_the_choice_its_torch_view_raced(monkeypatch):
                                      *other) is None
 
 
-def test_a_tuned_winner_gives_its_launch_to_cupy_arrays_of_the_problem(monkeypatch):
+def test_a_raced_tuned_kernel_gives_its_launch_to_cupy_arrays_of_the_problem(monkeypatch):
     """``tuned_launch_for_cupy``: the kernel and geometry of the tuned CUTLASS kernel
-    that won a problem's race, for the CuPy arrays of that problem (a channels-last
-    input viewed channels first); nothing where another candidate won, where the
-    winning call is more than the launch (an activation applied after it, a padded
-    copy), or for another problem."""
+    raced for a problem, won or not (a CUDA graph may record it where it is cheaper
+    there), for the CuPy arrays of that problem (a channels-last input viewed channels
+    first); nothing where its call is more than the launch (an activation applied after
+    it, a padded copy), where no tuned kernel ran in the race, or for another
+    problem."""
     from types import SimpleNamespace
 
     from pyc_lab.kernels import conv_gemm
@@ -390,7 +391,8 @@ def test_a_tuned_winner_gives_its_launch_to_cupy_arrays_of_the_problem(monkeypat
         return None
 
     runner.launch = ("kernel", "geometry")
-    conv_gemm._remember(key, {"impl": "cutlass", "cudnn_ms": 1.0, "cutlass_ms": 0.5})
+    conv_gemm._remember(key, {"impl": "cutlass", "cudnn_ms": 1.0, "cutlass_ms": 0.5,
+                              "cutlass_gpu_ms": 0.5})
     conv_gemm._RUNNERS[key] = runner
     launch = conv_gemm.tuned_launch_for_cupy(cupy_like(x), cupy_like(w), None, *geo)
     assert launch == ("kernel", "geometry")
@@ -400,7 +402,13 @@ def test_a_tuned_winner_gives_its_launch_to_cupy_arrays_of_the_problem(monkeypat
     assert conv_gemm.tuned_launch_for_cupy(cupy_like(x), cupy_like(w), None, *geo) is None
     conv_gemm._RUNNERS[key] = conv_gemm._then(runner, "relu")  # the activation after it
     assert conv_gemm.tuned_launch_for_cupy(cupy_like(x), cupy_like(w), None, *geo) is None
-    conv_gemm._remember(key, {"impl": "cudnn", "cudnn_ms": 1.0})
+    runner.launch = ("kernel", "geometry")
+    conv_gemm._RUNNERS[key] = runner
+    conv_gemm._remember(key, {"impl": "cudnn", "cudnn_ms": 0.4, "cutlass_ms": 0.5,
+                              "cutlass_gpu_ms": 0.3})  # raced, lost
+    assert conv_gemm.tuned_launch_for_cupy(cupy_like(x), cupy_like(w), None,
+                                           *geo) == ("kernel", "geometry")
+    conv_gemm._remember(key, {"impl": "cudnn", "cudnn_ms": 1.0})  # no tuned kernel raced
     assert conv_gemm.tuned_launch_for_cupy(cupy_like(x), cupy_like(w), None, *geo) is None
 
 
@@ -432,7 +440,8 @@ def test_a_race_keeps_the_cheapest_candidate_that_beats_the_library(monkeypatch)
     timings["cutlass"] = (0.0399, 0.0400, 0.0399)  # now slower on the GPU too
     choice = conv_gemm._race(("k2",), x, None, None, (1, 1), (0, 0), (1, 1), 1,
                              gemm_ok=True, tuned=tuned)
-    assert choice["impl"] == "cudnn" and ("k2",) not in conv_gemm._RUNNERS
+    assert choice["impl"] == "cudnn" and choice["cutlass_gpu_ms"] == 0.0400
+    assert conv_gemm._RUNNERS[("k2",)] is tuned  # a graph may still record it
 
 
 def test_a_graph_records_the_direct_kernel_where_it_beats_the_winner_on_the_gpu():
@@ -456,6 +465,30 @@ def test_a_graph_records_the_direct_kernel_where_it_beats_the_winner_on_the_gpu(
             "cudnn_ms": 0.2, "direct_gpu_ms": 0.1 * (1 - MARGIN) * 1.001}
     assert not records_direct(edge)
     assert not records_direct({"impl": "cudnn", "cudnn_ms": 0.1})  # not raced with it
+
+
+def test_a_graph_records_the_form_cheapest_in_a_graph():
+    """``graph_choice`` over several recordable forms: each costs its GPU time in a
+    graph, a winner that cannot be recorded its GPU time plus its host time; the
+    winner is kept unless another form is at least MARGIN cheaper so counted (measured
+    on the ResNet-50's 2048 -> 512 1x1 layer at batch 1, channels last: the GEMM form
+    won at 0.034 ms a call, 0.024 ms of it on the GPU, but ran between graphs; the tuned
+    kernel, 0.045 ms on the GPU, costs less in the graph)."""
+    from pyc_lab.kernels.conv_gemm import MARGIN, graph_choice
+
+    gemm_won = {"impl": "gemm", "gemm_ms": 0.0341, "gemm_gpu_ms": 0.0244,
+                "gemm_host_ms": 0.0341, "cudnn_ms": 0.0628, "cudnn_gpu_ms": 0.0628,
+                "cudnn_host_ms": 0.03, "cutlass_ms": 0.0452, "cutlass_gpu_ms": 0.0452,
+                "cutlass_host_ms": 0.02}
+    assert graph_choice(gemm_won, ("direct", "cutlass")) == "cutlass"
+    assert graph_choice(gemm_won, ("direct",)) is None  # raced without it: between graphs
+    assert graph_choice(gemm_won, ("gemm", "cutlass")) == "gemm"  # the winner, recorded
+    both = {**gemm_won, "direct_ms": 0.05, "direct_gpu_ms": 0.040, "direct_host_ms": 0.05}
+    assert graph_choice(both, ("direct", "cutlass")) == "direct"  # the cheapest of the two
+    cutlass_won = {**both, "impl": "cutlass", "direct_gpu_ms": 0.0452 * (1 - MARGIN) * 1.01}
+    assert graph_choice(cutlass_won, ("direct", "cutlass")) == "cutlass"  # not MARGIN less
+    assert graph_choice({"impl": "direct", "cudnn_ms": 0.1}, ("direct",)) == "direct"
+    assert graph_choice({"impl": "cudnn", "cudnn_ms": 0.1}, ("direct", "cutlass")) is None
 
 
 def test_a_race_that_cannot_run_leaves_the_convolution_to_im2col(monkeypatch, caplog):

@@ -122,6 +122,43 @@ def test_a_compiled_program_records_the_direct_conv_into_its_graph(monkeypatch):
     assert [kind for kind, _ in exe._program.program] == ["graph"]
 
 
+def test_a_channels_last_conv_of_a_channels_first_input_records_the_direct_kernel(
+        monkeypatch):
+    """The channels-last import's first convolution reads the model's channels-first
+    input through a transposed view: where the direct kernel won that problem's race (it
+    reads any strides), the replay is one CUDA graph — the kernel into a scratch array
+    copied across into the channels-last output — matching float64, NaN included."""
+    monkeypatch.setattr(conv_gemm, "keeps", lambda cand, lib: True)  # the race keeps it
+    monkeypatch.setattr(conv_gemm, "_eligible", lambda *a: False)  # over the GEMM form
+    monkeypatch.setattr(conv_gemm, "_tuned", lambda *a, **k: (None, "not in this test"))
+    rng = np.random.default_rng()
+    w = (rng.standard_normal((8, 3, 3, 3)) / 4).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+
+    def block(x, w, b):
+        y = pl.conv2d(x.transpose(0, 2, 3, 1), w, b, stride=2, padding=1,
+                      layout="channels_last", activation="relu")
+        return y + np.float32(1)
+
+    f = pl.compile(block, backend="cupy", cuda_graph=True)
+    wc, bc = cp.asarray(w), cp.asarray(b)
+    xc = cp.empty((2, 3, 19, 21), np.float32)
+    for k in range(5):
+        x = rng.standard_normal(xc.shape).astype(np.float32)
+        if k == 4:
+            x[1, 2, 9, 9] = np.nan
+        xc.set(x)
+        got = cp.asnumpy(f(xc, wc, bc)).transpose(0, 3, 1, 2)
+        want = _reference(x, w, b, (2, 2), (1, 1), (1, 1), 1, "relu") + 1
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+        assert np.isnan(got).any() == (k == 4)
+    assert [c["impl"] for c in conv_gemm.choices().values()
+            if c.get("direct_gpu_ms") is not None][-1] == "direct"
+    exe = f._fast.artifact.runner
+    assert exe._program is not None
+    assert [kind for kind, _ in exe._program.program] == ["graph"]
+
+
 def test_the_zoo_particle_cnn_races_its_convolutions():
     """The particle CNN imported from ONNX: its small convolutions are pl.conv nodes,
     each raced with the direct kernel at the first call, and the model answers as on

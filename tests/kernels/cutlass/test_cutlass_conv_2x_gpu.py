@@ -374,6 +374,50 @@ def test_a_compiled_channels_last_conv_records_the_tuned_kernel(monkeypatch,
     assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
 
 
+def test_a_graph_records_the_tuned_kernel_where_it_is_cheaper_there(monkeypatch,
+                                                                   fresh_conv_state):
+    """The race kept cuDNN (its calls cheaper back to back), but in a CUDA graph cuDNN
+    runs between graphs and costs its GPU time plus its host time, the tuned kernel its
+    GPU time alone: the compiled channels-last conv records the tuned kernel, and the
+    replay, one graph, matches float64 (the race's timings are given, the kernel's
+    answers are the GPU's)."""
+    from pyc_lab.kernels import conv_gemm
+
+    kern = ConvKernel("f32", 2, True, "relu")
+    first = conv2x_configs(kern, 64, 64)[0]  # the build of the test above
+    xs, ws = (2, 64, 13, 11), (64, 64, 3, 3)
+    res = pl.autotune_conv(xs, ws, stride=1, padding=1, dtype="f32", bias=True,
+                           activation="relu", restrict=lambda c: c == first, repeats=5)
+    assert res.recorded and res.best is not None and res.best.ok, res.table
+    _pin(res, first)
+    monkeypatch.setattr(conv_gemm, "keeps", lambda cand, lib: False)  # cuDNN wins
+    monkeypatch.setattr(conv_gemm, "_eligible", lambda *a: False)
+    timed = [(0.10, 0.05, 0.10), (0.11, 0.06, 0.11)]  # cuDNN, the tuned kernel
+    monkeypatch.setattr(conv_gemm, "time_calls", lambda runs, device: timed[:len(runs)])
+    rng = np.random.default_rng()
+    w = (rng.standard_normal(ws) / 24).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+
+    def block(x, w, b):
+        return pl.conv2d(x, w, b, padding=1, layout="channels_last", activation="relu")
+
+    f = pl.compile(block, backend="cupy", cuda_graph=True)
+    wc, bc = cp.asarray(w), cp.asarray(b)
+    xc = cp.empty((xs[0], *xs[2:], xs[1]), np.float32)
+    for k in range(4):
+        x = rng.standard_normal(xc.shape).astype(np.float32)
+        xc.set(x)
+        got = cp.asnumpy(f(xc, wc, bc))
+        want = _reference(torch.from_numpy(x.transpose(0, 3, 1, 2).copy()),
+                          torch.from_numpy(w), torch.from_numpy(b), (1, 1), (1, 1), "relu")
+        assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max(), k
+    raced = [c for c in conv_gemm.choices().values() if "cutlass_gpu_ms" in c]
+    assert raced and raced[-1]["impl"] == "cudnn"
+    exe = f._fast.artifact.runner
+    assert exe._program is not None
+    assert [kind for kind, _ in exe._program.program] == ["graph"]
+
+
 def _pin(res, config):
     """Make ``config`` (a candidate measured correct) the problem's winner in the test's
     tuning database, as a user's ``set_winner`` would."""
