@@ -61,14 +61,15 @@ def conv_bind(xp: Any, args: Sequence[Any], attrs: dict[str, Any],
     return _conv.bound_conv(*_operands(args), out, **_arguments(attrs))
 
 
-def conv_record(xp: Any, args: Sequence[Any], attrs: dict[str, Any],
-                out: Any) -> Any:
+def conv_record(xp: Any, args: Sequence[Any], attrs: dict[str, Any], out: Any,
+                workspace: tuple[int, int] | None = None) -> Any:
     """The conv op as a call a CUDA graph records (a kernel pyc_lab launches, where the
     problem's first call measured it worth recording: :func:`pyc_lab.kernels.conv_graph.
-    recordable_conv`), or ``None`` (NumPy, or a problem a library call runs)."""
+    recordable_conv`; ``workspace``: the graph program's cuBLAS workspace, for the GEMM
+    form), or ``None`` (NumPy, or a problem a library call runs)."""
     if xp is np:
         return None
-    return recordable_conv(*_operands(args), out, **_arguments(attrs))
+    return recordable_conv(*_operands(args), out, **_arguments(attrs), workspace=workspace)
 
 
 def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:

@@ -74,12 +74,13 @@ class OpDef:
     #: or ``None`` to run the reference.
     bound: Callable[[Any, Sequence[Any], dict[str, Any]], Callable[[Any], None] | None] \
         | None = None
-    #: For a library op: ``record(xp, inputs, attrs, out)`` gives a call computing the op
-    #: into ``out`` that a CUDA-graph capture can record (kernels launched on the current
-    #: stream, nothing synchronised or allocated), or ``None`` where the op must run
-    #: between graphs this time.
-    record: Callable[[Any, Sequence[Any], dict[str, Any], Any], Callable[[], None] | None] \
-        | None = None
+    #: For a library op: ``record(xp, inputs, attrs, out, workspace)`` gives a call
+    #: computing the op into ``out`` that a CUDA-graph capture can record (kernels
+    #: launched on the current stream, nothing synchronised or allocated; ``workspace``
+    #: the ``(pointer, bytes)`` cuBLAS workspace the graph's program owns, or ``None``),
+    #: or ``None`` where the op must run between graphs this time.
+    record: Callable[[Any, Sequence[Any], dict[str, Any], Any, Any],
+                     Callable[[], None] | None] | None = None
 
 
 REGISTRY: dict[str, OpDef] = {}

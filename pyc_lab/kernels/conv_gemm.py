@@ -60,12 +60,14 @@ __all__ = [
     "choice_for_cupy",
     "choices",
     "cudnn_conv",
+    "gather_patches",
     "gemm_conv",
     "graph_choice",
     "keeps",
     "patch_bytes",
     "prepare",
     "records_direct",
+    "row_width",
     "run",
     "time_calls",
     "timing_refused",
@@ -231,35 +233,50 @@ _KERNELS: dict[tuple[int, int], Any] = {}
 
 def _gather(x: Any, patches: Any, geometry: tuple[int, ...], width: int) -> None:
     """Launch ``pyc_conv_patches`` on torch's current stream of ``x``'s device."""
+    from .arrays import torch_stream
+
+    device = x.device.index
+    sn, _, sh, sw = x.stride()
+    gather_patches(device, x.element_size(), x.data_ptr(), patches.data_ptr(), geometry,
+                   (sn, sh, sw), int(patches.shape[0]), width, torch_stream(device))
+
+
+def gather_patches(device: int, element_size: int, x_ptr: int, patches_ptr: int,
+                   geometry: tuple[int, ...], strides: tuple[int, int, int], rows: int,
+                   width: int, stream: Any) -> None:
+    """Launch ``pyc_conv_patches`` (``native/conv_patches.cuh``) on ``stream`` (a CuPy
+    stream): the ``(rows, width)`` patch matrix of a channels-last input at ``x_ptr``
+    (element ``strides`` of its batch, height and width axes; ``geometry`` ``(n, h, w, c,
+    p, q, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w)``) into
+    ``patches_ptr``, ``width`` a multiple of 16 bytes. Nothing is allocated or
+    synchronised (a CUDA-graph capture records it); the kernel is compiled on the first
+    launch of its element size on the device."""
     import cupy as cp
     import numpy as np
 
     from ..paths import native_source
-    from .arrays import torch_stream
 
-    device = x.device.index
-    key = (device, x.element_size())
-    sn, _, sh, sw = x.stride()
-    total = patches.shape[0] * (width * x.element_size() // 16)
+    key = (device, element_size)
+    total = rows * (width * element_size // 16)
     blocks = max(1, min(-(-total // _THREADS), 65535 * 8))
-    with cp.cuda.Device(device):  # the tensor's device, whichever is current
+    with cp.cuda.Device(device):  # the array's device, whichever is current
         fn = _KERNELS.get(key)
         if fn is None:
-            name = f"pyc_conv_patches<{_ELEMENTS[key[1]]}>"
+            name = f"pyc_conv_patches<{_ELEMENTS[element_size]}>"
             with _LOCK:
                 module = compile_module(native_source("conv_patches.cuh"), ("-std=c++17",),
                                         [name], "the convolution patch copy")
                 fn = _KERNELS[key] = module.get_function(name)
+        sn, sh, sw = strides
         fn((blocks,), (_THREADS,),
-           (np.uint64(x.data_ptr()), np.uint64(patches.data_ptr()),
-            *(np.int32(v) for v in geometry), np.int64(sn), np.int64(sh), np.int64(sw),
-            np.int32(width)), stream=torch_stream(device))
+           (np.uint64(x_ptr), np.uint64(patches_ptr), *(np.int32(v) for v in geometry),
+            np.int64(sn), np.int64(sh), np.int64(sw), np.int32(width)), stream=stream)
 
 
 _THREADS = 256
 
 
-def _row_width(k: int, element_size: int) -> int:
+def row_width(k: int, element_size: int) -> int:
     """``k`` rounded up to a multiple of 16 bytes."""
     per = max(1, 16 // element_size)
     return -(-k // per) * per
@@ -293,7 +310,7 @@ def gemm_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, 
             y = torch.matmul(wm, xs.reshape(n, c, p * q))
     elif last:  # the NHWC patches times the weights in (R, S, C) order
         k = kh * kw * c
-        width = _row_width(k, x.element_size())
+        width = row_width(k, x.element_size())
         patches = _patches_nhwc(x, (kh, kw), stride, pads, dilation, (p, q), width)
         wm = w.permute(0, 2, 3, 1).reshape(o, k)
         if width > k:

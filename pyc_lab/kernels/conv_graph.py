@@ -13,10 +13,18 @@ on the host around the launch:
   change between replays). A kernel that needs a workspace is not recorded (its
   workspace belongs to the kernel object, which serves other problems too).
 
-cuDNN and the GEMM form run through torch and are not recorded: they run between
-graphs. Which form a graph gets is :func:`.conv_gemm.graph_choice` of what the problem's
-first-call race measured: a recorded form costs its GPU time alone, a call between
-graphs its GPU time plus its host time.
+- the GEMM form (:mod:`.conv_gemm`) of a contiguous channels-last 2-D input: its
+  pixels read in place (a 1x1 filter at stride 1 without padding) or its patches
+  gathered into a matrix of the graph (``native/conv_patches.cuh``), times the filter
+  (copied into the patches' ``(R, S, C)`` order for a larger filter) by cuBLAS issued
+  directly (:class:`.blas_direct.CublasGemm`, with the graph's workspace) onto the bias
+  broadcast into the output (``beta = 1``: the bias added in the GEMM's float32
+  accumulation, as torch's ``addmm`` adds it), then the activation in place.
+
+cuDNN runs through torch and is not recorded: it runs between graphs. Which form a graph
+gets is :func:`.conv_gemm.graph_choice` of what the problem's first-call race measured:
+a recorded form costs its GPU time alone, a call between graphs its GPU time plus its
+host time.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any
 
 from . import arrays, conv_direct, conv_gemm
 from .conv import LAYOUTS, _to_first, conv_geometry, conv_route
-from .conv_library import tf32_allowed
+from .conv_library import tf32_allowed, tf32_now
 
 __all__ = ["recordable_conv"]
 
@@ -35,7 +43,8 @@ __all__ = ["recordable_conv"]
 def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
                     padding: Any = 0, dilation: Any = 1, groups: int = 1,
                     layout: str = "channels_first", activation: str | None = None,
-                    tf32: bool | None = None) -> Callable[[], None] | None:
+                    tf32: bool | None = None,
+                    workspace: tuple[int, int] | None = None) -> Callable[[], None] | None:
     """A call computing ``pl.conv(x, w, bias, ...)`` into ``out`` that a CUDA-graph
     capture can record, or ``None`` where the problem's form in a graph is a library call
     between graphs (:func:`.conv_gemm.graph_choice`), the problem was not raced yet, or
@@ -46,8 +55,9 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     ``pl.inference``'s import runs before the activation is folded in); the recorded
     kernel applies ``activation`` in its epilogue. A channels-last problem is the
     channels-first view of its arrays, as :func:`.conv.conv` hands it to the race.
-    Nothing is launched, timed or exchanged with torch here (a CUDA-graph capture may be
-    under way)."""
+    ``workspace`` ``(pointer, bytes)``: the cuBLAS workspace the graph's program owns
+    (without one the GEMM form is not recorded). Nothing is launched, timed or
+    exchanged with torch here (a CUDA-graph capture may be under way)."""
     if arrays.kind(x) != "cupy" or layout not in LAYOUTS or conv_route(x) != "cudnn":
         return None
     if out.dtype != x.dtype or not out.flags.c_contiguous or not w.flags.c_contiguous \
@@ -67,11 +77,15 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
             tuned = None
             if last and x.flags.c_contiguous and key == activation:
                 tuned = conv_gemm.tuned_launch_for_cupy(first, w, bias, *problem, key)
+            matmul_tf32 = tf32_now()[1]
         if choice is None:
             continue
         forms = {"direct": lambda: _direct(first, w, bias, out_first, problem, activation)}
         if tuned is not None and not tuned[0].workspace_bytes(tuned[1]):
             forms["cutlass"] = functools.partial(_tuned, x, w, bias, out, tuned)
+        if last and workspace is not None and _gemm_takes(x, w, groups):
+            forms["gemm"] = functools.partial(_gemm, x, w, bias, out, problem, activation,
+                                              matmul_tf32, workspace)
         pick = conv_gemm.graph_choice(choice, forms)
         call = forms[pick]() if pick is not None else None
         if call is not None:
@@ -128,3 +142,112 @@ def _tuned(x: Any, w: Any, bias: Any, out: Any,
                    cp.cuda.get_current_stream().ptr)
 
     return call  # holds w_last: the graph's program keeps the call, so the copy lives on
+
+
+#: The dtypes the recorded GEMM form takes (those of the race's GEMM form that the
+#: activation kernel below reads as ``float``).
+GEMM_DTYPES = ("float16", "float32")
+
+
+def _gemm_takes(x: Any, w: Any, groups: int) -> bool:
+    """Whether the recorded GEMM form applies: a contiguous channels-last 2-D input of
+    :data:`GEMM_DTYPES`, one group, nvmath-python's cuBLAS bindings installed."""
+    from . import cublaslt
+
+    return (x.ndim == 4 and groups == 1 and x.dtype.name in GEMM_DTYPES
+            and x.flags.c_contiguous and cublaslt.status()[0])
+
+
+def _gemm(x: Any, w: Any, bias: Any, out: Any, problem: tuple[Any, ...],
+          activation: str | None, tf32: bool,
+          workspace: tuple[int, int]) -> Callable[[], None] | None:
+    """The GEMM form of a contiguous channels-last ``x`` (``N, H, W, C``) into ``out``
+    (``N, P, Q, O``), as the module describes it; ``None`` where cuBLAS cannot describe
+    the product."""
+    import cupy as cp
+
+    from . import blas_direct, blas_layout
+
+    stride, pads, dilation, _ = problem
+    n, h, wd, c = (int(v) for v in x.shape)
+    o, kh, kw = int(w.shape[0]), int(w.shape[2]), int(w.shape[3])
+    p, q = int(out.shape[1]), int(out.shape[2])
+    rows, item, k = n * p * q, x.dtype.itemsize, kh * kw * c
+    out2d = out.reshape(rows, o)
+    launches: list[Callable[[Any], None]] = []
+    if (kh, kw) == (1, 1) and tuple(stride) == (1, 1) and not any(pads):
+        a, b = x.reshape(rows, c), w.reshape(o, c).T  # the pixels, the filter: in place
+    else:
+        width = conv_gemm.row_width(k, item)
+        if rows * (width * item // 16) >= 2**31:  # the gather kernel's 32-bit indices
+            return None
+        a = cp.empty((rows, width), dtype=x.dtype)
+        geometry = (n, h, wd, c, p, q, kh, kw, *stride, *pads, *dilation)
+        strides = (h * wd * c, wd * c, c)
+        ptrs = (x.data.ptr, a.data.ptr)
+        device = x.device.id
+
+        def gather(stream: Any) -> None:
+            conv_gemm.gather_patches(device, item, *ptrs, geometry, strides, rows, width,
+                                     stream)
+
+        launches.append(gather)
+        if (kh, kw) == (1, 1):
+            b = w.reshape(o, c).T
+        else:  # the filter in the patches' (R, S, C) order, zeros after its k columns
+            wm = cp.zeros((o, width), dtype=w.dtype)
+            target = cp.lib.stride_tricks.as_strided(
+                wm, (o, kh, kw, c), (width * item, kw * c * item, c * item, item))
+            source = w.transpose(0, 2, 3, 1)
+            launches.append(lambda stream: cp.copyto(target, source))
+            b = wm.T
+    layout = blas_layout.describe(tuple(a.shape), _elements(a), tuple(b.shape),
+                                  _elements(b), _elements(out2d))
+    if isinstance(layout, str):
+        return None
+    gemm = blas_direct.CublasGemm(layout, x.dtype.name, 1.0,
+                                  0.0 if bias is None else 1.0, tf32=tf32)
+    if bias is not None:
+        launches.append(lambda stream: cp.copyto(out2d, bias))
+    operands = (a.data.ptr, b.data.ptr, out2d.data.ptr)
+    launches.append(lambda stream: gemm(*operands, stream.ptr, workspace))
+    if activation is not None:
+        act = _activation_kernel(activation)
+        launches.append(lambda stream: act(out2d, out2d))
+    held = (a, b)  # the patch matrix and the filter copy live as long as the call
+
+    def call() -> None:
+        stream = cp.cuda.get_current_stream()
+        for launch in launches:
+            launch(stream)
+
+    call.held = held  # type: ignore[attr-defined]
+    return call
+
+
+def _elements(a: Any) -> tuple[int, ...]:
+    """A CuPy array's strides in elements."""
+    return tuple(s // a.dtype.itemsize for s in a.strides)
+
+
+#: ``torch_activation``'s functions in float arithmetic (gelu in its tanh form), NaN
+#: kept and ``relu(-0.0) = -0.0``, as torch computes them.
+_ACTIVATIONS = {
+    "relu": "v < 0.f ? 0.f : v",
+    "silu": "v / (1.f + expf(-v))",
+    "gelu": "0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))",
+}
+_KERNELS: dict[str, Any] = {}
+
+
+def _activation_kernel(activation: str) -> Any:
+    """A CuPy elementwise kernel ``y = act(x)`` of :data:`_ACTIVATIONS` (``x`` and ``y``
+    may be one array)."""
+    fn = _KERNELS.get(activation)
+    if fn is None:
+        import cupy as cp
+
+        fn = _KERNELS[activation] = cp.ElementwiseKernel(
+            "T x", "T y", f"float v = (float)x; y = (T)({_ACTIVATIONS[activation]});",
+            f"pyc_conv_graph_{activation}")
+    return fn

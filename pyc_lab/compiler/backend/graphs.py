@@ -259,7 +259,8 @@ def _record(exe: GraphHost, values: dict[int, Any], program: list[tuple[str, Any
     other library call as a call on the static arrays."""
     cp = exe._cp
     with cp.cuda.using_allocator(pool.malloc), stream:
-        gemms = any(not s.capturable and getattr(s, "graph_workspace", False)
+        gemms = any(not s.capturable and (getattr(s, "graph_workspace", False)
+                                          or getattr(s, "wants_workspace", False))
                     for s in exe._steps)
         workspace = _direct_blas_workspace(owned) if gemms else None  # 32 MiB: only if used
         capturing = False

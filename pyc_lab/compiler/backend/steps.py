@@ -656,25 +656,33 @@ class _LibraryStep(_CupyStep):
 
 
 class _RecordedLibraryStep(_LibraryStep):
-    """A library op with a form a CUDA graph can record (:attr:`OpDef.record`: ``conv``
-    where pyc_lab's direct kernel won the problem's race): :meth:`graph_call` gives it;
-    where there is none this time the op runs between graphs as a :class:`_LibraryStep`."""
+    """A library op with a form a CUDA graph can record (:attr:`OpDef.record`: ``conv``,
+    :mod:`pyc_lab.kernels.conv_graph`): :meth:`graph_call` gives it; where there is none
+    this time the op runs between graphs as a :class:`_LibraryStep`. It is recorded with
+    or without a cuBLAS workspace (``graph_workspace`` false), and uses one where the
+    program has it (:attr:`wants_workspace`: one is made for the graphs)."""
 
     graph_workspace = False
+
+    @property
+    def wants_workspace(self) -> bool:
+        """Whether the recorded form may issue cuBLAS: a channels-last convolution's
+        GEMM form (:mod:`pyc_lab.kernels.conv_graph`)."""
+        return self.node.attrs.get("layout") == "channels_last"
 
     def graph_call(self, exe: Executor, values: dict[int, Any],
                    workspace: tuple[int, int] | None) -> Callable[[], None] | None:
         """The op into its output (the planned buffer, or a fresh array of the program's
         pool) as a recordable call on the static arrays, entered in ``values`` now and
         run when the call runs; ``None`` where the op has no recordable form for these
-        operands. ``workspace`` is not used."""
+        operands. ``workspace``: the program's cuBLAS workspace, or ``None``."""
         node = self.node
         record = REGISTRY[node.op].record
         if record is None:
             return None
         out = exe._buffer_view(self.out_buffer, node) if self.materialize == "buffer" \
             else exe._cp.empty(node.shape, dtype=node.dtype)
-        call = record(exe._cp, [values[i] for i in node.inputs], node.attrs, out)
+        call = record(exe._cp, [values[i] for i in node.inputs], node.attrs, out, workspace)
         if call is not None:
             values[node.id] = out
         return call
