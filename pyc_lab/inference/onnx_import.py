@@ -108,7 +108,8 @@ class ImportedGraph:
     inputs, outputs
         The model's tensors.
     weights
-        The arrays bound to the weight parameters, in order.
+        The arrays bound to the weight parameters, in order (a channels-last import holds
+        the filters its 2-D convolutions alone read as ``(O, KH, KW, C)``).
     notes
         One line per import decision (folded batch norms, graph breaks, constants).
     op_counts
@@ -304,6 +305,21 @@ def _param_name(name: str, taken: set[str]) -> str:
     return out
 
 
+def _filters_read_only_by_convs(steps: Sequence[_Step], weight_names: Sequence[str],
+                                consts: dict[str, np.ndarray],
+                                output_names: set[str]) -> set[str]:
+    """The weights that are 4-D filters of native 2-D ``Conv`` steps and read by nothing
+    else (no other step or input position, not a graph output)."""
+    readers: dict[str, set[tuple[str, int]]] = {}
+    for step in steps:
+        for pos, i in enumerate(step.inputs):
+            if i:
+                readers.setdefault(i, set()).add(
+                    ("Conv" if step.op == "Conv" and step.native else "", pos))
+    return {n for n in weight_names if n not in output_names and consts[n].ndim == 4
+            and readers.get(n) == {("Conv", 1)}}
+
+
 def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
                 conv: str = "auto", layout: str = "channels_first") -> ImportedGraph:
     """Import an ONNX model as a NumPy-style function with its weights bound.
@@ -330,7 +346,8 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
         through ``pl.conv`` (whatever ``conv`` says for them), kept so across the
         elementwise ops between them and transposed back where another op needs the
         graph's layout (:mod:`.onnx_layout`) — what pyc_lab's tuned CUTLASS kernels and
-        cuDNN's tensor-core kernels read.
+        cuDNN's tensor-core kernels read; their filters are held ``(O, KH, KW, C)``, the
+        order those kernels read, so that no call copies them.
 
     Returns
     -------
@@ -443,7 +460,13 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
     for o in outputs:
         if o.name in consts and o.name not in weight_names:
             weight_names.append(o.name)
-    weights = [consts[n] for n in weight_names]
+    # channels last: a filter read only by 2-D convolutions is held (O, KH, KW, C), the
+    # order the tuned kernels, cuDNN's channels-last kernels and the GEMM form read, and
+    # viewed (O, C, KH, KW) in the program (no copy of it on each call)
+    filters_last = _filters_read_only_by_convs(steps, weight_names, consts, output_names) \
+        if layout == "channels_last" else set()
+    weights = [np.ascontiguousarray(consts[n].transpose(0, 2, 3, 1)) if n in filters_last
+               else consts[n] for n in weight_names]
     statics = {n: consts[n] for n in static_names}
     in_names = [i.name for i in inputs]
     out_names = [o.name for o in outputs]
@@ -451,6 +474,8 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
     def program(xs: Sequence[Any], ws: Sequence[Any]) -> Any:
         env: dict[str, Any] = dict(statics)
         env.update(zip(weight_names, ws, strict=True))
+        for n in filters_last:  # (O, KH, KW, C) held, (O, C, KH, KW) seen
+            env[n] = np.transpose(env[n], (0, 3, 1, 2))
         env.update(zip(in_names, xs, strict=True))
         plan = ChannelsLast() if layout == "channels_last" else None
         for step in steps:

@@ -60,7 +60,8 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     exchanged with torch here (a CUDA-graph capture may be under way)."""
     if arrays.kind(x) != "cupy" or layout not in LAYOUTS or conv_route(x) != "cudnn":
         return None
-    if out.dtype != x.dtype or not out.flags.c_contiguous or not w.flags.c_contiguous \
+    if out.dtype != x.dtype or not out.flags.c_contiguous \
+            or not (w.flags.c_contiguous or _filter_last(w).flags.c_contiguous) \
             or (bias is not None and not bias.flags.c_contiguous):
         return None
     _, stride_t, pads, dilation_t = conv_geometry(
@@ -97,8 +98,9 @@ def _direct(x: Any, w: Any, bias: Any, out: Any, problem: tuple[Any, ...],
             activation: str | None) -> Callable[[], None] | None:
     """The direct kernel of channels-first ``x`` (any strides) into ``out``: in place
     where ``out`` is contiguous, else into a scratch array of the graph copied into it
-    (``out`` a channels-last array viewed channels first); ``None`` for a problem the
-    kernel does not take."""
+    (``out`` a channels-last array viewed channels first), the filter copied into the
+    ``(O, C, *kernel)`` order the kernel reads where it is held otherwise; ``None`` for
+    a problem the kernel does not take."""
     import cupy as cp
 
     item = x.dtype.itemsize
@@ -110,34 +112,38 @@ def _direct(x: Any, w: Any, bias: Any, out: Any, problem: tuple[Any, ...],
     launch = conv_direct.launcher(conv_direct.KINDS[x.dtype.name], geo, device, activation,
                                   conv_direct.sm_count(device))
     target = out if out.flags.c_contiguous else cp.empty(out.shape, dtype=out.dtype)
-    ptrs = (x.data.ptr, w.data.ptr, 0 if bias is None else bias.data.ptr, target.data.ptr)
-    if target is out:
-        def call() -> None:
-            launch(*ptrs, cp.cuda.get_current_stream())
-    else:
-        def call() -> None:
-            launch(*ptrs, cp.cuda.get_current_stream())
+    filt = w if w.flags.c_contiguous else cp.empty(w.shape, dtype=w.dtype)
+    ptrs = (x.data.ptr, filt.data.ptr, 0 if bias is None else bias.data.ptr,
+            target.data.ptr)
+
+    def call() -> None:
+        if filt is not w:  # the kernel reads (O, C, *kernel): a copy of the filter
+            cp.copyto(filt, w)
+        launch(*ptrs, cp.cuda.get_current_stream())
+        if target is not out:
             cp.copyto(out, target)
 
-    return call  # holds the scratch array: the graph's program keeps the call
+    return call  # holds the scratch arrays: the graph's program keeps the call
 
 
 def _tuned(x: Any, w: Any, bias: Any, out: Any,
            tuned: tuple[Any, Any]) -> Callable[[], None]:
     """The tuned CUTLASS kernel ``(conv, geometry)`` of a contiguous channels-last ``x``
-    into ``out``, launched on CuPy's current stream after the filter is copied into the
-    ``(O, *kernel, C)`` order the kernel reads."""
+    into ``out``, launched on CuPy's current stream, the filter read in place where it
+    is held in the ``(O, *kernel, C)`` order the kernel reads, else copied into it first
+    on each call."""
     import cupy as cp
 
-    nd = len(w.shape) - 2
     kernel, geometry = tuned
-    w_last = cp.empty((w.shape[0], *w.shape[2:], w.shape[1]), dtype=w.dtype)
-    w_view = w.transpose(0, *range(2, nd + 2), 1)
+    w_view = _filter_last(w)
+    held = w_view.flags.c_contiguous  # a filter held (O, *kernel, C): read in place
+    w_last = w_view if held else cp.empty(w_view.shape, dtype=w.dtype)
     ptrs = (x.data.ptr, w_last.data.ptr, None if bias is None else bias.data.ptr,
             out.data.ptr)
 
     def call() -> None:
-        cp.copyto(w_last, w_view)
+        if not held:
+            cp.copyto(w_last, w_view)
         kernel.run(geometry, ptrs[0], ptrs[1], ptrs[2], ptrs[3],
                    cp.cuda.get_current_stream().ptr)
 
@@ -192,14 +198,16 @@ def _gemm(x: Any, w: Any, bias: Any, out: Any, problem: tuple[Any, ...],
                                      stream)
 
         launches.append(gather)
+        w_last = _filter_last(w)
         if (kh, kw) == (1, 1):
             b = w.reshape(o, c).T
+        elif width == k and w_last.flags.c_contiguous:  # held in the patches' order
+            b = w_last.reshape(o, k).T
         else:  # the filter in the patches' (R, S, C) order, zeros after its k columns
             wm = cp.zeros((o, width), dtype=w.dtype)
             target = cp.lib.stride_tricks.as_strided(
                 wm, (o, kh, kw, c), (width * item, kw * c * item, c * item, item))
-            source = w.transpose(0, 2, 3, 1)
-            launches.append(lambda stream: cp.copyto(target, source))
+            launches.append(lambda stream: cp.copyto(target, w_last))
             b = wm.T
     layout = blas_layout.describe(tuple(a.shape), _elements(a), tuple(b.shape),
                                   _elements(b), _elements(out2d))
@@ -251,3 +259,8 @@ def _activation_kernel(activation: str) -> Any:
             "T x", "T y", f"float v = (float)x; y = (T)({_ACTIVATIONS[activation]});",
             f"pyc_conv_graph_{activation}")
     return fn
+
+
+def _filter_last(w: Any) -> Any:
+    """A ``(O, C, *kernel)`` filter viewed ``(O, *kernel, C)``."""
+    return w.transpose(0, *range(2, w.ndim), 1)

@@ -617,6 +617,28 @@ def test_channels_last_import_keeps_the_layout_across_elementwise_ops(monkeypatc
                     "Flatten:g1": "first", "Gemm:f1": "first"}
 
 
+def test_channels_last_import_holds_conv_filters_as_the_kernels_read_them():
+    """A filter read by 2-D convolutions alone is held ``(O, KH, KW, C)`` by the
+    channels-last import (the channels-first import keeps the graph's ``(O, C, KH, KW)``);
+    a filter another op reads too keeps the graph's order; the answers are the graph's."""
+    m, _ = _layout_model()
+    w2 = next(numpy_helper.to_array(t) for t in m.graph.initializer if t.name == "W2")
+    last, first = load(m, layout="channels_last"), load(m)
+    assert any(w.shape == (8, 3, 3, 4) and w.flags.c_contiguous
+               and np.array_equal(w, w2.transpose(0, 2, 3, 1)) for w in last.imported.weights)
+    assert any(w.shape == w2.shape and np.array_equal(w, w2) for w in first.imported.weights)
+    assert not any(w.shape == (8, 3, 3, 4) for w in first.imported.weights)
+    # W read by a Conv and by a Mul: held as the graph has it
+    shared = _w(2, 2, 1, 1)
+    m2 = _model([node("Conv", ["x", "W"], "y"), node("Mul", ["x", "W"], "z")],
+                {"x": (2, 2, 5, 4)}, ["y", "z"], {"W": shared})
+    feeds = _inputs({"x": (2, 2, 5, 4)}, seed=3)
+    got = load(m2, layout="channels_last")
+    assert [w.shape for w in got.imported.weights] == [shared.shape]
+    for name, want in zip(("y", "z"), ReferenceEvaluator(m2).run(None, feeds), strict=True):
+        _close(got(feeds)[name], want)
+
+
 def test_layout_must_be_known():
     m = _model([node("Conv", ["x", "W"])], {"x": (1, 2, 5, 5)}, ["y"], {"W": _w(3, 2, 3, 3)})
     with pytest.raises(ModelImportError, match="layout must be one of"):

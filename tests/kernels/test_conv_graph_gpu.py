@@ -38,23 +38,30 @@ def gemm_wins(monkeypatch):
     monkeypatch.setattr(conv_gemm, "time_calls", lambda runs, device: timed[:len(runs)])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize(("dtype", "held_last"), [("float32", False), ("float32", True),
+                                                  ("float16", True)])
 @pytest.mark.parametrize(("xs", "ws", "stride", "pad"), _PROBLEMS)
 @pytest.mark.parametrize(("bias", "activation"), [(True, "relu"), (False, None),
                                                   (True, "gelu"), (True, "silu")])
 def test_the_gemm_form_is_recorded_and_matches_float64(gemm_wins, dtype, xs, ws, stride,
-                                                       pad, bias, activation):
+                                                       pad, bias, activation, held_last):
+    """``held_last``: the filter held ``(O, KH, KW, C)`` and viewed ``(O, C, KH, KW)``
+    in the program, as the channels-last ONNX import holds it (read in place)."""
     rng = np.random.default_rng()
     t = np.dtype(dtype)
     w = (rng.uniform(-1, 1, ws) / np.sqrt(np.prod(ws[1:]))).astype(t)
     b = rng.uniform(-1, 1, ws[0]).astype(t) if bias else None
 
+    def held(w):
+        return np.ascontiguousarray(w.transpose(0, 2, 3, 1)) if held_last else w
+
     def block(x, w, b=None):
+        w = w.transpose(0, 3, 1, 2) if held_last else w
         return pl.conv2d(x, w, b, stride=stride, padding=pad, layout="channels_last",
                          activation=activation)
 
     f = pl.compile(block, backend="cupy", cuda_graph=True)
-    wc = cp.asarray(w)
+    wc = cp.asarray(held(w))
     args = (wc,) if b is None else (wc, cp.asarray(b))
     xc = cp.empty((xs[0], *xs[2:], xs[1]), t)
     for k in range(5):
@@ -63,7 +70,7 @@ def test_the_gemm_form_is_recorded_and_matches_float64(gemm_wins, dtype, xs, ws,
             x[0, 1, 2, 3] = np.nan
         if k == 4:  # a filter written in place: the replay reads it
             w = (rng.uniform(-1, 1, ws) / np.sqrt(np.prod(ws[1:]))).astype(t)
-            wc.set(w)
+            wc.set(held(w))
         xc.set(x)
         got = cp.asnumpy(f(xc, *args)).transpose(0, 3, 1, 2)
         want = _reference(x.transpose(0, 3, 1, 2), w, b, (stride,) * 2, (pad,) * 2, (1, 1),
