@@ -313,9 +313,10 @@ def torch_runner(m: Any, device: str) -> Any:
 # -- the implementations ---------------------------------------------------------------
 def implementations(m: Any, gpu: bool, channels_last: bool = False,
                     only: set[str] | None = None) -> dict[str, Any]:
-    """name -> (prepare(feeds) -> state, call(state) -> outputs as NumPy, info); with
-    ``channels_last`` also the bound call of the model imported with
-    ``layout="channels_last"`` (``pyc_lab_channels_last``); ``only``: those names."""
+    """name -> (prepare(feeds) -> state, call(state) -> outputs as NumPy, info); pyc_lab
+    with ``load``'s default layout (``pyc_lab``, ``pyc_lab_io_binding``), and with
+    ``channels_last`` also the bound calls of the model imported with each layout named
+    (``pyc_lab_channels_first``, ``pyc_lab_channels_last``); ``only``: those names."""
     out = _implementations(m, gpu, channels_last)
     return out if only is None else {k: v for k, v in out.items() if k in only}
 
@@ -347,8 +348,9 @@ def _implementations(m: Any, gpu: bool, channels_last: bool) -> dict[str, Any]:
 
         def pl_host(outs):
             return outs
+    layout = _layout_of(model)
     out["pyc_lab"] = (pl_prep, pl_call, pl_host, {"backend": "cupy" if gpu else "numpy",
-                                                   "cuda_graph": gpu})
+                                                   "cuda_graph": gpu, "layout": layout})
     if gpu:  # like onnxruntime's IOBinding with CUDA graphs: inputs and outputs in place
         def bound_prep(feeds):
             return model.io_binding(pl_prep(feeds))
@@ -359,21 +361,21 @@ def _implementations(m: Any, gpu: bool, channels_last: bool) -> dict[str, Any]:
             return outs
 
         out["pyc_lab_io_binding"] = (bound_prep, bound_call, pl_host,
-                                     {"backend": "cupy", "cuda_graph": True,
+                                     {"backend": "cupy", "cuda_graph": True, "layout": layout,
                                       "api": "model.io_binding(inputs)(): outputs are the "
                                              "graphs' own arrays, valid until the next run"})
         out["pyc_lab_io_binding_no_small_gemm"] = _without_small_gemm(m, bound_call, pl_host)
-        if channels_last:
-            last = pl.inference.load(m, backend="cupy", cuda_graph=True,
-                                     layout="channels_last")
+        for named in ("channels_first", "channels_last") if channels_last else ():
+            other = pl.inference.load(m, backend="cupy", cuda_graph=True, layout=named)
 
-            def last_prep(feeds):
-                return last.io_binding([cp.asarray(feeds[n]) for n in last.input_names])
+            def named_prep(feeds, other=other):
+                return other.io_binding([cp.asarray(feeds[n]) for n in other.input_names])
 
-            out["pyc_lab_channels_last"] = (
-                last_prep, bound_call, pl_host,
-                {"backend": "cupy", "cuda_graph": True, "layout": "channels_last",
-                 "api": "model.io_binding(inputs)() of the channels-last import"})
+            out[f"pyc_lab_{named}"] = (
+                named_prep, bound_call, pl_host,
+                {"backend": "cupy", "cuda_graph": True, "layout": named,
+                 "api": f"model.io_binding(inputs)() of the model loaded with "
+                        f"layout={named!r}"})
 
     try:
         import onnxruntime as ort
@@ -421,6 +423,12 @@ def _implementations(m: Any, gpu: bool, channels_last: bool) -> dict[str, Any]:
                                     {"device": device, "mode": "reduce-overhead",
                                      "version": torch.__version__})
     return out
+
+
+def _layout_of(model: Any) -> str:
+    """The layout ``pl.inference.load`` chose for an ONNX model's convolutions."""
+    imported = getattr(model, "imported", None)
+    return imported.layout if imported is not None else "channels_first"
 
 
 def _without_small_gemm(m: Any, call: Any, host: Any) -> tuple[Any, Any, Any, dict]:
@@ -589,6 +597,7 @@ def against_onnxruntime_cuda(rows: list[dict[str, Any]]) -> dict[str, Any] | Non
             by.setdefault(r["batch"], {})[r["impl"]] = r
     out: dict[str, Any] = {}
     for ours, suffix in (("pyc_lab", ""), ("pyc_lab_io_binding", "_io_binding"),
+                         ("pyc_lab_channels_first", "_channels_first"),
                          ("pyc_lab_channels_last", "_channels_last")):
         ratios = {}
         p99 = None

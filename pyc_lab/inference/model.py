@@ -22,6 +22,7 @@ from ..compiler.api import CompiledFunction
 from ..compiler.api import compile as pl_compile
 from .errors import BadRequestError, InferenceError, ModelImportError
 from .onnx_import import ImportedGraph, TensorSpec, import_onnx
+from .onnx_layout import LAYOUTS
 
 __all__ = ["CompiledModel", "ModelExplanation", "load"]
 
@@ -283,11 +284,26 @@ def _specs(spec: Mapping[str, Any] | Sequence[TensorSpec], what: str) -> list[Te
     return list(spec)
 
 
+def _layout(layout: str, backend: str) -> str:
+    """``load``'s ``layout`` with ``"auto"`` resolved for ``backend``."""
+    if layout not in ("auto", *LAYOUTS):
+        raise ModelImportError(f"layout must be one of {('auto', *LAYOUTS)}, got {layout!r}")
+    if layout != "auto":
+        return layout
+    if backend == "numpy":
+        return "channels_first"
+    if backend == "cupy":
+        return "channels_last"
+    from ..hardware.device import no_gpu_reason
+
+    return "channels_last" if no_gpu_reason() is None else "channels_first"
+
+
 def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | None = None,
          outputs: Sequence[str] | None = None, backend: str = "auto",
          mode: str = "balanced", cuda_graph: bool = False,
          onnxruntime_fallback: bool = True, conv: str = "auto",
-         layout: str = "channels_first") -> CompiledModel:
+         layout: str = "auto") -> CompiledModel:
     """Import and compile a model for serving.
 
     Parameters
@@ -315,8 +331,12 @@ def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | Non
         :func:`~pyc_lab.inference.onnx_import.import_onnx`).
     layout
         ``"channels_last"``: an ONNX model's 2-D convolutions run on channels-last
-        activations (what pyc_lab's tuned CUTLASS kernels read; transposed where the
-        graph needs its own layout), ``"channels_first"`` (default) as the graph has them.
+        activations (what pyc_lab's tuned CUTLASS kernels and cuDNN's tensor-core
+        kernels read; transposed where the graph needs its own layout),
+        ``"channels_first"`` as the graph has them. ``"auto"`` (default):
+        ``"channels_last"`` where the model will run on a GPU (``backend="cupy"``, or
+        ``"auto"`` with a usable GPU and CuPy), ``"channels_first"`` otherwise (NumPy's
+        im2col gains nothing from it). The choice is in ``explain()``'s import notes.
 
     Returns
     -------
@@ -330,8 +350,13 @@ def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | Non
         If a function comes without ``inputs``.
     """
     if isinstance(model, (str, Path, bytes, bytearray)) or type(model).__name__ == "ModelProto":
+        chosen = _layout(layout, backend)
         imported = import_onnx(model, onnxruntime_fallback=onnxruntime_fallback, conv=conv,
-                               layout=layout)
+                               layout=chosen)
+        if layout == "auto" and imported.op_counts.get("Conv"):
+            imported.notes.append(f"layout auto: {chosen} ("
+                                  + ("the model runs on a GPU" if chosen == "channels_last"
+                                     else "no GPU in use") + ")")
         compiled = pl_compile(imported.function, backend=backend, mode=mode,
                               cuda_graph=cuda_graph)
         log.debug("loaded ONNX model %r", imported.name)

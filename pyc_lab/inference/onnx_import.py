@@ -118,6 +118,9 @@ class ImportedGraph:
         ``(op, node)`` of every node that runs through onnxruntime.
     opset
         The model's default-domain opset.
+    layout
+        Where the imported program holds its 2-D convolutions' channels
+        (:data:`~.onnx_layout.LAYOUTS`).
     """
 
     name: str
@@ -129,6 +132,7 @@ class ImportedGraph:
     op_counts: dict[str, int] = field(default_factory=dict)
     breaks: list[tuple[str, str]] = field(default_factory=list)
     opset: int = 0
+    layout: str = "channels_first"
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -508,4 +512,5 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
               len(weights))
     return ImportedGraph(name=graph.name or "model", function=fn, inputs=inputs,
                          outputs=outputs, weights=weights, notes=notes,
-                         op_counts=dict(sorted(counts.items())), breaks=breaks, opset=opset)
+                         op_counts=dict(sorted(counts.items())), breaks=breaks, opset=opset,
+                         layout=layout)

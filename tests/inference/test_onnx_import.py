@@ -639,10 +639,35 @@ def test_channels_last_import_holds_conv_filters_as_the_kernels_read_them():
         _close(got(feeds)[name], want)
 
 
+def test_load_chooses_channels_last_where_the_model_runs_on_a_gpu(monkeypatch):
+    """``load(layout="auto")`` (the default): channels last for the cupy backend and for
+    ``backend="auto"`` with a usable GPU, the graph's layout for NumPy and without a
+    GPU; said in the import's notes of a model with convolutions."""
+    from pyc_lab.hardware import device
+    from pyc_lab.inference.model import _layout
+
+    assert _layout("auto", "cupy") == "channels_last"
+    assert _layout("auto", "numpy") == "channels_first"
+    assert _layout("channels_first", "cupy") == "channels_first"
+    monkeypatch.setattr(device, "no_gpu_reason", lambda **k: None)
+    assert _layout("auto", "auto") == "channels_last"
+    monkeypatch.setattr(device, "no_gpu_reason", lambda **k: "no driver")
+    assert _layout("auto", "auto") == "channels_first"
+    m, shapes = _layout_model()
+    model = load(m)
+    assert "layout auto: channels_first (no GPU in use)" in model.imported.notes
+    assert model.imported.layout == "channels_first"
+    assert load(m, backend="numpy", layout="channels_last").imported.layout == "channels_last"
+    feeds = _inputs(shapes, seed=5)
+    _close(model(feeds)["y"], ReferenceEvaluator(m).run(None, feeds)[0])
+
+
 def test_layout_must_be_known():
     m = _model([node("Conv", ["x", "W"])], {"x": (1, 2, 5, 5)}, ["y"], {"W": _w(3, 2, 3, 3)})
     with pytest.raises(ModelImportError, match="layout must be one of"):
         load(m, layout="nhwc")
+    with pytest.raises(ModelImportError, match="layout must be one of"):
+        import_onnx(m, layout="auto")  # the import takes a layout, not a choice
     # a 1-D convolution keeps the graph's layout under channels_last
     m1 = _model([node("Conv", ["x", "W"])], {"x": (2, 2, 9)}, ["y"], {"W": _w(3, 2, 3)})
     feeds = _inputs({"x": (2, 2, 9)})
