@@ -65,7 +65,8 @@ def time_route(m: Any, inputs: Any, route: str, batches: tuple[int, ...],
     import pyc_lab as pl
     from pyc_lab.profiling import benchmark
 
-    model = pl.inference.load(m, backend="cupy", cuda_graph=True, conv=route)
+    model = pl.inference.load(m, backend="cupy", cuda_graph=True, conv=route,
+                              layout="channels_first")  # the routes, as the graph has them
     ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     rows = []
     for batch in batches:
@@ -101,7 +102,8 @@ def top_kernels(m: Any, inputs: Any, route: str, batch: int) -> list[dict[str, A
 
     import pyc_lab as pl
 
-    model = pl.inference.load(m, backend="cupy", cuda_graph=True, conv=route)
+    model = pl.inference.load(m, backend="cupy", cuda_graph=True, conv=route,
+                              layout="channels_first")  # the routes, as the graph has them
     feeds = inputs(m, batch, 1)
     state = [cp.asarray(feeds[n]) for n in model.input_names]
     for _ in range(3):

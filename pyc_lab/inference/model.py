@@ -284,13 +284,14 @@ def _specs(spec: Mapping[str, Any] | Sequence[TensorSpec], what: str) -> list[Te
     return list(spec)
 
 
-def _layout(layout: str, backend: str) -> str:
-    """``load``'s ``layout`` with ``"auto"`` resolved for ``backend``."""
+def _layout(layout: str, backend: str, conv: str = "auto") -> str:
+    """``load``'s ``layout`` with ``"auto"`` resolved for ``backend`` (and ``conv``:
+    ``"im2col"`` asks for the convolutions inside the program, as the graph has them)."""
     if layout not in ("auto", *LAYOUTS):
         raise ModelImportError(f"layout must be one of {('auto', *LAYOUTS)}, got {layout!r}")
     if layout != "auto":
         return layout
-    if backend == "numpy":
+    if backend == "numpy" or conv == "im2col":
         return "channels_first"
     if backend == "cupy":
         return "channels_last"
@@ -335,8 +336,9 @@ def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | Non
         kernels read; transposed where the graph needs its own layout),
         ``"channels_first"`` as the graph has them. ``"auto"`` (default):
         ``"channels_last"`` where the model will run on a GPU (``backend="cupy"``, or
-        ``"auto"`` with a usable GPU and CuPy), ``"channels_first"`` otherwise (NumPy's
-        im2col gains nothing from it). The choice is in ``explain()``'s import notes.
+        ``"auto"`` with a usable GPU and CuPy) through ``pl.conv`` (``conv`` not
+        ``"im2col"``), ``"channels_first"`` otherwise (NumPy's im2col gains nothing from
+        it). The choice is in ``explain()``'s import notes and ``imported.layout``.
 
     Returns
     -------
@@ -350,7 +352,7 @@ def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | Non
         If a function comes without ``inputs``.
     """
     if isinstance(model, (str, Path, bytes, bytearray)) or type(model).__name__ == "ModelProto":
-        chosen = _layout(layout, backend)
+        chosen = _layout(layout, backend, conv)
         imported = import_onnx(model, onnxruntime_fallback=onnxruntime_fallback, conv=conv,
                                layout=chosen)
         if layout == "auto" and imported.op_counts.get("Conv"):

@@ -101,7 +101,8 @@ def test_imported_convolutions_on_the_gpu_match_onnxruntime(route):
              (conv2d, lambda b: {"x": rng.standard_normal((b, 3, 33, 17)).astype(np.float32)},
               (1, 7, 256))]
     for m, inputs, batches in cases:
-        model = load(m, backend="cupy", cuda_graph=True, conv=route)
+        model = load(m, backend="cupy", cuda_graph=True, conv=route,
+                     layout="channels_first")  # the routes (channels last: below)
         sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
         for batch in batches:
             feeds = inputs(batch)
@@ -115,19 +116,20 @@ def test_imported_convolutions_on_the_gpu_match_onnxruntime(route):
 
 @pytest.mark.gpu
 def test_channels_last_import_on_the_gpu_matches_the_reference():
-    """``layout="channels_last"`` on the cupy backend with CUDA graphs: the residual CNN
-    that meets every rule of the layout import (convolutions as channels-last
-    ``pl.conv`` nodes between the graphs, a graph output taken straight from one), at
-    two batches, launched, captured and replayed, against ``onnx.reference`` and against
-    the channels-first import on the same GPU."""
+    """``layout="channels_last"`` (the default on the cupy backend) with CUDA graphs: the
+    residual CNN that meets every rule of the layout import (convolutions as
+    channels-last ``pl.conv`` nodes, a graph output taken straight from one), at two
+    batches, launched, captured and replayed, against ``onnx.reference`` and against the
+    channels-first import on the same GPU."""
     import cupy as cp
     from onnx.reference import ReferenceEvaluator
 
     from tests.inference.test_onnx_import import _inputs, _layout_model
 
     m, shapes = _layout_model()
-    last = load(m, backend="cupy", cuda_graph=True, layout="channels_last")
-    first = load(m, backend="cupy", cuda_graph=True)
+    last = load(m, backend="cupy", cuda_graph=True)  # the default on a GPU
+    assert last.imported.layout == "channels_last"
+    first = load(m, backend="cupy", cuda_graph=True, layout="channels_first")
     ref = ReferenceEvaluator(m)
     for batch in (3, 17):
         feeds = _inputs({"x": (batch, *shapes["x"][1:])}, seed=batch)

@@ -649,6 +649,7 @@ def test_load_chooses_channels_last_where_the_model_runs_on_a_gpu(monkeypatch):
     assert _layout("auto", "cupy") == "channels_last"
     assert _layout("auto", "numpy") == "channels_first"
     assert _layout("channels_first", "cupy") == "channels_first"
+    assert _layout("auto", "cupy", "im2col") == "channels_first"  # asked for in the program
     monkeypatch.setattr(device, "no_gpu_reason", lambda **k: None)
     assert _layout("auto", "auto") == "channels_last"
     monkeypatch.setattr(device, "no_gpu_reason", lambda **k: "no driver")
