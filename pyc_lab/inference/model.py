@@ -338,7 +338,8 @@ def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | Non
         ``"channels_last"`` where the model will run on a GPU (``backend="cupy"``, or
         ``"auto"`` with a usable GPU and CuPy) through ``pl.conv`` (``conv`` not
         ``"im2col"``), ``"channels_first"`` otherwise (NumPy's im2col gains nothing from
-        it). The choice is in ``explain()``'s import notes and ``imported.layout``.
+        it). ``imported.layout`` holds the choice; ``explain()``'s import notes say when
+        ``"auto"`` chose channels last.
 
     Returns
     -------
@@ -355,10 +356,8 @@ def load(model: Any, *, name: str | None = None, inputs: Mapping[str, Any] | Non
         chosen = _layout(layout, backend, conv)
         imported = import_onnx(model, onnxruntime_fallback=onnxruntime_fallback, conv=conv,
                                layout=chosen)
-        if layout == "auto" and imported.op_counts.get("Conv"):
-            imported.notes.append(f"layout auto: {chosen} ("
-                                  + ("the model runs on a GPU" if chosen == "channels_last"
-                                     else "no GPU in use") + ")")
+        if layout == "auto" and chosen == "channels_last" and imported.op_counts.get("Conv"):
+            imported.notes.append("layout auto: channels_last (the model runs on a GPU)")
         compiled = pl_compile(imported.function, backend=backend, mode=mode,
                               cuda_graph=cuda_graph)
         log.debug("loaded ONNX model %r", imported.name)

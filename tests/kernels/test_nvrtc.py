@@ -163,19 +163,6 @@ class _NullDevice:
         return False
 
 
-class _Tensor:
-    """What ``conv_gemm._gather`` reads of a torch tensor before it compiles."""
-
-    device = type("Dev", (), {"index": 0})()
-    shape = (6, 64)
-
-    def element_size(self) -> int:
-        return 2
-
-    def stride(self) -> tuple[int, ...]:
-        return (64, 1, 8, 1)
-
-
 def _load(family: str, mod) -> None:
     """Ask ``family`` for its kernels the way its launcher does."""
     if family == "skinny":
@@ -185,7 +172,7 @@ def _load(family: str, mod) -> None:
     elif family == "padded":
         mod._functions(0, "__half")
     elif family == "conv_gemm":
-        mod._gather(_Tensor(), _Tensor(), (1, 1, 1, 1, 1, 1, 1, 1), 64)
+        mod.gather_patches(0, 2, 0, 0, (1,) * 14, (64, 8, 1), 6, 64, None)
     elif family == "conv_direct":
         mod._function(0, 2, mod.Config(False, 8, 4), 1, (0,) * 20)
     else:
