@@ -30,7 +30,7 @@ from ..kernels.conv_graph import recordable_conv
 from .op_registry import REGISTRY, OpDef, ShapeError, register
 from .values import is_traced
 
-__all__ = ["conv_bind", "conv_record", "conv_reference", "trace_conv"]
+__all__ = ["conv_bind", "conv_gemm_recorded", "conv_record", "conv_reference", "trace_conv"]
 
 
 def _operands(args: Sequence[Any]) -> tuple[Any, Any, Any]:
@@ -70,6 +70,13 @@ def conv_record(xp: Any, args: Sequence[Any], attrs: dict[str, Any], out: Any,
     if xp is np:
         return None
     return recordable_conv(*_operands(args), out, **_arguments(attrs), workspace=workspace)
+
+
+def conv_gemm_recorded(attrs: dict[str, Any]) -> bool:
+    """Whether the conv's recorded form may be the GEMM form, which issues cuBLAS with
+    the graphs' workspace: a channels-last convolution
+    (:mod:`pyc_lab.kernels.conv_graph`)."""
+    return attrs.get("layout") == "channels_last"
 
 
 def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
@@ -112,5 +119,5 @@ if "conv" not in REGISTRY:
     register(OpDef("conv", "conv", None, _shape, conv_reference,
                     dtype=lambda inputs, attrs: np.dtype(inputs[0].dtype),
                     doc="pl.conv's convolution (cross-correlation, torch's semantics)",
-                    bind=conv_bind, record=conv_record))
+                    bind=conv_bind, record=conv_record, record_workspace=conv_gemm_recorded))
 _conv.set_tracer(trace_conv)

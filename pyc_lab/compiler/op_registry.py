@@ -81,6 +81,9 @@ class OpDef:
     #: or ``None`` where the op must run between graphs this time.
     record: Callable[[Any, Sequence[Any], dict[str, Any], Any, Any],
                      Callable[[], None] | None] | None = None
+    #: For a ``record`` op: ``record_workspace(attrs)`` says whether its recorded form
+    #: may issue cuBLAS (the graphs then make a workspace for it); ``None``: never.
+    record_workspace: Callable[[dict[str, Any]], bool] | None = None
 
 
 REGISTRY: dict[str, OpDef] = {}

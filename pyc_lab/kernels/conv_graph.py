@@ -168,11 +168,12 @@ def _gemm(x: Any, w: Any, bias: Any, out: Any, problem: tuple[Any, ...],
           activation: str | None, tf32: bool,
           workspace: tuple[int, int]) -> Callable[[], None] | None:
     """The GEMM form of a contiguous channels-last ``x`` (``N, H, W, C``) into ``out``
-    (``N, P, Q, O``), as the module describes it; ``None`` where cuBLAS cannot describe
+    (``N, P, Q, O``), as the module describes it (the product issued as
+    :func:`.matmul_plan.direct_for` describes it); ``None`` where cuBLAS cannot take
     the product."""
     import cupy as cp
 
-    from . import blas_direct, blas_layout
+    from .matmul_plan import direct_for
 
     stride, pads, dilation, _ = problem
     n, h, wd, c = (int(v) for v in x.shape)
@@ -209,33 +210,27 @@ def _gemm(x: Any, w: Any, bias: Any, out: Any, problem: tuple[Any, ...],
                 wm, (o, kh, kw, c), (width * item, kw * c * item, c * item, item))
             launches.append(lambda stream: cp.copyto(target, w_last))
             b = wm.T
-    layout = blas_layout.describe(tuple(a.shape), _elements(a), tuple(b.shape),
-                                  _elements(b), _elements(out2d))
-    if isinstance(layout, str):
+    direct = direct_for(a, b, out2d, "cublas", 1.0, 0.0 if bias is None else 1.0,
+                        x.dtype.name, tf32=tf32)
+    if direct is None:
         return None
-    gemm = blas_direct.CublasGemm(layout, x.dtype.name, 1.0,
-                                  0.0 if bias is None else 1.0, tf32=tf32)
+    gemm = direct.gemm
     if bias is not None:
         launches.append(lambda stream: cp.copyto(out2d, bias))
-    operands = (a.data.ptr, b.data.ptr, out2d.data.ptr)
-    launches.append(lambda stream: gemm(*operands, stream.ptr, workspace))
+    # the operands themselves are held (the patch matrix and the filter copy live as
+    # long as the call, which the graph's program keeps); a call runs at capture only
+    launches.append(lambda stream: gemm(a.data.ptr, b.data.ptr, out2d.data.ptr, stream.ptr,
+                                        workspace))
     if activation is not None:
         act = _activation_kernel(activation)
         launches.append(lambda stream: act(out2d, out2d))
-    held = (a, b)  # the patch matrix and the filter copy live as long as the call
 
     def call() -> None:
         stream = cp.cuda.get_current_stream()
         for launch in launches:
             launch(stream)
 
-    call.held = held  # type: ignore[attr-defined]
     return call
-
-
-def _elements(a: Any) -> tuple[int, ...]:
-    """A CuPy array's strides in elements."""
-    return tuple(s // a.dtype.itemsize for s in a.strides)
 
 
 #: ``torch_activation``'s functions in float arithmetic (gelu in its tanh form), NaN

@@ -144,7 +144,7 @@ def _elements(x: Any) -> tuple[int, ...] | None:
 
 
 def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
-               result: str, race: bool = False) -> Direct | None:
+               result: str, race: bool = False, *, tf32: bool = False) -> Direct | None:
     """The :class:`Direct` form of a plain library GEMM on CuPy arrays, or ``None`` where
     it has none (nvmath-python missing, dtypes that differ, operands that are not BLAS
     matrices); the array-library launch runs those.
@@ -153,6 +153,7 @@ def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
     second way may be faster, decided on the first call: for a 2-D problem whose extents
     or leading dimensions are not 16-byte aligned, the GEMM on aligned, zero-padded
     copies (:mod:`.padded`); for a large float16/bfloat16 problem, the other library.
+    ``tf32``: float32 products on TF32 tensor cores.
     """
     from . import blas_direct, blas_layout, cublaslt
 
@@ -177,7 +178,7 @@ def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
         return None
     make = blas_direct.CublasGemm if impl == "cublas" else blas_direct.LtGemm
     try:
-        g = make(gemm, result, alpha, beta if out is not None else 0.0)
+        g = make(gemm, result, alpha, beta if out is not None else 0.0, tf32)
     except Exception as exc:  # a library that cannot be loaded: the array path runs
         log.info("no direct %s call for this GEMM: %s", impl, exc)
         return None

@@ -666,9 +666,9 @@ class _RecordedLibraryStep(_LibraryStep):
 
     @property
     def wants_workspace(self) -> bool:
-        """Whether the recorded form may issue cuBLAS: a channels-last convolution's
-        GEMM form (:mod:`pyc_lab.kernels.conv_graph`)."""
-        return self.node.attrs.get("layout") == "channels_last"
+        """Whether the recorded form may issue cuBLAS (:attr:`OpDef.record_workspace`)."""
+        wants = REGISTRY[self.node.op].record_workspace
+        return wants is not None and wants(self.node.attrs)
 
     def graph_call(self, exe: Executor, values: dict[int, Any],
                    workspace: tuple[int, int] | None) -> Callable[[], None] | None:
