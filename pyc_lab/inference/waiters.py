@@ -44,6 +44,10 @@ _WHEELS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, TimeoutWheel] = \
 class Mailbox:
     """Results for the futures of one event loop, delivered in batches on that loop.
 
+    Holds the loop weakly: the module's registry keys mailboxes by their loops weakly,
+    and a value that held its key would keep every loop ever used (each ``asyncio.run``
+    makes one) alive for the life of the process.
+
     Parameters
     ----------
     loop
@@ -51,7 +55,7 @@ class Mailbox:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        self._loop = weakref.ref(loop)
         self._items: list[tuple[asyncio.Future, bool, Any]] = []
         self._lock = threading.Lock()
         self._scheduled = False
@@ -62,6 +66,11 @@ class Mailbox:
         it runs). Safe from any thread."""
         self.post_many([(future, ok, value)])
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop (``None`` once it is gone)."""
+        return self._loop()
+
     def post_many(self, items: list[tuple[asyncio.Future, bool, Any]]) -> None:
         """:meth:`post` for several ``(future, ok, value)`` at once (one lock, at most
         one loop callback)."""
@@ -71,7 +80,10 @@ class Mailbox:
                 return
             self._scheduled = True
         try:
-            self.loop.call_soon_threadsafe(self._deliver)
+            loop = self._loop()
+            if loop is None:
+                raise RuntimeError("the loop is gone")
+            loop.call_soon_threadsafe(self._deliver)
         except RuntimeError:
             with self._lock:
                 self._items.clear()
@@ -138,18 +150,19 @@ class TimeoutWheel:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        self._loop = weakref.ref(loop)  # weakly, as a Mailbox
         self._slots: dict[int, dict[asyncio.Future, str]] = {}
 
     def add(self, future: asyncio.Future, timeout_s: float, message: str) -> int:
         """Fail ``future`` with :class:`~.errors.RequestTimeoutError` (``message``) if it
         is not done ``timeout_s`` from now (up to one granule later); returns the slot
         to :meth:`discard` it from."""
-        slot = math.ceil((self.loop.time() + timeout_s) / TIMEOUT_GRANULARITY_S)
+        loop = self._loop()  # alive: this runs on it
+        slot = math.ceil((loop.time() + timeout_s) / TIMEOUT_GRANULARITY_S)
         members = self._slots.get(slot)
         if members is None:
             members = self._slots[slot] = {}
-            self.loop.call_at(slot * TIMEOUT_GRANULARITY_S, self._expire, slot)
+            loop.call_at(slot * TIMEOUT_GRANULARITY_S, self._expire, slot)
         members[future] = message
         return slot
 

@@ -63,6 +63,34 @@ def test_a_closed_loop_drops_late_results_without_raising():
     assert not fut.done() and box._items == []
 
 
+def test_a_finished_loop_is_not_kept_alive_by_its_mailbox_or_timeout_wheel():
+    """The registries key loops weakly; their mailboxes and wheels must not hold them
+    (else every ``asyncio.run`` of a long session stays in memory)."""
+    import gc
+    import weakref
+
+    from pyc_lab.inference import waiters
+
+    gone = []
+    for _ in range(3):
+        async def main():
+            loop = asyncio.get_running_loop()
+            mailbox_for(loop)
+            waiters.timeouts_for(loop)
+            gone.append(weakref.ref(loop))
+
+        asyncio.run(main())
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None, None]
+    assert not any(ref() in waiters._MAILBOXES for ref in gone)
+    box = Mailbox(asyncio.new_event_loop())  # its loop dropped at once
+    gc.collect()
+    fut_loop = asyncio.new_event_loop()
+    box.post(fut_loop.create_future(), True, 1)  # no loop to deliver to: dropped
+    assert box.loop is None and box._items == []
+    fut_loop.close()
+
+
 def test_one_mailbox_per_loop_and_waiter_state():
     async def main():
         loop = asyncio.get_running_loop()
