@@ -691,6 +691,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tune the ResNet's convolutions (f32, 3xTF32 CUTLASS) first")
     parser.add_argument("--tune-cnn-s", type=float, default=240.0,
                         help="seconds the ResNet's tuning may start problems within")
+    parser.add_argument("--cnn-batches", nargs="*", type=int,
+                        help=f"the ResNet's batch sizes (default on a GPU: {CNN_BATCHES})")
     parser.add_argument("--cnn-impls", nargs="*",
                         help="only these implementations for the ResNet (default: all)")
     parser.add_argument("--batching-s", type=float, default=5.0,
@@ -743,7 +745,8 @@ def main(argv: list[str] | None = None) -> int:
         models[name] = time_model(zoo.build(name), inputs, batches, gpu, repeats)
         save()
     if not args.no_cnn and not args.batching_only and (gpu or not args.small):
-        cnn_batches = CNN_BATCHES if gpu else (1, 8)
+        cnn_batches = tuple(args.cnn_batches) if args.cnn_batches else \
+            CNN_BATCHES if gpu else (1, 8)
         cnn = shipped_cnn()
         if gpu and args.tune_cnn:
             payload["cnn_tuning"] = tune_cnn_convs(cnn, cnn_batches, args.tune_cnn_s)
