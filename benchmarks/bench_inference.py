@@ -624,23 +624,32 @@ def against_onnxruntime_cuda(rows: list[dict[str, Any]]) -> dict[str, Any] | Non
 BATCHED_SETTINGS = ((64, 2.0), (32, 2.0), (16, 2.0))
 
 
-def dynamic_batching(duration_s: float, names: list[str]) -> dict[str, Any]:
+def dynamic_batching(duration_s: float, names: list[str],
+                     clients: tuple[str, ...] = ("loop",)) -> dict[str, Any]:
     """64 clients: each of :data:`BATCHED_SETTINGS` vs max_batch=1, for each zoo model
-    of ``names`` (requests of one row from ``zoo.example_inputs``). The first model's
-    figures are also given at the top level (the astro MLP: the cheapest model, where
-    the request path weighs most)."""
+    of ``names`` (requests of one row from ``zoo.example_inputs``), for each placement
+    of the clients (``load_test``'s ``clients``: on an event loop thread of their own,
+    or callbacks on the server's worker thread) — batched and unbatched always measured
+    with the same one. ``by_clients`` holds each; the first placement's figures are
+    also given at the top level, and its first model's above them (the astro MLP: the
+    cheapest model, where the request path weighs most)."""
     from pyc_lab.inference import zoo
 
-    per_model = {name: _batching_one(name, duration_s) for name in names}
-    first = per_model[names[0]]
-    ratios = {name: r["throughput_ratio"] for name, r in per_model.items()}
-    return {**first, "model": names[0], "models": per_model, "throughput_ratios": ratios,
+    by_clients = {}
+    for placement in clients:
+        per_model = {name: _batching_one(name, duration_s, placement) for name in names}
+        ratios = {name: r["throughput_ratio"] for name, r in per_model.items()}
+        by_clients[placement] = {
+            "models": per_model, "throughput_ratios": ratios,
             "min_ratio": min(ratios.values()),
-            "p99_within_target_all": all(r["p99_within_target"] for r in per_model.values()),
-            "zoo": zoo.names()}
+            "p99_within_target_all": all(r["p99_within_target"]
+                                         for r in per_model.values())}
+    top = by_clients[clients[0]]
+    return {**top["models"][names[0]], "model": names[0], **top, "clients": clients[0],
+            "by_clients": by_clients, "zoo": zoo.names()}
 
 
-def _batching_one(name: str, duration_s: float) -> dict[str, Any]:
+def _batching_one(name: str, duration_s: float, clients: str = "loop") -> dict[str, Any]:
     import pyc_lab as pl
     from pyc_lab.inference import zoo
 
@@ -652,7 +661,7 @@ def _batching_one(name: str, duration_s: float) -> dict[str, Any]:
     for label, mb, delay in [*runs, ("unbatched", 1, 0.0)]:
         with pl.serve(model, max_batch=mb, max_delay_ms=delay) as server:
             frame = pl.inference.load_test(server, [64], duration_s=duration_s,
-                                           warmup_s=0.5, inputs=inputs)
+                                           warmup_s=0.5, inputs=inputs, clients=clients)
             row = frame.iloc[0].to_dict()
             row["batch_hist"] = {str(k): v for k, v in row["batch_hist"].items()}
             row["warmup_ms"] = {str(k): v for k, v in frame.attrs["warmup_ms"].items()}
@@ -664,8 +673,8 @@ def _batching_one(name: str, duration_s: float) -> dict[str, Any]:
             out["unbatched"] = row
         else:
             out["settings"][label] = row
-        log.info("%s %s: %.0f requests/s, p99 %.2f ms", name, label, row["throughput_rps"],
-                 row["p99_ms"])
+        log.info("%s %s (clients on the %s): %.0f requests/s, p99 %.2f ms", name, label,
+                 clients, row["throughput_rps"], row["p99_ms"])
     u = out["unbatched"]["throughput_rps"]
     best = max(out["settings"], key=lambda k: out["settings"][k]["throughput_rps"])
     b = out["batched"] = out["settings"][best]
@@ -697,6 +706,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only these implementations for the ResNet (default: all)")
     parser.add_argument("--batching-s", type=float, default=5.0,
                         help="measured seconds of each dynamic-batching setting")
+    parser.add_argument("--batching-clients", nargs="*", default=["loop"],
+                        choices=["loop", "workers"],
+                        help="where the load test's clients run (each measured)")
     parser.add_argument("--no-batching", action="store_true",
                         help="skip the dynamic-batching part")
     parser.add_argument("--batching-only", action="store_true",
@@ -756,7 +768,8 @@ def main(argv: list[str] | None = None) -> int:
             only=set(args.cnn_impls) if args.cnn_impls else None)
         save()
     batching = None if args.no_batching else dynamic_batching(
-        2.0 if args.small else args.batching_s, args.models or zoo.names())
+        2.0 if args.small else args.batching_s, args.models or zoo.names(),
+        tuple(args.batching_clients))
     payload["dynamic_batching"] = batching
     payload["complete"] = True
     save()
@@ -766,7 +779,8 @@ def main(argv: list[str] | None = None) -> int:
     vs_ort = {name: res.get("vs_onnxruntime_cuda") for name, res in models.items()}
     print(json.dumps({"batch1_latency_ms": summary, "vs_onnxruntime_cuda": vs_ort,
                       "dynamic_batching_ratio": batching and {
-                          k: round(v, 2) for k, v in batching["throughput_ratios"].items()}},
+                          placement: {k: round(v, 2) for k, v in r["throughput_ratios"].items()}
+                          for placement, r in batching["by_clients"].items()}},
                      indent=1))
     if args.out:
         print(f"wrote {Path(args.out) / 'inference.json'}")

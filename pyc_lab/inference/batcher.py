@@ -40,7 +40,7 @@ from .errors import (
 )
 from .model import CompiledModel
 from .stats import BatchRecord, ModelStats
-from .waiters import LoopCallback, LoopWaiter, resolve
+from .waiters import LoopCallback, LoopWaiter, ThreadCallback, resolve
 
 __all__ = ["NAN_POLICIES", "Batcher", "Request", "ServeOptions", "default_buckets"]
 
@@ -131,7 +131,7 @@ class Request:
 
     arrays: list[np.ndarray]
     rows: int
-    future: Future | LoopWaiter
+    future: Future | LoopWaiter | ThreadCallback
     t_submit: float
     deadline: float | None
     unbatched: bool = False
@@ -320,13 +320,14 @@ class Batcher:
     def submit(self, arrays: Sequence[Any], *, timeout_s: float | None = None,
                as_dict: bool = False, loop: Any = None,
                callback: Callable[[Any, BaseException | None], None] | None = None
-               ) -> Future | asyncio.Future | LoopCallback:
+               ) -> Future | asyncio.Future | LoopCallback | ThreadCallback:
         """Queue one request; its future resolves to the outputs.
 
         With ``loop`` (the running event loop of the caller), an ``asyncio.Future`` of
         that loop, resolved through its :class:`~.waiters.Mailbox` (one loop wake-up per
         batch) — or, with ``callback`` too, a :class:`~.waiters.LoopCallback` that calls
-        it there — else a ``concurrent.futures.Future``.
+        it there; with ``callback`` alone, a :class:`~.waiters.ThreadCallback` that calls
+        it on the worker thread; else a ``concurrent.futures.Future``.
         """
         if self._closing:
             raise ServerClosedError(f"model {self.model.name!r}: the server is closed; start "
@@ -339,8 +340,9 @@ class Batcher:
             raise
         now = time.monotonic()
         timeout = self.options.timeout_s if timeout_s is None else timeout_s
-        handle: Future | LoopWaiter = Future() if loop is None else LoopWaiter(
-            loop, None if callback is None else LoopCallback(callback))
+        handle: Future | LoopWaiter | ThreadCallback = (
+            (Future() if callback is None else ThreadCallback(callback)) if loop is None
+            else LoopWaiter(loop, None if callback is None else LoopCallback(callback)))
         req = Request(checked, rows, handle, now, None if timeout is None else now + timeout,
                       unbatched, as_dict, trailing)
         with self._lock:  # the condition's lock, taken without its Python-level wrapper

@@ -7,8 +7,13 @@ callbacks on one event loop in a thread of their own (perf_analyzer's async mode
 answer's callback sends that client's next request; requests made with
 ``Server.request_with_callback``, no future each), so that a high concurrency does not
 mean dozens of Python threads, or dozens of tasks to resume, competing with the batcher
-for the interpreter. Client-side end-to-end latency goes into a
-:class:`~pyc_lab.profiling.quantiles.QuantileSketch` (bounded memory, 1 % relative
+for the interpreter. With ``clients="workers"`` they are callbacks on the server's own
+worker thread(s) instead (perf_analyzer's in-process mode, whose callbacks run on the
+server's threads): no thread of the load generator's at all, so each batch is not
+handed between two threads — and, on a machine of several cores, between two cores,
+whose caches then hold none of what the other thread just touched. Client-side
+end-to-end latency goes into a :class:`~pyc_lab.profiling.quantiles.QuantileSketch`
+(bounded memory, 1 % relative
 accuracy); the server reports each measured request's queue wait and compute time and
 its batch's size through an observer of its statistics. Before the first level the
 server is warmed up (every bucket traced, compiled and, on a GPU, captured) and that
@@ -33,7 +38,7 @@ from ..profiling.quantiles import QuantileSketch
 from .errors import InferenceError
 from .stats import BatchRecord
 
-__all__ = ["COLUMNS", "load_test", "sweep"]
+__all__ = ["CLIENTS", "COLUMNS", "load_test", "sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +46,13 @@ log = logging.getLogger(__name__)
 COLUMNS = ["concurrency", "max_batch", "max_delay_ms", "requests", "errors", "duration_s",
            "throughput_rps", "rows_per_s", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms",
            "queue_mean_ms", "queue_p99_ms", "compute_mean_ms", "compute_p99_ms",
-           "mean_batch", "batch_hist"]
+           "mean_batch", "batch_hist", "clients"]
+
+#: Where a load test's clients run: ``"loop"``, callbacks on an event loop in a thread of
+#: their own (asyncio callers, as the HTTP endpoint's); ``"workers"``, callbacks on the
+#: server's worker threads (in-process callers that react where the answer arrives,
+#: perf_analyzer's in-process mode).
+CLIENTS = ("loop", "workers")
 
 
 class _State:
@@ -57,7 +68,8 @@ class _State:
 
 
 def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
-           duration_s: float, warmup_s: float, request_timeout_s: float) -> dict[str, Any]:
+           duration_s: float, warmup_s: float, request_timeout_s: float,
+           clients: str = "loop") -> dict[str, Any]:
     stats = server.stats(model)
     state = _State()
     lock = threading.Lock()
@@ -143,16 +155,96 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
                     error_text.append(f"{running[0]} request(s) unanswered "
                                       f"{request_timeout_s} s after the level ended")
 
-    # the clients are callbacks on one event loop in a thread of their own (like
-    # perf_analyzer's async mode): one client thread, not one per client, competes with
-    # the batcher for the interpreter, and an answer's callback sends the client's next
-    # request without a task to resume
+    def drive_on_workers() -> None:
+        """The clients as callbacks on the server's worker thread(s): an answer sends
+        that client's next request where it arrives. The calling thread only starts
+        them, keeps the time and re-sends requests a full queue refused."""
+        finished = threading.Event()
+        running = [concurrency]
+        refused: list[Any] = []
+        flush = threading.Lock()  # several replicas' workers may answer at once
+
+        def error(exc: BaseException) -> None:
+            if not error_text:
+                error_text.append(f"{type(exc).__name__}: {exc}")
+            if state.measuring:
+                counts["errors"] += 1
+
+        class Client:
+            __slots__ = ("answered", "t0")
+
+            def __init__(self) -> None:
+                self.t0 = 0.0
+                self.answered = self._answered  # bound once, not per request
+
+            def send(self) -> None:
+                if state.stop:
+                    with flush:
+                        running[0] -= 1
+                        if not running[0]:
+                            finished.set()
+                    return
+                self.t0 = perf_counter()
+                try:
+                    request(None, self.answered, arrays, None, model)
+                except Exception as exc:  # refused at once (a full queue): again later
+                    error(exc)
+                    refused.append(self)
+
+            def _answered(self, outputs: Any, exc: BaseException | None) -> None:
+                dt = perf_counter() - self.t0
+                if exc is not None:
+                    error(exc)
+                elif state.measuring:
+                    done.append(dt)
+                    if len(done) >= 512:
+                        with flush:
+                            latency.add_many(done)
+                            done.clear()
+                self.send()
+
+        def wait(seconds: float) -> None:
+            end = time.perf_counter() + seconds
+            while (left := end - time.perf_counter()) > 0:
+                time.sleep(min(left, 0.001 if refused else 0.05))
+                for _ in range(len(refused)):  # each once a millisecond
+                    refused.pop(0).send()
+
+        for _ in range(concurrency):
+            Client().send()
+        try:
+            wait(warmup_s)
+            state.measuring = True
+            t0 = time.perf_counter()
+            wait(duration_s)
+            state.measuring = False
+            timing["elapsed"] = time.perf_counter() - t0
+            with flush:
+                latency.add_many(done)
+                done.clear()
+        finally:
+            state.stop = True
+            while refused:
+                refused.pop().send()  # stops it
+            if not finished.wait(request_timeout_s):
+                counts["errors"] += running[0]
+                if not error_text:
+                    error_text.append(f"{running[0]} request(s) unanswered "
+                                      f"{request_timeout_s} s after the level ended")
+
     unobserve = stats.observe(observe)
-    runner = threading.Thread(target=asyncio.run, args=(drive(),), name="pyc-lab-load",
-                              daemon=True)
     try:
-        runner.start()
-        runner.join()
+        if clients == "workers":
+            drive_on_workers()
+        else:
+            # the clients are callbacks on one event loop in a thread of their own (like
+            # perf_analyzer's async mode): one client thread, not one per client,
+            # competes with the batcher for the interpreter, and an answer's callback
+            # sends the client's next request without a task to resume
+            runner = threading.Thread(target=asyncio.run, args=(drive(),),
+                                      name="pyc-lab-load", daemon=True)
+            runner.start()
+            runner.join()
     finally:
         state.stop = True
         unobserve()
@@ -180,7 +272,7 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
         "compute_mean_ms": compute.total / compute.count * 1e3 if compute.count else None,
         "compute_p99_ms": ms(compute, 0.99),
         "mean_batch": (sum(k * v for k, v in batch_hist.items()) / nb) if nb else None,
-        "batch_hist": dict(sorted(batch_hist.items())),
+        "batch_hist": dict(sorted(batch_hist.items())), "clients": clients,
     }
 
 
@@ -188,7 +280,8 @@ def load_test(server: Any, concurrency: Sequence[int] = (1, 4, 16, 64), *,
               duration_s: float = 2.0, warmup_s: float = 0.25, model: str | None = None,
               inputs: Sequence[Any] | None = None, rows: int = 1,
               request_timeout_s: float = 30.0,
-              on_level: Callable[[dict[str, Any]], None] | None = None) -> Any:
+              on_level: Callable[[dict[str, Any]], None] | None = None,
+              clients: str = "loop") -> Any:
     """Measure a server under closed-loop load at several concurrency levels.
 
     Parameters
@@ -215,6 +308,14 @@ def load_test(server: Any, concurrency: Sequence[int] = (1, 4, 16, 64), *,
         (as perf_analyzer measures).
     on_level
         Called with each level's row as soon as it is measured (live views).
+    clients
+        Where the clients run (:data:`CLIENTS`): ``"loop"`` (default), callbacks on an
+        event loop in a thread of their own, as asyncio callers and the HTTP endpoint
+        reach the server — each batch then crosses between that thread and the
+        batcher's, which take turns holding the interpreter; ``"workers"``, callbacks
+        on the server's worker thread(s) (:class:`~.waiters.ThreadCallback`), as an
+        in-process caller that reacts where its answer arrives (perf_analyzer's
+        in-process mode): what the server sustains without a second thread.
 
     Returns
     -------
@@ -239,13 +340,15 @@ def load_test(server: Any, concurrency: Sequence[int] = (1, 4, 16, 64), *,
                              f"{list(concurrency)!r}")
     if not duration_s > 0 or warmup_s < 0:
         raise InferenceError("duration_s must be > 0 and warmup_s >= 0")
+    if clients not in CLIENTS:
+        raise InferenceError(f"clients must be one of {CLIENTS}, got {clients!r}")
     batcher = server._batcher(model)
     arrays = list(inputs) if inputs is not None else batcher.model.example(int(rows), seed=7)
     warm = server.warm_up(model)
     out = []
     for c in levels:
         row = _level(server, model, arrays, c, float(duration_s), float(warmup_s),
-                     float(request_timeout_s))
+                     float(request_timeout_s), clients)
         out.append(row)
         log.debug("load test %s at concurrency %d: %.1f req/s", server.name, c,
                   row["throughput_rps"])
@@ -261,7 +364,7 @@ def load_test(server: Any, concurrency: Sequence[int] = (1, 4, 16, 64), *,
 def sweep(model: Any, *, max_batch: Sequence[int] = (1, 8, 64),
           max_delay_ms: Sequence[float] = (0.0, 2.0), concurrency: Sequence[int] = (1, 16, 64),
           duration_s: float = 1.0, warmup_s: float = 0.2, inputs: Sequence[Any] | None = None,
-          on_level: Callable[[dict[str, Any]], None] | None = None,
+          on_level: Callable[[dict[str, Any]], None] | None = None, clients: str = "loop",
           **serve_options: Any) -> Any:
     """Load-test ``model`` under every ``max_batch`` x ``max_delay_ms`` setting.
 
@@ -285,7 +388,7 @@ def sweep(model: Any, *, max_batch: Sequence[int] = (1, 8, 64),
                            **serve_options)
             try:
                 f = load_test(server, concurrency, duration_s=duration_s, warmup_s=warmup_s,
-                              inputs=inputs, on_level=on_level)
+                              inputs=inputs, on_level=on_level, clients=clients)
             finally:
                 server.close()
             warm[(int(mb), float(delay))] = f.attrs["warmup_ms"]

@@ -262,7 +262,7 @@ class Server:
         slot = wheel.add(fut, timeout, _timeout_text(self.name, timeout))
         return fut, functools.partial(wheel.discard, slot, fut)
 
-    def request_with_callback(self, loop: asyncio.AbstractEventLoop,
+    def request_with_callback(self, loop: asyncio.AbstractEventLoop | None,
                               callback: Callable[[Any, BaseException | None], None],
                               args: tuple, inputs: dict[str, Any] | None = None,
                               model: str | None = None, timeout_s: float | None = None
@@ -277,6 +277,11 @@ class Server:
         mode), whose answers then cost no done-callback scheduled per request.
         ``args`` and ``inputs`` are :meth:`submit`'s positional and keyword inputs.
 
+        With ``loop=None`` the callback runs on the model's batcher thread as the batch
+        is answered (:class:`~.waiters.ThreadCallback`; from any thread, no loop): it must
+        be short and never wait for another request. Its timeout, as :meth:`submit`'s,
+        bounds the wait in the queue.
+
         Raises
         ------
         BadRequestError, QueueFullError, ServerClosedError
@@ -285,7 +290,7 @@ class Server:
         handle = self._enqueue(args, {} if inputs is None else inputs, model, timeout_s,
                                loop, callback)
         timeout = self.options.timeout_s if timeout_s is None else timeout_s
-        if timeout is not None and not handle.done():
+        if loop is not None and timeout is not None and not handle.done():
             handle.time_out(timeouts_for(loop), timeout, _timeout_text(self.name, timeout))
 
     def warm_up(self, model: str | None = None) -> dict[int, float]:

@@ -25,8 +25,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TIMEOUT_GRANULARITY_S", "LoopCallback", "LoopWaiter", "Mailbox", "TimeoutWheel",
-           "mailbox_for", "resolve", "timeouts_for"]
+__all__ = ["TIMEOUT_GRANULARITY_S", "LoopCallback", "LoopWaiter", "Mailbox", "ThreadCallback",
+           "TimeoutWheel", "mailbox_for", "resolve", "timeouts_for"]
 
 #: Coroutine requests' timeouts fire at most this much late: their deadlines are rounded
 #: up to a multiple of it, and one loop timer serves every request due in that slot.
@@ -264,6 +264,63 @@ class LoopCallback:
             self.callback(value, exc)
         except Exception as err:
             _report(err)
+
+
+class ThreadCallback:
+    """A request's completion handle that calls ``callback(outputs, None)`` — or
+    ``callback(None, error)`` — on the batcher's worker thread, once, as the batch that
+    ran it is answered: no future, no event loop, nothing handed to another thread (as
+    ``concurrent.futures.Future.add_done_callback`` runs a callback where the result is
+    set, without the future). For in-process callers that react at once — a load
+    generator's closed-loop clients, perf_analyzer's in-process mode, whose callbacks
+    run on the server's threads. The callback holds up the worker while it runs: it
+    must be short and never wait for another request.
+
+    Parameters
+    ----------
+    callback
+        ``callback(outputs, error)``; an exception it raises is logged and touches no
+        other request.
+    """
+
+    __slots__ = ("_done", "callback")
+
+    def __init__(self, callback: Callable[[Any, BaseException | None], None]) -> None:
+        self.callback = callback
+        self._done = False
+
+    def set_running_or_notify_cancel(self) -> bool:
+        """Whether the request should still run (not cancelled)."""
+        return not self._done
+
+    def done(self) -> bool:
+        """Whether the callback was called (or the request cancelled)."""
+        return self._done
+
+    def cancel(self) -> bool:
+        """Never call back (the batcher skips the request if it has not run)."""
+        if self._done:
+            return False
+        self._done = True
+        return True
+
+    def set_result(self, value: Any) -> None:
+        """Call back with the outputs."""
+        if not self._done:
+            self._done = True
+            self._call(value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        """Call back with the request's error."""
+        if not self._done:
+            self._done = True
+            self._call(None, exc)
+
+    def _call(self, value: Any, exc: BaseException | None) -> None:
+        try:
+            self.callback(value, exc)
+        except Exception:
+            log.exception("a request's callback raised (the other requests go on)")
 
 
 def _report(err: Exception) -> None:

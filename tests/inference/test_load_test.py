@@ -55,12 +55,14 @@ def test_face_names_are_the_functions_not_modules():
     assert pl.serve is pl.inference.serve
 
 
-def test_refused_requests_are_counted_and_never_stall_the_clients(start, affine):
+@pytest.mark.parametrize("clients", ["loop", "workers"])
+def test_refused_requests_are_counted_and_never_stall_the_clients(start, affine, clients):
     """Every request refused at once (a NaN under ``nan_policy="reject"``): the clients
-    count the errors and keep the loop turning, so the level still ends on time."""
+    count the errors and keep trying, so the level still ends on time."""
     server = start(affine, max_batch=4, max_delay_ms=0, nan_policy="reject")
     bad = np.full((1, 4), np.nan, np.float32)
-    frame = load_test(server, [3], duration_s=0.1, warmup_s=0.0, inputs=[bad])
+    frame = load_test(server, [3], duration_s=0.1, warmup_s=0.0, inputs=[bad],
+                      clients=clients)
     assert frame["requests"].iloc[0] == 0 and frame["errors"].iloc[0] > 0
     assert frame["duration_s"].iloc[0] == pytest.approx(0.1, abs=0.08)
 
@@ -91,3 +93,28 @@ def test_a_request_on_a_loop_forgets_its_timeout_when_answered(start, affine):
         return y
 
     np.testing.assert_array_equal(asyncio.run(one()), np.full((2, 4), 3, np.float32))
+
+
+def test_clients_on_the_workers_report_each_level(start, affine):
+    """``clients="workers"``: the clients are callbacks on the batcher's thread; the
+    report is the same, every request answered, none lost when the level ends."""
+    server = start(affine, max_batch=8, max_delay_ms=1)
+    frame = load_test(server, [1, 8], duration_s=0.2, warmup_s=0.05, clients="workers")
+    assert list(frame.columns) == COLUMNS and list(frame["clients"]) == ["workers"] * 2
+    assert (frame["requests"] > 0).all() and (frame["errors"] == 0).all()
+    assert all(sum(h.values()) > 0 and max(h) <= 8 for h in frame["batch_hist"])
+    assert server._batcher(None).queued == 0  # every client stopped, nothing left
+    assert server.stats().requests >= frame["requests"].sum()
+    with pytest.raises(InferenceError, match="clients must be one of"):
+        load_test(server, [1], clients="threads")
+
+
+@pytest.mark.parametrize("clients", ["loop", "workers"])
+def test_a_full_queue_refuses_and_the_clients_retry(start, affine, clients):
+    """More clients than ``max_queue``: the refused requests are errors, sent again,
+    and the level still ends on time with every client stopped."""
+    server = start(affine, max_batch=2, max_delay_ms=5, max_queue=2)
+    frame = load_test(server, [6], duration_s=0.2, warmup_s=0.0, clients=clients)
+    assert frame["requests"].iloc[0] > 0 and frame["errors"].iloc[0] > 0
+    assert frame["duration_s"].iloc[0] == pytest.approx(0.2, abs=0.1)
+    assert server.stats().rejected > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -392,3 +393,73 @@ def test_loop_callback_state():
     cb.set_result(3)
     cb.set_exception(ValueError())
     assert seen == [(2, None)] and cb.done()
+
+
+def test_thread_callback_state(caplog):
+    from pyc_lab.inference.waiters import ThreadCallback
+
+    calls = []
+    cb = ThreadCallback(lambda o, e: calls.append((o, e)))
+    assert cb.set_running_or_notify_cancel() and not cb.done()
+    cb.set_result(1)
+    cb.set_result(2)
+    cb.set_exception(ValueError("late"))
+    assert calls == [(1, None)] and cb.done() and not cb.set_running_or_notify_cancel()
+    cancelled = ThreadCallback(lambda o, e: calls.append((o, e)))
+    assert cancelled.cancel() and not cancelled.cancel()
+    cancelled.set_result(3)
+    assert calls == [(1, None)]
+
+    def broken(o, e):
+        raise RuntimeError("the caller's own bug")
+
+    with caplog.at_level("ERROR", logger="pyc_lab.inference.waiters"):
+        ThreadCallback(broken).set_exception(ValueError("x"))  # logged, not raised
+    assert "callback raised" in caplog.text and "own bug" in caplog.text
+
+
+def test_worker_thread_callbacks_get_their_own_rows_once_and_fail_alone(start, affine):
+    """``request_with_callback(None, ...)``: each caller's callback runs once, on the
+    batcher's thread, with its own rows; a request failing inside a batch gets its
+    error alone; one past its timeout in the queue gets a timeout; a callback that
+    raises leaves the batcher serving."""
+    gated = Gated(affine)
+    server = start(gated, max_batch=8, max_delay_ms=50)
+    got: dict[int, list] = {}
+    threads: set[str] = set()
+    all_in = threading.Event()
+    xs = [rows(1 + i % 3, 10 * i) for i in range(9)]
+    poisoned = rows(1)
+    poisoned[0, 0] = 666
+
+    def callback(k):
+        def answered(outputs, error):
+            threads.add(threading.current_thread().name)
+            got.setdefault(k, []).append((outputs, error))
+            if len(got) == len(xs) + 2:
+                all_in.set()
+            if k == 4:
+                raise RuntimeError("the caller's own bug")
+        return answered
+
+    for k, x in enumerate([*xs, poisoned]):
+        server.request_with_callback(None, callback(k), (x,))
+    server.request_with_callback(None, callback(99), (rows(1, 500),), timeout_s=0.01)
+    with pytest.raises(BadRequestError):
+        server.request_with_callback(None, callback(98), (np.ones((1, 5), np.float32),))
+    time.sleep(0.05)  # the short timeout passes while its batch is held
+    gated.gate.set()
+    assert all_in.wait(10)
+    time.sleep(0.05)  # nothing more arrives
+    assert threads == {f"pyc-lab-batcher-{gated.name}"}
+    assert sorted(got) == [*range(len(xs) + 1), 99]
+    assert all(len(v) == 1 for v in got.values())
+    for k, x in enumerate(xs):
+        (outputs, error), = got[k]
+        assert error is None
+        np.testing.assert_array_equal(outputs, x * 2 + 1)
+    (outputs, error), = got[len(xs)]
+    assert outputs is None and isinstance(error, InferenceError) and "poisoned" in str(error)
+    (outputs, error), = got[99]
+    assert outputs is None and isinstance(error, RequestTimeoutError)
+    np.testing.assert_array_equal(server.predict(rows(2)), rows(2) * 2 + 1)
