@@ -296,6 +296,18 @@ def test_the_fast_check_refuses_every_non_finite_value_and_keeps_large_finite_on
     assert np.array_equal(b.check([big])[0][0], big)
 
 
+def _each_called_once_with_its_rows_but_the_poisoned(got: dict, xs: list) -> None:
+    """Callback k got (its rows of 2 x + 1, None) once; the one after ``xs`` (the
+    poisoned row) got (None, its error) once."""
+    assert all(len(v) == 1 for v in got.values())
+    for k, x in enumerate(xs):
+        (outputs, error), = got[k]
+        assert error is None
+        np.testing.assert_array_equal(outputs, x * 2 + 1)
+    (outputs, error), = got[len(xs)]
+    assert outputs is None and isinstance(error, InferenceError) and "poisoned" in str(error)
+
+
 def test_callback_requests_get_their_own_rows_once_and_fail_alone(start, affine):
     """``request_with_callback``: each caller's callback is called once, on its loop's
     thread, with its own rows; a request failing inside a batch gets its error alone; a
@@ -336,13 +348,7 @@ def test_callback_requests_get_their_own_rows_once_and_fail_alone(start, affine)
 
     got, reported = asyncio.run(main())
     assert sorted(got) == list(range(len(xs) + 1))
-    assert all(len(v) == 1 for v in got.values())
-    for k, x in enumerate(xs):
-        (outputs, error), = got[k]
-        assert error is None
-        np.testing.assert_array_equal(outputs, x * 2 + 1)
-    (outputs, error), = got[len(xs)]
-    assert outputs is None and isinstance(error, InferenceError) and "poisoned" in str(error)
+    _each_called_once_with_its_rows_but_the_poisoned(got, xs)
     assert len(reported) == 1 and "own bug" in str(reported[0])
 
 
@@ -453,13 +459,7 @@ def test_worker_thread_callbacks_get_their_own_rows_once_and_fail_alone(start, a
     time.sleep(0.05)  # nothing more arrives
     assert threads == {f"pyc-lab-batcher-{gated.name}"}
     assert sorted(got) == [*range(len(xs) + 1), 99]
-    assert all(len(v) == 1 for v in got.values())
-    for k, x in enumerate(xs):
-        (outputs, error), = got[k]
-        assert error is None
-        np.testing.assert_array_equal(outputs, x * 2 + 1)
-    (outputs, error), = got[len(xs)]
-    assert outputs is None and isinstance(error, InferenceError) and "poisoned" in str(error)
+    _each_called_once_with_its_rows_but_the_poisoned(got, xs)
     (outputs, error), = got[99]
     assert outputs is None and isinstance(error, RequestTimeoutError)
     np.testing.assert_array_equal(server.predict(rows(2)), rows(2) * 2 + 1)
