@@ -13,11 +13,10 @@ server's threads): no thread of the load generator's at all, so each batch is no
 handed between two threads — and, on a machine of several cores, between two cores,
 whose caches then hold none of what the other thread just touched. Client-side
 end-to-end latency goes into a :class:`~pyc_lab.profiling.quantiles.QuantileSketch`
-(bounded memory, 1 % relative
-accuracy); the server reports each measured request's queue wait and compute time and
-its batch's size through an observer of its statistics. Before the first level the
-server is warmed up (every bucket traced, compiled and, on a GPU, captured) and that
-time is reported apart, in ``frame.attrs["warmup_ms"]``.
+(bounded memory, 1 % relative accuracy); the server reports each measured request's
+queue wait and compute time and its batch's size through an observer of its statistics.
+Before the first level the server is warmed up (every bucket traced, compiled and, on a
+GPU, captured) and that time is reported apart, in ``frame.attrs["warmup_ms"]``.
 
 :func:`sweep` repeats the test over ``max_batch`` and ``max_delay_ms`` settings (a
 server each), which is how to tune them: the throughput-vs-latency curve per setting.
@@ -89,24 +88,34 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
             compute.add(record.compute_s, record.requests)  # one per request
             batch_hist[record.batch_rows] += 1
 
-    # the clients' latencies: touched only on the clients' loop (no lock), gathered a
-    # few hundred at a time and counted in one vectorised call
+    # the clients' latencies: touched only on the clients' loop (no lock; on the workers,
+    # flushed under one), gathered a few hundred at a time and counted in one
+    # vectorised call
     done: list[float] = []
     timing: dict[str, float] = {}
 
     request = server.request_with_callback
     perf_counter = time.perf_counter
 
+    def error(exc: BaseException) -> None:
+        """A request refused or failed: counted while measuring, the first one kept."""
+        if not error_text:
+            error_text.append(f"{type(exc).__name__}: {exc}")
+        if state.measuring:
+            counts["errors"] += 1
+
+    def unanswered(n: int) -> None:
+        """``n`` clients' last requests were not answered ``request_timeout_s`` after
+        the level ended (a stuck server): errors, and the level ends."""
+        counts["errors"] += n
+        if not error_text:
+            error_text.append(f"{n} request(s) unanswered {request_timeout_s} s after the "
+                              "level ended")
+
     async def drive() -> None:
         loop = asyncio.get_running_loop()
         finished = loop.create_future()
         running = [concurrency]
-
-        def error(exc: BaseException) -> None:
-            if not error_text:
-                error_text.append(f"{type(exc).__name__}: {exc}")
-            if state.measuring:
-                counts["errors"] += 1
 
         def send() -> None:
             """One client's next request; its answer's callback sends the one after."""
@@ -150,10 +159,7 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
             # request_timeout_s later (a stuck server) are errors, and the level ends
             await asyncio.wait([finished], timeout=request_timeout_s)
             if not finished.done():
-                counts["errors"] += running[0]
-                if not error_text:
-                    error_text.append(f"{running[0]} request(s) unanswered "
-                                      f"{request_timeout_s} s after the level ended")
+                unanswered(running[0])
 
     def drive_on_workers() -> None:
         """The clients as callbacks on the server's worker thread(s): an answer sends
@@ -163,12 +169,6 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
         running = [concurrency]
         refused: list[Any] = []
         flush = threading.Lock()  # several replicas' workers may answer at once
-
-        def error(exc: BaseException) -> None:
-            if not error_text:
-                error_text.append(f"{type(exc).__name__}: {exc}")
-            if state.measuring:
-                counts["errors"] += 1
 
         class Client:
             __slots__ = ("answered", "t0")
@@ -227,10 +227,7 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
             while refused:
                 refused.pop().send()  # stops it
             if not finished.wait(request_timeout_s):
-                counts["errors"] += running[0]
-                if not error_text:
-                    error_text.append(f"{running[0]} request(s) unanswered "
-                                      f"{request_timeout_s} s after the level ended")
+                unanswered(running[0])
 
     unobserve = stats.observe(observe)
     try:
