@@ -127,9 +127,9 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
             try:
                 request(loop, functools.partial(answered, perf_counter()), arrays, None,
                         model)
-            except Exception as exc:  # refused at once (a full queue): try again later
-                error(exc)
-                loop.call_soon(send)
+            except Exception as exc:  # refused at once (a full queue): again in a
+                error(exc)  # millisecond — a busy retry would keep the batcher's thread
+                loop.call_later(0.001, send)  # from the interpreter it must answer with
 
         def answered(t0: float, outputs: Any, exc: BaseException | None) -> None:
             dt = perf_counter() - t0
