@@ -25,7 +25,6 @@ server each), which is how to tune them: the throughput-vs-latency curve per set
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 import time
@@ -88,9 +87,8 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
             compute.add(record.compute_s, record.requests)  # one per request
             batch_hist[record.batch_rows] += 1
 
-    # the clients' latencies: touched only on the clients' loop (no lock; on the workers,
-    # flushed under one), gathered a few hundred at a time and counted in one
-    # vectorised call
+    # the clients' latencies: appended by their callbacks, gathered a few hundred at a
+    # time and counted in one vectorised call (under ``flush``)
     done: list[float] = []
     timing: dict[str, float] = {}
 
@@ -112,47 +110,75 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
             error_text.append(f"{n} request(s) unanswered {request_timeout_s} s after the "
                               "level ended")
 
-    async def drive() -> None:
-        loop = asyncio.get_running_loop()
-        finished = loop.create_future()
-        running = [concurrency]
+    flush = threading.Lock()  # on the workers, several replicas may answer at once
 
-        def send() -> None:
-            """One client's next request; its answer's callback sends the one after."""
+    class Client:
+        """One closed-loop client: its answer's callback sends its next request —
+        requested with ``loop`` (``None``: the callback runs on the server's worker);
+        ``retry(client)`` sends again a request refused at once, ``stopped()`` counts
+        the client out once the level has ended."""
+
+        __slots__ = ("answered", "loop", "retry", "stopped", "t0")
+
+        def __init__(self, loop: Any, retry: Callable[[Client], None],
+                     stopped: Callable[[], None]) -> None:
+            self.loop, self.retry, self.stopped = loop, retry, stopped
+            self.t0 = 0.0
+            self.answered = self._answered  # bound once, not per request
+
+        def send(self) -> None:
             if state.stop:
-                running[0] -= 1
-                if not running[0] and not finished.done():
-                    finished.set_result(None)
+                self.stopped()
                 return
+            self.t0 = perf_counter()
             try:
-                request(loop, functools.partial(answered, perf_counter()), arrays, None,
-                        model)
-            except Exception as exc:  # refused at once (a full queue): again in a
-                error(exc)  # millisecond — a busy retry would keep the batcher's thread
-                loop.call_later(0.001, send)  # from the interpreter it must answer with
+                request(self.loop, self.answered, arrays, None, model)
+            except Exception as exc:  # refused at once (a full queue)
+                error(exc)
+                self.retry(self)
 
-        def answered(t0: float, outputs: Any, exc: BaseException | None) -> None:
-            dt = perf_counter() - t0
+        def _answered(self, outputs: Any, exc: BaseException | None) -> None:
+            dt = perf_counter() - self.t0
             if exc is not None:
                 error(exc)
             elif state.measuring:
                 done.append(dt)
                 if len(done) >= 512:
-                    latency.add_many(done)
-                    done.clear()
-            send()
+                    with flush:
+                        latency.add_many(done)
+                        done.clear()
+            self.send()
+
+    def measured(elapsed_s: float) -> None:
+        timing["elapsed"] = elapsed_s
+        with flush:
+            latency.add_many(done)
+            done.clear()
+
+    async def drive() -> None:
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+        running = [concurrency]
+
+        def stopped() -> None:
+            running[0] -= 1
+            if not running[0] and not finished.done():
+                finished.set_result(None)
+
+        def retry(client: Client) -> None:
+            # again a millisecond later: a busy retry would keep the batcher's thread
+            # from the interpreter it needs to answer with
+            loop.call_later(0.001, client.send)
 
         for _ in range(concurrency):
-            loop.call_soon(send)
+            loop.call_soon(Client(loop, retry, stopped).send)
         try:
             await asyncio.sleep(warmup_s)
             state.measuring = True
             t0 = time.perf_counter()
             await asyncio.sleep(duration_s)
             state.measuring = False
-            timing["elapsed"] = time.perf_counter() - t0
-            latency.add_many(done)
-            done.clear()
+            measured(time.perf_counter() - t0)
         finally:
             state.stop = True
             # every client's last request answered; those still unanswered
@@ -167,41 +193,13 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
         them, keeps the time and re-sends requests a full queue refused."""
         finished = threading.Event()
         running = [concurrency]
-        refused: list[Any] = []
-        flush = threading.Lock()  # several replicas' workers may answer at once
+        refused: list[Client] = []
 
-        class Client:
-            __slots__ = ("answered", "t0")
-
-            def __init__(self) -> None:
-                self.t0 = 0.0
-                self.answered = self._answered  # bound once, not per request
-
-            def send(self) -> None:
-                if state.stop:
-                    with flush:
-                        running[0] -= 1
-                        if not running[0]:
-                            finished.set()
-                    return
-                self.t0 = perf_counter()
-                try:
-                    request(None, self.answered, arrays, None, model)
-                except Exception as exc:  # refused at once (a full queue): again later
-                    error(exc)
-                    refused.append(self)
-
-            def _answered(self, outputs: Any, exc: BaseException | None) -> None:
-                dt = perf_counter() - self.t0
-                if exc is not None:
-                    error(exc)
-                elif state.measuring:
-                    done.append(dt)
-                    if len(done) >= 512:
-                        with flush:
-                            latency.add_many(done)
-                            done.clear()
-                self.send()
+        def stopped() -> None:
+            with flush:
+                running[0] -= 1
+                if not running[0]:
+                    finished.set()
 
         def wait(seconds: float) -> None:
             end = time.perf_counter() + seconds
@@ -211,17 +209,14 @@ def _level(server: Any, model: str | None, arrays: list[Any], concurrency: int,
                     refused.pop(0).send()
 
         for _ in range(concurrency):
-            Client().send()
+            Client(None, refused.append, stopped).send()
         try:
             wait(warmup_s)
             state.measuring = True
             t0 = time.perf_counter()
             wait(duration_s)
             state.measuring = False
-            timing["elapsed"] = time.perf_counter() - t0
-            with flush:
-                latency.add_many(done)
-                done.clear()
+            measured(time.perf_counter() - t0)
         finally:
             state.stop = True
             while refused:
