@@ -8,9 +8,13 @@ that holds it (repeating its last row), so the model sees only ``len(buckets)`` 
 each bucket is compiled (and on the GPU captured as a CUDA graph with its own pinned
 staging buffers) once.
 
-A request is checked when it is submitted (input names, shape, dtype, NaN policy); a bad
-one fails alone there and never reaches a batch. If a batch's run raises, each of its
-requests is re-run alone, so only the request that fails gets the error. Futures that
+A request's form is checked when it is submitted (input names, shape, dtype); a bad one
+fails alone there and never reaches a batch. Its values are checked against the NaN
+policy with the rest of its batch, in one vectorised test of the gathered inputs (a
+request's own test, a few NumPy calls, would cost more interpreter time than the rest of
+its way through the server): a request holding a NaN or an infinity fails alone with
+:class:`~.errors.BadRequestError` and the batch runs without it. If a batch's run raises,
+each of its requests is re-run alone, so only the request that fails gets the error. Futures that
 were cancelled, or whose timeout passed while they queued, are skipped. ``close()``
 stops taking requests and, by default, finishes those already queued.
 """
@@ -176,10 +180,12 @@ class Batcher:
         self.executors: list[Executor] = executors
         self.executor: Executor = executors[0]
         self.stats = ModelStats(options.max_batch)
-        #: Per input, what :meth:`_fast_check` compares: dtype, rank, the dimensions
-        #: after the batch axis (None when one is free) and, for a floating input under
-        #: the "reject" policy, whether to test that it is finite.
+        #: Per input, what :meth:`_fast_check` compares: dtype, rank and the dimensions
+        #: after the batch axis (None when one is free).
         self._specs = [self._fast_spec(s) for s in model.inputs]
+        #: The inputs whose values the NaN policy tests, batch by batch (:meth:`_finite`).
+        self._tested = [i for i, s in enumerate(model.inputs)
+                        if options.nan_policy == "reject" and np.dtype(s.dtype).kind in "fc"]
         #: How many inputs a request carries.
         self.n_inputs = len(model.inputs)
         self._fixed_trailing = tuple(s[2] for s in self._specs)
@@ -200,7 +206,7 @@ class Batcher:
     # -- the caller's side -------------------------------------------------------------------
     def check(self, arrays: Sequence[Any]) -> tuple[list[np.ndarray], int, bool, tuple]:
         """Validate and convert one request's inputs: arrays, rows, unbatched, trailing
-        shapes.
+        shapes (their form: the values meet the NaN policy in their batch, :meth:`_finite`).
 
         Raises
         ------
@@ -242,11 +248,6 @@ class Batcher:
             elif a.shape[0] != rows:
                 raise BadRequestError(f"input {spec.name!r} has {a.shape[0]} rows but the "
                                       f"first input has {rows}: every input needs the same")
-            if self.options.nan_policy == "reject" and a.dtype.kind in "fc" \
-                    and not np.isfinite(a).all():
-                raise BadRequestError(f"input {spec.name!r} holds NaN or infinity; the server's "
-                                      "nan_policy is 'reject' (serve with nan_policy='allow' "
-                                      "to pass them to the model)")
             trailing.append(a.shape[1:])
             out.append(np.ascontiguousarray(a))
         rows = int(rows or 0)
@@ -263,28 +264,21 @@ class Batcher:
         fixed = None if any(d is None for d in spec.shape[1:]) else tuple(spec.shape[1:])
         if want.kind == "c":
             fixed = None  # complex inputs are rare: the full check takes them
-        finite = want.kind == "f" and self.options.nan_policy == "reject"
-        return want, len(spec.shape), fixed, finite
+        return want, len(spec.shape), fixed
 
     def _fast_check(self, arrays: Sequence[Any]) -> tuple | None:
         """:meth:`check` for the common request — C-contiguous NumPy arrays of the
         model's dtypes and fixed dimensions, with the batch axis, the same rows each, at
-        most ``max_batch``, finite if the policy asks — in a few attribute reads;
-        ``None`` for anything else (the full check then runs and explains).
-
-        Finiteness of a few values is Python's ``sum`` of them, cheaper than any NumPy
-        call: a finite sum means every value is finite (a NaN or an infinity makes it NaN
-        or infinite), so only a sum that is not (NaN, infinity, or finite values that
-        overflow) needs the full check; larger arrays take ``np.isfinite(a).all()``
-        (no reduction that could warn of an overflow). Nothing here lets the interpreter
-        go (a BLAS call would): a request is checked without handing the batcher's
-        thread the interpreter in the middle of it."""
+        most ``max_batch`` — in a few attribute reads; ``None`` for anything else (the
+        full check then runs and explains). Nothing here lets the interpreter go: a
+        request is checked without handing the batcher's thread the interpreter in the
+        middle of it."""
         specs = self._specs
         if len(arrays) != len(specs):
             return None
         max_batch = self.options.max_batch
         if len(specs) == 1:  # one input (most models): no loop
-            (want, ndim, fixed, finite), a = specs[0], arrays[0]
+            (want, ndim, fixed), a = specs[0], arrays[0]
             if fixed is None or type(a) is not np.ndarray \
                     or (a.dtype is not want and a.dtype != want) \
                     or a.ndim != ndim or not a.flags.c_contiguous:
@@ -293,12 +287,9 @@ class Batcher:
             rows = shape[0]
             if shape[1:] != fixed or not 1 <= rows <= max_batch:
                 return None
-            if finite and not (math.isfinite(sum(a.ravel().tolist())) if a.size <= _SMALL
-                               else _ISFINITE(a).all()):
-                return None
             return [a], rows, False, self._fixed_trailing
         rows = -1
-        for (want, ndim, fixed, finite), a in zip(specs, arrays, strict=True):
+        for (want, ndim, fixed), a in zip(specs, arrays, strict=True):
             if fixed is None or type(a) is not np.ndarray \
                     or (a.dtype is not want and a.dtype != want) \
                     or a.ndim != ndim or not a.flags.c_contiguous:
@@ -311,9 +302,6 @@ class Batcher:
                 if not 1 <= rows <= max_batch:
                     return None
             elif shape[0] != rows:
-                return None
-            if finite and not (math.isfinite(sum(a.ravel().tolist())) if a.size <= _SMALL
-                               else _ISFINITE(a).all()):
                 return None
         return list(arrays), rows, False, self._fixed_trailing
 
@@ -490,6 +478,35 @@ class Batcher:
         waited = np.array([now - req.t_submit])
         self.stats.record_failed(BatchRecord(waited, 0.0, waited, req.rows, req.rows, ok=False))
 
+    def _finite(self, arrays: list[np.ndarray]) -> bool:
+        """Whether the tested inputs of a gathered batch hold only finite values: one
+        NumPy test per input for the whole batch (a few values — one row unbatched —
+        are Python's ``sum`` of them, cheaper still: a finite sum means every value is
+        finite, and a sum that is not, overflow included, is settled request by request
+        by :meth:`_refuse_non_finite`)."""
+        for i in self._tested:
+            a = arrays[i]
+            if not (math.isfinite(sum(a.ravel().tolist())) if a.size <= _SMALL
+                    else _ISFINITE(a).all()):
+                return False
+        return True
+
+    def _refuse_non_finite(self, reqs: list[Request]) -> list[Request]:
+        """Fail each request holding a NaN or an infinity (``BadRequestError``, counted as
+        rejected); the others, to run."""
+        names = self.model.input_names
+        keep = []
+        for req in reqs:
+            bad = next((i for i in self._tested if not _ISFINITE(req.arrays[i]).all()), None)
+            if bad is None:
+                keep.append(req)
+                continue
+            self.stats.count("rejected")
+            req.future.set_exception(BadRequestError(
+                f"input {names[bad]!r} holds NaN or infinity; the server's nan_policy is "
+                "'reject' (serve with nan_policy='allow' to pass them to the model)"))
+        return keep
+
     def _compute(self, reqs: list[Request], executor: Executor) -> None:
         t0 = time.monotonic()
         rows = sum(r.rows for r in reqs)
@@ -505,6 +522,12 @@ class Batcher:
                     last = parts[-1][-1:]
                     parts.append(np.broadcast_to(last, (bucket - rows, *last.shape[1:])))
                 arrays.append(np.concatenate(parts))
+        if self._tested and not self._finite(arrays):
+            good = self._refuse_non_finite(reqs)
+            if len(good) < len(reqs):  # else finite values whose sum overflowed: run
+                if good:
+                    self._compute(good, executor)
+                return
         # one copy of each output per batch (the executor may reuse its buffers), each
         # request a view of its own rows in it
         outs = [np.array(o) if not hasattr(o, "get") else o.get()

@@ -93,6 +93,11 @@ def test_errors(endpoint):
     bad.set_data_from_numpy(np.ones((2, 5), np.float32))
     with pytest.raises(Exception, match=r"\[400\].*axis 1 is 5, expected 6"):
         client.infer("materials_vae", [bad])
+    nan = httpclient.InferInput("x", [2, 6], "FP32")  # refused in its batch: 400 too
+    nan.set_data_from_numpy(np.array([[1, 2, 3, 4, 5, 6], [1, 2, np.inf, 4, 5, 6]],
+                                     np.float32))
+    with pytest.raises(Exception, match=r"\[400\].*'x' holds NaN or infinity"):
+        client.infer("materials_vae", [nan])
     with pytest.raises(Exception, match=r"\[404\]|no model"):
         client.infer("nope", [bad])
     status, body = _get(ep.url + "/v2/models/nope")

@@ -152,23 +152,88 @@ def test_a_failing_request_fails_alone(start, affine):
     np.testing.assert_array_equal(server.predict(rows(2)), rows(2) * 2 + 1)
 
 
-def test_bad_requests_fail_at_submit_and_never_reach_a_batch(start, affine):
+def test_badly_formed_requests_fail_at_submit_and_never_reach_a_batch(start, affine):
     server = start(affine, max_batch=4, max_delay_ms=0)
     with pytest.raises(BadRequestError, match="axis 1 is 5, expected 4"):
         server.submit(np.ones((2, 5), np.float32))
     with pytest.raises(BadRequestError, match="cannot be converted"):
         server.submit(np.ones((2, 4), np.complex64))
-    with pytest.raises(BadRequestError, match="NaN"):
-        server.submit(np.full((2, 4), np.nan, np.float32))
     with pytest.raises(BadRequestError, match="larger than max_batch"):
         server.submit(rows(5))
     with pytest.raises(BadRequestError, match="takes 1 input"):
         server.submit(rows(1), rows(1))
     x64 = rows(2).astype(np.float64)  # converted (same kind)
     np.testing.assert_array_equal(server.predict(x64), rows(2) * 2 + 1)
+    assert server.stats().rejected == 4 and server.stats().requests == 1
+    with pytest.raises(BadRequestError, match="NaN"):  # refused in its batch (below)
+        server.predict(np.full((2, 4), np.nan, np.float32))
     assert server.stats().rejected == 5 and server.stats().requests == 1
     allow = start(affine, max_batch=4, max_delay_ms=0, nan_policy="allow")
     assert np.isnan(allow.predict(np.full((1, 4), np.nan, np.float32))).all()
+
+
+class Recording(CompiledModel):
+    """A model that keeps a copy of every batch it is given."""
+
+    def __init__(self, base: CompiledModel) -> None:
+        super().__init__(base.name, base.compiled, base.inputs, base.outputs)
+        self.seen: list[list[np.ndarray]] = []
+
+    def run(self, arrays):
+        self.seen.append([np.array(a) for a in arrays])
+        return super().run(arrays)
+
+
+@pytest.mark.parametrize("features", [3, 4, 9, 64])  # a few values (Python's sum) and more
+def test_a_request_holding_nan_or_infinity_fails_alone_and_its_batch_runs_without_it(
+        start, features):
+    """Each non-finite value, anywhere in either input of a two-input model, in
+    requests of one or several rows batched with finite ones: the request holding it
+    gets ``BadRequestError`` naming the input, every other request its own answer,
+    and the model never sees the value. -0.0 and float32's largest values pass."""
+    def model(x, t):
+        return x * np.float32(2) + t
+
+    base = load(model, inputs={"x": ("float32", (None, features)), "t": ("float32", (None, 1))},
+                outputs=["y"])
+    rec = Recording(base)
+    server = start(rec, max_batch=16, max_delay_ms=200)
+    rng = np.random.default_rng(features)
+    big = np.finfo(np.float32).max
+    for bad in (np.nan, np.inf, -np.inf):
+        for which, pos in (("x", (0, 0)), ("x", (1, features - 1)), ("t", (1, 0))):
+            xs = [rng.standard_normal((1 + k % 2, features)).astype(np.float32)
+                  for k in range(5)]
+            ts = [rng.standard_normal((len(x), 1)).astype(np.float32) for x in xs]
+            xs[0][0, 0] = -0.0
+            xs[4][:] = big  # finite, whatever a sum of them does
+            victim = 1  # two rows
+            (xs if which == "x" else ts)[victim][pos] = bad
+            futs = [server.submit(x, t) for x, t in zip(xs, ts, strict=True)]
+            for k, (f, x, t) in enumerate(zip(futs, xs, ts, strict=True)):
+                if k == victim:
+                    with pytest.raises(BadRequestError, match=f"input '{which}' holds NaN"):
+                        f.result(timeout=10)
+                else:
+                    with np.errstate(over="ignore"):  # float32's largest, doubled
+                        want = x * np.float32(2) + t
+                    np.testing.assert_array_equal(f.result(timeout=10), want)
+    assert all(np.isfinite(a).all() for batch in rec.seen for a in batch)
+    assert any(len(batch[0]) > 2 for batch in rec.seen), "the requests were never batched"
+    assert server.stats().rejected == 9
+
+
+def test_finite_values_whose_sum_overflows_are_served(start):
+    """float64 values near its largest: the batch's quick test overflows, the exact
+    test of each request passes, and the batch runs."""
+    def model(x):
+        return x * 0.5
+
+    m = load(model, inputs={"x": ("float64", (None, 3))}, outputs=["y"])
+    server = start(m, max_batch=4, max_delay_ms=0)
+    x = np.full((2, 3), np.finfo(np.float64).max)
+    np.testing.assert_array_equal(server.predict(x), x * 0.5)
+    assert server.stats().rejected == 0
 
 
 def test_queue_full_is_a_clear_error(start, affine):

@@ -241,7 +241,6 @@ def test_the_fast_request_check_agrees_with_the_full_one(start, affine):
     del b._fast_check
     # what the fast path does not take goes to the full check, which explains
     for bad, match in (([x[:, :3]], "axis 1 is 3"), ([x.astype(np.complex64)], "cannot be"),
-                       ([np.full((2, 4), np.nan, np.float32)], "NaN"),
                        ([rows(9)], "larger than max_batch")):
         with pytest.raises(BadRequestError, match=match):
             b.check(bad)
@@ -267,8 +266,10 @@ def test_the_fast_check_never_lets_a_wrong_fixed_dimension_through(start):
 
 
 @pytest.mark.parametrize("features", [4, 8, 64])  # at, below and above the small-sum path
-def test_the_fast_check_refuses_every_non_finite_value_and_keeps_large_finite_ones(
+def test_the_batch_finiteness_test_refuses_every_non_finite_value_and_keeps_finite_ones(
         start, features):
+    """:meth:`Batcher._finite` on gathered batches: any NaN or infinity anywhere makes it
+    false; finite values, -0.0 and float32's largest included, keep it true."""
     from pyc_lab.inference.model import load
 
     def scale(x):
@@ -277,23 +278,23 @@ def test_the_fast_check_refuses_every_non_finite_value_and_keeps_large_finite_on
     model = load(scale, inputs={"x": ("float32", (None, features))}, outputs=["y"])
     b = start(model, max_batch=8)._batcher(None)
     rng = np.random.default_rng(features)
-    x = rng.standard_normal((4, features)).astype(np.float32)
-    x[0, 0] = -0.0
-    assert b._fast_check([x]) is not None
-    for bad in (np.nan, np.inf, -np.inf):
-        for pos in [(0, 0), (3, features - 1), (2, features // 2)]:
-            y = x.copy()
-            y[pos] = bad
-            assert b._fast_check([y]) is None, (bad, pos)
-            with pytest.raises(BadRequestError, match="NaN or infinity"):
-                b.check([y])
-    y = x.copy()
-    y[0, 0], y[1, 1] = np.inf, -np.inf  # they would cancel in a careless sum
-    assert b._fast_check([y]) is None
-    big = np.full((4, features), np.finfo(np.float32).max, np.float32)
-    big[0, 0] = -0.0
-    # float32's largest values: finite, and the full check takes them wherever a sum overflows
-    assert np.array_equal(b.check([big])[0][0], big)
+    for n in (1, 4):
+        x = rng.standard_normal((n, features)).astype(np.float32)
+        x[0, 0] = -0.0
+        assert b._finite([x])
+        for bad in (np.nan, np.inf, -np.inf):
+            for pos in [(0, 0), (n - 1, features - 1), (n // 2, features // 2)]:
+                y = x.copy()
+                y[pos] = bad
+                assert not b._finite([y]), (bad, pos)
+        y = x.copy()
+        y[0, 0], y[n - 1, 1] = np.inf, -np.inf  # they would cancel in a careless sum
+        assert not b._finite([y])
+        big = np.full((n, features), np.finfo(np.float32).max, np.float32)
+        big[0, 0] = -0.0
+        assert b._finite([big])
+    allow = start(model, max_batch=8, nan_policy="allow")._batcher(None)
+    assert allow._finite([np.full((2, features), np.nan, np.float32)])
 
 
 def _each_called_once_with_its_rows_but_the_poisoned(got: dict, xs: list) -> None:
