@@ -129,7 +129,7 @@ class ServeOptions:
         return rows
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """One caller's inputs on their way through the queue."""
 

@@ -101,6 +101,8 @@ class Server:
         self._batchers: dict[str, Batcher] = {}
         self._http: Any = None
         self._closed = False
+        #: The batcher a request naming no model goes to (``None`` unless exactly one).
+        self._sole: Batcher | None = None
         for model_name, model in models.items():
             self.add(model, name=model_name)
         self._finalizer = weakref.finalize(self, _close_batchers, list(self._batchers.values()))
@@ -131,6 +133,7 @@ class Server:
             executor = bucket_executor(cm, self.options, self.device)
         self.models[served] = cm
         self._batchers[served] = Batcher(cm, self.options, executor)
+        self._sole = next(iter(self._batchers.values())) if len(self._batchers) == 1 else None
         if hasattr(self, "_finalizer"):
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _close_batchers,
@@ -138,6 +141,8 @@ class Server:
         return cm
 
     def _batcher(self, model: str | None) -> Batcher:
+        if model is None and self._sole is not None:
+            return self._sole
         if model is None:
             if len(self._batchers) != 1:
                 raise InferenceError(f"{self.name} serves {', '.join(self._batchers)}: say "
@@ -187,7 +192,7 @@ class Server:
         :class:`~.waiters.LoopCallback` (see :meth:`.batcher.Batcher.submit`)."""
         if self._closed:
             raise ServerClosedError(f"{self.name} is closed; start another with pl.serve(...)")
-        b = self._batcher(model)
+        b = self._sole if model is None and self._sole is not None else self._batcher(model)
         if not inputs and args and type(args[0]) is np.ndarray \
                 and len(args) == b.n_inputs:  # arrays in order (the common request)
             return b.submit(args, timeout_s=timeout_s, loop=loop, callback=callback)

@@ -308,7 +308,10 @@ class ThreadCallback:
         """Call back with the outputs."""
         if not self._done:
             self._done = True
-            self._call(value, None)
+            try:  # :meth:`_call`, inline: once per request
+                self.callback(value, None)
+            except Exception:
+                log.exception("a request's callback raised (the other requests go on)")
 
     def set_exception(self, exc: BaseException) -> None:
         """Call back with the request's error."""
