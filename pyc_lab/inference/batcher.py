@@ -13,10 +13,11 @@ fails alone there and never reaches a batch. Its values are checked against the 
 policy with the rest of its batch, in one vectorised test of the gathered inputs (a
 request's own test, a few NumPy calls, would cost more interpreter time than the rest of
 its way through the server): a request holding a NaN or an infinity fails alone with
-:class:`~.errors.BadRequestError` and the batch runs without it. If a batch's run raises,
-each of its requests is re-run alone, so only the request that fails gets the error. Futures that
-were cancelled, or whose timeout passed while they queued, are skipped. ``close()``
-stops taking requests and, by default, finishes those already queued.
+:class:`~.errors.BadRequestError` and the batch runs without it. If a batch's run
+raises, each of its requests is re-run alone, so only the request that fails gets the
+error. Futures that were cancelled, or whose timeout passed while they queued, are
+skipped. ``close()`` stops taking requests and, by default, finishes those already
+queued.
 """
 
 from __future__ import annotations
@@ -486,8 +487,8 @@ class Batcher:
         by :meth:`_refuse_non_finite`)."""
         for i in self._tested:
             a = arrays[i]
-            if not (math.isfinite(sum(a.ravel().tolist())) if a.size <= _SMALL
-                    else _ISFINITE(a).all()):
+            if not (math.isfinite(sum(a.ravel().tolist()))
+                    if a.size <= _SMALL and a.dtype.kind == "f" else _ISFINITE(a).all()):
                 return False
         return True
 

@@ -223,6 +223,22 @@ def test_a_request_holding_nan_or_infinity_fails_alone_and_its_batch_runs_withou
     assert server.stats().rejected == 9
 
 
+def test_a_complex_request_holding_nan_fails_alone(start):
+    def model(z):
+        return z * np.complex64(2)
+
+    m = load(model, inputs={"z": ("complex64", (None, 3))}, outputs=["y"])
+    server = start(m, max_batch=4, max_delay_ms=50)
+    z = np.array([[1 + 2j, 3, 4j]], np.complex64)
+    bad = z.copy()
+    bad[0, 1] = complex(0, np.nan)
+    futs = [server.submit(z), server.submit(bad), server.submit(z * 3)]
+    np.testing.assert_array_equal(futs[0].result(timeout=10), z * 2)
+    with pytest.raises(BadRequestError, match="'z' holds NaN or infinity"):
+        futs[1].result(timeout=10)
+    np.testing.assert_array_equal(futs[2].result(timeout=10), z * 6)
+
+
 def test_finite_values_whose_sum_overflows_are_served(start):
     """float64 values near its largest: the batch's quick test overflows, the exact
     test of each request passes, and the batch runs."""
