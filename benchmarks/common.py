@@ -132,3 +132,20 @@ def host_us_many(cp, fns: dict[str, Callable[[], object]], calls: int = 200,
                     gc.enable()
             cp.cuda.Device().synchronize()
     return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+
+
+def noop_executor(model: Any) -> Callable[[list[Any]], list[Any]]:
+    """An executor for ``model``'s batches that costs nothing: per batch size, ones of each
+    output's shape, made once (what is left of a served request is the request path)."""
+    import numpy as np
+
+    outs: dict[int, list[Any]] = {}
+
+    def noop(arrays: list[Any]) -> list[Any]:
+        rows = arrays[0].shape[0]
+        if rows not in outs:
+            outs[rows] = [np.ones((rows, *(d or 1 for d in s.shape[1:])), s.dtype)
+                          for s in model.outputs]
+        return outs[rows]
+
+    return noop

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_result
+from common import noop_executor, write_result
 
 
 def _thread_cpu() -> dict[str, float]:
@@ -53,7 +53,6 @@ def child(model_name: str, max_batch: int, executor: str, cores: str, clients: s
     """One setting, measured in this process (run by :func:`main` in a subprocess)."""
     import threading
 
-    import numpy as np
 
     if cores == "one":
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
@@ -62,15 +61,7 @@ def child(model_name: str, max_batch: int, executor: str, cores: str, clients: s
 
     model = pl.inference.load(zoo.build(model_name))
     if executor == "noop":
-        outs: dict[int, list[np.ndarray]] = {}
-
-        def noop(arrays: list[np.ndarray]) -> list[np.ndarray]:
-            rows = arrays[0].shape[0]
-            if rows not in outs:
-                outs[rows] = [np.ones((rows, *(d or 1 for d in s.shape[1:])), s.dtype)
-                              for s in model.outputs]
-            return outs[rows]
-
+        noop = noop_executor(model)
         gpu.bucket_executor = lambda *a, **k: noop
     server = pl.serve(model, max_batch=max_batch, max_delay_ms=2.0)
     cpu: dict[str, float] = {}

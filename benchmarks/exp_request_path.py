@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_result
+from common import noop_executor, write_result
 
 
 def child(model_name: str, clients: str, requests: int, rounds: int) -> dict[str, Any]:
@@ -34,21 +34,12 @@ def child(model_name: str, clients: str, requests: int, rounds: int) -> dict[str
     import threading
 
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    import numpy as np
 
     import pyc_lab as pl
     from pyc_lab.inference import gpu, zoo
 
     model = pl.inference.load(zoo.build(model_name))
-    outs: dict[int, list[np.ndarray]] = {}
-
-    def noop(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        rows = arrays[0].shape[0]
-        if rows not in outs:
-            outs[rows] = [np.ones((rows, *(d or 1 for d in s.shape[1:])), s.dtype)
-                          for s in model.outputs]
-        return outs[rows]
-
+    noop = noop_executor(model)
     gpu.bucket_executor = lambda *a, **k: noop
     server = pl.serve(model, max_batch=64, max_delay_ms=2.0)
     server.warm_up()
