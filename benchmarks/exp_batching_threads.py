@@ -53,7 +53,6 @@ def child(model_name: str, max_batch: int, executor: str, cores: str, clients: s
     """One setting, measured in this process (run by :func:`main` in a subprocess)."""
     import threading
 
-
     if cores == "one":
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     import pyc_lab as pl

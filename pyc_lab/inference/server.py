@@ -141,13 +141,11 @@ class Server:
         return cm
 
     def _batcher(self, model: str | None) -> Batcher:
-        if model is None and self._sole is not None:
-            return self._sole
         if model is None:
-            if len(self._batchers) != 1:
+            if self._sole is None:
                 raise InferenceError(f"{self.name} serves {', '.join(self._batchers)}: say "
                                      "which with model=...")
-            return next(iter(self._batchers.values()))
+            return self._sole
         if model not in self._batchers:
             raise InferenceError(f"{self.name} serves no model {model!r}; it serves "
                                  f"{', '.join(self._batchers)}")
