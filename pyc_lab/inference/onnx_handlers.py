@@ -11,6 +11,7 @@ raise :class:`~pyc_lab.inference.errors.UnsupportedOpError` with the fix.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -20,8 +21,8 @@ import numpy as np
 from . import onnx_ops as ops
 from .errors import ModelImportError, UnsupportedOpError
 
-__all__ = ["HANDLERS", "STATIC_INPUTS", "SUPPORTED_OPS", "bn_scale_shift", "conv_channels_last",
-           "np_dtype"]
+__all__ = ["HANDLERS", "POOLS_CHANNELS_LAST", "STATIC_INPUTS", "SUPPORTED_OPS", "bn_scale_shift",
+           "conv_channels_last", "np_dtype"]
 
 
 def bn_scale_shift(gamma: np.ndarray, beta: np.ndarray, mean: np.ndarray, var: np.ndarray,
@@ -118,14 +119,25 @@ def _batch_norm(args, attrs, op, node, opset):
     return ops.batch_norm(x, scale.astype(dt), shift.astype(dt))
 
 
-def _max_pool(args, attrs, op, node, opset):
-    return ops.max_pool(args[0], attrs["kernel_shape"], **_pool_attrs(attrs, op, node))
+def _max_pool(args, attrs, op, node, opset, channels_last=False):
+    return ops.max_pool(args[0], attrs["kernel_shape"], channels_last=channels_last,
+                        **_pool_attrs(attrs, op, node))
 
 
-def _avg_pool(args, attrs, op, node, opset):
+def _avg_pool(args, attrs, op, node, opset, channels_last=False):
     return ops.average_pool(args[0], attrs["kernel_shape"],
                             count_include_pad=bool(attrs.get("count_include_pad", 0)),
-                            **_pool_attrs(attrs, op, node))
+                            channels_last=channels_last, **_pool_attrs(attrs, op, node))
+
+
+#: The pooling ops of a 2-D channels-last input (:mod:`.onnx_layout`), whose result is
+#: channels last too.
+POOLS_CHANNELS_LAST: dict[str, Callable[..., Any]] = {
+    "MaxPool": functools.partial(_max_pool, channels_last=True),
+    "AveragePool": functools.partial(_avg_pool, channels_last=True),
+    "GlobalAveragePool": lambda args, attrs, op, node, opset: ops.global_average_pool_last(
+        args[0]),
+}
 
 
 def _softmax(args, attrs, op, node, opset):

@@ -35,6 +35,7 @@ from .errors import ModelImportError, UnsupportedOpError
 from .onnx_fallback import graph_break, onnxruntime_module, ort_runner
 from .onnx_handlers import (
     HANDLERS,
+    POOLS_CHANNELS_LAST,
     STATIC_INPUTS,
     SUPPORTED_OPS,
     bn_scale_shift,
@@ -42,7 +43,7 @@ from .onnx_handlers import (
     np_dtype,
 )
 from .onnx_layout import LAYOUTS, ChannelsLast
-from .onnx_ops import CONV_LIBRARY_FLOPS, CONV_ROUTES, global_average_pool_last
+from .onnx_ops import CONV_LIBRARY_FLOPS, CONV_ROUTES
 
 __all__ = ["SUPPORTED_OPS", "ImportedGraph", "TensorSpec", "bn_scale_shift", "import_onnx",
            "read_model"]
@@ -430,8 +431,8 @@ def import_onnx(model: Any, *, onnxruntime_fallback: bool = True,
         special: dict[str, Callable[..., Any]] = {}
         if native and op == "Conv":
             special["conv"] = functools.partial(bound, fn=conv_channels_last)
-        if native and op == "GlobalAveragePool":
-            special["pool"] = lambda args: global_average_pool_last(args[0])
+        if native and op in POOLS_CHANNELS_LAST:
+            special["pool"] = functools.partial(bound, fn=POOLS_CHANNELS_LAST[op])
         steps.append(_Step(op, name, bound, ins, [o for o in node.output], special, native))
     if folded:
         notes.append(f"{folded} node(s) computed at import (their inputs are constants)")

@@ -10,11 +10,15 @@ do not care about the layout:
 
 - every 2-D ``Conv`` reads and writes channels last (``pl.conv(..., layout=
   "channels_last")``), its input transposed once if it arrives channels first;
-- elementwise ops of one tensor (:data:`UNARY`), and of several (:data:`BINARY`) whose
-  tensor inputs are all channels last (or single values), stay channels last;
-- ``GlobalAveragePool`` averages the spatial axes of a channels-last tensor (its
-  ``N, 1, 1, C`` result is the ``N, C, 1, 1`` one, transposed);
-- any other op — pooling windows, reshapes, a graph's outputs — gets its inputs
+- elementwise ops of one tensor (:data:`UNARY`) stay channels last, and so do those of
+  several (:data:`BINARY`) when one input is channels last: an input of the graph's
+  layout of at most four axes (a per-channel ``1, C, 1, 1`` bias, an activation that
+  did not pass a convolution) is transposed to channels last once — the same
+  broadcast, axes permuted alike — rather than every channels-last input back;
+- pooling (:data:`POOLS`: ``MaxPool`` and ``AveragePool`` windows, ``GlobalAveragePool``)
+  slides over the spatial axes of a channels-last tensor where they are (axes 1 and 2),
+  its result channels last;
+- any other op — reshapes, concatenations, a graph's outputs — gets its inputs
   transposed back to channels first.
 
 The decisions are made while the program is traced (array ranks are known then), so the
@@ -31,7 +35,7 @@ import numpy as np
 
 from ..kernels.conv import LAYOUTS  # the layouts an imported model's convolutions take
 
-__all__ = ["BINARY", "LAYOUTS", "UNARY", "ChannelsLast"]
+__all__ = ["BINARY", "LAYOUTS", "POOLS", "UNARY", "ChannelsLast"]
 
 #: Ops elementwise in their first input, any others single values (Clip's bounds).
 UNARY = frozenset({
@@ -41,6 +45,8 @@ UNARY = frozenset({
     "Asinh", "Acosh", "Atanh", "Floor", "Ceil", "Round", "Sign", "Identity"})
 #: Ops elementwise over all their inputs (broadcasting).
 BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum"})
+#: Pooling ops that run on a channels-last input as it is (their window's axes moved).
+POOLS = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool"})
 
 
 def _last(x: Any) -> Any:
@@ -65,29 +71,44 @@ class ChannelsLast:
     def __init__(self) -> None:
         self._last: set[str] = set()
         self._firsts: dict[str, Any] = {}  # a channels-last value's transpose, made once
+        self._lasts: dict[str, Any] = {}  # a graph-layout value's, made once
 
     def arguments(self, op: str, names: Sequence[str], env: dict[str, Any]
                   ) -> tuple[list[Any], str]:
         """A step's arguments and how it runs: ``"conv"`` (a 2-D convolution on a
         channels-last input), ``"pool"`` (a global average pool of a channels-last
         input), ``"same"`` (an elementwise op on channels-last inputs, as it is) or
-        ``"first"`` (as the graph says, every input channels first)."""
+        ``"first"`` (as the graph says, every input channels first). ``"pool"`` is a
+        pooling op (:data:`POOLS`) on a channels-last input."""
         values = [env[n] if n else None for n in names]
         last = [bool(n) and n in self._last for n in names]
         if op == "Conv" and len(values) > 1 and np.ndim(values[1]) == 4:
             x = values[0] if last[0] else _last(values[0])
             return [x, *values[1:]], "conv"
-        if op == "GlobalAveragePool" and last[0]:
+        if op in POOLS and last[0]:
             return values, "pool"
         if op in UNARY and last[0]:
             return values, "same"
-        # (every channels-last value is 4-D: they broadcast among themselves as the
-        # graph's tensors do, and a single value broadcasts alike in either layout)
+        # every channels-last value is 4-D: they broadcast among themselves as the
+        # graph's tensors do, a single value broadcasts alike in either layout, and a
+        # graph-layout value of at most 4 axes does once its axes are permuted alike
         if op in BINARY and any(last) and all(
-                is_last or _single(v) for is_last, v in zip(last, values, strict=True)):
-            return values, "same"
+                is_last or _single(v) or np.ndim(v) <= 4
+                for is_last, v in zip(last, values, strict=True)):
+            return [v if is_last or _single(v) else self._last_of(n, v)
+                    for n, v, is_last in zip(names, values, last, strict=True)], "same"
         return [self._first_of(n, v) if is_last else v
                 for n, v, is_last in zip(names, values, last, strict=True)], "first"
+
+    def _last_of(self, name: str, value: Any) -> Any:
+        """``value`` (in the graph's layout, at most 4 axes) channels last: its leading
+        axes filled to four with ones, then transposed — once however many ops read it
+        so."""
+        out = self._lasts.get(name)
+        if out is None:
+            shape = tuple(value.shape)
+            out = self._lasts[name] = _last(np.reshape(value, (1,) * (4 - len(shape)) + shape))
+        return out
 
     def _first_of(self, name: str, value: Any) -> Any:
         """``value`` (held channels last) in the graph's layout, transposed once however

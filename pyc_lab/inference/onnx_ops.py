@@ -31,7 +31,7 @@ import numpy as np
 from ..compiler import functions as F
 from ..compiler.padding import pad_axes
 from ..compiler.views import contiguous_strides
-from ..kernels.conv_im2col import conv_im2col, filled, out_size, pad_spatial, windows
+from ..kernels.conv_im2col import conv_im2col, filled, out_size, pad_spatial
 
 __all__ = [
     "AUTO_DIRECT_TAPS",
@@ -222,50 +222,85 @@ def conv_transpose(x: Any, w: Any, b: Any = None, *, strides: Sequence[int] | No
 
 
 def _pool_separably(x: Any, kernel: Sequence[int], strides: Sequence[int],
-                    dilations: Sequence[int], combine: Any) -> Any:
+                    dilations: Sequence[int], combine: Any, first: int) -> Any:
     """Reduce each window with ``combine`` (max or add), one spatial axis at a time.
 
-    Max and sum over a box window are separable, so an N-D window of ``k1 x k2`` costs
-    ``k1 + k2`` strided slices rather than ``k1 * k2``.
+    The spatial axes are ``first, first + 1, ...``. Max and sum over a box window are
+    separable, so an N-D window of ``k1 x k2`` costs ``k1 + k2`` strided slices rather
+    than ``k1 * k2``.
     """
-    nd = len(kernel)
-    for axis in range(nd):
-        k = [1] * nd
-        s = [1] * nd
-        d = [1] * nd
-        k[axis], s[axis], d[axis] = int(kernel[axis]), int(strides[axis]), int(dilations[axis])
-        views, _ = windows(x, k, s, d)
-        out = views[0]
+    spatial = tuple(int(n) for n in x.shape[first:first + len(kernel)])
+    for axis, (k, s, d) in enumerate(zip(kernel, strides, dilations, strict=True)):
+        k, s, d = int(k), int(s), int(d)
+        out = out_size(spatial[axis], k, s, d)
+        if out <= 0:
+            raise ValueError(f"the window {tuple(kernel)} does not fit the input's spatial "
+                             f"shape {spatial}")
+        index = [slice(None)] * x.ndim
+        views = []
+        for o in range(k):
+            index[first + axis] = slice(o * d, o * d + s * (out - 1) + 1, s)
+            views.append(x[tuple(index)])
+        x = views[0]
         for v in views[1:]:
-            out = combine(out, v)
-        x = out
+            x = combine(x, v)
     return x
 
 
+def _pad_window(x: Any, pads: Sequence[int], nd: int, first: int, value: float = 0.0) -> Any:
+    """``x`` with ONNX's ``pads`` (``[x1_begin, ..., x1_end, ...]``) added as ``value``
+    on the spatial axes ``first, first + 1, ...``."""
+    if not any(pads):
+        return x
+    widths = [(0, 0)] * x.ndim
+    for i in range(nd):
+        widths[first + i] = (int(pads[i]), int(pads[nd + i]))
+    return pad_axes(x, widths, "constant", value)
+
+
+def _first_spatial(x: Any, nd: int, channels_last: bool) -> int:
+    """The first spatial axis: 1 for a channels-last ``(N, *spatial, C)`` array, 2 for
+    ``(N, C, *spatial)``."""
+    if x.ndim != nd + 2:
+        raise ValueError(f"a {nd}-D pooling window needs a {nd + 2}-D input, got "
+                         f"{x.ndim}-D")
+    return 1 if channels_last else 2
+
+
 def max_pool(x: Any, kernel: Sequence[int], *, strides: Sequence[int] | None = None,
-             pads: Sequence[int] | None = None,
-             dilations: Sequence[int] | None = None) -> Any:
-    """ONNX ``MaxPool`` (floor mode): the elementwise maximum of the window's slices."""
+             pads: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
+             channels_last: bool = False) -> Any:
+    """ONNX ``MaxPool`` (floor mode): the elementwise maximum of the window's slices.
+
+    ``channels_last``: ``x`` is ``(N, *spatial, C)`` and so is the result (the graph's
+    ``(N, C, *spatial)`` transposed), as :mod:`.onnx_layout` holds activations.
+    """
     nd = len(kernel)
-    padded = pad_spatial(x, tuple(pads or (0,) * (2 * nd)), value=-np.inf)
+    first = _first_spatial(x, nd, channels_last)
+    padded = _pad_window(x, tuple(pads or (0,) * (2 * nd)), nd, first, -np.inf)
     return _pool_separably(padded, kernel, tuple(strides or (1,) * nd),
-                           tuple(dilations or (1,) * nd), np.maximum)
+                           tuple(dilations or (1,) * nd), np.maximum, first)
 
 
 def average_pool(x: Any, kernel: Sequence[int], *, strides: Sequence[int] | None = None,
                  pads: Sequence[int] | None = None, count_include_pad: bool = False,
-                 dilations: Sequence[int] | None = None) -> Any:
+                 dilations: Sequence[int] | None = None, channels_last: bool = False) -> Any:
     """ONNX ``AveragePool`` (floor mode): the window's slices summed, divided by the
-    number of (real, unless ``count_include_pad``) elements under each window."""
+    number of (real, unless ``count_include_pad``) elements under each window.
+    ``channels_last`` as :func:`max_pool`'s."""
     nd = len(kernel)
+    first = _first_spatial(x, nd, channels_last)
     pads = tuple(pads or (0,) * (2 * nd))
     strides = tuple(strides or (1,) * nd)
     dilations = tuple(dilations or (1,) * nd)
-    total = _pool_separably(pad_spatial(x, pads), kernel, strides, dilations, np.add)
+    total = _pool_separably(_pad_window(x, pads, nd, first), kernel, strides, dilations,
+                            np.add, first)
     if count_include_pad or not any(pads):
         return total / np.asarray(math.prod(kernel), dtype=np.dtype(x.dtype))
-    ones = np.ones((1, 1, *x.shape[2:]), dtype=np.float64)
-    counts = _pool_separably(pad_spatial(ones, pads), kernel, strides, dilations, np.add)
+    spatial = tuple(x.shape[first:first + nd])
+    ones = np.ones((1, *spatial, 1) if channels_last else (1, 1, *spatial), dtype=np.float64)
+    counts = _pool_separably(_pad_window(ones, pads, nd, first), kernel, strides, dilations,
+                             np.add, first)
     return total / counts.astype(np.dtype(x.dtype))
 
 

@@ -545,8 +545,8 @@ def _layout_model() -> tuple[Any, dict[str, tuple[int, ...]]]:
     """A small residual CNN whose ops meet every rule of the channels-last import: 2-D
     convolutions (unequal pads, stride, groups, one taking the graph's input, one whose
     output is a graph output), elementwise ops between them (relu, a residual add of two
-    channels-last tensors, a scalar multiply), ops that need the graph's layout (a
-    per-channel bias add, max pooling, flatten) and a global average pool."""
+    channels-last tensors, a scalar multiply, a per-channel bias add), max pooling and a
+    global average pool, and ops that need the graph's layout (flatten, the head)."""
     nodes = [
         helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], name="conv1", pads=[1, 0, 2, 1],
                          strides=[2, 1]),
@@ -594,10 +594,10 @@ def test_channels_last_import_matches_the_graph_and_onnxruntime():
 
 def test_channels_last_import_keeps_the_layout_across_elementwise_ops(monkeypatch):
     """The decisions, op by op: convolutions take channels-last inputs (the graph's
-    input transposed once), relu, the residual add of two channels-last tensors and the
-    scalar multiply stay channels last; the per-channel bias add, the pooling window and
-    flatten get the graph's layout back; the global average pool of a channels-last
-    input averages its spatial axes."""
+    input transposed once), relu, the residual add of two channels-last tensors, the
+    scalar multiply and the per-channel bias add (its ``1, C, 1, 1`` bias transposed)
+    stay channels last; the pooling window and the global average pool slide over a
+    channels-last input's spatial axes; flatten gets the graph's layout back."""
     from pyc_lab.inference import onnx_layout
 
     seen: dict[str, str] = {}
@@ -612,9 +612,102 @@ def test_channels_last_import_keeps_the_layout_across_elementwise_ops(monkeypatc
     m, shapes = _layout_model()
     load(m, layout="channels_last")(_inputs(shapes))
     assert seen == {"Conv:x": "conv", "Relu:c1": "same", "Conv:r1": "conv", "Add:c2": "same",
-                    "Mul:a1": "same", "Add:m1": "first", "MaxPool:b1": "first",
+                    "Mul:a1": "same", "Add:m1": "same", "MaxPool:b1": "pool",
                     "Conv:p1": "conv", "Sigmoid:side": "same", "GlobalAveragePool:s1": "pool",
                     "Flatten:g1": "first", "Gemm:f1": "first"}
+
+
+def _pool_model() -> tuple[Any, dict[str, tuple[int, ...]]]:
+    """Pooling windows and elementwise ops with graph-layout operands, all on
+    channels-last activations: max pooling with unequal pads, stride and dilation,
+    average pooling with pads counted and not, a stride unequal per axis and no pads;
+    adds of the graph's input (a 4-D activation that never met a convolution), a
+    ``C, H, W`` constant, an ``H, W`` constant and a ``1, C, 1, 1`` bias."""
+    nodes = [
+        helper.make_node("Conv", ["x", "W1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c1", "x4"], ["a1"], name="add_input"),
+        helper.make_node("MaxPool", ["a1"], ["p1"], name="maxpool", kernel_shape=[3, 2],
+                         pads=[1, 0, 2, 1], strides=[2, 1], dilations=[1, 2]),
+        helper.make_node("Add", ["p1", "chw"], ["a2"], name="add_chw"),
+        helper.make_node("AveragePool", ["a2"], ["p2"], name="avg_excl", kernel_shape=[3, 3],
+                         pads=[1, 2, 1, 0]),
+        helper.make_node("Mul", ["hw", "p2"], ["a3"], name="mul_hw"),
+        helper.make_node("AveragePool", ["a3"], ["p3"], name="avg_incl", kernel_shape=[2, 3],
+                         pads=[1, 1, 0, 1], count_include_pad=1, strides=[1, 2]),
+        helper.make_node("Sub", ["p3", "bias"], ["a4"], name="sub_bias"),
+        helper.make_node("AveragePool", ["a4"], ["p4"], name="avg_plain", kernel_shape=[2, 2],
+                         strides=[2, 1]),
+        helper.make_node("Conv", ["p4", "W2"], ["y"], name="conv2"),
+    ]
+    # shapes: x, c1 2x4x11x9 -> p1, p2 2x4x6x8 -> p3 2x4x6x4 -> p4 2x4x3x3
+    inits = {"W1": _w(4, 4, 3, 3) / 6, "chw": _w(4, 6, 8), "hw": _w(6, 8),
+             "bias": _w(1, 4, 1, 1), "W2": _w(3, 4, 1, 1) / 2}
+    shapes = {"x": (2, 4, 11, 9), "x4": (2, 4, 11, 9)}
+    return _model(nodes, shapes, ["y", "p1"], inits), shapes
+
+
+def test_channels_last_pooling_and_graph_layout_operands(monkeypatch):
+    """Pooling windows run on channels-last activations and elementwise ops take
+    graph-layout operands of two to four axes transposed to channels last: the answers
+    are the graph's (the reference evaluator's, onnxruntime's, the channels-first
+    import's), with no value transposed back to the graph's layout but the outputs."""
+    from pyc_lab.inference import onnx_layout
+
+    seen: dict[str, str] = {}
+    real = onnx_layout.ChannelsLast.arguments
+
+    def spy(self, op, names, env):
+        args, how = real(self, op, names, env)
+        seen[op + ":" + names[0]] = how
+        return args, how
+
+    monkeypatch.setattr(onnx_layout.ChannelsLast, "arguments", spy)
+    m, shapes = _pool_model()
+    last, first = load(m, layout="channels_last"), load(m)
+    feeds = _inputs(shapes, seed=17)
+    got, plain = last(feeds), first(feeds)
+    assert seen == {"Conv:x": "conv", "Add:c1": "same", "MaxPool:a1": "pool",
+                    "Add:p1": "same", "AveragePool:a2": "pool", "Mul:hw": "same",
+                    "AveragePool:a3": "pool", "Sub:p3": "same", "AveragePool:a4": "pool",
+                    "Conv:p4": "conv"}
+    ref = ReferenceEvaluator(m).run(None, feeds)
+    for name, want in zip(("y", "p1"), ref, strict=True):
+        assert got[name].shape == want.shape == plain[name].shape
+        _close(got[name], want)
+        _close(got[name], plain[name])
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for name, want in zip(("y", "p1"), sess.run(None, feeds), strict=True):
+        _close(got[name], want)
+
+
+def test_channels_last_max_pool_keeps_nan_and_infinity():
+    """A channels-last max pool's padding never wins a window (``-inf``), and NaN and
+    ``±inf`` in the input come out where the graph's layout puts them."""
+    m = _model([node("Conv", ["x", "W"], "c"), node("Add", ["c", "s"], "a"),
+                node("MaxPool", ["a"], "y", kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                     strides=[2, 2])],
+               {"x": (2, 3, 7, 6), "s": (2, 3, 7, 6)}, ["y"], {"W": _w(3, 3, 1, 1)})
+    feeds = _inputs({"x": (2, 3, 7, 6), "s": (2, 3, 7, 6)}, seed=4)
+    s = feeds["s"]
+    s -= 50.0  # every window's maximum negative: a zero of padding would win
+    s[0, 1, 2, 3] = np.nan
+    s[1, 0, 0, 0] = np.inf
+    s[1, 2, 6, 5] = -np.inf
+    s[0, 2] = -np.inf  # a whole channel: its windows are -inf
+    got = load(m, layout="channels_last")(feeds)["y"]
+    plain = load(m)(feeds)["y"]  # NaN wins a window, as np.maximum and torch have it
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(plain))
+    # (the reference evaluator's maximum skips a NaN: compared where none is)
+    ref = ReferenceEvaluator(m).run(None, feeds)[0]
+    for want in (ref, plain):
+        kept = ~np.isnan(got)
+        for kind in (np.isposinf, np.isneginf):
+            np.testing.assert_array_equal(kind(got[kept]), kind(want[kept]))
+        finite = np.isfinite(got)
+        _close(got[finite], want[finite])
+    assert np.isnan(got[0, 1, 1, 1]) and np.isposinf(got[1, 0, 0, 0])
+    assert np.isneginf(got[0, 2]).all() and (got[~np.isnan(got) & (got < np.inf)] < 0).all()
 
 
 def test_channels_last_import_holds_conv_filters_as_the_kernels_read_them():
