@@ -33,10 +33,10 @@ import concurrent.futures as cf
 import ctypes
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ...errors import PycLabError
 from ...paths import native_source
@@ -390,7 +390,15 @@ class CutlassConv:
     forward problem's; a gradient kernel takes its own operands in those two pointer
     places and writes its result to the third (:meth:`ConvKernel.operands`:
     ``dy, w -> dx`` for dgrad, ``dy, x -> dw`` for wgrad).
+
+    A family whose kernels address a tensor with 32-bit byte offsets
+    (:attr:`max_tensor_bytes`) runs a forward or dgrad problem with a larger operand as
+    several launches over slices of the batch (each image's result depends on that image
+    alone); a wgrad, which reduces over the batch, is refused.
     """
+
+    #: The most bytes one operand of a launch may hold (``None``: no limit of pyc_lab's).
+    max_tensor_bytes: ClassVar[int | None] = None
 
     library: Path
     config: ConvConfig | None = None
@@ -400,8 +408,8 @@ class CutlassConv:
     _handle: Any = field(default=None, repr=False)
     _bound: tuple | None = field(default=None, repr=False)
     _workspace: Any = field(default=None, repr=False)
-    _problem: tuple[ConvGeometry, tuple[Any, ...], int] | None = field(default=None,
-                                                                       repr=False)
+    _problems: dict[ConvGeometry, tuple[tuple[Any, ...], int]] = field(
+        default_factory=dict, repr=False)
     _lock: Any = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -425,8 +433,9 @@ class CutlassConv:
     def _problem_of(self, geometry: ConvGeometry) -> tuple[tuple[Any, ...], int]:
         """The C arrays of ``geometry`` and its workspace pointer, checked and made once
         per problem (a call with new pointers only binds them)."""
-        if self._problem is not None and self._problem[0] == geometry:
-            return self._problem[1], self._problem[2]
+        known = self._problems.get(geometry)
+        if known is not None:
+            return known
         why = self._issue(geometry)
         if why:
             raise PycLabError(f"CUTLASS {self.kernel.op}: {why}")
@@ -436,15 +445,58 @@ class CutlassConv:
         if size:
             import cupy as cp
 
-            self._workspace = cp.empty(int(size), dtype=cp.uint8)
+            # one workspace, grown for a problem that needs more (a batch's slices run
+            # in turn on one stream, so they may share it)
+            if self._workspace is None or self._workspace.nbytes < size:
+                self._workspace = cp.empty(int(size), dtype=cp.uint8)
+                for g, (a, ws) in list(self._problems.items()):
+                    if ws:
+                        self._problems[g] = (a, self._workspace.data.ptr)
             workspace = self._workspace.data.ptr
-        self._problem = (geometry, arrays, workspace)
+        if len(self._problems) >= 8:  # a kernel meets a few problems: keep it bounded
+            self._problems.clear()
+        self._problems[geometry] = (arrays, workspace)
         return arrays, workspace
+
+    def slices(self, geometry: ConvGeometry) -> list[tuple[int, ConvGeometry]]:
+        """The launches of ``geometry``: ``(first image, the slice's geometry)`` each —
+        the whole problem in one, unless an operand holds more than
+        :attr:`max_tensor_bytes`.
+
+        Raises
+        ------
+        PycLabError
+            A wgrad over more (its reduction runs over the batch), or one image alone
+            over the limit.
+        """
+        limit = self.max_tensor_bytes
+        n = geometry.act[0]
+        if limit is None or n <= 1:
+            return [(0, geometry)]
+        item = ELEMENT_BYTES[self.kernel.dtype]
+        per_image = max(prod(shape[1:]) for shape in (geometry.act, geometry.out_shape)) * item
+        if per_image * n <= limit:
+            return [(0, geometry)]
+        if self.kernel.direction == "wgrad" or per_image > limit:
+            what = ("a wgrad reduces over the batch" if self.kernel.direction == "wgrad"
+                    else "one image's tensor is over it")
+            raise PycLabError(f"CUTLASS {self.kernel.op} {geometry}: an operand of more "
+                              f"than {limit} bytes ({what}); pl.conv uses cuDNN for it")
+        parts = -(-n // (limit // per_image))
+        size = -(-n // parts)  # slices as equal as they can be: at most two geometries
+        return [(first, replace(geometry, act=(min(size, n - first), *geometry.act[1:])))
+                for first in range(0, n, size)]
 
     def workspace_bytes(self, geometry: ConvGeometry) -> int:
         """Bytes of device workspace the kernel needs for ``geometry`` (asked of the
-        library on the host; nothing is allocated)."""
-        return int(self._lib.pyc_conv_workspace_size(*geometry.arrays(), self.sm_count))
+        library on the host; nothing is allocated): its largest slice's
+        (:meth:`slices`)."""
+        try:
+            parts = {g for _, g in self.slices(geometry)}
+        except PycLabError:
+            parts = {geometry}
+        return max(int(self._lib.pyc_conv_workspace_size(*g.arrays(), self.sm_count))
+                   for g in parts)
 
     def _issue(self, geometry: ConvGeometry) -> str:
         """Why the kernel cannot take ``geometry`` (``""`` when it can), by pyc_lab's
@@ -455,7 +507,11 @@ class CutlassConv:
         """Whether the kernel takes the problem (pyc_lab's checks, then CUTLASS's)."""
         if self._issue(geometry):
             return False
-        return self._lib.pyc_conv_can_implement(*geometry.arrays()) == 0
+        try:
+            parts = {g for _, g in self.slices(geometry)}
+        except PycLabError:
+            return False
+        return all(self._lib.pyc_conv_can_implement(*g.arrays()) == 0 for g in parts)
 
     def run(self, geometry: ConvGeometry, x: int, w: int, bias: int | None, y: int,
             stream: int) -> None:
@@ -470,6 +526,20 @@ class CutlassConv:
         if (bias is not None) != self.kernel.bias:
             need = "needed" if self.kernel.bias else "not taken"
             raise PycLabError(f"{self.kernel.op}: a bias is {need}")
+        parts = self.slices(geometry)
+        if len(parts) == 1:
+            self._launch(geometry, x, w, bias, y, stream)
+            return
+        item = ELEMENT_BYTES[self.kernel.dtype]
+        first_op, _, result = self.kernel.operands(geometry)  # batch-major, both
+        step_in = prod(first_op[1:]) * item
+        step_out = prod(result[1:]) * item
+        for first, part in parts:
+            self._launch(part, x + first * step_in, w, bias, y + first * step_out, stream)
+
+    def _launch(self, geometry: ConvGeometry, x: int, w: int, bias: int | None, y: int,
+                stream: int) -> None:
+        """One launch of the kernel on ``geometry`` (bound once per pointers)."""
         key = (geometry, x, w, bias, y)
         with self._lock:
             if key != self._bound:

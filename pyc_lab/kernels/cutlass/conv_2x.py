@@ -518,8 +518,12 @@ class CutlassConv2x(CutlassConv):
     family: ``C`` a multiple of ``align`` and ``K`` of ``align_out`` (the widths the
     library was built with), not TMA's multiples of 8. Its geometry is the one the
     kernel reads: a ``pad_to`` configuration's padded channels
-    (:func:`padded_geometry`).
+    (:func:`padded_geometry`). Its iterators address a tensor with 32-bit byte offsets:
+    a batch whose activations or output hold more runs in slices
+    (:meth:`~.conv.CutlassConv.slices`).
     """
+
+    max_tensor_bytes = 2**31 - 1
 
     align: int = 1
     align_out: int = 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes
 import shutil
 import subprocess
+from dataclasses import replace
+from math import prod
 
 import pytest
 
@@ -259,3 +261,95 @@ def test_a_3xtf32_kernel_builds(tmp_path):
     layer = ConvGeometry.from_channels_first((8, 64, 56, 56), (64, 64, 3, 3), (1, 1),
                                              (1, 1), (1, 1))
     assert lib.pyc_conv_can_implement(*layer.arrays()) == 0
+
+
+class _FakeLibrary:
+    """The ``extern "C"`` functions of a kernel library, recording what they are given."""
+
+    def __init__(self) -> None:
+        self.initialized: list[tuple[tuple[int, ...], int, int]] = []
+        self.runs = 0
+        self.asked: list[tuple[int, ...]] = []
+
+    def pyc_conv_initialize(self, handle, act, flt, pad, stride, dil, x, w, b, y, ws, sms,
+                            stream):
+        self.initialized.append((tuple(act), x, y))
+        return 0
+
+    def pyc_conv_run(self, handle, stream):
+        self.runs += 1
+        return 0
+
+    def pyc_conv_workspace_size(self, act, *rest):
+        return 0
+
+    def pyc_conv_can_implement(self, act, *rest):
+        self.asked.append(tuple(act))
+        return 0
+
+    def pyc_conv_destroy(self, handle):
+        pass
+
+
+def _unloaded(direction: str = "fprop", limit: int | None = None) -> CutlassConv2x:
+    """A CUTLASS 2 convolution over a fake library (no nvcc, no GPU)."""
+    import threading
+
+    conv = CutlassConv2x.__new__(CutlassConv2x)
+    conv.kernel = ConvKernel("f32", 2, direction=direction)
+    conv.config, conv.align, conv.align_out, conv.sm_count = None, 4, 4, 132
+    conv._lib, conv._handle, conv._bound, conv._workspace = _FakeLibrary(), 1, None, None
+    conv._problems, conv._lock = {}, threading.Lock()
+    if limit is not None:
+        conv.max_tensor_bytes = limit
+    return conv
+
+
+def test_a_batch_over_the_32_bit_offsets_runs_in_slices():
+    """This family's iterators address a tensor with 32-bit byte offsets: a batch whose
+    activations or output hold 2^31 bytes or more runs as launches over slices of the
+    batch, as equal as they can be, each under the limit, the pointers moved by whole
+    images; one that fits runs whole."""
+    conv = _unloaded()
+    assert conv.max_tensor_bytes == 2**31 - 1
+    # ResNet-50's 56 x 56 x 256 float32 tensor at batch 1024: 3.3 GB of output
+    big = ConvGeometry.from_channels_first((1024, 64, 56, 56), (256, 64, 1, 1), (1, 1),
+                                           (0, 0), (1, 1))
+    parts = conv.slices(big)
+    assert [first for first, _ in parts] == [0, 512]
+    assert [g.act[0] for _, g in parts] == [512, 512]
+    assert all(prod(g.out_shape) * 4 <= 2**31 - 1 for _, g in parts)
+    small = replace(big, act=(512, *big.act[1:]))
+    assert conv.slices(small) == [(0, small)]
+    x, w, y = 10**12, 5 * 10**11, 2 * 10**12
+    conv.run(big, x, w, None, y, 0)
+    in_image, out_image = 56 * 56 * 64 * 4, 56 * 56 * 256 * 4
+    assert conv._lib.initialized == [((512, 56, 56, 64), x, y),
+                                     ((512, 56, 56, 64), x + 512 * in_image,
+                                      y + 512 * out_image)]
+    assert conv._lib.runs == 2
+    assert conv.can_implement(big) and set(conv._lib.asked) == {(512, 56, 56, 64)}
+
+
+def test_slices_cover_an_odd_batch_and_the_gradients_as_they_allow():
+    """An odd batch: slices of at most two sizes covering every image once; a dgrad
+    slices too (its ``dy`` and ``dx`` by their own image sizes), a wgrad (a reduction
+    over the batch) and an image alone over the limit are refused with the reason."""
+    g = ConvGeometry.from_channels_first((7, 4, 5, 5), (8, 4, 3, 3), (2, 2), (1, 1), (1, 1))
+    image = max(5 * 5 * 4, 3 * 3 * 8) * 4  # the input's image is the larger: 400 bytes
+    conv = _unloaded(limit=3 * image)
+    parts = conv.slices(g)
+    assert [first for first, _ in parts] == [0, 3, 6]
+    assert [p.act[0] for _, p in parts] == [3, 3, 1]
+    assert all(p.act[1:] == g.act[1:] and p.flt == g.flt for _, p in parts)
+    dgrad = _unloaded("dgrad", limit=3 * image)
+    dgrad.run(g, 1000, 7, None, 9000, 0)  # (dy, w) -> dx
+    dy_image, dx_image = 3 * 3 * 8 * 4, 5 * 5 * 4 * 4
+    assert [(a[0], x, y) for a, x, y in dgrad._lib.initialized] == [
+        (3, 1000, 9000), (3, 1000 + 3 * dy_image, 9000 + 3 * dx_image),
+        (1, 1000 + 6 * dy_image, 9000 + 6 * dx_image)]
+    with pytest.raises(PycLabError, match="wgrad reduces over the batch"):
+        _unloaded("wgrad", limit=3 * image).run(g, 1, 2, None, 3, 0)
+    assert not _unloaded("wgrad", limit=3 * image).can_implement(g)
+    with pytest.raises(PycLabError, match="one image's tensor is over it"):
+        _unloaded(limit=image - 1).slices(g)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from math import prod
 
 import numpy as np
 import pytest
@@ -202,6 +203,56 @@ def test_rebinding_and_refusals(kernels):
         conv.run(odd_k, 1, 1, 1, 1, 0)
     assert not kernels["f16_aligned"].can_implement(
         ConvGeometry.from_channels_first((2, 3, 8, 8), (64, 3, 3, 3), (1, 1), (1, 1), (1, 1)))
+
+
+def test_a_batch_in_slices_is_the_batch_run_whole(kernels):
+    """A batch run in slices (here under a small byte limit, set on the instance) gives
+    exactly what one launch over the whole batch gives: each image's pointers moved by
+    whole images, the slices' geometries bound in turn."""
+    conv = kernels["f32_bias_relu"]
+    x = torch.rand((7, 64, 11, 9), device="cuda") * 2 - 1
+    w = (torch.rand((64, 64, 3, 3), device="cuda") * 2 - 1) / 24
+    b = torch.rand(64, device="cuda") * 2 - 1
+    whole = _run(conv, x, w, b, (2, 1), (1, 1))
+    conv.max_tensor_bytes = 3 * 11 * 9 * 64 * 4  # three images a launch
+    try:
+        g = ConvGeometry.from_channels_first(x.shape, w.shape, (2, 1), (1, 1), (1, 1))
+        assert [p.act[0] for _, p in conv.slices(g)] == [3, 3, 1]
+        sliced = _run(conv, x, w, b, (2, 1), (1, 1))
+    finally:
+        del conv.max_tensor_bytes
+    assert np.isfinite(sliced).all()
+    np.testing.assert_array_equal(sliced, whole)
+
+
+def test_a_batch_over_two_gib_matches_exact_cudnn(kernels):
+    """float32 activations of more than 2^31 bytes (9 x 1000 x 1000 x 64: 2.3 GB), which
+    the family's 32-bit offsets cannot address in one launch: run in two slices, every
+    output written (NaN-poisoned first) and within float32 rounding of cuDNN with TF32
+    off."""
+    import torch.nn.functional as F
+
+    conv = kernels["f32_bias_relu"]
+    x = torch.rand((9, 64, 1000, 1000), device="cuda").mul_(2).sub_(1)
+    w = (torch.rand((64, 64, 3, 3), device="cuda") * 2 - 1) / 24
+    b = torch.rand(64, device="cuda") * 2 - 1
+    g = ConvGeometry.from_channels_first(x.shape, w.shape, (1, 1), (1, 1), (1, 1))
+    assert prod(g.act) * 4 >= 2**31 and len(conv.slices(g)) == 2
+    xl = x.permute(0, 2, 3, 1).contiguous()
+    wl = w.permute(0, 2, 3, 1).contiguous()
+    y = torch.full(g.out_shape, float("nan"), device="cuda")
+    conv.run(g, xl.data_ptr(), wl.data_ptr(), b.data_ptr(), y.data_ptr(),
+             torch.cuda.current_stream().cuda_stream)
+    del xl
+    was = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        want = torch.relu(F.conv2d(x, w, b, padding=1)).permute(0, 2, 3, 1)
+    finally:
+        torch.backends.cudnn.allow_tf32 = was
+    assert not torch.isnan(y).any().item()
+    err = float((y - want).abs().max()) / float(want.abs().max())
+    assert err <= 2e-5, err
 
 
 def test_the_stem_is_tuned_over_this_family_and_pl_conv_runs_the_winner(monkeypatch,
