@@ -115,28 +115,31 @@ def test_imported_convolutions_on_the_gpu_match_onnxruntime(route):
 
 
 @pytest.mark.gpu
-def test_channels_last_import_on_the_gpu_matches_the_reference():
+@pytest.mark.parametrize("which", ["residual", "pools"])
+def test_channels_last_import_on_the_gpu_matches_the_reference(which):
     """``layout="channels_last"`` (the default on the cupy backend) with CUDA graphs: the
     residual CNN that meets every rule of the layout import (convolutions as
-    channels-last ``pl.conv`` nodes, a graph output taken straight from one), at two
-    batches, launched, captured and replayed, against ``onnx.reference`` and against the
+    channels-last ``pl.conv`` nodes, a graph output taken straight from one), and the
+    chain of channels-last pooling windows with graph-layout operands, at two batches,
+    launched, captured and replayed, against ``onnx.reference`` and against the
     channels-first import on the same GPU."""
     import cupy as cp
     from onnx.reference import ReferenceEvaluator
 
-    from tests.inference.test_onnx_import import _inputs, _layout_model
+    from tests.inference.test_onnx_import import _inputs, _layout_model, _pool_model
 
-    m, shapes = _layout_model()
+    m, shapes = {"residual": _layout_model, "pools": _pool_model}[which]()
     last = load(m, backend="cupy", cuda_graph=True)  # the default on a GPU
     assert last.imported.layout == "channels_last"
     first = load(m, backend="cupy", cuda_graph=True, layout="channels_first")
     ref = ReferenceEvaluator(m)
     for batch in (3, 17):
-        feeds = _inputs({"x": (batch, *shapes["x"][1:])}, seed=batch)
+        feeds = _inputs({k: (batch, *s[1:]) for k, s in shapes.items()}, seed=batch)
         want = ref.run(None, feeds)
-        plain = [cp.asnumpy(g) for g in first.run([cp.asarray(feeds["x"])])]
+        args = [cp.asarray(feeds[n]) for n in last.input_names]
+        plain = [cp.asnumpy(g) for g in first.run(args)]
         for _ in range(3):
-            got = last.run([cp.asarray(feeds["x"])])
+            got = last.run(args)
             for g, w_, p in zip(got, want, plain, strict=True):
                 assert g.shape == w_.shape
                 scale = float(np.abs(w_).max())
