@@ -277,7 +277,9 @@ def max_pool(x: Any, kernel: Sequence[int], *, strides: Sequence[int] | None = N
     """
     nd = len(kernel)
     first = _first_spatial(x, nd, channels_last)
-    padded = _pad_window(x, tuple(pads or (0,) * (2 * nd)), nd, first, -np.inf)
+    dt = np.dtype(x.dtype)  # padding that never wins: -inf, or an integer type's least
+    least = np.iinfo(dt).min if dt.kind in "iu" else -np.inf
+    padded = _pad_window(x, tuple(pads or (0,) * (2 * nd)), nd, first, least)
     return _pool_separably(padded, kernel, tuple(strides or (1,) * nd),
                            tuple(dilations or (1,) * nd), np.maximum, first)
 

@@ -708,6 +708,30 @@ def test_channels_last_max_pool_keeps_nan_and_infinity():
     assert np.isneginf(got[0, 2]).all() and (got[~np.isnan(got) & (got < np.inf)] < 0).all()
 
 
+@pytest.mark.parametrize(("elem", "dtype"), [(TensorProto.INT8, np.int8),
+                                             (TensorProto.UINT8, np.uint8)])
+def test_max_pool_pads_integers_with_their_least_value(elem, dtype):
+    """A padded max pool of 8-bit integers (which ONNX allows) pads with the type's
+    least value, which never wins a window, as the reference evaluator computes it;
+    the extremes of the type included."""
+    node_ = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3],
+                             pads=[1, 1, 1, 1], strides=[2, 2])
+    graph = helper.make_graph([node_], "ints",
+                              [helper.make_tensor_value_info("x", elem, ["N", 2, 7, 6])],
+                              [helper.make_tensor_value_info("y", elem, ["N", 2, 4, 3])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    m.ir_version = 9
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(6).integers(info.min, info.max, (3, 2, 7, 6), endpoint=True)
+    x = x.astype(dtype)
+    x[0, 0] = info.min  # a whole channel at the least value: padding must not win
+    x[1, 1, 0, 0] = info.max
+    got = load(m)({"x": x})["y"]
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, ReferenceEvaluator(m).run(None, {"x": x})[0])
+    assert (got[0, 0] == info.min).all()
+
+
 def test_channels_last_import_holds_conv_filters_as_the_kernels_read_them():
     """A filter read by 2-D convolutions alone is held ``(O, KH, KW, C)`` by the
     channels-last import (the channels-first import keeps the graph's ``(O, C, KH, KW)``);
