@@ -13,6 +13,7 @@ the gap between them, and the device memory the process held. Writes
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import time
@@ -71,6 +72,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", help="write resnet-profile.json into this folder")
     args = parser.parse_args()
+    # pl.conv's races (each convolution's routes timed at its first call) go to the log
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     import bench_inference as bi
     import cupy as cp
