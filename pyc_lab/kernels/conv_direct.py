@@ -42,9 +42,14 @@ log = logging.getLogger(__name__)
 #: The longest reduction per output (``C / groups * R * S``) the kernel takes: past it a
 #: thread's serial sum is long enough that the libraries' parallel reductions win.
 MAX_TAPS = 512
-#: The most multiply-adds x 2 a problem may have for the race to time this kernel (it
-#: runs on the CUDA cores, without tensor cores: a large problem is the libraries').
-MAX_FLOPS = 1 << 33
+#: The most multiply-adds x 2 a problem may have for the race to time this kernel: the
+#: first call times each build a few times, and at about 20 TFLOP/s on the CUDA cores a
+#: problem this large costs ~14 ms a call. The size alone does not decide the race: a
+#: stem's few input channels waste a tensor-core tile (on the H200, ResNet's 3 -> 64, 7x7
+#: float32 stem took this kernel 0.33 ms at batch 32 and cuDNN 4.06 ms at batch 256, 60
+#: Gflop, where an earlier cap of 8.6 Gflop left cuDNN unraced); wider problems are
+#: ruled out by :data:`MAX_TAPS` and lose the race where they remain.
+MAX_FLOPS = 1 << 38
 #: Threads per block, and the pixels per thread of a problem large enough to fill the
 #: GPU several times over (:func:`tile`).
 THREADS = 128
