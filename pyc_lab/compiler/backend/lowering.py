@@ -446,7 +446,17 @@ class _Lowering:
         planned_in = any(tag[0] == "buffer" for tag in out_storage)
         materialize = None
         out_buffer = None
-        if node.id in self._aliases or (node.op in _VIEW_OPS and node.id not in self._buffer_of):
+        opdef = REGISTRY[node.op]
+        if choice == "conv" and (opdef.record is not None or opdef.bind is not None) \
+                and self._own_buffer(node) is not None:
+            # a library op that writes into an array it is given (a convolution): its
+            # planned buffer, so its output's memory is reused as the plan says rather
+            # than a fresh array of its own held as long as the program
+            out_buffer = self._own_buffer(node)
+            materialize = "buffer"
+            out_storage = frozenset({("buffer", out_buffer)})
+        elif node.id in self._aliases or (node.op in _VIEW_OPS
+                                          and node.id not in self._buffer_of):
             pass  # a view the plan knows about (or of inputs/constants): keep it
         elif planned_in:
             out_buffer = self._own_buffer(node)

@@ -622,7 +622,18 @@ class _LibraryStep(_CupyStep):
 
     def run(self, exe: Executor, values: dict[int, Any]) -> None:
         node = self.node
-        call = self._bound_call(exe, [values[i] for i in node.inputs])
+        ins = [values[i] for i in node.inputs]
+        call = self._bound_call(exe, ins)
+        if call is None and self.materialize == "buffer":
+            # large operands: the op straight into its planned buffer where it can write
+            # into an array it is given (no fresh result copied across)
+            bind = REGISTRY[node.op].bind
+            out = exe._buffer_view(self.out_buffer, node)
+            into = bind(exe._cp, ins, node.attrs, out) if bind is not None else None
+            if into is not None:
+                into()
+                values[node.id] = out
+                return
         if call is None:
             super().run(exe, values)
             return

@@ -137,3 +137,40 @@ def test_outputs_that_are_inputs_or_constants_are_copied():
     g.outputs = [x.id, c.id, f.id]
     launch = lower(g, {f.id: "fused_kernel"})
     assert launch.copy_outputs == [True, True, False]
+
+
+def _conv_graph():
+    """x -> conv -> relu + x (one fused kernel) -> conv: the first convolution's value
+    dies inside the program, the second is the output."""
+    import pyc_lab as pl
+    from pyc_lab.compiler.passes import PassManager
+
+    def block(x, w):
+        h = np.maximum(pl.conv(x, w, padding=1, layout="channels_last"), 0) + x
+        return pl.conv(h, w, padding=1, layout="channels_last")
+
+    g, _ = trace(block, [np.zeros((2, 5, 5, 4), F32), np.zeros((4, 4, 3, 3), F32)])
+    g = PassManager(None).run(g).graph
+    convs = [n for n in g if n.op == "conv"]
+    fused = next(n for n in g if n.op == "fused")
+    impl = {convs[0].id: "conv", convs[1].id: "conv", fused.id: "fused_kernel"}
+    return g, impl, convs, fused
+
+
+def test_a_convolution_writes_its_planned_buffer_unless_it_is_an_output():
+    """A library convolution inside the program writes the buffer the memory plan gives
+    it (reused as the plan says, not a fresh array held as long as the program); one
+    whose value is a graph output writes a fresh array every call, returned as it is."""
+    from pyc_lab.compiler.memory import plan_memory
+
+    g, impl, (first, last), fused = _conv_graph()
+    plan = plan_memory(g)
+    exe = CupyExecutable(g, impl, plan)
+    steps = {st.node.id: st for st in exe._steps}
+    assert type(steps[first.id]).__name__ == "_RecordedLibraryStep"
+    assert steps[first.id].materialize == "buffer"
+    assert steps[first.id].out_buffer == plan.buffer_of[first.id]
+    assert steps[last.id].materialize is None and steps[last.id].out_buffer is None
+    assert exe._copy_outputs == [False]
+    # the fused kernel reads the convolution's buffer, and writes another
+    assert steps[fused.id].out_buffer not in (None, plan.buffer_of[first.id])

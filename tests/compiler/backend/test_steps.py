@@ -258,3 +258,45 @@ def test_a_kernel_with_several_outputs_writes_its_extras_values():
     for nid, w in zip((fused.id, e1.id, e2.id), want, strict=True):
         np.testing.assert_array_equal(np.asarray(values[nid]), w)
     assert type(w1).__name__ == type(w2).__name__ == "_WrittenStep"
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_a_convolution_step_computes_into_its_planned_buffer(monkeypatch, large):
+    """A convolution between CUDA graphs writes its planned buffer: through its bound
+    call for small operands, through ``bind`` (into the array it is given, no fresh
+    result copied across) for large ones, where a library's call allocates nothing;
+    the answer is ``pl.conv``'s."""
+    from dataclasses import replace
+
+    from pyc_lab.compiler.backend import steps as steps_mod
+    from pyc_lab.compiler.conv_op import conv_reference
+    from pyc_lab.compiler.memory import plan_memory
+    from pyc_lab.compiler.ops import REGISTRY
+    from tests.compiler.backend.test_lowering import _conv_graph
+
+    into: list[tuple] = []
+
+    def bind(xp, ins, attrs, out):
+        def call():
+            into.append(tuple(ins))
+            out[...] = conv_reference(xp, ins, attrs)
+        return call
+
+    def bound(xp, ins, attrs):
+        return lambda out: out.__setitem__(Ellipsis, conv_reference(xp, ins, attrs))
+
+    monkeypatch.setitem(REGISTRY, "conv", replace(REGISTRY["conv"], bind=bind, bound=bound))
+    if large:
+        monkeypatch.setattr(steps_mod, "BOUND_INPUT_BYTES", 0)
+    g, impl, (first, _), _ = _conv_graph()
+    plan = plan_memory(g)
+    step = next(st for st in lower(g, impl, plan).steps if st.node.id == first.id)
+    exe = _FakeExecutable(g, plan.buffer_bytes)
+    rng = np.random.default_rng()
+    x, w = (_ptr(rng.standard_normal(g.node(i).shape).astype(F32)) for i in first.inputs)
+    values = {first.inputs[0]: x, first.inputs[1]: w}
+    step.run(exe, values)
+    assert np.shares_memory(values[first.id], exe._buffers[step.out_buffer])
+    assert len(into) == int(large)  # bind only where no bound call is kept
+    np.testing.assert_allclose(values[first.id], conv_reference(np, [x, w], first.attrs),
+                               rtol=1e-6, atol=1e-6)
