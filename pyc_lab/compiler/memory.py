@@ -5,7 +5,10 @@ to its last reader; when it dies its buffer goes back to a free pool, and a late
 takes the *best fit* from the pool (the smallest free buffer at least as large as it
 needs, never growing one) or else a new buffer.
 
-- Inputs and constants get no buffer (they live outside the plan).
+- Inputs and constants get no buffer (they live outside the plan), and neither does a
+  shape op (a transpose, slice, broadcast or concatenation) of nothing but them: the GPU
+  backend runs it through CuPy, a view of them (or a fresh array), and never copies it
+  into a buffer — e.g. a filter held transposed and read through a view.
 - ``reshape``, ``expand_dims`` and ``squeeze`` are views: they share their input's
   buffer (``aliases``) and keep it alive as long as they are read. ``transpose``,
   ``slice``, ``broadcast_to``, ``concatenate`` and ``eager`` nodes write their own buffer.
@@ -83,8 +86,9 @@ class MemoryPlan:
         """One row per node: node, op, bytes, buffer, reuse.
 
         ``reuse`` is ``"new"``, ``"reuse"``, ``"in-place"``, ``"view"`` or ``"output"``
-        (``"input"``/``"constant"`` for nodes outside the plan); ``buffer`` is missing
-        (``<NA>``) where there is none.
+        (``"input"``/``"constant"`` for nodes outside the plan, ``"unplanned"`` for a
+        shape op of nothing but them); ``buffer`` is missing (``<NA>``) where there is
+        none.
 
         Returns
         -------
@@ -163,6 +167,10 @@ def plan_memory(graph: Graph, mode: str = "balanced") -> MemoryPlan:
             if buf is not None:
                 buffer_of[n.id] = buf
             row(n, buf, "view")
+            continue
+        if REGISTRY[n.op].kind == "shape" and n.id not in pinned and \
+                all(buffer_of.get(owner[i]) is None for i in n.inputs):
+            row(n, None, "unplanned")  # of inputs and constants: see the docstring
             continue
         need = n.nbytes
         naive += need

@@ -10,6 +10,7 @@ import pytest
 from pyc_lab.compiler import trace
 from pyc_lab.compiler.ir import Graph
 from pyc_lab.compiler.memory import VIEW_OPS, MemoryPlan, plan_memory
+from pyc_lab.compiler.ops import REGISTRY
 from pyc_lab.compiler.passes import PassManager
 from pyc_lab.errors import PycLabError
 
@@ -53,7 +54,19 @@ def check_plan(graph: Graph, plan: MemoryPlan) -> None:
     for o in graph.outputs:
         if owner[o] in plan.buffer_of:
             assert writers[plan.buffer_of[owner[o]]] == [owner[o]]
-    need = [n for n in graph if n.op not in ("input", "constant") and n.op not in VIEW_OPS]
+    # a shape op of inputs and constants alone (through such ops) needs no buffer
+    unplanned: set[int] = set()
+    for n in graph:
+        if n.op in ("input", "constant") or (
+                n.op in VIEW_OPS and owner[n.id] in unplanned):
+            unplanned.add(n.id)
+        elif REGISTRY[n.op].kind == "shape" and n.op not in VIEW_OPS and \
+                owner[n.id] not in {owner[o] for o in graph.outputs} and \
+                all(owner[i] in unplanned for i in n.inputs):
+            unplanned.add(n.id)
+            assert n.id not in plan.buffer_of
+    need = [n for n in graph if n.op not in ("input", "constant") and n.op not in VIEW_OPS
+            and n.id not in unplanned]
     assert plan.naive_bytes == sum(n.nbytes for n in need)
     assert all(n.id in plan.buffer_of for n in need)
     assert plan.peak_bytes <= plan.planned_bytes == sum(plan.buffer_bytes)
@@ -63,7 +76,7 @@ def check_plan(graph: Graph, plan: MemoryPlan) -> None:
     assert list(frame.columns) == ["node", "op", "bytes", "buffer", "reuse"]
     assert list(frame.node) == order
     assert set(frame.reuse) <= {"new", "reuse", "in-place", "view", "output", "input",
-                                "constant"}
+                                "constant", "unplanned"}
     assert (frame.reuse == "in-place").sum() == len(plan.inplace)
 
 
@@ -163,21 +176,24 @@ def test_best_fit_picks_the_smallest_free_buffer_that_fits_and_never_grows_one()
     small = g.add("slice", (big.id,), {"index": (("s", 0, 10, None),)})  # 40 B
     mid = g.add("slice", (big.id,), {"index": (("s", 0, 50, None),)})    # 200 B
     out1 = g.add("concatenate", (small.id, mid.id), {"axis": 0})         # output
+    # a slice of the input alone needs no buffer (a view of it on the GPU)
+    part = g.add("slice", (x.id,), {"index": (("s", 0, 30, None),)})
     # now 400, 40 and 200 B are free: 30 elements (120 B) take the 200 B buffer
-    c = g.add("slice", (x.id,), {"index": (("s", 0, 30, None),)})
+    c = g.add("exp", (part.id,))
     d = g.add("exp", (c.id,))  # 120 B: the 400 B one (c still holds the 200 B one)
     e = g.add("concatenate", (x.id, d.id, c.id), {"axis": 0})            # 640 B, new
     g.outputs = [out1.id, e.id]
     plan = plan_memory(g)
     check_plan(g, plan)
     assert plan.buffer_bytes == [400, 40, 200, 240, 640]
+    assert part.id not in plan.buffer_of
     assert plan.buffer_of[c.id] == plan.buffer_of[mid.id] == 2
     assert plan.buffer_of[d.id] == plan.buffer_of[big.id] == 0
     assert plan.buffer_of[e.id] == 4
     assert plan.peak_bytes == 240 + 200 + 400 + 640  # while e is written
     kinds = dict(zip(plan.to_frame().node, plan.to_frame().reuse, strict=True))
-    assert [kinds[n.id] for n in (big, small, mid, out1, c, d, e)] == \
-        ["new", "new", "new", "output", "reuse", "reuse", "output"]
+    assert [kinds[n.id] for n in (big, small, mid, out1, part, c, d, e)] == \
+        ["new", "new", "new", "output", "unplanned", "reuse", "reuse", "output"]
 
 
 @pytest.mark.parametrize("mode", ["balanced", "memory_first", "utilization_first"])
