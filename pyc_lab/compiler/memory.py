@@ -10,8 +10,9 @@ needs, never growing one) or else a new buffer.
   backend runs it through CuPy, a view of them (or a fresh array), and never copies it
   into a buffer — e.g. a filter held transposed and read through a view.
 - ``reshape``, ``expand_dims`` and ``squeeze`` are views: they share their input's
-  buffer (``aliases``) and keep it alive as long as they are read. ``transpose``,
-  ``slice``, ``broadcast_to``, ``concatenate`` and ``eager`` nodes write their own buffer.
+  buffer (``aliases``) and keep it alive as long as they are read. Other shape ops
+  (``transpose``, ``slice``, ``broadcast_to``, ``concatenate``) of a planned value, and
+  ``eager`` nodes, write their own buffer.
 - Graph outputs (and whatever an output is a view of) get their own new buffers, never
   reused by anything else.
 - In ``memory_first`` mode an elementwise or fused node may also write *in place* into

@@ -76,10 +76,9 @@ class ChannelsLast:
     def arguments(self, op: str, names: Sequence[str], env: dict[str, Any]
                   ) -> tuple[list[Any], str]:
         """A step's arguments and how it runs: ``"conv"`` (a 2-D convolution on a
-        channels-last input), ``"pool"`` (a global average pool of a channels-last
-        input), ``"same"`` (an elementwise op on channels-last inputs, as it is) or
-        ``"first"`` (as the graph says, every input channels first). ``"pool"`` is a
-        pooling op (:data:`POOLS`) on a channels-last input."""
+        channels-last input), ``"pool"`` (a pooling op of :data:`POOLS` on a
+        channels-last input), ``"same"`` (an elementwise op on channels-last inputs, as
+        it is) or ``"first"`` (as the graph says, every input channels first)."""
         values = [env[n] if n else None for n in names]
         last = [bool(n) and n in self._last for n in names]
         if op == "Conv" and len(values) > 1 and np.ndim(values[1]) == 4:

@@ -247,7 +247,7 @@ def _pool_separably(x: Any, kernel: Sequence[int], strides: Sequence[int],
     return x
 
 
-def _pad_window(x: Any, pads: Sequence[int], nd: int, first: int, value: float = 0.0) -> Any:
+def _pad_window(x: Any, pads: Sequence[int], nd: int, first: int, value: Any = 0.0) -> Any:
     """``x`` with ONNX's ``pads`` (``[x1_begin, ..., x1_end, ...]``) added as ``value``
     on the spatial axes ``first, first + 1, ...``."""
     if not any(pads):
