@@ -148,6 +148,44 @@ def cnn_conv_problems(m: Any) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
+def cnn_config_wanted(config: Any) -> bool:
+    """The CUTLASS configurations the ResNet's tuning races: 3 stages, 128x64 and 64x64
+    tiles (what won every ResNet-50 layer at batch 128 in ``issue15-c84acc4``)."""
+    return getattr(config, "stages", 0) == 3 and config.tile[:2] in ((128, 64), (64, 64))
+
+
+def prebuild_cnn_kernels(m: Any, directory: str) -> None:
+    """Build, into kernel cache ``directory`` and without a GPU, every 3xTF32 CUTLASS 2
+    kernel :func:`tune_cnn_convs` races for ``m`` (one build per library: layers share
+    most), so that a GPU run carrying it starts warm."""
+    import concurrent.futures as cf
+    import os
+
+    from pyc_lab.kernels.cache import KernelCache
+    from pyc_lab.kernels.cutlass.conv import ConvKernel
+    from pyc_lab.kernels.cutlass.conv_2x import build_conv2x, conv2x_configs, conv2x_widths
+
+    jobs: dict[tuple, None] = {}
+    for p in cnn_conv_problems(m):
+        if p["groups"] != 1:
+            continue
+        c, k = p["x"][1], p["w"][0]
+        kernel = ConvKernel("f32", 2, p["bias"], p["activation"])
+        for cfg in conv2x_configs(kernel, c, k):
+            if cnn_config_wanted(cfg):
+                jobs[(cfg, kernel, *conv2x_widths(cfg, kernel, c, k))] = None
+    cache = KernelCache(directory)
+
+    def build(job: tuple) -> Any:
+        cfg, kernel, align, align_out = job
+        return build_conv2x(cfg, kernel, align, cache=cache, align_out=align_out)
+
+    with cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 2))) as pool:
+        for job, res in zip(jobs, pool.map(build, jobs), strict=True):
+            log.info("%s %s %s %.0f s %s", res.status, job[1], job[0].id, res.seconds,
+                     res.message[:200])
+
+
 def tune_cnn_convs(m: Any, batches: tuple[int, ...], budget_s: float) -> dict[str, Any]:
     """``pl.autotune_conv(dtype="f32")`` for each convolution of the channels-last
     import at each batch (float32 at float32's accuracy: the 3xTF32 CUTLASS kernels
@@ -173,9 +211,7 @@ def tune_cnn_convs(m: Any, batches: tuple[int, ...], budget_s: float) -> dict[st
                                        padding=p["padding"], dilation=p["dilation"],
                                        dtype="f32", bias=p["bias"],
                                        activation=p["activation"], repeats=5,
-                                       max_candidates=None,
-                                       restrict=lambda c: getattr(c, "stages", 0) == 3
-                                       and c.tile[:2] in ((128, 64), (64, 64)))
+                                       max_candidates=None, restrict=cnn_config_wanted)
                 best = res.best
                 rows.append({"batch": batch, "x": (batch, *p["x"][1:]), "w": p["w"],
                              "stride": p["stride"], "activation": p["activation"],
@@ -713,8 +749,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the dynamic-batching part")
     parser.add_argument("--batching-only", action="store_true",
                         help="only the dynamic-batching part (no onnxruntime needed)")
+    parser.add_argument("--prebuild-cnn", metavar="DIR",
+                        help="build the ResNet tuning's kernels into DIR (nvcc, no GPU), "
+                             "then stop")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.prebuild_cnn:
+        prebuild_cnn_kernels(shipped_cnn(), args.prebuild_cnn)
+        return 0
 
     from pyc_lab.hardware.device import no_gpu_reason
 
