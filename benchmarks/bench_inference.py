@@ -158,12 +158,10 @@ def prebuild_cnn_kernels(m: Any, directory: str) -> None:
     """Build, into kernel cache ``directory`` and without a GPU, every 3xTF32 CUTLASS 2
     kernel :func:`tune_cnn_convs` races for ``m`` (one build per library: layers share
     most), so that a GPU run carrying it starts warm."""
-    import concurrent.futures as cf
-    import os
-
     from pyc_lab.kernels.cache import KernelCache
     from pyc_lab.kernels.cutlass.conv import ConvKernel
     from pyc_lab.kernels.cutlass.conv_2x import build_conv2x, conv2x_configs, conv2x_widths
+    from pyc_lab.kernels.cutlass.nvcc import build_parallel
 
     jobs: dict[tuple, None] = {}
     for p in cnn_conv_problems(m):
@@ -180,10 +178,10 @@ def prebuild_cnn_kernels(m: Any, directory: str) -> None:
         cfg, kernel, align, align_out = job
         return build_conv2x(cfg, kernel, align, cache=cache, align_out=align_out)
 
-    with cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 2))) as pool:
-        for job, res in zip(jobs, pool.map(build, jobs), strict=True):
-            log.info("%s %s %s %.0f s %s", res.status, job[1], job[0].id, res.seconds,
-                     res.message[:200])
+    for job, future in build_parallel(list(jobs), build, name="pyc-nvcc-cnn").items():
+        res = future.result()
+        log.info("%s %s %s %.0f s %s", res.status, job[1], job[0].id, res.seconds,
+                 res.message[:200])
 
 
 def tune_cnn_convs(m: Any, batches: tuple[int, ...], budget_s: float) -> dict[str, Any]:

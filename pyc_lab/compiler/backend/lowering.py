@@ -440,19 +440,19 @@ class _Lowering:
 
     def _cupy_step(self, node: Node, choice: str, in_storage: Storage,
                    storage: dict[int, Storage]) -> _Step:
-        kind = REGISTRY[node.op].kind
+        opdef = REGISTRY[node.op]
+        kind = opdef.kind
         fresh = kind in _FRESH_KINDS
         out_storage = frozenset() if fresh else in_storage
         planned_in = any(tag[0] == "buffer" for tag in out_storage)
         materialize = None
         out_buffer = None
-        opdef = REGISTRY[node.op]
-        if choice == "conv" and (opdef.record is not None or opdef.bind is not None) \
-                and self._own_buffer(node) is not None:
+        own = self._own_buffer(node) if choice == "conv" else None
+        if own is not None and (opdef.record is not None or opdef.bind is not None):
             # a library op that writes into an array it is given (a convolution): its
             # planned buffer, so its output's memory is reused as the plan says rather
             # than a fresh array of its own held as long as the program
-            out_buffer = self._own_buffer(node)
+            out_buffer = own
             materialize = "buffer"
             out_storage = frozenset({("buffer", out_buffer)})
         elif node.id in self._aliases or (node.op in _VIEW_OPS

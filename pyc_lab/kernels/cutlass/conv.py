@@ -408,7 +408,7 @@ class CutlassConv:
     _handle: Any = field(default=None, repr=False)
     _bound: tuple | None = field(default=None, repr=False)
     _workspace: Any = field(default=None, repr=False)
-    _problems: dict[ConvGeometry, tuple[tuple[Any, ...], int]] = field(
+    _problems: dict[ConvGeometry, tuple[tuple[Any, ...], bool]] = field(
         default_factory=dict, repr=False)
     _lock: Any = field(default_factory=threading.Lock, repr=False)
 
@@ -434,29 +434,22 @@ class CutlassConv:
         """The C arrays of ``geometry`` and its workspace pointer, checked and made once
         per problem (a call with new pointers only binds them)."""
         known = self._problems.get(geometry)
-        if known is not None:
-            return known
-        why = self._issue(geometry)
-        if why:
-            raise PycLabError(f"CUTLASS {self.kernel.op}: {why}")
-        arrays = geometry.arrays()
-        size = self.workspace_bytes(geometry)
-        workspace = 0
-        if size:
-            import cupy as cp
+        if known is None:
+            why = self._issue(geometry)
+            if why:
+                raise PycLabError(f"CUTLASS {self.kernel.op}: {why}")
+            size = self.workspace_bytes(geometry)
+            # one workspace, grown for a problem that needs more (a batch's slices run in
+            # turn on one stream, so they may share it)
+            if size and (self._workspace is None or self._workspace.nbytes < size):
+                import cupy as cp
 
-            # one workspace, grown for a problem that needs more (a batch's slices run
-            # in turn on one stream, so they may share it)
-            if self._workspace is None or self._workspace.nbytes < size:
                 self._workspace = cp.empty(int(size), dtype=cp.uint8)
-                for g, (a, ws) in list(self._problems.items()):
-                    if ws:
-                        self._problems[g] = (a, self._workspace.data.ptr)
-            workspace = self._workspace.data.ptr
-        if len(self._problems) >= 8:  # a kernel meets a few problems: keep it bounded
-            self._problems.clear()
-        self._problems[geometry] = (arrays, workspace)
-        return arrays, workspace
+            if len(self._problems) >= 8:  # a kernel meets a few problems: keep it bounded
+                self._problems.clear()
+            known = self._problems[geometry] = (geometry.arrays(), bool(size))
+        arrays, needs_workspace = known
+        return arrays, self._workspace.data.ptr if needs_workspace else 0
 
     def slices(self, geometry: ConvGeometry) -> list[tuple[int, ConvGeometry]]:
         """The launches of ``geometry``: ``(first image, the slice's geometry)`` each —
