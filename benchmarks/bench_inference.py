@@ -120,8 +120,9 @@ def shipped_cnn() -> Any:
 
 def cnn_conv_problems(m: Any) -> list[dict[str, Any]]:
     """The distinct convolutions of ``m`` imported channels last, as ``pl.conv`` is called
-    inside the compiled program (the bias folded from batch normalisation, a following
-    relu in the call), at batch 1: the NumPy program run once with ``pl.conv`` watched."""
+    inside the compiled program (the bias folded from batch normalisation, a residual
+    block's add and a following relu in the call), at batch 1: the NumPy program run once
+    with ``pl.conv`` watched."""
     import pyc_lab as pl
     from pyc_lab.kernels import conv as kconv
 
@@ -131,10 +132,12 @@ def cnn_conv_problems(m: Any) -> list[dict[str, Any]]:
 
     def watch(x, w, bias=None, **kw):
         n, h, wd, c = x.shape  # channels last
-        key = (tuple(x.shape), tuple(w.shape), bias is not None,
+        residual = kw.get("residual") is not None
+        key = (tuple(x.shape), tuple(w.shape), bias is not None, residual,
                *(str(kw.get(k)) for k in ("stride", "padding", "dilation", "groups",
                                           "activation")))
         seen.setdefault(key, {"x": (n, c, h, wd), "w": tuple(w.shape), "bias": bias is not None,
+                              "residual": residual,
                               **{k: kw.get(k) for k in ("stride", "padding", "dilation",
                                                         "groups", "activation")}})
         return real(x, w, bias, **kw)
@@ -168,7 +171,7 @@ def prebuild_cnn_kernels(m: Any, directory: str) -> None:
         if p["groups"] != 1:
             continue
         c, k = p["x"][1], p["w"][0]
-        kernel = ConvKernel("f32", 2, p["bias"], p["activation"])
+        kernel = ConvKernel("f32", 2, p["bias"], p["activation"], residual=p["residual"])
         for cfg in conv2x_configs(kernel, c, k):
             if cnn_config_wanted(cfg):
                 jobs[(cfg, kernel, *conv2x_widths(cfg, kernel, c, k))] = None
@@ -208,11 +211,13 @@ def tune_cnn_convs(m: Any, batches: tuple[int, ...], budget_s: float) -> dict[st
                 res = pl.autotune_conv((batch, *p["x"][1:]), p["w"], stride=p["stride"],
                                        padding=p["padding"], dilation=p["dilation"],
                                        dtype="f32", bias=p["bias"],
-                                       activation=p["activation"], repeats=5,
-                                       max_candidates=None, restrict=cnn_config_wanted)
+                                       activation=p["activation"], residual=p["residual"],
+                                       repeats=5, max_candidates=None,
+                                       restrict=cnn_config_wanted)
                 best = res.best
                 rows.append({"batch": batch, "x": (batch, *p["x"][1:]), "w": p["w"],
                              "stride": p["stride"], "activation": p["activation"],
+                             "residual": p["residual"],
                              "cudnn_ms": res.baselines.get("cudnn"),
                              "best_ms": best.time_ms if best is not None and best.ok else None,
                              "best": best.config if best is not None else None})

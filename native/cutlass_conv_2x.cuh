@@ -35,10 +35,17 @@
 //   PYC_BIAS           1: a per-output-channel bias vector (read as the C operand with a
 //                      zero stride, so every output pixel adds the same K values)
 //   PYC_ACT            the activation functor (cutlass::epilogue::thread::Identity for none)
+//   PYC_RESIDUAL       1: a forward kernel that adds a residual tensor of the output's
+//                      shape after the bias and before the activation (a residual block's
+//                      sum in the epilogue); it takes a bias (see below)
 // The epilogue is LinearCombinationGeneric: D = act(acc + bias) (NoBetaScaling reads the
 // bias), or D = act(acc) without one (OnlyAlphaScaling never reads C); with split-K the
 // scaling is the default one, whose beta CUTLASS sets to 1 for every slice after the
-// first, so a slice adds to what the earlier ones wrote.
+// first, so a slice adds to what the earlier ones wrote. With a residual it is
+// LinearCombinationResidualBlock under DefaultConv2dFpropWithBroadcast: the bias read as
+// the broadcast vector, the residual as the C tensor, D = act((acc + bias) + residual),
+// in float32 and in the order the unfused ops round. (Without a bias the broadcast vector
+// would add +0.0, which turns a -0.0 sum into +0.0, so a residual kernel needs one.)
 // The extern "C" functions are the same, with the same packed geometry, as those of
 // cutlass_conv_3x.cuh, so pyc_lab.kernels.cutlass.conv.CutlassConv drives either family.
 #include <cstdint>
@@ -57,6 +64,17 @@
 #include "cutlass/conv/device/implicit_gemm_convolution.h"
 #include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/epilogue/thread/linear_combination_generic.h"
+
+#ifndef PYC_RESIDUAL
+#define PYC_RESIDUAL 0
+#endif
+#if PYC_RESIDUAL
+#include "cutlass/conv/kernel/default_conv2d_fprop_with_broadcast.h"
+#include "cutlass/epilogue/thread/linear_combination_residual_block.h"
+#if PYC_OP_ID != 0 || PYC_SPLIT_K > 1 || !PYC_BIAS
+#error "a residual is added by forward kernels with a bias and without split-K"
+#endif
+#endif
 
 #ifndef PYC_MATH
 #define PYC_MATH cutlass::arch::OpMultiplyAdd
@@ -79,11 +97,25 @@ using Instruction = cutlass::gemm::GemmShape<16, 8, (sizeof(Element) == 4 ? 8 : 
 constexpr auto kScale = PYC_BIAS ? cutlass::epilogue::thread::ScaleType::NoBetaScaling
                         : PYC_SPLIT_K > 1 ? cutlass::epilogue::thread::ScaleType::Default
                                           : cutlass::epilogue::thread::ScaleType::OnlyAlphaScaling;
+#if PYC_RESIDUAL
+// act(binary(identity(acc + bias), residual)): the activation is the unary op after the sum
+using OutputOp = cutlass::epilogue::thread::LinearCombinationResidualBlock<
+    Element, ElementAcc, ElementCompute, Element, PYC_ALIGN_OUT,
+    cutlass::epilogue::thread::Identity, cutlass::plus, PYC_ACT>;
+#else
 using OutputOp = cutlass::epilogue::thread::LinearCombinationGeneric<
     PYC_ACT, Element, PYC_ALIGN_OUT, ElementAcc, ElementCompute, kScale>;
+#endif
 using Tile = cutlass::gemm::GemmShape<PYC_TILE_M, PYC_TILE_N, PYC_TILE_K>;
 using Warp = cutlass::gemm::GemmShape<PYC_WARP_M, PYC_WARP_N, PYC_WARP_K>;
-#if PYC_OP_ID == 0
+#if PYC_RESIDUAL
+using Kernel = typename cutlass::conv::kernel::DefaultConv2dFpropWithBroadcast<
+    Element, Layout, Element, Layout, Element, Layout, ElementAcc,
+    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile, Warp, Instruction, OutputOp,
+    cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<4>, PYC_STAGES,
+    PYC_MATH, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
+    PYC_ALIGN, PYC_ALIGN>::Kernel;
+#elif PYC_OP_ID == 0
 using Kernel = typename cutlass::conv::kernel::DefaultConv2dFprop<
     Element, Layout, Element, Layout, Element, Layout, ElementAcc,
     cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile, Warp, Instruction, OutputOp,
@@ -133,9 +165,10 @@ static Problem make_problem(const int* act, const int* flt, const int* pad, cons
 }
 
 // The operands A, B and the output D of the operator (x, w -> y; dy, w -> dx; dy, x -> dw),
-// each packed in the extent CUTLASS gives it.
+// each packed in the extent CUTLASS gives it; a residual kernel's residual r is packed as D.
 static typename Conv::Arguments make_arguments(const Problem& p, const void* a, const void* b,
-                                               const void* bias, void* d) {
+                                               const void* bias, void* d,
+                                               const void* r = nullptr) {
   using Ref = cutlass::TensorRef<Element, Layout>;
   constexpr auto op = Kernel::kConvolutionalOperator;
   Ref ref_a(static_cast<Element*>(const_cast<void*>(a)),
@@ -144,16 +177,27 @@ static typename Conv::Arguments make_arguments(const Problem& p, const void* a, 
             Layout::packed(cutlass::conv::implicit_gemm_tensor_b_extent(op, p)));
   Ref ref_d(static_cast<Element*>(d),
             Layout::packed(cutlass::conv::implicit_gemm_tensor_c_extent(op, p)));
+#if PYC_RESIDUAL
+  // the residual as the C operand, the bias as the broadcast vector (one value per K)
+  Ref ref_r(static_cast<Element*>(const_cast<void*>(r)),
+            Layout::packed(cutlass::conv::implicit_gemm_tensor_c_extent(op, p)));
+  typename OutputOp::Params epilogue(ElementCompute(1), ElementCompute(1));
+  return typename Conv::Arguments(p, ref_a, ref_b, ref_r, ref_d, epilogue,
+                                  cutlass::conv::SplitKMode::kSerial, const_cast<void*>(bias));
+#else
+  (void)r;
   // The bias as the C operand: a zero stride over N, P and Q leaves the K offset only.
   Ref ref_bias(static_cast<Element*>(const_cast<void*>(bias)), Layout(Layout::Stride(0)));
   typename OutputOp::Params epilogue(ElementCompute(1), ElementCompute(PYC_BIAS ? 1 : 0));
   return typename Conv::Arguments(p, ref_a, ref_b, PYC_BIAS ? ref_bias : ref_d, ref_d,
                                   epilogue, cutlass::conv::SplitKMode::kSerial);
+#endif
 }
 
 struct Handle {
   Conv op;
   typename Conv::Arguments args;
+  const void* residual = nullptr;  // a residual kernel's, for the next initialize
 };
 }  // namespace pyc
 
@@ -186,7 +230,7 @@ int pyc_conv_initialize(void* h, const int* act, const int* flt, const int* pad,
   (void)sm_count;
   auto* p = static_cast<pyc::Handle*>(h);
   auto problem = pyc::make_problem(act, flt, pad, stride, dilation);
-  p->args = pyc::make_arguments(problem, x, w, bias, y);
+  p->args = pyc::make_arguments(problem, x, w, bias, y, p->residual);
   auto st = p->op.can_implement(p->args);
   if (st != cutlass::Status::kSuccess) return static_cast<int>(st);
   return static_cast<int>(p->op.initialize(p->args, workspace,
@@ -196,6 +240,9 @@ int pyc_conv_initialize(void* h, const int* act, const int* flt, const int* pad,
 int pyc_conv_run(void* h, void* stream) {
   return static_cast<int>(static_cast<pyc::Handle*>(h)->op.run(static_cast<cudaStream_t>(stream)));
 }
+// A residual kernel's residual pointer, bound by the next pyc_conv_initialize.
+void pyc_conv_set_residual(void* h, const void* r) { static_cast<pyc::Handle*>(h)->residual = r; }
+int pyc_conv_has_residual() { return PYC_RESIDUAL; }
 int pyc_conv_has_bias() { return PYC_BIAS; }
 int pyc_conv_spatial() { return PYC_SPATIAL; }
 int pyc_conv_op() { return PYC_OP_ID; }

@@ -107,7 +107,8 @@ def conv_route(x: Any) -> str:
 def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
          padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1,
          groups: int = 1, layout: str = "channels_first",
-         activation: str | None = None, tf32: bool | None = None) -> Any:
+         activation: str | None = None, tf32: bool | None = None,
+         residual: Any = None) -> Any:
     """N-D convolution (cross-correlation, as torch's ``conv*d``).
 
     Parameters
@@ -127,9 +128,17 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
     layout : {"channels_first", "channels_last"}
         Where ``x``'s and the result's channels are.
     activation : {None, "relu", "gelu", "silu"}
-        Applied to the result (after the bias) in the same call: on a GPU to the
-        library's output before it is handed back, on the CPU in float32 before the
-        result is rounded to ``x``'s dtype. gelu is the tanh form, as ``pl.matmul``'s.
+        Applied to the result (after the bias and the residual) in the same call: on a
+        GPU to the library's output before it is handed back, on the CPU in float32
+        before the result is rounded to ``x``'s dtype. gelu is the tanh form, as
+        ``pl.matmul``'s.
+    residual : array, optional
+        Of the result's shape (in ``layout``), kind and dtype: added after the bias and
+        before the activation, ``act(conv(x, w) + bias + residual)`` — a residual
+        block's sum in the same call. A tuned CUTLASS kernel built with the residual in
+        its epilogue reads it there (one pass over the result instead of three); every
+        other path adds it to the result (in float32 on the CPU, as the activation).
+        Torch tensors that require gradients get the residual's gradient from autograd.
     tf32 : bool, optional
         Whether a float32 convolution may be computed in TF32 (10-bit mantissas: about
         5e-4 relative error, several times faster) by cuDNN or by the GEMM form's
@@ -148,54 +157,61 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: int | Sequence[int] = 1,
     ------
     PycLabError
         Mixed kinds or dtypes, shapes that do not fit, a window larger than the padded
-        input, an unknown layout or padding.
+        input, an unknown layout or padding, a residual not of the result's shape.
     """
     if activation is not None and activation not in ACTIVATIONS:
         raise PycLabError(f"pl.conv: activation {activation!r} is not one of "
                           f"{ACTIVATIONS} (or None)")
     if _TRACE is not None and any(getattr(type(a), "__pyc_traced__", False)
-                                  for a in (x, w, bias)):
+                                  for a in (x, w, bias, residual)):
         return _TRACE(x, w, bias, stride=stride, padding=padding, dilation=dilation,
-                      groups=groups, layout=layout, activation=activation, tf32=tf32)
+                      groups=groups, layout=layout, activation=activation, tf32=tf32,
+                      residual=residual)
     if tf32 is not None and arrays.kind(x) != "numpy":
         with tf32_allowed(tf32):
             return conv(x, w, bias, stride=stride, padding=padding, dilation=dilation,
-                        groups=groups, layout=layout, activation=activation)
+                        groups=groups, layout=layout, activation=activation,
+                        residual=residual)
     if arrays.kind(x) == "torch" and any(getattr(a, "requires_grad", False)
-                                         for a in (x, w, bias)):
-        return _with_grad(x, w, bias, stride, padding, dilation, groups, layout, activation)
-    key = _plan_key(x, w, bias, stride, padding, dilation, groups, layout, activation)
+                                         for a in (x, w, bias, residual)):
+        return _with_grad(x, w, bias, stride, padding, dilation, groups, layout, activation,
+                          residual)
+    key = _plan_key(x, w, bias, stride, padding, dilation, groups, layout, activation,
+                    residual)
     try:
         plan = _PLANS.get(key) if key is not None else None
     except TypeError:  # arguments that are not hashable (a list of strides): checked each call
         key = plan = None
     if plan is None:
         plan, final = _plan(x, w, bias, stride, padding, dilation, groups, layout,
-                            activation)
+                            activation, residual)
         if key is not None and final:
             remember(_PLANS, key, plan, MAX_PLANS, _LOCK)
-    return plan(x, w, bias)
+    return plan(x, w, bias, residual)
 
 
 def _plan_key(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
-              groups: Any, layout: Any, activation: Any = None) -> tuple | None:
+              groups: Any, layout: Any, activation: Any = None,
+              residual: Any = None) -> tuple | None:
     """What a GPU call's checks and choices depend on — every operand's type, dtype,
     device, shape and strides, and the arguments — or ``None`` where nothing is kept
     (NumPy: the im2col work dwarfs the checks)."""
     tx = type(x)
-    if tx is not type(w) or (bias is not None and type(bias) is not tx):
+    if tx is not type(w) or any(a is not None and type(a) is not tx
+                                for a in (bias, residual)):
         return None
     kind = arrays.kind(x)
     if kind == "torch":
-        b = None if bias is None else (bias.dtype, bias.get_device(), bias.shape,
-                                       bias.stride())
+        b, r = ((None if a is None else (a.dtype, a.get_device(), a.shape, a.stride()))
+                for a in (bias, residual))
         return (tx, x.dtype, x.get_device(), x.shape, x.stride(), w.dtype, w.get_device(),
-                w.shape, w.stride(), b, stride, padding, dilation, groups, layout, activation,
-                tf32_now())
+                w.shape, w.stride(), b, r, stride, padding, dilation, groups, layout,
+                activation, tf32_now())
     if kind == "cupy":
-        b = None if bias is None else (bias.dtype, bias.device.id, bias.shape, bias.strides)
+        b, r = ((None if a is None else (a.dtype, a.device.id, a.shape, a.strides))
+                for a in (bias, residual))
         return (tx, x.dtype, x.device.id, x.shape, x.strides, w.dtype, w.device.id, w.shape,
-                w.strides, b, stride, padding, dilation, groups, layout, activation,
+                w.strides, b, r, stride, padding, dilation, groups, layout, activation,
                 tf32_now())
     return None
 
@@ -245,69 +261,83 @@ def conv_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
     return shape, stride_t, pads, dilation_t
 
 
-def _check_operands(x: Any, w: Any, bias: Any) -> None:
+def _check_operands(x: Any, w: Any, bias: Any, residual: Any = None) -> None:
     """Arrays of one kind, device and floating dtype, or a clear error."""
-    for name, a in (("x", x), ("w", w)):
+    for name, a in (("x", x), ("w", w)) + ((("residual", residual),) if residual is not None
+                                           else ()):
         if not hasattr(a, "shape") or not hasattr(a, "dtype"):
             raise PycLabError(f"pl.conv: {name} is a {type(a).__name__}, not an array")
-    parts = [x, w] + ([bias] if bias is not None else [])
+    parts = [a for a in (x, w, bias, residual) if a is not None]
     if len({arrays.kind(a) for a in parts}) != 1:
-        raise PycLabError("pl.conv: x, w (and bias) are of different array types")
+        raise PycLabError("pl.conv: x, w (and bias, residual) are of different array types")
     if arrays.kind(x) in ("torch", "cupy") and len({str(a.device) for a in parts}) != 1:
-        raise PycLabError(f"pl.conv: x, w (and bias) are on different devices "
+        raise PycLabError(f"pl.conv: x, w (and bias, residual) are on different devices "
                           f"({', '.join(str(a.device) for a in parts)}); move them to one")
     names = {arrays.dtype_name(a.dtype) for a in parts}
     if len(names) != 1 or next(iter(names)) not in _DTYPES:
-        raise PycLabError(f"pl.conv: dtypes {sorted(names)}; x, w and bias take one of "
-                          f"{_DTYPES}")
+        raise PycLabError(f"pl.conv: dtypes {sorted(names)}; x, w, bias and residual take "
+                          f"one of {_DTYPES}")
+
+
+def _check_residual(residual: Any, shape: tuple[int, ...]) -> None:
+    """A residual of the result's ``shape``, or a clear error."""
+    if residual is not None and tuple(residual.shape) != tuple(shape):
+        raise PycLabError(f"pl.conv: residual has shape {tuple(residual.shape)}; it is added "
+                          f"to the result, of shape {tuple(shape)} (no broadcasting)")
 
 
 def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
-          groups: int, layout: str,
-          activation: str | None = None) -> tuple[Callable[[Any, Any, Any], Any], bool]:
+          groups: int, layout: str, activation: str | None = None,
+          residual: Any = None) -> tuple[Callable[..., Any], bool]:
     """Check a call and make the function that runs it: ``(plan, final)``, ``plan(x, w,
-    bias)`` for every call of the same key (:func:`_plan_key`), ``final`` whether it may
-    be kept (not while the GPU's choice for the problem is still open).
+    bias, residual)`` for every call of the same key (:func:`_plan_key`), ``final``
+    whether it may be kept (not while the GPU's choice for the problem is still open).
 
     Raises
     ------
     PycLabError
         See :func:`conv`.
     """
-    _check_operands(x, w, bias)
+    _check_operands(x, w, bias, residual)
     kind = arrays.kind(x)
-    _, stride_t, pads, dilation_t = conv_geometry(
+    shape, stride_t, pads, dilation_t = conv_geometry(
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
+    _check_residual(residual, shape)
     nd = len(w.shape) - 2
+    res = residual is not None
     if layout == "channels_last":  # raced (on a GPU) and run as the kernels see it
         x = _to_first(x, nd)
+        residual = None if residual is None else _to_first(residual, nd)
     route = conv_route(x)
     final = True
     if route == "cudnn" and nd <= 3:
         if kind == "torch":
             run, final = conv_gemm.prepare(x, w, bias, stride_t, pads, dilation_t, groups,
-                                           activation)
+                                           activation, residual)
         else:
             run = functools.partial(_through_torch, stride=stride_t, pads=pads,
                                     dilation=dilation_t, groups=groups, activation=activation)
     else:
-        def run(x: Any, w: Any, bias: Any) -> Any:
-            return _im2col(kind, x, w, bias, stride_t, pads, dilation_t, groups, activation)
+        def run(x: Any, w: Any, bias: Any, r: Any = None) -> Any:
+            return _im2col(kind, x, w, bias, stride_t, pads, dilation_t, groups, activation,
+                           r)
     if layout != "channels_last":
         return run, final
     to_first = (0, nd + 1, *range(1, nd + 1))
     to_last = (0, *range(2, nd + 2), 1)
     if kind == "torch":
-        def plan(x: Any, w: Any, bias: Any) -> Any:
-            return run(x.permute(*to_first), w, bias).permute(*to_last)
+        def plan(x: Any, w: Any, bias: Any, r: Any = None) -> Any:
+            return run(x.permute(*to_first), w, bias,
+                       r.permute(*to_first) if res else None).permute(*to_last)
     else:
-        def plan(x: Any, w: Any, bias: Any) -> Any:
-            return run(x.transpose(to_first), w, bias).transpose(to_last)
+        def plan(x: Any, w: Any, bias: Any, r: Any = None) -> Any:
+            return run(x.transpose(to_first), w, bias,
+                       r.transpose(to_first) if res else None).transpose(to_last)
     return plan, final
 
 
-def _through_torch(x: Any, w: Any, bias: Any, *, stride: tuple[int, ...],
+def _through_torch(x: Any, w: Any, bias: Any, r: Any = None, *, stride: tuple[int, ...],
                    pads: tuple[int, ...], dilation: tuple[int, ...], groups: int,
                    activation: str | None = None) -> Any:
     """CuPy arrays through DLPack (no copies) to torch on CuPy's current stream."""
@@ -317,16 +347,18 @@ def _through_torch(x: Any, w: Any, bias: Any, *, stride: tuple[int, ...],
     with torch.cuda.stream(arrays.torch_stream_of_cupy()):
         y = conv_gemm.run(
             *(torch.from_dlpack(a) if a is not None else None for a in (x, w, bias)),
-            stride, pads, dilation, groups, activation)
+            stride, pads, dilation, groups, activation,
+            None if r is None else torch.from_dlpack(r))
         return cp.from_dlpack(y)
 
 
 def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding: Any = 0,
                dilation: Any = 1, groups: int = 1, layout: str = "channels_first",
-               activation: str | None = None,
-               tf32: bool | None = None) -> Callable[[], None] | None:
-    """A call computing ``pl.conv(x, w, bias, ...)`` into ``out``, for CuPy arrays that
-    keep their addresses between calls (a CUDA-graph replay program's static arrays).
+               activation: str | None = None, tf32: bool | None = None,
+               residual: Any = None) -> Callable[[], None] | None:
+    """A call computing ``pl.conv(x, w, bias, ..., residual=residual)`` into ``out``, for
+    CuPy arrays that keep their addresses between calls (a CUDA-graph replay program's
+    static arrays).
 
     The torch views of the operands and of ``out`` (DLPack) and the problem's choice
     (cuDNN or the GEMM form) are made once here; each call issues the convolution on
@@ -348,19 +380,20 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
     import torch
 
     xt, wt, ot = (torch.from_dlpack(a) for a in (x, w, out))
-    bt = None if bias is None else torch.from_dlpack(bias)
+    bt, rt = (None if a is None else torch.from_dlpack(a) for a in (bias, residual))
     if layout == "channels_last":  # viewed channels first, as the race saw them
         xt, ot = _to_first(xt, nd), _to_first(ot, nd)
+        rt = None if rt is None else _to_first(rt, nd)
     with tf32_allowed(tf32):
         run, final = conv_gemm.prepare(xt, wt, bt, stride_t, pads, dilation_t, groups,
-                                       activation)
+                                       activation, rt)
     if not final:
         return None
     stream_of_cupy = arrays.torch_stream_of_cupy
 
     def call() -> None:
         with tf32_allowed(tf32), torch.cuda.stream(stream_of_cupy()):
-            y = run(xt, wt, bt)
+            y = run(xt, wt, bt, rt)
             if tuple(y.shape) != tuple(ot.shape):
                 raise PycLabError(f"pl.conv: a bound call gave shape {tuple(y.shape)}, "
                                   f"its output is {tuple(ot.shape)}")
@@ -403,12 +436,13 @@ def direct_in_graph(x_shape: Sequence[int], w_shape: Sequence[int], dtype: str, 
 
 def _im2col(kind: str, x: Any, w: Any, bias: Any, stride: tuple[int, ...],
             pads: tuple[int, ...], dilation: tuple[int, ...], groups: int,
-            activation: str | None = None) -> Any:
-    """The im2col path (and the activation) in float32 (float64 for float64), cast back
-    to ``x``'s dtype."""
+            activation: str | None = None, residual: Any = None) -> Any:
+    """The im2col path (the residual and the activation) in float32 (float64 for
+    float64), cast back to ``x``'s dtype."""
     if kind == "torch":
         out = _im2col("numpy", *(arrays.host_of(a) for a in (x, w, bias)),
-                      stride, pads, dilation, groups, activation)
+                      stride, pads, dilation, groups, activation,
+                      None if residual is None else arrays.host_of(residual))
         return arrays.torch_on(out, x.device)
     if kind == "cupy":
         import cupy as xp
@@ -419,6 +453,8 @@ def _im2col(kind: str, x: Any, w: Any, bias: Any, stride: tuple[int, ...],
     y = conv_im2col(x.astype(work), w.astype(work),
                     None if bias is None else bias.astype(work), strides=stride,
                     pads=pads + pads, dilations=dilation, group=groups, xp=xp)
+    if residual is not None:
+        y += residual.astype(work)
     if activation is not None:
         y = apply_epilogue(xp, y, None, activation)
     return y.astype(dt)
@@ -437,15 +473,18 @@ def _to_last(a: Any, nd: int) -> Any:
 
 
 def _with_grad(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
-               groups: int, layout: str, activation: str | None) -> Any:
+               groups: int, layout: str, activation: str | None,
+               residual: Any = None) -> Any:
     """:func:`conv` of torch tensors that require gradients: the forward as ``pl.conv``
-    runs it, recorded with :func:`conv_backward`'s gradients; an activation is applied
-    by torch after it (so torch differentiates it)."""
+    runs it, recorded with :func:`conv_backward`'s gradients; a residual and an
+    activation are applied by torch after it (so torch differentiates them)."""
     from .autograd import differentiable
 
-    _, stride_t, pads, dilation_t = conv_geometry(
+    _check_operands(x, w, bias, residual)
+    shape, stride_t, pads, dilation_t = conv_geometry(
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
+    _check_residual(residual, shape)
     nd = len(w.shape) - 2
     xf = _to_first(x, nd) if layout == "channels_last" else x
     args = {"stride": stride_t, "padding": pads, "dilation": dilation_t, "groups": groups}
@@ -461,6 +500,8 @@ def _with_grad(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: A
                       stride_t, pads, dilation_t, groups, needs)
 
     (y,) = differentiable((xf, w, bias), forward, backward)
+    if residual is not None:
+        y = y + (_to_first(residual, nd) if layout == "channels_last" else residual)
     y = torch_activation(y, activation, inplace=False)
     return _to_last(y, nd) if layout == "channels_last" else y
 

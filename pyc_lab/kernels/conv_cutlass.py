@@ -88,21 +88,25 @@ def _channels_last(x: Any) -> bool:
 
 
 def tuned_runner(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-                 dilation: tuple[int, ...], activation: str | None = None
-                 ) -> tuple[Callable[[Any, Any, Any], Any] | None, str]:
-    """The tuned CUTLASS kernel for this problem, with ``activation`` in its epilogue, as
-    ``fn(x, w, b) -> y`` on torch tensors (``y`` channels last, shaped ``(N, K, *out)``
-    as cuDNN answers), or ``None`` and why there is none. ``groups`` must be 1 (the
+                 dilation: tuple[int, ...], activation: str | None = None,
+                 residual: bool = False) -> tuple[Callable[..., Any] | None, str]:
+    """The tuned CUTLASS kernel for this problem, with ``activation`` (and, where
+    ``residual``, a residual's sum) in its epilogue, as ``fn(x, w, b, r=None) -> y`` on
+    torch tensors (``y`` channels last, shaped ``(N, K, *out)`` as cuDNN answers; ``r``
+    of ``y``'s shape), or ``None`` and why there is none. ``groups`` must be 1 (the
     caller's check)."""
     dtype = _dtype(x)
     if dtype is None:
         return None, f"{x.dtype} is not a CUTLASS convolution dtype"
     if not x.is_cuda or not _channels_last(x) or x.ndim - 2 not in (1, 2, 3):
         return None, "the input is not a channels-last GPU tensor"
+    if residual and b is None:
+        return None, "CUTLASS residual kernels take a bias"
     from .cutlass.conv import ConvGeometry, ConvKernel
 
     geometry = ConvGeometry.from_channels_first(x.shape, w.shape, stride, pads, dilation)
-    kernel = ConvKernel(dtype, geometry.spatial, b is not None, activation)
+    kernel = ConvKernel(dtype, geometry.spatial, b is not None, activation,
+                        residual=residual)
     conv, why = _lookup(geometry, kernel, x.device.index)
     return (None, why) if conv is None else (kernel_call(conv, geometry), why)
 
@@ -245,11 +249,13 @@ class _PaddedFilters:
 
 
 def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
-    """``fn(x, w, b, out=None) -> y``: the convolution of torch tensors by a loaded
-    kernel (:class:`~.cutlass.conv.CutlassConv` or
+    """``fn(x, w, b, r=None, out=None) -> y``: the convolution of torch tensors by a
+    loaded kernel (:class:`~.cutlass.conv.CutlassConv` or
     :class:`~.cutlass.conv_2x.CutlassConv2x`) for ``geometry`` (the caller's problem),
     ``x (N, C, *spatial)`` channels last, ``w (K, C, *kernel)``, ``y (N, K, *out)``
-    channels last, written into ``out`` (``(N, *out, K)`` contiguous) when given. A
+    channels last, written into ``out`` (``(N, *out, K)`` contiguous) when given; ``r``
+    (``y``'s shape) the residual a residual kernel adds, copied channels last where it
+    is held otherwise. A
     ``pad_to`` configuration reads the input zero-padded to its channels, copied on each
     call (part of what the race times), and the filter padded once while it lives
     unchanged. A kernel that reads pixels outside the filter window
@@ -281,9 +287,10 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
     from . import conv_guard
     from .arrays import cupy_stream
 
-    def run(x: Any, w: Any, b: Any, out: Any = None) -> Any:
+    def run(x: Any, w: Any, b: Any, r: Any = None, out: Any = None) -> Any:
         if b is not None and not b.is_contiguous():
             b = b.contiguous()
+        rl = None if r is None else r.permute(*to_last).contiguous()
         xl, wl = x.permute(*to_last), w.permute(*to_last)
         flag = stream = None
         raw = torch_raw_stream(x.device)
@@ -302,7 +309,7 @@ def kernel_call(conv: Any, geometry: Any) -> Callable[..., Any]:
         y = out if out is not None else torch.empty(out_shape, device=x.device,
                                                     dtype=x.dtype)
         conv.run(read, xl.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
-                 y.data_ptr(), raw)
+                 y.data_ptr(), raw, None if rl is None else rl.data_ptr())
         if flag is not None:  # returns at once unless the input held a NaN or infinity
             conv_guard.fixup(flag, xl, wl, b, y, read, activation, stream)
         return y.permute(*to_first)

@@ -110,11 +110,12 @@ def choices() -> dict[tuple, dict[str, Any]]:
 
 
 def choice_for(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-               dilation: tuple[int, ...], groups: int = 1,
-               activation: str | None = None) -> dict[str, Any] | None:
+               dilation: tuple[int, ...], groups: int = 1, activation: str | None = None,
+               residual: bool = False) -> dict[str, Any] | None:
     """What :func:`run` chose for this problem (see :func:`choices`), or ``None`` while
     it is undecided or not raced (neither the GEMM form nor a tuned kernel applies)."""
-    choice = _CHOICES.get(_signature(x, w, b, stride, pads, dilation, groups, activation))
+    choice = _CHOICES.get(_signature(x, w, b, stride, pads, dilation, groups, activation,
+                                     residual))
     return None if choice is None or "cudnn_ms" not in choice else dict(choice)
 
 
@@ -157,23 +158,25 @@ def records_direct(choice: dict[str, Any]) -> bool:
 
 
 def choice_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-                    dilation: tuple[int, ...], groups: int = 1,
-                    activation: str | None = None) -> dict[str, Any] | None:
+                    dilation: tuple[int, ...], groups: int = 1, activation: str | None = None,
+                    residual: bool = False) -> dict[str, Any] | None:
     """:func:`choice_for` of CuPy arrays, read from their metadata alone — no DLPack
     exchange, which would order torch's stream after CuPy's and so may not happen inside
     a CUDA-graph capture."""
-    choice = _CHOICES.get(_cupy_key(x, w, b, stride, pads, dilation, groups, activation))
+    choice = _CHOICES.get(_cupy_key(x, w, b, stride, pads, dilation, groups, activation,
+                                    residual))
     return None if choice is None or "cudnn_ms" not in choice else dict(choice)
 
 
 def _cupy_key(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-              dilation: tuple[int, ...], groups: int, activation: str | None) -> tuple:
+              dilation: tuple[int, ...], groups: int, activation: str | None,
+              residual: bool = False) -> tuple:
     """:func:`_key` of CuPy arrays (what :func:`_signature` gives their torch views)."""
     item = x.dtype.itemsize
     return _key(x.device.id, f"torch.{x.dtype.name}", x.shape,
                 tuple(v // item for v in x.strides), w.shape,
                 tuple(v // w.dtype.itemsize for v in w.strides), b is None, stride, pads,
-                dilation, groups, activation)
+                dilation, groups, activation, residual)
 
 
 def patch_bytes(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
@@ -329,22 +332,25 @@ def gemm_conv(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, 
 
 
 def _signature(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-               dilation: tuple[int, ...], groups: int, activation: str | None) -> tuple:
+               dilation: tuple[int, ...], groups: int, activation: str | None,
+               residual: bool = False) -> tuple:
     """A problem's key, from torch tensors (see :func:`_key`)."""
     return _key(x.device.index, str(x.dtype), x.shape, x.stride(), w.shape, w.stride(),
-                b is None, stride, pads, dilation, groups, activation)
+                b is None, stride, pads, dilation, groups, activation, residual)
 
 
 def _key(device: int, dtype: str, x_shape: Any, x_strides: Any, w_shape: Any,
          w_strides: Any, no_bias: bool, stride: tuple[int, ...], pads: tuple[int, ...],
-         dilation: tuple[int, ...], groups: int, activation: str | None) -> tuple:
+         dilation: tuple[int, ...], groups: int, activation: str | None,
+         residual: bool = False) -> tuple:
     """The key a problem's race is kept under: the operands' device, dtype (torch's name),
-    shapes and element strides, the arguments, and torch's TF32 settings now (a race
-    under one setting says nothing of another). Torch tensors (:func:`_signature`) and
-    CuPy arrays (:func:`choice_for_cupy`) of one problem give one key."""
+    shapes and element strides, the arguments (whether a residual is added among them),
+    and torch's TF32 settings now (a race under one setting says nothing of another).
+    Torch tensors (:func:`_signature`) and CuPy arrays (:func:`choice_for_cupy`) of one
+    problem give one key."""
     return (device, dtype, tuple(x_shape), tuple(x_strides), tuple(w_shape),
             tuple(w_strides), no_bias, stride, pads, dilation, groups, activation,
-            tf32_now())
+            tf32_now()) + (("residual",) if residual else ())
 
 
 def _eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
@@ -358,14 +364,15 @@ def _eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
 
 def tuned_launch_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...],
                           pads: tuple[int, ...], dilation: tuple[int, ...], groups: int = 1,
-                          activation: str | None = None) -> tuple[Any, Any] | None:
+                          activation: str | None = None,
+                          residual: bool = False) -> tuple[Any, Any] | None:
     """``(conv, geometry)`` of the tuned CUTLASS kernel raced for this problem, won or not
     (CuPy arrays, read from their metadata as :func:`choice_for_cupy` reads them), where
-    running it is its launch alone, ``activation`` in its epilogue
+    running it is its launch alone, ``activation`` (and the residual) in its epilogue
     (:func:`.conv_cutlass.kernel_call`'s ``launch``); ``None`` where the problem is not
     raced yet, no tuned kernel ran in its race, or the kernel needs more around its
     launch. :func:`graph_choice` says whether a graph should record it."""
-    key = _cupy_key(x, w, b, stride, pads, dilation, groups, activation)
+    key = _cupy_key(x, w, b, stride, pads, dilation, groups, activation, residual)
     choice = _CHOICES.get(key)
     if choice is None or "cutlass_gpu_ms" not in choice:
         return None
@@ -373,50 +380,79 @@ def tuned_launch_for_cupy(x: Any, w: Any, b: Any, stride: tuple[int, ...],
 
 
 def prepare(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-            dilation: tuple[int, ...], groups: int,
-            activation: str | None = None) -> tuple[Callable[..., Any], bool]:
-    """What runs this problem: ``(fn, decided)``, ``fn(x, w, b)`` computing the
-    convolution of torch tensors on the GPU, and ``activation`` after its bias, by the
-    fastest of cuDNN, the GEMM form and a tuned CUTLASS kernel (raced now, on the
-    caller's tensors, if this problem signature is new), or by cuDNN where neither of
-    the others applies. A tuned kernel with the activation in its epilogue runs it in the
-    same kernel; every other path applies it to the result (:func:`torch_activation`).
-    ``decided`` is false only inside a CUDA-graph capture of an unraced problem (cuDNN
-    runs, as the user set it, and the next call outside a capture races)."""
-    key = _signature(x, w, b, stride, pads, dilation, groups, activation)
+            dilation: tuple[int, ...], groups: int, activation: str | None = None,
+            residual: Any = None) -> tuple[Callable[..., Any], bool]:
+    """What runs this problem: ``(fn, decided)``, ``fn(x, w, b, r=None)`` computing the
+    convolution of torch tensors on the GPU, then ``r`` (a tensor of the result's shape,
+    given where ``residual`` is: the race runs with it) added and ``activation``
+    applied after its bias, by the fastest of cuDNN, the GEMM form and a tuned CUTLASS
+    kernel (raced now, on the caller's tensors, if this problem signature is new), or by
+    cuDNN where neither of the others applies. A tuned kernel with the activation (and
+    the residual) in its epilogue runs it in the same kernel; every other path adds the
+    residual to the result and applies the activation (:func:`torch_activation`) in
+    place. ``decided`` is false only inside a CUDA-graph capture of an unraced problem
+    (cuDNN runs, as the user set it, and the next call outside a capture races)."""
+    res = residual is not None
+    key = _signature(x, w, b, stride, pads, dilation, groups, activation, res)
     choice = _CHOICES.get(key)
     if choice is None:
         gemm_ok = _eligible(x, w, stride, pads, dilation, groups)
-        tuned, why = _tuned(x, w, b, stride, pads, dilation, groups, activation)
+        tuned, why = _tuned(x, w, b, stride, pads, dilation, groups, activation, res)
         direct_ok = _direct_eligible(x, w, stride, pads, dilation, groups)
         if not gemm_ok and tuned is None and not direct_ok:
             choice = _remember(key, {"impl": "cudnn"})
         else:
             choice = _race(key, x, w, b, stride, pads, dilation, groups, gemm_ok, tuned, why,
-                           activation, direct_ok)
+                           activation, direct_ok, residual)
             if choice is None:
                 return _then(functools.partial(cudnn_conv, stride=stride, pads=pads,
                                                dilation=dilation, groups=groups,
-                                               benchmark=False), activation), False
+                                               benchmark=False), activation, res), False
     if choice["impl"] == "gemm":
-        return _then(_gemm_runner(x, w, stride, pads, dilation), activation), True
+        return _then(_gemm_runner(x, w, stride, pads, dilation), activation, res), True
     if choice["impl"] == "cutlass":
         return _RUNNERS[key], True
     if choice["impl"] == "direct":
-        return conv_direct.run(x, w, b, stride, pads, dilation, groups, activation), True
+        return _direct_runner(x, w, b, stride, pads, dilation, groups, activation, res), True
     return _then(functools.partial(cudnn_conv, stride=stride, pads=pads, dilation=dilation,
-                                   groups=groups), activation), True
+                                   groups=groups), activation, res), True
 
 
-def _then(fn: Callable[..., Any], activation: str | None) -> Callable[..., Any]:
-    """``fn`` followed by ``activation`` (``fn`` itself when there is none)."""
-    if activation is None:
-        return fn
+def _then(fn: Callable[..., Any], activation: str | None, residual: bool = False,
+          fused_residual: bool = False) -> Callable[..., Any]:
+    """``run(x, w, b, r=None)``: ``fn(x, w, b)`` followed by the residual ``r`` added
+    (where ``residual``) and ``activation``, in place on ``fn``'s fresh result;
+    ``fused_residual``: ``fn(x, w, b, r)`` adds it itself."""
+    if fused_residual:
+        def fused(x: Any, w: Any, b: Any, r: Any = None) -> Any:
+            return torch_activation(fn(x, w, b, r), activation)
 
-    def run(x: Any, w: Any, b: Any) -> Any:
-        return torch_activation(fn(x, w, b), activation)
+        return fused
+    if activation is None and not residual:
+        def plain(x: Any, w: Any, b: Any, r: Any = None) -> Any:
+            return fn(x, w, b)
+
+        return plain
+
+    def run(x: Any, w: Any, b: Any, r: Any = None) -> Any:
+        y = fn(x, w, b)
+        if residual:
+            y = y.add_(r)
+        return torch_activation(y, activation)
 
     return run
+
+
+def _direct_runner(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
+                   dilation: tuple[int, ...], groups: int, activation: str | None,
+                   residual: bool) -> Callable[..., Any]:
+    """:mod:`.conv_direct`'s kernel for the problem: the activation in its epilogue, or,
+    with a residual, the residual and the activation after it (:func:`_then`)."""
+    if residual:
+        return _then(conv_direct.run(x, w, b, stride, pads, dilation, groups), activation,
+                     True)
+    return _then(conv_direct.run(x, w, b, stride, pads, dilation, groups, activation), None)
+
 
 
 def _direct_eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
@@ -428,21 +464,27 @@ def _direct_eligible(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, .
 
 
 def _tuned(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-           dilation: tuple[int, ...], groups: int,
-           activation: str | None = None) -> tuple[Callable[..., Any] | None, str]:
-    """The tuned CUTLASS kernel of :mod:`.conv_cutlass` for the problem, if there is one:
-    with ``activation`` fused where such a kernel was tuned, else followed by it."""
+           dilation: tuple[int, ...], groups: int, activation: str | None = None,
+           residual: bool = False) -> tuple[Callable[..., Any] | None, str]:
+    """The tuned CUTLASS kernel of :mod:`.conv_cutlass` for the problem, if there is one,
+    as ``fn(x, w, b, r=None)``: the most of the residual and ``activation`` fused that a
+    tuned kernel has (both; the residual alone; the activation alone when there is no
+    residual), the rest after it (:func:`_then`)."""
     if groups != 1 or not getattr(x, "is_cuda", False):
         return None, "grouped, or not on a GPU"
     try:
         from .conv_cutlass import tuned_runner
 
-        if activation is not None:
-            fused, why = tuned_runner(x, w, b, stride, pads, dilation, activation)
+        if activation is not None or residual:  # everything in the epilogue
+            fused, why = tuned_runner(x, w, b, stride, pads, dilation, activation, residual)
             if fused is not None:
                 return fused, why
+        if activation is not None and residual:  # the residual in it, the activation after
+            fused, why = tuned_runner(x, w, b, stride, pads, dilation, None, True)
+            if fused is not None:
+                return _then(fused, activation, fused_residual=True), why
         plain, why = tuned_runner(x, w, b, stride, pads, dilation)
-        return (None if plain is None else _then(plain, activation)), why
+        return (None if plain is None else _then(plain, activation, residual)), why
     except Exception as exc:  # a tuned kernel must never break a convolution
         log.warning("tuned convolution lookup failed: %s", exc)
         return None, f"{type(exc).__name__}: {exc}"
@@ -475,18 +517,19 @@ def _gemm_runner(x: Any, w: Any, stride: tuple[int, ...], pads: tuple[int, ...],
 
 
 def run(x: Any, w: Any, b: Any, stride: tuple[int, ...], pads: tuple[int, ...],
-        dilation: tuple[int, ...], groups: int, activation: str | None = None) -> Any:
-    """The convolution (and activation) of torch tensors on the GPU as :func:`prepare`
-    chose it."""
-    fn, _ = prepare(x, w, b, stride, pads, dilation, groups, activation)
-    return fn(x, w, b)
+        dilation: tuple[int, ...], groups: int, activation: str | None = None,
+        residual: Any = None) -> Any:
+    """The convolution (with the residual added, and the activation) of torch tensors on
+    the GPU as :func:`prepare` chose it."""
+    fn, _ = prepare(x, w, b, stride, pads, dilation, groups, activation, residual)
+    return fn(x, w, b, residual)
 
 
 def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
           pads: tuple[int, ...], dilation: tuple[int, ...], groups: int,
           gemm_ok: bool = True, tuned: Callable[..., Any] | None = None,
           tuned_why: str = "", activation: str | None = None,
-          direct_ok: bool = False) -> dict[str, Any] | None:
+          direct_ok: bool = False, r: Any = None) -> dict[str, Any] | None:
     """Time cuDNN, the GEMM form (where ``gemm_ok``), a tuned CUTLASS kernel (where
     there is one) and the direct kernel (where ``direct_ok``) on the caller's tensors
     and remember the fastest, kept over cuDNN only
@@ -498,18 +541,19 @@ def _race(key: tuple, x: Any, w: Any, b: Any, stride: tuple[int, ...],
         return None
     if refused:
         return _remember(key, {"impl": "cudnn", "why": refused})
+    res = r is not None
     lib = _then(functools.partial(cudnn_conv, stride=stride, pads=pads, dilation=dilation,
-                                  groups=groups), activation)
-    runs: dict[str, Callable[[], Any]] = {"cudnn": lambda: lib(x, w, b)}
+                                  groups=groups), activation, res)
+    runs: dict[str, Callable[[], Any]] = {"cudnn": lambda: lib(x, w, b, r)}
     if gemm_ok:
-        runner = _then(_gemm_runner(x, w, stride, pads, dilation), activation)
-        runs["gemm"] = lambda: runner(x, w, b)
+        runner = _then(_gemm_runner(x, w, stride, pads, dilation), activation, res)
+        runs["gemm"] = lambda: runner(x, w, b, r)
     if tuned is not None:
-        runs["cutlass"] = lambda: tuned(x, w, b)
+        runs["cutlass"] = lambda: tuned(x, w, b, r)
     if direct_ok:
         try:
-            direct = conv_direct.run(x, w, b, stride, pads, dilation, groups, activation)
-            runs["direct"] = lambda: direct(x, w, b)
+            direct = _direct_runner(x, w, b, stride, pads, dilation, groups, activation, res)
+            runs["direct"] = lambda: direct(x, w, b, r)
         except Exception as exc:  # a kernel that cannot be built is not a candidate
             log.warning("direct convolution not raced: %s", exc)
     if len(runs) == 1:

@@ -25,6 +25,10 @@ cuDNN runs through torch and is not recorded: it runs between graphs. Which form
 gets is :func:`.conv_gemm.graph_choice` of what the problem's first-call race measured:
 a recorded form costs its GPU time alone, a call between graphs its GPU time plus its
 host time.
+
+A residual (``pl.conv(..., residual=r)``) is read by the epilogue of a tuned CUTLASS
+kernel built for it; after any other form, one elementwise kernel in the graph computes
+``act(y + r)`` over the result.
 """
 
 from __future__ import annotations
@@ -43,18 +47,20 @@ __all__ = ["recordable_conv"]
 def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
                     padding: Any = 0, dilation: Any = 1, groups: int = 1,
                     layout: str = "channels_first", activation: str | None = None,
-                    tf32: bool | None = None,
-                    workspace: tuple[int, int] | None = None) -> Callable[[], None] | None:
-    """A call computing ``pl.conv(x, w, bias, ...)`` into ``out`` that a CUDA-graph
-    capture can record, or ``None`` where the problem's form in a graph is a library call
-    between graphs (:func:`.conv_gemm.graph_choice`), the problem was not raced yet, or
-    the operands do not suit (not CuPy arrays; ``out``, the filter or the bias not
-    contiguous; ``out`` of another dtype): the caller then runs it between graphs.
+                    tf32: bool | None = None, workspace: tuple[int, int] | None = None,
+                    residual: Any = None) -> Callable[[], None] | None:
+    """A call computing ``pl.conv(x, w, bias, ..., residual=residual)`` into ``out`` that
+    a CUDA-graph capture can record, or ``None`` where the problem's form in a graph is a
+    library call between graphs (:func:`.conv_gemm.graph_choice`), the problem was not
+    raced yet, or the operands do not suit (not CuPy arrays; ``out``, the filter, the
+    bias or the residual not contiguous; ``out`` or the residual of another dtype): the
+    caller then runs it between graphs.
 
-    The race consulted is the problem's with ``activation`` or without one (the race
-    ``pl.inference``'s import runs before the activation is folded in); the recorded
-    kernel applies ``activation`` in its epilogue. A channels-last problem is the
-    channels-first view of its arrays, as :func:`.conv.conv` hands it to the race.
+    The race consulted is the problem's with ``activation`` (and the residual) or
+    without either (the race ``pl.inference``'s import runs before they are folded in);
+    the recorded kernel applies ``activation`` in its epilogue, or an elementwise kernel
+    after it adds the residual and applies the activation. A channels-last problem is
+    the channels-first view of its arrays, as :func:`.conv.conv` hands it to the race.
     ``workspace`` ``(pointer, bytes)``: the cuBLAS workspace the graph's program owns
     (without one the GEMM form is not recorded). Nothing is launched, timed or
     exchanged with torch here (a CUDA-graph capture may be under way)."""
@@ -62,7 +68,10 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
         return None
     if out.dtype != x.dtype or not out.flags.c_contiguous \
             or not (w.flags.c_contiguous or _filter_last(w).flags.c_contiguous) \
-            or (bias is not None and not bias.flags.c_contiguous):
+            or (bias is not None and not bias.flags.c_contiguous) \
+            or (residual is not None and (residual.dtype != x.dtype
+                                          or residual.shape != out.shape
+                                          or not residual.flags.c_contiguous)):
         return None
     _, stride_t, pads, dilation_t = conv_geometry(
         tuple(x.shape), tuple(w.shape), None if bias is None else tuple(bias.shape),
@@ -70,28 +79,71 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     nd = len(w.shape) - 2
     last = layout == "channels_last"
     first, out_first = (_to_first(x, nd), _to_first(out, nd)) if last else (x, out)
-    keys = (activation, None) if activation is not None else (None,)
+    res = residual is not None
+    keys = [(activation, res)] + ([(None, False)] if activation is not None or res else [])
     problem = (stride_t, pads, dilation_t, groups)
-    for key in keys:
+    after = _after(out, residual, activation)  # the residual and activation, unfused
+    for act, key_res in keys:
         with tf32_allowed(tf32):  # the race that decided ran under this setting
-            choice = conv_gemm.choice_for_cupy(first, w, bias, *problem, key)
+            choice = conv_gemm.choice_for_cupy(first, w, bias, *problem, act, key_res)
             tuned = None
-            if last and x.flags.c_contiguous and key == activation:
-                tuned = conv_gemm.tuned_launch_for_cupy(first, w, bias, *problem, key)
+            if last and x.flags.c_contiguous:
+                # the kernel that raced with the key: the residual and activation fused
+                # for the call's own key, neither for the plain one
+                tuned = conv_gemm.tuned_launch_for_cupy(first, w, bias, *problem, act,
+                                                        key_res)
             matmul_tf32 = tf32_now()[1]
         if choice is None:
             continue
-        forms = {"direct": lambda: _direct(first, w, bias, out_first, problem, activation)}
+        forms = {"direct": lambda: None if res and x.dtype.name not in GEMM_DTYPES else
+                 _then(_direct(first, w, bias, out_first, problem,
+                               None if res else activation), after if res else None)}
         if tuned is not None and not tuned[0].workspace_bytes(tuned[1]):
-            forms["cutlass"] = functools.partial(_tuned, x, w, bias, out, tuned)
+            fused = (act, key_res) == (activation, res)
+            forms["cutlass"] = functools.partial(
+                _tuned_then, x, w, bias, out, tuned, residual if fused else None,
+                None if fused else after)
         if last and workspace is not None and _gemm_takes(x, w, groups):
             forms["gemm"] = functools.partial(_gemm, x, w, bias, out, problem, activation,
-                                              matmul_tf32, workspace)
+                                              matmul_tf32, workspace, residual)
         pick = conv_gemm.graph_choice(choice, forms)
         call = forms[pick]() if pick is not None else None
         if call is not None:
             return call
     return None
+
+
+def _after(out: Any, residual: Any, activation: str | None) -> Callable[[], None] | None:
+    """The launch of ``out = act(out + residual)`` (or ``act(out)``) in place, by one
+    elementwise kernel; ``None`` when there is nothing to apply."""
+    if residual is None and activation is None:
+        return None
+    if residual is None:
+        act = _activation_kernel(activation)
+        return lambda: act(out, out)
+    add = _residual_kernel(activation)
+    return lambda: add(out, residual, out)
+
+
+def _then(call: Callable[[], None] | None,
+          after: Callable[[], None] | None) -> Callable[[], None] | None:
+    """``call`` followed by ``after`` (``call`` itself without one; ``None`` without a
+    call)."""
+    if call is None or after is None:
+        return call
+
+    def both() -> None:
+        call()
+        after()
+
+    return both
+
+
+def _tuned_then(x: Any, w: Any, bias: Any, out: Any, tuned: tuple[Any, Any],
+                residual: Any, after: Callable[[], None] | None) -> Callable[[], None]:
+    """:func:`_tuned`, then ``after`` (the residual and activation a kernel tuned without
+    them leaves)."""
+    return _then(_tuned(x, w, bias, out, tuned, residual), after)
 
 
 def _direct(x: Any, w: Any, bias: Any, out: Any, problem: tuple[Any, ...],
@@ -126,12 +178,13 @@ def _direct(x: Any, w: Any, bias: Any, out: Any, problem: tuple[Any, ...],
     return call  # holds the scratch arrays: the graph's program keeps the call
 
 
-def _tuned(x: Any, w: Any, bias: Any, out: Any,
-           tuned: tuple[Any, Any]) -> Callable[[], None]:
+def _tuned(x: Any, w: Any, bias: Any, out: Any, tuned: tuple[Any, Any],
+           residual: Any = None) -> Callable[[], None]:
     """The tuned CUTLASS kernel ``(conv, geometry)`` of a contiguous channels-last ``x``
-    into ``out``, launched on CuPy's current stream, the filter read in place where it
-    is held in the ``(O, *kernel, C)`` order the kernel reads, else copied into it first
-    on each call."""
+    into ``out`` (adding ``residual``, of ``out``'s layout, where it is a residual
+    kernel), launched on CuPy's current stream, the filter read in place where it is
+    held in the ``(O, *kernel, C)`` order the kernel reads, else copied into it first on
+    each call."""
     import cupy as cp
 
     kernel, geometry = tuned
@@ -140,18 +193,19 @@ def _tuned(x: Any, w: Any, bias: Any, out: Any,
     w_last = w_view if held else cp.empty(w_view.shape, dtype=w.dtype)
     ptrs = (x.data.ptr, w_last.data.ptr, None if bias is None else bias.data.ptr,
             out.data.ptr)
+    r_ptr = None if residual is None else residual.data.ptr
 
     def call() -> None:
         if not held:
             cp.copyto(w_last, w_view)
         kernel.run(geometry, ptrs[0], ptrs[1], ptrs[2], ptrs[3],
-                   cp.cuda.get_current_stream().ptr)
+                   cp.cuda.get_current_stream().ptr, r_ptr)
 
     return call  # holds w_last: the graph's program keeps the call, so the copy lives on
 
 
-#: The dtypes the recorded GEMM form takes (those of the race's GEMM form that the
-#: activation kernel below reads as ``float``).
+#: The dtypes the recorded GEMM form takes, and the residual's kernel after any form
+#: (those the elementwise kernels below read as ``float``).
 GEMM_DTYPES = ("float16", "float32")
 
 
@@ -165,12 +219,12 @@ def _gemm_takes(x: Any, w: Any, groups: int) -> bool:
 
 
 def _gemm(x: Any, w: Any, bias: Any, out: Any, problem: tuple[Any, ...],
-          activation: str | None, tf32: bool,
-          workspace: tuple[int, int]) -> Callable[[], None] | None:
+          activation: str | None, tf32: bool, workspace: tuple[int, int],
+          residual: Any = None) -> Callable[[], None] | None:
     """The GEMM form of a contiguous channels-last ``x`` (``N, H, W, C``) into ``out``
     (``N, P, Q, O``), as the module describes it (the product issued as
-    :func:`.matmul_plan.direct_for` describes it); ``None`` where cuBLAS cannot take
-    the product."""
+    :func:`.matmul_plan.direct_for` describes it), then ``residual`` added and the
+    activation applied; ``None`` where cuBLAS cannot take the product."""
     import cupy as cp
 
     from .matmul_plan import direct_for
@@ -221,9 +275,9 @@ def _gemm(x: Any, w: Any, bias: Any, out: Any, problem: tuple[Any, ...],
     # long as the call, which the graph's program keeps); a call runs at capture only
     launches.append(lambda stream: gemm(a.data.ptr, b.data.ptr, out2d.data.ptr, stream.ptr,
                                         workspace))
-    if activation is not None:
-        act = _activation_kernel(activation)
-        launches.append(lambda stream: act(out2d, out2d))
+    after = _after(out, residual, activation)
+    if after is not None:
+        launches.append(lambda stream: after())
 
     def call() -> None:
         stream = cp.cuda.get_current_stream()
@@ -253,6 +307,22 @@ def _activation_kernel(activation: str) -> Any:
         fn = _KERNELS[activation] = cp.ElementwiseKernel(
             "T x", "T y", f"float v = (float)x; y = (T)({_ACTIVATIONS[activation]});",
             f"pyc_conv_graph_{activation}")
+    return fn
+
+
+def _residual_kernel(activation: str | None) -> Any:
+    """A CuPy elementwise kernel ``y = act(x + r)`` (``act`` of :data:`_ACTIVATIONS`, or
+    none), the sum in float arithmetic rounded once (``x`` and ``y`` may be one
+    array)."""
+    name = f"residual_{activation}"
+    fn = _KERNELS.get(name)
+    if fn is None:
+        import cupy as cp
+
+        body = _ACTIVATIONS[activation] if activation is not None else "v"
+        fn = _KERNELS[name] = cp.ElementwiseKernel(
+            "T x, T r", "T y", f"float v = (float)x + (float)r; y = (T)({body});",
+            f"pyc_conv_graph_{name}")
     return fn
 
 

@@ -189,8 +189,8 @@ def test_a_compiled_conv_asks_for_exact_float32_unless_traced_with_tf32(monkeypa
         convs = [n for n in f.explain(x, w).graph.nodes.values() if n.op == "conv"]
         assert convs and all(n.attrs.get("tf32", False) is want for n in convs)
         assert all(n.attrs.get("activation") == "relu" for n in convs)  # folded, kept
-    assert conv_op._arguments({"stride": (1,), "padding": (0,), "dilation": (1,),
-                               "groups": 1, "layout": "channels_first"})["tf32"] is False
+    assert conv_op._arguments([], {"stride": (1,), "padding": (0,), "dilation": (1,),
+                                   "groups": 1, "layout": "channels_first"})["tf32"] is False
 
 
 def test_the_tf32_settings_are_restored_and_none_leaves_them(monkeypatch):
@@ -220,3 +220,82 @@ def test_the_tf32_settings_are_restored_and_none_leaves_them(monkeypatch):
     for t in (None, False, True):
         np.testing.assert_allclose(pl.conv2d(x, w, tf32=t), reference(x, w), rtol=1e-5,
                                    atol=1e-5)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_a_residual_add_and_relu_fold_into_the_conv(side, layout):
+    """``relu(conv(x) + r)`` (the add either way round) becomes one conv node with the
+    residual as its last input and relu as its activation, computing the eager numbers;
+    ``explain()`` says so."""
+    rng = np.random.default_rng()
+    last = layout == "channels_last"
+    x = rng.standard_normal((2, 9, 11, 4) if last else (2, 4, 9, 11)).astype(np.float32)
+    w = (rng.standard_normal((6, 4, 3, 3)) / 6).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    r = rng.standard_normal((2, 9, 11, 6) if last else (2, 6, 9, 11)).astype(np.float32)
+    r.flat[[1, 30]] = [np.nan, -np.inf]
+
+    def block(x, w, b, r):
+        y = pl.conv2d(x, w, b, padding=1, layout=layout)
+        return np.maximum((y + r) if side == "left" else (r + y), np.float32(0))
+
+    f = pl.compile(block)
+    got = f(x, w, b, r)
+    (node,) = _conv_nodes(f)
+    assert node.attrs["residual"] is True and node.attrs["activation"] == "relu"
+    assert node.inputs[-1] == f._cache[next(iter(f._cache))][0].graph.inputs[3]
+    assert [n.op for n in f.explain(x, w, b, r).graph.nodes.values()
+            if n.op not in ("input", "constant")] == ["conv"]
+    notes = f.explain(x, w, b, r).notes
+    assert any("folded the residual add" in n for n in notes)
+    assert any("folded relu" in n for n in notes)
+    eager = block(x, w, b, r)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(eager))
+    np.testing.assert_allclose(got, eager, rtol=1e-6, atol=1e-6)
+    xf = x.transpose(0, 3, 1, 2) if last else x
+    rf = r.transpose(0, 3, 1, 2) if last else r
+    want = _act64("relu", reference(xf, w, b, 1, 1) + rf)
+    want = want.transpose(0, 2, 3, 1) if last else want
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_a_residual_that_broadcasts_promotes_or_follows_an_activation_does_not_fold():
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    per_channel = rng.standard_normal((1, 4, 1, 1)).astype(np.float32)
+    wide = rng.standard_normal((2, 4, 6, 6))  # float64: the sum promotes
+    same = rng.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    programs = {
+        "broadcast": lambda x, w: pl.conv2d(x, w) + per_channel,
+        "promotes": lambda x, w: pl.conv2d(x, w) + wide,
+        "after relu": lambda x, w: np.maximum(pl.conv2d(x, w), 0) + same,  # pre-activation
+        "read twice": lambda x, w: (lambda y: (y + same) * y)(pl.conv2d(x, w)),
+        "itself": lambda x, w: (lambda y: y + y)(pl.conv2d(x, w)),
+    }
+    for name, fn in programs.items():
+        f = pl.compile(fn)
+        got = f(x, w)
+        (node,) = _conv_nodes(f)
+        assert "residual" not in node.attrs, name
+        np.testing.assert_allclose(got, fn(x, w), rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_a_traced_residual_argument_is_the_eager_one():
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 4, 17)).astype(np.float32)
+    w = rng.standard_normal((3, 4, 3)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    r = rng.standard_normal((2, 3, 17)).astype(np.float32)
+
+    def f(x, w, b, r):
+        return pl.conv1d(x, w, b, padding=1, residual=r, activation="silu")
+
+    g = pl.compile(f)
+    got = g(x, w, b, r)
+    (node,) = _conv_nodes(g)
+    assert node.attrs["residual"] is True and len(node.inputs) == 4
+    np.testing.assert_allclose(got, f(x, w, b, r), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ShapeError, match="residual of shape"):
+        pl.compile(lambda x, w: pl.conv1d(x, w, residual=np.ones((2, 3, 5), np.float32)))(x, w)

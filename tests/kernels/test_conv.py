@@ -184,3 +184,55 @@ def test_an_unknown_activation_is_refused():
     with pytest.raises(PycLabError, match="activation 'tanh' is not one of"):
         pl.conv(x, w, activation="tanh")
 
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # gelu of an infinity
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize(("dtype", "tol"), [(np.float32, 1e-5), (np.float16, 4e-3)])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_a_residual_is_added_after_the_bias_and_before_the_activation(activation, dtype,
+                                                                      tol, layout):
+    """``act(conv + bias + residual)``: against the float64 loops, with NaN, +-inf and
+    -0.0 in the residual and an odd-sized problem; the sum (and activation) in float32
+    rounded once, as a fused epilogue computes it."""
+    rng = np.random.default_rng()
+    xs, ws, kw = (3, 5, 13, 11), (7, 5, 3, 3), {"padding": 1, "stride": (2, 1)}
+    x = rng.standard_normal(xs).astype(dtype)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    y64 = reference(x, w, b, kw["stride"], kw["padding"])
+    r = rng.standard_normal(y64.shape).astype(dtype)
+    r.flat[[3, 40, 77, 101]] = [np.nan, np.inf, -np.inf, -0.0]
+    want = y64 + r.astype(np.float64)
+    if activation is not None:
+        want = _act64(activation, want)
+    last = layout == "channels_last"
+    xl = x.transpose(0, 2, 3, 1).copy() if last else x
+    rl = r.transpose(0, 2, 3, 1).copy() if last else r
+    got = pl.conv(xl, w, b, activation=activation, residual=rl, layout=layout, **kw)
+    if last:
+        got = got.transpose(0, 3, 1, 2)
+    assert got.dtype == dtype and got.shape == want.shape
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol,
+                               equal_nan=True)
+    # the plain call in float32, the residual and activation after it: the same numbers
+    plain = pl.conv(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32), **kw)
+    after = plain + r.astype(np.float32)
+    after = after if activation is None else _act64(activation, after)
+    np.testing.assert_allclose(got.astype(np.float32), after, rtol=tol, atol=tol,
+                               equal_nan=True)
+
+
+def test_a_residual_of_another_shape_kind_or_dtype_is_refused():
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    with pytest.raises(PycLabError, match=r"residual has shape \(2, 4, 1, 6\).*\(2, 4, 6, 6\)"):
+        pl.conv(x, w, residual=np.ones((2, 4, 1, 6), np.float32))
+    with pytest.raises(PycLabError, match=r"residual has shape"):
+        pl.conv(x, w, residual=np.ones((2, 6, 6, 4), np.float32))  # channels-first call
+    with pytest.raises(PycLabError, match="dtypes"):
+        pl.conv(x, w, residual=np.ones((2, 4, 6, 6), np.float64))
+    with pytest.raises(PycLabError, match="residual is a list"):
+        pl.conv(x, w, residual=[[1.0]])

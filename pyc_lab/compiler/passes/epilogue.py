@@ -1,5 +1,5 @@
 """Epilogue fusion: ``matmul -> + bias -> activation`` becomes one matmul node, and
-``conv -> activation`` one conv node.
+``conv -> + residual -> activation`` one conv node.
 
 ``add(matmul(a, b), bias)`` (bias on either side) becomes ``matmul(a, b, bias)``, and an
 activation (relu, gelu, sigmoid, silu, tanh — or ``maximum(h, 0)`` as relu) applied to
@@ -13,7 +13,13 @@ output; the fused node's inferred type equals the replaced node's.
 
 A convolution (``pl.conv``'s node) takes relu, gelu and silu the same way (its bias is
 already an input); its library call applies the activation to its output before the
-program reads it, instead of a kernel of its own after the call.
+program reads it, instead of a kernel of its own after the call. Before that,
+``add(conv(...), r)`` (either side) with ``r`` of the convolution's own shape and dtype
+— a residual block's sum — becomes ``conv(..., residual=r)``: a CUTLASS kernel tuned
+with a residual reads ``r`` in its epilogue (one pass over the result instead of the
+sum's three), any other form adds it in one kernel with the activation. Like the
+activation, the sum is then computed in float32 before the result is rounded to a
+16-bit dtype.
 """
 
 from __future__ import annotations
@@ -73,7 +79,8 @@ def run(graph: Graph, ctx: PassContext) -> bool:
     bool
         Whether anything changed.
     """
-    changed = _fold_conv_activations(graph, ctx)
+    changed = _fold_conv_residuals(graph, ctx)
+    changed = _fold_conv_activations(graph, ctx) or changed
     users = graph.users()
     for mm in graph:
         if mm.id not in graph.nodes or mm.op != "matmul" or mm.attrs.get("activation"):
@@ -123,6 +130,39 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         users = graph.users()
         ctx.note(f"{NAME}: folded {' and '.join(what)} into matmul %{mm.id} "
                  f"(now %{new.id})")
+        changed = True
+    return changed
+
+
+def _fold_conv_residuals(graph: Graph, ctx: PassContext) -> bool:
+    """``add(conv(...), r)`` -> ``conv(..., residual=r)`` where the conv (no activation
+    or residual yet) has that one reader and ``r`` is another value of the conv's shape
+    and dtype (no broadcast, no promotion)."""
+    changed = False
+    users = graph.users()
+    for cv in graph:
+        if cv.id not in graph.nodes or cv.op != "conv" or cv.attrs.get("activation") \
+                or cv.attrs.get("residual") or cv.dtype.kind != "f":
+            continue
+        add = sole_user(graph, cv.id, users)
+        if add is None or add.op != "add" or len(add.inputs) != 2:
+            continue
+        other = add.inputs[1] if add.inputs[0] == cv.id else add.inputs[0]
+        r = graph.nodes[other]
+        if other == cv.id or (tuple(r.shape), r.dtype) != (tuple(cv.shape), cv.dtype) \
+                or (tuple(add.shape), add.dtype) != (tuple(cv.shape), cv.dtype):
+            continue
+        attrs = {**cv.attrs, "residual": True}
+        inputs = [*cv.inputs, other]
+        if try_infer("conv", [graph.nodes[i] for i in inputs], attrs) \
+                != (add.shape, add.dtype):
+            continue
+        new = graph.insert_before(add.id, "conv", inputs, attrs)
+        graph.replace_uses(add.id, new.id)
+        prune(graph, [add.id, cv.id])
+        users = graph.users()
+        ctx.note(f"{NAME}: folded the residual add %{add.id} (of %{other}) into conv "
+                 f"%{cv.id} (now %{new.id})")
         changed = True
     return changed
 

@@ -45,9 +45,9 @@ from .config import ACTIVATIONS
 from .launch import load_library
 from .nvcc import BuildResult, build_parallel, build_source, cached_library
 
-__all__ = ["CONV_DTYPES", "DIRECTIONS", "HOPPER_REFUSES", "ConvConfig", "ConvGeometry",
-           "ConvKernel", "CutlassConv", "build_conv", "build_conv_many", "cached_conv",
-           "conv_configs", "emit_conv_source"]
+__all__ = ["CONV_DTYPES", "DIRECTIONS", "HOPPER_NO_RESIDUAL", "HOPPER_REFUSES", "ConvConfig",
+           "ConvGeometry", "ConvKernel", "CutlassConv", "build_conv", "build_conv_many",
+           "cached_conv", "conv_configs", "emit_conv_source"]
 
 #: Element types the convolution kernels take and their C++ types: ``tf32`` is float32
 #: run as TF32 MMAs (as cuDNN's float32 convolutions are under torch's default
@@ -55,6 +55,9 @@ __all__ = ["CONV_DTYPES", "DIRECTIONS", "HOPPER_REFUSES", "ConvConfig", "ConvGeo
 #: a TF32 big part plus the TF32 rest, three MMAs; CUTLASS 2 kernels only).
 CONV_DTYPES = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "tf32": "float",
                "f32": "float"}
+#: Why the Hopper kernels of this module take no residual kernel (:class:`ConvKernel`).
+HOPPER_NO_RESIDUAL = ("the Hopper kernels here add no residual (their epilogue has no C "
+                      "source); CUTLASS 2 kernels do")
 #: Dtypes the Hopper kernels of this module do not take, and why.
 HOPPER_REFUSES = {"f32": "float32 at float32's accuracy (3xTF32) is a CUTLASS 2 kernel's "
                          "(cutlass::arch::OpMultiplyAddFastF32); the Hopper family has none"}
@@ -114,6 +117,9 @@ class ConvKernel:
     (:class:`ConvGeometry`): ``"fprop"`` (``x, w -> y``), ``"dgrad"`` (``dy, w -> dx``)
     or ``"wgrad"`` (``dy, x -> dw``); the gradients have no bias or activation (an
     activation's derivative is applied to ``dy`` before, the bias' gradient is a sum).
+    ``residual``: a forward kernel that adds a tensor of the output's shape after the
+    bias and before the activation, ``act(conv + bias + residual)`` (a CUTLASS 2 kernel's,
+    with a bias: :mod:`.conv_2x`).
     """
 
     dtype: str = "f16"
@@ -121,6 +127,7 @@ class ConvKernel:
     bias: bool = False
     activation: str | None = None
     direction: str = "fprop"
+    residual: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in CONV_DTYPES:
@@ -135,14 +142,23 @@ class ConvKernel:
         if self.direction not in DIRECTIONS:
             raise PycLabError(f"direction {self.direction!r} is not one of "
                               f"{sorted(DIRECTIONS)}")
-        if self.direction != "fprop" and (self.bias or self.activation):
-            raise PycLabError(f"a {self.direction} kernel has no bias or activation")
+        if self.direction != "fprop" and (self.bias or self.activation or self.residual):
+            raise PycLabError(f"a {self.direction} kernel has no bias, residual or "
+                              "activation")
+        if self.residual and not self.bias:
+            raise PycLabError("a residual kernel takes a bias (its epilogue adds the bias "
+                              "as a vector, +0.0 without one, which would turn a -0.0 "
+                              "sum into +0.0); without a bias pl.conv adds the residual "
+                              "after the kernel")
 
     @property
     def op(self) -> str:
         """The tuning database's op: ``conv2d_fprop``, ``conv2d_fprop_bias_relu``,
-        ``conv2d_dgrad``, ``conv2d_wgrad``, ..."""
-        tail = "_".join(p for p in ("bias" if self.bias else "", self.activation or "") if p)
+        ``conv2d_fprop_bias_res_relu`` (with a residual), ``conv2d_dgrad``,
+        ``conv2d_wgrad``, ..."""
+        tail = "_".join(p for p in ("bias" if self.bias else "",
+                                    "res" if self.residual else "", self.activation or "")
+                        if p)
         return f"conv{self.spatial}d_{self.direction}" + (f"_{tail}" if tail else "")
 
     @property
@@ -177,6 +193,8 @@ def emit_conv_source(config: ConvConfig, kernel: ConvKernel) -> str:
     if kernel.dtype in HOPPER_REFUSES:
         raise PycLabError(f"CUTLASS 3 convolution {config.id}: "
                           f"{HOPPER_REFUSES[kernel.dtype]}")
+    if kernel.residual:
+        raise PycLabError(f"CUTLASS 3 convolution {config.id}: {HOPPER_NO_RESIDUAL}")
     m, n, k = config.tile
     cm, cn = config.cluster
     act = ACTIVATIONS[kernel.activation] if kernel.activation else \
@@ -198,9 +216,9 @@ def build_conv(config: ConvConfig, kernel: ConvKernel, cc: int = 90,
     if cc < 90:
         return BuildResult(config, "", None, "compile_error", 0.0,
                            f"CUTLASS 3 convolutions need Hopper (sm_90a); this is sm_{cc}")
-    if kernel.dtype in HOPPER_REFUSES:
+    if kernel.dtype in HOPPER_REFUSES or kernel.residual:
         return BuildResult(config, "", None, "compile_error", 0.0,
-                           HOPPER_REFUSES[kernel.dtype])
+                           HOPPER_REFUSES.get(kernel.dtype, HOPPER_NO_RESIDUAL))
     return build_source(config, emit_conv_source(config, kernel), cc, cache, timeout_s,
                         meta={"config": config.to_dict(), "op": kernel.op,
                               "dtype": kernel.dtype})
@@ -210,7 +228,7 @@ def cached_conv(config: ConvConfig, kernel: ConvKernel, cc: int = 90,
                 cache: KernelCache | None = None) -> Path | None:
     """The kernel's library if it is in the kernel cache, else ``None``; never builds
     (what a first call of ``pl.conv`` may afford)."""
-    if kernel.dtype in HOPPER_REFUSES:
+    if kernel.dtype in HOPPER_REFUSES or kernel.residual:
         return None
     return cached_library(emit_conv_source(config, kernel), cc, cache)
 
@@ -310,6 +328,8 @@ class ConvGeometry:
             return f"{self.spatial} spatial axes, the kernel has {kernel.spatial}"
         if kernel.dtype in HOPPER_REFUSES:
             return HOPPER_REFUSES[kernel.dtype]
+        if kernel.residual:
+            return HOPPER_NO_RESIDUAL
         c, k = self.act[-1], self.flt[0]
         if c % kernel.align or k % kernel.align:
             return (f"{c} input and {k} output channels; {kernel.dtype} kernels need "
@@ -375,6 +395,10 @@ def _declare_conv(lib: ctypes.CDLL) -> None:
     lib.pyc_conv_has_bias.restype = c_int
     lib.pyc_conv_spatial.restype = c_int
     lib.pyc_conv_op.restype = c_int
+    if hasattr(lib, "pyc_conv_has_residual"):  # CUTLASS 2 libraries
+        lib.pyc_conv_has_residual.restype = c_int
+        lib.pyc_conv_set_residual.argtypes = [vp, vp]
+        lib.pyc_conv_set_residual.restype = None
 
 
 @dataclass
@@ -414,8 +438,11 @@ class CutlassConv:
 
     def __post_init__(self) -> None:
         self._lib = load_library(Path(self.library), _declare_conv)
+        residual = bool(self._lib.pyc_conv_has_residual()) \
+            if hasattr(self._lib, "pyc_conv_has_residual") else False
         if self._lib.pyc_conv_spatial() != self.kernel.spatial or \
                 bool(self._lib.pyc_conv_has_bias()) != self.kernel.bias or \
+                residual != self.kernel.residual or \
                 self._lib.pyc_conv_op() != DIRECTIONS[self.kernel.direction]:
             raise PycLabError(f"{self.library} is not a {self.kernel.op} kernel")
         if not self.sm_count:
@@ -507,36 +534,43 @@ class CutlassConv:
         return all(self._lib.pyc_conv_can_implement(*g.arrays()) == 0 for g in parts)
 
     def run(self, geometry: ConvGeometry, x: int, w: int, bias: int | None, y: int,
-            stream: int) -> None:
-        """Compute ``y = act(conv(x, w) + bias)`` on ``stream``.
+            stream: int, residual: int | None = None) -> None:
+        """Compute ``y = act(conv(x, w) + bias [+ residual])`` on ``stream``
+        (``residual``: a residual kernel's tensor of ``y``'s shape; it may be ``y``
+        itself, each element read before it is written).
 
         Raises
         ------
         PycLabError
-            A bias missing or given where the kernel has none, a problem the kernel
-            cannot take, or CUTLASS refusing to initialise or launch.
+            A bias or residual missing or given where the kernel has none, a problem the
+            kernel cannot take, or CUTLASS refusing to initialise or launch.
         """
-        if (bias is not None) != self.kernel.bias:
-            need = "needed" if self.kernel.bias else "not taken"
-            raise PycLabError(f"{self.kernel.op}: a bias is {need}")
+        for name, given, has in (("bias", bias, self.kernel.bias),
+                                 ("residual", residual, self.kernel.residual)):
+            if (given is not None) != has:
+                raise PycLabError(f"{self.kernel.op}: a {name} is "
+                                  f"{'needed' if has else 'not taken'}")
         parts = self.slices(geometry)
         if len(parts) == 1:
-            self._launch(geometry, x, w, bias, y, stream)
+            self._launch(geometry, x, w, bias, y, stream, residual)
             return
         item = ELEMENT_BYTES[self.kernel.dtype]
         first_op, _, result = self.kernel.operands(geometry)  # batch-major, both
         step_in = prod(first_op[1:]) * item
         step_out = prod(result[1:]) * item
         for first, part in parts:
-            self._launch(part, x + first * step_in, w, bias, y + first * step_out, stream)
+            self._launch(part, x + first * step_in, w, bias, y + first * step_out, stream,
+                         None if residual is None else residual + first * step_out)
 
     def _launch(self, geometry: ConvGeometry, x: int, w: int, bias: int | None, y: int,
-                stream: int) -> None:
+                stream: int, residual: int | None = None) -> None:
         """One launch of the kernel on ``geometry`` (bound once per pointers)."""
-        key = (geometry, x, w, bias, y)
+        key = (geometry, x, w, bias, y, residual)
         with self._lock:
             if key != self._bound:
                 arrays, workspace = self._problem_of(geometry)
+                if self.kernel.residual:
+                    self._lib.pyc_conv_set_residual(self._handle, residual)
                 st = self._lib.pyc_conv_initialize(self._handle, *arrays, x, w, bias or 0,
                                                    y, workspace, self.sm_count, stream)
                 if st != 0:

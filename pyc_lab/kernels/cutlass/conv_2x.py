@@ -181,6 +181,10 @@ class Conv2xConfig:
             return f"channel padding is a forward matter, not {kernel.direction}'s"
         if self.split_k > 1 and kernel.direction != "wgrad":
             return "split-K is offered for wgrad (the long reduction) only"
+        if kernel.residual and self.reads_outside_window:
+            return (f"the {self.iterator} iterator reads pixels outside the window, whose "
+                    "fix-up for NaN and infinity adds no residual; a residual kernel takes "
+                    "analytic or optimized")
         size, vector = ELEMENT_BYTES[kernel.dtype], VECTOR_ELEMENTS[kernel.dtype]
         align_out = align_out or vector
         for name, a in (("align", align), ("align_out", align_out)):
@@ -423,7 +427,8 @@ def emit_conv2x_source(config: Conv2xConfig, kernel: ConvKernel, align: int,
                **{f"PYC_WARP_{a}": v for a, v in zip("MNK", config.warp, strict=True)},
                "PYC_STAGES": config.stages,
                "PYC_ITERATOR": f"cutlass::conv::IteratorAlgorithm::{ITERATORS[config.iterator]}",
-               "PYC_BIAS": int(kernel.bias), "PYC_ACT": act,
+               "PYC_BIAS": int(kernel.bias), "PYC_RESIDUAL": int(kernel.residual),
+               "PYC_ACT": act,
                **({"PYC_MATH": _MATH[kernel.dtype]} if kernel.dtype in _MATH else {})}
     # the library does not depend on pad_to (the caller pads): one build serves both
     head = (f"// pyc_lab CUTLASS 2 convolution {kernel.op} {kernel.dtype} align {align}/"

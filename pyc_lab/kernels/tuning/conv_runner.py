@@ -19,13 +19,13 @@ interleaved best-ranked first:
    (:func:`~pyc_lab.kernels.cutlass.conv_2x.conv2x_configs`, 1-D and 2-D problems);
 2. each runs on inputs uniform in [-1, 1] into a NaN-poisoned output, twice, each launch
    watched for a hang, and is compared with the convolution in float32 (cuDNN with TF32
-   off; the bias and activation applied in float32); NaN/Inf or an error above the
-   dtype's tolerance rejects it, with the reason;
+   off; the bias, a residual and the activation applied in float32); NaN/Inf or an
+   error above the dtype's tolerance rejects it, with the reason;
 3. correct ones are timed with the tuner's one timing
    (:func:`~pyc_lab.kernels.tuning.gemm_runner.gpu_ms`: CUDA events, L2 flushed, launch
    gaps kept out);
-4. cuDNN (torch's convolution in its benchmark mode, channels last, the bias and
-   activation applied by torch as a user would; for a gradient, torch's
+4. cuDNN (torch's convolution in its benchmark mode, channels last, the bias, a residual
+   and the activation applied by torch as a user would; for a gradient, torch's
    ``convolution_backward`` computing that gradient alone) is timed the same way in the
    same run and recorded as the ``"cudnn"`` baseline row; the run's winner is the faster
    of the best CUTLASS candidate and cuDNN.
@@ -146,6 +146,9 @@ class ConvRunner(CandidateRows):
     direction
         ``"fprop"`` (the forward convolution), ``"dgrad"`` or ``"wgrad"``; a gradient
         takes no bias or activation.
+    residual
+        Tune forward kernels that add a residual of the output's shape after the bias
+        (``options.bias`` must be set): CUTLASS 2 kernels, whose epilogue reads it.
 
     Attributes
     ----------
@@ -166,7 +169,8 @@ class ConvRunner(CandidateRows):
 
     def __init__(self, geometry: ConvGeometry, options: GemmTuneOptions, *,
                  restrict: Callable[[ConvConfig], bool] | None = None,
-                 cache: Any = None, direction: str = "fprop") -> None:
+                 cache: Any = None, direction: str = "fprop",
+                 residual: bool = False) -> None:
         cp = require_cupy("autotune_conv")
         try:
             import torch
@@ -179,7 +183,7 @@ class ConvRunner(CandidateRows):
                               "take f16, bf16, tf32 or f32 (float32 at its own accuracy, "
                               "as 3xTF32)")
         kernel = ConvKernel(opts.dtype, geometry.spatial, opts.bias, opts.activation,
-                            direction)
+                            direction, residual)
         why = geometry.issue(kernel)
         c, k = geometry.act[-1], geometry.flt[0]
         if why and geometry_issue(geometry):  # neither family takes it
@@ -250,11 +254,13 @@ class ConvRunner(CandidateRows):
         self._w = uniform(*g.flt)                      # (K, *kernel, C)
         self._dy = uniform(*g.out_shape) if direction != "fprop" else None  # (N, *out, K)
         self._b = uniform(g.flt[0]) if self.kernel.bias else None
+        self._r = uniform(*g.out_shape) if self.kernel.residual else None  # (N, *out, K)
         self._y = torch.empty(self.kernel.operands(g)[2], device="cuda", dtype=dt)
         nd = g.spatial
         to_first = (0, nd + 1, *range(1, nd + 1))
         xf, wf = self._x.permute(*to_first), self._w.permute(*to_first)
         dyf = None if self._dy is None else self._dy.permute(*to_first)
+        rf = self._rf = None if self._r is None else self._r.permute(*to_first)
         self._first = (xf, wf)
         fn = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d,
               3: torch.nn.functional.conv3d}[nd]
@@ -268,6 +274,8 @@ class ConvRunner(CandidateRows):
             if direction == "fprop":
                 ref = fn(xf.float(), wf.float(),
                          None if self._b is None else self._b.float(), **args)
+                if rf is not None:
+                    ref = ref + rf.float()
                 ref = _activation(ref, self.kernel.activation)
             else:
                 ref = torch_conv_backward(xf.float(), wf.float(), dyf.float(), bias=False,
@@ -283,7 +291,7 @@ class ConvRunner(CandidateRows):
         def cudnn() -> Any:
             with tf32_allowed(False if exact else None):
                 y = cudnn_conv(xf, wf, self._b, g.stride, g.pad, g.dilation, 1)
-            return _activation(y, act)
+            return _activation(y if rf is None else y.add_(rf), act)
 
         def cudnn_grad() -> Any:
             return torch_conv_backward(xf, wf, dyf, bias=False, needs=needs, **geo)[index]
@@ -334,9 +342,10 @@ class ConvRunner(CandidateRows):
         if isinstance(conv, CutlassConv2x) and self.kernel.direction == "fprop":
             call, (xf, wf), b, y = kernel_call(conv, self.geometry), self._first, self._b, \
                 self._y
+            rf = self._rf
 
             def through_pl_conv() -> None:
-                call(xf, wf, b, out=y)
+                call(xf, wf, b, rf, out=y)
 
             return through_pl_conv
         stream = torch_raw_stream()

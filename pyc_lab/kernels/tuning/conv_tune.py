@@ -54,7 +54,7 @@ def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any
                   db: TuningDB | None = None,
                   cache: Any = None, observer: Callable[[dict[str, Any]], None] | None = None,
                   stop: threading.Event | None = None, direction: str = "fprop",
-                  **settings: Any) -> TuneResult:
+                  residual: bool = False, **settings: Any) -> TuneResult:
     """Tune a convolution (the forward one, or one of its gradients) on this GPU and
     record the result.
 
@@ -89,6 +89,10 @@ def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any
         take no bias or activation; their candidates are the Hopper kernels where they
         take the problem (dgrad: unit strides) and CUTLASS 2 kernels (strided dgrad;
         wgrad with split-K), and the baseline is torch's ``convolution_backward``.
+    residual
+        Tune kernels that add a residual of the output's shape after the bias and before
+        the activation (``pl.conv(..., residual=r)``; needs ``bias=True``): CUTLASS 2
+        kernels, whose epilogue reads it, against cuDNN followed by torch's add.
 
     Returns
     -------
@@ -107,6 +111,7 @@ def autotune_conv(x_shape: Sequence[int], w_shape: Sequence[int], *, stride: Any
     geometry = conv_geometry_of(x_shape, w_shape, stride=stride, padding=padding,
                                 dilation=dilation, layout=layout)
     t_start = time.perf_counter()
-    runner = ConvRunner(geometry, opts, restrict=restrict, cache=cache, direction=direction)
+    runner = ConvRunner(geometry, opts, restrict=restrict, cache=cache, direction=direction,
+                        residual=residual)
     return tune_runner(runner, opts, observer, stop, db, t_start)
 

@@ -270,6 +270,10 @@ class _FakeLibrary:
         self.initialized: list[tuple[tuple[int, ...], int, int]] = []
         self.runs = 0
         self.asked: list[tuple[int, ...]] = []
+        self.residuals: list[int] = []
+
+    def pyc_conv_set_residual(self, handle, r):
+        self.residuals.append(r)
 
     def pyc_conv_initialize(self, handle, act, flt, pad, stride, dil, x, w, b, y, ws, sms,
                             stream):
@@ -291,12 +295,13 @@ class _FakeLibrary:
         pass
 
 
-def _unloaded(direction: str = "fprop", limit: int | None = None) -> CutlassConv2x:
+def _unloaded(direction: str = "fprop", limit: int | None = None,
+              residual: bool = False) -> CutlassConv2x:
     """A CUTLASS 2 convolution over a fake library (no nvcc, no GPU)."""
     import threading
 
     conv = CutlassConv2x.__new__(CutlassConv2x)
-    conv.kernel = ConvKernel("f32", 2, direction=direction)
+    conv.kernel = ConvKernel("f32", 2, residual, direction=direction, residual=residual)
     conv.config, conv.align, conv.align_out, conv.sm_count = None, 4, 4, 132
     conv._lib, conv._handle, conv._bound, conv._workspace = _FakeLibrary(), 1, None, None
     conv._problems, conv._lock = {}, threading.Lock()
@@ -353,3 +358,82 @@ def test_slices_cover_an_odd_batch_and_the_gradients_as_they_allow():
     assert not _unloaded("wgrad", limit=3 * image).can_implement(g)
     with pytest.raises(PycLabError, match="one image's tensor is over it"):
         _unloaded(limit=image - 1).slices(g)
+
+
+def test_a_residual_kernel_is_a_forward_one_with_a_bias_and_this_familys():
+    """``ConvKernel(residual=True)``: its own op in the tuning database, a forward kernel
+    with a bias only (the epilogue's +0.0 without one would change -0.0 sums); the
+    Hopper family refuses it before nvcc, and so does a configuration whose iterator
+    reads outside the window (its NaN fix-up adds no residual)."""
+    from pyc_lab.kernels.cutlass.conv import (
+        ConvConfig,
+        build_conv,
+        cached_conv,
+        emit_conv_source,
+    )
+
+    kernel = ConvKernel("f32", 2, True, "relu", residual=True)
+    assert kernel.op == "conv2d_fprop_bias_res_relu"
+    assert ConvKernel("f16", 2, True, residual=True).op == "conv2d_fprop_bias_res"
+    with pytest.raises(PycLabError, match="takes a bias"):
+        ConvKernel("f32", 2, False, "relu", residual=True)
+    with pytest.raises(PycLabError, match="no bias, residual or activation"):
+        ConvKernel("f32", 2, direction="dgrad", residual=True)
+    g = ConvGeometry.from_channels_first((2, 64, 9, 9), (64, 64, 1, 1), (1, 1), (0, 0),
+                                         (1, 1))
+    assert "add no residual" in g.issue(ConvKernel("f16", 2, True, residual=True))
+    with pytest.raises(PycLabError, match="add no residual"):
+        emit_conv_source(ConvConfig(), ConvKernel("f16", 2, True, residual=True))
+    hopper = build_conv(ConvConfig(), ConvKernel("f16", 2, True, residual=True))
+    assert hopper.status == "compile_error" and "add no residual" in hopper.message
+    assert cached_conv(ConvConfig(), ConvKernel("f16", 2, True, residual=True)) is None
+    src = emit_conv2x_source(Conv2xConfig(), kernel, 4, 4)
+    assert "#define PYC_RESIDUAL 1" in src and "#define PYC_BIAS 1" in src
+    assert "DefaultConv2dFpropWithBroadcast" in src  # the native text's residual branch
+    assert "#define PYC_RESIDUAL 0" in emit_conv2x_source(Conv2xConfig(),
+                                                          ConvKernel("f32", 2, True), 4, 4)
+    assert "reads pixels outside" in STEM.issue(ConvKernel("f16", 2, True, residual=True), 3)
+    # a stem's few channels have only such iterators: nothing to tune, pl.conv adds after
+    assert conv2x_configs(ConvKernel("f16", 2, True, residual=True), 3, 64) == []
+    wide = conv2x_configs(kernel, 64, 256)
+    assert wide and all(c.iterator == "optimized" for c in wide)
+
+
+def test_a_residual_kernel_binds_the_residual_with_each_launch_and_slice():
+    """The residual's pointer is bound before each initialise — moved by whole output
+    images with the output over slices of the batch — and a residual kernel refuses a
+    call without one (a plain kernel one with one)."""
+    conv = _unloaded(limit=3 * 5 * 5 * 8 * 4, residual=True)
+    g = ConvGeometry.from_channels_first((7, 8, 5, 5), (8, 8, 1, 1), (1, 1), (0, 0), (1, 1))
+    out_image = 5 * 5 * 8 * 4
+    conv.run(g, 1000, 7, 11, 9000, 0, 50000)
+    assert conv._lib.residuals == [50000, 50000 + 3 * out_image, 50000 + 6 * out_image]
+    assert [y for _, _, y in conv._lib.initialized] == [9000, 9000 + 3 * out_image,
+                                                        9000 + 6 * out_image]
+    conv.run(g, 1000, 7, 11, 9000, 0, 50000)  # the same pointers: bound already
+    assert len(conv._lib.residuals) == 3 + 3  # each slice binds again (one handle)
+    with pytest.raises(PycLabError, match="a residual is needed"):
+        conv.run(g, 1000, 7, 11, 9000, 0)
+    plain = _unloaded(residual=False)
+    plain.kernel = ConvKernel("f32", 2, True)
+    with pytest.raises(PycLabError, match="a residual is not taken"):
+        plain.run(g, 1000, 7, 11, 9000, 0, 50000)
+
+
+@pytest.mark.nvcc
+def test_a_residual_kernel_builds_and_says_so(tmp_path):
+    """nvcc builds the 3xTF32 residual kernel (bias, relu) for sm_90a; the library says
+    it adds a residual, takes a ResNet block's last 1x1 layer, and loads as one."""
+    kernel = ConvKernel("f32", 2, True, "relu", residual=True)
+    cfg = conv2x_configs(kernel, 64, 256)[0]
+    res = build_conv2x(cfg, kernel, 4, cc=90, cache=KernelCache(tmp_path), align_out=4)
+    assert res.ok and res.status == "built", res.message
+    lib = ctypes.CDLL(str(res.library))
+    _declare_conv(lib)
+    assert lib.pyc_conv_has_residual() == 1 and lib.pyc_conv_has_bias() == 1
+    layer = ConvGeometry.from_channels_first((8, 64, 56, 56), (256, 64, 1, 1), (1, 1),
+                                             (0, 0), (1, 1))
+    assert lib.pyc_conv_can_implement(*layer.arrays()) == 0
+    handle = lib.pyc_conv_create()
+    lib.pyc_conv_set_residual(handle, 12345)
+    lib.pyc_conv_destroy(handle)

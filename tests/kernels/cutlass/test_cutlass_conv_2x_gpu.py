@@ -41,6 +41,9 @@ KERNELS = {
     # float32: at its own accuracy (3xTF32), and as TF32 for contrast
     "f32_bias_relu": (ConvKernel("f32", 2, True, "relu"), 64, 64),
     "tf32": (ConvKernel("tf32", 2), 64, 64),
+    # a residual block's sum in the epilogue: relu(conv + bias + r), and without relu
+    "f32_bias_res_relu": (ConvKernel("f32", 2, True, "relu", residual=True), 64, 64),
+    "f16_bias_res": (ConvKernel("f16", 2, True, residual=True), 64, 64),
 }
 
 
@@ -90,14 +93,18 @@ def _reference(x, w, b, stride, pad, activation):
     return y.permute(0, 2, 3, 1).numpy()
 
 
-def _run(conv, x, w, b, stride, pad):
-    """Run ``conv`` on channels-first tensors into a NaN-poisoned output."""
+def _run(conv, x, w, b, stride, pad, r=None, in_place=False):
+    """Run ``conv`` on channels-first tensors into a NaN-poisoned output (``r``: a
+    residual kernel's residual, channels last; ``in_place``: the output written over
+    a copy of it)."""
     g = ConvGeometry.from_channels_first(x.shape, w.shape, stride, pad, (1, 1))
     xl = x.permute(0, 2, 3, 1).contiguous()
     wl = w.permute(0, 2, 3, 1).contiguous()
-    y = torch.full(g.out_shape, float("nan"), device="cuda", dtype=x.dtype)
+    y = r.clone() if in_place else \
+        torch.full(g.out_shape, float("nan"), device="cuda", dtype=x.dtype)
+    rp = None if r is None else (y if in_place else r).data_ptr()
     conv.run(g, xl.data_ptr(), wl.data_ptr(), None if b is None else b.data_ptr(),
-             y.data_ptr(), torch.cuda.current_stream().cuda_stream)
+             y.data_ptr(), torch.cuda.current_stream().cuda_stream, rp)
     torch.cuda.synchronize()
     return y.float().cpu().numpy()
 
@@ -190,6 +197,50 @@ def test_nan_reaches_the_outputs_that_read_it_and_kernel_call_keeps_it_there(ker
     got = kernel_call(stem, g)(xc, w, None).permute(0, 2, 3, 1).float().cpu().numpy()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * np.nanmax(np.abs(want)))
+
+
+@pytest.mark.parametrize(("name", "xs", "ws", "stride", "pad"), [
+    ("f32_bias_res_relu", (3, 64, 14, 14), (64, 64, 1, 1), (1, 1), (0, 0)),
+    ("f32_bias_res_relu", (2, 64, 15, 13), (72, 64, 3, 3), (2, 1), (1, 1)),
+    ("f16_bias_res", (2, 64, 9, 11), (64, 64, 3, 3), (1, 1), (1, 1)),
+])
+def test_a_residual_kernel_adds_the_residual_after_the_bias(kernels, name, xs, ws, stride,
+                                                            pad):
+    """``act(conv + bias + r)`` in the epilogue, against float64 (the sum before the
+    relu): NaN-poisoned output, NaN, +-inf and -0.0 in the residual where the reference
+    has them; the same answer written over the residual itself (each element read
+    before it is written), and through slices of the batch; refused without its
+    residual."""
+    conv = kernels[name]
+    dt = torch.float32 if conv.kernel.dtype == "f32" else torch.float16
+    tol = 2e-5 if dt == torch.float32 else 1e-2
+    x = (torch.rand(xs, device="cuda") * 2 - 1).to(dt)
+    w = ((torch.rand(ws, device="cuda") * 2 - 1) / np.sqrt(np.prod(ws[1:]))).to(dt)
+    b = (torch.rand(ws[0], device="cuda") * 2 - 1).to(dt)
+    g = ConvGeometry.from_channels_first(xs, ws, stride, pad, (1, 1))
+    r = (torch.rand(g.out_shape, device="cuda") * 2 - 1).to(dt)  # channels last
+    flat = r.view(-1)
+    flat[[5, 77, 150, 301]] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0],
+                                           device="cuda", dtype=dt)
+    want = _reference(x, w, b, stride, pad, None) + r.double().cpu().numpy()
+    if conv.kernel.activation == "relu":
+        want = np.where(np.isnan(want), want, np.maximum(want, 0))
+    got = _run(conv, x, w, b, stride, pad, r)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    scale = np.abs(want[finite]).max()
+    assert np.abs(got[finite] - want[finite]).max() <= tol * scale
+    assert np.isnan(got).sum() == 1  # only the NaN's own output
+    np.testing.assert_array_equal(_run(conv, x, w, b, stride, pad, r, in_place=True), got)
+    conv.max_tensor_bytes = max(prod(g.act[1:]), prod(g.out_shape[1:])) * r.element_size()
+    try:
+        assert len(conv.slices(g)) == xs[0]
+        np.testing.assert_array_equal(_run(conv, x, w, b, stride, pad, r), got)
+    finally:
+        del conv.max_tensor_bytes
+    with pytest.raises(pl.PycLabError, match="a residual is needed"):
+        _run(conv, x, w, b, stride, pad)
 
 
 def test_rebinding_and_refusals(kernels):
@@ -428,6 +479,61 @@ def test_a_compiled_channels_last_conv_records_the_tuned_kernel(monkeypatch,
                       torch.from_numpy(w), torch.from_numpy(b), (1, 1), (1, 1), "relu")
     got = cp.asnumpy(out)
     assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
+
+
+def test_a_compiled_residual_block_records_the_tuned_residual_kernel(monkeypatch,
+                                                                     fresh_conv_state):
+    """``relu(conv(x) + r)`` in a compiled channels-last program folds into one conv
+    node; tuned with ``residual=True`` (its candidates checked against exact cuDNN plus
+    torch's add), the race offers the residual kernel and the replay records it: one
+    CUDA graph, the residual read in the epilogue, within float32 rounding of float64
+    on new inputs each replay."""
+    from pyc_lab.kernels import conv_gemm
+
+    kern = ConvKernel("f32", 2, True, "relu", residual=True)
+    first = conv2x_configs(kern, 64, 64)[0]  # the build of the kernels fixture
+    xs, ws = (3, 64, 17, 23), (64, 64, 3, 3)
+    res = pl.autotune_conv(xs, ws, stride=1, padding=1, dtype="f32", bias=True,
+                           activation="relu", residual=True,
+                           restrict=lambda c: c == first, repeats=5)
+    assert res.recorded and res.best is not None and res.best.ok, res.table
+    assert res.problem.op == "conv2d_fprop_bias_res_relu"
+    _pin(res, first)
+    monkeypatch.setattr(conv_gemm, "keeps", lambda cand, lib: True)  # the race keeps it
+    monkeypatch.setattr(conv_gemm, "_eligible", lambda *a: False)  # over the GEMM form
+    rng = np.random.default_rng()
+    w = (rng.standard_normal(ws) / 24).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+
+    def block(x, w, b, r):
+        y = pl.conv2d(x, w, b, padding=1, layout="channels_last")
+        return np.maximum(y + r, np.float32(0))
+
+    f = pl.compile(block, backend="cupy", cuda_graph=True)
+    wc, bc = cp.asarray(w), cp.asarray(b)
+    shape_x, shape_y = (xs[0], *xs[2:], xs[1]), (xs[0], *xs[2:], ws[0])
+    for k in range(4):
+        x = rng.standard_normal(shape_x).astype(np.float32)
+        r = rng.standard_normal(shape_y).astype(np.float32)
+        got = cp.asnumpy(f(cp.asarray(x), wc, bc, cp.asarray(r)))
+        y64 = _reference(torch.from_numpy(x.transpose(0, 3, 1, 2).copy()),
+                         torch.from_numpy(w), torch.from_numpy(b), (1, 1), (1, 1), None)
+        want = np.maximum(y64 + r, 0)
+        assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max(), k
+    convs = [n for n in f.explain(cp.asarray(x), wc, bc, cp.asarray(r)).graph.nodes.values()
+             if n.op == "conv"]
+    assert len(convs) == 1 and convs[0].attrs.get("residual") is True
+    from pyc_lab.kernels.conv_library import tf32_allowed
+
+    with tf32_allowed(False):
+        choice = conv_gemm.choice_for_cupy(
+            cp.empty(shape_x, np.float32).transpose(0, 3, 1, 2), wc, bc, (1, 1), (1, 1),
+            (1, 1), 1, "relu", True)
+    assert choice is not None and choice["impl"] == "cutlass", choice
+    assert first.id in choice["cutlass_kernel"]
+    exe = f._fast.artifact.runner
+    assert exe._program is not None
+    assert [kind for kind, _ in exe._program.program] == ["graph"]
 
 
 def test_a_graph_records_the_tuned_kernel_where_it_is_cheaper_there(monkeypatch,

@@ -41,9 +41,9 @@ def test_a_gradient_kernel_is_named_and_refuses_an_epilogue():
     assert ConvKernel("bf16", 2, direction="dgrad").op == "conv2d_dgrad"
     assert ConvKernel("f16", 1, direction="wgrad").op == "conv1d_wgrad"
     assert ConvKernel("f16", 2, True, "relu").op == "conv2d_fprop_bias_relu"
-    with pytest.raises(PycLabError, match="no bias or activation"):
+    with pytest.raises(PycLabError, match="no bias, residual or activation"):
         ConvKernel("f16", 2, True, direction="wgrad")
-    with pytest.raises(PycLabError, match="no bias or activation"):
+    with pytest.raises(PycLabError, match="no bias, residual or activation"):
         ConvKernel("f16", 2, activation="relu", direction="dgrad")
     with pytest.raises(PycLabError, match="direction"):
         ConvKernel("f16", 2, direction="backward")
