@@ -108,15 +108,14 @@ using OutputOp = cutlass::epilogue::thread::LinearCombinationGeneric<
 #endif
 using Tile = cutlass::gemm::GemmShape<PYC_TILE_M, PYC_TILE_N, PYC_TILE_K>;
 using Warp = cutlass::gemm::GemmShape<PYC_WARP_M, PYC_WARP_N, PYC_WARP_K>;
+// the forward kernel: with a residual, the same mainloop under the broadcast epilogue
 #if PYC_RESIDUAL
-using Kernel = typename cutlass::conv::kernel::DefaultConv2dFpropWithBroadcast<
-    Element, Layout, Element, Layout, Element, Layout, ElementAcc,
-    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile, Warp, Instruction, OutputOp,
-    cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<4>, PYC_STAGES,
-    PYC_MATH, PYC_ITERATOR, cutlass::conv::StrideSupport::kStrided,
-    PYC_ALIGN, PYC_ALIGN>::Kernel;
-#elif PYC_OP_ID == 0
-using Kernel = typename cutlass::conv::kernel::DefaultConv2dFprop<
+#define PYC_FPROP cutlass::conv::kernel::DefaultConv2dFpropWithBroadcast
+#else
+#define PYC_FPROP cutlass::conv::kernel::DefaultConv2dFprop
+#endif
+#if PYC_OP_ID == 0
+using Kernel = typename PYC_FPROP<
     Element, Layout, Element, Layout, Element, Layout, ElementAcc,
     cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile, Warp, Instruction, OutputOp,
     cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<4>, PYC_STAGES,

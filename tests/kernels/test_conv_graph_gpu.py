@@ -26,16 +26,21 @@ _PROBLEMS = [((2, 32, 9, 7), (24, 32, 1, 1), 1, 0),
              ((1, 64, 7, 7), (64, 64, 3, 3), 2, 1)]
 
 
-@pytest.fixture
-def gemm_wins(monkeypatch):
-    """The race times cuDNN and the GEMM form only, the GEMM form cheaper by the race's
-    rules (its GPU time and host time both below cuDNN's)."""
+def _race_won_by(monkeypatch, form):
+    """The race times cuDNN and ``form`` (``"gemm"`` or ``"direct"``) only, ``form``
+    cheaper by the race's rules (its GPU time and host time both below cuDNN's)."""
     monkeypatch.setattr(conv_gemm, "_CHOICES", {})
     monkeypatch.setattr(conv_gemm, "_RUNNERS", {})
     monkeypatch.setattr(conv_gemm, "_tuned", lambda *a, **k: (None, "not in this test"))
-    monkeypatch.setattr(conv_gemm, "_direct_eligible", lambda *a: False)
-    timed = [(0.10, 0.10, 0.06), (0.05, 0.05, 0.04)]  # cuDNN, the GEMM form
+    other = "_direct_eligible" if form == "gemm" else "_eligible"
+    monkeypatch.setattr(conv_gemm, other, lambda *a: False)
+    timed = [(0.10, 0.10, 0.06), (0.05, 0.05, 0.04)]  # cuDNN, the form
     monkeypatch.setattr(conv_gemm, "time_calls", lambda runs, device: timed[:len(runs)])
+
+
+@pytest.fixture
+def gemm_wins(monkeypatch):
+    _race_won_by(monkeypatch, "gemm")
 
 
 @pytest.mark.parametrize(("dtype", "held_last"), [("float32", False), ("float32", True),
@@ -87,22 +92,10 @@ def test_the_gemm_form_is_recorded_and_matches_float64(gemm_wins, dtype, xs, ws,
     assert [kind for kind, _ in exe._program.program] == ["graph"]
 
 
-@pytest.fixture
-def direct_wins(monkeypatch):
-    """The race times cuDNN and the direct kernel only, the direct kernel cheaper."""
-    monkeypatch.setattr(conv_gemm, "_CHOICES", {})
-    monkeypatch.setattr(conv_gemm, "_RUNNERS", {})
-    monkeypatch.setattr(conv_gemm, "_tuned", lambda *a, **k: (None, "not in this test"))
-    monkeypatch.setattr(conv_gemm, "_eligible", lambda *a: False)
-    timed = [(0.10, 0.10, 0.06), (0.05, 0.05, 0.04)]  # cuDNN, the direct kernel
-    monkeypatch.setattr(conv_gemm, "time_calls", lambda runs, device: timed[:len(runs)])
-
-
 @pytest.mark.parametrize("form", ["gemm", "direct", "cudnn"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("activation", [None, "relu"])
-def test_a_residual_block_in_a_graph_matches_float64(request, monkeypatch, form, dtype,
-                                                     activation):
+def test_a_residual_block_in_a_graph_matches_float64(monkeypatch, form, dtype, activation):
     """``act(conv(x) + b + r)`` folded into one conv node: recorded as the GEMM form or
     the direct kernel followed by one ``act(y + r)`` kernel in the same graph (cuDNN:
     between graphs, the residual and activation added by torch), on fresh inputs and
@@ -112,7 +105,7 @@ def test_a_residual_block_in_a_graph_matches_float64(request, monkeypatch, form,
         monkeypatch.setattr(conv_gemm, "_RUNNERS", {})
         monkeypatch.setattr(conv_gemm, "keeps", lambda cand, lib: False)
     else:
-        request.getfixturevalue(f"{form}_wins")
+        _race_won_by(monkeypatch, form)
     rng = np.random.default_rng()
     t = np.dtype(dtype)
     xs, ws, stride, pad = (2, 16, 11, 9), (24, 16, 3, 3), 1, 1

@@ -431,17 +431,9 @@ def test_a_compiled_channels_last_conv_records_the_tuned_kernel(monkeypatch,
     a filter written in place, within float32 rounding of float64; between graphs
     (``bound_conv``), the channels-last call is bound once too."""
     from pyc_lab.kernels import conv as kconv
-    from pyc_lab.kernels import conv_gemm
 
-    kern = ConvKernel("f32", 2, True, "relu")
-    first = conv2x_configs(kern, 64, 64)[0]
     xs, ws = (3, 64, 17, 23), (64, 64, 3, 3)
-    res = pl.autotune_conv(xs, ws, stride=1, padding=1, dtype="f32", bias=True,
-                           activation="relu", restrict=lambda c: c == first, repeats=5)
-    assert res.recorded and res.best is not None and res.best.ok, res.table
-    _pin(res, first)
-    monkeypatch.setattr(conv_gemm, "keeps", lambda cand, lib: True)  # the race keeps it
-    monkeypatch.setattr(conv_gemm, "_eligible", lambda *a: False)  # over the GEMM form
+    _tune_and_keep(monkeypatch, xs, ws)
     rng = np.random.default_rng()
     w = (rng.standard_normal(ws) / 24).astype(np.float32)
     b = rng.standard_normal(64).astype(np.float32)
@@ -490,17 +482,9 @@ def test_a_compiled_residual_block_records_the_tuned_residual_kernel(monkeypatch
     on new inputs each replay."""
     from pyc_lab.kernels import conv_gemm
 
-    kern = ConvKernel("f32", 2, True, "relu", residual=True)
-    first = conv2x_configs(kern, 64, 64)[0]  # the build of the kernels fixture
     xs, ws = (3, 64, 17, 23), (64, 64, 3, 3)
-    res = pl.autotune_conv(xs, ws, stride=1, padding=1, dtype="f32", bias=True,
-                           activation="relu", residual=True,
-                           restrict=lambda c: c == first, repeats=5)
-    assert res.recorded and res.best is not None and res.best.ok, res.table
+    res, first = _tune_and_keep(monkeypatch, xs, ws, residual=True)
     assert res.problem.op == "conv2d_fprop_bias_res_relu"
-    _pin(res, first)
-    monkeypatch.setattr(conv_gemm, "keeps", lambda cand, lib: True)  # the race keeps it
-    monkeypatch.setattr(conv_gemm, "_eligible", lambda *a: False)  # over the GEMM form
     rng = np.random.default_rng()
     w = (rng.standard_normal(ws) / 24).astype(np.float32)
     b = rng.standard_normal(64).astype(np.float32)
@@ -578,6 +562,24 @@ def test_a_graph_records_the_tuned_kernel_where_it_is_cheaper_there(monkeypatch,
     exe = f._fast.artifact.runner
     assert exe._program is not None
     assert [kind for kind, _ in exe._program.program] == ["graph"]
+
+
+def _tune_and_keep(monkeypatch, xs, ws, residual=False):
+    """Tune the f32 bias + relu problem (``residual``: with it) over the first
+    configuration the fixture built, pin it as the winner and make ``pl.conv``'s race
+    keep it over cuDNN and the GEMM form; ``(result, config)``."""
+    from pyc_lab.kernels import conv_gemm
+
+    first = conv2x_configs(ConvKernel("f32", 2, True, "relu", residual=residual),
+                           xs[1], ws[0])[0]
+    res = pl.autotune_conv(xs, ws, stride=1, padding=1, dtype="f32", bias=True,
+                           activation="relu", residual=residual,
+                           restrict=lambda c: c == first, repeats=5)
+    assert res.recorded and res.best is not None and res.best.ok, res.table
+    _pin(res, first)
+    monkeypatch.setattr(conv_gemm, "keeps", lambda cand, lib: True)  # the race keeps it
+    monkeypatch.setattr(conv_gemm, "_eligible", lambda *a: False)  # over the GEMM form
+    return res, first
 
 
 def _pin(res, config):
