@@ -384,20 +384,31 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
     if layout == "channels_last":  # viewed channels first, as the race saw them
         xt, ot = _to_first(xt, nd), _to_first(ot, nd)
         rt = None if rt is None else _to_first(rt, nd)
+    problem = (stride_t, pads, dilation_t, groups)
+    plain = None
     with tf32_allowed(tf32):
-        run, final = conv_gemm.prepare(xt, wt, bt, stride_t, pads, dilation_t, groups,
-                                       activation, rt)
+        run, final = conv_gemm.prepare(xt, wt, bt, *problem, activation, rt)
+        if final and rt is not None:
+            choice = conv_gemm.choice_for(xt, wt, bt, *problem, activation, True)
+            if choice is None or choice.get("impl") != "cutlass":
+                # no kernel reads the residual: the convolution alone, then the sum
+                # written into the output (no copy of a summed result across)
+                plain, final = conv_gemm.prepare(xt, wt, bt, *problem)
     if not final:
         return None
     stream_of_cupy = arrays.torch_stream_of_cupy
 
     def call() -> None:
         with tf32_allowed(tf32), torch.cuda.stream(stream_of_cupy()):
-            y = run(xt, wt, bt, rt)
+            y = run(xt, wt, bt, rt) if plain is None else plain(xt, wt, bt)
             if tuple(y.shape) != tuple(ot.shape):
                 raise PycLabError(f"pl.conv: a bound call gave shape {tuple(y.shape)}, "
                                   f"its output is {tuple(ot.shape)}")
-            ot.copy_(y)
+            if plain is None:
+                ot.copy_(y)
+            else:
+                torch.add(y, rt, out=ot)
+                torch_activation(ot, activation)
 
     return call
 
