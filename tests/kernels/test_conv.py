@@ -236,3 +236,25 @@ def test_a_residual_of_another_shape_kind_or_dtype_is_refused():
         pl.conv(x, w, residual=np.ones((2, 4, 6, 6), np.float64))
     with pytest.raises(PycLabError, match="residual is a list"):
         pl.conv(x, w, residual=[[1.0]])
+
+
+def test_then_keeps_a_kernels_launch_only_where_nothing_runs_around_it():
+    """``_then`` without an activation or residual calls ``fn`` alone and keeps its
+    ``launch`` (a tuned kernel a CUDA graph may record); with either after it, the
+    wrapper has none (the graph would miss what runs after the launch)."""
+    from pyc_lab.kernels.conv_gemm import _then
+
+    seen = []
+
+    def fn(x, w, b):
+        seen.append((x, w, b))
+        return "y"
+
+    fn.launch = ("kernel", "geometry")
+    plain = _then(fn, None)
+    assert plain(1, 2, 3, "r ignored") == "y" and seen == [(1, 2, 3)]
+    assert plain.launch == ("kernel", "geometry")
+    for wrapped in (_then(fn, "relu"), _then(fn, None, True),
+                    _then(fn, "relu", fused_residual=True)):
+        assert getattr(wrapped, "launch", None) is None
+    assert _then(lambda x, w, b: "z", None).launch is None
