@@ -92,7 +92,7 @@ def conv_gemm_recorded(attrs: dict[str, Any]) -> bool:
 def _shape(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[int, ...]:
     dtypes = {np.dtype(i.dtype) for i in inputs}
     if len(dtypes) != 1:
-        raise ShapeError(f"conv: x, w (and bias) must share one dtype, got "
+        raise ShapeError(f"conv: x, w (and bias, residual) must share one dtype, got "
                          f"{sorted(str(d) for d in dtypes)}; cast them first")
     x, w, bias = _operands(inputs, attrs)
     try:

@@ -263,8 +263,8 @@ def conv_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
 
 def _check_operands(x: Any, w: Any, bias: Any, residual: Any = None) -> None:
     """Arrays of one kind, device and floating dtype, or a clear error."""
-    for name, a in (("x", x), ("w", w)) + ((("residual", residual),) if residual is not None
-                                           else ()):
+    named = [("x", x), ("w", w)] + ([("residual", residual)] if residual is not None else [])
+    for name, a in named:
         if not hasattr(a, "shape") or not hasattr(a, "dtype"):
             raise PycLabError(f"pl.conv: {name} is a {type(a).__name__}, not an array")
     parts = [a for a in (x, w, bias, residual) if a is not None]
@@ -305,7 +305,6 @@ def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
         stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
     _check_residual(residual, shape)
     nd = len(w.shape) - 2
-    res = residual is not None
     if layout == "channels_last":  # raced (on a GPU) and run as the kernels see it
         x = _to_first(x, nd)
         residual = None if residual is None else _to_first(residual, nd)
@@ -329,11 +328,11 @@ def _plan(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
     if kind == "torch":
         def plan(x: Any, w: Any, bias: Any, r: Any = None) -> Any:
             return run(x.permute(*to_first), w, bias,
-                       r.permute(*to_first) if res else None).permute(*to_last)
+                       None if r is None else r.permute(*to_first)).permute(*to_last)
     else:
         def plan(x: Any, w: Any, bias: Any, r: Any = None) -> Any:
             return run(x.transpose(to_first), w, bias,
-                       r.transpose(to_first) if res else None).transpose(to_last)
+                       None if r is None else r.transpose(to_first)).transpose(to_last)
     return plan, final
 
 
@@ -384,18 +383,14 @@ def bound_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1, padding:
     if layout == "channels_last":  # viewed channels first, as the race saw them
         xt, ot = _to_first(xt, nd), _to_first(ot, nd)
         rt = None if rt is None else _to_first(rt, nd)
-    problem = (stride_t, pads, dilation_t, groups)
-    plain = None
     with tf32_allowed(tf32):
-        run, final = conv_gemm.prepare(xt, wt, bt, *problem, activation, rt)
-        if final and rt is not None:
-            choice = conv_gemm.choice_for(xt, wt, bt, *problem, activation, True)
-            if choice is None or choice.get("impl") != "cutlass":
-                # no kernel reads the residual: the convolution alone, then the sum
-                # written into the output (no copy of a summed result across)
-                plain, final = conv_gemm.prepare(xt, wt, bt, *problem)
+        run, final = conv_gemm.prepare(xt, wt, bt, stride_t, pads, dilation_t, groups,
+                                       activation, rt)
     if not final:
         return None
+    # a residual no kernel reads: the convolution alone, then the sum written into the
+    # output (no copy of a summed result across)
+    plain = getattr(run, "unfused", None)
     stream_of_cupy = arrays.torch_stream_of_cupy
 
     def call() -> None:

@@ -422,7 +422,9 @@ def _then(fn: Callable[..., Any], activation: str | None, residual: bool = False
           fused_residual: bool = False) -> Callable[..., Any]:
     """``run(x, w, b, r=None)``: ``fn(x, w, b)`` followed by the residual ``r`` added
     (where ``residual``) and ``activation``, in place on ``fn``'s fresh result;
-    ``fused_residual``: ``fn(x, w, b, r)`` adds it itself."""
+    ``fused_residual``: ``fn(x, w, b, r)`` adds it itself. ``run.unfused`` is ``fn``
+    where the residual is added after it (else ``None``), ``run.launch`` a tuned
+    kernel's launch where nothing runs around it."""
     if fused_residual:
         def fused(x: Any, w: Any, b: Any, r: Any = None) -> Any:
             return torch_activation(fn(x, w, b, r), activation)
@@ -442,6 +444,9 @@ def _then(fn: Callable[..., Any], activation: str | None, residual: bool = False
             y = y.add_(r)
         return torch_activation(y, activation)
 
+    # the convolution alone where the residual is added after it: a caller with an
+    # output of its own adds it there (no summed result copied across)
+    run.unfused = fn if residual else None  # type: ignore[attr-defined]
     return run
 
 

@@ -96,7 +96,7 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
         if choice is None:
             continue
         forms = {"direct": lambda: None if res and x.dtype.name not in GEMM_DTYPES else
-                 _then(_direct(first, w, bias, out_first, problem,
+                 _chain(_direct(first, w, bias, out_first, problem,
                                None if res else activation), after if res else None)}
         if tuned is not None and not tuned[0].workspace_bytes(tuned[1]):
             fused = (act, key_res) == (activation, res)
@@ -125,7 +125,7 @@ def _after(out: Any, residual: Any, activation: str | None) -> Callable[[], None
     return lambda: add(out, residual, out)
 
 
-def _then(call: Callable[[], None] | None,
+def _chain(call: Callable[[], None] | None,
           after: Callable[[], None] | None) -> Callable[[], None] | None:
     """``call`` followed by ``after`` (``call`` itself without one; ``None`` without a
     call)."""
@@ -143,7 +143,7 @@ def _tuned_then(x: Any, w: Any, bias: Any, out: Any, tuned: tuple[Any, Any],
                 residual: Any, after: Callable[[], None] | None) -> Callable[[], None]:
     """:func:`_tuned`, then ``after`` (the residual and activation a kernel tuned without
     them leaves)."""
-    return _then(_tuned(x, w, bias, out, tuned, residual), after)
+    return _chain(_tuned(x, w, bias, out, tuned, residual), after)
 
 
 def _direct(x: Any, w: Any, bias: Any, out: Any, problem: tuple[Any, ...],

@@ -157,14 +157,22 @@ def _fold_conv_residuals(graph: Graph, ctx: PassContext) -> bool:
         if try_infer("conv", [graph.nodes[i] for i in inputs], attrs) \
                 != (add.shape, add.dtype):
             continue
-        new = graph.insert_before(add.id, "conv", inputs, attrs)
-        graph.replace_uses(add.id, new.id)
-        prune(graph, [add.id, cv.id])
+        new = _replace_conv(graph, cv, add, inputs, attrs)
         users = graph.users()
         ctx.note(f"{NAME}: folded the residual add %{add.id} (of %{other}) into conv "
                  f"%{cv.id} (now %{new.id})")
         changed = True
     return changed
+
+
+def _replace_conv(graph: Graph, cv: Node, user: Node, inputs: list[int],
+                  attrs: dict) -> Node:
+    """A new conv node of ``inputs`` and ``attrs`` in place of ``user`` (the conv's one
+    reader), the two pruned."""
+    new = graph.insert_before(user.id, "conv", inputs, attrs)
+    graph.replace_uses(user.id, new.id)
+    prune(graph, [user.id, cv.id])
+    return new
 
 
 def _fold_conv_activations(graph: Graph, ctx: PassContext) -> bool:
@@ -186,9 +194,7 @@ def _fold_conv_activations(graph: Graph, ctx: PassContext) -> bool:
         if try_infer("conv", [graph.nodes[i] for i in cv.inputs], attrs) \
                 != (user.shape, user.dtype):
             continue
-        new = graph.insert_before(user.id, "conv", list(cv.inputs), attrs)
-        graph.replace_uses(user.id, new.id)
-        prune(graph, [user.id, cv.id])
+        new = _replace_conv(graph, cv, user, list(cv.inputs), attrs)
         users = graph.users()
         ctx.note(f"{NAME}: folded {act} %{user.id} into conv %{cv.id} (now %{new.id})")
         changed = True

@@ -254,13 +254,13 @@ class ConvRunner(CandidateRows):
         self._w = uniform(*g.flt)                      # (K, *kernel, C)
         self._dy = uniform(*g.out_shape) if direction != "fprop" else None  # (N, *out, K)
         self._b = uniform(g.flt[0]) if self.kernel.bias else None
-        self._r = uniform(*g.out_shape) if self.kernel.residual else None  # (N, *out, K)
+        r = uniform(*g.out_shape) if self.kernel.residual else None  # (N, *out, K)
         self._y = torch.empty(self.kernel.operands(g)[2], device="cuda", dtype=dt)
         nd = g.spatial
         to_first = (0, nd + 1, *range(1, nd + 1))
         xf, wf = self._x.permute(*to_first), self._w.permute(*to_first)
         dyf = None if self._dy is None else self._dy.permute(*to_first)
-        rf = self._rf = None if self._r is None else self._r.permute(*to_first)
+        rf = self._rf = None if r is None else r.permute(*to_first)
         self._first = (xf, wf)
         fn = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d,
               3: torch.nn.functional.conv3d}[nd]
