@@ -171,6 +171,13 @@ __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __res
   }
 }
 
+// The longest reduction a row-kernel build of OT channels keeps in its 48 KiB of static
+// shared memory: PYC_DIRECT_TAPS, or fewer for the wide builds (384 at OT = 32).
+template <int OT>
+constexpr int pyc_direct_row_taps() {
+  return OT * PYC_DIRECT_TAPS * 4 <= 49152 ? PYC_DIRECT_TAPS : 49152 / (4 * OT);
+}
+
 // pyc_conv_direct_rows<KIND, OT, PT, ACT, S, SW>: the same convolution for filters at most
 // S wide along the last axis (dilation 1 there) and a stride SW along it, each thread
 // computing PT consecutive outputs of one output row: for every input channel and filter
@@ -179,7 +186,9 @@ __global__ void pyc_conv_direct(const typename pyc_guard_word<KIND>::type* __res
 // loads PT x S elements for the same work). Arguments as pyc_conv_direct's (dw must be
 // 1, sw SW and s S); block x covers blockDim.x groups of PT outputs (an output row is
 // ceil(q / PT) groups; the last one may be part-empty), block y the output channels
-// y * OT .. y * OT + OT - 1. The filters sit in shared memory as in pyc_conv_direct.
+// y * OT .. y * OT + OT - 1. The filters sit in shared memory as in pyc_conv_direct;
+// a wide build (OT of 16 or 32: each input element loaded once for that many channels)
+// takes at most pyc_direct_row_taps<OT>() of them.
 template <int KIND, int OT, int PT, int ACT, int S, int SW>
 __global__ void pyc_conv_direct_rows(const typename pyc_guard_word<KIND>::type* __restrict__ x,
                                      const typename pyc_guard_word<KIND>::type* __restrict__ wt,
@@ -191,7 +200,7 @@ __global__ void pyc_conv_direct_rows(const typename pyc_guard_word<KIND>::type* 
                                      int pixels) {
   typedef typename pyc_guard_word<KIND>::type T;
   constexpr int SPAN = (PT - 1) * SW + S;
-  __align__(16) __shared__ float ws[OT * PYC_DIRECT_TAPS];
+  __align__(16) __shared__ float ws[OT * pyc_direct_row_taps<OT>()];
   const int cg = c / groups, kg = k / groups;
   const int k0 = blockIdx.y * OT;
   const int taps = cg * r * S;

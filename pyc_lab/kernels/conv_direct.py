@@ -34,8 +34,8 @@ from .conv_im2col import out_size
 from .memo import remember
 from .nvrtc import compile_module
 
-__all__ = ["MAX_TAPS", "Config", "configs", "eligible", "geometry", "launcher", "rows_fit",
-           "run", "sm_count", "split_lanes", "tile"]
+__all__ = ["MAX_TAPS", "Config", "configs", "eligible", "geometry", "launcher", "row_taps",
+           "rows_fit", "run", "sm_count", "split_lanes", "tile"]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,17 @@ def tile(out_channels_per_group: int, outputs: int, sms: int = 132) -> tuple[int
 #: (``pyc_conv_direct_rows``: consecutive outputs of a row per thread) is built for.
 ROW_WIDTHS = 8
 ROW_STRIDES = (1, 2)
+#: The row kernel's wide builds, ``(OT, PT)``: 16 or 32 output channels a thread, so that
+#: each input element is loaded once for that many channels (a 32 -> 32 layer reads its
+#: input once instead of four times); offered where the channels of a group divide by OT,
+#: the reduction fits :func:`row_taps` and the problem still fills every SM.
+WIDE_ROWS = ((16, 4), (32, 2), (32, 4))
+
+
+def row_taps(ot: int) -> int:
+    """The longest reduction a row-kernel build of ``ot`` channels keeps in its 48 KiB of
+    static shared memory (``pyc_direct_row_taps`` in ``conv_direct.cuh``)."""
+    return MAX_TAPS if ot * MAX_TAPS * 4 <= 49152 else 49152 // (4 * ot)
 
 
 @dataclass(frozen=True)
@@ -176,7 +187,8 @@ def split_lanes(taps: int) -> tuple[int, ...]:
 
 def configs(geo: tuple[int, ...], sms: int = 132) -> list[Config]:
     """The builds :func:`run`'s first call times for a problem, the default first: the
-    row kernel with 4 (and 8) outputs a thread where it fits, and the generic kernel
+    row kernel with 4 (and 8) outputs a thread where it fits (and its wide builds,
+    :data:`WIDE_ROWS`, where the problem takes them), and the generic kernel
     with the :func:`tile` pixels a thread and with the other of 1 and 4. A problem with
     fewer outputs than one block per SM at that tile (batch 1 of a small model) also
     gets the generic kernel with one or two channels and one pixel a thread: more
@@ -192,7 +204,10 @@ def configs(geo: tuple[int, ...], sms: int = 132) -> list[Config]:
     if pixels * k // ot < sms * THREADS * 8 and taps >= 12:
         generic += [Config(False, min(ot, lanes), 1, lanes) for lanes in split_lanes(taps)]
     if rows_fit(geo):
-        return [Config(True, ot, 4), Config(True, ot, 8), *generic]
+        wide = [Config(True, o, p) for o, p in WIDE_ROWS
+                if (k // groups) % o == 0 and taps <= row_taps(o)
+                and pixels * k // (o * p) >= sms * THREADS]
+        return [Config(True, ot, 4), Config(True, ot, 8), *wide, *generic]
     return generic
 
 

@@ -100,6 +100,16 @@ _TILES = [_Config(False, 8, 4), _Config(False, 8, 1), _Config(False, 4, 4),
           _Config(False, 8, 1, 32), _Config(False, 4, 1, 8), _Config(False, 4, 1, 4),
           _Config(False, 1, 1, 16)]
 
+#: The row kernel's wide builds (16 and 32 channels a thread) and problems they take: a
+#: 1-D layer of 32 channels, a 2-D one of two groups of 32, a reduction at the 32-channel
+#: build's shared-memory bound (384 taps).
+_WIDE = [_Config(True, o, p) for o, p in conv_direct.WIDE_ROWS]
+_WIDE_PROBLEMS = [
+    ((3, 5, 37), (32, 5, 3), (1,), (1,), (1,), 1),
+    ((2, 4, 6, 9), (64, 2, 3, 3), (1, 1), (1, 1), (1, 1), 2),
+    ((1, 128, 7), (32, 128, 3), (1,), (1,), (1,), 1),
+]
+
 
 def _geo(xs, ws, stride, pads, dilation, groups):
     strides = tuple(int(np.prod(xs[i + 1:])) for i in range(len(xs)))
@@ -131,6 +141,9 @@ def _instances():
     for geo in (_geo((2, 5, 9, 8), (4, 5, 3, 3), (1, 1), (1, 1), (1, 1), 1),
                 _geo((2, 3, 12), (4, 3, 3), (1,), (1,), (1,), 1)):
         add("float32", geo, conv_direct.configs(geo), (None, "relu"))
+    for prob in _WIDE_PROBLEMS:
+        for dtype in _TYPES:
+            add(dtype, _geo(*prob), _WIDE, (None, "relu"))
     return sorted(out, key=str)
 
 
@@ -253,6 +266,42 @@ def test_every_build_and_activation(library, config, activation):
     b = rng.uniform(-1, 1, 8).astype(np.float32)
     got = _run(library, x, w, b, (1,), (2,), (1,), 1, activation, config)
     _check(got, _reference(x, w, b, (1,), (2,), (1,), 1, activation), "float32", 15)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize(("xs", "ws", "stride", "pads", "dilation", "groups"), _WIDE_PROBLEMS)
+def test_wide_row_builds_match_float64(library, dtype, xs, ws, stride, pads, dilation,
+                                       groups):
+    """The 16- and 32-channel row builds, with NaN, +-inf and -0.0 among the inputs, rows
+    that leave a thread's last outputs past the row's end (37 and 9 are not multiples of
+    4) and blocks that are part-empty."""
+    rng = np.random.default_rng(len(xs) * 100 + ws[1])
+    t = _TYPES[dtype][0]
+    x = rng.uniform(-1, 1, xs).astype(t)
+    x.flat[[3, 40, 77]] = [np.nan, np.inf, -0.0]
+    w = rng.uniform(-1, 1, ws).astype(t)
+    b = rng.uniform(-1, 1, ws[0]).astype(t)
+    assert conv_direct.row_taps(32) == 384 and conv_direct.row_taps(16) == conv_direct.MAX_TAPS
+    for activation in (None, "relu"):
+        want = _reference(x, w, b, stride, pads, dilation, groups, activation)
+        assert np.isnan(want).any()
+        for config in _WIDE:
+            got = _run(library, x, w, b, stride, pads, dilation, groups, activation, config)
+            _check(got, want, dtype, int(np.prod(ws[1:])))
+
+
+def test_wide_row_builds_are_offered_where_they_fit():
+    """A large problem whose channels divide by 16 or 32 gets the wide builds; a small
+    one (fewer outputs than a block per SM at that width), channels that do not divide,
+    and a reduction past the 32-channel build's 384 taps do not (that build only)."""
+    def wide(*prob):
+        return [(c.ot, c.pt) for c in conv_direct.configs(_geo(*prob)) if c.ot > 8]
+
+    assert wide((4096, 32, 32), (32, 32, 3), (1,), (1,), (1,), 1) == list(conv_direct.WIDE_ROWS)
+    assert wide((1, 32, 32), (32, 32, 3), (1,), (1,), (1,), 1) == []
+    assert wide((4096, 32, 32), (24, 32, 3), (1,), (1,), (1,), 1) == []
+    assert wide((4096, 160, 32), (32, 160, 3), (1,), (1,), (1,), 1) == [(16, 4)]
+    assert wide((4096, 32, 32), (16, 32, 3), (1,), (1,), (1,), 1) == [(16, 4)]
 
 
 def test_no_bias_and_a_channels_last_view(library):
