@@ -300,19 +300,30 @@ def _set(setter: Any, obj: int, attr: Any, dtype_of: Any, value: Any) -> None:
 def race(runs: list[Callable[[], Any]], stream: int, rounds: int = 5) -> list[float]:
     """Median milliseconds of each of ``runs`` on ``stream``: interleaved rounds after a
     warm-up round, the L2 cache flushed before every run (a layer's operands arrive from
-    memory in a model); infinity for a run that raises (it is not run again).
+    memory in a model); infinity for a run that raises (it is not run again). A spin
+    kernel sized from the quickest host time of each run so far is queued ahead of its
+    start event (:func:`~pyc_lab.profiling.timing.spin_ahead`), so that the interval is
+    the run's GPU time — what a CUDA graph replays — and not the host's time to issue it
+    (a library path of several Python-side launches would otherwise lose by its host
+    time, more on a slower host).
 
     The never-slower choices between library calls are made with it: a cuBLASLt
     candidate against the others (:class:`LtGemm`), the direct FP8 call against
     ``torch._scaled_mm`` (:mod:`.matmul_fp8`).
     """
+    import time
+
     import cupy as cp
+
+    from ..profiling.timing import spin_ahead
 
     rt = cp.cuda.runtime
     flush = cp.cuda.Memory(FLUSH_BYTES)
+    spin_stream = cp.cuda.ExternalStream(stream)
     events = [(rt.eventCreate(), rt.eventCreate()) for _ in runs]
     times: list[list[float]] = [[] for _ in runs]
     refused = [False] * len(runs)
+    host_s = [0.0] * len(runs)  # each run's quickest time to issue so far
     try:
         for r in range(rounds + 1):
             ran = []
@@ -321,13 +332,18 @@ def race(runs: list[Callable[[], Any]], stream: int, rounds: int = 5) -> list[fl
                     continue
                 start, end = events[i]
                 rt.memsetAsync(flush.ptr, r, FLUSH_BYTES, stream)
+                if r:
+                    spin_ahead(cp, host_s[i], spin_stream)
                 rt.eventRecord(start, stream)
+                t0 = time.perf_counter()
                 try:
                     fn()
                 except Exception as exc:  # a candidate that cannot run is not chosen
                     log.debug("candidate %d refused: %s", i, exc)
                     refused[i] = True
                     continue
+                took = time.perf_counter() - t0
+                host_s[i] = took if not r else min(host_s[i], took)
                 rt.eventRecord(end, stream)
                 ran.append(i)
             rt.streamSynchronize(stream)

@@ -40,7 +40,7 @@ from ..errors import PycLabError
 from ..hardware.device import cupy_status, require_cupy
 from ..paths import native_source
 
-__all__ = ["Timing", "benchmark"]
+__all__ = ["Timing", "benchmark", "spin_ahead"]
 
 log = logging.getLogger(__name__)
 
@@ -410,6 +410,18 @@ def _spin_kernel(cp: Any, device_id: int) -> Any:
 def _spin_seconds(host_s: float) -> float:
     """How long to spin before a call that takes the host about ``host_s`` to issue."""
     return min(_SPIN_MAX_S, max(_SPIN_MIN_S, _SPIN_HOST_FACTOR * host_s))
+
+
+def spin_ahead(cp: Any, host_s: float, stream: Any) -> None:
+    """Queue the spin kernel on ``stream`` (a CuPy stream) for long enough that the host
+    can issue a call taking it about ``host_s`` behind it (at least 100 us, twice
+    ``host_s`` up to 50 ms): a start event recorded next then times the call's GPU work
+    without the host's launch gaps. Used by timers other than :func:`benchmark` that
+    bracket calls with their own events (the first-call races of library paths)."""
+    device_id = stream.device_id if getattr(stream, "device_id", -1) >= 0 \
+        else cp.cuda.Device().id
+    cycles = round(_spin_seconds(host_s) * _device_facts(cp, device_id).clock_khz * 1e3)
+    _spin_kernel(cp, device_id)((1,), (1,), (cp.int64(cycles),), stream=stream)
 
 
 def _gpu_timing(cp: Any, call: Callable[[], Any], label: str, repeats: int, warmup: int,

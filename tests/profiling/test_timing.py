@@ -505,3 +505,15 @@ def test_gpu_stream_is_current_during_the_calls():
 
     t = benchmark(fn, repeats=3, warmup=1, stream=s, gpu=True)
     assert set(seen) == {s.ptr} and all(g > 0 for g in t.gpu_s)
+
+
+def test_spin_ahead_sizes_the_spin_from_the_host_time(fake_cupy):
+    """``spin_ahead`` (what the first-call races queue before a start event): at least
+    100 us, twice the host time above that, on the given stream's device."""
+    s = fake_cupy.Stream("race", device_id=-1)
+    timing_mod.spin_ahead(fake_cupy, 10e-6, s)
+    timing_mod.spin_ahead(fake_cupy, 1e-3, s)
+    timing_mod.spin_ahead(fake_cupy, 10.0, s)
+    spins = [e[1:] for e in fake_cupy.log if e[0] == "spin"]
+    assert spins == [(100_000, s), (2_000_000, s), (50_000_000, s)]  # 1 cycle per ns
+    assert [e for e in fake_cupy.log if e[0] == "compile"] == [("compile", "pyc_spin", True)]
