@@ -316,10 +316,11 @@ def race(runs: list[Callable[[], Any]], stream: int, rounds: int = 5) -> list[fl
     import cupy as cp
 
     from ..profiling.timing import spin_ahead
+    from .arrays import cupy_stream
 
     rt = cp.cuda.runtime
     flush = cp.cuda.Memory(FLUSH_BYTES)
-    spin_stream = cp.cuda.ExternalStream(stream)
+    spin_stream = cupy_stream(stream, cp.cuda.Device().id)
     events = [(rt.eventCreate(), rt.eventCreate()) for _ in runs]
     times: list[list[float]] = [[] for _ in runs]
     refused = [False] * len(runs)

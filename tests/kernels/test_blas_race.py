@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from pyc_lab.kernels import blas_direct
+from pyc_lab.kernels import arrays, blas_direct
 from pyc_lab.profiling import timing as timing_mod
 
 
@@ -52,8 +52,9 @@ def fake(monkeypatch):
     rt = FakeRuntime(log, {0: [3.0, 1.0, 2.0], 1: [5.0, 4.0, 6.0]})
     cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
         runtime=rt, Memory=lambda n: types.SimpleNamespace(ptr=1234),
-        ExternalStream=lambda ptr: f"stream {ptr}"))
+        Device=lambda: types.SimpleNamespace(id=0)))
     monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(arrays, "cupy_stream", lambda ptr, device: f"stream {ptr}")
     monkeypatch.setattr(timing_mod, "spin_ahead",
                         lambda cp, host_s, stream: log.append(("spin", host_s, stream)))
     import time
