@@ -108,6 +108,8 @@ _WIDE_PROBLEMS = [
     ((3, 5, 37), (32, 5, 3), (1,), (1,), (1,), 1),
     ((2, 4, 6, 9), (64, 2, 3, 3), (1, 1), (1, 1), (1, 1), 2),
     ((1, 128, 7), (32, 128, 3), (1,), (1,), (1,), 1),
+    ((2, 3, 41), (16, 3, 7), (2,), (3,), (1,), 1),              # stride 2 along the row
+    ((1, 2, 11, 13), (32, 2, 3, 5), (2, 1), (2, 2), (2, 1), 1),  # strided, dilated rows
 ]
 
 
@@ -143,7 +145,8 @@ def _instances():
         add("float32", geo, conv_direct.configs(geo), (None, "relu"))
     for prob in _WIDE_PROBLEMS:
         for dtype in _TYPES:
-            add(dtype, _geo(*prob), _WIDE, (None, "relu"))
+            add(dtype, _geo(*prob), [c for c in _WIDE if (prob[1][0] // prob[5]) % c.ot == 0],
+                (None, "relu"))
     return sorted(out, key=str)
 
 
@@ -272,9 +275,10 @@ def test_every_build_and_activation(library, config, activation):
 @pytest.mark.parametrize(("xs", "ws", "stride", "pads", "dilation", "groups"), _WIDE_PROBLEMS)
 def test_wide_row_builds_match_float64(library, dtype, xs, ws, stride, pads, dilation,
                                        groups):
-    """The 16- and 32-channel row builds, with NaN, +-inf and -0.0 among the inputs, rows
-    that leave a thread's last outputs past the row's end (37 and 9 are not multiples of
-    4) and blocks that are part-empty."""
+    """The 16- and 32-channel row builds (those whose width divides a group's channels),
+    with NaN, +-inf and -0.0 among the inputs, rows that leave a thread's last outputs
+    past the row's end (37 and 9 are not multiples of 4), strides of 2 along the row,
+    dilated filter rows and blocks that are part-empty."""
     rng = np.random.default_rng(len(xs) * 100 + ws[1])
     t = _TYPES[dtype][0]
     x = rng.uniform(-1, 1, xs).astype(t)
@@ -285,7 +289,7 @@ def test_wide_row_builds_match_float64(library, dtype, xs, ws, stride, pads, dil
     for activation in (None, "relu"):
         want = _reference(x, w, b, stride, pads, dilation, groups, activation)
         assert np.isnan(want).any()
-        for config in _WIDE:
+        for config in (c for c in _WIDE if (ws[0] // groups) % c.ot == 0):
             got = _run(library, x, w, b, stride, pads, dilation, groups, activation, config)
             _check(got, want, dtype, int(np.prod(ws[1:])))
 
