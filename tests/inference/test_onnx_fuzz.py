@@ -212,12 +212,12 @@ def programs(draw: Any) -> _Program:
     return p
 
 
-def _off(got: np.ndarray, want: np.ndarray, scale: float) -> np.ndarray:
+def _off(got: np.ndarray, want: np.ndarray, atol: float) -> np.ndarray:
     """Where ``got`` is neither equal to ``want`` (infinities, NaN where NaN) nor within
-    float32 rounding of the output's scale."""
+    ``atol`` of it."""
     same = (got == want) | (np.isnan(got) & np.isnan(want))
     with np.errstate(invalid="ignore"):
-        return ~(same | (np.abs(got.astype(np.float64) - want) <= 5e-5 * scale))
+        return ~(same | (np.abs(got.astype(np.float64) - want) <= atol))
 
 
 def _reference(m: Any, feeds: dict[str, np.ndarray]) -> np.ndarray | None:
@@ -229,11 +229,23 @@ def _reference(m: Any, feeds: dict[str, np.ndarray]) -> np.ndarray | None:
         return None
 
 
-@_SETTINGS
-@given(programs())
-def test_random_programs_match_onnxruntime_both_layouts(p):
-    if not p.nodes:
-        return
+def _run(m: Any, backend: str, layout: str, feeds: dict[str, np.ndarray],
+         name: str) -> np.ndarray:
+    """The output ``name`` of ``m`` loaded on ``backend``; on the GPU the second call's
+    (the first traces and races; later ones replay the program's CUDA graphs)."""
+    model = load(m, backend=backend, layout=layout)
+    if backend == "numpy":
+        return model(feeds)[name]
+    import cupy as cp
+
+    dev = {k: cp.asarray(v) for k, v in feeds.items()}
+    model(dev)
+    return cp.asnumpy(model(dev)[name])
+
+
+def _check(p: _Program, backend: str, rtol: float) -> None:
+    """``p`` imported both ways round on ``backend`` against onnxruntime's CPU provider,
+    within ``rtol`` of the output's largest finite magnitude."""
     m = p.model()
     onnx.checker.check_model(m)
     feeds = {"x": np.random.default_rng(len(p.nodes)).standard_normal(p.input_shape)
@@ -244,15 +256,33 @@ def test_random_programs_match_onnxruntime_both_layouts(p):
     finite = np.abs(want[np.isfinite(want)])
     scale = max(float(finite.max()) if finite.size else 0.0, 1e-3)
     for layout in ("channels_first", "channels_last"):
-        got = load(m, backend="numpy", layout=layout)(feeds)[p.value]
+        got = _run(m, backend, layout, feeds, p.value)
         assert got.shape == want.shape and got.dtype == want.dtype, layout
         # close to onnxruntime, or to onnx.reference where onnxruntime rounds worse (an
         # instance norm of one value: onnxruntime's mean leaves a residue that 1/sqrt(eps)
         # scales up; the exact answer is the bias)
-        bad = _off(got, want, scale)
+        bad = _off(got, want, rtol * scale)
         if bad.any():
             ref = _reference(m, feeds)
-            bad &= _off(got, ref, scale) if ref is not None else bad
+            bad &= _off(got, ref, rtol * scale) if ref is not None else bad
         assert not bad.any(), (
             f"{layout}: {[n.op_type for n in m.graph.node]}: {int(bad.sum())} of {bad.size} "
             f"values off; e.g. {got[bad][:3]} against {want[bad][:3]} (onnxruntime)")
+
+
+@_SETTINGS
+@given(programs())
+def test_random_programs_match_onnxruntime_both_layouts(p):
+    if p.nodes:
+        _check(p, "numpy", 5e-5)
+
+
+@pytest.mark.gpu
+@settings(max_examples=60, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(programs())
+def test_random_programs_match_onnxruntime_on_the_gpu(p):
+    """The same programs on the CuPy backend (generated kernels, the library and direct
+    convolutions, CUDA graphs replayed), both layouts, against onnxruntime's CPU."""
+    if p.nodes:
+        _check(p, "cupy", 1e-4)  # sums in another order than the CPU's
