@@ -86,7 +86,9 @@ def _step(draw: Any, p: _Program) -> None:
     """One more op on the current value, chosen among those its shape takes."""
     s, r = p.shape, len(p.shape)
     kinds = ["unary", "binary", "residual", "concat", "softmax", "layernorm", "reduce",
-             "transpose", "flatten"]
+             "transpose", "flatten", "slice", "pad", "split", "where", "clip", "pow"]
+    if r <= 3 and s[-1] % 2 == 0:
+        kinds.append("reshape")
     if r == 2:
         kinds += ["gemm", "matmul", "batchnorm"]
     else:
@@ -196,6 +198,48 @@ def _step(draw: Any, p: _Program) -> None:
               **attrs)
     elif kind == "global_pool":
         p.add("GlobalAveragePool", [v], (*s[:2], *(1,) * (r - 2)))
+    elif kind == "slice":
+        axis = draw(st.integers(1, r - 1))
+        d = s[axis]
+        start = draw(st.integers(0, d - 1))
+        end = draw(st.integers(start + 1, d))
+        step = draw(st.integers(1, 2))
+        i64 = np.int64
+        p.add("Slice", [v, p.const([start], i64), p.const([end], i64), p.const([axis], i64),
+                        p.const([step], i64)],
+              (*s[:axis], -(-(end - start) // step), *s[axis + 1:]))
+    elif kind == "pad":
+        mode = draw(st.sampled_from(["constant", "edge", "reflect"]))
+        before = [0] + [draw(st.integers(0, 2 if mode != "reflect" else min(2, d - 1)))
+                        for d in s[1:]]
+        after = [0] + [draw(st.integers(0, 2 if mode != "reflect" else min(2, d - 1)))
+                       for d in s[1:]]
+        ins = [v, p.const(before + after, np.int64)]
+        if mode == "constant":
+            ins.append(p.const(np.float32(draw(st.sampled_from([0.0, -1.5])))))
+        p.add("Pad", ins, tuple(d + b + a for d, b, a in zip(s, before, after, strict=True)),
+              mode=mode)
+    elif kind == "split":  # two pieces along an axis, put back the other way round
+        axis = draw(st.integers(1, r - 1))
+        d = s[axis]
+        if d < 2:
+            return
+        k = draw(st.integers(1, d - 1))
+        first, second = f"v{len(p.nodes)}a", f"v{len(p.nodes)}b"
+        p.nodes.append(helper.make_node("Split", [v, p.const([k, d - k], np.int64)],
+                                        [first, second], name=f"n{len(p.nodes)}", axis=axis))
+        p.add("Concat", [second, first], s, axis=axis)
+    elif kind == "where":
+        mask = p.add("Greater", [v, p.const(0.1 * p.rng.standard_normal(s[-1]))], s)
+        p.add("Where", [mask, v, p.const(np.float32(-0.5))], s)
+    elif kind == "clip":
+        lo = float(draw(st.sampled_from([-1.0, -0.25])))
+        p.add("Clip", [v, p.const(np.float32(lo)), p.const(np.float32(lo + 1.5))], s)
+    elif kind == "pow":
+        p.add("Pow", [v, p.const(np.float32(draw(st.sampled_from([2.0, 3.0]))))], s)
+    elif kind == "reshape":  # the last axis as two
+        p.add("Reshape", [v, p.const([0] * (r - 1) + [2, -1], np.int64)],
+              (*s[:-1], 2, s[-1] // 2))
 
 
 @st.composite
