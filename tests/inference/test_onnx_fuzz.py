@@ -49,6 +49,8 @@ class _Program:
         self.inits: dict[str, np.ndarray] = {}
         self.value, self.shape = "x", shape
         self.input_shape = shape
+        self.shapes: dict[str, tuple[int, ...]] = {}  # every value a node made
+        self.extra: list[str] = []  # intermediates returned beside the result
 
     def const(self, array: Any, dtype: Any = np.float32) -> str:
         name = f"c{len(self.inits)}"
@@ -63,15 +65,21 @@ class _Program:
         self.nodes.append(helper.make_node(op, inputs, [out], name=f"n{len(self.nodes)}",
                                            **attrs))
         self.value, self.shape = out, shape
+        self.shapes[out] = shape
         return out
+
+    @property
+    def outputs(self) -> list[str]:
+        """The graph's outputs: the result, then the intermediates returned beside it."""
+        return [self.value, *(e for e in self.extra if e != self.value)]
 
     def model(self) -> Any:
         graph = helper.make_graph(
             self.nodes, "fuzz",
             [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                            ["N", *self.input_shape[1:]])],
-            [helper.make_tensor_value_info(self.value, TensorProto.FLOAT,
-                                           ["N", *self.shape[1:]])],
+            [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["N", *self.shapes[o][1:]])
+             for o in self.outputs],
             [numpy_helper.from_array(v, k) for k, v in self.inits.items()])
         m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
         m.ir_version = 9
@@ -127,6 +135,8 @@ def _step(draw: Any, p: _Program) -> None:
         p.add(op, [v], s, axis=draw(st.sampled_from([-1, *range(1, r)])))
     elif kind == "layernorm":
         axis = draw(st.integers(1, r - 1))
+        if int(np.prod(s[axis:])) == 1:  # as an instance norm of one value
+            return
         ins = [v, p.const(1 + 0.1 * p.rng.standard_normal(s[axis:]))]
         if draw(st.booleans()):
             ins.append(p.const(0.1 * p.rng.standard_normal(s[axis:])))
@@ -162,6 +172,8 @@ def _step(draw: Any, p: _Program) -> None:
                p.const(0.5 + p.rng.uniform(0, 1, c))], s, epsilon=1e-5)
     elif kind == "instancenorm":
         c = s[1]
+        if int(np.prod(s[2:])) == 1:  # a norm of one value: x - mean is 0, and any
+            return  # rounding of the mean is scaled up by 1 / sqrt(eps) (onnxruntime's is)
         p.add("InstanceNormalization", [v, p.const(1 + 0.1 * p.rng.standard_normal(c)),
                                         p.const(0.1 * p.rng.standard_normal(c))], s,
               epsilon=1e-5)
@@ -253,6 +265,10 @@ def programs(draw: Any) -> _Program:
         if int(np.prod(p.shape)) > 20000:  # concatenations double it: keep programs small
             break
         _step(draw, p)
+    masks = {n.output[0] for n in p.nodes if n.op_type == "Greater"}  # bool, not float
+    made = [v for v in p.shapes if v not in masks]
+    if len(made) > 1 and draw(st.booleans()):  # an intermediate or two returned as well
+        p.extra = sorted(draw(st.sets(st.sampled_from(made), min_size=1, max_size=2)))
     return p
 
 
@@ -264,27 +280,27 @@ def _off(got: np.ndarray, want: np.ndarray, atol: float) -> np.ndarray:
         return ~(same | (np.abs(got.astype(np.float64) - want) <= atol))
 
 
-def _reference(m: Any, feeds: dict[str, np.ndarray]) -> np.ndarray | None:
-    """``onnx.reference``'s answer, or None where it cannot compute one (its pooling
-    fails on some padded windows that onnxruntime takes)."""
+def _reference(m: Any, feeds: dict[str, np.ndarray], index: int) -> np.ndarray | None:
+    """``onnx.reference``'s output ``index``, or None where it cannot compute one (its
+    pooling fails on some padded windows that onnxruntime takes)."""
     try:
-        return ReferenceEvaluator(m).run(None, feeds)[0]
+        return ReferenceEvaluator(m).run(None, feeds)[index]
     except (ValueError, IndexError):
         return None
 
 
-def _run(m: Any, backend: str, layout: str, feeds: dict[str, np.ndarray],
-         name: str) -> np.ndarray:
-    """The output ``name`` of ``m`` loaded on ``backend``; on the GPU the second call's
+def _run(m: Any, backend: str, layout: str,
+         feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output of ``m`` loaded on ``backend``, by name; on the GPU the second call's
     (the first traces and races; later ones replay the program's CUDA graphs)."""
     model = load(m, backend=backend, layout=layout)
     if backend == "numpy":
-        return model(feeds)[name]
+        return model(feeds)
     import cupy as cp
 
     dev = {k: cp.asarray(v) for k, v in feeds.items()}
     model(dev)
-    return cp.asnumpy(model(dev)[name])
+    return {k: cp.asnumpy(v) for k, v in model(dev).items()}
 
 
 def _check(p: _Program, backend: str, rtol: float) -> None:
@@ -295,23 +311,24 @@ def _check(p: _Program, backend: str, rtol: float) -> None:
     feeds = {"x": np.random.default_rng(len(p.nodes)).standard_normal(p.input_shape)
              .astype(np.float32)}
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    want = sess.run(None, feeds)[0]
-    assert want.shape == p.shape, "the test's own shape bookkeeping"
-    finite = np.abs(want[np.isfinite(want)])
-    scale = max(float(finite.max()) if finite.size else 0.0, 1e-3)
+    wants = dict(zip(p.outputs, sess.run(None, feeds), strict=True))
     for layout in ("channels_first", "channels_last"):
-        got = _run(m, backend, layout, feeds, p.value)
-        assert got.shape == want.shape and got.dtype == want.dtype, layout
-        # close to onnxruntime, or to onnx.reference where onnxruntime rounds worse (an
-        # instance norm of one value: onnxruntime's mean leaves a residue that 1/sqrt(eps)
-        # scales up; the exact answer is the bias)
-        bad = _off(got, want, rtol * scale)
-        if bad.any():
-            ref = _reference(m, feeds)
-            bad &= _off(got, ref, rtol * scale) if ref is not None else bad
-        assert not bad.any(), (
-            f"{layout}: {[n.op_type for n in m.graph.node]}: {int(bad.sum())} of {bad.size} "
-            f"values off; e.g. {got[bad][:3]} against {want[bad][:3]} (onnxruntime)")
+        gots = _run(m, backend, layout, feeds)
+        for name, want in wants.items():
+            assert want.shape == p.shapes[name], "the test's own shape bookkeeping"
+            got = gots[name]
+            assert got.shape == want.shape and got.dtype == want.dtype, (layout, name)
+            finite = np.abs(want[np.isfinite(want)])
+            scale = max(float(finite.max()) if finite.size else 0.0, 1e-3)
+            # close to onnxruntime, or to onnx.reference where onnxruntime rounds worse
+            bad = _off(got, want, rtol * scale)
+            if bad.any():
+                ref = _reference(m, feeds, p.outputs.index(name))
+                bad &= _off(got, ref, rtol * scale) if ref is not None else bad
+            assert not bad.any(), (
+                f"{layout}, output {name} of {p.outputs}: "
+                f"{[(n.op_type, n.output[0]) for n in m.graph.node]}: {int(bad.sum())} of "
+                f"{bad.size} values off; e.g. {got[bad][:3]} against {want[bad][:3]}")
 
 
 @_SETTINGS
