@@ -48,8 +48,8 @@ class _Program:
         self.nodes: list[Any] = []
         self.inits: dict[str, np.ndarray] = {}
         self.value, self.shape = "x", shape
-        self.input_shape = shape
         self.shapes: dict[str, tuple[int, ...]] = {}  # every value a node made
+        self.inputs: dict[str, tuple[int, ...]] = {"x": shape}  # the graph's inputs
         self.extra: list[str] = []  # intermediates returned beside the result
 
     def const(self, array: Any, dtype: Any = np.float32) -> str:
@@ -76,8 +76,8 @@ class _Program:
     def model(self) -> Any:
         graph = helper.make_graph(
             self.nodes, "fuzz",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                           ["N", *self.input_shape[1:]])],
+            [helper.make_tensor_value_info(k, TensorProto.FLOAT, ["N", *v[1:]])
+             for k, v in self.inputs.items()],
             [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["N", *self.shapes[o][1:]])
              for o in self.outputs],
             [numpy_helper.from_array(v, k) for k, v in self.inits.items()])
@@ -94,7 +94,8 @@ def _step(draw: Any, p: _Program) -> None:
     """One more op on the current value, chosen among those its shape takes."""
     s, r = p.shape, len(p.shape)
     kinds = ["unary", "binary", "residual", "concat", "softmax", "layernorm", "reduce",
-             "transpose", "flatten", "slice", "pad", "split", "where", "clip", "pow"]
+             "transpose", "flatten", "slice", "pad", "split", "where", "clip", "pow",
+             "input"]
     if r <= 3 and s[-1] % 2 == 0:
         kinds.append("reshape")
     if r == 2:
@@ -244,6 +245,14 @@ def _step(draw: Any, p: _Program) -> None:
     elif kind == "where":
         mask = p.add("Greater", [v, p.const(0.1 * p.rng.standard_normal(s[-1]))], s)
         p.add("Where", [mask, v, p.const(np.float32(-0.5))], s)
+    elif kind == "input":  # another input of the model, of this shape or broadcast to it
+        form = draw(st.sampled_from(["full", "channel", "last"]))
+        shape = {"full": s, "channel": (s[0], s[1], *(1,) * (r - 2)),
+                 "last": (s[0], *(1,) * (r - 2), s[-1])}[form]
+        name = f"in{len(p.inputs)}"
+        p.inputs[name] = shape
+        op = draw(st.sampled_from(["Add", "Mul", "Sub"]))
+        p.add(op, [v, name] if draw(st.booleans()) else [name, v], s)
     elif kind == "clip":
         lo = float(draw(st.sampled_from([-1.0, -0.25])))
         p.add("Clip", [v, p.const(np.float32(lo)), p.const(np.float32(lo + 1.5))], s)
@@ -308,8 +317,8 @@ def _check(p: _Program, backend: str, rtol: float) -> None:
     within ``rtol`` of the output's largest finite magnitude."""
     m = p.model()
     onnx.checker.check_model(m)
-    feeds = {"x": np.random.default_rng(len(p.nodes)).standard_normal(p.input_shape)
-             .astype(np.float32)}
+    rng = np.random.default_rng(len(p.nodes))
+    feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in p.inputs.items()}
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     wants = dict(zip(p.outputs, sess.run(None, feeds), strict=True))
     for layout in ("channels_first", "channels_last"):
