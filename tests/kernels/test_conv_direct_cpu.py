@@ -4,8 +4,8 @@ float16 PTX as ``_Float16`` casts, each block's threads as real threads with
 ``__syncthreads()`` a barrier and the filters' shared memory shared), into NaN-poisoned
 outputs, against a float64 convolution of the same stored
 values with the bias and activation — in float32, float16 and bfloat16, 1-D and 2-D,
-stride, padding, dilation, groups, strided (channels-last) inputs, tiles of 1 to 8
-channels and 1 or 4 pixels per thread, pixel counts that leave a block part-empty."""
+stride, padding, dilation, groups, strided (channels-last) inputs, tiles of 1 to 32
+channels and 1 to 8 pixels per thread, pixel counts that leave a block part-empty."""
 
 from __future__ import annotations
 
