@@ -832,9 +832,13 @@ def main(argv: list[str] | None = None) -> int:
     # dynamic batching in a process that has run nothing else: after the models against
     # onnxruntime and torch, or the ResNet, the same servers measured up to a fifth slower
     # (H100: 9.52-13.88x in the benchmark's process, 10.53-14.50x in a fresh one)
-    batching = None if args.no_batching or args.cnn_only else dynamic_batching(
-        2.0 if args.small else args.batching_s, args.models or zoo.names(),
-        tuple(args.batching_clients)) if args.batching_only else batching_in_child(args)
+    if args.no_batching or args.cnn_only:
+        batching = None
+    elif args.batching_only:  # this process is the child (or asked for batching alone)
+        batching = dynamic_batching(2.0 if args.small else args.batching_s,
+                                    args.models or zoo.names(), tuple(args.batching_clients))
+    else:
+        batching = batching_in_child(args)
     payload["dynamic_batching"] = batching
     save()
     if not args.no_cnn and not args.batching_only and (gpu or not args.small):

@@ -83,6 +83,13 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
     keys = [(activation, res)] + ([(None, False)] if activation is not None or res else [])
     problem = (stride_t, pads, dilation_t, groups)
     after = _after(out, residual, activation)  # the residual and activation, unfused
+
+    def direct() -> Callable[[], None] | None:
+        if res and x.dtype.name not in GEMM_DTYPES:  # the residual's kernel reads float
+            return None
+        return _chain(_direct(first, w, bias, out_first, problem, None if res else activation),
+                      after if res else None)
+
     for act, key_res in keys:
         with tf32_allowed(tf32):  # the race that decided ran under this setting
             choice = conv_gemm.choice_for_cupy(first, w, bias, *problem, act, key_res)
@@ -95,9 +102,7 @@ def recordable_conv(x: Any, w: Any, bias: Any, out: Any, *, stride: Any = 1,
             matmul_tf32 = tf32_now()[1]
         if choice is None:
             continue
-        forms = {"direct": lambda: None if res and x.dtype.name not in GEMM_DTYPES else
-                 _chain(_direct(first, w, bias, out_first, problem,
-                               None if res else activation), after if res else None)}
+        forms = {"direct": direct}
         if tuned is not None and not tuned[0].workspace_bytes(tuned[1]):
             fused = (act, key_res) == (activation, res)
             forms["cutlass"] = functools.partial(
@@ -119,9 +124,9 @@ def _after(out: Any, residual: Any, activation: str | None) -> Callable[[], None
     if residual is None and activation is None:
         return None
     if residual is None:
-        act = _activation_kernel(activation)
+        act = _epilogue_kernel(activation, False)
         return lambda: act(out, out)
-    add = _residual_kernel(activation)
+    add = _epilogue_kernel(activation, True)
     return lambda: add(out, residual, out)
 
 
@@ -297,31 +302,19 @@ _ACTIVATIONS = {
 _KERNELS: dict[str, Any] = {}
 
 
-def _activation_kernel(activation: str) -> Any:
-    """A CuPy elementwise kernel ``y = act(x)`` of :data:`_ACTIVATIONS` (``x`` and ``y``
-    may be one array)."""
-    fn = _KERNELS.get(activation)
-    if fn is None:
-        import cupy as cp
-
-        fn = _KERNELS[activation] = cp.ElementwiseKernel(
-            "T x", "T y", f"float v = (float)x; y = (T)({_ACTIVATIONS[activation]});",
-            f"pyc_conv_graph_{activation}")
-    return fn
-
-
-def _residual_kernel(activation: str | None) -> Any:
-    """A CuPy elementwise kernel ``y = act(x + r)`` (``act`` of :data:`_ACTIVATIONS`, or
-    none), the sum in float arithmetic rounded once (``x`` and ``y`` may be one
-    array)."""
-    name = f"residual_{activation}"
+def _epilogue_kernel(activation: str | None, residual: bool) -> Any:
+    """A CuPy elementwise kernel ``y = act(x)``, or with ``residual`` ``y = act(x + r)``
+    (``act`` of :data:`_ACTIVATIONS`, or none), in float arithmetic rounded once (``x``
+    and ``y`` may be one array)."""
+    name = f"residual_{activation}" if residual else str(activation)
     fn = _KERNELS.get(name)
     if fn is None:
         import cupy as cp
 
         body = _ACTIVATIONS[activation] if activation is not None else "v"
         fn = _KERNELS[name] = cp.ElementwiseKernel(
-            "T x, T r", "T y", f"float v = (float)x + (float)r; y = (T)({body});",
+            "T x, T r" if residual else "T x", "T y",
+            f"float v = (float)x{' + (float)r' if residual else ''}; y = (T)({body});",
             f"pyc_conv_graph_{name}")
     return fn
 

@@ -181,6 +181,14 @@ class ConvKernel:
         """Elements per 16-byte access: what ``C`` and ``K`` must be multiples of."""
         return VECTOR_ELEMENTS[self.dtype]
 
+    @property
+    def hopper_refusal(self) -> str | None:
+        """Why this module's Hopper kernels cannot be this kernel (:data:`HOPPER_REFUSES`,
+        :data:`HOPPER_NO_RESIDUAL`), or ``None`` where they can."""
+        if self.dtype in HOPPER_REFUSES:
+            return HOPPER_REFUSES[self.dtype]
+        return HOPPER_NO_RESIDUAL if self.residual else None
+
 
 def emit_conv_source(config: ConvConfig, kernel: ConvKernel) -> str:
     """The complete CUDA C++ of one convolution kernel and its ``extern "C"`` wrapper.
@@ -188,13 +196,10 @@ def emit_conv_source(config: ConvConfig, kernel: ConvKernel) -> str:
     Raises
     ------
     PycLabError
-        A dtype this family does not take (:data:`HOPPER_REFUSES`).
+        A kernel this family does not build (:attr:`ConvKernel.hopper_refusal`).
     """
-    if kernel.dtype in HOPPER_REFUSES:
-        raise PycLabError(f"CUTLASS 3 convolution {config.id}: "
-                          f"{HOPPER_REFUSES[kernel.dtype]}")
-    if kernel.residual:
-        raise PycLabError(f"CUTLASS 3 convolution {config.id}: {HOPPER_NO_RESIDUAL}")
+    if kernel.hopper_refusal:
+        raise PycLabError(f"CUTLASS 3 convolution {config.id}: {kernel.hopper_refusal}")
     m, n, k = config.tile
     cm, cn = config.cluster
     act = ACTIVATIONS[kernel.activation] if kernel.activation else \
@@ -216,9 +221,8 @@ def build_conv(config: ConvConfig, kernel: ConvKernel, cc: int = 90,
     if cc < 90:
         return BuildResult(config, "", None, "compile_error", 0.0,
                            f"CUTLASS 3 convolutions need Hopper (sm_90a); this is sm_{cc}")
-    if kernel.dtype in HOPPER_REFUSES or kernel.residual:
-        return BuildResult(config, "", None, "compile_error", 0.0,
-                           HOPPER_REFUSES.get(kernel.dtype, HOPPER_NO_RESIDUAL))
+    if kernel.hopper_refusal:
+        return BuildResult(config, "", None, "compile_error", 0.0, kernel.hopper_refusal)
     return build_source(config, emit_conv_source(config, kernel), cc, cache, timeout_s,
                         meta={"config": config.to_dict(), "op": kernel.op,
                               "dtype": kernel.dtype})
@@ -228,7 +232,7 @@ def cached_conv(config: ConvConfig, kernel: ConvKernel, cc: int = 90,
                 cache: KernelCache | None = None) -> Path | None:
     """The kernel's library if it is in the kernel cache, else ``None``; never builds
     (what a first call of ``pl.conv`` may afford)."""
-    if kernel.dtype in HOPPER_REFUSES or kernel.residual:
+    if kernel.hopper_refusal:
         return None
     return cached_library(emit_conv_source(config, kernel), cc, cache)
 
@@ -326,10 +330,8 @@ class ConvGeometry:
         can tell before CUTLASS's own ``can_implement``)."""
         if self.spatial != kernel.spatial:
             return f"{self.spatial} spatial axes, the kernel has {kernel.spatial}"
-        if kernel.dtype in HOPPER_REFUSES:
-            return HOPPER_REFUSES[kernel.dtype]
-        if kernel.residual:
-            return HOPPER_NO_RESIDUAL
+        if kernel.hopper_refusal:
+            return kernel.hopper_refusal
         c, k = self.act[-1], self.flt[0]
         if c % kernel.align or k % kernel.align:
             return (f"{c} input and {k} output channels; {kernel.dtype} kernels need "
