@@ -1,0 +1,304 @@
+"""Experiment: how much a search of cuBLASLt's algorithm space gains over its heuristic.
+
+``pl.matmul``'s library path takes cuBLASLt's heuristic first choice (for large problems
+the fastest of its first few). cuBLASLt also lets a caller enumerate its algorithms
+(``cublasLtMatmulAlgoGetIds``), configure each (tile, stages, split-K and its reduction,
+CTA swizzle, custom option) and validate the result (``cublasLtMatmulAlgoCheck``). This
+measures, for every problem of :func:`bench_matmul_sweep.sweep` (operands as a linear
+layer holds them), what the best of such a search runs at against
+
+- ``cupy.matmul`` and ``torch.matmul`` (the sweep's baselines),
+- cuBLASLt's heuristic first, and the best of its first 32 per description (both
+  descriptions ``LtGemm`` knows: the transposed product with row orders, and the product
+  as given).
+
+The search: every algorithm id, each tile x stages at split-K 1 (every custom option and
+swizzle), timed coarsely (:func:`pyc_lab.kernels.blas_direct.race`, one round); the 8
+fastest then expanded over split-K {2..32} x reduction schemes and timed coarsely again;
+the 6 fastest of everything, the heuristic's first and the libraries then timed as the
+sweep times (``interleaved_ms``: CUDA events, L2 flushed, spin ahead; 5 rounds). Every
+searched algorithm's result is checked against ``torch.matmul`` before it is timed.
+
+Writes ``cublaslt-search.json`` to ``--out``; without a GPU it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_matmul_sweep import _operands, interleaved_ms, sweep
+from common import cupy_and_torch, environment, write_result
+
+SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
+WORKSPACE = 256 << 20
+
+
+def _get(lt: Any, algo: np.ndarray, attr: Any) -> np.ndarray:
+    """A capability attribute of an initialised algorithm, as a numpy array."""
+    dt = lt.get_matmul_algo_cap_attribute_dtype(attr)
+    written = np.zeros(1, dtype=np.uint64)
+    lt.matmul_algo_cap_get_attribute(algo.ctypes.data, attr, 0, 0, written.ctypes.data)
+    count = max(1, int(written[0]) // np.dtype(dt).itemsize)
+    buf = np.zeros(count, dtype=dt)
+    lt.matmul_algo_cap_get_attribute(algo.ctypes.data, attr, buf.ctypes.data, buf.nbytes,
+                                     written.ctypes.data)
+    return buf[:int(written[0]) // np.dtype(dt).itemsize]
+
+
+def _config(lt: Any, algo: np.ndarray, **values: int) -> np.ndarray:
+    out = algo.copy()
+    for name, value in values.items():
+        attr = getattr(lt.MatmulAlgoConfigAttribute, name)
+        buf = np.array(value, dtype=lt.get_matmul_algo_config_attribute_dtype(attr))
+        lt.matmul_algo_config_set_attribute(out.ctypes.data, attr, buf.ctypes.data,
+                                            buf.nbytes)
+    return out
+
+
+def _check(lt: Any, handle: int, form: Any, algo: np.ndarray) -> np.ndarray | None:
+    """The heuristic-result record of a valid configuration, or None."""
+    result = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
+    la, lb, lc = form.layouts
+    try:
+        lt.matmul_algo_check(handle, form.desc, la, lb, lc, lc, algo.ctypes.data,
+                             result.ctypes.data)
+    except Exception:
+        return None
+    if int(result["workspace_size"][0]) > WORKSPACE:
+        return None
+    return result
+
+
+def _record(lt: Any, algo: np.ndarray, result: np.ndarray) -> np.ndarray:
+    """``result`` (workspace size, waves) holding ``algo`` as its algorithm."""
+    rec = result.copy()
+    rec["algo"][0] = algo[0]
+    return rec
+
+
+def _describe(lt: Any, rec: np.ndarray) -> dict[str, int]:
+    out = {}
+    for name in ("ID", "TILE_ID", "STAGES_ID", "SPLITK_NUM", "REDUCTION_SCHEME",
+                 "CTA_SWIZZLING", "CUSTOM_OPTION", "CLUSTER_SHAPE_ID", "INNER_SHAPE_ID"):
+        attr = getattr(lt.MatmulAlgoConfigAttribute, name)
+        buf = np.zeros(1, dtype=lt.get_matmul_algo_config_attribute_dtype(attr))
+        written = np.zeros(1, dtype=np.uint64)
+        try:
+            lt.matmul_algo_config_get_attribute(rec.ctypes.data, attr, buf.ctypes.data,
+                                                buf.nbytes, written.ctypes.data)
+            out[name.lower()] = int(buf[0])
+        except Exception:
+            pass
+    return out
+
+
+def search_problem(cp: Any, torch: Any, p: dict[str, Any], budget_s: float) -> dict[str, Any]:
+    from nvmath.bindings import cublasLt as lt
+
+    from pyc_lab.kernels.blas_direct import LtGemm, _lt_handle, race
+    from pyc_lab.kernels.blas_layout import describe
+
+    a_t, w_t, a, w = _operands(torch, cp, p, seed=p["m"] * 7 + p["n"])
+    b, b_t = w.T, w_t.T
+    dtype = a.dtype.name
+    out = cp.empty((p["m"], p["n"]), dtype=a.dtype)
+    isz = a.itemsize
+    g = describe(a.shape, tuple(s // isz for s in a.strides), b.shape,
+                 tuple(s // isz for s in b.strides), tuple(s // isz for s in out.strides))
+    gemm = LtGemm(g, dtype)
+    device = cp.cuda.Device().id
+    handle = _lt_handle(device)
+    stream = cp.cuda.get_current_stream().ptr
+    ws = cp.cuda.Memory(WORKSPACE)
+    key = tuple(min(256, x & -x) for x in (a.data.ptr, b.data.ptr, out.data.ptr))
+    ref = torch.matmul(a_t, b_t).float()
+    scale = float(ref.abs().max()) or 1.0
+    t0 = time.perf_counter()
+
+    def runner(form: Any, rec: np.ndarray) -> Any:
+        p_a, p_b = form.pointers(a.data.ptr, b.data.ptr)
+        la, lb, lc = form.layouts
+        return lambda: lt.matmul(handle, form.desc, gemm._pa, p_a, la, p_b, lb, gemm._pb,
+                                 out.data.ptr, lc, out.data.ptr, lc, rec.ctypes.data,
+                                 ws.ptr, WORKSPACE, stream)
+
+    def correct(form: Any, rec: np.ndarray) -> bool:
+        out.fill(float("nan"))
+        try:
+            runner(form, rec)()
+        except Exception:
+            return False
+        got = torch.from_dlpack(out).float()
+        err = float((got - ref).abs().max()) / scale
+        return bool(np.isfinite(err) and err < 2e-2)
+
+    # the heuristic's candidates, both descriptions
+    heur: list[tuple[Any, np.ndarray, str]] = []
+    for n_form, form in enumerate(gemm._forms):
+        res = gemm._candidates(form, key, handle, 32, WORKSPACE)
+        heur += [(form, res[i:i + 1].copy(), f"heuristic{n_form}:{i}") for i in range(len(res))]
+    first = heur[0] if heur else None
+    # enumeration on the first description
+    form = gemm._forms[0]
+    types = gemm._types  # (out, a-operand, b-operand) as LtGemm stores them
+    t_out, t_a, t_b = types
+    scale_t = 0  # CUDA_R_32F
+    ids = [int(i) for i in lt.matmul_algo_get_ids(handle, gemm.compute, scale_t, t_b, t_a,
+                                                  t_out, t_out, 256)]
+    base: list[tuple[Any, np.ndarray, str]] = []
+    checked = 0
+    for algo_id in ids:
+        algo = np.zeros(1, dtype=lt.matmul_algo_dtype)
+        try:
+            lt.matmul_algo_init(handle, gemm.compute, scale_t, t_b, t_a, t_out, t_out, algo_id,
+                                algo.ctypes.data)
+        except Exception:
+            continue
+        try:
+            tiles = [int(x) for x in _get(lt, algo, lt.MatmulAlgoCapAttribute.TILE_IDS)] or [0]
+            stages = [int(x) for x in _get(lt, algo, lt.MatmulAlgoCapAttribute.STAGES_IDS)] or [0]
+            custom = int(_get(lt, algo, lt.MatmulAlgoCapAttribute.CUSTOM_OPTION_MAX)[0])
+            swz = int(_get(lt, algo, lt.MatmulAlgoCapAttribute.CTA_SWIZZLING_SUPPORT)[0])
+        except Exception:
+            continue
+        for tile in tiles:
+            for st in stages:
+                for co in range(min(custom, 3) + 1):
+                    for sw in range(swz + 1):
+                        cfg = _config(lt, algo, TILE_ID=tile, STAGES_ID=st, CUSTOM_OPTION=co,
+                                      CTA_SWIZZLING=sw, SPLITK_NUM=1)
+                        checked += 1
+                        res = _check(lt, handle, form, cfg)
+                        if res is not None:
+                            base.append((form, _record(lt, cfg, res),
+                                         f"id{algo_id}:t{tile}:s{st}:c{co}:w{sw}"))
+        if time.perf_counter() - t0 > budget_s * 0.3:
+            break
+    base = [c for c in base if correct(c[0], c[1])]
+    heur = [c for c in heur if correct(c[0], c[1])]
+
+    def coarse(cands: list) -> list[float]:
+        times: list[float] = []
+        for i in range(0, len(cands), 64):
+            times += race([runner(f, r) for f, r, _ in cands[i:i + 64]], stream, rounds=1)
+        return times
+
+    tb = coarse(base)
+    order = sorted(range(len(base)), key=tb.__getitem__)
+    split: list[tuple[Any, np.ndarray, str]] = []
+    for i in order[:8]:
+        f, rec, name = base[i]
+        algo = np.zeros(1, dtype=lt.matmul_algo_dtype)
+        algo[0] = rec["algo"][0]
+        try:
+            mask = int(_get(lt, algo, lt.MatmulAlgoCapAttribute.REDUCTION_SCHEME_MASK)[0])
+            splitk = int(_get(lt, algo, lt.MatmulAlgoCapAttribute.SPLITK_SUPPORT)[0])
+        except Exception:
+            continue
+        if not splitk:
+            continue
+        for s in SPLITS:
+            for red in (1, 2, 4):
+                if not mask & red:
+                    continue
+                cfg = _config(lt, algo, SPLITK_NUM=s, REDUCTION_SCHEME=red)
+                checked += 1
+                res = _check(lt, handle, f, cfg)
+                if res is not None:
+                    split.append((f, _record(lt, cfg, res), f"{name}:k{s}:r{red}"))
+    split = [c for c in split if correct(c[0], c[1])]
+    ts = coarse(split)
+    th = coarse(heur)
+    pool = [(t, c) for t, c in zip(tb + ts, base + split, strict=True)]
+    pool.sort(key=lambda x: x[0])
+    finals = {c[2]: runner(c[0], c[1]) for _, c in pool[:6]}
+    hpool = sorted(zip(th, heur, strict=True), key=lambda x: x[0])
+    for _, c in hpool[:3]:
+        finals[c[2]] = runner(c[0], c[1])
+    if first is not None:
+        finals[first[2]] = runner(first[0], first[1])
+    finals["cupy.matmul"] = lambda: cp.matmul(a, b)
+    finals["torch.matmul"] = lambda: torch.matmul(a_t, b_t)
+    ms = interleaved_ms(finals, 5, 10)
+    lib = min(ms["cupy.matmul"], ms["torch.matmul"])
+    searched = {k: v for k, v in ms.items() if not k.startswith(("heuristic", "cupy", "torch"))}
+    heur_ms = {k: v for k, v in ms.items() if k.startswith("heuristic")}
+    best_s = min(searched, key=searched.get) if searched else None
+    best_h = min(heur_ms, key=heur_ms.get) if heur_ms else None
+    described = {c[2]: _describe(lt, c[1]) for _, c in pool[:6]}
+    row = dict(p, ids=ids, checked=checked, valid=len(base) + len(split),
+               heuristic_valid=len(heur), ms=ms, best_library_ms=lib,
+               best_searched=best_s, best_searched_ms=searched.get(best_s),
+               best_searched_config=described.get(best_s),
+               best_heuristic=best_h, best_heuristic_ms=heur_ms.get(best_h),
+               heuristic_first_ms=ms.get(first[2]) if first else None,
+               search_s=time.perf_counter() - t0)
+    if best_s:
+        row["searched_vs_library"] = lib / searched[best_s]
+    if best_h:
+        row["heuristic32_vs_library"] = lib / heur_ms[best_h]
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results/local")
+    parser.add_argument("--budget", type=float, default=8.0, help="seconds per problem")
+    parser.add_argument("--problems", type=int, default=0, help="the first N only")
+    parser.add_argument("--deadline", type=float, default=300.0,
+                        help="start no problem after this many seconds")
+    args = parser.parse_args()
+    libs = cupy_and_torch("exp_cublaslt_search")
+    if libs is None:
+        return 0
+    cp, torch = libs
+    # cheapest first, so that a deadline cuts the longest prefill problems
+    problems = sorted(sweep(), key=lambda p: p["m"] * p["n"] * p["k"])
+    if args.problems:
+        problems = problems[:args.problems]
+    rows = []
+    t0 = time.perf_counter()
+    for p in problems:
+        if time.perf_counter() - t0 > args.deadline:
+            break
+        try:
+            row = search_problem(cp, torch, p, args.budget)
+        except Exception as exc:
+            row = dict(p, error=f"{type(exc).__name__}: {exc}"[:400])
+        rows.append(row)
+        print(f"{p['dtype']} {p['m']}x{p['n']}x{p['k']}: "
+              f"searched {row.get('searched_vs_library', float('nan')):.3f} "
+              f"heur32 {row.get('heuristic32_vs_library', float('nan')):.3f} "
+              f"valid {row.get('valid')} in {row.get('search_s', 0):.1f}s "
+              f"{row.get('error', '')}", flush=True)
+        _write(args.out, rows, t0)
+    _write(args.out, rows, t0)
+    return 0
+
+
+def _write(out: str, rows: list[dict[str, Any]], t0: float) -> None:
+    """The results so far, with their summary (written after every problem)."""
+    vals = [r["searched_vs_library"] for r in rows if "searched_vs_library" in r]
+    hv = [r["heuristic32_vs_library"] for r in rows if "heuristic32_vs_library" in r]
+    summary = {"n": len(vals),
+               "searched_median": statistics.median(vals) if vals else None,
+               "searched_wins_2pct": sum(v >= 1.02 for v in vals),
+               "heuristic32_median": statistics.median(hv) if hv else None,
+               "heuristic32_wins_2pct": sum(v >= 1.02 for v in hv)}
+    write_result(out, "cublaslt-search.json", {
+        "benchmark": "cublaslt-search", "environment": environment(),
+        "method": __doc__.split("\n\n")[2].replace("\n", " "),
+        "results": rows, "summary": summary, "wall_s": time.perf_counter() - t0})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
