@@ -12,12 +12,15 @@ layer holds them), what the best of such a search runs at against
   descriptions ``LtGemm`` knows: the transposed product with row orders, and the product
   as given).
 
-The search: every algorithm id, each tile x stages at split-K 1 (every custom option and
-swizzle), timed coarsely (:func:`pyc_lab.kernels.blas_direct.race`, one round); the 8
-fastest then expanded over split-K {2..32} x reduction schemes and timed coarsely again;
-the 6 fastest of everything, the heuristic's first and the libraries then timed as the
-sweep times (``interleaved_ms``: CUDA events, L2 flushed, spin ahead; 5 rounds). Every
-searched algorithm's result is checked against ``torch.matmul`` before it is timed.
+The search is :mod:`pyc_lab.kernels.lt_algos`'s listing: every algorithm id x tile x
+stages at split-K 1, timed coarsely (:func:`pyc_lab.kernels.blas_direct.race`, one
+round); the 8 fastest then expanded over custom options, swizzles and (for problems of
+at most 4 Mi outputs) split-K {2..32} x reduction schemes, timed coarsely again; the 6
+fastest of everything, the coarse-fastest run through ``LtGemm(setting=...)`` (the path
+``pl.matmul`` would take), the heuristic's first and the libraries then timed as the
+sweep times (``interleaved_ms``: CUDA events, L2 flushed, spin ahead; 5 rounds), with a
+streaming read of the operands' bytes as the memory floor. Every searched algorithm's
+result is checked against ``torch.matmul`` before it is timed.
 
 Writes ``cublaslt-search.json`` to ``--out``; without a GPU it says so and exits 0.
 """
@@ -38,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_matmul_sweep import _operands, interleaved_ms, sweep
 from common import cupy_and_torch, environment, write_result
 
-SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
 #: A streaming read of the operands' bytes (16-byte loads, four in flight a thread): the
 #: time no GEMM of the problem can beat under the same flush, its memory floor.
 _READ = r"""
@@ -57,49 +59,6 @@ extern "C" __global__ void read_bytes(const uint4* __restrict__ p, long long n,
 }
 """
 WORKSPACE = 256 << 20
-
-
-def _get(lt: Any, algo: np.ndarray, attr: Any) -> np.ndarray:
-    """A capability attribute of an initialised algorithm, as a numpy array."""
-    dt = lt.get_matmul_algo_cap_attribute_dtype(attr)
-    written = np.zeros(1, dtype=np.uint64)
-    lt.matmul_algo_cap_get_attribute(algo.ctypes.data, attr, 0, 0, written.ctypes.data)
-    count = max(1, int(written[0]) // np.dtype(dt).itemsize)
-    buf = np.zeros(count, dtype=dt)
-    lt.matmul_algo_cap_get_attribute(algo.ctypes.data, attr, buf.ctypes.data, buf.nbytes,
-                                     written.ctypes.data)
-    return buf[:int(written[0]) // np.dtype(dt).itemsize]
-
-
-def _config(lt: Any, algo: np.ndarray, **values: int) -> np.ndarray:
-    out = algo.copy()
-    for name, value in values.items():
-        attr = getattr(lt.MatmulAlgoConfigAttribute, name)
-        buf = np.array(value, dtype=lt.get_matmul_algo_config_attribute_dtype(attr))
-        lt.matmul_algo_config_set_attribute(out.ctypes.data, attr, buf.ctypes.data,
-                                            buf.nbytes)
-    return out
-
-
-def _check(lt: Any, handle: int, form: Any, algo: np.ndarray) -> np.ndarray | None:
-    """The heuristic-result record of a valid configuration, or None."""
-    result = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
-    la, lb, lc = form.layouts
-    try:
-        lt.matmul_algo_check(handle, form.desc, la, lb, lc, lc, algo.ctypes.data,
-                             result.ctypes.data)
-    except Exception:
-        return None
-    if int(result["workspace_size"][0]) > WORKSPACE:
-        return None
-    return result
-
-
-def _record(lt: Any, algo: np.ndarray, result: np.ndarray) -> np.ndarray:
-    """``result`` (workspace size, waves) holding ``algo`` as its algorithm."""
-    rec = result.copy()
-    rec["algo"][0] = algo[0]
-    return rec
 
 
 def _describe(lt: Any, rec: np.ndarray) -> dict[str, int]:
@@ -143,6 +102,7 @@ def _reader(cp: Any, a: Any, w: Any, out: Any) -> Any:
 def search_problem(cp: Any, torch: Any, p: dict[str, Any], budget_s: float) -> dict[str, Any]:
     from nvmath.bindings import cublasLt as lt
 
+    from pyc_lab.kernels import lt_algos
     from pyc_lab.kernels.blas_direct import LtGemm, _lt_handle, race
     from pyc_lab.kernels.blas_layout import describe
 
@@ -186,43 +146,14 @@ def search_problem(cp: Any, torch: Any, p: dict[str, Any], budget_s: float) -> d
         res = gemm._candidates(form, key, handle, 32, WORKSPACE)
         heur += [(form, res[i:i + 1].copy(), f"heuristic{n_form}:{i}") for i in range(len(res))]
     first = heur[0] if heur else None
-    # enumeration on the first description
+    # the library's listing (pyc_lab.kernels.lt_algos), on the first description
     form = gemm._forms[0]
-    types = gemm._types  # (out, a-operand, b-operand) as LtGemm stores them
-    t_out, t_a, t_b = types
-    scale_t = 0  # CUDA_R_32F
-    ids = [int(i) for i in lt.matmul_algo_get_ids(handle, gemm.compute, scale_t, t_b, t_a,
-                                                  t_out, t_out, 256)]
-    base: list[tuple[Any, np.ndarray, str]] = []
-    checked = 0
-    for algo_id in ids:
-        algo = np.zeros(1, dtype=lt.matmul_algo_dtype)
-        try:
-            lt.matmul_algo_init(handle, gemm.compute, scale_t, t_b, t_a, t_out, t_out, algo_id,
-                                algo.ctypes.data)
-        except Exception:
-            continue
-        try:
-            tiles = [int(x) for x in _get(lt, algo, lt.MatmulAlgoCapAttribute.TILE_IDS)] or [0]
-            stages = [int(x) for x in _get(lt, algo, lt.MatmulAlgoCapAttribute.STAGES_IDS)] or [0]
-            custom = int(_get(lt, algo, lt.MatmulAlgoCapAttribute.CUSTOM_OPTION_MAX)[0])
-            swz = int(_get(lt, algo, lt.MatmulAlgoCapAttribute.CTA_SWIZZLING_SUPPORT)[0])
-        except Exception:
-            continue
-        for tile in tiles:
-            for st in stages:
-                cfg = _config(lt, algo, TILE_ID=tile, STAGES_ID=st, CUSTOM_OPTION=0,
-                              CTA_SWIZZLING=0, SPLITK_NUM=1)
-                checked += 1
-                res = _check(lt, handle, form, cfg)
-                if res is not None:
-                    base.append((form, _record(lt, cfg, res),
-                                 f"id{algo_id}:t{tile}:s{st}", custom, swz))
-        if time.perf_counter() - t0 > budget_s * 0.6:
-            break
+    t_out, t_a, t_b = gemm._types  # LtGemm's order: result, a's, b's
+    types = (t_b, t_a, t_out)  # cuBLASLt's A is the operand b in the first description
+    listed = lt_algos.base_settings(lt, handle, gemm.compute, types, form.desc, form.layouts,
+                                    WORKSPACE, deadline=t0 + budget_s * 0.6)
+    base = [(form, rec, s.id, s) for s, rec in listed]
     base = [c for c in base if correct(c[0], c[1])]
-    # (form, record, name) like the others; the caps kept aside for the expansion
-    caps = {c[2]: c[3:] for c in base}
     heur = [c for c in heur if correct(c[0], c[1])]
 
     def coarse(cands: list) -> list[float]:
@@ -233,31 +164,12 @@ def search_problem(cp: Any, torch: Any, p: dict[str, Any], budget_s: float) -> d
 
     tb = coarse(base)
     order = sorted(range(len(base)), key=tb.__getitem__)
-    split: list[tuple[Any, np.ndarray, str]] = []
+    split: list[tuple[Any, np.ndarray, str, Any]] = []
     few_tiles = p["m"] * p["n"] <= 4 << 20  # split-K only where output tiles are few
     for i in order[:8]:
-        f, rec, name = base[i][:3]
-        custom, swz = caps[name]
-        algo = np.zeros(1, dtype=lt.matmul_algo_dtype)
-        algo[0] = rec["algo"][0]
-        try:
-            mask = int(_get(lt, algo, lt.MatmulAlgoCapAttribute.REDUCTION_SCHEME_MASK)[0])
-            splitk = int(_get(lt, algo, lt.MatmulAlgoCapAttribute.SPLITK_SUPPORT)[0])
-        except Exception:
-            continue
-        splits = [(1, 0)] + [(k, red) for k in SPLITS for red in (1, 2, 4)
-                             if splitk and few_tiles and mask & red]
-        for co in range(min(custom, 3) + 1):
-            for sw in range(swz + 1):
-                for k, red in splits:
-                    if (co, sw, k) == (0, 0, 1):
-                        continue  # the base configuration itself
-                    cfg = _config(lt, algo, CUSTOM_OPTION=co, CTA_SWIZZLING=sw, SPLITK_NUM=k,
-                                  **({"REDUCTION_SCHEME": red} if red else {}))
-                    checked += 1
-                    res = _check(lt, handle, f, cfg)
-                    if res is not None:
-                        split.append((f, _record(lt, cfg, res), f"{name}:c{co}:w{sw}:k{k}:r{red}"))
+        f, _rec, _name, setting = base[i]
+        split += [(f, rec, s.id, s) for s, rec in lt_algos.expansions(
+            lt, handle, gemm.compute, types, f.desc, f.layouts, setting, WORKSPACE, few_tiles)]
     split = [c for c in split if correct(c[0], c[1])]
     ts = coarse(split)
     th = coarse(heur)
@@ -269,24 +181,34 @@ def search_problem(cp: Any, torch: Any, p: dict[str, Any], budget_s: float) -> d
         finals[c[2]] = runner(c[0], c[1])
     if first is not None:
         finals[first[2]] = runner(first[0], first[1])
+    fixed_ok = None
+    if pool:
+        fixed = LtGemm(g, dtype, setting=pool[0][1][3])
+        fixed_run = lambda: fixed(a.data.ptr, b.data.ptr, out.data.ptr, stream)  # noqa: E731
+        out.fill(float("nan"))
+        fixed_run()
+        err = float((torch.from_dlpack(out).float() - ref).abs().max()) / scale
+        fixed_ok = {"setting": pool[0][1][2], "max_rel_err": err,
+                    "algorithms": {str(k): v for k, v in fixed.algorithms.items()}}
+        finals["ltgemm_setting"] = fixed_run
     finals["cupy.matmul"] = lambda: cp.matmul(a, b)
     finals["read_floor"] = _reader(cp, a, w, out)
     finals["torch.matmul"] = lambda: torch.matmul(a_t, b_t)
     ms = interleaved_ms(finals, 5, 10)
     lib = min(ms["cupy.matmul"], ms["torch.matmul"])
     searched = {k: v for k, v in ms.items()
-                if not k.startswith(("heuristic", "cupy", "torch", "read_floor"))}
+                if not k.startswith(("heuristic", "cupy", "torch", "read_floor", "ltgemm"))}
     heur_ms = {k: v for k, v in ms.items() if k.startswith("heuristic")}
     best_s = min(searched, key=searched.get) if searched else None
     best_h = min(heur_ms, key=heur_ms.get) if heur_ms else None
     described = {c[2]: _describe(lt, c[1]) for _, c in pool[:6]}
-    row = dict(p, ids=ids, checked=checked, valid=len(base) + len(split),
+    row = dict(p, valid=len(base) + len(split),
                heuristic_valid=len(heur), ms=ms, best_library_ms=lib,
                best_searched=best_s, best_searched_ms=searched.get(best_s),
                best_searched_config=described.get(best_s),
                best_heuristic=best_h, best_heuristic_ms=heur_ms.get(best_h),
                heuristic_first_ms=ms.get(first[2]) if first else None,
-               search_s=time.perf_counter() - t0)
+               ltgemm_setting=fixed_ok, search_s=time.perf_counter() - t0)
     row["ceiling_vs_library"] = lib / ms["read_floor"]  # the most a GEMM could gain
     if best_s:
         row["searched_vs_library"] = lib / searched[best_s]

@@ -393,6 +393,11 @@ class LtGemm:
         bfloat16 problems of ``benchmarks/bench_matmul_sweep.py`` on the H200 the worst
         ran at 0.96x the best library with transposing ops, 0.98x with row orders).
         FP8 kernels take only the transposing form (``row_orders=False``).
+    setting
+        A cuBLASLt algorithm setting (:class:`~.lt_algos.LtAlgo`, found by the tuner's
+        search of the algorithm space) to run instead of the heuristic's choice, on the
+        first description (the one the search checked it against). An alignment class
+        the setting does not take falls back to the heuristic's choice.
     """
 
     impl = "cublaslt"
@@ -400,7 +405,7 @@ class LtGemm:
     def __init__(self, gemm: BlasGemm, dtype: str, alpha: float = 1.0, beta: float = 0.0,
                  tf32: bool = False, *,
                  operand_dtypes: tuple[str, str] | None = None,
-                 row_orders: bool = True) -> None:
+                 row_orders: bool = True, setting: Any = None) -> None:
         from nvmath.bindings import cublasLt as lt
 
         da, db = operand_dtypes or (dtype, dtype)
@@ -433,6 +438,7 @@ class LtGemm:
                 self._layout(t_b, g.rows_a, g.cols_a, g.lda, g.stride_a, False),
                 self._layout(t_a, g.rows_b, g.cols_b, g.ldb, g.stride_b, False),
                 self._layout(t, g.m, g.n, g.ldc, g.stride_c, False)), b_first=True),)
+        self.setting = setting
         self._scale_ptrs = (0, 0)
         self._need = 0
         weakref.finalize(self, _destroy, lt, [(f.desc, f.layouts) for f in self._forms])
@@ -511,6 +517,10 @@ class LtGemm:
         dozen noisy timings is biased low: on the H200 one such pick measured 3 % slower
         than the heuristic's in a later sweep). Never when ``beta`` reads ``out``, nor
         during a stream capture."""
+        if self.setting is not None:
+            fixed = self._fixed(handle, key)
+            if fixed is not None:
+                return fixed
         g = self.gemm
         big = 2.0 * g.m * g.n * g.k * g.batch >= MEASURE_FLOP
         measure = big and not self._beta[0] and not _capturing(stream)
@@ -545,6 +555,32 @@ class LtGemm:
         self.algorithms[key] = self._algo_id(result)
         self._need = max(self._need, int(result["workspace_size"][0]))
         return form, result  # the algorithm struct is the result's first member
+
+    def _fixed(self, handle: int, key: tuple[int, int, int]) -> tuple[_Form, np.ndarray] | None:
+        """The first description with :attr:`setting`'s algorithm, or ``None`` (logged)
+        where cuBLASLt refuses it for this problem and alignment."""
+        from . import lt_algos
+
+        form = self._forms[0]
+        t, t_a, t_b = self._types
+        types = (t_b, t_a, t) if form.b_first else (t_a, t_b, t)
+        try:
+            algo = lt_algos.struct(self.lt, handle, self.compute, types, self.setting)
+            rec = lt_algos.check(self.lt, handle, form.desc, form.layouts, algo,
+                                 MAX_LT_WORKSPACE)
+            if rec is not None and not lt_algos.aligned(self.lt, algo,
+                                                        (*form.pointers(key[0], key[1]), key[2])):
+                rec = None
+        except Exception as exc:
+            rec = None
+            log.debug("cuBLASLt setting %s: %s", self.setting.id, exc)
+        if rec is None:
+            log.info("cuBLASLt refuses the tuned setting %s for %s; its heuristic chooses",
+                     self.setting.id, self.gemm)
+            return None
+        self.algorithms[key] = self.setting.algo_id
+        self._need = max(self._need, int(rec["workspace_size"][0]))
+        return form, rec
 
     def _race(self, pool: list[tuple[_Form, np.ndarray]], ptrs: tuple[int, int, int],
               ws: int, size: int, handle: int, stream: int) -> list[float]:
