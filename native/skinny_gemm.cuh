@@ -16,17 +16,11 @@
 // * gridDim.y > 1 splits k across blocks as well: each block writes its partial tile to
 //   `work`, and the last block of a row tile to arrive (counted in `counters`, which it
 //   resets to zero for the next launch) adds the partials in split order and stores.
-// * SHARED = 1 (for more rows of `a`, where re-reading them per warp costs as much as the
-//   weights): the block's warps own 16 * RT weight rows each (the block 16 * RT * WARPS)
-//   and all of the block's k range; each chunk of `a` is copied once per block into a
-//   region every warp reads (its 16-byte pieces spread over the warps), and the ring
-//   advances block-wide (a barrier per chunk). Each warp stores its own rows; no tree.
 //
 // Requirements (the launcher checks them): K % 8 == 0, lda and ldw multiples of 8,
 // `a` and `w` 16-byte aligned, M <= 8 * NT. Rows of `w` past N and of `a` past M are
 // read as the last row and never stored. k_per_split is a multiple of 64. Dynamic
-// shared memory: max(WARPS * STAGES * SLOTS * 512, WARPS / 2 * REGS * 128) bytes, or with
-// SHARED, STAGES * (WARPS * RT * 4 + NT * 2) * 512 bytes (plus 16 for the split count).
+// shared memory: max(WARPS * STAGES * SLOTS * 512, WARPS / 2 * REGS * 128) bytes.
 //
 // Elements are 16-bit words (`unsigned short`) and BF16 selects their format, so that
 // the source needs no CUDA headers under NVRTC.
@@ -108,7 +102,7 @@ __device__ __forceinline__ unsigned word(const uint4 (&q)[2], int i) {
 
 }  // namespace pyc_skinny
 
-template <int BF16, int NT, int RT, int WARPS, int STAGES, int SHARED = 0>
+template <int BF16, int NT, int RT, int WARPS, int STAGES>
 __global__ void __launch_bounds__(WARPS * 32)
 pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
                 const unsigned short* __restrict__ w, long long ldw,
@@ -119,14 +113,12 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
   using T = unsigned short;
   constexpr int REGS = RT * NT * 4;    // accumulators per lane
   constexpr int SLOTS = RT * 4 + NT * 2;  // 16-byte pieces per lane and chunk
-  // SHARED: a stage is every warp's weight pieces, then the block's pieces of `a`
-  constexpr int STAGE_PIECES = WARPS * RT * 4 + NT * 2;
   extern __shared__ uint4 pyc_skinny_smem[];  // [WARPS][STAGES][SLOTS][32], then the tree
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;    // mma group: weight row g and g + 8, row g of `a`
   const int tig = lane & 3;   // thread in group: which 16 bytes of a 64-wide chunk
-  const int row0 = SHARED ? (blockIdx.x * WARPS + warp) * (16 * RT) : blockIdx.x * (16 * RT);
+  const int row0 = blockIdx.x * (16 * RT);
   const int kb = blockIdx.y * k_per_split;
   const int ke = min(K, kb + k_per_split);
 
@@ -156,70 +148,9 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
     arow[t] = a + (long long)(m < M ? m : M - 1) * lda;
   }
 
-  const int chunks = (ke - kb + 63) / 64;
-  if constexpr (SHARED) {
-    // Every warp computes every chunk of the block's k range on its own rows; chunk i's
-    // stage holds each warp's weight pieces and one copy of `a`'s, piece p of `a` copied
-    // by warp p % WARPS. A barrier per chunk: after it, chunk i has landed for all
-    // threads and every warp is done reading chunk i - 1, whose stage is refilled next.
-    const unsigned smem0 = static_cast<unsigned>(__cvta_generic_to_shared(pyc_skinny_smem));
-    auto issue = [&](int i) {
-      if (i < chunks) {
-        const unsigned base = smem0 + (i % STAGES) * STAGE_PIECES * 32 * 16 + lane * 16;
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int k = kb + i * 64 + tig * 8 + q * 32;
-          const int bytes = k < ke ? 16 : 0;
-          const int kc = k < ke ? k : kb;
-#pragma unroll
-          for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              copy_stream(base + ((warp * RT * 4) + (r * 2 + h) * 2 + q) * 32 * 16,
-                          wrow[r][h] + kc, bytes);
-#pragma unroll
-          for (int t = 0; t < NT; ++t)
-            if ((t * 2 + q) % WARPS == warp)
-              copy_shared_operand(base + (WARPS * RT * 4 + t * 2 + q) * 32 * 16,
-                                  arow[t] + kc, bytes);
-        }
-      }
-      commit();
-    };
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) issue(i);
-    for (int i = 0; i < chunks; ++i) {
-      wait_pending<STAGES - 2>();
-      __syncthreads();
-      issue(i + STAGES - 1);
-      const uint4* stage = pyc_skinny_smem + (i % STAGES) * STAGE_PIECES * 32 + lane;
-      uint4 wq[RT][2][2];
-      uint4 aq[NT][2];
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int q = 0; q < 2; ++q)
-            wq[r][h][q] = stage[((warp * RT * 4) + (r * 2 + h) * 2 + q) * 32];
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int q = 0; q < 2; ++q) aq[t][q] = stage[(WARPS * RT * 4 + t * 2 + q) * 32];
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-          for (int t = 0; t < NT; ++t)
-            mma<BF16>::run(acc[r][t], word(wq[r][0], 2 * s), word(wq[r][1], 2 * s),
-                           word(wq[r][0], 2 * s + 1), word(wq[r][1], 2 * s + 1),
-                           word(aq[t], 2 * s), word(aq[t], 2 * s + 1));
-    }
-    wait_pending<0>();
-  } else {
   // This warp's chunks of 64: warp, warp + WARPS, ... below ke; each lane's pieces live
   // in its own column of the warp's ring, so no lane waits for another.
+  const int chunks = (ke - kb + 63) / 64;
   const int mine = chunks > warp ? (chunks - warp + WARPS - 1) / WARPS : 0;
   const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(
       pyc_skinny_smem + (warp * STAGES * SLOTS) * 32 + lane));
@@ -302,14 +233,10 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
     }
   }
   if (warp != 0) return;
-  }
 
   if (gridDim.y > 1) {  // k split across blocks: the last block of this row tile adds up
     const int splits = gridDim.y;
-    // per tile and split: one warp's partials (SHARED: every warp's, warp by warp)
-    constexpr int PART = REGS * 32 * (SHARED ? WARPS : 1);
-    const int wofs = SHARED ? warp * REGS * 32 : 0;
-    float* mine = work + ((long long)blockIdx.x * splits + blockIdx.y) * PART + wofs + lane;
+    float* mine = work + ((long long)blockIdx.x * splits + blockIdx.y) * REGS * 32 + lane;
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -317,18 +244,10 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
 #pragma unroll
         for (int i = 0; i < 4; ++i) mine[((r * NT + t) * 4 + i) * 32] = acc[r][t][i];
     __threadfence();
+    __syncwarp();
     int arrived = 0;
-    if constexpr (SHARED) {  // the block's count, after every warp wrote its partials
-      __syncthreads();
-      int* seen = reinterpret_cast<int*>(pyc_skinny_smem);  // the ring is no longer read
-      if (threadIdx.x == 0) seen[0] = atomicAdd(counters + blockIdx.x, 1);
-      __syncthreads();
-      arrived = seen[0];
-    } else {
-      __syncwarp();
-      if (lane == 0) arrived = atomicAdd(counters + blockIdx.x, 1);
-      arrived = __shfl_sync(0xffffffffu, arrived, 0);
-    }
+    if (lane == 0) arrived = atomicAdd(counters + blockIdx.x, 1);
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
     if (arrived != splits - 1) return;
     __threadfence();
 #pragma unroll
@@ -338,7 +257,7 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.f;
     for (int s = 0; s < splits; ++s) {
-      const float* part = work + ((long long)blockIdx.x * splits + s) * PART + wofs + lane;
+      const float* part = work + ((long long)blockIdx.x * splits + s) * REGS * 32 + lane;
 #pragma unroll
       for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -347,7 +266,7 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
           for (int i = 0; i < 4; ++i)
             acc[r][t][i] += __ldcg(part + ((r * NT + t) * 4 + i) * 32);
     }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
+    if (lane == 0) counters[blockIdx.x] = 0;  // ready for the next launch
   }
 
   // D fragment: rows are weight rows (n), columns rows of `a` (m).

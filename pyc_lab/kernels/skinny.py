@@ -46,13 +46,6 @@ _ARRAY_DTYPES = {"f16": ("float16",), "bf16": ("bfloat16", "int16", "uint16")}  
 _SHAPES = ((1, 4, 4), (1, 8, 4), (1, 8, 6), (1, 16, 3), (2, 2, 8), (2, 4, 4), (2, 4, 6),
            (2, 8, 3), (2, 8, 4), (4, 4, 3), (4, 4, 4), (4, 8, 2), (8, 4, 3))
 _SPLITS = (1, 2)
-#: (rows per warp, warps, stages) of the block-shared builds (``shared=True``: each chunk
-#: of ``a`` copied once per block, the warps on different weight rows), and their splits
-#: of k (each split keeps at least :data:`_SHARED_MIN_K` of it).
-_SHARED_SHAPES = ((1, 4, 4), (1, 8, 4), (1, 8, 6), (2, 4, 3), (2, 4, 4), (2, 8, 3),
-                  (4, 4, 3))
-_SHARED_SPLITS = (1, 2, 4, 8)
-_SHARED_MIN_K = 1024
 
 
 def nt_for(m: int) -> int:
@@ -63,12 +56,9 @@ def nt_for(m: int) -> int:
     return nt
 
 
-def smem_bytes(rt: int, nt: int, warps: int, stages: int, shared: bool = False) -> int:
+def smem_bytes(rt: int, nt: int, warps: int, stages: int) -> int:
     """Dynamic shared memory of a configuration: the per-warp rings, or the reduction
-    tree reusing them, whichever is larger; a block-shared build's stages (each warp's
-    weight pieces and one copy of ``a``'s) and no tree."""
-    if shared:
-        return stages * (warps * rt * 4 + nt * 2) * 32 * 16
+    tree reusing them, whichever is larger."""
     ring = warps * stages * (rt * 4 + nt * 2) * 32 * 16
     tree = max(1, warps // 2) * rt * nt * 4 * 32 * 4
     return max(ring, tree)
@@ -88,32 +78,21 @@ class SkinnyConfig:
         Depth of each warp's ``cp.async`` ring (``stages - 1`` chunks in flight).
     splits
         Blocks k is split across (their partial tiles added by the last to finish).
-    shared
-        The block-shared build: the warps own different weight rows (a block
-        ``16 * rt * warps`` of them) and all of the block's k range, and each chunk of
-        ``a`` is copied once per block instead of once per warp — for more rows of
-        ``a``, whose copies per warp cost as much as the weights'.
     """
 
     rt: int
     warps: int
     stages: int
     splits: int = 1
-    shared: bool = False
 
     @property
     def id(self) -> str:
-        """A short name: ``skinny_rt2_w8_st4_s1`` (``..._sa`` for a block-shared build)."""
-        return (f"skinny_rt{self.rt}_w{self.warps}_st{self.stages}_s{self.splits}"
-                + ("_sa" if self.shared else ""))
+        """A short name: ``skinny_rt2_w8_st4_s1``."""
+        return f"skinny_rt{self.rt}_w{self.warps}_st{self.stages}_s{self.splits}"
 
     def to_dict(self) -> dict[str, Any]:
-        """The configuration as the tuning database stores it (``kernel: "skinny"``; the
-        ``shared`` key only for a block-shared build, so older entries read the same)."""
-        d = {"kernel": "skinny", **asdict(self)}
-        if not self.shared:
-            del d["shared"]
-        return d
+        """The configuration as the tuning database stores it (``kernel: "skinny"``)."""
+        return {"kernel": "skinny", **asdict(self)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SkinnyConfig:
@@ -127,8 +106,7 @@ class SkinnyConfig:
         if not is_skinny(d):
             raise PycLabError(f"not a skinny GEMM configuration: {d!r}")
         try:
-            return cls(int(d["rt"]), int(d["warps"]), int(d["stages"]), int(d.get("splits", 1)),
-                       bool(d.get("shared", False)))
+            return cls(int(d["rt"]), int(d["warps"]), int(d["stages"]), int(d.get("splits", 1)))
         except (KeyError, TypeError, ValueError) as exc:
             raise PycLabError(f"skinny GEMM configuration {d!r} is incomplete: {exc}") from exc
 
@@ -141,7 +119,7 @@ class SkinnyConfig:
             return "rt, stages and splits must be at least 1, 2 and 1"
         if self.rt * nt > 32:
             return f"rt={self.rt} with {nt} token tiles needs more than 128 accumulators"
-        if smem_bytes(self.rt, nt, self.warps, self.stages, self.shared) > SMEM_LIMIT:
+        if smem_bytes(self.rt, nt, self.warps, self.stages) > SMEM_LIMIT:
             return "needs more shared memory than a block may have"
         return ""
 
@@ -173,13 +151,6 @@ def candidates(m: int, n: int, k: int) -> list[SkinnyConfig]:
             if splits > 1 and k < 2048 * splits:
                 continue  # each split keeps at least 2048 of k
             cfg = SkinnyConfig(rt, warps, stages, splits)
-            if not cfg.issue(m):
-                out.append(cfg)
-    for rt, warps, stages in _SHARED_SHAPES:
-        for splits in _SHARED_SPLITS:
-            if splits > 1 and k < _SHARED_MIN_K * splits:
-                continue
-            cfg = SkinnyConfig(rt, warps, stages, splits, shared=True)
             if not cfg.issue(m):
                 out.append(cfg)
     return out
@@ -216,14 +187,13 @@ class Geometry:
 def geometry(cfg: SkinnyConfig, m: int, n: int, k: int) -> Geometry:
     """The launch geometry of ``cfg`` for an ``m x n x k`` problem."""
     nt = nt_for(m)
-    per_block = cfg.warps if cfg.shared else 1  # warps with rows of their own
-    tiles = -(-n // (16 * cfg.rt * per_block))
+    tiles = -(-n // (16 * cfg.rt))
     chunks = -(-k // 64)
     k_per_split = -(-chunks // cfg.splits) * 64
     splits = -(-k // k_per_split)
-    work = tiles * splits * cfg.rt * nt * 4 * 32 * per_block if splits > 1 else 0
+    work = tiles * splits * cfg.rt * nt * 4 * 32 if splits > 1 else 0
     return Geometry(nt, tiles, splits, k_per_split, work,
-                    smem_bytes(cfg.rt, nt, cfg.warps, cfg.stages, cfg.shared))
+                    smem_bytes(cfg.rt, nt, cfg.warps, cfg.stages))
 
 
 _FUNCTIONS: dict[tuple, Any] = {}
@@ -231,8 +201,7 @@ _LOCK = threading.Lock()
 
 
 def _expression(dtype: str, nt: int, cfg: SkinnyConfig) -> str:
-    shared = ",1" if cfg.shared else ""  # the per-warp build keeps its name (and cache)
-    return f"pyc_skinny_gemm<{_BF16[dtype]},{nt},{cfg.rt},{cfg.warps},{cfg.stages}{shared}>"
+    return f"pyc_skinny_gemm<{_BF16[dtype]},{nt},{cfg.rt},{cfg.warps},{cfg.stages}>"
 
 
 def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str, str]:
@@ -253,7 +222,7 @@ def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str
     device = int(cp.cuda.runtime.getDevice())
     todo = {}
     for cfg in configs:
-        key = (device, dtype, nt, cfg.rt, cfg.warps, cfg.stages, cfg.shared)
+        key = (device, dtype, nt, cfg.rt, cfg.warps, cfg.stages)
         if key not in _FUNCTIONS:
             todo[key] = _expression(dtype, nt, cfg)
     if not todo:
@@ -270,9 +239,9 @@ def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str
     with _LOCK:
         for key, expr in todo.items():
             fn = functions[expr]
-            rt, warps, stages, shared = key[3:]
+            rt, warps, stages = key[3:]
             try:
-                fn.max_dynamic_shared_size_bytes = smem_bytes(rt, nt, warps, stages, shared)
+                fn.max_dynamic_shared_size_bytes = smem_bytes(rt, nt, warps, stages)
             except Exception as exc:  # the device refuses the shared memory
                 failed[expr] = f"{type(exc).__name__}: {exc}"[:500]
                 continue
@@ -352,7 +321,7 @@ class SkinnyGemm:
         import cupy as cp
 
         key = (int(cp.cuda.runtime.getDevice()), self.dtype, nt_for(m), self.config.rt,
-               self.config.warps, self.config.stages, self.config.shared)
+               self.config.warps, self.config.stages)
         fn = _FUNCTIONS.get(key)
         if fn is None:
             failed = compile_kernels(self.dtype, m, [self.config])

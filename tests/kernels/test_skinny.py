@@ -55,35 +55,10 @@ def test_every_candidate_fits_the_hardware_limits(m):
     assert nt * 8 >= m and (nt == 1 or nt * 4 < m)
     for cfg in cands:
         assert not cfg.issue(m)
-        assert sk.smem_bytes(cfg.rt, nt, cfg.warps, cfg.stages, cfg.shared) <= sk.SMEM_LIMIT
+        assert sk.smem_bytes(cfg.rt, nt, cfg.warps, cfg.stages) <= sk.SMEM_LIMIT
         assert cfg.rt * nt <= 32 and cfg.warps in (1, 2, 4, 8, 16, 32)
-    assert {c.shared for c in cands} == {False, True}  # both builds are measured
-    # splits only where each split keeps a long k range: 2048 (per-warp builds) or 1024
-    # (block-shared builds) of it
-    assert all(c.splits == 1 for c in sk.candidates(m, 4096, 2048) if not c.shared)
-    assert all(c.splits <= 2 for c in sk.candidates(m, 4096, 2048))
-    assert all(c.splits == 1 for c in sk.candidates(m, 4096, 1024))
-
-
-def test_a_block_shared_build_is_named_stored_and_laid_out_as_its_own():
-    cfg = sk.SkinnyConfig(2, 4, 3, 4, shared=True)
-    d = cfg.to_dict()
-    assert d == {"kernel": "skinny", "rt": 2, "warps": 4, "stages": 3, "splits": 4,
-                 "shared": True}
-    assert sk.SkinnyConfig.from_dict(d) == cfg and cfg.id == "skinny_rt2_w4_st3_s4_sa"
-    # an older entry (no "shared" key) is the per-warp build, named as before
-    assert "shared" not in sk.SkinnyConfig(2, 4, 3).to_dict()
-    assert sk.SkinnyConfig.from_dict({"kernel": "skinny", "rt": 2, "warps": 4,
-                                      "stages": 3}).shared is False
-    assert sk._expression("bf16", 8, cfg) == "pyc_skinny_gemm<1,8,2,4,3,1>"
-    assert sk._expression("f16", 1, sk.SkinnyConfig(2, 4, 3)) == "pyc_skinny_gemm<0,1,2,4,3>"
-    # a block owns 16 * rt * warps rows; every warp keeps its own split partials
-    geo = sk.geometry(cfg, 64, 4099, 4096)
-    assert geo.tiles == -(-4099 // (16 * 2 * 4)) and geo.splits == 4
-    assert geo.work_floats == geo.tiles * 4 * 2 * 8 * 4 * 32 * 4
-    # stages of every warp's weight pieces and one copy of a's, no reduction tree
-    assert geo.smem == 3 * (4 * 2 * 4 + 8 * 2) * 32 * 16
-    assert sk.smem_bytes(2, 8, 4, 3) == 4 * 3 * (2 * 4 + 8 * 2) * 32 * 16
+    # splits only where each split keeps a long k range
+    assert all(c.splits == 1 for c in sk.candidates(m, 4096, 2048))
 
 
 def test_impossible_configurations_say_why():
@@ -159,11 +134,10 @@ def test_the_source_builds_for_hopper_without_spills(tmp_path):
     from pyc_lab.kernels.cutlass.nvcc import nvcc_path
 
     src = tmp_path / "skinny.cu"
-    inst = ("template __global__ void pyc_skinny_gemm<{},{},{},{},{},{}>(const unsigned short*, "
+    inst = ("template __global__ void pyc_skinny_gemm<{},{},{},{},{}>(const unsigned short*, "
             "long long, const unsigned short*, long long, unsigned short*, long long, float, "
             "float, int, int, int, int, float*, int*);")
-    shapes = [(0, 1, 1, 8, 4, 0), (1, 2, 2, 4, 6, 0), (1, 8, 2, 4, 4, 0), (0, 4, 4, 8, 2, 0),
-              (0, 8, 2, 4, 3, 1), (1, 1, 1, 8, 6, 1), (1, 4, 4, 4, 3, 1)]
+    shapes = [(0, 1, 1, 8, 4), (1, 2, 2, 4, 6), (1, 8, 2, 4, 4), (0, 4, 4, 8, 2)]
     src.write_text(native_source("skinny_gemm.cuh") + "\n"
                    + "\n".join(inst.format(*s) for s in shapes) + "\n")
     res = subprocess.run([str(nvcc_path()), "-arch=sm_90", "-ptx", "-o",
