@@ -262,7 +262,7 @@ def _write(out: str, rows: list[dict[str, Any]], t0: float) -> None:
                "searched_wins_2pct": sum(v >= 1.02 for v in vals),
                "heuristic32_median": statistics.median(hv) if hv else None,
                "heuristic32_wins_2pct": sum(v >= 1.02 for v in hv)}
-    write_result(out, "cublaslt-search.json", {
+    write_result(out, "cublaslt-search", {
         "benchmark": "cublaslt-search", "environment": environment(),
         "method": __doc__.split("\n\n")[2].replace("\n", " "),
         "results": rows, "summary": summary, "wall_s": time.perf_counter() - t0})
