@@ -164,9 +164,12 @@ def _parser() -> argparse.ArgumentParser:
     for cmd in (gemm, many):
         cmd.add_argument("--no-cutlass", dest="cutlass", action="store_false",
                          help="measure no CUTLASS candidates (no nvcc builds): only the "
-                              "skinny GEMM beside the libraries (live only)")
+                              "skinny GEMM and cuBLASLt's settings beside the libraries "
+                              "(live only)")
         cmd.add_argument("--no-skinny", dest="skinny", action="store_false",
                          help="leave out pyc_lab's skinny GEMM for M <= 64 (live only)")
+        cmd.add_argument("--no-lt-search", dest="lt_search", action="store_false",
+                         help="leave out cuBLASLt's own algorithm settings (live only)")
     for name, what, suffix in (("cache", "the CUTLASS kernel cache", ".tar.gz"),
                                ("db", "the tuning database", ".json or .csv")):
         cmd = sub.add_parser(name, help=f"export or import {what}")
@@ -295,7 +298,8 @@ def _tune_gemm(args: argparse.Namespace) -> int:
     options = GemmTuneOptions(dtype=args.dtype, layout=args.layout, strategy=args.strategy,
                               budget_s=budget, max_candidates=max_candidates, seed=args.seed,
                               bias=args.bias, activation=args.activation,
-                              cutlass=args.cutlass, skinny=args.skinny)
+                              cutlass=args.cutlass, skinny=args.skinny,
+                           lt_search=args.lt_search)
     observer = None if quiet else progress
     if replay and options.epilogue.fused:
         raise PycLabError("--replay replays plain GEMMs only; --bias/--activation tune "
@@ -372,7 +376,8 @@ def _tune_many(args: argparse.Namespace) -> int:
     result = autotune_many(problems, budget_s=args.budget or None, workers=args.workers,
                            replay=replay, source=args.replay or None,
                            max_candidates=args.max_candidates or None,
-                           cutlass=args.cutlass, skinny=args.skinny)
+                           cutlass=args.cutlass, skinny=args.skinny,
+                           lt_search=args.lt_search)
     summary = result.summary
     if args.json:
         print(summary.to_json(orient="records", indent=2))

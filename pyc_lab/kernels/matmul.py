@@ -44,6 +44,7 @@ from .arrays import (
     torch_of,
     torch_stream,
 )
+from .lt_algos import LtAlgo, is_lt_algo
 from .matmul_fp8 import is_fp8, matmul_fp8
 from .matmul_inputs import DTYPES, check_inputs, result_shape
 from .matmul_plan import (
@@ -55,12 +56,11 @@ from .matmul_plan import (
     operand_layout,
 )
 from .matmul_route import CALLABLE, tuned_verdict
+from .matmul_tuned import load_tuned
 from .skinny import (
     SkinnyConfig,
-    SkinnyGemm,
     compile_kernels,
     is_skinny,
-    nt_for,
     skinny_issue,
 )
 from .tuning import database
@@ -222,54 +222,10 @@ def tuned_kernel(m: int, n: int, k: int, dtype: str, layout: str,
     return kernel, why
 
 
-def _load_skinny(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
-                 shape: tuple[int, int, int]) -> tuple[Any, str]:
-    """The skinny GEMM of a tuned entry, if it takes the actual shape. A bucketed entry
-    must have been tuned for the same token tiles (its kernel instantiation) as the
-    actual row count."""
-    try:
-        cfg = SkinnyConfig.from_dict(found.measurement.config)
-    except PycLabError as exc:
-        return None, f"tuned entry unusable: {exc}"
-    m = shape[0]
-    if epilogue.fused or layout != "tn":
-        return None, f"tuned skinny GEMM {cfg.id} takes plain 'tn' GEMMs only"
-    if found.match == "bucket" and nt_for(found.problem_matched.shape[0]) != nt_for(m):
-        return None, (f"tuned skinny GEMM {cfg.id} was tuned for "
-                      f"{found.problem_matched.shape[0]} rows, a different kernel than "
-                      f"{m} rows need")
-    key = ("skinny", cfg, dtype)
-    with _LOCK:
-        kernel = _KERNELS.get(key)
-        if kernel is None:
-            kernel = _KERNELS[key] = SkinnyGemm(cfg, dtype)
-    if not kernel.can_implement(*shape):
-        return None, f"tuned skinny GEMM {cfg.id} cannot take {'x'.join(map(str, shape))}"
-    return kernel, why
-
-
 def _load(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
           shape: tuple[int, int, int]) -> tuple[Any, str]:
-    if is_skinny(found.measurement.config):
-        return _load_skinny(found, dtype, layout, epilogue, why, shape)
-    try:
-        cfg = cg.GemmConfig.from_dict(found.measurement.config)
-        _device, cc, sm_count = device_key()
-    except Exception as exc:
-        return None, f"tuned entry unusable: {exc}"
-    key = (cfg, dtype, layout, epilogue, cc)
-    with _LOCK:
-        kernel = _KERNELS.get(key)
-        if kernel is None:
-            res = cg.cached(cfg, dtype, layout, cc, epilogue=epilogue)
-            if res is None:
-                return None, (f"tuned kernel {cfg.id} is not built on this machine; "
-                              "pyc_lab.kernels.prepare() builds it")
-            kernel = _KERNELS[key] = cg.CutlassGemm(res.library, cfg, dtype, layout, sm_count,
-                                                    epilogue)
-    if not kernel.can_implement(*shape):
-        return None, f"tuned kernel {cfg.id} cannot take {'x'.join(map(str, shape))}"
-    return kernel, why
+    """:func:`~.matmul_tuned.load_tuned` with this module's kernel cache."""
+    return load_tuned(found, dtype, layout, epilogue, why, shape, _KERNELS, _LOCK)
 
 
 def _callable_libraries() -> tuple[str, ...]:
@@ -364,7 +320,7 @@ def prepare(*, dtype: str | None = None, workers: int | None = None,
     this machine has never built; :func:`matmul` does not build on a call (a build takes
     about a minute), so run this once after importing. Skinny GEMM winners are compiled
     with NVRTC here (seconds; CuPy keeps the binaries on disk), so that their first call
-    compiles nothing either.
+    compiles nothing either; cuBLASLt setting winners need nothing (``"ready"``).
 
     Parameters
     ----------
@@ -401,6 +357,12 @@ def prepare(*, dtype: str | None = None, workers: int | None = None,
                 continue
             if is_skinny(rec.measurement.config):
                 rows.append(_prepare_skinny(rec))
+                continue
+            if is_lt_algo(rec.measurement.config):  # a library setting: nothing to build
+                rows.append({"op": p.op, "dtype": p.dtype_a, "layout": p.layout,
+                             "shape": "x".join(map(str, p.shape)),
+                             "config": LtAlgo.from_dict(rec.measurement.config).id,
+                             "status": "ready", "message": ""})
                 continue
             try:
                 cfg = cg.GemmConfig.from_dict(rec.measurement.config)

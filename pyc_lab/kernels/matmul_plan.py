@@ -29,6 +29,7 @@ from .arrays import (
     torch_stream,
 )
 from .gemm_replays import GraphReplays
+from .lt_tuned import FAMILY as LT_FAMILY
 from .matmul_inputs import result_shape
 from .matmul_route import library_path
 from .raced import RacedGemm
@@ -144,7 +145,8 @@ def _elements(x: Any) -> tuple[int, ...] | None:
 
 
 def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
-               result: str, race: bool = False, *, tf32: bool = False) -> Direct | None:
+               result: str, race: bool = False, *, tf32: bool = False,
+               setting: Any = None) -> Direct | None:
     """The :class:`Direct` form of a plain library GEMM on CuPy arrays, or ``None`` where
     it has none (nvmath-python missing, dtypes that differ, operands that are not BLAS
     matrices); the array-library launch runs those.
@@ -153,7 +155,9 @@ def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
     second way may be faster, decided on the first call: for a 2-D problem whose extents
     or leading dimensions are not 16-byte aligned, the GEMM on aligned, zero-padded
     copies (:mod:`.padded`); for a large float16/bfloat16 problem, the other library.
-    ``tf32``: float32 products on TF32 tensor cores.
+    ``tf32``: float32 products on TF32 tensor cores. ``setting``: a tuned cuBLASLt
+    algorithm setting (:class:`~.lt_algos.LtAlgo`) for ``impl="cublaslt"``; it is not
+    raced (the tuner measured it against both libraries).
     """
     from . import blas_direct, blas_layout, cublaslt
 
@@ -177,13 +181,15 @@ def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
     if isinstance(gemm, str):
         return None
     make = blas_direct.CublasGemm if impl == "cublas" else blas_direct.LtGemm
+    scale_c = beta if out is not None else 0.0
     try:
-        g = make(gemm, result, alpha, beta if out is not None else 0.0, tf32)
+        g = (blas_direct.LtGemm(gemm, result, alpha, scale_c, tf32, setting=setting)
+             if setting is not None else make(gemm, result, alpha, scale_c, tf32))
     except Exception as exc:  # a library that cannot be loaded: the array path runs
         log.info("no direct %s call for this GEMM: %s", impl, exc)
         return None
     size = a.dtype.itemsize
-    if race and (out is None or not beta):
+    if race and setting is None and (out is None or not beta):
         g = _raced(g, gemm, a, b, (sa, sb, so), impl, alpha, result)
     extents = (_extent(tuple(a.shape), sa, size), _extent(tuple(b.shape), sb, size),
                _extent(shape, so, size))
@@ -309,8 +315,12 @@ def build_launch(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any,
                 run = launch.cutlass_runner(kernel, result, shape, fold, alpha, beta)
                 config = kernel.config.id if getattr(kernel, "config", None) else None
                 impl = getattr(kernel, "family", "cutlass")  # "skinny" for pyc_lab's own
+                # a tuned cuBLASLt setting is a library call: issued directly like one
+                direct = (direct_for(a, b, out, "cublaslt", alpha, beta, result,
+                                     setting=kernel.config)
+                          if impl == LT_FAMILY and bias is None else None)
                 return Launch(run, {"impl": impl, "reason": why_tuned, "config": config,
-                                    "epilogue": epi.name, **extra}, stamp_now)
+                                    "epilogue": epi.name, **extra}, stamp_now, direct)
     # the library path
     fused_why = plain_why = None
     if bias is not None or activation is not None:

@@ -41,7 +41,8 @@ EXACT_MARGIN = 0.02
 CALLABLE = ("cublas", "cublaslt")
 #: Display names.
 LABELS = {"cublas": "cuBLAS", "cublaslt": "cuBLASLt", "torch": "torch.matmul",
-          "cutlass": "CUTLASS", "skinny": "skinny GEMM", "numpy": "NumPy"}
+          "cutlass": "CUTLASS", "skinny": "skinny GEMM", "cublaslt-tuned": "tuned cuBLASLt",
+          "numpy": "NumPy"}
 
 
 def tuned_verdict(time_ms: float | None, match: str, baselines: Mapping[str, float],

@@ -8,6 +8,7 @@ import pytest
 import pyc_lab as pl
 from pyc_lab.kernels import cutlass as cg
 from pyc_lab.kernels import matmul as mm
+from pyc_lab.kernels import matmul_tuned
 from pyc_lab.kernels.cutlass import nvcc as cutlass_build
 from pyc_lab.kernels.tuning import database as tuning_db
 from pyc_lab.kernels.tuning.keys import DeviceKey, Measurement, ProblemKey
@@ -24,6 +25,7 @@ SLOW = cg.GemmConfig((64, 128, 64), (1, 1, 1), "TmaWarpSpecializedPingpong",
 def db(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
     monkeypatch.setattr(mm, "device_key", lambda index=0: (DEVICE, 90, 132))
+    monkeypatch.setattr(matmul_tuned, "device_key", lambda index=0: (DEVICE, 90, 132))
     with tuning_db.TuningDB() as store:
         for op, shape in (("gemm", (256, 256, 256)), ("gemm_bias_gelu", (512, 512, 512))):
             store.record_many(DEVICE, ProblemKey(op, "f16", "f16", "f16", "tn", *shape),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pyc_lab as pl
-from pyc_lab.kernels import cublaslt
+from pyc_lab.kernels import cublaslt, matmul_tuned
 from pyc_lab.kernels import cutlass as cg
 from pyc_lab.kernels import matmul as mm
 from pyc_lab.kernels.arrays import bf16_dtype
@@ -80,6 +80,7 @@ def tuned_db(tmp_path, monkeypatch):
     """A private tuning database for this GPU, and a kernel 'loaded' for any winner."""
     monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
     monkeypatch.setattr(mm, "device_key", lambda index=0: (DEVICE, 90, 132))
+    monkeypatch.setattr(matmul_tuned, "device_key", lambda index=0: (DEVICE, 90, 132))
     kernel = FakeKernel()
     monkeypatch.setattr(mm, "_load", lambda found, dtype, layout, epi, why, shape:
                         (kernel, why))
@@ -384,9 +385,10 @@ def test_a_winning_skinny_entry_serves_odd_n_that_no_cutlass_kernel_takes(tuned_
 
 def tuning_load(found, dtype, layout, epi, why, shape):
     """matmul's own loader (the fixture replaces it with a fake CUTLASS kernel)."""
-    from pyc_lab.kernels import matmul
+    from pyc_lab.kernels import matmul, matmul_tuned
 
-    return matmul._load_skinny(found, dtype, layout, epi, why, shape)
+    return matmul_tuned.load_tuned(found, dtype, layout, epi, why, shape, matmul._KERNELS,
+                                   matmul._LOCK)
 
 
 def test_a_losing_skinny_entry_routes_to_the_library(tuned_db, monkeypatch):
@@ -427,8 +429,7 @@ def test_a_skinny_entry_never_takes_what_it_cannot_compute(tuned_db, monkeypatch
     found = SimpleNamespace(measurement=Measurement({"kernel": "skinny", "rt": 1,
                                                      "warps": 8, "stages": 4}, "ok", 0.01),
                             match="exact", problem_matched=gemm(8, 4096, 4096))
-    kernel, why = mm._load_skinny(found, "f16", "tn", cg.Epilogue(True, "relu"), "", (8, 4096,
-                                                                                     4096))
+    kernel, why = mm._load(found, "f16", "tn", cg.Epilogue(True, "relu"), "", (8, 4096, 4096))
     assert kernel is None and "plain 'tn' GEMMs only" in why
-    kernel, why = mm._load_skinny(found, "f16", "tn", cg.Epilogue(), "", (8, 4096, 4100))
+    kernel, why = mm._load(found, "f16", "tn", cg.Epilogue(), "", (8, 4096, 4100))
     assert kernel is None and "cannot take 8x4096x4100" in why

@@ -18,7 +18,13 @@ For ``M x N x K`` in a dtype and layout, on this machine's GPU:
    is checked and timed the same way before the search starts, the fastest three timed
    again with the libraries in interleaved rounds; the run's best is the fastest of the
    search's best CUTLASS candidate and these (:meth:`GemmRunner.best`);
-5. the libraries a user would call instead are timed the same way in the same run and
+5. for a plain f16/bf16 problem (no epilogue), cuBLASLt's own algorithm settings
+   (:mod:`~pyc_lab.kernels.tuning.lt_candidates`: every algorithm x tile x stages, then
+   custom options, swizzles and split-K for the fastest) are timed coarsely and the
+   fastest few checked and timed like any candidate, then beside the libraries in
+   interleaved rounds — a library setting the heuristic does not pick can be the winner,
+   run by :func:`pyc_lab.matmul` as :class:`~pyc_lab.kernels.lt_tuned.TunedLt`;
+6. the libraries a user would call instead are timed the same way in the same run and
    recorded as ``"baseline"`` rows: ``cublas`` (``cupy.matmul``; ``torch.matmul`` for
    bf16/tf32), ``cublaslt`` (cuBLASLt: the fused epilogue through
    :mod:`~pyc_lab.kernels.cublaslt`, or for plain f16/bf16 GEMMs through nvmath-python)
@@ -32,6 +38,7 @@ problems tuned together share one pool and build an identical kernel once).
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import time
@@ -46,6 +53,8 @@ from ...units import gemm_flops, tflops
 from ..cutlass.config import GemmConfig, problem_alignment, problem_issue
 from ..cutlass.launch import CutlassGemm
 from ..cutlass.nvcc import BuildResult, build_many
+from ..lt_algos import LtAlgo
+from ..lt_tuned import TunedLt
 from ..skinny import SkinnyConfig, SkinnyGemm, compile_kernels, skinny_issue
 from ..skinny import candidates as skinny_candidates
 from .builds import wait_for_build
@@ -65,7 +74,7 @@ from .keys import DeviceKey, Measurement, ProblemKey, device_key
 from .options import GemmTuneOptions
 
 __all__ = ["CONFIRM_ROUNDS", "CONFIRM_TOP", "GemmRunner", "candidates_for", "gpu_ms",
-           "interleaved_ms", "run_watched"]
+           "interleaved_ms", "lt_search_issue", "run_watched"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +118,24 @@ def run_watched(launches: Sequence[Callable[[], Any]], cp: Any, hang_s: float) -
                         "tuning stopped")
             time.sleep(0.001)
     return ""
+
+
+#: Tuner dtypes and their array dtype names.
+_ARRAY_DTYPES = {"f16": "float16", "bf16": "bfloat16"}
+
+
+def lt_search_issue(options: GemmTuneOptions) -> str:
+    """Why a tuning with these options measures no cuBLASLt settings, or ``""``."""
+    from .. import cublaslt
+
+    if not options.lt_search:
+        return "lt_search=False"
+    if options.epilogue.fused:
+        return "cuBLASLt settings are searched for plain GEMMs (no bias or activation)"
+    if options.dtype not in _ARRAY_DTYPES:
+        return f"dtype {options.dtype}: cuBLASLt settings are searched for f16 and bf16"
+    ok, why = cublaslt.status()
+    return "" if ok else why
 
 
 def candidates_for(m: int, n: int, k: int, options: GemmTuneOptions, cc: int, sm_count: int,
@@ -180,11 +207,12 @@ class GemmRunner:
                       "the skinny GEMM has no fused epilogue" if epi.fused else
                       skinny_issue(m, n, k, opts.dtype, opts.layout))
         skinny = [] if skinny_why else skinny_candidates(m, n, k)
-        if not opts.cutlass and not skinny:
+        lt_why = lt_search_issue(opts)
+        if not opts.cutlass and not skinny and lt_why:
             raise PycLabError(f"autotune_gemm {m}x{n}x{k} {opts.dtype} {opts.layout} with "
-                              f"cutlass=False: nothing to measure ({skinny_why}); "
+                              f"cutlass=False: nothing to measure ({skinny_why}; {lt_why}); "
                               "pyc_lab.matmul uses the library for it")
-        if issue and not skinny:
+        if issue and not skinny and lt_why:
             raise PycLabError(f"autotune_gemm {m}x{n}x{k} {opts.layout}: {issue}; "
                               "pyc_lab.matmul uses cuBLAS for such shapes")
         device, cc, sm_count = device_key()
@@ -200,7 +228,7 @@ class GemmRunner:
                                   m, n, k)
         ranked, dropped = ([], {}) if issue or not opts.cutlass else candidates_for(
             m, n, k, opts, cc, sm_count, restrict)
-        if not ranked and not skinny:
+        if not ranked and not skinny and lt_why:
             raise PycLabError(f"no CUTLASS configuration left for {m}x{n}x{k} {opts.dtype} "
                               f"{opts.layout} after pruning ({len(dropped)} dropped) and "
                               "restrictions")
@@ -240,8 +268,12 @@ class GemmRunner:
         self._measurements: dict[str, Measurement] = {}
         self._hung: str | None = None
         self.skinny: dict[str, dict[str, Any]] = {}
+        #: ``config id -> the table row`` of every cuBLASLt setting measured.
+        self.lt_settings: dict[str, dict[str, Any]] = {}
         if skinny:
             self._measure_skinny(skinny)
+        if not lt_why:
+            self._measure_lt()
 
     def _measure_skinny(self, configs: list[SkinnyConfig]) -> None:
         """Check and time every skinny GEMM configuration (before the search: they need
@@ -264,11 +296,41 @@ class GemmRunner:
             self.skinny[cfg.id] = self.rows[cfg.id]
             if status == "ok":
                 launches[cfg.id] = (cfg, lambda g=gemm: g.launch(stream))
-        self._confirm(launches)
+        self._confirm(launches, self.skinny)
 
-    def _confirm(self, launches: dict[str, tuple[SkinnyConfig, Callable[[], Any]]]) -> None:
-        """Time the :data:`CONFIRM_TOP` fastest skinny configurations and the libraries
-        again (:func:`interleaved_ms`) and keep the medians of the rounds."""
+    def _measure_lt(self) -> None:
+        """List and coarsely time cuBLASLt's settings (within the tuning budget), then
+        check and time the fastest few like any candidate."""
+        from .lt_candidates import search
+
+        cp = self._cp
+        try:
+            found = search(self._a, self._b, self._out, _ARRAY_DTYPES[self.options.dtype],
+                           self._deadline)
+        except Exception as exc:  # the search is a candidate source: never fatal
+            log.warning("cuBLASLt search for %dx%dx%d failed: %s", self.m, self.n, self.k,
+                        exc)
+            return
+        stream = cp.cuda.get_current_stream()
+        launches: dict[str, tuple[LtAlgo, Callable[[], Any]]] = {}
+        for setting in found:
+            if self._hung is not None:
+                break
+            kernel = TunedLt(setting, self.options.dtype)
+            run = functools.partial(kernel, self._a, self._b, self._out, stream=stream)
+            status, ms, err, msg = self._check_and_time(run, run, setting.id,
+                                                        self.options.repeats)
+            self._record(setting.id, setting.to_dict(), status, ms, err, msg)
+            self.lt_settings[setting.id] = self.rows[setting.id]
+            if status == "ok":
+                launches[setting.id] = (setting, run)
+        self._confirm(launches, self.lt_settings)
+
+    def _confirm(self, launches: dict[str, tuple[Any, Callable[[], Any]]],
+                 table: dict[str, dict[str, Any]]) -> None:
+        """Time the :data:`CONFIRM_TOP` fastest of ``launches`` (skinny configurations or
+        cuBLASLt settings) and the libraries again (:func:`interleaved_ms`), keep the
+        medians of the rounds and note the rows in ``table``."""
         ok = sorted((self._measurements[cid].time_ms, cid) for cid in launches)
         top = [cid for _ms, cid in ok[:CONFIRM_TOP]]
         if not top:
@@ -280,7 +342,7 @@ class GemmRunner:
         for cid in top:
             m = self._measurements[cid]
             self._record(cid, launches[cid][0].to_dict(), "ok", ms[cid], m.error, m.message)
-            self.skinny[cid] = self.rows[cid]
+            table[cid] = self.rows[cid]
 
     def _check_and_time(self, first: Callable[[], Any], again: Callable[[], Any], name: str,
                         repeats: int) -> tuple[str, float | None, float | None, str]:
@@ -314,9 +376,10 @@ class GemmRunner:
 
     def best(self, searched: Measurement | None) -> Measurement | None:
         """The run's best: the fastest correct of the search's best CUTLASS measurement
-        and the skinny GEMM's (``None`` when nothing was correct)."""
+        the skinny GEMM's and the cuBLASLt settings' (``None`` when nothing was correct)."""
         pool = [searched] if searched is not None and searched.ok else []
-        pool += [m for cid, m in self._measurements.items() if cid in self.skinny and m.ok]
+        pool += [m for cid, m in self._measurements.items()
+                 if (cid in self.skinny or cid in self.lt_settings) and m.ok]
         return min(pool, key=lambda m: m.time_ms) if pool else searched
 
     # -- the runner protocol ----------------------------------------------------------

@@ -82,7 +82,14 @@ class GemmTuneOptions:
         them in seconds), and the fastest of all is the winner.
     cutlass
         Search the CUTLASS candidates (each a ~1 minute nvcc build, once); ``False``
-        measures only the skinny GEMM beside the libraries, a tuning of seconds.
+        measures only the skinny GEMM and cuBLASLt's settings beside the libraries, a
+        tuning of seconds.
+    lt_search
+        Also measure cuBLASLt's own algorithm settings for plain f16/bf16 problems
+        (:mod:`~pyc_lab.kernels.tuning.lt_candidates`: the settings its heuristic does
+        not pick — other tiles, split-K, swizzles — listed, timed coarsely, the fastest
+        few checked and timed beside the libraries); a winner runs through cuBLASLt with
+        that setting. Needs nvmath-python.
 
     Raises
     ------
@@ -105,6 +112,7 @@ class GemmTuneOptions:
     wide: bool = True
     skinny: bool = True
     cutlass: bool = True
+    lt_search: bool = True
 
     def __post_init__(self) -> None:
         check_dtype_layout(self.dtype, self.layout)
@@ -122,13 +130,13 @@ class GemmTuneOptions:
                               f"or one of {sorted(ACTIVATIONS)}")
         if not isinstance(self.wide, bool):
             raise PycLabError(f"GEMM tuning option wide={self.wide!r}: give True or False")
-        for name in ("skinny", "cutlass"):
+        for name in ("skinny", "cutlass", "lt_search"):
             if not isinstance(getattr(self, name), bool):
                 raise PycLabError(f"GEMM tuning option {name}={getattr(self, name)!r}: give "
                                   "True or False")
-        if not (self.skinny or self.cutlass):
-            raise PycLabError("GEMM tuning options skinny=False and cutlass=False leave "
-                              "nothing to tune")
+        if not (self.skinny or self.cutlass or self.lt_search):
+            raise PycLabError("GEMM tuning options skinny=False, cutlass=False and "
+                              "lt_search=False leave nothing to tune")
         if not isinstance(self.stream_k, bool):
             raise PycLabError(f"GEMM tuning option stream_k={self.stream_k!r}: give True "
                               "or False")

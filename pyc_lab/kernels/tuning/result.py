@@ -16,6 +16,8 @@ from ...errors import PycLabError
 from ...hardware.peaks import peak_tflops
 from ...units import gemm_flops, tflops
 from ..cutlass.config import GemmConfig
+from ..lt_algos import LtAlgo, is_lt_algo
+from ..lt_tuned import FAMILY as LT_FAMILY
 from ..skinny import SkinnyConfig, is_skinny
 from .keys import DeviceKey, Measurement, ProblemKey
 
@@ -28,7 +30,7 @@ __all__ = ["ReplayInfo", "ReplayResult", "TuneResult", "candidate_table", "confi
 
 def kernel_config_id(config: Mapping[str, Any]) -> str:
     """A tuned kernel's id: ``256x128x64_c2x1x1_...`` for CUTLASS, ``skinny_rt2_w8_st4_s1``
-    for the skinny GEMM.
+    for the skinny GEMM, ``lt66_t20_s8_k1_r0_w0_c0`` for a cuBLASLt setting.
 
     Raises
     ------
@@ -37,6 +39,8 @@ def kernel_config_id(config: Mapping[str, Any]) -> str:
     """
     if is_skinny(dict(config)):
         return SkinnyConfig.from_dict(dict(config)).id
+    if is_lt_algo(dict(config)):
+        return LtAlgo.from_dict(dict(config)).id
     return GemmConfig.from_dict(dict(config)).id
 
 
@@ -49,7 +53,7 @@ def config_name(config: Mapping[str, Any], fallback: str = "") -> str:
 
 
 #: Prefixes of :attr:`TuneResult.winner` that name a tuned kernel (not a library).
-TUNED_PREFIXES = ("cutlass:", "skinny:")
+TUNED_PREFIXES = ("cutlass:", "skinny:", f"{LT_FAMILY}:")
 
 
 def is_tuned_winner(winner: str) -> bool:
@@ -58,8 +62,10 @@ def is_tuned_winner(winner: str) -> bool:
 
 
 def kernel_family(config: Mapping[str, Any]) -> str:
-    """``"skinny"`` for pyc_lab's skinny GEMM, else ``"cutlass"``."""
-    return "skinny" if is_skinny(dict(config)) else "cutlass"
+    """``"skinny"`` for pyc_lab's skinny GEMM, ``"cublaslt-tuned"`` for a cuBLASLt
+    setting, else ``"cutlass"``."""
+    d = dict(config)
+    return "skinny" if is_skinny(d) else LT_FAMILY if is_lt_algo(d) else "cutlass"
 
 
 def candidate_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -163,8 +169,9 @@ class TuneResult:
         import pandas as pd
 
         peak = peak_tflops(self.device.gpu_name, self.problem.dtype_a)
-        tuned = ("tuned skinny GEMM" if self.best is not None
-                 and kernel_family(self.best.config) == "skinny" else "tuned CUTLASS")
+        family = kernel_family(self.best.config) if self.best is not None else "cutlass"
+        tuned = {"skinny": "tuned skinny GEMM", LT_FAMILY: "tuned cuBLASLt setting"}.get(
+            family, "tuned CUTLASS")
         entries = [(tuned, self.best.time_ms if self.best else None),
                    *self.baselines.items()]
         cublas = self.baselines.get("cublas")
