@@ -228,7 +228,7 @@ def test_autotune_records_and_matmul_uses_the_winner(tmp_path, monkeypatch, kern
     seen = []
     res = pl.autotune_gemm(256, 384, 512, dtype="f16", layout="tn", max_candidates=3,
                            budget_s=300, repeats=5, observer=seen.append,
-                           cache=kernel_cache)
+                           cache=kernel_cache, lt_search=False)
     assert res.best is not None and res.best.ok, res.table
     assert len(res.table) == 3 and len(seen) >= 3
     assert set(res.table.status) <= {"ok", "compile_error", "wrong_result", "nan", "skipped"}
@@ -357,7 +357,7 @@ def test_stream_k_kernels_launch_again_and_again(tmp_path, kernel_cache):
     replay) must start from a freshly reset workspace."""
     res = pl.autotune_gemm(1024, 1024, 1024, dtype="f16", stream_k=True, max_candidates=2,
                            restrict=lambda c: c.tile_scheduler == "StreamK", repeats=5,
-                           budget_s=300, hang_s=20, cache=kernel_cache,
+                           budget_s=300, hang_s=20, cache=kernel_cache, lt_search=False,
                            db=tuning_db.TuningDB(tmp_path / "t.sqlite"))
     assert len(res.table) == 2 and set(res.table.status) == {"ok"}, res.table
     cfg = cg.GemmConfig.from_dict(res.best.config)

@@ -1,0 +1,125 @@
+"""cuBLASLt's own algorithm settings on a GPU: every setting the search returns computes
+the product (float64 reference, fresh random inputs, NaN-poisoned outputs, odd extents,
+both dtypes, transposed layouts); a setting run on pointers it does not take falls back
+to the heuristic and still computes it; the tuner measures the settings beside the
+libraries and pl.matmul runs a winning one directly (or the library when it lost), and
+computes right either way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyc_lab as pl
+from pyc_lab.kernels import lt_algos
+from pyc_lab.kernels import matmul as mm
+from pyc_lab.kernels.arrays import bf16_dtype
+from pyc_lab.kernels.lt_tuned import FAMILY, TunedLt
+from pyc_lab.kernels.tuning import lt_candidates
+
+cp = pytest.importorskip("cupy")
+pytest.importorskip("nvmath")
+pytestmark = pytest.mark.gpu
+
+EPS = {"f16": 2.0 ** -10, "bf16": 2.0 ** -7}
+NAMES = {"f16": "float16", "bf16": "bfloat16"}
+
+
+def rand(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> tuple:
+    """A CuPy array uniform in [-1, 1] and its exact values as float64."""
+    host = rng.uniform(-1, 1, shape).astype(bf16_dtype() if dtype == "bf16" else np.float16)
+    dev = cp.asarray(host.view(np.uint16)).view(cp.dtype(NAMES[dtype]))
+    return dev, host.astype(np.float64)
+
+
+def poisoned(shape: tuple[int, ...], dtype: str) -> object:
+    out = cp.empty(shape, dtype=cp.dtype(NAMES[dtype]))
+    out.view(cp.uint16).fill(0x7E00 if dtype == "f16" else 0x7FC0)  # NaN
+    return out
+
+
+def check(got: object, want: np.ndarray, dtype: str, k: int) -> None:
+    host = cp.asnumpy(got.view(cp.uint16)).view(
+        bf16_dtype() if dtype == "bf16" else np.float16).astype(np.float64)
+    assert np.isfinite(host).all(), "NaN or Inf in the result (the poison survived?)"
+    err = float(np.abs(host - want).max()) / max(float(np.abs(want).max()), 1e-3)
+    tol = 2 * EPS[dtype] + k * 2.0 ** -22
+    assert err <= tol, f"max error {err:.3g} > {tol:.3g} ({dtype}, K={k})"
+
+
+@pytest.mark.parametrize(("m", "n", "k", "dtype", "w_rows"), [
+    (16, 4096, 4096, "f16", True),     # a decode layer, w row-major (b = w.T)
+    (64, 1000, 520, "bf16", True),     # extents not multiples of 16
+    (300, 256, 2048, "bf16", False),   # b row-major K x N (layout "tt")
+    (7, 4104, 1032, "f16", True),
+])
+def test_every_setting_the_search_returns_computes_the_product(m, n, k, dtype, w_rows):
+    rng = np.random.default_rng()
+    a, a64 = rand((m, k), dtype, rng)
+    if w_rows:
+        w, w64 = rand((n, k), dtype, rng)
+        b, b64 = w.T, w64.T
+    else:
+        b, b64 = rand((k, n), dtype, rng)
+    out = poisoned((m, n), dtype)
+    found = lt_candidates.search(a, b, out, NAMES[dtype], top=6)
+    assert found and all(isinstance(s, lt_algos.LtAlgo) for s in found)
+    want = a64 @ b64
+    for setting in found:
+        y = poisoned((m, n), dtype)
+        TunedLt(setting, dtype)(a, b, y)
+        check(y, want, dtype, k)
+        TunedLt(setting, dtype)(a, b, y)  # again into its own result: the same answer
+        check(y, want, dtype, k)
+
+
+def test_a_setting_on_pointers_it_does_not_take_falls_back_to_the_heuristic():
+    rng = np.random.default_rng()
+    m, n, k = 33, 2048, 1024
+    a, a64 = rand((m, k + 1), "f16", rng)
+    w, w64 = rand((n, k), "f16", rng)
+    out = poisoned((m, n), "f16")
+    setting = lt_candidates.search(a[:, :k].copy(), w.T, out, "float16", top=1)[0]
+    # a view starting one element in: 2-byte aligned rows of a 2-byte aligned pointer
+    view = a[:, 1:]
+    y = poisoned((m, n), "f16")
+    kernel = TunedLt(setting, "f16")
+    kernel(view, w.T, y)
+    check(y, a64[:, 1:] @ w64.T, "f16", k)
+
+
+def test_the_tuner_measures_settings_and_matmul_follows_the_verdict(tmp_path, monkeypatch):
+    from pyc_lab.kernels.tuning import database as tuning_db
+
+    monkeypatch.setattr(tuning_db, "default_path", lambda: tmp_path / "t.sqlite")
+    mm.forget()
+    m, n, k = 64, 4096, 4096
+    res = pl.autotune_gemm(m, n, k, dtype="bf16", cutlass=False, skinny=False, repeats=5,
+                           budget_s=60)
+    lt_rows = res.table[res.table.config.str.startswith("lt")]
+    assert len(lt_rows) > 0 and set(lt_rows.status) == {"ok"}, res.table
+    assert {"cublas", "cublaslt"} <= set(res.baselines)
+    assert res.best is not None and lt_algos.is_lt_algo(res.best.config)
+    rng = np.random.default_rng()
+    a, a64 = rand((m, k), "bf16", rng)
+    w, w64 = rand((n, k), "bf16", rng)
+    out = poisoned((m, n), "bf16")
+    y = pl.matmul(a, w.T, out=out)
+    choice = dict(mm.last_choice)
+    if res.winner.startswith(f"{FAMILY}:"):
+        assert choice["impl"] == FAMILY and "beat" in choice["reason"], choice
+        assert choice["config"] == res.winner.split(":", 1)[1]
+    else:
+        assert choice["impl"] != FAMILY and "lost to" in choice["reason"], choice
+    assert y is out
+    check(y, a64 @ w64.T, "bf16", k)
+    y2 = pl.matmul(a, w.T)  # a new result, the memoised route
+    check(y2, a64 @ w64.T, "bf16", k)
+    # torch tensors take the same route, on torch's stream
+    torch = pytest.importorskip("torch")
+    at, wt = torch.from_dlpack(a), torch.from_dlpack(w)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        yt = pl.matmul(at, wt.T)
+        torch.cuda.current_stream().synchronize()
+    check(cp.from_dlpack(yt), a64 @ w64.T, "bf16", k)
+    mm.forget()
