@@ -17,6 +17,8 @@ from pyc_lab.kernels import cublaslt, matmul_tuned
 from pyc_lab.kernels import cutlass as cg
 from pyc_lab.kernels import matmul as mm
 from pyc_lab.kernels.arrays import bf16_dtype
+from pyc_lab.kernels.lt_algos import LtAlgo
+from pyc_lab.kernels.lt_tuned import TunedLt
 from pyc_lab.kernels.matmul_route import (
     BUCKET_MARGIN,
     EXACT_MARGIN,
@@ -433,3 +435,62 @@ def test_a_skinny_entry_never_takes_what_it_cannot_compute(tuned_db, monkeypatch
     assert kernel is None and "plain 'tn' GEMMs only" in why
     kernel, why = mm._load(found, "f16", "tn", cg.Epilogue(), "", (8, 4096, 4100))
     assert kernel is None and "cannot take 8x4096x4100" in why
+
+
+# -- tuned cuBLASLt settings -------------------------------------------------------------
+
+def record_setting(problem: ProblemKey, tuned_ms: float, baselines: dict[str, float],
+                   setting: LtAlgo) -> None:
+    with tuning_db.TuningDB() as db:
+        db.record_many(DEVICE, problem, [
+            Measurement(setting.to_dict(), "ok", tuned_ms),
+            *(Measurement({"baseline": name}, "baseline", ms) for name, ms in baselines.items())],
+            run_id="lt-run")
+
+
+def test_a_winning_cublaslt_setting_is_issued_directly_with_that_setting(tuned_db,
+                                                                          monkeypatch):
+    """A setting that beat both libraries in its tuning run runs as a direct cuBLASLt call
+    carrying the setting (not raced again); one that lost routes to the library."""
+    from pyc_lab.kernels import matmul_plan
+
+    monkeypatch.setattr(cublaslt, "status", lambda: (True, "nvmath-python"))
+    monkeypatch.setattr(mm, "_load", tuning_load)
+    calls = []
+
+    def fake_direct_for(a, b, out, impl, alpha, beta, result, race=False, **kw):
+        calls.append((impl, race, kw.get("setting")))
+
+    monkeypatch.setattr(matmul_plan, "direct_for", fake_direct_for)
+    setting = LtAlgo(66, 20, 8, 4, 1, 1, 0)
+    record_setting(gemm(64, 4096, 4096, "bf16"), 0.015, {"cublaslt": 0.0175, "cublas": 0.018},
+                   setting)
+    a, w = FakeGpuArray((64, 4096), "bfloat16"), FakeGpuArray((4096, 4096), "bfloat16")
+    plan = pl.matmul_plan(a, w.T)
+    assert plan.choice["impl"] == "cublaslt-tuned", plan.choice
+    assert plan.choice["config"] == setting.id
+    assert "beat cuBLASLt 0.018 ms" in plan.choice["reason"]
+    assert calls[-1] == ("cublaslt", False, setting)
+    assert isinstance(mm._KERNELS[("cublaslt", setting, "bf16")], TunedLt)
+    # a setting that lost its run: the library, raced as usual
+    record_setting(gemm(32, 4096, 4096, "bf16"), 0.0172, {"cublaslt": 0.0175}, setting)
+    plan = pl.matmul_plan(FakeGpuArray((32, 4096), "bfloat16"), w.T)
+    assert plan.choice["impl"] == "cublaslt"
+    assert "within the spread between runs" in plan.choice["reason"]
+    assert calls[-1] == ("cublaslt", True, None)
+
+
+def test_a_cublaslt_setting_serves_only_the_shape_it_was_measured_on(tuned_db, monkeypatch):
+    monkeypatch.setattr(cublaslt, "status", lambda: (True, "nvmath-python"))
+    monkeypatch.setattr(mm, "_load", tuning_load)
+    setting = LtAlgo(66, 20, 8)
+    record_setting(gemm(64, 4096, 4096, "bf16"), 0.010, {"cublaslt": 0.0175}, setting)
+    plan = pl.matmul_plan(FakeGpuArray((60, 4096), "bfloat16"),
+                          FakeGpuArray((4096, 4096), "bfloat16").T)
+    assert plan.choice["impl"] == "cublaslt"
+    assert "was measured on 64x4096x4096, not this shape" in plan.choice["reason"]
+    # nor a GEMM with an epilogue of the same shape (another op: nothing tuned for it)
+    found = SimpleNamespace(measurement=Measurement(setting.to_dict(), "ok", 0.01),
+                            match="exact", problem_matched=gemm(64, 4096, 4096, "bf16"))
+    kernel, why = mm._load(found, "bf16", "tn", cg.Epilogue(True, "relu"), "", (64, 4096, 4096))
+    assert kernel is None and "plain GEMMs only" in why
