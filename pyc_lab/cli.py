@@ -164,12 +164,13 @@ def _parser() -> argparse.ArgumentParser:
     for cmd in (gemm, many):
         cmd.add_argument("--no-cutlass", dest="cutlass", action="store_false",
                          help="measure no CUTLASS candidates (no nvcc builds): only the "
-                              "skinny GEMM and cuBLASLt's settings beside the libraries "
+                              "skinny GEMM and cuBLASLt's picks beside the libraries "
                               "(live only)")
         cmd.add_argument("--no-skinny", dest="skinny", action="store_false",
                          help="leave out pyc_lab's skinny GEMM for M <= 64 (live only)")
         cmd.add_argument("--no-lt-search", dest="lt_search", action="store_false",
-                         help="leave out cuBLASLt's own algorithm settings (live only)")
+                         help="leave out cuBLASLt's heuristic picks beyond its first "
+                              "(live only)")
     for name, what, suffix in (("cache", "the CUTLASS kernel cache", ".tar.gz"),
                                ("db", "the tuning database", ".json or .csv")):
         cmd = sub.add_parser(name, help=f"export or import {what}")

@@ -394,10 +394,10 @@ class LtGemm:
         ran at 0.96x the best library with transposing ops, 0.98x with row orders).
         FP8 kernels take only the transposing form (``row_orders=False``).
     setting
-        A cuBLASLt algorithm setting (:class:`~.lt_algos.LtAlgo`, found by the tuner's
-        search of the algorithm space) to run instead of the heuristic's choice, on the
-        first description (the one the search checked it against). An alignment class
-        the setting does not take falls back to the heuristic's choice.
+        A kept heuristic pick (:class:`~.lt_algos.LtPick`, measured fastest by the
+        tuner) to run instead of the heuristic's first choice, on the description it
+        was picked for. An alignment class it does not take, or another cuBLASLt
+        version, falls back to the heuristic's choice.
     """
 
     impl = "cublaslt"
@@ -557,15 +557,18 @@ class LtGemm:
         return form, result  # the algorithm struct is the result's first member
 
     def _fixed(self, handle: int, key: tuple[int, int, int]) -> tuple[_Form, np.ndarray] | None:
-        """The first description with :attr:`setting`'s algorithm, or ``None`` (logged)
-        where cuBLASLt refuses it for this problem and alignment."""
+        """:attr:`setting`'s description and algorithm, or ``None`` (logged) where
+        cuBLASLt refuses it for this problem and alignment, or is another version."""
         from . import lt_algos
 
-        form = self._forms[0]
-        t, t_a, t_b = self._types
-        types = (t_b, t_a, t) if form.b_first else (t_a, t_b, t)
+        pick = self.setting
+        if pick.form >= len(self._forms) or pick.version != int(self.lt.get_version()):
+            log.info("the tuned cuBLASLt pick %s was made by cuBLASLt %d for description "
+                     "%d; its heuristic chooses here", pick.id, pick.version, pick.form)
+            return None
+        form = self._forms[pick.form]
         try:
-            algo = lt_algos.struct(self.lt, handle, self.compute, types, self.setting)
+            algo = pick.struct(self.lt)
             rec = lt_algos.check(self.lt, handle, form.desc, form.layouts, algo,
                                  MAX_LT_WORKSPACE)
             if rec is not None and not lt_algos.aligned(self.lt, algo,
@@ -573,12 +576,12 @@ class LtGemm:
                 rec = None
         except Exception as exc:
             rec = None
-            log.debug("cuBLASLt setting %s: %s", self.setting.id, exc)
+            log.debug("cuBLASLt pick %s: %s", pick.id, exc)
         if rec is None:
-            log.info("cuBLASLt refuses the tuned setting %s for %s; its heuristic chooses",
-                     self.setting.id, self.gemm)
+            log.info("cuBLASLt refuses the tuned pick %s for %s; its heuristic chooses",
+                     pick.id, self.gemm)
             return None
-        self.algorithms[key] = self.setting.algo_id
+        self.algorithms[key] = pick.algo_id
         self._need = max(self._need, int(rec["workspace_size"][0]))
         return form, rec
 

@@ -1,12 +1,12 @@
-"""A tuned cuBLASLt setting run like a tuned kernel: :class:`TunedLt`.
+"""A tuned cuBLASLt pick run like a tuned kernel: :class:`TunedLt`.
 
-The tuner measures cuBLASLt's algorithm settings (:mod:`.lt_algos`) beside its own
-kernels; a setting that won is stored in the tuning database and :func:`pyc_lab.matmul`
+The tuner measures cuBLASLt's heuristic picks (:mod:`.tuning.lt_candidates`) beside its
+own kernels; a pick that won is stored in the tuning database and :func:`pyc_lab.matmul`
 loads it as a :class:`TunedLt` — the same object the tuner timed — which issues the GEMM
-through :class:`~.blas_direct.LtGemm` with that setting (the direct call: three pointers
-and a stream). It takes any operand layout cuBLASLt takes; the setting is checked against
-each problem and pointer alignment on its first call, and where cuBLASLt refuses it the
-heuristic's choice runs instead (logged).
+through :class:`~.blas_direct.LtGemm` with that pick (the direct call: three pointers
+and a stream). The pick is checked against each problem and pointer alignment on its
+first call, and where cuBLASLt refuses it (or is another version) the heuristic's choice
+runs instead (logged).
 """
 
 from __future__ import annotations
@@ -15,25 +15,27 @@ import threading
 from typing import Any
 
 from ..errors import PycLabError
-from .lt_algos import LtAlgo
+from .lt_algos import LtPick
 
 __all__ = ["FAMILY", "TunedLt"]
 
 #: What :func:`pyc_lab.matmul` reports as the implementation of a tuned setting.
 FAMILY = "cublaslt-tuned"
-#: Kernel dtypes and the array dtype names they take.
+#: Kernel dtypes, their cuBLASLt dtype, and the array dtype names they take (bfloat16
+#: bits may be held as 16-bit integers, as the tuner's operands are).
 _DTYPES = {"f16": "float16", "bf16": "bfloat16"}
+_ARRAYS = {"f16": ("float16",), "bf16": ("bfloat16", "int16", "uint16")}
 #: Problems (shapes, strides, scales) whose :class:`~.blas_direct.LtGemm` is kept.
 _MAX_GEMMS = 64
 
 
 class TunedLt:
-    """``out = alpha * a @ b + beta * out`` through cuBLASLt with one algorithm setting.
+    """``out = alpha * a @ b + beta * out`` through cuBLASLt with one kept pick.
 
     Parameters
     ----------
     config
-        The :class:`~.lt_algos.LtAlgo`.
+        The :class:`~.lt_algos.LtPick`.
     dtype
         ``"f16"`` or ``"bf16"``.
 
@@ -45,7 +47,7 @@ class TunedLt:
 
     family = FAMILY
 
-    def __init__(self, config: LtAlgo, dtype: str) -> None:
+    def __init__(self, config: LtPick, dtype: str) -> None:
         if dtype not in _DTYPES:
             raise PycLabError(f"TunedLt: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
         self.config = config
@@ -57,17 +59,17 @@ class TunedLt:
         return f"TunedLt({self.config.id}, {self.dtype})"
 
     def can_implement(self, m: int, n: int, k: int) -> bool:
-        """Every non-empty problem (a setting cuBLASLt refuses falls back at the call)."""
+        """Every non-empty problem (a pick cuBLASLt refuses falls back at the call)."""
         return min(m, n, k) > 0
 
     def gemm(self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0) -> Any:
         """The :class:`~.blas_direct.LtGemm` of these operands' shapes and strides with
-        the setting (made once per problem)."""
+        the pick (made once per problem)."""
         from .blas_direct import LtGemm
         from .blas_layout import describe
 
         want = _DTYPES[self.dtype]
-        if any(x.dtype.name != want for x in (a, b, out)):
+        if any(x.dtype.name not in _ARRAYS[self.dtype] for x in (a, b, out)):
             raise PycLabError(f"TunedLt built for {self.dtype} got "
                               f"{sorted({x.dtype.name for x in (a, b, out)})} arrays")
         size = a.dtype.itemsize

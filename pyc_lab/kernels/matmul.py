@@ -44,7 +44,7 @@ from .arrays import (
     torch_of,
     torch_stream,
 )
-from .lt_algos import LtAlgo, is_lt_algo
+from .lt_algos import LtPick, is_lt_algo
 from .matmul_fp8 import is_fp8, matmul_fp8
 from .matmul_inputs import DTYPES, check_inputs, result_shape
 from .matmul_plan import (
@@ -361,7 +361,7 @@ def prepare(*, dtype: str | None = None, workers: int | None = None,
             if is_lt_algo(rec.measurement.config):  # a library setting: nothing to build
                 rows.append({"op": p.op, "dtype": p.dtype_a, "layout": p.layout,
                              "shape": "x".join(map(str, p.shape)),
-                             "config": LtAlgo.from_dict(rec.measurement.config).id,
+                             "config": LtPick.from_dict(rec.measurement.config).id,
                              "status": "ready", "message": ""})
                 continue
             try:

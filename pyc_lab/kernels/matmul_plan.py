@@ -156,7 +156,7 @@ def direct_for(a: Any, b: Any, out: Any, impl: str, alpha: float, beta: float,
     or leading dimensions are not 16-byte aligned, the GEMM on aligned, zero-padded
     copies (:mod:`.padded`); for a large float16/bfloat16 problem, the other library.
     ``tf32``: float32 products on TF32 tensor cores. ``setting``: a tuned cuBLASLt
-    algorithm setting (:class:`~.lt_algos.LtAlgo`) for ``impl="cublaslt"``; it is not
+    pick (:class:`~.lt_algos.LtPick`) for ``impl="cublaslt"``; it is not
     raced (the tuner measured it against both libraries).
     """
     from . import blas_direct, blas_layout, cublaslt

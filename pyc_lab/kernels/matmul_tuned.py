@@ -2,9 +2,9 @@
 
 An entry's configuration is a CUTLASS kernel (loaded from the kernel cache, where the
 tuner put it; never built on a call), pyc_lab's skinny GEMM (compiled by NVRTC at its
-first use) or a cuBLASLt algorithm setting (:class:`~.lt_tuned.TunedLt`). Each must
+first use) or a cuBLASLt heuristic pick (:class:`~.lt_tuned.TunedLt`). Each must
 accept the actual shape: a bucketed skinny entry only for the same token tiles, a
-cuBLASLt setting only for the exact shape it was measured on.
+cuBLASLt pick only for the exact shape it was measured on.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import PycLabError
 from . import cutlass as cg
-from .lt_algos import LtAlgo, is_lt_algo
+from .lt_algos import LtPick, is_lt_algo
 from .lt_tuned import TunedLt
 from .skinny import SkinnyConfig, SkinnyGemm, is_skinny, nt_for
 from .tuning.keys import device_key
@@ -49,16 +49,16 @@ def _load_skinny(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why
 
 def _load_lt(found: Any, dtype: str, epilogue: cg.Epilogue, why: str,
              kernels: dict, lock: Any) -> tuple[Any, str]:
-    """The cuBLASLt setting of a tuned entry, for an exact match of a plain GEMM only (a
-    setting's speed belongs to the shape it was measured on)."""
+    """The cuBLASLt pick of a tuned entry, for an exact match of a plain GEMM only (a
+    pick's speed belongs to the shape it was measured on)."""
     try:
-        cfg = LtAlgo.from_dict(found.measurement.config)
+        cfg = LtPick.from_dict(found.measurement.config)
     except PycLabError as exc:
         return None, f"tuned entry unusable: {exc}"
     if epilogue.fused:
-        return None, f"tuned cuBLASLt setting {cfg.id} takes plain GEMMs only"
+        return None, f"tuned cuBLASLt pick {cfg.id} takes plain GEMMs only"
     if found.match != "exact":
-        return None, (f"tuned cuBLASLt setting {cfg.id} was measured on "
+        return None, (f"tuned cuBLASLt pick {cfg.id} was measured on "
                       f"{'x'.join(map(str, found.problem_matched.shape))}, not this shape")
     key = ("cublaslt", cfg, dtype)
     with lock:
@@ -71,7 +71,7 @@ def _load_lt(found: Any, dtype: str, epilogue: cg.Epilogue, why: str,
 def load_tuned(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
                shape: tuple[int, int, int], kernels: dict, lock: Any) -> tuple[Any, str]:
     """The kernel of a tuning-database entry for the actual ``shape``: a CUTLASS kernel
-    from the kernel cache, a skinny GEMM, or a cuBLASLt setting; or ``None`` and why it
+    from the kernel cache, a skinny GEMM, or a cuBLASLt pick; or ``None`` and why it
     cannot serve. Loaded kernels are kept in ``kernels`` (under ``lock``).
 
     Parameters

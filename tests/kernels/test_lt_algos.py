@@ -163,14 +163,38 @@ def test_aligned_reads_the_algorithms_minimum_alignments():
     assert lt_algos.aligned(lt, algo2, (2, 2, 2))
 
 
-def test_settings_round_trip_through_the_database_form():
-    s = LtAlgo(66, 20, 8, 4, 1, 1, 2)
-    d = s.to_dict()
+def test_a_pick_keeps_the_algorithm_struct_and_round_trips_through_the_database():
+    lt = FakeLt()
+    lt.get_version = lambda: 130100
+    lt.matmul_algo_config_get_attribute = _get_config(lt)
+    algo = lt_algos.struct(lt, 0, 68, (2, 2, 2), LtAlgo(6, 1, 7, 4, 4, 1, 2))
+    pick = lt_algos.LtPick.of(lt, 1, algo)
+    assert pick.form == 1 and pick.version == 130100
+    assert (pick.algo_id, pick.tile, pick.stages, pick.splitk) == (6, 1, 7, 4)
+    np.testing.assert_array_equal(pick.struct(lt).view(np.uint64), algo.view(np.uint64))
+    d = pick.to_dict()
     assert d["kernel"] == "cublaslt" and lt_algos.is_lt_algo(d)
-    assert LtAlgo.from_dict(d) == s
-    assert s.id == "lt66_t20_s8_k4_r1_w1_c2"
+    assert all(isinstance(w, str) for w in d["words"])  # 64-bit words survive JSON
+    assert lt_algos.LtPick.from_dict(d) == pick
+    assert pick.id.startswith("lt6_t1_s7_k4_c0_f1_") and len(pick.id.rsplit("_", 1)[1]) == 6
+    other = lt_algos.LtPick(1, (*pick.words[:7], pick.words[7] + 1), 130100, 6, 1, 7, 4)
+    assert other.id != pick.id  # named by its words, not only its description
     assert not lt_algos.is_lt_algo({"kernel": "skinny"})
-    with pytest.raises(PycLabError, match="not a cuBLASLt"):
-        LtAlgo.from_dict({"kernel": "skinny"})
+    with pytest.raises(PycLabError, match="not a cuBLASLt pick"):
+        lt_algos.LtPick.from_dict({"kernel": "skinny"})
     with pytest.raises(PycLabError, match="incomplete"):
-        LtAlgo.from_dict({"kernel": "cublaslt", "algo_id": 1})
+        lt_algos.LtPick.from_dict({"kernel": "cublaslt", "form": 0, "version": 1,
+                                   "words": ["1", "2"]})
+
+
+def _get_config(lt: FakeLt):
+    """``matmul_algo_config_get_attribute`` of the fake: its struct's words by name."""
+    def get(ptr, attr, buf, size, written):
+        name = lt.MatmulAlgoConfigAttribute(attr).name
+        if name not in CONFIG_FIELDS:
+            raise RuntimeError("CUBLAS_STATUS_INVALID_VALUE")
+        dt = np.dtype(lt.get_matmul_algo_config_attribute_dtype(attr))
+        out = np.ctypeslib.as_array(
+            (np.ctypeslib.ctypes.c_byte * size).from_address(buf)).view(dt)
+        out[0] = int(lt._words(ptr)[CONFIG_FIELDS.index(name)])
+    return get

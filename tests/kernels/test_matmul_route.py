@@ -17,7 +17,7 @@ from pyc_lab.kernels import cublaslt, matmul_tuned
 from pyc_lab.kernels import cutlass as cg
 from pyc_lab.kernels import matmul as mm
 from pyc_lab.kernels.arrays import bf16_dtype
-from pyc_lab.kernels.lt_algos import LtAlgo
+from pyc_lab.kernels.lt_algos import LtPick
 from pyc_lab.kernels.lt_tuned import TunedLt
 from pyc_lab.kernels.matmul_route import (
     BUCKET_MARGIN,
@@ -437,10 +437,13 @@ def test_a_skinny_entry_never_takes_what_it_cannot_compute(tuned_db, monkeypatch
     assert kernel is None and "cannot take 8x4096x4100" in why
 
 
-# -- tuned cuBLASLt settings -------------------------------------------------------------
+# -- tuned cuBLASLt picks ----------------------------------------------------------------
+
+PICK = LtPick(0, tuple(range(1, 9)), 130100, 66, 20, 8, 1, 2)
+
 
 def record_setting(problem: ProblemKey, tuned_ms: float, baselines: dict[str, float],
-                   setting: LtAlgo) -> None:
+                   setting: LtPick) -> None:
     with tuning_db.TuningDB() as db:
         db.record_many(DEVICE, problem, [
             Measurement(setting.to_dict(), "ok", tuned_ms),
@@ -448,10 +451,9 @@ def record_setting(problem: ProblemKey, tuned_ms: float, baselines: dict[str, fl
             run_id="lt-run")
 
 
-def test_a_winning_cublaslt_setting_is_issued_directly_with_that_setting(tuned_db,
-                                                                          monkeypatch):
-    """A setting that beat both libraries in its tuning run runs as a direct cuBLASLt call
-    carrying the setting (not raced again); one that lost routes to the library."""
+def test_a_winning_cublaslt_pick_is_issued_directly_with_that_pick(tuned_db, monkeypatch):
+    """A pick that beat both libraries in its tuning run runs as a direct cuBLASLt call
+    carrying the pick (not raced again); one that lost routes to the library."""
     from pyc_lab.kernels import matmul_plan
 
     monkeypatch.setattr(cublaslt, "status", lambda: (True, "nvmath-python"))
@@ -462,7 +464,7 @@ def test_a_winning_cublaslt_setting_is_issued_directly_with_that_setting(tuned_d
         calls.append((impl, race, kw.get("setting")))
 
     monkeypatch.setattr(matmul_plan, "direct_for", fake_direct_for)
-    setting = LtAlgo(66, 20, 8, 4, 1, 1, 0)
+    setting = PICK
     record_setting(gemm(64, 4096, 4096, "bf16"), 0.015, {"cublaslt": 0.0175, "cublas": 0.018},
                    setting)
     a, w = FakeGpuArray((64, 4096), "bfloat16"), FakeGpuArray((4096, 4096), "bfloat16")
@@ -472,7 +474,7 @@ def test_a_winning_cublaslt_setting_is_issued_directly_with_that_setting(tuned_d
     assert "beat cuBLASLt 0.018 ms" in plan.choice["reason"]
     assert calls[-1] == ("cublaslt", False, setting)
     assert isinstance(mm._KERNELS[("cublaslt", setting, "bf16")], TunedLt)
-    # a setting that lost its run: the library, raced as usual
+    # a pick that lost its run: the library, raced as usual
     record_setting(gemm(32, 4096, 4096, "bf16"), 0.0172, {"cublaslt": 0.0175}, setting)
     plan = pl.matmul_plan(FakeGpuArray((32, 4096), "bfloat16"), w.T)
     assert plan.choice["impl"] == "cublaslt"
@@ -480,10 +482,10 @@ def test_a_winning_cublaslt_setting_is_issued_directly_with_that_setting(tuned_d
     assert calls[-1] == ("cublaslt", True, None)
 
 
-def test_a_cublaslt_setting_serves_only_the_shape_it_was_measured_on(tuned_db, monkeypatch):
+def test_a_cublaslt_pick_serves_only_the_shape_it_was_measured_on(tuned_db, monkeypatch):
     monkeypatch.setattr(cublaslt, "status", lambda: (True, "nvmath-python"))
     monkeypatch.setattr(mm, "_load", tuning_load)
-    setting = LtAlgo(66, 20, 8)
+    setting = PICK
     record_setting(gemm(64, 4096, 4096, "bf16"), 0.010, {"cublaslt": 0.0175}, setting)
     plan = pl.matmul_plan(FakeGpuArray((60, 4096), "bfloat16"),
                           FakeGpuArray((4096, 4096), "bfloat16").T)

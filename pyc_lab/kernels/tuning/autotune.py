@@ -106,7 +106,7 @@ def autotune_gemm(m: int, n: int, k: int, *, options: GemmTuneOptions | None = N
 
     The CUTLASS candidates are searched; for a plain f16/bf16 ``"tn"`` problem of at most
     64 rows every configuration of pyc_lab's skinny GEMM is measured too, and for any
-    plain f16/bf16 problem cuBLASLt's own algorithm settings. The libraries
+    plain f16/bf16 problem cuBLASLt's heuristic picks beyond its first. The libraries
     (cuBLAS, cuBLASLt, torch) are measured in the same run and recorded as
     ``"baseline"`` rows; ``result.winner`` is the fastest of all (a tuned kernel or a
     library) and ``result.speedup`` the best tuned kernel's time against the best
@@ -153,7 +153,7 @@ def autotune_gemm(m: int, n: int, k: int, *, options: GemmTuneOptions | None = N
     t_start = time.perf_counter()
     runner = GemmRunner(m, n, k, opts, restrict=restrict, cache=cache, builds=builds)
     if observer is not None:
-        for row in (*runner.skinny.values(), *runner.lt_settings.values()):
+        for row in (*runner.skinny.values(), *runner.lt_picks.values()):
             observer({**row, "built": 0, "total": len(runner.configs)})
     result = _search(runner, opts, observer, stop) if runner.configs else None
     measurements = runner.measurements()

@@ -18,12 +18,12 @@ For ``M x N x K`` in a dtype and layout, on this machine's GPU:
    is checked and timed the same way before the search starts, the fastest three timed
    again with the libraries in interleaved rounds; the run's best is the fastest of the
    search's best CUTLASS candidate and these (:meth:`GemmRunner.best`);
-5. for a plain f16/bf16 problem (no epilogue), cuBLASLt's own algorithm settings
-   (:mod:`~pyc_lab.kernels.tuning.lt_candidates`: every algorithm x tile x stages, then
-   custom options, swizzles and split-K for the fastest) are timed coarsely and the
-   fastest few checked and timed like any candidate, then beside the libraries in
-   interleaved rounds — a library setting the heuristic does not pick can be the winner,
-   run by :func:`pyc_lab.matmul` as :class:`~pyc_lab.kernels.lt_tuned.TunedLt`;
+5. for a plain f16/bf16 problem (no epilogue), cuBLASLt's heuristic picks beyond its
+   first (:mod:`~pyc_lab.kernels.tuning.lt_candidates`: eight for each description of
+   the product, and a few with a wide workspace) are timed coarsely and the fastest few
+   checked and timed like any candidate, then beside the libraries in interleaved
+   rounds — a pick the heuristic ranks lower can be the winner, run by
+   :func:`pyc_lab.matmul` as :class:`~pyc_lab.kernels.lt_tuned.TunedLt`;
 6. the libraries a user would call instead are timed the same way in the same run and
    recorded as ``"baseline"`` rows: ``cublas`` (``cupy.matmul``; ``torch.matmul`` for
    bf16/tf32), ``cublaslt`` (cuBLASLt: the fused epilogue through
@@ -53,7 +53,7 @@ from ...units import gemm_flops, tflops
 from ..cutlass.config import GemmConfig, problem_alignment, problem_issue
 from ..cutlass.launch import CutlassGemm
 from ..cutlass.nvcc import BuildResult, build_many
-from ..lt_algos import LtAlgo
+from ..lt_algos import LtPick
 from ..lt_tuned import TunedLt
 from ..skinny import SkinnyConfig, SkinnyGemm, compile_kernels, skinny_issue
 from ..skinny import candidates as skinny_candidates
@@ -125,15 +125,15 @@ _ARRAY_DTYPES = {"f16": "float16", "bf16": "bfloat16"}
 
 
 def lt_search_issue(options: GemmTuneOptions) -> str:
-    """Why a tuning with these options measures no cuBLASLt settings, or ``""``."""
+    """Why a tuning with these options measures no cuBLASLt picks, or ``""``."""
     from .. import cublaslt
 
     if not options.lt_search:
         return "lt_search=False"
     if options.epilogue.fused:
-        return "cuBLASLt settings are searched for plain GEMMs (no bias or activation)"
+        return "cuBLASLt's picks are measured for plain GEMMs (no bias or activation)"
     if options.dtype not in _ARRAY_DTYPES:
-        return f"dtype {options.dtype}: cuBLASLt settings are searched for f16 and bf16"
+        return f"dtype {options.dtype}: cuBLASLt's picks are measured for f16 and bf16"
     ok, why = cublaslt.status()
     return "" if ok else why
 
@@ -268,8 +268,8 @@ class GemmRunner:
         self._measurements: dict[str, Measurement] = {}
         self._hung: str | None = None
         self.skinny: dict[str, dict[str, Any]] = {}
-        #: ``config id -> the table row`` of every cuBLASLt setting measured.
-        self.lt_settings: dict[str, dict[str, Any]] = {}
+        #: ``config id -> the table row`` of every cuBLASLt pick measured.
+        self.lt_picks: dict[str, dict[str, Any]] = {}
         if skinny:
             self._measure_skinny(skinny)
         if not lt_why:
@@ -299,37 +299,36 @@ class GemmRunner:
         self._confirm(launches, self.skinny)
 
     def _measure_lt(self) -> None:
-        """List and coarsely time cuBLASLt's settings (within the tuning budget), then
-        check and time the fastest few like any candidate."""
+        """Time cuBLASLt's heuristic picks coarsely, then check and time the fastest few
+        like any candidate."""
         from .lt_candidates import search
 
         cp = self._cp
         try:
-            found = search(self._a, self._b, self._out, _ARRAY_DTYPES[self.options.dtype],
-                           self._deadline)
+            found = search(self._a, self._b, self._out, _ARRAY_DTYPES[self.options.dtype])
         except Exception as exc:  # the search is a candidate source: never fatal
             log.warning("cuBLASLt search for %dx%dx%d failed: %s", self.m, self.n, self.k,
                         exc)
             return
         stream = cp.cuda.get_current_stream()
-        launches: dict[str, tuple[LtAlgo, Callable[[], Any]]] = {}
-        for setting in found:
+        launches: dict[str, tuple[LtPick, Callable[[], Any]]] = {}
+        for pick in found:
             if self._hung is not None:
                 break
-            kernel = TunedLt(setting, self.options.dtype)
+            kernel = TunedLt(pick, self.options.dtype)
             run = functools.partial(kernel, self._a, self._b, self._out, stream=stream)
-            status, ms, err, msg = self._check_and_time(run, run, setting.id,
+            status, ms, err, msg = self._check_and_time(run, run, pick.id,
                                                         self.options.repeats)
-            self._record(setting.id, setting.to_dict(), status, ms, err, msg)
-            self.lt_settings[setting.id] = self.rows[setting.id]
+            self._record(pick.id, pick.to_dict(), status, ms, err, msg)
+            self.lt_picks[pick.id] = self.rows[pick.id]
             if status == "ok":
-                launches[setting.id] = (setting, run)
-        self._confirm(launches, self.lt_settings)
+                launches[pick.id] = (pick, run)
+        self._confirm(launches, self.lt_picks)
 
     def _confirm(self, launches: dict[str, tuple[Any, Callable[[], Any]]],
                  table: dict[str, dict[str, Any]]) -> None:
         """Time the :data:`CONFIRM_TOP` fastest of ``launches`` (skinny configurations or
-        cuBLASLt settings) and the libraries again (:func:`interleaved_ms`), keep the
+        cuBLASLt picks) and the libraries again (:func:`interleaved_ms`), keep the
         medians of the rounds and note the rows in ``table``."""
         ok = sorted((self._measurements[cid].time_ms, cid) for cid in launches)
         top = [cid for _ms, cid in ok[:CONFIRM_TOP]]
@@ -376,10 +375,10 @@ class GemmRunner:
 
     def best(self, searched: Measurement | None) -> Measurement | None:
         """The run's best: the fastest correct of the search's best CUTLASS measurement
-        the skinny GEMM's and the cuBLASLt settings' (``None`` when nothing was correct)."""
+        the skinny GEMM's and the cuBLASLt picks' (``None`` when nothing was correct)."""
         pool = [searched] if searched is not None and searched.ok else []
         pool += [m for cid, m in self._measurements.items()
-                 if (cid in self.skinny or cid in self.lt_settings) and m.ok]
+                 if (cid in self.skinny or cid in self.lt_picks) and m.ok]
         return min(pool, key=lambda m: m.time_ms) if pool else searched
 
     # -- the runner protocol ----------------------------------------------------------

@@ -82,14 +82,14 @@ class GemmTuneOptions:
         them in seconds), and the fastest of all is the winner.
     cutlass
         Search the CUTLASS candidates (each a ~1 minute nvcc build, once); ``False``
-        measures only the skinny GEMM and cuBLASLt's settings beside the libraries, a
+        measures only the skinny GEMM and cuBLASLt's picks beside the libraries, a
         tuning of seconds.
     lt_search
-        Also measure cuBLASLt's own algorithm settings for plain f16/bf16 problems
-        (:mod:`~pyc_lab.kernels.tuning.lt_candidates`: the settings its heuristic does
-        not pick — other tiles, split-K, swizzles — listed, timed coarsely, the fastest
-        few checked and timed beside the libraries); a winner runs through cuBLASLt with
-        that setting. Needs nvmath-python.
+        Also measure cuBLASLt's heuristic picks beyond its first for plain f16/bf16
+        problems (:mod:`~pyc_lab.kernels.tuning.lt_candidates`: eight for each way of
+        describing the product, timed coarsely, the fastest few checked and timed
+        beside the libraries); a winner is kept (cuBLASLt's algorithm struct, reusable
+        with the same library version) and runs through cuBLASLt. Needs nvmath-python.
 
     Raises
     ------

@@ -16,7 +16,7 @@ from ...errors import PycLabError
 from ...hardware.peaks import peak_tflops
 from ...units import gemm_flops, tflops
 from ..cutlass.config import GemmConfig
-from ..lt_algos import LtAlgo, is_lt_algo
+from ..lt_algos import LtPick, is_lt_algo
 from ..lt_tuned import FAMILY as LT_FAMILY
 from ..skinny import SkinnyConfig, is_skinny
 from .keys import DeviceKey, Measurement, ProblemKey
@@ -30,7 +30,7 @@ __all__ = ["ReplayInfo", "ReplayResult", "TuneResult", "candidate_table", "confi
 
 def kernel_config_id(config: Mapping[str, Any]) -> str:
     """A tuned kernel's id: ``256x128x64_c2x1x1_...`` for CUTLASS, ``skinny_rt2_w8_st4_s1``
-    for the skinny GEMM, ``lt66_t20_s8_k1_r0_w0_c0`` for a cuBLASLt setting.
+    for the skinny GEMM, ``lt66_t20_s8_k1_c2_f0_3fa2c1`` for a cuBLASLt pick.
 
     Raises
     ------
@@ -40,7 +40,7 @@ def kernel_config_id(config: Mapping[str, Any]) -> str:
     if is_skinny(dict(config)):
         return SkinnyConfig.from_dict(dict(config)).id
     if is_lt_algo(dict(config)):
-        return LtAlgo.from_dict(dict(config)).id
+        return LtPick.from_dict(dict(config)).id
     return GemmConfig.from_dict(dict(config)).id
 
 
@@ -63,7 +63,7 @@ def is_tuned_winner(winner: str) -> bool:
 
 def kernel_family(config: Mapping[str, Any]) -> str:
     """``"skinny"`` for pyc_lab's skinny GEMM, ``"cublaslt-tuned"`` for a cuBLASLt
-    setting, else ``"cutlass"``."""
+    pick, else ``"cutlass"``."""
     d = dict(config)
     return "skinny" if is_skinny(d) else LT_FAMILY if is_lt_algo(d) else "cutlass"
 
@@ -170,7 +170,7 @@ class TuneResult:
 
         peak = peak_tflops(self.device.gpu_name, self.problem.dtype_a)
         family = kernel_family(self.best.config) if self.best is not None else "cutlass"
-        tuned = {"skinny": "tuned skinny GEMM", LT_FAMILY: "tuned cuBLASLt setting"}.get(
+        tuned = {"skinny": "tuned skinny GEMM", LT_FAMILY: "tuned cuBLASLt pick"}.get(
             family, "tuned CUTLASS")
         entries = [(tuned, self.best.time_ms if self.best else None),
                    *self.baselines.items()]

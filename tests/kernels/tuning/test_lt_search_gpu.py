@@ -1,9 +1,10 @@
-"""cuBLASLt's own algorithm settings on a GPU: every setting the search returns computes
-the product (float64 reference, fresh random inputs, NaN-poisoned outputs, odd extents,
-both dtypes, transposed layouts); a setting run on pointers it does not take falls back
-to the heuristic and still computes it; the tuner measures the settings beside the
-libraries and pl.matmul runs a winning one directly (or the library when it lost), and
-computes right either way."""
+"""cuBLASLt's heuristic picks kept and run again, on a GPU: every pick the search returns
+computes the product when run from its stored form (float64 reference, fresh random
+inputs, NaN-poisoned outputs, odd extents, both dtypes, transposed layouts); a pick run
+on pointers it does not take, or made by another cuBLASLt version, falls back to the
+heuristic and still computes it; the tuner measures the picks beside the libraries and
+pl.matmul runs a winning one directly (or the library when it lost), and computes right
+either way."""
 
 from __future__ import annotations
 
@@ -63,29 +64,38 @@ def test_every_setting_the_search_returns_computes_the_product(m, n, k, dtype, w
         b, b64 = rand((k, n), dtype, rng)
     out = poisoned((m, n), dtype)
     found = lt_candidates.search(a, b, out, NAMES[dtype], top=6)
-    assert found and all(isinstance(s, lt_algos.LtAlgo) for s in found)
+    assert found and all(isinstance(p, lt_algos.LtPick) for p in found)
     want = a64 @ b64
-    for setting in found:
+    for pick in found:
+        stored = lt_algos.LtPick.from_dict(pick.to_dict())  # as the database gives it back
         y = poisoned((m, n), dtype)
-        TunedLt(setting, dtype)(a, b, y)
+        kernel = TunedLt(stored, dtype)
+        kernel(a, b, y)
         check(y, want, dtype, k)
-        TunedLt(setting, dtype)(a, b, y)  # again into its own result: the same answer
+        g = kernel.gemm(a, b, y)
+        assert set(g.algorithms.values()) == {pick.algo_id}  # the pick ran, not a fallback
+        kernel(a, b, y)  # again into its own result: the same answer
         check(y, want, dtype, k)
 
 
-def test_a_setting_on_pointers_it_does_not_take_falls_back_to_the_heuristic():
+def test_a_pick_on_pointers_it_does_not_take_or_of_another_version_falls_back():
+    import dataclasses
+
     rng = np.random.default_rng()
     m, n, k = 33, 2048, 1024
     a, a64 = rand((m, k + 1), "f16", rng)
     w, w64 = rand((n, k), "f16", rng)
     out = poisoned((m, n), "f16")
-    setting = lt_candidates.search(a[:, :k].copy(), w.T, out, "float16", top=1)[0]
+    pick = lt_candidates.search(a[:, :k].copy(), w.T, out, "float16", top=1)[0]
     # a view starting one element in: 2-byte aligned rows of a 2-byte aligned pointer
     view = a[:, 1:]
     y = poisoned((m, n), "f16")
-    kernel = TunedLt(setting, "f16")
-    kernel(view, w.T, y)
+    TunedLt(pick, "f16")(view, w.T, y)
     check(y, a64[:, 1:] @ w64.T, "f16", k)
+    old = dataclasses.replace(pick, version=pick.version - 1)
+    y = poisoned((m, n), "f16")
+    TunedLt(old, "f16")(a[:, :k].copy(), w.T, y)
+    check(y, a64[:, :k] @ w64.T, "f16", k)
 
 
 def test_the_tuner_measures_settings_and_matmul_follows_the_verdict(tmp_path, monkeypatch):
@@ -97,6 +107,7 @@ def test_the_tuner_measures_settings_and_matmul_follows_the_verdict(tmp_path, mo
     res = pl.autotune_gemm(m, n, k, dtype="bf16", cutlass=False, skinny=False, repeats=5,
                            budget_s=60)
     lt_rows = res.table[res.table.config.str.startswith("lt")]
+    assert 1 <= len(lt_rows) <= lt_candidates.LT_TOP
     assert len(lt_rows) > 0 and set(lt_rows.status) == {"ok"}, res.table
     assert {"cublas", "cublaslt"} <= set(res.baselines)
     assert res.best is not None and lt_algos.is_lt_algo(res.best.config)
