@@ -25,6 +25,7 @@ Nothing here touches a GPU until a function is called with a cuBLASLt handle.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -287,16 +288,8 @@ def base_settings(lt: Any, handle: int, compute: int, types: tuple[int, int, int
             stages = _cap(lt, algo, "STAGES_IDS") or [0]
         except Exception:  # an id this build cannot initialise
             continue
-        for tile in tiles:
-            for st in stages:
-                setting = LtAlgo(algo_id, tile, st)
-                try:
-                    cfg = struct(lt, handle, compute, types, setting)
-                except Exception:
-                    continue
-                rec = check(lt, handle, desc, layouts, cfg, max_workspace)
-                if rec is not None:
-                    out.append((setting, rec))
+        out += _taken(lt, handle, compute, types, desc, layouts, max_workspace,
+                      (LtAlgo(algo_id, tile, st) for tile in tiles for st in stages))
     return out
 
 
@@ -315,18 +308,24 @@ def expansions(lt: Any, handle: int, compute: int, types: tuple[int, int, int], 
         return []
     splits = [(1, 0)] + [(k, r) for k in SPLITS for r in REDUCTIONS
                          if split and splitk and mask & r]
+    settings = (LtAlgo(base.algo_id, base.tile, base.stages, k, r, sw, co)
+                for co in range(min(custom, MAX_CUSTOM) + 1)
+                for sw in range(min(swizzle, 1) + 1) for k, r in splits)
+    return _taken(lt, handle, compute, types, desc, layouts, max_workspace,
+                  (s for s in settings if s != base))
+
+
+def _taken(lt: Any, handle: int, compute: int, types: tuple[int, int, int], desc: int,
+           layouts: tuple[int, int, int], max_workspace: int,
+           settings: Iterable[LtAlgo]) -> list[tuple[LtAlgo, np.ndarray]]:
+    """The ``settings`` the problem takes, each with its record."""
     out = []
-    for co in range(min(custom, MAX_CUSTOM) + 1):
-        for sw in range(min(swizzle, 1) + 1):
-            for k, r in splits:
-                setting = LtAlgo(base.algo_id, base.tile, base.stages, k, r, sw, co)
-                if setting == base:
-                    continue
-                try:
-                    cfg = struct(lt, handle, compute, types, setting)
-                except Exception:
-                    continue
-                rec = check(lt, handle, desc, layouts, cfg, max_workspace)
-                if rec is not None:
-                    out.append((setting, rec))
+    for setting in settings:
+        try:
+            cfg = struct(lt, handle, compute, types, setting)
+        except Exception:  # a value this build cannot set
+            continue
+        rec = check(lt, handle, desc, layouts, cfg, max_workspace)
+        if rec is not None:
+            out.append((setting, rec))
     return out

@@ -21,6 +21,15 @@ from .tuning.keys import device_key
 __all__ = ["load_tuned"]
 
 
+def _kept(kernels: dict, lock: Any, key: tuple, make: Any) -> Any:
+    """``kernels[key]``, made by ``make()`` the first time (under ``lock``)."""
+    with lock:
+        kernel = kernels.get(key)
+        if kernel is None:
+            kernel = kernels[key] = make()
+    return kernel
+
+
 def _load_skinny(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
                  shape: tuple[int, int, int], kernels: dict, lock: Any) -> tuple[Any, str]:
     """The skinny GEMM of a tuned entry, if it takes the actual shape. A bucketed entry
@@ -37,11 +46,7 @@ def _load_skinny(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why
         return None, (f"tuned skinny GEMM {cfg.id} was tuned for "
                       f"{found.problem_matched.shape[0]} rows, a different kernel than "
                       f"{m} rows need")
-    key = ("skinny", cfg, dtype)
-    with lock:
-        kernel = kernels.get(key)
-        if kernel is None:
-            kernel = kernels[key] = SkinnyGemm(cfg, dtype)
+    kernel = _kept(kernels, lock, ("skinny", cfg, dtype), lambda: SkinnyGemm(cfg, dtype))
     if not kernel.can_implement(*shape):
         return None, f"tuned skinny GEMM {cfg.id} cannot take {'x'.join(map(str, shape))}"
     return kernel, why
@@ -60,12 +65,7 @@ def _load_lt(found: Any, dtype: str, epilogue: cg.Epilogue, why: str,
     if found.match != "exact":
         return None, (f"tuned cuBLASLt pick {cfg.id} was measured on "
                       f"{'x'.join(map(str, found.problem_matched.shape))}, not this shape")
-    key = ("cublaslt", cfg, dtype)
-    with lock:
-        kernel = kernels.get(key)
-        if kernel is None:
-            kernel = kernels[key] = TunedLt(cfg, dtype)
-    return kernel, why
+    return _kept(kernels, lock, ("cublaslt", cfg, dtype), lambda: TunedLt(cfg, dtype)), why
 
 
 def load_tuned(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,

@@ -14,39 +14,14 @@ import pytest
 import pyc_lab as pl
 from pyc_lab.kernels import lt_algos
 from pyc_lab.kernels import matmul as mm
-from pyc_lab.kernels.arrays import bf16_dtype
 from pyc_lab.kernels.lt_tuned import FAMILY, TunedLt
 from pyc_lab.kernels.matmul_route import tuned_verdict
 from pyc_lab.kernels.tuning import lt_candidates
+from tests.kernels.test_skinny_gpu import NAMES, check, poisoned, rand
 
 cp = pytest.importorskip("cupy")
 pytest.importorskip("nvmath")
 pytestmark = pytest.mark.gpu
-
-EPS = {"f16": 2.0 ** -10, "bf16": 2.0 ** -7}
-NAMES = {"f16": "float16", "bf16": "bfloat16"}
-
-
-def rand(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> tuple:
-    """A CuPy array uniform in [-1, 1] and its exact values as float64."""
-    host = rng.uniform(-1, 1, shape).astype(bf16_dtype() if dtype == "bf16" else np.float16)
-    dev = cp.asarray(host.view(np.uint16)).view(cp.dtype(NAMES[dtype]))
-    return dev, host.astype(np.float64)
-
-
-def poisoned(shape: tuple[int, ...], dtype: str) -> object:
-    out = cp.empty(shape, dtype=cp.dtype(NAMES[dtype]))
-    out.view(cp.uint16).fill(0x7E00 if dtype == "f16" else 0x7FC0)  # NaN
-    return out
-
-
-def check(got: object, want: np.ndarray, dtype: str, k: int) -> None:
-    host = cp.asnumpy(got.view(cp.uint16)).view(
-        bf16_dtype() if dtype == "bf16" else np.float16).astype(np.float64)
-    assert np.isfinite(host).all(), "NaN or Inf in the result (the poison survived?)"
-    err = float(np.abs(host - want).max()) / max(float(np.abs(want).max()), 1e-3)
-    tol = 2 * EPS[dtype] + k * 2.0 ** -22
-    assert err <= tol, f"max error {err:.3g} > {tol:.3g} ({dtype}, K={k})"
 
 
 @pytest.mark.parametrize(("m", "n", "k", "dtype", "w_rows"), [
