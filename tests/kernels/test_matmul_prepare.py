@@ -72,3 +72,22 @@ def test_a_winner_missing_from_the_cache_is_not_built_by_a_call(db, monkeypatch)
     kernel, why = mm.tuned_kernel(256, 256, 256, "f16", "tn")
     assert kernel is None
     assert "not built on this machine" in why and "pyc_lab.kernels.prepare()" in why
+
+
+def test_a_cublaslt_pick_winner_needs_no_build(db, monkeypatch):
+    from pyc_lab.kernels.lt_algos import LtPick
+
+    pick = LtPick(1, tuple(range(10, 18)), 130100, 66, 24, 35, 1, 5)
+    with tuning_db.TuningDB() as store:
+        store.record_many(DEVICE, ProblemKey("gemm", "bf16", "bf16", "bf16", "tn", 64, 4096,
+                                             4096), [Measurement(pick.to_dict(), "ok", 0.02)])
+    mm.forget()
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a cuBLASLt pick has nothing to build")
+
+    monkeypatch.setattr(cg, "build_many", no_build)
+    frame = pl.kernels.prepare(dtype="bf16")
+    assert frame.to_dict("records") == [{"op": "gemm", "dtype": "bf16", "layout": "tn",
+                                         "shape": "64x4096x4096", "config": pick.id,
+                                         "status": "ready", "message": ""}]
