@@ -16,10 +16,11 @@ The search is :mod:`pyc_lab.kernels.lt_algos`'s listing: every algorithm id x ti
 stages at split-K 1, timed coarsely (:func:`pyc_lab.kernels.blas_direct.race`, one
 round); the 8 fastest then expanded over custom options, swizzles and (for problems of
 at most 4 Mi outputs) split-K {2..32} x reduction schemes, timed coarsely again; the 6
-fastest of everything, the coarse-fastest run through ``LtGemm(setting=...)`` (the path
-``pl.matmul`` would take), the heuristic's first and the libraries then timed as the
-sweep times (``interleaved_ms``: CUDA events, L2 flushed, spin ahead; 5 rounds), with a
-streaming read of the operands' bytes as the memory floor. Every searched algorithm's
+fastest of everything, the coarse-fastest run through ``LtGemm(setting=...)`` as an
+``LtPick`` (the path ``pl.matmul`` takes for a tuned pick), the heuristic's first and
+the libraries then timed as the sweep times (``interleaved_ms``: CUDA events, L2
+flushed, spin ahead; 5 rounds), with a streaming read of the operands' bytes as the
+memory floor. Every searched algorithm's
 result is checked against ``torch.matmul`` before it is timed.
 
 Writes ``cublaslt-search.json`` to ``--out``; without a GPU it says so and exits 0.
@@ -183,7 +184,9 @@ def search_problem(cp: Any, torch: Any, p: dict[str, Any], budget_s: float) -> d
         finals[first[2]] = runner(first[0], first[1])
     fixed_ok = None
     if pool:
-        fixed = LtGemm(g, dtype, setting=pool[0][1][3])
+        # the coarse-fastest listed setting, kept as pl.matmul keeps a tuned pick (its
+        # record's algorithm struct, on the first description)
+        fixed = LtGemm(g, dtype, setting=lt_algos.LtPick.of(lt, 0, pool[0][1][1]["algo"]))
         fixed_run = lambda: fixed(a.data.ptr, b.data.ptr, out.data.ptr, stream)  # noqa: E731
         out.fill(float("nan"))
         fixed_run()
