@@ -12,7 +12,7 @@ layer holds them), what the best of such a search runs at against
   descriptions ``LtGemm`` knows: the transposed product with row orders, and the product
   as given).
 
-The search is :mod:`pyc_lab.kernels.lt_algos`'s listing: every algorithm id x tile x
+The search is ``lt_space.py``'s listing: every algorithm id x tile x
 stages at split-K 1, timed coarsely (:func:`pyc_lab.kernels.blas_direct.race`, one
 round); the 8 fastest then expanded over custom options, swizzles and (for problems of
 at most 4 Mi outputs) split-K {2..32} x reduction schemes, timed coarsely again; the 6
@@ -39,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import lt_space
 from bench_matmul_sweep import _operands, interleaved_ms, sweep
 from common import cupy_and_torch, environment, write_result
 
@@ -147,11 +148,11 @@ def search_problem(cp: Any, torch: Any, p: dict[str, Any], budget_s: float) -> d
         res = gemm._candidates(form, key, handle, 32, WORKSPACE)
         heur += [(form, res[i:i + 1].copy(), f"heuristic{n_form}:{i}") for i in range(len(res))]
     first = heur[0] if heur else None
-    # the library's listing (pyc_lab.kernels.lt_algos), on the first description
+    # the listing (lt_space.py), on the first description
     form = gemm._forms[0]
     t_out, t_a, t_b = gemm._types  # LtGemm's order: result, a's, b's
     types = (t_b, t_a, t_out)  # cuBLASLt's A is the operand b in the first description
-    listed = lt_algos.base_settings(lt, handle, gemm.compute, types, form.desc, form.layouts,
+    listed = lt_space.base_settings(lt, handle, gemm.compute, types, form.desc, form.layouts,
                                     WORKSPACE, deadline=t0 + budget_s * 0.6)
     base = [(form, rec, s.id, s) for s, rec in listed]
     base = [c for c in base if correct(c[0], c[1])]
@@ -169,7 +170,7 @@ def search_problem(cp: Any, torch: Any, p: dict[str, Any], budget_s: float) -> d
     few_tiles = p["m"] * p["n"] <= 4 << 20  # split-K only where output tiles are few
     for i in order[:8]:
         f, _rec, _name, setting = base[i]
-        split += [(f, rec, s.id, s) for s, rec in lt_algos.expansions(
+        split += [(f, rec, s.id, s) for s, rec in lt_space.expansions(
             lt, handle, gemm.compute, types, f.desc, f.layouts, setting, WORKSPACE, few_tiles)]
     split = [c for c in split if correct(c[0], c[1])]
     ts = coarse(split)

@@ -524,17 +524,7 @@ class LtGemm:
         g = self.gemm
         big = 2.0 * g.m * g.n * g.k * g.batch >= MEASURE_FLOP
         measure = big and not self._beta[0] and not _capturing(stream)
-        per_form = CANDIDATES if measure else 1
-        pool = [(form, results[i:i + 1])
-                for n, form in enumerate(self._forms if measure else self._forms[:1])
-                for results in [self._candidates(form, key, handle, per_form)]
-                for i in range(len(results)) if n == 0 or measure]
-        if measure:  # the wide-workspace picks not already among them
-            seen = {(id(f), r["algo"].tobytes()) for f, r in pool}
-            form = self._forms[0]
-            wide = self._candidates(form, key, handle, WIDE_CANDIDATES, WIDE_LT_WORKSPACE)
-            pool += [(form, wide[i:i + 1]) for i in range(len(wide))
-                     if (id(form), wide[i:i + 1]["algo"].tobytes()) not in seen]
+        pool = self.picks(key, handle, CANDIDATES if measure else 1, all_forms=measure)
         if not pool:
             raise PycLabError(f"cuBLASLt has no algorithm for this {self.dtype} GEMM "
                               f"({self.gemm}); use cupy.matmul for it")
@@ -555,6 +545,40 @@ class LtGemm:
         self.algorithms[key] = self._algo_id(result)
         self._need = max(self._need, int(result["workspace_size"][0]))
         return form, result  # the algorithm struct is the result's first member
+
+    def picks(self, key: tuple[int, int, int], handle: int, per_form: int,
+              max_workspace: int = MAX_LT_WORKSPACE,
+              all_forms: bool = True) -> list[tuple[_Form, np.ndarray]]:
+        """The heuristic's first ``per_form`` picks (their records) for each description
+        of the product, with ``max_workspace`` bytes allowed, best first; with
+        ``all_forms`` also :data:`WIDE_CANDIDATES` picks of the first description with a
+        wide workspace that are not already among them. Without ``all_forms``, the first
+        description's only.
+
+        Parameters
+        ----------
+        key
+            The pointer-alignment class ``(a, b, out)`` in bytes.
+        handle
+            The cuBLASLt handle.
+        per_form
+            Picks asked for per description.
+        max_workspace
+            Workspace the picks of each description may need.
+        all_forms
+            Every description and the wide-workspace picks, or the first description's.
+        """
+        forms = self._forms if all_forms else self._forms[:1]
+        pool = [(form, results[i:i + 1]) for form in forms
+                for results in [self._candidates(form, key, handle, per_form, max_workspace)]
+                for i in range(len(results))]
+        if all_forms:  # the wide-workspace picks not already among them
+            seen = {(id(f), r["algo"].tobytes()) for f, r in pool}
+            form = self._forms[0]
+            wide = self._candidates(form, key, handle, WIDE_CANDIDATES, WIDE_LT_WORKSPACE)
+            pool += [(form, wide[i:i + 1]) for i in range(len(wide))
+                     if (id(form), wide[i:i + 1]["algo"].tobytes()) not in seen]
+        return pool
 
     def _fixed(self, handle: int, key: tuple[int, int, int]) -> tuple[_Form, np.ndarray] | None:
         """:attr:`setting`'s description and algorithm, or ``None`` (logged) where
@@ -586,7 +610,7 @@ class LtGemm:
         return form, rec
 
     def _race(self, pool: list[tuple[_Form, np.ndarray]], ptrs: tuple[int, int, int],
-              ws: int, size: int, handle: int, stream: int) -> list[float]:
+              ws: int, size: int, handle: int, stream: int, rounds: int = 5) -> list[float]:
         """:func:`race` over the candidates, each run on the call's own operands."""
         a_ptr, b_ptr, out_ptr = ptrs
 
@@ -597,7 +621,7 @@ class LtGemm:
                                           self._pb, out_ptr, lc, out_ptr, lc,
                                           result.ctypes.data, ws, size, stream)
 
-        return race([run(form, result) for form, result in pool], stream)
+        return race([run(form, result) for form, result in pool], stream, rounds)
 
     def _algo_id(self, results: np.ndarray) -> int:
         lt = self.lt

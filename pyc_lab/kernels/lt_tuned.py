@@ -17,13 +17,13 @@ from typing import Any
 from ..errors import PycLabError
 from .lt_algos import LtPick
 
-__all__ = ["FAMILY", "TunedLt"]
+__all__ = ["DTYPES", "FAMILY", "TunedLt"]
 
-#: What :func:`pyc_lab.matmul` reports as the implementation of a tuned setting.
+#: What :func:`pyc_lab.matmul` reports as the implementation of a tuned pick.
 FAMILY = "cublaslt-tuned"
-#: Kernel dtypes, their cuBLASLt dtype, and the array dtype names they take (bfloat16
+#: Kernel dtypes and their cuBLASLt dtype; and the array dtype names they take (bfloat16
 #: bits may be held as 16-bit integers, as the tuner's operands are).
-_DTYPES = {"f16": "float16", "bf16": "bfloat16"}
+DTYPES = {"f16": "float16", "bf16": "bfloat16"}
 _ARRAYS = {"f16": ("float16",), "bf16": ("bfloat16", "int16", "uint16")}
 #: Problems (shapes, strides, scales) whose :class:`~.blas_direct.LtGemm` is kept.
 _MAX_GEMMS = 64
@@ -48,8 +48,8 @@ class TunedLt:
     family = FAMILY
 
     def __init__(self, config: LtPick, dtype: str) -> None:
-        if dtype not in _DTYPES:
-            raise PycLabError(f"TunedLt: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+        if dtype not in DTYPES:
+            raise PycLabError(f"TunedLt: dtype {dtype!r} is not one of {sorted(DTYPES)}")
         self.config = config
         self.dtype = dtype
         self._gemms: dict[tuple, Any] = {}
@@ -68,7 +68,7 @@ class TunedLt:
         from .blas_direct import LtGemm
         from .blas_layout import describe
 
-        want = _DTYPES[self.dtype]
+        want = DTYPES[self.dtype]
         if any(x.dtype.name not in _ARRAYS[self.dtype] for x in (a, b, out)):
             raise PycLabError(f"TunedLt built for {self.dtype} got "
                               f"{sorted({x.dtype.name for x in (a, b, out)})} arrays")

@@ -1,4 +1,5 @@
-"""``kernels.lt_algos`` — the listing of cuBLASLt's algorithm space — against a fake of
+"""``kernels.lt_algos`` (a kept cuBLASLt pick) and ``benchmarks/lt_space.py`` (the
+listing of cuBLASLt's algorithm space the experiment measured) against a fake of
 nvmath-python's cuBLASLt bindings that keeps the real record layouts (the algorithm
 struct, the heuristic result) and a small table of algorithms: what is listed (every id x
 tile x stages the problem takes, refused settings left out, the deadline honoured), how
@@ -8,7 +9,10 @@ an algorithm has, only where asked), alignments, and the stored form of a settin
 from __future__ import annotations
 
 import enum
+import importlib.util
+import sys
 import time
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -16,7 +20,14 @@ import pytest
 
 from pyc_lab.errors import PycLabError
 from pyc_lab.kernels import lt_algos
-from pyc_lab.kernels.lt_algos import LtAlgo
+
+# the listing lives with the experiment that measured it (benchmarks/lt_space.py)
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "lt_space.py"
+_spec = importlib.util.spec_from_file_location("pyc_lab_bench_lt_space", _PATH)
+lt_space = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = lt_space  # its dataclass resolves its module by name
+_spec.loader.exec_module(lt_space)
+LtAlgo = lt_space.LtAlgo
 
 lt_real = pytest.importorskip("nvmath.bindings.cublasLt")
 
@@ -111,7 +122,7 @@ ARGS = (0, 68, (2, 2, 2), 11, (21, 22, 23))
 
 def test_base_settings_lists_every_id_tile_and_stages_the_problem_takes():
     lt = FakeLt()
-    got = lt_algos.base_settings(lt, *ARGS, max_workspace=1 << 20)
+    got = lt_space.base_settings(lt, *ARGS, max_workspace=1 << 20)
     assert [s for s, _ in got] == [LtAlgo(6, 1, 7), LtAlgo(9, 3, 0)]  # tile 2 refused
     for setting, rec in got:  # the record holds the configured algorithm and its workspace
         words = rec["algo"][0]["data_"]
@@ -121,42 +132,42 @@ def test_base_settings_lists_every_id_tile_and_stages_the_problem_takes():
 
 
 def test_base_settings_stop_at_the_deadline():
-    assert lt_algos.base_settings(FakeLt(), *ARGS, max_workspace=1 << 20,
+    assert lt_space.base_settings(FakeLt(), *ARGS, max_workspace=1 << 20,
                                   deadline=time.perf_counter() - 1) == []
 
 
 def test_a_setting_needing_more_workspace_than_allowed_is_left_out():
-    assert lt_algos.base_settings(FakeLt(), *ARGS, max_workspace=100) == []
+    assert lt_space.base_settings(FakeLt(), *ARGS, max_workspace=100) == []
 
 
 def test_expansions_cover_custom_options_swizzles_and_splits_the_algorithm_has():
     lt = FakeLt()
     base = LtAlgo(6, 1, 7)
-    got = [s for s, _ in lt_algos.expansions(lt, *ARGS, base, 1 << 20, split=True)]
+    got = [s for s, _ in lt_space.expansions(lt, *ARGS, base, 1 << 20, split=True)]
     assert base not in got
     splits = {(s.splitk, s.reduction) for s in got}
     # reductions 1 and 4 (the mask), splits up to the problem's 8, none of scheme 2
     assert splits == {(1, 0)} | {(k, r) for k in (2, 3, 4, 6, 8) for r in (1, 4)}
     assert {s.custom for s in got} == {0, 1, 2} and {s.swizzle for s in got} == {0, 1}
     assert len(got) == 3 * 2 * 11 - 1
-    no_split = [s for s, _ in lt_algos.expansions(lt, *ARGS, base, 1 << 20, split=False)]
+    no_split = [s for s, _ in lt_space.expansions(lt, *ARGS, base, 1 << 20, split=False)]
     assert {s.splitk for s in no_split} == {1} and len(no_split) == 3 * 2 - 1
     # an algorithm with nothing to vary has no expansions
-    assert lt_algos.expansions(lt, *ARGS, LtAlgo(9, 3, 0), 1 << 20, split=True) == []
+    assert lt_space.expansions(lt, *ARGS, LtAlgo(9, 3, 0), 1 << 20, split=True) == []
 
 
 def test_struct_sets_the_reduction_only_with_split_k():
     lt = FakeLt()
-    words = lt_algos.struct(lt, 0, 68, (2, 2, 2), LtAlgo(6, 1, 7, 4, 4, 1, 2))["data_"][0]
+    words = lt_space.struct(lt, 0, 68, (2, 2, 2), LtAlgo(6, 1, 7, 4, 4, 1, 2))["data_"][0]
     assert [int(w) for w in words[:7]] == [6, 1, 4, 4, 1, 2, 7]
-    words = lt_algos.struct(lt, 0, 68, (2, 2, 2), LtAlgo(6, 1, 7, 1, 4))["data_"][0]
+    words = lt_space.struct(lt, 0, 68, (2, 2, 2), LtAlgo(6, 1, 7, 1, 4))["data_"][0]
     assert int(words[3]) == 0
 
 
 def test_aligned_reads_the_algorithms_minimum_alignments():
     lt = FakeLt()
-    algo16 = lt_algos.struct(lt, 0, 68, (2, 2, 2), LtAlgo(6, 1, 7))
-    algo2 = lt_algos.struct(lt, 0, 68, (2, 2, 2), LtAlgo(9, 3, 0))
+    algo16 = lt_space.struct(lt, 0, 68, (2, 2, 2), LtAlgo(6, 1, 7))
+    algo2 = lt_space.struct(lt, 0, 68, (2, 2, 2), LtAlgo(9, 3, 0))
     assert lt_algos.aligned(lt, algo16, (256, 16, 16))
     assert not lt_algos.aligned(lt, algo16, (256, 8, 16))
     assert not lt_algos.aligned(lt, algo16, (16, 16, 2))
@@ -167,7 +178,7 @@ def test_a_pick_keeps_the_algorithm_struct_and_round_trips_through_the_database(
     lt = FakeLt()
     lt.get_version = lambda: 130100
     lt.matmul_algo_config_get_attribute = _get_config(lt)
-    algo = lt_algos.struct(lt, 0, 68, (2, 2, 2), LtAlgo(6, 1, 7, 4, 4, 1, 2))
+    algo = lt_space.struct(lt, 0, 68, (2, 2, 2), LtAlgo(6, 1, 7, 4, 4, 1, 2))
     pick = lt_algos.LtPick.of(lt, 1, algo)
     assert pick.form == 1 and pick.version == 130100
     assert (pick.algo_id, pick.tile, pick.stages, pick.splitk) == (6, 1, 7, 4)

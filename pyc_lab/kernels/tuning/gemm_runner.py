@@ -54,6 +54,7 @@ from ..cutlass.config import GemmConfig, problem_alignment, problem_issue
 from ..cutlass.launch import CutlassGemm
 from ..cutlass.nvcc import BuildResult, build_many
 from ..lt_algos import LtPick
+from ..lt_tuned import DTYPES as LT_DTYPES
 from ..lt_tuned import TunedLt
 from ..skinny import SkinnyConfig, SkinnyGemm, compile_kernels, skinny_issue
 from ..skinny import candidates as skinny_candidates
@@ -120,10 +121,6 @@ def run_watched(launches: Sequence[Callable[[], Any]], cp: Any, hang_s: float) -
     return ""
 
 
-#: Tuner dtypes and their array dtype names.
-_ARRAY_DTYPES = {"f16": "float16", "bf16": "bfloat16"}
-
-
 def lt_search_issue(options: GemmTuneOptions) -> str:
     """Why a tuning with these options measures no cuBLASLt picks, or ``""``."""
     from .. import cublaslt
@@ -132,7 +129,7 @@ def lt_search_issue(options: GemmTuneOptions) -> str:
         return "lt_search=False"
     if options.epilogue.fused:
         return "cuBLASLt's picks are measured for plain GEMMs (no bias or activation)"
-    if options.dtype not in _ARRAY_DTYPES:
+    if options.dtype not in LT_DTYPES:
         return f"dtype {options.dtype}: cuBLASLt's picks are measured for f16 and bf16"
     ok, why = cublaslt.status()
     return "" if ok else why
@@ -305,7 +302,7 @@ class GemmRunner:
 
         cp = self._cp
         try:
-            found = search(self._a, self._b, self._out, _ARRAY_DTYPES[self.options.dtype])
+            found = search(self._a, self._b, self._out, LT_DTYPES[self.options.dtype])
         except Exception as exc:  # the search is a candidate source: never fatal
             log.warning("cuBLASLt search for %dx%dx%d failed: %s", self.m, self.n, self.k,
                         exc)

@@ -6,7 +6,8 @@ and problem a lower-ranked pick can be faster — on an H100 the best of the fir
 of each description beat the first by 2-4 % on several decode layers
 (``benchmarks/results/h100/issue14-7ec7fe4/``). :func:`search` asks the heuristic for
 :data:`PER_FORM` picks for each of :class:`~..blas_direct.LtGemm`'s two descriptions of
-the product (and a few more with a wide workspace), times each coarsely on the tuner's
+the product and a few more with a wide workspace (:meth:`~..blas_direct.LtGemm.picks`,
+what ``pl.matmul``'s first-call race draws from), times each coarsely on the tuner's
 operands (:func:`~..blas_direct.race`: L2 flushed, GPU time only) and returns the fastest
 few as :class:`~..lt_algos.LtPick`. The runner then checks each against the reference
 into a poisoned output and times it as it times every candidate, and the libraries beside
@@ -29,11 +30,9 @@ log = logging.getLogger(__name__)
 PER_FORM = 8
 #: Picks returned for the runner's fine timing.
 LT_TOP = 4
-#: Workspace the picks may need (the stream's shared workspace grows to a winner's).
+#: Workspace the picks may need (the stream's shared workspace grows to a winner's);
+#: the wide-workspace picks :meth:`~..blas_direct.LtGemm.picks` adds are kept within it.
 MAX_WORKSPACE = 256 << 20
-#: Picks asked for with a wide workspace (cuBLASLt picks other kernels with room).
-WIDE = 3
-WIDE_WORKSPACE = 4 << 30
 
 
 def search(a: Any, b: Any, out: Any, dtype: str, top: int = LT_TOP) -> list[LtPick]:
@@ -51,7 +50,7 @@ def search(a: Any, b: Any, out: Any, dtype: str, top: int = LT_TOP) -> list[LtPi
     """
     import cupy as cp
 
-    from ..blas_direct import LtGemm, _device, _lt_handle, alignment, race
+    from ..blas_direct import LtGemm, _device, _lt_handle, alignment
     from ..blas_layout import describe
 
     size = a.dtype.itemsize
@@ -61,36 +60,18 @@ def search(a: Any, b: Any, out: Any, dtype: str, top: int = LT_TOP) -> list[LtPi
         log.info("no cuBLASLt picks: %s", desc)
         return []
     gemm = LtGemm(desc, dtype)
-    lt = gemm.lt
     handle = _lt_handle(_device())
     stream = cp.cuda.get_current_stream().ptr
-    key = (alignment(a.data.ptr), alignment(b.data.ptr), alignment(out.data.ptr))
-    picks: list[tuple[int, Any]] = []
-    seen: set[tuple[int, bytes]] = set()
-    asks = [(n, PER_FORM, MAX_WORKSPACE) for n in range(len(gemm._forms))]
-    asks.append((0, WIDE, WIDE_WORKSPACE))
-    for n, count, room in asks:
-        found = gemm._candidates(gemm._forms[n], key, handle, count, room)
-        for i in range(len(found)):
-            rec = found[i:i + 1].copy()
-            ident = (n, rec["algo"].tobytes())
-            if ident not in seen and int(rec["workspace_size"][0]) <= MAX_WORKSPACE:
-                seen.add(ident)
-                picks.append((n, rec))
+    ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
+    key = tuple(alignment(p) for p in ptrs)
+    picks = [(form, rec) for form, rec in gemm.picks(key, handle, PER_FORM, MAX_WORKSPACE)
+             if int(rec["workspace_size"][0]) <= MAX_WORKSPACE]
     if not picks:
         return []
     scratch = cp.empty(MAX_WORKSPACE, dtype=cp.uint8)  # the search's own workspace
-
-    def run(n: int, rec: Any) -> Any:
-        form = gemm._forms[n]
-        p_a, p_b = form.pointers(a.data.ptr, b.data.ptr)
-        la, lb, lc = form.layouts
-        return lambda: lt.matmul(handle, form.desc, gemm._pa, p_a, la, p_b, lb, gemm._pb,
-                                 out.data.ptr, lc, out.data.ptr, lc, rec.ctypes.data,
-                                 scratch.data.ptr, MAX_WORKSPACE, stream)
-
-    times = race([run(n, rec) for n, rec in picks], stream, rounds=2)
+    times = gemm._race(picks, ptrs, scratch.data.ptr, MAX_WORKSPACE, handle, stream, rounds=2)
     order = sorted((t, i) for i, t in enumerate(times) if t != float("inf"))
     log.info("cuBLASLt picks: %d timed, fastest %.4f ms", len(order),
              order[0][0] if order else float("nan"))
-    return [LtPick.of(lt, picks[i][0], picks[i][1]["algo"]) for _t, i in order[:top]]
+    return [LtPick.of(gemm.lt, gemm._forms.index(picks[i][0]), picks[i][1]["algo"])
+            for _t, i in order[:top]]
