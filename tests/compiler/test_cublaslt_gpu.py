@@ -137,7 +137,8 @@ def test_compiled_mlp_runs_cublaslt_epilogues(rng, mode, cuda_graph):
     if cuda_graph:  # outputs this small join the CUDA graph: cuBLAS + generated epilogue
         assert len(implementations) == 2  # (each names its own small GEMM candidate)
         for text in implementations:
-            assert text.startswith("cuBLAS (cupy.matmul) + generated epilogue; or the "
+            assert text.startswith("library GEMM (pl.matmul's path: cuBLAS, or cuBLASLt "
+                                   "where it is faster) + generated epilogue; or the "
                                    "generated small GEMM"), text
             assert text.endswith("recorded into the CUDA graph (cuBLASLt's fused epilogue "
                                  "would be a library call between graphs)"), text

@@ -91,7 +91,8 @@ def test_without_nvmath_the_reason_says_how_to_get_it(monkeypatch):
     exe = CupyExecutable(g, {node.id: "cublaslt"})
     assert "cublaslt not used: nvmath-python is not installed" in exe._fallbacks[node.id]
     assert exe.kernels[0]["implementation"].startswith(
-        "cuBLAS (cupy.matmul) + generated epilogue; or the generated small GEMM")
+        "library GEMM (pl.matmul's path: cuBLAS, or cuBLASLt where it is faster) + "
+        "generated epilogue; or the generated small GEMM")
 
 
 def test_a_tuned_kernel_wins_over_cublaslt(nvmath_present, monkeypatch):

@@ -10,8 +10,10 @@ impl                      step
 ``reduction_kernel``      the generated row kernel (softmax, layer norm, last-axis sum,
                           mean, max, min, var, row programs) or column kernel (sum,
                           mean, max, min over leading or middle axes)
-``cublas``                ``cupy.matmul`` on (transposed) views, then the generated
-                          bias/activation epilogue in place on the product; a small
+``cublas``                the library GEMM on (transposed) views (``pl.matmul``'s
+                          library path: cuBLAS, or cuBLASLt where it is faster), then
+                          the generated bias/activation epilogue in place on the
+                          product (cuBLAS itself inside a CUDA graph); a small
                           matmul (two matrices, a stack over one weight or a batch)
                           also gets the generated small GEMM, raced against that at
                           the first call (:mod:`.small_gemm`)
@@ -358,7 +360,8 @@ class _Lowering:
         a, b = (self.graph.node(i) for i in node.inputs[:2])
         batched = batched_gemm(tuple(a.shape), a.dtype, tuple(b.shape), b.dtype)
         backend = ("pl.matmul (one strided-batched GEMM; CuPy's batched matmul computes "
-                   "16-bit floats in float32)" if batched else "cuBLAS (cupy.matmul)") + (
+                   "16-bit floats in float32)" if batched else
+                   "library GEMM (pl.matmul's path: cuBLAS, or cuBLASLt where it is faster)") + (
             " in place of a tuned CUTLASS kernel" if choice == "cutlass" else "")
         small = None
         if small_gemm.ENABLED and not check_small_gemm(node, self.graph):

@@ -14,8 +14,10 @@ step                      what runs
                           aligned); an elementwise kernel with several outputs also
                           writes its ``fused_extra`` nodes' arrays
 :class:`_WrittenStep`     a ``fused_extra`` node the kernel before it wrote: nothing
-:class:`_MatmulStep`      ``cupy.matmul`` (cuBLAS) — for a batched float matmul one
-                          strided-batched GEMM through ``pl.matmul`` — then the
+:class:`_MatmulStep`      the library GEMM through ``pl.matmul`` (its library path:
+                          cuBLAS, or cuBLASLt where it is faster; for a batched float
+                          matmul one strided-batched GEMM), ``cupy.matmul`` for
+                          integers and mixed dtypes — then the
                           generated bias/activation epilogue in place on the product;
                           for a small matmul (two matrices, a stack over one weight or
                           a batch), the generated small GEMM instead where it won the
@@ -47,7 +49,7 @@ from ..ops import REGISTRY, check_eager_result, evaluate
 from .launch import ColumnLaunch, alignment_plan, launch_elementwise, launch_rows
 from .small_gemm import SmallGemm
 
-__all__ = ["batched_gemm", "contiguous_operand"]
+__all__ = ["batched_gemm", "contiguous_operand", "library_product"]
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +211,30 @@ def _batched_operands(a: Any, b: Any) -> tuple[Any, Any, tuple[int, ...]] | None
     return a3, b3, (*batch, a.shape[-2], b.shape[-1])
 
 
+#: Operand dtypes whose 2-D product goes through :func:`pyc_lab.matmul`.
+_LIBRARY_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def library_product(cp: Any, a: Any, b: Any, out: Any = None) -> Any:
+    """``a @ b`` by the library, into ``out`` or a new array.
+
+    Two CuPy matrices of one float dtype go through :func:`pyc_lab.matmul`: its library path
+    for the problem — cuBLASLt for bfloat16 (CuPy's bfloat16 matmul is the slower path),
+    cuBLAS and cuBLASLt's measured candidates raced at the first call for a large
+    float16 problem, the tuned winner where the tuning database has one — issued
+    straight to the library at about half of ``cupy.matmul``'s host time, by the
+    never-slower rule of :mod:`pyc_lab.kernels.matmul_route`. Anything else (integers,
+    mixed dtypes, vectors and stacks, NumPy arrays standing in for CuPy in tests) through
+    ``cp.matmul``.
+    """
+    if type(a).__module__.startswith("cupy") and type(b) is type(a) and a.ndim == 2 \
+            and b.ndim == 2 and a.dtype == b.dtype and a.dtype.name in _LIBRARY_DTYPES:
+        from ...kernels.matmul import matmul
+
+        return matmul(a, b, out=out)
+    return cp.matmul(a, b) if out is None else cp.matmul(a, b, out=out)
+
+
 class _WrittenStep(_Step):
     """A ``fused_extra`` node whose value the fused kernel before it wrote: nothing runs."""
 
@@ -219,7 +245,8 @@ class _WrittenStep(_Step):
 
 
 class _MatmulStep(_Step):
-    """``cupy.matmul`` (cuBLAS) and the generated epilogue in place on the product.
+    """The library GEMM (:func:`library_product`) and the generated epilogue in place on
+    the product.
 
     CuPy refuses cuBLAS calls while a stream captures, so the step is no capturable one
     as it is; :meth:`graph_call` gives the same GEMM issued to cuBLAS directly, which a
@@ -279,7 +306,7 @@ class _MatmulStep(_Step):
 
             a3, b3, shape = batched
             return matmul(a3, b3).reshape(shape)
-        return exe._cp.matmul(a, b)
+        return library_product(exe._cp, a, b)
 
     def run(self, exe: Executor, values: dict[int, Any]) -> None:
         node = self.node
@@ -360,7 +387,7 @@ class _MatmulStep(_Step):
             return self._call_on_static(exe, values, a, b, lambda product: matmul(
                 a3, b3, out=product.reshape(a3.shape[0], a3.shape[1], b3.shape[-1])))
         return self._call_on_static(exe, values, a, b,
-                                    lambda product: cp.matmul(a, b, out=product))
+                                    lambda product: library_product(cp, a, b, out=product))
 
     def graph_call(self, exe: Executor, values: dict[int, Any],
                    workspace: tuple[int, int] | None) -> Callable[[], None] | None:

@@ -625,6 +625,52 @@ def test_batched_matmul_runs_as_one_strided_batch(rng, dtype, b_batched):
         assert np.array_equal(cp.asnumpy(f(dq, dk)), got)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_compiled_2d_gemms_take_pl_matmuls_library_path(rng, monkeypatch, dtype, cuda_graph):
+    """A SwiGLU MLP's three plain GEMMs (weights stored K x N and N x K) run through
+    pl.matmul — bfloat16 through cuBLASLt — with the answer float64's within the dtype
+    through warm-up, capture and replays (the generated small GEMM kept out of the race)."""
+    import ml_dtypes
+
+    import pyc_lab as pl
+    from pyc_lab.compiler.backend import small_gemm
+    from pyc_lab.kernels import matmul as matmul_module
+
+    monkeypatch.setattr(small_gemm, "ENABLED", False)
+    real, ran = matmul_module.matmul, []
+
+    def spy(a, b, **kwargs):
+        y = real(a, b, **kwargs)
+        ran.append((a.dtype.name, matmul_module.last_choice["impl"]))
+        return y
+
+    monkeypatch.setattr(matmul_module, "matmul", spy)
+
+    def swiglu(x, w1, w3, w2t):
+        a = x @ w1
+        return (a / (1 + np.exp(-a)) * (x @ w3)) @ w2t.T
+
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    shapes = [(37, 64), (64, 96), (64, 96), (64, 96)]
+    host = [rng.uniform(-1.0, 1.0, s).astype(dt) for s in shapes]
+    dev = [cp.asarray(h) for h in host]
+    f = pl.compile(swiglu, backend="cupy", cuda_graph=cuda_graph)
+    want = swiglu(*[h.astype(F64) for h in host])
+    tol = {"float16": 3e-2, "bfloat16": 8e-2, "float32": 1e-4}[dtype]
+    for _ in range(4):  # warm-up, capture, replays
+        poison_pool()
+        got = f(*dev)
+        assert got.dtype == dt and got.shape == want.shape
+        np.testing.assert_allclose(cp.asnumpy(got).astype(F64), want, rtol=tol, atol=tol)
+    kernels = [k for k in f.explain(*dev).kernels if k["ops"][0] == "matmul"]
+    assert len(kernels) == 3 and all(
+        k["implementation"].startswith("library GEMM (pl.matmul's path") for k in kernels)
+    assert len(ran) >= 3 and {d for d, _ in ran} == {dtype}  # each GEMM went through it
+    if dtype == "bfloat16":
+        assert {impl for _, impl in ran} == {"cublaslt"}
+
+
 def test_integer_matmul_with_float_activation_is_not_in_place(rng):
     specs = [((8, 16), I32), ((16, 12), I32), ((12,), F32)]
     attrs = {"activation": "tanh"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -300,3 +301,71 @@ def test_a_convolution_step_computes_into_its_planned_buffer(monkeypatch, large)
     assert len(into) == int(large)  # bind only where no bound call is kept
     np.testing.assert_allclose(values[first.id], conv_reference(np, [x, w], first.attrs),
                                rtol=1e-6, atol=1e-6)
+
+
+class _CupyLike(np.ndarray):
+    """A NumPy array whose type says it is CuPy's (what :func:`library_product` checks)."""
+
+
+_CupyLike.__module__ = "cupy._core.core"
+
+
+@pytest.fixture
+def recorded_matmul(monkeypatch):
+    """pl.matmul replaced by a recorder computing with NumPy."""
+    from pyc_lab.kernels import matmul as matmul_module
+
+    calls = []
+
+    def fake(a, b, *, out=None, **kwargs):
+        calls.append((a.dtype.name, a.shape, b.shape, out is not None))
+        y = np.matmul(np.asarray(a), np.asarray(b))
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    monkeypatch.setattr(matmul_module, "matmul", fake)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
+def test_library_product_sends_float_matrices_to_pl_matmul(recorded_matmul, dtype):
+    from pyc_lab.compiler.backend.steps import library_product
+
+    rng = np.random.default_rng()
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    a = rng.uniform(0.5, 2.0, (5, 7)).astype(dt).view(_CupyLike)
+    b = rng.uniform(0.5, 2.0, (7, 3)).astype(dt).view(_CupyLike).T.copy().T  # w.T
+    cp = _RecordingNumpy()
+    got = library_product(cp, a, b)
+    assert recorded_matmul == [(dtype, (5, 7), (7, 3), False)] and cp.matmul_kwargs == []
+    want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-2)
+    out = np.full((5, 3), np.nan, dt).view(_CupyLike)
+    assert library_product(cp, a, b, out=out) is out
+    assert recorded_matmul[-1] == (dtype, (5, 7), (7, 3), True)
+    np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=2e-2)
+
+
+@pytest.mark.parametrize("case", ["integers", "mixed dtypes", "stack", "vector", "numpy"])
+def test_library_product_leaves_other_operands_to_cupy_matmul(recorded_matmul, case):
+    from pyc_lab.compiler.backend.steps import library_product
+
+    rng = np.random.default_rng()
+    a = rng.uniform(0.5, 2.0, (4, 6)).astype(F32)
+    b = rng.uniform(0.5, 2.0, (6, 5)).astype(F32)
+    if case == "integers":
+        a, b = a.astype(np.int32), b.astype(np.int32)
+    elif case == "mixed dtypes":
+        b = b.astype(np.float16)
+    elif case == "stack":
+        a = np.stack([a, a + 1])
+    elif case == "vector":
+        b = b[:, 0].copy()
+    if case != "numpy":
+        a, b = a.view(_CupyLike), b.view(_CupyLike)
+    cp = _RecordingNumpy()
+    got = library_product(cp, a, b)
+    assert recorded_matmul == [] and cp.matmul_kwargs == [{}]
+    np.testing.assert_array_equal(np.asarray(got), np.matmul(np.asarray(a), np.asarray(b)))
