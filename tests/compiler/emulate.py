@@ -186,6 +186,13 @@ static std::vector<std::barrier<>*> pyc_warp_barriers;
 static unsigned long long pyc_exchange[1024];
 """ + _INTRINSICS + _KEYWORDS + r"""
 static inline void __syncthreads() { pyc_block_barrier->arrive_and_wait(); }
+// blocks run one after another, so a block's memory is every later block's to read:
+// device-wide fences are no-ops, an atomic add (one thread's) a plain one
+static inline void __threadfence() {}
+template <typename T>
+static inline T atomicAdd(T* p, T v) { const T old = *p; *p = old + v; return old; }
+template <typename T>
+static inline T __ldcg(const T* p) { return *p; }
 template <typename T>
 static inline T __shfl_xor_sync(unsigned int, T v, int offset, int = 32) {
     const unsigned int t = threadIdx.x;
@@ -254,14 +261,17 @@ def emulate_threads(src: KernelSource, entry: str, args: list, grid: tuple[int, 
                     block: int) -> None:
     """Launch ``entry`` of ``src`` with ``grid`` = (x, y[, z]) blocks of ``block`` threads.
 
-    ``args`` are the kernel's parameters in order: NumPy arrays (passed by address) or
-    ctypes scalars (``ctypes.c_longlong(...)``, ``ctypes.c_int(...)``)."""
+    ``args`` are the kernel's parameters in order: NumPy arrays (passed by address),
+    ``None`` (a null pointer) or ctypes scalars (``ctypes.c_longlong(...)``,
+    ``ctypes.c_int(...)``)."""
     lib = _threaded_library(src, entry)
     keep = []
     slots = (ctypes.c_void_p * len(args))()
     for k, a in enumerate(args):
         if isinstance(a, np.ndarray):
             slots[k] = a.__array_interface__["data"][0]
+        elif a is None:  # a null pointer
+            slots[k] = None
         else:
             keep.append(a)
             slots[k] = ctypes.cast(ctypes.pointer(a), ctypes.c_void_p)

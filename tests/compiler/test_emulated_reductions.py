@@ -196,24 +196,33 @@ def test_column_kernels_split_and_combined(op, dtype, shape, axis):
                                else x, axis=axis)
     for entry, cfg, vectorised in entries:
         parts = split_count(launch, 2, vectorised)  # a GPU of 2 SMs: small arrays split
-        assert parts > 1 or vectorised  # the scalar entry takes the two-kernel path here
+        assert parts > 1 or vectorised  # the scalar entry splits here
         n = launch["outer"] * launch["inner"]
-        out = np.full(node.shape, np.nan if node.dtype.kind == "f" or node.dtype == BF16
-                      else 7, node.dtype)
-        partial = np.full(max(parts, 1) * n, np.nan, np.dtype(launch["acc_dtype"])) \
-            if np.dtype(launch["acc_dtype"]).kind == "f" \
-            else np.zeros(max(parts, 1) * n, np.dtype(launch["acc_dtype"]))
+        blocks = launch["outer"] * cfg["tiles"]
         chunk = -(-launch["r"] // parts)
-        emulate_threads(src, entry, [x, out, partial if parts > 1 else out,
-                                     ctypes.c_longlong(chunk)],
-                        (launch["outer"] * cfg["tiles"], parts), launch["block"])
-        if parts > 1:
-            emulate_threads(src, launch["combine_kernel"], [partial, out, ctypes.c_int(parts)],
-                            (2, 1), launch["block"])
-        if node.dtype.kind == "f" or node.dtype == BF16:
-            _close(out, want)
-        else:
-            np.testing.assert_array_equal(out, want)
+        results = []
+        # two launches (the _combine kernel), then one (the last chunk of a tile combines)
+        for inline in (False, True):
+            out = np.full(node.shape, np.nan if node.dtype.kind == "f" or node.dtype == BF16
+                          else 7, node.dtype)
+            partial = np.full(max(parts, 1) * n, np.nan, np.dtype(launch["acc_dtype"])) \
+                if np.dtype(launch["acc_dtype"]).kind == "f" \
+                else np.zeros(max(parts, 1) * n, np.dtype(launch["acc_dtype"]))
+            arrivals = np.zeros(blocks, np.uint32) if inline and parts > 1 else None
+            emulate_threads(src, entry, [x, out, partial if parts > 1 else out,
+                                         ctypes.c_longlong(chunk), arrivals],
+                            (blocks, parts), launch["block"])
+            if parts > 1 and not inline:
+                emulate_threads(src, launch["combine_kernel"],
+                                [partial, out, ctypes.c_int(parts)], (2, 1), launch["block"])
+            if arrivals is not None:  # every tile's counter is zero for the next launch
+                assert not arrivals.any()
+            if node.dtype.kind == "f" or node.dtype == BF16:
+                _close(out, want)
+            else:
+                np.testing.assert_array_equal(out, want)
+            results.append(out)
+        np.testing.assert_array_equal(results[0], results[1])  # the same order, bit for bit
 
 
 @needs_gxx

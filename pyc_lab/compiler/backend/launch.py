@@ -131,11 +131,19 @@ def launch_rows(sm_count: int, kernels: dict[str, Any], src: KernelSource,
     return entry
 
 
+#: The most chunks a split column reduction's last chunk combines itself (more: the
+#: separate ``_combine`` kernel, which spreads the columns over the whole GPU).
+INLINE_COMBINE_PARTS = 64
+
+
 class ColumnLaunch:
     """How a column kernel (:mod:`~pyc_lab.compiler.codegen.column_reduction`) is
     launched on one GPU: the split of the reduced axes into chunks for each entry, and
-    the workspace holding the chunks' partial results (allocated once, here, so that a
-    CUDA graph captures a fixed pointer)."""
+    the workspace holding the chunks' partial results and the tiles' arrival counters
+    (allocated once, here, so that a CUDA graph captures fixed pointers). A split of at
+    most :data:`INLINE_COMBINE_PARTS` chunks is one launch: the last chunk of each tile
+    to finish adds the tile's partial results in chunk order (the counters are zero
+    again after every launch); a longer one launches the ``_combine`` kernel after it."""
 
     def __init__(self, src: KernelSource, sm_count: int, cp: Any) -> None:
         self.src = src
@@ -146,6 +154,9 @@ class ColumnLaunch:
         parts = max(self.splits.values())
         n = launch["outer"] * launch["inner"]
         self.partial = cp.empty(parts * n, dtype=launch["acc_dtype"]) if parts > 1 else None
+        tiles = max(launch["config"]["tiles"], (launch.get("vec_config") or {}).get("tiles", 0))
+        self.arrivals = cp.zeros(launch["outer"] * tiles, dtype=np.uint32) \
+            if 1 < parts <= INLINE_COMBINE_PARTS else None
         self.sm_count = sm_count
 
     def launch(self, kernels: dict[str, Any], x: Any, out: Any) -> str:
@@ -158,9 +169,12 @@ class ColumnLaunch:
         parts = self.splits[entry]
         chunk = _cdiv(launch["r"], parts)
         workspace = self.partial if parts > 1 else out
+        inline = 1 < parts <= INLINE_COMBINE_PARTS
         grid = (launch["outer"] * cfg["tiles"], parts)
-        kernels[entry](grid, (launch["block"],), (x, out, workspace, np.int64(chunk)))
-        if parts > 1:
+        arrivals = self.arrivals if inline else np.uint64(0)  # null: no combining here
+        kernels[entry](grid, (launch["block"],),
+                       (x, out, workspace, np.int64(chunk), arrivals))
+        if parts > 1 and not inline:
             n = launch["outer"] * launch["inner"]
             blocks = max(1, min(_cdiv(n, launch["block"]),
                                 self.sm_count * (2048 // launch["block"])))

@@ -9,7 +9,8 @@ compiles without headers:
   in place, writing an output concatenation piecewise, or writing several outputs;
 - **columns** (:mod:`.column_reduction`): sum/mean/max/min over leading or middle
   axes, lanes across the contiguous columns, the reduced axes split across blocks
-  (and combined by a second kernel) when the columns alone cannot fill the GPU;
+  (and combined by the last block of each tile, or a second kernel for long splits)
+  when the columns alone cannot fill the GPU;
 - **rows** (:mod:`.reduction`): softmax, layer norm and sum/mean/max/min/var over the
   last axis, one warp or one block per row with warp-shuffle reductions; and
   (:mod:`.row_program`) a fused row program — elementwise prologue, reductions over the

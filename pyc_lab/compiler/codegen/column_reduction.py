@@ -13,8 +13,10 @@ thread accumulates its columns over ``r = r0 + ty, r0 + ty + TY, ...`` and the `
 partial results combine through shared memory in a fixed tree order. When the columns
 give too few blocks to fill the GPU (a column sum of a tall matrix), the launcher also
 splits ``R`` into ``S`` chunks (grid ``y``): each chunk writes its partial result to a
-workspace and a second small kernel (``_combine``) reduces the ``S`` partials of each
-column in order. Results are deterministic from run to run.
+workspace, and the ``S`` partials of each column are reduced in chunk order — by the
+last chunk of the tile to finish (an arrival counter per tile, given by the launcher;
+one launch), or by a second small kernel (``_combine``) for long splits. Either way the
+same additions in the same order: results are deterministic from run to run.
 
 Arithmetic runs in the compute type of the result (float for float16, bfloat16 and
 float32, double for float64, 64-bit integers for integer sums), and a float16 or
@@ -132,9 +134,11 @@ def generate_columns(node: Node, graph: Graph) -> KernelSource:
 
     Entries: ``name`` (any alignment), ``name_vec`` (aligned vector loads, when the
     column count allows; the launcher checks the pointer) and ``name_combine`` (the
-    second stage of a split). The first two take ``(x, y, partial, chunk)``: with one
-    chunk (``gridDim.y == 1``) they write ``y``; otherwise chunk ``blockIdx.y`` writes
-    its partial results to ``partial[blockIdx.y * outer * inner + ...]``.
+    second stage of a split). The first two take ``(x, y, partial, chunk, arrivals)``:
+    with one chunk (``gridDim.y == 1``) they write ``y``; otherwise chunk ``blockIdx.y``
+    writes its partial results to ``partial[blockIdx.y * outer * inner + ...]``, and
+    with ``arrivals`` (``gridDim.x`` counters, zero) the last chunk of each tile to
+    finish combines them into ``y`` (null: ``name_combine`` does, launched next).
     """
     why = check_columns(node, graph)
     if why:
@@ -221,7 +225,8 @@ def _stage_one(entry: str, node: Node, x: Node, acc_dt: np.dtype,
 
     lines = [f'extern "C" __global__ void __launch_bounds__({BLOCK})',
              f"{entry}(const {xs}* __restrict__ x, {os_}* __restrict__ y, "
-             f"{acc}* __restrict__ partial, long long chunk)",
+             f"{acc}* __restrict__ partial, long long chunk, "
+             "unsigned int* __restrict__ arrivals)",
              "{",
              f"    __shared__ {acc} smem[{BLOCK * vec}];",
              f"    const int tx = threadIdx.x % {tx};",
@@ -276,9 +281,48 @@ def _stage_one(entry: str, node: Node, x: Node, acc_dt: np.dtype,
               "                }",
               "            }",
               "        }",
-              "    }",
-              "}"]
+              "    }"]
+    lines += _last_chunk_combines(node, acc_dt, split, width, tiles)
+    lines += ["}"]
     return "\n".join(lines) + "\n"
+
+
+def _last_chunk_combines(node: Node, acc_dt: np.dtype, split: tuple[int, int, int],
+                         width: int, tiles: int) -> list[str]:
+    """The end of a split first stage given ``arrivals`` (one counter per tile, zero
+    between launches): the last chunk of a tile to finish reduces the tile's ``S``
+    partial results in chunk order, as the ``_combine`` kernel would, and sets its
+    counter back to zero — one launch instead of two, the same answer bit for bit."""
+    outer, r, inner = split
+    n = outer * inner
+    acc = ct.compute_type(acc_dt)
+    add = _combine_expr(node.op, "v", f"__ldcg(partial + s * {n}LL + i)")
+    return [
+        "    if (gridDim.y > 1 && arrivals != nullptr) {",
+        "        __shared__ int last_chunk;",
+        "        __threadfence();  // this chunk's partial results, visible to the last",
+        "        __syncthreads();",
+        "        if (threadIdx.x == 0) {",
+        "            last_chunk = atomicAdd(arrivals + blockIdx.x, 1u) == gridDim.y - 1u;",
+        "        }",
+        "        __syncthreads();",
+        "        if (last_chunk) {",
+        "            __threadfence();",
+        f"            for (int k = threadIdx.x; k < {width}; k += {BLOCK}) {{",
+        f"                const long long c = (blockIdx.x % {tiles}LL) * {width}LL + k;",
+        f"                if (c < {inner}LL) {{",
+        f"                    const long long i = (blockIdx.x / {tiles}LL) * {inner}LL + c;",
+        f"                    {acc} v = __ldcg(partial + i);",
+        "#pragma unroll 8",
+        "                    for (unsigned int s = 1; s < gridDim.y; ++s) {",
+        f"                        {add}",
+        "                    }",
+        f"                    y[i] = {_finish(node, acc_dt, 'v', r)};",
+        "                }",
+        "            }",
+        "            if (threadIdx.x == 0) arrivals[blockIdx.x] = 0u;  // for the next launch",
+        "        }",
+        "    }"]
 
 
 def _combine(entry: str, node: Node, acc_dt: np.dtype, split: tuple[int, int, int]) -> str:

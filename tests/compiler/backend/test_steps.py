@@ -90,21 +90,44 @@ class _Pool:
         self.asked.append((n, np.dtype(dtype).name))
         return _at(1 << 20)
 
+    def zeros(self, n, dtype):
+        self.asked.append((n, np.dtype(dtype).name))
+        return np.zeros(n, dtype)
 
-def test_column_launch_splits_tall_columns_and_combines_them():
-    from pyc_lab.compiler.backend.launch import ColumnLaunch
+
+def test_column_launch_splits_tall_columns_and_combines_them_in_one_launch():
+    from pyc_lab.compiler.backend.launch import INLINE_COMBINE_PARTS, ColumnLaunch
 
     g, node = op_graph("sum", [((16384, 4096), F16)], {"axis": (0,), "keepdims": False})
     src = generate(node, g)
     pool = _Pool()
     launch = ColumnLaunch(src, 132, pool)
     parts = launch.splits[src.launch["vec_kernel"]]
-    assert parts > 1 and pool.asked == [(max(launch.splits.values()) * 4096, "float32")]
+    assert 1 < parts <= INLINE_COMBINE_PARTS
+    tiles = src.launch["config"]["tiles"]  # the scalar entry's, the most tiles
+    assert pool.asked == [(max(launch.splits.values()) * 4096, "float32"), (tiles, "uint32")]
     kernels = _kernels(src)
     assert launch.launch(kernels, _at(0), _at(64)) == src.launch["vec_kernel"]
     (grid, block, args), = kernels[src.launch["vec_kernel"]].launches
     assert grid == (src.launch["vec_config"]["tiles"], parts) and block == (256,)
     assert int(args[3]) == -(-16384 // parts)  # rows per chunk
+    assert args[4] is launch.arrivals  # the last chunk of a tile combines: no 2nd launch
+    assert not kernels[src.launch["combine_kernel"]].launches
+
+
+def test_column_launch_of_many_chunks_combines_them_in_a_second_kernel():
+    from pyc_lab.compiler.backend.launch import INLINE_COMBINE_PARTS, ColumnLaunch
+
+    g, node = op_graph("sum", [((1 << 20, 64), F32)], {"axis": (0,), "keepdims": False})
+    src = generate(node, g)
+    pool = _Pool()
+    launch = ColumnLaunch(src, 132, pool)
+    parts = launch.splits[src.launch["vec_kernel"]]
+    assert parts > INLINE_COMBINE_PARTS and launch.arrivals is None
+    kernels = _kernels(src)
+    launch.launch(kernels, _at(0), _at(64))
+    (grid, _, args), = kernels[src.launch["vec_kernel"]].launches
+    assert grid[1] == parts and int(args[4]) == 0  # a null counter: no combining there
     (_, _, cargs), = kernels[src.launch["combine_kernel"]].launches
     assert int(cargs[2]) == parts
 
