@@ -256,6 +256,35 @@ def test_bfloat16_column_reductions_on_the_gpu(rng, op):
     np.testing.assert_allclose(got.astype(F64), want, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("shape, axis", [((16384, 4096), (0,)), ((6, 3001, 515), (1,)),
+                                         ((1 << 20, 64), (0,))])
+def test_split_column_reductions_combine_in_one_launch_or_two(rng, op, shape, axis):
+    """Tall columns split across the GPU: up to 64 chunks the last chunk of each tile adds
+    the partial results (one launch), more go to the _combine kernel; float64's answer,
+    and the same bits at every call and replay (the arrival counters reset themselves)."""
+    from pyc_lab.compiler.backend.launch import INLINE_COMBINE_PARTS
+
+    x = rand(rng, shape, F32, high=2.0)
+    x.reshape(-1)[[7, 5000]] = [np.nan, -0.0] if op in ("max", "min") else [1.5, -0.0]
+    g, node = op_graph(op, [(shape, F32)], {"axis": axis, "keepdims": False})
+    exe = CupyExecutable(g, {node.id: "reduction_kernel"}, cuda_graph=True)
+    (first,) = run(exe, [x])
+    want = getattr(np, op)(x.astype(F64), axis=axis)
+    np.testing.assert_allclose(first.astype(F64), want, rtol=1e-5, atol=1e-4, equal_nan=True)
+    (step,) = exe._steps
+    parts = max(step.columns.splits.values())
+    assert parts > 1
+    assert (step.columns.arrivals is not None) == (parts <= INLINE_COMBINE_PARTS)
+    dx = cp.asarray(x)
+    for _ in range(4):  # capture, replays
+        poison_pool()
+        (again,) = exe([dx])
+        np.testing.assert_array_equal(cp.asnumpy(again), first)
+    if step.columns.arrivals is not None:
+        assert not cp.asnumpy(step.columns.arrivals).any()
+
+
 def test_bfloat16_row_program_on_the_gpu(rng):
     import pyc_lab as pl
 
