@@ -155,8 +155,8 @@ class ColumnLaunch:
         n = launch["outer"] * launch["inner"]
         self.partial = cp.empty(parts * n, dtype=launch["acc_dtype"]) if parts > 1 else None
         tiles = max(launch["config"]["tiles"], (launch.get("vec_config") or {}).get("tiles", 0))
-        self.arrivals = cp.zeros(launch["outer"] * tiles, dtype=np.uint32) \
-            if 1 < parts <= INLINE_COMBINE_PARTS else None
+        inline = any(1 < p <= INLINE_COMBINE_PARTS for p in self.splits.values())
+        self.arrivals = cp.zeros(launch["outer"] * tiles, dtype=np.uint32) if inline else None
         self.sm_count = sm_count
 
     def launch(self, kernels: dict[str, Any], x: Any, out: Any) -> str:

@@ -392,3 +392,24 @@ def test_library_product_leaves_other_operands_to_cupy_matmul(recorded_matmul, c
     got = library_product(cp, a, b)
     assert recorded_matmul == [] and cp.matmul_kwargs == [{}]
     np.testing.assert_array_equal(np.asarray(got), np.matmul(np.asarray(a), np.asarray(b)))
+
+
+def test_column_launch_combines_in_place_or_after_entry_by_entry():
+    """The scalar entry of a (65536, 512) column sum splits into few chunks (combined by
+    its last chunk), the vector entry into many (the _combine kernel): the counters are
+    made for the one that uses them and a null goes to the other."""
+    from pyc_lab.compiler.backend.launch import INLINE_COMBINE_PARTS, ColumnLaunch
+
+    g, node = op_graph("sum", [((65536, 512), F32)], {"axis": (0,), "keepdims": False})
+    src = generate(node, g)
+    launch = ColumnLaunch(src, 132, _Pool())
+    vec = src.launch["vec_kernel"]
+    assert launch.splits[src.name] <= INLINE_COMBINE_PARTS < launch.splits[vec]
+    assert launch.arrivals is not None
+    kernels = _kernels(src)
+    assert launch.launch(kernels, _at(4), _at(64)) == src.name  # misaligned: scalar entry
+    (_, _, args), = kernels[src.name].launches
+    assert args[4] is launch.arrivals and not kernels[src.launch["combine_kernel"]].launches
+    assert launch.launch(kernels, _at(0), _at(64)) == vec
+    (_, _, args), = kernels[vec].launches
+    assert int(args[4]) == 0 and len(kernels[src.launch["combine_kernel"]].launches) == 1
