@@ -58,7 +58,8 @@ REASONS = {
     "FUSED_OUTPUT": "another output of a fused kernel: that kernel writes it in the same "
                     "pass",
     "CUTLASS_TUNED": "the tuning database has a tuned CUTLASS kernel for this shape",
-    "CUBLAS_DEFAULT": "cuBLAS through cupy.matmul: no tuned kernel for this shape",
+    "CUBLAS_DEFAULT": "the library GEMM by pl.matmul's rule (cuBLAS, or cuBLASLt where "
+                      "faster): no tuned kernel for this shape",
     "CUBLASLT_EPILOGUE": "cuBLASLt applies the bias/activation inside the GEMM "
                          "(nvmath-python): the product is written once",
     "EPILOGUE_KERNEL": "bias/activation epilogue applied in place by a generated kernel",
