@@ -271,7 +271,12 @@ def test_split_column_reductions_combine_in_one_launch_or_two(rng, op, shape, ax
     exe = CupyExecutable(g, {node.id: "reduction_kernel"}, cuda_graph=True)
     (first,) = run(exe, [x])
     want = getattr(np, op)(x.astype(F64), axis=axis)
-    np.testing.assert_allclose(first.astype(F64), want, rtol=1e-5, atol=1e-4, equal_nan=True)
+    if op in ("max", "min"):
+        np.testing.assert_array_equal(first.astype(F64), want)
+    else:  # float32 additions: within a few float32 ulps of the column's sum of |x|
+        scale = np.abs(x.astype(F64)).sum(axis=axis) / (x.size // want.size if op == "mean"
+                                                         else 1)
+        assert (np.abs(first.astype(F64) - want) <= 1e-5 * np.abs(want) + 1e-7 * scale).all()
     (step,) = exe._steps
     parts = max(step.columns.splits.values())
     assert parts > 1
@@ -686,12 +691,15 @@ def test_compiled_2d_gemms_take_pl_matmuls_library_path(rng, monkeypatch, dtype,
     dev = [cp.asarray(h) for h in host]
     f = pl.compile(swiglu, backend="cupy", cuda_graph=cuda_graph)
     want = swiglu(*[h.astype(F64) for h in host])
-    tol = {"float16": 3e-2, "bfloat16": 8e-2, "float32": 1e-4}[dtype]
+    # relative to the result's norm: every op rounds to the dtype (bfloat16: 8 bits), and
+    # the last GEMM sums 96 such products
+    tol = {"float16": 3e-3, "bfloat16": 2e-2, "float32": 1e-5}[dtype]
     for _ in range(4):  # warm-up, capture, replays
         poison_pool()
         got = f(*dev)
         assert got.dtype == dt and got.shape == want.shape
-        np.testing.assert_allclose(cp.asnumpy(got).astype(F64), want, rtol=tol, atol=tol)
+        err = cp.asnumpy(got).astype(F64) - want
+        assert np.isfinite(err).all() and np.linalg.norm(err) < tol * np.linalg.norm(want)
     kernels = [k for k in f.explain(*dev).kernels if k["ops"][0] == "matmul"]
     assert len(kernels) == 3 and all(
         k["implementation"].startswith("library GEMM (pl.matmul's path") for k in kernels)
