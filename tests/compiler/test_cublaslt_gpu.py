@@ -159,6 +159,34 @@ def test_compiled_mlp_runs_cublaslt_epilogues(rng, mode, cuda_graph):
         assert np.all(np.abs(got.astype(np.float64) - want) <= bound)
 
 
+def relu_mlp(x, w1, b1, w2, b2):
+    return np.maximum(x @ w1 + b1, 0) @ w2 + b2
+
+
+def test_compiled_bfloat16_mlp_runs_cublaslt_epilogues(rng):
+    """A bfloat16 ReLU MLP written with np.maximum(..., 0): both GEMMs take their bias
+    (and the ReLU) inside cuBLASLt, as in float16; float64's answer within bfloat16's
+    roundings (8 bits), by the error's norm."""
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    m, d, h = 64, 96, 128
+    args = [uniform(rng, s, np.float32).astype(bf16)
+            for s in [(m, d), (d, h), (h,), (h, d), (d,)]]
+    f = pl.compile(relu_mlp, backend="cupy")
+    dev = [cp.asarray(a) for a in args]
+    ex = f.explain(*dev)
+    implementations = {k["implementation"] for k in ex.kernels if k["ops"][0] == "matmul"}
+    assert implementations == {"cuBLASLt (nvmath-python), epilogue RELU_BIAS",
+                               "cuBLASLt (nvmath-python), epilogue BIAS"}
+    want = relu_mlp(*[a.astype(np.float64) for a in args])
+    for _ in range(3):
+        got = cp.asnumpy(f(*dev))
+        assert got.dtype == bf16
+        err = got.astype(np.float64) - want
+        assert np.isfinite(err).all() and np.linalg.norm(err) < 2e-2 * np.linalg.norm(want)
+
+
 def test_silu_epilogue_stays_with_the_generated_kernel(rng):
     def fn(x, w, b):
         return pl.compiler.functions.silu(x @ w + b)

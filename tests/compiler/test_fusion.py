@@ -119,6 +119,38 @@ def test_epilogue_fusion_traced_relu_as_maximum_and_tanh():
     assert_same(graph, g, args, exact=True)
 
 
+def test_epilogue_fusion_takes_bfloat16_products():
+    """ml_dtypes' bfloat16 (dtype kind ``V``) folds like float16: the bias add and a ReLU
+    written as np.maximum(..., 0) into the matmul, a -0.0 maximum not; same values."""
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng()
+    args = [rand(rng, s).astype(bf16) for s in [(4, 8), (8, 8), (8,), (8, 3)]]
+
+    def fn(x, w, b, w2):
+        return np.maximum(x @ w + b, 0) @ w2
+
+    graph, _ = trace(fn, tuple(args))
+    g, changed, _ = run_pass(graph, "epilogue_fusion")
+    assert changed and [n.op for n in g if n.op not in ("input", "constant")] == [
+        "matmul", "matmul"]
+    mm = next(n for n in g if n.op == "matmul")
+    assert mm.attrs.get("activation") == "relu" and len(mm.inputs) == 3
+    # the fused product takes its bias before rounding to bfloat16 (as cuBLASLt's
+    # epilogue does), the unfused one after: one bfloat16 rounding apart (2**-8)
+    (want,), (got,) = run_graph(graph, args, np), run_graph(g, args, np)
+    assert got.dtype == want.dtype == bf16 and got.shape == want.shape
+    w64, g64 = want.astype(np.float64), got.astype(np.float64)
+    scale = np.abs(np.maximum(args[0].astype(np.float64) @ args[1].astype(np.float64)
+                              + args[2].astype(np.float64), 0)) @ np.abs(
+        args[3].astype(np.float64))
+    assert np.all(np.abs(g64 - w64) <= 2.0**-7 * (scale + np.abs(w64)))
+    graph, _ = trace(lambda x, w, b, w2: np.maximum(x @ w, bf16.type(-0.0)), tuple(args))
+    g, _, _ = run_pass(graph, "epilogue_fusion")
+    assert "maximum" in g.ops()
+
+
 NOT_FUSED = {
     "product read twice": lambda x, w, b: (x @ w + b) * (x @ w),
     "product is an output": lambda x, w, b: (x @ w + b, x @ w),

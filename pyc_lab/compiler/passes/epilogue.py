@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ...kernels.conv import ACTIVATIONS as CONV_ACTIVATION_NAMES
 from ..ir import Graph, Node
 from ..ops import ACTIVATIONS, REGISTRY
-from .rewrite import const_is, prune, sole_user, try_infer
+from .rewrite import const_is, const_value, prune, sole_user, try_infer
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -42,6 +44,11 @@ ACTIVATION_OPS = frozenset(a for a in ACTIVATIONS if a in REGISTRY)
 CONV_ACTIVATIONS = frozenset(CONV_ACTIVATION_NAMES)
 
 
+def _floating(node: Node) -> bool:
+    """Whether a product's dtype is a float one, bfloat16 (ml_dtypes, kind ``V``) too."""
+    return node.dtype.kind == "f" or node.dtype.name == "bfloat16"
+
+
 def _row_bias(product: Node, bias: Node) -> bool:
     if not product.shape:
         return False
@@ -51,12 +58,24 @@ def _row_bias(product: Node, bias: Node) -> bool:
             and all(d == 1 for d in shape[:-1]))
 
 
+def _is_zero(graph: Graph, nid: int) -> bool:
+    """Whether ``nid`` is a constant of +0 only (a bfloat16 one too, which
+    :func:`~.rewrite.const_is` leaves alone: ml_dtypes' kind is ``V``)."""
+    if const_is(graph, nid, 0):
+        return True
+    arr = const_value(graph, nid)
+    if arr is None or arr.size == 0 or arr.dtype.name != "bfloat16":
+        return False
+    wide = arr.astype(np.float32)
+    return bool(np.all(wide == 0)) and not bool(np.any(np.signbit(wide)))
+
+
 def _activation(graph: Graph, node: Node, user: Node) -> str | None:
     if user.op in ACTIVATION_OPS and user.inputs == (node.id,):
         return user.op
     if user.op == "maximum" and len(user.inputs) == 2 and user.inputs[0] == node.id:
         zero = user.inputs[1]
-        if zero != node.id and const_is(graph, zero, 0) \
+        if zero != node.id and _is_zero(graph, zero) \
                 and graph.nodes[zero].dtype == node.dtype \
                 and graph.nodes[zero].attrs["value"].ndim == 0 \
                 and user.shape == node.shape and user.dtype == node.dtype:
@@ -85,7 +104,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
     for mm in graph:
         if mm.id not in graph.nodes or mm.op != "matmul" or mm.attrs.get("activation"):
             continue
-        if mm.dtype.kind != "f" or len(mm.inputs) not in (2, 3):
+        if not _floating(mm) or len(mm.inputs) not in (2, 3):
             continue
         inputs = list(mm.inputs)
         attrs = dict(mm.attrs)
@@ -103,7 +122,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
                     last = add
                     what.append(f"bias add %{add.id}")
         user = sole_user(graph, last.id, users)
-        if user is not None and last.dtype.kind == "f":
+        if user is not None and _floating(last):
             act = _activation(graph, last, user)
             if act is not None:
                 attrs["activation"] = act
