@@ -273,3 +273,40 @@ def test_shift_kernels_compile_for_sm_90(tmp_path, dtype):
     _, src, _ = _kernel(lambda a, b: (a << b) + (a >> 3), [x, x])
     assert "pyc_left_shift" in src.source and "pyc_right_shift" in src.source
     compile_ptx(tmp_path, src)
+
+
+@needs_gxx
+@pytest.mark.parametrize("act", [None, "relu", "tanh", "sigmoid", "gelu"])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_bfloat16_matmul_epilogue_in_place_on_the_emulator(act, aligned):
+    """The generated epilogue of a bfloat16 matmul (the epilogue pass folds bfloat16
+    bias adds and activations): in place on the product, NumPy's bfloat16 answer — the
+    add and the activation each rounded to bfloat16 — within one bfloat16 ulp (the CPU's
+    libm and NumPy's may part by a float32 ulp before that rounding)."""
+    from pyc_lab.compiler.codegen import generate_epilogue
+    from tests.compiler.graphs import op_graph
+
+    rng = np.random.default_rng()
+    m, k, n = 37, 24, 40
+    g, node = op_graph("matmul", [((m, k), BF16), ((k, n), BF16), ((n,), BF16)],
+                       {"activation": act} if act else {})
+    src = generate_epilogue(node, g)
+    assert src.launch["inplace"]
+    product = (rng.standard_normal((m, n)) * 3).astype(BF16)
+    product.reshape(-1)[[0, 5, 9]] = [np.nan, np.inf, -0.0]
+    bias = (rng.standard_normal(n) + 0.1).astype(BF16)
+    placed, placed_bias = _placed([product, bias], aligned)
+    entry = src.launch.get("vec_kernel") if aligned and src.launch.get("vec_kernel") \
+        else src.name
+    emulate(src, entry, [placed, placed_bias, placed])
+    with np.errstate(all="ignore"):
+        want = evaluate("add", np, [product, bias], {})
+        if act:
+            want = evaluate(act, np, [want], {})
+    got, want = placed.astype(F64), np.asarray(want).astype(F64)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    # tanh-GELU far below zero is 0.5 x (1 + tanh(...)): 1 + tanh cancels in float32, so
+    # values under ~1e-6 are float32 noise on both sides
+    np.testing.assert_allclose(got[ok], want[ok], rtol=2.0**-7,
+                               atol=2e-6 if act == "gelu" else 1e-30)
