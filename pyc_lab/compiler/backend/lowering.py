@@ -61,6 +61,7 @@ from ..codegen.small_gemm import check_small_gemm, generate_small_gemm
 from ..ir import Graph, Node
 from ..ops import REGISTRY
 from . import small_gemm
+from .gemm_operands import batched_gemm
 from .steps import (
     _CupyStep,
     _CutlassStep,
@@ -71,7 +72,6 @@ from .steps import (
     _RecordedLibraryStep,
     _Step,
     _WrittenStep,
-    batched_gemm,
 )
 
 __all__ = ["IMPLS", "LaunchList", "lower"]

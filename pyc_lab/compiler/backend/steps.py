@@ -46,10 +46,11 @@ from ..codegen.cache import compile_kernel
 from ..codegen.cuda_types import KernelSource
 from ..ir import Graph, Node
 from ..ops import REGISTRY, check_eager_result, evaluate
+from .gemm_operands import batched_operands, gemm_operands, library_product
 from .launch import ColumnLaunch, alignment_plan, launch_elementwise, launch_rows
 from .small_gemm import SmallGemm
 
-__all__ = ["batched_gemm", "contiguous_operand", "library_product"]
+__all__ = ["contiguous_operand"]
 
 log = logging.getLogger(__name__)
 
@@ -172,69 +173,6 @@ class _KernelStep(_Step):
 
 
 
-def _gemm_operands(node: Node, values: dict[int, Any]) -> tuple[Any, Any]:
-    """A matmul node's two operands as multiplied: views with its transposes applied."""
-    a, b = values[node.inputs[0]], values[node.inputs[1]]
-    if node.attrs.get("transpose_a") and a.ndim >= 2:
-        a = a.swapaxes(-1, -2)
-    if node.attrs.get("transpose_b") and b.ndim >= 2:
-        b = b.swapaxes(-1, -2)
-    return a, b
-
-
-def batched_gemm(a_shape: tuple[int, ...], a_dtype: Any, b_shape: tuple[int, ...],
-                 b_dtype: Any) -> bool:
-    """Whether a matmul of these operands runs as one batch of GEMMs through
-    :func:`pyc_lab.matmul` (see :func:`_batched_operands`)."""
-    return (len(a_shape) > 2 and len(b_shape) >= 2 and np.dtype(a_dtype) == np.dtype(b_dtype)
-            and np.dtype(a_dtype).kind == "f"
-            and (len(b_shape) == 2 or tuple(b_shape[:-2]) == tuple(a_shape[:-2])))
-
-
-def _batched_operands(a: Any, b: Any) -> tuple[Any, Any, tuple[int, ...]] | None:
-    """A batched float matmul's operands as 3-D ``(B, M, K) @ (B, K, N)`` (or ``@ (K, N)``)
-    views for :func:`pyc_lab.matmul`, and the product's shape; None for a 2-D problem,
-    broadcast batch dimensions, integers or mixed dtypes (``cupy.matmul`` runs those).
-
-    ``cupy.matmul`` computes a batch of float16/bfloat16 GEMMs in float32 copies (14x
-    slower than one strided-batched GEMM on the H200 for attention's ``q @ k^T``:
-    benchmarks/results/h200/attention-rotary.json); ``pl.matmul`` issues one.
-    """
-    if not batched_gemm(a.shape, a.dtype, b.shape, b.dtype):
-        return None
-    batch = tuple(a.shape[:-2])
-    count = int(np.prod(batch, dtype=np.int64))
-    if count == 0:
-        return None
-    a3 = a.reshape(count, *a.shape[-2:])
-    b3 = b.reshape(count, *b.shape[-2:]) if b.ndim > 2 else b
-    return a3, b3, (*batch, a.shape[-2], b.shape[-1])
-
-
-#: Operand dtypes whose 2-D product goes through :func:`pyc_lab.matmul`.
-_LIBRARY_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
-
-
-def library_product(cp: Any, a: Any, b: Any, out: Any = None) -> Any:
-    """``a @ b`` by the library, into ``out`` or a new array.
-
-    Two CuPy matrices of one float dtype go through :func:`pyc_lab.matmul`: its library path
-    for the problem — cuBLASLt for bfloat16 (CuPy's bfloat16 matmul is the slower path),
-    cuBLAS and cuBLASLt's measured candidates raced at the first call for a large
-    float16 problem, the tuned winner where the tuning database has one — issued
-    straight to the library at about half of ``cupy.matmul``'s host time, by the
-    never-slower rule of :mod:`pyc_lab.kernels.matmul_route`. Anything else (integers,
-    mixed dtypes, vectors and stacks, NumPy arrays standing in for CuPy in tests) through
-    ``cp.matmul``.
-    """
-    if type(a).__module__.startswith("cupy") and type(b) is type(a) and a.ndim == 2 \
-            and b.ndim == 2 and a.dtype == b.dtype and a.dtype.name in _LIBRARY_DTYPES:
-        from ...kernels.matmul import matmul
-
-        return matmul(a, b, out=out)
-    return cp.matmul(a, b) if out is None else cp.matmul(a, b, out=out)
-
-
 class _WrittenStep(_Step):
     """A ``fused_extra`` node whose value the fused kernel before it wrote: nothing runs."""
 
@@ -245,8 +183,8 @@ class _WrittenStep(_Step):
 
 
 class _MatmulStep(_Step):
-    """The library GEMM (:func:`library_product`) and the generated epilogue in place on
-    the product.
+    """The library GEMM (:func:`~.gemm_operands.library_product`) and the generated
+    epilogue in place on the product.
 
     CuPy refuses cuBLAS calls while a stream captures, so the step is no capturable one
     as it is; :meth:`graph_call` gives the same GEMM issued to cuBLAS directly, which a
@@ -300,7 +238,7 @@ class _MatmulStep(_Step):
         ``benchmarks/exp_matmul_out.py`` measures both forms, replacing this method for
         the second.
         """
-        batched = _batched_operands(a, b)
+        batched = batched_operands(a, b)
         if batched is not None:  # CuPy's batched matmul computes 16-bit floats in float32
             from ...kernels.matmul import matmul
 
@@ -310,7 +248,7 @@ class _MatmulStep(_Step):
 
     def run(self, exe: Executor, values: dict[int, Any]) -> None:
         node = self.node
-        a, b = _gemm_operands(node, values)
+        a, b = gemm_operands(node, values)
         small = self._small_call(exe, values, a, b)
         if small is not None:
             small()
@@ -378,8 +316,8 @@ class _MatmulStep(_Step):
 
     def static_call(self, exe: Executor, values: dict[int, Any]) -> Any:
         cp = exe._cp
-        a, b = _gemm_operands(self.node, values)  # views of the static arrays: new data
-        batched = _batched_operands(a, b)
+        a, b = gemm_operands(self.node, values)  # views of the static arrays: new data
+        batched = batched_operands(a, b)
         if batched is not None:
             from ...kernels.matmul import matmul
 
@@ -401,7 +339,7 @@ class _MatmulStep(_Step):
         from ...kernels.matmul_plan import direct_for
 
         cp = exe._cp
-        a, b = _gemm_operands(self.node, values)
+        a, b = gemm_operands(self.node, values)
         small = self._small_call(exe, values, a, b)
         if small is not None:
             return small
@@ -480,7 +418,7 @@ class _LtStep(_Step):
 
     def _operands(self, exe: Executor, values: dict[int, Any]) -> tuple[Any, ...]:
         node = self.node
-        a, b = _gemm_operands(node, values)
+        a, b = gemm_operands(node, values)
         bias = None
         if self.bias_node is not None:
             bias = contiguous_operand(values[node.inputs[2]], self.bias_node, exe._cp)
@@ -543,7 +481,7 @@ class _CutlassStep(_Step):
         if self.kernel is None:
             return None
         node = self.node
-        a, b = _gemm_operands(node, values)
+        a, b = gemm_operands(node, values)
         if operand_layout(a, b) != self.problem[4]:
             exe._fallbacks[node.id] = (f"cutlass not used at a call: operands not in layout "
                                        f"{self.problem[4]!r}")

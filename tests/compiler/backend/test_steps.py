@@ -354,7 +354,7 @@ def recorded_matmul(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
 def test_library_product_sends_float_matrices_to_pl_matmul(recorded_matmul, dtype):
-    from pyc_lab.compiler.backend.steps import library_product
+    from pyc_lab.compiler.backend.gemm_operands import library_product
 
     rng = np.random.default_rng()
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
@@ -373,7 +373,7 @@ def test_library_product_sends_float_matrices_to_pl_matmul(recorded_matmul, dtyp
 
 @pytest.mark.parametrize("case", ["integers", "mixed dtypes", "stack", "vector", "numpy"])
 def test_library_product_leaves_other_operands_to_cupy_matmul(recorded_matmul, case):
-    from pyc_lab.compiler.backend.steps import library_product
+    from pyc_lab.compiler.backend.gemm_operands import library_product
 
     rng = np.random.default_rng()
     a = rng.uniform(0.5, 2.0, (4, 6)).astype(F32)
