@@ -109,3 +109,35 @@ def test_compiled_function_explains_the_rewrite_and_matches_numpy():
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
     notes = f.explain(x).notes
     assert any("x**3 as 2 multiplications (within 2 ulp)" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 8])
+def test_bfloat16_powers_become_multiplications_within_the_stated_ulps(n):
+    """ml_dtypes' bfloat16 (dtype kind ``V``, a bf16 exponent constant too) takes the
+    rewrite: within ``n - 1`` bfloat16 ulps of the exact power, and NumPy's answer for
+    NaN, infinities and signed zeros."""
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    info = ml_dtypes.finfo(bf16)
+    rng = np.random.default_rng(200 + n)
+    top = float(info.max) ** (1.0 / n) / 2
+    low = float(info.smallest_normal) ** (1.0 / n) * 2
+    mag = np.exp(rng.uniform(np.log(low), np.log(top), 4000))
+    x = (mag * rng.choice([-1.0, 1.0], mag.size)).astype(bf16)
+    _graph, g, changed, notes = _rewritten(lambda v: v ** n, x)
+    assert changed and "power" not in g.ops(), notes
+    (got,) = run_graph(g, [x], np)
+    assert got.dtype == bf16
+    exact = x.astype(np.float64) ** n
+    # a bfloat16 ulp of the exact value rounded to bfloat16: 2**(exponent - 7)
+    ref = exact.astype(bf16).astype(np.float64)
+    ulp = 2.0 ** (np.floor(np.log2(np.abs(ref))) - 7)
+    assert float((np.abs(got.astype(np.float64) - exact) / ulp).max()) <= n - 1
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0], np.float32).astype(bf16)
+    _, g, _, _ = _rewritten(lambda v: v ** n, special)
+    (got,) = run_graph(g, [special], np)
+    want = (special.astype(np.float32) ** n).astype(bf16)
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+    np.testing.assert_array_equal(np.signbit(got.astype(np.float32)),
+                                  np.signbit(want.astype(np.float32)))

@@ -310,3 +310,21 @@ def test_bfloat16_matmul_epilogue_in_place_on_the_emulator(act, aligned):
     # values under ~1e-6 are float32 noise on both sides
     np.testing.assert_allclose(got[ok], want[ok], rtol=2.0**-7,
                                atol=2e-6 if act == "gelu" else 1e-30)
+
+
+@needs_gxx
+def test_bfloat16_cube_is_multiplied_in_the_kernel_as_numpy_rounds():
+    """``x ** 3`` of bfloat16 (a GELU's cube) reaches the kernel as two multiplications
+    (cheap_math takes bfloat16): the kernel's bits are the rewritten graph's on NumPy,
+    which rounds each product to bfloat16 (the bound against the exact cube is
+    test_cheap_math's)."""
+    rng = np.random.default_rng()
+    x = _rand(rng, (517,), BF16)
+    x[[3, 9, 40]] = np.array([np.nan, -np.inf, -0.0], np.float32).astype(BF16)
+    node, src, ins = _kernel(lambda v: v ** 3 * np.float32(0.5).astype(BF16) + v, [x])
+    assert "pow" not in src.source
+    outs = _poisoned(node)
+    emulate(src, src.name, [*_placed(ins, True), *outs])
+    with np.errstate(all="ignore"):
+        (want,) = run_graph(node.attrs["body"], [np.asarray(a) for a in ins], np)
+    np.testing.assert_array_equal(outs[0].view(np.uint16), want.view(np.uint16))

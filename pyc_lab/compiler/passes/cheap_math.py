@@ -11,8 +11,9 @@ Accuracy: each multiplication rounds once, and a relative error doubles when a v
 is squared, so the product is within ``(n - 1) u`` of ``x ** n`` computed exactly (``u``
 the unit roundoff, half the relative spacing of the dtype's numbers): at most ``n - 1``
 units in the last place of the result (2 ulp for ``x**3``, 7 for ``x**8``). NumPy's own
-float32 ``power`` is within 1 ulp and CUDA's ``powf`` within 4. float16 results are
-rounded to float16 after every multiplication, as NumPy's float16 arithmetic is.
+float32 ``power`` is within 1 ulp and CUDA's ``powf`` within 4. float16 and bfloat16
+results are rounded to their dtype after every multiplication, as NumPy's (and
+ml_dtypes') arithmetic is, so the bound is in their ulps.
 Special values keep NumPy's answers:
 NaN stays NaN, ``(+-inf) ** n`` and ``(-0.0) ** n`` keep their signs, and a product that
 overflows is infinite as ``pow``'s is; only results in the subnormal range can differ
@@ -27,8 +28,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..ir import Graph, Node
-from .rewrite import const_value, is_const, prune, same_type, try_infer
+from .rewrite import const_value, is_const, is_float, prune, same_type, try_infer
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -45,6 +48,8 @@ def integer_exponent(graph: Graph, nid: int) -> int | None:
     """The exponent's value if ``nid`` is a 0-d constant equal to an integer in
     ``[3, MAX_EXPONENT]``, else ``None``."""
     arr = const_value(graph, nid)
+    if arr is not None and arr.dtype.name == "bfloat16":  # kind V: read it as a float
+        arr = arr.astype(np.float32)
     if arr is None or arr.ndim != 0 or arr.dtype.kind not in "iuf":
         return None
     value = arr.item()
@@ -90,7 +95,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         if n.id not in graph.nodes or n.op != "power" or len(n.inputs) != 2:
             continue
         base, exp = n.inputs
-        if n.dtype.kind != "f" or is_const(graph, base) \
+        if not is_float(n) or is_const(graph, base) \
                 or not same_type(graph.nodes[base], n):
             continue
         power = integer_exponent(graph, exp)

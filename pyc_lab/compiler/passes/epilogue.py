@@ -31,7 +31,7 @@ import numpy as np
 from ...kernels.conv import ACTIVATIONS as CONV_ACTIVATION_NAMES
 from ..ir import Graph, Node
 from ..ops import ACTIVATIONS, REGISTRY
-from .rewrite import const_is, const_value, prune, sole_user, try_infer
+from .rewrite import const_is, const_value, is_float, prune, sole_user, try_infer
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -42,11 +42,6 @@ NAME = "epilogue_fusion"
 ACTIVATION_OPS = frozenset(a for a in ACTIVATIONS if a in REGISTRY)
 #: Those a convolution takes (``pl.conv``'s ``activation``).
 CONV_ACTIVATIONS = frozenset(CONV_ACTIVATION_NAMES)
-
-
-def _floating(node: Node) -> bool:
-    """Whether a product's dtype is a float one, bfloat16 (ml_dtypes, kind ``V``) too."""
-    return node.dtype.kind == "f" or node.dtype.name == "bfloat16"
 
 
 def _row_bias(product: Node, bias: Node) -> bool:
@@ -104,7 +99,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
     for mm in graph:
         if mm.id not in graph.nodes or mm.op != "matmul" or mm.attrs.get("activation"):
             continue
-        if not _floating(mm) or len(mm.inputs) not in (2, 3):
+        if not is_float(mm) or len(mm.inputs) not in (2, 3):
             continue
         inputs = list(mm.inputs)
         attrs = dict(mm.attrs)
@@ -122,7 +117,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
                     last = add
                     what.append(f"bias add %{add.id}")
         user = sole_user(graph, last.id, users)
-        if user is not None and _floating(last):
+        if user is not None and is_float(last):
             act = _activation(graph, last, user)
             if act is not None:
                 attrs["activation"] = act

@@ -200,8 +200,9 @@ def sole_user(graph: Graph, nid: int, users: dict[int, list[int]]) -> Node | Non
 
 
 def is_float(node: Node) -> bool:
-    """Whether the node's dtype is a floating-point type."""
-    return node.dtype.kind == "f"
+    """Whether the node's dtype is a floating-point type, bfloat16 included (ml_dtypes'
+    bfloat16 has dtype kind ``V``, so ``kind == "f"`` alone leaves it out)."""
+    return node.dtype.kind == "f" or node.dtype.name == "bfloat16"
 
 
 def kind_of(op: str) -> str:
