@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import PycLabError
 from .lt_algos import LtPick
+from .matmul_launch import plain_call_stream
 
 __all__ = ["DTYPES", "FAMILY", "TunedLt"]
 
@@ -98,13 +99,6 @@ class TunedLt:
             For a bias, a ``c`` other than ``out``, or operands that are not BLAS
             matrices of the setting's dtype.
         """
-        import cupy as cp
-
-        if bias is not None:
-            raise PycLabError("TunedLt has no bias epilogue (a bias goes through "
-                              "cuBLASLt's fused epilogue)")
-        if c is not None and c is not out:
-            raise PycLabError("TunedLt reads beta's term from out itself (c must be out)")
-        s = stream if stream is not None else cp.cuda.get_current_stream()
+        s = plain_call_stream("TunedLt", out, c, bias, stream)
         self.gemm(a, b, out, alpha, beta)(a.data.ptr, b.data.ptr, out.data.ptr, s.ptr)
         return out

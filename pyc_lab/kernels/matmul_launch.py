@@ -19,12 +19,35 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import PycLabError
 from .arrays import BF16, numpy_dtype
 
 __all__ = ["apply_epilogue", "cublas_runner", "cutlass_runner", "fused_runner",
-           "lt_runner", "numpy_runner"]
+           "lt_runner", "numpy_runner", "plain_call_stream"]
 
 Run = Callable[[Any, Any, Any, Any], Any]
+
+
+def plain_call_stream(name: str, out: Any, c: Any, bias: Any, stream: Any) -> Any:
+    """The stream a tuned kernel without an epilogue (the skinny GEMM, a tuned cuBLASLt
+    pick) runs a call on: ``stream``, or CuPy's current one.
+
+    Raises
+    ------
+    PycLabError
+        For a bias (cuBLASLt's fused epilogue takes those) or a ``c`` other than ``out``
+        (``beta``'s term is read from ``out`` itself).
+    """
+    if bias is not None:
+        raise PycLabError(f"{name} has no bias epilogue (a bias goes through "
+                          "cuBLASLt's fused epilogue)")
+    if c is not None and c is not out:
+        raise PycLabError(f"{name} reads beta's term from out itself (c must be out)")
+    if stream is not None:
+        return stream
+    import cupy as cp
+
+    return cp.cuda.get_current_stream()
 
 
 def apply_epilogue(xp: Any, y: Any, bias: Any, activation: str | None) -> Any:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import PycLabError
 from ..paths import native_source
+from .matmul_launch import plain_call_stream
 from .nvrtc import compile_module
 
 __all__ = ["MAX_M", "Geometry", "SkinnyConfig", "SkinnyGemm", "candidates",
@@ -370,14 +371,7 @@ class SkinnyGemm:
         PycLabError
             For operands the kernel does not take, a bias, or a ``c`` other than ``out``.
         """
-        import cupy as cp
-
-        if bias is not None:
-            raise PycLabError("SkinnyGemm has no bias epilogue (a bias goes through "
-                              "cuBLASLt's fused epilogue)")
-        if c is not None and c is not out:
-            raise PycLabError("SkinnyGemm reads beta's term from out itself (c must be out)")
-        s = stream if stream is not None else cp.cuda.get_current_stream()
+        s = plain_call_stream("SkinnyGemm", out, c, bias, stream)
         key = (a.data.ptr, b.data.ptr, out.data.ptr, a.shape, b.shape, float(alpha),
                float(beta), s.ptr)
         if key != self._bound:

@@ -28,10 +28,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..ir import Graph, Node
-from .rewrite import const_value, is_const, is_float, prune, same_type, try_infer
+from .rewrite import as_float, const_value, is_const, is_float, prune, same_type, try_infer
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -48,8 +46,8 @@ def integer_exponent(graph: Graph, nid: int) -> int | None:
     """The exponent's value if ``nid`` is a 0-d constant equal to an integer in
     ``[3, MAX_EXPONENT]``, else ``None``."""
     arr = const_value(graph, nid)
-    if arr is not None and arr.dtype.name == "bfloat16":  # kind V: read it as a float
-        arr = arr.astype(np.float32)
+    if arr is not None:
+        arr = as_float(arr)  # a bfloat16 exponent too
     if arr is None or arr.ndim != 0 or arr.dtype.kind not in "iuf":
         return None
     value = arr.item()

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ...kernels.conv import ACTIVATIONS as CONV_ACTIVATION_NAMES
 from ..ir import Graph, Node
 from ..ops import ACTIVATIONS, REGISTRY
-from .rewrite import const_is, const_value, is_float, prune, sole_user, try_infer
+from .rewrite import const_is, is_float, prune, sole_user, try_infer
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -53,24 +51,12 @@ def _row_bias(product: Node, bias: Node) -> bool:
             and all(d == 1 for d in shape[:-1]))
 
 
-def _is_zero(graph: Graph, nid: int) -> bool:
-    """Whether ``nid`` is a constant of +0 only (a bfloat16 one too, which
-    :func:`~.rewrite.const_is` leaves alone: ml_dtypes' kind is ``V``)."""
-    if const_is(graph, nid, 0):
-        return True
-    arr = const_value(graph, nid)
-    if arr is None or arr.size == 0 or arr.dtype.name != "bfloat16":
-        return False
-    wide = arr.astype(np.float32)
-    return bool(np.all(wide == 0)) and not bool(np.any(np.signbit(wide)))
-
-
 def _activation(graph: Graph, node: Node, user: Node) -> str | None:
     if user.op in ACTIVATION_OPS and user.inputs == (node.id,):
         return user.op
     if user.op == "maximum" and len(user.inputs) == 2 and user.inputs[0] == node.id:
         zero = user.inputs[1]
-        if zero != node.id and _is_zero(graph, zero) \
+        if zero != node.id and const_is(graph, zero, 0, bfloat16=True) \
                 and graph.nodes[zero].dtype == node.dtype \
                 and graph.nodes[zero].attrs["value"].ndim == 0 \
                 and user.shape == node.shape and user.dtype == node.dtype:

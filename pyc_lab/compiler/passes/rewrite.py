@@ -60,13 +60,23 @@ def const_value(graph: Graph, nid: int) -> np.ndarray | None:
     return np.asarray(node.attrs["value"])
 
 
-def const_is(graph: Graph, nid: int, value: float, *, scalar_only: bool = False) -> bool:
+def as_float(arr: np.ndarray) -> np.ndarray:
+    """A bfloat16 constant as float32 (ml_dtypes' bfloat16 has dtype kind ``V``, which
+    checks for ``"f"`` miss; every bfloat16 value is a float32 one); others as given."""
+    return arr.astype(np.float32) if arr.dtype.name == "bfloat16" else arr
+
+
+def const_is(graph: Graph, nid: int, value: float, *, scalar_only: bool = False,
+             bfloat16: bool = False) -> bool:
     """Whether ``nid`` is a constant whose every element equals ``value``.
 
     A zero ``value`` matches only +0 (a float ``-0.0`` constant does not), so rewrites
-    keyed on zero keep the sign of zero. ``scalar_only`` demands a 0-d constant.
+    keyed on zero keep the sign of zero. ``scalar_only`` demands a 0-d constant;
+    ``bfloat16`` lets a bfloat16 constant match too (read through :func:`as_float`).
     """
     arr = const_value(graph, nid)
+    if arr is not None and bfloat16:
+        arr = as_float(arr)
     if arr is None or arr.size == 0 or (scalar_only and arr.ndim != 0):
         return False
     if arr.dtype.kind not in "biuf":
