@@ -1,23 +1,31 @@
-"""pyc_lab's own GEMM for few rows: ``out = a @ w.T`` with ``a`` M x K, M <= 64.
+"""pyc_lab's own GEMM for few rows: ``out = a @ w.T`` with ``a`` M x K, M <= 128.
 
 A linear layer at decode time multiplies a handful of activation rows by a weight
 matrix that is read once: the GEMM is bound by HBM bandwidth, not by the tensor cores,
 and the libraries' kernels for it leave bandwidth unused (on the H200, cuBLAS moves
 2.5-3.8 TB/s of weights on such layers) or fall off a cliff (an output row that is not
 16-byte aligned, N odd: 3.5x slower). ``native/skinny_gemm.cuh`` is written for that
-regime (swapped ``mma.sync`` operands so that M = 1 wastes tensor-core lanes, not
-loads; per-warp ``cp.async`` rings that keep several chunks of weights in flight; a
-deterministic fixed-order reduction); this module compiles it with NVRTC and launches
-it on CuPy arrays.
+regime in two forms, both with swapped ``mma.sync`` operands (so that M = 1 wastes
+tensor-core lanes, not loads) and a deterministic split-k fix-up:
 
-It is one more *candidate*: the tuner measures its configurations beside the CUTLASS
+* the **warp form** (M <= 64): per-warp ``cp.async`` rings that keep several chunks of
+  weights in flight, each warp on its own k chunks with its own copy of ``a``'s rows,
+  partial sums meeting in a fixed-order tree — the fastest for a few rows;
+* the **block form** (M <= 128): a block's warps share one multistage pipeline of
+  weight and activation tiles (swizzled shared memory, ``ldmatrix``), each warp on its
+  own weight rows — ``a``'s rows are copied once per block, which is what 16-128 rows
+  need.
+
+This module compiles them with NVRTC and launches them on CuPy arrays.
+
+They are *candidates*: the tuner measures their configurations beside the CUTLASS
 kernels and the libraries (:mod:`~pyc_lab.kernels.tuning.gemm_runner`), and
-:func:`pyc_lab.matmul` runs it only for a problem where it won its tuning run (the
+:func:`pyc_lab.matmul` runs one only for a problem where it won its tuning run (the
 never-slower rule of :mod:`~pyc_lab.kernels.matmul_route`).
 
 Operands: f16 or bf16, ``a`` C-contiguous (M x K), ``b`` F-contiguous (K x N, i.e.
 ``w.T`` for a row-major N x K weight: layout ``"tn"``), ``out`` C-contiguous; K a
-multiple of 8 and ``a``/``b`` 16-byte aligned (any N and M <= 64). The epilogue is
+multiple of 8 and ``a``/``b`` 16-byte aligned (any N). The epilogue is
 ``alpha * a @ b + beta * out`` (no bias or activation).
 """
 
@@ -32,25 +40,34 @@ from ..paths import native_source
 from .matmul_launch import plain_call_stream
 from .nvrtc import compile_module
 
-__all__ = ["MAX_M", "Geometry", "SkinnyConfig", "SkinnyGemm", "candidates",
+__all__ = ["MAX_M", "WARP_MAX_M", "Geometry", "SkinnyConfig", "SkinnyGemm", "candidates",
            "compile_kernels", "geometry", "is_skinny", "nt_for", "skinny_issue", "smem_bytes"]
 
-#: The most rows of ``a`` the kernel takes (8 * the largest token-tile count).
-MAX_M = 64
+#: The most rows of ``a`` the block form takes (8 * the largest token-tile count).
+MAX_M = 128
+#: The most rows of ``a`` the warp form takes (its copies of ``a`` grow with M).
+WARP_MAX_M = 64
 #: Dynamic shared memory a block may ask for on Hopper (227 KiB).
 SMEM_LIMIT = 227 * 1024
 #: Kernel dtypes and their BF16 template flag.
 _BF16 = {"f16": 0, "bf16": 1}
 _ARRAY_DTYPES = {"f16": ("float16",), "bf16": ("bfloat16", "int16", "uint16")}  # bf16 bits too
-#: (rows per warp in 16-row tiles, warps, stages): the configurations measured on the
-#: H200 to lead for some decode shape (1 <= M <= 64, N 1024..28672, K 2048..28672).
+#: Warp form (rows per warp in 16-row tiles, warps, stages): the configurations measured
+#: on the H200 to lead for some decode shape (1 <= M <= 64, N 1024..28672, K 2048..28672).
 _SHAPES = ((1, 4, 4), (1, 8, 4), (1, 8, 6), (1, 16, 3), (2, 2, 8), (2, 4, 4), (2, 4, 6),
            (2, 8, 3), (2, 8, 4), (4, 4, 3), (4, 4, 4), (4, 8, 2), (8, 4, 3))
 _SPLITS = (1, 2)
+#: Block form (16-row weight tiles per warp, warps, warps along the rows of ``a``,
+#: stages), for 9 <= M <= 128.
+_BLOCK_SHAPES = ((1, 4, 1, 4), (1, 8, 2, 4), (2, 4, 1, 3), (2, 4, 1, 4), (2, 8, 2, 3),
+                 (2, 8, 2, 4), (4, 4, 2, 3), (4, 8, 2, 3))
+#: Block form: splits of k (each keeps at least 512 of k, 8 chunks of 64).
+_BLOCK_SPLITS = (1, 2, 4, 8)
+_BLOCK_MIN_M = 9
 
 
 def nt_for(m: int) -> int:
-    """Token tiles of 8 rows the kernel instantiates for ``m`` rows (1, 2, 4 or 8)."""
+    """Token tiles of 8 rows the kernel instantiates for ``m`` rows (1, 2, 4, 8 or 16)."""
     nt = 1
     while nt * 8 < m:
         nt *= 2
@@ -58,11 +75,15 @@ def nt_for(m: int) -> int:
 
 
 def smem_bytes(rt: int, nt: int, warps: int, stages: int) -> int:
-    """Dynamic shared memory of a configuration: the per-warp rings, or the reduction
-    tree reusing them, whichever is larger."""
+    """Dynamic shared memory of a warp-form configuration: the per-warp rings, or the
+    reduction tree reusing them, whichever is larger."""
     ring = warps * stages * (rt * 4 + nt * 2) * 32 * 16
     tree = max(1, warps // 2) * rt * nt * 4 * 32 * 4
     return max(ring, tree)
+
+
+def _pow2(x: int, most: int) -> bool:
+    return 1 <= x <= most and not x & (x - 1)
 
 
 @dataclass(frozen=True)
@@ -72,28 +93,48 @@ class SkinnyConfig:
     Attributes
     ----------
     rt
-        16-row weight tiles per warp (a block owns ``16 * rt`` rows).
+        16-row weight tiles per warp.
     warps
-        Warps per block; they split the block's k range in interleaved chunks of 64.
+        Warps per block. In the warp form they split the block's ``16 * rt`` weight
+        rows' k range in interleaved chunks of 64; in the block form they are a
+        ``warps / wm`` x ``wm`` grid over the block's weight rows and rows of ``a``.
     stages
-        Depth of each warp's ``cp.async`` ring (``stages - 1`` chunks in flight).
+        Depth of the ``cp.async`` pipeline (``stages - 1`` chunks in flight).
     splits
         Blocks k is split across (their partial tiles added by the last to finish).
+    wm
+        0 for the warp form; for the block form, the warps along the rows of ``a``
+        (each takes ``nt / wm`` of its 8-row tiles).
+    kc
+        Block form: a chunk of k is ``64 * kc`` elements (longer runs of each weight row
+        read at once); the warp form's chunks are 64.
     """
 
     rt: int
     warps: int
     stages: int
     splits: int = 1
+    wm: int = 0
+    kc: int = 1
+
+    @property
+    def block(self) -> bool:
+        """Whether this is the block form (warps share the block's operand tiles)."""
+        return self.wm > 0
 
     @property
     def id(self) -> str:
-        """A short name: ``skinny_rt2_w8_st4_s1``."""
-        return f"skinny_rt{self.rt}_w{self.warps}_st{self.stages}_s{self.splits}"
+        """A short name: ``skinny_rt2_w8_st4_s1``, ``skinny_b2_rt2_w8_st4_s4`` (block
+        form, ``wm`` = 2), ``skinny_b2k2_rt2_w8_st4_s4`` (and ``kc`` = 2)."""
+        form = f"b{self.wm}{f'k{self.kc}' if self.kc > 1 else ''}_" if self.block else ""
+        return f"skinny_{form}rt{self.rt}_w{self.warps}_st{self.stages}_s{self.splits}"
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as the tuning database stores it (``kernel: "skinny"``)."""
-        return {"kernel": "skinny", **asdict(self)}
+        d = {"kernel": "skinny", **asdict(self)}
+        if not self.block:
+            del d["wm"], d["kc"]  # the warp form's entries read as they always have
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SkinnyConfig:
@@ -107,22 +148,56 @@ class SkinnyConfig:
         if not is_skinny(d):
             raise PycLabError(f"not a skinny GEMM configuration: {d!r}")
         try:
-            return cls(int(d["rt"]), int(d["warps"]), int(d["stages"]), int(d.get("splits", 1)))
+            return cls(int(d["rt"]), int(d["warps"]), int(d["stages"]), int(d.get("splits", 1)),
+                       int(d.get("wm", 0)), int(d.get("kc", 1)))
         except (KeyError, TypeError, ValueError) as exc:
             raise PycLabError(f"skinny GEMM configuration {d!r} is incomplete: {exc}") from exc
+
+    def rows_per_block(self) -> int:
+        """Weight rows a block owns (``gridDim.x`` is N over this)."""
+        return 16 * self.rt * (self.warps // self.wm if self.block else 1)
+
+    def smem(self, nt: int) -> int:
+        """Dynamic shared memory of one block for ``nt`` token tiles, bytes."""
+        if self.block:
+            return self.stages * (self.rows_per_block() + 8 * nt) * 128 * self.kc
+        return smem_bytes(self.rt, nt, self.warps, self.stages)
 
     def issue(self, m: int) -> str:
         """Why this configuration cannot be instantiated for ``m`` rows, or ``""``."""
         nt = nt_for(m)
-        if self.warps & (self.warps - 1) or not 1 <= self.warps <= 32:
-            return f"warps={self.warps} is not a power of two up to 32"
-        if self.rt < 1 or self.stages < 2 or self.splits < 1:
-            return "rt, stages and splits must be at least 1, 2 and 1"
-        if self.rt * nt > 32:
-            return f"rt={self.rt} with {nt} token tiles needs more than 128 accumulators"
-        if smem_bytes(self.rt, nt, self.warps, self.stages) > SMEM_LIMIT:
+        if self.rt < 1 or self.stages < 2 or self.splits < 1 or self.wm < 0 \
+                or self.kc not in (1, 2, 4) or (self.kc > 1 and not self.block):
+            return ("rt, stages, splits and wm must be at least 1, 2, 1 and 0; kc 1, 2 "
+                    "or 4, and 1 in the warp form")
+        if self.block:
+            if not _pow2(self.warps, 16) or not _pow2(self.wm, self.warps):
+                return (f"warps={self.warps}, wm={self.wm}: the block form takes powers of "
+                        "two, warps up to 16 and wm up to warps")
+            if not 1 <= m <= MAX_M:
+                return f"M = {m}: the block form takes 1 to {MAX_M} rows"
+            if nt % self.wm:
+                return f"wm={self.wm} does not divide the {nt} token tiles of {m} rows"
+            per_warp = nt // self.wm
+        else:
+            if not _pow2(self.warps, 32):
+                return f"warps={self.warps} is not a power of two up to 32"
+            if not 1 <= m <= WARP_MAX_M:
+                return f"M = {m}: the warp form takes 1 to {WARP_MAX_M} rows"
+            per_warp = nt
+        if self.rt * per_warp > 32:
+            return (f"rt={self.rt} with {per_warp} token tiles a warp needs more than 128 "
+                    "accumulators")
+        if self.smem(nt) > SMEM_LIMIT:
             return "needs more shared memory than a block may have"
         return ""
+
+    def expression(self, dtype: str, nt: int) -> str:
+        """The kernel's template instantiation for ``dtype`` and ``nt`` token tiles."""
+        if self.block:
+            return (f"pyc_skinny_gemm_block<{_BF16[dtype]},{nt},{self.rt},"
+                    f"{self.warps // self.wm},{self.wm},{self.stages},{self.kc}>")
+        return f"pyc_skinny_gemm<{_BF16[dtype]},{nt},{self.rt},{self.warps},{self.stages}>"
 
 
 def is_skinny(config: Any) -> bool:
@@ -147,14 +222,19 @@ def skinny_issue(m: int, n: int, k: int, dtype: str, layout: str) -> str:
 def candidates(m: int, n: int, k: int) -> list[SkinnyConfig]:
     """The configurations a tuning of ``m x n x k`` measures (empty when none fits)."""
     out = []
-    for rt, warps, stages in _SHAPES:
-        for splits in _SPLITS:
-            if splits > 1 and k < 2048 * splits:
-                continue  # each split keeps at least 2048 of k
-            cfg = SkinnyConfig(rt, warps, stages, splits)
-            if not cfg.issue(m):
-                out.append(cfg)
-    return out
+    if m <= WARP_MAX_M:
+        for rt, warps, stages in _SHAPES:
+            for splits in _SPLITS:
+                if splits > 1 and k < 2048 * splits:
+                    continue  # each split keeps at least 2048 of k
+                out.append(SkinnyConfig(rt, warps, stages, splits))
+    if m >= _BLOCK_MIN_M:
+        for rt, warps, wm, stages in _BLOCK_SHAPES:
+            for splits in _BLOCK_SPLITS:
+                if splits > 1 and k < 512 * splits:
+                    continue
+                out.append(SkinnyConfig(rt, warps, stages, splits, wm))
+    return [cfg for cfg in out if not cfg.issue(m)]
 
 
 @dataclass(frozen=True)
@@ -166,13 +246,16 @@ class Geometry:
     nt
         Token tiles of 8 rows (the kernel instantiation).
     tiles
-        Blocks along N (``16 * rt`` weight rows each): ``gridDim.x``.
+        Blocks along N (:meth:`SkinnyConfig.rows_per_block` weight rows each):
+        ``gridDim.x``.
     splits
         Blocks along k (``gridDim.y``), none of them empty.
     k_per_split
-        k elements per split, a multiple of 64 (the last split may hold fewer).
+        k elements per split, a multiple of ``64 * kc`` (the last split may hold
+        fewer).
     work_floats
-        Split-k partials, ``tiles * splits * rt * nt * 4 * 32`` floats (0 unsplit).
+        Split-k partials, ``tiles * splits`` tiles of ``rows_per_block * 8 * nt`` floats
+        (the warp form: ``rt * nt * 4 * 32``); 0 unsplit.
     smem
         Dynamic shared memory per block, bytes.
     """
@@ -188,21 +271,23 @@ class Geometry:
 def geometry(cfg: SkinnyConfig, m: int, n: int, k: int) -> Geometry:
     """The launch geometry of ``cfg`` for an ``m x n x k`` problem."""
     nt = nt_for(m)
-    tiles = -(-n // (16 * cfg.rt))
-    chunks = -(-k // 64)
-    k_per_split = -(-chunks // cfg.splits) * 64
+    rows = cfg.rows_per_block()
+    tiles = -(-n // rows)
+    chunk = 64 * cfg.kc
+    chunks = -(-k // chunk)
+    k_per_split = -(-chunks // cfg.splits) * chunk
     splits = -(-k // k_per_split)
-    work = tiles * splits * cfg.rt * nt * 4 * 32 if splits > 1 else 0
-    return Geometry(nt, tiles, splits, k_per_split, work,
-                    smem_bytes(cfg.rt, nt, cfg.warps, cfg.stages))
+    work = tiles * splits * rows * 8 * nt if splits > 1 else 0
+    return Geometry(nt, tiles, splits, k_per_split, work, cfg.smem(nt))
 
 
 _FUNCTIONS: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
 
 
-def _expression(dtype: str, nt: int, cfg: SkinnyConfig) -> str:
-    return f"pyc_skinny_gemm<{_BF16[dtype]},{nt},{cfg.rt},{cfg.warps},{cfg.stages}>"
+def _key(device: int, dtype: str, nt: int, cfg: SkinnyConfig) -> tuple:
+    """What one compiled function is kept under (the splits share it)."""
+    return (device, cfg.expression(dtype, nt))
 
 
 def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str, str]:
@@ -221,14 +306,14 @@ def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str
     require_cupy("the skinny GEMM")
     nt = nt_for(m)
     device = int(cp.cuda.runtime.getDevice())
-    todo = {}
+    todo: dict[tuple, SkinnyConfig] = {}
     for cfg in configs:
-        key = (device, dtype, nt, cfg.rt, cfg.warps, cfg.stages)
+        key = _key(device, dtype, nt, cfg)
         if key not in _FUNCTIONS:
-            todo[key] = _expression(dtype, nt, cfg)
+            todo[key] = cfg
     if not todo:
         return {}
-    exprs = sorted(set(todo.values()))
+    exprs = sorted({key[1] for key in todo})
     try:
         module = compile_module(native_source("skinny_gemm.cuh"), ("-std=c++17",), exprs,
                                 "the skinny GEMM")
@@ -238,16 +323,15 @@ def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str
         return {cfg.id: msg for cfg in configs}
     failed = {}
     with _LOCK:
-        for key, expr in todo.items():
-            fn = functions[expr]
-            rt, warps, stages = key[3:]
+        for key, cfg in todo.items():
+            fn = functions[key[1]]
             try:
-                fn.max_dynamic_shared_size_bytes = smem_bytes(rt, nt, warps, stages)
+                fn.max_dynamic_shared_size_bytes = cfg.smem(nt)
             except Exception as exc:  # the device refuses the shared memory
-                failed[expr] = f"{type(exc).__name__}: {exc}"[:500]
+                failed[key[1]] = f"{type(exc).__name__}: {exc}"[:500]
                 continue
             _FUNCTIONS[key] = fn
-    by_config = {cfg.id: _expression(dtype, nt, cfg) for cfg in configs}
+    by_config = {cfg.id: cfg.expression(dtype, nt) for cfg in configs}
     return {cid: failed[e] for cid, e in by_config.items() if e in failed}
 
 
@@ -321,8 +405,7 @@ class SkinnyGemm:
     def _function(self, m: int) -> Any:
         import cupy as cp
 
-        key = (int(cp.cuda.runtime.getDevice()), self.dtype, nt_for(m), self.config.rt,
-               self.config.warps, self.config.stages)
+        key = _key(int(cp.cuda.runtime.getDevice()), self.dtype, nt_for(m), self.config)
         fn = _FUNCTIONS.get(key)
         if fn is None:
             failed = compile_kernels(self.dtype, m, [self.config])
