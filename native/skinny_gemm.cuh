@@ -90,22 +90,6 @@ __device__ __forceinline__ void wait_pending() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
-// Four 8 x 8 matrices of 16-bit words from shared memory, each lane handing in the
-// address of one 16-byte row (lanes 8j..8j+7: matrix j): register j of a lane holds
-// row lane / 4, words 2 (lane % 4) and 2 (lane % 4) + 1 of matrix j — an mma fragment.
-__device__ __forceinline__ void load_matrices(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-// The byte offset of 16-byte piece p (0..8 KC - 1) of row r in a tile of 128 KC-byte
-// rows (64 KC elements of k): pieces are XOR-swizzled by the row within each 128 bytes,
-// so the eight rows an ldmatrix reads at the same piece sit in eight bank groups.
-template <int KC>
-__device__ __forceinline__ unsigned piece(int r, int p) {
-  return static_cast<unsigned>(r * 128 * KC + ((p ^ (r & 7)) << 4));
-}
-
 __device__ __forceinline__ unsigned word(const uint4 (&q)[2], int i) {
   const uint4& v = q[i >> 2];
   switch (i & 3) {
@@ -303,178 +287,117 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
       }
 }
 
-// pyc_skinny_gemm_block: the same product (out = alpha * a @ w^T + beta * out) for up to
-// 128 rows of `a` (8 * NT), with the block's operands shared. Where the warp form above
-// gives every warp its own copy of `a`'s rows (a cost that grows with M: at 32-64 rows
-// it moves more bytes through shared memory than the weights), here a block of WN x WM
-// warps owns BN = 16 * RT * WN weight rows and all BM = 8 * NT rows of `a`:
-//
-// * each chunk of 64 KC elements of k of both tiles is copied once per block, with
-//   cp.async by all its threads (16 bytes each, weight rows through L2 only, 256 bytes
-//   prefetched), STAGES - 1 chunks ahead, one __syncthreads per chunk (the multistage
-//   pipeline of an Ampere GEMM); KC > 1 reads longer runs of each weight row at once;
-// * tiles are rows of 128 bytes with XOR-swizzled pieces, read by ldmatrix.x4 into mma
-//   fragments without bank conflicts; operands stay swapped (weights are the mma's A
-//   operand, rows of `a` its B operand), so few rows waste tensor-core lanes, not loads;
-// * warp (wn, wm) computes weight rows 16 * RT * wn.. of the block and its NT / WM token
-//   tiles from wm on; no warp shares an output, so nothing is reduced inside the block;
-// * gridDim.y > 1 splits k as in the warp form: partial tiles to `work`, the last block
-//   of a row tile to arrive adds them in split order (deterministic) and resets its
-//   counter.
-//
-// Requirements as the warp form's (K % 8 == 0, lda and ldw multiples of 8, 16-byte
-// aligned operands, M <= 8 * NT, k_per_split a multiple of 64 KC). Dynamic shared
-// memory: STAGES * (BN + BM) * 128 * KC bytes.
-template <int BF16, int NT, int RT, int WN, int WM, int STAGES, int KC>
-__global__ void __launch_bounds__(WN * WM * 32)
-pyc_skinny_gemm_block(const unsigned short* __restrict__ a, long long lda,
-                      const unsigned short* __restrict__ w, long long ldw,
-                      unsigned short* __restrict__ out, long long ldo, float alpha,
-                      float beta, int M, int N, int K, int k_per_split,
-                      float* __restrict__ work, int* __restrict__ counters) {
+namespace pyc_skinny {
+
+// 16 bytes of a weight row, read once: not kept in L1, the next 256 bytes fetched into L2.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// 16 bytes of a row of `a`, which every warp reads: through L1.
+__device__ __forceinline__ uint4 load_shared_operand(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// The eight 16-bit values of a 16-byte piece as floats.
+template <int BF16>
+__device__ __forceinline__ void unpack8(const uint4& q, float (&f)[8]) {
+  const unsigned u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = mma<BF16>::in(static_cast<unsigned short>(u[i] & 0xffffu));
+    f[2 * i + 1] = mma<BF16>::in(static_cast<unsigned short>(u[i] >> 16));
+  }
+}
+
+}  // namespace pyc_skinny
+
+// pyc_skinny_gemv: the same product for at most 8 rows of `a` (MT, a power of two, rows
+// computed; rows past M repeat the last and are not stored) on the CUDA cores. With so
+// few rows the tensor cores have nothing to do that FMAs cannot (8 * MT per weight
+// element loaded is far under the SM's FMA rate at HBM speed), so this form is only a
+// load stream: each warp owns R weight rows, each lane reads 16 bytes of every row per
+// step straight into registers (not through L1), U steps issued before the first is
+// used, so R * U loads of 16 bytes are in flight per lane with no shared memory and no
+// barrier; `a`'s rows come through L1 (every warp reads them). Products are summed in
+// float32 in a fixed order (per lane over k, then a butterfly of shuffles), so the
+// result is deterministic. Requirements: K % 8 == 0, lda and ldw multiples of 8,
+// 16-byte aligned operands, M <= MT. Grid: ceil(ceil(N / R) / warps per block) blocks.
+template <int BF16, int MT, int R, int U>
+__global__ void pyc_skinny_gemv(const unsigned short* __restrict__ a, long long lda,
+                                const unsigned short* __restrict__ w, long long ldw,
+                                unsigned short* __restrict__ out, long long ldo, float alpha,
+                                float beta, int M, int N, int K) {
   using namespace pyc_skinny;
   using T = unsigned short;
-  static_assert(NT % WM == 0, "token tiles split evenly across WM warps");
-  constexpr int THREADS = WN * WM * 32;
-  constexpr int NTW = NT / WM;          // token tiles of a warp
-  constexpr int BN = 16 * RT * WN;      // weight rows of the block
-  constexpr int BM = 8 * NT;            // rows of `a` of the block
-  constexpr int PIECES = 8 * KC;        // 16-byte pieces of a row in one chunk
-  constexpr int STAGE = (BN + BM) * 16 * PIECES;  // bytes of one stage: weights, then `a`
-  constexpr int REGS = RT * NTW * 4;    // accumulators per lane
-  extern __shared__ uint4 pyc_skinny_smem[];
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
-  const int wn = warp % WN;
-  const int wm = warp / WN;
-  const int row0 = blockIdx.x * BN;
-  const int kb = blockIdx.y * k_per_split;
-  const int ke = min(K, kb + k_per_split);
-  const int chunks = (ke - kb + 64 * KC - 1) / (64 * KC);
-  const unsigned smem = static_cast<unsigned>(__cvta_generic_to_shared(pyc_skinny_smem));
+  const int lane = threadIdx.x & 31;
+  const int n0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+  if (n0 >= N) return;
+  const int pieces = K >> 3;  // 16-byte pieces of a row
+  const T* wrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wrow[r] = w + (long long)min(n0 + r, N - 1) * ldw;
+  const T* arow[MT];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) arow[m] = a + (long long)min(m, M - 1) * lda;
 
-  // Chunk i into stage i % STAGES: piece idx % PIECES of tile row idx / PIECES (weights
-  // first).
-  // Rows past N or M read the last row (never stored); past K both read zeros.
-  auto issue = [&](int i) {
-    if (i < chunks) {
-      const unsigned stage = smem + (i % STAGES) * STAGE;
-      const int k0 = kb + i * 64 * KC;
+  float acc[R][MT];
 #pragma unroll
-      for (int idx = tid; idx < (BN + BM) * PIECES; idx += THREADS) {
-        const int r = idx / PIECES;
-        const int p = idx % PIECES;
-        const int k = k0 + p * 8;
-        const int bytes = k < ke ? 16 : 0;
-        const int kc = k < ke ? k : kb;
-        if (r < BN) {
-          const int n = min(row0 + r, N - 1);
-          copy_stream(stage + piece<KC>(r, p), w + (long long)n * ldw + kc, bytes);
-        } else {
-          const int m = min(r - BN, M - 1);
-          copy_shared_operand(stage + piece<KC>(r, p), a + (long long)m * lda + kc, bytes);
-        }
-      }
-    }
-    commit();  // an empty group too: the wait below counts groups
-  };
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
 
-  float acc[RT][NTW][4];
+  for (int p0 = lane; p0 < pieces; p0 += 32 * U) {
+    uint4 wq[U][R];
 #pragma unroll
-  for (int r = 0; r < RT; ++r)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-    for (int t = 0; t < NTW; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.f;
-
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) issue(i);
-  for (int i = 0; i < chunks; ++i) {
-    wait_pending<STAGES - 2>();  // chunk i has landed (this thread's pieces)
-    __syncthreads();             // ... everyone's, and stage (i - 1) % STAGES is free
-    issue(i + STAGES - 1);
-    const unsigned stage = smem + (i % STAGES) * STAGE;
-#pragma unroll
-    for (int s2 = 0; s2 < 2 * KC; ++s2) {  // two k16 steps per ldmatrix of `a`
-      unsigned bq[NTW][4];  // b0, b1 of step 2 s2, then of step 2 s2 + 1
-#pragma unroll
-      for (int t = 0; t < NTW; ++t) {
-        const int r = BN + (wm * NTW + t) * 8 + (lane & 7);
-        load_matrices(bq[t], stage + piece<KC>(r, s2 * 4 + (lane >> 3)));
+      for (int r = 0; r < R; ++r) {
+        const int p = p0 + u * 32;
+        wq[u][r] = p < pieces ? load_stream(wrow[r] + p * 8) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int s = s2 * 2 + h;
+    for (int u = 0; u < U; ++u) {
+      const int p = p0 + u * 32;
+      if (p < pieces) {
 #pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          unsigned aq[4];  // rows g, g + 8 at k 0-7, then at k 8-15 of step s
-          const int row = (wn * RT + r) * 16 + (lane & 15);
-          load_matrices(aq, stage + piece<KC>(row, s * 2 + (lane >> 4)));
+        for (int m = 0; m < MT; ++m) {
+          float af[8];
+          unpack8<BF16>(load_shared_operand(arow[m] + p * 8), af);
 #pragma unroll
-          for (int t = 0; t < NTW; ++t)
-            mma<BF16>::run(acc[r][t], aq[0], aq[1], aq[2], aq[3], bq[t][2 * h],
-                           bq[t][2 * h + 1]);
+          for (int r = 0; r < R; ++r) {
+            float wf[8];
+            unpack8<BF16>(wq[u][r], wf);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[r][m] = fmaf(wf[i], af[i], acc[r][m]);
+          }
         }
       }
     }
   }
-  wait_pending<0>();
-
-  if (gridDim.y > 1) {  // k split across blocks: the last block of this row tile adds up
-    const int splits = gridDim.y;
-    const int warps = WN * WM;
-    float* mine =
-        work + (((long long)blockIdx.x * splits + blockIdx.y) * warps + warp) * REGS * 32 + lane;
 #pragma unroll
-    for (int r = 0; r < RT; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int t = 0; t < NTW; ++t)
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) mine[((r * NTW + t) * 4 + i) * 32] = acc[r][t][i];
-    __threadfence();
-    __syncthreads();
-    __shared__ int arrived;
-    if (tid == 0) arrived = atomicAdd(counters + blockIdx.x, 1);
-    __syncthreads();
-    if (arrived != splits - 1) return;
-    __threadfence();
+      for (int off = 16; off >= 1; off >>= 1)
+        acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
 #pragma unroll
-    for (int r = 0; r < RT; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int t = 0; t < NTW; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float* part =
-          work + (((long long)blockIdx.x * splits + s) * warps + warp) * REGS * 32 + lane;
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int t = 0; t < NTW; ++t)
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            acc[r][t][i] += __ldcg(part + ((r * NTW + t) * 4 + i) * 32);
-    }
-    if (tid == 0) counters[blockIdx.x] = 0;  // ready for the next launch
-  }
-
-  // D fragment: rows are weight rows (n), columns rows of `a` (m).
-  const int g = lane >> 2;
-  const int tig = lane & 3;
-#pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int t = 0; t < NTW; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int n = row0 + (wn * RT + r) * 16 + g + (i >> 1) * 8;
-        const int m = (wm * NTW + t) * 8 + tig * 2 + (i & 1);
-        if (n < N && m < M) {
-          T* o = out + (long long)m * ldo + n;
-          float v = alpha * acc[r][t][i];
-          if (beta != 0.f) v += beta * mma<BF16>::in(*o);  // beta == 0: out is not read
-          *o = mma<BF16>::out(v);
-        }
+    for (int m = 0; m < MT; ++m) {
+      const int n = n0 + r;
+      if (lane == (r * MT + m) % 32 && n < N && m < M) {
+        T* o = out + (long long)m * ldo + n;
+        float v = alpha * acc[r][m];
+        if (beta != 0.f) v += beta * mma<BF16>::in(*o);  // beta == 0: out is not read
+        *o = mma<BF16>::out(v);
       }
+    }
 }

@@ -1,20 +1,19 @@
-"""pyc_lab's own GEMM for few rows: ``out = a @ w.T`` with ``a`` M x K, M <= 128.
+"""pyc_lab's own GEMM for few rows: ``out = a @ w.T`` with ``a`` M x K, M <= 64.
 
 A linear layer at decode time multiplies a handful of activation rows by a weight
 matrix that is read once: the GEMM is bound by HBM bandwidth, not by the tensor cores,
 and the libraries' kernels for it leave bandwidth unused (on the H200, cuBLAS moves
 2.5-3.8 TB/s of weights on such layers) or fall off a cliff (an output row that is not
 16-byte aligned, N odd: 3.5x slower). ``native/skinny_gemm.cuh`` is written for that
-regime in two forms, both with swapped ``mma.sync`` operands (so that M = 1 wastes
-tensor-core lanes, not loads) and a deterministic split-k fix-up:
+regime in two forms:
 
-* the **warp form** (M <= 64): per-warp ``cp.async`` rings that keep several chunks of
-  weights in flight, each warp on its own k chunks with its own copy of ``a``'s rows,
-  partial sums meeting in a fixed-order tree — the fastest for a few rows;
-* the **block form** (M <= 128): a block's warps share one multistage pipeline of
-  weight and activation tiles (swizzled shared memory, ``ldmatrix``), each warp on its
-  own weight rows — ``a``'s rows are copied once per block, which is what 16-128 rows
-  need.
+* the **warp form** (M <= 64): swapped ``mma.sync`` operands so that M = 1 wastes
+  tensor-core lanes, not loads; per-warp ``cp.async`` rings that keep several chunks of
+  weights in flight; a deterministic fixed-order reduction and split-k fix-up;
+* the **GEMV form** (M <= 8): CUDA-core FMAs fed by a plain load stream, each lane
+  holding several 16-byte pieces of each of its warp's weight rows in flight in
+  registers (no shared memory, no barrier) — with so few rows the tensor cores add
+  nothing and the stream is all that counts.
 
 This module compiles them with NVRTC and launches them on CuPy arrays.
 
@@ -25,7 +24,7 @@ never-slower rule of :mod:`~pyc_lab.kernels.matmul_route`).
 
 Operands: f16 or bf16, ``a`` C-contiguous (M x K), ``b`` F-contiguous (K x N, i.e.
 ``w.T`` for a row-major N x K weight: layout ``"tn"``), ``out`` C-contiguous; K a
-multiple of 8 and ``a``/``b`` 16-byte aligned (any N). The epilogue is
+multiple of 8 and ``a``/``b`` 16-byte aligned (any N and M <= 64). The epilogue is
 ``alpha * a @ b + beta * out`` (no bias or activation).
 """
 
@@ -40,50 +39,53 @@ from ..paths import native_source
 from .matmul_launch import plain_call_stream
 from .nvrtc import compile_module
 
-__all__ = ["MAX_M", "WARP_MAX_M", "Geometry", "SkinnyConfig", "SkinnyGemm", "candidates",
+__all__ = ["GEMV_MAX_M", "MAX_M", "Geometry", "SkinnyConfig", "SkinnyGemm", "candidates",
            "compile_kernels", "geometry", "is_skinny", "nt_for", "skinny_issue", "smem_bytes"]
 
-#: The most rows of ``a`` the block form takes (8 * the largest token-tile count).
-MAX_M = 128
-#: The most rows of ``a`` the warp form takes (its copies of ``a`` grow with M).
-WARP_MAX_M = 64
+#: The most rows of ``a`` the kernel takes (8 * the largest token-tile count).
+MAX_M = 64
+#: The most rows of ``a`` the GEMV form takes (its FMAs grow with them).
+GEMV_MAX_M = 8
+#: The forms of the kernel (see the module's docstring).
+FORMS = ("warp", "gemv")
 #: Dynamic shared memory a block may ask for on Hopper (227 KiB).
 SMEM_LIMIT = 227 * 1024
 #: Kernel dtypes and their BF16 template flag.
 _BF16 = {"f16": 0, "bf16": 1}
 _ARRAY_DTYPES = {"f16": ("float16",), "bf16": ("bfloat16", "int16", "uint16")}  # bf16 bits too
-#: Warp form (rows per warp in 16-row tiles, warps, stages): the configurations measured
-#: on the H200 to lead for some decode shape (1 <= M <= 64, N 1024..28672, K 2048..28672).
+#: (rows per warp in 16-row tiles, warps, stages): the configurations measured on the
+#: H200 to lead for some decode shape (1 <= M <= 64, N 1024..28672, K 2048..28672).
 _SHAPES = ((1, 4, 4), (1, 8, 4), (1, 8, 6), (1, 16, 3), (2, 2, 8), (2, 4, 4), (2, 4, 6),
            (2, 8, 3), (2, 8, 4), (4, 4, 3), (4, 4, 4), (4, 8, 2), (8, 4, 3))
 _SPLITS = (1, 2)
-#: Block form (16-row weight tiles per warp, warps, warps along the rows of ``a``,
-#: stages), for 9 <= M <= 128.
-_BLOCK_SHAPES = ((1, 4, 1, 4), (1, 8, 2, 4), (2, 4, 1, 3), (2, 4, 1, 4), (2, 8, 2, 3),
-                 (2, 8, 2, 4), (4, 4, 2, 3), (4, 8, 2, 3))
-#: Block form: splits of k (each keeps at least 512 of k, 8 chunks of 64).
-_BLOCK_SPLITS = (1, 2, 4, 8)
-_BLOCK_MIN_M = 9
+#: GEMV form (weight rows per warp, warps per block, 16-byte pieces of each row in
+#: flight per lane): at most 16 pieces in flight a lane (64 registers).
+_GEMV_SHAPES = ((1, 4, 8), (1, 8, 4), (1, 8, 8), (2, 4, 8), (2, 8, 4), (2, 8, 8), (4, 4, 4),
+                (4, 8, 2), (4, 8, 4))
 
 
 def nt_for(m: int) -> int:
-    """Token tiles of 8 rows the kernel instantiates for ``m`` rows (1, 2, 4, 8 or 16)."""
+    """Token tiles of 8 rows the kernel instantiates for ``m`` rows (1, 2, 4 or 8)."""
     nt = 1
     while nt * 8 < m:
         nt *= 2
     return nt
 
 
+def mt_for(m: int) -> int:
+    """Rows of ``a`` the GEMV form computes for ``m`` rows (1, 2, 4 or 8)."""
+    mt = 1
+    while mt < m:
+        mt *= 2
+    return mt
+
+
 def smem_bytes(rt: int, nt: int, warps: int, stages: int) -> int:
-    """Dynamic shared memory of a warp-form configuration: the per-warp rings, or the
-    reduction tree reusing them, whichever is larger."""
+    """Dynamic shared memory of a configuration: the per-warp rings, or the reduction
+    tree reusing them, whichever is larger."""
     ring = warps * stages * (rt * 4 + nt * 2) * 32 * 16
     tree = max(1, warps // 2) * rt * nt * 4 * 32 * 4
     return max(ring, tree)
-
-
-def _pow2(x: int, most: int) -> bool:
-    return 1 <= x <= most and not x & (x - 1)
 
 
 @dataclass(frozen=True)
@@ -93,47 +95,41 @@ class SkinnyConfig:
     Attributes
     ----------
     rt
-        16-row weight tiles per warp.
+        Warp form: 16-row weight tiles per warp (a block owns ``16 * rt`` rows). GEMV
+        form: weight rows per warp.
     warps
-        Warps per block. In the warp form they split the block's ``16 * rt`` weight
-        rows' k range in interleaved chunks of 64; in the block form they are a
-        ``warps / wm`` x ``wm`` grid over the block's weight rows and rows of ``a``.
+        Warps per block. Warp form: they split the block's k range in interleaved
+        chunks of 64. GEMV form: each on its own rows.
     stages
-        Depth of the ``cp.async`` pipeline (``stages - 1`` chunks in flight).
+        Warp form: depth of each warp's ``cp.async`` ring (``stages - 1`` chunks in
+        flight). GEMV form: 16-byte pieces of each row a lane loads before using the
+        first.
     splits
-        Blocks k is split across (their partial tiles added by the last to finish).
-    wm
-        0 for the warp form; for the block form, the warps along the rows of ``a``
-        (each takes ``nt / wm`` of its 8-row tiles).
-    kc
-        Block form: a chunk of k is ``64 * kc`` elements (longer runs of each weight row
-        read at once); the warp form's chunks are 64.
+        Blocks k is split across (their partial tiles added by the last to finish);
+        1 in the GEMV form.
+    form
+        ``"warp"`` or ``"gemv"`` (see the module's docstring).
     """
 
     rt: int
     warps: int
     stages: int
     splits: int = 1
-    wm: int = 0
-    kc: int = 1
-
-    @property
-    def block(self) -> bool:
-        """Whether this is the block form (warps share the block's operand tiles)."""
-        return self.wm > 0
+    form: str = "warp"
 
     @property
     def id(self) -> str:
-        """A short name: ``skinny_rt2_w8_st4_s1``, ``skinny_b2_rt2_w8_st4_s4`` (block
-        form, ``wm`` = 2), ``skinny_b2k2_rt2_w8_st4_s4`` (and ``kc`` = 2)."""
-        form = f"b{self.wm}{f'k{self.kc}' if self.kc > 1 else ''}_" if self.block else ""
-        return f"skinny_{form}rt{self.rt}_w{self.warps}_st{self.stages}_s{self.splits}"
+        """A short name: ``skinny_rt2_w8_st4_s1``, ``skinny_v_rt2_w8_st4`` (GEMV)."""
+        if self.form == "gemv":
+            return f"skinny_v_rt{self.rt}_w{self.warps}_st{self.stages}"
+        return f"skinny_rt{self.rt}_w{self.warps}_st{self.stages}_s{self.splits}"
 
     def to_dict(self) -> dict[str, Any]:
-        """The configuration as the tuning database stores it (``kernel: "skinny"``)."""
+        """The configuration as the tuning database stores it (``kernel: "skinny"``;
+        warp-form entries without a ``form`` key, as they have always been stored)."""
         d = {"kernel": "skinny", **asdict(self)}
-        if not self.block:
-            del d["wm"], d["kc"]  # the warp form's entries read as they always have
+        if self.form == "warp":
+            del d["form"]
         return d
 
     @classmethod
@@ -147,57 +143,54 @@ class SkinnyConfig:
         """
         if not is_skinny(d):
             raise PycLabError(f"not a skinny GEMM configuration: {d!r}")
+        form = d.get("form", "warp")
+        if form not in FORMS:
+            raise PycLabError(f"skinny GEMM configuration {d!r}: form {form!r} is not one of "
+                              f"{list(FORMS)}")
         try:
             return cls(int(d["rt"]), int(d["warps"]), int(d["stages"]), int(d.get("splits", 1)),
-                       int(d.get("wm", 0)), int(d.get("kc", 1)))
+                       form)
         except (KeyError, TypeError, ValueError) as exc:
             raise PycLabError(f"skinny GEMM configuration {d!r} is incomplete: {exc}") from exc
-
-    def rows_per_block(self) -> int:
-        """Weight rows a block owns (``gridDim.x`` is N over this)."""
-        return 16 * self.rt * (self.warps // self.wm if self.block else 1)
-
-    def smem(self, nt: int) -> int:
-        """Dynamic shared memory of one block for ``nt`` token tiles, bytes."""
-        if self.block:
-            return self.stages * (self.rows_per_block() + 8 * nt) * 128 * self.kc
-        return smem_bytes(self.rt, nt, self.warps, self.stages)
 
     def issue(self, m: int) -> str:
         """Why this configuration cannot be instantiated for ``m`` rows, or ``""``."""
         nt = nt_for(m)
-        if self.rt < 1 or self.stages < 2 or self.splits < 1 or self.wm < 0 \
-                or self.kc not in (1, 2, 4) or (self.kc > 1 and not self.block):
-            return ("rt, stages, splits and wm must be at least 1, 2, 1 and 0; kc 1, 2 "
-                    "or 4, and 1 in the warp form")
-        if self.block:
-            if not _pow2(self.warps, 16) or not _pow2(self.wm, self.warps):
-                return (f"warps={self.warps}, wm={self.wm}: the block form takes powers of "
-                        "two, warps up to 16 and wm up to warps")
-            if not 1 <= m <= MAX_M:
-                return f"M = {m}: the block form takes 1 to {MAX_M} rows"
-            if nt % self.wm:
-                return f"wm={self.wm} does not divide the {nt} token tiles of {m} rows"
-            per_warp = nt // self.wm
-        else:
-            if not _pow2(self.warps, 32):
-                return f"warps={self.warps} is not a power of two up to 32"
-            if not 1 <= m <= WARP_MAX_M:
-                return f"M = {m}: the warp form takes 1 to {WARP_MAX_M} rows"
-            per_warp = nt
-        if self.rt * per_warp > 32:
-            return (f"rt={self.rt} with {per_warp} token tiles a warp needs more than 128 "
-                    "accumulators")
-        if self.smem(nt) > SMEM_LIMIT:
+        if self.warps & (self.warps - 1) or not 1 <= self.warps <= 32:
+            return f"warps={self.warps} is not a power of two up to 32"
+        if self.form == "gemv":
+            if not 1 <= m <= GEMV_MAX_M:
+                return f"M = {m}: the GEMV form takes 1 to {GEMV_MAX_M} rows"
+            if self.rt < 1 or self.stages < 1 or self.splits != 1:
+                return "the GEMV form takes rt and stages of at least 1 and no splits"
+            if self.rt * self.stages > 16:
+                return (f"rt={self.rt} rows with stages={self.stages} pieces in flight "
+                        "needs more than 64 registers of loads")
+            if self.rt * mt_for(m) > 32:
+                return f"rt={self.rt} with {m} rows needs more than 32 accumulators"
+            return ""
+        if self.form != "warp":
+            return f"form {self.form!r} is not one of {list(FORMS)}"
+        if self.rt < 1 or self.stages < 2 or self.splits < 1:
+            return "rt, stages and splits must be at least 1, 2 and 1"
+        if self.rt * nt > 32:
+            return f"rt={self.rt} with {nt} token tiles needs more than 128 accumulators"
+        if smem_bytes(self.rt, nt, self.warps, self.stages) > SMEM_LIMIT:
             return "needs more shared memory than a block may have"
         return ""
 
-    def expression(self, dtype: str, nt: int) -> str:
-        """The kernel's template instantiation for ``dtype`` and ``nt`` token tiles."""
-        if self.block:
-            return (f"pyc_skinny_gemm_block<{_BF16[dtype]},{nt},{self.rt},"
-                    f"{self.warps // self.wm},{self.wm},{self.stages},{self.kc}>")
-        return f"pyc_skinny_gemm<{_BF16[dtype]},{nt},{self.rt},{self.warps},{self.stages}>"
+    def smem(self, m: int) -> int:
+        """Dynamic shared memory of one block for ``m`` rows, bytes (0: GEMV form)."""
+        if self.form == "gemv":
+            return 0
+        return smem_bytes(self.rt, nt_for(m), self.warps, self.stages)
+
+    def expression(self, dtype: str, m: int) -> str:
+        """The kernel's template instantiation for ``dtype`` and ``m`` rows."""
+        if self.form == "gemv":
+            return f"pyc_skinny_gemv<{_BF16[dtype]},{mt_for(m)},{self.rt},{self.stages}>"
+        return (f"pyc_skinny_gemm<{_BF16[dtype]},{nt_for(m)},{self.rt},{self.warps},"
+                f"{self.stages}>")
 
 
 def is_skinny(config: Any) -> bool:
@@ -222,18 +215,12 @@ def skinny_issue(m: int, n: int, k: int, dtype: str, layout: str) -> str:
 def candidates(m: int, n: int, k: int) -> list[SkinnyConfig]:
     """The configurations a tuning of ``m x n x k`` measures (empty when none fits)."""
     out = []
-    if m <= WARP_MAX_M:
-        for rt, warps, stages in _SHAPES:
-            for splits in _SPLITS:
-                if splits > 1 and k < 2048 * splits:
-                    continue  # each split keeps at least 2048 of k
-                out.append(SkinnyConfig(rt, warps, stages, splits))
-    if m >= _BLOCK_MIN_M:
-        for rt, warps, wm, stages in _BLOCK_SHAPES:
-            for splits in _BLOCK_SPLITS:
-                if splits > 1 and k < 512 * splits:
-                    continue
-                out.append(SkinnyConfig(rt, warps, stages, splits, wm))
+    for rt, warps, stages in _SHAPES:
+        for splits in _SPLITS:
+            if splits > 1 and k < 2048 * splits:
+                continue  # each split keeps at least 2048 of k
+            out.append(SkinnyConfig(rt, warps, stages, splits))
+    out += [SkinnyConfig(rt, warps, stages, 1, "gemv") for rt, warps, stages in _GEMV_SHAPES]
     return [cfg for cfg in out if not cfg.issue(m)]
 
 
@@ -244,18 +231,16 @@ class Geometry:
     Attributes
     ----------
     nt
-        Token tiles of 8 rows (the kernel instantiation).
+        Token tiles of 8 rows (the warp form's instantiation; the GEMV form's rows).
     tiles
-        Blocks along N (:meth:`SkinnyConfig.rows_per_block` weight rows each):
+        Blocks along N (``16 * rt`` weight rows each; GEMV form: ``rt * warps``):
         ``gridDim.x``.
     splits
         Blocks along k (``gridDim.y``), none of them empty.
     k_per_split
-        k elements per split, a multiple of ``64 * kc`` (the last split may hold
-        fewer).
+        k elements per split, a multiple of 64 (the last split may hold fewer).
     work_floats
-        Split-k partials, ``tiles * splits`` tiles of ``rows_per_block * 8 * nt`` floats
-        (the warp form: ``rt * nt * 4 * 32``); 0 unsplit.
+        Split-k partials, ``tiles * splits * rt * nt * 4 * 32`` floats (0 unsplit).
     smem
         Dynamic shared memory per block, bytes.
     """
@@ -270,24 +255,27 @@ class Geometry:
 
 def geometry(cfg: SkinnyConfig, m: int, n: int, k: int) -> Geometry:
     """The launch geometry of ``cfg`` for an ``m x n x k`` problem."""
+    if cfg.form == "gemv":
+        return Geometry(mt_for(m), -(-n // (cfg.rt * cfg.warps)), 1, k, 0, 0)
     nt = nt_for(m)
-    rows = cfg.rows_per_block()
-    tiles = -(-n // rows)
-    chunk = 64 * cfg.kc
-    chunks = -(-k // chunk)
-    k_per_split = -(-chunks // cfg.splits) * chunk
+    tiles = -(-n // (16 * cfg.rt))
+    chunks = -(-k // 64)
+    k_per_split = -(-chunks // cfg.splits) * 64
     splits = -(-k // k_per_split)
-    work = tiles * splits * rows * 8 * nt if splits > 1 else 0
-    return Geometry(nt, tiles, splits, k_per_split, work, cfg.smem(nt))
+    work = tiles * splits * cfg.rt * nt * 4 * 32 if splits > 1 else 0
+    return Geometry(nt, tiles, splits, k_per_split, work,
+                    smem_bytes(cfg.rt, nt, cfg.warps, cfg.stages))
 
 
 _FUNCTIONS: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
 
 
-def _key(device: int, dtype: str, nt: int, cfg: SkinnyConfig) -> tuple:
-    """What one compiled function is kept under (the splits share it)."""
-    return (device, cfg.expression(dtype, nt))
+def _key(dtype: str, m: int, cfg: SkinnyConfig) -> tuple:
+    """What a compiled function is kept under: the device and the instantiation."""
+    import cupy as cp
+
+    return int(cp.cuda.runtime.getDevice()), cfg.expression(dtype, m), cfg.smem(m)
 
 
 def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str, str]:
@@ -304,13 +292,7 @@ def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str
     from ..hardware.device import require_cupy
 
     require_cupy("the skinny GEMM")
-    nt = nt_for(m)
-    device = int(cp.cuda.runtime.getDevice())
-    todo: dict[tuple, SkinnyConfig] = {}
-    for cfg in configs:
-        key = _key(device, dtype, nt, cfg)
-        if key not in _FUNCTIONS:
-            todo[key] = cfg
+    todo = {_key(dtype, m, cfg) for cfg in configs} - set(_FUNCTIONS)
     if not todo:
         return {}
     exprs = sorted({key[1] for key in todo})
@@ -323,15 +305,17 @@ def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str
         return {cfg.id: msg for cfg in configs}
     failed = {}
     with _LOCK:
-        for key, cfg in todo.items():
-            fn = functions[key[1]]
+        for key in todo:
+            _, expr, smem = key
+            fn = functions[expr]
             try:
-                fn.max_dynamic_shared_size_bytes = cfg.smem(nt)
+                if smem:
+                    fn.max_dynamic_shared_size_bytes = smem
             except Exception as exc:  # the device refuses the shared memory
-                failed[key[1]] = f"{type(exc).__name__}: {exc}"[:500]
+                failed[expr] = f"{type(exc).__name__}: {exc}"[:500]
                 continue
             _FUNCTIONS[key] = fn
-    by_config = {cfg.id: cfg.expression(dtype, nt) for cfg in configs}
+    by_config = {cfg.id: cfg.expression(dtype, m) for cfg in configs}
     return {cid: failed[e] for cid, e in by_config.items() if e in failed}
 
 
@@ -403,9 +387,7 @@ class SkinnyGemm:
         return m, n, k
 
     def _function(self, m: int) -> Any:
-        import cupy as cp
-
-        key = _key(int(cp.cuda.runtime.getDevice()), self.dtype, nt_for(m), self.config)
+        key = _key(self.dtype, m, self.config)
         fn = _FUNCTIONS.get(key)
         if fn is None:
             failed = compile_kernels(self.dtype, m, [self.config])
@@ -433,13 +415,14 @@ class SkinnyGemm:
         m, n, k = self._check(a, b, out)
         geo = geometry(self.config, m, n, k)
         fn = self._function(m)
-        if geo.splits > 1:
-            wp, cnt = self._workspace(cp, stream_ptr, geo.work_floats, geo.tiles)
-        else:
-            wp = cnt = np.uint64(0)  # null: an unsplit launch touches neither
         args = (a, np.int64(k), b, np.int64(k), out, np.int64(n), np.float32(alpha),
-                np.float32(beta), np.int32(m), np.int32(n), np.int32(k),
-                np.int32(geo.k_per_split), wp, cnt)
+                np.float32(beta), np.int32(m), np.int32(n), np.int32(k))
+        if self.config.form == "warp":
+            if geo.splits > 1:
+                wp, cnt = self._workspace(cp, stream_ptr, geo.work_floats, geo.tiles)
+            else:
+                wp = cnt = np.uint64(0)  # null: an unsplit launch touches neither
+            args += (np.int32(geo.k_per_split), wp, cnt)
         self._launch = (fn, (geo.tiles, geo.splits), (self.config.warps * 32,), args,
                         geo.smem)
         self._bound = (a.data.ptr, b.data.ptr, out.data.ptr, a.shape, b.shape, float(alpha),

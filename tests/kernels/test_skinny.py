@@ -37,9 +37,7 @@ def test_a_configuration_round_trips_through_the_database_form():
 @pytest.mark.parametrize(("m", "n", "k", "dtype", "layout", "why"), [
     (1, 4096, 4096, "f16", "tn", ""),
     (64, 4099, 4096, "bf16", "tn", ""),
-    (65, 4096, 4096, "f16", "tn", ""),
-    (128, 4096, 4096, "bf16", "tn", ""),
-    (129, 4096, 4096, "f16", "tn", "1 to 128 rows"),
+    (65, 4096, 4096, "f16", "tn", "1 to 64 rows"),
     (8, 4096, 4100, "f16", "tn", "multiple of 8"),
     (8, 4096, 4096, "f32", "tn", "f16 and bf16"),
     (8, 4096, 4096, "f16", "nn", "layout 'tn'"),
@@ -55,52 +53,44 @@ def test_every_candidate_fits_the_hardware_limits(m):
     assert cands, m
     nt = sk.nt_for(m)
     assert nt * 8 >= m and (nt == 1 or nt * 4 < m)
-    for cfg in (c for c in cands if not c.block):
+    for cfg in cands:
         assert not cfg.issue(m)
-        assert sk.smem_bytes(cfg.rt, nt, cfg.warps, cfg.stages) <= sk.SMEM_LIMIT
-        assert cfg.rt * nt <= 32 and cfg.warps in (1, 2, 4, 8, 16, 32)
+        assert cfg.warps in (1, 2, 4, 8, 16, 32)
+        if cfg.form == "warp":
+            assert sk.smem_bytes(cfg.rt, nt, cfg.warps, cfg.stages) <= sk.SMEM_LIMIT
+            assert cfg.rt * nt <= 32
+        else:  # the GEMV form: registers only
+            assert m <= sk.GEMV_MAX_M and cfg.smem(m) == 0 and cfg.splits == 1
+            assert cfg.rt * cfg.stages <= 16 and cfg.rt * sk.mt_for(m) <= 32
+    assert any(c.form == "gemv" for c in cands) == (m <= sk.GEMV_MAX_M)
     # splits only where each split keeps a long k range
-    assert all(c.splits == 1 for c in sk.candidates(m, 4096, 2048) if not c.block)
+    assert all(c.splits == 1 for c in sk.candidates(m, 4096, 2048))
 
 
-def test_a_block_form_configuration_round_trips_and_names_itself():
-    cfg = sk.SkinnyConfig(2, 8, 3, 4, wm=2, kc=2)
+def test_a_gemv_configuration_round_trips_and_launches_one_block_per_rows():
+    cfg = sk.SkinnyConfig(2, 8, 4, 1, "gemv")
     d = cfg.to_dict()
-    assert d == {"kernel": "skinny", "rt": 2, "warps": 8, "stages": 3, "splits": 4, "wm": 2,
-                 "kc": 2}
-    assert sk.SkinnyConfig.from_dict(d) == cfg and cfg.block
-    assert cfg.id == "skinny_b2k2_rt2_w8_st3_s4" == config_name(d)
-    assert sk.SkinnyConfig(1, 4, 4, 1, 1).id == "skinny_b1_rt1_w4_st4_s1"
-    assert kernel_family(d) == "skinny"
-    assert cfg.expression("bf16", 8) == "pyc_skinny_gemm_block<1,8,2,4,2,3,2>"
-    assert sk.SkinnyConfig(2, 8, 4).expression("f16", 2) == "pyc_skinny_gemm<0,2,2,8,4>"
-    assert cfg.rows_per_block() == 128 and sk.SkinnyConfig(2, 8, 4).rows_per_block() == 32
-    assert cfg.smem(8) == 3 * (128 + 64) * 256
-
-
-@pytest.mark.parametrize("m", [9, 16, 17, 33, 64, 65, 96, 128])
-def test_block_form_candidates_fit_and_cover_up_to_128_rows(m):
-    cands = sk.candidates(m, 4096, 8192)
-    blocks = [c for c in cands if c.block]
-    assert blocks, m
-    assert all(not c.block for c in sk.candidates(8, 4096, 8192))  # few rows: the warp form
-    assert (m > sk.WARP_MAX_M) == all(c.block for c in cands)
-    nt = sk.nt_for(m)
-    for cfg in blocks:
-        assert not cfg.issue(m) and cfg.smem(nt) <= sk.SMEM_LIMIT
-        assert nt % cfg.wm == 0 and cfg.rt * nt // cfg.wm <= 32
-        geo = sk.geometry(cfg, m, 4096, 8192)
-        assert geo.k_per_split % (64 * cfg.kc) == 0 and geo.k_per_split >= 512
+    assert d == {"kernel": "skinny", "rt": 2, "warps": 8, "stages": 4, "splits": 1,
+                 "form": "gemv"}
+    assert sk.SkinnyConfig.from_dict(d) == cfg
+    assert cfg.id == "skinny_v_rt2_w8_st4" == config_name(d)
+    assert "form" not in sk.SkinnyConfig(2, 8, 4).to_dict()  # stored as it always was
+    with pytest.raises(PycLabError, match="form 'tiles' is not one of"):
+        sk.SkinnyConfig.from_dict({**d, "form": "tiles"})
+    assert [sk.mt_for(m) for m in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
+    assert cfg.expression("bf16", 3) == "pyc_skinny_gemv<1,4,2,4>"
+    assert sk.SkinnyConfig(2, 8, 4).expression("f16", 3) == "pyc_skinny_gemm<0,1,2,8,4>"
+    geo = sk.geometry(cfg, 3, 5121, 4096)  # 16 rows a block, the last partly
+    assert (geo.tiles, geo.splits, geo.work_floats, geo.smem) == (321, 1, 0, 0)
+    assert 321 * 16 >= 5121 > 320 * 16
 
 
 def test_impossible_configurations_say_why():
-    assert "warp form takes 1 to 64" in sk.SkinnyConfig(1, 4, 4).issue(65)
-    assert "block form takes 1 to 128" in sk.SkinnyConfig(1, 4, 4, 1, 1).issue(129)
-    assert "does not divide" in sk.SkinnyConfig(1, 4, 4, 1, 2).issue(8)
-    assert "powers of two" in sk.SkinnyConfig(1, 6, 4, 1, 2).issue(16)
-    assert "kc 1, 2 or 4" in sk.SkinnyConfig(1, 4, 4, 1, 0, 2).issue(16)
-    assert "kc 1, 2 or 4" in sk.SkinnyConfig(1, 4, 4, 1, 1, 3).issue(16)
-    assert "shared memory" in sk.SkinnyConfig(1, 16, 4, 1, 1, 4).issue(128)
+    assert "GEMV form takes 1 to 8 rows" in sk.SkinnyConfig(1, 8, 4, 1, "gemv").issue(9)
+    assert "no splits" in sk.SkinnyConfig(1, 8, 4, 2, "gemv").issue(1)
+    assert "64 registers" in sk.SkinnyConfig(4, 8, 8, 1, "gemv").issue(1)
+    assert "32 accumulators" in sk.SkinnyConfig(8, 8, 2, 1, "gemv").issue(8)
+    assert "not one of" in sk.SkinnyConfig(1, 8, 4, 1, "tiles").issue(1)
     assert "power of two" in sk.SkinnyConfig(1, 6, 4).issue(1)
     assert "accumulators" in sk.SkinnyConfig(8, 4, 3).issue(64)
     assert "shared memory" in sk.SkinnyConfig(8, 32, 8).issue(8)
@@ -109,19 +99,16 @@ def test_impossible_configurations_say_why():
 @pytest.mark.parametrize(("k", "splits"), [(8, 1), (64, 2), (4096, 1), (4104, 3),
                                            (28672, 2), (200, 8)])
 def test_the_split_ranges_cover_k_once_and_none_is_empty(k, splits):
-    for cfg in (sk.SkinnyConfig(2, 8, 4, splits), sk.SkinnyConfig(2, 8, 3, splits, 1, 2)):
-        geo = sk.geometry(cfg, 5, 4099, k)
-        assert geo.k_per_split % (64 * cfg.kc) == 0
-        starts = [s * geo.k_per_split for s in range(geo.splits)]
-        assert all(start < k for start in starts)  # no split without work
-        assert starts[-1] + geo.k_per_split >= k  # the last one reaches the end
-        assert geo.splits <= splits
-        rows = cfg.rows_per_block()
-        assert geo.tiles * rows >= 4099 > (geo.tiles - 1) * rows
-        # the kernels' partial tiles: every warp's accumulators of every block
-        regs = cfg.rt * geo.nt // max(cfg.wm, 1) * 4 * (cfg.warps if cfg.block else 1)
-        assert geo.work_floats == (geo.tiles * geo.splits * regs * 32
-                                   if geo.splits > 1 else 0)
+    cfg = sk.SkinnyConfig(2, 8, 4, splits)
+    geo = sk.geometry(cfg, 5, 4099, k)
+    assert geo.k_per_split % 64 == 0
+    starts = [s * geo.k_per_split for s in range(geo.splits)]
+    assert all(start < k for start in starts)  # no split without work
+    assert starts[-1] + geo.k_per_split >= k  # the last one reaches the end
+    assert geo.splits <= splits
+    assert geo.tiles * 16 * cfg.rt >= 4099 > (geo.tiles - 1) * 16 * cfg.rt
+    assert geo.work_floats == (geo.tiles * geo.splits * cfg.rt * geo.nt * 4 * 32
+                               if geo.splits > 1 else 0)
 
 
 def _words(pieces: list[np.ndarray]) -> list[np.ndarray]:
@@ -171,78 +158,6 @@ def test_the_loaded_words_are_the_mma_fragments_of_a_permuted_k():
     np.testing.assert_array_equal(out, x @ w.T)
 
 
-def _ldmatrix(tile: np.ndarray, addresses: list[int]) -> list[list[np.ndarray]]:
-    """``ldmatrix.x4`` on a shared tile of 16-byte pieces (``tile[piece]`` holds 8
-    elements): lane 8j + i hands in the piece of row i of matrix j; lane l receives, for
-    each matrix j, elements 2 (l % 4) and 2 (l % 4) + 1 of its row l / 4."""
-    rows = [tile[a] for a in addresses]
-    return [[rows[8 * j + lane // 4][2 * (lane % 4):2 * (lane % 4) + 2] for j in range(4)]
-            for lane in range(32)]
-
-
-@pytest.mark.parametrize(("rt", "wn", "wm", "nt", "kc"), [(2, 2, 2, 4, 2), (1, 4, 1, 2, 1),
-                                                          (1, 1, 2, 2, 4)])
-def test_the_block_form_fragments_of_a_swizzled_chunk(rt, wn, wm, nt, kc):
-    """Emulate the block form on one chunk of 64 kc values of k: the pieces its threads
-    copy into the swizzled tile (``piece<KC>(r, p)``), every warp's ldmatrix addresses
-    and the fragments they yield, the mma.m16n8k16 steps and the store of each
-    accumulator; the result must be a @ w.T exactly."""
-    rng = np.random.default_rng()
-    bn, bm, pieces = 16 * rt * wn, 8 * nt, 8 * kc
-    w = rng.integers(-8, 8, (bn, 64 * kc)).astype(np.float64)  # exact in any order
-    x = rng.integers(-8, 8, (bm, 64 * kc)).astype(np.float64)
-    tile = np.full(((bn + bm) * pieces, 8), np.nan)
-
-    def piece(r: int, p: int) -> int:  # the kernel's piece<KC>(r, p) in 16-byte units
-        return r * pieces + (p ^ (r & 7))
-
-    for r in range(bn + bm):
-        src = w[r] if r < bn else x[r - bn]
-        for p in range(pieces):
-            assert np.isnan(tile[piece(r, p)]).all()  # no piece lands twice
-            tile[piece(r, p)] = src[p * 8:p * 8 + 8]
-    assert not np.isnan(tile).any()
-    out = np.full((bm, bn), np.nan)
-    ntw = nt // wm
-    for warp in range(wn * wm):
-        wn_i, wm_i = warp % wn, warp // wn
-        acc = np.zeros((rt, ntw, 16, 8))
-        for s2 in range(2 * kc):
-            bq = [_ldmatrix(tile, [piece(bn + (wm_i * ntw + t) * 8 + (lane & 7),
-                                         s2 * 4 + (lane >> 3)) for lane in range(32)])
-                  for t in range(ntw)]
-            for h in range(2):
-                s = s2 * 2 + h
-                for r in range(rt):
-                    aq = _ldmatrix(tile, [piece((wn_i * rt + r) * 16 + (lane & 15),
-                                                s * 2 + (lane >> 4)) for lane in range(32)])
-                    a_frag = np.full((16, 16), np.nan)
-                    for lane in range(32):
-                        g, c = lane // 4, 2 * (lane % 4)
-                        a_frag[g, c:c + 2] = aq[lane][0]
-                        a_frag[g + 8, c:c + 2] = aq[lane][1]
-                        a_frag[g, c + 8:c + 10] = aq[lane][2]
-                        a_frag[g + 8, c + 8:c + 10] = aq[lane][3]
-                    for t in range(ntw):
-                        b_frag = np.full((16, 8), np.nan)
-                        for lane in range(32):
-                            g, c = lane // 4, 2 * (lane % 4)
-                            b_frag[c:c + 2, g] = bq[t][lane][2 * h]
-                            b_frag[c + 8:c + 10, g] = bq[t][lane][2 * h + 1]
-                        assert not np.isnan(a_frag).any() and not np.isnan(b_frag).any()
-                        acc[r, t] += a_frag @ b_frag
-        for lane in range(32):
-            g, tig = lane // 4, lane % 4
-            for r in range(rt):
-                for t in range(ntw):
-                    for i in range(4):
-                        n = (wn_i * rt + r) * 16 + g + (i >> 1) * 8
-                        m = (wm_i * ntw + t) * 8 + tig * 2 + (i & 1)
-                        assert np.isnan(out[m, n])  # each output stored once
-                        out[m, n] = acc[r, t, g + (i >> 1) * 8, 2 * tig + (i & 1)]
-    np.testing.assert_array_equal(out, x @ w.T)
-
-
 @pytest.mark.nvcc
 def test_the_source_builds_for_hopper_without_spills(tmp_path):
     from pyc_lab.kernels.cutlass.nvcc import nvcc_path
@@ -252,15 +167,13 @@ def test_the_source_builds_for_hopper_without_spills(tmp_path):
             "long long, const unsigned short*, long long, unsigned short*, long long, float, "
             "float, int, int, int, int, float*, int*);")
     shapes = [(0, 1, 1, 8, 4), (1, 2, 2, 4, 6), (1, 8, 2, 4, 4), (0, 4, 4, 8, 2)]
-    block = ("template __global__ void {}(const unsigned short*, long long, const unsigned "
-             "short*, long long, unsigned short*, long long, float, float, int, int, int, "
-             "int, float*, int*);")
-    exprs = {cfg.expression(dt, sk.nt_for(m)) for m in (16, 64, 128) for dt in ("f16", "bf16")
-             for cfg in sk.candidates(m, 4096, 8192) if cfg.block and cfg.splits == 1}
+    gemv = ("template __global__ void {}(const unsigned short*, long long, const unsigned "
+            "short*, long long, unsigned short*, long long, float, float, int, int, int);")
+    exprs = sorted({cfg.expression(dt, m) for m in (1, 2, 4, 8) for dt in ("f16", "bf16")
+                    for cfg in sk.candidates(m, 4096, 4096) if cfg.form == "gemv"})
     src.write_text(native_source("skinny_gemm.cuh") + "\n"
                    + "\n".join(inst.format(*s) for s in shapes) + "\n"
-                   + "\n".join(block.format(e) for e in sorted(exprs)) + "\n")
-    assert exprs
+                   + "\n".join(gemv.format(e) for e in exprs) + "\n")
     res = subprocess.run([str(nvcc_path()), "-arch=sm_90", "-ptx", "-o",
                           str(tmp_path / "s.ptx"), str(src)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -274,7 +187,7 @@ def test_the_source_builds_for_hopper_without_spills(tmp_path):
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", res.stderr)
     assert len(frames) == len(shapes) + len(exprs), res.stderr
     assert all(f == ("0", "0") for f in frames), res.stderr
-    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+    assert "ld.global.nc.L1::no_allocate.L2::256B.v4.u32" in ptx
 
 
 def test_skinny_gemm_refuses_what_it_cannot_run():
