@@ -5,8 +5,9 @@ Such a GEMM is bound by reading the weights: the floor is N*K*2 bytes over the H
 bandwidth. cuBLAS reaches 2.5-2.9 TB/s on the 30-120 MB layers of the matmul sweep
 (H200, L2 flushed), well under the ~4.3 TB/s a copy moves. This times every
 configuration of the kernel (rows per warp, warps per block, chunks in flight, splits of
-k across blocks; ``--form`` the warp form, the GEMV form or both) on each problem, checks each against ``torch.matmul`` in float32 first
-(poisoned output, fresh uniform [-1, 1] inputs), and reports the best against
+k across blocks; ``--form``: the warp form, the GEMV form or both) on each problem,
+checks each against ``torch.matmul`` in float32 first (poisoned output, fresh uniform
+[-1, 1] inputs), and reports the best against
 ``cupy.matmul`` and ``torch.matmul`` timed the same way in interleaved rounds (CUDA
 events, L2 flushed, spin ahead). Writes ``skinny-gemm.json`` to ``--out``.
 """

@@ -287,7 +287,6 @@ def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str
     dict
         ``config id -> NVRTC's message`` for configurations that failed (empty if none).
     """
-    import cupy as cp
 
     from ..hardware.device import require_cupy
 
