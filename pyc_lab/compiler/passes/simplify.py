@@ -5,7 +5,8 @@ and dtype, so a constant that broadcasts or promotes blocks it):
 
 - ``x * 1``, ``x / 1``, ``x ** 1`` -> ``x``;
 - ``x - 0`` -> ``x`` (+0 only: ``-0.0 - (-0.0)`` is ``+0.0``); ``x + (-0.0)`` -> ``x`` for
-  floats; ``x + 0`` -> ``x`` only for integer and bool ``x`` (``-0.0 + 0.0`` is ``+0.0``);
+  floats, bfloat16 included; ``x + 0`` -> ``x`` only for integer and bool ``x``
+  (``-0.0 + 0.0`` is ``+0.0``);
 - ``x ** 2`` -> ``x * x``; ``x ** 0.5`` -> ``sqrt(x)`` for floats (0-d exponents only:
   that is where NumPy's ``power`` is exactly ``x * x`` / ``sqrt``, -0.0 and -inf included);
 - ``-(-x)`` -> ``x``; ``astype(x, x.dtype)`` -> ``x``;
@@ -38,7 +39,13 @@ and dtype, so a constant that broadcasts or promotes blocks it):
   maximum or minimum with ``initial`` over axes that have values is
   ``maximum(initial, max(x))``. Plain reductions have generated kernels and join row
   programs (a masked softmax's ``np.max(s, where=mask, initial=-np.inf)``); reductions
-  with ``where=``/``initial=`` run through CuPy.
+  with ``where=``/``initial=`` run through CuPy;
+- a bfloat16 reduction no generated kernel takes as written — ``std``, ``argmax``,
+  ``argmin``, and ``sum``/``mean``/``max``/``min`` with ``where=``/``initial=`` — as the
+  same reduction of the input cast to float32 (cast back for a float result), which the
+  rewrites above and the arg-reduction pass then take: the reference of an accumulating
+  bfloat16 reduction computes in float32 and rounds once, so this is it bit for bit, and
+  a maximum, minimum or index is exact in either type (NaN first, as NumPy's).
 
 Never ``x * 0 -> 0``, ``x - x -> 0`` or ``x / x -> 1``: they are wrong for NaN and Inf.
 """
@@ -51,7 +58,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..ops import normalize_axis
-from .rewrite import const_is, insert_like, is_const, prune, same_type
+from .rewrite import const_is, insert_like, is_const, is_float, prune, same_type
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -59,6 +66,11 @@ if TYPE_CHECKING:
 NAME = "simplify"
 
 _MAX_SWEEPS = 8
+
+#: bfloat16 reductions computed on a float32 copy (with ``where=``/``initial=`` only, the
+#: four plain ones; these always).
+_VIA_FLOAT32 = ("std", "argmax", "argmin")
+_PLAIN_IN_BF16 = ("sum", "mean", "max", "min")
 
 #: The most values a count may add up as float32 (every integer up to 2**24 is exact).
 EXACT_COUNT = 1 << 24
@@ -85,6 +97,32 @@ def _counted(graph: Graph, n: Node) -> int | None:
     axes = normalize_axis(n.attrs.get("axis"), len(x.shape)) if x.shape else ()
     count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
     return x.id if 0 < count <= EXACT_COUNT else None
+
+
+def _in_float32(graph: Graph, n: Node) -> Node | None:
+    """A bfloat16 ``std``/``argmax``/``argmin``, or ``sum``/``mean``/``max``/``min`` with
+    ``where=``/``initial=``, as the same reduction of its input cast to float32 (and its
+    result cast back to bfloat16, but an index's), or None."""
+    if n.op not in _VIA_FLOAT32 + _PLAIN_IN_BF16 or not n.inputs \
+            or n.attrs.get("dtype") is not None:
+        return None
+    if n.op in _PLAIN_IN_BF16 and len(n.inputs) == 1 and n.attrs.get("initial") is None:
+        return None  # generated for bfloat16 as it is
+    x = graph.nodes[n.inputs[0]]
+    if x.dtype.name != "bfloat16":
+        return None
+    cast = graph.insert_before(n.id, "astype", (x.id,), {"dtype": np.dtype(np.float32)})
+    inputs = (cast.id, *n.inputs[1:])
+    if n.op in ("argmax", "argmin"):
+        new = insert_like(graph, n.id, n.op, inputs, dict(n.attrs), n)
+        if new is None:
+            prune(graph, [cast.id])
+        return new
+    reduced = graph.insert_before(n.id, n.op, inputs, dict(n.attrs))
+    new = insert_like(graph, n.id, "astype", (reduced.id,), {"dtype": n.dtype}, n)
+    if new is None:
+        prune(graph, [reduced.id, cast.id])
+    return new
 
 
 def _float_extreme(graph: Graph, n: Node) -> Node | None:
@@ -206,7 +244,7 @@ def _identity_operand(graph: Graph, n: Node) -> int | None:
         if const_is(graph, c, value, scalar_only=scalar_only) \
                 and same_type(graph.nodes[x], n):
             return x
-    if n.op == "add" and kind == "f":
+    if n.op == "add" and is_float(n):
         for x, c in ((a, b), (b, a)):
             if x != c and is_const(graph, c) and _is_neg_zero(graph, c) \
                     and same_type(graph.nodes[x], n):
@@ -216,7 +254,8 @@ def _identity_operand(graph: Graph, n: Node) -> int | None:
 
 def _is_neg_zero(graph: Graph, nid: int) -> bool:
     arr = np.asarray(graph.nodes[nid].attrs["value"])
-    return arr.size > 0 and arr.dtype.kind == "f" and bool(np.all(arr == 0)) \
+    floats = arr.dtype.kind == "f" or arr.dtype.name == "bfloat16"
+    return arr.size > 0 and floats and bool(np.all(arr == 0)) \
         and bool(np.all(np.signbit(arr)))
 
 
@@ -236,6 +275,9 @@ def _simplify(graph: Graph, n: Node, ctx: PassContext) -> bool:
             new = insert_like(graph, n.id, "sqrt", (base,), {}, n)
             if new is not None:
                 return _replace(graph, n, new.id, ctx, "x**0.5 as sqrt(x)")
+    if (new := _in_float32(graph, n)) is not None:
+        return _replace(graph, n, new.id, ctx, f"a bfloat16 {n.op} computed on a float32 "
+                        "copy (its reference's precision)")
     if n.op == "std" and len(n.inputs) == 1 and n.dtype.kind == "f":
         # NumPy's std is sqrt(var) with the same arguments, computed exactly so; var has
         # a generated row kernel, std does not
