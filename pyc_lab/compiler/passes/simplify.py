@@ -67,9 +67,10 @@ NAME = "simplify"
 
 _MAX_SWEEPS = 8
 
-#: bfloat16 reductions computed on a float32 copy (with ``where=``/``initial=`` only, the
-#: four plain ones; these always).
+#: bfloat16 reductions always computed on a float32 copy (no generated kernel takes them).
 _VIA_FLOAT32 = ("std", "argmax", "argmin")
+#: bfloat16 reductions generated as they are, computed on a float32 copy only with
+#: ``where=`` or ``initial=``.
 _PLAIN_IN_BF16 = ("sum", "mean", "max", "min")
 
 #: The most values a count may add up as float32 (every integer up to 2**24 is exact).
