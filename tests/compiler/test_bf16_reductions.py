@@ -14,7 +14,8 @@ from pyc_lab.compiler import trace
 from pyc_lab.compiler.codegen import generate, supports
 from pyc_lab.compiler.ops import run_graph
 from pyc_lab.compiler.passes import PassManager
-from tests.compiler.emulate import emulate_threads, needs_gxx
+from tests.compiler.emulate import needs_gxx
+from tests.compiler.test_emulated_reductions import _rows
 
 BF16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
 
@@ -48,7 +49,7 @@ def _inputs(rng: np.random.Generator, rows: int, cols: int, special: bool) -> tu
 
 def _optimised(fn, args):
     graph, _ = trace(fn, args)
-    reference = graph.copy() if hasattr(graph, "copy") else trace(fn, args)[0]
+    reference = graph.copy()
     return PassManager().run(graph), reference
 
 
@@ -120,12 +121,10 @@ def test_the_generated_row_kernel_matches_float64(name):
     src = generate(node, graph)
     with np.errstate(all="ignore"):
         want = np.asarray(fn(x.astype(np.float64), mask)).reshape(node.shape)
-    launch = src.launch
-    grid = -(-launch["rows"] // launch["rows_per_block"])
     for entry in src.entries:
         out = np.full(node.shape, np.nan if node.dtype.kind != "i" else -7,
                       dtype=node.dtype)
-        emulate_threads(src, entry, [*ins, out], (grid, 1), launch["block"])
+        _rows(src, ins, out, entry)
         if node.dtype.kind == "i":
             np.testing.assert_array_equal(out, want)
         else:

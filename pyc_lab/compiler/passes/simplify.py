@@ -58,7 +58,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..ops import normalize_axis
-from .rewrite import const_is, insert_like, is_const, is_float, prune, same_type
+from .rewrite import as_float, const_is, insert_like, is_const, is_float, prune, same_type
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -254,9 +254,8 @@ def _identity_operand(graph: Graph, n: Node) -> int | None:
 
 
 def _is_neg_zero(graph: Graph, nid: int) -> bool:
-    arr = np.asarray(graph.nodes[nid].attrs["value"])
-    floats = arr.dtype.kind == "f" or arr.dtype.name == "bfloat16"
-    return arr.size > 0 and floats and bool(np.all(arr == 0)) \
+    arr = as_float(np.asarray(graph.nodes[nid].attrs["value"]))  # a bfloat16 one too
+    return arr.size > 0 and arr.dtype.kind == "f" and bool(np.all(arr == 0)) \
         and bool(np.all(np.signbit(arr)))
 
 
