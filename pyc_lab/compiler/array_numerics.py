@@ -33,7 +33,9 @@ __all__ = ["HANDLERS"]
 def _round(tracer: Tracer, a: Any, decimals: Any = 0, out: Any = None) -> Any:
     """``np.round`` / ``x.round``: NumPy's own steps — ``rint(x * 10**d) / 10**d`` (for a
     negative ``d``: ``rint(x / 10**-d) * 10**-d``) in ``x``'s dtype, ``rint`` alone for
-    ``d == 0``; an integer array with ``d >= 0`` is copied."""
+    ``d == 0``; an integer array with ``d >= 0`` is copied. Each step is stored in ``x``'s
+    dtype, as NumPy's ``out=`` array holds it: a bfloat16 ``x`` times a Python float is
+    float32 to ml_dtypes, and NumPy rounds it back to bfloat16 before ``rint``."""
     x = tracer.lift(a)
     if out is not None or not isinstance(decimals, (int, np.integer)) or x.dtype.kind == "b":
         raise NotCovered
@@ -46,8 +48,12 @@ def _round(tracer: Tracer, a: Any, decimals: Any = 0, out: Any = None) -> Any:
         return ufuncs.apply(tracer, "rint", (x,))
     first, second = ("multiply", "divide") if d > 0 else ("divide", "multiply")
     scale = 10.0 ** abs(d)
-    y = ufuncs.apply(tracer, "rint", (ufuncs.apply(tracer, first, (x, scale)),))
-    return ufuncs.apply(tracer, second, (y, scale))
+
+    def stored(v: Any) -> Any:
+        return v if v.dtype == x.dtype else tracer.op("astype", (v,), {"dtype": x.dtype})
+
+    y = ufuncs.apply(tracer, "rint", (stored(ufuncs.apply(tracer, first, (x, scale))),))
+    return stored(ufuncs.apply(tracer, second, (y, scale)))
 
 
 def _norm(tracer: Tracer, x: Any, ord: Any = None, axis: Any = None,

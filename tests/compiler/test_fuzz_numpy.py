@@ -1,7 +1,8 @@
 """Property test: ``pl.compile(f)(*args)`` is ``f(*args)`` for random NumPy programs.
 
 Hypothesis writes random programs over two array arguments and a Python scalar — every
-supported dtype (bool, int8..int64, uint8, float16/32/64), broadcasting shapes, special
+supported dtype (bool, int8..int64, uint8, float16/32/64, ml_dtypes' bfloat16),
+broadcasting shapes, special
 values (NaN, ±Inf, -0.0, huge and tiny floats, integer extremes), scalars of every
 Python type (ints out of the dtype's range included), ufuncs with ``dtype=``/``out=``,
 reductions with ``axis``/``keepdims``/``dtype``/``initial``/``where``/``ddof``, scans and
@@ -14,6 +15,13 @@ NumPy leaves them, share memory with the arguments and between results exactly w
 NumPy's results do, and raise where NumPy raises (the same kind of exception, or a
 :class:`~pyc_lab.PycLabError`).
 
+Two documented differences from NumPy are the reference's for bfloat16 (the README's
+compiler section): an accumulating reduction (sum, mean, var, std, prod) computes in
+float32 and rounds once, where ml_dtypes' loops accumulate in bfloat16; a matmul whose
+operands promote to bfloat16 gives bfloat16, as torch and CuPy do, where ml_dtypes'
+gives float32. NumPy runs the program with those steps written that way; the compiled
+function is traced from the program as a user writes it.
+
 Profiles (``tests/compiler/conftest.py``): ``ci`` by default, ``nightly`` with many more
 examples (``HYPOTHESIS_PROFILE=nightly``).
 """
@@ -24,17 +32,20 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 import pyc_lab as pl
 
+BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(d) for d in ("bool", "int8", "int16", "int32", "int64", "uint8",
-                                "float16", "float32", "float64")]
+                                "float16", "float32", "float64")] + [BF16]
 #: Relative, absolute tolerance of a float result by dtype (rewrites such as 1/sqrt ->
 #: rsqrt or a fused layer norm may round differently; integers must match exactly).
-TOL = {"float16": (2e-3, 2e-3), "float32": (2e-5, 1e-6), "float64": (1e-12, 1e-14)}
+TOL = {"bfloat16": (2e-2, 2e-2), "float16": (2e-3, 2e-3), "float32": (2e-5, 1e-6),
+       "float64": (1e-12, 1e-14)}
 SCALARS = st.one_of(
     st.booleans(),
     st.sampled_from([0, 1, 2, 3, -1, -7, 127, 128, 255, 256, 300, -129, 2**31, 2**40,
@@ -51,10 +62,20 @@ def _kind(a: Any) -> str:
     dtype = getattr(a, "dtype", None)
     if dtype is None:  # a Python scalar
         return {bool: "b", int: "i", float: "f"}.get(type(a), "O")
-    return np.dtype(dtype).kind
+    return "f" if np.dtype(dtype) == BF16 else np.dtype(dtype).kind
 
 
-def _unary(name: str, a: Any, arg: Any) -> Any:
+def _accumulate(a: Any, name: str, reference: bool, **kw: Any) -> Any:
+    """``a.name(**kw)``; as NumPy's reference for a bfloat16 ``a``, computed in float32 and
+    rounded once (the compiler's documented bfloat16 accumulation)."""
+    if not (reference and a.dtype == BF16 and name in ("sum", "mean", "var", "std", "prod")
+            and "dtype" not in kw):
+        return getattr(a, name)(**kw)
+    out = getattr(a.astype(np.float32), name)(**kw)
+    return out.astype(BF16) if isinstance(out, np.ndarray) else BF16.type(out)
+
+
+def _unary(name: str, a: Any, arg: Any, ref: bool) -> Any:
     k = _kind(a)
     if name == "neg":
         return -a if k != "b" else ~a
@@ -109,15 +130,18 @@ def _unary(name: str, a: Any, arg: Any) -> Any:
         return np.clip(a, min=arg[0], max=arg[1]) if arg[0] is not None or \
             arg[1] is not None else a.clip(-1, 1)
     if name == "variance":  # the hand-written pattern reduction fusion rewrites
-        return ((a - a.mean(-1, keepdims=True)) ** 2).mean(-1) if a.ndim else a
+        if not a.ndim:
+            return a
+        c = a - _accumulate(a, "mean", ref, axis=-1, keepdims=True)
+        return _accumulate(c ** 2, "mean", ref, axis=-1)
     if name == "layer_norm":  # ditto, with np.var or a mean of squares
-        c = a - a.mean(-1, keepdims=True)
-        v = a.var(-1, keepdims=True) if _kind(a) != "f" or a.ndim == 1 else \
-            (c * c).mean(-1, keepdims=True)
+        c = a - _accumulate(a, "mean", ref, axis=-1, keepdims=True)
+        v = _accumulate(a, "var", ref, axis=-1, keepdims=True) if _kind(a) != "f" or \
+            a.ndim == 1 else _accumulate(c * c, "mean", ref, axis=-1, keepdims=True)
         return c / np.sqrt(v + 1e-3) if a.ndim else a
     if name == "softmax":
         e = np.exp(a - a.max(-1, keepdims=True)) if a.ndim else a
-        return e / e.sum(-1, keepdims=True) if a.ndim else a
+        return e / _accumulate(e, "sum", ref, axis=-1, keepdims=True) if a.ndim else a
     if name in MATH:  # the math library's ufuncs, where NumPy has a loop for the dtype
         fn = getattr(np, name)
         try:
@@ -156,7 +180,7 @@ UNARY = ["neg", "pos", "abs", "invert", "square", "pow2", "pow_half", "pow_m1",
          "argsort"]
 
 
-def _binary(name: str, a: Any, b: Any, arg: Any) -> Any:
+def _binary(name: str, a: Any, b: Any, arg: Any, ref: bool) -> Any:
     both_bool = _kind(a) == "b" and _kind(b) == "b"
     if name == "add":
         return a + b
@@ -187,7 +211,11 @@ def _binary(name: str, a: Any, b: Any, arg: Any) -> Any:
         q, r = divmod(a, b)
         return q + r
     if name == "matmul":
-        return a @ b.T if getattr(b, "ndim", 0) > 1 else a @ b
+        out = a @ b.T if getattr(b, "ndim", 0) > 1 else a @ b
+        if ref and np.result_type(a, b) == BF16:  # the compiler's documented bfloat16
+            return np.asarray(out).astype(BF16)[()] if np.ndim(out) == 0 else \
+                out.astype(BF16)
+        return out
     if name in BINARY_MATH:  # where NumPy has a loop for the operands' dtypes
         fn = getattr(np, name)
         try:  # (the dtypes' attribute: np.result_type is not traced)
@@ -209,7 +237,7 @@ BINARY = ["add", "sub", "mul", "div", "floordiv", "mod", "pow", "less", "less_eq
 SCALAR_BINARY = BINARY[:-3]
 
 
-def _reduce(name: str, a: Any, axis: Any, keepdims: bool, extra: str) -> Any:
+def _reduce(name: str, a: Any, axis: Any, keepdims: bool, extra: str, ref: bool) -> Any:
     kw: dict[str, Any] = {"axis": axis, "keepdims": keepdims}
     if a.ndim == 0:
         kw["axis"] = None
@@ -225,7 +253,7 @@ def _reduce(name: str, a: Any, axis: Any, keepdims: bool, extra: str) -> Any:
         kw["ddof"] = 1
     if name in ("argmax", "argmin") and isinstance(kw["axis"], tuple):
         kw["axis"] = kw["axis"][0]
-    return getattr(a, name)(**kw)
+    return _accumulate(a, name, ref, **kw)
 
 
 REDUCTIONS = ["sum", "mean", "max", "min", "var", "std", "prod", "argmax", "argmin", "any",
@@ -258,21 +286,25 @@ def _inplace(name: str, t: Any, b: Any, s: Any) -> None:
 INPLACE = ["iadd", "imul_scalar", "setitem", "mask_set", "slice_add", "out", "fill"]
 
 
-def _program(steps: list[tuple], outputs: list[int]) -> Callable:
+def _program(steps: list[tuple], outputs: list[int], reference: bool = False) -> Callable:
+    """The program; ``reference``: as NumPy runs it for the comparison (bfloat16's
+    documented differences written out)."""
+
     def fn(x, y, s):
         pool = [x, y]
         for step in steps:
             kind, name, i, j, arg = step
             a, b = pool[i % len(pool)], pool[j % len(pool)]
             if kind == "u":
-                pool.append(_unary(name, a, arg))
+                pool.append(_unary(name, a, arg, reference))
             elif kind == "b":
-                pool.append(_binary(name, a, b, arg))
+                pool.append(_binary(name, a, b, arg, reference))
             elif kind == "s":
-                pool.append(_binary(name, a, s, arg) if arg else _binary(name, s, a, None))
+                pool.append(_binary(name, a, s, arg, reference) if arg else
+                            _binary(name, s, a, None, reference))
             elif kind == "r":
                 axis, keepdims, extra = arg
-                pool.append(_reduce(name, a, axis, keepdims, extra))
+                pool.append(_reduce(name, a, axis, keepdims, extra, reference))
             else:
                 _inplace(name, a, b, s)
         return tuple(pool[k % len(pool)] for k in [-1, *outputs])
@@ -326,8 +358,8 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype,
         return np.asarray(out)
     out = (rng.standard_normal(shape) * 3).astype(dtype)
     if specials and out.size:
-        big = np.finfo(dtype).max
-        tiny = np.finfo(dtype).smallest_subnormal
+        info = ml_dtypes.finfo(dtype) if dtype == BF16 else np.finfo(dtype)
+        big, tiny = info.max, info.smallest_subnormal
         pool = np.array([np.nan, np.inf, -np.inf, -0.0, big, -big, tiny, big / 3], dtype)
         flat = out.reshape(-1)
         idx = rng.choice(flat.size, size=min(3, flat.size), replace=False)
@@ -365,7 +397,7 @@ def _close(got: Any, want: Any, what: str) -> None:
     got, want = np.asarray(got), np.asarray(want)
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != NumPy's {want.dtype}"
     assert got.shape == want.shape, f"{what}: shape {got.shape} != NumPy's {want.shape}"
-    if want.dtype.kind == "f":
+    if want.dtype.kind == "f" or want.dtype == BF16:
         rtol, atol = TOL[want.dtype.name]
         g64, w64 = got.astype(np.float64), want.astype(np.float64)
         # huge values: compare relative to the float's range (float16 rounds at 2**-11)
@@ -426,9 +458,10 @@ def test_compiled_programs_are_numpy(steps, outputs, dtypes, shapes, scalars, sp
         ys = (1, 4)
     fn = _program(steps, outputs)
     compiled = pl.compile(fn, backend="numpy")
+    reference = _program(steps, outputs, reference=True)
     rng = np.random.default_rng(seed)
     first = [_values(rng, xs, dtypes[0], specials), _values(rng, ys, dtypes[1], specials)]
     fresh = [_values(rng, xs, dtypes[0], specials), _values(rng, ys, dtypes[1], False)]
     for s in scalars:  # each scalar is a static argument: its own trace when types differ
-        _check(fn, compiled, [*first, s], f"steps={steps} s={s!r} (traced inputs)")
-        _check(fn, compiled, [*fresh, s], f"steps={steps} s={s!r} (fresh inputs)")
+        _check(reference, compiled, [*first, s], f"steps={steps} s={s!r} (traced inputs)")
+        _check(reference, compiled, [*fresh, s], f"steps={steps} s={s!r} (fresh inputs)")

@@ -238,9 +238,11 @@ def _special_rows(dtype, rng):
     return x.astype(dtype)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, BF16, np.int32])
 @pytest.mark.parametrize("decimals", [0, 1, 2, -1, -2])
 def test_round_is_numpys_steps(dtype, decimals):
+    """Each step in the input's dtype, as NumPy's ``out=`` holds it: bfloat16 times a
+    Python float is float32 to ml_dtypes, and NumPy rounds it back to bfloat16 first."""
     x = _special_rows(dtype, np.random.default_rng(decimals + 3)) if dtype != np.int32 \
         else np.random.default_rng(1).integers(-999, 999, (33, 17)).astype(np.int32)
     text = _compiled_equals_numpy(lambda a: np.round(a, decimals), x)
