@@ -36,6 +36,24 @@ LAYOUTS = ("bhsd", "bshd")
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
+def _scale(scale: Any, q: Any) -> float:
+    """The softmax scale as a float: ``1 / sqrt(head_dim)`` for None, else a finite real
+    number (a string, a boolean, a complex number or NaN is refused here, not inside a
+    kernel)."""
+    if scale is None:
+        return default_scale(int(q.shape[-1]))
+    value = None
+    if not isinstance(scale, (str, bytes, bool, np.bool_)):
+        try:
+            value = float(scale)
+        except (TypeError, ValueError):
+            value = None
+    if value is None or not np.isfinite(value):
+        raise PycLabError(f"pl.attention: scale must be a finite real number (or None for "
+                          f"1 / sqrt(head_dim)), got {scale!r}")
+    return value
+
+
 def _check(q: Any, k: Any, v: Any, mask: Any, layout: str) -> tuple[Any, Any, Any]:
     if layout not in LAYOUTS:
         raise PycLabError(f"pl.attention: layout {layout!r} is not one of {LAYOUTS}")
@@ -186,7 +204,7 @@ def attention_explain(q: Any, k: Any, v: Any, *, causal: bool = False,
     (exact match): 0.51 ms against torch SDPA's 0.55 ms on the first call"``.
     """
     q, k, v = _check(q, k, v, mask, layout)
-    scale = default_scale(int(q.shape[-1])) if scale is None else float(scale)
+    scale = _scale(scale, q)
     route = attention_route(q, return_lse=return_lse)
     kind = arrays.kind(q)
     if kind == "numpy" or (kind == "torch" and not q.is_cuda) or \
@@ -277,7 +295,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
         broadcast, an unknown layout.
     """
     q, k, v = _check(q, k, v, mask, layout)
-    scale = default_scale(int(q.shape[-1])) if scale is None else float(scale)
+    scale = _scale(scale, q)
     kind = arrays.kind(q)
     if kind == "torch" and any(x.requires_grad for x in (q, k, v)):
         outs = _with_grad(q, k, v, causal, scale, mask, return_lse, layout)
@@ -432,7 +450,7 @@ def attention_backward(q: Any, k: Any, v: Any, dout: Any, *, out: Any = None,
     its blocks.
     """
     q, k, v = _check(q, k, v, mask, layout)
-    scale = default_scale(int(q.shape[-1])) if scale is None else float(scale)
+    scale = _scale(scale, q)
     b, hq, sq, _ = q.shape
     want = (b, sq, hq, v.shape[-1]) if layout == "bshd" else (b, hq, sq, v.shape[-1])
     kind = arrays.kind(q)

@@ -19,8 +19,7 @@ from typing import Any
 
 from ..errors import PycLabError
 from . import arrays
-from .attention import _check, _sdpa
-from .attention_blocked import default_scale
+from .attention import _check, _scale, _sdpa
 
 __all__ = ["BoundAttention", "bound_attention"]
 
@@ -137,5 +136,5 @@ def bound_attention(q: Any, k: Any, v: Any, *, causal: bool = False,
     if mask is not None and (not mask.flags.c_contiguous or
                              (mask.dtype.kind != "b" and mask.dtype != q.dtype)):
         return None
-    scale = default_scale(int(q.shape[-1])) if scale is None else float(scale)
+    scale = _scale(scale, q)
     return BoundAttention(q, k, v, mask, bool(causal), scale)

@@ -186,6 +186,18 @@ def test_bad_shapes_are_refused(args, kwargs, match):
         pl.attention(*arrays, **kwargs)
 
 
+@pytest.mark.parametrize("scale", ["x", True, 1j, float("nan"), float("inf"), [0.5, 0.5]])
+def test_a_scale_that_is_not_a_finite_real_number_is_refused(scale):
+    rng = np.random.default_rng()
+    q, k, v = (rand(rng, (1, 2, 4, 8)) for _ in range(3))
+    with pytest.raises(PycLabError, match="scale must be a finite real number"):
+        pl.attention(q, k, v, scale=scale)
+    want, _ = reference(q, k, v, scale=0.25)
+    for ok in (0.25, np.float32(0.25), np.array(0.25), 1 / 4):  # numbers of any kind
+        np.testing.assert_allclose(pl.attention(q, k, v, scale=ok), want, rtol=1e-5,
+                                   atol=1e-6)
+
+
 def test_bad_dtypes_and_masks_are_refused():
     rng = np.random.default_rng()
     q, k, v = (rand(rng, (1, 2, 4, 8)) for _ in range(3))
