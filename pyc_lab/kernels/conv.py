@@ -61,9 +61,20 @@ def set_tracer(fn: Callable[..., Any] | None) -> None:
     _TRACE = fn
 
 
+def _whole(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def _per_axis(value: int | Sequence[int], nd: int, name: str) -> tuple[int, ...]:
-    vals = (int(value),) * nd if isinstance(value, (int, np.integer)) else \
-        tuple(int(v) for v in value)
+    """``value`` for each of the ``nd`` spatial axes: one whole number for all, or one per
+    axis (anything else, a float or a string, is refused)."""
+    if _whole(value):
+        vals = (int(value),) * nd
+    elif isinstance(value, (tuple, list)) and all(_whole(v) for v in value):
+        vals = tuple(int(v) for v in value)
+    else:
+        raise PycLabError(f"pl.conv: {name} must be a whole number or a tuple of one per "
+                          f"spatial axis, got {value!r}")
     if len(vals) != nd:
         raise PycLabError(f"pl.conv: {name} {value!r} has {len(vals)} entries for {nd} "
                           "spatial axes")
@@ -239,6 +250,8 @@ def conv_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
     if layout == "channels_last":
         x_shape = (x_shape[0], x_shape[-1], *x_shape[1:-1])
     c, o = int(x_shape[1]), int(w_shape[0])
+    if not _whole(groups):
+        raise PycLabError(f"pl.conv: groups must be a whole number, got {groups!r}")
     if groups < 1 or c % groups or o % groups or int(w_shape[1]) * groups != c:
         raise PycLabError(f"pl.conv: {c} input channels, weights {w_shape} and "
                           f"groups={groups} do not fit (w must be (O, C // groups, ...))")

@@ -106,6 +106,9 @@ def check_inputs(a: Any, b: Any, out: Any, alpha: Any, beta: Any, bias: Any,
             raise PycLabError(f"matmul: out must be a {_KIND_NAMES[ka]} array of shape "
                               f"{shape} (the product's), got {type(out).__name__} "
                               f"{tuple(getattr(out, 'shape', ()))}")
+        if ka == "numpy" and not getattr(getattr(out, "flags", None), "writeable", True):
+            raise PycLabError(f"matmul: out is read-only (a broadcast view or an array "
+                              f"with writeable=False); give a writable array of shape {shape}")
         if not _castable(result, dtype_name(out.dtype)):
             raise PycLabError(f"matmul: out has dtype {dtype_name(out.dtype)}; the product "
                               f"is {result}, so out must be one of {', '.join(DTYPES)}")

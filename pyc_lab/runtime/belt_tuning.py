@@ -141,6 +141,13 @@ class BeltRunner:
         if self.make_items is not None and options.chunks is None:
             raise PycLabError("items is a function: give the chunk sizes to try in chunks=")
         self.fixed = None if self.make_items is not None else list(items)  # type: ignore[arg-type]
+        if self.fixed is not None and not self.fixed:
+            raise PycLabError("tune_pipeline: items is empty; give the items to push through "
+                              "(timing a belt with nothing on it would pick at random)")
+        for name, fn in (("prepare", prepare), ("compute", compute)):
+            if not callable(fn):
+                raise PycLabError(f"tune_pipeline: {name} must be callable (as for "
+                                  f"Pipeline), got {type(fn).__name__}")
         self.prepare, self.compute = prepare, compute
         self.options = options
         self.pipeline_options = dict(pipeline_options)
@@ -222,7 +229,8 @@ def tune_pipeline(
     Raises
     ------
     PycLabError
-        For empty value lists, ``chunks`` without ``make_items``, or ``repeats < 1``.
+        For empty value lists or items, ``chunks`` without ``make_items``, ``repeats < 1``,
+        or a ``prepare`` or ``compute`` that is not callable.
     """
     if "rng" in settings:
         settings["seed"] = settings.pop("rng")

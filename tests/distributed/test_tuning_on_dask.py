@@ -54,10 +54,12 @@ def test_cluster_declares_gpu_resources_and_takes_a_client(threads_client):
     assert threads_client.dashboard_link.startswith("http")
     with pytest.raises(PycLabError, match=r"takes a distributed\.Client"):
         pl.cluster(client=object())
-    with pytest.raises(PycLabError, match="n_workers"):
-        pl.cluster(n_workers=0)
-    with pytest.raises(PycLabError, match="gpus_per_worker"):
-        pl.cluster(gpus_per_worker=-1)
+    for bad in (0, "4", 2.0, True):  # nothing is started for any of them
+        with pytest.raises(PycLabError, match="n_workers"):
+            pl.cluster(n_workers=bad)
+    for bad in (-1, "1", 0.5):
+        with pytest.raises(PycLabError, match="gpus_per_worker"):
+            pl.cluster(gpus_per_worker=bad)
 
 
 def test_a_replayed_sweep_over_workers_matches_the_local_one(threads_client):

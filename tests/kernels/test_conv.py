@@ -125,6 +125,11 @@ def test_routes():
     ((1, 3, 8, 8), (4, 3, 3, 3), {"padding": "same", "stride": 2}, "stride 1"),
     ((1, 3, 8, 8), (4, 3, 2, 2), {"padding": "same"}, "unequal ends"),
     ((1, 3, 8, 8), (4, 3, 3, 3), {"stride": 0}, "positive"),
+    ((1, 3, 8, 8), (4, 3, 3, 3), {"stride": "a"}, "stride must be a whole number"),
+    ((1, 3, 8, 8), (4, 3, 3, 3), {"stride": 1.5}, "stride must be a whole number"),
+    ((1, 3, 8, 8), (4, 3, 3, 3), {"dilation": (1, 1.0)}, "dilation must be a whole number"),
+    ((1, 3, 8, 8), (4, 3, 3, 3), {"padding": True}, "padding must be a whole number"),
+    ((1, 4, 8, 8), (4, 2, 3, 3), {"groups": "2"}, "groups must be a whole number"),
 ])
 def test_bad_requests_are_refused(xs, ws, kw, match):
     rng = np.random.default_rng()

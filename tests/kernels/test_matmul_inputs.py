@@ -108,7 +108,8 @@ def test_a_wrong_out_or_scale_is_refused(rng):
     a, b = rng.uniform(-1, 1, (5, 7)), rng.uniform(-1, 1, (7, 3))
     for out, match in ((np.zeros((3, 5)), r"out must be a NumPy array of shape \(5, 3\)"),
                        (np.zeros((5, 3), dtype=np.int64), "out has dtype int64"),
-                       (np.zeros((5, 3), dtype=complex), "out has dtype complex128")):
+                       (np.zeros((5, 3), dtype=complex), "out has dtype complex128"),
+                       (np.broadcast_to(np.float64(0), (5, 3)), "out is read-only")):
         with pytest.raises(PycLabError, match=match):
             pl.matmul(a, b, out=out)
     out = np.zeros((5, 3), dtype=np.float32)  # same kind: cast as np.matmul(out=) would

@@ -69,6 +69,16 @@ def test_bad_arguments(kwargs, message):
         tune_pipeline(slow_prepare, compute, range(3), mode="cpu", **kwargs)
 
 
+@pytest.mark.parametrize("prepare, compute_fn, items, message", [
+    (slow_prepare, compute, [], "items is empty"),
+    (None, compute, range(3), "prepare must be callable"),
+    (slow_prepare, "compute", range(3), "compute must be callable"),
+])
+def test_nothing_to_time_is_refused_before_any_belt_runs(prepare, compute_fn, items, message):
+    with pytest.raises(pl.PycLabError, match=message):
+        tune_pipeline(prepare, compute_fn, items, mode="cpu")
+
+
 def test_each_configuration_warms_up_one_belt_before_timing_it():
     calls = []
 
