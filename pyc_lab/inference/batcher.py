@@ -47,7 +47,8 @@ from .model import CompiledModel
 from .stats import BatchRecord, ModelStats
 from .waiters import LoopCallback, LoopWaiter, ThreadCallback, resolve
 
-__all__ = ["NAN_POLICIES", "Batcher", "Request", "ServeOptions", "default_buckets"]
+__all__ = ["NAN_POLICIES", "Batcher", "Request", "ServeOptions", "default_buckets",
+           "positive_seconds"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,12 @@ def default_buckets(max_batch: int) -> tuple[int, ...]:
         out.append(b)
         b *= 2
     return (*out, max_batch)
+
+
+def positive_seconds(value: Any) -> bool:
+    """Whether ``value`` is a real number of seconds above zero (not a bool or string)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) \
+        and not isinstance(value, (bool, np.bool_)) and value > 0
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,7 @@ class ServeOptions:
         if not isinstance(self.max_queue, (int, np.integer)) or self.max_queue < 1:
             raise InferenceError(f"max_queue must be a positive whole number, got "
                                  f"{self.max_queue!r}")
-        if self.timeout_s is not None and not self.timeout_s > 0:
+        if self.timeout_s is not None and not positive_seconds(self.timeout_s):
             raise InferenceError(f"timeout_s must be > 0 or None, got {self.timeout_s!r}")
         if self.nan_policy not in NAN_POLICIES:
             raise InferenceError(f"nan_policy must be one of {NAN_POLICIES}, got "

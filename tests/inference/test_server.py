@@ -53,7 +53,8 @@ def test_options_and_buckets():
     assert o.bucket_sizes == (4, 16) and o.bucket_for(5) == 16 and o.bucket_for(3) == 4
     assert ServeOptions(max_batch=8, buckets=()).bucket_for(5) == 5
     for bad in ({"max_batch": 0}, {"max_delay_ms": -1}, {"max_queue": 0},
-                {"timeout_s": 0}, {"nan_policy": "ignore"}, {"max_batch": 8, "buckets": (4,)}):
+                {"timeout_s": 0}, {"timeout_s": "5"}, {"nan_policy": "ignore"},
+                {"max_batch": 8, "buckets": (4,)}):
         with pytest.raises(InferenceError):
             ServeOptions(**bad)
 
@@ -281,6 +282,17 @@ def test_timeouts(start, affine):
         late.result(timeout=10)
     assert server.stats().timed_out >= 1
     np.testing.assert_array_equal(server.predict(rows(1)), rows(1) * 2 + 1)
+
+
+def test_a_timeout_that_is_not_a_positive_number_is_a_bad_request(start, affine):
+    server = start(affine, max_batch=4, max_delay_ms=0)
+    for bad in (-1, 0, "5", True, float("nan")):
+        with pytest.raises(BadRequestError, match="timeout_s must be a number of seconds"):
+            server.predict(rows(1), timeout_s=bad)
+        with pytest.raises(BadRequestError, match="timeout_s must be a number of seconds"):
+            server.submit(rows(1), timeout_s=bad)
+    assert server.stats().timed_out == 0  # none was queued
+    np.testing.assert_array_equal(server.predict(rows(1), timeout_s=5), rows(1) * 2 + 1)
 
 
 def test_close_finishes_queued_work(start, affine):
