@@ -3,6 +3,7 @@ answer stays NumPy's (maxima, minima and integer sums bit for bit, NaN included)
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -21,6 +22,10 @@ from pyc_lab.compiler.passes.split_reduction import (
     columns_for,
 )
 from pyc_lab.compiler.policy import choose
+from tests.compiler.emulate import needs_gxx
+from tests.compiler.test_fuzz_emulated import _check_program
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def _split(fn, x):
@@ -76,10 +81,9 @@ def test_float_sums_split_within_rounding_and_keep_specials(dtype):
 @pytest.mark.parametrize(("label", "fn", "x"), [
     ("small", lambda v: v.sum(), np.ones(MIN_ELEMENTS - 1, np.float32)),
     ("prime size", lambda v: v.sum(), np.ones(1_000_003, np.float32)),
-    ("float16", lambda v: v.sum(), np.ones(1 << 20, np.float16)),
     ("an axis", lambda v: v.sum(axis=0), np.ones((1024, 1024), np.float32)),
     ("with dtype=", lambda v: v.sum(dtype=np.float64), np.ones(1 << 20, np.float32)),
-    ("float16 mean", lambda v: v.mean(), np.ones(1 << 20, np.float16)),
+    ("float16 sum to float32", lambda v: v.sum(dtype=np.float32), np.ones(1 << 20, np.float16)),
     ("small max", lambda v: v.max(), np.ones(MIN_ELEMENTS - 1, np.float32)),
 ])
 def test_what_stays_one_reduction(label, fn, x):
@@ -98,11 +102,11 @@ def test_compiled_full_sum_matches_numpy_and_explains():
 
 
 @pytest.mark.parametrize("op", ["max", "min"])
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int8, np.uint16,
-                                   np.bool_])
+@pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32, np.float64, np.int8,
+                                   np.uint16, np.bool_])
 def test_maxima_and_minima_split_bit_for_bit_with_nan(rng, op, dtype):
-    """Exact in any order: the answer is NumPy's, a NaN anywhere included; a float16
-    maximum splits too (nothing rounds)."""
+    """Exact in any order: the answer is NumPy's, a NaN anywhere included; a float16 or
+    bfloat16 maximum splits too (nothing rounds)."""
     shape = (300, 1001)  # a plain array past PLAIN_MIN_ELEMENTS
     x = (rng.standard_normal(shape) * 50).astype(dtype) if dtype != np.bool_ \
         else rng.random(shape) < 0.001
@@ -112,7 +116,44 @@ def test_maxima_and_minima_split_bit_for_bit_with_nan(rng, op, dtype):
         (want,) = run_graph(graph, [y], np)
         (got,) = run_graph(g, [y], np)
         assert got.dtype == want.dtype and got.shape == want.shape
+        if got.dtype == BF16:  # NumPy's testing does not see bfloat16 NaNs as equal
+            got, want = got.astype(np.float32), want.astype(np.float32)
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+@pytest.mark.parametrize("op", ["sum", "mean"])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_half_precision_sums_and_means_split_with_float32_partials(rng, dtype, op, keepdims):
+    """A float16 or bfloat16 sum or mean keeps float32 partial results and rounds once, as
+    one row kernel does: the two stages give the float32 answer rounded to the dtype (a
+    16-bit partial result would not), NaN and infinities as NumPy has them; the prologue
+    and the widening join the first stage's kernel, the rounding the second's."""
+    x = (rng.standard_normal((300, 1001)) * 0.3 + 0.05).astype(dtype)  # float16 sum < 65504
+    fn = {"sum": lambda v: (v * v).sum(keepdims=keepdims),
+          "mean": lambda v: (v * v).mean(keepdims=keepdims)}[op]
+    graph, g, changed, notes = _split(fn, x)
+    assert changed and f"{op} over 300300 elements in two stages" in notes[0]
+    casts = [n for n in g if n.op == "astype"]
+    assert [c.dtype for c in casts] == [np.dtype(np.float32), np.dtype(dtype)]
+    exact = getattr(np, op)(x.astype(np.float64) ** 2, keepdims=keepdims)
+    (got,) = run_graph(g, [x], np)
+    assert got.dtype == np.dtype(dtype) and got.shape == exact.shape
+    # within the float32 sum's error, then one rounding to the dtype
+    ulp = 2.0 ** -10 if dtype == np.float16 else 2.0 ** -7
+    np.testing.assert_allclose(got.astype(np.float64), exact, rtol=ulp, atol=0)
+    for special in (np.nan, np.inf, -np.inf):  # NaN, or +inf (squared)
+        y = x.copy()
+        y.reshape(-1)[123457] = special
+        (got,) = run_graph(g, [y], np)
+        want = np.full(exact.shape, np.nan if np.isnan(special) else np.inf)
+        np.testing.assert_array_equal(got.astype(np.float64), want)
+    fused = PassManager().run(graph.copy()).graph
+    rows = [n for n in fused if n.op == "fused_rows"]
+    assert len(rows) == 2 and all(supports(n, fused)[0] for n in rows)
+    assert "astype" in rows[0].attrs["ops"] and rows[0].dtype == np.float32
+    assert rows[1].attrs["ops"][-1] == "astype" or (
+        keepdims and rows[1].attrs["ops"][-2:] == ("astype", "reshape"))
 
 
 def test_between_one_row_and_plain_min_elements_only_a_prologue_splits(rng):
@@ -128,6 +169,13 @@ def test_between_one_row_and_plain_min_elements_only_a_prologue_splits(rng):
         (got,) = run_graph(g, [x], np)
         want = getattr(np.abs(x) * 2, op)()
         np.testing.assert_allclose(got, want, rtol=1e-5)
+    # a plain bfloat16 sum or mean splits: CuPy's path would copy it to float32 first
+    xb = x.astype(BF16)
+    for op in ("sum", "mean"):
+        _graph, _g, changed, _ = _split(lambda v, op=op: getattr(v, op)(), xb)
+        assert changed, op
+    _graph, _g, changed, _ = _split(lambda v: v.max(), xb)  # exact, no copy: CuPy's
+    assert not changed
 
 
 def _with(x, value):
@@ -217,8 +265,8 @@ _PROLOGUES = {
 @given(rows=st.sampled_from([31, 63, 64, 65, 255, 257, 1031]),
        cols=st.sampled_from([1024, 1025, 2048]),
        op=st.sampled_from(["sum", "max", "min", "mean"]),
-       dtype=st.sampled_from([np.int8, np.int32, np.uint16, np.bool_, np.float32,
-                              np.float64]),
+       dtype=st.sampled_from([np.int8, np.int32, np.uint16, np.bool_, np.float16, BF16,
+                              np.float32, np.float64]),
        prologue=st.sampled_from(sorted(_PROLOGUES)),
        keepdims=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_random_full_reductions_around_the_threshold_are_numpys(rows, cols, op, dtype,
@@ -247,9 +295,27 @@ def test_random_full_reductions_around_the_threshold_are_numpys(rows, cols, op, 
         got = pl.compile(fn, backend="numpy")(x)
     assert np.asarray(got).dtype == np.asarray(want).dtype
     assert np.shape(got) == np.shape(want)
-    if np.asarray(want).dtype.kind == "f" and op in ("sum", "mean"):
+    half = np.dtype(dtype) in (np.dtype(np.float16), BF16)
+    if (np.asarray(want).dtype.kind == "f" or half) and op in ("sum", "mean"):
         with np.errstate(all="ignore"):  # the prologue in NumPy's dtype, then exactly
             exact = getattr(np, op)(pro(x).astype(np.float64), keepdims=keepdims)
-        np.testing.assert_allclose(got, exact, rtol=1e-5 if dtype == np.float32 else 1e-12)
+            if half:  # float32 accumulation, one rounding (overflow to inf included)
+                exact = np.asarray(exact).astype(dtype).astype(np.float64)
+        rtol = {np.dtype(np.float16): 2.0 ** -9, BF16: 2.0 ** -7,
+                np.dtype(np.float32): 1e-5}.get(np.dtype(dtype), 1e-12)
+        np.testing.assert_allclose(np.asarray(got).astype(np.float64), exact, rtol=rtol)
     else:
         np.testing.assert_array_equal(got, want)
+
+
+@needs_gxx
+@pytest.mark.parametrize(("source", "dtype"), [
+    ("def f(x):\n    return ((x - 0.5) ** 2).mean()\n", np.float16),
+    ("def f(x):\n    return np.abs(x).sum(keepdims=True)\n", BF16),
+])
+def test_the_generated_kernels_of_a_half_precision_split_compute_numpys_values(source, dtype):
+    """Both stages' generated row kernels, run on the CPU on values with NaN and Inf and
+    without: each one's output is the graph's reference value (the first stage's float32
+    partial results, the rounded total)."""
+    for special in (False, True):
+        assert _check_program(source, [((300, 1001), np.dtype(dtype))], special, 7) == 2

@@ -5,7 +5,8 @@ A reduction over every element leaves one output, so a row kernel (one block per
 would give the whole array to one block of one SM; the row kernels refuse one row longer
 than :data:`~..codegen.reduction.LONG_ROW`. ``sum(x)`` over ``n >=``
 :data:`MIN_ELEMENTS` elements (just past that limit; from :data:`PLAIN_MIN_ELEMENTS`
-when no elementwise prologue comes with it) becomes
+when no elementwise prologue comes with it, unless CuPy would copy the array first, as
+for a bfloat16 sum) becomes
 ``sum(sum(reshape(x, (R, C)), axis=1))`` with ``C`` a divisor of ``n`` near ``sqrt(n)``
 (between :data:`MIN_COLUMNS` and :data:`MAX_COLUMNS`): ``R`` blocks reduce a row each,
 then one block the ``R`` partial results — the two-stage tree of a full reduction (a
@@ -15,9 +16,12 @@ rows' means) split the same way.
 Maxima and minima are exact in any order (a NaN anywhere is the answer either way), and
 so are integer and boolean sums (two's-complement wrap-around is associative), so these
 stay bit for bit NumPy's; float32 and float64 sums change order only, as every parallel
-sum does (NumPy's own is pairwise), within the dtype's rounding; so do means. float16
-sums and means are left alone: their partial results would round to float16. Sizes with
-no divisor in range (a prime ``n``, say) are left alone too.
+sum does (NumPy's own is pairwise), within the dtype's rounding; so do means. A float16
+or bfloat16 sum or mean keeps float32 partial results (``astype(float32)`` joins the
+first stage's prologue, the total is rounded once at the end), as one row kernel
+accumulates such a reduction in float32 and rounds once: partial results rounded to 16
+bits would lose what the accumulation keeps. bfloat16 maxima and minima split as they
+are (exact). Sizes with no divisor in range (a prime ``n``, say) are left alone too.
 
 The reshape moves above the elementwise prologue only the reduction reads (``sum(x *
 x)`` becomes ``sum(sum(reshape(x) * reshape(x), axis=1))``, ``np.isnan(x).any()`` the
@@ -30,6 +34,8 @@ from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..codegen.reduction import LONG_ROW
 from ..ir import Graph, Node
@@ -54,9 +60,10 @@ MIN_ELEMENTS = LONG_ROW + 1
 #: (``benchmarks/exp_library_twins.py``).
 PLAIN_MIN_ELEMENTS = 1 << 18
 #: The reductions split, and the dtypes each leaves alone.
-_SPLIT = {"sum": ("float16", "complex64", "complex128"), "mean": ("float16", "complex64",
-                                                                   "complex128"),
+_SPLIT = {"sum": ("complex64", "complex128"), "mean": ("complex64", "complex128"),
           "max": ("complex64", "complex128"), "min": ("complex64", "complex128")}
+#: Sums and means of these dtypes keep float32 partial results (see the module's note).
+_WIDENED = frozenset({"float16", "bfloat16"})
 #: The row length of the first stage lies in this range (a row per block, vectorised).
 MIN_COLUMNS, MAX_COLUMNS = 1024, 1 << 16
 
@@ -135,6 +142,13 @@ def _prologue(graph: Graph, n: Node, users: dict[int, list[int]]) -> set[int]:
     return inside
 
 
+def _library_copies(n: Node, x: Node) -> bool:
+    """Whether the library path of full reduction ``n`` of ``x`` copies ``x`` first: a
+    bfloat16 sum or mean runs through CuPy on a float32 copy (see the ops' reference),
+    so CuPy's full reduction is no faster below :data:`PLAIN_MIN_ELEMENTS` there."""
+    return n.op in ("sum", "mean") and x.dtype.name == "bfloat16"
+
+
 def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
     """The two-stage form of full reduction ``n``, inserted before it: its id and the
     first stage's row length."""
@@ -152,6 +166,9 @@ def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
         return None
     steps = [(n.op, {"axis": (1,), "keepdims": False}),
              (n.op, {"axis": None, "keepdims": False})]
+    if n.op in ("sum", "mean") and x.dtype.name in _WIDENED and n.dtype == x.dtype:
+        steps = [("astype", {"dtype": np.dtype(np.float32)}), *steps,
+                 ("astype", {"dtype": n.dtype})]
     if n.attrs.get("keepdims"):
         steps.append(("reshape", {"shape": tuple(n.shape)}))
     last: Node | None = graph.nodes[first]
@@ -187,10 +204,11 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         if n.attrs.get("axis") is not None or set(n.attrs) - {"axis", "keepdims"}:
             continue
         x = graph.nodes[n.inputs[0]]
-        if n.dtype.kind not in "fiub" or n.dtype.name in _SPLIT[n.op] \
+        if (n.dtype.kind not in "fiub" and n.dtype.name != "bfloat16") \
+                or n.dtype.name in _SPLIT[n.op] \
                 or x.dtype.name in _SPLIT[n.op] or math.prod(x.shape) < MIN_ELEMENTS:
             continue
-        if math.prod(x.shape) < PLAIN_MIN_ELEMENTS \
+        if math.prod(x.shape) < PLAIN_MIN_ELEMENTS and not _library_copies(n, x) \
                 and x.id not in _prologue(graph, n, graph.users()):
             continue
         split = _split(graph, n)
