@@ -17,7 +17,9 @@ from pyc_lab.compiler.codegen import generate, supports
 from pyc_lab.compiler.codegen.row_program import check_row_program, kind_in
 from pyc_lab.compiler.ops import run_graph
 from pyc_lab.compiler.passes import DEFAULT_PIPELINE, PassManager
+from tests.compiler.emulate import needs_gxx
 from tests.compiler.test_codegen import compile_ptx, needs_nvcc
+from tests.compiler.test_fuzz_emulated import _check_program
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 
@@ -222,12 +224,44 @@ def test_full_reductions_of_long_rows_are_not_one_block(rng):
     assert spaces and all(len(s) == 2 and s[0] >= 2 for s in spaces), spaces
 
 
-def test_float16_np_var_is_left_alone(rng):
-    x = _rand(rng, (8, 64), F16)
-    res = _optimised(lambda x: np.sqrt(x.var(axis=-1)) * 2, [x])
-    assert not _fused(res)
-    res32 = _optimised(lambda x: np.sqrt(x.var(axis=-1)) * 2, [x.astype(F32)])
-    assert len(_fused(res32)) == 1
+@pytest.mark.parametrize(("shape", "axis"), [((8, 64), -1), ((300, 40), 0),
+                                             ((8, 50, 30), 1), ((8, 4, 6, 6), (0, 2, 3))])
+@pytest.mark.parametrize("ddof", [0, 1])
+def test_float16_np_var_joins_a_program_with_numpys_roundings(rng, shape, axis, ddof):
+    """A float16 ``np.var`` (last axis with work around it, or any axes) is one program
+    whose body rounds as NumPy does — each sum rounded to float16 before it is divided,
+    the deviations and squares in float16 — bit for bit NumPy's answer, overflow to inf
+    included; its float32 twin is one program too."""
+    def fn(v):
+        return np.sqrt(v.var(axis=axis, ddof=ddof)) * 2
+
+    for scale in (1.0, 30.0, 300.0):  # 300: squares past float16's range
+        x = _rand(rng, shape, F16, high=scale)
+        res = _optimised(fn, [x])
+        assert len(_fused(res)) == 1, res.graph.text()
+        with np.errstate(all="ignore"):
+            (got,) = run_graph(res.graph, [x], np)
+            want = fn(x)
+        assert got.dtype == want.dtype == F16
+        nan = np.isnan(want)
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+    assert len(_fused(_optimised(fn, [x.astype(F32)]))) == 1
+
+
+@needs_gxx
+@pytest.mark.parametrize(("source", "shape"), [
+    ("def f(x):\n    return x.var(axis=0)\n", (300, 40)),
+    ("def f(x):\n    return np.sqrt(x.var(axis=1, ddof=1)) * 2\n", (8, 50, 30)),
+    ("def f(x):\n    return np.sqrt(x.var(axis=-1, keepdims=True) + 1e-3) * x\n", (64, 100)),
+    ("def f(x):\n    return (x - x.mean(axis=(0, 2, 3), keepdims=True)) / "
+     "np.sqrt(x.var(axis=(0, 2, 3), keepdims=True) + 1e-5)\n", (8, 4, 16, 16)),
+])
+def test_float16_np_var_programs_generate_kernels_with_the_references_values(source, shape):
+    """The generated row and column kernels of float16 ``np.var`` programs, run on the CPU
+    with and without NaN and Inf in the data: the reference's values."""
+    for special in (False, True):
+        assert _check_program(source, [(shape, np.dtype(F16))], special, 3) == 1
 
 
 def test_explain_names_the_row_program(rng):
@@ -467,8 +501,8 @@ def test_a_full_sum_takes_its_prologue_into_the_first_stage(rng):
 def test_a_variance_with_ddof_is_a_row_program(rng, dtype, shape, axis, ddof, op):
     """np.var/np.std with ddof= over any axes: one row program (the sum of squares over
     max(count - ddof, 0): infinities or NaN where the count runs out, as NumPy gives),
-    with NaN in the data. A float16 np.var keeps its own reduction (NumPy accumulates
-    its squares in float16), and so does one over rows of a single value."""
+    with NaN in the data, float16 with NumPy's roundings; one over rows of a single
+    value keeps its own reduction."""
     x = _rand(rng, shape, dtype)
     x.reshape(-1)[0] = np.nan
 
@@ -477,7 +511,7 @@ def test_a_variance_with_ddof_is_a_row_program(rng, dtype, shape, axis, ddof, op
 
     result = _optimised(program, [x])
     graph = result.graph
-    if dtype != F16 and shape != (3, 1):
+    if shape != (3, 1):
         assert [n.op for n in graph if n.op not in ("input", "constant")] == ["fused_rows"]
         (node,) = _fused(result)
         assert supports(node, graph) == (True, "")

@@ -7,8 +7,8 @@ without ``keepdims``), and **scalar** (0-d). Its ops are elementwise ops (with a
 template) and the plain reductions ``sum``/``mean``/``max``/``min`` over the last axis
 of a full float value; ``softmax``, layer norm and ``var`` nodes that reduction fusion
 made join too, written back as the reductions and elementwise ops they stand for
-(bit for bit what the user wrote; a float16 ``np.var`` is left alone, its float16
-accumulation is its own). Reading a row value where a full one is computed broadcasts it
+(bit for bit what the user wrote; a float16 ``np.var`` with NumPy's roundings: each sum
+rounded to float16 before its division). Reading a row value where a full one is computed broadcasts it
 along the row, as NumPy does with ``keepdims``; any other mix (a per-column value made
 inside, a row value without ``keepdims`` against a full one) ends the program there.
 
@@ -136,9 +136,7 @@ def reduction_space(node: Node, graph: Graph) -> Space | None:
     elif node.op == "var":  # ddof= too: the sum of squares over (count - ddof)
         ok = len(node.inputs) == 1 and node.attrs.get("dtype") is None \
             and node.attrs.get("initial") is None \
-            and isinstance(node.attrs.get("ddof") or 0, (int, np.integer)) and (
-                node.attrs.get("form", "np.var") == "mean_square"
-                or x.dtype.name != "float16")
+            and isinstance(node.attrs.get("ddof") or 0, (int, np.integer))
     elif node.op == "layer_norm":
         ok = len(node.inputs) <= 3 and (node.attrs.get("variance") == "mean_square"
                                         or x.dtype.name != "float16") and all(
@@ -425,6 +423,9 @@ def _expand(body: Graph, n: Node, args: list[int]) -> int:
         wide = body.add("astype", [args[0]], {"dtype": np.dtype(np.float32)}).id
         v = _expand(body, n, [wide])
         return body.add("astype", [v], {"dtype": x.dtype}).id
+    if n.op == "var" and x.dtype.name == "float16" \
+            and n.attrs.get("form", "np.var") != "mean_square":
+        return _float16_var(body, n, args[0], last)
     mean = body.add("mean", [args[0]], {"axis": last, "keepdims": True})
     c = body.add("subtract", [args[0], mean.id])
     sq = body.add("multiply", [c.id, c.id])
@@ -449,6 +450,30 @@ def _expand(body: Graph, n: Node, args: list[int]) -> int:
     if len(args) > 2:
         y = body.add("add", [y.id, args[2]])
     return y.id
+
+
+def _float16_var(body: Graph, n: Node, x: int, axes: tuple[int, ...]) -> int:
+    """NumPy's float16 ``np.var`` in ``body``: each sum (float32 inside) rounded to
+    float16 and then divided by the count in float32 and rounded again — the mean and the
+    result, as NumPy's ``true_divide(sum, count, out=...)`` — the deviations and their
+    squares in float16. (``np.mean`` divides before rounding; the row kernel of a lone
+    float16 ``var`` rounds the same way.)"""
+    f32 = np.dtype(np.float32)
+    shape = body.nodes[x].shape
+    count = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+
+    def divided(total: int, by: int) -> int:
+        c = body.add("constant", (), {"value": np.asarray(by, f32)})
+        q = body.add("divide", [body.add("astype", [total], {"dtype": f32}).id, c.id])
+        return body.add("astype", [q.id], {"dtype": body.nodes[x].dtype}).id
+
+    s = body.add("sum", [x], {"axis": axes, "keepdims": True})
+    mean = divided(s.id, count)
+    c = body.add("subtract", [x, mean])
+    sq = body.add("multiply", [c.id, c.id])
+    keep = bool(n.attrs.get("keepdims"))
+    total = body.add("sum", [sq.id], {"axis": axes, "keepdims": keep})
+    return divided(total.id, max(count - int(n.attrs.get("ddof") or 0), 0))
 
 
 def _build(graph: Graph, prog: _Program, name: str) -> tuple[list[int], list[int], Graph]:
@@ -574,8 +599,6 @@ def _why_not_row(node: Node, graph: Graph) -> str:
         return "row programs reduce floating-point values; integer reductions keep their kernel"
     if _axes(node, x) is None:
         return "it reduces a 0-d array"
-    if node.op == "var" and x.dtype.name == "float16":
-        return "a float16 np.var accumulates its squares in float16 and keeps its own kernel"
     if node.op == "layer_norm" and x.dtype.name == "float16":
         return "a float16 layer norm written with np.var keeps its own kernel"
     space = reduction_space(node, graph)
