@@ -131,3 +131,79 @@ def test_find_returns_the_operands():
     (att,) = attention_find.find(g)
     assert [att.q, att.k, att.v, att.mask] == list(g.inputs) and att.scale
     assert g.nodes[att.output].op == "matmul" and g.nodes[att.softmax].op == "softmax"
+
+
+def _softmax(s):
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def causal_where(q, k, v):  # the usual NumPy causal mask: -inf above the diagonal
+    s = q @ k.swapaxes(-1, -2) * np.float32(0.125)
+    return _softmax(np.where(np.tril(np.ones((16, 16), bool)), s, -np.inf)) @ v
+
+
+def causal_where_then_scale(q, k, v):  # filled first, scaled after (-inf * c stays -inf)
+    s = np.where(np.tri(16, dtype=bool), q @ k.swapaxes(-1, -2), -np.inf)
+    return _softmax(s / np.float32(8.0)) @ v
+
+
+def causal_not_triu(q, k, v):
+    keep = ~np.triu(np.ones((16, 16), bool), 1)
+    return _softmax(np.where(keep, q @ k.swapaxes(-1, -2) * np.float32(0.125), -np.inf)) @ v
+
+
+def boolean_mask(q, k, v, m):
+    return _softmax(np.where(m, q @ k.swapaxes(-1, -2) * np.float32(0.125), -np.inf)) @ v
+
+
+def upper_triangle(q, k, v):  # a constant mask that is not causal: passed on as a mask
+    s = q @ k.swapaxes(-1, -2) * np.float32(0.125)
+    return _softmax(np.where(np.triu(np.ones((16, 16), bool)), s, -np.inf)) @ v
+
+
+@pytest.mark.parametrize(("fn", "what"), [
+    (causal_where, "scaled, causal"), (causal_where_then_scale, "scaled, causal"),
+    (causal_not_triu, "scaled, causal"), (boolean_mask, "scaled, boolean mask %3"),
+    (upper_triangle, "scaled, boolean mask")])
+def test_scores_filled_with_minus_inf_by_a_boolean_mask_are_attention(fn, what):
+    """``np.where(mask, s, -inf)`` (before or after the scale) is attention with a
+    boolean mask, or causal attention when the mask is the constant lower triangle; a
+    row the mask leaves empty is NaN, as NumPy's."""
+    rng = np.random.default_rng(11)
+    args = _args(rng, 3)
+    if fn is boolean_mask:
+        m = rng.random((2, 3, 16, 16)) < 0.6
+        m[0, 1, 5, :] = False  # one row with no key: NaN
+        args.append(m)
+    f = pl.compile(fn)
+    with np.errstate(all="ignore"):
+        got = f(*args)
+        want = fn(*[a.astype(np.float64) if a.dtype != np.bool_ else a for a in args])
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.isnan(got).any() == (fn is boolean_mask)
+    (note,) = [x for x in f.explain(*args).notes if x.startswith("find_attention")]
+    assert f"softmax(q @ k^T {what}" in note and "one attention node" in note, note
+    graph = f._cache[next(iter(f._cache))][0].graph
+    (node,) = [n for n in graph if n.op not in ("input", "constant")]
+    assert node.op == "attention"
+    assert node.attrs["causal"] == ("causal" in what)
+    assert len(node.inputs) == (3 if "causal" in what else 4)
+
+
+@pytest.mark.parametrize("fill, scale", [(-1e9, 0.125), (-np.inf, -0.125), (0.0, 0.125)])
+def test_fills_that_are_not_minus_inf_after_a_positive_scale_stay_as_written(fill, scale):
+    """A finite fill gives a row with no key uniform weights, not NumPy's NaN; a
+    negative scale after the fill turns -inf into +inf: neither is attention's masking."""
+    def fn(q, k, v):
+        s = np.where(np.tri(16, dtype=bool), q @ k.swapaxes(-1, -2), np.float32(fill))
+        return _softmax(s * np.float32(scale)) @ v
+
+    args = _args(np.random.default_rng(12), 3)
+    f = pl.compile(fn)
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(f(*args), fn(*[a.astype(np.float64) for a in args]),
+                                   rtol=1e-5, atol=1e-6, equal_nan=True)
+    graph = f._cache[next(iter(f._cache))][0].graph
+    assert "attention" not in [n.op for n in graph]

@@ -3,7 +3,15 @@
 After :mod:`.reduction_fusion` has turned the hand-written softmax into one node, a
 matmul whose left operand is a last-axis softmax of ``q @ k^T`` (``k`` transposed by the
 matmul: :mod:`.transpose_fold` folded the ``swapaxes``), scaled by a scalar constant
-(``*`` or ``/``) and optionally plus a floating-point mask, is attention. :func:`find`
+(``*`` or ``/``) and optionally plus a floating-point mask or filled with ``-inf`` where
+a boolean mask is false (``np.where(mask, s, -np.inf)``, before or after the scale), is
+attention. A constant boolean mask that is ``np.tril`` of ones over the scores' last two
+axes is causal masking as torch's ``is_causal`` (query ``i`` sees keys ``j <= i``): the
+node gets ``causal=True`` and no mask; any other boolean mask is passed on as one
+(``pl.attention`` takes it as ``where``: true takes part, a row with none is NaN, as
+NumPy's softmax of ``-inf`` everywhere). Only ``-inf`` fills: ``-1e9`` or
+``finfo.min`` would give a fully masked row uniform weights, not NumPy's NaN, and is
+left as written. :func:`find`
 returns what it found. The pass rewrites each one whose intermediate values nobody else
 reads into one ``attention`` node (:mod:`..attention_op`: pyc_lab's Hopper kernel or
 the library's SDPA, whichever ``pl.attention``'s first call measured faster, on a GPU
@@ -23,7 +31,7 @@ import numpy as np
 
 from .. import attention_op  # noqa: F401  (registers the attention op)
 from ..ir import Graph, Node
-from .rewrite import const_value, is_const, prune, sole_user, try_infer
+from .rewrite import as_float, const_value, is_const, prune, sole_user, try_infer
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -44,11 +52,17 @@ class Attention:
     q, k, v
         The operands' node ids.
     scale
-        Whether a scalar scale was applied; ``mask``: the additive mask's node id.
+        Whether a scalar scale was applied; ``mask``: the mask's node id (additive, or
+        boolean with ``filled``).
     factor
         The scale as one number (a division by ``c`` is ``1 / c``; 1.0 without one).
     chain
         The nodes between the scores and the softmax, in order (scaling, mask).
+    filled
+        Whether the mask is boolean, the scores filled with ``-inf`` where it is false.
+    causal
+        Whether that boolean mask is a constant lower triangle of ones (causal masking;
+        ``mask`` is then None).
     """
 
     output: int
@@ -61,16 +75,49 @@ class Attention:
     mask: int | None
     factor: float = 1.0
     chain: tuple[int, ...] = ()
+    filled: bool = False
+    causal: bool = False
 
 
-def _scores(graph: Graph, nid: int) -> tuple[Node, float | None, int | None, list[int]] | None:
-    """``q @ k^T`` under an optional scalar scale and an optional additive mask: the
-    scores node, the scale factor (None: no scale), the mask and the chain above it."""
+def _filled_by(graph: Graph, node: Node) -> tuple[int, int] | None:
+    """``where(mask, inner, -inf)`` with a boolean ``mask``: (mask, inner), else None."""
+    if node.op != "where" or len(node.inputs) != 3:
+        return None
+    cond, inner, fill = node.inputs
+    value = const_value(graph, fill)
+    if graph.nodes[cond].dtype != np.bool_ or value is None or value.size != 1:
+        return None
+    v = float(np.asarray(as_float(value), dtype=np.float64).reshape(()))
+    return (cond, inner) if v == -math.inf else None
+
+
+def _is_causal(graph: Graph, mask: int, scores: Node) -> bool:
+    """Whether boolean ``mask`` is a constant ``np.tril`` of ones over the scores' last
+    two axes (leading axes of one), i.e. torch's top-left ``is_causal``."""
+    value = const_value(graph, mask)
+    if value is None or value.ndim < 2 or any(d != 1 for d in value.shape[:-2]):
+        return False
+    sq, sk = scores.shape[-2:]
+    return tuple(value.shape[-2:]) == (sq, sk) and bool(
+        np.array_equal(value.reshape(sq, sk), np.tri(sq, sk, dtype=bool)))
+
+
+def _scores(graph: Graph, nid: int
+            ) -> tuple[Node, float | None, int | None, list[int], bool] | None:
+    """``q @ k^T`` under an optional scalar scale and an optional mask (added, or a
+    boolean one filling ``-inf`` before or after the scale): the scores node, the scale
+    factor (None: no scale), the mask, the chain above it and whether the mask fills."""
     node = graph.nodes[nid]
     mask = None
     factor = None
+    filled = False
     chain: list[int] = []
-    if node.op == "add":
+    got = _filled_by(graph, node)
+    if got is not None:
+        chain.append(node.id)
+        mask, filled = got[0], True
+        node = graph.nodes[got[1]]
+    elif node.op == "add":
         a, b = node.inputs
         for inner, other in ((a, b), (b, a)):
             if graph.nodes[inner].op in ("matmul", "multiply", "divide") \
@@ -90,10 +137,17 @@ def _scores(graph: Graph, nid: int) -> tuple[Node, float | None, int | None, lis
         factor = value if node.op == "multiply" else 1.0 / value
         chain.append(node.id)
         node = graph.nodes[a if const == b else b]
+    got = _filled_by(graph, node) if mask is None else None
+    if got is not None:  # the scale applied to scores filled before it: -inf * c stays
+        if factor is not None and not factor > 0:  # -inf only for c > 0
+            return None
+        chain.append(node.id)
+        mask, filled = got[0], True
+        node = graph.nodes[got[1]]
     if node.op != "matmul" or len(node.inputs) != 2 or not node.attrs.get("transpose_b") \
             or node.attrs.get("transpose_a") or len(node.shape) < 2:
         return None
-    return node, factor, mask, chain[::-1]
+    return node, factor, mask, chain[::-1], filled
 
 
 def find(graph: Graph) -> list[Attention]:
@@ -109,10 +163,12 @@ def find(graph: Graph) -> list[Attention]:
         got = _scores(graph, p.inputs[0])
         if got is None:
             continue
-        scores, factor, mask, chain = got
+        scores, factor, mask, chain, filled = got
+        causal = filled and _is_causal(graph, mask, scores)
         found.append(Attention(n.id, p.id, scores.id, scores.inputs[0], scores.inputs[1],
-                               n.inputs[1], factor is not None, mask,
-                               1.0 if factor is None else factor, tuple(chain)))
+                               n.inputs[1], factor is not None, None if causal else mask,
+                               1.0 if factor is None else factor, tuple(chain), filled,
+                               causal))
     return found
 
 
@@ -130,7 +186,7 @@ def _why_not(graph: Graph, att: Attention, users: dict[int, list[int]]) -> str:
     for name, nid in (("q", att.q), ("k", att.k), ("v", att.v)):
         if graph.nodes[nid].dtype.name not in _FLOATS:
             return f"{name} is {graph.nodes[nid].dtype.name}, not a float"
-    if att.mask is not None and graph.nodes[att.mask].dtype.kind != "f":
+    if att.mask is not None and not att.filled and graph.nodes[att.mask].dtype.kind != "f":
         return f"the mask is {graph.nodes[att.mask].dtype.name}: added as numbers, not a mask"
     return ""
 
@@ -158,13 +214,15 @@ def run(graph: Graph, ctx: PassContext) -> bool:
         q, v = graph.nodes[att.q], graph.nodes[att.v]
         size = math.prod(s.shape) * s.dtype.itemsize
         size_text = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
-        extras = ", ".join(filter(None, ("scaled" if att.scale else "",
-                                         f"mask %{att.mask}" if att.mask is not None else "")))
+        mask_text = ("causal" if att.causal else
+                     f"{'boolean ' if att.filled else ''}mask %{att.mask}"
+                     if att.mask is not None else "")
+        extras = ", ".join(filter(None, ("scaled" if att.scale else "", mask_text)))
         what = (f"{NAME}: attention at %{att.output}: softmax(q @ k^T"
                 f"{' ' + extras if extras else ''}) @ v, q {list(q.shape)}, v {list(v.shape)}")
         why = _why_not(graph, att, graph.users())
         inputs = [att.q, att.k, att.v] + ([att.mask] if att.mask is not None else [])
-        attrs = {"scale": att.factor, "causal": False, "dtype": out.dtype.name}
+        attrs = {"scale": att.factor, "causal": att.causal, "dtype": out.dtype.name}
         if not why:
             got = try_infer("attention", [graph.nodes[i] for i in inputs], attrs)
             if got != (tuple(out.shape), out.dtype):
