@@ -251,7 +251,7 @@ def test_round_is_numpys_steps(dtype, decimals):
     _compiled_equals_numpy(lambda a: a.round(decimals) * 2, x)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, BF16])
 @pytest.mark.parametrize("ord_", [None, 1, 2, np.inf, -np.inf])
 @pytest.mark.parametrize("axis, keepdims", [(1, False), (0, True), ((1,), False),
                                             (None, False), (None, True)])
@@ -259,7 +259,8 @@ def test_vector_norms_are_reductions(dtype, ord_, axis, keepdims):
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((29, 13)) * 3).astype(dtype)
     # without an axis, an ord makes it a matrix norm: the max column/row sums compile, the
-    # SVD norm (ord 2) is a graph break, which still gives NumPy's answer
+    # SVD norm (ord 2) is a graph break, which still gives NumPy's answer; a bfloat16
+    # array is float64 first, as an integer one is (NumPy's conversion)
     matrix = axis is None and ord_ == 2
     f = pl.compile(lambda a: np.linalg.norm(a, ord=ord_, axis=axis, keepdims=keepdims))
     try:
@@ -274,7 +275,7 @@ def test_vector_norms_are_reductions(dtype, ord_, axis, keepdims):
     assert ("graph breaks: 0" in str(f.explain())) != matrix, str(f.explain())
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, BF16])
 @pytest.mark.parametrize("ord_", [None, "fro", 1, -1, np.inf, -np.inf, 0])
 @pytest.mark.parametrize("axis", [(0, 1), (1, 0), (2, 0), (-1, 1), None, 2])
 @pytest.mark.parametrize("keepdims", [False, True])

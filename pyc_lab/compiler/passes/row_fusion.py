@@ -8,9 +8,10 @@ template) and the plain reductions ``sum``/``mean``/``max``/``min`` over the las
 of a full float value; ``softmax``, layer norm and ``var`` nodes that reduction fusion
 made join too, written back as the reductions and elementwise ops they stand for
 (bit for bit what the user wrote; a float16 ``np.var`` with NumPy's roundings: each sum
-rounded to float16 before its division). Reading a row value where a full one is computed broadcasts it
-along the row, as NumPy does with ``keepdims``; any other mix (a per-column value made
-inside, a row value without ``keepdims`` against a full one) ends the program there.
+rounded to float16 before its division). Reading a row value where a full one is
+computed broadcasts it along the row, as NumPy does with ``keepdims``; any other mix (a
+per-column value made inside, a row value without ``keepdims`` against a full one) ends
+the program there.
 
 Programs are grown from their output backwards, like elementwise fusion: a producer
 joins its reader's program when every reader of it is in that program, it is not a
