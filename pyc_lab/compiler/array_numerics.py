@@ -63,8 +63,8 @@ def _norm(tracer: Tracer, x: Any, ord: Any = None, axis: Any = None,
     ``sqrt(x . x)``), the 1-norm, the max/min-abs norms and the count of nonzeros over
     one axis, and the Frobenius, 1, -1, inf and -inf matrix norms over two axes (or a
     2-d array's ``axis=None``); an integer or bfloat16 array is converted to float64
-    first, as NumPy does. Complex arrays (NumPy's ``(x.conj() * x).real``) and the SVD norms run as
-    written."""
+    first, as NumPy does. Complex arrays (NumPy's ``(x.conj() * x).real``) and the SVD
+    norms run as written."""
     v = tracer.lift(x)
     if not np.issubdtype(v.dtype, np.inexact):
         if v.dtype.kind not in "iub" and v.dtype.name != "bfloat16":

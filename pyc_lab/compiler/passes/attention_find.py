@@ -9,15 +9,14 @@ attention. A constant boolean mask that is ``np.tril`` of ones over the scores' 
 axes is causal masking as torch's ``is_causal`` (query ``i`` sees keys ``j <= i``): the
 node gets ``causal=True`` and no mask; any other boolean mask is passed on as one
 (``pl.attention`` takes it as ``where``: true takes part, a row with none is NaN, as
-NumPy's softmax of ``-inf`` everywhere). Only ``-inf`` fills: ``-1e9`` or
-``finfo.min`` would give a fully masked row uniform weights, not NumPy's NaN, and is
-left as written. :func:`find`
-returns what it found. The pass rewrites each one whose intermediate values nobody else
-reads into one ``attention`` node (:mod:`..attention_op`: pyc_lab's Hopper kernel or
-the library's SDPA, whichever ``pl.attention``'s first call measured faster, on a GPU
-where torch is installed, else the blocked online softmax; either way the score matrix
-is never materialised) and notes it for ``explain()``; one it cannot rewrite is noted
-with the reason and runs as written (two batched GEMMs and a row softmax).
+NumPy's softmax of ``-inf`` everywhere). Only ``-inf`` fills: ``-1e9`` or ``finfo.min``
+would give a fully masked row uniform weights, not NumPy's NaN, and is left as written.
+:func:`find` returns what it found. The pass rewrites each one whose intermediate values
+nobody else reads into one ``attention`` node (:mod:`..attention_op`: pyc_lab's Hopper
+kernel or the library's SDPA, whichever ``pl.attention``'s first call measured faster,
+on a GPU where torch is installed, else the blocked online softmax; either way the score
+matrix is never materialised) and notes it for ``explain()``; one it cannot rewrite is
+noted with the reason and runs as written (two batched GEMMs and a row softmax).
 """
 
 from __future__ import annotations
