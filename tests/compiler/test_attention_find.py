@@ -207,3 +207,31 @@ def test_fills_that_are_not_minus_inf_after_a_positive_scale_stay_as_written(fil
                                    rtol=1e-5, atol=1e-6, equal_nan=True)
     graph = f._cache[next(iter(f._cache))][0].graph
     assert "attention" not in [n.op for n in graph]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("form", ["causal", "boolean"])
+def test_on_the_gpu_masked_hand_written_attention_is_numpys(dtype, form):
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((2, 8, 256, 64)).astype(dtype) for _ in range(3))
+    m = rng.random((256, 256)) < 0.5
+    m[:, 0] = True  # every row keeps a key (a row with none is NaN: checked on the CPU)
+
+    def causal(q, k, v):
+        s = q @ k.swapaxes(-1, -2) * dtype(0.125)
+        return _softmax(np.where(np.tril(np.ones((256, 256), bool)), s, -np.inf)) @ v
+
+    def boolean(q, k, v, m):
+        return _softmax(np.where(m, q @ k.swapaxes(-1, -2) * dtype(0.125), -np.inf)) @ v
+
+    fn, args = (causal, (q, k, v)) if form == "causal" else (boolean, (q, k, v, m))
+    f = pl.compile(fn, backend="cupy")
+    got = cp.asnumpy(f(*(cp.asarray(a) for a in args)))
+    want = fn(*(a.astype(np.float64) if a.dtype != np.bool_ else a for a in args))
+    assert got.dtype == np.dtype(dtype)
+    tol = 2e-2 if dtype == np.float16 else 1e-4
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
+    graph = f._cache[next(iter(f._cache))][0].graph
+    assert [n.op for n in graph if n.op not in ("input", "constant")] == ["attention"]

@@ -522,3 +522,24 @@ def test_a_variance_with_ddof_is_a_row_program(rng, dtype, shape, axis, ddof, op
     assert np.asarray(got).dtype == np.asarray(want).dtype
     np.testing.assert_allclose(got, want, rtol=3e-3 if dtype == F16 else 1e-5,
                                equal_nan=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "axis"), [((300, 4000), 0), ((64, 32, 28, 28), (0, 2, 3)),
+                                             ((16, 96, 300), 1)])
+def test_on_the_gpu_a_float16_np_var_program_is_one_kernel_with_numpys_answer(shape, axis):
+    cp = pytest.importorskip("cupy")
+
+    def fn(x):
+        return (x - x.mean(axis=axis, keepdims=True)) / np.sqrt(
+            x.var(axis=axis, keepdims=True) + 1e-5)
+
+    x = _rand(np.random.default_rng(), shape, F16)
+    f = pl.compile(fn, backend="cupy")
+    got = cp.asnumpy(f(cp.asarray(x)))
+    with np.errstate(all="ignore"):
+        want = pl.compile(fn, backend="numpy")(x)
+    assert got.dtype == want.dtype == F16
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=4e-3,
+                               atol=4e-3)
+    assert len(f.explain(cp.asarray(x)).kernels) == 1

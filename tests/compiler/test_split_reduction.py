@@ -319,3 +319,28 @@ def test_the_generated_kernels_of_a_half_precision_split_compute_numpys_values(s
     partial results, the rounded total)."""
     for special in (False, True):
         assert _check_program(source, [((300, 1001), np.dtype(dtype))], special, 7) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+@pytest.mark.parametrize("name", ["mse", "huber", "plain_sum", "max_abs"])
+def test_on_the_gpu_half_precision_losses_are_two_row_kernels_with_numpys_answer(dtype, name):
+    cp = pytest.importorskip("cupy")
+    fns = {"mse": lambda p, t: ((p - t) ** 2).mean(),
+           "huber": lambda p, t: np.where(np.abs(p - t) < 1, 0.5 * (p - t) ** 2,
+                                          np.abs(p - t) - 0.5).mean(),
+           "plain_sum": lambda p, t: (p * 0.01).sum(),
+           "max_abs": lambda p, t: np.abs(p - t).max()}
+    fn = fns[name]
+    rng = np.random.default_rng()
+    p, t = ((rng.standard_normal((2048, 1000)) * 0.5).astype(dtype) for _ in range(2))
+    f = pl.compile(fn, backend="cupy")
+    got = f(cp.asarray(p), cp.asarray(t))
+    got = cp.asnumpy(got)
+    with np.errstate(all="ignore"):
+        exact = np.asarray(fn(p.astype(np.float64), t.astype(np.float64)))
+        numpys = np.asarray(fn(p[:2, :2], t[:2, :2])).dtype  # bf16 * 0.5 is float32
+    assert got.dtype == numpys and got.shape == ()
+    np.testing.assert_allclose(got.astype(np.float64), exact, rtol=2e-2 if dtype == BF16
+                               else 2e-3)
+    assert len(f.explain(cp.asarray(p), cp.asarray(t)).kernels) == 2
