@@ -14,11 +14,22 @@ from typing import Any
 
 from .errors import PycLabError
 
-__all__ = ["check_callable", "check_seconds", "check_whole"]
+__all__ = ["check_callable", "check_seconds", "check_whole", "is_seconds", "is_whole"]
 
 
 def _shown(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
+
+
+def is_whole(value: Any) -> bool:
+    """Whether ``value`` is a whole number: an integer (NumPy's too), not a ``bool``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_seconds(value: Any) -> bool:
+    """Whether ``value`` is a finite real number of seconds ``> 0`` (not a ``bool``)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and math.isfinite(float(value)) and float(value) > 0
 
 
 def check_whole(owner: str, name: str, value: Any, *, minimum: int = 1,
@@ -33,7 +44,7 @@ def check_whole(owner: str, name: str, value: Any, *, minimum: int = 1,
     >>> check_whole("Pipeline", "depth", 3)
     3
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_whole(value):
         raise error(f"{owner} {name} must be a whole number >= {minimum} (an int), got "
                     f"{_shown(value)}; pass e.g. {name}={max(minimum, 1)}")
     if int(value) < minimum:
@@ -58,11 +69,10 @@ def check_seconds(owner: str, name: str, value: Any, *,
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise error(f"{owner} {name} must be a number of seconds or None, got "
                     f"{_shown(value)}; pass e.g. {name}=30.0, or None for no limit")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds <= 0:
+    if not is_seconds(value):
         raise error(f"{owner} {name} must be a positive, finite number of seconds, got "
                     f"{value!r}; pass e.g. {name}=30.0, or None for no limit")
-    return seconds
+    return float(value)
 
 
 def check_callable(owner: str, name: str, value: Any, usage: str, *,

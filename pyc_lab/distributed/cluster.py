@@ -25,8 +25,7 @@ import functools
 import logging
 from typing import Any
 
-import numpy as np
-
+from ..checks import check_whole
 from ..errors import PycLabError
 
 __all__ = ["cluster", "gpu_count"]
@@ -90,12 +89,6 @@ def gpu_count(client: Any) -> int:
     return int(sum(w.get("resources", {}).get("GPU", 0) for w in workers.values()))
 
 
-def _whole_at_least(value: Any, low: int) -> bool:
-    """Whether ``value`` is a whole number (not a bool, a float or a string) >= ``low``."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
-        and value >= low
-
-
 def cluster(n_workers: int | None = None, *, client: Any = None,
             gpus_per_worker: int | None = None, processes: bool = True,
             threads_per_worker: int = 1, **cluster_kwargs: Any) -> Any:
@@ -136,12 +129,10 @@ def cluster(n_workers: int | None = None, *, client: Any = None,
             raise PycLabError(f"pl.cluster(client=...) takes a distributed.Client, got "
                               f"{type(client).__name__}")
         return client
-    if n_workers is not None and not _whole_at_least(n_workers, 1):
-        raise PycLabError(f"pl.cluster: n_workers={n_workers!r}; give a whole number, 1 or "
-                          "more")
-    if gpus_per_worker is not None and not _whole_at_least(gpus_per_worker, 0):
-        raise PycLabError(f"pl.cluster: gpus_per_worker={gpus_per_worker!r}; give a whole "
-                          "number, 0 or more")
+    if n_workers is not None:
+        check_whole("pl.cluster", "n_workers", n_workers, minimum=1)
+    if gpus_per_worker is not None:
+        check_whole("pl.cluster", "gpus_per_worker", gpus_per_worker, minimum=0)
     cluster_kwargs.setdefault("dashboard_address", ":0")  # a free port, never a clash
     gpus = _local_gpus()
     if gpus:

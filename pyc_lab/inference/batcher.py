@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ..checks import is_seconds
 from .errors import (
     BadRequestError,
     InferenceError,
@@ -47,8 +48,7 @@ from .model import CompiledModel
 from .stats import BatchRecord, ModelStats
 from .waiters import LoopCallback, LoopWaiter, ThreadCallback, resolve
 
-__all__ = ["NAN_POLICIES", "Batcher", "Request", "ServeOptions", "default_buckets",
-           "positive_seconds"]
+__all__ = ["NAN_POLICIES", "Batcher", "Request", "ServeOptions", "default_buckets"]
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +66,6 @@ def default_buckets(max_batch: int) -> tuple[int, ...]:
         out.append(b)
         b *= 2
     return (*out, max_batch)
-
-
-def positive_seconds(value: Any) -> bool:
-    """Whether ``value`` is a real number of seconds above zero (not a bool or string)."""
-    return isinstance(value, (int, float, np.integer, np.floating)) \
-        and not isinstance(value, (bool, np.bool_)) and value > 0
 
 
 @dataclass(frozen=True)
@@ -112,7 +106,7 @@ class ServeOptions:
         if not isinstance(self.max_queue, (int, np.integer)) or self.max_queue < 1:
             raise InferenceError(f"max_queue must be a positive whole number, got "
                                  f"{self.max_queue!r}")
-        if self.timeout_s is not None and not positive_seconds(self.timeout_s):
+        if self.timeout_s is not None and not is_seconds(self.timeout_s):
             raise InferenceError(f"timeout_s must be > 0 or None, got {self.timeout_s!r}")
         if self.nan_policy not in NAN_POLICIES:
             raise InferenceError(f"nan_policy must be one of {NAN_POLICIES}, got "

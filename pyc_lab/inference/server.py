@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from .batcher import Batcher, ServeOptions, positive_seconds
+from ..checks import is_seconds
+from .batcher import Batcher, ServeOptions
 from .errors import BadRequestError, InferenceError, RequestTimeoutError, ServerClosedError
 from .model import CompiledModel, as_model
 from .waiters import timeouts_for
@@ -190,7 +191,7 @@ class Server:
         :class:`~.waiters.LoopCallback` (see :meth:`.batcher.Batcher.submit`)."""
         if self._closed:
             raise ServerClosedError(f"{self.name} is closed; start another with pl.serve(...)")
-        if timeout_s is not None and not positive_seconds(timeout_s):
+        if timeout_s is not None and not is_seconds(timeout_s):
             raise BadRequestError(f"timeout_s must be a number of seconds > 0 (or None for "
                                   f"the server's), got {timeout_s!r}")
         b = self._sole if model is None and self._sole is not None else self._batcher(model)

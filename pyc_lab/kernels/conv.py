@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..checks import is_whole
 from ..errors import PycLabError
 from . import arrays, conv_gemm
 from .conv_im2col import conv_im2col, out_size
@@ -61,16 +62,12 @@ def set_tracer(fn: Callable[..., Any] | None) -> None:
     _TRACE = fn
 
 
-def _whole(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
 def _per_axis(value: int | Sequence[int], nd: int, name: str) -> tuple[int, ...]:
     """``value`` for each of the ``nd`` spatial axes: one whole number for all, or one per
     axis (anything else, a float or a string, is refused)."""
-    if _whole(value):
+    if is_whole(value):
         vals = (int(value),) * nd
-    elif isinstance(value, (tuple, list)) and all(_whole(v) for v in value):
+    elif isinstance(value, (tuple, list)) and all(is_whole(v) for v in value):
         vals = tuple(int(v) for v in value)
     else:
         raise PycLabError(f"pl.conv: {name} must be a whole number or a tuple of one per "
@@ -250,7 +247,7 @@ def conv_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
     if layout == "channels_last":
         x_shape = (x_shape[0], x_shape[-1], *x_shape[1:-1])
     c, o = int(x_shape[1]), int(w_shape[0])
-    if not _whole(groups):
+    if not is_whole(groups):
         raise PycLabError(f"pl.conv: groups must be a whole number, got {groups!r}")
     if groups < 1 or c % groups or o % groups or int(w_shape[1]) * groups != c:
         raise PycLabError(f"pl.conv: {c} input channels, weights {w_shape} and "

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..checks import check_callable
 from ..errors import PycLabError
 from ..search import Budget, Outcome, SearchSpace, TuningSession
 from ..search.registry import normalise_name
@@ -145,9 +146,7 @@ class BeltRunner:
             raise PycLabError("tune_pipeline: items is empty; give the items to push through "
                               "(timing a belt with nothing on it would pick at random)")
         for name, fn in (("prepare", prepare), ("compute", compute)):
-            if not callable(fn):
-                raise PycLabError(f"tune_pipeline: {name} must be callable (as for "
-                                  f"Pipeline), got {type(fn).__name__}")
+            check_callable("tune_pipeline", name, fn, "as for Pipeline")
         self.prepare, self.compute = prepare, compute
         self.options = options
         self.pipeline_options = dict(pipeline_options)
