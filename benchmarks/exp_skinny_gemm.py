@@ -5,8 +5,9 @@ Such a GEMM is bound by reading the weights: the floor is N*K*2 bytes over the H
 bandwidth. cuBLAS reaches 2.5-2.9 TB/s on the 30-120 MB layers of the matmul sweep
 (H200, L2 flushed), well under the ~4.3 TB/s a copy moves. This times every
 configuration of the kernel (rows per warp, warps per block, chunks in flight, splits of
-k across blocks) on each problem, checks each against ``torch.matmul`` in float32 first
-(poisoned output, fresh uniform [-1, 1] inputs), and reports the best against
+k across blocks; ``--form``: the warp form, the GEMV form or both) on each problem,
+checks each against ``torch.matmul`` in float32 first (poisoned output, fresh uniform
+[-1, 1] inputs), and reports the best against
 ``cupy.matmul`` and ``torch.matmul`` timed the same way in interleaved rounds (CUDA
 events, L2 flushed, spin ahead). Writes ``skinny-gemm.json`` to ``--out``.
 """
@@ -39,12 +40,20 @@ CONFIGS = [  # (RT, WARPS, STAGES): wider than the tuner's list, to see what lea
     (4, 2, 6), (4, 8, 2), (8, 2, 4), (8, 4, 3), (4, 4, 2),
 ]
 SPLITS = (1, 2, 3)
+GEMV_CONFIGS = [  # (rows per warp, warps, pieces in flight) of the GEMV form
+    (1, 4, 4), (1, 4, 8), (1, 8, 4), (1, 8, 8), (1, 8, 16), (2, 4, 4), (2, 4, 8), (2, 8, 4),
+    (2, 8, 8), (4, 4, 2), (4, 4, 4), (4, 8, 2), (4, 8, 4), (8, 4, 2), (8, 8, 2),
+]
 
 
-def configs_for(m: int) -> list[Any]:
+def configs_for(m: int, form: str = "warp") -> list[Any]:
     from pyc_lab.kernels.skinny import SkinnyConfig
 
-    out = [SkinnyConfig(rt, w, st, s) for rt, w, st in CONFIGS for s in SPLITS]
+    out = []
+    if form in ("warp", "both"):
+        out += [SkinnyConfig(rt, w, st, s) for rt, w, st in CONFIGS for s in SPLITS]
+    if form in ("gemv", "both"):
+        out += [SkinnyConfig(rt, w, st, 1, "gemv") for rt, w, st in GEMV_CONFIGS]
     return [c for c in out if not c.issue(m)]
 
 
@@ -57,6 +66,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results/local")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--form", choices=("warp", "gemv", "both"), default="warp")
+    parser.add_argument("--only", default="",
+                        help="M,N,K,DTYPE[;...]: these problems instead of the list")
     parser.add_argument("--profile", default="",
                         help="M,N,K,DTYPE:ID[,ID...] (skinny_rt2_w8_st4_s1...): launch "
                              "those once each and cupy.matmul once, for ncu (no timing)")
@@ -70,6 +82,9 @@ def main() -> int:
 
     rows = []
     problems = PROBLEMS
+    if args.only:
+        problems = [(int(m), int(n), int(k), dt) for m, n, k, dt in
+                    (p.split(",") for p in args.only.split(";"))]
     if args.profile:
         shape, configs = args.profile.split(":")
         m, n, k, dt = shape.split(",")
@@ -86,7 +101,7 @@ def main() -> int:
         out = cp.from_dlpack(out_t)
         cands: dict[str, Any] = {}
         errors = {}
-        configs = configs_for(m)
+        configs = configs_for(m, args.form)
         if args.profile:
             configs = [c for c in configs if c.id in configs_arg(args.profile)]
         t0 = time.perf_counter()

@@ -286,3 +286,118 @@ pyc_skinny_gemm(const unsigned short* __restrict__ a, long long lda,
         }
       }
 }
+
+namespace pyc_skinny {
+
+// 16 bytes of a weight row, read once: not kept in L1, the next 256 bytes fetched into L2.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// 16 bytes of a row of `a`, which every warp reads: through L1.
+__device__ __forceinline__ uint4 load_shared_operand(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// The eight 16-bit values of a 16-byte piece as floats.
+template <int BF16>
+__device__ __forceinline__ void unpack8(const uint4& q, float (&f)[8]) {
+  const unsigned u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = mma<BF16>::in(static_cast<unsigned short>(u[i] & 0xffffu));
+    f[2 * i + 1] = mma<BF16>::in(static_cast<unsigned short>(u[i] >> 16));
+  }
+}
+
+}  // namespace pyc_skinny
+
+// pyc_skinny_gemv: the same product for at most 8 rows of `a` (MT, a power of two, rows
+// computed; rows past M repeat the last and are not stored) on the CUDA cores. With so
+// few rows the tensor cores have nothing to do that FMAs cannot (8 * MT per weight
+// element loaded is far under the SM's FMA rate at HBM speed), so this form is only a
+// load stream: each warp owns R weight rows, each lane reads 16 bytes of every row per
+// step straight into registers (not through L1), U steps issued before the first is
+// used, so R * U loads of 16 bytes are in flight per lane with no shared memory and no
+// barrier; `a`'s rows come through L1 (every warp reads them). Products are summed in
+// float32 in a fixed order (per lane over k, then a butterfly of shuffles), so the
+// result is deterministic. Requirements: K % 8 == 0, lda and ldw multiples of 8,
+// 16-byte aligned operands, M <= MT. Grid: ceil(ceil(N / R) / warps per block) blocks.
+template <int BF16, int MT, int R, int U>
+__global__ void pyc_skinny_gemv(const unsigned short* __restrict__ a, long long lda,
+                                const unsigned short* __restrict__ w, long long ldw,
+                                unsigned short* __restrict__ out, long long ldo, float alpha,
+                                float beta, int M, int N, int K) {
+  using namespace pyc_skinny;
+  using T = unsigned short;
+  const int lane = threadIdx.x & 31;
+  const int n0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+  if (n0 >= N) return;
+  const int pieces = K >> 3;  // 16-byte pieces of a row
+  const T* wrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wrow[r] = w + (long long)min(n0 + r, N - 1) * ldw;
+  const T* arow[MT];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) arow[m] = a + (long long)min(m, M - 1) * lda;
+
+  float acc[R][MT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
+
+  for (int p0 = lane; p0 < pieces; p0 += 32 * U) {
+    uint4 wq[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int p = p0 + u * 32;
+        wq[u][r] = p < pieces ? load_stream(wrow[r] + p * 8) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int p = p0 + u * 32;
+      if (p < pieces) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          float af[8];
+          unpack8<BF16>(load_shared_operand(arow[m] + p * 8), af);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float wf[8];
+            unpack8<BF16>(wq[u][r], wf);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[r][m] = fmaf(wf[i], af[i], acc[r][m]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1)
+        acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      const int n = n0 + r;
+      if (lane == (r * MT + m) % 32 && n < N && m < M) {
+        T* o = out + (long long)m * ldo + n;
+        float v = alpha * acc[r][m];
+        if (beta != 0.f) v += beta * mma<BF16>::in(*o);  // beta == 0: out is not read
+        *o = mma<BF16>::out(v);
+      }
+    }
+}

@@ -15,7 +15,7 @@ from ..errors import PycLabError
 from . import cutlass as cg
 from .lt_algos import LtPick, is_lt_algo
 from .lt_tuned import TunedLt
-from .skinny import SkinnyConfig, SkinnyGemm, is_skinny, nt_for
+from .skinny import SkinnyConfig, SkinnyGemm, is_skinny
 from .tuning.keys import device_key
 
 __all__ = ["load_tuned"]
@@ -33,8 +33,8 @@ def _kept(kernels: dict, lock: Any, key: tuple, make: Any) -> Any:
 def _load_skinny(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why: str,
                  shape: tuple[int, int, int], kernels: dict, lock: Any) -> tuple[Any, str]:
     """The skinny GEMM of a tuned entry, if it takes the actual shape. A bucketed entry
-    must have been tuned for the same token tiles (its kernel instantiation) as the
-    actual row count."""
+    must have been tuned for the same kernel instantiation (token tiles, or the GEMV
+    form's rows computed) as the actual row count."""
     try:
         cfg = SkinnyConfig.from_dict(found.measurement.config)
     except PycLabError as exc:
@@ -42,7 +42,8 @@ def _load_skinny(found: Any, dtype: str, layout: str, epilogue: cg.Epilogue, why
     m = shape[0]
     if epilogue.fused or layout != "tn":
         return None, f"tuned skinny GEMM {cfg.id} takes plain 'tn' GEMMs only"
-    if found.match == "bucket" and nt_for(found.problem_matched.shape[0]) != nt_for(m):
+    if found.match == "bucket" and cfg.expression(dtype, found.problem_matched.shape[0]) \
+            != cfg.expression(dtype, m):
         return None, (f"tuned skinny GEMM {cfg.id} was tuned for "
                       f"{found.problem_matched.shape[0]} rows, a different kernel than "
                       f"{m} rows need")

@@ -5,14 +5,21 @@ matrix that is read once: the GEMM is bound by HBM bandwidth, not by the tensor 
 and the libraries' kernels for it leave bandwidth unused (on the H200, cuBLAS moves
 2.5-3.8 TB/s of weights on such layers) or fall off a cliff (an output row that is not
 16-byte aligned, N odd: 3.5x slower). ``native/skinny_gemm.cuh`` is written for that
-regime (swapped ``mma.sync`` operands so that M = 1 wastes tensor-core lanes, not
-loads; per-warp ``cp.async`` rings that keep several chunks of weights in flight; a
-deterministic fixed-order reduction); this module compiles it with NVRTC and launches
-it on CuPy arrays.
+regime in two forms:
 
-It is one more *candidate*: the tuner measures its configurations beside the CUTLASS
+* the **warp form** (M <= 64): swapped ``mma.sync`` operands so that M = 1 wastes
+  tensor-core lanes, not loads; per-warp ``cp.async`` rings that keep several chunks of
+  weights in flight; a deterministic fixed-order reduction and split-k fix-up;
+* the **GEMV form** (M <= 8): CUDA-core FMAs fed by a plain load stream, each lane
+  holding several 16-byte pieces of each of its warp's weight rows in flight in
+  registers (no shared memory, no barrier) — with so few rows the tensor cores add
+  nothing and the stream is all that counts.
+
+This module compiles them with NVRTC and launches them on CuPy arrays.
+
+They are *candidates*: the tuner measures their configurations beside the CUTLASS
 kernels and the libraries (:mod:`~pyc_lab.kernels.tuning.gemm_runner`), and
-:func:`pyc_lab.matmul` runs it only for a problem where it won its tuning run (the
+:func:`pyc_lab.matmul` runs one only for a problem where it won its tuning run (the
 never-slower rule of :mod:`~pyc_lab.kernels.matmul_route`).
 
 Operands: f16 or bf16, ``a`` C-contiguous (M x K), ``b`` F-contiguous (K x N, i.e.
@@ -32,11 +39,15 @@ from ..paths import native_source
 from .matmul_launch import plain_call_stream
 from .nvrtc import compile_module
 
-__all__ = ["MAX_M", "Geometry", "SkinnyConfig", "SkinnyGemm", "candidates",
+__all__ = ["GEMV_MAX_M", "MAX_M", "Geometry", "SkinnyConfig", "SkinnyGemm", "candidates",
            "compile_kernels", "geometry", "is_skinny", "nt_for", "skinny_issue", "smem_bytes"]
 
 #: The most rows of ``a`` the kernel takes (8 * the largest token-tile count).
 MAX_M = 64
+#: The most rows of ``a`` the GEMV form takes (its FMAs grow with them).
+GEMV_MAX_M = 8
+#: The forms of the kernel (see the module's docstring).
+FORMS = ("warp", "gemv")
 #: Dynamic shared memory a block may ask for on Hopper (227 KiB).
 SMEM_LIMIT = 227 * 1024
 #: Kernel dtypes and their BF16 template flag.
@@ -47,6 +58,10 @@ _ARRAY_DTYPES = {"f16": ("float16",), "bf16": ("bfloat16", "int16", "uint16")}  
 _SHAPES = ((1, 4, 4), (1, 8, 4), (1, 8, 6), (1, 16, 3), (2, 2, 8), (2, 4, 4), (2, 4, 6),
            (2, 8, 3), (2, 8, 4), (4, 4, 3), (4, 4, 4), (4, 8, 2), (8, 4, 3))
 _SPLITS = (1, 2)
+#: GEMV form (weight rows per warp, warps per block, 16-byte pieces of each row in
+#: flight per lane): at most 16 pieces in flight a lane (64 registers).
+_GEMV_SHAPES = ((1, 4, 8), (1, 8, 4), (1, 8, 8), (2, 4, 8), (2, 8, 4), (2, 8, 8), (4, 4, 4),
+                (4, 8, 2), (4, 8, 4))
 
 
 def nt_for(m: int) -> int:
@@ -55,6 +70,14 @@ def nt_for(m: int) -> int:
     while nt * 8 < m:
         nt *= 2
     return nt
+
+
+def mt_for(m: int) -> int:
+    """Rows of ``a`` the GEMV form computes for ``m`` rows (1, 2, 4 or 8)."""
+    mt = 1
+    while mt < m:
+        mt *= 2
+    return mt
 
 
 def smem_bytes(rt: int, nt: int, warps: int, stages: int) -> int:
@@ -72,28 +95,42 @@ class SkinnyConfig:
     Attributes
     ----------
     rt
-        16-row weight tiles per warp (a block owns ``16 * rt`` rows).
+        Warp form: 16-row weight tiles per warp (a block owns ``16 * rt`` rows). GEMV
+        form: weight rows per warp.
     warps
-        Warps per block; they split the block's k range in interleaved chunks of 64.
+        Warps per block. Warp form: they split the block's k range in interleaved
+        chunks of 64. GEMV form: each on its own rows.
     stages
-        Depth of each warp's ``cp.async`` ring (``stages - 1`` chunks in flight).
+        Warp form: depth of each warp's ``cp.async`` ring (``stages - 1`` chunks in
+        flight). GEMV form: 16-byte pieces of each row a lane loads before using the
+        first.
     splits
-        Blocks k is split across (their partial tiles added by the last to finish).
+        Blocks k is split across (their partial tiles added by the last to finish);
+        1 in the GEMV form.
+    form
+        ``"warp"`` or ``"gemv"`` (see the module's docstring).
     """
 
     rt: int
     warps: int
     stages: int
     splits: int = 1
+    form: str = "warp"
 
     @property
     def id(self) -> str:
-        """A short name: ``skinny_rt2_w8_st4_s1``."""
+        """A short name: ``skinny_rt2_w8_st4_s1``, ``skinny_v_rt2_w8_st4`` (GEMV)."""
+        if self.form == "gemv":
+            return f"skinny_v_rt{self.rt}_w{self.warps}_st{self.stages}"
         return f"skinny_rt{self.rt}_w{self.warps}_st{self.stages}_s{self.splits}"
 
     def to_dict(self) -> dict[str, Any]:
-        """The configuration as the tuning database stores it (``kernel: "skinny"``)."""
-        return {"kernel": "skinny", **asdict(self)}
+        """The configuration as the tuning database stores it (``kernel: "skinny"``;
+        warp-form entries without a ``form`` key, as they have always been stored)."""
+        d = {"kernel": "skinny", **asdict(self)}
+        if self.form == "warp":
+            del d["form"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SkinnyConfig:
@@ -106,8 +143,13 @@ class SkinnyConfig:
         """
         if not is_skinny(d):
             raise PycLabError(f"not a skinny GEMM configuration: {d!r}")
+        form = d.get("form", "warp")
+        if form not in FORMS:
+            raise PycLabError(f"skinny GEMM configuration {d!r}: form {form!r} is not one of "
+                              f"{list(FORMS)}")
         try:
-            return cls(int(d["rt"]), int(d["warps"]), int(d["stages"]), int(d.get("splits", 1)))
+            return cls(int(d["rt"]), int(d["warps"]), int(d["stages"]), int(d.get("splits", 1)),
+                       form)
         except (KeyError, TypeError, ValueError) as exc:
             raise PycLabError(f"skinny GEMM configuration {d!r} is incomplete: {exc}") from exc
 
@@ -116,6 +158,19 @@ class SkinnyConfig:
         nt = nt_for(m)
         if self.warps & (self.warps - 1) or not 1 <= self.warps <= 32:
             return f"warps={self.warps} is not a power of two up to 32"
+        if self.form == "gemv":
+            if not 1 <= m <= GEMV_MAX_M:
+                return f"M = {m}: the GEMV form takes 1 to {GEMV_MAX_M} rows"
+            if self.rt < 1 or self.stages < 1 or self.splits != 1:
+                return "the GEMV form takes rt and stages of at least 1 and no splits"
+            if self.rt * self.stages > 16:
+                return (f"rt={self.rt} rows with stages={self.stages} pieces in flight "
+                        "needs more than 64 registers of loads")
+            if self.rt * mt_for(m) > 32:
+                return f"rt={self.rt} with {m} rows needs more than 32 accumulators"
+            return ""
+        if self.form != "warp":
+            return f"form {self.form!r} is not one of {list(FORMS)}"
         if self.rt < 1 or self.stages < 2 or self.splits < 1:
             return "rt, stages and splits must be at least 1, 2 and 1"
         if self.rt * nt > 32:
@@ -123,6 +178,19 @@ class SkinnyConfig:
         if smem_bytes(self.rt, nt, self.warps, self.stages) > SMEM_LIMIT:
             return "needs more shared memory than a block may have"
         return ""
+
+    def smem(self, m: int) -> int:
+        """Dynamic shared memory of one block for ``m`` rows, bytes (0: GEMV form)."""
+        if self.form == "gemv":
+            return 0
+        return smem_bytes(self.rt, nt_for(m), self.warps, self.stages)
+
+    def expression(self, dtype: str, m: int) -> str:
+        """The kernel's template instantiation for ``dtype`` and ``m`` rows."""
+        if self.form == "gemv":
+            return f"pyc_skinny_gemv<{_BF16[dtype]},{mt_for(m)},{self.rt},{self.stages}>"
+        return (f"pyc_skinny_gemm<{_BF16[dtype]},{nt_for(m)},{self.rt},{self.warps},"
+                f"{self.stages}>")
 
 
 def is_skinny(config: Any) -> bool:
@@ -151,10 +219,9 @@ def candidates(m: int, n: int, k: int) -> list[SkinnyConfig]:
         for splits in _SPLITS:
             if splits > 1 and k < 2048 * splits:
                 continue  # each split keeps at least 2048 of k
-            cfg = SkinnyConfig(rt, warps, stages, splits)
-            if not cfg.issue(m):
-                out.append(cfg)
-    return out
+            out.append(SkinnyConfig(rt, warps, stages, splits))
+    out += [SkinnyConfig(rt, warps, stages, 1, "gemv") for rt, warps, stages in _GEMV_SHAPES]
+    return [cfg for cfg in out if not cfg.issue(m)]
 
 
 @dataclass(frozen=True)
@@ -164,9 +231,10 @@ class Geometry:
     Attributes
     ----------
     nt
-        Token tiles of 8 rows (the kernel instantiation).
+        Token tiles of 8 rows (the warp form's instantiation; the GEMV form's rows).
     tiles
-        Blocks along N (``16 * rt`` weight rows each): ``gridDim.x``.
+        Blocks along N (``16 * rt`` weight rows each; GEMV form: ``rt * warps``):
+        ``gridDim.x``.
     splits
         Blocks along k (``gridDim.y``), none of them empty.
     k_per_split
@@ -187,6 +255,8 @@ class Geometry:
 
 def geometry(cfg: SkinnyConfig, m: int, n: int, k: int) -> Geometry:
     """The launch geometry of ``cfg`` for an ``m x n x k`` problem."""
+    if cfg.form == "gemv":
+        return Geometry(mt_for(m), -(-n // (cfg.rt * cfg.warps)), 1, k, 0, 0)
     nt = nt_for(m)
     tiles = -(-n // (16 * cfg.rt))
     chunks = -(-k // 64)
@@ -201,8 +271,11 @@ _FUNCTIONS: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
 
 
-def _expression(dtype: str, nt: int, cfg: SkinnyConfig) -> str:
-    return f"pyc_skinny_gemm<{_BF16[dtype]},{nt},{cfg.rt},{cfg.warps},{cfg.stages}>"
+def _key(dtype: str, m: int, cfg: SkinnyConfig) -> tuple:
+    """What a compiled function is kept under: the device and the instantiation."""
+    import cupy as cp
+
+    return int(cp.cuda.runtime.getDevice()), cfg.expression(dtype, m), cfg.smem(m)
 
 
 def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str, str]:
@@ -214,21 +287,14 @@ def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str
     dict
         ``config id -> NVRTC's message`` for configurations that failed (empty if none).
     """
-    import cupy as cp
 
     from ..hardware.device import require_cupy
 
     require_cupy("the skinny GEMM")
-    nt = nt_for(m)
-    device = int(cp.cuda.runtime.getDevice())
-    todo = {}
-    for cfg in configs:
-        key = (device, dtype, nt, cfg.rt, cfg.warps, cfg.stages)
-        if key not in _FUNCTIONS:
-            todo[key] = _expression(dtype, nt, cfg)
+    todo = {_key(dtype, m, cfg) for cfg in configs} - set(_FUNCTIONS)
     if not todo:
         return {}
-    exprs = sorted(set(todo.values()))
+    exprs = sorted({key[1] for key in todo})
     try:
         module = compile_module(native_source("skinny_gemm.cuh"), ("-std=c++17",), exprs,
                                 "the skinny GEMM")
@@ -238,16 +304,17 @@ def compile_kernels(dtype: str, m: int, configs: list[SkinnyConfig]) -> dict[str
         return {cfg.id: msg for cfg in configs}
     failed = {}
     with _LOCK:
-        for key, expr in todo.items():
+        for key in todo:
+            _, expr, smem = key
             fn = functions[expr]
-            rt, warps, stages = key[3:]
             try:
-                fn.max_dynamic_shared_size_bytes = smem_bytes(rt, nt, warps, stages)
+                if smem:
+                    fn.max_dynamic_shared_size_bytes = smem
             except Exception as exc:  # the device refuses the shared memory
                 failed[expr] = f"{type(exc).__name__}: {exc}"[:500]
                 continue
             _FUNCTIONS[key] = fn
-    by_config = {cfg.id: _expression(dtype, nt, cfg) for cfg in configs}
+    by_config = {cfg.id: cfg.expression(dtype, m) for cfg in configs}
     return {cid: failed[e] for cid, e in by_config.items() if e in failed}
 
 
@@ -319,10 +386,7 @@ class SkinnyGemm:
         return m, n, k
 
     def _function(self, m: int) -> Any:
-        import cupy as cp
-
-        key = (int(cp.cuda.runtime.getDevice()), self.dtype, nt_for(m), self.config.rt,
-               self.config.warps, self.config.stages)
+        key = _key(self.dtype, m, self.config)
         fn = _FUNCTIONS.get(key)
         if fn is None:
             failed = compile_kernels(self.dtype, m, [self.config])
@@ -350,13 +414,14 @@ class SkinnyGemm:
         m, n, k = self._check(a, b, out)
         geo = geometry(self.config, m, n, k)
         fn = self._function(m)
-        if geo.splits > 1:
-            wp, cnt = self._workspace(cp, stream_ptr, geo.work_floats, geo.tiles)
-        else:
-            wp = cnt = np.uint64(0)  # null: an unsplit launch touches neither
         args = (a, np.int64(k), b, np.int64(k), out, np.int64(n), np.float32(alpha),
-                np.float32(beta), np.int32(m), np.int32(n), np.int32(k),
-                np.int32(geo.k_per_split), wp, cnt)
+                np.float32(beta), np.int32(m), np.int32(n), np.int32(k))
+        if self.config.form == "warp":
+            if geo.splits > 1:
+                wp, cnt = self._workspace(cp, stream_ptr, geo.work_floats, geo.tiles)
+            else:
+                wp = cnt = np.uint64(0)  # null: an unsplit launch touches neither
+            args += (np.int32(geo.k_per_split), wp, cnt)
         self._launch = (fn, (geo.tiles, geo.splits), (self.config.warps * 32,), args,
                         geo.smem)
         self._bound = (a.data.ptr, b.data.ptr, out.data.ptr, a.shape, b.shape, float(alpha),

@@ -55,13 +55,42 @@ def test_every_candidate_fits_the_hardware_limits(m):
     assert nt * 8 >= m and (nt == 1 or nt * 4 < m)
     for cfg in cands:
         assert not cfg.issue(m)
-        assert sk.smem_bytes(cfg.rt, nt, cfg.warps, cfg.stages) <= sk.SMEM_LIMIT
-        assert cfg.rt * nt <= 32 and cfg.warps in (1, 2, 4, 8, 16, 32)
+        assert cfg.warps in (1, 2, 4, 8, 16, 32)
+        if cfg.form == "warp":
+            assert sk.smem_bytes(cfg.rt, nt, cfg.warps, cfg.stages) <= sk.SMEM_LIMIT
+            assert cfg.rt * nt <= 32
+        else:  # the GEMV form: registers only
+            assert m <= sk.GEMV_MAX_M and cfg.smem(m) == 0 and cfg.splits == 1
+            assert cfg.rt * cfg.stages <= 16 and cfg.rt * sk.mt_for(m) <= 32
+    assert any(c.form == "gemv" for c in cands) == (m <= sk.GEMV_MAX_M)
     # splits only where each split keeps a long k range
     assert all(c.splits == 1 for c in sk.candidates(m, 4096, 2048))
 
 
+def test_a_gemv_configuration_round_trips_and_launches_one_block_per_rows():
+    cfg = sk.SkinnyConfig(2, 8, 4, 1, "gemv")
+    d = cfg.to_dict()
+    assert d == {"kernel": "skinny", "rt": 2, "warps": 8, "stages": 4, "splits": 1,
+                 "form": "gemv"}
+    assert sk.SkinnyConfig.from_dict(d) == cfg
+    assert cfg.id == "skinny_v_rt2_w8_st4" == config_name(d)
+    assert "form" not in sk.SkinnyConfig(2, 8, 4).to_dict()  # stored as it always was
+    with pytest.raises(PycLabError, match="form 'tiles' is not one of"):
+        sk.SkinnyConfig.from_dict({**d, "form": "tiles"})
+    assert [sk.mt_for(m) for m in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
+    assert cfg.expression("bf16", 3) == "pyc_skinny_gemv<1,4,2,4>"
+    assert sk.SkinnyConfig(2, 8, 4).expression("f16", 3) == "pyc_skinny_gemm<0,1,2,8,4>"
+    geo = sk.geometry(cfg, 3, 5121, 4096)  # 16 rows a block, the last partly
+    assert (geo.tiles, geo.splits, geo.work_floats, geo.smem) == (321, 1, 0, 0)
+    assert 321 * 16 >= 5121 > 320 * 16
+
+
 def test_impossible_configurations_say_why():
+    assert "GEMV form takes 1 to 8 rows" in sk.SkinnyConfig(1, 8, 4, 1, "gemv").issue(9)
+    assert "no splits" in sk.SkinnyConfig(1, 8, 4, 2, "gemv").issue(1)
+    assert "64 registers" in sk.SkinnyConfig(4, 8, 8, 1, "gemv").issue(1)
+    assert "32 accumulators" in sk.SkinnyConfig(8, 8, 2, 1, "gemv").issue(8)
+    assert "not one of" in sk.SkinnyConfig(1, 8, 4, 1, "tiles").issue(1)
     assert "power of two" in sk.SkinnyConfig(1, 6, 4).issue(1)
     assert "accumulators" in sk.SkinnyConfig(8, 4, 3).issue(64)
     assert "shared memory" in sk.SkinnyConfig(8, 32, 8).issue(8)
@@ -138,8 +167,13 @@ def test_the_source_builds_for_hopper_without_spills(tmp_path):
             "long long, const unsigned short*, long long, unsigned short*, long long, float, "
             "float, int, int, int, int, float*, int*);")
     shapes = [(0, 1, 1, 8, 4), (1, 2, 2, 4, 6), (1, 8, 2, 4, 4), (0, 4, 4, 8, 2)]
+    gemv = ("template __global__ void {}(const unsigned short*, long long, const unsigned "
+            "short*, long long, unsigned short*, long long, float, float, int, int, int);")
+    exprs = sorted({cfg.expression(dt, m) for m in (1, 2, 4, 8) for dt in ("f16", "bf16")
+                    for cfg in sk.candidates(m, 4096, 4096) if cfg.form == "gemv"})
     src.write_text(native_source("skinny_gemm.cuh") + "\n"
-                   + "\n".join(inst.format(*s) for s in shapes) + "\n")
+                   + "\n".join(inst.format(*s) for s in shapes) + "\n"
+                   + "\n".join(gemv.format(e) for e in exprs) + "\n")
     res = subprocess.run([str(nvcc_path()), "-arch=sm_90", "-ptx", "-o",
                           str(tmp_path / "s.ptx"), str(src)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -151,7 +185,9 @@ def test_the_source_builds_for_hopper_without_spills(tmp_path):
                           str(tmp_path / "s.cubin"), str(src)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", res.stderr)
-    assert len(frames) == len(shapes) and all(f == ("0", "0") for f in frames), res.stderr
+    assert len(frames) == len(shapes) + len(exprs), res.stderr
+    assert all(f == ("0", "0") for f in frames), res.stderr
+    assert "ld.global.nc.L1::no_allocate.L2::256B.v4.u32" in ptx
 
 
 def test_skinny_gemm_refuses_what_it_cannot_run():

@@ -58,6 +58,12 @@ CASES = [  # (m, n, k, config)
     (33, 513, 4104, sk.SkinnyConfig(4, 4, 2, 2)),
     (64, 640, 1024, sk.SkinnyConfig(2, 4, 4)),
     (5, 12345, 8, sk.SkinnyConfig(8, 4, 3)),
+    # the GEMV form: rows per warp, warps, pieces in flight; a K tail inside a step
+    (1, 4096, 4096, sk.SkinnyConfig(1, 8, 4, 1, "gemv")),
+    (3, 4099, 4104, sk.SkinnyConfig(2, 4, 8, 1, "gemv")),
+    (8, 1, 72, sk.SkinnyConfig(4, 8, 2, 1, "gemv")),
+    (5, 12345, 8, sk.SkinnyConfig(4, 4, 4, 1, "gemv")),
+    (2, 1000, 8200, sk.SkinnyConfig(2, 8, 8, 1, "gemv")),
 ]
 
 
@@ -91,13 +97,29 @@ def test_every_tuner_candidate_is_right_for_a_decode_shape():
         check(out, a64 @ w64.T, "bf16", k)
 
 
-def test_alpha_beta_and_special_values():
+def test_every_gemv_candidate_is_right_for_few_rows():
+    rng = np.random.default_rng()
+    for m in (1, 2, 6):
+        n, k = 1031, 2056
+        a, a64 = rand((m, k), "f16", rng)
+        w, w64 = rand((n, k), "f16", rng)
+        cands = [c for c in sk.candidates(m, n, k) if c.form == "gemv"]
+        assert cands and not sk.compile_kernels("f16", m, cands)
+        for cfg in cands:
+            out = poisoned((m, n), "f16")
+            sk.SkinnyGemm(cfg, "f16")(a, w.T, out)
+            check(out, a64 @ w64.T, "f16", k)
+
+
+@pytest.mark.parametrize("cfg", [sk.SkinnyConfig(2, 4, 4), sk.SkinnyConfig(2, 4, 4, 1, "gemv")],
+                         ids=lambda c: c.id)
+def test_alpha_beta_and_special_values(cfg):
     rng = np.random.default_rng()
     m, n, k = 6, 300, 512
     a, a64 = rand((m, k), "f16", rng)
     w, w64 = rand((n, k), "f16", rng)
     c, c64 = rand((m, n), "f16", rng)
-    gemm = sk.SkinnyGemm(sk.SkinnyConfig(2, 4, 4), "f16")
+    gemm = sk.SkinnyGemm(cfg, "f16")
     gemm(a, w.T, c, alpha=0.5, beta=-2.0)
     check(c, 0.5 * (a64 @ w64.T) - 2.0 * c64, "f16", k)
     # beta == 0 never reads out: NaN there does not leak; NaN / Inf inputs propagate
