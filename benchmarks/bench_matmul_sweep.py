@@ -11,9 +11,10 @@ Operands are held as a linear layer holds them: ``a`` row-major M x K, ``b = w.T
 
 Per problem, timed with :func:`pyc_lab.profiling.timing.benchmark` (CUDA events, L2
 flushed before each call, a spin kernel ahead of the start event), in interleaved rounds
-(each round times every implementation once; the figure is the median of the rounds'
-medians): ``pl.matmul`` (whatever it routes to), ``cupy.matmul``, ``torch.matmul`` and,
-for bf16, cuBLASLt through nvmath-python. ``pl.matmul``'s result is checked against
+(each round times every implementation once, starting one later in the list each
+round; the figure is the median of the rounds' medians): ``pl.matmul`` (whatever it
+routes to), ``cupy.matmul``, ``torch.matmul`` and, for bf16, cuBLASLt through
+nvmath-python. ``pl.matmul``'s result is checked against
 ``torch.matmul``'s in float32 first. Reported: the ratio of ``pl.matmul``'s speed to the
 best baseline's (above 1: ``pl.matmul`` is faster), its distribution (min, quartiles,
 median) and how many problems ``pl.matmul`` wins by 2 % or more; host microseconds per
@@ -164,9 +165,13 @@ def interleaved_ms(impls: dict[str, Any], rounds: int, repeats: int) -> dict[str
     from pyc_lab.profiling.timing import benchmark
 
     per_round: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(rounds):
-        for name, fn in impls.items():
-            t = benchmark(fn, repeats=repeats, warmup=1, flush_l2=True, spin=True, gpu=True)
+    names = list(impls)
+    for r in range(rounds):
+        # each round starts one later in the list: none is always timed first (a long
+        # GEMM's clocks drift with the heat of the one before)
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t = benchmark(impls[name], repeats=repeats, warmup=1, flush_l2=True, spin=True,
+                          gpu=True)
             per_round[name].append(float(t.gpu_median_s) * 1e3)
     return {name: statistics.median(v) for name, v in per_round.items()}
 
@@ -246,7 +251,8 @@ def main() -> int:
     payload: dict[str, Any] = {
         "method": (f"per problem {rounds} interleaved rounds, each pyc_lab.profiling.timing."
                    f"benchmark (CUDA events, L2 flushed, spin ahead, median of {repeats}) "
-                   "of every implementation; the figure is the median of the rounds"),
+                   "of every implementation, each round starting one later in the list; "
+                   "the figure is the median of the rounds"),
         "operands": "a row-major M x K, b = w.T with w row-major N x K, uniform [-1, 1]",
         "ratio": "best baseline ms / pl.matmul ms (above 1: pl.matmul faster)",
         "problems": len(problems)}
