@@ -8,7 +8,7 @@ dead.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +19,9 @@ from ..ir import Graph, Node
 from ..ops import FUSED_OPS, REGISTRY, infer, normalize_axis
 from ..views import broadcasts_to
 
-__all__ = ["PassContext", "broadcasts_to", "const_is", "const_value", "insert_like",
-           "is_const", "is_float", "kind_of", "prune", "same_type", "sole_user", "try_infer"]
+__all__ = ["NotRebuilt", "PassContext", "broadcasts_to", "const_is", "const_value",
+           "exclusive_prologue", "insert_checked", "insert_like", "is_const", "is_float",
+           "kind_of", "prune", "rebuild_prologue", "same_type", "sole_user", "try_infer"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,84 @@ def insert_like(graph: Graph, anchor: int, op: str, inputs: Iterable[int],
     if got is None or got[0] != tuple(like.shape) or got[1] != like.dtype:
         return None
     return graph.insert_before(anchor, op, inputs, attrs)
+
+
+def insert_checked(graph: Graph, anchor: int, op: str, inputs: tuple[int, ...],
+                   attrs: dict[str, Any], inserted: list[int]) -> Node | None:
+    """Insert ``op(inputs; attrs)`` before ``anchor`` when its operands fit (recording its
+    id in ``inserted``, so that a rewrite given up can :func:`prune` it), else None."""
+    if try_infer(op, [graph.nodes[i] for i in inputs], attrs) is None:
+        return None
+    node = graph.insert_before(anchor, op, inputs, attrs)
+    inserted.append(node.id)
+    return node
+
+
+def exclusive_prologue(graph: Graph, start: int, consumer: int,
+                       users: dict[int, list[int]]) -> set[int]:
+    """The elementwise work from ``start`` up that only ``consumer`` needs: the
+    elementwise ancestors (``start`` included) whose operands have their shape or are
+    0-d and whose every reader is among them or ``consumer``. A value read several times
+    inside (``d = abs(p - t)`` in a Huber loss) is in; one also read elsewhere or returned
+    is out (computed once, at its own shape). A rewrite of ``consumer`` may rebuild this
+    work on transformed operands (:func:`rebuild_prologue`) with nothing computed twice."""
+    inside: set[int] = set()
+    stack = [start]
+    while stack:
+        nid = stack.pop()
+        node = graph.nodes[nid]
+        if nid in inside or node.op not in REGISTRY or kind_of(node.op) != "elementwise" \
+                or not node.inputs or nid in graph.outputs \
+                or any(tuple(graph.nodes[i].shape) not in (tuple(node.shape), ())
+                       for i in node.inputs):
+            continue
+        inside.add(nid)
+        stack.extend(node.inputs)
+    changed = True
+    while changed:  # keep only what nothing outside reads
+        changed = False
+        for nid in list(inside):
+            if any(u not in inside and u != consumer for u in users.get(nid, ())):
+                inside.discard(nid)
+                changed = True
+    return inside
+
+
+class NotRebuilt(Exception):
+    """A node rebuilt by :func:`rebuild_prologue` did not keep its dtype."""
+
+
+def rebuild_prologue(graph: Graph, nid: int, leaf: Callable[[int], int | None],
+                     anchor: int, inserted: list[int], prologue: set[int],
+                     memo: dict[int, int]) -> int:
+    """Node ``nid`` rebuilt before ``anchor`` on transformed operands: a member of
+    ``prologue`` (:func:`exclusive_prologue`) is its elementwise op applied to its rebuilt
+    operands (0-d ones as they are), anything else is ``leaf(nid)`` (the transform
+    itself: a reshape, a slice...). ``memo`` keeps each node rebuilt once.
+
+    Raises
+    ------
+    NotRebuilt
+        When a rebuilt node's dtype differs from the original's or ``leaf`` gave None;
+        the caller prunes ``inserted``.
+    """
+    if nid in memo:
+        return memo[nid]
+    node = graph.nodes[nid]
+    if nid in prologue:
+        args = tuple(i if graph.nodes[i].shape == () else
+                     rebuild_prologue(graph, i, leaf, anchor, inserted, prologue, memo)
+                     for i in node.inputs)
+        new = insert_checked(graph, anchor, node.op, args, dict(node.attrs), inserted)
+        new_id = None if new is None or new.dtype != node.dtype else new.id
+    else:
+        new_id = leaf(nid)
+        if new_id is not None and graph.nodes[new_id].dtype != node.dtype:
+            new_id = None
+    if new_id is None:
+        raise NotRebuilt
+    memo[nid] = new_id
+    return new_id
 
 
 def may_raise(node: Node, graph: Graph) -> bool:

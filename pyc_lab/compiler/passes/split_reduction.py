@@ -33,14 +33,13 @@ stage's kernel instead of a pass of its own.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..codegen.reduction import LONG_ROW
 from ..ir import Graph, Node
-from ..ops import REGISTRY
-from .rewrite import kind_of, prune, try_infer
+from .rewrite import NotRebuilt, exclusive_prologue, insert_checked, prune, rebuild_prologue
 
 if TYPE_CHECKING:
     from .rewrite import PassContext
@@ -81,67 +80,6 @@ def columns_for(n: int) -> int | None:
     return None
 
 
-def _add(graph: Graph, anchor: int, op: str, inputs: tuple[int, ...],
-         attrs: dict[str, Any], inserted: list[int]) -> Node | None:
-    if try_infer(op, [graph.nodes[i] for i in inputs], attrs) is None:
-        return None
-    node = graph.insert_before(anchor, op, inputs, attrs)
-    inserted.append(node.id)
-    return node
-
-
-def _reshaped(graph: Graph, nid: int, shape: tuple[int, ...], anchor: int,
-              inserted: list[int], prologue: set[int], memo: dict[int, int]) -> int:
-    """Node ``nid`` in ``shape``: its elementwise ops applied to reshaped operands when it
-    belongs to the reduction's prologue, else a reshape."""
-    if nid in memo:
-        return memo[nid]
-    node = graph.nodes[nid]
-    if nid in prologue:
-        args = tuple(i if graph.nodes[i].shape == () else
-                     _reshaped(graph, i, shape, anchor, inserted, prologue, memo)
-                     for i in node.inputs)
-        new = _add(graph, anchor, node.op, args, dict(node.attrs), inserted)
-    else:
-        new = _add(graph, anchor, "reshape", (nid,), {"shape": shape}, inserted)
-    if new is None or new.dtype != node.dtype:
-        raise _NoSplit
-    memo[nid] = new.id
-    return new.id
-
-
-class _NoSplit(Exception):
-    """A rewritten operand did not keep its type."""
-
-
-def _prologue(graph: Graph, n: Node, users: dict[int, list[int]]) -> set[int]:
-    """The elementwise work before reduction ``n`` that only ``n`` needs: the elementwise
-    ancestors of its operand (operands of their shape, or 0-d) whose every reader is
-    among them or ``n`` — a value read several times inside (``d = abs(p - t)`` in a
-    Huber loss) is in, one also read elsewhere or returned is out (computed once at its
-    own shape). The first stage's kernel takes them in, saving a pass over the array."""
-    inside: set[int] = set()
-    stack = [n.inputs[0]]
-    while stack:
-        nid = stack.pop()
-        node = graph.nodes[nid]
-        if nid in inside or node.op not in REGISTRY or kind_of(node.op) != "elementwise" \
-                or not node.inputs or nid in graph.outputs \
-                or any(tuple(graph.nodes[i].shape) not in (tuple(node.shape), ())
-                       for i in node.inputs):
-            continue
-        inside.add(nid)
-        stack.extend(node.inputs)
-    changed = True
-    while changed:  # keep only what nothing outside reads
-        changed = False
-        for nid in list(inside):
-            if any(u not in inside and u != n.id for u in users.get(nid, ())):
-                inside.discard(nid)
-                changed = True
-    return inside
-
-
 def _library_copies(n: Node, x: Node) -> bool:
     """Whether the library path of full reduction ``n`` of ``x`` copies ``x`` first: a
     bfloat16 sum or mean runs through CuPy on a float32 copy (see the ops' reference),
@@ -158,10 +96,16 @@ def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
     if cols is None:
         return None
     inserted: list[int] = []
+    shape = (size // cols, cols)
+
+    def reshaped(nid: int) -> int | None:
+        new = insert_checked(graph, n.id, "reshape", (nid,), {"shape": shape}, inserted)
+        return None if new is None else new.id
+
     try:
-        first = _reshaped(graph, x.id, (size // cols, cols), n.id, inserted,
-                          _prologue(graph, n, graph.users()), {})
-    except _NoSplit:
+        first = rebuild_prologue(graph, x.id, reshaped, n.id, inserted,
+                                 exclusive_prologue(graph, x.id, n.id, graph.users()), {})
+    except NotRebuilt:
         prune(graph, inserted)
         return None
     steps = [(n.op, {"axis": (1,), "keepdims": False}),
@@ -173,7 +117,7 @@ def _split(graph: Graph, n: Node) -> tuple[int, int] | None:
         steps.append(("reshape", {"shape": tuple(n.shape)}))
     last: Node | None = graph.nodes[first]
     for op, attrs in steps:
-        last = _add(graph, n.id, op, (last.id,), attrs, inserted)
+        last = insert_checked(graph, n.id, op, (last.id,), attrs, inserted)
         if last is None:
             break
     if last is None or tuple(last.shape) != tuple(n.shape) or last.dtype != n.dtype:
@@ -209,7 +153,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
                 or x.dtype.name in _SPLIT[n.op] or math.prod(x.shape) < MIN_ELEMENTS:
             continue
         if math.prod(x.shape) < PLAIN_MIN_ELEMENTS and not _library_copies(n, x) \
-                and x.id not in _prologue(graph, n, graph.users()):
+                and x.id not in exclusive_prologue(graph, x.id, n.id, graph.users()):
             continue
         split = _split(graph, n)
         if split is None:
