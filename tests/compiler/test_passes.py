@@ -75,8 +75,8 @@ def test_default_pipeline_and_registry():
     assert DEFAULT_PIPELINE == ["canonicalize", "constant_folding", "simplify", "cheap_math",
                                 "gather_sinking", "reshape_sinking", "cse", "dce",
                                 "transpose_folding", "epilogue_fusion", "reduction_fusion",
-                                "find_attention", "split_reduction", "arg_reductions",
-                                "row_fusion",
+                                "find_attention", "split_reduction", "small_reduction",
+                                "arg_reductions", "row_fusion",
                                 "elementwise_fusion", "output_fusion", "sibling_fusion", "dce"]
     assert set(DEFAULT_PIPELINE) <= set(PASSES)
     for name, module in PASSES.items():

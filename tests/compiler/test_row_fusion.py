@@ -153,9 +153,10 @@ def test_each_program_becomes_one_row_kernel_and_keeps_numpys_answer(rng, name, 
 
 
 def test_pass_places_row_fusion_after_split_and_before_elementwise_fusion():
-    # (argmax/argmin become reductions between the split and row fusion)
+    # (small reductions become elementwise work, argmax/argmin reductions, between the
+    # split and row fusion)
     k = DEFAULT_PIPELINE.index("row_fusion")
-    assert DEFAULT_PIPELINE[k - 2:k] == ["split_reduction", "arg_reductions"]
+    assert DEFAULT_PIPELINE[k - 3:k] == ["split_reduction", "small_reduction", "arg_reductions"]
     assert DEFAULT_PIPELINE[k + 1] == "elementwise_fusion"
 
 

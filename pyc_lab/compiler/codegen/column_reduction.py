@@ -39,9 +39,10 @@ from . import cuda_types as ct
 from .cuda_types import KernelSource
 from .elementwise import kernel_name
 from .reduction import _acc_dtype, _store
+from .row_space import trailing
 
 __all__ = ["COLUMN_OPS", "check_columns", "column_split", "generate_columns",
-           "split_count"]
+           "own_kernel_takes", "split_count"]
 
 #: Ops this module generates (over leading or middle axes).
 COLUMN_OPS = ("sum", "mean", "max", "min")
@@ -65,6 +66,13 @@ def column_split(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, in
         return int(np.prod(dims, dtype=np.int64)) if dims else 1
 
     return prod(shape[:first]), prod(shape[first:last + 1]), prod(shape[last + 1:])
+
+
+def own_kernel_takes(shape: tuple[int, ...], axes: tuple[int, ...]) -> bool:
+    """Whether a plain reduction of ``shape`` over ``axes`` (sorted) has a kernel of its
+    own: a row kernel over the last axes, or a column kernel over one block of
+    consecutive axes before the last. Axes apart (``(1, 3)`` of a 4-D array) have none."""
+    return trailing(shape, axes) or column_split(shape, axes) is not None
 
 
 def check_columns(node: Node, graph: Graph) -> str:

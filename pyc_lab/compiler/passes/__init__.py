@@ -18,10 +18,13 @@ Passes (each a module with ``NAME`` and ``run(graph, ctx) -> bool``):
 - ``transpose_folding``: a matmul reads ``x`` instead of ``swapaxes(x, -1, -2)``;
 - ``epilogue_fusion``: matmul + bias + activation in one GEMM;
 - ``reduction_fusion``: hand-written softmax, layer norm and variance become one op;
-- ``find_attention``: names hand-written attention (``softmax(q @ k^T * s) @ v``) in
-  ``explain()``; rewrites nothing yet;
+- ``find_attention``: hand-written attention (``softmax(q @ k^T * s [+ mask]) @ v``,
+  causal masking included) becomes one ``attention`` node;
 - ``split_reduction``: a sum over a whole large array in two stages (row sums, then
   their sum), so that many blocks share it;
+- ``small_reduction``: a reduction of at most 16 values per result over axes no
+  reduction kernel takes (2x2 pooling as ``reshape(...).max((3, 5))``) as elementwise
+  work on strided views, with the work before it that only it reads;
 - ``arg_reductions``: argmax/argmin of floats over one axis as a max and a min of
   indices (NumPy's index exactly), which row fusion takes with what reads it;
 - ``row_fusion``: any elementwise prologue -> reductions over any axes -> elementwise

@@ -43,8 +43,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_PIPELINE = ["canonicalize", "constant_folding", "simplify", "cheap_math",
                     "gather_sinking", "reshape_sinking", "cse", "dce", "transpose_folding",
                     "epilogue_fusion", "reduction_fusion", "find_attention", "split_reduction",
-                    "arg_reductions", "row_fusion", "elementwise_fusion", "output_fusion",
-                    "sibling_fusion", "dce"]
+                    "small_reduction", "arg_reductions", "row_fusion", "elementwise_fusion",
+                    "output_fusion", "sibling_fusion", "dce"]
 
 #: The optimisation modes a pass may look at.
 MODES = ("balanced", "memory_first", "utilization_first")
@@ -170,7 +170,8 @@ class PassManager:
 _MODULES = ("canonicalize", "fold", "simplify", "cheap_math", "gather_sinking", "reshape_sinking",
             "cse", "dce",
             "transpose_fold", "epilogue", "reduction_fusion", "attention_find", "split_reduction",
-            "arg_reductions", "row_fusion", "elementwise_fusion", "output_fusion", "sibling_fusion")
+            "small_reduction", "arg_reductions", "row_fusion", "elementwise_fusion",
+            "output_fusion", "sibling_fusion")
 
 #: Every pass by name (``module.NAME`` -> module). Imported last: the pass modules use the
 #: helpers above.
