@@ -569,6 +569,10 @@ class _LibraryStep(_CupyStep):
         super().__init__(node, impl, materialize, out_buffer, describe)
         #: (the inputs' addresses, strides and dtypes; the bound call, or None)
         self._bound: tuple[tuple, Callable[[Any], None] | None] | None = None
+        #: (the inputs' and output's placements; the op bound into that output, or None)
+        self._into: tuple[tuple, Callable[[], None] | None] | None = None
+        #: set while a CUDA graph's capture runs the step (:meth:`static_call`)
+        self._capturing = False
 
     def _bound_call(self, exe: Executor, ins: Sequence[Any]) -> Callable[[Any], None] | None:
         """The op's bound call for ``ins`` where they sit (made at a new placement)."""
@@ -585,19 +589,37 @@ class _LibraryStep(_CupyStep):
         self._bound = (places, call)
         return call
 
+    def _into_call(self, exe: Executor, ins: Sequence[Any], out: Any) -> Callable[[], None] | None:
+        """The op bound into ``out`` (:attr:`OpDef.bind`) for ``ins`` where they sit: made
+        at a new placement, else the one made for it before."""
+        bind = REGISTRY[self.node.op].bind
+        if bind is None:
+            return None
+        places = tuple((x.data.ptr, x.shape, x.strides, x.dtype) for x in (*ins, out))
+        memo = self._into
+        if memo is not None and memo[0] == places:
+            return memo[1]
+        self._into = None  # let go of the last placement's arrays first
+        call = bind(exe._cp, ins, self.node.attrs, out)
+        self._into = (places, call)
+        return call
+
     def run(self, exe: Executor, values: dict[int, Any]) -> None:
         node = self.node
         ins = [values[i] for i in node.inputs]
         call = self._bound_call(exe, ins)
         if call is None and self.materialize == "buffer":
-            # large operands: the op straight into its planned buffer where it can write
-            # into an array it is given (no fresh result copied across)
-            bind = REGISTRY[node.op].bind
+            # the op straight into its planned buffer where it can write into an array it
+            # is given (no fresh result copied across); bound once per placement, kept
+            # between calls for small inputs only (it holds the inputs, as the bound call
+            # does) and for the capture that follows
             out = exe._buffer_view(self.out_buffer, node)
-            into = bind(exe._cp, ins, node.attrs, out) if bind is not None else None
+            into = self._into_call(exe, ins, out)
             if into is not None:
                 into()
                 values[node.id] = out
+                if not self._capturing and sum(x.nbytes for x in ins) > BOUND_INPUT_BYTES:
+                    self._into = None
                 return
         if call is None:
             super().run(exe, values)
@@ -608,14 +630,19 @@ class _LibraryStep(_CupyStep):
         values[node.id] = out
 
     def static_call(self, exe: Executor, values: dict[int, Any]) -> Any:
-        self.run(exe, values)
+        self._capturing = True
+        try:
+            self.run(exe, values)
+        finally:
+            self._capturing = False
         cp = exe._cp
         node = self.node
         result = values[node.id]
         ins = [values[i] for i in node.inputs]
-        bind = REGISTRY[node.op].bind
-        bound = bind(cp, ins, node.attrs, result) if bind is not None else None
+        bound = self._into_call(exe, ins, result)  # the one run just made, where it did
         if bound is not None:  # the operands' conversions made once, not at each replay
+            if sum(x.nbytes for x in ins) > BOUND_INPUT_BYTES:
+                self._into = None  # the replays hold it
             return bound
         make = REGISTRY[node.op].bound
         # the call self.run just made (small inputs), else one for the replay's arrays

@@ -172,8 +172,8 @@ class _FakeExecutable:
         self._fallbacks: dict[int, str] = {}
         self._buffers = [np.zeros(n, np.uint8) for n in buffer_bytes]
 
-    def _buffer_view(self, buf, node):
-        return self._buffers[buf][:node.nbytes].view(node.dtype).reshape(node.shape)
+    def _buffer_view(self, buf, node):  # with an address, as a CuPy array has
+        return _ptr(self._buffers[buf][:node.nbytes].view(node.dtype).reshape(node.shape))
 
 
 @pytest.fixture
@@ -322,6 +322,50 @@ def test_a_convolution_step_computes_into_its_planned_buffer(monkeypatch, large)
     step.run(exe, values)
     assert np.shares_memory(values[first.id], exe._buffers[step.out_buffer])
     assert len(into) == int(large)  # bind only where no bound call is kept
+    step.run(exe, values)  # large operands: bound again, nothing of them kept between calls
+    assert len(into) == 2 * int(large) and step._into is None
+
+
+def test_a_convolution_bound_into_its_buffer_is_bound_once_per_placement(monkeypatch):
+    """Without a bound call of its own (``pl.conv``'s op has none), a convolution with
+    small operands is bound into its buffer once and the binding reused while the arrays
+    stay where they are — by later calls and by a CUDA graph's capture (its static call);
+    at new addresses it is bound again."""
+    from dataclasses import replace
+
+    from pyc_lab.compiler.conv_op import conv_reference
+    from pyc_lab.compiler.memory import plan_memory
+    from pyc_lab.compiler.ops import REGISTRY
+    from tests.compiler.backend.test_lowering import _conv_graph
+
+    made: list[int] = []
+
+    def bind(xp, ins, attrs, out):
+        made.append(1)
+
+        def call():
+            out[...] = conv_reference(xp, ins, attrs)
+        return call
+
+    monkeypatch.setitem(REGISTRY, "conv", replace(REGISTRY["conv"], bind=bind, bound=None))
+    g, impl, (first, _), _ = _conv_graph()
+    plan = plan_memory(g)
+    step = next(st for st in lower(g, impl, plan).steps if st.node.id == first.id)
+    exe = _FakeExecutable(g, plan.buffer_bytes)
+    exe._cp = np
+    rng = np.random.default_rng()
+    x, w = (_ptr(rng.standard_normal(g.node(i).shape).astype(F32)) for i in first.inputs)
+    values = {first.inputs[0]: x, first.inputs[1]: w}
+    for _ in range(3):
+        step.run(exe, values)
+    replay = step.static_call(exe, values)
+    assert len(made) == 1
+    replay()
+    np.testing.assert_allclose(values[first.id], conv_reference(np, [x, w], first.attrs),
+                               rtol=1e-6, atol=1e-6)
+    values[first.inputs[0]] = _ptr(np.array(x))  # another address
+    step.run(exe, values)
+    assert len(made) == 2
     np.testing.assert_allclose(values[first.id], conv_reference(np, [x, w], first.attrs),
                                rtol=1e-6, atol=1e-6)
 
