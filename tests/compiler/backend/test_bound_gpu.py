@@ -82,6 +82,7 @@ def test_binding_leaves_what_the_function_reads_in_place_alone():
     bound = f.bind(*other)
     assert bound.zero_copy and exe.captures == 2
     assert exe._program.reads_in_place(own)  # untouched by the binding
-    np.testing.assert_allclose(cp.asnumpy(f(*own)), cp.asnumpy(block(*own)), rtol=1e-5)
+    np.testing.assert_allclose(cp.asnumpy(f(*own)), cp.asnumpy(block(*own)), rtol=1e-5,
+                               atol=1e-6)  # tanh(.) * 0.5 + x may cancel
     np.testing.assert_allclose(cp.asnumpy(bound()), cp.asnumpy(block(*other)), rtol=1e-5)
     assert exe.captures == 2

@@ -587,7 +587,12 @@ def test_reductions_propagate_nan_and_inf(rng, op, cols):
     assert np.array_equal(np.isnan(got), np.isnan(want))
     assert np.array_equal(np.isinf(got), np.isinf(want))
     finite = np.isfinite(want)
-    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5)
+    if op == "sum":  # its rounding scales with the magnitudes added, not a cancelled sum
+        scale = np.abs(x).sum(axis=1)[finite]
+        np.testing.assert_array_less(np.abs(got[finite] - want[finite]),
+                                     1e-5 * np.abs(want[finite]) + 1e-6 * scale)
+    else:
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5)
 
 
 def test_row_kernels_are_deterministic(rng):
