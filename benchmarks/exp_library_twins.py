@@ -13,7 +13,8 @@ reports median CUDA-event times and the ratio (above 1: the compiled function is
 faster). A ratio below 1 names a path that must fall back to the library. The ``rows3_*`` cases
 time a reduction over a last axis of three values (a row kernel: a warp per row)
 against the same sum written as elementwise work on the three columns, compiled too:
-whether such rows should be unrolled as well. Writes ``library-twins.json`` to
+whether such rows should be unrolled as well; ``softmax_rows4`` and ``normalise_rows3``
+time row programs over such rows (a thread per row). Writes ``library-twins.json`` to
 ``--out``.
 """
 
@@ -117,6 +118,19 @@ def _cases(cp: Any) -> list[tuple[str, Callable[..., Any], Callable[..., Any], l
     cube = rng.standard_normal((64, 512, 256), dtype=cp.float32)
     maps = rng.standard_normal((32, 256, 56, 56), dtype=cp.float32)
     points = rng.standard_normal((1 << 24, 3), dtype=cp.float32)
+    classes4 = rng.standard_normal((1 << 22, 4), dtype=cp.float32)
+
+    def softmax(a):
+        e = np.exp(a - a.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def cupy_softmax(a):
+        e = cp.exp(a - a.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def normalise(d):
+        return d / np.sqrt((d * d).sum(axis=-1, keepdims=True))
+
     rows8 = rng.standard_normal((1 << 22, 8), dtype=cp.float32)
     rows16 = rng.standard_normal((1 << 21, 16), dtype=cp.float32)
     cube2 = rng.standard_normal((16, 2048, 256), dtype=cp.float32)
@@ -151,6 +165,9 @@ def _cases(cp: Any) -> list[tuple[str, Callable[..., Any], Callable[..., Any], l
         ("rows8_sums", lambda a: a.sum(axis=-1), lambda a: a.sum(axis=-1), [rows8]),
         ("rows16_max", lambda a: a.max(axis=-1), lambda a: a.max(axis=-1), [rows16]),
         ("sum_axes_0_2_2048_rows", sum_02, lambda a: a.sum(axis=(0, 2)), [cube2]),
+        ("softmax_rows4", softmax, cupy_softmax, [classes4]),
+        ("normalise_rows3", normalise,
+         lambda d: d / cp.sqrt((d * d).sum(axis=-1, keepdims=True)), [points]),
     ]
 
 

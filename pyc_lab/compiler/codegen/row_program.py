@@ -62,11 +62,17 @@ from .row_space import (
     trailing,
 )
 
-__all__ = ["ROW_REDUCTIONS", "check_axes", "check_row_program", "column_config",
-           "generate_row_program", "kind_in"]
+__all__ = ["ROW_REDUCTIONS", "SHORT_ROW", "check_axes", "check_row_program", "column_config",
+           "generate_row_program", "kind_in", "short_row_config"]
 
 #: Reductions a row program computes.
 ROW_REDUCTIONS = ("sum", "mean", "max", "min")
+
+#: Rows along memory of at most this many values are each one thread's
+#: (:func:`short_row_config`): a warp per row of 3 values took 1.65 ms for 2^24 rows on the
+#: H100, CuPy's reduction 0.42 ms, a thread per row 0.093 ms
+#: (``benchmarks/exp_library_twins.py``).
+SHORT_ROW = 16
 
 #: Reader kind -> the kinds of computed values it may read (scalars always).
 _READS = {"full": ("full", "row1"), "row1": ("row1",), "row": ("row",)}
@@ -407,14 +413,12 @@ class _Writer:
             if vector:
                 store = ("yout", "yr", ct.storage_type(self.out_dtype))
                 lines.append(f"yout.v[e] = {value};")
-            elif self.p.column:
-                where = col_offset("col", self.p.out_strides[1], self.cols)
-                lines.append(f"if (live) yr[{where}] = {value};")
-            elif not self.p.trailing:
-                where = col_offset("col", self.p.out_strides[1], self.cols)
-                lines.append(f"yr[{where}] = {value};")
             else:
-                lines.append(f"yr[col] = {value};")
+                where = "col" if self.p.trailing and not self.p.column else col_offset(
+                    "col", self.p.out_strides[1], self.cols)
+                # lanes taking rows: a lane past the last row writes nothing
+                live = "if (live) " if self.cfg["mode"] == "column" else ""
+                lines.append(f"{live}yr[{where}] = {value};")
         return self.em.loop(lines, loads=tuple(loads), store=store)
 
     def _identity(self, op: str) -> str:
@@ -489,7 +493,8 @@ class _Writer:
             stores.append(f"            y{k}[row] = "
                           f"{ct.to_storage(body.node(o).dtype, f'r{o}')};")
         if stores:
-            lines += ["        if (t == 0 && live) {" if p.column else "        if (t == 0) {",
+            lines += ["        if (t == 0 && live) {" if self.cfg["mode"] == "column"
+                      else "        if (t == 0) {",
                       *stores, "        }"]
         consts = [f"    const {ct.compute_type(n.dtype)} k{n.id} = "
                   f"{ct.literal(n.attrs['value'], n.dtype)};" for n in body if n.op == "constant"]
@@ -536,7 +541,7 @@ def _vector_width(plan: _Plan, in_dtypes: list[np.dtype], out_dtype: np.dtype,
                   cfg: dict[str, Any], acc_dt: np.dtype) -> int:
     """Elements per aligned vector access, or 0: 16 bytes of the widest array read or
     written along the row, when the rows split into whole vectors that stay aligned."""
-    if plan.column:
+    if plan.column or cfg["mode"] == "column":
         return 0
     cols = plan.cols
     along = [a for a in plan.access.values() if a.col]
@@ -554,6 +559,15 @@ def _vector_width(plan: _Plan, in_dtypes: list[np.dtype], out_dtype: np.dtype,
     per = -(-(cols // vec) // cfg["threads"]) * vec
     limit = (32 if cfg["mode"] == "warp" else 16) * 4 // max(acc_dt.itemsize, 4)
     return vec if per <= limit else 0
+
+
+def short_row_config(cols: int, acc_itemsize: int = 4) -> dict[str, Any]:
+    """Launch shape of a row program over rows of at most :data:`SHORT_ROW` values along
+    memory: a block's 256 threads take 256 neighbouring rows, one each (the column
+    programs' layout with one thread per row), the row in registers."""
+    limit = 16 * 4 // max(acc_itemsize, 4)
+    return {"threads": 1, "block": 256, "mode": "column", "per_thread": cols,
+            "cached": cols <= limit, "rows_per_block": 256, "tx": 256, "unroll": 4}
 
 
 def generate_row_program(node: Node, graph: Graph) -> KernelSource:
@@ -580,6 +594,11 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
     rows, cols = int(np.prod(plan.dims, dtype=np.int64)), plan.cols
     if plan.column:
         cfg = column_config(rows, inner_extent(space, axes), cols, acc_dt.itemsize)
+    elif cols <= SHORT_ROW:
+        # a row of a few values along memory: a thread's alone, lanes taking neighbouring
+        # rows (a warp per row left most of it idle and waited on one row's load at a
+        # time); the column programs' layout with one thread per row
+        cfg = short_row_config(cols, acc_dt.itemsize)
     else:
         cfg = row_config(cols, acc_dt.itemsize)
         if not plan.trailing:  # each element's offset takes a division: unroll its loop
@@ -598,6 +617,7 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
     kept = writers[0][1].keep
     mode = cfg["mode"]
     who = ("warp" if mode == "warp" else f"block of {cfg['block']} threads" if mode == "block"
+           else f"thread (a block: {cfg['tx']} rows)" if cfg["threads"] == 1
            else f"group of {cfg['threads']} threads (a block: {cfg['tx']} rows)")
     header = [
         f"// pyc_lab generated kernel {name} (rows: a fused row program"
@@ -632,10 +652,12 @@ def generate_row_program(node: Node, graph: Graph) -> KernelSource:
               "mode": mode, "cached": cfg["cached"], "vec": vec,
               "vec_kernel": f"{name}_vec" if vec else None, "align_bytes": align,
               "phases": plan.phases, "axes": axes, "outputs": len(body.outputs)}
+    unit = ("thread" if cfg["threads"] == 1
+            else {"warp": "warp", "block": "block", "column": "thread group"}[mode])
     notes = (f"{rows} rows x {cols}"
              + (f" (over axes {axes}: lanes across neighbouring rows)" if plan.column else "")
              + f": {plan.phases} reduction phase(s) in one kernel, one "
-             f"{ {'warp': 'warp', 'block': 'block', 'column': 'thread group'}[mode]} per row"
+             f"{unit} per row"
              + (f", {len(kept)} value(s) kept in registers" if kept else "")
              + (f"; vectorised by {vec} when aligned" if vec else "")
              + (f"; also writes {len(body.outputs) - 1} row value(s) read elsewhere"
