@@ -158,9 +158,9 @@ def _lone_column(node: Node, space: Space) -> bool:
     """Whether ``node`` alone is worth a program: a softmax, layer norm or variance over
     axes before the last one or over rows of at most :data:`SHORT_ROW` values (a thread
     per row there; the row kernels give each a warp), a variance with ``ddof=`` over any
-    axes, or a sum, mean,
-    maximum or minimum over axes apart (``(1, 3)`` of a 4-D array) in at least
-    :data:`MIN_LONE_ROWS` rows, which have no kernel of their own (CuPy runs them)."""
+    axes, or a sum, mean, maximum or minimum over axes apart (``(1, 3)`` of a 4-D array)
+    in at least :data:`MIN_LONE_ROWS` rows, which have no kernel of their own (CuPy runs
+    them)."""
     if node.op in ROW_REDUCTIONS:
         return not own_kernel_takes(*space) and _sizes(space)[0] >= MIN_LONE_ROWS
     return node.op in _COMPOUND and (across_memory(*space) or _sizes(space)[1] <= SHORT_ROW
