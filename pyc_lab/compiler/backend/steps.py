@@ -552,6 +552,12 @@ class _CupyStep(_Step):
 BOUND_INPUT_BYTES = 8 << 20
 
 
+def _small(ins: Sequence[Any]) -> bool:
+    """Whether a library step's inputs are small enough for a binding to keep them
+    (:data:`BOUND_INPUT_BYTES`)."""
+    return sum(x.nbytes for x in ins) <= BOUND_INPUT_BYTES
+
+
 class _LibraryStep(_CupyStep):
     """The op's reference as a library call a CUDA graph does not record (``attention``:
     torch's SDPA, launched through torch's own machinery): run between graphs, and at
@@ -585,7 +591,7 @@ class _LibraryStep(_CupyStep):
             return memo[1]
         self._bound = None  # let go of the last placement's inputs first
         call = make(exe._cp, ins, self.node.attrs) \
-            if sum(x.nbytes for x in ins) <= BOUND_INPUT_BYTES else None
+            if _small(ins) else None
         self._bound = (places, call)
         return call
 
@@ -618,7 +624,7 @@ class _LibraryStep(_CupyStep):
             if into is not None:
                 into()
                 values[node.id] = out
-                if not self._capturing and sum(x.nbytes for x in ins) > BOUND_INPUT_BYTES:
+                if not self._capturing and not _small(ins):
                     self._into = None
                 return
         if call is None:
@@ -641,7 +647,7 @@ class _LibraryStep(_CupyStep):
         ins = [values[i] for i in node.inputs]
         bound = self._into_call(exe, ins, result)  # the one run just made, where it did
         if bound is not None:  # the operands' conversions made once, not at each replay
-            if sum(x.nbytes for x in ins) > BOUND_INPUT_BYTES:
+            if not _small(ins):
                 self._into = None  # the replays hold it
             return bound
         make = REGISTRY[node.op].bound

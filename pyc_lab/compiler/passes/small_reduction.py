@@ -249,7 +249,7 @@ def run(graph: Graph, ctx: PassContext) -> bool:
     """
     changed = False
     for n in list(graph):
-        if n.id not in graph.nodes:
+        if n.id not in graph.nodes or n.op not in _COMBINE:
             continue
         axes = _candidate(graph, n, graph.users())
         if axes is None:
